@@ -1,0 +1,468 @@
+"""Alignment config: YAML text -> frozen ``AlignConfig``. No torch, no pytest.
+
+Errors are ``ConfigError`` with one message naming the file, the line, the key path and
+what is allowed (see ``yamlio.Reader``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .mapping import MappingSpec, parse_mapping, read_mapping_file
+from .sources.registry import SOURCES
+from .tolerances import PHASES, ToleranceTable, parse_table
+from .yamlio import Reader, load_yaml
+
+DEVICES = ("cpu", "cuda", "npu")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+RECORD_MODES = ("stats", "tensor", "hash")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+LOSSES = ("causal_lm", "model", "mean", "none")
+INPUT_KINDS = ("tokens", "factory")
+
+
+@dataclass(frozen=True)
+class Defaults:
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    deterministic: bool = True
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str
+    options: Mapping[str, Any]
+    device: str
+    dtype: str
+    seed: int
+    output: str | None
+    where: str
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    kind: str
+    batch: int = 1
+    seq_len: int = 8
+    vocab_size: int = 0
+    seed: int = 0
+    labels: bool = False
+    attention_mask: bool = False
+    factory: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    mode: str = "stats"
+    inputs: bool = True
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A known divergence: the case passes only when exactly this is found."""
+
+    phase: str
+    first_divergence: str
+    origin: bool | None
+    kind: str | None
+    where: str
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    name: str
+    baseline: str
+    candidate: str
+    inputs: str
+    phases: tuple[str, ...]
+    steps: int
+    sync_weights: bool
+    strict_weights: bool
+    mapping: MappingSpec | None
+    optimizer: OptimizerSpec
+    record: RecordSpec
+    tolerances: str | None
+    expect: Expectation | None
+    loss: str
+    train: bool
+    where: str
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    path: Path
+    version: int
+    defaults: Defaults
+    models: Mapping[str, ModelSpec]
+    inputs: Mapping[str, InputSpec]
+    tolerances: Mapping[str, ToleranceTable]
+    mappings: Mapping[str, MappingSpec]
+    cases: tuple[CaseSpec, ...]
+    digest: str
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def case(self, name: str) -> CaseSpec:
+        for case in self.cases:
+            if case.name == name:
+                return case
+        known = ", ".join(c.name for c in self.cases)
+        raise ConfigError(f"{self.path}: no case named {name!r} (known: {known})")
+
+
+def load_config_file(path: str | Path) -> AlignConfig:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{file}: is a directory, expected an alignment YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: cannot read: {exc}") from None
+    return load_config(text, file)
+
+
+def load_config(text: str, path: Path) -> AlignConfig:
+    path = path.resolve()
+    data = load_yaml(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: the config is empty (expected a mapping with 'version: 1')")
+    root = Reader(data, str(path), "")
+    version = root.raw("version")
+    if version != 1:
+        root.fail(f"version: expected 1, got {version!r}", "version")
+    defaults = _parse_defaults(root.get_mapping("defaults"))
+    base_dir = path.parent
+
+    models: dict[str, ModelSpec] = {}
+    models_reader = root.get_mapping("models", required=True)
+    assert models_reader is not None
+    for name, value in models_reader.data.items():
+        models_reader.raw(name)
+        models[name] = _parse_model(
+            name, models_reader.child(name, value, models_reader.line_of(name)), defaults
+        )
+    if not models:
+        models_reader.fail("at least one model is required")
+
+    inputs: dict[str, InputSpec] = {}
+    inputs_reader = root.get_mapping("inputs")
+    if inputs_reader is not None:
+        for name, value in inputs_reader.data.items():
+            inputs_reader.raw(name)
+            reader = inputs_reader.child(name, value, inputs_reader.line_of(name))
+            inputs[name] = _parse_inputs(name, reader, defaults)
+
+    tables: dict[str, ToleranceTable] = {}
+    tables_reader = root.get_mapping("tolerances")
+    if tables_reader is not None:
+        for name, value in tables_reader.data.items():
+            tables_reader.raw(name)
+            tables[name] = parse_table(
+                name, value, tables_reader.source, tables_reader.key_path(name), base_dir
+            )
+
+    mappings: dict[str, MappingSpec] = {}
+    mappings_reader = root.get_mapping("mappings")
+    if mappings_reader is not None:
+        for name, value in mappings_reader.data.items():
+            mappings_reader.raw(name)
+            if isinstance(value, str):
+                mappings[name] = read_mapping_file(base_dir / value, name)
+            else:
+                reader = mappings_reader.child(name, value, mappings_reader.line_of(name))
+                mappings[name] = parse_mapping(name, reader)
+
+    cases = []
+    seen: set[str] = set()
+    for i, item, line in root.items("cases"):
+        case = _parse_case(
+            root.child("cases", {}).child(i, item, line),
+            models,
+            inputs,
+            tables,
+            mappings,
+            base_dir,
+        )
+        if case.name in seen:
+            root.child("cases", {}).child(i, item, line).fail(f"duplicate case name {case.name!r}", "name")
+        seen.add(case.name)
+        cases.append(case)
+    if root.raw("cases") is None:
+        root.fail("missing required key 'cases'")
+    root.done()
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return AlignConfig(
+        path=path,
+        version=1,
+        defaults=defaults,
+        models=models,
+        inputs=inputs,
+        tolerances=tables,
+        mappings=mappings,
+        cases=tuple(cases),
+        digest=digest,
+    )
+
+
+def _parse_defaults(reader: Reader | None) -> Defaults:
+    if reader is None:
+        return Defaults()
+    out = Defaults(
+        device=reader.get_choice("device", DEVICES, "cpu"),
+        dtype=reader.get_choice("dtype", DTYPES, "float32"),
+        seed=reader.get_int("seed", 0, minimum=0),
+        deterministic=reader.get_bool("deterministic", True),
+    )
+    reader.done()
+    return out
+
+
+def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
+    source = reader.get_str("source", required=True)
+    info = SOURCES.get(source)
+    if info is None:
+        reader.fail(f"unknown source {source!r} (allowed: {', '.join(SOURCES)})", "source")
+    for key in info.required:
+        reader.require(key)
+    options = {key: reader.raw(key) for key in info.optional if reader.has(key)}
+    for key in info.optional:
+        reader.raw(key)
+    if source == "hf" and "class" not in options and "pretrained" not in options:
+        reader.fail("an hf model needs 'class' (e.g. transformers.Qwen2ForCausalLM) or 'pretrained'")
+    if source == "hf" and "config" in options and not isinstance(options["config"], dict):
+        reader.fail("expected a mapping of config fields", "config")
+    if source == "factory":
+        options["factory"] = reader.get_str("factory", required=True)
+        _check_dotted(reader, "factory", options["factory"])
+        kwargs = options.get("kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            reader.fail("expected a mapping of keyword arguments", "kwargs")
+    if source == "hf" and "class" in options:
+        value = options["class"]
+        if not isinstance(value, str) or "." not in value.replace(":", "."):
+            reader.fail(
+                f"expected a dotted class path like transformers.Qwen2ForCausalLM, got {value!r}", "class"
+            )
+    spec = ModelSpec(
+        name=name,
+        source=source,
+        options=options,
+        device=reader.get_choice("device", DEVICES, defaults.device),
+        dtype=reader.get_choice("dtype", DTYPES, defaults.dtype),
+        seed=reader.get_int("seed", defaults.seed, minimum=0),
+        output=reader.get_str("output"),
+        where=reader.where(),
+    )
+    reader.done()
+    return spec
+
+
+def _check_dotted(reader: Reader, key: str, value: str) -> None:
+    module, sep, attr = value.partition(":")
+    if not sep or not module or not attr or not all(p.isidentifier() for p in module.split(".")):
+        reader.fail(f"expected 'module:function' (e.g. my_pkg.models:build), got {value!r}", key)
+
+
+def _parse_inputs(name: str, reader: Reader, defaults: Defaults) -> InputSpec:
+    kind = reader.get_choice("kind", INPUT_KINDS, None)
+    if kind is None:
+        reader.fail(f"missing required key 'kind' (allowed: {', '.join(INPUT_KINDS)})")
+    if kind == "tokens":
+        spec = InputSpec(
+            name=name,
+            kind=kind,
+            batch=reader.get_int("batch", 1, minimum=1),
+            seq_len=reader.get_int("seq_len", 8, minimum=1),
+            vocab_size=reader.get_int("vocab_size", None, minimum=1)
+            or reader.fail("missing required key 'vocab_size'"),
+            seed=reader.get_int("seed", defaults.seed, minimum=0),
+            labels=reader.get_bool("labels", False),
+            attention_mask=reader.get_bool("attention_mask", False),
+            where=reader.where(),
+        )
+    else:
+        factory = reader.get_str("factory", required=True)
+        _check_dotted(reader, "factory", factory)
+        kwargs = reader.raw("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            reader.fail("expected a mapping of keyword arguments", "kwargs")
+        spec = InputSpec(
+            name=name,
+            kind=kind,
+            seed=reader.get_int("seed", defaults.seed, minimum=0),
+            labels=reader.get_bool("labels", False),
+            factory=factory,
+            kwargs=dict(kwargs),
+            where=reader.where(),
+        )
+    reader.done()
+    return spec
+
+
+def _parse_case(
+    reader: Reader,
+    models: Mapping[str, ModelSpec],
+    inputs: Mapping[str, InputSpec],
+    tables: Mapping[str, ToleranceTable],
+    mappings: Mapping[str, MappingSpec],
+    base_dir: Path,
+) -> CaseSpec:
+    name = reader.get_str("name", required=True)
+    if not name or any(c in name for c in "[]:/ "):
+        reader.fail(f"case names may not be empty or contain '[', ']', ':', '/' or spaces: {name!r}", "name")
+    refs = {}
+    for key in ("baseline", "candidate"):
+        ref = reader.get_str(key, required=True)
+        if ref not in models:
+            reader.fail(f"unknown model {ref!r} (known: {', '.join(models)})", key)
+        refs[key] = ref
+    input_name = reader.get_str("inputs", required=True)
+    if input_name not in inputs:
+        known = ", ".join(inputs) or "none defined under 'inputs'"
+        reader.fail(f"unknown inputs {input_name!r} (known: {known})", "inputs")
+
+    phases_value = reader.raw("phases", ["forward"])
+    if isinstance(phases_value, str):
+        phases_value = [phases_value]
+    if not isinstance(phases_value, list) or not phases_value:
+        reader.fail(f"expected a non-empty list of phases ({', '.join(PHASES)})", "phases")
+    for phase in phases_value:
+        if phase not in PHASES:
+            reader.fail(f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})", "phases")
+    if len(set(phases_value)) != len(phases_value):
+        reader.fail("phases are listed twice", "phases")
+    phases = tuple(p for p in PHASES if p in phases_value)
+    if "step" in phases and "backward" not in phases:
+        # Optimizer steps need grads; backward is run (and compared) too.
+        phases = tuple(p for p in PHASES if p in {*phases, "backward"})
+    steps = reader.get_int("steps", 1, minimum=1)
+
+    weights = reader.get_mapping("weights")
+    sync, strict = True, True
+    if weights is not None:
+        sync = weights.get_bool("sync", True)
+        strict = weights.get_bool("strict", True)
+        weights.done()
+
+    mapping: MappingSpec | None = None
+    mapping_ref = reader.get_str("mapping")
+    if mapping_ref is not None:
+        if mapping_ref in mappings:
+            mapping = mappings[mapping_ref]
+        elif mapping_ref.endswith((".yaml", ".yml")):
+            mapping = read_mapping_file(base_dir / mapping_ref, mapping_ref)
+        else:
+            known = ", ".join(mappings) or "none defined under 'mappings'"
+            reader.fail(f"unknown mapping {mapping_ref!r} (known: {known}; or a .yaml file)", "mapping")
+
+    optimizer = OptimizerSpec()
+    opt = reader.get_mapping("optimizer")
+    if opt is not None:
+        betas = opt.raw("betas", [0.9, 0.999])
+        if (
+            not isinstance(betas, list)
+            or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+        ):
+            opt.fail(f"expected two numbers, got {betas!r}", "betas")
+        optimizer = OptimizerSpec(
+            name=opt.get_choice("name", OPTIMIZERS, "adamw"),
+            lr=opt.get_float("lr", 1e-3, non_negative=True),
+            betas=(float(betas[0]), float(betas[1])),
+            eps=opt.get_float("eps", 1e-8, non_negative=True),
+            weight_decay=opt.get_float("weight_decay", 0.0, non_negative=True),
+            momentum=opt.get_float("momentum", 0.0, non_negative=True),
+        )
+        opt.done()
+
+    record = RecordSpec()
+    rec = reader.get_mapping("record")
+    if rec is not None:
+        record = RecordSpec(
+            mode=rec.get_choice("mode", RECORD_MODES, "stats"),
+            inputs=rec.get_bool("inputs", True),
+            include=_str_tuple(rec, "include"),
+            exclude=_str_tuple(rec, "exclude"),
+        )
+        rec.done()
+
+    table = reader.get_str("tolerances")
+    if table is not None and table not in tables:
+        known = ", ".join(tables) or "none defined under 'tolerances'"
+        reader.fail(f"unknown tolerance table {table!r} (known: {known})", "tolerances")
+
+    expect = None
+    exp = reader.get_mapping("expect")
+    if exp is not None:
+        phase = exp.get_choice("phase", PHASES, phases[0])
+        if phase not in phases:
+            exp.fail(f"phase {phase!r} is not among the case's phases ({', '.join(phases)})", "phase")
+        origin = exp.raw("origin")
+        if origin is not None and not isinstance(origin, bool):
+            exp.fail(f"expected true or false, got {origin!r}", "origin")
+        expect = Expectation(
+            phase=phase,
+            first_divergence=exp.get_str("first_divergence", required=True),
+            origin=origin,
+            kind=exp.get_str("kind"),
+            where=exp.where(),
+        )
+        exp.done()
+
+    case = CaseSpec(
+        name=name,
+        baseline=refs["baseline"],
+        candidate=refs["candidate"],
+        inputs=input_name,
+        phases=phases,
+        steps=steps,
+        sync_weights=sync,
+        strict_weights=strict,
+        mapping=mapping,
+        optimizer=optimizer,
+        record=record,
+        tolerances=table,
+        expect=expect,
+        loss=reader.get_choice("loss", LOSSES, "causal_lm"),
+        train=reader.get_bool("train", False),
+        where=reader.where(),
+    )
+    reader.done()
+    return case
+
+
+def _str_tuple(reader: Reader, key: str) -> tuple[str, ...]:
+    value = reader.raw(key)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        reader.fail("expected a glob or a list of globs", key)
+    return tuple(value)

@@ -1,0 +1,55 @@
+"""Case inputs: ``InputSpec`` -> tensors, the same for both sides (built once, copied)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import InputSpec
+from .errors import PrecalignError, SourceError
+from .sources import import_object
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    model_inputs: Mapping[str, Any]  # passed to the model as keyword arguments
+    labels: torch.Tensor | None
+
+    def to(self, device: torch.device) -> CaseInputs:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.model_inputs.items()}
+        labels = self.labels.to(device) if self.labels is not None else None
+        return CaseInputs(moved, labels)
+
+
+def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
+    generator = torch.Generator().manual_seed(spec.seed)
+    if spec.kind == "tokens":
+        ids = torch.randint(0, spec.vocab_size, (spec.batch, spec.seq_len), generator=generator)
+        model_inputs: dict[str, Any] = {"input_ids": ids}
+        if spec.attention_mask:
+            model_inputs["attention_mask"] = torch.ones_like(ids)
+        return CaseInputs(model_inputs, ids.clone() if spec.labels else None)
+    what = f"{spec.where}: inputs.{spec.name}.factory"
+    fn = import_object(str(spec.factory), base_dir, what)
+    torch.manual_seed(spec.seed)
+    try:
+        produced = fn(**dict(spec.kwargs))
+    except PrecalignError:
+        raise
+    except Exception as exc:
+        raise SourceError(f"{what}: {spec.factory} raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(produced, Mapping):
+        raise SourceError(
+            f"{what}: {spec.factory} returned {type(produced).__name__}, expected a dict of model kwargs"
+        )
+    model_inputs = dict(produced)
+    labels: torch.Tensor | None = model_inputs.pop("labels", None)
+    if spec.labels and labels is None:
+        given_ids = model_inputs.get("input_ids")
+        if isinstance(given_ids, torch.Tensor):
+            labels = given_ids.clone()
+    return CaseInputs(model_inputs, labels)

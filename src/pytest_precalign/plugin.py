@@ -1,0 +1,299 @@
+"""pytest hooks and fixtures (the ``pytest11`` entry point). Wiring only.
+
+Inert unless asked: without ``--align-config`` (or ini ``align_config``) nothing is loaded,
+and at import nothing heavier than pytest itself is imported (no torch, no yaml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .errors import AlignmentMismatch, PrecalignError
+from .options import add_options
+
+if TYPE_CHECKING:
+    from .config import AlignConfig, CaseSpec
+    from .report import PhaseReport
+    from .runner import CaseRun
+
+
+@dataclass
+class _State:
+    config: AlignConfig | None
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)
+    runs: dict[str, CaseRun | PrecalignError] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)
+
+
+STATE_KEY = pytest.StashKey[_State]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("precalign", "alignment regression testing (pytest-precalign)")
+    add_options(group.addoption, prefix="align-")
+    parser.addini("align_config", "default alignment config YAML (like --align-config)", type="paths")
+    parser.addini("align_report", "default directory for report.json (like --align-report)")
+
+
+def _config_path(config: pytest.Config) -> Path | None:
+    option = config.getoption("align_config")
+    if option:
+        return Path(option)
+    paths = config.getini("align_config")
+    return Path(paths[0]) if paths else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "align(tolerances=None, phases=None, record=None): defaults for the align_runner fixture",
+    )
+    path = _config_path(config)
+    if path is None:
+        config.stash[STATE_KEY] = _State(config=None)
+        return
+    from .config import load_config_file
+
+    try:
+        align_config = load_config_file(path)
+    except PrecalignError as exc:
+        raise pytest.UsageError(f"--align-config: {exc}") from None
+    config.stash[STATE_KEY] = _State(config=align_config)
+    # Collect the config's cases even when it lies outside the paths given on the command line.
+    resolved = align_config.path
+    args = [Path(a.split("::")[0]).resolve() for a in config.args]
+    if config.args and not any(resolved == a or a in resolved.parents for a in args):
+        config.args.append(str(resolved))
+
+
+def _state(config: pytest.Config) -> _State:
+    return config.stash.get(STATE_KEY, _State(config=None))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    align_config = _state(config).config
+    if align_config is None:
+        return None
+    import torch
+
+    d = align_config.defaults
+    return [
+        f"precalign: config {align_config.path}, {len(align_config.cases)} case(s); "
+        f"torch {torch.__version__}, device {d.device}, dtype {d.dtype}, seed {d.seed}, "
+        f"deterministic {d.deterministic}"
+    ]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    align_config = _state(parent.config).config
+    if align_config is not None and file_path.resolve() == align_config.path:
+        return AlignFile.from_parent(parent, path=file_path)
+    return None
+
+
+class AlignFile(pytest.File):
+    """The alignment config: one item per case and phase."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        align_config = _state(self.config).config
+        assert align_config is not None
+        xdist = self.config.pluginmanager.hasplugin("xdist")
+        for case in align_config.cases:
+            for phase in case.phases:
+                item = AlignItem.from_parent(self, name=f"{case.name}[{phase}]", case=case, phase=phase)
+                if xdist:  # keep a case's phases on one worker: it runs the models once
+                    item.add_marker(pytest.mark.xdist_group(name=f"precalign-{case.name}"))
+                yield item
+
+
+class AlignItem(pytest.Item):
+    def __init__(self, *, case: CaseSpec, phase: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+        self.phase = phase
+
+    def runtest(self) -> None:
+        state = _state(self.config)
+        assert state.config is not None
+        outcome = _run_once(self.config, state, self.case)
+        if isinstance(outcome, PrecalignError):
+            raise outcome
+        report = _phase_report(self.config, state.config, outcome, self.phase, self.nodeid)
+        _remember(self, state, report)
+        if not report.verdict.passed:
+            from .report import failure_message
+
+            raise AlignmentMismatch(failure_message(report))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, (AlignmentMismatch, PrecalignError)):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.case.name}[{self.phase}]"
+
+
+def _run_once(config: pytest.Config, state: _State, case: CaseSpec) -> CaseRun | PrecalignError:
+    """Run a case's models once for all its phase items, and free the traces after the last."""
+    assert state.config is not None
+    if case.name not in state.runs:
+        from .runner import run_case
+
+        outcome: CaseRun | PrecalignError
+        try:
+            outcome = run_case(state.config, case)
+            _save_traces(config, state.config, outcome)
+        except PrecalignError as exc:
+            outcome = exc
+        state.runs[case.name] = outcome
+        state.pending.setdefault(case.name, len(case.phases))
+    result = state.runs[case.name]
+    state.pending[case.name] = state.pending.get(case.name, 1) - 1
+    if state.pending[case.name] <= 0:
+        del state.runs[case.name]
+        del state.pending[case.name]
+    return result
+
+
+def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun) -> None:
+    folder = config.getoption("align_save_traces")
+    if not folder:
+        return
+    from .trace_io import write_trace
+
+    root = Path(folder) / align_config.path.stem / run.name
+    write_trace(run.baseline, root / "baseline")
+    write_trace(run.candidate, root / "candidate")
+
+
+def _phase_report(
+    config: pytest.Config, align_config: AlignConfig, run: CaseRun, phase: str, nodeid: str
+) -> PhaseReport:
+    from .report import PhaseReport
+
+    case = align_config.case(run.name)
+    try:
+        rel = align_config.path.relative_to(config.rootpath)
+    except ValueError:
+        rel = align_config.path
+    return PhaseReport(
+        config=str(align_config.path),
+        case=run.name,
+        phase=phase,
+        verdict=run.verdicts[phase],
+        baseline=case.baseline,
+        candidate=case.candidate,
+        table=run.table,
+        reproduce=f'pytest --align-config {rel} "{nodeid}"',
+        seconds=run.seconds,
+    )
+
+
+def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
+    from .report import phase_dict, summary_line
+
+    data = phase_dict(report)
+    data["nodeid"] = item.nodeid
+    state.reports.append(data)
+    state.summaries.append(summary_line(report))
+    item.user_properties.append(("precalign_passed", report.verdict.passed))
+    first = report.verdict.first
+    if first is not None:
+        item.user_properties.append(("precalign_first_divergence", first.name))
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Check the selected cases' sources before any test runs: a broken source is a usage error."""
+    state = _state(config)
+    if state.config is None:
+        return
+    from .runner import preflight_case
+
+    checked: set[str] = set()
+    for item in items:
+        if isinstance(item, AlignItem) and item.case.name not in checked:
+            checked.add(item.case.name)
+            try:
+                preflight_case(state.config, item.case)
+            except PrecalignError as exc:
+                raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {exc}") from None
+
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = _state(config)
+    if not state.summaries:
+        return
+    terminalreporter.section("precalign")
+    for line in state.summaries:
+        terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = _state(config)
+    if state.config is None:
+        return
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller writes the report
+        workeroutput["precalign_reports"] = state.reports
+        workeroutput["precalign_summaries"] = state.summaries
+        return
+    folder = config.getoption("align_report") or config.getini("align_report")
+    if folder:
+        from .report import write_json_report
+
+        write_json_report(
+            folder,
+            sorted(state.reports, key=lambda r: r["nodeid"]),
+            {"config": str(state.config.path), "exitstatus": int(exitstatus)},
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: merge what each worker recorded."""
+    state = _state(node.config)
+    output = getattr(node, "workeroutput", {})
+    state.reports.extend(output.get("precalign_reports", []))
+    state.summaries.extend(output.get("precalign_summaries", []))
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def align_config(request: pytest.FixtureRequest) -> AlignConfig:
+    """The loaded ``--align-config`` (skips the test when none was given).
+
+    def test_cases(align_config):
+        assert {c.name for c in align_config.cases} >= {"eager_vs_sdpa"}
+    """
+    loaded = _state(request.config).config
+    if loaded is None:
+        pytest.skip("no --align-config given")
+    return loaded
+
+
+@pytest.fixture
+def align_runner(request: pytest.FixtureRequest) -> Any:
+    """Run a configured case, or compare two modules, and assert alignment::
+
+    @pytest.mark.align(phases=["forward", "backward"])
+    def test_my_port(align_runner):
+        run = align_runner.check(reference, ported, {"input_ids": ids}, labels=ids)
+        align_runner.assert_aligned(run)
+    """
+    from .fixtures import AlignRunner
+
+    marker = request.node.get_closest_marker("align")
+    return AlignRunner.from_marker(_state(request.config).config, marker, request.node.nodeid)

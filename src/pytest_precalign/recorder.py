@@ -1,0 +1,380 @@
+"""Record every module of a model with hooks: outputs, inputs, grads, param grads, params.
+
+``Recorder`` is a context manager: hooks are added on enter and removed on exit, also when
+the forward or backward raises. Recording never changes numerics: tensors are read
+(``detach``) and, for grads w.r.t. module inputs, passed through an identity autograd node.
+
+Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
+(a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
+the bytes, msprobe's "md5" field).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import weakref
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from .trace import PHASE_OF_KIND, Record, Stats, Trace, record_id
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_stats(t: torch.Tensor) -> Stats:
+    """max, min, mean, L2 norm in one sync; nan/inf counts only when something is non-finite."""
+    if t.numel() == 0:
+        return Stats(0.0, 0.0, 0.0, 0.0)
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.double()
+    if t.is_complex():
+        t = t.abs()
+    mn, mx = torch.aminmax(t)
+    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
+    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
+    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).tolist()
+    vmax, vmin, vsum, vnorm = values
+    nan = inf = 0
+    if not all(map(_finite, values)):
+        nan = int(torch.isnan(t).sum())
+        inf = int(torch.isinf(t).sum())
+    return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # inference tensors have no version counter
+        return -1
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def tensor_crc32(t: torch.Tensor) -> str:
+    """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5)."""
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from flatten(item, f"{prefix}.{i}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from flatten(item, f"{prefix}.{key}")
+
+
+class _GradTap(torch.autograd.Function):
+    """Identity whose backward reports the grads w.r.t. a module's inputs (through it)."""
+
+    @staticmethod
+    def forward(ctx: Any, callback: Any, *tensors: torch.Tensor) -> Any:
+        ctx.callback = callback
+        # A clone, not a view: modules may modify their inputs in place.
+        return tuple(t.clone() for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        ctx.callback(grads)
+        return (None, *grads)
+
+
+@dataclass
+class _Call:
+    name: str
+    cls: str
+    call: int
+    step: int
+    input_ids: tuple[str, ...]
+    grad_output_ids: list[str]
+
+
+class Recorder:
+    """Context manager that records a model's tensors into a ``Trace``.
+
+    >>> with Recorder(model, mode="stats") as rec:
+    ...     loss = model(x).sum(); loss.backward()
+    >>> trace = rec.trace()
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        mode: str = "stats",
+        inputs: bool = True,
+        grads: bool = True,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+        name_map: Mapping[str, str] | None = None,
+    ) -> None:
+        if mode not in ("stats", "tensor", "hash"):
+            raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
+        self.model = model
+        self.mode = mode
+        self.record_inputs = inputs
+        self.record_grads = grads
+        self.include = include
+        self.exclude = exclude
+        self.step = 0
+        self._records: list[Record] = []
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._handles: list[RemovableHandle] = []
+        self._calls: dict[tuple[str, int], int] = {}
+        self._stack: dict[int, list[_Call]] = {}
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Record]] = {}
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        self._param_owner: dict[str, tuple[str, str]] = {}
+        self._last_call: dict[str, _Call] = {}
+        self._active = False
+
+    # -- lifecycle --------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        try:
+            for name, module in self.model.named_modules():
+                if not name or not self._selected(name):
+                    continue
+                cls = type(module).__name__
+                self._handles.append(
+                    module.register_forward_pre_hook(partial(self._pre_hook, name, cls), with_kwargs=True)
+                )
+                self._handles.append(
+                    module.register_forward_hook(partial(self._post_hook, name), with_kwargs=True)
+                )
+                for pname, _ in module.named_parameters(recurse=False):
+                    self._param_owner[f"{name}.{pname}"] = (name, cls)
+            if self.record_grads:
+                for pname, param in self.model.named_parameters():
+                    if param.requires_grad:
+                        self._handles.append(
+                            param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
+                        )
+        except BaseException:
+            self._remove()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._active = False
+
+    def _selected(self, name: str) -> bool:
+        if self.include and not any(fnmatch.fnmatchcase(name, g) for g in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, g) for g in self.exclude)
+
+    # -- capture ----------------------------------------------------------------------
+    def capture(
+        self,
+        tensor: torch.Tensor,
+        *,
+        name: str,
+        module_class: str,
+        kind: str,
+        slot: str,
+        call: int = 0,
+        deps: tuple[str, ...] = (),
+        step: int | None = None,
+    ) -> Record:
+        """Record one tensor; identical tensor objects seen before are not copied again."""
+        step = self.step if step is None else step
+        seq = len(self._records)
+        stats: Stats | None = None
+        crc: str | None = None
+        key: str | None = None
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == _version(tensor):
+            earlier = seen[2]
+            stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
+        else:
+            data = tensor.detach()
+            if self.mode == "stats":
+                stats = tensor_stats(data)
+            elif self.mode == "hash":
+                crc = tensor_crc32(data)
+            else:
+                key = f"t{seq:07d}"
+                self._tensors[key] = data.to("cpu", copy=True)
+        record = Record(
+            seq=seq,
+            name=name,
+            module_class=module_class,
+            phase=PHASE_OF_KIND[kind],
+            step=step,
+            call=call,
+            kind=kind,
+            slot=slot,
+            dtype=dtype_name(tensor.dtype),
+            shape=tuple(tensor.shape),
+            stats=stats,
+            crc32=crc,
+            tensor_key=key,
+            deps=deps,
+        )
+        self._records.append(record)
+        self._remember(tensor, record)
+        return record
+
+    def _remember(self, tensor: torch.Tensor, record: Record) -> None:
+        self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
+
+    def _pre_hook(
+        self, name: str, cls: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        key = (name, self.step)
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        inputs: dict[int, Record] = {}
+        if self.record_inputs:
+            for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+                inputs[id(t)] = self.capture(
+                    t, name=name, module_class=cls, kind="input", slot=slot, call=call
+                )
+        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [])
+        self._stack.setdefault(id(module), []).append(state)
+        self._last_call[name] = state
+        if not (self.record_grads and torch.is_grad_enabled()):
+            return None
+        return self._tap_inputs(state, args, kwargs, inputs)
+
+    def _tap_inputs(
+        self,
+        state: _Call,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inputs: dict[int, Record],
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        slots: list[str] = []
+        tensors: list[torch.Tensor] = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                slots.append(f"in.{i}")
+                tensors.append(a)
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                slots.append(f"in.{k}")
+                tensors.append(v)
+        if not tensors:
+            return None
+        clones = _GradTap.apply(partial(self._grad_input, state, slots), *tensors)  # type: ignore[no-untyped-call]
+        for original, clone in zip(tensors, clones, strict=True):
+            if id(original) in inputs:  # same values: children reuse the input's record
+                self._remember(clone, inputs[id(original)])
+        tapped = iter(clones)
+        new_args = tuple(next(tapped) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+        new_kwargs = {
+            k: next(tapped) if isinstance(v, torch.Tensor) and v.requires_grad else v
+            for k, v in kwargs.items()
+        }
+        return new_args, new_kwargs
+
+    def _post_hook(
+        self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        stack = self._stack.get(id(module))
+        if not stack:
+            return
+        state = stack.pop()
+        for slot, t in flatten(output, "out"):
+            self.capture(
+                t,
+                name=name,
+                module_class=state.cls,
+                kind="activation",
+                slot=slot,
+                call=state.call,
+                deps=state.input_ids,
+            )
+            if self.record_grads and t.requires_grad:
+                t.register_hook(partial(self._grad_output, state, slot))
+
+    def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+        record = self.capture(
+            grad,
+            name=state.name,
+            module_class=state.cls,
+            kind="grad_output",
+            slot=slot,
+            call=state.call,
+            step=state.step,
+        )
+        state.grad_output_ids.append(record.id)
+
+    def _grad_input(self, state: _Call, slots: list[str], grads: tuple[torch.Tensor | None, ...]) -> None:
+        deps = tuple(state.grad_output_ids)
+        for slot, grad in zip(slots, grads, strict=True):
+            if grad is not None:
+                self.capture(
+                    grad,
+                    name=state.name,
+                    module_class=state.cls,
+                    kind="grad_input",
+                    slot=slot,
+                    call=state.call,
+                    deps=deps,
+                    step=state.step,
+                )
+
+    def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
+        state = self._last_call.get(owner)
+        deps: tuple[str, ...] = ()
+        if state is not None:
+            deps = (*state.grad_output_ids, *state.input_ids)
+        self.capture(param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps)
+
+    # -- explicit records ---------------------------------------------------------------
+    def record_params(self) -> None:
+        """Record every parameter (call after an optimizer step)."""
+        for pname, param in self.model.named_parameters():
+            owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
+            deps = [record_id(pname, "param_grad", "", self.step, 0)]
+            if self.step > 0:
+                deps.append(record_id(pname, "param", "", self.step - 1, 0))
+            self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
+
+    def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record:
+        """Record the logits or the loss of the model as a whole."""
+        return self.capture(
+            tensor, name=kind, module_class=type(self.model).__name__, kind=kind, slot="", deps=deps
+        )
+
+    # -- result -------------------------------------------------------------------------
+    def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
+        records = tuple(self._records)
+        if self.mode == "tensor":
+            cache: dict[str, Stats] = {}
+            filled = []
+            for r in records:
+                if r.tensor_key is not None and r.stats is None:
+                    if r.tensor_key not in cache:
+                        cache[r.tensor_key] = tensor_stats(self._tensors[r.tensor_key])
+                    r = Record(**{**r.__dict__, "stats": cache[r.tensor_key]})
+                filled.append(r)
+            records = tuple(filled)
+        meta = dict(manifest or {})
+        meta["record_mode"] = self.mode
+        return Trace(manifest=meta, records=records, tensors=dict(self._tensors))

@@ -1,0 +1,274 @@
+"""Reports: verdicts -> message lines and JSON-ready dicts. Never prints, never writes
+(except ``write_json_report``, atomically)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .compare import Check, PairResult
+from .verdict import Divergence, PhaseVerdict
+
+TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
+UNMATCHED_NAMES = 5
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    """What one test item (a case and a phase) knows, ready to format."""
+
+    config: str
+    case: str
+    phase: str
+    verdict: PhaseVerdict
+    baseline: str
+    candidate: str
+    table: str
+    reproduce: str
+    seconds: float = 0.0
+
+    @property
+    def nodeid_name(self) -> str:
+        return f"{self.case}[{self.phase}]"
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e4 or abs(x) < 1e-3:
+        return f"{x:.3e}"
+    return f"{x:.6g}"
+
+
+def _where(pair: PairResult) -> str:
+    r = pair.record
+    parts = [r.kind]
+    if r.slot:
+        parts.append(r.slot)
+    parts.append(f"step {r.step}")
+    if r.call:
+        parts.append(f"call {r.call}")
+    return ", ".join(parts)
+
+
+def describe_check(check: Check, pair: PairResult) -> str:
+    if check.metric == "allclose" and pair.closeness is not None:
+        return (
+            f"|candidate - baseline| = {_fmt(check.value)} > {_fmt(check.allowed)} allowed "
+            f"(atol + rtol*|baseline|) at index {pair.closeness.worst_index}"
+        )
+    if check.metric == "shape":
+        return pair.note
+    if check.metric == "nonfinite":
+        return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
+    if check.metric == "crc32":
+        other = pair.candidate
+        return f"CRC-32 {other.crc32 if other else '?'} (candidate) != {pair.record.crc32} (baseline)"
+    relation = "<=" if check.upper else ">="
+    return f"{check.metric} = {_fmt(check.value)}, allowed {relation} {_fmt(check.allowed)}"
+
+
+def closeness_lines(pair: PairResult) -> list[str]:
+    c = pair.closeness
+    tol = pair.tolerance
+    if c is None or tol is None:
+        return []
+    pct = 100.0 * c.mismatched / c.total if c.total else 0.0
+    return [
+        f"Mismatched elements: {c.mismatched} / {c.total} ({pct:.1f}%)",
+        f"Greatest absolute difference: {_fmt(c.greatest_abs)} at index {c.greatest_abs_index} "
+        f"(up to {_fmt(tol.atol)} allowed)",
+        f"Greatest relative difference: {_fmt(c.greatest_rel)} at index {c.greatest_rel_index} "
+        f"(up to {_fmt(tol.rtol)} allowed)",
+    ]
+
+
+def divergence_lines(first: Divergence) -> list[str]:
+    pair = first.pair
+    if first.origin:
+        role = "origin: its inputs matched, its output did not"
+        if first.kind == "param":
+            role = "origin: its grad matched, the optimizer step made it differ"
+    else:
+        role = f"propagated: its inputs already differed; the divergence enters in {first.origin_module or 'the top level'}"
+    lines = [
+        f"First divergence: {first.name} ({_where(pair)}), {role}",
+        f"  {first.metric}: {describe_check(pair.failing or Check(first.metric, first.value, first.allowed, False), pair)}",
+        f"  tolerance: {first.rule}",
+    ]
+    if pair.evidence == "stats":
+        lines.append("  evidence is statistical (max/min/mean/norm), not element-wise")
+    if pair.note and pair.note not in lines[1]:
+        lines.append(f"  note: {pair.note}")
+    lines.extend("  " + line for line in closeness_lines(pair))
+    return lines
+
+
+def table_lines(failures: Sequence[PairResult]) -> list[str]:
+    if not failures:
+        return []
+    rows = [("record (baseline name)", "kind", "metric", "value", "allowed")]
+    for pair in failures[:TABLE_ROWS]:
+        check = pair.failing
+        if check is None:
+            continue
+        relation = "" if check.upper else ">= "
+        name = pair.record.name + (f" {pair.record.slot}" if pair.record.slot not in ("", "out") else "")
+        rows.append((name, pair.record.kind, check.metric, _fmt(check.value), relation + _fmt(check.allowed)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    out = ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    if len(failures) > TABLE_ROWS:
+        out.append(f"  ... and {len(failures) - TABLE_ROWS} more")
+    return out
+
+
+def _names(records: Iterable[Any]) -> str:
+    names = sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
+    shown = ", ".join(names[:UNMATCHED_NAMES])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > UNMATCHED_NAMES else "")
+
+
+def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
+    if not verdict.only_baseline and not verdict.only_candidate:
+        return []
+    parts = []
+    if verdict.only_baseline:
+        parts.append(f"{len(verdict.only_baseline)} baseline-only ({_names(verdict.only_baseline)})")
+    if verdict.only_candidate:
+        parts.append(f"{len(verdict.only_candidate)} candidate-only ({_names(verdict.only_candidate)})")
+    return ["Unmatched records: " + "; ".join(parts)]
+
+
+def nonfinite_lines(verdict: PhaseVerdict) -> list[str]:
+    return [
+        f"NaN/Inf first appears in the {nf.side} at {nf.record.name} ({nf.record.kind} {nf.record.slot}, "
+        f"step {nf.record.step}): {nf.record.stats.nan if nf.record.stats else '?'} NaN, "
+        f"{nf.record.stats.inf if nf.record.stats else '?'} Inf"
+        for nf in verdict.nonfinite
+    ]
+
+
+def failure_message(report: PhaseReport) -> str:
+    v = report.verdict
+    lines: list[str] = []
+    if v.expectation is not None and not v.passed:
+        lines.append(f"Known divergence not reproduced: {v.expectation}")
+    if v.aligned:
+        lines.append(f"{report.phase}: aligned ({v.compared} tensors compared)")
+    else:
+        lines.append(
+            f"Tensors are not close: {v.failed_count} of {v.compared} {report.phase} records of "
+            f"candidate {report.candidate!r} exceed tolerance vs baseline {report.baseline!r} "
+            f"({Path(report.config).name}, table {report.table!r})"
+        )
+    if v.first is not None:
+        lines.extend(divergence_lines(v.first))
+    lines.extend(nonfinite_lines(v))
+    if v.failures:
+        lines.append("Failing records (execution order):")
+        lines.extend(table_lines(v.failures))
+    lines.extend(unmatched_lines(v))
+    lines.append(f"To reproduce: {report.reproduce}")
+    return "\n".join(lines)
+
+
+def summary_line(report: PhaseReport) -> str:
+    v = report.verdict
+    status = "PASSED" if v.passed else "FAILED"
+    if v.first is not None:
+        role = "origin" if v.first.origin else f"propagated, enters in {v.first.origin_module}"
+        detail = f"first divergence {v.first.name} ({v.first.kind}, {v.first.metric} {_fmt(v.first.value)} > {_fmt(v.first.allowed)}, {role})"
+        if v.expectation:
+            detail += f"; {v.expectation}"
+    elif v.worst is not None and v.worst.failing is None and v.worst.checks:
+        worst = v.worst
+        check = max(worst.checks, key=lambda c: c.value if c.upper else -c.value)
+        detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
+    else:
+        detail = "aligned"
+    unmatched = len(v.only_baseline) + len(v.only_candidate)
+    extra = f", {unmatched} unmatched" if unmatched else ""
+    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"
+
+
+def phase_dict(report: PhaseReport) -> dict[str, Any]:
+    v = report.verdict
+    worst = None
+    if v.worst is not None:
+        worst = {
+            "name": v.worst.record.name,
+            "kind": v.worst.record.kind,
+            "severity": v.worst.severity,
+            "checks": [c.__dict__ for c in v.worst.checks],
+        }
+    return {
+        "config": report.config,
+        "name": report.case,
+        "phase": report.phase,
+        "passed": v.passed,
+        "aligned": v.aligned,
+        "baseline": report.baseline,
+        "candidate": report.candidate,
+        "table": report.table,
+        "compared": v.compared,
+        "failed": v.failed_count,
+        "first_divergence": v.first.as_dict() if v.first else None,
+        "expectation": v.expectation,
+        "worst": worst,
+        "nonfinite": [
+            {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}
+            for nf in v.nonfinite
+        ],
+        "unmatched": {
+            "baseline": sorted({f"{r.name}|{r.kind}|{r.slot}" for r in v.only_baseline}),
+            "candidate": sorted({f"{r.name}|{r.kind}|{r.slot}" for r in v.only_candidate}),
+        },
+        "failures": [
+            {
+                "name": p.record.name,
+                "kind": p.record.kind,
+                "slot": p.record.slot,
+                "step": p.record.step,
+                "metric": p.failing.metric if p.failing else None,
+                "value": p.failing.value if p.failing else None,
+                "allowed": p.failing.allowed if p.failing else None,
+            }
+            for p in v.failures
+        ],
+        "seconds": report.seconds,
+        "reproduce": report.reproduce,
+    }
+
+
+def write_json_report(
+    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
+) -> Path:
+    """Write ``report.json`` atomically (temp file + rename)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "report.json"
+    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
+    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".json.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, default=_json_default)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)

@@ -1,0 +1,268 @@
+"""Run a case end to end: sources -> weight sync -> recorded runs -> mapping -> compare -> verdicts.
+
+This is the only module that drives models. ``run_case`` returns a frozen ``CaseRun``;
+``check_modules`` does the same for two modules a Python test built itself.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .compare import Comparison, compare_traces
+from .config import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
+from .determinism import deterministic, environment, seed_everything
+from .errors import CaseError, PrecalignError, SourceError
+from .inputs import CaseInputs, build_inputs
+from .mapping import MappingSpec, SyncReport, map_trace, sync_weights
+from .recorder import Recorder
+from .sources import LoadedModel, build_model, preflight
+from .tolerances import ToleranceTable, default_table
+from .trace import Trace
+from .verdict import PhaseVerdict, phase_verdict
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    name: str
+    phases: tuple[str, ...]
+    comparison: Comparison
+    verdicts: Mapping[str, PhaseVerdict]
+    baseline: Trace
+    candidate: Trace  # already in the baseline's names
+    sync: SyncReport | None
+    seconds: float
+    table: str
+    environment: Mapping[str, Any] = field(default_factory=dict)
+
+
+def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
+    """Cheap checks that a case can run: its models build (on meta) and its inputs resolve."""
+    for model_name in (case.baseline, case.candidate):
+        preflight(config.models[model_name], config.base_dir)
+    build_inputs(config.inputs[case.inputs], config.base_dir)
+
+
+def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
+    started = time.perf_counter()
+    where = f"{config.path}: case {case.name!r}: "
+    base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
+    inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
+    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
+    with deterministic(config.defaults.deterministic) as flags:
+        baseline = build_model(base_spec, config.base_dir)
+        candidate = build_model(cand_spec, config.base_dir)
+        sync = None
+        if case.sync_weights:
+            sync = sync_weights(
+                baseline.module,
+                candidate.module,
+                case.mapping,
+                strict=case.strict_weights,
+                context=lambda: where,
+            )
+        env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
+        manifest = {**env, "config_digest": config.digest, "case": case.name}
+        base_trace = run_side(
+            baseline, inputs, case, {**manifest, "side": "baseline", "model": base_spec.name}, base_spec.seed
+        )
+        cand_trace = run_side(
+            candidate,
+            inputs,
+            case,
+            {**manifest, "side": "candidate", "model": cand_spec.name},
+            base_spec.seed,
+        )
+    del baseline, candidate
+    gc.collect()
+    return finish(
+        case.name, case.phases, base_trace, cand_trace, case.mapping, table, case, sync, started, env
+    )
+
+
+def finish(
+    name: str,
+    phases: tuple[str, ...],
+    base_trace: Trace,
+    cand_trace: Trace,
+    mapping: MappingSpec | None,
+    table: ToleranceTable,
+    case: CaseSpec | None,
+    sync: SyncReport | None,
+    started: float,
+    env: Mapping[str, Any],
+) -> CaseRun:
+    mapped = map_trace(cand_trace, mapping)
+    comparison = compare_traces(base_trace, mapped, table)
+    expect = case.expect if case is not None else None
+    verdicts = {}
+    for phase in phases:
+        earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
+        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier)
+    return CaseRun(
+        name=name,
+        phases=phases,
+        comparison=comparison,
+        verdicts=verdicts,
+        baseline=base_trace,
+        candidate=mapped,
+        sync=sync,
+        seconds=time.perf_counter() - started,
+        table=table.name,
+        environment=env,
+    )
+
+
+def make_optimizer(spec: OptimizerSpec, params: Any) -> torch.optim.Optimizer:
+    if spec.name == "adamw":
+        return torch.optim.AdamW(
+            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
+        )
+    if spec.name == "adam":
+        return torch.optim.Adam(
+            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
+        )
+    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy in float32, the same code on both sides."""
+    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
+    shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
+    return torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+
+
+def run_side(
+    model: LoadedModel,
+    inputs: CaseInputs,
+    case: CaseSpec,
+    manifest: Mapping[str, Any],
+    seed: int,
+) -> Trace:
+    backward = "backward" in case.phases
+    step_phase = "step" in case.phases
+    if backward and case.loss == "none":
+        raise CaseError(f"case {case.name!r}: phase 'backward' needs a loss (loss: causal_lm or model)")
+    device = next((p.device for p in model.module.parameters()), torch.device("cpu"))
+    data = inputs.to(device)
+    module = model.module
+    module.train(case.train)
+    optimizer = make_optimizer(case.optimizer, module.parameters()) if step_phase else None
+    record: RecordSpec = case.record
+    recorder = Recorder(
+        module,
+        mode=record.mode,
+        inputs=record.inputs,
+        grads=backward,
+        include=record.include,
+        exclude=record.exclude,
+    )
+    steps = case.steps if backward else 1
+    with recorder:
+        for step in range(steps):
+            recorder.step = step
+            seed_everything(seed + step)  # dropout, if any, draws the same numbers on both sides
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            with torch.set_grad_enabled(backward):
+                output = model(data.model_inputs)
+                logits = model.logits(output)
+                logits_record = recorder.record_output("logits", logits)
+                loss = _loss(model, output, logits, data, case)
+                if loss is not None:
+                    recorder.record_output("loss", loss, deps=(logits_record.id,))
+            if backward:
+                assert loss is not None
+                loss.backward()
+            if optimizer is not None:
+                optimizer.step()
+                recorder.record_params()
+            del output, logits, loss
+    return recorder.trace(manifest)
+
+
+def _loss(
+    model: LoadedModel, output: Any, logits: torch.Tensor, data: CaseInputs, case: CaseSpec
+) -> torch.Tensor | None:
+    if case.loss == "none":
+        return None
+    if case.loss == "mean":
+        return logits.float().mean()
+    if case.loss == "model":
+        loss = model.model_loss(output)
+        if loss is None:
+            raise CaseError(f"case {case.name!r}: loss: model, but model {model.name!r} returned no .loss")
+        return loss
+    if data.labels is None:
+        if "backward" in case.phases:
+            raise CaseError(f"case {case.name!r}: the causal_lm loss needs labels (inputs: {{labels: true}})")
+        return None
+    return causal_lm_loss(logits, data.labels)
+
+
+def check_modules(
+    baseline: torch.nn.Module,
+    candidate: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    *,
+    phases: tuple[str, ...] = ("forward",),
+    labels: torch.Tensor | None = None,
+    table: ToleranceTable | None = None,
+    mapping: MappingSpec | None = None,
+    sync_weights_first: bool = False,
+    record: RecordSpec | None = None,
+    steps: int = 1,
+    optimizer: OptimizerSpec | None = None,
+    name: str = "modules",
+    seed: int = 0,
+) -> CaseRun:
+    """Compare two modules a test built itself (the ``align_runner`` fixture uses this)."""
+    started = time.perf_counter()
+    for phase in phases:
+        if phase not in ("forward", "backward", "step"):
+            raise CaseError(f"unknown phase {phase!r} (allowed: forward, backward, step)")
+    if "step" in phases and "backward" not in phases:
+        phases = tuple(p for p in ("forward", "backward", "step") if p in {*phases, "backward"})
+    case = CaseSpec(
+        name=name,
+        baseline="baseline",
+        candidate="candidate",
+        inputs="inputs",
+        phases=phases,
+        steps=steps,
+        sync_weights=sync_weights_first,
+        strict_weights=True,
+        mapping=mapping,
+        optimizer=optimizer or OptimizerSpec(),
+        record=record or RecordSpec(mode="tensor"),
+        tolerances=None,
+        expect=None,
+        loss="causal_lm" if labels is not None else ("none" if "backward" not in phases else "mean"),
+        train=False,
+        where=name,
+    )
+    sync = None
+    if sync_weights_first:
+        sync = sync_weights(baseline, candidate, mapping, strict=True)
+    data = CaseInputs(dict(inputs), labels)
+    with deterministic(True) as flags:
+        env = environment("cpu", "float32", seed, flags)
+        a = run_side(LoadedModel("baseline", baseline, None), data, case, {**env, "side": "baseline"}, seed)
+        b = run_side(
+            LoadedModel("candidate", candidate, None), data, case, {**env, "side": "candidate"}, seed
+        )
+    return finish(name, phases, a, b, mapping, table or default_table(), None, sync, started, env)
+
+
+def describe_source_error(exc: PrecalignError, config_path: Path) -> str:
+    text = str(exc)
+    return text if str(config_path) in text else f"{config_path}: {text}"
+
+
+__all__ = ["CaseRun", "SourceError", "check_modules", "preflight_case", "run_case"]

@@ -1,0 +1,160 @@
+"""Model sources: turn a ``ModelSpec`` into a ``LoadedModel`` (a module and how to call it).
+
+Each source is a small module with ``build(spec, base_dir) -> torch.nn.Module``, registered in
+``registry.py`` and imported only when a case uses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PrecalignError, SourceError
+from .registry import SOURCES
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import ModelSpec
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    module: torch.nn.Module
+    output: str | None
+
+    def __call__(self, inputs: Mapping[str, Any]) -> Any:
+        return self.module(**inputs)
+
+    def logits(self, output: Any) -> torch.Tensor:
+        """The logits of a forward output: ``output:`` key path, else the usual places."""
+        import torch
+
+        if self.output:
+            value = output
+            for part in self.output.split("."):
+                value = _get(value, part)
+                if value is None:
+                    raise SourceError(f"model {self.name!r}: output path {self.output!r} not found")
+            if not isinstance(value, torch.Tensor):
+                raise SourceError(f"model {self.name!r}: output {self.output!r} is not a tensor")
+            return value
+        if isinstance(output, torch.Tensor):
+            return output
+        logits = _get(output, "logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+            return output[0]
+        raise SourceError(
+            f"model {self.name!r}: cannot find logits in its output ({type(output).__name__}); "
+            "set 'output:' to the attribute or key that holds them"
+        )
+
+    def model_loss(self, output: Any) -> torch.Tensor | None:
+        import torch
+
+        loss = _get(output, "loss")
+        return loss if isinstance(loss, torch.Tensor) else None
+
+
+def _get(value: Any, key: str) -> Any:
+    if isinstance(value, Mapping):
+        return value.get(key)
+    if isinstance(value, (tuple, list)) and key.isdigit():
+        return value[int(key)] if int(key) < len(value) else None
+    return getattr(value, key, None)
+
+
+@contextmanager
+def importable_from(base_dir: Path) -> Iterator[None]:
+    """Let 'module:function' paths resolve from the config's folder as well as sys.path."""
+    entry = str(base_dir)
+    added = entry not in sys.path
+    if added:
+        sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if added and entry in sys.path:
+            sys.path.remove(entry)
+
+
+def import_object(path: str, base_dir: Path, what: str) -> Any:
+    """Import ``module:attr`` (or ``module.attr``), with one clear error on failure."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise SourceError(f"{what}: expected 'module:function', got {path!r}")
+    with importable_from(base_dir):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                raise SourceError(
+                    f"{what}: cannot import module {module_name!r} from {path!r} "
+                    f"(looked in {base_dir} and sys.path)"
+                ) from None
+            raise SourceError(f"{what}: importing {module_name!r} failed: {exc}") from None
+        except PrecalignError:
+            raise
+        except Exception as exc:
+            raise SourceError(
+                f"{what}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+            ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise SourceError(f"{what}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def builder(source: str) -> Callable[[ModelSpec, Path], torch.nn.Module]:
+    info = SOURCES.get(source)
+    if info is None:
+        raise SourceError(f"unknown source {source!r} (allowed: {', '.join(SOURCES)})")
+    module_name, _, func = info.builder.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f"pip install 'pytest-precalign[{info.extra}]'" if info.extra else str(exc)
+        raise SourceError(f"source {source!r} needs a package that is missing ({exc.name}): {hint}") from None
+    fn: Callable[[ModelSpec, Path], torch.nn.Module] = getattr(module, func)
+    return fn
+
+
+def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
+    """Build the module on the spec's device and dtype."""
+    from ..determinism import resolve_device, seed_everything, torch_dtype
+
+    device = resolve_device(spec.device)
+    seed_everything(spec.seed)
+    module = builder(spec.source)(spec, base_dir)
+    module = module.to(device=device, dtype=torch_dtype(spec.dtype))
+    return LoadedModel(name=spec.name, module=module, output=spec.output)
+
+
+def preflight(spec: ModelSpec, base_dir: Path) -> None:
+    """Check that a model can be built, cheaply: on the meta device (no memory, no init).
+
+    A source whose construction does not work on meta (data-dependent init) is retried for
+    real on the CPU; only a failure there is reported.
+    """
+    import torch
+
+    build = builder(spec.source)
+    try:
+        with torch.device("meta"):
+            build(spec, base_dir)
+        return
+    except PrecalignError:
+        raise
+    except Exception:  # noqa: BLE001 - retried below, where the error is reported
+        pass
+    build(spec, base_dir)

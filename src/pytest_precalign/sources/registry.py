@@ -1,0 +1,37 @@
+"""Which model sources exist and which keys each accepts (no torch import: config uses it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Keys every model accepts, whatever its source.
+COMMON_MODEL_KEYS = ("source", "dtype", "device", "seed", "output")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    name: str
+    builder: str  # "module:function" imported lazily, so the registry costs nothing
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    extra: str | None = None  # the pip extra that provides what it needs
+    summary: str = ""
+
+
+SOURCES: dict[str, SourceInfo] = {
+    "hf": SourceInfo(
+        name="hf",
+        builder="pytest_precalign.sources.hf:build",
+        required=(),
+        optional=("class", "config", "attn_implementation", "pretrained"),
+        extra="hf",
+        summary="a transformers model class built from a config dict, or a local pretrained dir",
+    ),
+    "factory": SourceInfo(
+        name="factory",
+        builder="pytest_precalign.sources.factory:build",
+        required=("factory",),
+        optional=("kwargs",),
+        summary="'module:function' returning an nn.Module",
+    ),
+}

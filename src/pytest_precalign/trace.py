@@ -1,0 +1,140 @@
+"""The trace: what a recorder saw, in execution order. Pure data, no torch import.
+
+A ``Trace`` is a manifest (environment and settings), a tuple of ``Record`` s in execution
+order, and a tensor store (key -> tensor) that is a dict in memory or a lazy reader on disk
+(see ``trace_io``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FORWARD_KINDS = ("input", "activation", "logits", "loss")
+BACKWARD_KINDS = ("grad_output", "grad_input", "param_grad")
+STEP_KINDS = ("param",)
+PHASE_OF_KIND = {
+    **dict.fromkeys(FORWARD_KINDS, "forward"),
+    **dict.fromkeys(BACKWARD_KINDS, "backward"),
+    **dict.fromkeys(STEP_KINDS, "step"),
+}
+
+
+@dataclass(frozen=True)
+class Stats:
+    max: float
+    min: float
+    mean: float
+    norm: float
+    nan: int = 0
+    inf: int = 0
+
+    @property
+    def finite(self) -> bool:
+        return self.nan == 0 and self.inf == 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "max": self.max,
+            "min": self.min,
+            "mean": self.mean,
+            "norm": self.norm,
+            "nan": self.nan,
+            "inf": self.inf,
+        }
+
+
+@dataclass(frozen=True)
+class Record:
+    """One tensor seen during a run."""
+
+    seq: int
+    name: str  # module path, or full parameter name for param / param_grad
+    module_class: str
+    phase: str
+    step: int
+    call: int
+    kind: str
+    slot: str  # which tensor of the module's inputs/outputs: "out", "out.0", "in.hidden_states"
+    dtype: str
+    shape: tuple[int, ...]
+    stats: Stats | None = None
+    crc32: str | None = None
+    tensor_key: str | None = None
+    deps: tuple[str, ...] = ()  # ids of the records this one was computed from
+
+    @property
+    def id(self) -> str:
+        return record_id(self.name, self.kind, self.slot, self.step, self.call)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def renamed(self, name: str, deps: tuple[str, ...]) -> Record:
+        return replace(self, name=name, deps=deps)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "name": self.name,
+            "module_class": self.module_class,
+            "phase": self.phase,
+            "step": self.step,
+            "call": self.call,
+            "kind": self.kind,
+            "slot": self.slot,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "stats": self.stats.as_dict() if self.stats else None,
+            "crc32": self.crc32,
+            "tensor_key": self.tensor_key,
+            "deps": list(self.deps),
+        }
+
+
+def record_id(name: str, kind: str, slot: str, step: int, call: int) -> str:
+    return f"{name}|{kind}|{slot}|{step}|{call}"
+
+
+def record_from_dict(data: Mapping[str, Any]) -> Record:
+    stats = data.get("stats")
+    return Record(
+        seq=int(data["seq"]),
+        name=str(data["name"]),
+        module_class=str(data["module_class"]),
+        phase=str(data["phase"]),
+        step=int(data["step"]),
+        call=int(data["call"]),
+        kind=str(data["kind"]),
+        slot=str(data["slot"]),
+        dtype=str(data["dtype"]),
+        shape=tuple(int(d) for d in data["shape"]),
+        stats=Stats(**stats) if stats else None,
+        crc32=data.get("crc32"),
+        tensor_key=data.get("tensor_key"),
+        deps=tuple(data.get("deps", ())),
+    )
+
+
+@dataclass(frozen=True)
+class Trace:
+    manifest: Mapping[str, Any]
+    records: tuple[Record, ...]
+    tensors: Mapping[str, Any] = field(default_factory=dict)  # key -> torch.Tensor
+
+    @property
+    def mode(self) -> str:
+        return str(self.manifest.get("record_mode", "stats"))
+
+    def tensor(self, record: Record) -> Any:
+        if record.tensor_key is None:
+            return None
+        return self.tensors.get(record.tensor_key)
+
+    def by_id(self) -> dict[str, Record]:
+        return {r.id: r for r in self.records}

@@ -1,0 +1,169 @@
+"""Traces on disk: ``manifest.json``, ``index.json`` (records in execution order) and tensors
+in safetensors shards. The only module that reads or writes trace directories.
+
+Writes are atomic: everything goes to a temporary sibling directory that is renamed into
+place, and an existing trace is never replaced unless the caller says ``overwrite=True``
+(then the old one is moved aside first and removed only after the new one is in place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import TraceError
+from .trace import Record, Trace, record_from_dict
+
+FORMAT = "pytest-precalign-trace"
+FORMAT_VERSION = 1
+SHARD_BYTES = 1 << 30  # 1 GiB per safetensors file
+
+
+def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> Path:
+    from safetensors.torch import save_file
+
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        shards: dict[str, str] = {}
+        batch: dict[str, Any] = {}
+        size = 0
+        shard_no = 0
+
+        def flush() -> None:
+            nonlocal batch, size, shard_no
+            if not batch:
+                return
+            file = f"tensors-{shard_no:05d}.safetensors"
+            save_file(batch, str(tmp / file))
+            for key in batch:
+                shards[key] = file
+            batch, size, shard_no = {}, 0, shard_no + 1
+
+        for key in sorted(trace.tensors):
+            tensor = trace.tensors[key].contiguous()
+            batch[key] = tensor
+            size += tensor.numel() * tensor.element_size()
+            if size >= SHARD_BYTES:
+                flush()
+        flush()
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **dict(trace.manifest)}
+        _write_json(tmp / "manifest.json", manifest)
+        _write_json(
+            tmp / "index.json",
+            {"records": [r.as_dict() for r in trace.records], "shards": shards},
+        )
+        _fsync_dir(tmp)
+        if target.exists():
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+            os.replace(target, aside / "trace")
+            os.replace(tmp, target)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=False, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _ShardedTensors(Mapping[str, Any]):
+    """Lazy key -> tensor view over the safetensors shards of a trace directory."""
+
+    def __init__(self, root: Path, shards: Mapping[str, str]) -> None:
+        self._root = root
+        self._shards = dict(shards)
+        self._open: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        from safetensors import SafetensorError, safe_open
+
+        file = self._shards[key]
+        try:
+            handle = self._open.get(file)
+            if handle is None:
+                handle = safe_open(str(self._root / file), framework="pt")
+                self._open[file] = handle
+            return handle.get_tensor(key)
+        except FileNotFoundError:
+            raise TraceError(f"{self._root}: index.json names {file}, which is missing") from None
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shards)
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+
+def read_trace(path: str | Path) -> Trace:
+    root = Path(path)
+    if not root.is_dir():
+        raise TraceError(f"{root}: no trace directory there")
+    manifest = _read_json(root / "manifest.json")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise TraceError(f"{root / 'manifest.json'}: not a pytest-precalign trace manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise TraceError(
+            f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r} "
+            f"is not supported (expected {FORMAT_VERSION})"
+        )
+    index = _read_json(root / "index.json")
+    if not isinstance(index, dict) or not isinstance(index.get("records"), list):
+        raise TraceError(f"{root / 'index.json'}: expected {{'records': [...], 'shards': {{...}}}}")
+    records: list[Record] = []
+    for i, item in enumerate(index["records"]):
+        try:
+            records.append(record_from_dict(item))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"{root / 'index.json'}: records[{i}] is malformed: {exc!r}") from None
+    shards = index.get("shards") or {}
+    if not isinstance(shards, dict):
+        raise TraceError(f"{root / 'index.json'}: 'shards' must map tensor keys to files")
+    for r in records:
+        if r.tensor_key is not None and r.tensor_key not in shards:
+            raise TraceError(
+                f"{root / 'index.json'}: record {r.id!r} points at tensor {r.tensor_key!r}, "
+                "which no shard holds"
+            )
+    return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: missing") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read: {exc}") from None

@@ -1,0 +1,241 @@
+"""YAML reading with line numbers, and a strict reader that names file, line and key path.
+
+Every config-like file (align config, mapping file, tolerance table) goes through ``Reader``,
+so all of them produce the same kind of message:
+``align.yaml:12: cases[0].baseline: unknown model 'x' (known: hf_eager, hf_sdpa)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from .errors import ConfigError
+
+
+class LineDict(dict[str, Any]):
+    """A mapping loaded from YAML that remembers the line of each key (1-based)."""
+
+    line: int
+    key_lines: dict[str, int]
+
+
+class LineList(list[Any]):
+    """A sequence loaded from YAML that remembers the line of each item (1-based)."""
+
+    line: int
+    item_lines: list[int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+    out = LineDict()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str):
+            key = str(key)
+        if key in out:
+            raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineList:
+    out = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    out.line = node.start_mark.line + 1
+    out.item_lines = [child.start_mark.line + 1 for child in node.value]
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; syntax errors become one ConfigError naming the file and line."""
+    try:
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: YAML syntax error: {exc}") from None
+
+
+def read_yaml_file(path: Path) -> Any:
+    """Read and parse a YAML file, with a clear error when it is missing or unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    return load_yaml(text, str(path))
+
+
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "a mapping",
+    list: "a list",
+}
+
+
+class Reader:
+    """Typed, strict access to one mapping of a YAML document.
+
+    Each accessor names the key path on error; ``done()`` rejects keys nobody asked for,
+    listing the allowed ones.
+    """
+
+    def __init__(self, data: Any, source: str, path: str, line: int | None = None) -> None:
+        self.source = source
+        self.path = path
+        self.line = getattr(data, "line", line)
+        if not isinstance(data, dict):
+            self.fail(f"expected a mapping, got {_describe(data)}")
+        self.data: dict[str, Any] = data
+        self._seen: set[str] = set()
+
+    # -- location helpers -------------------------------------------------------------
+    def key_path(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else key
+
+    def line_of(self, key: str) -> int | None:
+        lines = getattr(self.data, "key_lines", None)
+        if lines and key in lines:
+            return int(lines[key])
+        return self.line
+
+    def where(self, key: str | None = None) -> str:
+        line = self.line_of(key) if key is not None else self.line
+        return f"{self.source}:{line}" if line else self.source
+
+    def fail(self, message: str, key: str | None = None) -> NoReturn:
+        path = self.key_path(key) if key is not None else self.path
+        prefix = f"{self.where(key)}: {path}: " if path else f"{self.where(key)}: "
+        raise ConfigError(prefix + message)
+
+    # -- accessors --------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self._seen.add(key)
+        return self.data.get(key, default)
+
+    def require(self, key: str) -> Any:
+        self._seen.add(key)
+        if key not in self.data:
+            self.fail(f"missing required key {key!r}")
+        return self.data[key]
+
+    def _typed(self, key: str, value: Any, kinds: tuple[type, ...]) -> Any:
+        if isinstance(value, bool) and bool not in kinds:
+            self.fail(f"expected {_expected(kinds)}, got {value!r}", key)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, kinds):
+            self.fail(f"expected {_expected(kinds)}, got {_describe(value)}", key)
+        return value
+
+    def get_str(self, key: str, default: str | None = None, *, required: bool = False) -> Any:
+        value = self.require(key) if required else self.raw(key, default)
+        if value is None:
+            return default
+        return self._typed(key, value, (str,))
+
+    def get_int(self, key: str, default: int | None = None, *, minimum: int | None = None) -> Any:
+        value = self.raw(key, default)
+        if value is None:
+            return default
+        value = self._typed(key, value, (int,))
+        if minimum is not None and value < minimum:
+            self.fail(f"must be >= {minimum}, got {value}", key)
+        return value
+
+    def get_float(self, key: str, default: float | None = None, *, non_negative: bool = False) -> Any:
+        value = self.raw(key, default)
+        if value is None:
+            return default
+        value = self._typed(key, value, (float, int))
+        if non_negative and value < 0:
+            self.fail(f"must be >= 0, got {value}", key)
+        return float(value)
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.raw(key, default)
+        return bool(self._typed(key, value, (bool,)))
+
+    def get_choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> Any:
+        value = self.get_str(key, default)
+        if value is not None and value not in allowed:
+            self.fail(f"unknown value {value!r} (allowed: {', '.join(allowed)})", key)
+        return value
+
+    def get_mapping(self, key: str, *, required: bool = False) -> Reader | None:
+        value = self.require(key) if required else self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self.fail(f"expected a mapping, got {_describe(value)}", key)
+        return Reader(value, self.source, self.key_path(key), self.line_of(key))
+
+    def get_list(self, key: str, *, required: bool = False) -> list[Any] | None:
+        value = self.require(key) if required else self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            self.fail(f"expected a list, got {_describe(value)}", key)
+        return value
+
+    def items(self, key: str) -> Iterator[tuple[int, Any, int | None]]:
+        """Yield (index, item, line) of a list value."""
+        values = self.get_list(key) or []
+        lines = getattr(values, "item_lines", None)
+        for i, item in enumerate(values):
+            yield i, item, (lines[i] if lines else self.line_of(key))
+
+    def child(self, key: str | int, value: Any, line: int | None = None) -> Reader:
+        return Reader(value, self.source, self.key_path(key), line)
+
+    def done(self) -> None:
+        unknown = [k for k in self.data if k not in self._seen]
+        if unknown:
+            allowed = sorted(self._seen)
+            self.fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})", unknown[0])
+
+
+def _expected(kinds: tuple[type, ...]) -> str:
+    return " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds if k is not int or float not in kinds)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return repr(value).lower()
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
