@@ -1,8 +1,10 @@
 """Record every module of a model with hooks: outputs, inputs, grads, param grads, params.
 
 ``Recorder`` is a context manager: hooks are added on enter and removed on exit, also when
-the forward or backward raises. Recording never changes numerics: tensors are read
-(``detach``) and, for grads w.r.t. module inputs, passed through an identity autograd node.
+the forward or backward raises. Recording never changes numerics: tensors are only read
+(``detach``), and grads are observed with tensor hooks, which add no autograd nodes.
+``grad_input`` is the gradient w.r.t. a module's input tensor as autograd computes it for
+that tensor (where the tensor also feeds other code, e.g. a residual, that is included).
 
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
 (a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
@@ -77,21 +79,6 @@ def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(value, Mapping):
         for key, item in value.items():
             yield from flatten(item, f"{prefix}.{key}")
-
-
-class _GradTap(torch.autograd.Function):
-    """Identity whose backward reports the grads w.r.t. a module's inputs (through it)."""
-
-    @staticmethod
-    def forward(ctx: Any, callback: Any, *tensors: torch.Tensor) -> Any:
-        ctx.callback = callback
-        # A clone, not a view: modules may modify their inputs in place.
-        return tuple(t.clone() for t in tensors)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        ctx.callback(grads)
-        return (None, *grads)
 
 
 @dataclass
@@ -254,40 +241,13 @@ class Recorder:
         state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [])
         self._stack.setdefault(id(module), []).append(state)
         self._last_call[name] = state
-        if not (self.record_grads and torch.is_grad_enabled()):
-            return None
-        return self._tap_inputs(state, args, kwargs, inputs)
-
-    def _tap_inputs(
-        self,
-        state: _Call,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        inputs: dict[int, Record],
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        slots: list[str] = []
-        tensors: list[torch.Tensor] = []
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                slots.append(f"in.{i}")
-                tensors.append(a)
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor) and v.requires_grad:
-                slots.append(f"in.{k}")
-                tensors.append(v)
-        if not tensors:
-            return None
-        clones = _GradTap.apply(partial(self._grad_input, state, slots), *tensors)  # type: ignore[no-untyped-call]
-        for original, clone in zip(tensors, clones, strict=True):
-            if id(original) in inputs:  # same values: children reuse the input's record
-                self._remember(clone, inputs[id(original)])
-        tapped = iter(clones)
-        new_args = tuple(next(tapped) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
-        new_kwargs = {
-            k: next(tapped) if isinstance(v, torch.Tensor) and v.requires_grad else v
-            for k, v in kwargs.items()
-        }
-        return new_args, new_kwargs
+        if self.record_grads and torch.is_grad_enabled():
+            # A tensor hook observes the input's gradient without adding autograd nodes, so
+            # the summation order of the backward (and its bits) stay as they were.
+            for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+                if t.requires_grad:
+                    t.register_hook(partial(self._grad_input, state, slot))
+        return None
 
     def _post_hook(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -310,6 +270,8 @@ class Recorder:
                 t.register_hook(partial(self._grad_output, state, slot))
 
     def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+        if not self._active:  # a backward run after the recorder was closed
+            return
         record = self.capture(
             grad,
             name=state.name,
@@ -321,23 +283,22 @@ class Recorder:
         )
         state.grad_output_ids.append(record.id)
 
-    def _grad_input(self, state: _Call, slots: list[str], grads: tuple[torch.Tensor | None, ...]) -> None:
-        deps = tuple(state.grad_output_ids)
-        for slot, grad in zip(slots, grads, strict=True):
-            if grad is not None:
-                self.capture(
-                    grad,
-                    name=state.name,
-                    module_class=state.cls,
-                    kind="grad_input",
-                    slot=slot,
-                    call=state.call,
-                    deps=deps,
-                    step=state.step,
-                )
+    def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+        if not self._active:
+            return
+        self.capture(
+            grad,
+            name=state.name,
+            module_class=state.cls,
+            kind="grad_input",
+            slot=slot,
+            call=state.call,
+            deps=tuple(state.grad_output_ids),
+            step=state.step,
+        )
 
     def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
-        if param.grad is None:
+        if param.grad is None or not self._active:
             return
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
         state = self._last_call.get(owner)

@@ -1,0 +1,260 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# A config written from scratch (not the example suite): a small MLP stack whose candidate
+# factory breaks one block, in the block's own code or between its submodules.
+MODELS_PY = '''
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width, bug=None):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.act = torch.nn.GELU()
+        self.down = torch.nn.Linear(2 * width, width)
+        self.bug = bug
+
+    def forward(self, x):
+        h = self.norm(x)
+        if self.bug == "between":
+            h = h * 1.5          # parent code between children: enters before `up`
+        h = self.down(self.act(self.up(h)))
+        if self.bug == "own":
+            h = h + 0.25         # the block's own code, after its children
+        return x + h
+
+
+class Net(torch.nn.Module):
+    def __init__(self, vocab=50, width=16, depth=3, bug=None, bug_block=1):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.ModuleList(
+            Block(width, bug if i == bug_block else None) for i in range(depth)
+        )
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def build(**kwargs):
+    return Net(**kwargs)
+'''
+
+CONFIG = """
+version: 1
+models:
+  ref: {{source: factory, factory: "nets:build"}}
+  cand: {{source: factory, factory: "nets:build", kwargs: {{bug: {bug}, bug_block: 1}}}}
+inputs:
+  toks: {{kind: tokens, batch: 2, seq_len: 6, vocab_size: 50, seed: 3, labels: true}}
+tolerances:
+  tight:
+    - {{match: "*", atol: 1.0e-6, rtol: 1.0e-5, why: "fp32 same-code budget"}}
+cases:
+  - {{name: port, baseline: ref, candidate: cand, inputs: toks, phases: [forward, backward, step],
+     optimizer: {{name: adamw, lr: 0.01}}, record: {{mode: {mode}}}, tolerances: tight}}
+"""
+
+
+def _suite(pytester, bug="null", mode="tensor"):
+    pytester.makepyfile(nets=MODELS_PY)
+    return pytester.makefile(".yaml", align=CONFIG.format(bug=bug, mode=mode))
+
+
+def _report(pytester):
+    return json.loads((pytester.path / "out" / "report.json").read_text())
+
+
+def test_example_suite_passes_and_finds_the_known_bug(pytester, example_suite):
+    folder = example_suite("qwen2_hf_attention")
+    result = pytester.runpytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines([
+        "*align.yaml::eager_vs_sdpa?forward? PASSED*" if False else "*precalign*",
+        "PASSED eager_vs_sdpa[[]forward[]]*aligned*",
+        "PASSED known_mlp_bug[[]forward[]]*first divergence model.layers.1.mlp*origin*found the expected*",
+    ])
+    cases = {(c["name"], c["phase"]): c for c in _report(pytester)["cases"]}
+    assert set(cases) == {
+        ("eager_vs_sdpa", "forward"), ("eager_vs_sdpa", "backward"), ("eager_vs_sdpa", "step"),
+        ("known_mlp_bug", "forward"), ("known_mlp_bug", "backward"),
+    }
+    assert cases["eager_vs_sdpa", "forward"]["first_divergence"] is None
+    assert cases["eager_vs_sdpa", "step"]["passed"] is True
+    first = cases["known_mlp_bug", "forward"]["first_divergence"]
+    assert (first["name"], first["origin"], first["phase"], first["kind"]) == ("model.layers.1.mlp", True, "forward", "activation")
+    assert first["value"] > first["allowed"] > 0
+
+
+def test_items_are_named_by_case_and_phase(pytester):
+    _suite(pytester)
+    result = pytester.runpytest("--align-config", "align.yaml", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["align.yaml::port[[]forward[]]", "align.yaml::port[[]backward[]]", "align.yaml::port[[]step[]]"])
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_aligned_candidate_passes(pytester, mode):
+    _suite(pytester, mode=mode)
+    result = pytester.runpytest("--align-config", "align.yaml", "--align-report", "out")
+    result.assert_outcomes(passed=3)
+    assert all(c["passed"] and c["first_divergence"] is None for c in _report(pytester)["cases"])
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_bug_in_a_blocks_own_code_is_named_as_origin(pytester, mode):
+    _suite(pytester, bug="own", mode=mode)
+    result = pytester.runpytest("--align-config", "align.yaml", "--align-report", "out")
+    result.assert_outcomes(failed=3)
+    cases = {c["phase"]: c for c in _report(pytester)["cases"]}
+    first = cases["forward"]["first_divergence"]
+    assert (first["name"], first["origin"], first["kind"]) == ("blocks.1", True, "activation")
+    assert first["value"] > first["allowed"]
+    assert first["evidence"] == ("tensor" if mode == "tensor" else "stats")
+    text = result.stdout.str()
+    assert "First divergence: blocks.1 (activation, out, step 0), origin: its inputs matched" in text
+    assert 'fp32 same-code budget' in text
+    assert 'To reproduce: pytest --align-config align.yaml "align.yaml::port[forward]"' in text
+    assert "Traceback" not in text
+    if mode == "stats":
+        assert "evidence is statistical" in text
+    else:
+        assert "Mismatched elements:" in text and "Greatest absolute difference:" in text
+
+
+def test_bug_between_submodules_is_propagated_into_the_parent(pytester):
+    _suite(pytester, bug="between")
+    result = pytester.runpytest("--align-config", "align.yaml", "--align-report", "out")
+    result.assert_outcomes(failed=3)
+    first = {c["phase"]: c for c in _report(pytester)["cases"]}["forward"]["first_divergence"]
+    assert (first["name"], first["origin"], first["origin_module"]) == ("blocks.1.up", False, "blocks.1")
+    result.stdout.fnmatch_lines(["*First divergence: blocks.1.up*propagated*enters in blocks.1*"])
+
+
+def test_expectation_that_does_not_hold_fails(pytester):
+    _suite(pytester, bug="own")
+    text = (pytester.path / "align.yaml").read_text().replace(
+        "tolerances: tight}", "tolerances: tight, expect: {first_divergence: blocks.2, origin: true}}"
+    )
+    (pytester.path / "align.yaml").write_text(text)
+    result = pytester.runpytest("--align-config", "align.yaml")
+    result.assert_outcomes(failed=1, passed=2)
+    result.stdout.fnmatch_lines(["*Known divergence not reproduced: expected first divergence 'blocks.2' (origin: true)*found 'blocks.1'*"])
+
+
+def test_plugin_is_inert_without_a_config(pytester):
+    _suite(pytester)
+    pytester.makepyfile(test_plain="def test_x():\n    assert 1 + 1 == 2\n")
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(passed=1)
+    assert "precalign" not in result.stdout.str()
+
+
+def test_report_header_and_ini_option(pytester):
+    _suite(pytester)
+    pytester.makeini("[pytest]\nalign_config = align.yaml\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["precalign: config *align.yaml, 1 case(s); torch *, device cpu, dtype float32, seed 0, deterministic True"])
+
+
+def test_config_outside_the_given_paths_is_still_collected(pytester):
+    _suite(pytester)
+    (pytester.path / "sub").mkdir()
+    pytester.makepyfile(**{"sub/test_a": "def test_a():\n    pass\n"})
+    result = pytester.runpytest("--align-config", "align.yaml", "sub")
+    result.assert_outcomes(passed=4)
+
+
+def test_align_runner_fixture_and_marker(pytester):
+    pytester.makepyfile(nets=MODELS_PY)
+    pytester.makepyfile(test_port='''
+        import pytest
+        import torch
+        from pytest_precalign import AlignmentMismatch
+        import nets
+
+        @pytest.mark.align(phases=["forward", "backward"],
+                           tolerances=[{"match": "*", "atol": 1e-6, "rtol": 1e-5, "why": "inline"}])
+        def test_same(align_runner):
+            torch.manual_seed(0); a = nets.Net()
+            torch.manual_seed(0); b = nets.Net()
+            ids = torch.randint(0, 50, (2, 5))
+            run = align_runner.check(a, b, {"input_ids": ids}, labels=ids)
+            align_runner.assert_aligned(run)
+            assert run.verdicts["backward"].compared > 0
+
+        @pytest.mark.align(phases=["forward"])
+        def test_bug(align_runner):
+            torch.manual_seed(0); a = nets.Net()
+            b = nets.Net(bug="own")
+            ids = torch.randint(0, 50, (2, 5))
+            run = align_runner.check(a, b, {"input_ids": ids}, sync_weights=True)
+            with pytest.raises(AlignmentMismatch, match="First divergence: blocks.1 "):
+                align_runner.assert_aligned(run)
+            assert run.verdicts["forward"].first.origin
+
+        @pytest.mark.align(bogus=1)
+        def test_bad_marker(align_runner):
+            pass
+    ''')
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.align got unknown argument 'bogus' (allowed: tolerances, phases, record)*"])
+
+
+def test_xdist_merges_reports(pytester):
+    _suite(pytester, bug="own")
+    result = pytester.runpytest_subprocess("--align-config", "align.yaml", "--align-report", "out", "-n", "2")
+    result.assert_outcomes(failed=3)
+    cases = _report(pytester)["cases"]
+    assert sorted(c["phase"] for c in cases) == ["backward", "forward", "step"]
+    assert {c["first_divergence"]["name"] for c in cases if c["phase"] == "forward"} == {"blocks.1"}
+    result.stdout.fnmatch_lines(["*FAILED port[[]forward[]]*first divergence blocks.1*"])
+
+
+def test_saved_traces_are_readable_and_never_overwritten(pytester):
+    from pytest_precalign.trace_io import read_trace
+
+    _suite(pytester)
+    result = pytester.runpytest("--align-config", "align.yaml", "--align-save-traces", "traces")
+    result.assert_outcomes(passed=3)
+    trace = read_trace(pytester.path / "traces" / "align" / "port" / "candidate")
+    assert trace.manifest["side"] == "candidate" and trace.manifest["versions"]["torch"]
+    assert any(r.kind == "param" for r in trace.records)
+    again = pytester.runpytest("--align-config", "align.yaml", "--align-save-traces", "traces")
+    again.assert_outcomes(failed=3)
+    again.stdout.fnmatch_lines(["*a trace already exists there; refusing to overwrite it*"])
+
+
+def test_importing_the_plugin_does_not_import_torch():
+    code = "import sys, pytest_precalign.plugin, pytest_precalign; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_run_exit_codes(pytester):
+    _suite(pytester)
+    ok = subprocess.run([sys.executable, "-m", "pytest_precalign", "run", "align.yaml"], cwd=pytester.path,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "PASSED port[forward]" in ok.stdout
+    _suite(pytester, bug="own")
+    bad = subprocess.run([sys.executable, "-m", "pytest_precalign", "run", "align.yaml", "--report", "out"],
+                         cwd=pytester.path, capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "First divergence: blocks.1" in bad.stdout
+    assert _report(pytester)["cases"][0]["first_divergence"]["name"] == "blocks.1"
