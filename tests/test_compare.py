@@ -169,3 +169,20 @@ def test_dtype_defaults_like_torch_testing():
     assert (tol.rtol, tol.atol) == (1.6e-2, 1e-5)
     assert "torch.testing default" in tol.why
     assert table.lookup("x", "activation", "forward", "int64", 0).atol == 0.0
+
+
+def test_first_nan_is_reported_per_side():
+    x = torch.ones(4)
+    y = torch.ones(4)
+    y[2] = float("nan")
+    def trace(vals):
+        recs = [
+            Record(i, name, "M", "forward", 0, 0, "activation", "out", "float32", (4,), stats=tensor_stats(v))
+            for i, (name, v) in enumerate(vals)
+        ]
+        return Trace({}, tuple(recs))
+    base = trace([("a", x), ("b", x), ("c", x)])
+    cand = trace([("a", x), ("b", y), ("c", y)])
+    verdict = phase_verdict(compare_traces(base, cand, TABLE), "forward", None, False)
+    assert [(nf.side, nf.record.name, nf.record.stats.nan) for nf in verdict.nonfinite] == [("candidate", "b", 1)]
+    assert verdict.first is not None and (verdict.first.name, verdict.first.metric) == ("b", "nonfinite")

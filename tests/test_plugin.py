@@ -259,3 +259,16 @@ def test_cli_run_exit_codes(pytester):
     assert bad.returncode == 1
     assert "First divergence: blocks.1" in bad.stdout
     assert _report(pytester)["cases"][0]["first_divergence"]["name"] == "blocks.1"
+
+
+def test_npu_device_without_torch_npu_is_a_usage_error(pytester):
+    _suite(pytester)
+    text = (pytester.path / "align.yaml").read_text().replace("version: 1", "version: 1\ndefaults: {device: npu}")
+    (pytester.path / "align.yaml").write_text(text)
+    result = pytester.runpytest("--align-config", "align.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "ERROR: --align-config: case 'port': *align.yaml: device 'npu' needs torch_npu, which is not installed:"
+        " pip install 'pytest-precalign[[]npu[]]'*"
+    ])
+    assert "Traceback" not in result.stderr.str()

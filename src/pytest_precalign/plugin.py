@@ -225,7 +225,10 @@ def pytest_collection_modifyitems(
             try:
                 preflight_case(state.config, item.case)
             except PrecalignError as exc:
-                raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {exc}") from None
+                text = str(exc)
+                if str(state.config.path) not in text:
+                    text = f"{state.config.path}: {text}"
+                raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {text}") from None
 
 
 

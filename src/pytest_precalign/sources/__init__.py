@@ -148,6 +148,9 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     """
     import torch
 
+    from ..determinism import resolve_device
+
+    resolve_device(spec.device)
     build = builder(spec.source)
     try:
         with torch.device("meta"):
