@@ -14,9 +14,9 @@ from typing import Any
 
 from .errors import ConfigError
 from .mapping import MappingSpec, parse_mapping, read_mapping_file
-from .sources.registry import SOURCES
+from .sources.registry import COMMON_MODEL_KEYS, SOURCES
 from .tolerances import PHASES, ToleranceTable, parse_table
-from .yamlio import Reader, load_yaml
+from .yamlio import LineList, Reader, describe, load_yaml
 
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -24,6 +24,26 @@ RECORD_MODES = ("stats", "tensor", "hash")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LOSSES = ("causal_lm", "model", "mean", "none")
 INPUT_KINDS = ("tokens", "factory")
+TOP_LEVEL_KEYS = ("version", "defaults", "models", "inputs", "tolerances", "mappings", "cases")
+DEFAULTS_KEYS = ("device", "dtype", "seed", "deterministic")
+TOKENS_KEYS = ("kind", "batch", "seq_len", "vocab_size", "seed", "labels", "attention_mask")
+INPUT_FACTORY_KEYS = ("kind", "factory", "kwargs", "seed", "labels")
+CASE_KEYS = (
+    "name",
+    "baseline",
+    "candidate",
+    "inputs",
+    "phases",
+    "steps",
+    "weights",
+    "mapping",
+    "optimizer",
+    "record",
+    "tolerances",
+    "expect",
+    "loss",
+    "train",
+)
 
 
 @dataclass(frozen=True)
@@ -152,10 +172,18 @@ def load_config(text: str, path: Path) -> AlignConfig:
     data = load_yaml(text, str(path))
     if data is None:
         raise ConfigError(f"{path}: the config is empty (expected a mapping with 'version: 1')")
+    if not isinstance(data, dict):
+        where = f"{path}:{data.line}" if isinstance(data, LineList) else str(path)
+        raise ConfigError(
+            f"{where}: expected a mapping with keys {', '.join(TOP_LEVEL_KEYS)}, got {describe(data)}"
+        )
     root = Reader(data, str(path), "")
+    root.check_keys(TOP_LEVEL_KEYS)
+    if not root.has("version"):
+        root.fail("missing required key 'version' (add 'version: 1' at the top)")
     version = root.raw("version")
-    if version != 1:
-        root.fail(f"version: expected 1, got {version!r}", "version")
+    if version != 1 or isinstance(version, bool):
+        root.fail(f"expected 1 (the only config version), got {version!r}", "version")
     defaults = _parse_defaults(root.get_mapping("defaults"))
     base_dir = path.parent
 
@@ -183,8 +211,15 @@ def load_config(text: str, path: Path) -> AlignConfig:
     if tables_reader is not None:
         for name, value in tables_reader.data.items():
             tables_reader.raw(name)
+            if isinstance(value, str):
+                _check_file(tables_reader, name, base_dir / value)
             tables[name] = parse_table(
-                name, value, tables_reader.source, tables_reader.key_path(name), base_dir
+                name,
+                value,
+                tables_reader.source,
+                tables_reader.key_path(name),
+                base_dir,
+                line=tables_reader.line_of(name),
             )
 
     mappings: dict[str, MappingSpec] = {}
@@ -193,7 +228,7 @@ def load_config(text: str, path: Path) -> AlignConfig:
         for name, value in mappings_reader.data.items():
             mappings_reader.raw(name)
             if isinstance(value, str):
-                mappings[name] = read_mapping_file(base_dir / value, name)
+                mappings[name] = read_mapping_file(_check_file(mappings_reader, name, base_dir / value), name)
             else:
                 reader = mappings_reader.child(name, value, mappings_reader.line_of(name))
                 mappings[name] = parse_mapping(name, reader)
@@ -233,6 +268,7 @@ def load_config(text: str, path: Path) -> AlignConfig:
 def _parse_defaults(reader: Reader | None) -> Defaults:
     if reader is None:
         return Defaults()
+    reader.check_keys(DEFAULTS_KEYS)
     out = Defaults(
         device=reader.get_choice("device", DEVICES, "cpu"),
         dtype=reader.get_choice("dtype", DTYPES, "float32"),
@@ -244,10 +280,14 @@ def _parse_defaults(reader: Reader | None) -> Defaults:
 
 
 def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
+    if not reader.has("source"):
+        every = {key for info in SOURCES.values() for key in (*info.required, *info.optional)}
+        reader.check_keys({*COMMON_MODEL_KEYS, *every})
     source = reader.get_str("source", required=True)
     info = SOURCES.get(source)
     if info is None:
         reader.fail(f"unknown source {source!r} (allowed: {', '.join(SOURCES)})", "source")
+    reader.check_keys({*COMMON_MODEL_KEYS, *info.required, *info.optional})
     for key in info.required:
         reader.require(key)
     options = {key: reader.raw(key) for key in info.optional if reader.has(key)}
@@ -256,13 +296,16 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
     if source == "hf" and "class" not in options and "pretrained" not in options:
         reader.fail("an hf model needs 'class' (e.g. transformers.Qwen2ForCausalLM) or 'pretrained'")
     if source == "hf" and "config" in options and not isinstance(options["config"], dict):
-        reader.fail("expected a mapping of config fields", "config")
+        reader.fail(f"expected a mapping of config fields, got {describe(options['config'])}", "config")
+    for key in ("attn_implementation", "pretrained"):
+        if key in options and not isinstance(options[key], str):
+            reader.fail(f"expected a string, got {describe(options[key])}", key)
     if source == "factory":
         options["factory"] = reader.get_str("factory", required=True)
         _check_dotted(reader, "factory", options["factory"])
         kwargs = options.get("kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
-            reader.fail("expected a mapping of keyword arguments", "kwargs")
+            reader.fail(f"expected a mapping of keyword arguments, got {describe(kwargs)}", "kwargs")
     if source == "hf" and "class" in options:
         value = options["class"]
         if not isinstance(value, str) or "." not in value.replace(":", "."):
@@ -285,14 +328,24 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
 
 def _check_dotted(reader: Reader, key: str, value: str) -> None:
     module, sep, attr = value.partition(":")
-    if not sep or not module or not attr or not all(p.isidentifier() for p in module.split(".")):
+    if not sep or not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
         reader.fail(f"expected 'module:function' (e.g. my_pkg.models:build), got {value!r}", key)
+
+
+def _check_file(reader: Reader, key: str, file: Path) -> Path:
+    """A file a config key refers to: a missing one is reported at that key."""
+    file = file.resolve()
+    if not file.is_file():
+        what = "is a directory, expected a YAML file" if file.is_dir() else "file not found"
+        reader.fail(f"{what}: {file}", key)
+    return file
 
 
 def _parse_inputs(name: str, reader: Reader, defaults: Defaults) -> InputSpec:
     kind = reader.get_choice("kind", INPUT_KINDS, None)
     if kind is None:
         reader.fail(f"missing required key 'kind' (allowed: {', '.join(INPUT_KINDS)})")
+    reader.check_keys(TOKENS_KEYS if kind == "tokens" else INPUT_FACTORY_KEYS)
     if kind == "tokens":
         spec = InputSpec(
             name=name,
@@ -309,9 +362,9 @@ def _parse_inputs(name: str, reader: Reader, defaults: Defaults) -> InputSpec:
     else:
         factory = reader.get_str("factory", required=True)
         _check_dotted(reader, "factory", factory)
-        kwargs = reader.raw("kwargs") or {}
+        kwargs = reader.raw("kwargs", {})
         if not isinstance(kwargs, dict):
-            reader.fail("expected a mapping of keyword arguments", "kwargs")
+            reader.fail(f"expected a mapping of keyword arguments, got {describe(kwargs)}", "kwargs")
         spec = InputSpec(
             name=name,
             kind=kind,
@@ -333,6 +386,7 @@ def _parse_case(
     mappings: Mapping[str, MappingSpec],
     base_dir: Path,
 ) -> CaseSpec:
+    reader.check_keys(CASE_KEYS)
     name = reader.get_str("name", required=True)
     if not name or any(c in name for c in "[]:/ "):
         reader.fail(f"case names may not be empty or contain '[', ']', ':', '/' or spaces: {name!r}", "name")
@@ -366,6 +420,7 @@ def _parse_case(
     weights = reader.get_mapping("weights")
     sync, strict = True, True
     if weights is not None:
+        weights.check_keys(("sync", "strict"))
         sync = weights.get_bool("sync", True)
         strict = weights.get_bool("strict", True)
         weights.done()
@@ -376,7 +431,7 @@ def _parse_case(
         if mapping_ref in mappings:
             mapping = mappings[mapping_ref]
         elif mapping_ref.endswith((".yaml", ".yml")):
-            mapping = read_mapping_file(base_dir / mapping_ref, mapping_ref)
+            mapping = read_mapping_file(_check_file(reader, "mapping", base_dir / mapping_ref), mapping_ref)
         else:
             known = ", ".join(mappings) or "none defined under 'mappings'"
             reader.fail(f"unknown mapping {mapping_ref!r} (known: {known}; or a .yaml file)", "mapping")
@@ -384,6 +439,7 @@ def _parse_case(
     optimizer = OptimizerSpec()
     opt = reader.get_mapping("optimizer")
     if opt is not None:
+        opt.check_keys(("name", "lr", "betas", "eps", "weight_decay", "momentum"))
         betas = opt.raw("betas", [0.9, 0.999])
         if (
             not isinstance(betas, list)
@@ -404,6 +460,7 @@ def _parse_case(
     record = RecordSpec()
     rec = reader.get_mapping("record")
     if rec is not None:
+        rec.check_keys(("mode", "inputs", "include", "exclude"))
         record = RecordSpec(
             mode=rec.get_choice("mode", RECORD_MODES, "stats"),
             inputs=rec.get_bool("inputs", True),
@@ -420,6 +477,7 @@ def _parse_case(
     expect = None
     exp = reader.get_mapping("expect")
     if exp is not None:
+        exp.check_keys(("phase", "first_divergence", "origin", "kind"))
         phase = exp.get_choice("phase", PHASES, phases[0])
         if phase not in phases:
             exp.fail(f"phase {phase!r} is not among the case's phases ({', '.join(phases)})", "phase")
@@ -435,6 +493,19 @@ def _parse_case(
         )
         exp.done()
 
+    loss = reader.get_choice("loss", LOSSES, "causal_lm")
+    if "backward" in phases:
+        # What run_side would reject only when the case runs: report it with the config.
+        if loss == "none":
+            reader.fail("phase 'backward' needs a loss (allowed here: causal_lm, model, mean)", "loss")
+        spec = inputs[input_name]
+        if loss == "causal_lm" and spec.kind == "tokens" and not spec.labels:
+            reader.fail(
+                f"phase 'backward' with loss 'causal_lm' needs labels: set 'labels: true' in "
+                f"inputs.{input_name}, or choose loss: mean or loss: model",
+                "loss" if reader.has("loss") else "phases",
+            )
+
     case = CaseSpec(
         name=name,
         baseline=refs["baseline"],
@@ -449,7 +520,7 @@ def _parse_case(
         record=record,
         tolerances=table,
         expect=expect,
-        loss=reader.get_choice("loss", LOSSES, "causal_lm"),
+        loss=loss,
         train=reader.get_bool("train", False),
         where=reader.where(),
     )

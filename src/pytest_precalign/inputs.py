@@ -11,7 +11,7 @@ import torch
 
 from .config import InputSpec
 from .errors import PrecalignError, SourceError
-from .sources import import_object
+from .sources import import_object, one_line
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
     except PrecalignError:
         raise
     except Exception as exc:
-        raise SourceError(f"{what}: {spec.factory} raised {type(exc).__name__}: {exc}") from None
+        raise SourceError(f"{what}: {spec.factory} raised {type(exc).__name__}: {one_line(exc)}") from None
     if not isinstance(produced, Mapping):
         raise SourceError(
             f"{what}: {spec.factory} returned {type(produced).__name__}, expected a dict of model kwargs"

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import CaseError
+from .tolerances import KINDS
 from .trace import Trace
-from .yamlio import Reader, read_yaml_file
+from .yamlio import Reader, describe, read_yaml_file
 
 if TYPE_CHECKING:
     import torch
@@ -251,6 +252,7 @@ def _parse_op(reader: Reader) -> TransformOp:
     if name is None:
         reader.fail(f"missing required key 'op' (allowed: {', '.join(_OP_PARAMS)})")
     required, optional = _OP_PARAMS[name]
+    reader.check_keys(("op", *required, *optional))
     params = []
     for key in required:
         params.append((key, reader.require(key)))
@@ -280,20 +282,33 @@ def _parse_op(reader: Reader) -> TransformOp:
     return op
 
 
+def _placeholders(pattern: str) -> str:
+    names = sorted(set(_PLACEHOLDER.findall(pattern)))
+    return ", ".join("{" + n + "}" for n in names) or "none"
+
+
 def parse_mapping(name: str, reader: Reader) -> MappingSpec:
+    reader.check_keys(("renames", "tensors"))
     renames = []
     for i, item, line in reader.items("renames"):
         r = reader.child("renames", {}).child(i, item, line)
+        r.check_keys(("baseline", "candidate"))
         baseline, candidate = r.get_str("baseline", required=True), r.get_str("candidate", required=True)
-        if sorted(_PLACEHOLDER.findall(baseline)) != sorted(_PLACEHOLDER.findall(candidate)):
-            r.fail("baseline and candidate must use the same {placeholders}")
+        if sorted(set(_PLACEHOLDER.findall(baseline))) != sorted(set(_PLACEHOLDER.findall(candidate))):
+            r.fail(
+                "baseline and candidate must use the same {placeholders} "
+                f"(baseline has {_placeholders(baseline)}, candidate has {_placeholders(candidate)})"
+            )
         r.done()
         renames.append(NameRule(baseline=baseline, candidate=candidate))
     tensors = []
     for i, item, line in reader.items("tensors"):
         r = reader.child("tensors", {}).child(i, item, line)
+        r.check_keys(("baseline", "candidate", "transform", "kinds"))
         baseline, candidate = _patterns(r, "baseline"), _patterns(r, "candidate")
         ops_value = r.require("transform")
+        if not isinstance(ops_value, (dict, list)):
+            r.fail(f"expected an op ({{op: ...}}) or a list of ops, got {describe(ops_value)}", "transform")
         ops_list = ops_value if isinstance(ops_value, list) else [ops_value]
         lines = getattr(ops_value, "item_lines", None)
         ops = tuple(
@@ -302,6 +317,9 @@ def parse_mapping(name: str, reader: Reader) -> MappingSpec:
         )
         kinds_value = r.raw("kinds", ["param"])
         kinds = tuple(kinds_value if isinstance(kinds_value, list) else [kinds_value])
+        for kind in kinds:
+            if kind not in KINDS:
+                r.fail(f"unknown record kind {kind!r} (allowed: {', '.join(KINDS)})", "kinds")
         r.done()
         _check_arity(r, ops, len(baseline), len(candidate))
         tensors.append(TensorRule(baseline, candidate, ops, kinds, r.where()))

@@ -209,6 +209,7 @@ def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
         item.user_properties.append(("precalign_first_divergence", first.name))
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
@@ -229,7 +230,6 @@ def pytest_collection_modifyitems(
                 if str(state.config.path) not in text:
                     text = f"{state.config.path}: {text}"
                 raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {text}") from None
-
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -8,11 +8,12 @@ No torch import here: the table is data, the metrics live in ``metrics.py``.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .yamlio import Reader, read_yaml_file
+from .yamlio import Reader, describe, read_yaml_file
 
 KINDS = (
     "activation",
@@ -37,6 +38,23 @@ BOUND_METRICS: dict[str, bool] = {
     "one_thousandth": False,
     "five_thousandth": False,
 }
+
+# Record dtypes are torch dtype names without "torch." (recorder.dtype_name). A rule's dtype
+# must look like one, so that an alias ("fp32", "half", "torch.float32") cannot silently
+# match nothing.
+DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "float32",
+    "float": "float32",
+    "single": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp64": "float64",
+    "double": "float64",
+    "long": "int64",
+    "int": "int64",
+}
+_DTYPE_NAME = re.compile(r"^(bool|(q?u?int|b?float|complex|bits)\d[a-z0-9_]*)$")
 
 # torch.testing.assert_close defaults, by dtype name: (rtol, atol).
 DTYPE_DEFAULTS: dict[str, tuple[float, float]] = {
@@ -142,11 +160,25 @@ def _as_tuple(reader: Reader, key: str, allowed: tuple[str, ...] | None) -> tupl
     return tuple(out)
 
 
+RULE_KEYS = ("match", "kind", "phase", "dtype", "step", "atol", "rtol", *BOUND_METRICS, "why")
+
+
 def parse_rule(reader: Reader) -> ToleranceRule:
+    reader.check_keys(RULE_KEYS)
     match = reader.get_str("match", "*")
     kind = _as_tuple(reader, "kind", KINDS)
     phase = _as_tuple(reader, "phase", PHASES)
     dtype = _as_tuple(reader, "dtype", None)
+    for name in dtype:
+        if not _DTYPE_NAME.match(name):
+            base = name.removeprefix("torch.")
+            guess = DTYPE_ALIASES.get(base, base if _DTYPE_NAME.match(base) else None)
+            hint = f"; did you mean {guess!r}?" if guess else ""
+            reader.fail(
+                f"unknown dtype {name!r} (a torch dtype name such as "
+                f"{', '.join(DTYPE_DEFAULTS)}, int64, bool{hint})",
+                "dtype",
+            )
     raw_step = reader.raw("step")
     steps: tuple[int, ...] = ()
     if raw_step is not None:
@@ -186,20 +218,26 @@ def parse_rule(reader: Reader) -> ToleranceRule:
     )
 
 
-def parse_table(name: str, value: Any, source: str, path: str, base_dir: Path) -> ToleranceTable:
-    """A table is a list of rules, ``{rules: [...]}``, or the path of a YAML file with either."""
-    line = getattr(value, "line", None)
+def parse_table(
+    name: str, value: Any, source: str, path: str, base_dir: Path, *, line: int | None = None
+) -> ToleranceTable:
+    """A table is a list of rules, ``{rules: [...]}``, or the path of a YAML file with either.
+
+    ``line`` is where the table is named, for errors about a value that is none of these.
+    """
+    line = line if line is not None else getattr(value, "line", None)
     if isinstance(value, str):
         file = (base_dir / value).resolve()
         value, source, path, line = read_yaml_file(file), str(file), "", 1
     if isinstance(value, dict):
         reader = Reader(value, source, path, line)
+        reader.check_keys(("rules",))
         value = reader.get_list("rules", required=True)
         reader.done()
         path = reader.key_path("rules")
     if not isinstance(value, list):
         Reader({}, source, path, line).fail(
-            "expected a list of rules, {rules: [...]}, or the path of a YAML file"
+            f"expected a list of rules, {{rules: [...]}}, or the path of a YAML file, got {describe(value)}"
         )
     lines = getattr(value, "item_lines", None)
     rules = []

@@ -7,7 +7,9 @@ so all of them produce the same kind of message:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import difflib
+import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,16 +36,29 @@ class _LineLoader(yaml.SafeLoader):
     pass
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, line: int) -> None:
+        super().__init__(key, line)
+        self.key = key
+        self.line = line
+
+
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
     out = LineDict()
     out.line = node.start_mark.line + 1
     out.key_lines = {}
-    for key_node, value_node in node.value:
+    own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
+    loader.flatten_mapping(node)  # YAML merge keys ("<<: *anchor") come first, then own keys
+    merged = len(node.value) - own
+    explicit: set[str] = set()
+    for index, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, str):
             key = str(key)
-        if key in out:
-            raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+        if index >= merged:  # a key given twice is an error; one overriding a merged key is not
+            if key in explicit:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            explicit.add(key)
         out[key] = loader.construct_object(value_node, deep=True)
         out.key_lines[key] = key_node.start_mark.line + 1
     return out
@@ -64,12 +79,18 @@ def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text; syntax errors become one ConfigError naming the file and line."""
     try:
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"{source}:{exc.line}: duplicate key {exc.key!r} (a key may appear only once in a mapping)"
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = exc.problem or exc.context or "invalid YAML"
+        context = exc.context_mark
+        if exc.problem and exc.context and context is not None and context is not mark:
+            # e.g. an unclosed bracket: the problem is at the end, its cause where it opened
+            problem += f" ({exc.context} started on line {context.line + 1})"
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: YAML syntax error: {exc}") from None
@@ -108,9 +129,11 @@ class Reader:
     def __init__(self, data: Any, source: str, path: str, line: int | None = None) -> None:
         self.source = source
         self.path = path
-        self.line = getattr(data, "line", line)
+        # The line of the key that names this mapping when known (``models:`` rather than
+        # the first key inside it), else where the mapping itself starts.
+        self.line = line if line is not None else getattr(data, "line", None)
         if not isinstance(data, dict):
-            self.fail(f"expected a mapping, got {_describe(data)}")
+            self.fail(f"expected a mapping, got {describe(data)}")
         self.data: dict[str, Any] = data
         self._seen: set[str] = set()
 
@@ -155,7 +178,7 @@ class Reader:
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if not isinstance(value, kinds):
-            self.fail(f"expected {_expected(kinds)}, got {_describe(value)}", key)
+            self.fail(f"expected {_expected(kinds)}, got {describe(value)}", key)
         return value
 
     def get_str(self, key: str, default: str | None = None, *, required: bool = False) -> Any:
@@ -178,6 +201,8 @@ class Reader:
         if value is None:
             return default
         value = self._typed(key, value, (float, int))
+        if math.isnan(value):
+            self.fail("expected a number, got .nan", key)
         if non_negative and value < 0:
             self.fail(f"must be >= 0, got {value}", key)
         return float(value)
@@ -197,7 +222,7 @@ class Reader:
         if value is None:
             return None
         if not isinstance(value, dict):
-            self.fail(f"expected a mapping, got {_describe(value)}", key)
+            self.fail(f"expected a mapping, got {describe(value)}", key)
         return Reader(value, self.source, self.key_path(key), self.line_of(key))
 
     def get_list(self, key: str, *, required: bool = False) -> list[Any] | None:
@@ -205,7 +230,7 @@ class Reader:
         if value is None:
             return None
         if not isinstance(value, list):
-            self.fail(f"expected a list, got {_describe(value)}", key)
+            self.fail(f"expected a list, got {describe(value)}", key)
         return value
 
     def items(self, key: str) -> Iterator[tuple[int, Any, int | None]]:
@@ -218,18 +243,31 @@ class Reader:
     def child(self, key: str | int, value: Any, line: int | None = None) -> Reader:
         return Reader(value, self.source, self.key_path(key), line)
 
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        """Reject the first key not in ``allowed`` before reading any (a typo is named as such,
+        not reported as the missing key it was meant to be)."""
+        names = set(allowed)
+        for key in self.data:
+            if key not in names:
+                self._unknown(key, names)
+
     def done(self) -> None:
         unknown = [k for k in self.data if k not in self._seen]
         if unknown:
-            allowed = sorted(self._seen)
-            self.fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})", unknown[0])
+            self._unknown(unknown[0], self._seen)
+
+    def _unknown(self, key: str, allowed: Iterable[str]) -> NoReturn:
+        names = sorted(allowed)
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        self.fail(f"unknown key {key!r} ({hint}allowed: {', '.join(names)})", key)
 
 
 def _expected(kinds: tuple[type, ...]) -> str:
     return " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds if k is not int or float not in kinds)
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):

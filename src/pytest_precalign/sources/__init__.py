@@ -102,17 +102,22 @@ def import_object(path: str, base_dir: Path, what: str) -> Any:
                     f"{what}: cannot import module {module_name!r} from {path!r} "
                     f"(looked in {base_dir} and sys.path)"
                 ) from None
-            raise SourceError(f"{what}: importing {module_name!r} failed: {exc}") from None
+            raise SourceError(f"{what}: importing {module_name!r} failed: {one_line(exc)}") from None
         except PrecalignError:
             raise
         except Exception as exc:
             raise SourceError(
-                f"{what}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+                f"{what}: importing {module_name!r} raised {type(exc).__name__}: {one_line(exc)}"
             ) from None
     try:
         return getattr(module, attr)
     except AttributeError:
         raise SourceError(f"{what}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line (user code may raise multi-line messages)."""
+    return " ".join(str(exc).split())
 
 
 def builder(source: str) -> Callable[[ModelSpec, Path], torch.nn.Module]:
@@ -156,8 +161,6 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
         with torch.device("meta"):
             build(spec, base_dir)
         return
-    except PrecalignError:
-        raise
-    except Exception:  # noqa: BLE001 - retried below, where the error is reported
+    except Exception:  # noqa: BLE001 - retried for real below, where the error is reported
         pass
     build(spec, base_dir)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PrecalignError, SourceError
-from . import import_object
+from . import import_object, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,9 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
     except PrecalignError:
         raise
     except Exception as exc:
-        raise SourceError(f"{what}: {path}(**{kwargs!r}) raised {type(exc).__name__}: {exc}") from None
+        raise SourceError(
+            f"{what}: {path}(**{kwargs!r}) raised {type(exc).__name__}: {one_line(exc)}"
+        ) from None
     if not isinstance(module, torch.nn.Module):
         raise SourceError(f"{what}: {path} returned {type(module).__name__}, expected a torch.nn.Module")
     return module

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PrecalignError, SourceError
-from . import import_object
+from . import import_object, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +39,7 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
         try:
             module = cls.from_pretrained(str(folder), local_files_only=True, **extra)
         except Exception as exc:
-            raise SourceError(f"{what}.pretrained: loading {folder} failed: {exc}") from None
+            raise SourceError(f"{what}.pretrained: loading {folder} failed: {one_line(exc)}") from None
     else:
         cls = import_object(str(options["class"]), base_dir, f"{what}.class")
         config_cls = getattr(cls, "config_class", None)
@@ -51,14 +51,14 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
         try:
             config = config_cls(**fields, **extra)
         except Exception as exc:
-            raise SourceError(f"{what}.config: {config_cls.__name__} rejected it: {exc}") from None
+            raise SourceError(f"{what}.config: {config_cls.__name__} rejected it: {one_line(exc)}") from None
         try:
             module = cls(config)
         except PrecalignError:
             raise
         except Exception as exc:
             raise SourceError(
-                f"{what}: building {options['class']} raised {type(exc).__name__}: {exc}"
+                f"{what}: building {options['class']} raised {type(exc).__name__}: {one_line(exc)}"
             ) from None
     if not isinstance(module, torch.nn.Module):
         raise SourceError(f"{what}: {options.get('class')} did not build a torch.nn.Module")
