@@ -159,7 +159,7 @@ CONFIG_ERRORS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "unknown-source",
         _variant("base: {source: factory,", "base: {source: onnx,"),
-        ("{cfg}:3: models.base.source: unknown source 'onnx' (allowed: hf, factory)",),
+        ("{cfg}:3: models.base.source: unknown source 'onnx' (allowed: hf, megatron, factory)",),
     ),
     (
         "factory-without-colon",

@@ -203,9 +203,9 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
     ),
     (
         "unknown-source",
-        _variant("base: {source: factory,", "base: {source: megatron,"),
+        _variant("base: {source: factory,", "base: {source: onnx,"),
         3,
-        ("models.base.source: unknown source 'megatron'", "allowed: hf, factory"),
+        ("models.base.source: unknown source 'onnx'", "allowed: hf, megatron, factory"),
     ),
     (
         "source-missing",
@@ -671,7 +671,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "mapping-unknown-key",
         BASE + "mappings:\n  m:\n    rename:\n      - {baseline: a, candidate: b}\n",
         17,
-        ("mappings.m.rename: unknown key 'rename'", "did you mean 'renames'?", "allowed: renames, tensors"),
+        ("mappings.m.rename: unknown key 'rename'", "did you mean 'renames'?", "allowed: layouts, renames, slots, tensors, unmatched"),
     ),
     (
         "mapping-rule-unknown-key",

@@ -4,19 +4,10 @@ import pytest
 import torch
 
 from pytest_precalign.errors import CaseError
-from pytest_precalign.mapping import (
-    MappingSpec,
-    NameRule,
-    TensorRule,
-    TransformOp,
-    apply_forward,
-    apply_inverse,
-    expand_rule,
-    map_trace,
-    sync_weights,
-    to_baseline_name,
-    to_candidate_name,
-)
+from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, to_baseline_name, to_candidate_name
+from pytest_precalign.trace_mapping import map_trace
+from pytest_precalign.transforms import TransformOp, apply_forward, apply_inverse
+from pytest_precalign.weights import expand_rule, sync_weights
 from pytest_precalign.trace import Record, Trace
 
 MEGATRON_RENAMES = MappingSpec(
@@ -71,9 +62,9 @@ def test_every_transform_round_trips_bitwise(label, ops, shapes, n_out):
     gen = torch.Generator().manual_seed(0)
     tensors = [torch.randn(s, generator=gen) for s in shapes]
     rule = _rule(ops, len(shapes), n_out)
-    forward = apply_forward(rule, tensors)
+    forward = apply_forward(rule.ops, tensors)
     assert len(forward) == n_out
-    back = apply_inverse(rule, forward, shapes)
+    back = apply_inverse(rule.ops, forward, shapes)
     assert len(back) == len(tensors)
     for a, b in zip(tensors, back, strict=True):
         assert torch.equal(a, b)
@@ -85,7 +76,7 @@ def test_qkv_fuse_groups_rows_per_kv_group():
     k = 100 + torch.arange(groups * d).float().reshape(-1, 1)
     v = 200 + torch.arange(groups * d).float().reshape(-1, 1)
     rule = _rule([("qkv_fuse", {"num_heads": heads, "num_kv_heads": groups})], 3, 1)
-    (fused,) = apply_forward(rule, [q, k, v])
+    (fused,) = apply_forward(rule.ops, [q, k, v])
     expected = [0, 1, 2, 3, 100, 101, 200, 201, 4, 5, 6, 7, 102, 103, 202, 203]
     assert fused.reshape(-1).tolist() == expected
 
@@ -94,7 +85,7 @@ def test_gate_up_concat_is_not_a_plain_shard_concat():
     """fc1 = [gate; up]; a TP layout bug (plain concat of [gate_r; up_r] shards) is visible."""
     gate, up = torch.randn(8, 4), torch.randn(8, 4)
     rule = _rule([("concat", {"dim": 0})], 2, 1)
-    (fc1,) = apply_forward(rule, [gate, up])
+    (fc1,) = apply_forward(rule.ops, [gate, up])
     shards = [torch.cat([gate[:4], up[:4]]), torch.cat([gate[4:], up[4:]])]
     assert not torch.equal(torch.cat(shards), fc1)
 
@@ -164,6 +155,11 @@ def test_map_trace_renames_records_and_dependencies():
         kind="activation", slot="out", dtype="float32", shape=(2,),
         deps=("decoder.layers.0.mlp|input|in.0|0|0",),
     )
-    mapped = map_trace(Trace({}, (rec,)), MEGATRON_RENAMES)
-    assert mapped.records[0].name == "model.layers.0.mlp"
-    assert mapped.records[0].deps == ("model.layers.0.mlp|input|in.0|0|0",)
+    dep = Record(
+        seq=0, name="decoder.layers.0.mlp", module_class="MLP", phase="forward", step=0, call=0,
+        kind="input", slot="in.0", dtype="float32", shape=(2,),
+    )
+    rec = Record(**{**rec.__dict__, "seq": 1})
+    mapped = map_trace(Trace({"record_mode": "stats"}, (dep, rec)), Trace({}, ()), MEGATRON_RENAMES).trace
+    assert mapped.records[1].name == "model.layers.0.mlp"
+    assert mapped.records[1].deps == ("model.layers.0.mlp|input|in.0|0|0",)

@@ -85,7 +85,11 @@ def lookup_dtype(a: str, b: str) -> str:
     return a if ranks[0] >= ranks[1] else b
 
 
-def compare_traces(baseline: Trace, candidate: Trace, table: ToleranceTable) -> Comparison:
+def compare_traces(
+    baseline: Trace, candidate: Trace, table: ToleranceTable, reasons: Mapping[str, str] | None = None
+) -> Comparison:
+    """``reasons``: why a record is known to have no counterpart (from the mapping)."""
+    reasons = reasons or {}
     cand_by_id = candidate.by_id()
     used: set[str] = set()
     cache: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
@@ -93,13 +97,13 @@ def compare_traces(baseline: Trace, candidate: Trace, table: ToleranceTable) -> 
     for rec in baseline.records:
         other = cand_by_id.get(rec.id)
         if other is None:
-            out.append(PairResult(rec, None, "only_baseline", "none"))
+            out.append(PairResult(rec, None, "only_baseline", "none", note=reasons.get(rec.id, "")))
             continue
         used.add(rec.id)
         out.append(_compare_pair(rec, other, baseline, candidate, table, cache))
     for rec in candidate.records:
         if rec.id not in used:
-            out.append(PairResult(rec, rec, "only_candidate", "none"))
+            out.append(PairResult(rec, rec, "only_candidate", "none", note=reasons.get(rec.id, "")))
     return Comparison(tuple(out))
 
 

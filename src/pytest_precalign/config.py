@@ -295,7 +295,7 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
         reader.raw(key)
     if source == "hf" and "class" not in options and "pretrained" not in options:
         reader.fail("an hf model needs 'class' (e.g. transformers.Qwen2ForCausalLM) or 'pretrained'")
-    if source == "hf" and "config" in options and not isinstance(options["config"], dict):
+    if source in ("hf", "megatron") and "config" in options and not isinstance(options["config"], dict):
         reader.fail(f"expected a mapping of config fields, got {describe(options['config'])}", "config")
     for key in ("attn_implementation", "pretrained"):
         if key in options and not isinstance(options[key], str):
@@ -306,6 +306,10 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
         kwargs = options.get("kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             reader.fail(f"expected a mapping of keyword arguments, got {describe(kwargs)}", "kwargs")
+    if source == "megatron":
+        reader.get_choice("preset", ("qwen2.5",), "qwen2.5")
+        options.setdefault("preset", "qwen2.5")
+        reader.get_int("tensor_parallel", 1, minimum=1)
     if source == "hf" and "class" in options:
         value = options["class"]
         if not isinstance(value, str) or "." not in value.replace(":", "."):

@@ -13,19 +13,18 @@ baseline's names and layouts with the inverse. Ops import torch only when applie
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import CaseError
 from .tolerances import KINDS
-from .trace import Trace
+from .transforms import OP_ARITY, OP_PARAMS, TransformOp, check_qkv
 from .yamlio import Reader, describe, read_yaml_file
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -37,23 +36,56 @@ class NameRule:
 
 
 @dataclass(frozen=True)
-class TransformOp:
-    op: str
-    params: tuple[tuple[str, Any], ...] = ()
-
-    def param(self, key: str, default: Any = None) -> Any:
-        return dict(self.params).get(key, default)
-
-
-@dataclass(frozen=True)
 class TensorRule:
-    """``baseline`` tensors --ops--> ``candidate`` tensors, for the given record kinds."""
+    """``baseline`` tensors --ops--> ``candidate`` tensors, for the given record kinds.
+
+    ``kinds`` containing ``param`` covers weights (sync) and ``param``/``param_grad``
+    records. For module records, ``slots`` maps candidate slots to baseline slots, and
+    ``broadcast`` says the one candidate tensor stands for each baseline tensor (e.g. the
+    input of a fused qkv projection is the input of q, k and v). ``reversed``: the ops go
+    candidate -> baseline (a mapping used the other way round)."""
 
     baseline: tuple[str, ...]
     candidate: tuple[str, ...]
     ops: tuple[TransformOp, ...]
     kinds: tuple[str, ...] = ("param",)
+    slots: tuple[tuple[str, str], ...] = ()
+    broadcast: bool = False
+    reversed: bool = False
     where: str = ""
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """One-to-one layout change of records whose name matches ``match`` (a glob on the
+    names of ``side``), e.g. Megatron's ``[s, b, h]`` vs HF's ``[b, s, h]``."""
+
+    match: str
+    kinds: tuple[str, ...]
+    ops: tuple[TransformOp, ...]  # baseline layout -> candidate layout (unless reversed)
+    side: str = "candidate"
+    reversed: bool = False
+
+
+@dataclass(frozen=True)
+class SlotRule:
+    """Records of modules matching ``match`` (names of ``side``) call a tensor
+    ``candidate`` where the baseline calls it ``baseline`` (e.g. ``in.0`` vs
+    ``in.hidden_states``, a positional vs a keyword argument)."""
+
+    match: str
+    candidate: str
+    baseline: str
+    side: str = "candidate"
+
+
+@dataclass(frozen=True)
+class UnmatchedRule:
+    """Known one-sided records: why a module has no counterpart."""
+
+    side: str  # baseline | candidate
+    match: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -61,7 +93,40 @@ class MappingSpec:
     name: str
     renames: tuple[NameRule, ...] = ()
     tensors: tuple[TensorRule, ...] = ()
+    layouts: tuple[LayoutRule, ...] = ()
+    slots: tuple[SlotRule, ...] = ()
+    unmatched: tuple[UnmatchedRule, ...] = ()
     where: str = ""
+
+
+_OTHER = {"baseline": "candidate", "candidate": "baseline"}
+
+
+def reverse(mapping: MappingSpec) -> MappingSpec:
+    """The same mapping used the other way round (baseline and candidate swap roles)."""
+    return MappingSpec(
+        name=mapping.name + " (reversed)",
+        renames=tuple(NameRule(baseline=r.candidate, candidate=r.baseline) for r in mapping.renames),
+        tensors=tuple(
+            TensorRule(
+                baseline=r.candidate,
+                candidate=r.baseline,
+                ops=r.ops,
+                kinds=r.kinds,
+                slots=tuple((b, c) for c, b in r.slots),
+                broadcast=r.broadcast,
+                reversed=not r.reversed,
+                where=r.where,
+            )
+            for r in mapping.tensors
+        ),
+        layouts=tuple(
+            LayoutRule(r.match, r.kinds, r.ops, _OTHER[r.side], not r.reversed) for r in mapping.layouts
+        ),
+        slots=tuple(SlotRule(r.match, r.baseline, r.candidate, _OTHER[r.side]) for r in mapping.slots),
+        unmatched=tuple(UnmatchedRule(_OTHER[r.side], r.match, r.reason) for r in mapping.unmatched),
+        where=mapping.where,
+    )
 
 
 # -- name patterns ---------------------------------------------------------------------
@@ -110,132 +175,6 @@ def to_candidate_name(mapping: MappingSpec | None, baseline_name: str) -> str:
     return _rename(((r.baseline, r.candidate) for r in mapping.renames), baseline_name)
 
 
-# -- tensor ops -------------------------------------------------------------------------
-
-Tensors = list["torch.Tensor"]
-
-
-def _qkv_fuse(ts: Tensors, op: TransformOp) -> Tensors:
-    import torch
-
-    q, k, v = ts
-    dim = int(op.param("dim", 0))
-    heads, groups = int(op.param("num_heads")), int(op.param("num_kv_heads"))
-    per = heads // groups
-    d = q.shape[dim] // heads
-    qs = q.unflatten(dim, (groups, per * d))
-    ks = k.unflatten(dim, (groups, d))
-    vs = v.unflatten(dim, (groups, d))
-    return [torch.cat([qs, ks, vs], dim=dim + 1).flatten(dim, dim + 1)]
-
-
-def _qkv_split(ts: Tensors, op: TransformOp) -> Tensors:
-    (fused,) = ts
-    dim = int(op.param("dim", 0))
-    heads, groups = int(op.param("num_heads")), int(op.param("num_kv_heads"))
-    per = heads // groups
-    total = fused.shape[dim]
-    d = total // (heads + 2 * groups)
-    grouped = fused.unflatten(dim, (groups, (per + 2) * d))
-    q, k, v = grouped.split([per * d, d, d], dim=dim + 1)
-    return [t.flatten(dim, dim + 1) for t in (q, k, v)]
-
-
-def _check_qkv(op: TransformOp) -> str | None:
-    heads, groups = op.param("num_heads"), op.param("num_kv_heads")
-    if not isinstance(heads, int) or not isinstance(groups, int) or heads <= 0 or groups <= 0:
-        return "qkv_fuse needs positive integers num_heads and num_kv_heads"
-    if heads % groups:
-        return f"num_heads ({heads}) must be a multiple of num_kv_heads ({groups})"
-    return None
-
-
-def _forward(op: TransformOp, ts: Tensors) -> Tensors:
-    import torch
-
-    name = op.op
-    if name == "concat":
-        return [torch.cat(ts, dim=int(op.param("dim", 0)))]
-    if name == "split":
-        return list(ts[0].split(list(op.param("sizes")), dim=int(op.param("dim", 0))))
-    if name == "permute":
-        return [t.permute(*op.param("dims")) for t in ts]
-    if name == "transpose":
-        return [t.transpose(int(op.param("dim0")), int(op.param("dim1"))) for t in ts]
-    if name == "reshape":
-        return [t.reshape(*op.param("shape")) for t in ts]
-    if name == "qkv_fuse":
-        return _qkv_fuse(ts, op)
-    raise CaseError(f"unknown transform op {name!r}")
-
-
-def _inverse(op: TransformOp, ts: Tensors, inputs: Sequence[torch.Size]) -> Tensors:
-    """Undo ``op``; ``inputs`` are the shapes its forward direction took."""
-    import torch
-
-    name = op.op
-    if name == "concat":
-        dim = int(op.param("dim", 0))
-        return list(ts[0].split([s[dim] for s in inputs], dim=dim))
-    if name == "split":
-        return [torch.cat(ts, dim=int(op.param("dim", 0)))]
-    if name == "permute":
-        dims = list(op.param("dims"))
-        inverse = [dims.index(i) for i in range(len(dims))]
-        return [t.permute(*inverse) for t in ts]
-    if name == "transpose":
-        return [t.transpose(int(op.param("dim0")), int(op.param("dim1"))) for t in ts]
-    if name == "reshape":
-        return [t.reshape(shape) for t, shape in zip(ts, inputs, strict=True)]
-    if name == "qkv_fuse":
-        return _qkv_split(ts, op)
-    raise CaseError(f"unknown transform op {name!r}")
-
-
-_OP_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # op: (required params, optional params)
-    "concat": ((), ("dim",)),
-    "split": (("sizes",), ("dim",)),
-    "permute": (("dims",), ()),
-    "transpose": (("dim0", "dim1"), ()),
-    "reshape": (("shape",), ()),
-    "qkv_fuse": (("num_heads", "num_kv_heads"), ("dim",)),
-}
-_OP_ARITY: dict[str, tuple[int | None, int | None]] = {
-    # op: (inputs, outputs); None = any number (one-to-one per tensor when both None)
-    "concat": (None, 1),
-    "split": (1, None),
-    "permute": (None, None),
-    "transpose": (None, None),
-    "reshape": (None, None),
-    "qkv_fuse": (3, 1),
-}
-
-
-def apply_forward(rule: TensorRule, tensors: Tensors) -> Tensors:
-    """Baseline tensors -> candidate tensors."""
-    out = list(tensors)
-    for op in rule.ops:
-        out = _forward(op, out)
-    return out
-
-
-def apply_inverse(rule: TensorRule, tensors: Tensors, baseline_shapes: Sequence[Sequence[int]]) -> Tensors:
-    """Candidate tensors -> baseline tensors, given the baseline shapes (they fix split sizes)."""
-    import torch
-
-    # Replay the forward chain on meta tensors to learn each op's input shapes.
-    metas: Tensors = [torch.empty(tuple(s), device="meta") for s in baseline_shapes]
-    shapes_before: list[list[torch.Size]] = []
-    for op in rule.ops:
-        shapes_before.append([t.shape for t in metas])
-        metas = _forward(op, metas)
-    out = list(tensors)
-    for op, shapes in zip(reversed(rule.ops), reversed(shapes_before), strict=True):
-        out = _inverse(op, out, shapes)
-    return out
-
-
 # -- parsing ----------------------------------------------------------------------------
 
 
@@ -247,18 +186,18 @@ def _patterns(reader: Reader, key: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _parse_op(reader: Reader) -> TransformOp:
-    name = reader.get_choice("op", tuple(_OP_PARAMS), None)
+def _parse_op(reader: Reader, variables: Mapping[str, Any]) -> TransformOp:
+    name = reader.get_choice("op", tuple(OP_PARAMS), None)
     if name is None:
-        reader.fail(f"missing required key 'op' (allowed: {', '.join(_OP_PARAMS)})")
-    required, optional = _OP_PARAMS[name]
+        reader.fail(f"missing required key 'op' (allowed: {', '.join(OP_PARAMS)})")
+    required, optional = OP_PARAMS[name]
     reader.check_keys(("op", *required, *optional))
     params = []
     for key in required:
-        params.append((key, reader.require(key)))
+        params.append((key, _resolve(reader, key, reader.require(key), variables)))
     for key in optional:
         if reader.has(key):
-            params.append((key, reader.raw(key)))
+            params.append((key, _resolve(reader, key, reader.raw(key), variables)))
     reader.done()
     for key, value in params:
         ok = (
@@ -276,10 +215,20 @@ def _parse_op(reader: Reader) -> TransformOp:
             reader.fail(f"expected {kind}, got {value!r}", key)
     op = TransformOp(name, tuple(params))
     if name == "qkv_fuse":
-        problem = _check_qkv(op)
+        problem = check_qkv(op)
         if problem:
             reader.fail(problem)
     return op
+
+
+def _resolve(reader: Reader, key: str, value: Any, variables: Mapping[str, Any]) -> Any:
+    """``$name`` stands for a value the mapping is instantiated with (e.g. head counts)."""
+    if isinstance(value, str) and value.startswith("$"):
+        if value[1:] not in variables:
+            known = ", ".join("$" + k for k in variables) or "none"
+            reader.fail(f"unknown variable {value!r} (known here: {known})", key)
+        return variables[value[1:]]
+    return value
 
 
 def _placeholders(pattern: str) -> str:
@@ -287,8 +236,43 @@ def _placeholders(pattern: str) -> str:
     return ", ".join("{" + n + "}" for n in names) or "none"
 
 
-def parse_mapping(name: str, reader: Reader) -> MappingSpec:
-    reader.check_keys(("renames", "tensors"))
+def _ops(r: Reader, key: str, line: int | None, variables: Mapping[str, Any]) -> tuple[TransformOp, ...]:
+    ops_value = r.require(key)
+    if not isinstance(ops_value, (dict, list)):
+        r.fail(f"expected an op ({{op: ...}}) or a list of ops, got {describe(ops_value)}", key)
+    ops_list = ops_value if isinstance(ops_value, list) else [ops_value]
+    lines = getattr(ops_value, "item_lines", None)
+    return tuple(
+        _parse_op(r.child(key, {}).child(j, op, lines[j] if lines else line), variables)
+        for j, op in enumerate(ops_list)
+    )
+
+
+def _kinds(r: Reader, default: list[str]) -> tuple[str, ...]:
+    kinds_value = r.raw("kinds", default)
+    kinds = tuple(kinds_value if isinstance(kinds_value, list) else [kinds_value])
+    for kind in kinds:
+        if kind not in KINDS:
+            r.fail(f"unknown record kind {kind!r} (allowed: {', '.join(KINDS)})", "kinds")
+    return kinds
+
+
+def _slot_pairs(r: Reader) -> tuple[tuple[str, str], ...]:
+    value = r.raw("slots")
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        r.fail("expected a mapping of candidate slot -> baseline slot (e.g. {out.0: out})", "slots")
+    return tuple(value.items())
+
+
+MODULE_KINDS = ["activation", "input", "grad_output", "grad_input"]
+
+
+def parse_mapping(name: str, reader: Reader, variables: Mapping[str, Any] | None = None) -> MappingSpec:
+    """Parse a mapping; ``$name`` values in transform parameters come from ``variables``."""
+    variables = variables or {}
+    reader.check_keys(("renames", "tensors", "layouts", "slots", "unmatched"))
     renames = []
     for i, item, line in reader.items("renames"):
         r = reader.child("renames", {}).child(i, item, line)
@@ -304,33 +288,65 @@ def parse_mapping(name: str, reader: Reader) -> MappingSpec:
     tensors = []
     for i, item, line in reader.items("tensors"):
         r = reader.child("tensors", {}).child(i, item, line)
-        r.check_keys(("baseline", "candidate", "transform", "kinds"))
+        r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast"))
         baseline, candidate = _patterns(r, "baseline"), _patterns(r, "candidate")
-        ops_value = r.require("transform")
-        if not isinstance(ops_value, (dict, list)):
-            r.fail(f"expected an op ({{op: ...}}) or a list of ops, got {describe(ops_value)}", "transform")
-        ops_list = ops_value if isinstance(ops_value, list) else [ops_value]
-        lines = getattr(ops_value, "item_lines", None)
-        ops = tuple(
-            _parse_op(r.child("transform", {}).child(j, op, lines[j] if lines else line))
-            for j, op in enumerate(ops_list)
-        )
-        kinds_value = r.raw("kinds", ["param"])
-        kinds = tuple(kinds_value if isinstance(kinds_value, list) else [kinds_value])
-        for kind in kinds:
-            if kind not in KINDS:
-                r.fail(f"unknown record kind {kind!r} (allowed: {', '.join(KINDS)})", "kinds")
+        ops = _ops(r, "transform", line, variables)
+        kinds = _kinds(r, ["param"])
+        slots = _slot_pairs(r)
+        broadcast = r.get_bool("broadcast", False)
         r.done()
-        _check_arity(r, ops, len(baseline), len(candidate))
-        tensors.append(TensorRule(baseline, candidate, ops, kinds, r.where()))
+        if broadcast:
+            if len(candidate) != 1:
+                r.fail("broadcast rules name exactly one candidate tensor", "candidate")
+            _check_arity(r, ops, 1, 1)
+        else:
+            _check_arity(r, ops, len(baseline), len(candidate))
+        tensors.append(TensorRule(baseline, candidate, ops, kinds, slots, broadcast, False, r.where()))
+    layouts = []
+    for i, item, line in reader.items("layouts"):
+        r = reader.child("layouts", {}).child(i, item, line)
+        r.check_keys(("candidate", "kinds", "transform"))
+        match = r.get_str("candidate", required=True)
+        ops = _ops(r, "transform", line, variables)
+        kinds = _kinds(r, MODULE_KINDS)
+        r.done()
+        _check_arity(r, ops, 1, 1)
+        layouts.append(LayoutRule(match, kinds, ops))
+    slot_rules = []
+    for i, item, line in reader.items("slots"):
+        r = reader.child("slots", {}).child(i, item, line)
+        r.check_keys(("candidate", "from", "to"))
+        slot_rules.append(
+            SlotRule(
+                r.get_str("candidate", required=True), r.get_str("from", required=True), r.get_str("to", required=True)
+            )
+        )
+        r.done()
+    unmatched = []
+    for i, item, line in reader.items("unmatched"):
+        r = reader.child("unmatched", {}).child(i, item, line)
+        r.check_keys(("baseline", "candidate", "reason"))
+        sides = [side for side in ("baseline", "candidate") if r.has(side)]
+        if len(sides) != 1:
+            r.fail("name exactly one of 'baseline' or 'candidate' (a glob) and a 'reason'")
+        unmatched.append(UnmatchedRule(sides[0], r.get_str(sides[0], required=True), r.get_str("reason", required=True)))
+        r.done()
     reader.done()
-    return MappingSpec(name=name, renames=tuple(renames), tensors=tuple(tensors), where=reader.where())
+    return MappingSpec(
+        name=name,
+        renames=tuple(renames),
+        tensors=tuple(tensors),
+        layouts=tuple(layouts),
+        slots=tuple(slot_rules),
+        unmatched=tuple(unmatched),
+        where=reader.where(),
+    )
 
 
 def _check_arity(reader: Reader, ops: Sequence[TransformOp], n_in: int, n_out: int) -> None:
     count = n_in
     for op in ops:
-        need, give = _OP_ARITY[op.op]
+        need, give = OP_ARITY[op.op]
         if need is not None and count != need:
             reader.fail(f"op {op.op!r} takes {need} tensor(s) but gets {count}", "transform")
         if op.op == "split":
@@ -341,127 +357,6 @@ def _check_arity(reader: Reader, ops: Sequence[TransformOp], n_in: int, n_out: i
         reader.fail(f"the transform yields {count} tensor(s) but 'candidate' names {n_out}", "transform")
 
 
-def read_mapping_file(path: Path, name: str) -> MappingSpec:
+def read_mapping_file(path: Path, name: str, variables: Mapping[str, Any] | None = None) -> MappingSpec:
     data = read_yaml_file(path.resolve())
-    return parse_mapping(name, Reader(data, str(path.resolve()), "", 1))
-
-
-# -- weight sync ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SyncReport:
-    copied: int
-    transformed: int
-    unsynced: tuple[str, ...]  # candidate parameters nothing was copied into
-    unused: tuple[str, ...]  # baseline parameters nothing read
-
-    def lines(self) -> list[str]:
-        out = [f"weights: {self.copied} copied by name, {self.transformed} through transforms"]
-        if self.unsynced:
-            out.append(f"  candidate parameters left as built: {', '.join(self.unsynced[:10])}")
-        if self.unused:
-            out.append(f"  baseline parameters not used: {', '.join(self.unused[:10])}")
-        return out
-
-
-def expand_rule(rule: TensorRule, names: Iterable[str]) -> list[tuple[list[str], list[str]]]:
-    """Instances of a rule: (baseline names, candidate names) per placeholder binding."""
-    names = list(names)
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    out = []
-    for name in names:
-        bindings = match_pattern(rule.baseline[0], name)
-        if bindings is None:
-            continue
-        key = tuple(sorted(bindings.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(
-            (
-                [fill_pattern(p, bindings) for p in rule.baseline],
-                [fill_pattern(p, bindings) for p in rule.candidate],
-            )
-        )
-    return out
-
-
-def sync_weights(
-    baseline: torch.nn.Module,
-    candidate: torch.nn.Module,
-    mapping: MappingSpec | None,
-    *,
-    strict: bool,
-    context: Callable[[], str] = lambda: "",
-) -> SyncReport:
-    """Copy the baseline's parameters into the candidate (renames, then tensor rules)."""
-    import torch
-
-    source = dict(baseline.named_parameters())
-    target = dict(candidate.named_parameters())
-    used: set[str] = set()
-    done: set[str] = set()
-    transformed = 0
-    with torch.no_grad():
-        for rule in mapping.tensors if mapping else ():
-            if "param" not in rule.kinds:
-                continue
-            for base_names, cand_names in expand_rule(rule, source):
-                if not all(n in source for n in base_names):
-                    continue
-                missing = [n for n in cand_names if n not in target]
-                if missing:
-                    raise CaseError(f"mapping rule ({rule.where}): candidate has no parameter {missing[0]!r}")
-                outs = apply_forward(rule, [source[n] for n in base_names])
-                for name, value in zip(cand_names, outs, strict=True):
-                    _copy(target[name], value, name, "+".join(base_names))
-                    done.add(name)
-                used.update(base_names)
-                transformed += len(cand_names)
-        copied = 0
-        for name, param in target.items():
-            if name in done:
-                continue
-            base_name = to_baseline_name(mapping, name)
-            if base_name in source:
-                _copy(param, source[base_name], name, base_name)
-                used.add(base_name)
-                done.add(name)
-                copied += 1
-    unsynced = tuple(n for n in target if n not in done)
-    unused = tuple(n for n in source if n not in used)
-    report = SyncReport(copied, transformed, unsynced, unused)
-    if strict and unsynced:
-        raise CaseError(
-            f"{context()}weights.sync: {len(unsynced)} candidate parameter(s) have no baseline "
-            f"source: {', '.join(unsynced[:5])}"
-            + (" ..." if len(unsynced) > 5 else "")
-            + " (add renames/tensors to the mapping, or set weights: {strict: false})"
-        )
-    return report
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor, dst_name: str, src_name: str) -> None:
-    if tuple(dst.shape) != tuple(src.shape):
-        raise CaseError(
-            f"weights.sync: shape mismatch: candidate {dst_name} {tuple(dst.shape)} "
-            f"<- baseline {src_name} {tuple(src.shape)}"
-        )
-    dst.copy_(src.to(device=dst.device))
-
-
-def map_trace(trace: Trace, mapping: MappingSpec | None) -> Trace:
-    """Bring a candidate trace to the baseline's names (records and their dependencies)."""
-    if mapping is None or not mapping.renames:
-        return trace
-
-    def rename_id(rid: str) -> str:
-        name, sep, rest = rid.partition("|")
-        return to_baseline_name(mapping, name) + sep + rest
-
-    records = tuple(
-        r.renamed(to_baseline_name(mapping, r.name), tuple(rename_id(d) for d in r.deps))
-        for r in trace.records
-    )
-    return Trace(manifest=trace.manifest, records=records, tensors=trace.tensors)
+    return parse_mapping(name, Reader(data, str(path.resolve()), "", 1), variables)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,14 @@ from .config import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
 from .determinism import deterministic, environment, seed_everything
 from .errors import CaseError, PrecalignError, SourceError
 from .inputs import CaseInputs, build_inputs
-from .mapping import MappingSpec, SyncReport, map_trace, sync_weights
+from .mapping import MappingSpec
 from .recorder import Recorder
-from .sources import LoadedModel, build_model, preflight
+from .sources import LoadedModel, build_model, preflight, runtime
 from .tolerances import ToleranceTable, default_table
 from .trace import Trace
+from .trace_mapping import map_trace
 from .verdict import PhaseVerdict, phase_verdict
+from .weights import SyncReport, sync_weights
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,10 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
     inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
     table = config.tolerances[case.tolerances] if case.tolerances else default_table()
-    with deterministic(config.defaults.deterministic) as flags:
+    with ExitStack() as stack:
+        flags = stack.enter_context(deterministic(config.defaults.deterministic))
+        for spec in (base_spec, cand_spec):
+            stack.enter_context(runtime(spec))
         baseline = build_model(base_spec, config.base_dir)
         candidate = build_model(cand_spec, config.base_dir)
         sync = None
@@ -98,8 +104,8 @@ def finish(
     started: float,
     env: Mapping[str, Any],
 ) -> CaseRun:
-    mapped = map_trace(cand_trace, mapping)
-    comparison = compare_traces(base_trace, mapped, table)
+    mapped = map_trace(cand_trace, base_trace, mapping)
+    comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons)
     expect = case.expect if case is not None else None
     verdicts = {}
     for phase in phases:
@@ -111,7 +117,7 @@ def finish(
         comparison=comparison,
         verdicts=verdicts,
         baseline=base_trace,
-        candidate=mapped,
+        candidate=mapped.trace,
         sync=sync,
         seconds=time.perf_counter() - started,
         table=table.name,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,8 +28,11 @@ class LoadedModel:
     name: str
     module: torch.nn.Module
     output: str | None
+    caller: Callable[[torch.nn.Module, Mapping[str, Any]], Any] | None = None
 
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
+        if self.caller is not None:  # a source with its own calling convention (Megatron)
+            return self.caller(self.module, inputs)
         return self.module(**inputs)
 
     def logits(self, output: Any) -> torch.Tensor:
@@ -120,18 +123,29 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def builder(source: str) -> Callable[[ModelSpec, Path], torch.nn.Module]:
+def _source_module(source: str) -> Any:
     info = SOURCES.get(source)
     if info is None:
         raise SourceError(f"unknown source {source!r} (allowed: {', '.join(SOURCES)})")
-    module_name, _, func = info.builder.partition(":")
+    module_name = info.builder.partition(":")[0]
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ImportError as exc:
         hint = f"pip install 'pytest-precalign[{info.extra}]'" if info.extra else str(exc)
         raise SourceError(f"source {source!r} needs a package that is missing ({exc.name}): {hint}") from None
-    fn: Callable[[ModelSpec, Path], torch.nn.Module] = getattr(module, func)
+
+
+def builder(source: str) -> Callable[[ModelSpec, Path], torch.nn.Module]:
+    module = _source_module(source)
+    info = SOURCES[source]
+    fn: Callable[[ModelSpec, Path], torch.nn.Module] = getattr(module, info.builder.partition(":")[2])
     return fn
+
+
+def runtime(spec: ModelSpec) -> AbstractContextManager[None]:
+    """What a source needs around building and running its model (Megatron: torch.distributed)."""
+    factory = getattr(_source_module(spec.source), "runtime", None)
+    return factory(spec) if factory is not None else nullcontext()
 
 
 def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
@@ -142,7 +156,8 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
     seed_everything(spec.seed)
     module = builder(spec.source)(spec, base_dir)
     module = module.to(device=device, dtype=torch_dtype(spec.dtype))
-    return LoadedModel(name=spec.name, module=module, output=spec.output)
+    caller = getattr(_source_module(spec.source), "call", None)
+    return LoadedModel(name=spec.name, module=module, output=spec.output, caller=caller)
 
 
 def preflight(spec: ModelSpec, base_dir: Path) -> None:
@@ -156,6 +171,10 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     from ..determinism import resolve_device
 
     resolve_device(spec.device)
+    custom = getattr(_source_module(spec.source), "preflight", None)
+    if custom is not None:
+        custom(spec, base_dir)
+        return
     build = builder(spec.source)
     try:
         with torch.device("meta"):

@@ -27,6 +27,14 @@ SOURCES: dict[str, SourceInfo] = {
         extra="hf",
         summary="a transformers model class built from a config dict, or a local pretrained dir",
     ),
+    "megatron": SourceInfo(
+        name="megatron",
+        builder="pytest_precalign.sources.megatron:build",
+        required=(),
+        optional=("preset", "config", "tensor_parallel"),
+        extra="megatron",
+        summary="a megatron-core GPTModel (local spec) from a preset and an HF-style config",
+    ),
     "factory": SourceInfo(
         name="factory",
         builder="pytest_precalign.sources.factory:build",

@@ -1,0 +1,246 @@
+"""``source: megatron``: a megatron-core ``GPTModel`` (local layer spec: no Transformer Engine,
+no apex) built from a preset whose ``TransformerConfig`` is derived from an HF-style config.
+
+Preset ``qwen2.5``: GQA groups, q/k/v bias and no other linear bias, SwiGLU (``linear_fc1`` =
+``[gate; up]``), RMSNorm with the config's eps, rotary base from ``rope_theta``, untied
+embeddings unless ``tie_word_embeddings``, dropout 0.
+
+torch.distributed is initialised by ``runtime`` where nobody has (gloo on CPU, nccl on CUDA,
+hccl on NPU) and torn down after the case. The CUDA assumptions of megatron-core on a
+CPU-only torch are handled here and only here (see ``cpu_workarounds``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SourceError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import ModelSpec
+
+PRESETS = ("qwen2.5",)
+# HF Qwen2 config fields the preset reads, with Qwen2Config's defaults.
+QWEN2_FIELDS: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+}
+# Fields an HF config may carry that do not change the Megatron model.
+IGNORED_FIELDS = ("hidden_act", "attention_dropout", "use_cache", "initializer_range", "torch_dtype", "dtype")
+
+
+def _megatron() -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import megatron.core  # noqa: F401
+            from megatron.core import parallel_state
+    except ImportError as exc:
+        raise SourceError(
+            f"source 'megatron' needs megatron-core, which is missing ({exc.name}): "
+            "pip install 'pytest-precalign[megatron]'"
+        ) from None
+    return parallel_state
+
+
+def qwen2_fields(spec: ModelSpec) -> dict[str, Any]:
+    """The preset's view of the model config: defaults overlaid with ``config:``."""
+    given = dict(spec.options.get("config") or {})
+    unknown = sorted(k for k in given if k not in QWEN2_FIELDS and k not in IGNORED_FIELDS)
+    if unknown:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.config: unknown field {unknown[0]!r} for preset "
+            f"'qwen2.5' (allowed: {', '.join(QWEN2_FIELDS)})"
+        )
+    fields = {**QWEN2_FIELDS, **{k: v for k, v in given.items() if k in QWEN2_FIELDS}}
+    heads, groups = fields["num_attention_heads"], fields["num_key_value_heads"]
+    tp = tensor_parallel(spec)
+    if heads % groups:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.config: num_attention_heads ({heads}) must be a "
+            f"multiple of num_key_value_heads ({groups})"
+        )
+    if fields["hidden_size"] % heads:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.config: hidden_size ({fields['hidden_size']}) must be "
+            f"a multiple of num_attention_heads ({heads})"
+        )
+    if groups % tp or fields["vocab_size"] % tp or fields["intermediate_size"] % tp:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.tensor_parallel: {tp} must divide num_key_value_heads "
+            f"({groups}), vocab_size ({fields['vocab_size']}) and intermediate_size "
+            f"({fields['intermediate_size']})"
+        )
+    return fields
+
+
+def tensor_parallel(spec: ModelSpec) -> int:
+    tp = spec.options.get("tensor_parallel", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise SourceError(f"{spec.where}: models.{spec.name}.tensor_parallel: expected an integer >= 1, got {tp!r}")
+    return tp
+
+
+def preflight(spec: ModelSpec, base_dir: Path) -> None:
+    """Checked without building (building needs torch.distributed): package, preset, config."""
+    _megatron()
+    preset = spec.options.get("preset", "qwen2.5")
+    if preset not in PRESETS:
+        raise SourceError(f"{spec.where}: models.{spec.name}.preset: unknown preset {preset!r} (allowed: {', '.join(PRESETS)})")
+    qwen2_fields(spec)
+
+
+@contextlib.contextmanager
+def runtime(spec: ModelSpec) -> Iterator[None]:
+    """torch.distributed and Megatron's model-parallel state for one process (TP=1 here),
+    created only where absent and destroyed on exit."""
+    import torch
+    import torch.distributed as dist
+
+    parallel_state = _megatron()
+    tp = tensor_parallel(spec)
+    created_group = False
+    created_parallel = False
+    if not dist.is_initialized():
+        if tp != 1:
+            raise SourceError(
+                f"{spec.where}: models.{spec.name}.tensor_parallel: {tp} needs {tp} processes; "
+                "launch the case under torchrun with that many ranks"
+            )
+        backend = {"cuda": "nccl", "npu": "hccl"}.get(spec.device, "gloo")
+        store = dist.HashStore()  # type: ignore[attr-defined]  # in-process store, world size 1
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        created_group = True
+    try:
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+            created_parallel = True
+        elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+            raise SourceError(
+                f"{spec.where}: models.{spec.name}.tensor_parallel: {tp}, but the running "
+                f"model-parallel state has {parallel_state.get_tensor_model_parallel_world_size()}"
+            )
+        from megatron.core.tensor_parallel import random as mc_random
+
+        # Attention always forks the CUDA RNG tracker around its dropout; with dropout 0
+        # Megatron's inference tracker (a no-op fork) is exact and needs no CUDA.
+        if not torch.cuda.is_available():
+            mc_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+        yield
+    finally:
+        if created_parallel:
+            parallel_state.destroy_model_parallel()
+        if created_group:
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def cpu_workarounds() -> Iterator[None]:
+    """megatron-core assumes CUDA in one runtime call on this path: RotaryEmbedding.get_emb
+    moves ``inv_freq`` to ``torch.cuda.current_device()``. On a CPU-only torch, answer "cpu"
+    for the duration of a forward. (The two other CUDA assumptions are handled where they
+    arise: the causal mask is passed explicitly, the RNG tracker is set in ``runtime``.)"""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
+    import torch
+
+    parallel_state = _megatron()
+    if not parallel_state.model_parallel_is_initialized():
+        raise SourceError(f"{spec.where}: models.{spec.name}: megatron models are built inside the source's runtime")
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from ..determinism import torch_dtype
+
+    f = qwen2_fields(spec)
+    dtype = torch_dtype(spec.dtype)
+    config = TransformerConfig(
+        num_layers=f["num_hidden_layers"],
+        hidden_size=f["hidden_size"],
+        ffn_hidden_size=f["intermediate_size"],
+        num_attention_heads=f["num_attention_heads"],
+        num_query_groups=f["num_key_value_heads"],
+        kv_channels=f["hidden_size"] // f["num_attention_heads"],
+        add_bias_linear=False,
+        add_qkv_bias=True,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(f["rms_norm_eps"]),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        tensor_model_parallel_size=tensor_parallel(spec),
+        sequence_parallel=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = GPTModel(
+            config,
+            get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=f["vocab_size"],
+            max_sequence_length=f["max_position_embeddings"],
+            parallel_output=False,  # full-vocab logits on every rank, comparable with HF
+            share_embeddings_and_output_weights=bool(f["tie_word_embeddings"]),
+            position_embedding_type="rope",
+            rotary_percent=1.0,
+            rotary_base=int(f["rope_theta"]),
+        )
+    # The local spec's torch RMSNorm ignores params_dtype.
+    built: torch.nn.Module = model.to(dtype)
+    return built
+
+
+def call(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
+    """GPTModel(input_ids, position_ids, attention_mask) with an explicit causal mask
+    (True = masked), so Megatron does not build its default mask on CUDA."""
+    import torch
+
+    ids = inputs["input_ids"]
+    s = ids.shape[-1]
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=ids.device), diagonal=1)[None, None]
+    given = inputs.get("attention_mask")
+    if given is not None:  # HF convention: 1 = attend; fold key padding into the mask
+        mask = mask | (given == 0)[:, None, None, :]
+    positions = torch.arange(s, device=ids.device)[None].expand_as(ids)
+    with cpu_workarounds(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*deprecated.*")
+        return module(input_ids=ids, position_ids=positions, attention_mask=mask)
