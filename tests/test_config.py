@@ -22,7 +22,8 @@ from pytest_precalign.config import (
     load_config_file,
 )
 from pytest_precalign.errors import ConfigError, PrecalignError
-from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, TransformOp, read_mapping_file
+from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, read_mapping_file
+from pytest_precalign.transforms import TransformOp
 from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.yamlio import load_yaml
 
@@ -711,7 +712,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "case-unknown-mapping",
         BASE + "    mapping: qwen\n",
         15,
-        ("cases[0].mapping: unknown mapping 'qwen'", "none defined under 'mappings'; or a .yaml file"),
+        ("cases[0].mapping: unknown mapping 'qwen'", "known: preset:megatron-qwen2.5; or a .yaml file"),
     ),
     (
         "case-mapping-file-missing",
@@ -1065,7 +1066,7 @@ def test_full_config(tmp_path: Path) -> None:
     assert train.phases == ("forward", "backward", "step")
     assert train.steps == 2
     assert (train.sync_weights, train.strict_weights) == (True, False)
-    assert train.mapping is inline
+    assert train.mapping == inline  # instantiated per case with its models' $variables
     assert train.optimizer == OptimizerSpec(
         name="sgd", lr=0.5, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1, momentum=0.9
     )

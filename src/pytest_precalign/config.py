@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .mapping import MappingSpec, parse_mapping, read_mapping_file
+from .mapping import MappingSpec, parse_mapping, read_mapping_file, reverse
 from .sources.registry import COMMON_MODEL_KEYS, SOURCES
 from .tolerances import PHASES, ToleranceTable, parse_table
 from .yamlio import LineList, Reader, describe, load_yaml
@@ -223,15 +223,21 @@ def load_config(text: str, path: Path) -> AlignConfig:
             )
 
     mappings: dict[str, MappingSpec] = {}
+    # Kept to instantiate each case's mapping with its models' $variables.
+    mapping_sources: dict[str, tuple[Any, Any]] = {}
+    lenient = dict.fromkeys(_HEAD_FIELDS, 1)
     mappings_reader = root.get_mapping("mappings")
     if mappings_reader is not None:
         for name, value in mappings_reader.data.items():
             mappings_reader.raw(name)
             if isinstance(value, str):
-                mappings[name] = read_mapping_file(_check_file(mappings_reader, name, base_dir / value), name)
+                path = _check_file(mappings_reader, name, base_dir / value)
+                mappings[name] = read_mapping_file(path, name, lenient)
+                mapping_sources[name] = (path, None)
             else:
                 reader = mappings_reader.child(name, value, mappings_reader.line_of(name))
-                mappings[name] = parse_mapping(name, reader)
+                mappings[name] = parse_mapping(name, reader, lenient)
+                mapping_sources[name] = (None, (value, mappings_reader.source, reader.path, reader.line))
 
     cases = []
     seen: set[str] = set()
@@ -241,7 +247,7 @@ def load_config(text: str, path: Path) -> AlignConfig:
             models,
             inputs,
             tables,
-            mappings,
+            mapping_sources,
             base_dir,
         )
         if case.name in seen:
@@ -387,7 +393,7 @@ def _parse_case(
     models: Mapping[str, ModelSpec],
     inputs: Mapping[str, InputSpec],
     tables: Mapping[str, ToleranceTable],
-    mappings: Mapping[str, MappingSpec],
+    mappings: Mapping[str, tuple[Any, Any]],
     base_dir: Path,
 ) -> CaseSpec:
     reader.check_keys(CASE_KEYS)
@@ -432,12 +438,22 @@ def _parse_case(
     mapping: MappingSpec | None = None
     mapping_ref = reader.get_str("mapping")
     if mapping_ref is not None:
+        variables = mapping_variables(models[refs["baseline"]], models[refs["candidate"]])
         if mapping_ref in mappings:
-            mapping = mappings[mapping_ref]
+            path, inline = mappings[mapping_ref]
+            if path is not None:
+                mapping = read_mapping_file(path, mapping_ref, variables)
+            else:
+                value, source, key_path, line = inline
+                mapping = parse_mapping(mapping_ref, Reader(value, source, key_path, line), variables)
+        elif mapping_ref.startswith("preset:"):
+            mapping = _preset(reader, mapping_ref, variables, models[refs["baseline"]], models[refs["candidate"]])
         elif mapping_ref.endswith((".yaml", ".yml")):
-            mapping = read_mapping_file(_check_file(reader, "mapping", base_dir / mapping_ref), mapping_ref)
+            mapping = read_mapping_file(
+                _check_file(reader, "mapping", base_dir / mapping_ref), mapping_ref, variables
+            )
         else:
-            known = ", ".join(mappings) or "none defined under 'mappings'"
+            known = ", ".join([*mappings, *(f"preset:{p}" for p in PRESET_MAPPINGS)])
             reader.fail(f"unknown mapping {mapping_ref!r} (known: {known}; or a .yaml file)", "mapping")
 
     optimizer = OptimizerSpec()
@@ -530,6 +546,46 @@ def _parse_case(
     )
     reader.done()
     return case
+
+
+PRESET_MAPPINGS = ("megatron-qwen2.5",)
+_HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
+
+
+def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
+    """``$variables`` a mapping may use, read from the models' configs (Megatron's first, as
+    its layout is what the transforms describe)."""
+    from .sources.megatron import QWEN2_FIELDS
+
+    out: dict[str, Any] = {}
+    for model in sorted(models, key=lambda m: m.source != "megatron"):
+        config = model.options.get("config")
+        fields = dict(config) if isinstance(config, dict) else {}
+        if model.source == "megatron":
+            fields = {**QWEN2_FIELDS, **fields}
+        for key in _HEAD_FIELDS:
+            if key in fields and key not in out:
+                out[key] = fields[key]
+    return out
+
+
+def _preset(
+    reader: Reader, ref: str, variables: dict[str, Any], baseline: ModelSpec, candidate: ModelSpec
+) -> MappingSpec:
+    """A built-in mapping, oriented baseline = HF, candidate = Megatron; reversed when the
+    case has them the other way round."""
+    name = ref.partition(":")[2]
+    if name not in PRESET_MAPPINGS:
+        allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
+        reader.fail(f"unknown preset mapping {ref!r} (allowed: {allowed})", "mapping")
+    missing = [k for k in ("num_attention_heads", "num_key_value_heads") if k not in variables]
+    if missing:
+        reader.fail(f"{ref} needs {missing[0]} in a model's config", "mapping")
+    path = Path(__file__).with_name("presets") / f"{name}.yaml"
+    mapping = read_mapping_file(path, ref, variables)
+    if baseline.source == "megatron" and candidate.source != "megatron":
+        mapping = reverse(mapping)
+    return mapping
 
 
 def _str_tuple(reader: Reader, key: str) -> tuple[str, ...]:

@@ -41,8 +41,15 @@ def _to_baseline(ops: tuple[TransformOp, ...], rev: bool, tensors: list[Any], ba
     return apply_forward(ops, tensors) if rev else apply_inverse(ops, tensors, base_shapes)
 
 
+def name_matches(pattern: str, name: str) -> bool:
+    """``{x}`` matches one dotted segment (exactly), ``*`` anything (a glob)."""
+    if "{" in pattern:
+        return match_pattern(pattern, name) is not None
+    return fnmatch.fnmatchcase(name, pattern)
+
+
 def _rule_matches_name(match: str, side: str, original: str, renamed: str) -> bool:
-    return fnmatch.fnmatchcase(original if side == "candidate" else renamed, match)
+    return name_matches(match, original if side == "candidate" else renamed)
 
 
 def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) -> MappedTrace:
@@ -56,6 +63,7 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
     new_ids: dict[str, list[str]] = {}
     reasons: dict[str, str] = {}
     consumed: set[str] = set()
+    original_name: dict[str, str] = {}
     counter = 0
 
     def new_key() -> str:
@@ -79,6 +87,7 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         )
         out.append(rec)
         new_ids.setdefault(src.id, []).append(rec.id)
+        original_name[rec.id] = src.name
 
     # 1. Tensor rules: groups of candidate records -> baseline records.
     by_id = candidate.by_id()
@@ -155,10 +164,14 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         deps = tuple(d for old in rec.deps for d in new_ids.get(old, ()))
         final.append(replace(rec, deps=deps))
     for known in mapping.unmatched:
-        source = final if known.side == "candidate" else baseline.records
-        for rec in source:
-            if fnmatch.fnmatchcase(rec.name, known.match):
-                reasons.setdefault(rec.id, known.reason)
+        if known.side == "candidate":
+            for rec in final:
+                if name_matches(known.match, original_name.get(rec.id, rec.name)):
+                    reasons.setdefault(rec.id, known.reason)
+        else:
+            for rec in baseline.records:
+                if name_matches(known.match, rec.name):
+                    reasons.setdefault(rec.id, known.reason)
     for old, why in list(reasons.items()):
         for new in new_ids.get(old, ()):
             reasons.setdefault(new, why)
