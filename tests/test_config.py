@@ -23,8 +23,8 @@ from pytest_precalign.config import (
 )
 from pytest_precalign.errors import ConfigError, PrecalignError
 from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, read_mapping_file
-from pytest_precalign.transforms import TransformOp
 from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.transforms import TransformOp
 from pytest_precalign.yamlio import load_yaml
 
 # Line numbers below refer to this text; edits keep them (``_variant`` replaces within a line,
@@ -135,7 +135,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         3,
         (
             "models.base.colour: unknown key 'colour'",
-            "allowed: device, dtype, factory, kwargs, output, seed, source",
+            "allowed: device, dtype, factory, kwargs, output, patch, seed, source",
         ),
     ),
     (
@@ -156,7 +156,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         3,
         (
             "models.base.attn: unknown key 'attn'",
-            "allowed: attn_implementation, class, config, device, dtype, output, pretrained, seed, source",
+            "allowed: attn_implementation, class, config, device, dtype, output, patch, pretrained, seed, source",
         ),
     ),
     (

@@ -5,10 +5,10 @@ import torch
 
 from pytest_precalign.errors import CaseError
 from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, to_baseline_name, to_candidate_name
+from pytest_precalign.trace import Record, Trace
 from pytest_precalign.trace_mapping import map_trace
 from pytest_precalign.transforms import TransformOp, apply_forward, apply_inverse
 from pytest_precalign.weights import expand_rule, sync_weights
-from pytest_precalign.trace import Record, Trace
 
 MEGATRON_RENAMES = MappingSpec(
     name="m",

@@ -43,6 +43,7 @@ CASE_KEYS = (
     "expect",
     "loss",
     "train",
+    "isolate",
 )
 
 
@@ -64,6 +65,7 @@ class ModelSpec:
     seed: int
     output: str | None
     where: str
+    patch: str | None = None  # "module:function" applied to the built module (fault injection)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class CaseSpec:
     loss: str
     train: bool
     where: str
+    isolate: bool = False
 
 
 @dataclass(frozen=True)
@@ -331,9 +334,29 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
         seed=reader.get_int("seed", defaults.seed, minimum=0),
         output=reader.get_str("output"),
         where=reader.where(),
+        patch=_patch(reader),
     )
     reader.done()
     return spec
+
+
+def _isolate(reader: Reader, record: RecordSpec) -> bool:
+    isolate = reader.get_bool("isolate", False)
+    if isolate and record.mode != "tensor":
+        reader.fail(
+            f"isolation re-runs modules on the baseline's tensors: it needs record: {{mode: tensor}} (got {record.mode!r})",
+            "isolate",
+        )
+    if isolate and not record.inputs:
+        reader.fail("isolation needs the modules' inputs: record: {inputs: true}", "isolate")
+    return isolate
+
+
+def _patch(reader: Reader) -> str | None:
+    value: str | None = reader.get_str("patch")
+    if value is not None:
+        _check_dotted(reader, "patch", value)
+    return value
 
 
 def _check_dotted(reader: Reader, key: str, value: str) -> None:
@@ -447,7 +470,9 @@ def _parse_case(
                 value, source, key_path, line = inline
                 mapping = parse_mapping(mapping_ref, Reader(value, source, key_path, line), variables)
         elif mapping_ref.startswith("preset:"):
-            mapping = _preset(reader, mapping_ref, variables, models[refs["baseline"]], models[refs["candidate"]])
+            mapping = _preset(
+                reader, mapping_ref, variables, models[refs["baseline"]], models[refs["candidate"]]
+            )
         elif mapping_ref.endswith((".yaml", ".yml")):
             mapping = read_mapping_file(
                 _check_file(reader, "mapping", base_dir / mapping_ref), mapping_ref, variables
@@ -542,6 +567,7 @@ def _parse_case(
         expect=expect,
         loss=loss,
         train=reader.get_bool("train", False),
+        isolate=_isolate(reader, record),
         where=reader.where(),
     )
     reader.done()
@@ -582,7 +608,10 @@ def _preset(
     if missing:
         reader.fail(f"{ref} needs {missing[0]} in a model's config", "mapping")
     path = Path(__file__).with_name("presets") / f"{name}.yaml"
-    mapping = read_mapping_file(path, ref, variables)
+    try:
+        mapping = read_mapping_file(path, ref, variables)
+    except ConfigError as exc:  # the models' config does not fit the preset
+        reader.fail(f"{ref} does not fit these models: {str(exc).rpartition(': ')[2]}", "mapping")
     if baseline.source == "megatron" and candidate.source != "megatron":
         mapping = reverse(mapping)
     return mapping

@@ -261,7 +261,9 @@ def _slot_pairs(r: Reader) -> tuple[tuple[str, str], ...]:
     value = r.raw("slots")
     if value is None:
         return ()
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
         r.fail("expected a mapping of candidate slot -> baseline slot (e.g. {out.0: out})", "slots")
     return tuple(value.items())
 
@@ -318,7 +320,9 @@ def parse_mapping(name: str, reader: Reader, variables: Mapping[str, Any] | None
         r.check_keys(("candidate", "from", "to"))
         slot_rules.append(
             SlotRule(
-                r.get_str("candidate", required=True), r.get_str("from", required=True), r.get_str("to", required=True)
+                r.get_str("candidate", required=True),
+                r.get_str("from", required=True),
+                r.get_str("to", required=True),
             )
         )
         r.done()
@@ -329,7 +333,9 @@ def parse_mapping(name: str, reader: Reader, variables: Mapping[str, Any] | None
         sides = [side for side in ("baseline", "candidate") if r.has(side)]
         if len(sides) != 1:
             r.fail("name exactly one of 'baseline' or 'candidate' (a glob) and a 'reason'")
-        unmatched.append(UnmatchedRule(sides[0], r.get_str(sides[0], required=True), r.get_str("reason", required=True)))
+        unmatched.append(
+            UnmatchedRule(sides[0], r.get_str(sides[0], required=True), r.get_str("reason", required=True))
+        )
         r.done()
     reader.done()
     return MappingSpec(

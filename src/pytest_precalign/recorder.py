@@ -17,6 +17,7 @@ import fnmatch
 import weakref
 import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -84,6 +85,17 @@ def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield from flatten(item, f"{prefix}.{key}")
 
 
+@dataclass(frozen=True)
+class ModuleCall:
+    """A module call of step 0, kept so isolation mode can call it again on other inputs."""
+
+    name: str
+    call: int
+    module: torch.nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 @dataclass
 class _Call:
     name: str
@@ -111,7 +123,7 @@ class Recorder:
         grads: bool = True,
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
-        name_map: Mapping[str, str] | None = None,
+        keep_calls: bool = False,
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
@@ -122,6 +134,8 @@ class Recorder:
         self.include = include
         self.exclude = exclude
         self.step = 0
+        self.keep_calls = keep_calls
+        self.calls: list[ModuleCall] = []
         self._records: list[Record] = []
         self._tensors: dict[str, torch.Tensor] = {}
         self._handles: list[RemovableHandle] = []
@@ -173,6 +187,15 @@ class Recorder:
         if self.include and not any(fnmatch.fnmatchcase(name, g) for g in self.include):
             return False
         return not any(fnmatch.fnmatchcase(name, g) for g in self.exclude)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hooks stay registered but record nothing (e.g. while modules are called again)."""
+        self._active = False
+        try:
+            yield
+        finally:
+            self._active = True
 
     # -- capture ----------------------------------------------------------------------
     def capture(
@@ -232,6 +255,8 @@ class Recorder:
     def _pre_hook(
         self, name: str, cls: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if not self._active:
+            return None
         key = (name, self.step)
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
@@ -243,6 +268,8 @@ class Recorder:
                 )
         state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [])
         self._stack.setdefault(id(module), []).append(state)
+        if self.keep_calls and self.step == 0:
+            self.calls.append(ModuleCall(name, call, module, args, dict(kwargs)))
         self._last_call[name] = state
         if self.record_grads and torch.is_grad_enabled():
             # A tensor hook observes the input's gradient without adding autograd nodes, so
@@ -256,7 +283,7 @@ class Recorder:
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
         stack = self._stack.get(id(module))
-        if not stack:
+        if not stack or not self._active:
             return
         state = stack.pop()
         for slot, t in flatten(output, "out"):

@@ -153,6 +153,22 @@ def nonfinite_lines(verdict: PhaseVerdict) -> list[str]:
     ]
 
 
+def isolation_lines(verdict: PhaseVerdict) -> list[str]:
+    if not verdict.isolated_count:
+        return []
+    head = f"Isolation ({verdict.isolated_count} module outputs recomputed on the baseline's inputs): "
+    origin = verdict.isolated_origin
+    if origin is None:
+        return [head + "every module agrees on identical inputs; the divergence enters outside the modules"]
+    check = origin.failing
+    detail = f" ({check.metric} {_fmt(check.value)} > {_fmt(check.allowed)})" if check is not None else ""
+    lines = [head + f"true origin {origin.record.name}{detail}"]
+    first = verdict.first
+    if first is not None and first.isolated is not None and first.isolated.passed:
+        lines.append(f"  {first.name} matches on the baseline's inputs: its error is inherited")
+    return lines
+
+
 def failure_message(report: PhaseReport) -> str:
     v = report.verdict
     lines: list[str] = []
@@ -168,6 +184,7 @@ def failure_message(report: PhaseReport) -> str:
         )
     if v.first is not None:
         lines.extend(divergence_lines(v.first))
+    lines.extend(isolation_lines(v))
     lines.extend(nonfinite_lines(v))
     if v.failures:
         lines.append("Failing records (execution order):")
@@ -183,6 +200,9 @@ def summary_line(report: PhaseReport) -> str:
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {v.first.origin_module}"
         detail = f"first divergence {v.first.name} ({v.first.kind}, {v.first.metric} {_fmt(v.first.value)} > {_fmt(v.first.allowed)}, {role})"
+        if v.isolated_count:
+            iso = v.isolated_origin.record.name if v.isolated_origin else "none"
+            detail += f"; isolation: true origin {iso}"
         if v.expectation:
             detail += f"; {v.expectation}"
     elif v.worst is not None and v.worst.failing is None and v.worst.checks:
@@ -219,14 +239,22 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "failed": v.failed_count,
         "first_divergence": v.first.as_dict() if v.first else None,
         "expectation": v.expectation,
+        "isolation": (
+            {
+                "checked": v.isolated_count,
+                "origin": v.isolated_origin.record.name if v.isolated_origin else None,
+            }
+            if v.isolated_count
+            else None
+        ),
         "worst": worst,
         "nonfinite": [
             {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}
             for nf in v.nonfinite
         ],
         "unmatched": {
-            "baseline": sorted({f"{r.name}|{r.kind}|{r.slot}" for r in v.only_baseline}),
-            "candidate": sorted({f"{r.name}|{r.kind}|{r.slot}" for r in v.only_candidate}),
+            "baseline": _unmatched(v.only_baseline, v.reasons),
+            "candidate": _unmatched(v.only_candidate, v.reasons),
         },
         "failures": [
             {
@@ -243,6 +271,15 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "seconds": report.seconds,
         "reproduce": report.reproduce,
     }
+
+
+def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[str, Any]]:
+    seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (r.name, r.kind, r.slot)
+        if key not in seen:
+            seen[key] = {"name": r.name, "kind": r.kind, "slot": r.slot, "reason": reasons.get(r.id, "")}
+    return [seen[k] for k in sorted(seen)]
 
 
 def write_json_report(

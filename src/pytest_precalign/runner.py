@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from .config import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
 from .determinism import deterministic, environment, seed_everything
 from .errors import CaseError, PrecalignError, SourceError
 from .inputs import CaseInputs, build_inputs
+from .isolation import isolate
 from .mapping import MappingSpec
 from .recorder import Recorder
 from .sources import LoadedModel, build_model, preflight, runtime
@@ -78,17 +79,36 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         base_trace = run_side(
             baseline, inputs, case, {**manifest, "side": "baseline", "model": base_spec.name}, base_spec.seed
         )
+        isolated: list[Comparison] = []
+        call_context = candidate.context
+
+        def isolation(recorder: Recorder) -> None:
+            isolated.append(
+                isolate(recorder.calls, base_trace, recorder.trace(), case.mapping, table, call_context)
+            )
+
         cand_trace = run_side(
             candidate,
             inputs,
             case,
             {**manifest, "side": "candidate", "model": cand_spec.name},
             base_spec.seed,
+            isolation if case.isolate else None,
         )
     del baseline, candidate
     gc.collect()
     return finish(
-        case.name, case.phases, base_trace, cand_trace, case.mapping, table, case, sync, started, env
+        case.name,
+        case.phases,
+        base_trace,
+        cand_trace,
+        case.mapping,
+        table,
+        case,
+        sync,
+        started,
+        env,
+        isolated[0] if isolated else None,
     )
 
 
@@ -103,6 +123,7 @@ def finish(
     sync: SyncReport | None,
     started: float,
     env: Mapping[str, Any],
+    isolated: Comparison | None = None,
 ) -> CaseRun:
     mapped = map_trace(cand_trace, base_trace, mapping)
     comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons)
@@ -110,7 +131,7 @@ def finish(
     verdicts = {}
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
-        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier)
+        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, isolated)
     return CaseRun(
         name=name,
         phases=phases,
@@ -150,7 +171,11 @@ def run_side(
     case: CaseSpec,
     manifest: Mapping[str, Any],
     seed: int,
+    after_first_forward: Callable[[Recorder], None] | None = None,
 ) -> Trace:
+    """Record one model through the case's steps. ``after_first_forward`` runs once the
+    forward of step 0 is recorded, before any backward or optimizer step (isolation mode
+    calls the modules again there, with the weights they had)."""
     backward = "backward" in case.phases
     step_phase = "step" in case.phases
     if backward and case.loss == "none":
@@ -168,6 +193,7 @@ def run_side(
         grads=backward,
         include=record.include,
         exclude=record.exclude,
+        keep_calls=after_first_forward is not None,
     )
     steps = case.steps if backward else 1
     with recorder:
@@ -183,6 +209,10 @@ def run_side(
                 loss = _loss(model, output, logits, data, case)
                 if loss is not None:
                     recorder.record_output("loss", loss, deps=(logits_record.id,))
+            if step == 0 and after_first_forward is not None:
+                with recorder.paused():
+                    after_first_forward(recorder)
+                recorder.calls.clear()
             if backward:
                 assert loss is not None
                 loss.backward()

@@ -37,7 +37,9 @@ class MappedTrace:
     reasons: Mapping[str, str]  # record id -> why it has no counterpart (either side)
 
 
-def _to_baseline(ops: tuple[TransformOp, ...], rev: bool, tensors: list[Any], base_shapes: list[tuple[int, ...]]) -> list[Any]:
+def _to_baseline(
+    ops: tuple[TransformOp, ...], rev: bool, tensors: list[Any], base_shapes: list[tuple[int, ...]]
+) -> list[Any]:
     return apply_forward(ops, tensors) if rev else apply_inverse(ops, tensors, base_shapes)
 
 
@@ -106,16 +108,23 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
                 base_slot = slots.get(rec.slot, rec.slot)
                 if rule.slots and rec.slot not in slots:
                     continue
-            group = [by_id.get(record_id(fill_pattern(p, bindings), rec.kind, rec.slot, rec.step, rec.call)) for p in rule.candidate]
+            group = [
+                by_id.get(record_id(fill_pattern(p, bindings), rec.kind, rec.slot, rec.step, rec.call))
+                for p in rule.candidate
+            ]
             if any(g is None for g in group):
                 continue
             members = [g for g in group if g is not None]
             base_names = [fill_pattern(p, bindings) for p in rule.baseline]
-            base_recs = [base_ids.get(record_id(n, rec.kind, base_slot, rec.step, rec.call)) for n in base_names]
+            base_recs = [
+                base_ids.get(record_id(n, rec.kind, base_slot, rec.step, rec.call)) for n in base_names
+            ]
             consumed.update(m.id for m in members)
             if any(b is None for b in base_recs):
                 for m in members:
-                    reasons[m.id] = f"mapped by a tensor rule ({rule.where}) to {', '.join(base_names)}, which the baseline did not record"
+                    reasons[m.id] = (
+                        f"mapped by a tensor rule ({rule.where}) to {', '.join(base_names)}, which the baseline did not record"
+                    )
                 continue
             shapes = [b.shape for b in base_recs if b is not None]
             if all(m.tensor_key is not None for m in members):
@@ -128,7 +137,11 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
                 for name, tensor in zip(base_names, results, strict=True):
                     tensor = tensor.contiguous()
                     emit(members[0], name, base_slot, tensor, tensor_stats(tensor), None)
-            elif rule.broadcast and members[0].stats is not None and all(op.op in PERMUTING_OPS for op in rule.ops):
+            elif (
+                rule.broadcast
+                and members[0].stats is not None
+                and all(op.op in PERMUTING_OPS for op in rule.ops)
+            ):
                 for name in base_names:
                     emit(members[0], name, base_slot, None, members[0].stats, None)
             else:
@@ -144,7 +157,14 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         slot = _slot(mapping.slots, rec, name, base_ids)
         layout = _layout(mapping.layouts, rec, name)
         if layout is None:
-            emit(rec, name, slot, candidate.tensor(rec) if candidate.mode == "tensor" else None, rec.stats, rec.crc32)
+            emit(
+                rec,
+                name,
+                slot,
+                candidate.tensor(rec) if candidate.mode == "tensor" else None,
+                rec.stats,
+                rec.crc32,
+            )
             continue
         base = base_ids.get(record_id(name, rec.kind, slot, rec.step, rec.call))
         if rec.tensor_key is not None and base is not None:
@@ -156,7 +176,9 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         else:
             emit(rec, name, slot, None, None, None)
             if base is not None and rec.crc32 is not None:
-                reasons[record_id(name, rec.kind, slot, rec.step, rec.call)] = "layout differs: hashes are not comparable"
+                reasons[record_id(name, rec.kind, slot, rec.step, rec.call)] = (
+                    "layout differs: hashes are not comparable"
+                )
 
     # 3. Dependencies follow their records; ordering stays the candidate's execution order.
     final = []

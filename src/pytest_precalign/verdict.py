@@ -11,7 +11,7 @@ names the enclosing module whose inputs still matched.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from .compare import Check, Comparison, PairResult
 from .config import Expectation
@@ -39,6 +39,7 @@ class Divergence:
     origin_module: str
     evidence: str
     pair: PairResult
+    isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
 
     @property
     def rule(self) -> str:
@@ -62,6 +63,7 @@ class Divergence:
             "origin_module": self.origin_module,
             "evidence": self.evidence,
             "rule": self.rule,
+            "isolated_passed": self.isolated.passed if self.isolated is not None else None,
         }
 
 
@@ -84,6 +86,11 @@ class PhaseVerdict:
     worst: PairResult | None
     expectation: str | None  # None: no expectation; else what was checked against it
     passed: bool
+    # Isolation mode: the first module (execution order) that diverges on the baseline's own
+    # inputs -- the true origin -- and how many module outputs were isolated.
+    isolated_origin: PairResult | None = None
+    isolated_count: int = 0
+    reasons: Mapping[str, str] = field(default_factory=dict)  # why unmatched records are one-sided
 
     @property
     def failed_count(self) -> int:
@@ -189,7 +196,11 @@ def _origin(rec: Record, all_pairs: Mapping[str, PairResult]) -> tuple[bool, str
 
 
 def phase_verdict(
-    comparison: Comparison, phase: str, expectation: Expectation | None, expected_earlier: bool
+    comparison: Comparison,
+    phase: str,
+    expectation: Expectation | None,
+    expected_earlier: bool,
+    isolated: Comparison | None = None,
 ) -> PhaseVerdict:
     """``expected_earlier``: an expected divergence sits in an earlier phase of the case, so
     this phase is downstream of it and is reported but not gated."""
@@ -199,6 +210,18 @@ def phase_verdict(
     # another representation on each side, and a real difference shows in the outputs.
     failures = tuple(p for p in pairs if p.status in ("fail", "shape") and p.record.kind != "input")
     first = find_first(pairs, phase, all_pairs)
+    isolated_origin = None
+    isolated_count = 0
+    if isolated is not None and phase == "forward":
+        paired_iso = [p for p in isolated.pairs if p.paired]
+        isolated_count = len(paired_iso)
+        failing = sorted((p for p in paired_iso if not p.passed), key=lambda p: p.record.seq)
+        isolated_origin = failing[0] if failing else None
+        if first is not None:
+            mine = next((p for p in paired_iso if p.record.id == first.pair.record.id), None)
+            if mine is not None:
+                # On identical inputs the module either still diverges (its own error) or not.
+                first = replace(first, isolated=mine, origin=not mine.passed)
     nonfinite = _first_nonfinite(pairs)
     paired = [p for p in pairs if p.paired]
     worst = max(paired, key=lambda p: p.severity, default=None)
@@ -225,6 +248,9 @@ def phase_verdict(
         worst=worst,
         expectation=checked,
         passed=passed,
+        isolated_origin=isolated_origin,
+        isolated_count=isolated_count,
+        reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
     )
 
 

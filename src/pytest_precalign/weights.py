@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 @dataclass(frozen=True)
 class SyncReport:
     copied: int

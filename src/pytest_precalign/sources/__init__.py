@@ -29,6 +29,7 @@ class LoadedModel:
     module: torch.nn.Module
     output: str | None
     caller: Callable[[torch.nn.Module, Mapping[str, Any]], Any] | None = None
+    context: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         if self.caller is not None:  # a source with its own calling convention (Megatron)
@@ -155,9 +156,46 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
     device = resolve_device(spec.device)
     seed_everything(spec.seed)
     module = builder(spec.source)(spec, base_dir)
+    if spec.patch is not None:
+        module = apply_patch(spec, module, base_dir)
     module = module.to(device=device, dtype=torch_dtype(spec.dtype))
-    caller = getattr(_source_module(spec.source), "call", None)
-    return LoadedModel(name=spec.name, module=module, output=spec.output, caller=caller)
+    source = _source_module(spec.source)
+    return LoadedModel(
+        name=spec.name,
+        module=module,
+        output=spec.output,
+        caller=getattr(source, "call", None),
+        context=getattr(source, "call_context", nullcontext),
+    )
+
+
+def _patch_function(spec: ModelSpec, base_dir: Path) -> Callable[[torch.nn.Module], Any]:
+    what = f"{spec.where}: models.{spec.name}.patch"
+    fn = import_object(str(spec.patch), base_dir, what)
+    if not callable(fn):
+        raise SourceError(f"{what}: {spec.patch!r} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def apply_patch(spec: ModelSpec, module: torch.nn.Module, base_dir: Path) -> torch.nn.Module:
+    """``patch: "module:function"``: the function gets the built model and returns it (or
+    None, having changed it in place) -- how a fault is injected into any source."""
+    import torch
+
+    what = f"{spec.where}: models.{spec.name}.patch"
+    try:
+        result = _patch_function(spec, base_dir)(module)
+    except PrecalignError:
+        raise
+    except Exception as exc:
+        raise SourceError(f"{what}: {spec.patch} raised {type(exc).__name__}: {one_line(exc)}") from None
+    if result is None:
+        return module
+    if not isinstance(result, torch.nn.Module):
+        raise SourceError(
+            f"{what}: {spec.patch} returned {type(result).__name__}, expected the model or None"
+        )
+    return result
 
 
 def preflight(spec: ModelSpec, base_dir: Path) -> None:
@@ -171,6 +209,8 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     from ..determinism import resolve_device
 
     resolve_device(spec.device)
+    if spec.patch is not None:
+        _patch_function(spec, base_dir)
     custom = getattr(_source_module(spec.source), "preflight", None)
     if custom is not None:
         custom(spec, base_dir)

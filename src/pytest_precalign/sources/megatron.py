@@ -91,7 +91,9 @@ def qwen2_fields(spec: ModelSpec) -> dict[str, Any]:
 def tensor_parallel(spec: ModelSpec) -> int:
     tp = spec.options.get("tensor_parallel", 1)
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise SourceError(f"{spec.where}: models.{spec.name}.tensor_parallel: expected an integer >= 1, got {tp!r}")
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.tensor_parallel: expected an integer >= 1, got {tp!r}"
+        )
     return tp
 
 
@@ -100,7 +102,9 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     _megatron()
     preset = spec.options.get("preset", "qwen2.5")
     if preset not in PRESETS:
-        raise SourceError(f"{spec.where}: models.{spec.name}.preset: unknown preset {preset!r} (allowed: {', '.join(PRESETS)})")
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.preset: unknown preset {preset!r} (allowed: {', '.join(PRESETS)})"
+        )
     qwen2_fields(spec)
 
 
@@ -127,7 +131,9 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
         created_group = True
     try:
         if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
             created_parallel = True
         elif parallel_state.get_tensor_model_parallel_world_size() != tp:
             raise SourceError(
@@ -167,21 +173,49 @@ def cpu_workarounds() -> Iterator[None]:
         torch.cuda.current_device = original
 
 
+@contextlib.contextmanager
+def call_context() -> Iterator[None]:
+    """Around any direct call of a Megatron module (isolation mode calls layers one by one)."""
+    with cpu_workarounds(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # megatron-core's deprecation notices about tp_group etc.
+        yield
+
+
 def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
-    import torch
 
     parallel_state = _megatron()
     if not parallel_state.model_parallel_is_initialized():
-        raise SourceError(f"{spec.where}: models.{spec.name}: megatron models are built inside the source's runtime")
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}: megatron models are built inside the source's runtime"
+        )
     from ..determinism import torch_dtype
+
+    # megatron-core warns at import and construction about optional packages (apex, TE) and
+    # deprecated defaults; none of it concerns the local spec built here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.transformer_config import TransformerConfig
 
     f = qwen2_fields(spec)
     dtype = torch_dtype(spec.dtype)
-    config = TransformerConfig(
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _build_gpt(GPTModel, get_gpt_layer_local_spec, TransformerConfig, f, dtype, spec)
+
+
+def _build_gpt(
+    gpt_model: Any,
+    layer_spec: Any,
+    transformer_config: Any,
+    f: Mapping[str, Any],
+    dtype: Any,
+    spec: ModelSpec,
+) -> torch.nn.Module:
+    import torch
+
+    config = transformer_config(
         num_layers=f["num_hidden_layers"],
         hidden_size=f["hidden_size"],
         ffn_hidden_size=f["intermediate_size"],
@@ -211,19 +245,17 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
         tensor_model_parallel_size=tensor_parallel(spec),
         sequence_parallel=False,
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = GPTModel(
-            config,
-            get_gpt_layer_local_spec(normalization="RMSNorm"),
-            vocab_size=f["vocab_size"],
-            max_sequence_length=f["max_position_embeddings"],
-            parallel_output=False,  # full-vocab logits on every rank, comparable with HF
-            share_embeddings_and_output_weights=bool(f["tie_word_embeddings"]),
-            position_embedding_type="rope",
-            rotary_percent=1.0,
-            rotary_base=int(f["rope_theta"]),
-        )
+    model = gpt_model(
+        config,
+        layer_spec(normalization="RMSNorm"),
+        vocab_size=f["vocab_size"],
+        max_sequence_length=f["max_position_embeddings"],
+        parallel_output=False,  # full-vocab logits on every rank, comparable with HF
+        share_embeddings_and_output_weights=bool(f["tie_word_embeddings"]),
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=int(f["rope_theta"]),
+    )
     # The local spec's torch RMSNorm ignores params_dtype.
     built: torch.nn.Module = model.to(dtype)
     return built
@@ -241,6 +273,5 @@ def call(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
     if given is not None:  # HF convention: 1 = attend; fold key padding into the mask
         mask = mask | (given == 0)[:, None, None, :]
     positions = torch.arange(s, device=ids.device)[None].expand_as(ids)
-    with cpu_workarounds(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*deprecated.*")
+    with call_context():
         return module(input_ids=ids, position_ids=positions, attention_mask=mask)

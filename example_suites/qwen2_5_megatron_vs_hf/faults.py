@@ -1,0 +1,33 @@
+"""Deliberate faults injected into the Megatron side through a model's ``patch:``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class _ScaledOutput(torch.nn.Module):
+    """Runs the wrapped Megatron module and scales its output (its own code, after children)."""
+
+    def __init__(self, inner: torch.nn.Module, scale: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.scale = scale
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out, bias = self.inner(*args, **kwargs)
+        return out * self.scale, bias
+
+
+def scale_layer1_mlp(model: torch.nn.Module) -> None:
+    """Megatron MLP of layer 1 returns 1.1x its output: a bug in that MLP's own code."""
+    layer = model.decoder.layers[1]
+    mlp = layer.mlp
+    original = mlp.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out, bias = original(*args, **kwargs)
+        return out * 1.1, bias
+
+    mlp.forward = forward
