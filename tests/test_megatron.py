@@ -91,7 +91,6 @@ def test_aligned_pair_compares_every_shared_module_exactly(tmp_path):
 
 
 def test_weights_round_trip_hf_megatron_hf_bitwise(tmp_path):
-    from pytest_precalign.config import _preset  # noqa: F401  (the preset loader the config uses)
     from pytest_precalign.mapping import reverse
     from pytest_precalign.sources import build_model, runtime
     from pytest_precalign.weights import sync_weights
