@@ -340,8 +340,12 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
     return spec
 
 
-def _isolate(reader: Reader, record: RecordSpec) -> bool:
+def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec) -> bool:
     isolate = reader.get_bool("isolate", False)
+    if isolate and candidate.options.get("tensor_parallel", 1) != 1:
+        reader.fail(
+            "isolation calls the candidate's modules in this process: not with tensor_parallel > 1", "isolate"
+        )
     if isolate and record.mode != "tensor":
         reader.fail(
             f"isolation re-runs modules on the baseline's tensors: it needs record: {{mode: tensor}} (got {record.mode!r})",
@@ -567,7 +571,7 @@ def _parse_case(
         expect=expect,
         loss=loss,
         train=reader.get_bool("train", False),
-        isolate=_isolate(reader, record),
+        isolate=_isolate(reader, record, models[refs["candidate"]]),
         where=reader.where(),
     )
     reader.done()

@@ -10,14 +10,14 @@ import gc
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .compare import Comparison, compare_traces
-from .config import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
+from .config import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, RecordSpec
 from .determinism import deterministic, environment, seed_everything
 from .errors import CaseError, PrecalignError, SourceError
 from .inputs import CaseInputs, build_inputs
@@ -62,9 +62,11 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     with ExitStack() as stack:
         flags = stack.enter_context(deterministic(config.defaults.deterministic))
         for spec in (base_spec, cand_spec):
-            stack.enter_context(runtime(spec))
-        baseline = build_model(base_spec, config.base_dir)
-        candidate = build_model(cand_spec, config.base_dir)
+            stack.enter_context(runtime(_in_process(spec)))
+        # A tensor-parallel side is built here at TP=1 to receive the synced weights; its
+        # ranks run in their own processes and load their shards of them.
+        baseline = build_model(_in_process(base_spec), config.base_dir)
+        candidate = build_model(_in_process(cand_spec), config.base_dir)
         sync = None
         if case.sync_weights:
             sync = sync_weights(
@@ -76,8 +78,13 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             )
         env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
         manifest = {**env, "config_digest": config.digest, "case": case.name}
-        base_trace = run_side(
-            baseline, inputs, case, {**manifest, "side": "baseline", "model": base_spec.name}, base_spec.seed
+        base_trace = _run_any(
+            baseline,
+            base_spec,
+            config,
+            case,
+            inputs,
+            {**manifest, "side": "baseline", "model": base_spec.name},
         )
         isolated: list[Comparison] = []
         call_context = candidate.context
@@ -87,13 +94,15 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
                 isolate(recorder.calls, base_trace, recorder.trace(), case.mapping, table, call_context)
             )
 
-        cand_trace = run_side(
+        cand_trace = _run_any(
             candidate,
-            inputs,
+            cand_spec,
+            config,
             case,
+            inputs,
             {**manifest, "side": "candidate", "model": cand_spec.name},
-            base_spec.seed,
             isolation if case.isolate else None,
+            seed=base_spec.seed,
         )
     del baseline, candidate
     gc.collect()
@@ -110,6 +119,41 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         env,
         isolated[0] if isolated else None,
     )
+
+
+def _tensor_parallel(spec: ModelSpec) -> int:
+    if spec.source != "megatron":
+        return 1
+    from .sources.megatron import tensor_parallel
+
+    return tensor_parallel(spec)
+
+
+def _in_process(spec: ModelSpec) -> ModelSpec:
+    """The TP=1 twin of a tensor-parallel model, built in this process."""
+    if _tensor_parallel(spec) == 1:
+        return spec
+    return replace(spec, options={**spec.options, "tensor_parallel": 1})
+
+
+def _run_any(
+    model: LoadedModel,
+    spec: ModelSpec,
+    config: AlignConfig,
+    case: CaseSpec,
+    inputs: CaseInputs,
+    manifest: Mapping[str, Any],
+    after_first_forward: Callable[[Recorder], None] | None = None,
+    *,
+    seed: int | None = None,
+) -> Trace:
+    seed = spec.seed if seed is None else seed
+    if _tensor_parallel(spec) == 1:
+        return run_side(model, inputs, case, manifest, seed, after_first_forward)
+    from .tensor_parallel import run_megatron_tensor_parallel
+
+    full = {n: p.detach() for n, p in model.module.named_parameters()}
+    return run_megatron_tensor_parallel(spec, config.base_dir, case, inputs, full, manifest, seed)
 
 
 def finish(
