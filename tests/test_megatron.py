@@ -57,9 +57,12 @@ def context_scale(model):
 '''
 
 
-def _run(tmp_path: Path, candidate: str = "mc", patch: str = "o_proj_noise", isolate: bool = False):
+def _run(
+    tmp_path: Path, candidate: str = "mc", patch: str = "o_proj_noise", isolate: bool = False, mode: str = "tensor"
+):
     (tmp_path / "their_faults.py").write_text(THEIR_FAULTS)
     text = CONFIG % {"candidate": candidate, "patch": patch, "isolate": str(isolate).lower()}
+    text = text.replace("record: {mode: tensor}", f"record: {{mode: {mode}}}")
     config = load_config(text, tmp_path / "align.yaml")
     return run_case(config, config.cases[0])
 
@@ -120,6 +123,25 @@ def test_fault_in_megatron_module_is_found_with_its_origin(tmp_path):
     first = run.verdicts["forward"].first
     assert first is not None
     assert (first.name, first.kind, first.origin) == ("model.layers.0.self_attn.o_proj", "activation", True)
+
+
+def test_stats_mode_pair_passes_and_still_finds_the_fault(tmp_path):
+    """Statistics survive the [s, b, h] -> [b, s, h] layout change; fused q/k/v cannot be split."""
+    aligned = _run(tmp_path, mode="stats")
+    for phase in ("forward", "backward"):
+        verdict = aligned.verdicts[phase]
+        assert verdict.passed, [(p.record.name, p.note) for p in verdict.failures][:3]
+        assert all(
+            p.evidence == "stats"
+            for p in aligned.comparison.pairs
+            if p.paired and p.record.phase == phase and p.record.kind != "input"
+        )
+    assert any("needs record: {mode: tensor}" in why for why in aligned.verdicts["forward"].reasons.values())
+    faulty = _run(tmp_path, candidate="mc_faulty", mode="stats")
+    first = faulty.verdicts["forward"].first
+    assert first is not None and (first.name, first.origin, first.evidence) == (
+        "model.layers.0.self_attn.o_proj", True, "stats"
+    )
 
 
 def test_fault_in_megatron_module_isolated(tmp_path):

@@ -141,7 +141,8 @@ def _compare_pair(
 
 
 def _tensor_pair(a: Record, b: Record, xa: object, xb: object, tol: Tolerance) -> PairResult:
-    fa, fb = metrics.as_float64(xa), metrics.as_float64(xb)  # type: ignore[arg-type]
+    dtype = metrics.compute_dtype(xa, xb)  # type: ignore[arg-type]
+    fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)  # type: ignore[arg-type]
     checks: list[Check] = []
     close = None
     if tol.atol != float("inf"):

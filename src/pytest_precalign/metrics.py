@@ -2,7 +2,8 @@
 
 Definitions follow msprobe/msit compare (seed 001): cosine, max/mean absolute error,
 max relative error, Euclidean distance, and the share of elements whose relative error is
-within 1/1000 and 5/1000. Computed in float64 over the elements finite on both sides.
+within 1/1000 and 5/1000, over the elements finite on both sides; in float32 (float64 when
+a side is float64), with double accumulation for the similarity and distances.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()  # a similarity near 1 needs double accumulation
     na, nb = torch.linalg.vector_norm(a), torch.linalg.vector_norm(b)
     if na == 0 and nb == 0:
         return 1.0
@@ -46,7 +48,7 @@ def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def euclidean(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(b - a))
+    return float(torch.linalg.vector_norm(b - a, dtype=torch.float64))
 
 
 def one_thousandth(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -92,40 +94,60 @@ def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def as_float64(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(device="cpu", dtype=torch.float64)
+def compute_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
+    """float64 when either side is float64, else float32 (exact for bf16/fp16 values; the
+    difference of two close fp32 values is exact in fp32)."""
+    return torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+
+
+def as_compute(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=dtype)
 
 
 def closeness(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> Closeness:
-    """a = baseline (expected), b = candidate (actual); both float64, same shape."""
+    """a = baseline (expected), b = candidate (actual); same shape and floating dtype."""
     shape = a.shape
-    fa, fb = torch.isfinite(a), torch.isfinite(b)
-    # Non-finite values match only when equal (NaN == NaN here, like equal_nan=True).
-    same_nonfinite = (~fa & ~fb) & ((a == b) | (torch.isnan(a) & torch.isnan(b)))
-    nonfinite_mismatch = int(((fa != fb) | (~fa & ~fb & ~same_nonfinite)).sum())
-    both = fa & fb
-    diff = torch.where(both, (b - a).abs(), torch.zeros((), dtype=a.dtype))
-    allowed = atol + rtol * a.abs()
-    bad = (diff > allowed) & both
-    mismatched = int(bad.sum()) + nonfinite_mismatch
-    rel = torch.where(both, diff / a.abs().clamp_min(_TINY), torch.zeros((), dtype=a.dtype))
     if a.numel() == 0:
         return Closeness(0, 0, (), 0.0, 0.0, 0.0, (), 0.0, (), 0)
+    nonfinite_mismatch = 0
+    if bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all()):
+        diff = (b - a).abs_()  # the common case: no masks needed
+        both: torch.Tensor | None = None
+    else:
+        fa, fb = torch.isfinite(a), torch.isfinite(b)
+        # Non-finite values match only when equal (NaN == NaN here, like equal_nan=True).
+        same_nonfinite = (~fa & ~fb) & ((a == b) | (torch.isnan(a) & torch.isnan(b)))
+        nonfinite_mismatch = int(((fa != fb) | (~fa & ~fb & ~same_nonfinite)).sum())
+        both = fa & fb
+        diff = torch.where(both, (b - a).abs(), torch.zeros((), dtype=a.dtype))
+    allowed = a.abs().mul_(rtol).add_(atol)
+    if both is not None:
+        allowed = torch.where(both, allowed, torch.full((), float("inf"), dtype=a.dtype))
     # The worst element is the one using the largest share of its allowance.
-    ratio = torch.where(both, diff / allowed.clamp_min(_TINY), torch.zeros((), dtype=a.dtype))
-    worst = int(ratio.reshape(-1).argmax())
-    gabs = int(diff.reshape(-1).argmax())
-    grel = int(rel.reshape(-1).argmax())
+    ratio = diff / allowed.clamp_min(_TINY)
+    flat_ratio = ratio.reshape(-1)
+    worst = int(flat_ratio.argmax())
+    mismatched = nonfinite_mismatch
+    if float(flat_ratio[worst]) > 1.0:
+        mismatched += int((ratio > 1.0).sum())
+    flat_diff = diff.reshape(-1)
+    gabs = int(flat_diff.argmax())
+    greatest_rel: float = 0.0
+    grel_index: tuple[int, ...] = ()
+    if mismatched:  # relative error details are only reported for failures
+        rel = (diff / a.abs().clamp_min(_TINY)).reshape(-1)
+        grel = int(rel.argmax())
+        greatest_rel, grel_index = float(rel[grel]), _unravel(grel, shape)
     return Closeness(
         total=a.numel(),
         mismatched=mismatched,
         worst_index=_unravel(worst, shape),
-        worst_abs=float(diff.reshape(-1)[worst]),
+        worst_abs=float(flat_diff[worst]),
         worst_allowed=float(allowed.reshape(-1)[worst]),
-        greatest_abs=float(diff.reshape(-1)[gabs]),
+        greatest_abs=float(flat_diff[gabs]),
         greatest_abs_index=_unravel(gabs, shape),
-        greatest_rel=float(rel.reshape(-1)[grel]),
-        greatest_rel_index=_unravel(grel, shape),
+        greatest_rel=greatest_rel,
+        greatest_rel_index=grel_index,
         nonfinite_mismatch=nonfinite_mismatch,
     )
 

@@ -50,6 +50,19 @@ def name_matches(pattern: str, name: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
+def _shape(
+    ops: tuple[TransformOp, ...], rev: bool, shape: tuple[int, ...], base_shapes: list[tuple[int, ...]]
+) -> tuple[int, ...]:
+    """Where a record keeps only statistics: the shape its tensor would have in the baseline's
+    layout (the ops run on a meta tensor)."""
+    import torch
+
+    if not base_shapes and not rev:
+        return shape  # no baseline counterpart: the record stays unmatched anyway
+    meta = torch.empty(shape, device="meta")
+    return tuple(_to_baseline(ops, rev, [meta], base_shapes)[0].shape)
+
+
 def _rule_matches_name(match: str, side: str, original: str, renamed: str) -> bool:
     return name_matches(match, original if side == "candidate" else renamed)
 
@@ -66,6 +79,7 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
     reasons: dict[str, str] = {}
     consumed: set[str] = set()
     original_name: dict[str, str] = {}
+    layout_cache: dict[tuple[str, int], tuple[str, Any, tuple[int, ...]]] = {}
     counter = 0
 
     def new_key() -> str:
@@ -73,20 +87,23 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         counter += 1
         return f"m{counter:07d}"
 
-    def emit(src: Record, name: str, slot: str, tensor: Any | None, stats: Any, crc: str | None) -> None:
-        key = None
-        if tensor is not None:
+    def emit(
+        src: Record,
+        name: str,
+        slot: str,
+        tensor: Any | None = None,
+        stats: Any = None,
+        crc: str | None = None,
+        *,
+        key: str | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> None:
+        if tensor is not None and key is None:
             key = new_key()
             tensors[key] = tensor
-        rec = replace(
-            src,
-            name=name,
-            slot=slot,
-            shape=tuple(tensor.shape) if tensor is not None else src.shape,
-            stats=stats,
-            crc32=crc,
-            tensor_key=key,
-        )
+        if shape is None:
+            shape = tuple(tensor.shape) if tensor is not None else src.shape
+        rec = replace(src, name=name, slot=slot, shape=shape, stats=stats, crc32=crc, tensor_key=key)
         out.append(rec)
         new_ids.setdefault(src.id, []).append(rec.id)
         original_name[rec.id] = src.name
@@ -130,23 +147,29 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
             if all(m.tensor_key is not None for m in members):
                 cand_tensors = [tensors[m.tensor_key] for m in members if m.tensor_key is not None]
                 if rule.broadcast:
-                    one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1])[0]
-                    results = [one] * len(base_names)
+                    one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1])[0].contiguous()
+                    one_stats, one_key = tensor_stats(one), new_key()
+                    tensors[one_key] = one  # one tensor stands for each baseline record
+                    for name in base_names:
+                        emit(members[0], name, base_slot, one, one_stats, key=one_key)
                 else:
                     results = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes)
-                for name, tensor in zip(base_names, results, strict=True):
-                    tensor = tensor.contiguous()
-                    emit(members[0], name, base_slot, tensor, tensor_stats(tensor), None)
+                    for name, tensor in zip(base_names, results, strict=True):
+                        tensor = tensor.contiguous()
+                        emit(members[0], name, base_slot, tensor, tensor_stats(tensor))
             elif (
                 rule.broadcast
                 and members[0].stats is not None
                 and all(op.op in PERMUTING_OPS for op in rule.ops)
             ):
+                shape = _shape(rule.ops, rule.reversed, members[0].shape, shapes[:1])
                 for name in base_names:
-                    emit(members[0], name, base_slot, None, members[0].stats, None)
+                    emit(members[0], name, base_slot, None, members[0].stats, shape=shape)
             else:
-                for m in members:
-                    reasons[m.id] = f"its layout transform ({rule.where}) needs record: {{mode: tensor}}"
+                why = f"{members[0].name} maps here through a layout transform ({rule.where}), which needs record: {{mode: tensor}}"
+                for b in base_recs:
+                    if b is not None:
+                        reasons[b.id] = why
         # baseline side of a rule that found no candidate group stays unmatched normally
 
     # 2. Everything else: rename, slots, layouts.
@@ -157,22 +180,23 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         slot = _slot(mapping.slots, rec, name, base_ids)
         layout = _layout(mapping.layouts, rec, name)
         if layout is None:
-            emit(
-                rec,
-                name,
-                slot,
-                candidate.tensor(rec) if candidate.mode == "tensor" else None,
-                rec.stats,
-                rec.crc32,
-            )
+            same_key = rec.tensor_key if candidate.mode == "tensor" else None
+            emit(rec, name, slot, None, rec.stats, rec.crc32, key=same_key)  # same tensor, same key
             continue
         base = base_ids.get(record_id(name, rec.kind, slot, rec.step, rec.call))
         if rec.tensor_key is not None and base is not None:
-            (tensor,) = _to_baseline(layout.ops, layout.reversed, [tensors[rec.tensor_key]], [base.shape])
-            tensor = tensor.contiguous()
-            emit(rec, name, slot, tensor, tensor_stats(tensor), None)
+            # Records sharing a tensor share its transformed copy (and compare results).
+            cached = layout_cache.get((rec.tensor_key, id(layout)))
+            if cached is None:
+                (tensor,) = _to_baseline(layout.ops, layout.reversed, [tensors[rec.tensor_key]], [base.shape])
+                tensor = tensor.contiguous()
+                cached = (new_key(), tensor_stats(tensor), tuple(tensor.shape))
+                tensors[cached[0]] = tensor
+                layout_cache[(rec.tensor_key, id(layout))] = cached
+            emit(rec, name, slot, None, cached[1], key=cached[0], shape=cached[2])
         elif rec.stats is not None and all(op.op in PERMUTING_OPS for op in layout.ops):
-            emit(rec, name, slot, None, rec.stats, None)
+            shape = _shape(layout.ops, layout.reversed, rec.shape, [base.shape] if base else [])
+            emit(rec, name, slot, None, rec.stats, shape=shape)
         else:
             emit(rec, name, slot, None, None, None)
             if base is not None and rec.crc32 is not None:
