@@ -186,3 +186,15 @@ def test_first_nan_is_reported_per_side():
     verdict = phase_verdict(compare_traces(base, cand, TABLE), "forward", None, False)
     assert [(nf.side, nf.record.name, nf.record.stats.nan) for nf in verdict.nonfinite] == [("candidate", "b", 1)]
     assert verdict.first is not None and (verdict.first.name, verdict.first.metric) == ("b", "nonfinite")
+
+
+def test_report_json_is_strict_json(tmp_path):
+    import json
+
+    from pytest_precalign.report import write_json_report
+
+    path = write_json_report(tmp_path, [{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {})
+    text = path.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
+    assert data["cases"][0] == {"value": "inf", "nested": ["nan", "-inf", 1.5]}

@@ -289,11 +289,11 @@ def write_json_report(
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "report.json"
-    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
+    data = _strict_json({"tool": "pytest-precalign", **dict(meta), "cases": list(cases)})
     fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".json.tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, default=_json_default)
+            json.dump(data, f, indent=1, default=_json_default, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -301,6 +301,17 @@ def write_json_report(
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _strict_json(value: Any) -> Any:
+    """JSON has no NaN or Infinity: write them as strings ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
 
 
 def _json_default(value: Any) -> Any:
