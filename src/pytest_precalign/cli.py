@@ -1,4 +1,4 @@
-"""``precalign``: run or validate alignment cases outside pytest.
+"""``precalign``: run or validate alignment cases, or compare stored runs, outside pytest.
 
 Exit codes: 0 aligned (or valid), 1 diverged, 2 usage error (bad config, source, option).
 """
@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import PrecalignError
+from .errors import ConfigError, PrecalignError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,6 +25,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
+    compare = sub.add_parser("compare", help="compare two stored runs (trace directories)")
+    compare.add_argument("golden", help="the golden (baseline) side")
+    compare.add_argument("target", help="the target (candidate) side")
+    compare.add_argument(
+        "--tolerances", metavar="FILE", help="tolerance table YAML (default: torch.testing's per dtype)"
+    )
+    compare.add_argument("--mapping", metavar="FILE", help="mapping YAML, or preset:NAME")
+    compare.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="a $variable of the mapping (repeatable)",
+    )
+    compare.add_argument("--report", metavar="DIR", help="write report.json into DIR")
     return parser
 
 
@@ -33,10 +48,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "validate":
             return _validate(Path(args.config))
+        if args.command == "compare":
+            return _compare(args)
         return _run(Path(args.config), args.case, args.report, args.save_traces)
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _variables(pairs: list[str]) -> dict[str, int]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value.lstrip("-").isdigit():
+            raise ConfigError(f"--var: expected KEY=INTEGER (e.g. num_attention_heads=4), got {pair!r}")
+        out[key] = int(value)
+    return out
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .offline import compare_runs
+    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_json_report
+
+    run = compare_runs(
+        args.golden,
+        args.target,
+        tolerances=args.tolerances,
+        mapping=args.mapping,
+        variables=_variables(args.var),
+    )
+    entries = []
+    failed = False
+    for phase in run.phases:
+        report = PhaseReport(
+            config=str(args.golden),
+            case=run.name,
+            phase=phase,
+            verdict=run.verdicts[phase],
+            baseline=str(args.golden),
+            candidate=str(args.target),
+            table=run.table,
+            reproduce=f"precalign compare {args.golden} {args.target}",
+            seconds=run.seconds,
+        )
+        print(summary_line(report))
+        if not report.verdict.passed:
+            failed = True
+            print("  " + failure_message(report).replace("\n", "\n  "))
+        entries.append(phase_dict(report))
+    if args.report:
+        write_json_report(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
+    return 1 if failed else 0
 
 
 def _validate(path: Path) -> int:

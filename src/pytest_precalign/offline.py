@@ -1,0 +1,77 @@
+"""Offline compare of two stored runs (``precalign compare``): load each side, map, compare,
+and give verdicts for every phase the baseline recorded. No models are built."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .config import PRESET_MAPPINGS
+from .errors import ConfigError, TraceError
+from .mapping import MappingSpec, read_mapping_file
+from .runner import CaseRun, finish
+from .tolerances import PHASES, ToleranceTable, default_table, parse_table
+from .trace import Trace
+from .yamlio import read_yaml_file
+
+
+def load_side(path: str | Path) -> Trace:
+    """A pytest-precalign trace directory, detected from its files."""
+    from .trace_io import read_trace
+
+    root = Path(path)
+    if not root.exists():
+        raise TraceError(f"{root}: no such file or directory")
+    if (root / "manifest.json").is_file():
+        return read_trace(root)
+    raise TraceError(
+        f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json)"
+    )
+
+
+def load_tolerances(value: str | None) -> ToleranceTable:
+    if value is None:
+        return default_table()
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError(f"--tolerances: {value}: file not found (expected a YAML list of rules)")
+    data = read_yaml_file(path.resolve())
+    return parse_table(path.stem, data, str(path.resolve()), "", path.resolve().parent)
+
+
+def load_mapping(value: str | None, variables: Mapping[str, Any]) -> MappingSpec | None:
+    if value is None:
+        return None
+    if value.startswith("preset:"):
+        name = value.partition(":")[2]
+        if name not in PRESET_MAPPINGS:
+            allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
+            raise ConfigError(f"--mapping: unknown preset {value!r} (allowed: {allowed})")
+        path = Path(__file__).with_name("presets") / f"{name}.yaml"
+        return read_mapping_file(path, value, variables)
+    file = Path(value)
+    if not file.is_file():
+        raise ConfigError(f"--mapping: {value}: file not found (expected a mapping YAML or preset:NAME)")
+    return read_mapping_file(file, value, variables)
+
+
+def compare_runs(
+    golden: str | Path,
+    target: str | Path,
+    *,
+    tolerances: str | None = None,
+    mapping: str | None = None,
+    variables: Mapping[str, Any] | None = None,
+) -> CaseRun:
+    import time
+
+    started = time.perf_counter()
+    base, cand = load_side(golden), load_side(target)
+    table = load_tolerances(tolerances)
+    spec = load_mapping(mapping, variables or {})
+    phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
+    if not phases:
+        raise TraceError(f"{golden}: the golden side has no records")
+    name = f"{Path(golden).name}_vs_{Path(target).name}"
+    return finish(name, phases, base, cand, spec, table, None, None, started, dict(base.manifest))

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pytest_precalign.cli import main
+from pytest_precalign.recorder import Recorder
+from pytest_precalign.trace_io import write_trace
+
+
+def _record(tmp_path, name, bump=0.0, mode="tensor"):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    if bump:
+        with torch.no_grad():
+            model[2].bias += bump
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    with Recorder(model, mode=mode) as rec:
+        model(x).sum().backward()
+    return write_trace(rec.trace({"side": name}), tmp_path / name)
+
+
+def test_compare_identical_runs_exit_0(tmp_path, capsys):
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b")
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "PASSED a_vs_b[forward]" in out and "PASSED a_vs_b[backward]" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert {c["phase"] for c in report["cases"]} == {"forward", "backward"}
+    assert all(c["first_divergence"] is None for c in report["cases"])
+
+
+def test_compare_finds_the_first_divergence_exit_1(tmp_path, capsys):
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b", bump=0.01)
+    tol = tmp_path / "tol.yaml"
+    tol.write_text('- {match: "*", atol: 1.0e-6, rtol: 0, why: "same code"}\n')
+    assert main(["compare", str(a), str(b), "--tolerances", str(tol), "--report", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    assert "First divergence: 2 (activation, out, step 0), origin: its inputs matched" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    forward = next(c for c in report["cases"] if c["phase"] == "forward")
+    assert (forward["first_divergence"]["name"], forward["first_divergence"]["origin"]) == ("2", True)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["compare", "{tmp}/missing", "{a}"], "missing: no such file or directory"),
+        (["compare", "{tmp}", "{a}"], "neither a pytest-precalign trace (manifest.json) nor an msprobe dump"),
+        (["compare", "{a}", "{a}", "--tolerances", "{tmp}/nope.yaml"], "--tolerances: {tmp}/nope.yaml: file not found"),
+        (["compare", "{a}", "{a}", "--mapping", "preset:nope"], "--mapping: unknown preset 'preset:nope'"),
+        (["compare", "{a}", "{a}", "--var", "heads"], "--var: expected KEY=INTEGER"),
+    ],
+)
+def test_compare_usage_errors_exit_2(tmp_path, capsys, args, fragment):
+    a = _record(tmp_path, "a")
+    argv = [x.format(tmp=tmp_path, a=a) for x in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment.format(tmp=tmp_path) in err
+    assert err.count("\n") == 1 and "Traceback" not in err
