@@ -126,3 +126,67 @@ def test_longest_key_wins_and_unknown_classes_pass_through():
     assert mapping.to_baseline("a.b.c.d", classes) == "x.z.d"
     assert mapping.to_baseline("a.b.e", classes) == "x.y.e"
     assert mapping.to_baseline("q.r", classes) == "q.r"
+
+
+LIVE = """
+version: 1
+models:
+  hf: {source: hf, class: transformers.Qwen2ForCausalLM,
+       config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+                num_attention_heads: 4, num_key_value_heads: 2, tie_word_embeddings: false}}
+  wrapped: {source: factory, factory: "engine:build"}
+inputs:
+  t: {kind: tokens, batch: 2, seq_len: 8, vocab_size: 128, labels: true}
+tolerances:
+  exact: [{match: "*", atol: 0, rtol: 0, why: same model}]
+cases:
+  - {name: c, baseline: hf, candidate: wrapped, inputs: t, layer_mapping: lm.yaml,
+     phases: [forward, backward], record: {mode: tensor}, tolerances: exact}
+"""
+
+ENGINE = '''
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+class Engine(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, **kwargs):
+        return self.module(**kwargs)
+
+
+def build():
+    config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    return Engine(Qwen2ForCausalLM(config))
+'''
+
+
+def test_layer_mapping_in_a_live_case_syncs_and_pairs_everything(tmp_path):
+    from pytest_precalign.config import load_config_file
+    from pytest_precalign.runner import run_case
+
+    (tmp_path / "engine.py").write_text(ENGINE)
+    # The engine level itself (`module`) has no HF counterpart; its children cross over.
+    (tmp_path / "lm.yaml").write_text("TopLayer:\n  module.model: model\n  module.lm_head: lm_head\n")
+    (tmp_path / "align.yaml").write_text(LIVE)
+    config = load_config_file(tmp_path / "align.yaml")
+    run = run_case(config, config.cases[0])
+    assert run.sync is not None and run.sync.unsynced == () and run.sync.copied == 27
+    for phase in ("forward", "backward"):
+        verdict = run.verdicts[phase]
+        assert verdict.passed and verdict.compared > 20
+        assert [r.name for r in verdict.only_baseline] == []
+        assert {r.name for r in verdict.only_candidate} <= {"module"}
+
+
+def test_layer_mapping_config_errors(tmp_path):
+    (tmp_path / "engine.py").write_text(ENGINE)
+    with pytest.raises(ConfigError, match=r"cases\[0\].layer_mapping: file not found: .*lm.yaml"):
+        load_config(LIVE, tmp_path / "align.yaml")
+    bad = LIVE.replace("layer_mapping: lm.yaml", "layer_mapping: 'preset:llama'")
+    with pytest.raises(ConfigError, match=r"unknown preset 'preset:llama' \(allowed: preset:qwen2.5-mindspeed-to-hf"):
+        load_config(bad, tmp_path / "align.yaml")

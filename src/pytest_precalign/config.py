@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .layer_mapping import LayerMapping, read_layer_mapping
 from .mapping import MappingSpec, parse_mapping, read_mapping_file, reverse
 from .sources.registry import COMMON_MODEL_KEYS, SOURCES
 from .tolerances import PHASES, ToleranceTable, parse_table
@@ -44,6 +45,7 @@ CASE_KEYS = (
     "loss",
     "train",
     "isolate",
+    "layer_mapping",
 )
 
 
@@ -485,6 +487,11 @@ def _parse_case(
             known = ", ".join([*mappings, *(f"preset:{p}" for p in PRESET_MAPPINGS)])
             reader.fail(f"unknown mapping {mapping_ref!r} (known: {known}; or a .yaml file)", "mapping")
 
+    layer_ref = reader.get_str("layer_mapping")
+    if layer_ref is not None:
+        layers = _layer_mapping(reader, layer_ref, base_dir)
+        mapping = replace(mapping, layer_mapping=layers) if mapping else MappingSpec(layer_ref, layer_mapping=layers)
+
     optimizer = OptimizerSpec()
     opt = reader.get_mapping("optimizer")
     if opt is not None:
@@ -579,6 +586,32 @@ def _parse_case(
 
 
 PRESET_MAPPINGS = ("megatron-qwen2.5",)
+PRESET_LAYER_MAPPINGS = (
+    "qwen2.5-mindspeed-to-hf",
+    "qwen2.5-hf-to-mindspeed",
+    "qwen2.5-vl-mindspeed-to-hf",
+    "qwen2.5-vl-hf-to-mindspeed",
+)
+
+
+def layer_mapping_path(ref: str, base_dir: Path) -> Path | None:
+    """A layer_mapping reference: ``preset:NAME`` (seed 000's templates) or a YAML path."""
+    if ref.startswith("preset:"):
+        name = ref.partition(":")[2]
+        if name not in PRESET_LAYER_MAPPINGS:
+            return None
+        return Path(__file__).with_name("presets") / "layer_mapping" / f"{name}.yaml"
+    return base_dir / ref
+
+
+def _layer_mapping(reader: Reader, ref: str, base_dir: Path) -> LayerMapping:
+    path = layer_mapping_path(ref, base_dir)
+    if path is None:
+        allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
+        reader.fail(f"unknown preset {ref!r} (allowed: {allowed}; or a .yaml file)", "layer_mapping")
+    if not path.is_file():
+        reader.fail(f"file not found: {path}", "layer_mapping")
+    return read_layer_mapping(path)
 _HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
 
 

@@ -13,12 +13,13 @@ baseline's names and layouts with the inverse. Ops import torch only when applie
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .layer_mapping import LayerMapping
 from .tolerances import KINDS
 from .transforms import OP_ARITY, OP_PARAMS, TransformOp, check_qkv
 from .yamlio import Reader, describe, read_yaml_file
@@ -97,6 +98,8 @@ class MappingSpec:
     slots: tuple[SlotRule, ...] = ()
     unmatched: tuple[UnmatchedRule, ...] = ()
     where: str = ""
+    # msprobe's layer_mapping (class-keyed renames), applied before ``renames``.
+    layer_mapping: LayerMapping | None = None
 
 
 _OTHER = {"baseline": "candidate", "candidate": "baseline"}
@@ -163,9 +166,15 @@ def _rename(rules: Iterable[tuple[str, str]], name: str) -> str:
     return name
 
 
-def to_baseline_name(mapping: MappingSpec | None, candidate_name: str) -> str:
+def to_baseline_name(
+    mapping: MappingSpec | None, candidate_name: str, class_of: Callable[[str], str | None] | None = None
+) -> str:
+    """The baseline's name for a candidate module or parameter; ``class_of`` (candidate
+    module path -> class name) is needed by a layer_mapping."""
     if mapping is None:
         return candidate_name
+    if mapping.layer_mapping is not None and class_of is not None:
+        candidate_name = mapping.layer_mapping.to_baseline(candidate_name, class_of)
     return _rename(((r.candidate, r.baseline) for r in mapping.renames), candidate_name)
 
 

@@ -173,10 +173,11 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         # baseline side of a rule that found no candidate group stays unmatched normally
 
     # 2. Everything else: rename, slots, layouts.
+    classes = {r.name: r.module_class for r in candidate.records if r.kind in ("activation", "input")}
     for rec in candidate.records:
         if rec.id in consumed:
             continue
-        name = to_baseline_name(mapping, rec.name)
+        name = to_baseline_name(mapping, rec.name, classes.get)
         slot = _slot(mapping.slots, rec, name, base_ids)
         layout = _layout(mapping.layouts, rec, name)
         if layout is None:

@@ -66,6 +66,7 @@ def sync_weights(
 
     source = dict(baseline.named_parameters())
     target = dict(candidate.named_parameters())
+    classes = {n: type(m).__name__ for n, m in candidate.named_modules()}
     used: set[str] = set()
     done: set[str] = set()
     transformed = 0
@@ -93,7 +94,7 @@ def sync_weights(
         for name, param in target.items():
             if name in done:
                 continue
-            base_name = to_baseline_name(mapping, name)
+            base_name = to_baseline_name(mapping, name, classes.get)
             if base_name in source:
                 _copy(param, source[base_name], name, base_name)
                 used.add(base_name)
