@@ -61,3 +61,33 @@ def test_compare_usage_errors_exit_2(tmp_path, capsys, args, fragment):
     err = capsys.readouterr().err
     assert fragment.format(tmp=tmp_path) in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_compare_with_a_layer_mapping(tmp_path, capsys):
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+
+    class Engine(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = inner
+
+        def forward(self, x):
+            return self.module(x)
+
+    x = torch.randn(3, 4)
+    with Recorder(inner, mode="tensor") as rec:
+        inner(x)
+    a = write_trace(rec.trace(), tmp_path / "a")
+    with Recorder(Engine(), mode="tensor") as rec:
+        rec.model(x)
+    b = write_trace(rec.trace(), tmp_path / "b")
+    lm = tmp_path / "lm.yaml"
+    lm.write_text("TopLayer:\n  module.0: '0'\n  module.1: '1'\n  module.2: '2'\n")
+    assert main(["compare", str(a), str(b), "--layer-mapping", str(lm), "--report", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    forward = report["cases"][0]
+    assert forward["compared"] >= 3 and forward["unmatched"]["baseline"] == []
+    assert [u["name"] for u in forward["unmatched"]["candidate"]] == ["module"]
+    assert main(["compare", str(a), str(b), "--layer-mapping", "preset:nope"]) == 2
+    assert "--layer-mapping: preset:nope: not found" in capsys.readouterr().err

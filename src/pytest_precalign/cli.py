@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--mapping", metavar="FILE", help="mapping YAML, or preset:NAME")
     compare.add_argument(
+        "--layer-mapping",
+        metavar="FILE",
+        help="msprobe layer_mapping YAML, or preset:NAME (seed 000 templates)",
+    )
+    compare.add_argument(
         "--var",
         action="append",
         default=[],
@@ -76,6 +81,7 @@ def _compare(args: argparse.Namespace) -> int:
         tolerances=args.tolerances,
         mapping=args.mapping,
         variables=_variables(args.var),
+        layer_mapping=args.layer_mapping,
     )
     entries = []
     failed = False

@@ -4,11 +4,13 @@ and give verdicts for every phase the baseline recorded. No models are built."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .config import PRESET_MAPPINGS
+from .config import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, layer_mapping_path
 from .errors import ConfigError, TraceError
+from .layer_mapping import read_layer_mapping
 from .mapping import MappingSpec, read_mapping_file
 from .runner import CaseRun, finish
 from .tolerances import PHASES, ToleranceTable, default_table, parse_table
@@ -63,6 +65,7 @@ def compare_runs(
     tolerances: str | None = None,
     mapping: str | None = None,
     variables: Mapping[str, Any] | None = None,
+    layer_mapping: str | None = None,
 ) -> CaseRun:
     import time
 
@@ -70,6 +73,17 @@ def compare_runs(
     base, cand = load_side(golden), load_side(target)
     table = load_tolerances(tolerances)
     spec = load_mapping(mapping, variables or {})
+    if layer_mapping is not None:
+        path = layer_mapping_path(layer_mapping, Path.cwd())
+        if path is None or not path.is_file():
+            allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
+            raise ConfigError(
+                f"--layer-mapping: {layer_mapping}: not found (a YAML file, or one of {allowed})"
+            )
+        layers = read_layer_mapping(path)
+        spec = (
+            replace(spec, layer_mapping=layers) if spec else MappingSpec(layer_mapping, layer_mapping=layers)
+        )
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases:
         raise TraceError(f"{golden}: the golden side has no records")
