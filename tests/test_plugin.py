@@ -271,3 +271,22 @@ def test_npu_device_without_torch_npu_is_a_usage_error(pytester):
         " pip install 'pytest-precalign[[]npu[]]'*"
     ])
     assert "Traceback" not in result.stderr.str()
+
+
+def test_model_that_cannot_take_the_inputs_is_a_clear_case_error(pytester):
+    pytester.makepyfile(seq="import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Embedding(20, 4))\n")
+    pytester.makefile(".yaml", align="""
+version: 1
+models:
+  a: {source: factory, factory: "seq:build"}
+inputs:
+  t: {kind: tokens, vocab_size: 20}
+cases:
+  - {name: c, baseline: a, candidate: a, inputs: t}
+""")
+    result = pytester.runpytest("--align-config", "align.yaml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*model 'a' cannot be called as model(**inputs) with inputs input_ids: *unexpected keyword argument 'input_ids'*"
+    ])
+    assert "Traceback" not in result.stdout.str()

@@ -122,7 +122,7 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
     from .config import load_config_file
     from .report import PhaseReport, failure_message, phase_dict, summary_line, write_json_report
     from .runner import preflight_case, run_case
-    from .trace_io import write_trace
+    from .trace_io import write_side
 
     config = load_config_file(path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
@@ -134,8 +134,8 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
         run = run_case(config, case)
         if traces:
             root = Path(traces) / config.path.stem / case.name
-            write_trace(run.baseline, root / "baseline")
-            write_trace(run.candidate, root / "candidate")
+            write_side(run.baseline, root / "baseline", case.record.format)
+            write_side(run.candidate, root / "candidate", case.record.format)
         for phase in case.phases:
             report = PhaseReport(
                 config=str(config.path),

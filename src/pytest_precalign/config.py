@@ -101,6 +101,7 @@ class RecordSpec:
     inputs: bool = True
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
 
 
 @dataclass(frozen=True)
@@ -490,7 +491,11 @@ def _parse_case(
     layer_ref = reader.get_str("layer_mapping")
     if layer_ref is not None:
         layers = _layer_mapping(reader, layer_ref, base_dir)
-        mapping = replace(mapping, layer_mapping=layers) if mapping else MappingSpec(layer_ref, layer_mapping=layers)
+        mapping = (
+            replace(mapping, layer_mapping=layers)
+            if mapping
+            else MappingSpec(layer_ref, layer_mapping=layers)
+        )
 
     optimizer = OptimizerSpec()
     opt = reader.get_mapping("optimizer")
@@ -516,12 +521,13 @@ def _parse_case(
     record = RecordSpec()
     rec = reader.get_mapping("record")
     if rec is not None:
-        rec.check_keys(("mode", "inputs", "include", "exclude"))
+        rec.check_keys(("mode", "inputs", "include", "exclude", "format"))
         record = RecordSpec(
             mode=rec.get_choice("mode", RECORD_MODES, "stats"),
             inputs=rec.get_bool("inputs", True),
             include=_str_tuple(rec, "include"),
             exclude=_str_tuple(rec, "exclude"),
+            format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
         )
         rec.done()
 
@@ -612,6 +618,8 @@ def _layer_mapping(reader: Reader, ref: str, base_dir: Path) -> LayerMapping:
     if not path.is_file():
         reader.fail(f"file not found: {path}", "layer_mapping")
     return read_layer_mapping(path)
+
+
 _HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
 
 

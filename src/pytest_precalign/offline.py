@@ -19,7 +19,8 @@ from .yamlio import read_yaml_file
 
 
 def load_side(path: str | Path) -> Trace:
-    """A pytest-precalign trace directory, detected from its files."""
+    """A pytest-precalign trace directory or an msprobe dump (a rank folder, or a step or
+    dump folder holding one rank), detected from its files."""
     from .trace_io import read_trace
 
     root = Path(path)
@@ -27,6 +28,10 @@ def load_side(path: str | Path) -> Trace:
         raise TraceError(f"{root}: no such file or directory")
     if (root / "manifest.json").is_file():
         return read_trace(root)
+    from .msprobe import is_msprobe_dump, read_msprobe_dump
+
+    if is_msprobe_dump(root):
+        return read_msprobe_dump(root)
     raise TraceError(
         f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json)"
     )

@@ -166,11 +166,12 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
     folder = config.getoption("align_save_traces")
     if not folder:
         return
-    from .trace_io import write_trace
+    from .trace_io import write_side
 
     root = Path(folder) / align_config.path.stem / run.name
-    write_trace(run.baseline, root / "baseline")
-    write_trace(run.candidate, root / "candidate")
+    fmt = align_config.case(run.name).record.format
+    write_side(run.baseline, root / "baseline", fmt)
+    write_side(run.candidate, root / "candidate", fmt)
 
 
 def _phase_report(

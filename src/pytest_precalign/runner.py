@@ -173,7 +173,8 @@ def finish(
     verdicts = {}
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
-        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, isolated)
+        parents = base_trace.manifest.get("parents") or {}
+        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, isolated, parents)
     return CaseRun(
         name=name,
         phases=phases,

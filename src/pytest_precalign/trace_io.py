@@ -55,7 +55,13 @@ def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> P
             if size >= SHARD_BYTES:
                 flush()
         flush()
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **dict(trace.manifest)}
+        # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from.
+        manifest = {
+            **dict(trace.manifest),
+            "source_format": trace.manifest.get("format", FORMAT),
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+        }
         _write_json(tmp / "manifest.json", manifest)
         _write_json(
             tmp / "index.json",
@@ -74,6 +80,15 @@ def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> P
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def write_side(trace: Trace, path: Path, fmt: str) -> Path:
+    """Save one side of a case: our trace format, or an msprobe dump (``record: {format}``)."""
+    if fmt == "msprobe":
+        from .msprobe import write_msprobe_dump
+
+        return write_msprobe_dump(trace, path)
+    return write_trace(trace, path)
 
 
 def _write_json(path: Path, data: Any) -> None:

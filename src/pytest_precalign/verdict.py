@@ -10,7 +10,7 @@ names the enclosing module whose inputs still matched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from .compare import Check, Comparison, PairResult
@@ -101,6 +101,20 @@ def _parent(name: str) -> str:
     return name.rpartition(".")[0]
 
 
+def _ancestors(rec: Record, parents: Mapping[str, str]) -> Iterator[str]:
+    """Names of the modules enclosing a record, innermost first: from the trace's own tree
+    (msprobe dumps carry one, keyed ``name#call``, where API records are not dotted paths),
+    else from the dotted module path."""
+    key = f"{rec.name}#{rec.call}"
+    if key in parents:
+        while key := parents.get(key, ""):
+            yield key.partition("#")[0]
+        return
+    name = rec.name
+    while name := _parent(name):
+        yield name
+
+
 def _check_of(pair: PairResult) -> Check:
     check = pair.failing
     assert check is not None
@@ -108,7 +122,10 @@ def _check_of(pair: PairResult) -> Check:
 
 
 def find_first(
-    pairs: tuple[PairResult, ...], phase: str, all_pairs: Mapping[str, PairResult]
+    pairs: tuple[PairResult, ...],
+    phase: str,
+    all_pairs: Mapping[str, PairResult],
+    parents: Mapping[str, str] | None = None,
 ) -> Divergence | None:
     kinds = OUTPUT_KINDS[phase]
     ordered = sorted(
@@ -119,7 +136,7 @@ def find_first(
         return None
     pair = ordered[0]
     rec = pair.record
-    origin, origin_module = _origin(rec, all_pairs)
+    origin, origin_module = _origin(rec, all_pairs, parents or {})
     check = _check_of(pair)
     return Divergence(
         name=rec.name,
@@ -172,25 +189,23 @@ def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) ->
     return all(p.passed for p in found)
 
 
-def _origin(rec: Record, all_pairs: Mapping[str, PairResult]) -> tuple[bool, str]:
-    owner = rec.name
-    if rec.kind in ("param", "param_grad"):
-        owner = _parent(rec.name)
+def _origin(rec: Record, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]) -> tuple[bool, str]:
+    enclosing = next(_ancestors(rec, parents), "")
+    owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
         # the parent's code between its children.
-        return False, _parent(rec.name) or rec.name
+        return False, enclosing or rec.name
     ok = _deps_ok(rec, all_pairs)
     if ok is None or ok:
         return True, owner
     if rec.kind in ("activation", "logits", "loss"):
         # Inputs already differed: walk up to the innermost ancestor whose inputs matched.
-        module = _parent(rec.name)
-        while module:
+        module = ""
+        for module in _ancestors(rec, parents):
             inputs = _inputs_ok(module, rec, all_pairs)
             if inputs is None or inputs:
                 return False, module
-            module = _parent(module)
         return False, module
     return False, owner
 
@@ -201,6 +216,7 @@ def phase_verdict(
     expectation: Expectation | None,
     expected_earlier: bool,
     isolated: Comparison | None = None,
+    parents: Mapping[str, str] | None = None,
 ) -> PhaseVerdict:
     """``expected_earlier``: an expected divergence sits in an earlier phase of the case, so
     this phase is downstream of it and is reported but not gated."""
@@ -209,7 +225,7 @@ def phase_verdict(
     # Module inputs are evidence for the origin, not gates: a mask may legitimately have
     # another representation on each side, and a real difference shows in the outputs.
     failures = tuple(p for p in pairs if p.status in ("fail", "shape") and p.record.kind != "input")
-    first = find_first(pairs, phase, all_pairs)
+    first = find_first(pairs, phase, all_pairs, parents)
     isolated_origin = None
     isolated_count = 0
     if isolated is not None and phase == "forward":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PrecalignError, SourceError
+from ..errors import CaseError, PrecalignError, SourceError
 from .registry import SOURCES
 
 if TYPE_CHECKING:
@@ -34,7 +34,17 @@ class LoadedModel:
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         if self.caller is not None:  # a source with its own calling convention (Megatron)
             return self.caller(self.module, inputs)
-        return self.module(**inputs)
+        try:
+            return self.module(**inputs)
+        except TypeError as exc:
+            text = str(exc)
+            if not any(s in text for s in ("unexpected keyword argument", "required positional argument")):
+                raise  # an error inside the model's own code: its traceback is the message
+            raise CaseError(
+                f"model {self.name!r} cannot be called as model(**inputs) with inputs "
+                f"{', '.join(sorted(inputs))}: {one_line(exc)} (give it inputs its forward takes, "
+                "e.g. an inputs factory, or wrap the model in a factory)"
+            ) from None
 
     def logits(self, output: Any) -> torch.Tensor:
         """The logits of a forward output: ``output:`` key path, else the usual places."""

@@ -1,0 +1,58 @@
+"""Lazy key -> tensor view over an msprobe ``dump_tensor_data/`` folder.
+
+Keys are msprobe's ``data_name`` (``Module.lm_head.Linear.forward.0.output.0.pt``); a file is
+loaded with ``torch.load(weights_only=True)`` only when its tensor is asked for, so reading a
+dump costs no more than reading its dump.json. torch is imported on first access only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceError
+
+TENSOR_DIR = "dump_tensor_data"
+
+
+class PtTensors(Mapping[str, Any]):
+    """``shapes``: data_name -> the shape dump.json gives, checked on load."""
+
+    def __init__(self, folder: Path, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self._folder = folder
+        self._shapes = dict(shapes)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._shapes:
+            raise KeyError(key)
+        import pickle
+
+        import torch
+
+        file = self._folder / key
+        if not file.is_file():
+            raise TraceError(f"{file}: missing (dump.json names it as data_name)")
+        try:
+            tensor = torch.load(file, map_location="cpu", weights_only=True)
+        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            raise TraceError(
+                f"{file}: not a readable torch tensor file (truncated or corrupt?): {exc}"
+            ) from None
+        if not isinstance(tensor, torch.Tensor):
+            raise TraceError(f"{file}: holds a {type(tensor).__name__}, expected a tensor")
+        if tuple(tensor.shape) != self._shapes[key]:
+            raise TraceError(
+                f"{file}: holds a tensor of shape {list(tensor.shape)}, "
+                f"dump.json says {list(self._shapes[key])}"
+            )
+        return tensor
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shapes  # without loading (Mapping's default would load the file)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)

@@ -1,0 +1,174 @@
+"""Write a trace as an msprobe dump (``dump.json``, ``construct.json``, ``stack.json`` and, in
+tensor mode, ``dump_tensor_data/*.pt``), so msprobe's own tools (compare, graph) accept it.
+
+Module records become msprobe's L0 names, ``Module.<path>.<Class>.forward.<call>`` with
+``input_args``/``input_kwargs``/``output``, ``...backward.<call>`` with ``input`` (grads
+w.r.t. the outputs) and ``output`` (grads w.r.t. the inputs), and
+``...parameters_grad`` with one entry per parameter. The folder is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceError
+from ..trace import Record, Trace
+
+TASKS = {"tensor": "tensor", "stats": "statistics", "hash": "statistics"}
+_SKIP = ("logits", "loss", "param")  # msprobe has no such records; they stay in our trace
+
+
+def _slot_index(slot: str) -> tuple[str, str]:
+    """("in", "0") / ("in", "hidden_states") / ("out", "0") for our slot names."""
+    head, _, rest = slot.partition(".")
+    return head, rest or "0"
+
+
+def _entry(record: Record, data_name: str | None) -> dict[str, Any]:
+    stats = record.stats
+    entry: dict[str, Any] = {
+        "type": "torch.Tensor",
+        "dtype": f"torch.{record.dtype}",
+        "shape": list(record.shape),
+        "Max": stats.max if stats else None,
+        "Min": stats.min if stats else None,
+        "Mean": stats.mean if stats else None,
+        "Norm": stats.norm if stats else None,
+        "requires_grad": record.kind != "input",
+    }
+    if record.crc32 is not None and not record.crc32.startswith("xor:"):
+        entry["md5"] = record.crc32
+    if data_name is not None:
+        entry["data_name"] = data_name
+    return entry
+
+
+def _module_key(record: Record, direction: str) -> str:
+    return f"Module.{record.name}.{record.module_class}.{direction}.{record.call}"
+
+
+def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, Any], dict[str, Record]]:
+    """dump.json's and construct.json's contents, and the .pt files to write (name -> record)."""
+    tensor_mode = trace.mode == "tensor"
+    data: dict[str, dict[str, Any]] = {}
+    files: dict[str, Record] = {}
+    data_name: str | None = None
+    for rec in trace.records:
+        if rec.step != step or rec.kind in _SKIP:
+            continue
+        if rec.kind == "param_grad":
+            owner, _, pname = rec.name.rpartition(".")
+            key = f"Module.{owner}.{rec.module_class}.parameters_grad.{rec.call}"
+            data.setdefault(key, {}).setdefault(pname, [])
+            data_name = f"{key}.{pname}.{len(data[key][pname])}.pt" if tensor_mode else None
+            data[key][pname].append(_entry(rec, data_name))
+        else:
+            direction = "forward" if rec.kind in ("activation", "input") else "backward"
+            key = _module_key(rec, direction)
+            record = data.setdefault(
+                key,
+                {"input_args": [], "input_kwargs": {}, "output": [], "parameters": {}}
+                if direction == "forward"
+                else {"input": [], "output": []},
+            )
+            index = _slot_index(rec.slot)[1]
+            position: int | str
+            if rec.kind == "activation":
+                field, position = "output", len(record["output"])
+            elif rec.kind == "input":
+                field = "input_args" if index.isdigit() else "input_kwargs"
+                position = len(record["input_args"]) if index.isdigit() else index
+            elif rec.kind == "grad_output":
+                field, position = "input", len(record["input"])
+            else:
+                field, position = "output", len(record["output"])
+            data_name = f"{key}.{field}.{position}.pt" if tensor_mode else None
+            entry = _entry(rec, data_name)
+            if isinstance(position, str):
+                record[field][position] = entry
+            else:
+                record[field].append(entry)
+        if tensor_mode and data_name is not None:
+            files[data_name] = rec
+    construct = _construct(data)
+    return (
+        {
+            "task": TASKS.get(trace.mode, "statistics"),
+            "level": "L0",
+            "framework": "pytorch",
+            "dump_data_dir": None,
+            "data": data,
+        },
+        construct,
+        files,
+    )
+
+
+def _parse_key(key: str) -> tuple[str, str]:
+    """(module path, direction) of an msprobe module record name."""
+    parts = key.split(".")
+    return ".".join(parts[1:-3]), parts[-2]
+
+
+def _construct(data: Mapping[str, Any]) -> dict[str, str | None]:
+    """Each record's parent: the same direction's record of the nearest recorded ancestor."""
+    first: dict[tuple[str, str], str] = {}
+    for key in data:
+        first.setdefault(_parse_key(key), key)
+    out: dict[str, str | None] = {}
+    for key in data:
+        path, direction = _parse_key(key)
+        look = "forward" if direction == "parameters_grad" else direction
+        parent = None
+        ancestor = path if direction == "parameters_grad" else path.rpartition(".")[0]
+        while ancestor and parent is None:
+            parent = first.get((ancestor, look))
+            ancestor = ancestor.rpartition(".")[0] if parent is None else ancestor
+        out[key] = parent
+    return out
+
+
+def write_msprobe_dump(
+    trace: Trace, path: str | Path, *, step: int = 0, rank: int = 0, overwrite: bool = False
+) -> Path:
+    """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically."""
+    import torch
+
+    root = Path(path)
+    target = root / f"step{step}" / f"rank{rank}"
+    if target.exists() and not overwrite:
+        raise TraceError(f"{target}: a dump already exists there; refusing to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    dump, construct, files = build_dump(trace, step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        if files:
+            (tmp / "dump_tensor_data").mkdir()
+            for name, rec in files.items():
+                tensor = trace.tensor(rec)
+                torch.save(tensor.detach().cpu().contiguous(), tmp / "dump_tensor_data" / name)
+        dump["dump_data_dir"] = str(target / "dump_tensor_data") if files else None
+        for name, content in (
+            ("dump.json", dump),
+            ("construct.json", construct),
+            ("stack.json", _stack(dump)),
+        ):
+            with open(tmp / name, "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=1)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _stack(dump: Mapping[str, Any]) -> dict[str, Any]:
+    return {"0": [list(dump["data"]), ["File pytest_precalign (recorded by hooks; no Python stack kept)"]]}

@@ -1,0 +1,119 @@
+"""Our traces written as msprobe dumps: read back by our reader, accepted by msprobe itself."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_precalign.errors import TraceError
+from pytest_precalign.msprobe import read_msprobe_dump, write_msprobe_dump
+from pytest_precalign.recorder import Recorder
+
+
+def _tiny_qwen2(perturb: bool):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    model = Qwen2ForCausalLM(config)
+    if perturb:
+        with torch.no_grad():
+            weight = model.model.layers[0].mlp.down_proj.weight
+            weight += 1e-2 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(3))
+    return model
+
+
+def _dump(tmp_path: Path, name: str, mode: str, perturb: bool) -> Path:
+    model = _tiny_qwen2(perturb)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    with Recorder(model, mode=mode) as rec:
+        model(input_ids=ids, labels=ids).loss.backward()
+    write_msprobe_dump(rec.trace(), tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats", "hash"])
+def test_written_dump_reads_back_as_the_same_records(tmp_path, mode):
+    model = _tiny_qwen2(False)
+    ids = torch.randint(0, 128, (1, 8))
+    with Recorder(model, mode=mode) as rec:
+        model(input_ids=ids, labels=ids).loss.backward()
+    trace = rec.trace()
+    write_msprobe_dump(trace, tmp_path / "d")
+    back = read_msprobe_dump(tmp_path / "d" / "step0" / "rank0")
+    assert back.manifest["task"] == ("tensor" if mode == "tensor" else "statistics")
+    ours = {(r.name, r.kind, r.call) for r in trace.records if r.kind not in ("logits", "loss", "param")}
+    theirs = {(r.name, r.kind, r.call) for r in back.records}
+    assert ours == theirs
+    q = next(r for r in back.records if r.name == "model.layers.0.self_attn.q_proj" and r.kind == "activation")
+    original = next(r for r in trace.records if r.name == q.name and r.kind == "activation")
+    if mode == "hash":
+        assert q.crc32 == original.crc32
+    else:
+        assert q.stats is not None and original.stats is not None
+        assert q.stats.max == pytest.approx(original.stats.max)
+    if mode == "tensor":
+        assert torch.equal(back.tensor(q), trace.tensor(original))
+    with pytest.raises(TraceError, match="a dump already exists there; refusing to overwrite it"):
+        write_msprobe_dump(trace, tmp_path / "d")
+
+
+@pytest.mark.skipif(shutil.which("msprobe") is None, reason="mindstudio-probe (the test extra) is not installed")
+@pytest.mark.parametrize("mode", ["tensor", "stats", "hash"])
+def test_msprobe_compare_accepts_our_dumps(tmp_path, mode):
+    base = _dump(tmp_path, "base", mode, perturb=False)
+    pert = _dump(tmp_path, "pert", mode, perturb=True)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [shutil.which("msprobe") or "msprobe", "compare", "-tp", str(pert / "step0"), "-gp", str(base / "step0"), "-o", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
+    assert "msprobe compare ends successfully" in log
+    errors = [line for line in log.splitlines() if "[ERROR]" in line and "CANN" not in line]
+    assert errors == []
+    csv = list(out.rglob("compare_result_*.csv"))
+    assert len(csv) == 1
+    text = csv[0].read_text()
+    assert "Module.model.layers.0.mlp.down_proj.Linear.forward.0.output.0" in text
+
+
+def test_plugin_saves_msprobe_dumps_with_record_format(pytester):
+    pytester.makepyfile(nets='''
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.head = torch.nn.Linear(8, 20)
+
+    def forward(self, input_ids):
+        return self.head(self.embed(input_ids))
+
+def build():
+    return Net()
+''')
+    pytester.makefile(".yaml", align='''
+version: 1
+models:
+  a: {source: factory, factory: "nets:build"}
+  b: {source: factory, factory: "nets:build"}
+inputs:
+  t: {kind: tokens, batch: 1, seq_len: 4, vocab_size: 20, labels: true}
+cases:
+  - {name: c, baseline: a, candidate: b, inputs: t, phases: [forward, backward],
+     record: {mode: tensor, format: msprobe}}
+''')
+    result = pytester.runpytest("--align-config", "align.yaml", "--align-save-traces", "dumps")
+    result.assert_outcomes(passed=2)
+    dump = pytester.path / "dumps" / "align" / "c" / "candidate"
+    trace = read_msprobe_dump(dump / "step0" / "rank0")
+    assert {r.name for r in trace.records if r.kind == "activation"} == {"embed", "head"}
+    assert (dump / "step0" / "rank0" / "dump_tensor_data").is_dir()
