@@ -290,3 +290,26 @@ cases:
         "*model 'a' cannot be called as model(**inputs) with inputs input_ids: *unexpected keyword argument 'input_ids'*"
     ])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_msprobe_dump_example_suite_gates_the_known_divergence(pytester, example_suite):
+    folder = example_suite("msprobe_dumps")
+    result = pytester.runpytest("--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out")
+    result.assert_outcomes(passed=6)
+    cases = {(c["name"], c["phase"]): c for c in _report(pytester)["cases"]}
+    for name, evidence in (("tensor_dumps", "tensor"), ("statistics_dumps", "stats"), ("md5_dumps", "hash")):
+        first = cases[name, "forward"]["first_divergence"]
+        assert (first["name"], first["origin"], first["evidence"]) == ("model.layers.0.mlp.down_proj", True, evidence)
+
+
+def test_bad_dump_in_a_case_is_a_usage_error(pytester):
+    (pytester.path / "empty").mkdir()
+    pytester.makefile(".yaml", align="""
+version: 1
+cases:
+  - {name: d, baseline: {dump: empty}, candidate: {dump: empty}}
+""")
+    result = pytester.runpytest("--align-config", "align.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --align-config: case 'd': *empty: neither a pytest-precalign trace*"])
+    assert "Traceback" not in result.stderr.str()

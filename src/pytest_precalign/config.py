@@ -134,6 +134,9 @@ class CaseSpec:
     train: bool
     where: str
     isolate: bool = False
+    # Cases that gate stored runs (msprobe dumps or our traces) instead of models.
+    baseline_dump: Path | None = None
+    candidate_dump: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -194,15 +197,16 @@ def load_config(text: str, path: Path) -> AlignConfig:
     base_dir = path.parent
 
     models: dict[str, ModelSpec] = {}
-    models_reader = root.get_mapping("models", required=True)
-    assert models_reader is not None
-    for name, value in models_reader.data.items():
-        models_reader.raw(name)
-        models[name] = _parse_model(
-            name, models_reader.child(name, value, models_reader.line_of(name)), defaults
-        )
-    if not models:
-        models_reader.fail("at least one model is required")
+    # Optional only when every case gates stored dumps (checked after the cases).
+    models_reader = root.get_mapping("models")
+    if models_reader is not None:
+        for name, value in models_reader.data.items():
+            models_reader.raw(name)
+            models[name] = _parse_model(
+                name, models_reader.child(name, value, models_reader.line_of(name)), defaults
+            )
+        if not models:
+            models_reader.fail("at least one model is required")
 
     inputs: dict[str, InputSpec] = {}
     inputs_reader = root.get_mapping("inputs")
@@ -262,6 +266,10 @@ def load_config(text: str, path: Path) -> AlignConfig:
         cases.append(case)
     if root.raw("cases") is None:
         root.fail("missing required key 'cases'")
+    if models_reader is None and not (cases and all(c.baseline_dump for c in cases)):
+        root.fail(
+            "missing required key 'models' (only a config whose cases all gate {dump: path} may omit it)"
+        )
     root.done()
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return AlignConfig(
@@ -343,9 +351,12 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
     return spec
 
 
-def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec) -> bool:
+def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) -> bool:
     isolate = reader.get_bool("isolate", False)
-    if isolate and candidate.options.get("tensor_parallel", 1) != 1:
+    if isolate and candidate is None:
+        reader.fail("isolation re-runs the candidate's modules: it needs a model, not a dump", "isolate")
+    assert candidate is not None or not isolate
+    if isolate and candidate is not None and candidate.options.get("tensor_parallel", 1) != 1:
         reader.fail(
             "isolation calls the candidate's modules in this process: not with tensor_parallel > 1", "isolate"
         )
@@ -430,14 +441,30 @@ def _parse_case(
     name = reader.get_str("name", required=True)
     if not name or any(c in name for c in "[]:/ "):
         reader.fail(f"case names may not be empty or contain '[', ']', ':', '/' or spaces: {name!r}", "name")
-    refs = {}
+    refs: dict[str, str] = {}
+    dumps: dict[str, Path] = {}
     for key in ("baseline", "candidate"):
+        value = reader.require(key)
+        if isinstance(value, dict):  # {dump: path}: a stored run instead of a model
+            sub = reader.child(key, value, reader.line_of(key))
+            sub.check_keys(("dump",))
+            given = sub.get_str("dump", required=True)
+            sub.done()
+            path = (base_dir / given).resolve()
+            if not path.exists():
+                sub.fail(f"no such dump or trace directory: {path}", "dump")
+            dumps[key], refs[key] = path, f"dump:{given}"
+            continue
         ref = reader.get_str(key, required=True)
         if ref not in models:
-            reader.fail(f"unknown model {ref!r} (known: {', '.join(models)})", key)
+            reader.fail(
+                f"unknown model {ref!r} (known: {', '.join(models) or 'none'}; or {{dump: path}})", key
+            )
         refs[key] = ref
-    input_name = reader.get_str("inputs", required=True)
-    if input_name not in inputs:
+    if len(dumps) == 1:
+        reader.fail("baseline and candidate must both be models or both be {dump: path}", next(iter(dumps)))
+    input_name = reader.get_str("inputs", required=not dumps) or ""
+    if not dumps and input_name not in inputs:
         known = ", ".join(inputs) or "none defined under 'inputs'"
         reader.fail(f"unknown inputs {input_name!r} (known: {known})", "inputs")
 
@@ -468,7 +495,7 @@ def _parse_case(
     mapping: MappingSpec | None = None
     mapping_ref = reader.get_str("mapping")
     if mapping_ref is not None:
-        variables = mapping_variables(models[refs["baseline"]], models[refs["candidate"]])
+        variables = {} if dumps else mapping_variables(models[refs["baseline"]], models[refs["candidate"]])
         if mapping_ref in mappings:
             path, inline = mappings[mapping_ref]
             if path is not None:
@@ -556,7 +583,7 @@ def _parse_case(
         exp.done()
 
     loss = reader.get_choice("loss", LOSSES, "causal_lm")
-    if "backward" in phases:
+    if "backward" in phases and not dumps:
         # What run_side would reject only when the case runs: report it with the config.
         if loss == "none":
             reader.fail("phase 'backward' needs a loss (allowed here: causal_lm, model, mean)", "loss")
@@ -584,7 +611,9 @@ def _parse_case(
         expect=expect,
         loss=loss,
         train=reader.get_bool("train", False),
-        isolate=_isolate(reader, record, models[refs["candidate"]]),
+        isolate=_isolate(reader, record, models.get(refs["candidate"])),
+        baseline_dump=dumps.get("baseline"),
+        candidate_dump=dumps.get("candidate"),
         where=reader.where(),
     )
     reader.done()

@@ -46,7 +46,14 @@ class CaseRun:
 
 
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
-    """Cheap checks that a case can run: its models build (on meta) and its inputs resolve."""
+    """Cheap checks that a case can run: its models build (on meta) and its inputs resolve;
+    or its dumps load (their indexes; tensors are read when compared)."""
+    if case.baseline_dump is not None and case.candidate_dump is not None:
+        from .offline import load_side
+
+        load_side(case.baseline_dump)
+        load_side(case.candidate_dump)
+        return
     for model_name in (case.baseline, case.candidate):
         preflight(config.models[model_name], config.base_dir)
     build_inputs(config.inputs[case.inputs], config.base_dir)
@@ -54,6 +61,8 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
 
 def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     started = time.perf_counter()
+    if case.baseline_dump is not None and case.candidate_dump is not None:
+        return _gate_dumps(config, case, started)
     where = f"{config.path}: case {case.name!r}: "
     base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
     inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
@@ -116,6 +125,18 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         started,
         env,
         isolated[0] if isolated else None,
+    )
+
+
+def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
+    """A case over two stored runs (msprobe dumps or traces) made elsewhere: no models."""
+    from .offline import load_side
+
+    assert case.baseline_dump is not None and case.candidate_dump is not None
+    base, cand = load_side(case.baseline_dump), load_side(case.candidate_dump)
+    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
+    return finish(
+        case.name, case.phases, base, cand, case.mapping, table, case, None, started, dict(base.manifest)
     )
 
 
