@@ -198,3 +198,27 @@ def test_report_json_is_strict_json(tmp_path):
     assert "Infinity" not in text and "NaN" not in text
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
     assert data["cases"][0] == {"value": "inf", "nested": ["nan", "-inf", 1.5]}
+
+
+def test_overflow_levels_of_the_candidate():
+    from pytest_precalign.overflow import overflow_levels
+
+    def rec(seq, name, kind, values, deps=()):
+        t = torch.tensor(values)
+        return Record(seq, name, "M", "forward", 0, 0, kind, "out" if kind == "activation" else "in.0",
+                      "float32", tuple(t.shape), stats=tensor_stats(t), deps=deps)
+
+    records = [
+        rec(0, "a", "input", [1.0, 2.0]),
+        rec(1, "a", "activation", [float("inf"), 1.0], ("a|input|in.0|0|0",)),
+        rec(2, "b", "input", [float("inf"), 1.0]),
+        rec(3, "b", "activation", [float("nan"), 1.0], ("b|input|in.0|0|0",)),
+        rec(4, "c", "input", [float("nan"), 1.0]),
+        rec(5, "c", "activation", [0.0, 1.0], ("c|input|in.0|0|0",)),
+        rec(6, "d", "input", [1e-3, 1e-3]),
+        rec(7, "d", "activation", [1e3, 1e3], ("d|input|in.0|0|0",)),
+        rec(8, "e", "input", [1.0, 1.0]),
+        rec(9, "e", "activation", [2.0, 2.0], ("e|input|in.0|0|0",)),
+    ]
+    levels = {o.record.name: o.level for o in overflow_levels(records, {r.id: r for r in records})}
+    assert levels == {"a": "critical", "b": "high", "c": "medium", "d": "high"}

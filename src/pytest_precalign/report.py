@@ -144,6 +144,15 @@ def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
     return ["Unmatched records: " + "; ".join(parts)]
 
 
+def overflow_lines(verdict: PhaseVerdict) -> list[str]:
+    if not verdict.overflow:
+        return []
+    shown = verdict.overflow[:UNMATCHED_NAMES]
+    lines = [f"Overflow in the candidate ({len(verdict.overflow)} module outputs):"]
+    lines += [f"  {o.level:8s} {o.record.name} ({o.why})" for o in shown]
+    return lines
+
+
 def nonfinite_lines(verdict: PhaseVerdict) -> list[str]:
     return [
         f"NaN/Inf first appears in the {nf.side} at {nf.record.name} ({nf.record.kind} {nf.record.slot}, "
@@ -186,6 +195,7 @@ def failure_message(report: PhaseReport) -> str:
         lines.extend(divergence_lines(v.first))
     lines.extend(isolation_lines(v))
     lines.extend(nonfinite_lines(v))
+    lines.extend(overflow_lines(v))
     if v.failures:
         lines.append("Failing records (execution order):")
         lines.extend(table_lines(v.failures))
@@ -248,6 +258,9 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             else None
         ),
         "worst": worst,
+        "overflow": [
+            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
+        ],
         "nonfinite": [
             {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}
             for nf in v.nonfinite

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from .compare import Check, Comparison, PairResult
 from .config import Expectation
+from .overflow import Overflow, overflow_levels
 from .trace import Record
 
 OUTPUT_KINDS = {
@@ -91,6 +92,7 @@ class PhaseVerdict:
     isolated_origin: PairResult | None = None
     isolated_count: int = 0
     reasons: Mapping[str, str] = field(default_factory=dict)  # why unmatched records are one-sided
+    overflow: tuple[Overflow, ...] = ()  # the candidate's NaN/Inf and norm blow-ups, by level
 
     @property
     def failed_count(self) -> int:
@@ -239,6 +241,8 @@ def phase_verdict(
                 # On identical inputs the module either still diverges (its own error) or not.
                 first = replace(first, isolated=mine, origin=not mine.passed)
     nonfinite = _first_nonfinite(pairs)
+    candidates = tuple(p.candidate for p in pairs if p.candidate is not None)
+    overflow = overflow_levels(candidates, {r.id: r for r in candidates}) if phase == "forward" else ()
     paired = [p for p in pairs if p.paired]
     worst = max(paired, key=lambda p: p.severity, default=None)
     aligned = not failures
@@ -267,6 +271,7 @@ def phase_verdict(
         isolated_origin=isolated_origin,
         isolated_count=isolated_count,
         reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
+        overflow=overflow,
     )
 
 
