@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=INT",
         help="a $variable of the mapping (repeatable)",
     )
+    compare.add_argument(
+        "--fuzzy-match", action="store_true", help="pair API calls by their order inside each module"
+    )
     compare.add_argument("--report", metavar="DIR", help="write report.json into DIR")
     return parser
 
@@ -82,6 +85,7 @@ def _compare(args: argparse.Namespace) -> int:
         mapping=args.mapping,
         variables=_variables(args.var),
         layer_mapping=args.layer_mapping,
+        fuzzy_match=args.fuzzy_match,
     )
     entries = []
     failed = False

@@ -71,11 +71,16 @@ def compare_runs(
     mapping: str | None = None,
     variables: Mapping[str, Any] | None = None,
     layer_mapping: str | None = None,
+    fuzzy_match: bool = False,
 ) -> CaseRun:
     import time
 
     started = time.perf_counter()
     base, cand = load_side(golden), load_side(target)
+    if fuzzy_match:
+        from .fuzzy import fuzzy_api_calls
+
+        base, cand = fuzzy_api_calls(base), fuzzy_api_calls(cand)
     table = load_tolerances(tolerances)
     spec = load_mapping(mapping, variables or {})
     if layer_mapping is not None:
