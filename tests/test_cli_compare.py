@@ -91,3 +91,36 @@ def test_compare_with_a_layer_mapping(tmp_path, capsys):
     assert [u["name"] for u in forward["unmatched"]["candidate"]] == ["module"]
     assert main(["compare", str(a), str(b), "--layer-mapping", "preset:nope"]) == 2
     assert "--layer-mapping: preset:nope: not found" in capsys.readouterr().err
+
+
+def _dump_set(root, source, ranks, steps=(0,)):
+    import shutil
+    from pathlib import Path
+
+    micro = Path(__file__).parent / "data" / "msprobe" / "micro" / source
+    rank_dir = next((micro / "step0").iterdir())
+    for step in steps:
+        for rank in ranks:
+            shutil.copytree(rank_dir, root / f"step{step}" / f"rank{rank}")
+    return root
+
+
+def test_compare_pairs_every_step_and_rank(tmp_path, capsys):
+    gold = _dump_set(tmp_path / "g", "base_micro_statistics_L0_statistics", ranks=(0, 1), steps=(0, 1))
+    targ = _dump_set(tmp_path / "t", "pert_micro_statistics_L0_statistics", ranks=(0, 1), steps=(0, 1))
+    tol = tmp_path / "tol.yaml"
+    tol.write_text('- {match: "*", atol: 1.0e-6, rtol: 1.0e-5}\n')
+    assert main(["compare", str(gold), str(targ), "--tolerances", str(tol), "--report", str(tmp_path / "out")]) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    forward = [c for c in report["cases"] if c["phase"] == "forward"]
+    assert sorted((c["step"], c["rank"]) for c in forward) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {c["first_divergence"]["name"] for c in forward} == {"model.layers.0.mlp.down_proj"}
+    assert "@step1_rank1[forward]" in capsys.readouterr().out
+
+
+def test_compare_refuses_sides_with_different_ranks(tmp_path, capsys):
+    gold = _dump_set(tmp_path / "g", "base_micro_statistics_L0_statistics", ranks=(0, 1))
+    targ = _dump_set(tmp_path / "t", "pert_micro_statistics_L0_statistics", ranks=(0, 1, 2))
+    assert main(["compare", str(gold), str(targ)]) == 2
+    err = capsys.readouterr().err
+    assert "the sides hold different steps/ranks" in err and "step0/rank2" in err

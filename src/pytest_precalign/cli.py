@@ -75,10 +75,10 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .offline import compare_runs
+    from .offline import compare_run_sets
     from .report import PhaseReport, failure_message, phase_dict, summary_line, write_json_report
 
-    run = compare_runs(
+    runs = compare_run_sets(
         args.golden,
         args.target,
         tolerances=args.tolerances,
@@ -89,23 +89,24 @@ def _compare(args: argparse.Namespace) -> int:
     )
     entries = []
     failed = False
-    for phase in run.phases:
-        report = PhaseReport(
-            config=str(args.golden),
-            case=run.name,
-            phase=phase,
-            verdict=run.verdicts[phase],
-            baseline=str(args.golden),
-            candidate=str(args.target),
-            table=run.table,
-            reproduce=f"precalign compare {args.golden} {args.target}",
-            seconds=run.seconds,
-        )
-        print(summary_line(report))
-        if not report.verdict.passed:
-            failed = True
-            print("  " + failure_message(report).replace("\n", "\n  "))
-        entries.append(phase_dict(report))
+    for (step, rank), run in runs:
+        for phase in run.phases:
+            report = PhaseReport(
+                config=str(args.golden),
+                case=run.name if len(runs) == 1 else f"{run.name}@step{step}_rank{rank}",
+                phase=phase,
+                verdict=run.verdicts[phase],
+                baseline=str(args.golden),
+                candidate=str(args.target),
+                table=run.table,
+                reproduce=f"precalign compare {args.golden} {args.target}",
+                seconds=run.seconds,
+            )
+            print(summary_line(report))
+            if not report.verdict.passed:
+                failed = True
+                print("  " + failure_message(report).replace("\n", "\n  "))
+            entries.append({**phase_dict(report), "step": step, "rank": rank})
     if args.report:
         write_json_report(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
     return 1 if failed else 0

@@ -37,6 +37,20 @@ def load_side(path: str | Path) -> Trace:
     )
 
 
+def load_sides(path: str | Path) -> dict[tuple[int, int], Trace]:
+    """Every (step, rank) of a stored run: one for our traces, several for an msprobe dump
+    root or step folder."""
+    root = Path(path)
+    if (root / "manifest.json").is_file() or not root.exists():
+        return {(0, 0): load_side(root)}
+    from .msprobe import read_msprobe_set
+
+    try:
+        return read_msprobe_set(root)
+    except TraceError:
+        return {(0, 0): load_side(root)}  # its message says what the folder is not
+
+
 def load_tolerances(value: str | None) -> ToleranceTable:
     if value is None:
         return default_table()
@@ -61,6 +75,30 @@ def load_mapping(value: str | None, variables: Mapping[str, Any]) -> MappingSpec
     if not file.is_file():
         raise ConfigError(f"--mapping: {value}: file not found (expected a mapping YAML or preset:NAME)")
     return read_mapping_file(file, value, variables)
+
+
+def compare_run_sets(
+    golden: str | Path,
+    target: str | Path,
+    **options: Any,
+) -> list[tuple[tuple[int, int], CaseRun]]:
+    """Pair every (step, rank) of both sides; a clear error when they hold different ones."""
+    gold, targ = load_sides(golden), load_sides(target)
+    if len(gold) == 1 and len(targ) == 1:
+        return [(next(iter(gold)), compare_runs(golden, target, **options))]
+    if set(gold) != set(targ):
+
+        def show(keys: set[tuple[int, int]]) -> str:
+            return ", ".join(f"step{s}/rank{r}" for s, r in sorted(keys)) or "none"
+
+        raise TraceError(
+            f"the sides hold different steps/ranks: golden {golden} has {show(set(gold))}; "
+            f"target {target} has {show(set(targ))}"
+        )
+    out = []
+    for key in sorted(gold):
+        out.append((key, compare_runs(gold[key].manifest["path"], targ[key].manifest["path"], **options)))
+    return out
 
 
 def compare_runs(
