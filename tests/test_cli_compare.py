@@ -124,3 +124,23 @@ def test_compare_refuses_sides_with_different_ranks(tmp_path, capsys):
     assert main(["compare", str(gold), str(targ)]) == 2
     err = capsys.readouterr().err
     assert "the sides hold different steps/ranks" in err and "step0/rank2" in err
+
+
+def test_custom_metric_plugin(tmp_path, capsys):
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b", bump=0.01)
+    plugin = tmp_path / "my_metrics.py"
+    plugin.write_text("def peak(golden, target):\n    return float((golden - target).abs().max())\n")
+    argv = ["compare", str(a), str(b), "--metric", f"{plugin}:peak", "--report", str(tmp_path / "out")]
+    assert main(argv) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    forward = next(c for c in report["cases"] if c["phase"] == "forward")
+    values = {(m["name"], m["kind"]): m["values"]["peak"] for m in forward["custom_metrics"]}
+    assert values[("2", "activation")] == pytest.approx(0.01, rel=1e-4)
+    assert values[("0", "activation")] == 0.0
+    for bad, fragment in (
+        ("nofile.py:peak", "--metric: nofile.py: file not found"),
+        (f"{plugin}", "expected file.py:function"),
+        (f"{plugin}:nope", "has no function 'nope'"),
+    ):
+        assert main(["compare", str(a), str(b), "--metric", bad]) == 2
+        assert fragment in capsys.readouterr().err

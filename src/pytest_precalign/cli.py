@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import ConfigError, PrecalignError
@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--fuzzy-match", action="store_true", help="pair API calls by their order inside each module"
     )
+    compare.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="FILE.py:FUNCTION",
+        help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
+    )
     compare.add_argument("--report", metavar="DIR", help="write report.json into DIR")
     return parser
 
@@ -62,6 +69,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _progress_bar() -> Callable[[int, int], None] | None:
+    """A one-line progress bar on stderr for long compares, only on a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    shown = [-1]
+
+    def update(done: int, total: int) -> None:
+        percent = 100 * (done + 1) // max(total, 1)
+        if percent != shown[0] and total > 200:
+            shown[0] = percent
+            end = "\n" if done + 1 >= total else ""
+            print(
+                f"\rcomparing: {percent:3d}% ({done + 1}/{total} records)",
+                end=end,
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return update
 
 
 def _variables(pairs: list[str]) -> dict[str, int]:
@@ -86,6 +114,8 @@ def _compare(args: argparse.Namespace) -> int:
         variables=_variables(args.var),
         layer_mapping=args.layer_mapping,
         fuzzy_match=args.fuzzy_match,
+        metrics=args.metric,
+        progress=_progress_bar(),
     )
     entries = []
     failed = False
@@ -106,7 +136,21 @@ def _compare(args: argparse.Namespace) -> int:
             if not report.verdict.passed:
                 failed = True
                 print("  " + failure_message(report).replace("\n", "\n  "))
-            entries.append({**phase_dict(report), "step": step, "rank": rank})
+            custom = [
+                {
+                    "name": r.name,
+                    "kind": r.kind,
+                    "slot": r.slot,
+                    "step": r.step,
+                    "values": run.custom_metrics[r.id],
+                }
+                for r in run.baseline.records
+                if r.phase == phase and r.id in run.custom_metrics
+            ]
+            entry = {**phase_dict(report), "step": step, "rank": rank}
+            if custom:
+                entry["custom_metrics"] = custom
+            entries.append(entry)
     if args.report:
         write_json_report(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
     return 1 if failed else 0

@@ -9,7 +9,7 @@ records are findings, never exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import metrics
@@ -86,15 +86,23 @@ def lookup_dtype(a: str, b: str) -> str:
 
 
 def compare_traces(
-    baseline: Trace, candidate: Trace, table: ToleranceTable, reasons: Mapping[str, str] | None = None
+    baseline: Trace,
+    candidate: Trace,
+    table: ToleranceTable,
+    reasons: Mapping[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Comparison:
-    """``reasons``: why a record is known to have no counterpart (from the mapping)."""
+    """``reasons``: why a record is known to have no counterpart (from the mapping);
+    ``progress(done, total)`` is called as records are compared (a CLI progress bar)."""
     reasons = reasons or {}
+    total = len(baseline.records)
     cand_by_id = candidate.by_id()
     used: set[str] = set()
     cache: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
     out: list[PairResult] = []
-    for rec in baseline.records:
+    for done, rec in enumerate(baseline.records):
+        if progress is not None:
+            progress(done, total)
         other = cand_by_id.get(rec.id)
         if other is None:
             out.append(PairResult(rec, None, "only_baseline", "none", note=reasons.get(rec.id, "")))

@@ -3,7 +3,7 @@ and give verdicts for every phase the baseline recorded. No models are built."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,8 @@ def compare_runs(
     variables: Mapping[str, Any] | None = None,
     layer_mapping: str | None = None,
     fuzzy_match: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    metrics: Sequence[str] = (),
 ) -> CaseRun:
     import time
 
@@ -135,5 +137,56 @@ def compare_runs(
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases:
         raise TraceError(f"{golden}: the golden side has no records")
+    custom = [load_metric(m) for m in metrics]
     name = f"{Path(golden).name}_vs_{Path(target).name}"
-    return finish(name, phases, base, cand, spec, table, None, None, started, dict(base.manifest))
+    run = finish(
+        name, phases, base, cand, spec, table, None, None, started, dict(base.manifest), None, progress
+    )
+    if custom:
+        run = replace(run, custom_metrics=custom_metric_values(run, custom))
+    return run
+
+
+def load_metric(spec: str) -> tuple[str, Callable[[Any, Any], float]]:
+    """``file.py:function`` (msit's custom algorithm plug-in): f(golden, target) -> float."""
+    import importlib.util
+
+    file, sep, func = spec.rpartition(":")
+    path = Path(file)
+    if not sep or not file.endswith(".py") or not func.isidentifier():
+        raise ConfigError(f"--metric: expected file.py:function, got {spec!r}")
+    if not path.is_file():
+        raise ConfigError(f"--metric: {file}: file not found")
+    module_spec = importlib.util.spec_from_file_location(f"precalign_metric_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"--metric: {file}: cannot be loaded as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(f"--metric: {file}: importing it raised {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise ConfigError(f"--metric: {file} has no function {func!r}")
+    return func, fn
+
+
+def custom_metric_values(
+    run: CaseRun, metrics: Sequence[tuple[str, Callable[[Any, Any], float]]]
+) -> dict[str, dict[str, float]]:
+    """Per compared tensor pair (by record id): each custom metric's value."""
+    out: dict[str, dict[str, float]] = {}
+    for pair in run.comparison.pairs:
+        if pair.evidence != "tensor" or pair.candidate is None:
+            continue
+        golden, target = run.baseline.tensor(pair.record), run.candidate.tensor(pair.candidate)
+        values = {}
+        for name, fn in metrics:
+            try:
+                values[name] = float(fn(golden, target))
+            except Exception as exc:
+                raise ConfigError(
+                    f"--metric {name}: raised {type(exc).__name__} on {pair.record.id}: {exc}"
+                ) from None
+        out[pair.record.id] = values
+    return out

@@ -43,6 +43,7 @@ class CaseRun:
     seconds: float
     table: str
     environment: Mapping[str, Any] = field(default_factory=dict)
+    custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
 
 
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
@@ -187,9 +188,10 @@ def finish(
     started: float,
     env: Mapping[str, Any],
     isolated: Comparison | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CaseRun:
     mapped = map_trace(cand_trace, base_trace, mapping)
-    comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons)
+    comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons, progress)
     expect = case.expect if case is not None else None
     verdicts = {}
     for phase in phases:
