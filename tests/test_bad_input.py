@@ -184,7 +184,7 @@ CONFIG_ERRORS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "case-unknown-model",
         _variant("candidate: cand", "candidate: cnad"),
-        ("{cfg}:10: cases[0].candidate: unknown model 'cnad' (known: base, cand)",),
+        ("{cfg}:10: cases[0].candidate: unknown model 'cnad' (known: base, cand; or {dump: path})",),
     ),
     (
         "case-unknown-inputs",
