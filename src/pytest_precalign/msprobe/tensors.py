@@ -34,7 +34,8 @@ class PtTensors(Mapping[str, Any]):
         if not file.is_file():
             raise TraceError(f"{file}: missing (dump.json names it as data_name)")
         try:
-            tensor = torch.load(file, map_location="cpu", weights_only=True)
+            # mmap: the bytes are paged in as the compare reads them, not copied up front.
+            tensor = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
             raise TraceError(
                 f"{file}: not a readable torch tensor file (truncated or corrupt?): {exc}"
