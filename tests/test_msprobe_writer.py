@@ -117,3 +117,19 @@ cases:
     trace = read_msprobe_dump(dump / "step0" / "rank0")
     assert {r.name for r in trace.records if r.kind == "activation"} == {"embed", "head"}
     assert (dump / "step0" / "rank0" / "dump_tensor_data").is_dir()
+
+
+def test_written_dump_keeps_execution_order(tmp_path):
+    """A parent's output is written after its children's, as msprobe's hooks do, so the first
+    divergence read back from our dumps is the innermost module."""
+    base = read_msprobe_dump(_dump(tmp_path, "b", "stats", perturb=False) / "step0" / "rank0")
+    acts = [r.name for r in base.records if r.kind == "activation"]
+    assert acts.index("model.layers.0.mlp.down_proj") < acts.index("model.layers.0.mlp") < acts.index("model")
+    pert = read_msprobe_dump(_dump(tmp_path, "p", "stats", perturb=True) / "step0" / "rank0")
+    from pytest_precalign.compare import compare_traces
+    from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
+    from pytest_precalign.verdict import phase_verdict
+
+    table = ToleranceTable("t", (ToleranceRule(atol=1e-6, rtol=1e-5),))
+    verdict = phase_verdict(compare_traces(base, pert, table), "forward", None, False, parents=base.manifest["parents"])
+    assert verdict.first is not None and (verdict.first.name, verdict.first.origin) == ("model.layers.0.mlp.down_proj", True)

@@ -59,6 +59,7 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
     data: dict[str, dict[str, Any]] = {}
     files: dict[str, Record] = {}
     data_name: str | None = None
+    done_at: dict[str, int] = {}
     for rec in trace.records:
         if rec.step != step or rec.kind in _SKIP:
             continue
@@ -96,6 +97,10 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
                 record[field].append(entry)
         if tensor_mode and data_name is not None:
             files[data_name] = rec
+        done_at[key] = rec.seq
+    # msprobe writes a record when its hook completes (a module's outputs after its children's):
+    # order the keys by their last record, so execution order survives the round trip.
+    data = {key: data[key] for key in sorted(data, key=lambda k: done_at[k])}
     construct = _construct(data)
     return (
         {
