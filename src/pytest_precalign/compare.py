@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import torch
+
 from . import metrics
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
 from .trace import Record, Trace
@@ -155,9 +157,9 @@ def _compare_pair(
     return PairResult(a, b, "ok", "none", (), tol, None, "no common evidence (tensor, stats or hash)")
 
 
-def _tensor_pair(a: Record, b: Record, xa: object, xb: object, tol: Tolerance) -> PairResult:
-    dtype = metrics.compute_dtype(xa, xb)  # type: ignore[arg-type]
-    fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)  # type: ignore[arg-type]
+def _tensor_pair(a: Record, b: Record, xa: torch.Tensor, xb: torch.Tensor, tol: Tolerance) -> PairResult:
+    dtype = metrics.compute_dtype(xa, xb)
+    fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)
     checks: list[Check] = []
     close = None
     if tol.atol != float("inf"):

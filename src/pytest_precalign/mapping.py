@@ -17,15 +17,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .layer_mapping import LayerMapping
 from .tolerances import KINDS
 from .transforms import OP_ARITY, OP_PARAMS, TransformOp, check_qkv
 from .yamlio import Reader, describe, read_yaml_file
-
-if TYPE_CHECKING:
-    pass
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
