@@ -216,9 +216,11 @@ def test_overflow_levels_of_the_candidate():
         rec(4, "c", "input", [float("nan"), 1.0]),
         rec(5, "c", "activation", [0.0, 1.0], ("c|input|in.0|0|0",)),
         rec(6, "d", "input", [1e-3, 1e-3]),
-        rec(7, "d", "activation", [1e3, 1e3], ("d|input|in.0|0|0",)),
+        rec(7, "d", "activation", [1e5, 1e5], ("d|input|in.0|0|0",)),
         rec(8, "e", "input", [1.0, 1.0]),
         rec(9, "e", "activation", [2.0, 2.0], ("e|input|in.0|0|0",)),
+        rec(10, "f", "input", [1e-6, 1e-6]),  # rsqrt of a small variance: large ratio, modest values
+        rec(11, "f", "activation", [1e3, 1e3], ("f|input|in.0|0|0",)),
     ]
     levels = {o.record.name: o.level for o in overflow_levels(records, {r.id: r for r in records})}
     assert levels == {"a": "critical", "b": "high", "c": "medium", "d": "high"}

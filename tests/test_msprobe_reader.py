@@ -328,10 +328,12 @@ def test_first_differing_crc_is_the_first_divergence():
     assert forward.first is not None and forward.first.name == DOWN_PROJ
 
 
-def test_mix_level_names_the_api_inside_down_proj():
+def test_mix_level_names_down_proj_and_the_api_inside_it():
     _, forward, _ = _verdicts("statistics_mix_statistics")
     first = forward.first
-    assert first is not None and (first.name, first.call, first.evidence) == ("Functional.linear", 6, "stats")
+    # The layer is named (its inputs matched: origin); the op inside it is the detail.
+    assert first is not None and (first.name, first.origin, first.evidence) == (DOWN_PROJ, True, "stats")
+    assert first.first_op == "Functional.linear#6"
     # F.linear takes the weight as an input, so its inputs differ; its module is down_proj.
     trace = read_msprobe_dump(MICRO / "base_micro_statistics_mix_statistics")
     assert trace.manifest["parents"]["Functional.linear#6"] == f"{DOWN_PROJ}#0"

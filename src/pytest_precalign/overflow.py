@@ -3,7 +3,7 @@ norm blows up, and whether the module made it or received it.
 
 * ``critical``: the inputs were finite, the output is not (the module made the overflow);
 * ``high``: inputs and output both non-finite, or a finite output whose norm is more than
-  ``BLOWUP`` times its largest input norm;
+  ``BLOWUP`` times its largest input norm and whose values exceed ``LARGE``;
 * ``medium``: an input was non-finite, the output is finite again (e.g. masked away).
 """
 
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from .trace import Record
 
-BLOWUP = 1e4
+BLOWUP = 1e4  # output norm / largest input norm
+LARGE = 1e4  # and an output magnitude this large: rsqrt of a small variance is not an overflow
 LEVELS = ("critical", "high", "medium")
 
 
@@ -45,7 +46,8 @@ def overflow_levels(records: Iterable[Record], by_id: Mapping[str, Record]) -> t
             out.append(Overflow(rec, "medium", "a non-finite input, finite output"))
         else:
             norms = [i.stats.norm for i in inputs if i.stats is not None and i.stats.norm == i.stats.norm]
-            if norms and rec.stats.norm > BLOWUP * max(max(norms), 1e-30):
+            peak = max(abs(rec.stats.max), abs(rec.stats.min))
+            if norms and peak > LARGE and rec.stats.norm > BLOWUP * max(max(norms), 1e-30):
                 out.append(
                     Overflow(rec, "high", f"output norm {rec.stats.norm:.3g} > {BLOWUP:g} x input norm")
                 )

@@ -103,6 +103,8 @@ def divergence_lines(first: Divergence) -> list[str]:
     ]
     if pair.evidence == "stats":
         lines.append("  evidence is statistical (max/min/mean/norm), not element-wise")
+    if first.first_op is not None:
+        lines.append(f"  the first diverging API call is {first.first_op}")
     if pair.note and pair.note not in lines[1]:
         lines.append(f"  note: {pair.note}")
     lines.extend("  " + line for line in closeness_lines(pair))

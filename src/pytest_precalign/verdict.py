@@ -41,6 +41,7 @@ class Divergence:
     evidence: str
     pair: PairResult
     isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
+    first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
 
     @property
     def rule(self) -> str:
@@ -65,6 +66,7 @@ class Divergence:
             "evidence": self.evidence,
             "rule": self.rule,
             "isolated_passed": self.isolated.passed if self.isolated is not None else None,
+            "first_op": self.first_op,
         }
 
 
@@ -136,7 +138,11 @@ def find_first(
     )
     if not ordered:
         return None
-    pair = ordered[0]
+    # Layers first: in a mix-level dump (modules and APIs), an op inside a module fails before
+    # the module returns; name the module, and keep the op as detail below it.
+    modules = [p for p in ordered if p.record.module_class != "api"]
+    pair = modules[0] if modules else ordered[0]
+    first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     rec = pair.record
     origin, origin_module = _origin(rec, all_pairs, parents or {})
     check = _check_of(pair)
@@ -154,6 +160,7 @@ def find_first(
         origin_module=origin_module,
         evidence=pair.evidence,
         pair=pair,
+        first_op=f"{first_op.name}#{first_op.call}" if first_op is not None else None,
     )
 
 
