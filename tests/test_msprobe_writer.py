@@ -61,6 +61,9 @@ def test_written_dump_reads_back_as_the_same_records(tmp_path, mode):
         assert torch.equal(back.tensor(q), trace.tensor(original))
     with pytest.raises(TraceError, match="a dump already exists there; refusing to overwrite it"):
         write_msprobe_dump(trace, tmp_path / "d")
+    write_msprobe_dump(trace, tmp_path / "d", overwrite=True)  # replaced whole, nothing left over
+    assert sorted(p.name for p in (tmp_path / "d" / "step0").iterdir()) == ["rank0"]
+    assert read_msprobe_dump(tmp_path / "d" / "step0" / "rank0").records == back.records
 
 
 @pytest.mark.skipif(shutil.which("msprobe") is None, reason="mindstudio-probe (the test extra) is not installed")

@@ -67,19 +67,26 @@ def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> P
             tmp / "index.json",
             {"records": [r.as_dict() for r in trace.records], "shards": shards},
         )
-        _fsync_dir(tmp)
-        if target.exists():
-            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-            os.replace(target, aside / "trace")
-            os.replace(tmp, target)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Put a fully written temporary directory in place of ``target``: the old one (if any)
+    is moved aside first and removed only once the new one is in place, so a crash leaves
+    either the old or the new directory, never a partial one."""
+    _fsync_dir(tmp)
+    if target.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, aside / "old")
+        os.replace(tmp, target)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    _fsync_dir(target.parent)
 
 
 def write_side(trace: Trace, path: Path, fmt: str) -> Path:

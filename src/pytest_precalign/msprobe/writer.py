@@ -10,7 +10,6 @@ w.r.t. the outputs) and ``output`` (grads w.r.t. the inputs), and
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -145,6 +144,8 @@ def write_msprobe_dump(
     """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically."""
     import torch
 
+    from ..trace_io import publish_dir
+
     root = Path(path)
     target = root / f"step{step}" / f"rank{rank}"
     if target.exists() and not overwrite:
@@ -166,9 +167,7 @@ def write_msprobe_dump(
         ):
             with open(tmp / name, "w", encoding="utf-8") as f:
                 json.dump(content, f, indent=1)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
