@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 import transformers
+from _shared import SIZES, Size, build_qwen2, run_facts
 
 from pytest_precalign.msprobe.writer import build_dump, write_msprobe_dump
 from pytest_precalign.offline import compare_runs
@@ -87,23 +88,6 @@ VARIANTS: tuple[str, ...] = ("msprobe", "precalign_cli", "precalign_inproc")
 FIT_SEQS: tuple[int, int] = (16, 48)  # short recordings for the bytes-vs-seq fit
 SEQ_MULTIPLE = 8
 PERTURB_SCALE = 1e-3
-
-
-@dataclass(frozen=True)
-class Size:
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    batch: int
-
-
-SIZES: dict[str, Size] = {
-    "mid": Size(vocab=32000, hidden=512, intermediate=1408, layers=8, heads=8, kv_heads=2, batch=2),
-    "tiny": Size(vocab=1000, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, batch=2),
-}
 
 
 @dataclass
@@ -119,24 +103,6 @@ class Finding:
 
 
 # -- the dumps -------------------------------------------------------------------------------
-
-
-def build_model(size: Size) -> torch.nn.Module:
-    config = transformers.Qwen2Config(
-        vocab_size=size.vocab,
-        hidden_size=size.hidden,
-        intermediate_size=size.intermediate,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model: torch.nn.Module = transformers.Qwen2ForCausalLM._from_config(  # type: ignore[no-untyped-call]
-        config, attn_implementation="sdpa", dtype=torch.float32
-    )
-    model.train()  # dropout is 0 in Qwen2Config, so train() changes no numerics
-    return model
 
 
 def record(model: torch.nn.Module, size: Size, seq: int) -> Trace:
@@ -235,7 +201,7 @@ def build_dumps(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         elif stale.exists():
             stale.unlink()
     start = time.perf_counter()
-    model = build_model(size)
+    model = build_qwen2(size, "sdpa")
     seq = choose_seq(model, size, args.target_gb * 1e9)
     print(
         f"building the dumps: {args.size} Qwen2, batch {size.batch}, seq {seq} (fitted to {args.target_gb} GB)"
@@ -586,12 +552,7 @@ def run(args: argparse.Namespace, workdir: Path, msprobe_exe: str, precalign_exe
         "batch": meta["batch"],
         "size": args.size,
         "rounds": args.rounds,
-        "torch_threads": torch.get_num_threads(),
-        "loadavg_start": round(load_start, 2),
-        "loadavg_end": round(load_end, 2),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
+        **run_facts(load_start, load_end),
     }
     print(json.dumps(payload))
     return 0

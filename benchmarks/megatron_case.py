@@ -72,7 +72,6 @@ import gc
 import io
 import json
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -90,6 +89,7 @@ from unittest import mock
 
 import torch
 import transformers
+from _shared import SIZES, Size, run_facts, summarize
 
 from pytest_precalign import runner
 from pytest_precalign.compare import compare_traces
@@ -125,45 +125,6 @@ STAGES: tuple[str, ...] = (
     "verdicts",
     "other",
 )
-
-
-@dataclass(frozen=True)
-class Size:
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    max_positions: int
-    batch: int
-    seq: int
-
-
-SIZES: dict[str, Size] = {
-    "mid": Size(
-        vocab=32000,
-        hidden=512,
-        intermediate=1408,
-        layers=8,
-        heads=8,
-        kv_heads=2,
-        max_positions=512,
-        batch=2,
-        seq=256,
-    ),
-    "tiny": Size(
-        vocab=1000,
-        hidden=64,
-        intermediate=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        max_positions=128,
-        batch=2,
-        seq=32,
-    ),
-}
 
 
 @dataclass
@@ -385,10 +346,6 @@ def profile_case(config: AlignConfig, case: CaseSpec, top: int) -> str:
     return out.getvalue()
 
 
-def summarize(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.median(values), min(values)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--size", choices=sorted(SIZES), default="mid")
@@ -519,15 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tensor_mib": round(tensor_mb, 1),
         "passed_tensor": last_tensor.passed,
         "passed_stats": last_stats.passed,
-        "torch_threads": torch.get_num_threads(),
-        "loadavg_start": round(load_start, 2),
-        "loadavg_end": round(load_end, 2),
         "size": args.size,
         "rounds": args.rounds,
         "warmup": args.warmup,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
+        **run_facts(load_start, load_end),
     }
     print(json.dumps(payload))
     return 0

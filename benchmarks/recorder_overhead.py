@@ -48,7 +48,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -58,29 +57,12 @@ from typing import Any
 
 import torch
 import transformers
+from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
 from pytest_precalign.recorder import Recorder
 
 VARIANTS: tuple[str, ...] = ("none", "stats", "tensor", "hash")
 RECORDER_MODES: tuple[str, ...] = ("stats", "tensor", "hash")
-
-
-@dataclass(frozen=True)
-class Size:
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    batch: int
-    seq: int
-
-
-SIZES: dict[str, Size] = {
-    "mid": Size(vocab=32000, hidden=512, intermediate=1408, layers=8, heads=8, kv_heads=2, batch=2, seq=256),
-    "tiny": Size(vocab=1000, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, batch=2, seq=32),
-}
 
 
 @dataclass
@@ -89,24 +71,6 @@ class RunResult:
     finalize_seconds: float | None = None
     records: int | None = None
     tensor_bytes: int | None = None
-
-
-def build_model(size: Size, attn: str) -> torch.nn.Module:
-    config = transformers.Qwen2Config(
-        vocab_size=size.vocab,
-        hidden_size=size.hidden,
-        intermediate_size=size.intermediate,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model: torch.nn.Module = transformers.Qwen2ForCausalLM._from_config(  # type: ignore[no-untyped-call]
-        config, attn_implementation=attn, dtype=torch.float32
-    )
-    model.train()  # dropout is 0 in Qwen2Config, so train() changes no numerics
-    return model
 
 
 def make_inputs(size: Size) -> torch.Tensor:
@@ -138,10 +102,6 @@ def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResu
     return RunResult(seconds, finalize, len(trace.records), tensor_bytes)
 
 
-def summarize(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.median(values), min(values)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--size", choices=sorted(SIZES), default="mid")
@@ -160,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     size = SIZES[args.size]
-    model = build_model(size, args.attn)
+    model = build_qwen2(size, args.attn)
     ids = make_inputs(size)
     params = sum(p.numel() for p in model.parameters())
     print(
@@ -227,16 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "records_tensor": summary["tensor"]["records"],
         "records_hash": summary["hash"]["records"],
         "tensor_mib": round(tensor_mb, 1),
-        "torch_threads": torch.get_num_threads(),
-        "loadavg_start": round(load_start, 2),
-        "loadavg_end": round(load_end, 2),
         "size": args.size,
         "attn": args.attn,
         "rounds": args.rounds,
         "warmup": args.warmup,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
+        **run_facts(load_start, load_end),
     }
     print(json.dumps(payload))
     return 0

@@ -1,0 +1,88 @@
+"""What the benchmark scripts share: the Qwen2 sizes they measure, how the model is built,
+medians, and the run facts every JSON line ends with (threads, load, versions)."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+
+
+@dataclass(frozen=True)
+class Size:
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    max_positions: int
+    batch: int
+    seq: int
+
+
+SIZES: dict[str, Size] = {
+    "mid": Size(
+        vocab=32000,
+        hidden=512,
+        intermediate=1408,
+        layers=8,
+        heads=8,
+        kv_heads=2,
+        max_positions=512,
+        batch=2,
+        seq=256,
+    ),
+    "tiny": Size(
+        vocab=1000,
+        hidden=64,
+        intermediate=128,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        max_positions=128,
+        batch=2,
+        seq=32,
+    ),
+}
+
+
+def build_qwen2(size: Size, attn: str) -> torch.nn.Module:
+    """A Qwen2ForCausalLM with random weights from seed 0 (nothing downloaded)."""
+    config = transformers.Qwen2Config(
+        vocab_size=size.vocab,
+        hidden_size=size.hidden,
+        intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model: torch.nn.Module = transformers.Qwen2ForCausalLM._from_config(  # type: ignore[no-untyped-call]
+        config, attn_implementation=attn, dtype=torch.float32
+    )
+    model.train()  # dropout is 0 in Qwen2Config, so train() changes no numerics
+    return model
+
+
+def summarize(values: Sequence[float]) -> tuple[float, float]:
+    """(median, min) of a variant's timings."""
+    return statistics.median(values), min(values)
+
+
+def run_facts(load_start: float, load_end: float) -> dict[str, Any]:
+    """The facts that make a figure reproducible, for the last JSON line."""
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_start": round(load_start, 2),
+        "loadavg_end": round(load_end, 2),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
