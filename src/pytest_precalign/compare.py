@@ -9,10 +9,11 @@ records are findings, never exceptions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-
-import torch
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from typing import Any
 
 from . import metrics
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
@@ -95,50 +96,91 @@ def compare_traces(
     progress: Callable[[int, int], None] | None = None,
 ) -> Comparison:
     """``reasons``: why a record is known to have no counterpart (from the mapping);
-    ``progress(done, total)`` is called as records are compared (a CLI progress bar)."""
+    ``progress(done, total)`` is called as records are compared (a CLI progress bar).
+
+    Tensor pairs are compared on worker threads (numpy releases the GIL while it
+    subtracts), each loading its pair only when it starts, so memory holds a few pairs at a
+    time however large the traces are."""
     reasons = reasons or {}
-    total = len(baseline.records)
     cand_by_id = candidate.by_id()
     used: set[str] = set()
-    cache: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
     out: list[PairResult] = []
-    for done, rec in enumerate(baseline.records):
-        if progress is not None:
-            progress(done, total)
+    # Records sharing a tensor (a layout-mapped copy, an msprobe data_name) share one compare.
+    jobs: dict[tuple[str | None, str | None, Tolerance], tuple[Record, Record]] = {}
+    pending: dict[int, tuple[tuple[str | None, str | None, Tolerance], PairResult]] = {}
+    for rec in baseline.records:
         other = cand_by_id.get(rec.id)
         if other is None:
             out.append(PairResult(rec, None, "only_baseline", "none", note=reasons.get(rec.id, "")))
             continue
         used.add(rec.id)
-        out.append(_compare_pair(rec, other, baseline, candidate, table, cache))
+        result = _compare_pair(rec, other, baseline, candidate, table)
+        if result.evidence == "tensor" and result.tolerance is not None:  # checks come below
+            key = (rec.tensor_key, other.tensor_key, result.tolerance)
+            jobs.setdefault(key, (rec, other))
+            pending[len(out)] = (key, result)
+        out.append(result)
     for rec in candidate.records:
         if rec.id not in used:
             out.append(PairResult(rec, rec, "only_candidate", "none", note=reasons.get(rec.id, "")))
+    done = _run_tensor_jobs(jobs, baseline, candidate, len(baseline.records) - len(jobs), progress)
+    for i, (key, result) in pending.items():
+        hit = done[key]
+        out[i] = replace(result, status=hit.status, checks=hit.checks, closeness=hit.closeness)
     return Comparison(tuple(out))
 
 
-def _compare_pair(
-    a: Record,
-    b: Record,
+def _workers() -> int:
+    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS")
+    if wanted and wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    return max(
+        1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
+def _run_tensor_jobs(
+    jobs: Mapping[tuple[str | None, str | None, Tolerance], tuple[Record, Record]],
     ta: Trace,
     tb: Trace,
-    table: ToleranceTable,
-    cache: dict[tuple[str | None, str | None, Tolerance], PairResult],
-) -> PairResult:
+    already: int,
+    progress: Callable[[int, int], None] | None,
+) -> dict[tuple[str | None, str | None, Tolerance], PairResult]:
+    total = already + len(jobs)
+    if progress is not None:
+        progress(already, total)
+
+    def run(key: tuple[str | None, str | None, Tolerance]) -> PairResult:
+        a, b = jobs[key]
+        return _tensor_pair(a, b, ta.array(a), tb.array(b), key[2])
+
+    results: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
+    workers = _workers()
+    if workers == 1 or len(jobs) < 2:
+        for n, key in enumerate(jobs, 1):
+            results[key] = run(key)
+            if progress is not None:
+                progress(already + n, total)
+        return results
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precalign-compare") as pool:
+        futures = {pool.submit(run, key): key for key in jobs}
+        for n, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            if progress is not None:
+                progress(already + n, total)
+    return results
+
+
+def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTable) -> PairResult:
+    """The pair's result, or for two kept tensors a tensor result without checks yet."""
     tol = table.lookup(a.name, a.kind, a.phase, lookup_dtype(a.dtype, b.dtype), a.step)
     if a.shape != b.shape:
         note = f"shape {list(b.shape)} (candidate) != {list(a.shape)} (baseline)"
         check = Check("shape", float(b.numel), float(a.numel), False)
         return PairResult(a, b, "shape", "none", (check,), tol, note=note)
     note = f"dtype {b.dtype} (candidate) vs {a.dtype} (baseline)" if a.dtype != b.dtype else ""
-    xa, xb = ta.tensor(a), tb.tensor(b)
-    if xa is not None and xb is not None:
-        key = (a.tensor_key, b.tensor_key, tol)
-        hit = cache.get(key)
-        if hit is None:
-            hit = _tensor_pair(a, b, xa, xb, tol)
-            cache[key] = hit
-        return PairResult(a, b, hit.status, "tensor", hit.checks, tol, hit.closeness, note)
+    if ta.has_tensor(a) and tb.has_tensor(b):
+        return PairResult(a, b, "ok", "tensor", (), tol, None, note)
     hashed = a.crc32 is not None and b.crc32 is not None
     if hashed and _hash_first(ta) and _hash_first(tb):
         # Both sides were dumped for bit equality (md5/xor summaries): compare the hashes even
@@ -157,7 +199,7 @@ def _compare_pair(
     return PairResult(a, b, "ok", "none", (), tol, None, "no common evidence (tensor, stats or hash)")
 
 
-def _tensor_pair(a: Record, b: Record, xa: torch.Tensor, xb: torch.Tensor, tol: Tolerance) -> PairResult:
+def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> PairResult:
     dtype = metrics.compute_dtype(xa, xb)
     fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)
     checks: list[Check] = []
@@ -169,9 +211,9 @@ def _tensor_pair(a: Record, b: Record, xa: torch.Tensor, xb: torch.Tensor, tol: 
         passed = close.mismatched == 0
         checks.append(Check("allclose", close.worst_abs, close.worst_allowed, passed))
     if tol.bounds:
-        va, vb = metrics.finite_pair(fa, fb)
+        values = metrics.metric_values(fa, fb, tuple(name for name, _ in tol.bounds))
         for name, bound in tol.bounds:
-            value = metrics.METRICS[name](va, vb)
+            value = values[name]
             upper = BOUND_METRICS[name]
             ok = value <= bound if upper else value >= bound
             checks.append(Check(name, value, bound, ok, upper))

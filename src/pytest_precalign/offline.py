@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .case_run import CaseRun, finish
 from .config import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, layer_mapping_path
 from .errors import ConfigError, TraceError
 from .layer_mapping import read_layer_mapping
 from .mapping import MappingSpec, read_mapping_file
-from .runner import CaseRun, finish
 from .tolerances import PHASES, ToleranceTable, default_table, parse_table
 from .trace import Trace
 from .yamlio import read_yaml_file

@@ -9,13 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .compare import Comparison, compare_traces
+from .case_run import CaseRun, finish
+from .compare import Comparison
 from .config import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, RecordSpec
 from .determinism import deterministic, environment, seed_everything
 from .errors import CaseError, PrecalignError, SourceError
@@ -26,24 +27,7 @@ from .recorder import Recorder
 from .sources import LoadedModel, build_model, preflight, runtime
 from .tolerances import ToleranceTable, default_table
 from .trace import Trace
-from .trace_mapping import map_trace
-from .verdict import PhaseVerdict, phase_verdict
-from .weights import SyncReport, sync_weights
-
-
-@dataclass(frozen=True)
-class CaseRun:
-    name: str
-    phases: tuple[str, ...]
-    comparison: Comparison
-    verdicts: Mapping[str, PhaseVerdict]
-    baseline: Trace
-    candidate: Trace  # already in the baseline's names
-    sync: SyncReport | None
-    seconds: float
-    table: str
-    environment: Mapping[str, Any] = field(default_factory=dict)
-    custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
+from .weights import sync_weights
 
 
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
@@ -174,42 +158,6 @@ def _run_any(
 
     full = {n: p.detach() for n, p in model.module.named_parameters()}
     return run_megatron_tensor_parallel(spec, config.base_dir, case, inputs, full, manifest, seed)
-
-
-def finish(
-    name: str,
-    phases: tuple[str, ...],
-    base_trace: Trace,
-    cand_trace: Trace,
-    mapping: MappingSpec | None,
-    table: ToleranceTable,
-    case: CaseSpec | None,
-    sync: SyncReport | None,
-    started: float,
-    env: Mapping[str, Any],
-    isolated: Comparison | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> CaseRun:
-    mapped = map_trace(cand_trace, base_trace, mapping)
-    comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons, progress)
-    expect = case.expect if case is not None else None
-    verdicts = {}
-    for phase in phases:
-        earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
-        parents = base_trace.manifest.get("parents") or {}
-        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, isolated, parents)
-    return CaseRun(
-        name=name,
-        phases=phases,
-        comparison=comparison,
-        verdicts=verdicts,
-        baseline=base_trace,
-        candidate=mapped.trace,
-        sync=sync,
-        seconds=time.perf_counter() - started,
-        table=table.name,
-        environment=env,
-    )
 
 
 def make_optimizer(spec: OptimizerSpec, params: Any) -> torch.optim.Optimizer:

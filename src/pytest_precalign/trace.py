@@ -7,9 +7,11 @@ order, and a tensor store (key -> tensor) that is a dict in memory or a lazy rea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .arrays import as_numpy
 
 FORWARD_KINDS = ("input", "activation", "logits", "loss")
 BACKWARD_KINDS = ("grad_output", "grad_input", "param_grad")
@@ -136,5 +138,49 @@ class Trace:
             return None
         return self.tensors.get(record.tensor_key)
 
+    def has_tensor(self, record: Record) -> bool:
+        return record.tensor_key is not None and record.tensor_key in self.tensors
+
+    def array(self, record: Record) -> Any:
+        """The record's tensor as a numpy array (``None`` when not kept). Stores read from
+        disk answer without torch (their ``array`` method)."""
+        key = record.tensor_key
+        if key is None or key not in self.tensors:
+            return None
+        reader = getattr(self.tensors, "array", None)
+        return reader(key) if reader is not None else as_numpy(self.tensors[key])
+
     def by_id(self) -> dict[str, Record]:
         return {r.id: r for r in self.records}
+
+
+class TensorOverlay(Mapping[str, Any]):
+    """New tensors over a (possibly lazy, on-disk) store, without loading the store."""
+
+    def __init__(self, base: Mapping[str, Any], extra: dict[str, Any] | None = None) -> None:
+        self._base = base
+        self._extra = extra if extra is not None else {}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._extra[key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._extra:
+            return self._extra[key]
+        return self._base[key]
+
+    def array(self, key: str) -> Any:
+        if key in self._extra:
+            return as_numpy(self._extra[key])
+        reader = getattr(self._base, "array", None)
+        return reader(key) if reader is not None else as_numpy(self._base[key])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._extra or key in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._extra
+        yield from (k for k in self._base if k not in self._extra)
+
+    def __len__(self) -> int:
+        return len(self._extra) + sum(1 for k in self._base if k not in self._extra)

@@ -125,6 +125,7 @@ class _ShardedTensors(Mapping[str, Any]):
         self._root = root
         self._shards = dict(shards)
         self._open: dict[str, Any] = {}
+        self._arrays: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
         from safetensors import SafetensorError, safe_open
@@ -140,6 +141,21 @@ class _ShardedTensors(Mapping[str, Any]):
             raise TraceError(f"{self._root}: index.json names {file}, which is missing") from None
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
+
+    def array(self, key: str) -> Any:
+        """The tensor as a numpy view of the mapped shard, without torch."""
+        from .tensor_files import SafetensorsFile
+
+        file = self._shards[key]
+        reader = self._arrays.get(file)
+        if reader is None:
+            if not (self._root / file).is_file():
+                raise TraceError(f"{self._root}: index.json names {file}, which is missing")
+            reader = self._arrays[file] = SafetensorsFile(self._root / file)
+        return reader.array(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shards
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._shards)

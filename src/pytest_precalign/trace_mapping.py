@@ -25,7 +25,7 @@ from .mapping import (
     match_pattern,
     to_baseline_name,
 )
-from .trace import Record, Trace, record_id
+from .trace import Record, TensorOverlay, Trace, record_id
 from .transforms import TransformOp, apply_forward, apply_inverse
 
 PERMUTING_OPS = {"transpose", "permute"}  # statistics are invariant under these
@@ -70,10 +70,9 @@ def _rule_matches_name(match: str, side: str, original: str, renamed: str) -> bo
 def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) -> MappedTrace:
     if mapping is None:
         return MappedTrace(candidate, {})
-    from .recorder import tensor_stats
-
     base_ids = baseline.by_id()
-    tensors: dict[str, Any] = dict(candidate.tensors) if candidate.mode == "tensor" else {}
+    # Over the candidate's store, not a copy of it: a lazy store stays lazy.
+    tensors = TensorOverlay(candidate.tensors if candidate.mode == "tensor" else {})
     out: list[Record] = []
     new_ids: dict[str, list[str]] = {}
     reasons: dict[str, str] = {}
@@ -148,7 +147,7 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
                 cand_tensors = [tensors[m.tensor_key] for m in members if m.tensor_key is not None]
                 if rule.broadcast:
                     one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1])[0].contiguous()
-                    one_stats, one_key = tensor_stats(one), new_key()
+                    one_stats, one_key = _tensor_stats(one), new_key()
                     tensors[one_key] = one  # one tensor stands for each baseline record
                     for name in base_names:
                         emit(members[0], name, base_slot, one, one_stats, key=one_key)
@@ -156,7 +155,7 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
                     results = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes)
                     for name, tensor in zip(base_names, results, strict=True):
                         tensor = tensor.contiguous()
-                        emit(members[0], name, base_slot, tensor, tensor_stats(tensor))
+                        emit(members[0], name, base_slot, tensor, _tensor_stats(tensor))
             elif (
                 rule.broadcast
                 and members[0].stats is not None
@@ -191,7 +190,7 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
             if cached is None:
                 (tensor,) = _to_baseline(layout.ops, layout.reversed, [tensors[rec.tensor_key]], [base.shape])
                 tensor = tensor.contiguous()
-                cached = (new_key(), tensor_stats(tensor), tuple(tensor.shape))
+                cached = (new_key(), _tensor_stats(tensor), tuple(tensor.shape))
                 tensors[cached[0]] = tensor
                 layout_cache[(rec.tensor_key, id(layout))] = cached
             emit(rec, name, slot, None, cached[1], key=cached[0], shape=cached[2])
@@ -225,6 +224,12 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
     manifest = {**dict(candidate.manifest), "mapping": mapping.name}
     mapped = Trace(manifest=manifest, records=tuple(final), tensors=tensors)
     return MappedTrace(mapped, reasons)
+
+
+def _tensor_stats(tensor: Any) -> Any:
+    from .recorder import tensor_stats  # imports torch: only layout transforms need it
+
+    return tensor_stats(tensor)
 
 
 def _slot(rules: tuple[SlotRule, ...], rec: Record, name: str, base_ids: Mapping[str, Record]) -> str:

@@ -49,6 +49,26 @@ class PtTensors(Mapping[str, Any]):
             )
         return tensor
 
+    def array(self, key: str) -> Any:
+        """The tensor as a numpy view of the mapped file, read without torch where the file
+        holds one plain tensor (what msprobe writes); otherwise through ``torch.load``."""
+        if key not in self._shapes:
+            raise KeyError(key)
+        from ..arrays import as_numpy
+        from ..tensor_files import Unsupported, read_pt
+
+        file = self._folder / key
+        try:
+            array = read_pt(file)
+        except Unsupported:
+            return as_numpy(self[key])
+        if tuple(array.shape) != self._shapes[key]:
+            raise TraceError(
+                f"{file}: holds a tensor of shape {list(array.shape)}, "
+                f"dump.json says {list(self._shapes[key])}"
+            )
+        return array
+
     def __contains__(self, key: object) -> bool:
         return key in self._shapes  # without loading (Mapping's default would load the file)
 
