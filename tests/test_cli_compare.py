@@ -49,7 +49,10 @@ def test_compare_finds_the_first_divergence_exit_1(tmp_path, capsys):
     [
         (["compare", "{tmp}/missing", "{a}"], "missing: no such file or directory"),
         (["compare", "{tmp}", "{a}"], "neither a pytest-precalign trace (manifest.json) nor an msprobe dump"),
-        (["compare", "{a}", "{a}", "--tolerances", "{tmp}/nope.yaml"], "--tolerances: {tmp}/nope.yaml: file not found"),
+        (
+            ["compare", "{a}", "{a}", "--tolerances", "{tmp}/nope.yaml"],
+            "--tolerances: {tmp}/nope.yaml: file not found",
+        ),
         (["compare", "{a}", "{a}", "--mapping", "preset:nope"], "--mapping: unknown preset 'preset:nope'"),
         (["compare", "{a}", "{a}", "--var", "heads"], "--var: expected KEY=INTEGER"),
     ],
@@ -84,7 +87,9 @@ def test_compare_with_a_layer_mapping(tmp_path, capsys):
     b = write_trace(rec.trace(), tmp_path / "b")
     lm = tmp_path / "lm.yaml"
     lm.write_text("TopLayer:\n  module.0: '0'\n  module.1: '1'\n  module.2: '2'\n")
-    assert main(["compare", str(a), str(b), "--layer-mapping", str(lm), "--report", str(tmp_path / "out")]) == 0
+    assert (
+        main(["compare", str(a), str(b), "--layer-mapping", str(lm), "--report", str(tmp_path / "out")]) == 0
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     forward = report["cases"][0]
     assert forward["compared"] >= 3 and forward["unmatched"]["baseline"] == []
@@ -110,7 +115,10 @@ def test_compare_pairs_every_step_and_rank(tmp_path, capsys):
     targ = _dump_set(tmp_path / "t", "pert_micro_statistics_L0_statistics", ranks=(0, 1), steps=(0, 1))
     tol = tmp_path / "tol.yaml"
     tol.write_text('- {match: "*", atol: 1.0e-6, rtol: 1.0e-5}\n')
-    assert main(["compare", str(gold), str(targ), "--tolerances", str(tol), "--report", str(tmp_path / "out")]) == 1
+    assert (
+        main(["compare", str(gold), str(targ), "--tolerances", str(tol), "--report", str(tmp_path / "out")])
+        == 1
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     forward = [c for c in report["cases"] if c["phase"] == "forward"]
     assert sorted((c["step"], c["rank"]) for c in forward) == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -124,6 +132,26 @@ def test_compare_refuses_sides_with_different_ranks(tmp_path, capsys):
     assert main(["compare", str(gold), str(targ)]) == 2
     err = capsys.readouterr().err
     assert "the sides hold different steps/ranks" in err and "step0/rank2" in err
+
+
+def test_compare_refuses_a_dump_root_against_a_step_folder(tmp_path, capsys):
+    gold = _dump_set(tmp_path / "g", "base_micro_statistics_L0_statistics", ranks=(0,))
+    targ = _dump_set(tmp_path / "t", "pert_micro_statistics_L0_statistics", ranks=(0,))
+    assert main(["compare", str(gold), str(targ / "step0")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"golden {gold} is a dump root, target {targ / 'step0'} is a step folder" in err
+    assert "give both at the same level" in err
+    assert main(["compare", str(gold / "step0" / "rank0"), str(targ / "step0")]) == 2
+    assert "is a rank folder, target" in capsys.readouterr().err
+
+
+def test_compare_names_the_dumps_below_a_folder_that_holds_several(tmp_path, capsys):
+    _dump_set(tmp_path / "all" / "g", "base_micro_statistics_L0_statistics", ranks=(0,))
+    _dump_set(tmp_path / "all" / "t", "pert_micro_statistics_L0_statistics", ranks=(0,))
+    assert main(["compare", str(tmp_path / "all"), str(tmp_path / "all" / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "neither a pytest-precalign trace" in err and "it holds the runs g/, t/: pass one of them" in err
 
 
 def test_custom_metric_plugin(tmp_path, capsys):

@@ -32,8 +32,16 @@ def load_side(path: str | Path) -> Trace:
 
     if is_msprobe_dump(root):
         return read_msprobe_dump(root)
+    below = []
+    if root.is_dir():
+        below = sorted(
+            p.name + "/"
+            for p in root.iterdir()
+            if p.is_dir() and ((p / "manifest.json").is_file() or is_msprobe_dump(p))
+        )
+    hint = f"; it holds the runs {', '.join(below[:6])}: pass one of them" if below else ""
     raise TraceError(
-        f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json)"
+        f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json){hint}"
     )
 
 
@@ -83,6 +91,7 @@ def compare_run_sets(
     **options: Any,
 ) -> list[tuple[tuple[int, int], CaseRun]]:
     """Pair every (step, rank) of both sides; a clear error when they hold different ones."""
+    _same_level(golden, target)
     gold, targ = load_sides(golden), load_sides(target)
     if len(gold) == 1 and len(targ) == 1:
         return [(next(iter(gold)), compare_runs(golden, target, **options))]
@@ -99,6 +108,22 @@ def compare_run_sets(
     for key in sorted(gold):
         out.append((key, compare_runs(gold[key].manifest["path"], targ[key].manifest["path"], **options)))
     return out
+
+
+def _same_level(golden: str | Path, target: str | Path) -> None:
+    """Both sides must be the same kind of msprobe folder: a dump root on one side and a step
+    or rank folder on the other pairs the wrong things (msprobe compare takes step folders)."""
+    from .msprobe.layout import LEVEL_NAMES, dump_level
+
+    levels = dump_level(golden), dump_level(target)
+    if None in levels or levels[0] == levels[1]:
+        return
+    raise TraceError(
+        f"the sides are different kinds of msprobe folder: golden {golden} is "
+        f"{LEVEL_NAMES[str(levels[0])]}, target {target} is {LEVEL_NAMES[str(levels[1])]}; "
+        "give both at the same level: two rank folders (one pair), two step folders (every "
+        "rank), or two dump roots (every step and rank)"
+    )
 
 
 def compare_runs(

@@ -53,11 +53,34 @@ def rank_folders(path: str | Path) -> dict[tuple[int, int], Path]:
                 )
             found[key] = rank_dir
     if not found:
+        below = sorted(p.name + "/" for p in root.iterdir() if p.is_dir() and is_msprobe_dump(p))
+        hint = f"; it holds the dumps {', '.join(below[:6])}: pass one of them" if below else ""
         raise TraceError(
             f"{root}: no msprobe dump there: expected {DUMP_FILE}, rank<N>/ or proc<PID>/ "
-            "folders holding it, or step<N>/ folders above those"
+            f"folders holding it, or step<N>/ folders above those{hint}"
         )
     return found
+
+
+LEVEL_NAMES = {"rank": "a rank folder", "step": "a step folder", "root": "a dump root"}
+
+
+def dump_level(path: str | Path) -> str | None:
+    """Which msprobe folder ``path`` is: ``rank`` (holds dump.json), ``step`` (holds rank
+    folders) or ``root`` (holds step folders); None when it is none of them."""
+    root = Path(path)
+    try:
+        if (root / DUMP_FILE).is_file() or rank_of(root) is not None:
+            return "rank"
+        if not root.is_dir():
+            return None
+        if _children(root, _STEP):
+            return "root"
+        if _children(root, _RANK):
+            return "step"
+    except OSError:
+        return None
+    return None
 
 
 def single_rank_folder(path: str | Path) -> Path:
