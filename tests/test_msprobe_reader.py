@@ -50,6 +50,7 @@ SAMPLES = {
     "tiny_statistics_L0_xor": ("statistics", "L0", "hash", "xor", 186, 4),
     "tiny_statistics_L1": ("statistics", "L1", "stats", "statistics", 370, 39),
     "tiny_statistics_mix": ("statistics", "mix", "stats", "statistics", 556, 43),
+    "tiny_statistics_mix_md5": ("statistics", "mix", "stats", "md5", 556, 43),
     "micro/base_micro_statistics_L0_statistics": ("statistics", "L0", "stats", "statistics", 105, 2),
     "micro/pert_micro_statistics_L0_md5": ("statistics", "L0", "stats", "md5", 105, 2),
     "micro/base_micro_statistics_mix_statistics": ("statistics", "mix", "stats", "statistics", 319, 29),
