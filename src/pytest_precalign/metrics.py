@@ -197,8 +197,9 @@ def _closeness(a: Any, b: Any, atol: float, rtol: float) -> Closeness:
     # atol + rtol*|a|. The first chunk that is not sends us to the full pass.
     greatest = _Best()
     full = False
+    buffer = np.empty(min(CHUNK, fa.size), dtype=fa.dtype)
     for start, ca, cb in _chunks(fa, fb):
-        d = np.subtract(cb, ca)
+        d = np.subtract(cb, ca, out=buffer[: ca.size])
         np.abs(d, out=d)
         k = int(d.argmax())
         v = float(d[k])  # NaN when either side has a NaN or both an equal infinity
@@ -222,8 +223,11 @@ def _closeness_full(
     mismatched = nonfinite_mismatch = 0
     inf = np.array(math.inf, dtype=fa.dtype)
     for start, ca, cb in _chunks(fa, fb):
-        d = np.abs(cb - ca)
-        allowed = np.abs(ca) * fa.dtype.type(rtol) + fa.dtype.type(atol)
+        d = np.subtract(cb, ca)
+        np.abs(d, out=d)
+        absa = np.abs(ca)
+        allowed = absa * fa.dtype.type(rtol)
+        allowed += fa.dtype.type(atol)
         if not math.isfinite(float(d.max())):
             fa_ok, fb_ok = np.isfinite(ca), np.isfinite(cb)
             if not (fa_ok.all() and fb_ok.all()):
@@ -235,14 +239,17 @@ def _closeness_full(
                 d = np.where(both, d, 0)
                 allowed = np.where(both, allowed, inf)
         # The worst element is the one using the largest share of its allowance.
-        ratio = d / np.maximum(allowed, _TINY)
+        ratio = np.maximum(allowed, _TINY)
+        np.divide(d, ratio, out=ratio)
         before = worst.index
         worst.offer(ratio, start)
         if worst.index != before:
             worst_abs, worst_allowed = float(d[worst.index - start]), float(allowed[worst.index - start])
         mismatched += int(np.count_nonzero(ratio > 1.0))
         greatest.offer(d, start)
-        greatest_rel.offer(d / np.maximum(np.abs(ca), _TINY), start)
+        np.maximum(absa, _TINY, out=absa)
+        np.divide(d, absa, out=absa)
+        greatest_rel.offer(absa, start)
     mismatched += nonfinite_mismatch
     rel, rel_index = (greatest_rel.value, _unravel(greatest_rel.index, shape)) if mismatched else (0.0, ())
     return Closeness(
