@@ -94,14 +94,24 @@ def calibration_cases(config: AlignConfig, names: Sequence[str]) -> tuple[CaseSp
 
 
 def _covers(a: CaseSpec, b: CaseSpec) -> bool:
-    same = (a.baseline, a.inputs, a.loss, a.train, a.steps) == (
-        b.baseline,
-        b.inputs,
-        b.loss,
-        b.train,
-        b.steps,
-    )
-    return same and set(b.phases) <= set(a.phases)
+    """Case ``a`` runs everything ``b``'s baseline would: calibrating ``b`` too adds nothing."""
+
+    def key(c: CaseSpec) -> tuple[object, ...]:
+        step = c.optimizer if "step" in b.phases else None
+        return (c.baseline, c.inputs, c.loss, c.train, c.steps, c.record.include, c.record.exclude, step)
+
+    return key(a) == key(b) and set(b.phases) <= set(a.phases)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A perturbed copy of the baseline, ready to run (``model`` None: skipped, ``skipped`` says why)."""
+
+    description: str
+    model: LoadedModel | None = None
+    skipped: str = ""
+    seed: int = 0
+    float64_inputs: bool = False
 
 
 def measure_case(config: AlignConfig, case: CaseSpec, perturbations: Sequence[str]) -> list[Measurement]:
@@ -109,8 +119,9 @@ def measure_case(config: AlignConfig, case: CaseSpec, perturbations: Sequence[st
     spec = config.models[case.baseline]
     if spec.source == "megatron" and spec.options.get("tensor_parallel", 1) != 1:
         spec = replace(spec, options={**spec.options, "tensor_parallel": 1})
-    # Full tensors are needed to measure element-wise noise, whatever the case records.
-    case = replace(case, record=replace(case.record, mode="tensor"))
+    # Full tensors are needed to measure element-wise noise, and module inputs to measure
+    # amplification, whatever the case records.
+    case = replace(case, record=replace(case.record, mode="tensor", inputs=True))
     inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
     out: list[Measurement] = []
     with ExitStack() as stack:
@@ -121,13 +132,14 @@ def measure_case(config: AlignConfig, case: CaseSpec, perturbations: Sequence[st
         # Perturbed copies are made before the baseline runs: an optimizer step changes its weights.
         variants = [_variant(name, spec, base, case, config) for name in perturbations]
         reference = run_side(base, inputs, case, {**manifest, "side": "baseline"}, spec.seed)
-        for name, (description, model, skipped, seed, to64) in zip(perturbations, variants, strict=True):
-            if model is None:
-                out.append(Measurement(case.name, name, description, skipped))
+        for name, variant in zip(perturbations, variants, strict=True):
+            description = variant.description
+            if variant.model is None:
+                out.append(Measurement(case.name, name, description, variant.skipped))
                 continue
-            data = _float64_inputs(inputs) if to64 else inputs
+            data = _float64_inputs(inputs) if variant.float64_inputs else inputs
             try:
-                trace = run_side(model, data, case, {**manifest, "side": name}, seed)
+                trace = run_side(variant.model, data, case, {**manifest, "side": name}, variant.seed)
             except PrecalignError:
                 raise
             except Exception as exc:  # the perturbed model cannot run: a usage error, said once
@@ -137,20 +149,18 @@ def measure_case(config: AlignConfig, case: CaseSpec, perturbations: Sequence[st
                 ) from None
             noise, unpaired = record_noise(reference, trace)
             out.append(Measurement(case.name, name, description, "", noise, unpaired))
-            del model, trace
+            del variant, trace
     return out
 
 
-def _variant(
-    name: str, spec: ModelSpec, base: LoadedModel, case: CaseSpec, config: AlignConfig
-) -> tuple[str, LoadedModel | None, str, int, bool]:
-    """(description, model or None, reason skipped, run seed, inputs to float64)."""
+def _variant(name: str, spec: ModelSpec, base: LoadedModel, case: CaseSpec, config: AlignConfig) -> Variant:
     if name == "float64":
         description = f"the same weights and inputs in float64 vs the {spec.dtype} run"
         if spec.dtype == "float64":
-            return description, None, "the test dtype is already float64", spec.seed, False
+            return Variant(description, skipped="the test dtype is already float64")
         module = copy.deepcopy(base.module).to(torch.float64)
-        return description, replace(base, name=f"{base.name}@float64", module=module), "", spec.seed, True
+        model = replace(base, name=f"{base.name}@float64", module=module)
+        return Variant(description, model, seed=spec.seed, float64_inputs=True)
     if name == "attn":
         current = _attn_kernel(base.module)
         if spec.source != "hf" or current not in ATTN_KERNELS:
@@ -159,13 +169,14 @@ def _variant(
                 if spec.source != "hf"
                 else f"attention kernel {current!r} has no alternative here (eager <-> sdpa)"
             )
-            return "another attention kernel", None, why, spec.seed, False
+            return Variant("another attention kernel", skipped=why)
         other = ATTN_KERNELS[1 - ATTN_KERNELS.index(current)]
-        description = f"attn_implementation {other} vs {current}, same weights"
-        alt_spec = replace(spec, options={**spec.options, "attn_implementation": other})
-        alt = build_model(alt_spec, config.base_dir)
+        alt = build_model(
+            replace(spec, options={**spec.options, "attn_implementation": other}), config.base_dir
+        )
         alt.module.load_state_dict(base.module.state_dict())
-        return description, replace(alt, name=f"{base.name}@{other}"), "", spec.seed, False
+        description = f"attn_implementation {other} vs {current}, same weights"
+        return Variant(description, replace(alt, name=f"{base.name}@{other}"), seed=spec.seed)
     description = f"run-time seed {spec.seed + 1} vs {spec.seed}, same weights"
     dropout = _active_dropout(base.module, case.train)
     if not dropout:
@@ -174,15 +185,10 @@ def _variant(
             if not case.train
             else "dropout-free model (every dropout probability is 0)"
         )
-        return (
-            description,
-            None,
-            f"{reason}: the run draws no random numbers, so a second seed reproduces it bit for bit",
-            spec.seed,
-            False,
-        )
-    module = copy.deepcopy(base.module)
-    return description + f" ({dropout})", replace(base, module=module), "", spec.seed + 1, False
+        why = f"{reason}: the run draws no random numbers, so a second seed reproduces it bit for bit"
+        return Variant(description, skipped=why)
+    model = replace(base, module=copy.deepcopy(base.module))
+    return Variant(f"{description} ({dropout})", model, seed=spec.seed + 1)
 
 
 def _attn_kernel(module: torch.nn.Module) -> str | None:
