@@ -55,6 +55,17 @@ def _parser() -> argparse.ArgumentParser:
         help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
     )
     compare.add_argument("--report", metavar="DIR", help="write report.json into DIR")
+    calibrate = sub.add_parser(
+        "calibrate", help="measure each layer's noise floor and write a tolerance table YAML"
+    )
+    calibrate.add_argument("--config", required=True, help="alignment config YAML")
+    calibrate.add_argument("--case", action="append", default=[], help="calibrate this case (repeatable)")
+    calibrate.add_argument("--out", required=True, metavar="FILE", help="tolerance table YAML to write")
+    calibrate.add_argument("--margin", default="4", help="bound = margin x measured floor (default 4)")
+    calibrate.add_argument(
+        "--perturbations", default="float64,attn,seed", help="comma-separated: float64, attn, seed"
+    )
+    calibrate.add_argument("--force", action="store_true", help="replace an existing table")
     return parser
 
 
@@ -65,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _validate(Path(args.config))
         if args.command == "compare":
             return _compare(args)
+        if args.command == "calibrate":
+            return _calibrate(args, argv)
         return _run(Path(args.config), args.case, args.report, args.save_traces)
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
@@ -154,6 +167,18 @@ def _compare(args: argparse.Namespace) -> int:
     if args.report:
         write_json_report(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
     return 1 if failed else 0
+
+
+def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    from .calibrated_table import run_calibration
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["precalign", *(w if w and " " not in w else repr(w) for w in words)])
+    lines = run_calibration(
+        Path(args.config), args.case, Path(args.out), args.margin, args.perturbations, args.force, command
+    )
+    print("\n".join(lines))
+    return 0
 
 
 def _validate(path: Path) -> int:
