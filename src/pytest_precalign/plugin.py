@@ -194,20 +194,18 @@ def _phase_report(
         table=run.table,
         reproduce=f'pytest --align-config {rel} "{nodeid}"',
         seconds=run.seconds,
+        environment=run.environment,
     )
 
 
 def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
-    from .report import phase_dict, summary_line
+    from .report import junit_properties, phase_dict, summary_line
 
     data = phase_dict(report)
     data["nodeid"] = item.nodeid
     state.reports.append(data)
     state.summaries.append(summary_line(report))
-    item.user_properties.append(("precalign_passed", report.verdict.passed))
-    first = report.verdict.first
-    if first is not None:
-        item.user_properties.append(("precalign_first_divergence", first.name))
+    item.user_properties.extend(junit_properties(report.verdict))
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
@@ -254,9 +252,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     folder = config.getoption("align_report") or config.getini("align_report")
     if folder:
-        from .report import write_json_report
+        from .report import write_reports
 
-        write_json_report(
+        write_reports(
             folder,
             sorted(state.reports, key=lambda r: r["nodeid"]),
             {"config": str(state.config.path), "exitstatus": int(exitstatus)},
