@@ -247,7 +247,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller writes the report
-        workeroutput["precalign_reports"] = state.reports
+        from .report import report_document
+
+        # Plain JSON values only: execnet cannot send e.g. torch's TorchVersion strings.
+        workeroutput["precalign_reports"] = report_document(state.reports, {})["cases"]
         workeroutput["precalign_summaries"] = state.summaries
         return
     folder = config.getoption("align_report") or config.getini("align_report")
