@@ -109,6 +109,7 @@ def test_report_html_shows_verdicts_first_divergence_charts_and_sorts(pytester, 
         for key, entry in entries.items():
             case, phase = key[:-1].split("[")
             section = page.locator(f'section.case[data-case="{case}"] section.phase[data-phase="{phase}"]')
+            assert section.locator("h3 .badge").inner_text() == EXPECTED[key][1]
             chart = section.locator("svg.chart")
             assert chart.is_visible()
             box = chart.bounding_box()

@@ -480,8 +480,7 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
     rows = _rows(data.get("records", []))
     first = _first_index(rows, data.get("first_divergence"))
     facts = [
-        ("verdict", _badge(verdict)),
-        ("compared", f"{_e(data.get('compared'))} records, {_e(data.get('failed'))} over tolerance"),
+        ("compared", _compared_html(data, len(rows))),
         ("first divergence", _first_html(data.get("first_divergence"))),
         ("worst metric", _worst_html(data.get("worst"))),
     ]
@@ -530,6 +529,21 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
         f'data-verdict="{_e(verdict)}"><h3>{_e(phase)} {_badge(verdict)}</h3>'
         f'<dl class="facts">{dl}</dl>{figure}{table}{repro}</section>'
     )
+
+
+def _compared_html(data: Mapping[str, Any], outputs: int) -> str:
+    compared = data.get("compared")
+    evidence = compared - outputs if isinstance(compared, int) and compared > outputs else 0
+    detail = f" ({outputs} outputs, {evidence} module inputs as evidence)" if evidence else ""
+    return _e(f"{compared} records{detail}, {data.get('failed')} over tolerance")
+
+
+def _display_path(path: str) -> str:
+    """Paths under the working directory (pytest's rootdir, usually) are shown relative to it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
 
 
 def _slug(text: str) -> str:
@@ -588,7 +602,7 @@ def render_html(document: Mapping[str, Any]) -> str:
             f"<h2>{_e(name)} {_badge(verdict)}</h2>"
             f'<p class="muted">{sides}; tolerance table <code>{_e(head.get("table"))}</code>'
             + (f"; {_e(run_facts)}" if run_facts else "")
-            + f"; config <code>{_e(config)}</code></p>"
+            + f"; config <code>{_e(_display_path(config))}</code></p>"
             + "".join(_phase_html(case_id, p) for p in phases)
             + "</section>"
         )
@@ -599,7 +613,7 @@ def render_html(document: Mapping[str, Any]) -> str:
         title=_e(f"precalign report: {Path(str(source)).name}" if source else "precalign report"),
         css=CSS,
         js=JS,
-        source=_e(source),
+        source=_e(_display_path(str(source))),
         summary=_e(f"{len(entries)} items: {summary}" if entries else "no items"),
         overall=_badge("failed" if counts.get("failed") else "passed"),
         environment=_environment_html(env_doc),
