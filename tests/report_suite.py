@@ -45,6 +45,17 @@ class Net(torch.nn.Module):
 
 def build(**kwargs):
     return Net(**kwargs)
+
+
+class Crash(Net):
+    def forward(self, input_ids):
+        import os
+
+        os._exit(3)              # a process dying mid-case (think: killed for memory)
+
+
+def crash():
+    return Crash()
 """
 
 CONFIG = """

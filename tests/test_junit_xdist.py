@@ -98,3 +98,20 @@ def test_xdist_report_has_every_case_and_equals_the_serial_report(pytester):
         pytester.path / "serial" / "report.html"
     ).read_text()
     assert _properties(pytester.path / "parallel.xml") == _properties(pytester.path / "serial.xml")
+
+
+def test_a_crashed_worker_loses_only_the_item_it_was_running(pytester):
+    make_suite(pytester)
+    config = pytester.path / "align.yaml"
+    config.write_text(
+        config.read_text().replace("  cand:", '  crashing: {source: factory, factory: "nets:crash"}\n  cand:')
+        + "\n  - {name: dies, baseline: ref, candidate: crashing, inputs: toks, phases: [forward, backward],\n"
+        "     record: {mode: tensor}, tolerances: tight}\n"
+    )
+    # One worker runs the items in config order; the last case kills it, twice.
+    result = _run(pytester, "crashed", "-n", "1")
+    result.assert_outcomes(passed=4, failed=4)
+    result.stdout.fnmatch_lines(["*worker*crashed while running*dies*"])
+    cases = json.loads((pytester.path / "crashed" / "report.json").read_text())["cases"]
+    assert sorted(f"{c['name']}[{c['phase']}]" for c in cases) == sorted(EXPECTED)
+    assert sorted(p.name for p in (pytester.path / "crashed").iterdir()) == ["report.html", "report.json"]
