@@ -253,3 +253,41 @@ def test_report_html_escapes_names_and_marks_zero_and_off_scale_values(browser, 
         assert view.errors == []
     finally:
         view.close()
+
+
+def test_hash_evidence_is_drawn_as_a_match_strip(browser, tmp_path):
+    from pytest_precalign.report import report_document
+    from pytest_precalign.report_html import write_html_report
+
+    def record(i: int, same: bool) -> dict[str, Any]:
+        check = {
+            "metric": "crc32",
+            "value": 0.0 if same else 1.0,
+            "allowed": 0.0,
+            "passed": same,
+            "upper": True,
+        }
+        return {"seq": i, "name": f"layers.{i}", "kind": "activation", "slot": "out", "step": 0, "call": 0,
+                "status": "ok" if same else "fail", "evidence": "hash", "atol": 0.0, "rtol": 0.0, "checks": [check]}  # fmt: skip
+
+    records = [record(i, i < 3) for i in range(5)]
+    first = {"name": "layers.3", "kind": "activation", "slot": "out", "step": 0, "call": 0, "metric": "crc32",
+             "value": 1.0, "allowed": 0.0, "origin": True, "origin_module": "layers.3"}  # fmt: skip
+    entry = {"config": "a.yaml", "name": "md5", "phase": "forward", "passed": False, "verdict": "failed",
+             "compared": 5, "failed": 2, "first_divergence": first, "records": records}  # fmt: skip
+    write_html_report(tmp_path, report_document([entry], {}))
+    view = Page(browser, tmp_path / "report.html")
+    try:
+        chart = view.page.locator("svg.chart.strip")
+        assert chart.locator(".point").count() == 5 and chart.locator(".point.fail").count() == 2
+        cx = [
+            float(v)
+            for v in chart.locator(".point").evaluate_all("els => els.map(e => e.getAttribute('cx'))")
+        ]
+        assert cx == sorted(cx)  # execution order, left to right
+        assert chart.locator(".first-label").text_content() == "first divergence: layers.3"
+        assert view.page.locator("figure").get_attribute("data-points") == "5"
+        assert "match vs depth" in view.page.locator("figcaption").inner_text()
+        assert view.errors == []
+    finally:
+        view.close()

@@ -199,6 +199,8 @@ def chart_svg(phase: str, rows: Sequence[Row], first: int | None) -> str:
     """Error vs depth: one point per record (x: execution order; y: log error) and the
     tolerance each record is held to as a step line."""
     n = len(rows)
+    if not any(r.plotted is not None for r in rows):
+        return _strip_svg(phase, rows, first)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     lo, hi = _decades(rows)
     floor = 10.0**lo
@@ -222,30 +224,65 @@ def chart_svg(phase: str, rows: Sequence[Row], first: int | None) -> str:
         parts.append(
             f'<text class="tick y" x="{LEFT - 8}" y="{gy + 4:.1f}" text-anchor="end">{_power(exp)}</text>'
         )
-    for i in _ticks(n):
-        tx = x(i)
-        parts.append(
-            f'<line class="axis" x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 4}"/>'
-            f'<text class="tick x" x="{tx:.1f}" y="{TOP + plot_h + 17}" text-anchor="middle">{i}</text>'
-        )
+    parts += _x_axis(rows, x, plot_h, HEIGHT, first)
     parts.append(
-        f'<text class="axis-label" x="{LEFT + plot_w / 2}" y="{HEIGHT - 8}" text-anchor="middle">'
-        f"record, in execution order (depth →)</text>"
         f'<text class="axis-label" transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" '
         f'text-anchor="middle">{esc(_axis_label(rows))}</text>'
     )
-    if first is not None:
-        fx = x(first)
-        parts.append(
-            f'<line class="first-line" x1="{fx:.1f}" x2="{fx:.1f}" y1="{TOP}" y2="{TOP + plot_h}"/>'
-            f'<text class="first-label" x="{fx + (4 if first < n * 0.6 else -4):.1f}" y="{TOP - 8}" '
-            f'text-anchor="{"start" if first < n * 0.6 else "end"}">first divergence: '
-            f"{esc(rows[first].label)}</text>"
-        )
     parts.append(_tolerance_path(rows, x, y, plot_w / max(n, 1)))
     parts.extend(_points(rows, x, y, floor, TOP))
     parts.append(f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/>')
     parts.append("</svg>")
+    return "".join(parts)
+
+
+def _x_axis(rows: Sequence[Row], x: Any, plot_h: float, height: float, first: int | None) -> list[str]:
+    """Index ticks, the axis label and the first divergence's dashed line."""
+    n = len(rows)
+    parts = [
+        f'<line class="axis" x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 4}"/>'
+        f'<text class="tick x" x="{x(i):.1f}" y="{TOP + plot_h + 17}" text-anchor="middle">{i}</text>'
+        for i in _ticks(n)
+    ]
+    parts.append(
+        f'<text class="axis-label" x="{LEFT + (WIDTH - LEFT - RIGHT) / 2}" y="{height - 8}" '
+        f'text-anchor="middle">record, in execution order (depth →)</text>'
+    )
+    if first is not None:
+        fx, right = x(first), first < n * 0.6
+        parts.append(
+            f'<line class="first-line" x1="{fx:.1f}" x2="{fx:.1f}" y1="{TOP}" y2="{TOP + plot_h}"/>'
+            f'<text class="first-label" x="{fx + (4 if right else -4):.1f}" y="{TOP - 8}" '
+            f'text-anchor="{"start" if right else "end"}">first divergence: {esc(rows[first].label)}</text>'
+        )
+    return parts
+
+
+STRIP_HEIGHT = 130
+
+
+def _strip_svg(phase: str, rows: Sequence[Row], first: int | None) -> str:
+    """No record has an error magnitude (hashes, lower bounds): one row of equal/different marks."""
+    n = len(rows)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, STRIP_HEIGHT - TOP - BOTTOM
+    mid = TOP + plot_h / 2
+
+    def x(i: float) -> float:
+        return LEFT + (i + 0.5) * plot_w / max(n, 1)
+
+    parts = [
+        f'<svg class="chart strip" data-phase="{esc(phase)}" viewBox="0 0 {WIDTH} {STRIP_HEIGHT}" '
+        f'role="img" aria-label="{esc(phase)}: which records match">',
+        f'<rect class="plot-bg" x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/>',
+        f'<text class="tick y" x="{LEFT - 8}" y="{mid + 4:.1f}" text-anchor="end">match?</text>',
+    ]
+    parts += _x_axis(rows, x, plot_h, STRIP_HEIGHT, first)
+    for row in rows:
+        shown = row.shown
+        what = f"{shown.metric} {fmt(shown.value)} vs {fmt(shown.allowed)}" if shown else row.status
+        state = "fail" if row.failed else "pass"
+        parts.append(_circle(x(row.index), mid, state, "", f"#{row.index} {row.label} ({row.kind}): {what}"))
+    parts.append(f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}"/></svg>')
     return "".join(parts)
 
 
@@ -319,6 +356,8 @@ def _marker(cx: float, top: float, state: str, extra: str, title: str) -> str:
 
 
 def chart_notes(rows: Sequence[Row]) -> list[str]:
+    if rows and not any(r.plotted is not None for r in rows):
+        return ["no record has an error magnitude (hash or lower-bound checks): each is equal or not"]
     notes = []
     zeros = sum(1 for r in rows if (c := r.plotted) is not None and math.isfinite(c.value) and c.value <= 0)
     if zeros:

@@ -174,19 +174,22 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
             )
         )
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in facts)
-    plotted = sum(1 for r in rows if r.plotted is not None or r.failed)
     if rows:
+        magnitudes = any(r.plotted is not None for r in rows)
+        drawn = sum(1 for r in rows if r.plotted is not None or r.failed) if magnitudes else len(rows)
         chart = chart_svg(phase, rows, first)
         legend = (
-            '<div class="legend"><span class="key pass"></span>within tolerance'
-            '<span class="key fail"></span>over tolerance'
-            '<span class="key tol"></span>tolerance (allowed)'
-            '<span class="key first"></span>first divergence</div>'
+            f'<div class="legend"><span class="key pass"></span>{"within tolerance" if magnitudes else "matches"}'
+            f'<span class="key fail"></span>{"over tolerance" if magnitudes else "differs"}'
+            + ('<span class="key tol"></span>tolerance (allowed)' if magnitudes else "")
+            + '<span class="key first"></span>first divergence</div>'
         )
         notes = "".join(f"<li>{esc(n)}</li>" for n in chart_notes(rows))
+        what = "error vs depth" if magnitudes else "match vs depth"
+        scale = ", log scale" if magnitudes else ""
         figure = (
-            f'<figure data-points="{plotted}"><figcaption>{esc(phase)}: error vs depth '
-            f"({len(rows)} output records, log scale)</figcaption>{chart}{legend}"
+            f'<figure data-points="{drawn}"><figcaption>{esc(phase)}: {what} '
+            f"({len(rows)} output records{scale})</figcaption>{chart}{legend}"
             + (f'<ul class="notes">{notes}</ul>' if notes else "")
             + "</figure>"
         )
