@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the cases of a config and print verdicts")
     run.add_argument("config", help="alignment config YAML")
     run.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
-    run.add_argument("--report", metavar="DIR", help="write report.json into DIR")
+    run.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.py:FUNCTION",
         help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
     )
-    compare.add_argument("--report", metavar="DIR", help="write report.json into DIR")
+    compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
     calibrate = sub.add_parser(
         "calibrate", help="measure each layer's noise floor and write a tolerance table YAML"
     )
@@ -117,7 +117,7 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 def _compare(args: argparse.Namespace) -> int:
     from .offline import compare_run_sets
-    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_json_report
+    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_reports
 
     runs = compare_run_sets(
         args.golden,
@@ -165,7 +165,7 @@ def _compare(args: argparse.Namespace) -> int:
                 entry["custom_metrics"] = custom
             entries.append(entry)
     if args.report:
-        write_json_report(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
+        write_reports(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
     return 1 if failed else 0
 
 
@@ -194,7 +194,7 @@ def _validate(path: Path) -> int:
 
 def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
     from .config import load_config_file
-    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_json_report
+    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_reports
     from .runner import preflight_case, run_case
     from .trace_io import write_side
 
@@ -221,6 +221,7 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
                 table=run.table,
                 reproduce=f"precalign run {path} --case {case.name}",
                 seconds=run.seconds,
+                environment=run.environment,
             )
             print(summary_line(report))
             if not report.verdict.passed:
@@ -228,5 +229,5 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
                 print("  " + failure_message(report).replace("\n", "\n  "))
             entries.append(phase_dict(report))
     if report_dir:
-        write_json_report(report_dir, entries, {"config": str(config.path), "exitstatus": int(failed)})
+        write_reports(report_dir, entries, {"config": str(config.path), "exitstatus": int(failed)})
     return 1 if failed else 0

@@ -11,7 +11,7 @@ OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "report",
         "align_report",
-        "write report.json (one entry per case and phase) into DIR",
+        "write report.json (one entry per case and phase) and report.html into DIR",
         {"metavar": "DIR"},
     ),
     (

@@ -6,7 +6,7 @@ and at import nothing heavier than pytest itself is imported (no torch, no yaml)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ class _State:
 
 
 STATE_KEY = pytest.StashKey[_State]()
+ENTRY_KEY = pytest.StashKey[dict[str, Any]]()  # an item's report entry, until its test report is made
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except PrecalignError as exc:
         raise pytest.UsageError(f"--align-config: {exc}") from None
     config.stash[STATE_KEY] = _State(config=align_config)
+    config.pluginmanager.register(_EntryCollector(config.stash[STATE_KEY]), "precalign-entries")
     # Collect the config's cases even when it lies outside the paths given on the command line.
     resolved = align_config.path
     args = [Path(a.split("::")[0]).resolve() for a in config.args]
@@ -194,20 +196,45 @@ def _phase_report(
         table=run.table,
         reproduce=f'pytest --align-config {rel} "{nodeid}"',
         seconds=run.seconds,
+        environment=run.environment,
     )
 
 
 def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
-    from .report import phase_dict, summary_line
+    from .report import junit_properties, phase_dict, report_document, summary_line
 
     data = phase_dict(report)
     data["nodeid"] = item.nodeid
-    state.reports.append(data)
-    state.summaries.append(summary_line(report))
-    item.user_properties.append(("precalign_passed", report.verdict.passed))
-    first = report.verdict.first
-    if first is not None:
-        item.user_properties.append(("precalign_first_divergence", first.name))
+    # Plain JSON values: the entry rides on the item's test report (see _EntryCollector).
+    entry = report_document([data], {})["cases"][0]
+    item.stash[ENTRY_KEY] = {"entry": entry, "summary": summary_line(report)}
+    item.user_properties.extend(junit_properties(report.verdict))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when == "call" and ENTRY_KEY in item.stash:
+        # Extra report attributes survive xdist's report serialization to the controller.
+        report.precalign = item.stash[ENTRY_KEY]  # type: ignore[attr-defined]
+    return report
+
+
+class _EntryCollector:
+    """Gathers report entries as test reports arrive: in this process, or on the xdist
+    controller from every worker. A crashed worker loses only the item it was running, and
+    workers write no files."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        carried = getattr(report, "precalign", None)
+        if isinstance(carried, dict) and "entry" in carried:
+            self.state.reports.append(carried["entry"])
+            self.state.summaries.append(str(carried.get("summary", "")))
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
@@ -247,29 +274,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = _state(config)
     if state.config is None:
         return
-    workeroutput = getattr(config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: the controller writes the report
-        workeroutput["precalign_reports"] = state.reports
-        workeroutput["precalign_summaries"] = state.summaries
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the report
         return
     folder = config.getoption("align_report") or config.getini("align_report")
     if folder:
-        from .report import write_json_report
+        from .report import write_reports
 
-        write_json_report(
+        write_reports(
             folder,
             sorted(state.reports, key=lambda r: r["nodeid"]),
             {"config": str(state.config.path), "exitstatus": int(exitstatus)},
         )
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    """xdist controller: merge what each worker recorded."""
-    state = _state(node.config)
-    output = getattr(node, "workeroutput", {})
-    state.reports.extend(output.get("precalign_reports", []))
-    state.summaries.extend(output.get("precalign_summaries", []))
 
 
 # -- fixtures ---------------------------------------------------------------------------------

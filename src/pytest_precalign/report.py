@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class PhaseReport:
     table: str
     reproduce: str
     seconds: float = 0.0
+    environment: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest facts
 
     @property
     def nodeid_name(self) -> str:
@@ -228,6 +229,90 @@ def summary_line(report: PhaseReport) -> str:
     return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"
 
 
+def verdict_label(verdict: PhaseVerdict) -> str:
+    """One word for dashboards: passed, failed, or expected divergence (a gated expectation met,
+    or a phase downstream of it)."""
+    if not verdict.passed:
+        return "failed"
+    if verdict.expectation is not None and not verdict.aligned:
+        return "expected divergence"
+    return "passed"
+
+
+def check_severity(check: Check) -> float:
+    """value/allowed for an upper bound (1.0 = at the bound); the same share for lower bounds."""
+    if check.upper:
+        if check.allowed > 0:
+            return check.value / check.allowed
+        return 0.0 if check.value == 0 else float("inf")
+    if check.allowed < 1:
+        return (1 - check.value) / (1 - check.allowed)
+    return 0.0 if check.value >= 1 else float("inf")
+
+
+def explaining_check(pair: PairResult) -> Check | None:
+    """The check a reader should see for a record: the failing one, else the tightest."""
+    return pair.failing or max(pair.checks, key=check_severity, default=None)
+
+
+def worst_metric(verdict: PhaseVerdict) -> str | None:
+    """``metric=value`` of the tightest check of the phase's worst record."""
+    worst = verdict.worst
+    check = explaining_check(worst) if worst is not None else None
+    return f"{check.metric}={_fmt(check.value)}" if check is not None else None
+
+
+def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
+    """``<property>`` s for the JUnit XML of one item (via ``item.user_properties``)."""
+    props: list[tuple[str, object]] = [
+        ("precalign_verdict", verdict_label(verdict)),
+        ("precalign_passed", verdict.passed),
+    ]
+    first = verdict.first
+    if first is not None:
+        props += [
+            ("precalign_first_divergence", first.name),
+            ("precalign_origin", str(first.origin).lower()),
+            ("precalign_origin_module", first.origin_module),
+        ]
+    worst = worst_metric(verdict)
+    if worst is not None:
+        props.append(("precalign_worst_metric", worst))
+    return props
+
+
+ENVIRONMENT_KEYS = ("versions", "platform", "device", "dtype", "seed", "torch_threads")
+
+
+def _environment(env: Mapping[str, Any]) -> dict[str, Any]:
+    facts = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}
+    flags = env.get("determinism")
+    if isinstance(flags, Mapping) and "requested" in flags:
+        facts["deterministic"] = flags["requested"]
+    return facts
+
+
+def _record_dict(pair: PairResult) -> dict[str, Any]:
+    r, tol = pair.record, pair.tolerance
+    return {
+        "seq": r.seq,
+        "name": r.name,
+        "kind": r.kind,
+        "slot": r.slot,
+        "step": r.step,
+        "call": r.call,
+        "status": pair.status,
+        "evidence": pair.evidence,
+        "severity": pair.severity,
+        "atol": tol.atol if tol else None,
+        "rtol": tol.rtol if tol else None,
+        "checks": [
+            {"metric": c.metric, "value": c.value, "allowed": c.allowed, "passed": c.passed, "upper": c.upper}
+            for c in pair.checks
+        ],
+    }
+
+
 def phase_dict(report: PhaseReport) -> dict[str, Any]:
     v = report.verdict
     worst = None
@@ -237,12 +322,14 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             "kind": v.worst.record.kind,
             "severity": v.worst.severity,
             "checks": [c.__dict__ for c in v.worst.checks],
+            "metric": worst_metric(v),
         }
     return {
         "config": report.config,
         "name": report.case,
         "phase": report.phase,
         "passed": v.passed,
+        "verdict": verdict_label(v),
         "aligned": v.aligned,
         "baseline": report.baseline,
         "candidate": report.candidate,
@@ -285,6 +372,8 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         ],
         "seconds": report.seconds,
         "reproduce": report.reproduce,
+        "environment": _environment(report.environment),
+        "records": [_record_dict(p) for p in v.records],
     }
 
 
@@ -297,24 +386,46 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
     return [seen[k] for k in sorted(seen)]
 
 
-def write_json_report(
-    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
-) -> Path:
-    """Write ``report.json`` atomically (temp file + rename)."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / "report.json"
-    data = _strict_json({"tool": "pytest-precalign", **dict(meta), "cases": list(cases)})
-    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".json.tmp", dir=folder)
+def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What report.json holds (and report.html shows): strict JSON values only."""
+    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
+    return json.loads(json.dumps(_strict_json(data), default=_json_default, allow_nan=False))  # type: ignore[no-any-return]
+
+
+def write_text_atomic(target: Path, text: str) -> Path:
+    """Write ``target`` through a temp file in its folder and a rename: readers never see half."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=f"{target.suffix}.tmp", dir=target.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is as readable as any file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, default=_json_default, allow_nan=False)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
+
+
+def write_json_report(
+    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
+) -> Path:
+    """Write ``report.json`` atomically (temp file + rename)."""
+    data = report_document(cases, meta)
+    return write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
+
+
+def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+    """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
+    from .report_html import write_html_report
+
+    data = report_document(cases, meta)
+    target = write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
+    write_html_report(directory, data)
     return target
 
 

@@ -95,6 +95,8 @@ class PhaseVerdict:
     isolated_count: int = 0
     reasons: Mapping[str, str] = field(default_factory=dict)  # why unmatched records are one-sided
     overflow: tuple[Overflow, ...] = ()  # the candidate's NaN/Inf and norm blow-ups, by level
+    # Every paired, gated record of the phase in execution order: what the HTML report charts.
+    records: tuple[PairResult, ...] = ()
 
     @property
     def failed_count(self) -> int:
@@ -279,6 +281,11 @@ def phase_verdict(
         isolated_count=isolated_count,
         reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
         overflow=overflow,
+        records=tuple(
+            sorted(
+                (p for p in paired if p.record.kind != "input"), key=lambda p: (p.record.step, p.record.seq)
+            )
+        ),
     )
 
 
