@@ -26,6 +26,10 @@ class CaseInputs:
 
 
 def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
+    if spec.kind == "ids":
+        assert spec.input_ids is not None
+        mask = None if spec.mask is None else torch.tensor(spec.mask, dtype=torch.long)
+        return explicit_inputs(torch.tensor(spec.input_ids, dtype=torch.long), mask, spec.labels)
     generator = torch.Generator().manual_seed(spec.seed)
     if spec.kind == "tokens":
         ids = torch.randint(0, spec.vocab_size, (spec.batch, spec.seq_len), generator=generator)
@@ -53,3 +57,16 @@ def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
         if isinstance(given_ids, torch.Tensor):
             labels = given_ids.clone()
     return CaseInputs(model_inputs, labels)
+
+
+def explicit_inputs(ids: torch.Tensor, mask: torch.Tensor | None, labels: bool) -> CaseInputs:
+    """Given token ids (and 0/1 mask): labels are the ids, with padded positions ignored."""
+    model_inputs: dict[str, Any] = {"input_ids": ids}
+    if mask is not None:
+        model_inputs["attention_mask"] = mask
+    if not labels:
+        return CaseInputs(model_inputs, None)
+    target = ids.clone()
+    if mask is not None:
+        target[mask == 0] = -100  # cross_entropy's ignore_index
+    return CaseInputs(model_inputs, target)
