@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if getattr(args, "report", None):
+            from .report import check_report_dir
+
+            check_report_dir(args.report)
         if args.command == "validate":
             return _validate(Path(args.config))
         if args.command == "compare":

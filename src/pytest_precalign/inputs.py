@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .config import InputSpec
-from .errors import PrecalignError, SourceError
+from .errors import CaseError, PrecalignError, SourceError
 from .sources import import_object, one_line
 
 
@@ -70,3 +70,30 @@ def explicit_inputs(ids: torch.Tensor, mask: torch.Tensor | None, labels: bool) 
     if mask is not None:
         target[mask == 0] = -100  # cross_entropy's ignore_index
     return CaseInputs(model_inputs, target)
+
+
+def vocabulary_size(module: torch.nn.Module) -> tuple[str, int] | None:
+    """The input embedding's name and row count: the first module with ``num_embeddings``
+    (torch's Embedding, Megatron's VocabParallelEmbedding); None when there is none."""
+    for name, sub in module.named_modules():
+        rows = getattr(sub, "num_embeddings", None)
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            return name, rows
+    return None
+
+
+def check_token_ids(inputs: CaseInputs, module: torch.nn.Module, model: str, where: str) -> None:
+    """Token ids outside the embedding fail inside the model with an IndexError (CPU) or a
+    device assert (GPU): name the inputs and the vocabulary instead."""
+    ids = inputs.model_inputs.get("input_ids")
+    found = vocabulary_size(module)
+    if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point() or found is None:
+        return
+    name, rows = found
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= rows:
+        bad = low if low < 0 else high
+        raise CaseError(
+            f"{where}: token id {bad} is outside model {model!r}'s vocabulary "
+            f"({name or 'its embedding'} has {rows} rows: ids 0..{rows - 1})"
+        )

@@ -64,6 +64,14 @@ def pytest_configure(config: pytest.Config) -> None:
         align_config = load_config_file(path)
     except PrecalignError as exc:
         raise pytest.UsageError(f"--align-config: {exc}") from None
+    report_dir = config.getoption("align_report") or config.getini("align_report")
+    if report_dir:
+        from .report import check_report_dir
+
+        try:
+            check_report_dir(report_dir, "--align-report")
+        except PrecalignError as exc:
+            raise pytest.UsageError(str(exc)) from None
     config.stash[STATE_KEY] = _State(config=align_config)
     # Collect the config's cases even when it lies outside the paths given on the command line.
     resolved = align_config.path

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import Check, PairResult
+from .errors import ConfigError
 from .verdict import Divergence, PhaseVerdict
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -297,11 +298,20 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
     return [seen[k] for k in sorted(seen)]
 
 
+def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
+    """A report directory that can be made: checked before anything runs."""
+    folder = Path(directory)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)")
+    return folder
+
+
 def write_json_report(
     directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
 ) -> Path:
     """Write ``report.json`` atomically (temp file + rename)."""
-    folder = Path(directory)
+    folder = check_report_dir(directory)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "report.json"
     data = _strict_json({"tool": "pytest-precalign", **dict(meta), "cases": list(cases)})

@@ -18,7 +18,7 @@ import torch
 from .config import AlignConfig, CaseSpec
 from .determinism import deterministic, environment
 from .errors import CaseError
-from .inputs import CaseInputs, explicit_inputs
+from .inputs import CaseInputs, explicit_inputs, vocabulary_size
 from .report import PhaseReport, failure_message
 from .runner import CaseRun, finish, run_side
 from .search_spec import SearchSpec, ids_block
@@ -113,6 +113,13 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             sync = sync_weights(
                 baseline.module, candidate.module, case.mapping, strict=case.strict_weights, context=lambda: where
             )
+        for loaded in (baseline, candidate):
+            found = vocabulary_size(loaded.module)
+            if found is not None and spec.vocab_size > found[1]:
+                raise CaseError(
+                    f"{where}search.vocab_size: {spec.vocab_size} exceeds model {loaded.name!r}'s "
+                    f"vocabulary ({found[0] or 'its embedding'} has {found[1]} rows)"
+                )
         env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
         manifest = {**env, "config_digest": config.digest, "case": case.name, "search": True}
 

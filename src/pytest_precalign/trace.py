@@ -138,3 +138,10 @@ class Trace:
 
     def by_id(self) -> dict[str, Record]:
         return {r.id: r for r in self.records}
+
+
+def is_dtype_name(name: Any) -> bool:
+    """``float32``, ``bfloat16``, ... (as torch names its dtypes, without ``torch.``)."""
+    import torch
+
+    return isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype)
