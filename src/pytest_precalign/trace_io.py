@@ -182,8 +182,10 @@ def read_trace(path: str | Path) -> Trace:
         seen.add(record.id)
         records.append(record)
     shards = index.get("shards") or {}
-    if not isinstance(shards, dict):
-        raise TraceError(f"{root / 'index.json'}: 'shards' must map tensor keys to files")
+    if not isinstance(shards, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v and Path(v).name == v for k, v in shards.items()
+    ):
+        raise TraceError(f"{root / 'index.json'}: 'shards' must map tensor keys to file names in the trace directory")
     for r in records:
         if r.tensor_key is not None and r.tensor_key not in shards:
             raise TraceError(
@@ -194,6 +196,7 @@ def read_trace(path: str | Path) -> Trace:
     return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards, shapes))
 
 
+_STATS_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
 _RECORD_KEYS = ("seq", "name", "module_class", "phase", "step", "call", "kind", "slot", "dtype", "shape")
 
 
@@ -204,6 +207,22 @@ def _record(item: Any, where: str) -> Record:
     missing = [k for k in _RECORD_KEYS if k not in item]
     if missing:
         raise TraceError(f"{where}: missing key {missing[0]!r} (a record has {', '.join(_RECORD_KEYS)})")
+    for key in ("name", "module_class", "phase", "kind", "slot", "dtype"):
+        if not isinstance(item[key], str):
+            raise TraceError(f"{where}: {key} must be a string, got {item[key]!r}")
+    for key in ("tensor_key", "crc32"):
+        if not isinstance(item.get(key), (str, type(None))):
+            raise TraceError(f"{where}: {key} must be a string or null, got {item[key]!r}")
+    deps = item.get("deps", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise TraceError(f"{where}: deps must be a list of record ids, got {deps!r}")
+    stats = item.get("stats")
+    if stats is not None and not (
+        isinstance(stats, dict)
+        and set(_STATS_KEYS[:4]) <= set(stats) <= set(_STATS_KEYS)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in stats.values())
+    ):
+        raise TraceError(f"{where}: stats must be null or numbers {', '.join(_STATS_KEYS)}, got {stats!r}")
     if item["kind"] not in PHASE_OF_KIND:
         raise TraceError(f"{where}: kind {item['kind']!r} is unknown (allowed: {', '.join(PHASE_OF_KIND)})")
     if not is_dtype_name(item["dtype"]):
