@@ -54,6 +54,13 @@ cases:
 """
 
 
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny models run many small ops: one thread each is faster on a shared 2-core machine
+    (pytester's subprocesses inherit it)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 def _write(pytester: pytest.Pytester, text: str) -> None:
     pytester.makepyfile(mask_bug=MASK_BUG)
     (pytester.path / "align.yaml").write_text(text, encoding="utf-8")
@@ -91,19 +98,23 @@ def test_search_shrinks_a_length_dependent_bug_to_seq_len_17(pytester: pytest.Py
     assert [len(r) for r in rows] == [17]
     assert set(rows[0]) == {0}  # shrunk to the simplest tokens: the attention weights still differ
 
-    # Pasted back as the case's inputs, the minimal example diverges at the same layer...
+    # Pasted back as the case's inputs, the minimal example diverges at the same layer; its
+    # first 16 tokens (a second case, same run) do not: the bug needs position 16.
     pasted = _pasted(CONFIG, block, "window_minimal")
+    first16 = "[[" + ", ".join(str(v) for v in rows[0][:16]) + "]]"
+    pasted = pasted.replace("inputs:\n", f"inputs:\n  first16: {{kind: ids, input_ids: {first16}, labels: true}}\n", 1)
+    pasted += "  - {name: window16, baseline: base, candidate: cand, inputs: first16}\n"
     again = _run(pytester, pasted)
-    again.assert_outcomes(failed=1)
-    assert "First divergence: model.layers.0.self_attn" in again.stdout.str()
-    # ... and its first 16 tokens do not: the bug needs position 16.
-    short = pasted.replace(ids.group(1), "[[" + ", ".join(str(v) for v in rows[0][:16]) + "]]")
-    _run(pytester, short).assert_outcomes(passed=1)
+    again.assert_outcomes(passed=1, failed=1)
+    out = again.stdout.str()
+    assert "FAILED align.yaml::window[forward]" in out
+    assert "First divergence: model.layers.0.self_attn" in out
+    assert "PASSED window16[forward]" in out
 
 
 def test_search_of_an_aligned_pair_passes(pytester: pytest.Pytester) -> None:
     text = CONFIG.replace(', patch: "mask_bug:patch"', "").replace(
-        "seq_len: [1, 24]}", "seq_len: [1, 24], padding: true}"
+        "max_examples: 25, batch: [1, 2], seq_len: [1, 24]}", "max_examples: 10, batch: [1, 2], seq_len: [1, 24], padding: true}"
     )
     result = _run(pytester, text, "-rA")
     result.assert_outcomes(passed=2)
@@ -135,3 +146,26 @@ def test_search_needs_vocab_size_without_token_inputs(tmp_path: Path) -> None:
         load_config(text, tmp_path / "align.yaml")
     spec = load_config(text.replace("seq_len: [1, 24]}", "seq_len: [1, 24], vocab_size: 64}"), tmp_path / "a.yaml")
     assert spec.cases[0].search is not None and spec.cases[0].search.vocab_size == 64
+
+
+def test_cli_run_reports_the_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from pytest_precalign.cli import main
+
+    (tmp_path / "mask_bug.py").write_text(MASK_BUG, encoding="utf-8")
+    (tmp_path / "align.yaml").write_text(CONFIG.replace("max_examples: 25", "max_examples: 10"), encoding="utf-8")
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(["run", str(tmp_path / "align.yaml")])
+    finally:
+        torch.set_num_threads(threads)
+        sys.modules.pop("mask_bug", None)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "PASSED window[forward]" in out
+    assert "FAILED window[search]" in out
+    assert "  inputs:\n    window_minimal:\n      kind: ids\n" in out
