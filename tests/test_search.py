@@ -13,7 +13,7 @@ from pytest_precalign.errors import ConfigError
 
 # A candidate whose attention mask is wrong only for query positions >= 16: from there on
 # it cannot see position 0 (as if a 16-token sliding window had leaked into full attention).
-MASK_BUG = '''
+MASK_BUG = """
 import torch
 
 
@@ -30,7 +30,7 @@ def patch(model):
 
         attn.forward = forward
     return model
-'''
+"""
 
 QWEN = (
     "{source: hf, class: transformers.Qwen2ForCausalLM, attn_implementation: eager, "
@@ -68,7 +68,9 @@ def _write(pytester: pytest.Pytester, text: str) -> None:
 
 def _run(pytester: pytest.Pytester, text: str, *args: str) -> pytest.RunResult:
     _write(pytester, text)
-    return pytester.runpytest("--align-config", "align.yaml", "-p", "no:cacheprovider", "-p", "no:xdist", *args)
+    return pytester.runpytest(
+        "--align-config", "align.yaml", "-p", "no:cacheprovider", "-p", "no:xdist", *args
+    )
 
 
 def _pasted(config: str, block: str, name: str) -> str:
@@ -102,7 +104,9 @@ def test_search_shrinks_a_length_dependent_bug_to_seq_len_17(pytester: pytest.Py
     # first 16 tokens (a second case, same run) do not: the bug needs position 16.
     pasted = _pasted(CONFIG, block, "window_minimal")
     first16 = "[[" + ", ".join(str(v) for v in rows[0][:16]) + "]]"
-    pasted = pasted.replace("inputs:\n", f"inputs:\n  first16: {{kind: ids, input_ids: {first16}, labels: true}}\n", 1)
+    pasted = pasted.replace(
+        "inputs:\n", f"inputs:\n  first16: {{kind: ids, input_ids: {first16}, labels: true}}\n", 1
+    )
     pasted += "  - {name: window16, baseline: base, candidate: cand, inputs: first16}\n"
     again = _run(pytester, pasted)
     again.assert_outcomes(passed=1, failed=1)
@@ -114,7 +118,8 @@ def test_search_shrinks_a_length_dependent_bug_to_seq_len_17(pytester: pytest.Py
 
 def test_search_of_an_aligned_pair_passes(pytester: pytest.Pytester) -> None:
     text = CONFIG.replace(', patch: "mask_bug:patch"', "").replace(
-        "max_examples: 25, batch: [1, 2], seq_len: [1, 24]}", "max_examples: 10, batch: [1, 2], seq_len: [1, 24], padding: true}"
+        "max_examples: 25, batch: [1, 2], seq_len: [1, 24]}",
+        "max_examples: 10, batch: [1, 2], seq_len: [1, 24], padding: true}",
     )
     result = _run(pytester, text, "-rA")
     result.assert_outcomes(passed=2)
@@ -141,10 +146,15 @@ def test_search_options_are_validated(tmp_path: Path, search: str, fragment: str
 
 
 def test_search_needs_vocab_size_without_token_inputs(tmp_path: Path) -> None:
-    text = CONFIG.replace("{kind: tokens, batch: 2, seq_len: 12, vocab_size: 64, labels: true}", "{kind: ids, input_ids: [[1, 2]]}")
+    text = CONFIG.replace(
+        "{kind: tokens, batch: 2, seq_len: 12, vocab_size: 64, labels: true}",
+        "{kind: ids, input_ids: [[1, 2]]}",
+    )
     with pytest.raises(ConfigError, match=r"cases\[0\].search: missing required key 'vocab_size'"):
         load_config(text, tmp_path / "align.yaml")
-    spec = load_config(text.replace("seq_len: [1, 24]}", "seq_len: [1, 24], vocab_size: 64}"), tmp_path / "a.yaml")
+    spec = load_config(
+        text.replace("seq_len: [1, 24]}", "seq_len: [1, 24], vocab_size: 64}"), tmp_path / "a.yaml"
+    )
     assert spec.cases[0].search is not None and spec.cases[0].search.vocab_size == 64
 
 
@@ -154,7 +164,9 @@ def test_cli_run_reports_the_search(tmp_path: Path, capsys: pytest.CaptureFixtur
     from pytest_precalign.cli import main
 
     (tmp_path / "mask_bug.py").write_text(MASK_BUG, encoding="utf-8")
-    (tmp_path / "align.yaml").write_text(CONFIG.replace("max_examples: 25", "max_examples: 10"), encoding="utf-8")
+    (tmp_path / "align.yaml").write_text(
+        CONFIG.replace("max_examples: 25", "max_examples: 10"), encoding="utf-8"
+    )
     import torch
 
     threads = torch.get_num_threads()

@@ -376,9 +376,7 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
     return isolate
 
 
-def _search(
-    reader: Reader, spec: InputSpec | None, *models: ModelSpec | None
-) -> SearchSpec | None:
+def _search(reader: Reader, spec: InputSpec | None, *models: ModelSpec | None) -> SearchSpec | None:
     sub = reader.get_mapping("search")
     if sub is None:
         return None
@@ -647,7 +645,9 @@ def _parse_case(
         baseline_dump=dumps.get("baseline"),
         candidate_dump=dumps.get("candidate"),
         where=reader.where(),
-        search=_search(reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])),
+        search=_search(
+            reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
+        ),
     )
     reader.done()
     return case

@@ -165,7 +165,7 @@ class SearchItem(pytest.Item):
         result = run_search(align_config, self.case)
         self.user_properties.append(("precalign_search_examples", result.tried))
         if not result.passed:
-            reproduce = f"pytest --align-config {align_config.path.name} \"{self.nodeid}\""
+            reproduce = f'pytest --align-config {align_config.path.name} "{self.nodeid}"'
             raise AlignmentMismatch(search_message(result, align_config, reproduce))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:

@@ -303,7 +303,9 @@ def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
     folder = Path(directory)
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise ConfigError(f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)")
+        raise ConfigError(
+            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
+        )
     return folder
 
 

@@ -111,7 +111,11 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
         sync = None
         if case.sync_weights:
             sync = sync_weights(
-                baseline.module, candidate.module, case.mapping, strict=case.strict_weights, context=lambda: where
+                baseline.module,
+                candidate.module,
+                case.mapping,
+                strict=case.strict_weights,
+                context=lambda: where,
             )
         for loaded in (baseline, candidate):
             found = vocabulary_size(loaded.module)
@@ -128,7 +132,9 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             seed = base_spec.seed
             base = run_side(baseline, data, forward, {**manifest, "side": "baseline"}, seed)
             cand = run_side(candidate, data, forward, {**manifest, "side": "candidate"}, seed)
-            return finish(case.name, ("forward",), base, cand, case.mapping, table, forward, sync, started, env)
+            return finish(
+                case.name, ("forward",), base, cand, case.mapping, table, forward, sync, started, env
+            )
 
         def diverges(example: Example) -> bool:
             nonlocal tried
@@ -163,7 +169,11 @@ def search_message(result: SearchResult, config: AlignConfig, reproduce: str) ->
     verdict = result.run.verdicts["forward"]
     first = verdict.first
     where = f"{first.name} ({first.kind}, {first.slot})" if first is not None else "no single record"
-    origin = "" if first is None else (", origin" if first.origin else f", propagated (origin module: {first.origin_module})")
+    origin = (
+        ""
+        if first is None
+        else (", origin" if first.origin else f", propagated (origin module: {first.origin_module})")
+    )
     example = result.minimal
     head = (
         f"Divergence search: case {case.name!r} diverges in forward; minimal example after "

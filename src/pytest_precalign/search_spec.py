@@ -106,7 +106,9 @@ def _matrix(reader: Reader, key: str, *, required: bool) -> tuple[tuple[int, ...
         if bad is not None or any(not _is_int(v) for v in row):
             reader.fail(f"row {i}: expected integers >= 0, got {bad!r}", key)
         if len(row) != len(value[0]):
-            reader.fail(f"row {i} has {len(row)} values, row 0 has {len(value[0])}: rows must be equally long", key)
+            reader.fail(
+                f"row {i} has {len(row)} values, row 0 has {len(value[0])}: rows must be equally long", key
+            )
     return tuple(tuple(int(v) for v in row) for row in value)
 
 

@@ -185,7 +185,9 @@ def read_trace(path: str | Path) -> Trace:
     if not isinstance(shards, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and v and Path(v).name == v for k, v in shards.items()
     ):
-        raise TraceError(f"{root / 'index.json'}: 'shards' must map tensor keys to file names in the trace directory")
+        raise TraceError(
+            f"{root / 'index.json'}: 'shards' must map tensor keys to file names in the trace directory"
+        )
     for r in records:
         if r.tensor_key is not None and r.tensor_key not in shards:
             raise TraceError(
@@ -230,7 +232,9 @@ def _record(item: Any, where: str) -> Record:
             f"{where}: dtype {item['dtype']!r} is not a torch dtype name (e.g. float32, bfloat16, int64)"
         )
     shape = item["shape"]
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise TraceError(f"{where}: shape must be a list of integers >= 0, got {shape!r}")
     for key in ("seq", "step", "call"):
         if not isinstance(item[key], int) or isinstance(item[key], bool):
@@ -239,7 +243,6 @@ def _record(item: Any, where: str) -> Record:
         return record_from_dict(item)
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceError(f"{where}: malformed: {type(exc).__name__}: {exc}") from None
-
 
 
 def _read_json(path: Path) -> Any:

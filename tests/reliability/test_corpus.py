@@ -212,7 +212,9 @@ def dump(sample: str, change: Callable[[Path], None]) -> Callable[[Path], list[s
     return build
 
 
-def dump_record(fn: Callable[[dict], None], name: str = "Module.model.layers.0.self_attn.q_proj.Linear.forward.0"):  # type: ignore[no-untyped-def,type-arg]
+def dump_record(
+    fn: Callable[[dict], None], name: str = "Module.model.layers.0.self_attn.q_proj.Linear.forward.0"
+):  # type: ignore[no-untyped-def,type-arg]
     def apply(data: dict) -> dict:  # type: ignore[type-arg]
         fn(data["data"][name])
         return data
@@ -323,7 +325,12 @@ CORPUS: list[Bad] = [
     ),
     Bad(
         "dump-path-missing",
-        config(edit("baseline: base\n    candidate: cand", "baseline: {dump: runs/a}\n    candidate: {dump: runs/b}")),
+        config(
+            edit(
+                "baseline: base\n    candidate: cand",
+                "baseline: {dump: runs/a}\n    candidate: {dump: runs/b}",
+            )
+        ),
         (CFG + ":9: cases[0].baseline.dump: no such dump or trace directory: {root}/runs/a",),
         plugin=True,
     ),
@@ -339,39 +346,68 @@ CORPUS: list[Bad] = [
             + "    isolate: true\n    record: {mode: tensor}\n",
             ("a/manifest.json", "{}"),
         ),
-        (CFG + ":12: cases[0].isolate: isolation re-runs the candidate's modules: it needs a model, not a dump",),
+        (
+            CFG
+            + ":12: cases[0].isolate: isolation re-runs the candidate's modules: it needs a model, not a dump",
+        ),
     ),
     # ---- configs: models --------------------------------------------------------------------
     Bad(
         "patch-not-module-function",
-        config(edit('cand: {source: factory, factory: "corpus_models:build"}', 'cand: {source: factory, factory: "corpus_models:build", patch: "corpus_models.no_patch_args"}')),
+        config(
+            edit(
+                'cand: {source: factory, factory: "corpus_models:build"}',
+                'cand: {source: factory, factory: "corpus_models:build", patch: "corpus_models.no_patch_args"}',
+            )
+        ),
         (CFG + ":4: models.cand.patch: expected 'module:function'", "'corpus_models.no_patch_args'"),
         plugin=True,
     ),
     Bad(
         "output-not-string",
-        config(edit('cand: {source: factory, factory: "corpus_models:build"}', 'cand: {source: factory, factory: "corpus_models:build", output: 3}')),
+        config(
+            edit(
+                'cand: {source: factory, factory: "corpus_models:build"}',
+                'cand: {source: factory, factory: "corpus_models:build", output: 3}',
+            )
+        ),
         (CFG + ":4: models.cand.output: expected a string, got int 3",),
     ),
     Bad(
         "megatron-tensor-parallel-zero",
-        config(edit('cand: {source: factory, factory: "corpus_models:build"}', "cand: {source: megatron, tensor_parallel: 0}")),
+        config(
+            edit(
+                'cand: {source: factory, factory: "corpus_models:build"}',
+                "cand: {source: megatron, tensor_parallel: 0}",
+            )
+        ),
         (CFG + ":4: models.cand.tensor_parallel: must be >= 1, got 0",),
     ),
     Bad(
         "megatron-unknown-preset",
-        config(edit('cand: {source: factory, factory: "corpus_models:build"}', "cand: {source: megatron, preset: llama3}")),
+        config(
+            edit(
+                'cand: {source: factory, factory: "corpus_models:build"}',
+                "cand: {source: megatron, preset: llama3}",
+            )
+        ),
         (CFG + ":4: models.cand.preset:", "'llama3'", "qwen2.5"),
     ),
     Bad(
         "preset-mapping-unknown",
         config(case_line("mapping: 'preset:llama'")),
-        (CFG + ":12: cases[0].mapping: unknown preset mapping 'preset:llama' (allowed: preset:megatron-qwen2.5)",),
+        (
+            CFG
+            + ":12: cases[0].mapping: unknown preset mapping 'preset:llama' (allowed: preset:megatron-qwen2.5)",
+        ),
     ),
     Bad(
         "preset-mapping-without-heads",
         config(case_line("mapping: 'preset:megatron-qwen2.5'")),
-        (CFG + ":12: cases[0].mapping: preset:megatron-qwen2.5 needs num_attention_heads in a model's config",),
+        (
+            CFG
+            + ":12: cases[0].mapping: preset:megatron-qwen2.5 needs num_attention_heads in a model's config",
+        ),
     ),
     Bad(
         "hf-unknown-attn-implementation",
@@ -398,38 +434,73 @@ CORPUS: list[Bad] = [
     # ---- configs: explicit token ids (kind: ids) -----------------------------------------------
     Bad(
         "ids-ragged-rows",
-        config(edit("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, 2, 3], [4, 5]], labels: true}")),
+        config(
+            edit(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, 2, 3], [4, 5]], labels: true}",
+            )
+        ),
         (CFG + ":6: inputs.toks.input_ids: row 1 has 2 values, row 0 has 3: rows must be equally long",),
         plugin=True,
     ),
     Bad(
         "ids-negative",
-        config(edit("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, -2, 3]], labels: true}")),
+        config(
+            edit(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, -2, 3]], labels: true}",
+            )
+        ),
         (CFG + ":6: inputs.toks.input_ids: row 0: expected integers >= 0, got -2",),
     ),
     Bad(
         "ids-mask-other-shape",
-        config(edit("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, 2, 3]], attention_mask: [[1, 1]], labels: true}")),
+        config(
+            edit(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, 2, 3]], attention_mask: [[1, 1]], labels: true}",
+            )
+        ),
         (CFG + ":6: inputs.toks.attention_mask: expected the shape of input_ids [1, 3], got [1, 2]",),
     ),
     Bad(
         "ids-mask-not-binary",
-        config(edit("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, 2, 3]], attention_mask: [[1, 2, 0]], labels: true}")),
+        config(
+            edit(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, 2, 3]], attention_mask: [[1, 2, 0]], labels: true}",
+            )
+        ),
         (CFG + ":6: inputs.toks.attention_mask: row 0: expected only 0 and 1, got [1, 2, 0]",),
     ),
     Bad(
         "ids-mask-row-all-padding",
-        config(edit("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, 2, 3]], attention_mask: [[0, 0, 0]], labels: true}")),
+        config(
+            edit(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, 2, 3]], attention_mask: [[0, 0, 0]], labels: true}",
+            )
+        ),
         (CFG + ":6: inputs.toks.attention_mask: row 0: every row needs at least one 1",),
     ),
     Bad(
         "ids-beyond-vocabulary",
-        run_config(edit("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, 2, 30]], labels: true}")),
+        run_config(
+            edit(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, 2, 30]], labels: true}",
+            )
+        ),
         (CFG + ": case 'c1':", "inputs.toks", "token id 30", "vocabulary"),
     ),
     Bad(
         "ids-backward-without-labels",
-        config(case_line("phases: [forward, backward]").replace("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}", "{kind: ids, input_ids: [[1, 2, 3]]}")),
+        config(
+            case_line("phases: [forward, backward]").replace(
+                "{kind: tokens, batch: 1, seq_len: 3, vocab_size: 8, labels: true}",
+                "{kind: ids, input_ids: [[1, 2, 3]]}",
+            )
+        ),
         (CFG + ":12: cases[0].phases: phase 'backward' with loss 'causal_lm' needs labels",),
     ),
     # ---- tolerance, mapping and layer_mapping files -------------------------------------------
@@ -457,7 +528,10 @@ CORPUS: list[Bad] = [
     Bad(
         "layer-mapping-unknown-preset",
         config(case_line("layer_mapping: 'preset:llama'")),
-        (CFG + ":12: cases[0].layer_mapping: unknown preset 'preset:llama'", "preset:qwen2.5-mindspeed-to-hf"),
+        (
+            CFG + ":12: cases[0].layer_mapping: unknown preset 'preset:llama'",
+            "preset:qwen2.5-mindspeed-to-hf",
+        ),
     ),
     Bad(
         "layer-mapping-file-not-strings",
@@ -547,14 +621,28 @@ CORPUS: list[Bad] = [
     ),
     Bad(
         "trace-tensor-key-not-in-shard",
-        trace(json_edit("index.json", lambda i: {**i, "shards": {**i["shards"], **{k + "x": v for k, v in i["shards"].items()}}, "records": [{**r, "tensor_key": r["tensor_key"] + "x"} if r.get("tensor_key") else r for r in i["records"]]})),
+        trace(
+            json_edit(
+                "index.json",
+                lambda i: {
+                    **i,
+                    "shards": {**i["shards"], **{k + "x": v for k, v in i["shards"].items()}},
+                    "records": [
+                        {**r, "tensor_key": r["tensor_key"] + "x"} if r.get("tensor_key") else r
+                        for r in i["records"]
+                    ],
+                },
+            )
+        ),
         ("{root}/b/tensors-00000.safetensors: cannot read tensor",),
     ),
     # ---- msprobe dumps -------------------------------------------------------------------------
     Bad(
         "dump-dtype-not-string",
         dump(STATS, dump_record(lambda r: r["output"][0].update(dtype=7))),
-        ("{root}/b/step0/rank0/dump.json: record 'Module.model.layers.0.self_attn.q_proj.Linear.forward.0' out: tensor entry without a 'dtype' string",),
+        (
+            "{root}/b/step0/rank0/dump.json: record 'Module.model.layers.0.self_attn.q_proj.Linear.forward.0' out: tensor entry without a 'dtype' string",
+        ),
     ),
     Bad(
         "dump-data-name-not-string",
@@ -568,7 +656,7 @@ CORPUS: list[Bad] = [
     ),
     Bad(
         "dump-construct-values-not-names",
-        dump(STATS, json_edit("construct.json", lambda c: {k: 3 for k in c})),
+        dump(STATS, json_edit("construct.json", lambda c: dict.fromkeys(c, 3))),
         ("{root}/b/step0/rank0/construct.json: expected an object mapping record names to parent names",),
     ),
     Bad(
@@ -604,17 +692,29 @@ CORPUS: list[Bad] = [
     ),
     Bad(
         "cli-metric-function-missing",
-        cli(["compare", "{root}/a", "{root}/a", "--metric", "{root}/m.py:score"], ("m.py", "def other(a, b):\n    return 0.0\n"), golden=True),
+        cli(
+            ["compare", "{root}/a", "{root}/a", "--metric", "{root}/m.py:score"],
+            ("m.py", "def other(a, b):\n    return 0.0\n"),
+            golden=True,
+        ),
         ("--metric: {root}/m.py has no function 'score'",),
     ),
     Bad(
         "cli-metric-import-raises",
-        cli(["compare", "{root}/a", "{root}/a", "--metric", "{root}/m.py:score"], ("m.py", "import no_such_thing_here\n"), golden=True),
+        cli(
+            ["compare", "{root}/a", "{root}/a", "--metric", "{root}/m.py:score"],
+            ("m.py", "import no_such_thing_here\n"),
+            golden=True,
+        ),
         ("--metric: {root}/m.py: importing it raised ModuleNotFoundError",),
     ),
     Bad(
         "cli-metric-raises-on-a-pair",
-        cli(["compare", "{root}/a", "{root}/a", "--metric", "{root}/m.py:score"], ("m.py", "def score(a, b):\n    return 1 / 0\n"), golden=True),
+        cli(
+            ["compare", "{root}/a", "{root}/a", "--metric", "{root}/m.py:score"],
+            ("m.py", "def score(a, b):\n    return 1 / 0\n"),
+            golden=True,
+        ),
         ("--metric score: raised ZeroDivisionError on",),
     ),
     Bad(
@@ -629,12 +729,20 @@ CORPUS: list[Bad] = [
     ),
     Bad(
         "cli-mapping-file-bad-op",
-        cli(["compare", "{root}/a", "{root}/a", "--mapping", "{root}/m.yaml"], ("m.yaml", "tensors:\n  - {baseline: a, candidate: b, transform: {op: spin}}\n"), golden=True),
+        cli(
+            ["compare", "{root}/a", "{root}/a", "--mapping", "{root}/m.yaml"],
+            ("m.yaml", "tensors:\n  - {baseline: a, candidate: b, transform: {op: spin}}\n"),
+            golden=True,
+        ),
         ("{root}/m.yaml:2: tensors[0].transform[0].op: unknown value 'spin'", "allowed: concat"),
     ),
     Bad(
         "cli-tolerances-bad-rule",
-        cli(["compare", "{root}/a", "{root}/a", "--tolerances", "{root}/t.yaml"], ("t.yaml", "- {match: '*', atol: 1.0e-5}\n"), golden=True),
+        cli(
+            ["compare", "{root}/a", "{root}/a", "--tolerances", "{root}/t.yaml"],
+            ("t.yaml", "- {match: '*', atol: 1.0e-5}\n"),
+            golden=True,
+        ),
         ("{root}/t.yaml:1: [0]: atol and rtol must be given together (missing 'rtol')",),
     ),
     Bad(
@@ -644,7 +752,9 @@ CORPUS: list[Bad] = [
     ),
     Bad(
         "cli-report-is-a-file",
-        cli(["compare", "{root}/a", "{root}/a", "--report", "{root}/r.txt"], ("r.txt", "taken\n"), golden=True),
+        cli(
+            ["compare", "{root}/a", "{root}/a", "--report", "{root}/r.txt"], ("r.txt", "taken\n"), golden=True
+        ),
         ("--report: {root}/r.txt: {root}/r.txt is a file, not a directory",),
     ),
     Bad(

@@ -43,11 +43,15 @@ CONFIG = {
         },
     },
     "inputs": {"toks": {"kind": "tokens", "batch": 1, "seq_len": 3, "vocab_size": 8, "labels": True}},
-    "tolerances": {"t": [{"match": "*", "atol": 1e-5, "rtol": 0.0, "why": "x"}, {"match": "*", "cosine": 0.99}]},
+    "tolerances": {
+        "t": [{"match": "*", "atol": 1e-5, "rtol": 0.0, "why": "x"}, {"match": "*", "cosine": 0.99}]
+    },
     "mappings": {
         "m": {
             "renames": [{"baseline": "layers.{i}", "candidate": "blocks.{i}"}],
-            "tensors": [{"baseline": ["a", "b"], "candidate": "c", "transform": [{"op": "concat", "dim": 0}]}],
+            "tensors": [
+                {"baseline": ["a", "b"], "candidate": "c", "transform": [{"op": "concat", "dim": 0}]}
+            ],
         }
     },
     "cases": [

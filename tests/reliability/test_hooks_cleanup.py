@@ -37,8 +37,14 @@ def _qwen2(cfg: dict[str, Any]) -> torch.nn.Module:
 
 
 def _hooks_left(model: torch.nn.Module) -> list[str]:
-    left = [f"{name or 'model'}.{d}" for name, m in model.named_modules() for d in HOOK_DICTS if getattr(m, d)]
-    left += [f"{n}._post_accumulate_grad_hooks" for n, p in model.named_parameters() if p._post_accumulate_grad_hooks]
+    left = [
+        f"{name or 'model'}.{d}" for name, m in model.named_modules() for d in HOOK_DICTS if getattr(m, d)
+    ]
+    left += [
+        f"{n}._post_accumulate_grad_hooks"
+        for n, p in model.named_parameters()
+        if p._post_accumulate_grad_hooks
+    ]
     left += [g for g in GLOBAL_HOOKS if getattr(module_globals, g)]
     return left
 
@@ -132,6 +138,8 @@ def test_runner_propagates_the_error_and_cleans_up() -> None:
     with pytest.raises(Boom):
         check_modules(base, cand, {"input": torch.randn(2, 4)}, phases=("forward", "backward"))
     assert _hooks_left(base) == [] and _hooks_left(cand) == []
-    run = check_modules(base, cand, {"input": torch.randn(1, 4)}, phases=("forward", "backward"), sync_weights_first=True)
+    run = check_modules(
+        base, cand, {"input": torch.randn(1, 4)}, phases=("forward", "backward"), sync_weights_first=True
+    )
     assert run.verdicts["forward"].passed and run.verdicts["backward"].passed
     assert {r.kind for r in run.baseline.records} >= {"activation", "grad_output", "param_grad"}

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytest_precalign.config import RecordSpec
 from pytest_precalign.report import PhaseReport, failure_message, phase_dict, write_json_report
 from pytest_precalign.runner import CaseRun, check_modules
-from pytest_precalign.config import RecordSpec
 
 
 class NaNGrad(torch.autograd.Function):
@@ -40,7 +40,9 @@ class Identity(torch.nn.Module):
 
 def _model(middle: torch.nn.Module | None = None) -> torch.nn.Sequential:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), middle or Identity(), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), middle or Identity(), torch.nn.Tanh(), torch.nn.Linear(8, 3)
+    )
 
 
 def _x(value: float | None = None) -> torch.Tensor:
@@ -57,12 +59,50 @@ def _poison(model: torch.nn.Module, value: float) -> torch.nn.Module:
 
 
 # (id, baseline, candidate, input, expected first NaN/Inf: side -> (record name, kind))
-SCENARIOS: list[tuple[str, Callable[[], torch.nn.Module], Callable[[], torch.nn.Module], torch.Tensor, dict[str, tuple[str, str]]]] = [
-    ("nan-input-both", _model, _model, _x(float("nan")), {"baseline": ("0", "activation"), "candidate": ("0", "activation")}),
-    ("inf-input-both", _model, _model, _x(float("inf")), {"baseline": ("0", "activation"), "candidate": ("0", "activation")}),
-    ("nan-weight-both", lambda: _poison(_model(), float("nan")), lambda: _poison(_model(), float("nan")), _x(), {"baseline": ("0", "activation"), "candidate": ("0", "activation")}),
-    ("inf-weight-candidate", _model, lambda: _poison(_model(), float("inf")), _x(), {"candidate": ("0", "activation")}),
-    ("nan-weight-baseline", lambda: _poison(_model(), float("nan")), _model, _x(), {"baseline": ("0", "activation")}),
+SCENARIOS: list[
+    tuple[
+        str,
+        Callable[[], torch.nn.Module],
+        Callable[[], torch.nn.Module],
+        torch.Tensor,
+        dict[str, tuple[str, str]],
+    ]
+] = [
+    (
+        "nan-input-both",
+        _model,
+        _model,
+        _x(float("nan")),
+        {"baseline": ("0", "activation"), "candidate": ("0", "activation")},
+    ),
+    (
+        "inf-input-both",
+        _model,
+        _model,
+        _x(float("inf")),
+        {"baseline": ("0", "activation"), "candidate": ("0", "activation")},
+    ),
+    (
+        "nan-weight-both",
+        lambda: _poison(_model(), float("nan")),
+        lambda: _poison(_model(), float("nan")),
+        _x(),
+        {"baseline": ("0", "activation"), "candidate": ("0", "activation")},
+    ),
+    (
+        "inf-weight-candidate",
+        _model,
+        lambda: _poison(_model(), float("inf")),
+        _x(),
+        {"candidate": ("0", "activation")},
+    ),
+    (
+        "nan-weight-baseline",
+        lambda: _poison(_model(), float("nan")),
+        _model,
+        _x(),
+        {"baseline": ("0", "activation")},
+    ),
     # The grad w.r.t. the input of "1" is the grad w.r.t. the output of "0": one tensor,
     # recorded once, as the first record that saw it.
     ("nan-grad-candidate", _model, lambda: _model(BadBackward()), _x(), {"candidate": ("0", "grad_output")}),

@@ -5,7 +5,6 @@ AdamW step. Two copies of the same seeded model run the same inputs, one under t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -60,5 +59,3 @@ def test_recorded_run_is_bitwise_equal(tmp_path: Path, source: str, mode: str) -
     assert differ == []
     kinds = {r.kind for r in rec.trace().records}
     assert {"activation", "grad_output", "param_grad"} <= kinds  # it did record
-
-
