@@ -592,7 +592,7 @@ CORPUS: list[Bad] = [
     Bad(
         "trace-shards-not-mapping",
         trace(json_edit("index.json", lambda i: {**i, "shards": ["tensors-00000.safetensors"]})),
-        ("{root}/b/index.json: 'shards' must map tensor keys to files",),
+        ("{root}/b/index.json: 'shards' must map tensor keys to file names in the trace directory",),
     ),
     Bad(
         "trace-shard-file-missing",
