@@ -32,3 +32,25 @@ def example_suite(pytester: pytest.Pytester):
         return target
 
     return copy
+
+
+# Hypothesis (fuzzing and the divergence search tests): bounded and reproducible in CI, no
+# example database written into the repo. PRECALIGN_FUZZ_EXAMPLES=2000 fuzzes longer, with
+# fresh random examples each run.
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the test extra installs it; without it only the fuzz tests are skipped
+    pass
+else:
+    import os
+
+    _fuzz_examples = os.environ.get("PRECALIGN_FUZZ_EXAMPLES")
+    settings.register_profile(
+        "precalign",
+        max_examples=int(_fuzz_examples or 60),
+        deadline=None,
+        database=None,
+        derandomize=_fuzz_examples is None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.load_profile("precalign")

@@ -558,7 +558,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "inputs-kind-missing",
         _variant("{kind: tokens, batch", "{batch"),
         6,
-        ("inputs.toks: missing required key 'kind' (allowed: tokens, factory)",),
+        ("inputs.toks: missing required key 'kind' (allowed: tokens, factory, ids)",),
     ),
     (
         "inputs-vocab-missing",

@@ -195,3 +195,12 @@ def test_offline_compare_does_not_import_torch(tmp_path: Path) -> None:
     assert int(count) > 0
     assert first == "2"  # the perturbed Linear
     assert torch_loaded == "False"
+
+
+def test_dtype_names_are_torch_dtypes() -> None:
+    """The trace readers check dtype strings without importing torch: the list must be torch's."""
+    from pytest_precalign.trace import DTYPE_NAMES
+
+    torch_names = {n for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
+    assert torch_names <= DTYPE_NAMES | {"float8_e8m0fnu"}  # newer torch may add; older may lack
+    assert DTYPE_NAMES <= torch_names | {"float4_e2m1fn_x2", "float8_e8m0fnu"}

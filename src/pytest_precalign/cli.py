@@ -9,8 +9,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError, PrecalignError
+
+if TYPE_CHECKING:
+    from .config import AlignConfig, CaseSpec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if getattr(args, "report", None):
+            from .report import check_report_dir
+
+            check_report_dir(args.report)
         if args.command == "validate":
             return _validate(Path(args.config))
         if args.command == "compare":
@@ -228,6 +236,22 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
                 failed = True
                 print("  " + failure_message(report).replace("\n", "\n  "))
             entries.append(phase_dict(report))
+        if case.search is not None:
+            failed = _search(config, case, path) or failed
     if report_dir:
         write_reports(report_dir, entries, {"config": str(config.path), "exitstatus": int(failed)})
     return 1 if failed else 0
+
+
+def _search(config: AlignConfig, case: CaseSpec, path: Path) -> bool:
+    """A case's divergence search (``search:``); True when it found a divergence."""
+    from .search import run_search, search_message
+
+    result = run_search(config, case)
+    if result.passed:
+        print(f"PASSED {case.name}[search]: {result.tried} examples, no divergence")
+        return False
+    print(f"FAILED {case.name}[search]")
+    message = search_message(result, config, f"precalign run {path} --case {case.name}")
+    print("  " + message.replace("\n", "\n  "))
+    return True

@@ -15,6 +15,7 @@ from typing import Any
 from .errors import ConfigError
 from .layer_mapping import LayerMapping, read_layer_mapping
 from .mapping import MappingSpec, parse_mapping, read_mapping_file, reverse
+from .search_spec import IDS_KEYS, SearchSpec, parse_ids, parse_search
 from .sources.registry import COMMON_MODEL_KEYS, SOURCES
 from .tolerances import PHASES, ToleranceTable, parse_table
 from .yamlio import LineList, Reader, describe, load_yaml
@@ -24,7 +25,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 RECORD_MODES = ("stats", "tensor", "hash")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LOSSES = ("causal_lm", "model", "mean", "none")
-INPUT_KINDS = ("tokens", "factory")
+INPUT_KINDS = ("tokens", "factory", "ids")
 TOP_LEVEL_KEYS = ("version", "defaults", "models", "inputs", "tolerances", "mappings", "cases")
 DEFAULTS_KEYS = ("device", "dtype", "seed", "deterministic")
 TOKENS_KEYS = ("kind", "batch", "seq_len", "vocab_size", "seed", "labels", "attention_mask")
@@ -46,6 +47,7 @@ CASE_KEYS = (
     "train",
     "isolate",
     "layer_mapping",
+    "search",
 )
 
 
@@ -83,6 +85,9 @@ class InputSpec:
     factory: str | None = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     where: str = ""
+    # kind: ids -- explicit token ids (rows) and an optional 0/1 attention mask
+    input_ids: tuple[tuple[int, ...], ...] | None = None
+    mask: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,7 @@ class CaseSpec:
     # Cases that gate stored runs (msprobe dumps or our traces) instead of models.
     baseline_dump: Path | None = None
     candidate_dump: Path | None = None
+    search: SearchSpec | None = None  # divergence search over generated inputs (search.py)
 
 
 @dataclass(frozen=True)
@@ -370,6 +376,18 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
     return isolate
 
 
+def _search(reader: Reader, spec: InputSpec | None, *models: ModelSpec | None) -> SearchSpec | None:
+    sub = reader.get_mapping("search")
+    if sub is None:
+        return None
+    if spec is None or any(m is None for m in models):
+        reader.fail("the search generates inputs for models: it needs models, not {dump: path}", "search")
+    if any(m is not None and m.options.get("tensor_parallel", 1) != 1 for m in models):
+        reader.fail("the search runs both models in this process: not with tensor_parallel > 1", "search")
+    vocab = spec.vocab_size if spec.kind == "tokens" else None
+    return parse_search(sub, vocab, spec.labels, spec.attention_mask or spec.mask is not None)
+
+
 def _patch(reader: Reader) -> str | None:
     value: str | None = reader.get_str("patch")
     if value is not None:
@@ -396,8 +414,20 @@ def _parse_inputs(name: str, reader: Reader, defaults: Defaults) -> InputSpec:
     kind = reader.get_choice("kind", INPUT_KINDS, None)
     if kind is None:
         reader.fail(f"missing required key 'kind' (allowed: {', '.join(INPUT_KINDS)})")
-    reader.check_keys(TOKENS_KEYS if kind == "tokens" else INPUT_FACTORY_KEYS)
-    if kind == "tokens":
+    reader.check_keys({"tokens": TOKENS_KEYS, "ids": IDS_KEYS}.get(kind, INPUT_FACTORY_KEYS))
+    if kind == "ids":
+        ids, mask = parse_ids(reader)
+        spec = InputSpec(
+            name=name,
+            kind=kind,
+            batch=len(ids),
+            seq_len=len(ids[0]),
+            labels=reader.get_bool("labels", False),
+            where=reader.where(),
+            input_ids=ids,
+            mask=mask,
+        )
+    elif kind == "tokens":
         spec = InputSpec(
             name=name,
             kind=kind,
@@ -588,7 +618,7 @@ def _parse_case(
         if loss == "none":
             reader.fail("phase 'backward' needs a loss (allowed here: causal_lm, model, mean)", "loss")
         spec = inputs[input_name]
-        if loss == "causal_lm" and spec.kind == "tokens" and not spec.labels:
+        if loss == "causal_lm" and spec.kind in ("tokens", "ids") and not spec.labels:
             reader.fail(
                 f"phase 'backward' with loss 'causal_lm' needs labels: set 'labels: true' in "
                 f"inputs.{input_name}, or choose loss: mean or loss: model",
@@ -615,6 +645,9 @@ def _parse_case(
         baseline_dump=dumps.get("baseline"),
         candidate_dump=dumps.get("candidate"),
         where=reader.where(),
+        search=_search(
+            reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
+        ),
     )
     reader.done()
     return case

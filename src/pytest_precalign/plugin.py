@@ -65,6 +65,14 @@ def pytest_configure(config: pytest.Config) -> None:
         align_config = load_config_file(path)
     except PrecalignError as exc:
         raise pytest.UsageError(f"--align-config: {exc}") from None
+    report_dir = config.getoption("align_report") or config.getini("align_report")
+    if report_dir:
+        from .report import check_report_dir
+
+        try:
+            check_report_dir(report_dir, "--align-report")
+        except PrecalignError as exc:
+            raise pytest.UsageError(str(exc)) from None
     config.stash[STATE_KEY] = _State(config=align_config)
     config.pluginmanager.register(_EntryCollector(config.stash[STATE_KEY]), "precalign-entries")
     # Collect the config's cases even when it lies outside the paths given on the command line.
@@ -112,6 +120,8 @@ class AlignFile(pytest.File):
                 if xdist:  # keep a case's phases on one worker: it runs the models once
                     item.add_marker(pytest.mark.xdist_group(name=f"precalign-{case.name}"))
                 yield item
+            if case.search is not None:  # hypothesis-chosen inputs (search.py)
+                yield SearchItem.from_parent(self, name=f"{case.name}[search]", case=case)
 
 
 class AlignItem(pytest.Item):
@@ -140,6 +150,33 @@ class AlignItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"{self.case.name}[{self.phase}]"
+
+
+class SearchItem(pytest.Item):
+    """A case's divergence search: fails with the minimal diverging inputs, as YAML."""
+
+    def __init__(self, *, case: CaseSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+
+    def runtest(self) -> None:
+        from .search import run_search, search_message
+
+        align_config = _state(self.config).config
+        assert align_config is not None
+        result = run_search(align_config, self.case)
+        self.user_properties.append(("precalign_search_examples", result.tried))
+        if not result.passed:
+            reproduce = f'pytest --align-config {align_config.path.name} "{self.nodeid}"'
+            raise AlignmentMismatch(search_message(result, align_config, reproduce))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, (AlignmentMismatch, PrecalignError)):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.case.name}[search]"
 
 
 def _run_once(config: pytest.Config, state: _State, case: CaseSpec) -> CaseRun | PrecalignError:
@@ -249,7 +286,7 @@ def pytest_collection_modifyitems(
 
     checked: set[str] = set()
     for item in items:
-        if isinstance(item, AlignItem) and item.case.name not in checked:
+        if isinstance(item, (AlignItem, SearchItem)) and item.case.name not in checked:
             checked.add(item.case.name)
             try:
                 preflight_case(state.config, item.case)

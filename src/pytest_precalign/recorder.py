@@ -226,6 +226,8 @@ class Recorder:
                 stats = tensor_stats(data)
             elif self.mode == "hash":
                 crc = tensor_crc32(data)
+                if data.is_floating_point() and not bool(torch.isfinite(data).all()):
+                    stats = tensor_stats(data)  # evidence of NaN/Inf; hashes are still compared
             else:
                 key = f"t{seq:07d}"
                 self._tensors[key] = data.to("cpu", copy=True)

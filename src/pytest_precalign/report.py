@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import Check, PairResult
+from .errors import ConfigError
 from .verdict import Divergence, PhaseVerdict
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -386,6 +387,17 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
     return [seen[k] for k in sorted(seen)]
 
 
+def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
+    """A report directory that can be made: checked before anything runs."""
+    folder = Path(directory)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(
+            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
+        )
+    return folder
+
+
 def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
     """What report.json holds (and report.html shows): strict JSON values only."""
     data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
@@ -415,6 +427,7 @@ def write_json_report(
     directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
 ) -> Path:
     """Write ``report.json`` atomically (temp file + rename)."""
+    check_report_dir(directory)
     data = report_document(cases, meta)
     return write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
 
@@ -423,6 +436,7 @@ def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], met
     """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
     from .report_html import write_html_report
 
+    check_report_dir(directory)
     data = report_document(cases, meta)
     target = write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
     write_html_report(directory, data)

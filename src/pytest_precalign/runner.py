@@ -20,7 +20,7 @@ from .compare import Comparison
 from .config import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, RecordSpec
 from .determinism import deterministic, environment, seed_everything
 from .errors import CaseError, PrecalignError, SourceError
-from .inputs import CaseInputs, build_inputs
+from .inputs import CaseInputs, build_inputs, check_token_ids
 from .isolation import isolate
 from .mapping import MappingSpec
 from .recorder import Recorder
@@ -69,6 +69,8 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
                 strict=case.strict_weights,
                 context=lambda: where,
             )
+        for loaded, spec in ((baseline, base_spec), (candidate, cand_spec)):
+            check_token_ids(inputs, loaded.module, spec.name, f"{where}inputs.{case.inputs}")
         env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
         manifest = {**env, "config_digest": config.digest, "case": case.name}
         base_trace = _run_any(

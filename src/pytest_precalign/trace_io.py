@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
-from .trace import Record, Trace, record_from_dict
+from .trace import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 
 FORMAT = "pytest-precalign-trace"
 FORMAT_VERSION = 1
@@ -121,9 +121,12 @@ def _fsync_dir(path: Path) -> None:
 class _ShardedTensors(Mapping[str, Any]):
     """Lazy key -> tensor view over the safetensors shards of a trace directory."""
 
-    def __init__(self, root: Path, shards: Mapping[str, str]) -> None:
+    def __init__(
+        self, root: Path, shards: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> None:
         self._root = root
         self._shards = dict(shards)
+        self._shapes = dict(shapes or {})  # key -> the shape index.json gives, checked on load
         self._open: dict[str, Any] = {}
         self._arrays: dict[str, Any] = {}
 
@@ -136,11 +139,18 @@ class _ShardedTensors(Mapping[str, Any]):
             if handle is None:
                 handle = safe_open(str(self._root / file), framework="pt")
                 self._open[file] = handle
-            return handle.get_tensor(key)
+            tensor = handle.get_tensor(key)
         except FileNotFoundError:
             raise TraceError(f"{self._root}: index.json names {file}, which is missing") from None
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
+        expected = self._shapes.get(key)
+        if expected is not None and tuple(tensor.shape) != expected:
+            raise TraceError(
+                f"{self._root / file}: tensor {key!r} holds a tensor of shape {list(tensor.shape)}, "
+                f"index.json says {list(expected)}"
+            )
+        return tensor
 
     def array(self, key: str) -> Any:
         """The tensor as a numpy view of the mapped shard, without torch."""
@@ -180,21 +190,75 @@ def read_trace(path: str | Path) -> Trace:
     if not isinstance(index, dict) or not isinstance(index.get("records"), list):
         raise TraceError(f"{root / 'index.json'}: expected {{'records': [...], 'shards': {{...}}}}")
     records: list[Record] = []
+    seen: set[str] = set()
     for i, item in enumerate(index["records"]):
-        try:
-            records.append(record_from_dict(item))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{root / 'index.json'}: records[{i}] is malformed: {exc!r}") from None
+        record = _record(item, f"{root / 'index.json'}: records[{i}]")
+        if record.id in seen:
+            raise TraceError(f"{root / 'index.json'}: records[{i}]: duplicate record id {record.id!r}")
+        seen.add(record.id)
+        records.append(record)
     shards = index.get("shards") or {}
-    if not isinstance(shards, dict):
-        raise TraceError(f"{root / 'index.json'}: 'shards' must map tensor keys to files")
+    if not isinstance(shards, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v and Path(v).name == v for k, v in shards.items()
+    ):
+        raise TraceError(
+            f"{root / 'index.json'}: 'shards' must map tensor keys to file names in the trace directory"
+        )
     for r in records:
         if r.tensor_key is not None and r.tensor_key not in shards:
             raise TraceError(
                 f"{root / 'index.json'}: record {r.id!r} points at tensor {r.tensor_key!r}, "
                 "which no shard holds"
             )
-    return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards))
+    shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
+    return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards, shapes))
+
+
+_STATS_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
+_RECORD_KEYS = ("seq", "name", "module_class", "phase", "step", "call", "kind", "slot", "dtype", "shape")
+
+
+def _record(item: Any, where: str) -> Record:
+    """One index.json record, checked: a wrong one is named with what is allowed."""
+    if not isinstance(item, dict):
+        raise TraceError(f"{where}: expected an object, got {type(item).__name__}")
+    missing = [k for k in _RECORD_KEYS if k not in item]
+    if missing:
+        raise TraceError(f"{where}: missing key {missing[0]!r} (a record has {', '.join(_RECORD_KEYS)})")
+    for key in ("name", "module_class", "phase", "kind", "slot", "dtype"):
+        if not isinstance(item[key], str):
+            raise TraceError(f"{where}: {key} must be a string, got {item[key]!r}")
+    for key in ("tensor_key", "crc32"):
+        if not isinstance(item.get(key), (str, type(None))):
+            raise TraceError(f"{where}: {key} must be a string or null, got {item[key]!r}")
+    deps = item.get("deps", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise TraceError(f"{where}: deps must be a list of record ids, got {deps!r}")
+    stats = item.get("stats")
+    if stats is not None and not (
+        isinstance(stats, dict)
+        and set(_STATS_KEYS[:4]) <= set(stats) <= set(_STATS_KEYS)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in stats.values())
+    ):
+        raise TraceError(f"{where}: stats must be null or numbers {', '.join(_STATS_KEYS)}, got {stats!r}")
+    if item["kind"] not in PHASE_OF_KIND:
+        raise TraceError(f"{where}: kind {item['kind']!r} is unknown (allowed: {', '.join(PHASE_OF_KIND)})")
+    if not is_dtype_name(item["dtype"]):
+        raise TraceError(
+            f"{where}: dtype {item['dtype']!r} is not a torch dtype name (e.g. float32, bfloat16, int64)"
+        )
+    shape = item["shape"]
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise TraceError(f"{where}: shape must be a list of integers >= 0, got {shape!r}")
+    for key in ("seq", "step", "call"):
+        if not isinstance(item[key], int) or isinstance(item[key], bool):
+            raise TraceError(f"{where}: {key} must be an integer, got {item[key]!r}")
+    try:
+        return record_from_dict(item)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{where}: malformed: {type(exc).__name__}: {exc}") from None
 
 
 def _read_json(path: Path) -> Any:

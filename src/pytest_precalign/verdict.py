@@ -145,6 +145,8 @@ def find_first(
     modules = [p for p in ordered if p.record.module_class != "api"]
     pair = modules[0] if modules else ordered[0]
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
+    if pair.record.kind == "grad_output":
+        pair = _consumer_grad_input(pair, pairs, all_pairs) or pair
     rec = pair.record
     origin, origin_module = _origin(rec, all_pairs, parents or {})
     check = _check_of(pair)
@@ -164,6 +166,35 @@ def find_first(
         pair=pair,
         first_op=f"{first_op.name}#{first_op.call}" if first_op is not None else None,
     )
+
+
+def _consumer_grad_input(
+    pair: PairResult, pairs: tuple[PairResult, ...], all_pairs: Mapping[str, PairResult]
+) -> PairResult | None:
+    """The grad w.r.t. a module's output is the grad w.r.t. its consumers' inputs: one
+    tensor, recorded first as the producer's grad_output (its hook was registered first) and
+    right after as each consumer's grad_input. When a consumer's grad_outputs matched, its
+    own backward made the difference: that grad_input is the divergence, and its origin."""
+    a = pair.record
+    later = sorted(
+        (p for p in pairs if p.record.step == a.step and p.record.seq > a.seq), key=lambda p: p.record.seq
+    )
+    for p in later:
+        b = p.record
+        if not _same_tensor(a, b):
+            break
+        if b.kind == "grad_input" and p.status in ("fail", "shape") and _deps_ok(b, all_pairs):
+            return p
+    return None
+
+
+def _same_tensor(a: Record, b: Record) -> bool:
+    """Two records of one tensor object (the recorder stores it once and reuses what it saw)."""
+    if a.tensor_key is not None or b.tensor_key is not None:
+        return a.tensor_key == b.tensor_key
+    if a.stats is None and a.crc32 is None:
+        return False
+    return a.shape == b.shape and (a.stats is b.stats or a.stats == b.stats) and a.crc32 == b.crc32
 
 
 def _deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:

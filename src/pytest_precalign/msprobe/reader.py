@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import TraceError
-from ..trace import PHASE_OF_KIND, Record, Stats, Trace
+from ..trace import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
 from .layout import DUMP_FILE, rank_folders, rank_of, single_rank_folder, step_of
 from .names import ParsedName, forward_name, parse_name
 from .tensors import TENSOR_DIR, PtTensors
@@ -273,6 +273,8 @@ class _Builder:
         dtype, shape = entry.get("dtype"), entry.get("shape")
         if not isinstance(dtype, str):
             self._bad(raw, slot, "tensor entry without a 'dtype' string")
+        if not is_dtype_name(dtype.removeprefix("torch.")):
+            self._bad(raw, slot, f"dtype {dtype!r} is not a torch dtype (e.g. torch.float32, torch.bfloat16)")
         if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
             self._bad(raw, slot, "tensor entry without a 'shape' list of ints")
         crc = _hash(entry.get("md5"))

@@ -1,0 +1,199 @@
+"""Divergence search: hypothesis chooses inputs within a case's ``search:`` bounds (batch,
+sequence length, token ids, right padding), runs the forward alignment for each, and
+shrinks the first divergence it finds to a minimal example, written as an ``inputs:`` block.
+
+Both models are built and synced once; every example reuses them (forward only, so no
+weights or grads carry over from one example to the next).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .config import AlignConfig, CaseSpec
+from .determinism import deterministic, environment
+from .errors import CaseError
+from .inputs import CaseInputs, explicit_inputs, vocabulary_size
+from .report import PhaseReport, failure_message
+from .runner import CaseRun, finish, run_side
+from .search_spec import SearchSpec, ids_block
+from .sources import build_model, runtime
+from .tolerances import default_table
+from .weights import sync_weights
+
+
+@dataclass(frozen=True)
+class Example:
+    """One generated input: token ids per row and the number of right-padded positions."""
+
+    ids: tuple[tuple[int, ...], ...]
+    pads: tuple[int, ...]
+
+    @property
+    def batch(self) -> int:
+        return len(self.ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.ids[0])
+
+    def mask(self) -> list[list[int]]:
+        return [[1] * (self.seq_len - p) + [0] * p for p in self.pads]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    case: str
+    tried: int  # examples run, shrinking included
+    seconds: float
+    minimal: Example | None  # None: no divergence found
+    run: CaseRun | None  # the minimal example's run
+    inputs_block: str  # ready-to-paste ``inputs:`` YAML ("" when nothing was found)
+    inputs_name: str
+
+    @property
+    def passed(self) -> bool:
+        return self.minimal is None
+
+
+def examples(spec: SearchSpec) -> Any:
+    """The hypothesis strategy of inputs within ``spec``; shrinks toward batch and seq_len
+    minimums, token id 0 and no padding."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def draw(draw: Any) -> Example:
+        batch = draw(st.integers(*spec.batch))
+        seq = draw(st.integers(*spec.seq_len))
+        row = st.lists(st.integers(0, spec.vocab_size - 1), min_size=seq, max_size=seq)
+        ids = draw(st.lists(row, min_size=batch, max_size=batch))
+        pads = [0] * batch
+        if spec.padding and seq > 1:
+            pads = draw(st.lists(st.integers(0, seq - 1), min_size=batch, max_size=batch))
+        return Example(tuple(tuple(r) for r in ids), tuple(pads))
+
+    return draw()
+
+
+def _inputs(example: Example, spec: SearchSpec) -> CaseInputs:
+    mask = torch.tensor(example.mask(), dtype=torch.long) if spec.padding or spec.attention_mask else None
+    return explicit_inputs(torch.tensor(example.ids, dtype=torch.long), mask, spec.labels)
+
+
+def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
+    """Search the case's input space for a forward divergence; shrink the first one found."""
+    try:
+        from hypothesis import HealthCheck, Verbosity, find, settings
+        from hypothesis.errors import NoSuchExample
+    except ImportError:
+        raise CaseError(
+            f"{case.where}: search: needs hypothesis (pip install 'pytest-precalign[search]')"
+        ) from None
+    spec = case.search
+    assert spec is not None
+    started = time.perf_counter()
+    where = f"{config.path}: case {case.name!r}: "
+    base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
+    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
+    forward = replace(case, phases=("forward",), expect=None, isolate=False)
+    tried = 0
+    with ExitStack() as stack:
+        flags = stack.enter_context(deterministic(config.defaults.deterministic))
+        for model_spec in (base_spec, cand_spec):
+            stack.enter_context(runtime(model_spec))
+        baseline = build_model(base_spec, config.base_dir)
+        candidate = build_model(cand_spec, config.base_dir)
+        sync = None
+        if case.sync_weights:
+            sync = sync_weights(
+                baseline.module,
+                candidate.module,
+                case.mapping,
+                strict=case.strict_weights,
+                context=lambda: where,
+            )
+        for loaded in (baseline, candidate):
+            found = vocabulary_size(loaded.module)
+            if found is not None and spec.vocab_size > found[1]:
+                raise CaseError(
+                    f"{where}search.vocab_size: {spec.vocab_size} exceeds model {loaded.name!r}'s "
+                    f"vocabulary ({found[0] or 'its embedding'} has {found[1]} rows)"
+                )
+        env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
+        manifest = {**env, "config_digest": config.digest, "case": case.name, "search": True}
+
+        def align(example: Example) -> CaseRun:
+            data = _inputs(example, spec)
+            seed = base_spec.seed
+            base = run_side(baseline, data, forward, {**manifest, "side": "baseline"}, seed)
+            cand = run_side(candidate, data, forward, {**manifest, "side": "candidate"}, seed)
+            return finish(
+                case.name, ("forward",), base, cand, case.mapping, table, forward, sync, started, env
+            )
+
+        def diverges(example: Example) -> bool:
+            nonlocal tried
+            tried += 1
+            return not align(example).verdicts["forward"].passed
+
+        options = settings(
+            max_examples=spec.max_examples,
+            deadline=None,
+            database=None,  # nothing written next to the user's suite
+            derandomize=True,  # the same examples on every run: CI gates are reproducible
+            verbosity=Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+        )
+        try:
+            minimal: Example | None = find(examples(spec), diverges, settings=options)
+        except NoSuchExample:
+            minimal = None
+        run = align(minimal) if minimal is not None else None
+    name = f"{case.name}_minimal"
+    block = ""
+    if minimal is not None:
+        mask = minimal.mask() if spec.padding or spec.attention_mask else None
+        block = ids_block(name, [list(r) for r in minimal.ids], mask, spec.labels)
+    return SearchResult(case.name, tried, time.perf_counter() - started, minimal, run, block, name)
+
+
+def search_message(result: SearchResult, config: AlignConfig, reproduce: str) -> str:
+    """The failure message: the minimal example, its first divergence, the paste-able block."""
+    assert result.minimal is not None and result.run is not None
+    case = config.case(result.case)
+    verdict = result.run.verdicts["forward"]
+    first = verdict.first
+    where = f"{first.name} ({first.kind}, {first.slot})" if first is not None else "no single record"
+    origin = (
+        ""
+        if first is None
+        else (", origin" if first.origin else f", propagated (origin module: {first.origin_module})")
+    )
+    example = result.minimal
+    head = (
+        f"Divergence search: case {case.name!r} diverges in forward; minimal example after "
+        f"{result.tried} runs: batch {example.batch}, seq_len {example.seq_len}"
+        + (f", right padding {list(example.pads)}" if any(example.pads) else "")
+        + f"\nFirst divergent layer of the minimal example: {where}{origin}"
+    )
+    report = PhaseReport(
+        config=str(config.path),
+        case=case.name,
+        phase="forward",
+        verdict=verdict,
+        baseline=case.baseline,
+        candidate=case.candidate,
+        table=result.run.table,
+        reproduce=reproduce,
+        seconds=result.seconds,
+    )
+    paste = (
+        f"To reproduce, paste this into {config.path.name} and set 'inputs: {result.inputs_name}' "
+        f"in case {case.name!r}:\n{result.inputs_block}"
+    )
+    return f"{head}\n{paste}\n\n{failure_message(report)}"
