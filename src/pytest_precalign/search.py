@@ -20,7 +20,8 @@ from .determinism import deterministic, environment
 from .errors import CaseError
 from .inputs import CaseInputs, explicit_inputs, vocabulary_size
 from .report import PhaseReport, failure_message
-from .runner import CaseRun, finish, run_side
+from .case_run import CaseRun, finish
+from .runner import run_side
 from .search_spec import SearchSpec, ids_block
 from .sources import build_model, runtime
 from .tolerances import default_table

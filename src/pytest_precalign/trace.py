@@ -188,11 +188,64 @@ class TensorOverlay(Mapping[str, Any]):
 
 # torch's dtype names (without ``torch.``), kept here so that reading a trace needs no torch.
 DTYPE_NAMES = frozenset(
-    "bfloat16 bit bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128 "
-    "complex32 complex64 double float float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn "
-    "float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu half int int1 int16 int2 int3 "
-    "int32 int4 int5 int6 int64 int7 int8 long qint32 qint8 quint2x4 quint4x2 quint8 short uint1 "
-    "uint16 uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 uint8".split()
+    [
+        "bfloat16",
+        "bit",
+        "bits16",
+        "bits1x8",
+        "bits2x4",
+        "bits4x2",
+        "bits8",
+        "bool",
+        "cdouble",
+        "cfloat",
+        "chalf",
+        "complex128",
+        "complex32",
+        "complex64",
+        "double",
+        "float",
+        "float16",
+        "float32",
+        "float4_e2m1fn_x2",
+        "float64",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "half",
+        "int",
+        "int1",
+        "int16",
+        "int2",
+        "int3",
+        "int32",
+        "int4",
+        "int5",
+        "int6",
+        "int64",
+        "int7",
+        "int8",
+        "long",
+        "qint32",
+        "qint8",
+        "quint2x4",
+        "quint4x2",
+        "quint8",
+        "short",
+        "uint1",
+        "uint16",
+        "uint2",
+        "uint3",
+        "uint32",
+        "uint4",
+        "uint5",
+        "uint6",
+        "uint64",
+        "uint7",
+        "uint8",
+    ]
 )
 
 
