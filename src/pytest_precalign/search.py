@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+from .case_run import CaseRun, finish
 from .config import AlignConfig, CaseSpec
 from .determinism import deterministic, environment
 from .errors import CaseError
 from .inputs import CaseInputs, explicit_inputs, vocabulary_size
 from .report import PhaseReport, failure_message
-from .case_run import CaseRun, finish
 from .runner import run_side
 from .search_spec import SearchSpec, ids_block
 from .sources import build_model, runtime
