@@ -157,12 +157,26 @@ class _ShardedTensors(Mapping[str, Any]):
         from .tensor_files import SafetensorsFile
 
         file = self._shards[key]
-        reader = self._arrays.get(file)
-        if reader is None:
-            if not (self._root / file).is_file():
-                raise TraceError(f"{self._root}: index.json names {file}, which is missing")
-            reader = self._arrays[file] = SafetensorsFile(self._root / file)
-        return reader.array(key)
+        path = self._root / file
+        try:
+            reader = self._arrays.get(file)
+            if reader is None:
+                if not path.is_file():
+                    raise TraceError(f"{self._root}: index.json names {file}, which is missing")
+                reader = self._arrays[file] = SafetensorsFile(path)
+            array = reader.array(key)
+        except TraceError as exc:
+            if not str(exc).startswith(f"{path}: "):
+                raise
+            reason = str(exc)[len(f"{path}: ") :]
+            raise TraceError(f"{path}: cannot read tensor {key!r}: {reason}") from None
+        expected = self._shapes.get(key)
+        if expected is not None and tuple(array.shape) != expected:
+            raise TraceError(
+                f"{path}: tensor {key!r} holds a tensor of shape {list(array.shape)}, "
+                f"index.json says {list(expected)}"
+            )
+        return array
 
     def __contains__(self, key: object) -> bool:
         return key in self._shards
