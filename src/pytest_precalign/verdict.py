@@ -174,6 +174,7 @@ def find_first(
         and first_op.step == rec.step
         and first_op.seq < rec.seq
         and rec.module_class != "api"
+        and f"{first_op.name}#{first_op.call}" in parents  # the call's module is known
         and rec.name not in _ancestors(first_op, parents)
     ):
         # An API call outside this module diverged earlier (inside a module whose own output
@@ -292,7 +293,9 @@ def _amplified(pair: PairResult, all_pairs: Mapping[str, PairResult]) -> bool:
     return inputs == 0.0 or mine > AMPLIFY * inputs
 
 
-def _origin(pair: PairResult, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]) -> tuple[bool, str]:
+def _origin(
+    pair: PairResult, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]
+) -> tuple[bool, str]:
     rec = pair.record
     enclosing = next(_ancestors(rec, parents), "")
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
