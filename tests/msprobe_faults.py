@@ -57,6 +57,14 @@ class Fault:
     doc: str
     expected: Expected | None  # None: the golden model
     steps: int = 1
+    attention: str = "eager"  # or "sdpa" (one fused call in the L1/mix dumps)
+
+    @property
+    def golden(self) -> str:
+        """The fault-free run to compare this one with."""
+        if self.steps == 2:
+            return "golden_2steps"
+        return "golden_sdpa" if self.attention == "sdpa" else "golden"
 
 
 # -- faults ----------------------------------------------------------------------------------
@@ -169,6 +177,7 @@ APPLY: dict[str, Callable[[Any], None]] = {
     "lm_head": lambda m: _perturb(m, "lm_head.weight"),
     "rmsnorm_eps": _wrong_eps,
     "softmax_scale": _softmax_scale,
+    "softmax_scale_sdpa": _softmax_scale,
     "attn_bf16": _attn_bf16,
     "rope_theta": _rope_theta,
     "gelu": _gelu,
@@ -184,6 +193,7 @@ FAULTS = {
     for f in (
         Fault("golden", "the fault-free model", None),
         Fault("golden_2steps", "the fault-free model, two steps", None, steps=2),
+        Fault("golden_sdpa", "the fault-free model, sdpa attention", None, attention="sdpa"),
         Fault("q_proj", "perturbed weight", Expected("model.layers.0.self_attn.q_proj", "forward", True)),
         Fault("o_proj", "perturbed weight", Expected("model.layers.1.self_attn.o_proj", "forward", True)),
         Fault(
@@ -202,6 +212,12 @@ FAULTS = {
             "softmax_scale",
             "wrong softmax scale",
             Expected("model.layers.0.self_attn.o_proj", "forward", False, "model.layers.0.self_attn"),
+        ),
+        Fault(
+            "softmax_scale_sdpa",
+            "wrong softmax scale, sdpa attention",
+            Expected("model.layers.0.self_attn.o_proj", "forward", False, "model.layers.0.self_attn"),
+            attention="sdpa",
         ),
         Fault(
             "attn_bf16",
@@ -252,20 +268,20 @@ def msprobe_config(task: str, level: str, summary: str, dump_path: Path) -> dict
     }
 
 
-def build_model() -> Any:
+def build_model(attention: str = "eager") -> Any:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     config = Qwen2Config(**TINY)
-    config._attn_implementation = "eager"
+    config._attn_implementation = attention
     return Qwen2ForCausalLM(config).eval()
 
 
 def run_once(debugger: Any, fault: Fault) -> None:
     import torch
 
-    model = build_model()
+    model = build_model(fault.attention)
     if fault.name != "step1_weight" and fault.name in APPLY:
         APPLY[fault.name](model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -294,7 +310,7 @@ class DumpConfig:
         return f"{self.task}_{self.level}" + (f"_{self.summary}" if self.task == "statistics" else "")
 
 
-ALL_FAULTS = tuple(n for n in FAULTS if not n.startswith("golden"))
+ALL_FAULTS = tuple(n for n in FAULTS if not n.startswith("golden") and FAULTS[n].attention == "eager")
 S_L0 = DumpConfig("statistics", "L0", "statistics")
 MD5_L0 = DumpConfig("statistics", "L0", "md5")
 T_L0 = DumpConfig("tensor", "L0", "statistics")
@@ -308,10 +324,18 @@ MATRIX: dict[DumpConfig, tuple[str, ...]] = {
     S_L0: ALL_FAULTS,
     MD5_L0: ALL_FAULTS,
     T_L0: ALL_FAULTS,
-    S_MIX: ("q_proj", "softmax_scale", "attn_bf16", "rope_theta", "grad_scale", "inf_output"),
+    S_MIX: (
+        "q_proj",
+        "softmax_scale",
+        "attn_bf16",
+        "rope_theta",
+        "grad_scale",
+        "inf_output",
+        "softmax_scale_sdpa",
+    ),
     T_MIX: ("softmax_scale", "gelu", "grad_scale", "inf_output", "bf16_layer", "step1_weight"),
     S_L1: ("q_proj", "softmax_scale", "gelu", "lm_head"),
-    T_L1: ("softmax_scale", "gelu", "grad_scale"),
+    T_L1: ("softmax_scale", "gelu", "grad_scale", "softmax_scale_sdpa"),
 }
 
 
@@ -321,7 +345,7 @@ def plans() -> tuple[list[tuple[DumpConfig, list[str]]], list[tuple[DumpConfig, 
     first: list[tuple[DumpConfig, list[str]]] = []
     second: list[tuple[DumpConfig, list[str]]] = []
     for config, faults in MATRIX.items():
-        goldens = ["golden"] + (["golden_2steps"] if "step1_weight" in faults else [])
+        goldens = sorted({"golden"} | {FAULTS[f].golden for f in faults})
         first.append((config, goldens + list(faults[0::2])))
         second.append((config, goldens + list(faults[1::2])))
     return first, second

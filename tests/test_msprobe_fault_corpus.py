@@ -60,8 +60,7 @@ def dumps(corpus: Path, config: DumpConfig, run: str) -> tuple[Path, Path]:
     """(golden, run): the golden dump of the process that did not make ``run``."""
     side = "a" if (corpus / "a" / config.label / run).is_dir() else "b"
     other = "b" if side == "a" else "a"
-    golden = "golden_2steps" if FAULTS[run].steps == 2 else "golden"
-    return corpus / other / config.label / golden, corpus / side / config.label / run
+    return corpus / other / config.label / FAULTS[run].golden, corpus / side / config.label / run
 
 
 def verdicts(runs: list[tuple[tuple[int, int], CaseRun]]) -> Iterator[tuple[int, PhaseVerdict]]:
@@ -140,6 +139,8 @@ L1_EXPECTED = {
     "lm_head": ("Functional.linear", -1, "forward", False),  # -1: the last linear call
     # the attention scores times the (wrong) scale: inputs matched, output differs
     "softmax_scale": ("Tensor.__mul__", None, "forward", True),
+    # sdpa: one fused call, given the wrong scale (a non-tensor argument)
+    "softmax_scale_sdpa": ("Functional.scaled_dot_product_attention", 0, "forward", True),
     # gelu and silu are different calls (unmatched); the product act(gate) * up differs first
     "gelu": ("Tensor.__mul__", None, "forward", False),
     "grad_scale": ("Functional.linear", None, "backward", False),
@@ -164,6 +165,11 @@ def test_api_only_dump_names_the_first_diverging_call(corpus: Path, config: Dump
         assert first.call == calls[call]
     if phase == "backward":
         assert case.verdicts["forward"].aligned
+    if fault == "gelu":  # the calls only one side made, just before it, are where it enters
+        assert (
+            first.origin_module
+            == "Functional.silu.1.forward (baseline only) / Functional.gelu.0.forward (candidate only)"
+        )
 
 
 def test_cli_names_layer_origin_and_statistical_evidence(
@@ -227,7 +233,7 @@ def test_cli_l1_names_api_calls_like_msprobe(corpus: Path, capsys: pytest.Captur
     assert main(["compare", str(golden), str(run)]) == 1
     out = capsys.readouterr().out
     assert "First divergence: Functional.linear.0.forward" in out
-    assert "no earlier recorded call changed (a parameter, data or unrecorded code)" in out
+    assert "enters in its inputs, though no earlier recorded call failed (a parameter" in out
 
 
 def test_gate_on_dumps_declares_the_fault(corpus: Path, pytester: pytest.Pytester) -> None:

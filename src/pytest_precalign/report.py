@@ -102,7 +102,10 @@ def _entry(first: Divergence) -> str:
     if first.pair.record.module_class == "api" and first.kind == "grad_output":
         return "the backward of the code that consumed its output (no recorded call)"
     if first.pair.record.module_class == "api":
-        return "an input of this call that no earlier recorded call changed (a parameter, data or unrecorded code)"
+        return (
+            "its inputs, though no earlier recorded call failed (a parameter, data, unrecorded "
+            "code, or a change within tolerance that grew here)"
+        )
     return "the top level"
 
 

@@ -335,6 +335,8 @@ def phase_verdict(
     # another representation on each side, and a real difference shows in the outputs.
     failures = tuple(p for p in pairs if p.status in ("fail", "shape") and p.record.kind != "input")
     first = find_first(pairs, phase, all_pairs, parents)
+    if first is not None and not first.origin and not first.origin_module:
+        first = _after_unmatched(first, pairs)
     isolated_origin = None
     isolated_count = 0
     if isolated is not None and phase == "forward":
@@ -386,6 +388,36 @@ def phase_verdict(
         reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
         overflow=overflow,
     )
+
+
+def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Divergence:
+    """No module tree says where the divergence entered (an L1 dump): a call that only one side
+    made just before it (e.g. gelu where the baseline called silu) is the likely entry."""
+    kinds = OUTPUT_KINDS[first.phase]
+    own = first.pair.candidate
+
+    def last_before(status: str, seq: int) -> Record | None:
+        found = [
+            p.record
+            for p in pairs
+            if p.status == status
+            and p.record.kind in kinds
+            and p.record.step == first.step
+            and p.record.seq < seq
+        ]
+        return max(found, key=lambda r: r.seq, default=None)
+
+    direction = "forward" if first.phase == "forward" else "backward"
+    base = last_before("only_baseline", first.pair.record.seq)
+    cand = last_before("only_candidate", own.seq) if own is not None else None
+    sides = [
+        f"{r.name}.{r.call}.{direction} ({who} only)"
+        for r, who in ((base, "baseline"), (cand, "candidate"))
+        if r
+    ]
+    if not sides:
+        return first
+    return replace(first, origin_module=" / ".join(sides))
 
 
 def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, str]:
