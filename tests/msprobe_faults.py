@@ -142,17 +142,21 @@ def _grad_scale(model: Any) -> None:
     act.forward = SiluWrongGrad.apply
 
 
-def _inf_output(model: Any) -> None:
-    """Layer 0's down_proj returns one infinite element."""
-    down = model.model.layers[0].mlp.down_proj
-    original = down.forward
+def _nonfinite_output(path: str, value: float) -> Callable[[Any], None]:
+    """The module at ``path`` returns one non-finite element."""
 
-    def forward(x: Any) -> Any:
-        out = original(x).clone()
-        out[0, 3, 5] = math.inf
-        return out
+    def apply(model: Any) -> None:
+        module = model.get_submodule(path)
+        original = module.forward
 
-    down.forward = forward
+        def forward(x: Any) -> Any:
+            out = original(x).clone()
+            out[0, 3, 5] = value
+            return out
+
+        module.forward = forward
+
+    return apply
 
 
 def _bf16_layer(model: Any) -> None:
@@ -182,7 +186,8 @@ APPLY: dict[str, Callable[[Any], None]] = {
     "rope_theta": _rope_theta,
     "gelu": _gelu,
     "grad_scale": _grad_scale,
-    "inf_output": _inf_output,
+    "inf_output": _nonfinite_output("model.layers.0.mlp.down_proj", math.inf),
+    "nan_output": _nonfinite_output("model.layers.1.self_attn.v_proj", math.nan),
     "bf16_layer": _bf16_layer,
     # applied after the first optimizer step (see run_once)
     "step1_weight": lambda m: _perturb(m, "model.layers.1.mlp.up_proj.weight"),
@@ -233,6 +238,11 @@ FAULTS = {
             "inf_output",
             "an Inf in down_proj's output",
             Expected("model.layers.0.mlp.down_proj", "forward", True, overflow=True),
+        ),
+        Fault(
+            "nan_output",
+            "a NaN in v_proj's output",
+            Expected("model.layers.1.self_attn.v_proj", "forward", True, overflow=True),
         ),
         Fault(
             "bf16_layer",
