@@ -39,10 +39,10 @@ CASES = [(c, f) for c, faults in MATRIX.items() for f in faults]
 
 
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+def corpus(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     """The corpus root (``a/`` and ``b/``, one per dumping process), made once per session."""
     shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
+    if hasattr(request.config, "workerinput"):  # an xdist worker
         shared = shared.parent  # the xdist workers' common folder
     root = shared / "msprobe_fault_corpus"
     with open(shared / "msprobe_fault_corpus.lock", "w") as lock:
