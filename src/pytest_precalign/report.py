@@ -90,6 +90,27 @@ def closeness_lines(pair: PairResult) -> list[str]:
     ]
 
 
+def shown_name(first: Divergence) -> str:
+    """API records as msprobe names them (``Functional.linear.0.forward``), modules by path."""
+    rec = first.pair.record
+    if rec.module_class != "api":
+        return first.name
+    return f"{first.name}.{first.call}.{'forward' if first.phase == 'forward' else 'backward'}"
+
+
+def _entry(first: Divergence) -> str:
+    if first.origin_module:
+        return first.origin_module
+    if first.pair.record.module_class == "api" and first.kind == "grad_output":
+        return "the backward of the code that consumed its output (no recorded call)"
+    if first.pair.record.module_class == "api":
+        return (
+            "its inputs, though no earlier recorded call failed (a parameter, data, unrecorded "
+            "code, or a change within tolerance that grew here)"
+        )
+    return "the top level"
+
+
 def divergence_lines(first: Divergence) -> list[str]:
     pair = first.pair
     if first.origin:
@@ -97,14 +118,16 @@ def divergence_lines(first: Divergence) -> list[str]:
         if first.kind == "param":
             role = "origin: its grad matched, the optimizer step made it differ"
     else:
-        role = f"propagated: its inputs already differed; the divergence enters in {first.origin_module or 'the top level'}"
+        role = f"propagated: its inputs already differed; the divergence enters in {_entry(first)}"
     lines = [
-        f"First divergence: {first.name} ({_where(pair)}), {role}",
+        f"First divergence: {shown_name(first)} ({_where(pair)}), {role}",
         f"  {first.metric}: {describe_check(pair.failing or Check(first.metric, first.value, first.allowed, False), pair)}",
         f"  tolerance: {first.rule}",
     ]
     if pair.evidence == "stats":
         lines.append("  evidence is statistical (max/min/mean/norm), not element-wise")
+    if first.why:
+        lines.append(f"  why this record: {first.why}")
     if first.first_op is not None:
         lines.append(f"  the first diverging API call is {first.first_op}")
     if pair.note and pair.note not in lines[1]:
@@ -212,8 +235,8 @@ def summary_line(report: PhaseReport) -> str:
     v = report.verdict
     status = "PASSED" if v.passed else "FAILED"
     if v.first is not None:
-        role = "origin" if v.first.origin else f"propagated, enters in {v.first.origin_module}"
-        detail = f"first divergence {v.first.name} ({v.first.kind}, {v.first.metric} {_fmt(v.first.value)} > {_fmt(v.first.allowed)}, {role})"
+        role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
+        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {v.first.metric} {_fmt(v.first.value)} > {_fmt(v.first.allowed)}, {role})"
         if v.isolated_count:
             iso = v.isolated_origin.record.name if v.isolated_origin else "none"
             detail += f"; isolation: true origin {iso}"

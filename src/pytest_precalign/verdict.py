@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from .compare import Check, Comparison, PairResult
+from .compare import Check, Comparison, PairResult, lookup_dtype
 from .config import Expectation
 from .overflow import Overflow, overflow_levels
 from .trace import Record
@@ -42,6 +42,7 @@ class Divergence:
     pair: PairResult
     isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
     first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
+    why: str = ""  # how the record was chosen, when it is not simply the first failing one
 
     @property
     def rule(self) -> str:
@@ -67,6 +68,7 @@ class Divergence:
             "rule": self.rule,
             "isolated_passed": self.isolated.passed if self.isolated is not None else None,
             "first_op": self.first_op,
+            "why": self.why,
         }
 
 
@@ -122,9 +124,16 @@ def _ancestors(rec: Record, parents: Mapping[str, str]) -> Iterator[str]:
 
 
 def _check_of(pair: PairResult) -> Check:
+    """The failing check; for a passing pair (a lower-precision record), its tightest one."""
     check = pair.failing
-    assert check is not None
-    return check
+    if check is not None:
+        return check
+    if not pair.checks:
+        return Check("dtype", 0.0, 0.0, True)
+    return max(pair.checks, key=lambda c: c.value / c.allowed if c.upper and c.allowed > 0 else 0.0)
+
+
+AMPLIFY = 10.0  # stats evidence: an origin's relative change must exceed its inputs' this much
 
 
 def find_first(
@@ -133,6 +142,7 @@ def find_first(
     all_pairs: Mapping[str, PairResult],
     parents: Mapping[str, str] | None = None,
 ) -> Divergence | None:
+    parents = parents or {}
     kinds = OUTPUT_KINDS[phase]
     ordered = sorted(
         (p for p in pairs if p.record.kind in kinds and p.status in ("fail", "shape")),
@@ -147,8 +157,35 @@ def find_first(
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     if pair.record.kind == "grad_output":
         pair = _consumer_grad_input(pair, pairs, all_pairs) or pair
+    why = ""
+    lower = _lower_precision_before(pair, pairs, kinds)
+    if lower is not None:
+        # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
+        # lower precision on one side and passed only under that looser tolerance: that record
+        # is where the sides start to compute differently.
+        other = lower.candidate
+        assert other is not None
+        why = (
+            f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
+            f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
+            f"fails after it under the {pair.record.dtype} tolerance"
+        )
+        pair = lower
     rec = pair.record
-    origin, origin_module = _origin(rec, all_pairs, parents or {})
+    origin, origin_module = _origin(pair, all_pairs, parents)
+    if (
+        first_op is not None
+        and first_op.step == rec.step
+        and first_op.seq < rec.seq
+        and rec.module_class != "api"
+        and f"{first_op.name}#{first_op.call}" in parents  # the call's module is known
+        and rec.name not in _ancestors(first_op, parents)
+    ):
+        # An API call outside this module diverged earlier (inside a module whose own output
+        # still passed): the divergence starts in that call's module.
+        origin = False
+        origin_module = next(_ancestors(first_op, parents), "") or first_op.name
+        why = why or f"the API call {first_op.name}#{first_op.call} diverged earlier, outside it"
     check = _check_of(pair)
     return Divergence(
         name=rec.name,
@@ -165,6 +202,7 @@ def find_first(
         evidence=pair.evidence,
         pair=pair,
         first_op=f"{first_op.name}#{first_op.call}" if first_op is not None else None,
+        why=why,
     )
 
 
@@ -184,6 +222,38 @@ def _consumer_grad_input(
         if not _same_tensor(a, b):
             break
         if b.kind == "grad_input" and p.status in ("fail", "shape") and _deps_ok(b, all_pairs):
+            return p
+    return None
+
+
+def _floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+def _lower_precision_before(
+    first: PairResult, pairs: tuple[PairResult, ...], kinds: tuple[str, ...]
+) -> PairResult | None:
+    """The earliest passing output of the same step computed in another floating dtype on each
+    side, when ``first`` itself has one dtype on both sides (else the whole run is in mixed
+    precision, and its tolerance already says so). Layers are matched with layers, API calls
+    with API calls."""
+    if first.candidate is None or first.candidate.dtype != first.record.dtype:
+        return None
+    rec = first.record
+    for p in sorted(pairs, key=lambda p: p.record.seq):
+        if p.record.seq >= rec.seq:
+            break
+        other = p.candidate
+        if (
+            p.status == "ok"
+            and p.record.step == rec.step
+            and (p.record.module_class == "api") == (rec.module_class == "api")
+            and p.record.kind in kinds
+            and other is not None
+            and other.dtype != p.record.dtype
+            and _floating(other.dtype)
+            and _floating(p.record.dtype)
+        ):
             return p
     return None
 
@@ -231,14 +301,44 @@ def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) ->
     return all(p.passed for p in found)
 
 
-def _origin(rec: Record, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]) -> tuple[bool, str]:
+def _stats_change(pair: PairResult) -> float | None:
+    """Relative change of max/min/norm between the sides (statistics evidence only)."""
+    a, b = pair.record.stats, pair.candidate.stats if pair.candidate is not None else None
+    if pair.evidence != "stats" or a is None or b is None:
+        return None
+    changes = [
+        abs(vb - va) / abs(va)
+        for va, vb in ((a.max, b.max), (a.min, b.min), (a.norm, b.norm))
+        if va == va and vb == vb and abs(va) not in (0.0, float("inf")) and abs(vb) != float("inf")
+    ]
+    return max(changes, default=None)
+
+
+def _amplified(pair: PairResult, all_pairs: Mapping[str, PairResult]) -> bool:
+    """With statistics, inputs "within tolerance" may still differ (an absolute tolerance hides
+    a change of small values): the record is an origin only if it changed clearly more, in
+    relative terms, than its inputs did."""
+    mine = _stats_change(pair)
+    if mine is None:
+        return True
+    changes = [_stats_change(all_pairs[d]) for d in pair.record.deps if d in all_pairs]
+    inputs = max((c for c in changes if c is not None), default=0.0)
+    return inputs == 0.0 or mine > AMPLIFY * inputs
+
+
+def _origin(
+    pair: PairResult, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]
+) -> tuple[bool, str]:
+    rec = pair.record
     enclosing = next(_ancestors(rec, parents), "")
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
         # the parent's code between its children.
-        return False, enclosing or rec.name
+        return False, enclosing or ("" if rec.module_class == "api" else rec.name)
     ok = _deps_ok(rec, all_pairs)
+    if ok and not _amplified(pair, all_pairs):
+        ok = False
     if ok is None or ok:
         return True, owner
     if rec.kind in ("activation", "logits", "loss"):
@@ -268,6 +368,8 @@ def phase_verdict(
     # another representation on each side, and a real difference shows in the outputs.
     failures = tuple(p for p in pairs if p.status in ("fail", "shape") and p.record.kind != "input")
     first = find_first(pairs, phase, all_pairs, parents)
+    if first is not None and not first.origin and not first.origin_module:
+        first = _after_unmatched(first, pairs)
     isolated_origin = None
     isolated_count = 0
     if isolated is not None and phase == "forward":
@@ -283,6 +385,12 @@ def phase_verdict(
     nonfinite = _first_nonfinite(pairs)
     candidates = tuple(p.candidate for p in pairs if p.candidate is not None)
     overflow = overflow_levels(candidates, {r.id: r for r in candidates}) if phase == "forward" else ()
+    if overflow:
+        # Where the baseline overflows the same way (e.g. an attention mask of finfo.min, whose
+        # norm is inf), the candidate did nothing wrong.
+        goldens = tuple(p.record for p in pairs if p.paired)
+        same = {(o.record.id, o.level) for o in overflow_levels(goldens, {r.id: r for r in goldens})}
+        overflow = tuple(o for o in overflow if (o.record.id, o.level) not in same)
     paired = [p for p in pairs if p.paired]
     worst = max(paired, key=lambda p: p.severity, default=None)
     aligned = not failures
@@ -318,6 +426,36 @@ def phase_verdict(
             )
         ),
     )
+
+
+def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Divergence:
+    """No module tree says where the divergence entered (an L1 dump): a call that only one side
+    made just before it (e.g. gelu where the baseline called silu) is the likely entry."""
+    kinds = OUTPUT_KINDS[first.phase]
+    own = first.pair.candidate
+
+    def last_before(status: str, seq: int) -> Record | None:
+        found = [
+            p.record
+            for p in pairs
+            if p.status == status
+            and p.record.kind in kinds
+            and p.record.step == first.step
+            and p.record.seq < seq
+        ]
+        return max(found, key=lambda r: r.seq, default=None)
+
+    direction = "forward" if first.phase == "forward" else "backward"
+    base = last_before("only_baseline", first.pair.record.seq)
+    cand = last_before("only_candidate", own.seq) if own is not None else None
+    sides = [
+        f"{r.name}.{r.call}.{direction} ({who} only)"
+        for r, who in ((base, "baseline"), (cand, "candidate"))
+        if r
+    ]
+    if not sides:
+        return first
+    return replace(first, origin_module=" / ".join(sides))
 
 
 def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, str]:
