@@ -46,6 +46,7 @@ CASE_KEYS = (
     "train",
     "isolate",
     "layer_mapping",
+    "baseline_layer_mapping",
 )
 
 
@@ -137,6 +138,9 @@ class CaseSpec:
     # Cases that gate stored runs (msprobe dumps or our traces) instead of models.
     baseline_dump: Path | None = None
     candidate_dump: Path | None = None
+    # --align-baseline: renames from the candidate's names to a stored baseline's (e.g. modules
+    # that moved between framework versions); stored traces and weights use the mapped names.
+    baseline_rename: MappingSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -524,6 +528,13 @@ def _parse_case(
             else MappingSpec(layer_ref, layer_mapping=layers)
         )
 
+    baseline_rename = None
+    rename_ref = reader.get_str("baseline_layer_mapping")
+    if rename_ref is not None:
+        baseline_rename = MappingSpec(
+            rename_ref, layer_mapping=_layer_mapping(reader, rename_ref, base_dir, "baseline_layer_mapping")
+        )
+
     optimizer = OptimizerSpec()
     opt = reader.get_mapping("optimizer")
     if opt is not None:
@@ -615,6 +626,7 @@ def _parse_case(
         baseline_dump=dumps.get("baseline"),
         candidate_dump=dumps.get("candidate"),
         where=reader.where(),
+        baseline_rename=baseline_rename,
     )
     reader.done()
     return case
@@ -639,13 +651,13 @@ def layer_mapping_path(ref: str, base_dir: Path) -> Path | None:
     return base_dir / ref
 
 
-def _layer_mapping(reader: Reader, ref: str, base_dir: Path) -> LayerMapping:
+def _layer_mapping(reader: Reader, ref: str, base_dir: Path, key: str = "layer_mapping") -> LayerMapping:
     path = layer_mapping_path(ref, base_dir)
     if path is None:
         allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
-        reader.fail(f"unknown preset {ref!r} (allowed: {allowed}; or a .yaml file)", "layer_mapping")
+        reader.fail(f"unknown preset {ref!r} (allowed: {allowed}; or a .yaml file)", key)
     if not path.is_file():
-        reader.fail(f"file not found: {path}", "layer_mapping")
+        reader.fail(f"file not found: {path}", key)
     return read_layer_mapping(path)
 
 
