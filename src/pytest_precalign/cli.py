@@ -55,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
         help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
     )
     compare.add_argument("--report", metavar="DIR", help="write report.json into DIR")
+    record = sub.add_parser(
+        "record",
+        help="record one side of cases (and its weights) as stored baselines DIR/<case>/",
+    )
+    record.add_argument("config", help="alignment config YAML")
+    record.add_argument("--out", required=True, metavar="DIR", help="write DIR/<case>/ (as --align-baseline reads)")
+    record.add_argument("--case", action="append", default=[], help="record only this case (repeatable)")
+    record.add_argument(
+        "--side",
+        choices=("candidate", "baseline"),
+        default="candidate",
+        help="which model of the case to record (default: candidate)",
+    )
+    record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
     return parser
 
 
@@ -65,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _validate(Path(args.config))
         if args.command == "compare":
             return _compare(args)
+        if args.command == "record":
+            from .record_cli import record_command
+
+            return record_command(Path(args.config), Path(args.out), args.case, args.side, args.overwrite)
         return _run(Path(args.config), args.case, args.report, args.save_traces)
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
