@@ -237,7 +237,9 @@ class BaselineOutcome:
 
     case: str
     path: Path
-    action: str  # "written", "compared", "updated", "written-earlier"
+    # "written" (was missing), "compared", "updated" (--align-update, mismatched),
+    # "rewritten" (--align-update-all), "written-earlier" (by another xdist worker, this run)
+    action: str
     run: CaseRun | None = None
     env_diff: tuple[str, ...] = ()
     weights_diff: tuple[str, ...] = ()
@@ -321,7 +323,7 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
         if update == "all" or (failed and update == "mismatched"):
             write_stored(rec.trace, rec.weights, target, extra=extra)
             remove_obtained(root, case.name)
-            return replace(outcome, action="updated" if update == "mismatched" else "compared")
+            return replace(outcome, action="updated" if update == "mismatched" else "rewritten")
         if failed:
             obtained = obtained_dir(root, case.name)
             write_stored(rec.trace, None, obtained, extra={**extra, "obtained": True})
