@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-NETS = '''
+NETS = """
 import torch
 
 
@@ -41,7 +41,7 @@ class Net(torch.nn.Module):
 
 def build(**kwargs):
     return Net(**kwargs)
-'''
+"""
 
 CONFIG = """
 version: 1
@@ -190,7 +190,9 @@ def test_record_cli_writes_a_baseline_usable_by_pytest_and_compare(pytester: pyt
     _suite(pytester)
     result = _cli(pytester, "record", "align.yaml", "--out", "bl")
     assert result.ret == 0, result.stderr.str()
-    result.stdout.fnmatch_lines(["recorded port (candidate 'cand'): * records, 7 weights (sha256 *) -> bl/port"])
+    result.stdout.fnmatch_lines(
+        ["recorded port (candidate 'cand'): * records, 7 weights (sha256 *) -> bl/port"]
+    )
     weights = _safetensors_names(pytester.path / "bl" / "port" / "weights.safetensors")
     names = [f"{m}.{p}" for m in ("body.0", "mid", "head") for p in ("weight", "bias")]
     assert sorted(weights) == sorted([*names, "embed.weight"])

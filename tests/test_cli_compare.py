@@ -49,7 +49,10 @@ def test_compare_finds_the_first_divergence_exit_1(tmp_path, capsys):
     [
         (["compare", "{tmp}/missing", "{a}"], "missing: no such file or directory"),
         (["compare", "{tmp}", "{a}"], "neither a pytest-precalign trace (manifest.json) nor an msprobe dump"),
-        (["compare", "{a}", "{a}", "--tolerances", "{tmp}/nope.yaml"], "--tolerances: {tmp}/nope.yaml: file not found"),
+        (
+            ["compare", "{a}", "{a}", "--tolerances", "{tmp}/nope.yaml"],
+            "--tolerances: {tmp}/nope.yaml: file not found",
+        ),
         (["compare", "{a}", "{a}", "--mapping", "preset:nope"], "--mapping: unknown preset 'preset:nope'"),
         (["compare", "{a}", "{a}", "--var", "heads"], "--var: expected KEY=INTEGER"),
     ],
@@ -84,7 +87,9 @@ def test_compare_with_a_layer_mapping(tmp_path, capsys):
     b = write_trace(rec.trace(), tmp_path / "b")
     lm = tmp_path / "lm.yaml"
     lm.write_text("TopLayer:\n  module.0: '0'\n  module.1: '1'\n  module.2: '2'\n")
-    assert main(["compare", str(a), str(b), "--layer-mapping", str(lm), "--report", str(tmp_path / "out")]) == 0
+    assert (
+        main(["compare", str(a), str(b), "--layer-mapping", str(lm), "--report", str(tmp_path / "out")]) == 0
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     forward = report["cases"][0]
     assert forward["compared"] >= 3 and forward["unmatched"]["baseline"] == []
@@ -110,7 +115,10 @@ def test_compare_pairs_every_step_and_rank(tmp_path, capsys):
     targ = _dump_set(tmp_path / "t", "pert_micro_statistics_L0_statistics", ranks=(0, 1), steps=(0, 1))
     tol = tmp_path / "tol.yaml"
     tol.write_text('- {match: "*", atol: 1.0e-6, rtol: 1.0e-5}\n')
-    assert main(["compare", str(gold), str(targ), "--tolerances", str(tol), "--report", str(tmp_path / "out")]) == 1
+    assert (
+        main(["compare", str(gold), str(targ), "--tolerances", str(tol), "--report", str(tmp_path / "out")])
+        == 1
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     forward = [c for c in report["cases"] if c["phase"] == "forward"]
     assert sorted((c["step"], c["rank"]) for c in forward) == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -90,7 +90,9 @@ def test_upgrade_to_current_transformers_is_within_budget(pytester, example_suit
         assert entry["baseline"]["weights_changes"] == []
 
 
-def test_injected_fault_fails_with_the_environment_diff_and_the_layer(pytester, example_suite, recorded) -> None:  # type: ignore[no-untyped-def]
+def test_injected_fault_fails_with_the_environment_diff_and_the_layer(
+    pytester, example_suite, recorded
+) -> None:  # type: ignore[no-untyped-def]
     folder = _suite(pytester, recorded, example_suite)
     config = folder / "align.yaml"
     text = config.read_text()

@@ -64,7 +64,9 @@ def qwen2_5_vl() -> torch.nn.Module:
     return Qwen2_5_VLForConditionalGeneration(config)
 
 
-def image_prompt(batch: int = 1, grid: tuple[int, int, int] = (1, 4, 4), text: int = 8) -> dict[str, torch.Tensor]:
+def image_prompt(
+    batch: int = 1, grid: tuple[int, int, int] = (1, 4, 4), text: int = 8
+) -> dict[str, torch.Tensor]:
     """Token ids with one fake image: pixel_values (patches) and image_grid_thw."""
     t, h, w = grid
     patches = t * h * w

@@ -93,7 +93,9 @@ def run_against_baseline(item: Any, state: Any) -> None:
     if outcome.action == "rewritten":  # --align-update-all: accepted whatever it found
         data["passed"] = True
         state.reports.append(data)
-        state.summaries.append(f"PASSED {case.name}[{phase}]: baseline rewritten (--align-update-all): {outcome.path}")
+        state.summaries.append(
+            f"PASSED {case.name}[{phase}]: baseline rewritten (--align-update-all): {outcome.path}"
+        )
         item.user_properties.append(("precalign_passed", True))
         return
     passed = report.verdict.passed and outcome.action != "updated"

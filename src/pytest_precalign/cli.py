@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         help="record one side of cases (and its weights) as stored baselines DIR/<case>/",
     )
     record.add_argument("config", help="alignment config YAML")
-    record.add_argument("--out", required=True, metavar="DIR", help="write DIR/<case>/ (as --align-baseline reads)")
+    record.add_argument(
+        "--out", required=True, metavar="DIR", help="write DIR/<case>/ (as --align-baseline reads)"
+    )
     record.add_argument("--case", action="append", default=[], help="record only this case (repeatable)")
     record.add_argument(
         "--side",

@@ -17,7 +17,9 @@ def record_command(config_path: Path, out: Path, cases: list[str], side: str, ov
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
     for case in selected:
         if case.baseline_dump is not None:
-            raise ConfigError(f"{config.path}: case {case.name!r} gates stored dumps; it has no model to record")
+            raise ConfigError(
+                f"{config.path}: case {case.name!r} gates stored dumps; it has no model to record"
+            )
         preflight_case(config, case)
     for case in selected:
         target = baseline_dir(out, case.name)
