@@ -291,7 +291,7 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
             return BaselineOutcome(
                 case.name, target, "written", weights_source=rec.weights_source, recovered=recovered
             )
-        # A stored candidate meets the candidate name for name (through baseline_layer_mapping);
+        # A stored candidate meets the candidate name for name (through stored_layer_mapping);
         # a stored baseline side through the case's mapping, as in a live run.
         mapping = case.mapping if stored_side == "baseline" else case.baseline_rename or _SAME_NAMES
         # A known divergence (expect:) is between the live models, not against a stored trace.

@@ -46,7 +46,7 @@ CASE_KEYS = (
     "train",
     "isolate",
     "layer_mapping",
-    "baseline_layer_mapping",
+    "stored_layer_mapping",
 )
 
 
@@ -529,10 +529,10 @@ def _parse_case(
         )
 
     baseline_rename = None
-    rename_ref = reader.get_str("baseline_layer_mapping")
+    rename_ref = reader.get_str("stored_layer_mapping")
     if rename_ref is not None:
         baseline_rename = MappingSpec(
-            rename_ref, layer_mapping=_layer_mapping(reader, rename_ref, base_dir, "baseline_layer_mapping")
+            rename_ref, layer_mapping=_layer_mapping(reader, rename_ref, base_dir, "stored_layer_mapping")
         )
 
     optimizer = OptimizerSpec()

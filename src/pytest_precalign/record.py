@@ -3,7 +3,7 @@ case's phases and return the trace together with the weights it started from.
 
 This is what a stored baseline is made of (``--align-baseline``, ``precalign record``), and
 what a candidate is compared with it by. Names are "stored names": the model's own names
-mapped through the case's ``baseline_layer_mapping`` (if any), so a baseline recorded before a
+mapped through the case's ``stored_layer_mapping`` (if any), so a baseline recorded before a
 framework upgrade and a candidate run after it meet name for name.
 """
 
@@ -90,7 +90,7 @@ def record_side(
     stored_side: str | None = None,
 ) -> SideRecording:
     """Run one model of ``case``. Its weights: ``stored_weights`` when given (a baseline's
-    weights file, mapped by name: ``baseline_layer_mapping`` for a stored candidate, the case's
+    weights file, mapped by name: ``stored_layer_mapping`` for a stored candidate, the case's
     ``mapping`` for a stored baseline side), else for the candidate of a case with
     ``weights: {sync: true}`` the baseline model's, synced as in a live run, else as built
     (from the model's seed)."""
