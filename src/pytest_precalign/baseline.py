@@ -246,11 +246,7 @@ class BaselineOutcome:
     weights_source: str = ""
     obtained: Path | None = None
     stored_env: Mapping[str, Any] = field(default_factory=dict)
-    recovered: tuple[str, ...] = ()
-
-    @property
-    def fails_every_phase(self) -> bool:
-        return self.action in ("written", "updated", "written-earlier")
+    recovered: tuple[str, ...] = ()  # what a killed writer left and this run cleaned up
 
 
 def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run_id: str) -> BaselineOutcome:

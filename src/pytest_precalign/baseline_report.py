@@ -27,16 +27,28 @@ def written_message(outcome: BaselineOutcome, accept: str) -> str:
             f"Baseline of case {outcome.case!r} was written earlier in this run (by another xdist "
             f"worker): {outcome.path}\nRerun to compare against it."
         )
+    return "\n".join(
+        [
+            f"Baseline written: {outcome.path} (there was none for case {outcome.case!r}; candidate "
+            f"weights {outcome.weights_source}).",
+            *recovery_lines(outcome),
+            "The test fails so that no baseline is ever accepted silently: check it in, then rerun to "
+            "compare against it.",
+        ]
+    )
+
+
+def recovery_lines(outcome: BaselineOutcome) -> list[str]:
     return (
-        f"Baseline written: {outcome.path} (there was none for case {outcome.case!r}; candidate "
-        f"weights {outcome.weights_source}).\n"
-        "The test fails so that no baseline is ever accepted silently: check it in, then rerun to "
-        "compare against it."
+        [f"Cleaned up after an interrupted write: {'; '.join(outcome.recovered)}"]
+        if outcome.recovered
+        else []
     )
 
 
 def context_lines(outcome: BaselineOutcome) -> list[str]:
     lines = [f"Stored baseline: {outcome.path} (recorded with {recorded_with(outcome.stored_env)})"]
+    lines.extend(recovery_lines(outcome))
     if outcome.env_diff:
         lines.append("Environment changed since it was recorded: " + "; ".join(outcome.env_diff))
     else:
