@@ -54,10 +54,30 @@ def test_nonfinite_values_match_only_when_equal():
 
 
 def _rec(seq, name, kind="activation", shape=(4,), deps=(), step=0, slot="out"):
-    phase = {"activation": "forward", "input": "forward", "logits": "forward", "loss": "forward",
-             "grad_output": "backward", "grad_input": "backward", "param_grad": "backward", "param": "step"}[kind]
-    return Record(seq=seq, name=name, module_class="M", phase=phase, step=step, call=0, kind=kind,
-                  slot=slot, dtype="float32", shape=shape, tensor_key=f"t{seq}", deps=deps)
+    phase = {
+        "activation": "forward",
+        "input": "forward",
+        "logits": "forward",
+        "loss": "forward",
+        "grad_output": "backward",
+        "grad_input": "backward",
+        "param_grad": "backward",
+        "param": "step",
+    }[kind]
+    return Record(
+        seq=seq,
+        name=name,
+        module_class="M",
+        phase=phase,
+        step=step,
+        call=0,
+        kind=kind,
+        slot=slot,
+        dtype="float32",
+        shape=shape,
+        tensor_key=f"t{seq}",
+        deps=deps,
+    )
 
 
 def _trace(records, tensors):
@@ -108,7 +128,9 @@ def test_first_divergence_in_execution_order_finds_the_innermost():
 
 
 def test_divergence_entering_between_modules_is_propagated_and_names_the_parent():
-    verdict = phase_verdict(compare_traces(_chain(None), _chain(None, "b.lin"), TABLE), "forward", None, False)
+    verdict = phase_verdict(
+        compare_traces(_chain(None), _chain(None, "b.lin"), TABLE), "forward", None, False
+    )
     first = verdict.first
     assert first is not None
     assert (first.name, first.origin, first.origin_module) == ("b.lin", False, "b")
@@ -131,14 +153,21 @@ def test_shape_mismatch_is_a_finding_not_a_crash():
 
 
 def test_metric_bounds_and_first_matching_rule():
-    table = ToleranceTable("t", (
-        ToleranceRule(match="loose*", bounds=(("cosine", 0.99),), why="loose"),
-        ToleranceRule(atol=0.0, rtol=0.0, why="exact"),
-    ))
+    table = ToleranceTable(
+        "t",
+        (
+            ToleranceRule(match="loose*", bounds=(("cosine", 0.99),), why="loose"),
+            ToleranceRule(atol=0.0, rtol=0.0, why="exact"),
+        ),
+    )
     x = torch.tensor([1.0, 2.0, 3.0])
     y = x * 1.001
-    base = _trace([_rec(0, "loose"), _rec(1, "strict")], {("loose", "activation"): x, ("strict", "activation"): x})
-    cand = _trace([_rec(0, "loose"), _rec(1, "strict")], {("loose", "activation"): y, ("strict", "activation"): y})
+    base = _trace(
+        [_rec(0, "loose"), _rec(1, "strict")], {("loose", "activation"): x, ("strict", "activation"): x}
+    )
+    cand = _trace(
+        [_rec(0, "loose"), _rec(1, "strict")], {("loose", "activation"): y, ("strict", "activation"): y}
+    )
     comparison = compare_traces(base, cand, table)
     by_name = {p.record.name: p for p in comparison.pairs}
     assert by_name["loose"].passed and by_name["loose"].checks[0].metric == "cosine"
@@ -149,12 +178,15 @@ def test_stats_and_hash_evidence():
     x = torch.randn(64, generator=torch.Generator().manual_seed(0))
     y = x.clone()
     y[3] += 0.5
+
     def stats_trace(t):
         r = Record(0, "a", "M", "forward", 0, 0, "activation", "out", "float32", (64,), stats=tensor_stats(t))
         return Trace({}, (r,))
+
     def hash_trace(t):
         r = Record(0, "a", "M", "forward", 0, 0, "activation", "out", "float32", (64,), crc32=tensor_crc32(t))
         return Trace({}, (r,))
+
     stats_cmp = compare_traces(stats_trace(x), stats_trace(y), TABLE).pairs[0]
     assert stats_cmp.evidence == "stats" and not stats_cmp.passed
     assert compare_traces(stats_trace(x), stats_trace(x.clone()), TABLE).pairs[0].passed
@@ -175,16 +207,20 @@ def test_first_nan_is_reported_per_side():
     x = torch.ones(4)
     y = torch.ones(4)
     y[2] = float("nan")
+
     def trace(vals):
         recs = [
             Record(i, name, "M", "forward", 0, 0, "activation", "out", "float32", (4,), stats=tensor_stats(v))
             for i, (name, v) in enumerate(vals)
         ]
         return Trace({}, tuple(recs))
+
     base = trace([("a", x), ("b", x), ("c", x)])
     cand = trace([("a", x), ("b", y), ("c", y)])
     verdict = phase_verdict(compare_traces(base, cand, TABLE), "forward", None, False)
-    assert [(nf.side, nf.record.name, nf.record.stats.nan) for nf in verdict.nonfinite] == [("candidate", "b", 1)]
+    assert [(nf.side, nf.record.name, nf.record.stats.nan) for nf in verdict.nonfinite] == [
+        ("candidate", "b", 1)
+    ]
     assert verdict.first is not None and (verdict.first.name, verdict.first.metric) == ("b", "nonfinite")
 
 
@@ -193,7 +229,9 @@ def test_report_json_is_strict_json(tmp_path):
 
     from pytest_precalign.report import write_json_report
 
-    path = write_json_report(tmp_path, [{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {})
+    path = write_json_report(
+        tmp_path, [{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {}
+    )
     text = path.read_text()
     assert "Infinity" not in text and "NaN" not in text
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
@@ -205,8 +243,20 @@ def test_overflow_levels_of_the_candidate():
 
     def rec(seq, name, kind, values, deps=()):
         t = torch.tensor(values)
-        return Record(seq, name, "M", "forward", 0, 0, kind, "out" if kind == "activation" else "in.0",
-                      "float32", tuple(t.shape), stats=tensor_stats(t), deps=deps)
+        return Record(
+            seq,
+            name,
+            "M",
+            "forward",
+            0,
+            0,
+            kind,
+            "out" if kind == "activation" else "in.0",
+            "float32",
+            tuple(t.shape),
+            stats=tensor_stats(t),
+            deps=deps,
+        )
 
     records = [
         rec(0, "a", "input", [1.0, 2.0]),

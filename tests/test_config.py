@@ -672,7 +672,11 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "mapping-unknown-key",
         BASE + "mappings:\n  m:\n    rename:\n      - {baseline: a, candidate: b}\n",
         17,
-        ("mappings.m.rename: unknown key 'rename'", "did you mean 'renames'?", "allowed: layouts, renames, slots, tensors, unmatched"),
+        (
+            "mappings.m.rename: unknown key 'rename'",
+            "did you mean 'renames'?",
+            "allowed: layouts, renames, slots, tensors, unmatched",
+        ),
     ),
     (
         "mapping-rule-unknown-key",

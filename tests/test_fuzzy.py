@@ -18,13 +18,19 @@ TABLE = ToleranceTable("t", (ToleranceRule(atol=1e-6, rtol=1e-5, why="t"),))
 
 def _shift_api_calls(trace: Trace, by: int) -> Trace:
     """As if the candidate made `by` more calls of every API before this step's first one."""
+
     def shift(name: str, call: int) -> int:
         return call + by if "." in name and name.split(".")[0] in ("Functional", "Tensor", "Torch") else call
 
     records = tuple(
-        replace(r, call=shift(r.name, r.call), deps=tuple(
-            "|".join((*d.split("|")[:4], str(shift(d.split("|")[0], int(d.split("|")[4]))))) for d in r.deps
-        ))
+        replace(
+            r,
+            call=shift(r.name, r.call),
+            deps=tuple(
+                "|".join((*d.split("|")[:4], str(shift(d.split("|")[0], int(d.split("|")[4])))))
+                for d in r.deps
+            ),
+        )
         for r in trace.records
     )
     parents = {}

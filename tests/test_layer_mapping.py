@@ -89,8 +89,13 @@ def test_hf_to_mindspeed_template_is_the_way_back(trees):
     mindspeed, hf = trees
     forward = read_layer_mapping(PRESETS / "qwen2.5-mindspeed-to-hf.yaml")
     back = read_layer_mapping(PRESETS / "qwen2.5-hf-to-mindspeed.yaml")
-    for name in ("module.model.layers.1.self_attn.o_proj", "module.model.embed_tokens", "module.lm_head",
-                 "module.model.layers.0.post_attention_layernorm", "module.model.norm"):
+    for name in (
+        "module.model.layers.1.self_attn.o_proj",
+        "module.model.embed_tokens",
+        "module.lm_head",
+        "module.model.layers.0.post_attention_layernorm",
+        "module.model.norm",
+    ):
         cand = back.to_baseline(name, hf.get)
         assert cand in mindspeed, (name, cand)
         assert forward.to_baseline(cand, mindspeed.get) == name
@@ -101,9 +106,13 @@ def test_vl_templates_parse_and_cross_levels():
         mapping = read_layer_mapping(file)
         assert "TopLayer" in mapping.rules
     vl = read_layer_mapping(PRESETS / "qwen2.5-vl-mindspeed-to-hf.yaml")
-    classes = {"0": "DistributedDataParallel", "0.module": "Float16Module",
-               "0.module.module": "MultiModalModule", "0.module.module.image_encoder": "VisionModel",
-               "0.module.module.image_encoder.encoder.blocks.layers.3": "TransformerLayer"}
+    classes = {
+        "0": "DistributedDataParallel",
+        "0.module": "Float16Module",
+        "0.module.module": "MultiModalModule",
+        "0.module.module.image_encoder": "VisionModel",
+        "0.module.module.image_encoder.encoder.blocks.layers.3": "TransformerLayer",
+    }
     # Float16Module maps `module.image_encoder` (two levels) to `visual`.
     name = "0.module.module.image_encoder.encoder.blocks.layers.3.self_attention"
     assert vl.to_baseline(name, classes.get) == "module.visual.blocks.3.attn"
@@ -112,15 +121,18 @@ def test_vl_templates_parse_and_cross_levels():
 def test_bad_layer_mapping_is_one_clear_error(tmp_path):
     bad = tmp_path / "lm.yaml"
     bad.write_text("GPTModel:\n  decoder.layers: [layers]\n")
-    with pytest.raises(ConfigError, match=r"lm.yaml:2: GPTModel.decoder.layers: expected 'child.path: baseline.path' strings"):
+    with pytest.raises(
+        ConfigError, match=r"lm.yaml:2: GPTModel.decoder.layers: expected 'child.path: baseline.path' strings"
+    ):
         read_layer_mapping(bad)
     with pytest.raises(ConfigError, match="expected a mapping"):
         parse_layer_mapping(Reader(load_yaml("GPTModel: 3\n", "x.yaml"), "x.yaml", "", 1))
 
 
 def test_longest_key_wins_and_unknown_classes_pass_through():
-    mapping = parse_layer_mapping(Reader(load_yaml(
-        "TopLayer: {a: x}\nA: {b: y, b.c: z}\n", "m.yaml"), "m.yaml", "", 1))
+    mapping = parse_layer_mapping(
+        Reader(load_yaml("TopLayer: {a: x}\nA: {b: y, b.c: z}\n", "m.yaml"), "m.yaml", "", 1)
+    )
     assert isinstance(mapping, LayerMapping)
     classes = {"a": "A", "a.b": "B"}.get
     assert mapping.to_baseline("a.b.c.d", classes) == "x.z.d"
@@ -144,7 +156,7 @@ cases:
      phases: [forward, backward], record: {mode: tensor}, tolerances: exact}
 """
 
-ENGINE = '''
+ENGINE = """
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -162,7 +174,7 @@ def build():
     config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
     return Engine(Qwen2ForCausalLM(config))
-'''
+"""
 
 
 def test_layer_mapping_in_a_live_case_syncs_and_pairs_everything(tmp_path):
@@ -188,5 +200,7 @@ def test_layer_mapping_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"cases\[0\].layer_mapping: file not found: .*lm.yaml"):
         load_config(LIVE, tmp_path / "align.yaml")
     bad = LIVE.replace("layer_mapping: lm.yaml", "layer_mapping: 'preset:llama'")
-    with pytest.raises(ConfigError, match=r"unknown preset 'preset:llama' \(allowed: preset:qwen2.5-mindspeed-to-hf"):
+    with pytest.raises(
+        ConfigError, match=r"unknown preset 'preset:llama' \(allowed: preset:qwen2.5-mindspeed-to-hf"
+    ):
         load_config(bad, tmp_path / "align.yaml")

@@ -52,7 +52,12 @@ CASES = [
     ("reshape", [("reshape", {"shape": [6, 4]})], [(2, 3, 4)], 1),
     ("qkv", [("qkv_fuse", {"num_heads": 4, "num_kv_heads": 2})], [(4 * 8, 16), (2 * 8, 16), (2 * 8, 16)], 1),
     ("qkv bias", [("qkv_fuse", {"num_heads": 6, "num_kv_heads": 3})], [(6 * 4,), (3 * 4,), (3 * 4,)], 1),
-    ("qkv last dim", [("qkv_fuse", {"num_heads": 4, "num_kv_heads": 1, "dim": 2})], [(2, 5, 32), (2, 5, 8), (2, 5, 8)], 1),
+    (
+        "qkv last dim",
+        [("qkv_fuse", {"num_heads": 4, "num_kv_heads": 1, "dim": 2})],
+        [(2, 5, 32), (2, 5, 8), (2, 5, 8)],
+        1,
+    ),
     ("chain", [("concat", {"dim": 0}), ("transpose", {"dim0": 0, "dim1": 1})], [(3, 4), (5, 4)], 1),
 ]
 
@@ -98,8 +103,14 @@ def test_expand_rule_binds_placeholders():
     )
     names = [f"model.layers.{i}.mlp.{p}.weight" for i in range(2) for p in ("gate_proj", "up_proj")]
     assert expand_rule(rule, names) == [
-        (["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"], ["decoder.layers.0.mlp.linear_fc1.weight"]),
-        (["model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight"], ["decoder.layers.1.mlp.linear_fc1.weight"]),
+        (
+            ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"],
+            ["decoder.layers.0.mlp.linear_fc1.weight"],
+        ),
+        (
+            ["model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight"],
+            ["decoder.layers.1.mlp.linear_fc1.weight"],
+        ),
     ]
 
 
@@ -121,7 +132,9 @@ class _Fused(torch.nn.Module):
 FUSED = MappingSpec(
     name="fused",
     renames=(NameRule("out", "proj"),),
-    tensors=(TensorRule(("gate.weight", "up.weight"), ("fc1.weight",), (TransformOp("concat", (("dim", 0),)),)),),
+    tensors=(
+        TensorRule(("gate.weight", "up.weight"), ("fc1.weight",), (TransformOp("concat", (("dim", 0),)),)),
+    ),
 )
 
 
@@ -136,7 +149,10 @@ def test_sync_weights_renames_and_transforms():
 
 def test_sync_weights_strict_names_what_is_missing():
     base, cand = _Split(), _Fused()
-    with pytest.raises(CaseError, match=r"3 candidate parameter\(s\) have no baseline source: fc1.weight, proj.weight, proj.bias"):
+    with pytest.raises(
+        CaseError,
+        match=r"3 candidate parameter\(s\) have no baseline source: fc1.weight, proj.weight, proj.bias",
+    ):
         sync_weights(base, cand, None, strict=True)
     report = sync_weights(base, cand, None, strict=False)
     assert report.unsynced == ("fc1.weight", "proj.weight", "proj.bias")
@@ -145,19 +161,37 @@ def test_sync_weights_strict_names_what_is_missing():
 def test_sync_weights_shape_mismatch_is_a_clear_error():
     base = torch.nn.Sequential(torch.nn.Linear(4, 4))
     cand = torch.nn.Sequential(torch.nn.Linear(4, 5))
-    with pytest.raises(CaseError, match=r"shape mismatch: candidate 0.weight \(5, 4\) <- baseline 0.weight \(4, 4\)"):
+    with pytest.raises(
+        CaseError, match=r"shape mismatch: candidate 0.weight \(5, 4\) <- baseline 0.weight \(4, 4\)"
+    ):
         sync_weights(base, cand, None, strict=True)
 
 
 def test_map_trace_renames_records_and_dependencies():
     rec = Record(
-        seq=0, name="decoder.layers.0.mlp", module_class="MLP", phase="forward", step=0, call=0,
-        kind="activation", slot="out", dtype="float32", shape=(2,),
+        seq=0,
+        name="decoder.layers.0.mlp",
+        module_class="MLP",
+        phase="forward",
+        step=0,
+        call=0,
+        kind="activation",
+        slot="out",
+        dtype="float32",
+        shape=(2,),
         deps=("decoder.layers.0.mlp|input|in.0|0|0",),
     )
     dep = Record(
-        seq=0, name="decoder.layers.0.mlp", module_class="MLP", phase="forward", step=0, call=0,
-        kind="input", slot="in.0", dtype="float32", shape=(2,),
+        seq=0,
+        name="decoder.layers.0.mlp",
+        module_class="MLP",
+        phase="forward",
+        step=0,
+        call=0,
+        kind="input",
+        slot="in.0",
+        dtype="float32",
+        shape=(2,),
     )
     rec = Record(**{**rec.__dict__, "seq": 1})
     mapped = map_trace(Trace({"record_mode": "stats"}, (dep, rec)), Trace({}, ()), MEGATRON_RENAMES).trace

@@ -58,7 +58,11 @@ def context_scale(model):
 
 
 def _run(
-    tmp_path: Path, candidate: str = "mc", patch: str = "o_proj_noise", isolate: bool = False, mode: str = "tensor"
+    tmp_path: Path,
+    candidate: str = "mc",
+    patch: str = "o_proj_noise",
+    isolate: bool = False,
+    mode: str = "tensor",
 ):
     (tmp_path / "their_faults.py").write_text(THEIR_FAULTS)
     text = CONFIG % {"candidate": candidate, "patch": patch, "isolate": str(isolate).lower()}
@@ -80,13 +84,30 @@ def test_aligned_pair_compares_every_shared_module_exactly(tmp_path):
     # Every module of both models is paired; what is one-sided says why.
     for verdict in (forward, backward):
         assert verdict.only_baseline or verdict.only_candidate
-        unexplained = [r.id for r in (*verdict.only_baseline, *verdict.only_candidate) if not verdict.reasons.get(r.id)]
+        unexplained = [
+            r.id for r in (*verdict.only_baseline, *verdict.only_candidate) if not verdict.reasons.get(r.id)
+        ]
         assert unexplained == []
-    names = {p.record.name for p in run.comparison.pairs if p.paired and p.record.kind in ("activation", "logits", "loss")}
+    names = {
+        p.record.name
+        for p in run.comparison.pairs
+        if p.paired and p.record.kind in ("activation", "logits", "loss")
+    }
     for layer in (0, 1):
-        for module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
-                       "post_attention_layernorm", "self_attn", "mlp", ""):
+        for module in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+            "input_layernorm",
+            "post_attention_layernorm",
+            "self_attn",
+            "mlp",
+            "",
+        ):
             assert f"model.layers.{layer}.{module}".rstrip(".") in names
     assert {"model.embed_tokens", "model.norm", "lm_head", "logits", "loss"} <= names
     # Isolation found no module that diverges on identical inputs.
@@ -140,7 +161,9 @@ def test_stats_mode_pair_passes_and_still_finds_the_fault(tmp_path):
     faulty = _run(tmp_path, candidate="mc_faulty", mode="stats")
     first = faulty.verdicts["forward"].first
     assert first is not None and (first.name, first.origin, first.evidence) == (
-        "model.layers.0.self_attn.o_proj", True, "stats"
+        "model.layers.0.self_attn.o_proj",
+        True,
+        "stats",
     )
 
 
@@ -158,7 +181,11 @@ def test_fault_between_submodules_isolation_names_the_parent(tmp_path):
     assert first is not None
     # core_attention has no HF module: the first compared divergence is o_proj, whose input
     # (the attention context) already differs.
-    assert (first.name, first.origin, first.origin_module) == ("model.layers.0.self_attn.o_proj", False, "model.layers.0.self_attn")
+    assert (first.name, first.origin, first.origin_module) == (
+        "model.layers.0.self_attn.o_proj",
+        False,
+        "model.layers.0.self_attn",
+    )
     isolated = _run(tmp_path, candidate="mc_faulty", patch="context_scale", isolate=True)
     verdict = isolated.verdicts["forward"]
     assert verdict.first is not None and verdict.first.isolated is not None
@@ -189,17 +216,24 @@ def test_megatron_config_errors_name_the_key(tmp_path):
     from pytest_precalign.errors import ConfigError
     from pytest_precalign.runner import preflight_case
 
-    bad = CONFIG.replace("mc: {source: megatron, config: *c}", "mc: {source: megatron, config: *c, preset: llama}")
+    bad = CONFIG.replace(
+        "mc: {source: megatron, config: *c}", "mc: {source: megatron, config: *c, preset: llama}"
+    )
     with pytest.raises(ConfigError, match=r"models.mc.preset: unknown value 'llama' \(allowed: qwen2.5\)"):
         load_config(bad % {"candidate": "mc", "patch": "x", "isolate": "false"}, tmp_path / "a.yaml")
     odd = CONFIG.replace("num_key_value_heads: 2,", "num_key_value_heads: 3,")
-    with pytest.raises(ConfigError, match=r"cases\[0\].mapping: preset:megatron-qwen2.5 does not fit these models: num_heads \(4\) must be a multiple of num_kv_heads \(3\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cases\[0\].mapping: preset:megatron-qwen2.5 does not fit these models: num_heads \(4\) must be a multiple of num_kv_heads \(3\)",
+    ):
         load_config(odd % {"candidate": "mc", "patch": "x", "isolate": "false"}, tmp_path / "a.yaml")
     no_map = odd.replace(' mapping: "preset:megatron-qwen2.5",', "")
     config = load_config(no_map % {"candidate": "mc", "patch": "x", "isolate": "false"}, tmp_path / "a.yaml")
     from pytest_precalign.errors import PrecalignError
 
-    with pytest.raises(PrecalignError, match="num_attention_heads .4. must be a multiple of num_key_value_heads .3."):
+    with pytest.raises(
+        PrecalignError, match="num_attention_heads .4. must be a multiple of num_key_value_heads .3."
+    ):
         preflight_case(config, config.cases[0])
     iso = CONFIG.replace("record: {mode: tensor}", "record: {mode: stats}")
     with pytest.raises(ConfigError, match=r"isolate: isolation re-runs modules on the baseline's tensors"):

@@ -18,8 +18,14 @@ def _tiny_qwen2(perturb: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = Qwen2ForCausalLM(config)
     if perturb:
         with torch.no_grad():
@@ -50,7 +56,9 @@ def test_written_dump_reads_back_as_the_same_records(tmp_path, mode):
     ours = {(r.name, r.kind, r.call) for r in trace.records if r.kind not in ("logits", "loss", "param")}
     theirs = {(r.name, r.kind, r.call) for r in back.records}
     assert ours == theirs
-    q = next(r for r in back.records if r.name == "model.layers.0.self_attn.q_proj" and r.kind == "activation")
+    q = next(
+        r for r in back.records if r.name == "model.layers.0.self_attn.q_proj" and r.kind == "activation"
+    )
     original = next(r for r in trace.records if r.name == q.name and r.kind == "activation")
     if mode == "hash":
         assert q.crc32 == original.crc32
@@ -66,15 +74,28 @@ def test_written_dump_reads_back_as_the_same_records(tmp_path, mode):
     assert read_msprobe_dump(tmp_path / "d" / "step0" / "rank0").records == back.records
 
 
-@pytest.mark.skipif(shutil.which("msprobe") is None, reason="mindstudio-probe (the test extra) is not installed")
+@pytest.mark.skipif(
+    shutil.which("msprobe") is None, reason="mindstudio-probe (the test extra) is not installed"
+)
 @pytest.mark.parametrize("mode", ["tensor", "stats", "hash"])
 def test_msprobe_compare_accepts_our_dumps(tmp_path, mode):
     base = _dump(tmp_path, "base", mode, perturb=False)
     pert = _dump(tmp_path, "pert", mode, perturb=True)
     out = tmp_path / "out"
     done = subprocess.run(
-        [shutil.which("msprobe") or "msprobe", "compare", "-tp", str(pert / "step0"), "-gp", str(base / "step0"), "-o", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            shutil.which("msprobe") or "msprobe",
+            "compare",
+            "-tp",
+            str(pert / "step0"),
+            "-gp",
+            str(base / "step0"),
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log
@@ -88,7 +109,8 @@ def test_msprobe_compare_accepts_our_dumps(tmp_path, mode):
 
 
 def test_plugin_saves_msprobe_dumps_with_record_format(pytester):
-    pytester.makepyfile(nets='''
+    pytester.makepyfile(
+        nets="""
 import torch
 
 class Net(torch.nn.Module):
@@ -102,8 +124,11 @@ class Net(torch.nn.Module):
 
 def build():
     return Net()
-''')
-    pytester.makefile(".yaml", align='''
+"""
+    )
+    pytester.makefile(
+        ".yaml",
+        align="""
 version: 1
 models:
   a: {source: factory, factory: "nets:build"}
@@ -113,7 +138,8 @@ inputs:
 cases:
   - {name: c, baseline: a, candidate: b, inputs: t, phases: [forward, backward],
      record: {mode: tensor, format: msprobe}}
-''')
+""",
+    )
     result = pytester.runpytest("--align-config", "align.yaml", "--align-save-traces", "dumps")
     result.assert_outcomes(passed=2)
     dump = pytester.path / "dumps" / "align" / "c" / "candidate"
@@ -134,5 +160,10 @@ def test_written_dump_keeps_execution_order(tmp_path):
     from pytest_precalign.verdict import phase_verdict
 
     table = ToleranceTable("t", (ToleranceRule(atol=1e-6, rtol=1e-5),))
-    verdict = phase_verdict(compare_traces(base, pert, table), "forward", None, False, parents=base.manifest["parents"])
-    assert verdict.first is not None and (verdict.first.name, verdict.first.origin) == ("model.layers.0.mlp.down_proj", True)
+    verdict = phase_verdict(
+        compare_traces(base, pert, table), "forward", None, False, parents=base.manifest["parents"]
+    )
+    assert verdict.first is not None and (verdict.first.name, verdict.first.origin) == (
+        "model.layers.0.mlp.down_proj",
+        True,
+    )

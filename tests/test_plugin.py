@@ -8,7 +8,7 @@ import pytest
 
 # A config written from scratch (not the example suite): a small MLP stack whose candidate
 # factory breaks one block, in the block's own code or between its submodules.
-MODELS_PY = '''
+MODELS_PY = """
 import torch
 
 
@@ -49,7 +49,7 @@ class Net(torch.nn.Module):
 
 def build(**kwargs):
     return Net(**kwargs)
-'''
+"""
 
 CONFIG = """
 version: 1
@@ -79,30 +79,48 @@ def _report(pytester):
 def test_example_suite_passes_and_finds_the_known_bug(pytester, example_suite):
     folder = example_suite("qwen2_hf_attention")
     result = pytester.runpytest(
-        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-p", "no:cacheprovider"
+        "--align-config",
+        str(folder / "align.yaml"),
+        str(folder),
+        "--align-report",
+        "out",
+        "-p",
+        "no:cacheprovider",
     )
     result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines([
-        "*= precalign =*",
-        "PASSED eager_vs_sdpa[[]forward[]]*aligned*",
-        "PASSED known_mlp_bug[[]forward[]]*first divergence model.layers.1.mlp*origin*found the expected*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= precalign =*",
+            "PASSED eager_vs_sdpa[[]forward[]]*aligned*",
+            "PASSED known_mlp_bug[[]forward[]]*first divergence model.layers.1.mlp*origin*found the expected*",
+        ]
+    )
     cases = {(c["name"], c["phase"]): c for c in _report(pytester)["cases"]}
     assert set(cases) == {
-        ("eager_vs_sdpa", "forward"), ("eager_vs_sdpa", "backward"), ("eager_vs_sdpa", "step"),
-        ("known_mlp_bug", "forward"), ("known_mlp_bug", "backward"),
+        ("eager_vs_sdpa", "forward"),
+        ("eager_vs_sdpa", "backward"),
+        ("eager_vs_sdpa", "step"),
+        ("known_mlp_bug", "forward"),
+        ("known_mlp_bug", "backward"),
     }
     assert cases["eager_vs_sdpa", "forward"]["first_divergence"] is None
     assert cases["eager_vs_sdpa", "step"]["passed"] is True
     first = cases["known_mlp_bug", "forward"]["first_divergence"]
-    assert (first["name"], first["origin"], first["phase"], first["kind"]) == ("model.layers.1.mlp", True, "forward", "activation")
+    assert (first["name"], first["origin"], first["phase"], first["kind"]) == (
+        "model.layers.1.mlp",
+        True,
+        "forward",
+        "activation",
+    )
     assert first["value"] > first["allowed"] > 0
 
 
 def test_items_are_named_by_case_and_phase(pytester):
     _suite(pytester)
     result = pytester.runpytest("--align-config", "align.yaml", "--collect-only", "-q")
-    result.stdout.fnmatch_lines(["align.yaml::port[[]forward[]]", "align.yaml::port[[]backward[]]", "align.yaml::port[[]step[]]"])
+    result.stdout.fnmatch_lines(
+        ["align.yaml::port[[]forward[]]", "align.yaml::port[[]backward[]]", "align.yaml::port[[]step[]]"]
+    )
 
 
 @pytest.mark.parametrize("mode", ["tensor", "stats"])
@@ -125,7 +143,7 @@ def test_bug_in_a_blocks_own_code_is_named_as_origin(pytester, mode):
     assert first["evidence"] == ("tensor" if mode == "tensor" else "stats")
     text = result.stdout.str()
     assert "First divergence: blocks.1 (activation, out, step 0), origin: its inputs matched" in text
-    assert 'fp32 same-code budget' in text
+    assert "fp32 same-code budget" in text
     assert 'To reproduce: pytest --align-config align.yaml "align.yaml::port[forward]"' in text
     assert "Traceback" not in text
     if mode == "stats":
@@ -145,13 +163,21 @@ def test_bug_between_submodules_is_propagated_into_the_parent(pytester):
 
 def test_expectation_that_does_not_hold_fails(pytester):
     _suite(pytester, bug="own")
-    text = (pytester.path / "align.yaml").read_text().replace(
-        "tolerances: tight}", "tolerances: tight, expect: {first_divergence: blocks.2, origin: true}}"
+    text = (
+        (pytester.path / "align.yaml")
+        .read_text()
+        .replace(
+            "tolerances: tight}", "tolerances: tight, expect: {first_divergence: blocks.2, origin: true}}"
+        )
     )
     (pytester.path / "align.yaml").write_text(text)
     result = pytester.runpytest("--align-config", "align.yaml")
     result.assert_outcomes(failed=1, passed=2)
-    result.stdout.fnmatch_lines(["*Known divergence not reproduced: expected first divergence 'blocks.2' (origin: true)*found 'blocks.1'*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*Known divergence not reproduced: expected first divergence 'blocks.2' (origin: true)*found 'blocks.1'*"
+        ]
+    )
 
 
 def test_plugin_is_inert_without_a_config(pytester):
@@ -168,7 +194,11 @@ def test_report_header_and_ini_option(pytester):
     pytester.makeini("[pytest]\nalign_config = align.yaml\n")
     result = pytester.runpytest()
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["precalign: config *align.yaml, 1 case(s); torch *, device cpu, dtype float32, seed 0, deterministic True"])
+    result.stdout.fnmatch_lines(
+        [
+            "precalign: config *align.yaml, 1 case(s); torch *, device cpu, dtype float32, seed 0, deterministic True"
+        ]
+    )
 
 
 def test_config_outside_the_given_paths_is_still_collected(pytester):
@@ -181,7 +211,8 @@ def test_config_outside_the_given_paths_is_still_collected(pytester):
 
 def test_align_runner_fixture_and_marker(pytester):
     pytester.makepyfile(nets=MODELS_PY)
-    pytester.makepyfile(test_port='''
+    pytester.makepyfile(
+        test_port="""
         import pytest
         import torch
         from pytest_precalign import AlignmentMismatch
@@ -210,10 +241,13 @@ def test_align_runner_fixture_and_marker(pytester):
         @pytest.mark.align(bogus=1)
         def test_bad_marker(align_runner):
             pass
-    ''')
+    """
+    )
     result = pytester.runpytest()
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*@pytest.mark.align got unknown argument 'bogus' (allowed: tolerances, phases, record)*"])
+    result.stdout.fnmatch_lines(
+        ["*@pytest.mark.align got unknown argument 'bogus' (allowed: tolerances, phases, record)*"]
+    )
 
 
 def test_xdist_merges_reports(pytester):
@@ -248,13 +282,21 @@ def test_importing_the_plugin_does_not_import_torch():
 
 def test_cli_run_exit_codes(pytester):
     _suite(pytester)
-    ok = subprocess.run([sys.executable, "-m", "pytest_precalign", "run", "align.yaml"], cwd=pytester.path,
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "pytest_precalign", "run", "align.yaml"],
+        cwd=pytester.path,
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "PASSED port[forward]" in ok.stdout
     _suite(pytester, bug="own")
-    bad = subprocess.run([sys.executable, "-m", "pytest_precalign", "run", "align.yaml", "--report", "out"],
-                         cwd=pytester.path, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest_precalign", "run", "align.yaml", "--report", "out"],
+        cwd=pytester.path,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 1
     assert "First divergence: blocks.1" in bad.stdout
     assert _report(pytester)["cases"][0]["first_divergence"]["name"] == "blocks.1"
@@ -262,20 +304,30 @@ def test_cli_run_exit_codes(pytester):
 
 def test_npu_device_without_torch_npu_is_a_usage_error(pytester):
     _suite(pytester)
-    text = (pytester.path / "align.yaml").read_text().replace("version: 1", "version: 1\ndefaults: {device: npu}")
+    text = (
+        (pytester.path / "align.yaml")
+        .read_text()
+        .replace("version: 1", "version: 1\ndefaults: {device: npu}")
+    )
     (pytester.path / "align.yaml").write_text(text)
     result = pytester.runpytest("--align-config", "align.yaml")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([
-        "ERROR: --align-config: case 'port': *align.yaml: device 'npu' needs torch_npu, which is not installed:"
-        " pip install 'pytest-precalign[[]npu[]]'*"
-    ])
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --align-config: case 'port': *align.yaml: device 'npu' needs torch_npu, which is not installed:"
+            " pip install 'pytest-precalign[[]npu[]]'*"
+        ]
+    )
     assert "Traceback" not in result.stderr.str()
 
 
 def test_model_that_cannot_take_the_inputs_is_a_clear_case_error(pytester):
-    pytester.makepyfile(seq="import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Embedding(20, 4))\n")
-    pytester.makefile(".yaml", align="""
+    pytester.makepyfile(
+        seq="import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Embedding(20, 4))\n"
+    )
+    pytester.makefile(
+        ".yaml",
+        align="""
 version: 1
 models:
   a: {source: factory, factory: "seq:build"}
@@ -283,33 +335,47 @@ inputs:
   t: {kind: tokens, vocab_size: 20}
 cases:
   - {name: c, baseline: a, candidate: a, inputs: t}
-""")
+""",
+    )
     result = pytester.runpytest("--align-config", "align.yaml")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*model 'a' cannot be called as model(**inputs) with inputs input_ids: *unexpected keyword argument 'input_ids'*"
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*model 'a' cannot be called as model(**inputs) with inputs input_ids: *unexpected keyword argument 'input_ids'*"
+        ]
+    )
     assert "Traceback" not in result.stdout.str()
 
 
 def test_msprobe_dump_example_suite_gates_the_known_divergence(pytester, example_suite):
     folder = example_suite("msprobe_dumps")
-    result = pytester.runpytest("--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out")
+    result = pytester.runpytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out"
+    )
     result.assert_outcomes(passed=6)
     cases = {(c["name"], c["phase"]): c for c in _report(pytester)["cases"]}
     for name, evidence in (("tensor_dumps", "tensor"), ("statistics_dumps", "stats"), ("md5_dumps", "hash")):
         first = cases[name, "forward"]["first_divergence"]
-        assert (first["name"], first["origin"], first["evidence"]) == ("model.layers.0.mlp.down_proj", True, evidence)
+        assert (first["name"], first["origin"], first["evidence"]) == (
+            "model.layers.0.mlp.down_proj",
+            True,
+            evidence,
+        )
 
 
 def test_bad_dump_in_a_case_is_a_usage_error(pytester):
     (pytester.path / "empty").mkdir()
-    pytester.makefile(".yaml", align="""
+    pytester.makefile(
+        ".yaml",
+        align="""
 version: 1
 cases:
   - {name: d, baseline: {dump: empty}, candidate: {dump: empty}}
-""")
+""",
+    )
     result = pytester.runpytest("--align-config", "align.yaml")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --align-config: case 'd': *empty: neither a pytest-precalign trace*"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: --align-config: case 'd': *empty: neither a pytest-precalign trace*"]
+    )
     assert "Traceback" not in result.stderr.str()

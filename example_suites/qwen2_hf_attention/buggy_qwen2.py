@@ -24,8 +24,13 @@ class ScaledMLP(torch.nn.Module):
 
 def build(layer: int = 1, scale: float = 1.1) -> torch.nn.Module:
     config = Qwen2Config(
-        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
         attn_implementation="eager",
     )
     model = Qwen2ForCausalLM(config)

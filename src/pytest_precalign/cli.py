@@ -70,6 +70,22 @@ def _parser() -> argparse.ArgumentParser:
         "--perturbations", default="float64,attn,seed", help="comma-separated: float64, attn, seed"
     )
     calibrate.add_argument("--force", action="store_true", help="replace an existing table")
+    record = sub.add_parser(
+        "record",
+        help="record one side of cases (and its weights) as stored baselines DIR/<case>/",
+    )
+    record.add_argument("config", help="alignment config YAML")
+    record.add_argument(
+        "--out", required=True, metavar="DIR", help="write DIR/<case>/ (as --align-baseline reads)"
+    )
+    record.add_argument("--case", action="append", default=[], help="record only this case (repeatable)")
+    record.add_argument(
+        "--side",
+        choices=("candidate", "baseline"),
+        default="candidate",
+        help="which model of the case to record (default: candidate)",
+    )
+    record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
     return parser
 
 
@@ -86,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _compare(args)
         if args.command == "calibrate":
             return _calibrate(args, argv)
+        if args.command == "record":
+            from .record_cli import record_command
+
+            return record_command(Path(args.config), Path(args.out), args.case, args.side, args.overwrite)
         return _run(Path(args.config), args.case, args.report, args.save_traces)
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)

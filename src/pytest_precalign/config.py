@@ -48,6 +48,7 @@ CASE_KEYS = (
     "isolate",
     "layer_mapping",
     "search",
+    "stored_layer_mapping",
 )
 
 
@@ -143,6 +144,9 @@ class CaseSpec:
     baseline_dump: Path | None = None
     candidate_dump: Path | None = None
     search: SearchSpec | None = None  # divergence search over generated inputs (search.py)
+    # --align-baseline: renames from the candidate's names to a stored baseline's (e.g. modules
+    # that moved between framework versions); stored traces and weights use the mapped names.
+    baseline_rename: MappingSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -554,6 +558,13 @@ def _parse_case(
             else MappingSpec(layer_ref, layer_mapping=layers)
         )
 
+    baseline_rename = None
+    rename_ref = reader.get_str("stored_layer_mapping")
+    if rename_ref is not None:
+        baseline_rename = MappingSpec(
+            rename_ref, layer_mapping=_layer_mapping(reader, rename_ref, base_dir, "stored_layer_mapping")
+        )
+
     optimizer = OptimizerSpec()
     opt = reader.get_mapping("optimizer")
     if opt is not None:
@@ -648,6 +659,7 @@ def _parse_case(
         search=_search(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
         ),
+        baseline_rename=baseline_rename,
     )
     reader.done()
     return case
@@ -672,13 +684,13 @@ def layer_mapping_path(ref: str, base_dir: Path) -> Path | None:
     return base_dir / ref
 
 
-def _layer_mapping(reader: Reader, ref: str, base_dir: Path) -> LayerMapping:
+def _layer_mapping(reader: Reader, ref: str, base_dir: Path, key: str = "layer_mapping") -> LayerMapping:
     path = layer_mapping_path(ref, base_dir)
     if path is None:
         allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
-        reader.fail(f"unknown preset {ref!r} (allowed: {allowed}; or a .yaml file)", "layer_mapping")
+        reader.fail(f"unknown preset {ref!r} (allowed: {allowed}; or a .yaml file)", key)
     if not path.is_file():
-        reader.fail(f"file not found: {path}", "layer_mapping")
+        reader.fail(f"file not found: {path}", key)
     return read_layer_mapping(path)
 
 

@@ -20,6 +20,25 @@ OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "save each case's baseline and candidate traces under DIR/<case>/ (never overwrites)",
         {"metavar": "DIR"},
     ),
+    (
+        "baseline",
+        "align_baseline",
+        "compare each case's candidate with a stored baseline DIR/<case>/ instead of a live baseline "
+        "model (a missing one is written and the test fails)",
+        {"metavar": "DIR"},
+    ),
+    (
+        "update",
+        "align_update",
+        "with --align-baseline: rewrite the baselines that mismatch (the tests still fail)",
+        {"action": "store_true"},
+    ),
+    (
+        "update-all",
+        "align_update_all",
+        "with --align-baseline: rewrite every baseline run and pass",
+        {"action": "store_true"},
+    ),
 )
 
 

@@ -29,6 +29,8 @@ class _State:
     summaries: list[str] = field(default_factory=list)
     runs: dict[str, CaseRun | PrecalignError] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)
+    baseline_runs: dict[str, Any] = field(default_factory=dict)  # --align-baseline outcomes
+    run_id: str = ""  # one per test run, shared by xdist workers
 
 
 STATE_KEY = pytest.StashKey[_State]()
@@ -55,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "align(tolerances=None, phases=None, record=None): defaults for the align_runner fixture",
     )
+    updating = config.getoption("align_update") or config.getoption("align_update_all")
+    if updating and not config.getoption("align_baseline"):
+        raise pytest.UsageError("--align-update and --align-update-all need --align-baseline DIR")
     path = _config_path(config)
     if path is None:
         config.stash[STATE_KEY] = _State(config=None)
@@ -73,13 +78,23 @@ def pytest_configure(config: pytest.Config) -> None:
             check_report_dir(report_dir, "--align-report")
         except PrecalignError as exc:
             raise pytest.UsageError(str(exc)) from None
-    config.stash[STATE_KEY] = _State(config=align_config)
+    config.stash[STATE_KEY] = _State(config=align_config, run_id=_run_id(config))
     config.pluginmanager.register(_EntryCollector(config.stash[STATE_KEY]), "precalign-entries")
     # Collect the config's cases even when it lies outside the paths given on the command line.
     resolved = align_config.path
     args = [Path(a.split("::")[0]).resolve() for a in config.args]
     if config.args and not any(resolved == a or a in resolved.parents for a in args):
         config.args.append(str(resolved))
+
+
+def _run_id(config: pytest.Config) -> str:
+    """xdist's test run id on workers (the same for all of them), else a fresh one."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get("testrunuid"):
+        return str(workerinput["testrunuid"])
+    import uuid
+
+    return uuid.uuid4().hex
 
 
 def _state(config: pytest.Config) -> _State:
@@ -133,6 +148,10 @@ class AlignItem(pytest.Item):
     def runtest(self) -> None:
         state = _state(self.config)
         assert state.config is not None
+        if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
+            from .baseline_gate import run_against_baseline
+
+            return run_against_baseline(self, state)
         outcome = _run_once(self.config, state, self.case)
         if isinstance(outcome, PrecalignError):
             raise outcome

@@ -25,53 +25,59 @@ SHARD_BYTES = 1 << 30  # 1 GiB per safetensors file
 
 
 def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> Path:
-    from safetensors.torch import save_file
-
     target = Path(path)
     if target.exists() and not overwrite:
         raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        shards: dict[str, str] = {}
-        batch: dict[str, Any] = {}
-        size = 0
-        shard_no = 0
-
-        def flush() -> None:
-            nonlocal batch, size, shard_no
-            if not batch:
-                return
-            file = f"tensors-{shard_no:05d}.safetensors"
-            save_file(batch, str(tmp / file))
-            for key in batch:
-                shards[key] = file
-            batch, size, shard_no = {}, 0, shard_no + 1
-
-        for key in sorted(trace.tensors):
-            tensor = trace.tensors[key].contiguous()
-            batch[key] = tensor
-            size += tensor.numel() * tensor.element_size()
-            if size >= SHARD_BYTES:
-                flush()
-        flush()
-        # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from.
-        manifest = {
-            **dict(trace.manifest),
-            "source_format": trace.manifest.get("format", FORMAT),
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-        }
-        _write_json(tmp / "manifest.json", manifest)
-        _write_json(
-            tmp / "index.json",
-            {"records": [r.as_dict() for r in trace.records], "shards": shards},
-        )
+        write_trace_files(trace, tmp)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def write_trace_files(trace: Trace, folder: Path) -> None:
+    """Write a trace's files into an existing (temporary) folder; the caller publishes it."""
+    from safetensors.torch import save_file
+
+    tmp = folder
+    shards: dict[str, str] = {}
+    batch: dict[str, Any] = {}
+    size = 0
+    shard_no = 0
+
+    def flush() -> None:
+        nonlocal batch, size, shard_no
+        if not batch:
+            return
+        file = f"tensors-{shard_no:05d}.safetensors"
+        save_file(batch, str(tmp / file))
+        for key in batch:
+            shards[key] = file
+        batch, size, shard_no = {}, 0, shard_no + 1
+
+    for key in sorted(trace.tensors):
+        tensor = trace.tensors[key].contiguous()
+        batch[key] = tensor
+        size += tensor.numel() * tensor.element_size()
+        if size >= SHARD_BYTES:
+            flush()
+    flush()
+    # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from.
+    manifest = {
+        **dict(trace.manifest),
+        "source_format": trace.manifest.get("format", FORMAT),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+    }
+    _write_json(tmp / "manifest.json", manifest)
+    _write_json(
+        tmp / "index.json",
+        {"records": [r.as_dict() for r in trace.records], "shards": shards},
+    )
 
 
 def publish_dir(tmp: Path, target: Path) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,17 +54,18 @@ def expand_rule(rule: TensorRule, names: Iterable[str]) -> list[tuple[list[str],
 
 
 def sync_weights(
-    baseline: torch.nn.Module,
+    baseline: torch.nn.Module | Mapping[str, torch.Tensor],
     candidate: torch.nn.Module,
     mapping: MappingSpec | None,
     *,
     strict: bool,
     context: Callable[[], str] = lambda: "",
 ) -> SyncReport:
-    """Copy the baseline's parameters into the candidate (renames, then tensor rules)."""
+    """Copy the baseline's parameters into the candidate (renames, then tensor rules). The
+    baseline is a module or stored weights (name -> tensor, e.g. a baseline's weights file)."""
     import torch
 
-    source = dict(baseline.named_parameters())
+    source = dict(baseline) if isinstance(baseline, Mapping) else dict(baseline.named_parameters())
     target = dict(candidate.named_parameters())
     classes = {n: type(m).__name__ for n, m in candidate.named_modules()}
     used: set[str] = set()
