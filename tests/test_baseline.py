@@ -233,7 +233,7 @@ for i in range(n):
     key = f"t{i:04d}"
     tensors[key] = torch.full((size,), fill + i)
     records.append(Record(seq=i, name=f"layer{i}", module_class="Linear", phase="forward", step=0,
-                          call=0, kind="activation", slot="out", dtype="torch.float32", shape=(size,),
+                          call=0, kind="activation", slot="out", dtype="float32", shape=(size,),
                           stats=Stats(0, 0, 0, 0), tensor_key=key))
 trace = Trace(manifest={"case": "big", "side": "candidate", "record_mode": "tensor"},
               records=tuple(records), tensors=tensors)
