@@ -22,6 +22,7 @@ from .yamlio import LineList, Reader, describe, load_yaml
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 RECORD_MODES = ("stats", "tensor", "hash")
+RECORD_LEVELS = ("module", "op", "mix")  # ops.LEVELS (config.py does not import torch)
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LOSSES = ("causal_lm", "model", "mean", "none")
 INPUT_KINDS = ("tokens", "factory")
@@ -102,6 +103,7 @@ class RecordSpec:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
+    level: str = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
 
 
 @dataclass(frozen=True)
@@ -365,8 +367,8 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
             f"isolation re-runs modules on the baseline's tensors: it needs record: {{mode: tensor}} (got {record.mode!r})",
             "isolate",
         )
-    if isolate and not record.inputs:
-        reader.fail("isolation needs the modules' inputs: record: {inputs: true}", "isolate")
+    if isolate and (not record.inputs or record.level == "op"):
+        reader.fail("isolation needs the modules' inputs: record: {inputs: true} at level module or mix", "isolate")
     return isolate
 
 
@@ -548,13 +550,14 @@ def _parse_case(
     record = RecordSpec()
     rec = reader.get_mapping("record")
     if rec is not None:
-        rec.check_keys(("mode", "inputs", "include", "exclude", "format"))
+        rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level"))
         record = RecordSpec(
             mode=rec.get_choice("mode", RECORD_MODES, "stats"),
             inputs=rec.get_bool("inputs", True),
             include=_str_tuple(rec, "include"),
             exclude=_str_tuple(rec, "exclude"),
             format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
+            level=rec.get_choice("level", RECORD_LEVELS, "module"),
         )
         rec.done()
 

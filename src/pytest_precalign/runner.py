@@ -22,6 +22,7 @@ from .errors import CaseError, PrecalignError, SourceError
 from .inputs import CaseInputs, build_inputs
 from .isolation import isolate
 from .mapping import MappingSpec
+from .op_pairing import settle_op_pairs
 from .recorder import Recorder
 from .sources import LoadedModel, build_model, preflight, runtime
 from .tolerances import ToleranceTable, default_table
@@ -192,6 +193,7 @@ def finish(
 ) -> CaseRun:
     mapped = map_trace(cand_trace, base_trace, mapping)
     comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons, progress)
+    comparison = settle_op_pairs(comparison, base_trace, mapped.trace)
     expect = case.expect if case is not None else None
     verdicts = {}
     for phase in phases:
@@ -260,6 +262,7 @@ def run_side(
         include=record.include,
         exclude=record.exclude,
         keep_calls=after_first_forward is not None,
+        level=record.level,
     )
     steps = case.steps if backward else 1
     with recorder:

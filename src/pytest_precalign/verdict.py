@@ -140,19 +140,28 @@ def find_first(
         return None
     # Layers first: in a mix-level dump (modules and APIs), an op inside a module fails before
     # the module returns; name the module, and keep the op as detail below it.
-    modules = [p for p in ordered if p.record.module_class != "api"]
+    modules = [p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")]
     pair = modules[0] if modules else ordered[0]
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     rec = pair.record
-    origin, origin_module = _origin(rec, all_pairs, parents or {})
+    parents = parents or {}
+    origin, origin_module = _origin(rec, all_pairs, parents)
+    name, call = rec.name, rec.call
+    live_op = first_op is not None and parents.get(f"{first_op.name}#{first_op.call}", "") != ""
+    if not modules and live_op:
+        # Op-level trace (no module records): the layer is the module the op ran in; the op
+        # is the detail, as in a mix-level dump.
+        name, _, module_call = parents[f"{rec.name}#{rec.call}"].partition("#")
+        call = int(module_call)
+        origin_module = name if origin else origin_module
     check = _check_of(pair)
     return Divergence(
-        name=rec.name,
+        name=name,
         phase=phase,
         kind=rec.kind,
         slot=rec.slot,
         step=rec.step,
-        call=rec.call,
+        call=call,
         metric=check.metric,
         value=check.value,
         allowed=check.allowed,
@@ -160,8 +169,21 @@ def find_first(
         origin_module=origin_module,
         evidence=pair.evidence,
         pair=pair,
-        first_op=f"{first_op.name}#{first_op.call}" if first_op is not None else None,
+        first_op=_op_label(first_op, parents) if first_op is not None else None,
     )
+
+
+def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
+    """``Functional.softmax.0.forward in model.layers.0.self_attn`` for a live op record (n
+    counts calls inside the module call), ``name#call`` for an msprobe dump's API record."""
+    parent = parents.get(f"{rec.name}#{rec.call}", "")
+    module, _, module_call = parent.partition("#")
+    if not module or not rec.name.startswith(module + "."):
+        return f"{rec.name}#{rec.call}"
+    api = rec.name[len(module) + 1 :]
+    direction = "forward" if rec.phase == "forward" else "backward"
+    where = module + (f" (call {module_call})" if module_call not in ("", "0") else "")
+    return f"{api}.{rec.call % 1000}.{direction} in {where}"
 
 
 def _deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
