@@ -39,7 +39,7 @@ cases:
 """
 
 # A user's fault: layer 1's attention computes its softmax in float16.
-THEIR_FAULTS = '''
+THEIR_FAULTS = """
 import torch
 
 def softmax_fp16(model):
@@ -66,10 +66,12 @@ def softmax_fp16(model):
 
 def none(model):
     pass
-'''
+"""
 
 
-def _run(tmp_path: Path, level: str, candidate: str = "faulty", patch: str = "softmax_fp16", mode: str = "tensor"):
+def _run(
+    tmp_path: Path, level: str, candidate: str = "faulty", patch: str = "softmax_fp16", mode: str = "tensor"
+):
     (tmp_path / "their_faults.py").write_text(THEIR_FAULTS)
     text = CONFIG % {"candidate": candidate, "patch": patch, "mode": mode, "level": level}
     config = load_config(text, tmp_path / "align.yaml")
@@ -96,7 +98,10 @@ def test_op_level_names_the_softmax_in_the_wrong_dtype(tmp_path):
     verdict = run.verdicts["forward"]
     casts = [r for r in verdict.only_candidate if r.name == "model.layers.1.self_attn.Tensor.to"]
     assert casts
-    assert all("called 1 times" in verdict.reasons[r.id] and "by the candidate" in verdict.reasons[r.id] for r in casts)
+    assert all(
+        "called 1 times" in verdict.reasons[r.id] and "by the candidate" in verdict.reasons[r.id]
+        for r in casts
+    )
     assert not any(p.record.name == "model.layers.1.self_attn.Tensor.to" for p in verdict.failures)
 
 
@@ -167,7 +172,10 @@ def test_op_recording_does_not_change_numerics(tiny_qwen2_config, level):
     trace = rec.trace()
     ops = _ops(trace)
     assert {r.kind for r in ops} == {"activation", "grad_output"}
-    assert trace.manifest["parents"]["model.layers.0.mlp.act_fn.Functional.silu#0"] == "model.layers.0.mlp.act_fn#0"
+    assert (
+        trace.manifest["parents"]["model.layers.0.mlp.act_fn.Functional.silu#0"]
+        == "model.layers.0.mlp.act_fn#0"
+    )
     # The recorder's own work is not recorded as ops, and the mode is gone afterwards.
     assert not any("aminmax" in r.name or "vector_norm" in r.name for r in ops)
     count = len(trace.records)
@@ -184,7 +192,9 @@ def test_bad_level_names_file_key_and_allowed_values(tmp_path):
     assert "record.level: unknown value 'ops' (allowed: module, op, mix)" in message
 
 
-@pytest.mark.skipif(shutil.which("msprobe") is None, reason="mindstudio-probe (the test extra) is not installed")
+@pytest.mark.skipif(
+    shutil.which("msprobe") is None, reason="mindstudio-probe (the test extra) is not installed"
+)
 def test_mix_dump_is_accepted_by_msprobe_compare(tmp_path):
     run = _run(tmp_path, "mix", mode="tensor")
     base = write_msprobe_dump(run.baseline, tmp_path / "base").parent
@@ -197,7 +207,9 @@ def test_mix_dump_is_accepted_by_msprobe_compare(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
         [shutil.which("msprobe") or "msprobe", "compare", "-tp", str(cand), "-gp", str(base), "-o", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log

@@ -368,7 +368,9 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
             "isolate",
         )
     if isolate and (not record.inputs or record.level == "op"):
-        reader.fail("isolation needs the modules' inputs: record: {inputs: true} at level module or mix", "isolate")
+        reader.fail(
+            "isolation needs the modules' inputs: record: {inputs: true} at level module or mix", "isolate"
+        )
     return isolate
 
 

@@ -100,9 +100,11 @@ def api_name(func: Callable[..., Any]) -> str | None:
     if isinstance(name, str) and name not in SKIPPED:
         if getattr(torch.nn.functional, name, None) is func:
             found = f"Functional.{name}"
-        elif getattr(torch.Tensor, name, None) is func or getattr(torch._C.TensorBase, name, None) is func:
-            found = f"Tensor.{name}"
-        elif str(getattr(func, "__qualname__", "")).startswith(("TensorBase.", "Tensor.")):
+        elif (
+            getattr(torch.Tensor, name, None) is func
+            or getattr(torch._C.TensorBase, name, None) is func
+            or str(getattr(func, "__qualname__", "")).startswith(("TensorBase.", "Tensor."))
+        ):
             found = f"Tensor.{name}"
         else:
             found = f"Torch.{name}"
@@ -117,6 +119,12 @@ class OpMode(TorchFunctionMode):
     def __init__(self, on_call: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any], None]):
         super().__init__()
         self.on_call = on_call
+
+    def start(self) -> None:
+        super().__enter__()  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        super().__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
     def __torch_function__(
         self,

@@ -185,7 +185,7 @@ class Recorder:
                 self._handles.append(self.model.register_forward_pre_hook(partial(self._root_enter, root)))
                 self._handles.append(self.model.register_forward_hook(self._root_exit))
                 self._mode = OpMode(self._on_op)
-                self._mode.__enter__()
+                self._mode.start()
             if self.record_grads:
                 for pname, param in self.model.named_parameters():
                     if param.requires_grad:
@@ -203,7 +203,7 @@ class Recorder:
 
     def _remove(self) -> None:
         if self._mode is not None:
-            self._mode.__exit__(None, None, None)
+            self._mode.stop()
             self._mode = None
         for handle in self._handles:
             handle.remove()
@@ -377,7 +377,15 @@ class Recorder:
         state = _Call(name, "api", call, self.step, tuple(deps), [])
         grads = self.record_grads and torch.is_grad_enabled()
         for slot, t in outputs:
-            self.capture(t, name=name, module_class="api", kind="activation", slot=slot, call=call, deps=state.input_ids)
+            self.capture(
+                t,
+                name=name,
+                module_class="api",
+                kind="activation",
+                slot=slot,
+                call=call,
+                deps=state.input_ids,
+            )
             # No hook on an in-place result: its autograd history is about to change hands.
             if grads and t.requires_grad and id(t) not in inputs:
                 busy, self._busy = self._busy, True

@@ -140,7 +140,9 @@ def find_first(
         return None
     # Layers first: in a mix-level dump (modules and APIs), an op inside a module fails before
     # the module returns; name the module, and keep the op as detail below it.
-    modules = [p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")]
+    modules = [
+        p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")
+    ]
     pair = modules[0] if modules else ordered[0]
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     rec = pair.record

@@ -80,7 +80,9 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
             api_parent[key] = (module, rec.call // PER_MODULE_CALL)
             body = data.setdefault(
                 key,
-                {"input_args": [], "input_kwargs": {}, "output": []} if forward else {"input": [], "output": []},
+                {"input_args": [], "input_kwargs": {}, "output": []}
+                if forward
+                else {"input": [], "output": []},
             )
             field = "output" if forward else "input"
             data_name = f"{key}.{field}.{len(body[field])}.pt" if tensor_mode else None
