@@ -600,6 +600,15 @@ def _parse_case(
                 "loss" if reader.has("loss") else "phases",
             )
 
+    for side in ("baseline", "candidate"):
+        spec = models.get(refs[side])
+        if record.level != "module" and spec is not None and spec.options.get("tensor_parallel", 1) != 1:
+            reader.fail(
+                f"record level {record.level!r} is not supported with tensor_parallel > 1 "
+                f"(model {refs[side]!r}); use level module",
+                "record",
+            )
+
     case = CaseSpec(
         name=name,
         baseline=refs["baseline"],
