@@ -601,8 +601,12 @@ def _parse_case(
             )
 
     for side in ("baseline", "candidate"):
-        spec = models.get(refs[side])
-        if record.level != "module" and spec is not None and spec.options.get("tensor_parallel", 1) != 1:
+        model_spec = models.get(refs[side])
+        if (
+            record.level != "module"
+            and model_spec is not None
+            and model_spec.options.get("tensor_parallel", 1) != 1
+        ):
             reader.fail(
                 f"record level {record.level!r} is not supported with tensor_parallel > 1 "
                 f"(model {refs[side]!r}); use level module",
