@@ -467,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             theirs[name] = msprobe_overhead(args, name)
 
         print("\n2. tensor mode to disk", flush=True)
-        disk = disk_write(record_tensor(model, ids), workdir, 2 if args.quick else 3)
+        disk = disk_write(record_tensor(model, ids), workdir, min(args.rounds, 2 if args.quick else 3))
         del model
         gc.collect()
 
@@ -476,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seq in (32, 16) if args.quick else (256, 64):
             pair = build_pair(size, seq, workdir / f"pair{seq}")
             print(f" seq {seq}: {pair['fp32_bytes_both'] / 1e9:.2f} GB of fp32 in both dumps", flush=True)
-            pair.update(compare_pair(workdir / f"pair{seq}", 2 if args.quick else 3, env))
+            pair.update(compare_pair(workdir / f"pair{seq}", min(args.rounds, 2 if args.quick else 3), env))
             shutil.rmtree(workdir / f"pair{seq}")
             compares.append(pair)
 
