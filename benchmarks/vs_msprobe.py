@@ -536,7 +536,7 @@ def report(
             f"{c['precalign_rss_mb']:.0f} MB | {c['msprobe_rss_mb']:.0f} MB | |"
         )
     rows.append(
-        f"| `pytest --co`, plugin unused | +{collect['plugin_import_ms']:.0f} ms ({collect['with_ms']:.0f} vs "
+        f"| `pytest --co`, plugin unused | {collect['plugin_import_ms']:+.0f} ms ({collect['with_ms']:.0f} vs "
         f"{collect['without_ms']:.0f} ms) | | <= 50 ms {'met' if collect['plugin_import_ms'] <= 50 else 'NOT met'} |"
     )
     print("\n" + "\n".join(rows))
