@@ -27,7 +27,7 @@ models:
                 num_attention_heads: 4, num_key_value_heads: 2, tie_word_embeddings: false}
   sdpa: {source: hf, class: transformers.Qwen2ForCausalLM, attn_implementation: sdpa, config: *c}
   faulty: {source: hf, class: transformers.Qwen2ForCausalLM, attn_implementation: eager, config: *c,
-           patch: "their_faults:%(patch)s"}
+           patch: "op_level_faults:%(patch)s"}
 inputs:
   toks: {kind: tokens, batch: 2, seq_len: 16, vocab_size: 1000, seed: 5, labels: true}
 tolerances:
@@ -72,7 +72,7 @@ def none(model):
 def _run(
     tmp_path: Path, level: str, candidate: str = "faulty", patch: str = "softmax_fp16", mode: str = "tensor"
 ):
-    (tmp_path / "their_faults.py").write_text(THEIR_FAULTS)
+    (tmp_path / "op_level_faults.py").write_text(THEIR_FAULTS)
     text = CONFIG % {"candidate": candidate, "patch": patch, "mode": mode, "level": level}
     config = load_config(text, tmp_path / "align.yaml")
     return run_case(config, config.cases[0])
