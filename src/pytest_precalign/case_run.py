@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .compare import Comparison, compare_traces
 from .config import CaseSpec
 from .mapping import MappingSpec
+from .op_pairing import settle_op_pairs
 from .tolerances import ToleranceTable
 from .trace import Trace
 from .trace_mapping import map_trace
@@ -53,6 +54,7 @@ def finish(
 ) -> CaseRun:
     mapped = map_trace(cand_trace, base_trace, mapping)
     comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons, progress)
+    comparison = settle_op_pairs(comparison, base_trace, mapped.trace)
     expect = case.expect if case is not None else None
     verdicts = {}
     for phase in phases:

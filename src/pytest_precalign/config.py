@@ -23,6 +23,7 @@ from .yamlio import LineList, Reader, describe, load_yaml
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 RECORD_MODES = ("stats", "tensor", "hash")
+RECORD_LEVELS = ("module", "op", "mix")  # ops.LEVELS (config.py does not import torch)
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LOSSES = ("causal_lm", "model", "mean", "none")
 INPUT_KINDS = ("tokens", "factory", "ids")
@@ -108,6 +109,7 @@ class RecordSpec:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
+    level: str = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
 
 
 @dataclass(frozen=True)
@@ -375,8 +377,10 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
             f"isolation re-runs modules on the baseline's tensors: it needs record: {{mode: tensor}} (got {record.mode!r})",
             "isolate",
         )
-    if isolate and not record.inputs:
-        reader.fail("isolation needs the modules' inputs: record: {inputs: true}", "isolate")
+    if isolate and (not record.inputs or record.level == "op"):
+        reader.fail(
+            "isolation needs the modules' inputs: record: {inputs: true} at level module or mix", "isolate"
+        )
     return isolate
 
 
@@ -589,13 +593,14 @@ def _parse_case(
     record = RecordSpec()
     rec = reader.get_mapping("record")
     if rec is not None:
-        rec.check_keys(("mode", "inputs", "include", "exclude", "format"))
+        rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level"))
         record = RecordSpec(
             mode=rec.get_choice("mode", RECORD_MODES, "stats"),
             inputs=rec.get_bool("inputs", True),
             include=_str_tuple(rec, "include"),
             exclude=_str_tuple(rec, "exclude"),
             format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
+            level=rec.get_choice("level", RECORD_LEVELS, "module"),
         )
         rec.done()
 
@@ -634,6 +639,19 @@ def _parse_case(
                 f"phase 'backward' with loss 'causal_lm' needs labels: set 'labels: true' in "
                 f"inputs.{input_name}, or choose loss: mean or loss: model",
                 "loss" if reader.has("loss") else "phases",
+            )
+
+    for side in ("baseline", "candidate"):
+        model_spec = models.get(refs[side])
+        if (
+            record.level != "module"
+            and model_spec is not None
+            and model_spec.options.get("tensor_parallel", 1) != 1
+        ):
+            reader.fail(
+                f"record level {record.level!r} is not supported with tensor_parallel > 1 "
+                f"(model {refs[side]!r}); use level module",
+                "record",
             )
 
     case = CaseSpec(

@@ -9,6 +9,11 @@ that tensor (where the tensor also feeds other code, e.g. a residual, that is in
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
 (a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
 the bytes, msprobe's "md5" field).
+
+Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
+the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
+(both). Op outputs are recorded like module outputs (kind ``activation``, module class
+``api``), and the grads w.r.t. them with tensor hooks (kind ``grad_output``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, cast
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .trace import PHASE_OF_KIND, Record, Stats, Trace, record_id
 
 
@@ -124,9 +130,20 @@ class Recorder:
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         keep_calls: bool = False,
+        level: str = "module",
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
+        if level not in LEVELS:
+            raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
+        self.level = level
+        self._modules_on = level in ("module", "mix")
+        self._ops_on = level in ("op", "mix")
+        self._frames: list[_Call] = []  # the module calls running now, innermost last
+        self._op_calls: dict[tuple[str, int, int, str], int] = {}
+        self._parents: dict[str, str] = {}  # "name#call" -> enclosing module "name#call"
+        self._busy = False  # the recorder's own torch calls are not ops of the model
+        self._mode: OpMode | None = None
         self.model = model
         self.mode = mode
         self.record_inputs = inputs
@@ -162,6 +179,13 @@ class Recorder:
                 )
                 for pname, _ in module.named_parameters(recurse=False):
                     self._param_owner[f"{name}.{pname}"] = (name, cls)
+            if self._ops_on:
+                # The root is not recorded, but ops in its own forward are (parent "").
+                root = _Call("", type(self.model).__name__, 0, 0, (), [])
+                self._handles.append(self.model.register_forward_pre_hook(partial(self._root_enter, root)))
+                self._handles.append(self.model.register_forward_hook(self._root_exit))
+                self._mode = OpMode(self._on_op)
+                self._mode.start()
             if self.record_grads:
                 for pname, param in self.model.named_parameters():
                     if param.requires_grad:
@@ -178,6 +202,9 @@ class Recorder:
         self._remove()
 
     def _remove(self) -> None:
+        if self._mode is not None:
+            self._mode.stop()
+            self._mode = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -221,16 +248,20 @@ class Recorder:
             earlier = seen[2]
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
         else:
-            data = tensor.detach()
-            if self.mode == "stats":
-                stats = tensor_stats(data)
-            elif self.mode == "hash":
-                crc = tensor_crc32(data)
-                if data.is_floating_point() and not bool(torch.isfinite(data).all()):
-                    stats = tensor_stats(data)  # evidence of NaN/Inf; hashes are still compared
-            else:
-                key = f"t{seq:07d}"
-                self._tensors[key] = data.to("cpu", copy=True)
+            busy, self._busy = self._busy, True
+            try:
+                data = tensor.detach()
+                if self.mode == "stats":
+                    stats = tensor_stats(data)
+                elif self.mode == "hash":
+                    crc = tensor_crc32(data)
+                    if data.is_floating_point() and not bool(torch.isfinite(data).all()):
+                        stats = tensor_stats(data)  # evidence of NaN/Inf; hashes are still compared
+                else:
+                    key = f"t{seq:07d}"
+                    self._tensors[key] = data.to("cpu", copy=True)
+            finally:
+                self._busy = busy
         record = Record(
             seq=seq,
             name=name,
@@ -263,17 +294,21 @@ class Recorder:
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
         inputs: dict[int, Record] = {}
-        if self.record_inputs:
+        if self.record_inputs and self._modules_on:
             for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
                 inputs[id(t)] = self.capture(
                     t, name=name, module_class=cls, kind="input", slot=slot, call=call
                 )
         state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [])
         self._stack.setdefault(id(module), []).append(state)
+        if self._ops_on:
+            parent = self._frames[-1] if self._frames else None
+            self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent and parent.name else ""
+            self._frames.append(state)
         if self.keep_calls and self.step == 0:
             self.calls.append(ModuleCall(name, call, module, args, dict(kwargs)))
         self._last_call[name] = state
-        if self.record_grads and torch.is_grad_enabled():
+        if self.record_grads and self._modules_on and torch.is_grad_enabled():
             # A tensor hook observes the input's gradient without adding autograd nodes, so
             # the summation order of the backward (and its bits) stay as they were.
             for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
@@ -288,6 +323,11 @@ class Recorder:
         if not stack or not self._active:
             return
         state = stack.pop()
+        if self._ops_on:
+            if self._frames and self._frames[-1] is state:
+                self._frames.pop()
+            if not self._modules_on:
+                return
         for slot, t in flatten(output, "out"):
             self.capture(
                 t,
@@ -300,6 +340,61 @@ class Recorder:
             )
             if self.record_grads and t.requires_grad:
                 t.register_hook(partial(self._grad_output, state, slot))
+
+    # -- ops (level op / mix) -------------------------------------------------------------
+    def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self._active:
+            self._frames.append(root)
+
+    def _root_exit(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self._frames and self._frames[-1].name == "" and self._active:
+            self._frames.pop()
+
+    def _on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if not self._frames or self._busy or not self._active:
+            return  # outside the model's forward (loss, optimizer) or the recorder's own work
+        api = api_name(func)
+        if api is None:
+            return
+        outputs = list(flatten(output, "out"))
+        if not outputs:
+            return
+        parent = self._frames[-1]
+        key = (parent.name, parent.call, self.step, api)
+        n = self._op_calls.get(key, 0)
+        self._op_calls[key] = n + 1
+        name = f"{parent.name}.{api}" if parent.name else api
+        call = parent.call * PER_MODULE_CALL + n
+        self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent.name else ""
+        # The op's inputs that were recorded before (by an earlier op or module) are its deps.
+        deps = []
+        inputs = set()
+        for _, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+            inputs.add(id(t))
+            seen = self._seen.get(id(t)) or self._seen.get(id(t._base))  # a view of a recorded tensor
+            if seen is not None:
+                ref = seen[0]()
+                if ref is t or (ref is not None and ref is t._base):
+                    deps.append(seen[2].id)
+        state = _Call(name, "api", call, self.step, tuple(deps), [])
+        grads = self.record_grads and torch.is_grad_enabled()
+        for slot, t in outputs:
+            self.capture(
+                t,
+                name=name,
+                module_class="api",
+                kind="activation",
+                slot=slot,
+                call=call,
+                deps=state.input_ids,
+            )
+            # No hook on an in-place result: its autograd history is about to change hands.
+            if grads and t.requires_grad and id(t) not in inputs:
+                busy, self._busy = self._busy, True
+                try:
+                    t.register_hook(partial(self._grad_output, state, slot))
+                finally:
+                    self._busy = busy
 
     def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
         if not self._active:  # a backward run after the recorder was closed
@@ -370,4 +465,7 @@ class Recorder:
             records = tuple(filled)
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
+        if self.level != "module":
+            meta["record_level"] = self.level
+            meta["parents"] = dict(self._parents)
         return Trace(manifest=meta, records=records, tensors=dict(self._tensors))

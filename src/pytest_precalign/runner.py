@@ -210,6 +210,7 @@ def run_side(
         include=record.include,
         exclude=record.exclude,
         keep_calls=after_first_forward is not None,
+        level=record.level,
     )
     steps = case.steps if backward else 1
     with recorder:

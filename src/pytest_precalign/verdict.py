@@ -152,7 +152,9 @@ def find_first(
         return None
     # Layers first: in a mix-level dump (modules and APIs), an op inside a module fails before
     # the module returns; name the module, and keep the op as detail below it.
-    modules = [p for p in ordered if p.record.module_class != "api"]
+    modules = [
+        p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")
+    ]
     pair = modules[0] if modules else ordered[0]
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     if pair.record.kind == "grad_output":
@@ -173,7 +175,15 @@ def find_first(
         pair = lower
     rec = pair.record
     origin, origin_module = _origin(pair, all_pairs, parents)
-    if (
+    name, call = rec.name, rec.call
+    live_op = first_op is not None and parents.get(f"{first_op.name}#{first_op.call}", "") != ""
+    if not modules and live_op:
+        # Op-level trace (no module records): the layer is the module the op ran in; the op
+        # is the detail, as in a mix-level dump.
+        name, _, module_call = parents[f"{rec.name}#{rec.call}"].partition("#")
+        call = int(module_call)
+        origin_module = name if origin else origin_module
+    elif (
         first_op is not None
         and first_op.step == rec.step
         and first_op.seq < rec.seq
@@ -185,15 +195,15 @@ def find_first(
         # still passed): the divergence starts in that call's module.
         origin = False
         origin_module = next(_ancestors(first_op, parents), "") or first_op.name
-        why = why or f"the API call {first_op.name}#{first_op.call} diverged earlier, outside it"
+        why = why or f"the API call {_op_label(first_op, parents)} diverged earlier, outside it"
     check = _check_of(pair)
     return Divergence(
-        name=rec.name,
+        name=name,
         phase=phase,
         kind=rec.kind,
         slot=rec.slot,
         step=rec.step,
-        call=rec.call,
+        call=call,
         metric=check.metric,
         value=check.value,
         allowed=check.allowed,
@@ -201,7 +211,7 @@ def find_first(
         origin_module=origin_module,
         evidence=pair.evidence,
         pair=pair,
-        first_op=f"{first_op.name}#{first_op.call}" if first_op is not None else None,
+        first_op=_op_label(first_op, parents) if first_op is not None else None,
         why=why,
     )
 
@@ -265,6 +275,19 @@ def _same_tensor(a: Record, b: Record) -> bool:
     if a.stats is None and a.crc32 is None:
         return False
     return a.shape == b.shape and (a.stats is b.stats or a.stats == b.stats) and a.crc32 == b.crc32
+
+
+def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
+    """``Functional.softmax.0.forward in model.layers.0.self_attn`` for a live op record (n
+    counts calls inside the module call), ``name#call`` for an msprobe dump's API record."""
+    parent = parents.get(f"{rec.name}#{rec.call}", "")
+    module, _, module_call = parent.partition("#")
+    if not module or not rec.name.startswith(module + "."):
+        return f"{rec.name}#{rec.call}"
+    api = rec.name[len(module) + 1 :]
+    direction = "forward" if rec.phase == "forward" else "backward"
+    where = module + (f" (call {module_call})" if module_call not in ("", "0") else "")
+    return f"{api}.{rec.call % 1000}.{direction} in {where}"
 
 
 def _deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:

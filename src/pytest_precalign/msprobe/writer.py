@@ -4,7 +4,10 @@ tensor mode, ``dump_tensor_data/*.pt``), so msprobe's own tools (compare, graph)
 Module records become msprobe's L0 names, ``Module.<path>.<Class>.forward.<call>`` with
 ``input_args``/``input_kwargs``/``output``, ``...backward.<call>`` with ``input`` (grads
 w.r.t. the outputs) and ``output`` (grads w.r.t. the inputs), and
-``...parameters_grad`` with one entry per parameter. The folder is written atomically.
+``...parameters_grad`` with one entry per parameter. Op records (record level op/mix) become
+msprobe's API names, ``Functional.softmax.<n>.forward`` / ``.backward`` with n counting that
+api's calls through the step (as msprobe's counters do), under the level ``L1`` (ops only) or
+``mix``; construct.json links each to its module. The folder is written atomically.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..op_names import API_CLASS, PER_MODULE_CALL, split_op_name
 from ..trace import Record, Trace
 
 TASKS = {"tensor": "tensor", "stats": "statistics", "hash": "statistics"}
@@ -59,10 +63,31 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
     files: dict[str, Record] = {}
     data_name: str | None = None
     done_at: dict[str, int] = {}
+    api_index: dict[tuple[str, int], int] = {}  # (record name, call) -> msprobe's counter
+    api_count: dict[str, int] = {}
+    api_parent: dict[str, tuple[str, int]] = {}  # API key -> (module path, module call)
     for rec in trace.records:
         if rec.step != step or rec.kind in _SKIP:
             continue
-        if rec.kind == "param_grad":
+        if rec.module_class == API_CLASS:
+            module, api = split_op_name(rec.name)
+            n = api_index.get((rec.name, rec.call))
+            if n is None:
+                n = api_index[(rec.name, rec.call)] = api_count.get(api, 0)
+                api_count[api] = n + 1
+            forward = rec.kind == "activation"
+            key = f"{api}.{n}.{'forward' if forward else 'backward'}"
+            api_parent[key] = (module, rec.call // PER_MODULE_CALL)
+            body = data.setdefault(
+                key,
+                {"input_args": [], "input_kwargs": {}, "output": []}
+                if forward
+                else {"input": [], "output": []},
+            )
+            field = "output" if forward else "input"
+            data_name = f"{key}.{field}.{len(body[field])}.pt" if tensor_mode else None
+            body[field].append(_entry(rec, data_name))
+        elif rec.kind == "param_grad":
             owner, _, pname = rec.name.rpartition(".")
             key = f"Module.{owner}.{rec.module_class}.parameters_grad.{rec.call}"
             data.setdefault(key, {}).setdefault(pname, [])
@@ -100,11 +125,13 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
     # msprobe writes a record when its hook completes (a module's outputs after its children's):
     # order the keys by their last record, so execution order survives the round trip.
     data = {key: data[key] for key in sorted(data, key=lambda k: done_at[k])}
-    construct = _construct(data)
+    modules = any(key.startswith("Module.") for key in data)
+    level = ("mix" if modules else "L1") if api_parent else "L0"
+    construct = _construct(data, api_parent) if level != "L1" else {}
     return (
         {
             "task": TASKS.get(trace.mode, "statistics"),
-            "level": "L0",
+            "level": level,
             "framework": "pytorch",
             "dump_data_dir": None,
             "data": data,
@@ -120,13 +147,22 @@ def _parse_key(key: str) -> tuple[str, str]:
     return ".".join(parts[1:-3]), parts[-2]
 
 
-def _construct(data: Mapping[str, Any]) -> dict[str, str | None]:
-    """Each record's parent: the same direction's record of the nearest recorded ancestor."""
+def _construct(data: Mapping[str, Any], api_parent: Mapping[str, tuple[str, int]]) -> dict[str, str | None]:
+    """Each record's parent: the same direction's record of the nearest recorded ancestor (for
+    an API call: of the module it ran in)."""
     first: dict[tuple[str, str], str] = {}
+    calls: dict[tuple[str, str, int], str] = {}
     for key in data:
-        first.setdefault(_parse_key(key), key)
+        if key not in api_parent:
+            first.setdefault(_parse_key(key), key)
+            calls[(*_parse_key(key), int(key.rpartition(".")[2]))] = key
     out: dict[str, str | None] = {}
     for key in data:
+        if key in api_parent:
+            module, call = api_parent[key]
+            direction = key.rpartition(".")[2]
+            out[key] = calls.get((module, direction, call)) or _enclosing(first, module, direction)
+            continue
         path, direction = _parse_key(key)
         look = "forward" if direction == "parameters_grad" else direction
         parent = None
@@ -136,6 +172,15 @@ def _construct(data: Mapping[str, Any]) -> dict[str, str | None]:
             ancestor = ancestor.rpartition(".")[0] if parent is None else ancestor
         out[key] = parent
     return out
+
+
+def _enclosing(first: Mapping[tuple[str, str], str], path: str, direction: str) -> str | None:
+    """The nearest recorded module at or above ``path`` (an op inside an excluded module)."""
+    while path:
+        if (path, direction) in first:
+            return first[(path, direction)]
+        path = path.rpartition(".")[0]
+    return None
 
 
 def write_msprobe_dump(
