@@ -150,13 +150,7 @@ class _ShardedTensors(Mapping[str, Any]):
             raise TraceError(f"{self._root}: index.json names {file}, which is missing") from None
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
-        expected = self._shapes.get(key)
-        if expected is not None and tuple(tensor.shape) != expected:
-            raise TraceError(
-                f"{self._root / file}: tensor {key!r} holds a tensor of shape {list(tensor.shape)}, "
-                f"index.json says {list(expected)}"
-            )
-        return tensor
+        return self._checked(key, self._root / file, tensor)
 
     def array(self, key: str) -> Any:
         """The tensor as a numpy view of the mapped shard, without torch."""
@@ -176,13 +170,17 @@ class _ShardedTensors(Mapping[str, Any]):
                 raise
             reason = str(exc)[len(f"{path}: ") :]
             raise TraceError(f"{path}: cannot read tensor {key!r}: {reason}") from None
+        return self._checked(key, path, array)
+
+    def _checked(self, key: str, path: Path, value: Any) -> Any:
+        """``value`` (a tensor or an array) when its shape is the one index.json gives."""
         expected = self._shapes.get(key)
-        if expected is not None and tuple(array.shape) != expected:
+        if expected is not None and tuple(value.shape) != expected:
             raise TraceError(
-                f"{path}: tensor {key!r} holds a tensor of shape {list(array.shape)}, "
+                f"{path}: tensor {key!r} holds a tensor of shape {list(value.shape)}, "
                 f"index.json says {list(expected)}"
             )
-        return array
+        return value
 
     def __contains__(self, key: object) -> bool:
         return key in self._shards
