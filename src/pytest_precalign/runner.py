@@ -27,7 +27,7 @@ from .recorder import Recorder
 from .sources import LoadedModel, build_model, preflight, runtime
 from .tolerances import ToleranceTable, default_table
 from .trace import Trace
-from .weights import sync_weights
+from .weights import SyncReport, sync_weights
 
 
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
@@ -44,6 +44,22 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
     build_inputs(config.inputs[case.inputs], config.base_dir)
 
 
+def build_synced(
+    config: AlignConfig, case: CaseSpec, base_spec: ModelSpec, cand_spec: ModelSpec
+) -> tuple[LoadedModel, LoadedModel, SyncReport | None]:
+    """Both models of a case, the baseline's weights synced into the candidate when the case
+    asks for it (inside the caller's runtime and determinism contexts)."""
+    where = f"{config.path}: case {case.name!r}: "
+    baseline = build_model(base_spec, config.base_dir)
+    candidate = build_model(cand_spec, config.base_dir)
+    sync = None
+    if case.sync_weights:
+        sync = sync_weights(
+            baseline.module, candidate.module, case.mapping, strict=case.strict_weights, context=lambda: where
+        )
+    return baseline, candidate, sync
+
+
 def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     started = time.perf_counter()
     if case.baseline_dump is not None and case.candidate_dump is not None:
@@ -58,17 +74,7 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             stack.enter_context(runtime(_in_process(spec)))
         # A tensor-parallel side is built here at TP=1 to receive the synced weights; its
         # ranks run in their own processes and load their shards of them.
-        baseline = build_model(_in_process(base_spec), config.base_dir)
-        candidate = build_model(_in_process(cand_spec), config.base_dir)
-        sync = None
-        if case.sync_weights:
-            sync = sync_weights(
-                baseline.module,
-                candidate.module,
-                case.mapping,
-                strict=case.strict_weights,
-                context=lambda: where,
-            )
+        baseline, candidate, sync = build_synced(config, case, _in_process(base_spec), _in_process(cand_spec))
         for loaded, spec in ((baseline, base_spec), (candidate, cand_spec)):
             check_token_ids(inputs, loaded.module, spec.name, f"{where}inputs.{case.inputs}")
         env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)

@@ -21,11 +21,10 @@ from .determinism import deterministic, environment
 from .errors import CaseError
 from .inputs import CaseInputs, explicit_inputs, vocabulary_size
 from .report import PhaseReport, failure_message
-from .runner import run_side
+from .runner import build_synced, run_side
 from .search_spec import SearchSpec, ids_block
-from .sources import build_model, runtime
+from .sources import runtime
 from .tolerances import default_table
-from .weights import sync_weights
 
 
 @dataclass(frozen=True)
@@ -107,17 +106,7 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
         flags = stack.enter_context(deterministic(config.defaults.deterministic))
         for model_spec in (base_spec, cand_spec):
             stack.enter_context(runtime(model_spec))
-        baseline = build_model(base_spec, config.base_dir)
-        candidate = build_model(cand_spec, config.base_dir)
-        sync = None
-        if case.sync_weights:
-            sync = sync_weights(
-                baseline.module,
-                candidate.module,
-                case.mapping,
-                strict=case.strict_weights,
-                context=lambda: where,
-            )
+        baseline, candidate, sync = build_synced(config, case, base_spec, cand_spec)
         for loaded in (baseline, candidate):
             found = vocabulary_size(loaded.module)
             if found is not None and spec.vocab_size > found[1]:
