@@ -172,3 +172,20 @@ def test_custom_metric_plugin(tmp_path, capsys):
     ):
         assert main(["compare", str(a), str(b), "--metric", bad]) == 2
         assert fragment in capsys.readouterr().err
+
+
+def test_compare_threads_give_the_same_report_and_bad_values_exit_2(tmp_path, capsys, monkeypatch):
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b", bump=0.01)
+    reports = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("PRECALIGN_COMPARE_THREADS", threads)
+        out = tmp_path / f"out{threads}"
+        assert main(["compare", str(a), str(b), "--report", str(out)]) == 1
+        cases = json.loads((out / "report.json").read_text())["cases"]
+        reports.append([{k: v for k, v in c.items() if k != "seconds"} for c in cases])
+    assert reports[0] == reports[1]
+    capsys.readouterr()
+    monkeypatch.setenv("PRECALIGN_COMPARE_THREADS", "two")
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PRECALIGN_COMPARE_THREADS='two': expected a whole number >= 1" in err

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import metrics
+from .errors import ConfigError
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
 from .trace import Record, Trace
 
@@ -131,8 +132,12 @@ def compare_traces(
 
 
 def _workers() -> int:
-    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS")
-    if wanted and wanted.isdigit() and int(wanted) > 0:
+    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS", "").strip()
+    if wanted:
+        if not (wanted.isdigit() and int(wanted) > 0):
+            raise ConfigError(
+                f"environment variable PRECALIGN_COMPARE_THREADS={wanted!r}: expected a whole number >= 1"
+            )
         return int(wanted)
     return max(
         1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)

@@ -139,7 +139,16 @@ class AlignFile(pytest.File):
                 yield SearchItem.from_parent(self, name=f"{case.name}[search]", case=case)
 
 
-class AlignItem(pytest.Item):
+class _CaseItem(pytest.Item):
+    """A test item of a case: an alignment failure or a bad case is shown as its message."""
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, (AlignmentMismatch, PrecalignError)):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+
+class AlignItem(_CaseItem):
     def __init__(self, *, case: CaseSpec, phase: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.case = case
@@ -162,16 +171,11 @@ class AlignItem(pytest.Item):
 
             raise AlignmentMismatch(failure_message(report))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        if isinstance(excinfo.value, (AlignmentMismatch, PrecalignError)):
-            return str(excinfo.value)
-        return str(super().repr_failure(excinfo))
-
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"{self.case.name}[{self.phase}]"
 
 
-class SearchItem(pytest.Item):
+class SearchItem(_CaseItem):
     """A case's divergence search: fails with the minimal diverging inputs, as YAML."""
 
     def __init__(self, *, case: CaseSpec, **kwargs: Any) -> None:
@@ -188,11 +192,6 @@ class SearchItem(pytest.Item):
         if not result.passed:
             reproduce = f'pytest --align-config {align_config.path.name} "{self.nodeid}"'
             raise AlignmentMismatch(search_message(result, align_config, reproduce))
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        if isinstance(excinfo.value, (AlignmentMismatch, PrecalignError)):
-            return str(excinfo.value)
-        return str(super().repr_failure(excinfo))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"{self.case.name}[search]"

@@ -42,12 +42,7 @@ class PtTensors(Mapping[str, Any]):
             ) from None
         if not isinstance(tensor, torch.Tensor):
             raise TraceError(f"{file}: holds a {type(tensor).__name__}, expected a tensor")
-        if tuple(tensor.shape) != self._shapes[key]:
-            raise TraceError(
-                f"{file}: holds a tensor of shape {list(tensor.shape)}, "
-                f"dump.json says {list(self._shapes[key])}"
-            )
-        return tensor
+        return self._checked(key, file, tensor)
 
     def array(self, key: str) -> Any:
         """The tensor as a numpy view of the mapped file, read without torch where the file
@@ -62,12 +57,15 @@ class PtTensors(Mapping[str, Any]):
             array = read_pt(file)
         except Unsupported:
             return as_numpy(self[key])
-        if tuple(array.shape) != self._shapes[key]:
+        return self._checked(key, file, array)
+
+    def _checked(self, key: str, file: Path, value: Any) -> Any:
+        """``value`` (a tensor or an array) when its shape is the one dump.json gives."""
+        if tuple(value.shape) != self._shapes[key]:
             raise TraceError(
-                f"{file}: holds a tensor of shape {list(array.shape)}, "
-                f"dump.json says {list(self._shapes[key])}"
+                f"{file}: holds a tensor of shape {list(value.shape)}, dump.json says {list(self._shapes[key])}"
             )
-        return array
+        return value
 
     def __contains__(self, key: object) -> bool:
         return key in self._shapes  # without loading (Mapping's default would load the file)
