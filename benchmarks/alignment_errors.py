@@ -16,8 +16,8 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
-from pytest_precalign.config import load_config_file
-from pytest_precalign.runner import run_case
+from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.run.case import run_case
 
 DEFAULT = Path(__file__).resolve().parents[1] / "example_suites" / "qwen2_5_megatron_vs_hf" / "align.yaml"
 

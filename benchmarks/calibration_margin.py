@@ -20,9 +20,9 @@ import warnings
 from pathlib import Path
 
 from pytest_precalign.cli import main as precalign
-from pytest_precalign.config import load_config_file
-from pytest_precalign.runner import run_case
-from pytest_precalign.tolerances import parse_table
+from pytest_precalign.compare.tolerances import parse_table
+from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.run.case import run_case
 
 DEFAULT = Path(__file__).resolve().parents[1] / "example_suites" / "qwen2_hf_attention" / "align.yaml"
 

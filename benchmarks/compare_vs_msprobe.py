@@ -21,7 +21,7 @@ What it measures
       as a subprocess (wall time, Python start-up included);
     * ``precalign_cli``  -- ``precalign compare <golden>/step0/rank0 <target>/step0/rank0
       --report <out>`` as a subprocess (wall time, Python start-up and imports included);
-    * ``precalign_inproc`` -- ``pytest_precalign.offline.compare_runs(golden, target)`` in this
+    * ``precalign_inproc`` -- ``pytest_precalign.run.offline.compare_runs(golden, target)`` in this
       process (just the compare: reading dump.json, loading the .pt files, mapping,
       comparing, verdicts).
 
@@ -80,9 +80,9 @@ import transformers
 from _shared import SIZES, Size, build_qwen2, run_facts
 
 from pytest_precalign.msprobe.writer import build_dump, write_msprobe_dump
-from pytest_precalign.offline import compare_runs
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.trace import Trace
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.run.offline import compare_runs
+from pytest_precalign.trace.records import Trace
 
 VARIANTS: tuple[str, ...] = ("msprobe", "precalign_cli", "precalign_inproc")
 FIT_SEQS: tuple[int, int] = (16, 48)  # short recordings for the bytes-vs-seq fit

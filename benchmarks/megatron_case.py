@@ -3,7 +3,7 @@
 What it measures
     Side by side, in one process, with rounds interleaved round-robin over the variants:
 
-    * ``case_tensor`` -- ``pytest_precalign.runner.run_case`` on a config this script writes
+    * ``case_tensor`` -- ``pytest_precalign.run.case.run_case`` on a config this script writes
       to a temporary directory: baseline ``hf`` (``transformers.Qwen2ForCausalLM``,
       ``attn_implementation: eager``) vs candidate ``megatron`` (``source: megatron``,
       ``preset: qwen2.5``, the same ``config:``), ``mapping: "preset:megatron-qwen2.5"``,
@@ -30,7 +30,7 @@ What it measures
     (medians): how many bare forward+backward pairs one whole case costs.
 
 Breakdown
-    While ``run_case`` runs, the names it calls in ``pytest_precalign.runner``
+    While ``run_case`` runs, the names it calls in ``pytest_precalign.run.case``
     (``build_inputs``, ``deterministic``, ``runtime``, ``build_model``, ``sync_weights``,
     ``environment``, ``run_side``, ``Recorder.trace``, ``map_trace``, ``compare_traces``,
     ``phase_verdict``, ``gc``) are replaced by thin wrappers that add a
@@ -91,18 +91,18 @@ import torch
 import transformers
 from _shared import SIZES, Size, run_facts, summarize
 
-from pytest_precalign import runner
-from pytest_precalign.compare import compare_traces
-from pytest_precalign.config import AlignConfig, CaseSpec, ModelSpec, load_config_file
-from pytest_precalign.determinism import deterministic, environment
-from pytest_precalign.inputs import build_inputs
-from pytest_precalign.recorder import Recorder
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.config.loader import AlignConfig, CaseSpec, ModelSpec, load_config_file
+from pytest_precalign.mapping.apply import map_trace
+from pytest_precalign.mapping.weights import sync_weights
+from pytest_precalign.recording.determinism import deterministic, environment
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.run import case as runner
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 from pytest_precalign.sources import megatron as megatron_source
-from pytest_precalign.trace import Trace
-from pytest_precalign.trace_mapping import map_trace
-from pytest_precalign.verdict import phase_verdict
-from pytest_precalign.weights import sync_weights
+from pytest_precalign.sources.inputs import build_inputs
+from pytest_precalign.trace.records import Trace
+from pytest_precalign.verdict.phase import phase_verdict
 
 VARIANTS: tuple[str, ...] = ("case_tensor", "case_stats", "bare_hf", "bare_megatron")
 MODES: tuple[str, ...] = ("tensor", "stats")

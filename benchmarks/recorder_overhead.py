@@ -59,7 +59,7 @@ import torch
 import transformers
 from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
-from pytest_precalign.recorder import Recorder
+from pytest_precalign.recording.recorder import Recorder
 
 VARIANTS: tuple[str, ...] = ("none", "stats", "tensor", "hash")
 RECORDER_MODES: tuple[str, ...] = ("stats", "tensor", "hash")

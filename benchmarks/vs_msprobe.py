@@ -59,9 +59,9 @@ import torch
 from _shared import SIZES, Size, build_qwen2, run_facts
 
 from pytest_precalign.msprobe import write_msprobe_dump
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.trace import Trace
-from pytest_precalign.trace_io import write_trace
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import write_trace
+from pytest_precalign.trace.records import Trace
 
 HERE = Path(__file__).resolve().parent
 RECORDER_VARIANTS: dict[str, tuple[str, str] | None] = {

@@ -222,9 +222,9 @@ def test_record_cli_writes_a_baseline_usable_by_pytest_and_compare(pytester: pyt
 WRITER = """
 import sys, torch
 from pathlib import Path
-from pytest_precalign import trace_io
-from pytest_precalign.baseline import write_stored
-from pytest_precalign.trace import Record, Stats, Trace
+from pytest_precalign.trace import native_io as trace_io
+from pytest_precalign.baseline.store import write_stored
+from pytest_precalign.trace.records import Record, Stats, Trace
 
 trace_io.SHARD_BYTES = 4 << 20  # many shard files: a long write to interrupt
 n, size, fill = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
@@ -253,8 +253,8 @@ def _writer(root: Path, n: int, size: int, fill: float) -> subprocess.Popen[byte
 
 
 def test_sigkill_mid_write_leaves_the_old_baseline(tmp_path: Path) -> None:
-    from pytest_precalign.baseline import case_lock, recover
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.baseline.store import case_lock, recover
+    from pytest_precalign.trace.native_io import read_trace
 
     old = _writer(tmp_path, 4, 1000, 1.0)
     assert old.wait(timeout=120) == 0
@@ -293,7 +293,7 @@ def test_sigkill_mid_write_leaves_the_old_baseline(tmp_path: Path) -> None:
 
 
 def test_a_baseline_moved_aside_but_not_replaced_is_restored(tmp_path: Path) -> None:
-    from pytest_precalign.baseline import recover
+    from pytest_precalign.baseline.store import recover
 
     target = tmp_path / "case"
     target.mkdir()
@@ -306,7 +306,7 @@ def test_a_baseline_moved_aside_but_not_replaced_is_restored(tmp_path: Path) -> 
 
 
 def test_environment_diff_lists_what_changed() -> None:
-    from pytest_precalign.baseline import environment_diff, weights_diff
+    from pytest_precalign.baseline.store import environment_diff, weights_diff
 
     stored = {
         "versions": {"python": "3.11.7", "torch": "2.13.0", "transformers": "4.49.0", "megatron-core": None},

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.trace_io import write_trace
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import write_trace
 
 
 def _record(tmp_path, name, bump=0.0, mode="tensor"):

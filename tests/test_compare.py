@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from pytest_precalign import metrics
-from pytest_precalign.compare import compare_traces
-from pytest_precalign.recorder import tensor_crc32, tensor_stats
-from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.trace import Record, Trace
-from pytest_precalign.verdict import phase_verdict
+from pytest_precalign.compare import metrics
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.recording.recorder import tensor_crc32, tensor_stats
+from pytest_precalign.trace.records import Record, Trace
+from pytest_precalign.verdict.phase import phase_verdict
 
 
 def test_metrics_match_their_definitions():
@@ -227,7 +227,7 @@ def test_first_nan_is_reported_per_side():
 def test_report_json_is_strict_json(tmp_path):
     import json
 
-    from pytest_precalign.report import write_json_report
+    from pytest_precalign.reports.text import write_json_report
 
     path = write_json_report(
         tmp_path, [{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {}
@@ -239,7 +239,7 @@ def test_report_json_is_strict_json(tmp_path):
 
 
 def test_overflow_levels_of_the_candidate():
-    from pytest_precalign.overflow import overflow_levels
+    from pytest_precalign.verdict.overflow import overflow_levels
 
     def rec(seq, name, kind, values, deps=()):
         t = torch.tensor(values)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_precalign.config import (
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.config.loader import (
     AlignConfig,
     CaseSpec,
     Defaults,
@@ -22,10 +23,9 @@ from pytest_precalign.config import (
     load_config_file,
 )
 from pytest_precalign.errors import ConfigError, PrecalignError
-from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, read_mapping_file
-from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.transforms import TransformOp
-from pytest_precalign.yamlio import load_yaml
+from pytest_precalign.mapping.spec import MappingSpec, NameRule, TensorRule, read_mapping_file
+from pytest_precalign.mapping.transforms import TransformOp
+from pytest_precalign.yaml_reader import load_yaml
 
 # Line numbers below refer to this text; edits keep them (``_variant`` replaces within a line,
 # ``+`` appends after line 14).

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pytest_precalign.compare import compare_traces
-from pytest_precalign.fuzzy import fuzzy_api_calls
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.mapping.fuzzy_api_calls import fuzzy_api_calls
 from pytest_precalign.msprobe import read_msprobe_dump
-from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.trace import Trace
-from pytest_precalign.verdict import phase_verdict
+from pytest_precalign.trace.records import Trace
+from pytest_precalign.verdict.phase import phase_verdict
 
 MICRO = Path(__file__).parent / "data" / "msprobe" / "micro"
 TABLE = ToleranceTable("t", (ToleranceRule(atol=1e-6, rtol=1e-5, why="t"),))

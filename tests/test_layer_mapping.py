@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.config import load_config
+from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
-from pytest_precalign.layer_mapping import LayerMapping, parse_layer_mapping, read_layer_mapping
-from pytest_precalign.yamlio import Reader, load_yaml
+from pytest_precalign.mapping.layer_mapping import LayerMapping, parse_layer_mapping, read_layer_mapping
+from pytest_precalign.yaml_reader import Reader, load_yaml
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "pytest_precalign" / "presets" / "layer_mapping"
 
@@ -178,8 +178,8 @@ def build():
 
 
 def test_layer_mapping_in_a_live_case_syncs_and_pairs_everything(tmp_path):
-    from pytest_precalign.config import load_config_file
-    from pytest_precalign.runner import run_case
+    from pytest_precalign.config.loader import load_config_file
+    from pytest_precalign.run.case import run_case
 
     (tmp_path / "engine.py").write_text(ENGINE)
     # The engine level itself (`module`) has no HF counterpart; its children cross over.

@@ -4,11 +4,17 @@ import pytest
 import torch
 
 from pytest_precalign.errors import CaseError
-from pytest_precalign.mapping import MappingSpec, NameRule, TensorRule, to_baseline_name, to_candidate_name
-from pytest_precalign.trace import Record, Trace
-from pytest_precalign.trace_mapping import map_trace
-from pytest_precalign.transforms import TransformOp, apply_forward, apply_inverse
-from pytest_precalign.weights import expand_rule, sync_weights
+from pytest_precalign.mapping.apply import map_trace
+from pytest_precalign.mapping.spec import (
+    MappingSpec,
+    NameRule,
+    TensorRule,
+    to_baseline_name,
+    to_candidate_name,
+)
+from pytest_precalign.mapping.transforms import TransformOp, apply_forward, apply_inverse
+from pytest_precalign.mapping.weights import expand_rule, sync_weights
+from pytest_precalign.trace.records import Record, Trace
 
 MEGATRON_RENAMES = MappingSpec(
     name="m",

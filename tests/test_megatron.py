@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.config import load_config
-from pytest_precalign.runner import run_case
+from pytest_precalign.config.loader import load_config
+from pytest_precalign.run.case import run_case
 
 pytest.importorskip("megatron.core")
 
@@ -115,9 +115,9 @@ def test_aligned_pair_compares_every_shared_module_exactly(tmp_path):
 
 
 def test_weights_round_trip_hf_megatron_hf_bitwise(tmp_path):
-    from pytest_precalign.mapping import reverse
+    from pytest_precalign.mapping.spec import reverse
+    from pytest_precalign.mapping.weights import sync_weights
     from pytest_precalign.sources import build_model, runtime
-    from pytest_precalign.weights import sync_weights
 
     config = load_config(CONFIG % {"candidate": "mc", "patch": "x", "isolate": "false"}, tmp_path / "a.yaml")
     mapping = config.cases[0].mapping
@@ -214,7 +214,7 @@ def test_example_suite_passes_with_reasons_for_every_unmatched_record(pytester):
 
 def test_megatron_config_errors_name_the_key(tmp_path):
     from pytest_precalign.errors import ConfigError
-    from pytest_precalign.runner import preflight_case
+    from pytest_precalign.run.case import preflight_case
 
     bad = CONFIG.replace(
         "mc: {source: megatron, config: *c}", "mc: {source: megatron, config: *c, preset: llama}"

@@ -30,10 +30,10 @@ from msprobe_faults import (
     make_dumps,
     plans,
 )
-from pytest_precalign.case_run import CaseRun
 from pytest_precalign.cli import main
-from pytest_precalign.offline import compare_run_sets
-from pytest_precalign.verdict import Divergence, PhaseVerdict
+from pytest_precalign.run.offline import compare_run_sets
+from pytest_precalign.run.outcome import CaseRun
+from pytest_precalign.verdict.phase import Divergence, PhaseVerdict
 
 CASES = [(c, f) for c, faults in MATRIX.items() for f in faults]
 

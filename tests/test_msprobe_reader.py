@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.compare import compare_traces
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.errors import TraceError
 from pytest_precalign.msprobe import is_msprobe_dump, read_msprobe_dump, read_msprobe_set
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.trace import PHASE_OF_KIND
-from pytest_precalign.trace_io import read_trace, write_trace
-from pytest_precalign.verdict import phase_verdict
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import read_trace, write_trace
+from pytest_precalign.trace.records import PHASE_OF_KIND
+from pytest_precalign.verdict.phase import phase_verdict
 
 DATA = Path(__file__).parent / "data" / "msprobe"
 MICRO = DATA / "micro"

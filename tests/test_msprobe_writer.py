@@ -11,7 +11,7 @@ import torch
 
 from pytest_precalign.errors import TraceError
 from pytest_precalign.msprobe import read_msprobe_dump, write_msprobe_dump
-from pytest_precalign.recorder import Recorder
+from pytest_precalign.recording.recorder import Recorder
 
 
 def _tiny_qwen2(perturb: bool):
@@ -155,9 +155,9 @@ def test_written_dump_keeps_execution_order(tmp_path):
     acts = [r.name for r in base.records if r.kind == "activation"]
     assert acts.index("model.layers.0.mlp.down_proj") < acts.index("model.layers.0.mlp") < acts.index("model")
     pert = read_msprobe_dump(_dump(tmp_path, "p", "stats", perturb=True) / "step0" / "rank0")
-    from pytest_precalign.compare import compare_traces
-    from pytest_precalign.tolerances import ToleranceRule, ToleranceTable
-    from pytest_precalign.verdict import phase_verdict
+    from pytest_precalign.compare.pairs import compare_traces
+    from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+    from pytest_precalign.verdict.phase import phase_verdict
 
     table = ToleranceTable("t", (ToleranceRule(atol=1e-6, rtol=1e-5),))
     verdict = phase_verdict(

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.config import load_config
+from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.msprobe import read_msprobe_dump, write_msprobe_dump
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.runner import run_case
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.run.case import run_case
 
 CONFIG = """
 version: 1

@@ -261,7 +261,7 @@ def test_xdist_merges_reports(pytester):
 
 
 def test_saved_traces_are_readable_and_never_overwritten(pytester):
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.trace.native_io import read_trace
 
     _suite(pytester)
     result = pytester.runpytest("--align-config", "align.yaml", "--align-save-traces", "traces")

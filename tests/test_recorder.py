@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_precalign.recorder import Recorder, tensor_crc32, tensor_stats
+from pytest_precalign.recording.recorder import Recorder, tensor_crc32, tensor_stats
 
 
 def _qwen2(cfg: dict[str, int | bool], attn: str = "eager") -> torch.nn.Module:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_precalign.config import load_config
+from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
 
 # A candidate whose attention mask is wrong only for query positions >= 16: from there on

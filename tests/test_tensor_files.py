@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pytest_precalign import metrics
+from pytest_precalign.compare import metrics
 from pytest_precalign.errors import TraceError
-from pytest_precalign.tensor_files import SafetensorsFile, Unsupported, read_pt
+from pytest_precalign.trace.tensor_files import SafetensorsFile, Unsupported, read_pt
 
 DTYPES = [
     torch.float32,
@@ -169,7 +169,7 @@ def test_offline_compare_does_not_import_torch(tmp_path: Path) -> None:
     """An msprobe tensor dump pair compares without torch (the ~1 s import is most of a CLI
     run), and finds the same first divergence as with torch loaded."""
     from pytest_precalign.msprobe import write_msprobe_dump
-    from pytest_precalign.recorder import Recorder
+    from pytest_precalign.recording.recorder import Recorder
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -184,7 +184,7 @@ def test_offline_compare_does_not_import_torch(tmp_path: Path) -> None:
         model.zero_grad(set_to_none=True)
     golden, target = (tmp_path / n / "step0" / "rank0" for n in ("golden", "target"))
     code = (
-        "import sys; from pytest_precalign.offline import compare_runs; "
+        "import sys; from pytest_precalign.run.offline import compare_runs; "
         f"run = compare_runs({str(golden)!r}, {str(target)!r}); "
         "first = run.verdicts['forward'].first; "
         "tensors = sum(p.evidence == 'tensor' for p in run.comparison.pairs); "
@@ -199,7 +199,7 @@ def test_offline_compare_does_not_import_torch(tmp_path: Path) -> None:
 
 def test_dtype_names_are_torch_dtypes() -> None:
     """The trace readers check dtype strings without importing torch: the list must be torch's."""
-    from pytest_precalign.trace import DTYPE_NAMES
+    from pytest_precalign.trace.records import DTYPE_NAMES
 
     torch_names = {n for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)}
     assert torch_names <= DTYPE_NAMES | {"float8_e8m0fnu"}  # newer torch may add; older may lack

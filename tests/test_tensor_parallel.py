@@ -16,13 +16,12 @@ import torch
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-from pytest_precalign.config import AlignConfig, load_config  # noqa: E402
-from pytest_precalign.determinism import deterministic  # noqa: E402
+from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E402
 from pytest_precalign.errors import CaseError  # noqa: E402
-from pytest_precalign.inputs import build_inputs  # noqa: E402
-from pytest_precalign.runner import CaseRun, finish, run_side  # noqa: E402
-from pytest_precalign.sources import build_model, runtime  # noqa: E402
-from pytest_precalign.tensor_parallel import (  # noqa: E402
+from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
+from pytest_precalign.recording.determinism import deterministic  # noqa: E402
+from pytest_precalign.run.case import CaseRun, finish, run_side  # noqa: E402
+from pytest_precalign.run.tensor_parallel import (
     MEGATRON_GPT_RULES,
     WRONG_FC1_RULES,
     gather_traces,
@@ -31,8 +30,9 @@ from pytest_precalign.tensor_parallel import (  # noqa: E402
     run_tensor_parallel_ranks,
     shard_state,
 )
-from pytest_precalign.trace import Record, Trace  # noqa: E402
-from pytest_precalign.weights import sync_weights  # noqa: E402
+from pytest_precalign.sources import build_model, runtime  # noqa: E402
+from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
+from pytest_precalign.trace.records import Record, Trace  # noqa: E402
 
 CONFIG = """
 version: 1

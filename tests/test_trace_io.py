@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from pytest_precalign.errors import TraceError
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.trace import Trace
-from pytest_precalign.trace_io import read_trace, write_trace
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import read_trace, write_trace
+from pytest_precalign.trace.records import Trace
 
 
 def _trace(mode: str = "tensor") -> Trace:

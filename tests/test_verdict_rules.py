@@ -4,10 +4,10 @@ origin only when it changed clearly more than its inputs."""
 
 from __future__ import annotations
 
-from pytest_precalign.compare import compare_traces
-from pytest_precalign.tolerances import default_table
-from pytest_precalign.trace import Record, Stats, Trace
-from pytest_precalign.verdict import Divergence, phase_verdict
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.trace.records import Record, Stats, Trace
+from pytest_precalign.verdict.phase import Divergence, phase_verdict
 
 
 def _rec(

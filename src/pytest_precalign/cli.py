@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .errors import ConfigError, PrecalignError
 
 if TYPE_CHECKING:
-    from .config import AlignConfig, CaseSpec
+    from .config.loader import AlignConfig, CaseSpec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if getattr(args, "report", None):
-            from .report import check_report_dir
+            from .reports.text import check_report_dir
 
             check_report_dir(args.report)
         if args.command == "validate":
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "calibrate":
             return _calibrate(args, argv)
         if args.command == "record":
-            from .record_cli import record_command
+            from .baseline.command import record_command
 
             return record_command(Path(args.config), Path(args.out), args.case, args.side, args.overwrite)
         return _run(Path(args.config), args.case, args.report, args.save_traces)
@@ -144,8 +144,8 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .offline import compare_run_sets
-    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_reports
+    from .reports.text import PhaseReport, failure_message, phase_dict, summary_line, write_reports
+    from .run.offline import compare_run_sets
 
     runs = compare_run_sets(
         args.golden,
@@ -198,7 +198,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    from .calibrated_table import run_calibration
+    from .calibration.rules import run_calibration
 
     words = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(["precalign", *(w if w and " " not in w else repr(w) for w in words)])
@@ -210,8 +210,8 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 
 def _validate(path: Path) -> int:
-    from .config import load_config_file
-    from .runner import preflight_case
+    from .config.loader import load_config_file
+    from .run.case import preflight_case
 
     config = load_config_file(path)
     for case in config.cases:
@@ -221,10 +221,10 @@ def _validate(path: Path) -> int:
 
 
 def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
-    from .config import load_config_file
-    from .report import PhaseReport, failure_message, phase_dict, summary_line, write_reports
-    from .runner import preflight_case, run_case
-    from .trace_io import write_side
+    from .config.loader import load_config_file
+    from .reports.text import PhaseReport, failure_message, phase_dict, summary_line, write_reports
+    from .run.case import preflight_case, run_case
+    from .trace.native_io import write_side
 
     config = load_config_file(path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)

@@ -17,9 +17,9 @@ from .errors import AlignmentMismatch, PrecalignError
 from .options import add_options
 
 if TYPE_CHECKING:
-    from .config import AlignConfig, CaseSpec
-    from .report import PhaseReport
-    from .runner import CaseRun
+    from .config.loader import AlignConfig, CaseSpec
+    from .reports.text import PhaseReport
+    from .run.case import CaseRun
 
 
 @dataclass
@@ -64,7 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if path is None:
         config.stash[STATE_KEY] = _State(config=None)
         return
-    from .config import load_config_file
+    from .config.loader import load_config_file
 
     try:
         align_config = load_config_file(path)
@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--align-config: {exc}") from None
     report_dir = config.getoption("align_report") or config.getini("align_report")
     if report_dir:
-        from .report import check_report_dir
+        from .reports.text import check_report_dir
 
         try:
             check_report_dir(report_dir, "--align-report")
@@ -158,7 +158,7 @@ class AlignItem(_CaseItem):
         state = _state(self.config)
         assert state.config is not None
         if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
-            from .baseline_gate import run_against_baseline
+            from .baseline.gate import run_against_baseline
 
             return run_against_baseline(self, state)
         outcome = _run_once(self.config, state, self.case)
@@ -167,7 +167,7 @@ class AlignItem(_CaseItem):
         report = _phase_report(self.config, state.config, outcome, self.phase, self.nodeid)
         _remember(self, state, report)
         if not report.verdict.passed:
-            from .report import failure_message
+            from .reports.text import failure_message
 
             raise AlignmentMismatch(failure_message(report))
 
@@ -201,7 +201,7 @@ def _run_once(config: pytest.Config, state: _State, case: CaseSpec) -> CaseRun |
     """Run a case's models once for all its phase items, and free the traces after the last."""
     assert state.config is not None
     if case.name not in state.runs:
-        from .runner import run_case
+        from .run.case import run_case
 
         outcome: CaseRun | PrecalignError
         try:
@@ -223,7 +223,7 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
     folder = config.getoption("align_save_traces")
     if not folder:
         return
-    from .trace_io import write_side
+    from .trace.native_io import write_side
 
     root = Path(folder) / align_config.path.stem / run.name
     fmt = align_config.case(run.name).record.format
@@ -234,7 +234,7 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
 def _phase_report(
     config: pytest.Config, align_config: AlignConfig, run: CaseRun, phase: str, nodeid: str
 ) -> PhaseReport:
-    from .report import PhaseReport
+    from .reports.text import PhaseReport
 
     case = align_config.case(run.name)
     try:
@@ -256,7 +256,7 @@ def _phase_report(
 
 
 def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
-    from .report import junit_properties, phase_dict, report_document, summary_line
+    from .reports.text import junit_properties, phase_dict, report_document, summary_line
 
     data = phase_dict(report)
     data["nodeid"] = item.nodeid
@@ -300,7 +300,7 @@ def pytest_collection_modifyitems(
     state = _state(config)
     if state.config is None:
         return
-    from .runner import preflight_case
+    from .run.case import preflight_case
 
     checked: set[str] = set()
     for item in items:
@@ -333,7 +333,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     folder = config.getoption("align_report") or config.getini("align_report")
     if folder:
-        from .report import write_reports
+        from .reports.text import write_reports
 
         write_reports(
             folder,
@@ -367,7 +367,7 @@ def align_runner(request: pytest.FixtureRequest) -> Any:
         run = align_runner.check(reference, ported, {"input_ids": ids}, labels=ids)
         align_runner.assert_aligned(run)
     """
-    from .fixtures import AlignRunner
+    from .align_runner import AlignRunner
 
     marker = request.node.get_closest_marker("align")
     return AlignRunner.from_marker(_state(request.config).config, marker, request.node.nodeid)

@@ -15,16 +15,16 @@ from typing import Any
 
 import torch
 
-from .case_run import CaseRun, finish
-from .config import AlignConfig, CaseSpec
-from .determinism import deterministic, environment
+from .compare.tolerances import default_table
+from .config.loader import AlignConfig, CaseSpec
+from .config.search import SearchSpec, ids_block
 from .errors import CaseError
-from .inputs import CaseInputs, explicit_inputs, vocabulary_size
-from .report import PhaseReport, failure_message
-from .runner import build_synced, run_side
-from .search_spec import SearchSpec, ids_block
+from .recording.determinism import deterministic, environment
+from .reports.text import PhaseReport, failure_message
+from .run.case import build_synced, run_side
+from .run.outcome import CaseRun, finish
 from .sources import runtime
-from .tolerances import default_table
+from .sources.inputs import CaseInputs, explicit_inputs, vocabulary_size
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_precalign.config import RecordSpec
-from pytest_precalign.runner import check_modules
+from pytest_precalign.config.loader import RecordSpec
+from pytest_precalign.run.case import check_modules
 
 
 class ScaleGrad(torch.autograd.Function):

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.trace_io import write_trace
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import write_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
 

@@ -22,11 +22,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_precalign.config import load_config
+from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import PrecalignError
 from pytest_precalign.msprobe import read_msprobe_dump
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.trace_io import read_trace, write_trace
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import read_trace, write_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
 SAMPLE = next((DATA / "tiny_statistics_L0").glob("step0/*"))

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.nn.modules import module as module_globals
 
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.runner import check_modules
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.run.case import check_modules
 
 HOOK_DICTS = (
     "_forward_hooks",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.config import RecordSpec
-from pytest_precalign.report import PhaseReport, failure_message, phase_dict, write_json_report
-from pytest_precalign.runner import CaseRun, check_modules
+from pytest_precalign.config.loader import RecordSpec
+from pytest_precalign.reports.text import PhaseReport, failure_message, phase_dict, write_json_report
+from pytest_precalign.run.case import CaseRun, check_modules
 
 
 class NaNGrad(torch.autograd.Function):

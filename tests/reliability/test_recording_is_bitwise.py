@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.config import load_config
-from pytest_precalign.determinism import deterministic, seed_everything
-from pytest_precalign.recorder import Recorder
-from pytest_precalign.runner import causal_lm_loss
+from pytest_precalign.config.loader import load_config
+from pytest_precalign.recording.determinism import deterministic, seed_everything
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.run.case import causal_lm_loss
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 
 CONFIG = """

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import TraceError
-from ..trace import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
+from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
 from .layout import DUMP_FILE, rank_folders, rank_of, single_rank_folder, step_of
 from .names import ParsedName, forward_name, parse_name
 from .tensors import TENSOR_DIR, PtTensors

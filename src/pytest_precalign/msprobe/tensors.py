@@ -49,8 +49,8 @@ class PtTensors(Mapping[str, Any]):
         holds one plain tensor (what msprobe writes); otherwise through ``torch.load``."""
         if key not in self._shapes:
             raise KeyError(key)
-        from ..arrays import as_numpy
-        from ..tensor_files import Unsupported, read_pt
+        from ..trace.arrays import as_numpy
+        from ..trace.tensor_files import Unsupported, read_pt
 
         file = self._folder / key
         try:

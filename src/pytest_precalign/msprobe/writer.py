@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
-from ..op_names import API_CLASS, PER_MODULE_CALL, split_op_name
-from ..trace import Record, Trace
+from ..trace.op_names import API_CLASS, PER_MODULE_CALL, split_op_name
+from ..trace.records import Record, Trace
 
 TASKS = {"tensor": "tensor", "stats": "statistics", "hash": "statistics"}
 _SKIP = ("logits", "loss", "param")  # msprobe has no such records; they stay in our trace
@@ -189,7 +189,7 @@ def write_msprobe_dump(
     """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically."""
     import torch
 
-    from ..trace_io import publish_dir
+    from ..trace.native_io import publish_dir
 
     root = Path(path)
     target = root / f"step{step}" / f"rank{rank}"

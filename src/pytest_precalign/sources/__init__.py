@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.model_sources import SOURCES
 from ..errors import CaseError, PrecalignError, SourceError
-from .registry import SOURCES
 
 if TYPE_CHECKING:
     import torch
 
-    from ..config import ModelSpec
+    from ..config.loader import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def runtime(spec: ModelSpec) -> AbstractContextManager[None]:
 
 def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
     """Build the module on the spec's device and dtype."""
-    from ..determinism import resolve_device, seed_everything, torch_dtype
+    from ..recording.determinism import resolve_device, seed_everything, torch_dtype
 
     device = resolve_device(spec.device)
     seed_everything(spec.seed)
@@ -216,7 +216,7 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     """
     import torch
 
-    from ..determinism import resolve_device
+    from ..recording.determinism import resolve_device
 
     resolve_device(spec.device)
     if spec.patch is not None:

@@ -23,7 +23,7 @@ from ..errors import SourceError
 if TYPE_CHECKING:
     import torch
 
-    from ..config import ModelSpec
+    from ..config.loader import ModelSpec
 
 PRESETS = ("qwen2.5",)
 # HF Qwen2 config fields the preset reads, with Qwen2Config's defaults.
@@ -188,7 +188,7 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
         raise SourceError(
             f"{spec.where}: models.{spec.name}: megatron models are built inside the source's runtime"
         )
-    from ..determinism import torch_dtype
+    from ..recording.determinism import torch_dtype
 
     # megatron-core warns at import and construction about optional packages (apex, TE) and
     # deprecated defaults; none of it concerns the local spec built here.

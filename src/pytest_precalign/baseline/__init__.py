@@ -1,0 +1,3 @@
+"""baseline."""
+
+from __future__ import annotations

@@ -1,0 +1,332 @@
+"""Stored baselines (``--align-baseline DIR``): the only module that reads and writes them.
+
+``DIR/<case>/`` is a trace directory (``precalign compare`` reads it as a side) plus
+``weights.safetensors``: the recorded model's initial parameters, by stored name, so another
+environment can start from the same weights. Its manifest keeps the environment (python,
+torch, transformers, megatron-core versions, device, dtype, determinism), the config digest
+and a checksum of those weights. What is stored is the CANDIDATE side of the run that wrote it
+(``precalign record --side baseline`` can store the baseline model instead), so later
+candidates compare with it name for name.
+
+Policy (pytest-regressions'): a missing baseline is written and the test fails;
+``--align-update`` rewrites mismatching baselines and still fails; ``--align-update-all``
+rewrites and passes. On a mismatch the candidate's trace is written beside the baseline as
+``DIR/<case>.obtained/``, and removed by the next passing run.
+
+Safety: every write is a temporary sibling directory renamed into place (``publish_dir``), under
+a per-case lock file (xdist workers and concurrent sessions take turns on one case). A run only
+ever touches the files of the cases it runs; leftovers of a killed writer (temporary
+directories whose process is gone) are removed, and a baseline moved aside but not replaced is
+put back, the next time that case is written or read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TraceError
+from ..mapping.spec import MappingSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config.loader import AlignConfig, CaseSpec
+    from ..run.case import CaseRun
+    from ..trace.records import Trace
+
+WEIGHTS_FILE = "weights.safetensors"
+OBTAINED_SUFFIX = ".obtained"
+UPDATE_MODES = ("none", "mismatched", "all")
+# Names kept; a single-tensor output still meets its one-tuple form (``out`` vs ``out.0``).
+_SAME_NAMES = MappingSpec("same names")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.pid(?P<pid>\d+)\.[^.]+\.tmp$")
+
+
+def baseline_dir(root: Path, case: str) -> Path:
+    return root / case
+
+
+def obtained_dir(root: Path, case: str) -> Path:
+    return root / f"{case}{OBTAINED_SUFFIX}"
+
+
+@contextlib.contextmanager
+def case_lock(root: Path, case: str) -> Iterator[None]:
+    """An exclusive lock on one case's files (``DIR/.<case>.lock``), across processes."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f".{case}.lock"
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: writes are still atomic, concurrent writers not serialised
+        yield
+        return
+    with open(path, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover(root: Path, name: str) -> list[str]:
+    """Undo what a killed writer of ``root/name`` left: its temporary directory (when its
+    process is gone) and, if the baseline was moved aside but its replacement never arrived,
+    the old baseline is put back. Call under ``case_lock``. Returns what was done."""
+    done: list[str] = []
+    if not root.is_dir():
+        return done
+    target = root / name
+    for entry in root.iterdir():
+        m = _TEMP.match(entry.name)
+        if m and m.group("name") == name and not _alive(int(m.group("pid"))):
+            shutil.rmtree(entry, ignore_errors=True)
+            done.append(f"removed {entry.name} (left by killed process {m.group('pid')})")
+        elif entry.name.startswith(f".{name}.") and entry.name.endswith(".old") and entry.is_dir():
+            old = entry / "old"
+            if old.is_dir() and not target.exists():
+                os.replace(old, target)
+                done.append(f"restored {name} from {entry.name}")
+            shutil.rmtree(entry, ignore_errors=True)
+    return done
+
+
+def write_stored(
+    trace: Trace, weights: Mapping[str, torch.Tensor] | None, target: Path, *, extra: Mapping[str, Any]
+) -> Path:
+    """Write a trace (and the weights it started from) as ``target``, atomically, replacing what
+    is there. The caller holds ``case_lock`` and decided that replacing is wanted."""
+    from dataclasses import replace
+
+    from ..trace.native_io import publish_dir, write_trace_files
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # The pid in the name lets a later run tell a dead writer's leftovers from a live one's.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", suffix=".tmp", dir=target.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make a checked-in baseline private
+        manifest = {**dict(trace.manifest), "baseline": dict(extra)}
+        write_trace_files(replace(trace, manifest=manifest), tmp)
+        if weights is not None:
+            from safetensors.torch import save_file
+
+            tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pytest-precalign-weights"})
+            _fsync_file(tmp / WEIGHTS_FILE)
+        publish_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def remove_obtained(root: Path, case: str) -> bool:
+    """Remove ``DIR/<case>.obtained`` (this case's own file); True if there was one."""
+    path = obtained_dir(root, case)
+    if not path.exists():
+        return False
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.pid{os.getpid()}.", suffix=".tmp", dir=root))
+    os.replace(path, aside / "gone")  # atomic disappearance; the removal itself may be slow
+    shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def read_stored(path: Path) -> Trace:
+    from ..trace.native_io import read_trace
+
+    return read_trace(path)
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor] | None:
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return dict(load_file(str(file)))
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise TraceError(f"{file}: cannot read the baseline's weights: {exc}") from None
+
+
+# -- environment and weights differences ------------------------------------------------------
+
+_VERSIONS = ("python", "torch", "transformers", "megatron-core", "torch_npu", "safetensors")
+
+
+def environment_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What changed between the environment a baseline was recorded in and this one, as
+    ``transformers 4.49.0 → 5.23.0`` items."""
+    out = []
+    sv, cv = stored.get("versions") or {}, current.get("versions") or {}
+    for key in _VERSIONS:
+        a, b = sv.get(key), cv.get(key)
+        if a != b:
+            out.append(f"{key} {a or 'absent'} → {b or 'absent'}")
+    for key in ("device", "dtype", "seed"):
+        if stored.get(key) != current.get(key):
+            out.append(f"{key} {stored.get(key)} → {current.get(key)}")
+    sd, cd = stored.get("determinism") or {}, current.get("determinism") or {}
+    for key in ("requested", "deterministic_algorithms"):
+        if sd.get(key) != cd.get(key):
+            out.append(f"determinism.{key} {sd.get(key)} → {cd.get(key)}")
+    if stored.get("config_digest") != current.get("config_digest"):
+        a, b = str(stored.get("config_digest"))[:12], str(current.get("config_digest"))[:12]
+        out.append(f"config digest {a} → {b}")
+    return out
+
+
+def weights_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Parameters whose initial values differ from the baseline's (empty when the same)."""
+    sw, cw = stored.get("weights") or {}, current.get("weights") or {}
+    if not sw or sw.get("sha256") == cw.get("sha256"):
+        return []
+    sp, cp = sw.get("params") or {}, cw.get("params") or {}
+    changed = [n for n in sp if n in cp and sp[n] != cp[n]]
+    missing = [n for n in sp if n not in cp]
+    new = [n for n in cp if n not in sp]
+    out = []
+    if changed:
+        out.append(f"{len(changed)} of {len(sp)} parameters differ: {_names(changed)}")
+    if missing:
+        out.append(f"{len(missing)} baseline parameters absent from the candidate: {_names(missing)}")
+    if new:
+        out.append(f"{len(new)} candidate parameters absent from the baseline: {_names(new)}")
+    return out or ["the weights checksum differs"]
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+# -- the check of one case --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaselineOutcome:
+    """What happened to one case against its stored baseline."""
+
+    case: str
+    path: Path
+    # "written" (was missing), "compared", "updated" (--align-update, mismatched),
+    # "rewritten" (--align-update-all), "written-earlier" (by another xdist worker, this run)
+    action: str
+    run: CaseRun | None = None
+    env_diff: tuple[str, ...] = ()
+    weights_diff: tuple[str, ...] = ()
+    weights_source: str = ""
+    obtained: Path | None = None
+    stored_env: Mapping[str, Any] = field(default_factory=dict)
+    recovered: tuple[str, ...] = ()  # what a killed writer left and this run cleaned up
+
+
+def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run_id: str) -> BaselineOutcome:
+    """Record the case's candidate and compare it with ``root/<case>``, writing or updating
+    the baseline as ``update`` ("none", "mismatched", "all") allows."""
+    from dataclasses import replace
+
+    from ..compare.tolerances import default_table
+    from ..run.outcome import finish
+    from .record_side import record_side
+
+    if update not in UPDATE_MODES:
+        raise ValueError(update)
+    started = time.perf_counter()
+    target = baseline_dir(root, case.name)
+    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
+    with case_lock(root, case.name):
+        recovered = tuple(recover(root, case.name))
+        stored = read_stored(target) if target.exists() else None
+        if stored is not None and stored.manifest.get("case") not in (None, case.name):
+            raise TraceError(
+                f"{target}: holds case {stored.manifest.get('case')!r}, not {case.name!r} "
+                "(use one --align-baseline directory per config)"
+            )
+        stored_info = dict(stored.manifest.get("baseline") or {}) if stored is not None else {}
+        if stored is not None and stored_info.get("run_id") == run_id and update != "all":
+            # Another xdist worker ran this case's other phases and wrote it in this very run.
+            return BaselineOutcome(
+                case.name, target, "written-earlier", stored_env=stored.manifest, recovered=recovered
+            )
+        stored_side = str(stored.manifest.get("side", "candidate")) if stored is not None else "candidate"
+        stored_weights = read_weights(target) if stored is not None else None
+        rec = record_side(config, case, "candidate", stored_weights=stored_weights, stored_side=stored_side)
+        extra = {"run_id": run_id, "written_by": "pytest --align-baseline", "written_at": _now()}
+        if stored is None:
+            write_stored(rec.trace, rec.weights, target, extra=extra)
+            remove_obtained(root, case.name)
+            return BaselineOutcome(
+                case.name, target, "written", weights_source=rec.weights_source, recovered=recovered
+            )
+        # A stored candidate meets the candidate name for name (through stored_layer_mapping);
+        # a stored baseline side through the case's mapping, as in a live run.
+        mapping = case.mapping if stored_side == "baseline" else case.baseline_rename or _SAME_NAMES
+        # A known divergence (expect:) is between the live models, not against a stored trace.
+        compare_case = case if stored_side == "baseline" else replace(case, expect=None)
+        run = finish(
+            case.name,
+            case.phases,
+            stored,
+            rec.raw,
+            mapping,
+            table,
+            compare_case,
+            rec.sync,
+            started,
+            rec.environment,
+        )
+        failed = any(not run.verdicts[p].passed for p in case.phases)
+        outcome = BaselineOutcome(
+            case.name,
+            target,
+            "compared",
+            run=run,
+            env_diff=tuple(environment_diff(stored.manifest, {**rec.trace.manifest})),
+            weights_diff=tuple(weights_diff(stored.manifest, rec.trace.manifest)),
+            weights_source=rec.weights_source,
+            stored_env=stored.manifest,
+            recovered=recovered,
+        )
+        if update == "all" or (failed and update == "mismatched"):
+            write_stored(rec.trace, rec.weights, target, extra=extra)
+            remove_obtained(root, case.name)
+            return replace(outcome, action="updated" if update == "mismatched" else "rewritten")
+        if failed:
+            obtained = obtained_dir(root, case.name)
+            write_stored(rec.trace, None, obtained, extra={**extra, "obtained": True})
+            return replace(outcome, obtained=obtained)
+        remove_obtained(root, case.name)
+        return outcome
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,3 @@
+"""calibration."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""compare."""
+
+from __future__ import annotations

@@ -1,0 +1,271 @@
+"""Compare two traces record by record under a tolerance table.
+
+Pairs are made by record id (name, kind, slot, step, call) after the candidate was brought
+to the baseline's names (``mapping``). Each pair is checked with the best evidence both
+sides have: full tensors (allclose + metric bounds), statistics (each of max/min/mean/norm
+within atol + rtol*|baseline|), or hashes (equality). Shape mismatches and unmatched
+records are findings, never exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ConfigError
+from ..trace.records import Record, Trace
+from . import metrics
+from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
+
+_PRECISION = ["float64", "float32", "bfloat16", "float16"]  # lookup uses the less precise side
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    value: float
+    allowed: float
+    passed: bool
+    upper: bool = True  # value must be <= allowed (False: >=)
+
+
+@dataclass(frozen=True)
+class PairResult:
+    record: Record  # the baseline record (or the candidate's, when only it exists)
+    candidate: Record | None
+    status: str  # ok | fail | shape | only_baseline | only_candidate
+    evidence: str  # tensor | stats | hash | none
+    checks: tuple[Check, ...] = ()
+    tolerance: Tolerance | None = None
+    closeness: metrics.Closeness | None = None
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def paired(self) -> bool:
+        return self.status in ("ok", "fail", "shape")
+
+    @property
+    def failing(self) -> Check | None:
+        """The check that explains the failure: allclose first, then the worst bound."""
+        bad = [c for c in self.checks if not c.passed]
+        if not bad:
+            return None
+        return bad[0]
+
+    @property
+    def severity(self) -> float:
+        """How far the worst check is from its bound (value/allowed for upper bounds)."""
+        worst = 0.0
+        for c in self.checks:
+            if c.upper:
+                ratio = c.value / c.allowed if c.allowed > 0 else (0.0 if c.value == 0 else float("inf"))
+            else:
+                ratio = (
+                    (1 - c.value) / (1 - c.allowed)
+                    if c.allowed < 1
+                    else (0.0 if c.value >= 1 else float("inf"))
+                )
+            worst = max(worst, ratio)
+        return worst
+
+
+@dataclass(frozen=True)
+class Comparison:
+    pairs: tuple[PairResult, ...]  # in baseline execution order, candidate-only ones last
+
+    def by_phase(self, phase: str) -> tuple[PairResult, ...]:
+        return tuple(p for p in self.pairs if p.record.phase == phase)
+
+
+def lookup_dtype(a: str, b: str) -> str:
+    ranks = [_PRECISION.index(d) if d in _PRECISION else -1 for d in (a, b)]
+    return a if ranks[0] >= ranks[1] else b
+
+
+def compare_traces(
+    baseline: Trace,
+    candidate: Trace,
+    table: ToleranceTable,
+    reasons: Mapping[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Comparison:
+    """``reasons``: why a record is known to have no counterpart (from the mapping);
+    ``progress(done, total)`` is called as records are compared (a CLI progress bar).
+
+    Tensor pairs are compared on worker threads (numpy releases the GIL while it
+    subtracts), each loading its pair only when it starts, so memory holds a few pairs at a
+    time however large the traces are."""
+    reasons = reasons or {}
+    cand_by_id = candidate.by_id()
+    used: set[str] = set()
+    out: list[PairResult] = []
+    # Records sharing a tensor (a layout-mapped copy, an msprobe data_name) share one compare.
+    jobs: dict[tuple[str | None, str | None, Tolerance], tuple[Record, Record]] = {}
+    pending: dict[int, tuple[tuple[str | None, str | None, Tolerance], PairResult]] = {}
+    for rec in baseline.records:
+        other = cand_by_id.get(rec.id)
+        if other is None:
+            out.append(PairResult(rec, None, "only_baseline", "none", note=reasons.get(rec.id, "")))
+            continue
+        used.add(rec.id)
+        result = _compare_pair(rec, other, baseline, candidate, table)
+        if result.evidence == "tensor" and result.tolerance is not None:  # checks come below
+            key = (rec.tensor_key, other.tensor_key, result.tolerance)
+            jobs.setdefault(key, (rec, other))
+            pending[len(out)] = (key, result)
+        out.append(result)
+    for rec in candidate.records:
+        if rec.id not in used:
+            out.append(PairResult(rec, rec, "only_candidate", "none", note=reasons.get(rec.id, "")))
+    done = _run_tensor_jobs(jobs, baseline, candidate, len(baseline.records) - len(jobs), progress)
+    for i, (key, result) in pending.items():
+        hit = done[key]
+        out[i] = replace(result, status=hit.status, checks=hit.checks, closeness=hit.closeness)
+    return Comparison(tuple(out))
+
+
+def _workers() -> int:
+    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS", "").strip()
+    if wanted:
+        if not (wanted.isdigit() and int(wanted) > 0):
+            raise ConfigError(
+                f"environment variable PRECALIGN_COMPARE_THREADS={wanted!r}: expected a whole number >= 1"
+            )
+        return int(wanted)
+    return max(
+        1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
+def _run_tensor_jobs(
+    jobs: Mapping[tuple[str | None, str | None, Tolerance], tuple[Record, Record]],
+    ta: Trace,
+    tb: Trace,
+    already: int,
+    progress: Callable[[int, int], None] | None,
+) -> dict[tuple[str | None, str | None, Tolerance], PairResult]:
+    total = already + len(jobs)
+    if progress is not None:
+        progress(already, total)
+
+    def run(key: tuple[str | None, str | None, Tolerance]) -> PairResult:
+        a, b = jobs[key]
+        return _tensor_pair(a, b, ta.array(a), tb.array(b), key[2])
+
+    results: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
+    workers = _workers()
+    if workers == 1 or len(jobs) < 2:
+        for n, key in enumerate(jobs, 1):
+            results[key] = run(key)
+            if progress is not None:
+                progress(already + n, total)
+        return results
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precalign-compare") as pool:
+        futures = {pool.submit(run, key): key for key in jobs}
+        for n, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            if progress is not None:
+                progress(already + n, total)
+    return results
+
+
+def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTable) -> PairResult:
+    """The pair's result, or for two kept tensors a tensor result without checks yet."""
+    tol = table.lookup(a.name, a.kind, a.phase, lookup_dtype(a.dtype, b.dtype), a.step)
+    if a.shape != b.shape:
+        note = f"shape {list(b.shape)} (candidate) != {list(a.shape)} (baseline)"
+        check = Check("shape", float(b.numel), float(a.numel), False)
+        return PairResult(a, b, "shape", "none", (check,), tol, note=note)
+    note = f"dtype {b.dtype} (candidate) vs {a.dtype} (baseline)" if a.dtype != b.dtype else ""
+    if ta.has_tensor(a) and tb.has_tensor(b):
+        return PairResult(a, b, "ok", "tensor", (), tol, None, note)
+    hashed = a.crc32 is not None and b.crc32 is not None
+    if hashed and _hash_first(ta) and _hash_first(tb):
+        # Both sides were dumped for bit equality (md5/xor summaries): compare the hashes even
+        # where statistics came along.
+        same = a.crc32 == b.crc32
+        check = Check("crc32", 0.0 if same else 1.0, 0.0, same)
+        return PairResult(a, b, "ok" if same else "fail", "hash", (check,), tol, None, note)
+    if a.stats is not None and b.stats is not None:
+        checks = _stats_checks(a, b, tol)
+        status = "ok" if all(c.passed for c in checks) else "fail"
+        return PairResult(a, b, status, "stats", checks, tol, None, note)
+    if a.crc32 is not None and b.crc32 is not None:
+        same = a.crc32 == b.crc32
+        check = Check("crc32", 0.0 if same else 1.0, 0.0, same)
+        return PairResult(a, b, "ok" if same else "fail", "hash", (check,), tol, None, note)
+    return PairResult(a, b, "ok", "none", (), tol, None, "no common evidence (tensor, stats or hash)")
+
+
+def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> PairResult:
+    dtype = metrics.compute_dtype(xa, xb)
+    fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)
+    checks: list[Check] = []
+    close = None
+    if tol.atol != float("inf"):
+        close = metrics.closeness(fa, fb, tol.atol, tol.rtol)
+        if close.nonfinite_mismatch:
+            checks.append(Check("nonfinite", float(close.nonfinite_mismatch), 0.0, False))
+        passed = close.mismatched == 0
+        checks.append(Check("allclose", close.worst_abs, close.worst_allowed, passed))
+    if tol.bounds:
+        values = metrics.metric_values(fa, fb, tuple(name for name, _ in tol.bounds))
+        for name, bound in tol.bounds:
+            value = values[name]
+            upper = BOUND_METRICS[name]
+            ok = value <= bound if upper else value >= bound
+            checks.append(Check(name, value, bound, ok, upper))
+    status = "ok" if all(c.passed for c in checks) else "fail"
+    return PairResult(a, b, status, "tensor", tuple(checks), tol, close)
+
+
+def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
+    assert a.stats is not None and b.stats is not None
+    checks = []
+    if (a.stats.nan, a.stats.inf) != (b.stats.nan, b.stats.inf):
+        mismatch = abs(a.stats.nan - b.stats.nan) + abs(a.stats.inf - b.stats.inf)
+        checks.append(Check("nonfinite", float(mismatch), 0.0, False))
+    atol = 0.0 if tol.atol == float("inf") else tol.atol
+    rtol = 0.0 if tol.rtol == float("inf") else tol.rtol
+    if tol.atol == float("inf"):
+        # Only metric bounds were given; statistics are held to a 1e-3 relative error.
+        rtol = 1e-3
+    sa: Mapping[str, float] = {
+        "max": a.stats.max,
+        "min": a.stats.min,
+        "mean": a.stats.mean,
+        "norm": a.stats.norm,
+    }
+    sb: Mapping[str, float] = {
+        "max": b.stats.max,
+        "min": b.stats.min,
+        "mean": b.stats.mean,
+        "norm": b.stats.norm,
+    }
+    for key, va in sa.items():
+        vb = sb[key]
+        if not (_finite(va) and _finite(vb)):
+            continue
+        allowed = atol + rtol * abs(va)
+        if key == "norm":
+            # The norm sums over all elements: allow atol per element, in L2.
+            allowed = atol * max(a.numel, 1) ** 0.5 + rtol * abs(va)
+        diff = abs(vb - va)
+        checks.append(Check(f"stats.{key}", diff, allowed, diff <= allowed))
+    return tuple(checks)
+
+
+def _hash_first(trace: Trace) -> bool:
+    """Recorded for bit equality: our hash mode, or msprobe's md5/xor summary modes."""
+    return trace.mode == "hash" or trace.manifest.get("summary_mode") in ("md5", "xor")
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")

@@ -1,0 +1,3 @@
+"""config."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""mapping."""
+
+from __future__ import annotations

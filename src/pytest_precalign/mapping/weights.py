@@ -1,0 +1,123 @@
+"""Weight sync: copy the baseline's parameters into the candidate through a mapping
+(renames by name, tensor rules through their transforms), with a report of what was left."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import CaseError
+from .spec import MappingSpec, TensorRule, fill_pattern, match_pattern, to_baseline_name
+from .transforms import apply_forward, apply_inverse
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    copied: int
+    transformed: int
+    unsynced: tuple[str, ...]  # candidate parameters nothing was copied into
+    unused: tuple[str, ...]  # baseline parameters nothing read
+
+    def lines(self) -> list[str]:
+        out = [f"weights: {self.copied} copied by name, {self.transformed} through transforms"]
+        if self.unsynced:
+            out.append(f"  candidate parameters left as built: {', '.join(self.unsynced[:10])}")
+        if self.unused:
+            out.append(f"  baseline parameters not used: {', '.join(self.unused[:10])}")
+        return out
+
+
+def expand_rule(rule: TensorRule, names: Iterable[str]) -> list[tuple[list[str], list[str]]]:
+    """Instances of a rule: (baseline names, candidate names) per placeholder binding."""
+    names = list(names)
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    out = []
+    for name in names:
+        bindings = match_pattern(rule.baseline[0], name)
+        if bindings is None:
+            continue
+        key = tuple(sorted(bindings.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(
+            (
+                [fill_pattern(p, bindings) for p in rule.baseline],
+                [fill_pattern(p, bindings) for p in rule.candidate],
+            )
+        )
+    return out
+
+
+def sync_weights(
+    baseline: torch.nn.Module | Mapping[str, torch.Tensor],
+    candidate: torch.nn.Module,
+    mapping: MappingSpec | None,
+    *,
+    strict: bool,
+    context: Callable[[], str] = lambda: "",
+) -> SyncReport:
+    """Copy the baseline's parameters into the candidate (renames, then tensor rules). The
+    baseline is a module or stored weights (name -> tensor, e.g. a baseline's weights file)."""
+    import torch
+
+    source = dict(baseline) if isinstance(baseline, Mapping) else dict(baseline.named_parameters())
+    target = dict(candidate.named_parameters())
+    classes = {n: type(m).__name__ for n, m in candidate.named_modules()}
+    used: set[str] = set()
+    done: set[str] = set()
+    transformed = 0
+    with torch.no_grad():
+        for rule in mapping.tensors if mapping else ():
+            if "param" not in rule.kinds:
+                continue
+            for base_names, cand_names in expand_rule(rule, source):
+                if not all(n in source for n in base_names):
+                    continue
+                missing = [n for n in cand_names if n not in target]
+                if missing:
+                    raise CaseError(f"mapping rule ({rule.where}): candidate has no parameter {missing[0]!r}")
+                inputs: list[torch.Tensor] = [source[n] for n in base_names]
+                if rule.reversed:  # the ops go candidate -> baseline: undo them
+                    outs = apply_inverse(rule.ops, inputs, [tuple(target[n].shape) for n in cand_names])
+                else:
+                    outs = apply_forward(rule.ops, inputs)
+                for name, value in zip(cand_names, outs, strict=True):
+                    _copy(target[name], value, name, "+".join(base_names))
+                    done.add(name)
+                used.update(base_names)
+                transformed += len(cand_names)
+        copied = 0
+        for name, param in target.items():
+            if name in done:
+                continue
+            base_name = to_baseline_name(mapping, name, classes.get)
+            if base_name in source:
+                _copy(param, source[base_name], name, base_name)
+                used.add(base_name)
+                done.add(name)
+                copied += 1
+    unsynced = tuple(n for n in target if n not in done)
+    unused = tuple(n for n in source if n not in used)
+    report = SyncReport(copied, transformed, unsynced, unused)
+    if strict and unsynced:
+        raise CaseError(
+            f"{context()}weights.sync: {len(unsynced)} candidate parameter(s) have no baseline "
+            f"source: {', '.join(unsynced[:5])}"
+            + (" ..." if len(unsynced) > 5 else "")
+            + " (add renames/tensors to the mapping, or set weights: {strict: false})"
+        )
+    return report
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, dst_name: str, src_name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise CaseError(
+            f"weights.sync: shape mismatch: candidate {dst_name} {tuple(dst.shape)} "
+            f"<- baseline {src_name} {tuple(src.shape)}"
+        )
+    dst.copy_(src.to(device=dst.device))

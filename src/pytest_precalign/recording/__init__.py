@@ -1,0 +1,3 @@
+"""recording."""
+
+from __future__ import annotations

@@ -1,0 +1,479 @@
+"""Record every module of a model with hooks: outputs, inputs, grads, param grads, params.
+
+``Recorder`` is a context manager: hooks are added on enter and removed on exit, also when
+the forward or backward raises. Recording never changes numerics: tensors are only read
+(``detach``), and grads are observed with tensor hooks, which add no autograd nodes.
+``grad_input`` is the gradient w.r.t. a module's input tensor as autograd computes it for
+that tensor (where the tensor also feeds other code, e.g. a residual, that is included).
+
+Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
+(a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
+the bytes, msprobe's "md5" field).
+
+Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
+the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
+(both). Op outputs are recorded like module outputs (kind ``activation``, module class
+``api``), and the grads w.r.t. them with tensor hooks (kind ``grad_output``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import weakref
+import zlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
+from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_stats(t: torch.Tensor) -> Stats:
+    """max, min, mean, L2 norm in one sync; nan/inf counts only when something is non-finite."""
+    if t.numel() == 0:
+        return Stats(0.0, 0.0, 0.0, 0.0)
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.double()
+    if t.is_complex():
+        t = t.abs()
+    mn, mx = torch.aminmax(t)
+    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
+    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
+    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).tolist()
+    vmax, vmin, vsum, vnorm = values
+    nan = inf = 0
+    if not all(map(_finite, values)):
+        nan = int(torch.isnan(t).sum())
+        inf = int(torch.isinf(t).sum())
+    return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
+
+
+def _finite_sum(t: torch.Tensor) -> bool:
+    """False when ``t`` may hold a NaN or Inf: its sum is then not finite. One read pass and
+    no temporary, about twice as cheap as ``isfinite(t).all()``; a finite tensor whose fp32
+    sum overflows only costs an extra statistics pass."""
+    total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+    return _finite(float(total))
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # inference tensors have no version counter
+        return -1
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def tensor_crc32(t: torch.Tensor) -> str:
+    """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5)."""
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    if not flat.numel():
+        return f"{zlib.crc32(b''):08x}"
+    # zlib reads the numpy buffer in place: no bytes copy of the tensor.
+    data = cast("bytes", flat.view(torch.uint8).numpy())
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from flatten(item, f"{prefix}.{i}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from flatten(item, f"{prefix}.{key}")
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """A module call of step 0, kept so isolation mode can call it again on other inputs."""
+
+    name: str
+    call: int
+    module: torch.nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class _Call:
+    name: str
+    cls: str
+    call: int
+    step: int
+    input_ids: tuple[str, ...]
+    grad_output_ids: list[str]
+
+
+class Recorder:
+    """Context manager that records a model's tensors into a ``Trace``.
+
+    >>> with Recorder(model, mode="stats") as rec:
+    ...     loss = model(x).sum(); loss.backward()
+    >>> trace = rec.trace()
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        mode: str = "stats",
+        inputs: bool = True,
+        grads: bool = True,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+        keep_calls: bool = False,
+        level: str = "module",
+    ) -> None:
+        if mode not in ("stats", "tensor", "hash"):
+            raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
+        if level not in LEVELS:
+            raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
+        self.level = level
+        self._modules_on = level in ("module", "mix")
+        self._ops_on = level in ("op", "mix")
+        self._frames: list[_Call] = []  # the module calls running now, innermost last
+        self._op_calls: dict[tuple[str, int, int, str], int] = {}
+        self._parents: dict[str, str] = {}  # "name#call" -> enclosing module "name#call"
+        self._busy = False  # the recorder's own torch calls are not ops of the model
+        self._mode: OpMode | None = None
+        self.model = model
+        self.mode = mode
+        self.record_inputs = inputs
+        self.record_grads = grads
+        self.include = include
+        self.exclude = exclude
+        self.step = 0
+        self.keep_calls = keep_calls
+        self.calls: list[ModuleCall] = []
+        self._records: list[Record] = []
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._handles: list[RemovableHandle] = []
+        self._calls: dict[tuple[str, int], int] = {}
+        self._stack: dict[int, list[_Call]] = {}
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Record]] = {}
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        self._param_owner: dict[str, tuple[str, str]] = {}
+        self._last_call: dict[str, _Call] = {}
+        self._active = False
+
+    # -- lifecycle --------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        try:
+            for name, module in self.model.named_modules():
+                if not name or not self._selected(name):
+                    continue
+                cls = type(module).__name__
+                self._handles.append(
+                    module.register_forward_pre_hook(partial(self._pre_hook, name, cls), with_kwargs=True)
+                )
+                self._handles.append(
+                    module.register_forward_hook(partial(self._post_hook, name), with_kwargs=True)
+                )
+                for pname, _ in module.named_parameters(recurse=False):
+                    self._param_owner[f"{name}.{pname}"] = (name, cls)
+            if self._ops_on:
+                # The root is not recorded, but ops in its own forward are (parent "").
+                root = _Call("", type(self.model).__name__, 0, 0, (), [])
+                self._handles.append(self.model.register_forward_pre_hook(partial(self._root_enter, root)))
+                self._handles.append(self.model.register_forward_hook(self._root_exit))
+                self._mode = OpMode(self._on_op)
+                self._mode.start()
+            if self.record_grads:
+                for pname, param in self.model.named_parameters():
+                    if param.requires_grad:
+                        self._handles.append(
+                            param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
+                        )
+        except BaseException:
+            self._remove()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        if self._mode is not None:
+            self._mode.stop()
+            self._mode = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._active = False
+
+    def _selected(self, name: str) -> bool:
+        if self.include and not any(fnmatch.fnmatchcase(name, g) for g in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, g) for g in self.exclude)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hooks stay registered but record nothing (e.g. while modules are called again)."""
+        self._active = False
+        try:
+            yield
+        finally:
+            self._active = True
+
+    # -- capture ----------------------------------------------------------------------
+    def capture(
+        self,
+        tensor: torch.Tensor,
+        *,
+        name: str,
+        module_class: str,
+        kind: str,
+        slot: str,
+        call: int = 0,
+        deps: tuple[str, ...] = (),
+        step: int | None = None,
+    ) -> Record:
+        """Record one tensor; identical tensor objects seen before are not copied again."""
+        step = self.step if step is None else step
+        seq = len(self._records)
+        stats: Stats | None = None
+        crc: str | None = None
+        key: str | None = None
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == _version(tensor):
+            earlier = seen[2]
+            stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
+        else:
+            busy, self._busy = self._busy, True
+            try:
+                data = tensor.detach()
+                if self.mode == "stats":
+                    stats = tensor_stats(data)
+                elif self.mode == "hash":
+                    crc = tensor_crc32(data)
+                    if data.is_floating_point() and not _finite_sum(data):
+                        stats = tensor_stats(data)  # evidence of NaN/Inf; hashes are still compared
+                else:
+                    key = f"t{seq:07d}"
+                    self._tensors[key] = data.to("cpu", copy=True)
+            finally:
+                self._busy = busy
+        record = Record(
+            seq=seq,
+            name=name,
+            module_class=module_class,
+            phase=PHASE_OF_KIND[kind],
+            step=step,
+            call=call,
+            kind=kind,
+            slot=slot,
+            dtype=dtype_name(tensor.dtype),
+            shape=tuple(tensor.shape),
+            stats=stats,
+            crc32=crc,
+            tensor_key=key,
+            deps=deps,
+        )
+        self._records.append(record)
+        self._remember(tensor, record)
+        return record
+
+    def _remember(self, tensor: torch.Tensor, record: Record) -> None:
+        self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
+
+    def _pre_hook(
+        self, name: str, cls: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if not self._active:
+            return None
+        key = (name, self.step)
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        inputs: dict[int, Record] = {}
+        if self.record_inputs and self._modules_on:
+            for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+                inputs[id(t)] = self.capture(
+                    t, name=name, module_class=cls, kind="input", slot=slot, call=call
+                )
+        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [])
+        self._stack.setdefault(id(module), []).append(state)
+        if self._ops_on:
+            parent = self._frames[-1] if self._frames else None
+            self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent and parent.name else ""
+            self._frames.append(state)
+        if self.keep_calls and self.step == 0:
+            self.calls.append(ModuleCall(name, call, module, args, dict(kwargs)))
+        self._last_call[name] = state
+        if self.record_grads and self._modules_on and torch.is_grad_enabled():
+            # A tensor hook observes the input's gradient without adding autograd nodes, so
+            # the summation order of the backward (and its bits) stay as they were.
+            for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+                if t.requires_grad:
+                    t.register_hook(partial(self._grad_input, state, slot))
+        return None
+
+    def _post_hook(
+        self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        stack = self._stack.get(id(module))
+        if not stack or not self._active:
+            return
+        state = stack.pop()
+        if self._ops_on:
+            if self._frames and self._frames[-1] is state:
+                self._frames.pop()
+            if not self._modules_on:
+                return
+        for slot, t in flatten(output, "out"):
+            self.capture(
+                t,
+                name=name,
+                module_class=state.cls,
+                kind="activation",
+                slot=slot,
+                call=state.call,
+                deps=state.input_ids,
+            )
+            if self.record_grads and t.requires_grad:
+                t.register_hook(partial(self._grad_output, state, slot))
+
+    # -- ops (level op / mix) -------------------------------------------------------------
+    def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self._active:
+            self._frames.append(root)
+
+    def _root_exit(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self._frames and self._frames[-1].name == "" and self._active:
+            self._frames.pop()
+
+    def _on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if not self._frames or self._busy or not self._active:
+            return  # outside the model's forward (loss, optimizer) or the recorder's own work
+        api = api_name(func)
+        if api is None:
+            return
+        outputs = list(flatten(output, "out"))
+        if not outputs:
+            return
+        parent = self._frames[-1]
+        key = (parent.name, parent.call, self.step, api)
+        n = self._op_calls.get(key, 0)
+        self._op_calls[key] = n + 1
+        name = f"{parent.name}.{api}" if parent.name else api
+        call = parent.call * PER_MODULE_CALL + n
+        self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent.name else ""
+        # The op's inputs that were recorded before (by an earlier op or module) are its deps.
+        deps = []
+        inputs = set()
+        for _, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+            inputs.add(id(t))
+            seen = self._seen.get(id(t)) or self._seen.get(id(t._base))  # a view of a recorded tensor
+            if seen is not None:
+                ref = seen[0]()
+                if ref is t or (ref is not None and ref is t._base):
+                    deps.append(seen[2].id)
+        state = _Call(name, "api", call, self.step, tuple(deps), [])
+        grads = self.record_grads and torch.is_grad_enabled()
+        for slot, t in outputs:
+            self.capture(
+                t,
+                name=name,
+                module_class="api",
+                kind="activation",
+                slot=slot,
+                call=call,
+                deps=state.input_ids,
+            )
+            # No hook on an in-place result: its autograd history is about to change hands.
+            if grads and t.requires_grad and id(t) not in inputs:
+                busy, self._busy = self._busy, True
+                try:
+                    t.register_hook(partial(self._grad_output, state, slot))
+                finally:
+                    self._busy = busy
+
+    def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+        if not self._active:  # a backward run after the recorder was closed
+            return
+        record = self.capture(
+            grad,
+            name=state.name,
+            module_class=state.cls,
+            kind="grad_output",
+            slot=slot,
+            call=state.call,
+            step=state.step,
+        )
+        state.grad_output_ids.append(record.id)
+
+    def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+        if not self._active:
+            return
+        self.capture(
+            grad,
+            name=state.name,
+            module_class=state.cls,
+            kind="grad_input",
+            slot=slot,
+            call=state.call,
+            deps=tuple(state.grad_output_ids),
+            step=state.step,
+        )
+
+    def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
+        if param.grad is None or not self._active:
+            return
+        owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
+        state = self._last_call.get(owner)
+        deps: tuple[str, ...] = ()
+        if state is not None:
+            deps = (*state.grad_output_ids, *state.input_ids)
+        self.capture(param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps)
+
+    # -- explicit records ---------------------------------------------------------------
+    def record_params(self) -> None:
+        """Record every parameter (call after an optimizer step)."""
+        for pname, param in self.model.named_parameters():
+            owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
+            deps = [record_id(pname, "param_grad", "", self.step, 0)]
+            if self.step > 0:
+                deps.append(record_id(pname, "param", "", self.step - 1, 0))
+            self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
+
+    def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record:
+        """Record the logits or the loss of the model as a whole."""
+        return self.capture(
+            tensor, name=kind, module_class=type(self.model).__name__, kind=kind, slot="", deps=deps
+        )
+
+    # -- result -------------------------------------------------------------------------
+    def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
+        records = tuple(self._records)
+        if self.mode == "tensor":
+            cache: dict[str, Stats] = {}
+            filled = []
+            for r in records:
+                if r.tensor_key is not None and r.stats is None:
+                    if r.tensor_key not in cache:
+                        cache[r.tensor_key] = tensor_stats(self._tensors[r.tensor_key])
+                    r = Record(**{**r.__dict__, "stats": cache[r.tensor_key]})
+                filled.append(r)
+            records = tuple(filled)
+        meta = dict(manifest or {})
+        meta["record_mode"] = self.mode
+        if self.level != "module":
+            meta["record_level"] = self.level
+            meta["parents"] = dict(self._parents)
+        return Trace(manifest=meta, records=records, tensors=dict(self._tensors))

@@ -1,0 +1,3 @@
+"""reports."""
+
+from __future__ import annotations

@@ -1,0 +1,485 @@
+"""Reports: verdicts -> message lines and JSON-ready dicts. Never prints, never writes
+(except ``write_json_report``, atomically)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..compare.pairs import Check, PairResult
+from ..errors import ConfigError
+from ..verdict.phase import Divergence, PhaseVerdict
+
+TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
+UNMATCHED_NAMES = 5
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    """What one test item (a case and a phase) knows, ready to format."""
+
+    config: str
+    case: str
+    phase: str
+    verdict: PhaseVerdict
+    baseline: str
+    candidate: str
+    table: str
+    reproduce: str
+    seconds: float = 0.0
+    environment: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest facts
+
+    @property
+    def nodeid_name(self) -> str:
+        return f"{self.case}[{self.phase}]"
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e4 or abs(x) < 1e-3:
+        return f"{x:.3e}"
+    return f"{x:.6g}"
+
+
+def _where(pair: PairResult) -> str:
+    r = pair.record
+    parts = [r.kind]
+    if r.slot:
+        parts.append(r.slot)
+    parts.append(f"step {r.step}")
+    if r.call:
+        parts.append(f"call {r.call}")
+    return ", ".join(parts)
+
+
+def describe_check(check: Check, pair: PairResult) -> str:
+    if check.metric == "allclose" and pair.closeness is not None:
+        return (
+            f"|candidate - baseline| = {_fmt(check.value)} > {_fmt(check.allowed)} allowed "
+            f"(atol + rtol*|baseline|) at index {pair.closeness.worst_index}"
+        )
+    if check.metric == "shape":
+        return pair.note
+    if check.metric == "nonfinite":
+        return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
+    if check.metric == "crc32":
+        other = pair.candidate
+        return f"CRC-32 {other.crc32 if other else '?'} (candidate) != {pair.record.crc32} (baseline)"
+    relation = "<=" if check.upper else ">="
+    return f"{check.metric} = {_fmt(check.value)}, allowed {relation} {_fmt(check.allowed)}"
+
+
+def closeness_lines(pair: PairResult) -> list[str]:
+    c = pair.closeness
+    tol = pair.tolerance
+    if c is None or tol is None:
+        return []
+    pct = 100.0 * c.mismatched / c.total if c.total else 0.0
+    return [
+        f"Mismatched elements: {c.mismatched} / {c.total} ({pct:.1f}%)",
+        f"Greatest absolute difference: {_fmt(c.greatest_abs)} at index {c.greatest_abs_index} "
+        f"(up to {_fmt(tol.atol)} allowed)",
+        f"Greatest relative difference: {_fmt(c.greatest_rel)} at index {c.greatest_rel_index} "
+        f"(up to {_fmt(tol.rtol)} allowed)",
+    ]
+
+
+def shown_name(first: Divergence) -> str:
+    """API records as msprobe names them (``Functional.linear.0.forward``), modules by path."""
+    rec = first.pair.record
+    if rec.module_class != "api":
+        return first.name
+    return f"{first.name}.{first.call}.{'forward' if first.phase == 'forward' else 'backward'}"
+
+
+def _entry(first: Divergence) -> str:
+    if first.origin_module:
+        return first.origin_module
+    if first.pair.record.module_class == "api" and first.kind == "grad_output":
+        return "the backward of the code that consumed its output (no recorded call)"
+    if first.pair.record.module_class == "api":
+        return (
+            "its inputs, though no earlier recorded call failed (a parameter, data, unrecorded "
+            "code, or a change within tolerance that grew here)"
+        )
+    return "the top level"
+
+
+def divergence_lines(first: Divergence) -> list[str]:
+    pair = first.pair
+    if first.origin:
+        role = "origin: its inputs matched, its output did not"
+        if first.kind == "param":
+            role = "origin: its grad matched, the optimizer step made it differ"
+    else:
+        role = f"propagated: its inputs already differed; the divergence enters in {_entry(first)}"
+    lines = [
+        f"First divergence: {shown_name(first)} ({_where(pair)}), {role}",
+        f"  {first.metric}: {describe_check(pair.failing or Check(first.metric, first.value, first.allowed, False), pair)}",
+        f"  tolerance: {first.rule}",
+    ]
+    if pair.evidence == "stats":
+        lines.append("  evidence is statistical (max/min/mean/norm), not element-wise")
+    if first.why:
+        lines.append(f"  why this record: {first.why}")
+    if first.first_op is not None:
+        lines.append(f"  the first diverging API call is {first.first_op}")
+    if pair.note and pair.note not in lines[1]:
+        lines.append(f"  note: {pair.note}")
+    lines.extend("  " + line for line in closeness_lines(pair))
+    return lines
+
+
+def table_lines(failures: Sequence[PairResult]) -> list[str]:
+    if not failures:
+        return []
+    rows = [("record (baseline name)", "kind", "metric", "value", "allowed")]
+    for pair in failures[:TABLE_ROWS]:
+        check = pair.failing
+        if check is None:
+            continue
+        relation = "" if check.upper else ">= "
+        name = pair.record.name + (f" {pair.record.slot}" if pair.record.slot not in ("", "out") else "")
+        rows.append((name, pair.record.kind, check.metric, _fmt(check.value), relation + _fmt(check.allowed)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    out = ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    if len(failures) > TABLE_ROWS:
+        out.append(f"  ... and {len(failures) - TABLE_ROWS} more")
+    return out
+
+
+def _names(records: Iterable[Any]) -> str:
+    names = sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
+    shown = ", ".join(names[:UNMATCHED_NAMES])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > UNMATCHED_NAMES else "")
+
+
+def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
+    if not verdict.only_baseline and not verdict.only_candidate:
+        return []
+    parts = []
+    if verdict.only_baseline:
+        parts.append(f"{len(verdict.only_baseline)} baseline-only ({_names(verdict.only_baseline)})")
+    if verdict.only_candidate:
+        parts.append(f"{len(verdict.only_candidate)} candidate-only ({_names(verdict.only_candidate)})")
+    return ["Unmatched records: " + "; ".join(parts)]
+
+
+def overflow_lines(verdict: PhaseVerdict) -> list[str]:
+    if not verdict.overflow:
+        return []
+    shown = verdict.overflow[:UNMATCHED_NAMES]
+    lines = [f"Overflow in the candidate ({len(verdict.overflow)} module outputs):"]
+    lines += [f"  {o.level:8s} {o.record.name} ({o.why})" for o in shown]
+    return lines
+
+
+def nonfinite_lines(verdict: PhaseVerdict) -> list[str]:
+    return [
+        f"NaN/Inf first appears in the {nf.side} at {nf.record.name} ({nf.record.kind} {nf.record.slot}, "
+        f"step {nf.record.step}): {nf.record.stats.nan if nf.record.stats else '?'} NaN, "
+        f"{nf.record.stats.inf if nf.record.stats else '?'} Inf"
+        for nf in verdict.nonfinite
+    ]
+
+
+def isolation_lines(verdict: PhaseVerdict) -> list[str]:
+    if not verdict.isolated_count:
+        return []
+    head = f"Isolation ({verdict.isolated_count} module outputs recomputed on the baseline's inputs): "
+    origin = verdict.isolated_origin
+    if origin is None:
+        return [head + "every module agrees on identical inputs; the divergence enters outside the modules"]
+    check = origin.failing
+    detail = f" ({check.metric} {_fmt(check.value)} > {_fmt(check.allowed)})" if check is not None else ""
+    lines = [head + f"true origin {origin.record.name}{detail}"]
+    first = verdict.first
+    if first is not None and first.isolated is not None and first.isolated.passed:
+        lines.append(f"  {first.name} matches on the baseline's inputs: its error is inherited")
+    return lines
+
+
+def failure_message(report: PhaseReport) -> str:
+    v = report.verdict
+    lines: list[str] = []
+    if v.expectation is not None and not v.passed:
+        lines.append(f"Known divergence not reproduced: {v.expectation}")
+    if v.aligned:
+        lines.append(f"{report.phase}: aligned ({v.compared} tensors compared)")
+    else:
+        lines.append(
+            f"Tensors are not close: {v.failed_count} of {v.compared} {report.phase} records of "
+            f"candidate {report.candidate!r} exceed tolerance vs baseline {report.baseline!r} "
+            f"({Path(report.config).name}, table {report.table!r})"
+        )
+    if v.first is not None:
+        lines.extend(divergence_lines(v.first))
+    lines.extend(isolation_lines(v))
+    lines.extend(nonfinite_lines(v))
+    lines.extend(overflow_lines(v))
+    if v.failures:
+        lines.append("Failing records (execution order):")
+        lines.extend(table_lines(v.failures))
+    lines.extend(unmatched_lines(v))
+    lines.append(f"To reproduce: {report.reproduce}")
+    return "\n".join(lines)
+
+
+def summary_line(report: PhaseReport) -> str:
+    v = report.verdict
+    status = "PASSED" if v.passed else "FAILED"
+    if v.first is not None:
+        role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
+        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {v.first.metric} {_fmt(v.first.value)} > {_fmt(v.first.allowed)}, {role})"
+        if v.isolated_count:
+            iso = v.isolated_origin.record.name if v.isolated_origin else "none"
+            detail += f"; isolation: true origin {iso}"
+        if v.expectation:
+            detail += f"; {v.expectation}"
+    elif v.worst is not None and v.worst.failing is None and v.worst.checks:
+        worst = v.worst
+        check = max(worst.checks, key=lambda c: c.value if c.upper else -c.value)
+        detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
+    else:
+        detail = "aligned"
+    unmatched = len(v.only_baseline) + len(v.only_candidate)
+    extra = f", {unmatched} unmatched" if unmatched else ""
+    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"
+
+
+def verdict_label(verdict: PhaseVerdict) -> str:
+    """One word for dashboards: passed, failed, or expected divergence (a gated expectation met,
+    or a phase downstream of it)."""
+    if not verdict.passed:
+        return "failed"
+    if verdict.expectation is not None and not verdict.aligned:
+        return "expected divergence"
+    return "passed"
+
+
+def check_severity(check: Check) -> float:
+    """value/allowed for an upper bound (1.0 = at the bound); the same share for lower bounds."""
+    if check.upper:
+        if check.allowed > 0:
+            return check.value / check.allowed
+        return 0.0 if check.value == 0 else float("inf")
+    if check.allowed < 1:
+        return (1 - check.value) / (1 - check.allowed)
+    return 0.0 if check.value >= 1 else float("inf")
+
+
+def explaining_check(pair: PairResult) -> Check | None:
+    """The check a reader should see for a record: the failing one, else the tightest."""
+    return pair.failing or max(pair.checks, key=check_severity, default=None)
+
+
+def worst_metric(verdict: PhaseVerdict) -> str | None:
+    """``metric=value`` of the tightest check of the phase's worst record."""
+    worst = verdict.worst
+    check = explaining_check(worst) if worst is not None else None
+    return f"{check.metric}={_fmt(check.value)}" if check is not None else None
+
+
+def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
+    """``<property>`` s for the JUnit XML of one item (via ``item.user_properties``)."""
+    props: list[tuple[str, object]] = [
+        ("precalign_verdict", verdict_label(verdict)),
+        ("precalign_passed", verdict.passed),
+    ]
+    first = verdict.first
+    if first is not None:
+        props += [
+            ("precalign_first_divergence", first.name),
+            ("precalign_origin", str(first.origin).lower()),
+            ("precalign_origin_module", first.origin_module),
+        ]
+    worst = worst_metric(verdict)
+    if worst is not None:
+        props.append(("precalign_worst_metric", worst))
+    return props
+
+
+ENVIRONMENT_KEYS = ("versions", "platform", "device", "dtype", "seed", "torch_threads")
+
+
+def _environment(env: Mapping[str, Any]) -> dict[str, Any]:
+    facts = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}
+    flags = env.get("determinism")
+    if isinstance(flags, Mapping) and "requested" in flags:
+        facts["deterministic"] = flags["requested"]
+    return facts
+
+
+def _record_dict(pair: PairResult) -> dict[str, Any]:
+    r, tol = pair.record, pair.tolerance
+    return {
+        "seq": r.seq,
+        "name": r.name,
+        "kind": r.kind,
+        "slot": r.slot,
+        "step": r.step,
+        "call": r.call,
+        "status": pair.status,
+        "evidence": pair.evidence,
+        "severity": pair.severity,
+        "atol": tol.atol if tol else None,
+        "rtol": tol.rtol if tol else None,
+        "checks": [
+            {"metric": c.metric, "value": c.value, "allowed": c.allowed, "passed": c.passed, "upper": c.upper}
+            for c in pair.checks
+        ],
+    }
+
+
+def phase_dict(report: PhaseReport) -> dict[str, Any]:
+    v = report.verdict
+    worst = None
+    if v.worst is not None:
+        worst = {
+            "name": v.worst.record.name,
+            "kind": v.worst.record.kind,
+            "severity": v.worst.severity,
+            "checks": [c.__dict__ for c in v.worst.checks],
+            "metric": worst_metric(v),
+        }
+    return {
+        "config": report.config,
+        "name": report.case,
+        "phase": report.phase,
+        "passed": v.passed,
+        "verdict": verdict_label(v),
+        "aligned": v.aligned,
+        "baseline": report.baseline,
+        "candidate": report.candidate,
+        "table": report.table,
+        "compared": v.compared,
+        "failed": v.failed_count,
+        "first_divergence": v.first.as_dict() if v.first else None,
+        "expectation": v.expectation,
+        "isolation": (
+            {
+                "checked": v.isolated_count,
+                "origin": v.isolated_origin.record.name if v.isolated_origin else None,
+            }
+            if v.isolated_count
+            else None
+        ),
+        "worst": worst,
+        "overflow": [
+            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
+        ],
+        "nonfinite": [
+            {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}
+            for nf in v.nonfinite
+        ],
+        "unmatched": {
+            "baseline": _unmatched(v.only_baseline, v.reasons),
+            "candidate": _unmatched(v.only_candidate, v.reasons),
+        },
+        "failures": [
+            {
+                "name": p.record.name,
+                "kind": p.record.kind,
+                "slot": p.record.slot,
+                "step": p.record.step,
+                "metric": p.failing.metric if p.failing else None,
+                "value": p.failing.value if p.failing else None,
+                "allowed": p.failing.allowed if p.failing else None,
+            }
+            for p in v.failures
+        ],
+        "seconds": report.seconds,
+        "reproduce": report.reproduce,
+        "environment": _environment(report.environment),
+        "records": [_record_dict(p) for p in v.records],
+    }
+
+
+def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[str, Any]]:
+    seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (r.name, r.kind, r.slot)
+        if key not in seen:
+            seen[key] = {"name": r.name, "kind": r.kind, "slot": r.slot, "reason": reasons.get(r.id, "")}
+    return [seen[k] for k in sorted(seen)]
+
+
+def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
+    """A report directory that can be made: checked before anything runs."""
+    folder = Path(directory)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(
+            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
+        )
+    return folder
+
+
+def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What report.json holds (and report.html shows): strict JSON values only."""
+    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
+    return json.loads(json.dumps(_strict_json(data), default=_json_default, allow_nan=False))  # type: ignore[no-any-return]
+
+
+def write_text_atomic(target: Path, text: str) -> Path:
+    """Write ``target`` through a temp file in its folder and a rename: readers never see half."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=f"{target.suffix}.tmp", dir=target.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is as readable as any file
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_json_report(
+    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
+) -> Path:
+    """Write ``report.json`` atomically (temp file + rename)."""
+    check_report_dir(directory)
+    data = report_document(cases, meta)
+    return write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
+
+
+def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+    """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
+    from .html import write_html_report
+
+    check_report_dir(directory)
+    data = report_document(cases, meta)
+    target = write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
+    write_html_report(directory, data)
+    return target
+
+
+def _strict_json(value: Any) -> Any:
+    """JSON has no NaN or Infinity: write them as strings ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)

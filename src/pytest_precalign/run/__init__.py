@@ -1,0 +1,3 @@
+"""run."""
+
+from __future__ import annotations

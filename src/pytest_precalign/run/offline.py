@@ -1,0 +1,218 @@
+"""Offline compare of two stored runs (``precalign compare``): load each side, map, compare,
+and give verdicts for every phase the baseline recorded. No models are built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..compare.tolerances import PHASES, ToleranceTable, default_table, parse_table
+from ..config.loader import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, layer_mapping_path
+from ..config.presets import PRESETS_DIR
+from ..errors import ConfigError, TraceError
+from ..mapping.layer_mapping import read_layer_mapping
+from ..mapping.spec import MappingSpec, read_mapping_file
+from ..trace.records import Trace
+from ..yaml_reader import read_yaml_file
+from .outcome import CaseRun, finish
+
+
+def load_side(path: str | Path) -> Trace:
+    """A pytest-precalign trace directory or an msprobe dump (a rank folder, or a step or
+    dump folder holding one rank), detected from its files."""
+    from ..trace.native_io import read_trace
+
+    root = Path(path)
+    if not root.exists():
+        raise TraceError(f"{root}: no such file or directory")
+    if (root / "manifest.json").is_file():
+        return read_trace(root)
+    from ..msprobe import is_msprobe_dump, read_msprobe_dump
+
+    if is_msprobe_dump(root):
+        return read_msprobe_dump(root)
+    below = []
+    if root.is_dir():
+        below = sorted(
+            p.name + "/"
+            for p in root.iterdir()
+            if p.is_dir() and ((p / "manifest.json").is_file() or is_msprobe_dump(p))
+        )
+    hint = f"; it holds the runs {', '.join(below[:6])}: pass one of them" if below else ""
+    raise TraceError(
+        f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json){hint}"
+    )
+
+
+def load_sides(path: str | Path) -> dict[tuple[int, int], Trace]:
+    """Every (step, rank) of a stored run: one for our traces, several for an msprobe dump
+    root or step folder."""
+    root = Path(path)
+    if (root / "manifest.json").is_file() or not root.exists():
+        return {(0, 0): load_side(root)}
+    from ..msprobe import read_msprobe_set
+
+    try:
+        return read_msprobe_set(root)
+    except TraceError:
+        return {(0, 0): load_side(root)}  # its message says what the folder is not
+
+
+def load_tolerances(value: str | None) -> ToleranceTable:
+    if value is None:
+        return default_table()
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError(f"--tolerances: {value}: file not found (expected a YAML list of rules)")
+    data = read_yaml_file(path.resolve())
+    return parse_table(path.stem, data, str(path.resolve()), "", path.resolve().parent)
+
+
+def load_mapping(value: str | None, variables: Mapping[str, Any]) -> MappingSpec | None:
+    if value is None:
+        return None
+    if value.startswith("preset:"):
+        name = value.partition(":")[2]
+        if name not in PRESET_MAPPINGS:
+            allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
+            raise ConfigError(f"--mapping: unknown preset {value!r} (allowed: {allowed})")
+        path = PRESETS_DIR / f"{name}.yaml"
+        return read_mapping_file(path, value, variables)
+    file = Path(value)
+    if not file.is_file():
+        raise ConfigError(f"--mapping: {value}: file not found (expected a mapping YAML or preset:NAME)")
+    return read_mapping_file(file, value, variables)
+
+
+def compare_run_sets(
+    golden: str | Path,
+    target: str | Path,
+    **options: Any,
+) -> list[tuple[tuple[int, int], CaseRun]]:
+    """Pair every (step, rank) of both sides; a clear error when they hold different ones."""
+    _same_level(golden, target)
+    gold, targ = load_sides(golden), load_sides(target)
+    if len(gold) == 1 and len(targ) == 1:
+        return [(next(iter(gold)), compare_runs(golden, target, **options))]
+    if set(gold) != set(targ):
+
+        def show(keys: set[tuple[int, int]]) -> str:
+            return ", ".join(f"step{s}/rank{r}" for s, r in sorted(keys)) or "none"
+
+        raise TraceError(
+            f"the sides hold different steps/ranks: golden {golden} has {show(set(gold))}; "
+            f"target {target} has {show(set(targ))}"
+        )
+    out = []
+    for key in sorted(gold):
+        out.append((key, compare_runs(gold[key].manifest["path"], targ[key].manifest["path"], **options)))
+    return out
+
+
+def _same_level(golden: str | Path, target: str | Path) -> None:
+    """Both sides must be the same kind of msprobe folder: a dump root on one side and a step
+    or rank folder on the other pairs the wrong things (msprobe compare takes step folders)."""
+    from ..msprobe.layout import LEVEL_NAMES, dump_level
+
+    levels = dump_level(golden), dump_level(target)
+    if None in levels or levels[0] == levels[1]:
+        return
+    raise TraceError(
+        f"the sides are different kinds of msprobe folder: golden {golden} is "
+        f"{LEVEL_NAMES[str(levels[0])]}, target {target} is {LEVEL_NAMES[str(levels[1])]}; "
+        "give both at the same level: two rank folders (one pair), two step folders (every "
+        "rank), or two dump roots (every step and rank)"
+    )
+
+
+def compare_runs(
+    golden: str | Path,
+    target: str | Path,
+    *,
+    tolerances: str | None = None,
+    mapping: str | None = None,
+    variables: Mapping[str, Any] | None = None,
+    layer_mapping: str | None = None,
+    fuzzy_match: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    metrics: Sequence[str] = (),
+) -> CaseRun:
+    import time
+
+    started = time.perf_counter()
+    base, cand = load_side(golden), load_side(target)
+    if fuzzy_match:
+        from ..mapping.fuzzy_api_calls import fuzzy_api_calls
+
+        base, cand = fuzzy_api_calls(base), fuzzy_api_calls(cand)
+    table = load_tolerances(tolerances)
+    spec = load_mapping(mapping, variables or {})
+    if layer_mapping is not None:
+        path = layer_mapping_path(layer_mapping, Path.cwd())
+        if path is None or not path.is_file():
+            allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
+            raise ConfigError(
+                f"--layer-mapping: {layer_mapping}: not found (a YAML file, or one of {allowed})"
+            )
+        layers = read_layer_mapping(path)
+        spec = (
+            replace(spec, layer_mapping=layers) if spec else MappingSpec(layer_mapping, layer_mapping=layers)
+        )
+    phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
+    if not phases:
+        raise TraceError(f"{golden}: the golden side has no records")
+    custom = [load_metric(m) for m in metrics]
+    name = f"{Path(golden).name}_vs_{Path(target).name}"
+    run = finish(
+        name, phases, base, cand, spec, table, None, None, started, dict(base.manifest), None, progress
+    )
+    if custom:
+        run = replace(run, custom_metrics=custom_metric_values(run, custom))
+    return run
+
+
+def load_metric(spec: str) -> tuple[str, Callable[[Any, Any], float]]:
+    """``file.py:function`` (msit's custom algorithm plug-in): f(golden, target) -> float."""
+    import importlib.util
+
+    file, sep, func = spec.rpartition(":")
+    path = Path(file)
+    if not sep or not file.endswith(".py") or not func.isidentifier():
+        raise ConfigError(f"--metric: expected file.py:function, got {spec!r}")
+    if not path.is_file():
+        raise ConfigError(f"--metric: {file}: file not found")
+    module_spec = importlib.util.spec_from_file_location(f"precalign_metric_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"--metric: {file}: cannot be loaded as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(f"--metric: {file}: importing it raised {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise ConfigError(f"--metric: {file} has no function {func!r}")
+    return func, fn
+
+
+def custom_metric_values(
+    run: CaseRun, metrics: Sequence[tuple[str, Callable[[Any, Any], float]]]
+) -> dict[str, dict[str, float]]:
+    """Per compared tensor pair (by record id): each custom metric's value."""
+    out: dict[str, dict[str, float]] = {}
+    for pair in run.comparison.pairs:
+        if pair.evidence != "tensor" or pair.candidate is None:
+            continue
+        golden, target = run.baseline.tensor(pair.record), run.candidate.tensor(pair.candidate)
+        values = {}
+        for name, fn in metrics:
+            try:
+                values[name] = float(fn(golden, target))
+            except Exception as exc:
+                raise ConfigError(
+                    f"--metric {name}: raised {type(exc).__name__} on {pair.record.id}: {exc}"
+                ) from None
+        out[pair.record.id] = values
+    return out

@@ -1,0 +1,99 @@
+"""Case inputs: ``InputSpec`` -> tensors, the same for both sides (built once, copied)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config.loader import InputSpec
+from ..errors import CaseError, PrecalignError, SourceError
+from . import import_object, one_line
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    model_inputs: Mapping[str, Any]  # passed to the model as keyword arguments
+    labels: torch.Tensor | None
+
+    def to(self, device: torch.device) -> CaseInputs:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.model_inputs.items()}
+        labels = self.labels.to(device) if self.labels is not None else None
+        return CaseInputs(moved, labels)
+
+
+def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
+    if spec.kind == "ids":
+        assert spec.input_ids is not None
+        mask = None if spec.mask is None else torch.tensor(spec.mask, dtype=torch.long)
+        return explicit_inputs(torch.tensor(spec.input_ids, dtype=torch.long), mask, spec.labels)
+    generator = torch.Generator().manual_seed(spec.seed)
+    if spec.kind == "tokens":
+        ids = torch.randint(0, spec.vocab_size, (spec.batch, spec.seq_len), generator=generator)
+        model_inputs: dict[str, Any] = {"input_ids": ids}
+        if spec.attention_mask:
+            model_inputs["attention_mask"] = torch.ones_like(ids)
+        return CaseInputs(model_inputs, ids.clone() if spec.labels else None)
+    what = f"{spec.where}: inputs.{spec.name}.factory"
+    fn = import_object(str(spec.factory), base_dir, what)
+    torch.manual_seed(spec.seed)
+    try:
+        produced = fn(**dict(spec.kwargs))
+    except PrecalignError:
+        raise
+    except Exception as exc:
+        raise SourceError(f"{what}: {spec.factory} raised {type(exc).__name__}: {one_line(exc)}") from None
+    if not isinstance(produced, Mapping):
+        raise SourceError(
+            f"{what}: {spec.factory} returned {type(produced).__name__}, expected a dict of model kwargs"
+        )
+    model_inputs = dict(produced)
+    labels: torch.Tensor | None = model_inputs.pop("labels", None)
+    if spec.labels and labels is None:
+        given_ids = model_inputs.get("input_ids")
+        if isinstance(given_ids, torch.Tensor):
+            labels = given_ids.clone()
+    return CaseInputs(model_inputs, labels)
+
+
+def explicit_inputs(ids: torch.Tensor, mask: torch.Tensor | None, labels: bool) -> CaseInputs:
+    """Given token ids (and 0/1 mask): labels are the ids, with padded positions ignored."""
+    model_inputs: dict[str, Any] = {"input_ids": ids}
+    if mask is not None:
+        model_inputs["attention_mask"] = mask
+    if not labels:
+        return CaseInputs(model_inputs, None)
+    target = ids.clone()
+    if mask is not None:
+        target[mask == 0] = -100  # cross_entropy's ignore_index
+    return CaseInputs(model_inputs, target)
+
+
+def vocabulary_size(module: torch.nn.Module) -> tuple[str, int] | None:
+    """The input embedding's name and row count: the first module with ``num_embeddings``
+    (torch's Embedding, Megatron's VocabParallelEmbedding); None when there is none."""
+    for name, sub in module.named_modules():
+        rows = getattr(sub, "num_embeddings", None)
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            return name, rows
+    return None
+
+
+def check_token_ids(inputs: CaseInputs, module: torch.nn.Module, model: str, where: str) -> None:
+    """Token ids outside the embedding fail inside the model with an IndexError (CPU) or a
+    device assert (GPU): name the inputs and the vocabulary instead."""
+    ids = inputs.model_inputs.get("input_ids")
+    found = vocabulary_size(module)
+    if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point() or found is None:
+        return
+    name, rows = found
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= rows:
+        bad = low if low < 0 else high
+        raise CaseError(
+            f"{where}: token id {bad} is outside model {model!r}'s vocabulary "
+            f"({name or 'its embedding'} has {rows} rows: ids 0..{rows - 1})"
+        )

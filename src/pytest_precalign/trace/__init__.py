@@ -1,0 +1,3 @@
+"""trace."""
+
+from __future__ import annotations

@@ -1,0 +1,289 @@
+"""Traces on disk: ``manifest.json``, ``index.json`` (records in execution order) and tensors
+in safetensors shards. The only module that reads or writes trace directories.
+
+Writes are atomic: everything goes to a temporary sibling directory that is renamed into
+place, and an existing trace is never replaced unless the caller says ``overwrite=True``
+(then the old one is moved aside first and removed only after the new one is in place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceError
+from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
+
+FORMAT = "pytest-precalign-trace"
+FORMAT_VERSION = 1
+SHARD_BYTES = 1 << 30  # 1 GiB per safetensors file
+
+
+def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> Path:
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        write_trace_files(trace, tmp)
+        publish_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def write_trace_files(trace: Trace, folder: Path) -> None:
+    """Write a trace's files into an existing (temporary) folder; the caller publishes it."""
+    from safetensors.torch import save_file
+
+    tmp = folder
+    shards: dict[str, str] = {}
+    batch: dict[str, Any] = {}
+    size = 0
+    shard_no = 0
+
+    def flush() -> None:
+        nonlocal batch, size, shard_no
+        if not batch:
+            return
+        file = f"tensors-{shard_no:05d}.safetensors"
+        save_file(batch, str(tmp / file))
+        for key in batch:
+            shards[key] = file
+        batch, size, shard_no = {}, 0, shard_no + 1
+
+    for key in sorted(trace.tensors):
+        tensor = trace.tensors[key].contiguous()
+        batch[key] = tensor
+        size += tensor.numel() * tensor.element_size()
+        if size >= SHARD_BYTES:
+            flush()
+    flush()
+    # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from.
+    manifest = {
+        **dict(trace.manifest),
+        "source_format": trace.manifest.get("format", FORMAT),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+    }
+    _write_json(tmp / "manifest.json", manifest)
+    _write_json(
+        tmp / "index.json",
+        {"records": [r.as_dict() for r in trace.records], "shards": shards},
+    )
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Put a fully written temporary directory in place of ``target``: the old one (if any)
+    is moved aside first and removed only once the new one is in place, so a crash leaves
+    either the old or the new directory, never a partial one."""
+    _fsync_dir(tmp)
+    if target.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, aside / "old")
+        os.replace(tmp, target)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    _fsync_dir(target.parent)
+
+
+def write_side(trace: Trace, path: Path, fmt: str) -> Path:
+    """Save one side of a case: our trace format, or an msprobe dump (``record: {format}``)."""
+    if fmt == "msprobe":
+        from ..msprobe import write_msprobe_dump
+
+        return write_msprobe_dump(trace, path)
+    return write_trace(trace, path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=False, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _ShardedTensors(Mapping[str, Any]):
+    """Lazy key -> tensor view over the safetensors shards of a trace directory."""
+
+    def __init__(
+        self, root: Path, shards: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> None:
+        self._root = root
+        self._shards = dict(shards)
+        self._shapes = dict(shapes or {})  # key -> the shape index.json gives, checked on load
+        self._open: dict[str, Any] = {}
+        self._arrays: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        from safetensors import SafetensorError, safe_open
+
+        file = self._shards[key]
+        try:
+            handle = self._open.get(file)
+            if handle is None:
+                handle = safe_open(str(self._root / file), framework="pt")
+                self._open[file] = handle
+            tensor = handle.get_tensor(key)
+        except FileNotFoundError:
+            raise TraceError(f"{self._root}: index.json names {file}, which is missing") from None
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
+        return self._checked(key, self._root / file, tensor)
+
+    def array(self, key: str) -> Any:
+        """The tensor as a numpy view of the mapped shard, without torch."""
+        from .tensor_files import SafetensorsFile
+
+        file = self._shards[key]
+        path = self._root / file
+        try:
+            reader = self._arrays.get(file)
+            if reader is None:
+                if not path.is_file():
+                    raise TraceError(f"{self._root}: index.json names {file}, which is missing")
+                reader = self._arrays[file] = SafetensorsFile(path)
+            array = reader.array(key)
+        except TraceError as exc:
+            if not str(exc).startswith(f"{path}: "):
+                raise
+            reason = str(exc)[len(f"{path}: ") :]
+            raise TraceError(f"{path}: cannot read tensor {key!r}: {reason}") from None
+        return self._checked(key, path, array)
+
+    def _checked(self, key: str, path: Path, value: Any) -> Any:
+        """``value`` (a tensor or an array) when its shape is the one index.json gives."""
+        expected = self._shapes.get(key)
+        if expected is not None and tuple(value.shape) != expected:
+            raise TraceError(
+                f"{path}: tensor {key!r} holds a tensor of shape {list(value.shape)}, "
+                f"index.json says {list(expected)}"
+            )
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shards
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shards)
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+
+def read_trace(path: str | Path) -> Trace:
+    root = Path(path)
+    if not root.is_dir():
+        raise TraceError(f"{root}: no trace directory there")
+    manifest = _read_json(root / "manifest.json")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise TraceError(f"{root / 'manifest.json'}: not a pytest-precalign trace manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise TraceError(
+            f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r} "
+            f"is not supported (expected {FORMAT_VERSION})"
+        )
+    index = _read_json(root / "index.json")
+    if not isinstance(index, dict) or not isinstance(index.get("records"), list):
+        raise TraceError(f"{root / 'index.json'}: expected {{'records': [...], 'shards': {{...}}}}")
+    records: list[Record] = []
+    seen: set[str] = set()
+    for i, item in enumerate(index["records"]):
+        record = _record(item, f"{root / 'index.json'}: records[{i}]")
+        if record.id in seen:
+            raise TraceError(f"{root / 'index.json'}: records[{i}]: duplicate record id {record.id!r}")
+        seen.add(record.id)
+        records.append(record)
+    shards = index.get("shards") or {}
+    if not isinstance(shards, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v and Path(v).name == v for k, v in shards.items()
+    ):
+        raise TraceError(
+            f"{root / 'index.json'}: 'shards' must map tensor keys to file names in the trace directory"
+        )
+    for r in records:
+        if r.tensor_key is not None and r.tensor_key not in shards:
+            raise TraceError(
+                f"{root / 'index.json'}: record {r.id!r} points at tensor {r.tensor_key!r}, "
+                "which no shard holds"
+            )
+    shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
+    return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards, shapes))
+
+
+_STATS_KEYS = ("max", "min", "mean", "norm", "nan", "inf")
+_RECORD_KEYS = ("seq", "name", "module_class", "phase", "step", "call", "kind", "slot", "dtype", "shape")
+
+
+def _record(item: Any, where: str) -> Record:
+    """One index.json record, checked: a wrong one is named with what is allowed."""
+    if not isinstance(item, dict):
+        raise TraceError(f"{where}: expected an object, got {type(item).__name__}")
+    missing = [k for k in _RECORD_KEYS if k not in item]
+    if missing:
+        raise TraceError(f"{where}: missing key {missing[0]!r} (a record has {', '.join(_RECORD_KEYS)})")
+    for key in ("name", "module_class", "phase", "kind", "slot", "dtype"):
+        if not isinstance(item[key], str):
+            raise TraceError(f"{where}: {key} must be a string, got {item[key]!r}")
+    for key in ("tensor_key", "crc32"):
+        if not isinstance(item.get(key), (str, type(None))):
+            raise TraceError(f"{where}: {key} must be a string or null, got {item[key]!r}")
+    deps = item.get("deps", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise TraceError(f"{where}: deps must be a list of record ids, got {deps!r}")
+    stats = item.get("stats")
+    if stats is not None and not (
+        isinstance(stats, dict)
+        and set(_STATS_KEYS[:4]) <= set(stats) <= set(_STATS_KEYS)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in stats.values())
+    ):
+        raise TraceError(f"{where}: stats must be null or numbers {', '.join(_STATS_KEYS)}, got {stats!r}")
+    if item["kind"] not in PHASE_OF_KIND:
+        raise TraceError(f"{where}: kind {item['kind']!r} is unknown (allowed: {', '.join(PHASE_OF_KIND)})")
+    if not is_dtype_name(item["dtype"]):
+        raise TraceError(
+            f"{where}: dtype {item['dtype']!r} is not a torch dtype name (e.g. float32, bfloat16, int64)"
+        )
+    shape = item["shape"]
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise TraceError(f"{where}: shape must be a list of integers >= 0, got {shape!r}")
+    for key in ("seq", "step", "call"):
+        if not isinstance(item[key], int) or isinstance(item[key], bool):
+            raise TraceError(f"{where}: {key} must be an integer, got {item[key]!r}")
+    try:
+        return record_from_dict(item)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{where}: malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: missing") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read: {exc}") from None

@@ -1,0 +1,3 @@
+"""verdict."""
+
+from __future__ import annotations

@@ -1,0 +1,515 @@
+"""Verdicts: per phase, is the candidate aligned, and where does it first diverge?
+
+The first divergence is the first failing output record in execution order (forward:
+activations, logits, loss; backward: grads in the order autograd produced them; step:
+parameters after each optimizer step). It is the **origin** when the records it was
+computed from matched (its inputs, or for a grad w.r.t. inputs, the grad w.r.t. outputs);
+otherwise the divergence entered through code between modules, and ``origin_module``
+names the enclosing module whose inputs still matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from ..compare.pairs import Check, Comparison, PairResult, lookup_dtype
+from ..config.loader import Expectation
+from ..trace.records import Record
+from .overflow import Overflow, overflow_levels
+
+OUTPUT_KINDS = {
+    "forward": ("activation", "logits", "loss"),
+    "backward": ("grad_output", "grad_input", "param_grad"),
+    "step": ("param",),
+}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    name: str
+    phase: str
+    kind: str
+    slot: str
+    step: int
+    call: int
+    metric: str
+    value: float
+    allowed: float
+    origin: bool
+    origin_module: str
+    evidence: str
+    pair: PairResult
+    isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
+    first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
+    why: str = ""  # how the record was chosen, when it is not simply the first failing one
+
+    @property
+    def rule(self) -> str:
+        tol = self.pair.tolerance
+        if tol is None or tol.rule is None:
+            return tol.source if tol else "no tolerance"
+        return tol.rule.describe()
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "phase": self.phase,
+            "kind": self.kind,
+            "slot": self.slot,
+            "step": self.step,
+            "call": self.call,
+            "metric": self.metric,
+            "value": self.value,
+            "allowed": self.allowed,
+            "origin": self.origin,
+            "origin_module": self.origin_module,
+            "evidence": self.evidence,
+            "rule": self.rule,
+            "isolated_passed": self.isolated.passed if self.isolated is not None else None,
+            "first_op": self.first_op,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    side: str
+    record: Record
+
+
+@dataclass(frozen=True)
+class PhaseVerdict:
+    phase: str
+    aligned: bool  # every paired record within tolerance, nothing failed
+    compared: int
+    failures: tuple[PairResult, ...]
+    first: Divergence | None
+    nonfinite: tuple[NonFinite, ...]
+    only_baseline: tuple[Record, ...]
+    only_candidate: tuple[Record, ...]
+    worst: PairResult | None
+    expectation: str | None  # None: no expectation; else what was checked against it
+    passed: bool
+    # Isolation mode: the first module (execution order) that diverges on the baseline's own
+    # inputs -- the true origin -- and how many module outputs were isolated.
+    isolated_origin: PairResult | None = None
+    isolated_count: int = 0
+    reasons: Mapping[str, str] = field(default_factory=dict)  # why unmatched records are one-sided
+    overflow: tuple[Overflow, ...] = ()  # the candidate's NaN/Inf and norm blow-ups, by level
+    # Every paired, gated record of the phase in execution order: what the HTML report charts.
+    records: tuple[PairResult, ...] = ()
+
+    @property
+    def failed_count(self) -> int:
+        return len(self.failures)
+
+
+def _parent(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def _ancestors(rec: Record, parents: Mapping[str, str]) -> Iterator[str]:
+    """Names of the modules enclosing a record, innermost first: from the trace's own tree
+    (msprobe dumps carry one, keyed ``name#call``, where API records are not dotted paths),
+    else from the dotted module path."""
+    key = f"{rec.name}#{rec.call}"
+    if key in parents:
+        while key := parents.get(key, ""):
+            yield key.partition("#")[0]
+        return
+    name = rec.name
+    while name := _parent(name):
+        yield name
+
+
+def _check_of(pair: PairResult) -> Check:
+    """The failing check; for a passing pair (a lower-precision record), its tightest one."""
+    check = pair.failing
+    if check is not None:
+        return check
+    if not pair.checks:
+        return Check("dtype", 0.0, 0.0, True)
+    return max(pair.checks, key=lambda c: c.value / c.allowed if c.upper and c.allowed > 0 else 0.0)
+
+
+AMPLIFY = 10.0  # stats evidence: an origin's relative change must exceed its inputs' this much
+
+
+def find_first(
+    pairs: tuple[PairResult, ...],
+    phase: str,
+    all_pairs: Mapping[str, PairResult],
+    parents: Mapping[str, str] | None = None,
+) -> Divergence | None:
+    parents = parents or {}
+    kinds = OUTPUT_KINDS[phase]
+    ordered = sorted(
+        (p for p in pairs if p.record.kind in kinds and p.status in ("fail", "shape")),
+        key=lambda p: (p.record.step, p.record.seq),
+    )
+    if not ordered:
+        return None
+    # Layers first: in a mix-level dump (modules and APIs), an op inside a module fails before
+    # the module returns; name the module, and keep the op as detail below it.
+    modules = [
+        p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")
+    ]
+    pair = modules[0] if modules else ordered[0]
+    first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
+    if pair.record.kind == "grad_output":
+        pair = _consumer_grad_input(pair, pairs, all_pairs) or pair
+    why = ""
+    lower = _lower_precision_before(pair, pairs, kinds)
+    if lower is not None:
+        # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
+        # lower precision on one side and passed only under that looser tolerance: that record
+        # is where the sides start to compute differently.
+        other = lower.candidate
+        assert other is not None
+        why = (
+            f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
+            f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
+            f"fails after it under the {pair.record.dtype} tolerance"
+        )
+        pair = lower
+    rec = pair.record
+    origin, origin_module = _origin(pair, all_pairs, parents)
+    name, call = rec.name, rec.call
+    live_op = first_op is not None and parents.get(f"{first_op.name}#{first_op.call}", "") != ""
+    if not modules and live_op:
+        # Op-level trace (no module records): the layer is the module the op ran in; the op
+        # is the detail, as in a mix-level dump.
+        name, _, module_call = parents[f"{rec.name}#{rec.call}"].partition("#")
+        call = int(module_call)
+        origin_module = name if origin else origin_module
+    elif (
+        first_op is not None
+        and first_op.step == rec.step
+        and first_op.seq < rec.seq
+        and rec.module_class != "api"
+        and f"{first_op.name}#{first_op.call}" in parents  # the call's module is known
+        and rec.name not in _ancestors(first_op, parents)
+    ):
+        # An API call outside this module diverged earlier (inside a module whose own output
+        # still passed): the divergence starts in that call's module.
+        origin = False
+        origin_module = next(_ancestors(first_op, parents), "") or first_op.name
+        why = why or f"the API call {_op_label(first_op, parents)} diverged earlier, outside it"
+    check = _check_of(pair)
+    return Divergence(
+        name=name,
+        phase=phase,
+        kind=rec.kind,
+        slot=rec.slot,
+        step=rec.step,
+        call=call,
+        metric=check.metric,
+        value=check.value,
+        allowed=check.allowed,
+        origin=origin,
+        origin_module=origin_module,
+        evidence=pair.evidence,
+        pair=pair,
+        first_op=_op_label(first_op, parents) if first_op is not None else None,
+        why=why,
+    )
+
+
+def _consumer_grad_input(
+    pair: PairResult, pairs: tuple[PairResult, ...], all_pairs: Mapping[str, PairResult]
+) -> PairResult | None:
+    """The grad w.r.t. a module's output is the grad w.r.t. its consumers' inputs: one
+    tensor, recorded first as the producer's grad_output (its hook was registered first) and
+    right after as each consumer's grad_input. When a consumer's grad_outputs matched, its
+    own backward made the difference: that grad_input is the divergence, and its origin."""
+    a = pair.record
+    later = sorted(
+        (p for p in pairs if p.record.step == a.step and p.record.seq > a.seq), key=lambda p: p.record.seq
+    )
+    for p in later:
+        b = p.record
+        if not _same_tensor(a, b):
+            break
+        if b.kind == "grad_input" and p.status in ("fail", "shape") and _deps_ok(b, all_pairs):
+            return p
+    return None
+
+
+def _floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+def _lower_precision_before(
+    first: PairResult, pairs: tuple[PairResult, ...], kinds: tuple[str, ...]
+) -> PairResult | None:
+    """The earliest passing output of the same step computed in another floating dtype on each
+    side, when ``first`` itself has one dtype on both sides (else the whole run is in mixed
+    precision, and its tolerance already says so). Layers are matched with layers, API calls
+    with API calls."""
+    if first.candidate is None or first.candidate.dtype != first.record.dtype:
+        return None
+    rec = first.record
+    for p in sorted(pairs, key=lambda p: p.record.seq):
+        if p.record.seq >= rec.seq:
+            break
+        other = p.candidate
+        if (
+            p.status == "ok"
+            and p.record.step == rec.step
+            and (p.record.module_class == "api") == (rec.module_class == "api")
+            and p.record.kind in kinds
+            and other is not None
+            and other.dtype != p.record.dtype
+            and _floating(other.dtype)
+            and _floating(p.record.dtype)
+        ):
+            return p
+    return None
+
+
+def _same_tensor(a: Record, b: Record) -> bool:
+    """Two records of one tensor object (the recorder stores it once and reuses what it saw)."""
+    if a.tensor_key is not None or b.tensor_key is not None:
+        return a.tensor_key == b.tensor_key
+    if a.stats is None and a.crc32 is None:
+        return False
+    return a.shape == b.shape and (a.stats is b.stats or a.stats == b.stats) and a.crc32 == b.crc32
+
+
+def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
+    """``Functional.softmax.0.forward in model.layers.0.self_attn`` for a live op record (n
+    counts calls inside the module call), ``name#call`` for an msprobe dump's API record."""
+    parent = parents.get(f"{rec.name}#{rec.call}", "")
+    module, _, module_call = parent.partition("#")
+    if not module or not rec.name.startswith(module + "."):
+        return f"{rec.name}#{rec.call}"
+    api = rec.name[len(module) + 1 :]
+    direction = "forward" if rec.phase == "forward" else "backward"
+    where = module + (f" (call {module_call})" if module_call not in ("", "0") else "")
+    return f"{api}.{rec.call % 1000}.{direction} in {where}"
+
+
+def _deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
+    """True/False when every dependency was compared; None when some were not recorded."""
+    results = [all_pairs.get(d) for d in rec.deps]
+    known = [r for r in results if r is not None and _comparable(r)]
+    if not known:
+        return None
+    return all(r.passed for r in known)
+
+
+def _comparable(pair: PairResult) -> bool:
+    """A dependency that can vouch for its consumer: same dtype, floating point."""
+    other = pair.candidate
+    return (
+        pair.paired
+        and other is not None
+        and pair.record.dtype == other.dtype
+        and pair.record.dtype.startswith(("float", "bfloat", "complex"))
+    )
+
+
+def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
+    found = [
+        p
+        for p in all_pairs.values()
+        if p.record.name == module
+        and p.record.kind == "input"
+        and p.record.step == rec.step
+        and _comparable(p)
+    ]
+    if not found:
+        return None
+    return all(p.passed for p in found)
+
+
+def _stats_change(pair: PairResult) -> float | None:
+    """Relative change of max/min/norm between the sides (statistics evidence only)."""
+    a, b = pair.record.stats, pair.candidate.stats if pair.candidate is not None else None
+    if pair.evidence != "stats" or a is None or b is None:
+        return None
+    changes = [
+        abs(vb - va) / abs(va)
+        for va, vb in ((a.max, b.max), (a.min, b.min), (a.norm, b.norm))
+        if va == va and vb == vb and abs(va) not in (0.0, float("inf")) and abs(vb) != float("inf")
+    ]
+    return max(changes, default=None)
+
+
+def _amplified(pair: PairResult, all_pairs: Mapping[str, PairResult]) -> bool:
+    """With statistics, inputs "within tolerance" may still differ (an absolute tolerance hides
+    a change of small values): the record is an origin only if it changed clearly more, in
+    relative terms, than its inputs did."""
+    mine = _stats_change(pair)
+    if mine is None:
+        return True
+    changes = [_stats_change(all_pairs[d]) for d in pair.record.deps if d in all_pairs]
+    inputs = max((c for c in changes if c is not None), default=0.0)
+    return inputs == 0.0 or mine > AMPLIFY * inputs
+
+
+def _origin(
+    pair: PairResult, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]
+) -> tuple[bool, str]:
+    rec = pair.record
+    enclosing = next(_ancestors(rec, parents), "")
+    owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
+    if rec.kind == "grad_output":
+        # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
+        # the parent's code between its children.
+        return False, enclosing or ("" if rec.module_class == "api" else rec.name)
+    ok = _deps_ok(rec, all_pairs)
+    if ok and not _amplified(pair, all_pairs):
+        ok = False
+    if ok is None or ok:
+        return True, owner
+    if rec.kind in ("activation", "logits", "loss"):
+        # Inputs already differed: walk up to the innermost ancestor whose inputs matched.
+        module = ""
+        for module in _ancestors(rec, parents):
+            inputs = _inputs_ok(module, rec, all_pairs)
+            if inputs is None or inputs:
+                return False, module
+        return False, module
+    return False, owner
+
+
+def phase_verdict(
+    comparison: Comparison,
+    phase: str,
+    expectation: Expectation | None,
+    expected_earlier: bool,
+    isolated: Comparison | None = None,
+    parents: Mapping[str, str] | None = None,
+) -> PhaseVerdict:
+    """``expected_earlier``: an expected divergence sits in an earlier phase of the case, so
+    this phase is downstream of it and is reported but not gated."""
+    pairs = comparison.by_phase(phase)
+    all_pairs = {p.record.id: p for p in comparison.pairs if p.paired}
+    # Module inputs are evidence for the origin, not gates: a mask may legitimately have
+    # another representation on each side, and a real difference shows in the outputs.
+    failures = tuple(p for p in pairs if p.status in ("fail", "shape") and p.record.kind != "input")
+    first = find_first(pairs, phase, all_pairs, parents)
+    if first is not None and not first.origin and not first.origin_module:
+        first = _after_unmatched(first, pairs)
+    isolated_origin = None
+    isolated_count = 0
+    if isolated is not None and phase == "forward":
+        paired_iso = [p for p in isolated.pairs if p.paired]
+        isolated_count = len(paired_iso)
+        failing = sorted((p for p in paired_iso if not p.passed), key=lambda p: p.record.seq)
+        isolated_origin = failing[0] if failing else None
+        if first is not None:
+            mine = next((p for p in paired_iso if p.record.id == first.pair.record.id), None)
+            if mine is not None:
+                # On identical inputs the module either still diverges (its own error) or not.
+                first = replace(first, isolated=mine, origin=not mine.passed)
+    nonfinite = _first_nonfinite(pairs)
+    candidates = tuple(p.candidate for p in pairs if p.candidate is not None)
+    overflow = overflow_levels(candidates, {r.id: r for r in candidates}) if phase == "forward" else ()
+    if overflow:
+        # Where the baseline overflows the same way (e.g. an attention mask of finfo.min, whose
+        # norm is inf), the candidate did nothing wrong.
+        goldens = tuple(p.record for p in pairs if p.paired)
+        same = {(o.record.id, o.level) for o in overflow_levels(goldens, {r.id: r for r in goldens})}
+        overflow = tuple(o for o in overflow if (o.record.id, o.level) not in same)
+    paired = [p for p in pairs if p.paired]
+    worst = max(paired, key=lambda p: p.severity, default=None)
+    aligned = not failures
+    passed = aligned
+    checked: str | None = None
+    if expectation is not None and expectation.phase == phase:
+        passed, checked = _meets(expectation, first)
+    elif expected_earlier:
+        passed, checked = True, "downstream of the expected divergence (not gated)"
+    return PhaseVerdict(
+        phase=phase,
+        aligned=aligned,
+        compared=len(paired),
+        failures=failures,
+        first=first,
+        nonfinite=nonfinite,
+        only_baseline=tuple(
+            p.record for p in pairs if p.status == "only_baseline" and p.record.kind != "input"
+        ),
+        only_candidate=tuple(
+            p.record for p in pairs if p.status == "only_candidate" and p.record.kind != "input"
+        ),
+        worst=worst,
+        expectation=checked,
+        passed=passed,
+        isolated_origin=isolated_origin,
+        isolated_count=isolated_count,
+        reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
+        overflow=overflow,
+        records=tuple(
+            sorted(
+                (p for p in paired if p.record.kind != "input"), key=lambda p: (p.record.step, p.record.seq)
+            )
+        ),
+    )
+
+
+def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Divergence:
+    """No module tree says where the divergence entered (an L1 dump): a call that only one side
+    made just before it (e.g. gelu where the baseline called silu) is the likely entry."""
+    kinds = OUTPUT_KINDS[first.phase]
+    own = first.pair.candidate
+
+    def last_before(status: str, seq: int) -> Record | None:
+        found = [
+            p.record
+            for p in pairs
+            if p.status == status
+            and p.record.kind in kinds
+            and p.record.step == first.step
+            and p.record.seq < seq
+        ]
+        return max(found, key=lambda r: r.seq, default=None)
+
+    direction = "forward" if first.phase == "forward" else "backward"
+    base = last_before("only_baseline", first.pair.record.seq)
+    cand = last_before("only_candidate", own.seq) if own is not None else None
+    sides = [
+        f"{r.name}.{r.call}.{direction} ({who} only)"
+        for r, who in ((base, "baseline"), (cand, "candidate"))
+        if r
+    ]
+    if not sides:
+        return first
+    return replace(first, origin_module=" / ".join(sides))
+
+
+def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, str]:
+    wanted = f"first divergence {expect.first_divergence!r}"
+    if expect.origin is not None:
+        wanted += f" (origin: {str(expect.origin).lower()})"
+    if expect.kind is not None:
+        wanted += f" of kind {expect.kind}"
+    if first is None:
+        return False, f"expected {wanted} ({expect.where}), but the phase is aligned"
+    found = f"{first.name!r} (origin: {str(first.origin).lower()}, kind {first.kind})"
+    ok = first.name == expect.first_divergence
+    if expect.origin is not None:
+        ok = ok and first.origin == expect.origin
+    if expect.kind is not None:
+        ok = ok and first.kind == expect.kind
+    if ok:
+        return True, f"found the expected {wanted}"
+    return False, f"expected {wanted} ({expect.where}), found {found}"
+
+
+def _first_nonfinite(pairs: tuple[PairResult, ...]) -> tuple[NonFinite, ...]:
+    out = []
+    for side in ("baseline", "candidate"):
+        for p in sorted(pairs, key=lambda p: p.record.seq):
+            rec = p.record if side == "baseline" else p.candidate
+            if rec is None or rec.kind == "input":
+                continue
+            if side == "candidate" and p.status == "only_baseline":
+                continue
+            if rec.stats is not None and not rec.stats.finite:
+                out.append(NonFinite(side, rec))
+                break
+    return tuple(out)
