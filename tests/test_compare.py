@@ -227,7 +227,7 @@ def test_first_nan_is_reported_per_side():
 def test_report_json_is_strict_json(tmp_path):
     import json
 
-    from pytest_precalign.reports.text import write_json_report
+    from pytest_precalign.reports.document import write_json_report
 
     path = write_json_report(
         tmp_path, [{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {}

@@ -187,8 +187,8 @@ def test_report_html_shows_verdicts_first_divergence_charts_and_sorts(pytester, 
 
 
 def test_report_html_escapes_names_and_marks_zero_and_off_scale_values(browser, tmp_path):
+    from pytest_precalign.reports.document import report_document
     from pytest_precalign.reports.html import write_html_report
-    from pytest_precalign.reports.text import report_document
 
     hostile = '</script><script>window.pwned = 1</script><img src=x onerror="window.pwned=2">'
 
@@ -256,8 +256,8 @@ def test_report_html_escapes_names_and_marks_zero_and_off_scale_values(browser, 
 
 
 def test_hash_evidence_is_drawn_as_a_match_strip(browser, tmp_path):
+    from pytest_precalign.reports.document import report_document
     from pytest_precalign.reports.html import write_html_report
-    from pytest_precalign.reports.text import report_document
 
     def record(i: int, same: bool) -> dict[str, Any]:
         check = {

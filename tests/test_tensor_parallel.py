@@ -20,7 +20,8 @@ from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E40
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
-from pytest_precalign.run.case import CaseRun, finish, run_side  # noqa: E402
+from pytest_precalign.run.case import CaseRun, finish
+from pytest_precalign.run.side import run_side  # noqa: E402
 from pytest_precalign.run.tensor_parallel import (
     MEGATRON_GPT_RULES,
     WRONG_FC1_RULES,

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from .mapping.spec import MappingSpec
     from .run.case import CaseRun
+    from .vocabulary import Phase
 
 _MARKER_KEYS = ("tolerances", "phases", "record")
 
@@ -99,7 +100,7 @@ class AlignRunner:
             name=self.nodeid,
         )
 
-    def assert_aligned(self, run: CaseRun, phase: str | None = None) -> None:
+    def assert_aligned(self, run: CaseRun, phase: Phase | None = None) -> None:
         """Raise ``AlignmentMismatch`` (an AssertionError) naming the first divergent layer."""
         __tracebackhide__ = True
         for name in (phase,) if phase else run.phases:

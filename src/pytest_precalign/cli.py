@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if getattr(args, "report", None):
-            from .reports.text import check_report_dir
+            from .reports.document import check_report_dir
 
             check_report_dir(args.report)
         if args.command == "validate":
@@ -144,7 +144,8 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .reports.text import PhaseReport, failure_message, phase_dict, summary_line, write_reports
+    from .reports.document import phase_dict, write_reports
+    from .reports.text import PhaseReport, failure_message, summary_line
     from .run.offline import compare_run_sets
 
     runs = compare_run_sets(
@@ -222,9 +223,10 @@ def _validate(path: Path) -> int:
 
 def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
     from .config.loader import load_config_file
-    from .reports.text import PhaseReport, failure_message, phase_dict, summary_line, write_reports
+    from .reports.document import phase_dict, write_reports
+    from .reports.text import PhaseReport, failure_message, summary_line
     from .run.case import preflight_case, run_case
-    from .trace.native_io import write_side
+    from .run.stored_runs import write_side
 
     config = load_config_file(path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)

@@ -6,7 +6,7 @@ and at import nothing heavier than pytest itself is imported (no torch, no yaml)
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,12 +14,55 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .errors import AlignmentMismatch, PrecalignError
-from .options import add_options
 
 if TYPE_CHECKING:
     from .config.loader import AlignConfig, CaseSpec
     from .reports.text import PhaseReport
     from .run.case import CaseRun
+    from .vocabulary import Phase
+
+
+# Command-line options of the plugin (prefix ``align-``).
+# (flag without prefix, dest, help, extra argparse kwargs)
+OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    ("config", "align_config", "alignment config YAML: collect its cases as tests", {"metavar": "PATH"}),
+    (
+        "report",
+        "align_report",
+        "write report.json (one entry per case and phase) and report.html into DIR",
+        {"metavar": "DIR"},
+    ),
+    (
+        "save-traces",
+        "align_save_traces",
+        "save each case's baseline and candidate traces under DIR/<case>/ (never overwrites)",
+        {"metavar": "DIR"},
+    ),
+    (
+        "baseline",
+        "align_baseline",
+        "compare each case's candidate with a stored baseline DIR/<case>/ instead of a live baseline "
+        "model (a missing one is written and the test fails)",
+        {"metavar": "DIR"},
+    ),
+    (
+        "update",
+        "align_update",
+        "with --align-baseline: rewrite the baselines that mismatch (the tests still fail)",
+        {"action": "store_true"},
+    ),
+    (
+        "update-all",
+        "align_update_all",
+        "with --align-baseline: rewrite every baseline run and pass",
+        {"action": "store_true"},
+    ),
+)
+
+
+def add_options(addoption: Callable[..., Any], prefix: str = "align-") -> None:
+    for flag, dest, help_text, extra in OPTIONS:
+        addoption(f"--{prefix}{flag}", dest=dest, default=None, help=help_text, **extra)
 
 
 @dataclass
@@ -72,7 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--align-config: {exc}") from None
     report_dir = config.getoption("align_report") or config.getini("align_report")
     if report_dir:
-        from .reports.text import check_report_dir
+        from .reports.document import check_report_dir
 
         try:
             check_report_dir(report_dir, "--align-report")
@@ -149,7 +192,7 @@ class _CaseItem(pytest.Item):
 
 
 class AlignItem(_CaseItem):
-    def __init__(self, *, case: CaseSpec, phase: str, **kwargs: Any) -> None:
+    def __init__(self, *, case: CaseSpec, phase: Phase, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.case = case
         self.phase = phase
@@ -223,7 +266,7 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
     folder = config.getoption("align_save_traces")
     if not folder:
         return
-    from .trace.native_io import write_side
+    from .run.stored_runs import write_side
 
     root = Path(folder) / align_config.path.stem / run.name
     fmt = align_config.case(run.name).record.format
@@ -232,7 +275,7 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
 
 
 def _phase_report(
-    config: pytest.Config, align_config: AlignConfig, run: CaseRun, phase: str, nodeid: str
+    config: pytest.Config, align_config: AlignConfig, run: CaseRun, phase: Phase, nodeid: str
 ) -> PhaseReport:
     from .reports.text import PhaseReport
 
@@ -256,7 +299,8 @@ def _phase_report(
 
 
 def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
-    from .reports.text import junit_properties, phase_dict, report_document, summary_line
+    from .reports.document import junit_properties, phase_dict, report_document
+    from .reports.text import summary_line
 
     data = phase_dict(report)
     data["nodeid"] = item.nodeid
@@ -333,7 +377,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     folder = config.getoption("align_report") or config.getini("align_report")
     if folder:
-        from .reports.text import write_reports
+        from .reports.document import write_reports
 
         write_reports(
             folder,

@@ -21,8 +21,9 @@ from .config.search import SearchSpec, ids_block
 from .errors import CaseError
 from .recording.determinism import deterministic, environment
 from .reports.text import PhaseReport, failure_message
-from .run.case import build_synced, run_side
+from .run.case import build_synced
 from .run.outcome import CaseRun, finish
+from .run.side import run_side
 from .sources import runtime
 from .sources.inputs import CaseInputs, explicit_inputs, vocabulary_size
 

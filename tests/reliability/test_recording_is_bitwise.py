@@ -12,7 +12,7 @@ import torch
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.recording.determinism import deterministic, seed_everything
 from pytest_precalign.recording.recorder import Recorder
-from pytest_precalign.run.case import causal_lm_loss
+from pytest_precalign.run.side import causal_lm_loss
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 
 CONFIG = """

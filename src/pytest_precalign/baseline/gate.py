@@ -43,7 +43,8 @@ def _outcome(config: Any, state: Any, align_config: AlignConfig, case: CaseSpec)
 
 
 def run_against_baseline(item: Any, state: Any) -> None:
-    from ..reports.text import PhaseReport, phase_dict, summary_line
+    from ..reports.document import phase_dict
+    from ..reports.text import PhaseReport, summary_line
     from .messages import accept_command, baseline_dict, mismatch_message, updated_message, written_message
 
     config, case, phase = item.config, item.case, item.phase

@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._atomic import fsync_file, publish_dir
 from ..errors import TraceError
 from ..mapping.spec import MappingSpec
+from ..vocabulary import UPDATE_POLICIES
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
 
 WEIGHTS_FILE = "weights.safetensors"
 OBTAINED_SUFFIX = ".obtained"
-UPDATE_MODES = ("none", "mismatched", "all")
 # Names kept; a single-tensor output still meets its one-tuple form (``out`` vs ``out.0``).
 _SAME_NAMES = MappingSpec("same names")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.pid(?P<pid>\d+)\.[^.]+\.tmp$")
@@ -118,7 +119,7 @@ def write_stored(
     is there. The caller holds ``case_lock`` and decided that replacing is wanted."""
     from dataclasses import replace
 
-    from ..trace.native_io import publish_dir, write_trace_files
+    from ..trace.native_io import write_trace_files
 
     target.parent.mkdir(parents=True, exist_ok=True)
     # The pid in the name lets a later run tell a dead writer's leftovers from a live one's.
@@ -134,17 +135,12 @@ def write_stored(
 
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pytest-precalign-weights"})
-            _fsync_file(tmp / WEIGHTS_FILE)
+            fsync_file(tmp / WEIGHTS_FILE)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 def remove_obtained(root: Path, case: str) -> bool:
@@ -258,7 +254,7 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
     from ..run.outcome import finish
     from .record_side import record_side
 
-    if update not in UPDATE_MODES:
+    if update not in UPDATE_POLICIES:
         raise ValueError(update)
     started = time.perf_counter()
     target = baseline_dir(root, case.name)

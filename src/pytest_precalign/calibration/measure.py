@@ -21,7 +21,7 @@ import torch
 from ..config.loader import AlignConfig, CaseSpec, ModelSpec
 from ..errors import CaseError, ConfigError, PrecalignError
 from ..recording.determinism import deterministic, environment
-from ..run.case import run_side
+from ..run.side import run_side
 from ..sources import LoadedModel, build_model, runtime
 from ..sources.inputs import CaseInputs, build_inputs
 from ..trace.records import Trace

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._atomic import TargetExists, write_file_atomic
 from ..errors import ConfigError
 from .measure import Measurement, Noise
 
@@ -299,29 +298,6 @@ def check_writable(out: Path, force: bool) -> None:
         raise ConfigError(f"--out: folder {out.parent} does not exist")
 
 
-def write_atomic(path: Path, text: str, force: bool) -> None:
-    """Temp file + fsync + rename; without ``force`` the final link fails if the file exists."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # atomic and never replaces an existing file
-            except FileExistsError:
-                raise ConfigError(
-                    f"--out: {path} already exists; refusing to overwrite it (pass --force)"
-                ) from None
-            os.unlink(tmp)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def parse_margin(text: str) -> float:
     try:
         margin = float(text)
@@ -363,8 +339,13 @@ def run_calibration(
     side = sidecar_path(out)
     text = render_table(rules, measurements, margin, command, side.name)
     data = sidecar_data(rules, measurements, amps, margin, command)
-    write_atomic(side, json.dumps(data, indent=1, allow_nan=False) + "\n", force)
-    write_atomic(out, text, force)
+    for path, content in ((side, json.dumps(data, indent=1, allow_nan=False) + "\n"), (out, text)):
+        try:
+            write_file_atomic(path, content, replace=force)
+        except TargetExists:
+            raise ConfigError(
+                f"--out: {path} already exists; refusing to overwrite it (pass --force)"
+            ) from None
     lines = [
         f"{m.case}: {m.perturbation}: "
         + (f"skipped ({m.skipped})" if m.skipped else f"{len(m.noise)} records, {m.description}")

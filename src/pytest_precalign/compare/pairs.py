@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..trace.records import Record, Trace
+from ..vocabulary import CHECKED, Evidence, Status
 from . import metrics
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
 
@@ -36,8 +37,8 @@ class Check:
 class PairResult:
     record: Record  # the baseline record (or the candidate's, when only it exists)
     candidate: Record | None
-    status: str  # ok | fail | shape | only_baseline | only_candidate
-    evidence: str  # tensor | stats | hash | none
+    status: Status
+    evidence: Evidence
     checks: tuple[Check, ...] = ()
     tolerance: Tolerance | None = None
     closeness: metrics.Closeness | None = None
@@ -49,7 +50,7 @@ class PairResult:
 
     @property
     def paired(self) -> bool:
-        return self.status in ("ok", "fail", "shape")
+        return self.status in CHECKED
 
     @property
     def failing(self) -> Check | None:
@@ -195,7 +196,7 @@ def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTa
         return PairResult(a, b, "ok" if same else "fail", "hash", (check,), tol, None, note)
     if a.stats is not None and b.stats is not None:
         checks = _stats_checks(a, b, tol)
-        status = "ok" if all(c.passed for c in checks) else "fail"
+        status: Status = "ok" if all(c.passed for c in checks) else "fail"
         return PairResult(a, b, status, "stats", checks, tol, None, note)
     if a.crc32 is not None and b.crc32 is not None:
         same = a.crc32 == b.crc32
@@ -222,7 +223,7 @@ def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> Pair
             upper = BOUND_METRICS[name]
             ok = value <= bound if upper else value >= bound
             checks.append(Check(name, value, bound, ok, upper))
-    status = "ok" if all(c.passed for c in checks) else "fail"
+    status: Status = "ok" if all(c.passed for c in checks) else "fail"
     return PairResult(a, b, status, "tensor", tuple(checks), tol, close)
 
 

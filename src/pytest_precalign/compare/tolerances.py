@@ -13,19 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..vocabulary import KINDS, PHASES
 from ..yaml_reader import Reader, describe, read_yaml_file
-
-KINDS = (
-    "activation",
-    "input",
-    "grad_output",
-    "grad_input",
-    "param",
-    "param_grad",
-    "loss",
-    "logits",
-)
-PHASES = ("forward", "backward", "step")
 
 # Metric bounds a rule may set: name -> True when the value must stay <= the bound,
 # False when it must stay >= the bound (similarities and "fraction within" ratios).

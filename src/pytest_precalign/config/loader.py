@@ -12,19 +12,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..compare.tolerances import PHASES, ToleranceTable, parse_table
+from ..compare.tolerances import ToleranceTable, parse_table
 from ..errors import ConfigError
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file, reverse
+from ..verdict.expectation import Expectation
+from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
 from ..yaml_reader import LineList, Reader, describe, load_yaml
 from .model_sources import COMMON_MODEL_KEYS, SOURCES
-from .presets import PRESETS_DIR
+from .presets import PRESETS_DIR, QWEN2_FIELDS
 from .search import IDS_KEYS, SearchSpec, parse_ids, parse_search
 
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-RECORD_MODES = ("stats", "tensor", "hash")
-RECORD_LEVELS = ("module", "op", "mix")  # ops.LEVELS (config.py does not import torch)
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LOSSES = ("causal_lm", "model", "mean", "none")
 INPUT_KINDS = ("tokens", "factory", "ids")
@@ -114,23 +114,12 @@ class RecordSpec:
 
 
 @dataclass(frozen=True)
-class Expectation:
-    """A known divergence: the case passes only when exactly this is found."""
-
-    phase: str
-    first_divergence: str
-    origin: bool | None
-    kind: str | None
-    where: str
-
-
-@dataclass(frozen=True)
 class CaseSpec:
     name: str
     baseline: str
     candidate: str
     inputs: str
-    phases: tuple[str, ...]
+    phases: tuple[Phase, ...]
     steps: int
     sync_weights: bool
     strict_weights: bool
@@ -517,10 +506,7 @@ def _parse_case(
             reader.fail(f"unknown phase {phase!r} (allowed: {', '.join(PHASES)})", "phases")
     if len(set(phases_value)) != len(phases_value):
         reader.fail("phases are listed twice", "phases")
-    phases = tuple(p for p in PHASES if p in phases_value)
-    if "step" in phases and "backward" not in phases:
-        # Optimizer steps need grads; backward is run (and compared) too.
-        phases = tuple(p for p in PHASES if p in {*phases, "backward"})
+    phases = phases_in_order(phases_value)  # optimizer steps need grads: backward is run (and compared) too
     steps = reader.get_int("steps", 1, minimum=1)
 
     weights = reader.get_mapping("weights")
@@ -596,12 +582,12 @@ def _parse_case(
     if rec is not None:
         rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level"))
         record = RecordSpec(
-            mode=rec.get_choice("mode", RECORD_MODES, "stats"),
+            mode=rec.get_choice("mode", MODES, "stats"),
             inputs=rec.get_bool("inputs", True),
             include=_str_tuple(rec, "include"),
             exclude=_str_tuple(rec, "exclude"),
             format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
-            level=rec.get_choice("level", RECORD_LEVELS, "module"),
+            level=rec.get_choice("level", LEVELS, "module"),
         )
         rec.done()
 
@@ -719,8 +705,6 @@ _HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "in
 def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
     """``$variables`` a mapping may use, read from the models' configs (Megatron's first, as
     its layout is what the transforms describe)."""
-    from ..sources.megatron import QWEN2_FIELDS
-
     out: dict[str, Any] = {}
     for model in sorted(models, key=lambda m: m.source != "megatron"):
         config = model.options.get("config")

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..compare.tolerances import KINDS
+from ..vocabulary import KINDS
 from ..yaml_reader import Reader, describe, read_yaml_file
 from .layer_mapping import LayerMapping
 from .transforms import OP_ARITY, OP_PARAMS, TransformOp, check_qkv

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from ..errors import TraceError
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
+from ..vocabulary import Kind
 from .layout import DUMP_FILE, rank_folders, rank_of, single_rank_folder, step_of
 from .names import ParsedName, forward_name, parse_name
 from .tensors import TENSOR_DIR, PtTensors
@@ -241,7 +242,7 @@ class _Builder:
             self._bad(raw, slot, f"expected a tensor entry, a list or an object, got {value!r}")
 
     def _emit(
-        self, raw: str, p: ParsedName, kind: str, entries: Iterator[tuple[str, dict[str, Any]]]
+        self, raw: str, p: ParsedName, kind: Kind, entries: Iterator[tuple[str, dict[str, Any]]]
     ) -> None:
         for slot, entry in entries:
             dtype, shape, stats, crc, data_name = self._tensor(raw, slot, entry)

@@ -189,7 +189,7 @@ def write_msprobe_dump(
     """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically."""
     import torch
 
-    from ..trace.native_io import publish_dir
+    from .._atomic import publish_dir
 
     root = Path(path)
     target = root / f"step{step}" / f"rank{rank}"

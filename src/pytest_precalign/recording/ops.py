@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..trace.op_names import LEVELS, PER_MODULE_CALL, split_op_name
+from ..trace.op_names import PER_MODULE_CALL, split_op_name
+from ..vocabulary import LEVELS
 
 __all__ = ["LEVELS", "PER_MODULE_CALL", "OpMode", "api_name", "split_op_name"]
 

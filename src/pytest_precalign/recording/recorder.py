@@ -31,6 +31,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
+from ..vocabulary import Kind
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 
 
@@ -239,7 +240,7 @@ class Recorder:
         *,
         name: str,
         module_class: str,
-        kind: str,
+        kind: Kind,
         slot: str,
         call: int = 0,
         deps: tuple[str, ...] = (),
@@ -452,7 +453,7 @@ class Recorder:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
             self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
 
-    def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record:
+    def record_output(self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record:
         """Record the logits or the loss of the model as a whole."""
         return self.capture(
             tensor, name=kind, module_class=type(self.model).__name__, kind=kind, slot="", deps=deps

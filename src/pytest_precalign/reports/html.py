@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._atomic import write_file_atomic
 from .chart import Row, chart_notes, chart_svg, esc, first_index, fmt, num, rows_from_records
-from .text import write_text_atomic
 
 PHASE_ORDER = ("forward", "backward", "step")
 VERDICT_CLASS = {"passed": "pass", "failed": "fail", "expected divergence": "expect"}
@@ -22,7 +22,7 @@ VERDICT_CLASS = {"passed": "pass", "failed": "fail", "expected divergence": "exp
 
 def write_html_report(directory: str | Path, document: Mapping[str, Any]) -> Path:
     """Write ``report.html`` atomically next to report.json."""
-    return write_text_atomic(Path(directory) / "report.html", render_html(document))
+    return write_file_atomic(Path(directory) / "report.html", render_html(document))
 
 
 # -- the table ---------------------------------------------------------------------------------

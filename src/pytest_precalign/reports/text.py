@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..compare.pairs import Check, PairResult
-from ..errors import ConfigError
 from ..verdict.phase import Divergence, PhaseVerdict
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -49,7 +45,7 @@ def _fmt(x: float) -> str:
 
 def _where(pair: PairResult) -> str:
     r = pair.record
-    parts = [r.kind]
+    parts: list[str] = [r.kind]
     if r.slot:
         parts.append(r.slot)
     parts.append(f"step {r.step}")
@@ -284,202 +280,3 @@ def worst_metric(verdict: PhaseVerdict) -> str | None:
     worst = verdict.worst
     check = explaining_check(worst) if worst is not None else None
     return f"{check.metric}={_fmt(check.value)}" if check is not None else None
-
-
-def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
-    """``<property>`` s for the JUnit XML of one item (via ``item.user_properties``)."""
-    props: list[tuple[str, object]] = [
-        ("precalign_verdict", verdict_label(verdict)),
-        ("precalign_passed", verdict.passed),
-    ]
-    first = verdict.first
-    if first is not None:
-        props += [
-            ("precalign_first_divergence", first.name),
-            ("precalign_origin", str(first.origin).lower()),
-            ("precalign_origin_module", first.origin_module),
-        ]
-    worst = worst_metric(verdict)
-    if worst is not None:
-        props.append(("precalign_worst_metric", worst))
-    return props
-
-
-ENVIRONMENT_KEYS = ("versions", "platform", "device", "dtype", "seed", "torch_threads")
-
-
-def _environment(env: Mapping[str, Any]) -> dict[str, Any]:
-    facts = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}
-    flags = env.get("determinism")
-    if isinstance(flags, Mapping) and "requested" in flags:
-        facts["deterministic"] = flags["requested"]
-    return facts
-
-
-def _record_dict(pair: PairResult) -> dict[str, Any]:
-    r, tol = pair.record, pair.tolerance
-    return {
-        "seq": r.seq,
-        "name": r.name,
-        "kind": r.kind,
-        "slot": r.slot,
-        "step": r.step,
-        "call": r.call,
-        "status": pair.status,
-        "evidence": pair.evidence,
-        "severity": pair.severity,
-        "atol": tol.atol if tol else None,
-        "rtol": tol.rtol if tol else None,
-        "checks": [
-            {"metric": c.metric, "value": c.value, "allowed": c.allowed, "passed": c.passed, "upper": c.upper}
-            for c in pair.checks
-        ],
-    }
-
-
-def phase_dict(report: PhaseReport) -> dict[str, Any]:
-    v = report.verdict
-    worst = None
-    if v.worst is not None:
-        worst = {
-            "name": v.worst.record.name,
-            "kind": v.worst.record.kind,
-            "severity": v.worst.severity,
-            "checks": [c.__dict__ for c in v.worst.checks],
-            "metric": worst_metric(v),
-        }
-    return {
-        "config": report.config,
-        "name": report.case,
-        "phase": report.phase,
-        "passed": v.passed,
-        "verdict": verdict_label(v),
-        "aligned": v.aligned,
-        "baseline": report.baseline,
-        "candidate": report.candidate,
-        "table": report.table,
-        "compared": v.compared,
-        "failed": v.failed_count,
-        "first_divergence": v.first.as_dict() if v.first else None,
-        "expectation": v.expectation,
-        "isolation": (
-            {
-                "checked": v.isolated_count,
-                "origin": v.isolated_origin.record.name if v.isolated_origin else None,
-            }
-            if v.isolated_count
-            else None
-        ),
-        "worst": worst,
-        "overflow": [
-            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
-        ],
-        "nonfinite": [
-            {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}
-            for nf in v.nonfinite
-        ],
-        "unmatched": {
-            "baseline": _unmatched(v.only_baseline, v.reasons),
-            "candidate": _unmatched(v.only_candidate, v.reasons),
-        },
-        "failures": [
-            {
-                "name": p.record.name,
-                "kind": p.record.kind,
-                "slot": p.record.slot,
-                "step": p.record.step,
-                "metric": p.failing.metric if p.failing else None,
-                "value": p.failing.value if p.failing else None,
-                "allowed": p.failing.allowed if p.failing else None,
-            }
-            for p in v.failures
-        ],
-        "seconds": report.seconds,
-        "reproduce": report.reproduce,
-        "environment": _environment(report.environment),
-        "records": [_record_dict(p) for p in v.records],
-    }
-
-
-def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[str, Any]]:
-    seen: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for r in records:
-        key = (r.name, r.kind, r.slot)
-        if key not in seen:
-            seen[key] = {"name": r.name, "kind": r.kind, "slot": r.slot, "reason": reasons.get(r.id, "")}
-    return [seen[k] for k in sorted(seen)]
-
-
-def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
-    """A report directory that can be made: checked before anything runs."""
-    folder = Path(directory)
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise ConfigError(
-            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
-        )
-    return folder
-
-
-def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What report.json holds (and report.html shows): strict JSON values only."""
-    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
-    return json.loads(json.dumps(_strict_json(data), default=_json_default, allow_nan=False))  # type: ignore[no-any-return]
-
-
-def write_text_atomic(target: Path, text: str) -> Path:
-    """Write ``target`` through a temp file in its folder and a rename: readers never see half."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=f"{target.suffix}.tmp", dir=target.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is as readable as any file
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def write_json_report(
-    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
-) -> Path:
-    """Write ``report.json`` atomically (temp file + rename)."""
-    check_report_dir(directory)
-    data = report_document(cases, meta)
-    return write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
-
-
-def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
-    """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
-    from .html import write_html_report
-
-    check_report_dir(directory)
-    data = report_document(cases, meta)
-    target = write_text_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
-    write_html_report(directory, data)
-    return target
-
-
-def _strict_json(value: Any) -> Any:
-    """JSON has no NaN or Infinity: write them as strings ("nan", "inf", "-inf")."""
-    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
-        return "nan" if value != value else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Mapping):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
-    return value
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return str(value)

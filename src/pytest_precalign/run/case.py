@@ -21,20 +21,22 @@ from ..config.loader import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, Rec
 from ..errors import CaseError, PrecalignError, SourceError
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import SyncReport, sync_weights
-from ..recording.determinism import deterministic, environment, seed_everything
+from ..recording.determinism import deterministic, environment
 from ..recording.recorder import Recorder
 from ..sources import LoadedModel, build_model, preflight, runtime
 from ..sources.inputs import CaseInputs, build_inputs, check_token_ids
 from ..trace.records import Trace
+from ..vocabulary import phases_in_order
 from .isolation import isolate
 from .outcome import CaseRun, finish
+from .side import run_side
 
 
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
     """Cheap checks that a case can run: its models build (on meta) and its inputs resolve;
     or its dumps load (their indexes; tensors are read when compared)."""
     if case.baseline_dump is not None and case.candidate_dump is not None:
-        from .offline import load_side
+        from .stored_runs import load_side
 
         load_side(case.baseline_dump)
         load_side(case.candidate_dump)
@@ -123,7 +125,7 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
 
 def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
     """A case over two stored runs (msprobe dumps or traces) made elsewhere: no models."""
-    from .offline import load_side
+    from .stored_runs import load_side
 
     assert case.baseline_dump is not None and case.candidate_dump is not None
     base, cand = load_side(case.baseline_dump), load_side(case.candidate_dump)
@@ -168,103 +170,6 @@ def _run_any(
     return run_megatron_tensor_parallel(spec, config.base_dir, case, inputs, full, manifest, seed)
 
 
-def make_optimizer(spec: OptimizerSpec, params: Any) -> torch.optim.Optimizer:
-    if spec.name == "adamw":
-        return torch.optim.AdamW(
-            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
-        )
-    if spec.name == "adam":
-        return torch.optim.Adam(
-            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
-        )
-    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy in float32, the same code on both sides."""
-    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
-    shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
-    return torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
-
-
-def run_side(
-    model: LoadedModel,
-    inputs: CaseInputs,
-    case: CaseSpec,
-    manifest: Mapping[str, Any],
-    seed: int,
-    after_first_forward: Callable[[Recorder], None] | None = None,
-) -> Trace:
-    """Record one model through the case's steps. ``after_first_forward`` runs once the
-    forward of step 0 is recorded, before any backward or optimizer step (isolation mode
-    calls the modules again there, with the weights they had)."""
-    backward = "backward" in case.phases
-    step_phase = "step" in case.phases
-    if backward and case.loss == "none":
-        raise CaseError(f"case {case.name!r}: phase 'backward' needs a loss (loss: causal_lm or model)")
-    device = next((p.device for p in model.module.parameters()), torch.device("cpu"))
-    data = inputs.to(device)
-    module = model.module
-    module.train(case.train)
-    optimizer = make_optimizer(case.optimizer, module.parameters()) if step_phase else None
-    record: RecordSpec = case.record
-    recorder = Recorder(
-        module,
-        mode=record.mode,
-        inputs=record.inputs,
-        grads=backward,
-        include=record.include,
-        exclude=record.exclude,
-        keep_calls=after_first_forward is not None,
-        level=record.level,
-    )
-    steps = case.steps if backward else 1
-    with recorder:
-        for step in range(steps):
-            recorder.step = step
-            seed_everything(seed + step)  # dropout, if any, draws the same numbers on both sides
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            with torch.set_grad_enabled(backward):
-                output = model(data.model_inputs)
-                logits = model.logits(output)
-                logits_record = recorder.record_output("logits", logits)
-                loss = _loss(model, output, logits, data, case)
-                if loss is not None:
-                    recorder.record_output("loss", loss, deps=(logits_record.id,))
-            if step == 0 and after_first_forward is not None:
-                with recorder.paused():
-                    after_first_forward(recorder)
-                recorder.calls.clear()
-            if backward:
-                assert loss is not None
-                loss.backward()
-            if optimizer is not None:
-                optimizer.step()
-                recorder.record_params()
-            del output, logits, loss
-    return recorder.trace(manifest)
-
-
-def _loss(
-    model: LoadedModel, output: Any, logits: torch.Tensor, data: CaseInputs, case: CaseSpec
-) -> torch.Tensor | None:
-    if case.loss == "none":
-        return None
-    if case.loss == "mean":
-        return logits.float().mean()
-    if case.loss == "model":
-        loss = model.model_loss(output)
-        if loss is None:
-            raise CaseError(f"case {case.name!r}: loss: model, but model {model.name!r} returned no .loss")
-        return loss
-    if data.labels is None:
-        if "backward" in case.phases:
-            raise CaseError(f"case {case.name!r}: the causal_lm loss needs labels (inputs: {{labels: true}})")
-        return None
-    return causal_lm_loss(logits, data.labels)
-
-
 def check_modules(
     baseline: torch.nn.Module,
     candidate: torch.nn.Module,
@@ -283,17 +188,16 @@ def check_modules(
 ) -> CaseRun:
     """Compare two modules a test built itself (the ``align_runner`` fixture uses this)."""
     started = time.perf_counter()
-    for phase in phases:
-        if phase not in ("forward", "backward", "step"):
-            raise CaseError(f"unknown phase {phase!r} (allowed: forward, backward, step)")
-    if "step" in phases and "backward" not in phases:
-        phases = tuple(p for p in ("forward", "backward", "step") if p in {*phases, "backward"})
+    try:
+        ordered = phases_in_order(phases)
+    except ValueError as exc:
+        raise CaseError(str(exc)) from None
     case = CaseSpec(
         name=name,
         baseline="baseline",
         candidate="candidate",
         inputs="inputs",
-        phases=phases,
+        phases=ordered,
         steps=steps,
         sync_weights=sync_weights_first,
         strict_weights=True,
@@ -302,7 +206,7 @@ def check_modules(
         record=record or RecordSpec(mode="tensor"),
         tolerances=None,
         expect=None,
-        loss="causal_lm" if labels is not None else ("none" if "backward" not in phases else "mean"),
+        loss="causal_lm" if labels is not None else ("none" if "backward" not in ordered else "mean"),
         train=False,
         where=name,
     )
@@ -316,7 +220,7 @@ def check_modules(
         b = run_side(
             LoadedModel("candidate", candidate, None), data, case, {**env, "side": "candidate"}, seed
         )
-    return finish(name, phases, a, b, mapping, table or default_table(), None, sync, started, env)
+    return finish(name, ordered, a, b, mapping, table or default_table(), None, sync, started, env)
 
 
 def describe_source_error(exc: PrecalignError, config_path: Path) -> str:

@@ -8,56 +8,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..compare.tolerances import PHASES, ToleranceTable, default_table, parse_table
+from ..compare.tolerances import ToleranceTable, default_table, parse_table
 from ..config.loader import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, layer_mapping_path
 from ..config.presets import PRESETS_DIR
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
-from ..trace.records import Trace
+from ..vocabulary import PHASES
 from ..yaml_reader import read_yaml_file
 from .outcome import CaseRun, finish
-
-
-def load_side(path: str | Path) -> Trace:
-    """A pytest-precalign trace directory or an msprobe dump (a rank folder, or a step or
-    dump folder holding one rank), detected from its files."""
-    from ..trace.native_io import read_trace
-
-    root = Path(path)
-    if not root.exists():
-        raise TraceError(f"{root}: no such file or directory")
-    if (root / "manifest.json").is_file():
-        return read_trace(root)
-    from ..msprobe import is_msprobe_dump, read_msprobe_dump
-
-    if is_msprobe_dump(root):
-        return read_msprobe_dump(root)
-    below = []
-    if root.is_dir():
-        below = sorted(
-            p.name + "/"
-            for p in root.iterdir()
-            if p.is_dir() and ((p / "manifest.json").is_file() or is_msprobe_dump(p))
-        )
-    hint = f"; it holds the runs {', '.join(below[:6])}: pass one of them" if below else ""
-    raise TraceError(
-        f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json){hint}"
-    )
-
-
-def load_sides(path: str | Path) -> dict[tuple[int, int], Trace]:
-    """Every (step, rank) of a stored run: one for our traces, several for an msprobe dump
-    root or step folder."""
-    root = Path(path)
-    if (root / "manifest.json").is_file() or not root.exists():
-        return {(0, 0): load_side(root)}
-    from ..msprobe import read_msprobe_set
-
-    try:
-        return read_msprobe_set(root)
-    except TraceError:
-        return {(0, 0): load_side(root)}  # its message says what the folder is not
+from .stored_runs import load_side, load_sides
 
 
 def load_tolerances(value: str | None) -> ToleranceTable:

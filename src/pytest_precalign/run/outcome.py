@@ -18,6 +18,7 @@ from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec
 from ..trace.records import Trace
 from ..verdict.phase import PhaseVerdict, phase_verdict
+from ..vocabulary import Phase
 
 if TYPE_CHECKING:
     from ..mapping.weights import SyncReport
@@ -26,9 +27,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CaseRun:
     name: str
-    phases: tuple[str, ...]
+    phases: tuple[Phase, ...]
     comparison: Comparison
-    verdicts: Mapping[str, PhaseVerdict]
+    verdicts: Mapping[Phase, PhaseVerdict]
     baseline: Trace
     candidate: Trace  # already in the baseline's names
     sync: SyncReport | None
@@ -40,7 +41,7 @@ class CaseRun:
 
 def finish(
     name: str,
-    phases: tuple[str, ...],
+    phases: tuple[Phase, ...],
     base_trace: Trace,
     cand_trace: Trace,
     mapping: MappingSpec | None,

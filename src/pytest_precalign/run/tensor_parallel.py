@@ -473,7 +473,7 @@ def _rank_run(
     from ..sources import build_model, runtime
     from ..sources.inputs import CaseInputs
     from ..trace.native_io import write_trace
-    from .case import run_side
+    from .side import run_side
 
     dist.init_process_group(
         "gloo",

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.presets import QWEN2_FIELDS
 from ..errors import SourceError
 
 if TYPE_CHECKING:
@@ -26,19 +27,6 @@ if TYPE_CHECKING:
     from ..config.loader import ModelSpec
 
 PRESETS = ("qwen2.5",)
-# HF Qwen2 config fields the preset reads, with Qwen2Config's defaults.
-QWEN2_FIELDS: dict[str, Any] = {
-    "vocab_size": 151936,
-    "hidden_size": 4096,
-    "intermediate_size": 22016,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-}
 # Fields an HF config may carry that do not change the Megatron model.
 IGNORED_FIELDS = ("hidden_act", "attention_dropout", "use_cache", "initializer_range", "torch_dtype", "dtype")
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .._atomic import publish_dir
 from ..errors import TraceError
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 
@@ -80,48 +81,11 @@ def write_trace_files(trace: Trace, folder: Path) -> None:
     )
 
 
-def publish_dir(tmp: Path, target: Path) -> None:
-    """Put a fully written temporary directory in place of ``target``: the old one (if any)
-    is moved aside first and removed only once the new one is in place, so a crash leaves
-    either the old or the new directory, never a partial one."""
-    _fsync_dir(tmp)
-    if target.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-        os.replace(target, aside / "old")
-        os.replace(tmp, target)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-    _fsync_dir(target.parent)
-
-
-def write_side(trace: Trace, path: Path, fmt: str) -> Path:
-    """Save one side of a case: our trace format, or an msprobe dump (``record: {format}``)."""
-    if fmt == "msprobe":
-        from ..msprobe import write_msprobe_dump
-
-        return write_msprobe_dump(trace, path)
-    return write_trace(trace, path)
-
-
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=False, default=str)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class _ShardedTensors(Mapping[str, Any]):

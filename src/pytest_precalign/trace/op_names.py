@@ -3,7 +3,6 @@ pairing stage read them. See ``ops.py`` for how op calls are recorded."""
 
 from __future__ import annotations
 
-LEVELS = ("module", "op", "mix")
 PER_MODULE_CALL = 1000  # op call index = module call * 1000 + n (as fuzzy.py)
 API_PREFIXES = ("Functional", "Torch", "Tensor")
 API_CLASS = "api"  # module_class of op records (as the msprobe reader's API records)

@@ -11,16 +11,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..vocabulary import PHASE_OF_KIND, Kind, Phase, as_kind, as_phase
 from .arrays import as_numpy
 
-FORWARD_KINDS = ("input", "activation", "logits", "loss")
-BACKWARD_KINDS = ("grad_output", "grad_input", "param_grad")
-STEP_KINDS = ("param",)
-PHASE_OF_KIND = {
-    **dict.fromkeys(FORWARD_KINDS, "forward"),
-    **dict.fromkeys(BACKWARD_KINDS, "backward"),
-    **dict.fromkeys(STEP_KINDS, "step"),
-}
+__all__ = ["PHASE_OF_KIND", "Record", "Stats", "TensorOverlay", "Trace", "record_id"]
 
 
 @dataclass(frozen=True)
@@ -54,10 +48,10 @@ class Record:
     seq: int
     name: str  # module path, or full parameter name for param / param_grad
     module_class: str
-    phase: str
+    phase: Phase
     step: int
     call: int
-    kind: str
+    kind: Kind
     slot: str  # which tensor of the module's inputs/outputs: "out", "out.0", "in.hidden_states"
     dtype: str
     shape: tuple[int, ...]
@@ -109,10 +103,10 @@ def record_from_dict(data: Mapping[str, Any]) -> Record:
         seq=int(data["seq"]),
         name=str(data["name"]),
         module_class=str(data["module_class"]),
-        phase=str(data["phase"]),
+        phase=as_phase(data["phase"]),
         step=int(data["step"]),
         call=int(data["call"]),
-        kind=str(data["kind"]),
+        kind=as_kind(data["kind"]),
         slot=str(data["slot"]),
         dtype=str(data["dtype"]),
         shape=tuple(int(d) for d in data["shape"]),

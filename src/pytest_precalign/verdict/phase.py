@@ -14,21 +14,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..compare.pairs import Check, Comparison, PairResult, lookup_dtype
-from ..config.loader import Expectation
 from ..trace.records import Record
+from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from .expectation import Expectation
 from .overflow import Overflow, overflow_levels
-
-OUTPUT_KINDS = {
-    "forward": ("activation", "logits", "loss"),
-    "backward": ("grad_output", "grad_input", "param_grad"),
-    "step": ("param",),
-}
 
 
 @dataclass(frozen=True)
 class Divergence:
     name: str
-    phase: str
+    phase: Phase
     kind: str
     slot: str
     step: int
@@ -80,7 +75,7 @@ class NonFinite:
 
 @dataclass(frozen=True)
 class PhaseVerdict:
-    phase: str
+    phase: Phase
     aligned: bool  # every paired record within tolerance, nothing failed
     compared: int
     failures: tuple[PairResult, ...]
@@ -138,14 +133,14 @@ AMPLIFY = 10.0  # stats evidence: an origin's relative change must exceed its in
 
 def find_first(
     pairs: tuple[PairResult, ...],
-    phase: str,
+    phase: Phase,
     all_pairs: Mapping[str, PairResult],
     parents: Mapping[str, str] | None = None,
 ) -> Divergence | None:
     parents = parents or {}
     kinds = OUTPUT_KINDS[phase]
     ordered = sorted(
-        (p for p in pairs if p.record.kind in kinds and p.status in ("fail", "shape")),
+        (p for p in pairs if p.record.kind in kinds and p.status in FAILED),
         key=lambda p: (p.record.step, p.record.seq),
     )
     if not ordered:
@@ -231,7 +226,7 @@ def _consumer_grad_input(
         b = p.record
         if not _same_tensor(a, b):
             break
-        if b.kind == "grad_input" and p.status in ("fail", "shape") and _deps_ok(b, all_pairs):
+        if b.kind == "grad_input" and p.status in FAILED and _deps_ok(b, all_pairs):
             return p
     return None
 
@@ -377,7 +372,7 @@ def _origin(
 
 def phase_verdict(
     comparison: Comparison,
-    phase: str,
+    phase: Phase,
     expectation: Expectation | None,
     expected_earlier: bool,
     isolated: Comparison | None = None,
@@ -389,7 +384,7 @@ def phase_verdict(
     all_pairs = {p.record.id: p for p in comparison.pairs if p.paired}
     # Module inputs are evidence for the origin, not gates: a mask may legitimately have
     # another representation on each side, and a real difference shows in the outputs.
-    failures = tuple(p for p in pairs if p.status in ("fail", "shape") and p.record.kind != "input")
+    failures = tuple(p for p in pairs if p.status in FAILED and p.record.kind != "input")
     first = find_first(pairs, phase, all_pairs, parents)
     if first is not None and not first.origin and not first.origin_module:
         first = _after_unmatched(first, pairs)

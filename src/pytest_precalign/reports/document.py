@@ -1,0 +1,194 @@
+"""The machine-readable reports: a phase as a dict, report.json (and report.html beside it),
+JUnit properties. The text messages live in ``text``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._atomic import write_file_atomic
+from ..compare.pairs import PairResult
+from ..errors import ConfigError
+from ..verdict.phase import PhaseVerdict
+from .html import write_html_report
+from .text import PhaseReport, verdict_label, worst_metric
+
+
+def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
+    """``<property>`` s for the JUnit XML of one item (via ``item.user_properties``)."""
+    props: list[tuple[str, object]] = [
+        ("precalign_verdict", verdict_label(verdict)),
+        ("precalign_passed", verdict.passed),
+    ]
+    first = verdict.first
+    if first is not None:
+        props += [
+            ("precalign_first_divergence", first.name),
+            ("precalign_origin", str(first.origin).lower()),
+            ("precalign_origin_module", first.origin_module),
+        ]
+    worst = worst_metric(verdict)
+    if worst is not None:
+        props.append(("precalign_worst_metric", worst))
+    return props
+
+
+ENVIRONMENT_KEYS = ("versions", "platform", "device", "dtype", "seed", "torch_threads")
+
+
+def _environment(env: Mapping[str, Any]) -> dict[str, Any]:
+    facts = {k: env[k] for k in ENVIRONMENT_KEYS if k in env}
+    flags = env.get("determinism")
+    if isinstance(flags, Mapping) and "requested" in flags:
+        facts["deterministic"] = flags["requested"]
+    return facts
+
+
+def _record_dict(pair: PairResult) -> dict[str, Any]:
+    r, tol = pair.record, pair.tolerance
+    return {
+        "seq": r.seq,
+        "name": r.name,
+        "kind": r.kind,
+        "slot": r.slot,
+        "step": r.step,
+        "call": r.call,
+        "status": pair.status,
+        "evidence": pair.evidence,
+        "severity": pair.severity,
+        "atol": tol.atol if tol else None,
+        "rtol": tol.rtol if tol else None,
+        "checks": [
+            {"metric": c.metric, "value": c.value, "allowed": c.allowed, "passed": c.passed, "upper": c.upper}
+            for c in pair.checks
+        ],
+    }
+
+
+def phase_dict(report: PhaseReport) -> dict[str, Any]:
+    v = report.verdict
+    worst = None
+    if v.worst is not None:
+        worst = {
+            "name": v.worst.record.name,
+            "kind": v.worst.record.kind,
+            "severity": v.worst.severity,
+            "checks": [c.__dict__ for c in v.worst.checks],
+            "metric": worst_metric(v),
+        }
+    return {
+        "config": report.config,
+        "name": report.case,
+        "phase": report.phase,
+        "passed": v.passed,
+        "verdict": verdict_label(v),
+        "aligned": v.aligned,
+        "baseline": report.baseline,
+        "candidate": report.candidate,
+        "table": report.table,
+        "compared": v.compared,
+        "failed": v.failed_count,
+        "first_divergence": v.first.as_dict() if v.first else None,
+        "expectation": v.expectation,
+        "isolation": (
+            {
+                "checked": v.isolated_count,
+                "origin": v.isolated_origin.record.name if v.isolated_origin else None,
+            }
+            if v.isolated_count
+            else None
+        ),
+        "worst": worst,
+        "overflow": [
+            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
+        ],
+        "nonfinite": [
+            {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}
+            for nf in v.nonfinite
+        ],
+        "unmatched": {
+            "baseline": _unmatched(v.only_baseline, v.reasons),
+            "candidate": _unmatched(v.only_candidate, v.reasons),
+        },
+        "failures": [
+            {
+                "name": p.record.name,
+                "kind": p.record.kind,
+                "slot": p.record.slot,
+                "step": p.record.step,
+                "metric": p.failing.metric if p.failing else None,
+                "value": p.failing.value if p.failing else None,
+                "allowed": p.failing.allowed if p.failing else None,
+            }
+            for p in v.failures
+        ],
+        "seconds": report.seconds,
+        "reproduce": report.reproduce,
+        "environment": _environment(report.environment),
+        "records": [_record_dict(p) for p in v.records],
+    }
+
+
+def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[str, Any]]:
+    seen: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (r.name, r.kind, r.slot)
+        if key not in seen:
+            seen[key] = {"name": r.name, "kind": r.kind, "slot": r.slot, "reason": reasons.get(r.id, "")}
+    return [seen[k] for k in sorted(seen)]
+
+
+def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
+    """A report directory that can be made: checked before anything runs."""
+    folder = Path(directory)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(
+            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
+        )
+    return folder
+
+
+def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What report.json holds (and report.html shows): strict JSON values only."""
+    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
+    return json.loads(json.dumps(_strict_json(data), default=_json_default, allow_nan=False))  # type: ignore[no-any-return]
+
+
+def write_json_report(
+    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
+) -> Path:
+    """Write ``report.json`` atomically (temp file + rename)."""
+    check_report_dir(directory)
+    data = report_document(cases, meta)
+    return write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
+
+
+def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+    """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
+    check_report_dir(directory)
+    data = report_document(cases, meta)
+    target = write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
+    write_html_report(directory, data)
+    return target
+
+
+def _strict_json(value: Any) -> Any:
+    """JSON has no NaN or Infinity: write them as strings ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)
