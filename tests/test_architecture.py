@@ -6,9 +6,12 @@ torch-free module in a fresh interpreter and checks what got loaded."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,3 +57,30 @@ def test_the_probe_sees_torch_where_it_is_imported(module: str) -> None:
     """The check above can fail: a torch-side module does load torch."""
     out = subprocess.run([sys.executable, "-c", PROBE, module], capture_output=True, text=True, check=True)
     assert "torch" in json.loads(out.stdout)
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+
+def _package_files() -> list[Any]:
+    import pytest_precalign
+
+    root = Path(pytest_precalign.__file__).parent
+    return sorted(root.rglob("*.py"))
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {str(p): n for p in _package_files() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_over_60_lines() -> None:
+    long = {}
+    for path in _package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.name}:{node.lineno} {node.name}"] = lines
+    assert long == {}
