@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "example_suites"
+from tests.helpers.browser import launch
+from tests.helpers.msprobe_faults import make_corpus
+from tests.helpers.paths import EXAMPLES
 
 
 @pytest.fixture
@@ -20,6 +23,22 @@ def tiny_qwen2_config() -> dict[str, int | bool]:
         "num_key_value_heads": 2,
         "tie_word_embeddings": False,
     }
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The msprobe fault corpus (tests/helpers/msprobe_faults.py), dumped by the real msprobe
+    once per session and shared by the xdist workers: tests/msprobe/ and tests/integration/."""
+    shared = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):  # an xdist worker
+        shared = shared.parent  # the xdist workers' common folder
+    return make_corpus(shared)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (tests/helpers/browser.py), once per module: the report.html tests."""
+    yield from launch()
 
 
 @pytest.fixture

@@ -25,8 +25,10 @@ import torch
 from pytest_precalign.cli import main
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.trace.native_io import write_trace
+from tests.helpers.bad_input import replace_once
+from tests.helpers.paths import MSPROBE_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
+DATA = MSPROBE_DATA
 
 MODELS = """
 import torch
@@ -70,8 +72,7 @@ cases:
 
 
 def edit(old: str, new: str, text: str = GOOD) -> str:
-    assert text.count(old) == 1, old
-    return text.replace(old, new)
+    return replace_once(text, old, new)
 
 
 def case_line(extra: str) -> str:

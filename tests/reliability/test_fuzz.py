@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -27,8 +29,10 @@ from pytest_precalign.errors import PrecalignError
 from pytest_precalign.msprobe import read_msprobe_dump
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.trace.native_io import read_trace, write_trace
+from pytest_precalign.trace.records import Trace, record_id
+from tests.helpers.paths import MSPROBE_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
+DATA = MSPROBE_DATA
 SAMPLE = next((DATA / "tiny_statistics_L0").glob("step0/*"))
 
 CONFIG = {
@@ -168,7 +172,7 @@ RECORDS = dict(list(DUMP["data"].items())[:12])
 SMALL_DUMP = {**DUMP, "data": RECORDS}
 
 
-def _read_dump(folder: Path, dump: Any, construct: Any) -> None:
+def _read_dump(folder: Path, dump: Any, construct: Any) -> Trace:
     rank = folder / "step0" / "rank0"
     shutil.rmtree(folder / "step0", ignore_errors=True)
     rank.mkdir(parents=True)
@@ -177,10 +181,49 @@ def _read_dump(folder: Path, dump: Any, construct: Any) -> None:
     trace = read_msprobe_dump(rank)
     for record in trace.records:  # what compare reads of every record
         _ = (record.id, record.stats, record.crc32, record.shape, record.dtype)
+    return trace
+
+
+def _tensors(slot: str, value: Any, kind: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(kind, slot, tensor) for each tensor in a dump entry's value, nested lists and dicts
+    flattened into the slot (``in.position_embeddings.0``); None and scalars hold none."""
+    if isinstance(value, dict) and value.get("type") == "torch.Tensor":
+        return [(kind, slot, value)]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    sep = "" if slot.endswith(".") else "."
+    return [t for key, v in items for t in _tensors(f"{slot}{sep}{key}", v, kind)]
+
+
+def _stat(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def test_small_dump_reads(folder: Path) -> None:
-    _read_dump(folder, SMALL_DUMP, CONSTRUCT)
+    """Every tensor the dump holds reads back as one record, under its module's name, with the
+    dump's dtype, shape and statistics."""
+    trace = _read_dump(folder, SMALL_DUMP, CONSTRUCT)
+    by_id = trace.by_id()
+    expected = {}
+    for key, entry in RECORDS.items():
+        prefix, module, forward, call = re.fullmatch(r"(Module)\.(.+)\.\w+\.(forward)\.(\d+)", key).groups()
+        assert (prefix, forward, call) == ("Module", "forward", "0"), key
+        outputs = entry["output"]
+        slots = _tensors("out", outputs[0], "activation") if len(outputs) == 1 else _tensors("out.", outputs, "activation")
+        slots += _tensors("in.", entry["input_args"], "input")
+        slots += _tensors("in.", entry["input_kwargs"], "input")
+        slots += _tensors("param.", entry.get("parameters", {}), "input")
+        expected |= {record_id(module, kind, slot, 0, 0): tensor for kind, slot, tensor in slots}
+    assert sorted(by_id) == sorted(expected)
+    for rid, tensor in expected.items():
+        rec = by_id[rid]
+        assert (rec.phase, rec.dtype, rec.shape) == ("forward", tensor["dtype"].removeprefix("torch."), tuple(tensor["shape"])), rid
+        assert rec.stats is not None, rid
+        got = (rec.stats.max, rec.stats.min, rec.stats.mean, rec.stats.norm)
+        want = tuple(_stat(tensor[k]) for k in ("Max", "Min", "Mean", "Norm"))
+        assert got == pytest.approx(want, nan_ok=True), rid
+    # execution order: a module's output comes after its inputs, and modules in dump order
+    names = list(dict.fromkeys(r.name for r in trace.records if r.kind == "activation"))
+    assert names[:3] == ["model.embed_tokens", "model.rotary_emb", "model.layers.0.input_layernorm"]
 
 
 @given(dump=mutated(SMALL_DUMP, 4))
