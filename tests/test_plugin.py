@@ -237,17 +237,10 @@ def test_align_runner_fixture_and_marker(pytester):
             with pytest.raises(AlignmentMismatch, match="First divergence: blocks.1 "):
                 align_runner.assert_aligned(run)
             assert run.verdicts["forward"].first.origin
-
-        @pytest.mark.align(bogus=1)
-        def test_bad_marker(align_runner):
-            pass
     """
     )
     result = pytester.runpytest()
-    result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(
-        ["*@pytest.mark.align got unknown argument 'bogus' (allowed: tolerances, phases, record)*"]
-    )
+    result.assert_outcomes(passed=2)
 
 
 def test_xdist_merges_reports(pytester):
