@@ -42,23 +42,7 @@ def baseline_outcome(
     accept = accept_command(rel, root, case.name)
     action = (("precalign_baseline", outcome.action),)
     if outcome.run is None:  # written now, or earlier in this run
-        entry = {
-            "config": str(config_path),
-            "name": case.name,
-            "phase": phase,
-            "passed": False,
-            "first_divergence": None,
-            "baseline": baseline_dict(outcome),
-            "nodeid": nodeid,
-        }
-        return ItemOutcome(
-            name,
-            passed=False,
-            message=written_message(outcome, accept),
-            summary=f"FAILED {name}: baseline {outcome.action}: {outcome.path}",
-            entry=plain_entry(entry),
-            properties=action,
-        )
+        return _written(outcome, name, phase, nodeid, config_path, accept)
     report = PhaseReport.of_run(
         outcome.run,
         phase,
@@ -92,4 +76,27 @@ def baseline_outcome(
         summary=summary_line(report) + updated,
         entry=plain_entry({**data, "passed": passed}),
         properties=(*action, ("precalign_passed", passed), *first),
+    )
+
+
+def _written(
+    outcome: BaselineOutcome, name: str, phase: Phase, nodeid: str, config_path: Path, accept: str
+) -> ItemOutcome:
+    """A baseline written now (or by another worker earlier in this run): the item fails."""
+    entry = {
+        "config": str(config_path),
+        "name": outcome.case,
+        "phase": phase,
+        "passed": False,
+        "first_divergence": None,
+        "baseline": baseline_dict(outcome),
+        "nodeid": nodeid,
+    }
+    return ItemOutcome(
+        name,
+        passed=False,
+        message=written_message(outcome, accept),
+        summary=f"FAILED {name}: baseline {outcome.action}: {outcome.path}",
+        entry=plain_entry(entry),
+        properties=(("precalign_baseline", outcome.action),),
     )
