@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .compare.tolerances import ToleranceTable, default_table, parse_rule
 from .config.loader import AlignConfig, RecordSpec
-from .errors import AlignmentMismatch, ConfigError
+from .errors import ConfigError
 from .reports.text import PhaseReport, failure_message
+from .run.outcome import ItemOutcome
+from .vocabulary import MODES, PHASES
 from .yaml_reader import Reader
 
 if TYPE_CHECKING:
@@ -29,9 +31,14 @@ class AlignRunner:
     phases: tuple[str, ...]
     record: RecordSpec
     nodeid: str
+    fail: Callable[[ItemOutcome], None]  # raises the item's failure (the plugin's)
 
     @classmethod
-    def from_marker(cls, config: AlignConfig | None, marker: Any, nodeid: str) -> AlignRunner:
+    def from_marker(
+        cls, config: AlignConfig | None, marker: Any, nodeid: str, fail: Callable[[ItemOutcome], None]
+    ) -> AlignRunner:
+        """The runner a test's ``@pytest.mark.align(...)`` asks for; ``ConfigError`` naming
+        the marker, the argument and its allowed values when one is wrong."""
         kwargs: Mapping[str, Any] = marker.kwargs if marker is not None else {}
         unknown = [k for k in kwargs if k not in _MARKER_KEYS]
         if unknown:
@@ -39,29 +46,15 @@ class AlignRunner:
                 f"{nodeid}: @pytest.mark.align got unknown argument {unknown[0]!r} "
                 f"(allowed: {', '.join(_MARKER_KEYS)})"
             )
-        table = default_table()
-        wanted = kwargs.get("tolerances")
-        if isinstance(wanted, str):
-            if config is None or wanted not in config.tolerances:
-                known = ", ".join(config.tolerances) if config else "no --align-config given"
-                raise ConfigError(
-                    f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): unknown table (known: {known})"
-                )
-            table = config.tolerances[wanted]
-        elif isinstance(wanted, list):
-            table = ToleranceTable(
-                name="marker",
-                rules=tuple(
-                    parse_rule(Reader(r, nodeid, f"align.tolerances[{i}]")) for i, r in enumerate(wanted)
-                ),
-            )
-        elif wanted is not None:
+        table = _marker_table(config, kwargs.get("tolerances"), nodeid)
+        phases = _marker_phases(kwargs.get("phases"), nodeid)
+        record = kwargs.get("record")
+        if record is not None and record not in MODES:
             raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name or a list of rules"
+                f"{nodeid}: @pytest.mark.align(record={record!r}): unknown record mode "
+                f"(allowed: {', '.join(MODES)})"
             )
-        phases = tuple(kwargs.get("phases") or ("forward",))
-        record = RecordSpec(mode=str(kwargs.get("record") or "tensor"))
-        return cls(config=config, tolerances=table, phases=phases, record=record, nodeid=nodeid)
+        return cls(config, table, phases, RecordSpec(mode=str(record or "tensor")), nodeid, fail)
 
     def run(self, case: str) -> CaseRun:
         """Run a case of the ``--align-config`` by name."""
@@ -101,20 +94,51 @@ class AlignRunner:
         )
 
     def assert_aligned(self, run: CaseRun, phase: Phase | None = None) -> None:
-        """Raise ``AlignmentMismatch`` (an AssertionError) naming the first divergent layer."""
+        """Fail the test (``AlignmentMismatch``, an AssertionError) naming the first divergent layer."""
         __tracebackhide__ = True
         for name in (phase,) if phase else run.phases:
-            verdict = run.verdicts[name]
-            if not verdict.passed:
-                report = PhaseReport(
-                    config=self.nodeid,
-                    case=run.name,
-                    phase=name,
-                    verdict=verdict,
-                    baseline="baseline",
-                    candidate="candidate",
-                    table=run.table,
-                    reproduce=f'pytest "{self.nodeid}"',
-                    seconds=run.seconds,
-                )
-                raise AlignmentMismatch(failure_message(report))
+            report = PhaseReport.of_run(
+                run,
+                name,
+                defined_in=self.nodeid,
+                baseline="baseline",
+                candidate="candidate",
+                reproduce=f'pytest "{self.nodeid}"',
+            )
+            if not report.verdict.passed:
+                self.fail(ItemOutcome(report.nodeid_name, passed=False, message=failure_message(report)))
+
+
+def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str) -> ToleranceTable:
+    if wanted is None:
+        return default_table()
+    if isinstance(wanted, str):
+        if config is None or wanted not in config.tolerances:
+            known = ", ".join(config.tolerances) if config else "no --align-config given"
+            raise ConfigError(
+                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): unknown table (known: {known})"
+            )
+        return config.tolerances[wanted]
+    if isinstance(wanted, list):
+        rules = tuple(parse_rule(Reader(r, nodeid, f"align.tolerances[{i}]")) for i, r in enumerate(wanted))
+        return ToleranceTable(name="marker", rules=rules)
+    raise ConfigError(
+        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name or a list of rules"
+    )
+
+
+def _marker_phases(wanted: Any, nodeid: str) -> tuple[str, ...]:
+    if not wanted:
+        return ("forward",)
+    allowed = ", ".join(PHASES)
+    if not isinstance(wanted, (list, tuple)):
+        raise ConfigError(
+            f"{nodeid}: @pytest.mark.align(phases={wanted!r}): expected a list of phases (allowed: {allowed})"
+        )
+    for phase in wanted:
+        if phase not in PHASES:
+            raise ConfigError(
+                f"{nodeid}: @pytest.mark.align(phases={list(wanted)!r}): unknown phase {phase!r} "
+                f"(allowed: {allowed})"
+            )
+    return tuple(wanted)

@@ -9,12 +9,13 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, PrecalignError
 
 if TYPE_CHECKING:
     from .config.loader import AlignConfig, CaseSpec
+    from .run.outcome import ItemOutcome
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
+    _compare_parser(sub)
+    _calibrate_parser(sub)
+    _record_parser(sub)
+    return parser
+
+
+def _compare_parser(sub: Any) -> None:
     compare = sub.add_parser("compare", help="compare two stored runs (trace directories)")
     compare.add_argument("golden", help="the golden (baseline) side")
     compare.add_argument("target", help="the target (candidate) side")
@@ -59,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
         help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
     )
     compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
+
+
+def _calibrate_parser(sub: Any) -> None:
     calibrate = sub.add_parser(
         "calibrate", help="measure each layer's noise floor and write a tolerance table YAML"
     )
@@ -70,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         "--perturbations", default="float64,attn,seed", help="comma-separated: float64, attn, seed"
     )
     calibrate.add_argument("--force", action="store_true", help="replace an existing table")
+
+
+def _record_parser(sub: Any) -> None:
     record = sub.add_parser(
         "record",
         help="record one side of cases (and its weights) as stored baselines DIR/<case>/",
@@ -86,7 +100,6 @@ def _parser() -> argparse.ArgumentParser:
         help="which model of the case to record (default: candidate)",
     )
     record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,9 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "calibrate":
             return _calibrate(args, argv)
         if args.command == "record":
-            from .baseline.command import record_command
+            from .baseline.command import record_cases
 
-            return record_command(Path(args.config), Path(args.out), args.case, args.side, args.overwrite)
+            for line in record_cases(Path(args.config), Path(args.out), args.case, args.side, args.overwrite):
+                print(line)
+            return 0
         return _run(Path(args.config), args.case, args.report, args.save_traces)
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
@@ -144,9 +159,8 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .reports.document import phase_dict, write_reports
-    from .reports.text import PhaseReport, failure_message, summary_line
-    from .run.offline import compare_run_sets
+    from .reports.document import write_reports
+    from .run.offline import compare_outcomes, compare_run_sets
 
     runs = compare_run_sets(
         args.golden,
@@ -159,43 +173,24 @@ def _compare(args: argparse.Namespace) -> int:
         metrics=args.metric,
         progress=_progress_bar(),
     )
-    entries = []
-    failed = False
-    for (step, rank), run in runs:
-        for phase in run.phases:
-            report = PhaseReport(
-                config=str(args.golden),
-                case=run.name if len(runs) == 1 else f"{run.name}@step{step}_rank{rank}",
-                phase=phase,
-                verdict=run.verdicts[phase],
-                baseline=str(args.golden),
-                candidate=str(args.target),
-                table=run.table,
-                reproduce=f"precalign compare {args.golden} {args.target}",
-                seconds=run.seconds,
-            )
-            print(summary_line(report))
-            if not report.verdict.passed:
-                failed = True
-                print("  " + failure_message(report).replace("\n", "\n  "))
-            custom = [
-                {
-                    "name": r.name,
-                    "kind": r.kind,
-                    "slot": r.slot,
-                    "step": r.step,
-                    "values": run.custom_metrics[r.id],
-                }
-                for r in run.baseline.records
-                if r.phase == phase and r.id in run.custom_metrics
-            ]
-            entry = {**phase_dict(report), "step": step, "rank": rank}
-            if custom:
-                entry["custom_metrics"] = custom
-            entries.append(entry)
+    outcomes = compare_outcomes(args.golden, args.target, runs)
+    _print_outcomes(outcomes)
     if args.report:
+        entries = [o.entry for o in outcomes if o.entry is not None]
         write_reports(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
-    return 1 if failed else 0
+    return _exit_code(outcomes)
+
+
+def _print_outcomes(outcomes: Sequence[ItemOutcome]) -> None:
+    for outcome in outcomes:
+        print(outcome.summary)
+        if not outcome.passed:
+            print("  " + outcome.message.replace("\n", "\n  "))
+
+
+def _exit_code(outcomes: Sequence[ItemOutcome]) -> int:
+    """0 when every item passed, 1 when one diverged (usage errors exit 2, in ``main``)."""
+    return 0 if all(o.passed for o in outcomes) else 1
 
 
 def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -223,57 +218,64 @@ def _validate(path: Path) -> int:
 
 def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
     from .config.loader import load_config_file
-    from .reports.document import phase_dict, write_reports
-    from .reports.text import PhaseReport, failure_message, summary_line
-    from .run.case import preflight_case, run_case
-    from .run.stored_runs import write_side
+    from .reports.document import write_reports
+    from .run.case import preflight_case
 
     config = load_config_file(path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
     for case in selected:
         preflight_case(config, case)
-    entries = []
-    failed = False
+    outcomes: list[ItemOutcome] = []
     for case in selected:
-        run = run_case(config, case)
-        if traces:
-            root = Path(traces) / config.path.stem / case.name
-            write_side(run.baseline, root / "baseline", case.record.format)
-            write_side(run.candidate, root / "candidate", case.record.format)
-        for phase in case.phases:
-            report = PhaseReport(
-                config=str(config.path),
-                case=case.name,
-                phase=phase,
-                verdict=run.verdicts[phase],
+        phases = _run_case(config, case, path, traces)
+        _print_outcomes(phases)
+        outcomes += phases
+        if case.search is not None:
+            outcomes.append(_search(config, case, path))
+    failed = _exit_code(outcomes)
+    if report_dir:
+        entries = [o.entry for o in outcomes if o.entry is not None]
+        write_reports(report_dir, entries, {"config": str(config.path), "exitstatus": failed})
+    return failed
+
+
+def _run_case(config: AlignConfig, case: CaseSpec, path: Path, traces: str | None) -> list[ItemOutcome]:
+    """Run one case (saving its traces under ``traces``); its phases' outcomes."""
+    from .reports.text import PhaseReport
+    from .run.case import run_case
+    from .run.outcome import phase_outcome
+    from .run.stored_runs import write_side
+
+    run = run_case(config, case)
+    if traces:
+        root = Path(traces) / config.path.stem / case.name
+        write_side(run.baseline, root / "baseline", case.record.format)
+        write_side(run.candidate, root / "candidate", case.record.format)
+    return [
+        phase_outcome(
+            PhaseReport.of_run(
+                run,
+                phase,
+                defined_in=str(config.path),
                 baseline=case.baseline,
                 candidate=case.candidate,
-                table=run.table,
                 reproduce=f"precalign run {path} --case {case.name}",
-                seconds=run.seconds,
-                environment=run.environment,
+                with_environment=True,
             )
-            print(summary_line(report))
-            if not report.verdict.passed:
-                failed = True
-                print("  " + failure_message(report).replace("\n", "\n  "))
-            entries.append(phase_dict(report))
-        if case.search is not None:
-            failed = _search(config, case, path) or failed
-    if report_dir:
-        write_reports(report_dir, entries, {"config": str(config.path), "exitstatus": int(failed)})
-    return 1 if failed else 0
+        )
+        for phase in case.phases
+    ]
 
 
-def _search(config: AlignConfig, case: CaseSpec, path: Path) -> bool:
-    """A case's divergence search (``search:``); True when it found a divergence."""
-    from .search import run_search, search_message
+def _search(config: AlignConfig, case: CaseSpec, path: Path) -> ItemOutcome:
+    """A case's divergence search (``search:``), printed."""
+    from .search import run_search, search_outcome
 
     result = run_search(config, case)
-    if result.passed:
+    outcome = search_outcome(result, config, f"precalign run {path} --case {case.name}")
+    if outcome.passed:
         print(f"PASSED {case.name}[search]: {result.tried} examples, no divergence")
-        return False
-    print(f"FAILED {case.name}[search]")
-    message = search_message(result, config, f"precalign run {path} --case {case.name}")
-    print("  " + message.replace("\n", "\n  "))
-    return True
+    else:
+        print(f"FAILED {case.name}[search]")
+        print("  " + outcome.message.replace("\n", "\n  "))
+    return outcome

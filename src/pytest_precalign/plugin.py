@@ -17,8 +17,8 @@ from .errors import AlignmentMismatch, PrecalignError
 
 if TYPE_CHECKING:
     from .config.loader import AlignConfig, CaseSpec
-    from .reports.text import PhaseReport
     from .run.case import CaseRun
+    from .run.outcome import ItemOutcome, PerCase
     from .vocabulary import Phase
 
 
@@ -70,9 +70,8 @@ class _State:
     config: AlignConfig | None
     reports: list[dict[str, Any]] = field(default_factory=list)
     summaries: list[str] = field(default_factory=list)
-    runs: dict[str, CaseRun | PrecalignError] = field(default_factory=dict)
-    pending: dict[str, int] = field(default_factory=dict)
-    baseline_runs: dict[str, Any] = field(default_factory=dict)  # --align-baseline outcomes
+    # Each case's run (or stored-baseline check), once for all its phase items of this process.
+    runs: PerCase[Any] | None = None
     run_id: str = ""  # one per test run, shared by xdist workers
 
 
@@ -121,7 +120,9 @@ def pytest_configure(config: pytest.Config) -> None:
             check_report_dir(report_dir, "--align-report")
         except PrecalignError as exc:
             raise pytest.UsageError(str(exc)) from None
-    config.stash[STATE_KEY] = _State(config=align_config, run_id=_run_id(config))
+    from .run.outcome import PerCase
+
+    config.stash[STATE_KEY] = _State(config=align_config, runs=PerCase(), run_id=_run_id(config))
     config.pluginmanager.register(_EntryCollector(config.stash[STATE_KEY]), "precalign-entries")
     # Collect the config's cases even when it lies outside the paths given on the command line.
     resolved = align_config.path
@@ -199,20 +200,31 @@ class AlignItem(_CaseItem):
 
     def runtest(self) -> None:
         state = _state(self.config)
-        assert state.config is not None
+        assert state.config is not None and state.runs is not None
         if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
-            from .baseline.gate import run_against_baseline
+            return _settle(self, _baseline_outcome(self, state.config, state.runs, state.run_id))
+        from .reports.text import PhaseReport
+        from .run.outcome import phase_outcome
 
-            return run_against_baseline(self, state)
-        outcome = _run_once(self.config, state, self.case)
-        if isinstance(outcome, PrecalignError):
-            raise outcome
-        report = _phase_report(self.config, state.config, outcome, self.phase, self.nodeid)
-        _remember(self, state, report)
-        if not report.verdict.passed:
-            from .reports.text import failure_message
+        align_config, case = state.config, self.case
+        run: CaseRun = state.runs.take(case.name, len(case.phases), lambda: self._run(align_config))
+        report = PhaseReport.of_run(
+            run,
+            self.phase,
+            defined_in=str(align_config.path),
+            baseline=case.baseline,
+            candidate=case.candidate,
+            reproduce=f'pytest --align-config {_relative(self.config, align_config)} "{self.nodeid}"',
+            with_environment=True,
+        )
+        _settle(self, phase_outcome(report, {"nodeid": self.nodeid}))
 
-            raise AlignmentMismatch(failure_message(report))
+    def _run(self, align_config: AlignConfig) -> CaseRun:
+        from .run.case import run_case
+
+        run = run_case(align_config, self.case)
+        _save_traces(self.config, align_config, run)
+        return run
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"{self.case.name}[{self.phase}]"
@@ -226,40 +238,61 @@ class SearchItem(_CaseItem):
         self.case = case
 
     def runtest(self) -> None:
-        from .search import run_search, search_message
+        from .search import run_search, search_outcome
 
         align_config = _state(self.config).config
         assert align_config is not None
         result = run_search(align_config, self.case)
-        self.user_properties.append(("precalign_search_examples", result.tried))
-        if not result.passed:
-            reproduce = f'pytest --align-config {align_config.path.name} "{self.nodeid}"'
-            raise AlignmentMismatch(search_message(result, align_config, reproduce))
+        reproduce = f'pytest --align-config {align_config.path.name} "{self.nodeid}"'
+        _settle(self, search_outcome(result, align_config, reproduce))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"{self.case.name}[search]"
 
 
-def _run_once(config: pytest.Config, state: _State, case: CaseSpec) -> CaseRun | PrecalignError:
-    """Run a case's models once for all its phase items, and free the traces after the last."""
-    assert state.config is not None
-    if case.name not in state.runs:
-        from .run.case import run_case
+def _baseline_outcome(
+    item: AlignItem, align_config: AlignConfig, runs: PerCase[Any], run_id: str
+) -> ItemOutcome:
+    """``--align-baseline``: the case checked against its stored baseline once, this phase judged."""
+    from .baseline.gate import baseline_outcome, update_policy
+    from .baseline.store import check_case
 
-        outcome: CaseRun | PrecalignError
-        try:
-            outcome = run_case(state.config, case)
-            _save_traces(config, state.config, outcome)
-        except PrecalignError as exc:
-            outcome = exc
-        state.runs[case.name] = outcome
-        state.pending.setdefault(case.name, len(case.phases))
-    result = state.runs[case.name]
-    state.pending[case.name] = state.pending.get(case.name, 1) - 1
-    if state.pending[case.name] <= 0:
-        del state.runs[case.name]
-        del state.pending[case.name]
-    return result
+    config, case = item.config, item.case
+    root = str(config.getoption("align_baseline"))
+    policy = update_policy(bool(config.getoption("align_update")), bool(config.getoption("align_update_all")))
+    checked = runs.take(
+        f"baseline:{case.name}",
+        len(case.phases),
+        lambda: check_case(align_config, case, Path(root), policy, run_id),
+    )
+    rel = _relative(config, align_config)
+    return baseline_outcome(
+        checked, case, item.phase, item.nodeid, config_path=align_config.path, rel=rel, root=root
+    )
+
+
+def _relative(config: pytest.Config, align_config: AlignConfig) -> Path:
+    """The config file as the user names it: relative to the rootdir when inside it."""
+    try:
+        return align_config.path.relative_to(config.rootpath)
+    except ValueError:
+        return align_config.path
+
+
+def _settle(item: pytest.Item, outcome: ItemOutcome) -> None:
+    """The one place an item's outcome meets pytest: its JUnit properties, its report entry
+    (carried to the controller on the test report, see ``_EntryCollector``), its failure."""
+    item.user_properties.extend(outcome.properties)
+    if outcome.entry is not None:
+        item.stash[ENTRY_KEY] = {"entry": dict(outcome.entry), "summary": outcome.summary}
+    _raise_failure(outcome)
+
+
+def _raise_failure(outcome: ItemOutcome) -> None:
+    """Fail the running test with the outcome's message (when it did not pass)."""
+    __tracebackhide__ = True
+    if not outcome.passed:
+        raise AlignmentMismatch(outcome.message)
 
 
 def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun) -> None:
@@ -272,42 +305,6 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
     fmt = align_config.case(run.name).record.format
     write_side(run.baseline, root / "baseline", fmt)
     write_side(run.candidate, root / "candidate", fmt)
-
-
-def _phase_report(
-    config: pytest.Config, align_config: AlignConfig, run: CaseRun, phase: Phase, nodeid: str
-) -> PhaseReport:
-    from .reports.text import PhaseReport
-
-    case = align_config.case(run.name)
-    try:
-        rel = align_config.path.relative_to(config.rootpath)
-    except ValueError:
-        rel = align_config.path
-    return PhaseReport(
-        config=str(align_config.path),
-        case=run.name,
-        phase=phase,
-        verdict=run.verdicts[phase],
-        baseline=case.baseline,
-        candidate=case.candidate,
-        table=run.table,
-        reproduce=f'pytest --align-config {rel} "{nodeid}"',
-        seconds=run.seconds,
-        environment=run.environment,
-    )
-
-
-def _remember(item: pytest.Item, state: _State, report: PhaseReport) -> None:
-    from .reports.document import junit_properties, phase_dict, report_document
-    from .reports.text import summary_line
-
-    data = phase_dict(report)
-    data["nodeid"] = item.nodeid
-    # Plain JSON values: the entry rides on the item's test report (see _EntryCollector).
-    entry = report_document([data], {})["cases"][0]
-    item.stash[ENTRY_KEY] = {"entry": entry, "summary": summary_line(report)}
-    item.user_properties.extend(junit_properties(report.verdict))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -340,8 +337,10 @@ class _EntryCollector:
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """Check the selected cases' sources before any test runs: a broken source is a usage error."""
+    """Before any test runs: the ``align`` markers' arguments, and the selected cases' sources
+    (a bad marker or a broken source is a usage error)."""
     state = _state(config)
+    _check_markers(state.config, items)
     if state.config is None:
         return
     from .run.case import preflight_case
@@ -357,6 +356,20 @@ def pytest_collection_modifyitems(
                 if str(state.config.path) not in text:
                     text = f"{state.config.path}: {text}"
                 raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {text}") from None
+
+
+def _check_markers(align_config: AlignConfig | None, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.align(...)`` validated like the YAML: a wrong argument is one line."""
+    for item in items:
+        marker = item.get_closest_marker("align")
+        if marker is None:
+            continue
+        from .align_runner import AlignRunner
+
+        try:
+            AlignRunner.from_marker(align_config, marker, item.nodeid, _raise_failure)
+        except PrecalignError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -414,4 +427,4 @@ def align_runner(request: pytest.FixtureRequest) -> Any:
     from .align_runner import AlignRunner
 
     marker = request.node.get_closest_marker("align")
-    return AlignRunner.from_marker(_state(request.config).config, marker, request.node.nodeid)
+    return AlignRunner.from_marker(_state(request.config).config, marker, request.node.nodeid, _raise_failure)

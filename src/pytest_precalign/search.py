@@ -9,22 +9,20 @@ weights or grads carry over from one example to the next).
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from .compare.tolerances import default_table
 from .config.loader import AlignConfig, CaseSpec
 from .config.search import SearchSpec, ids_block
 from .errors import CaseError
-from .recording.determinism import deterministic, environment
 from .reports.text import PhaseReport, failure_message
-from .run.case import build_synced
-from .run.outcome import CaseRun, finish
+from .run.case import case_table
+from .run.live import live_case
+from .run.outcome import CaseRun, FinishInputs, ItemOutcome, finish
 from .run.side import run_side
-from .sources import runtime
+from .sources import LoadedModel
 from .sources.inputs import CaseInputs, explicit_inputs, vocabulary_size
 
 
@@ -89,7 +87,7 @@ def _inputs(example: Example, spec: SearchSpec) -> CaseInputs:
 def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
     """Search the case's input space for a forward divergence; shrink the first one found."""
     try:
-        from hypothesis import HealthCheck, Verbosity, find, settings
+        from hypothesis import find
         from hypothesis.errors import NoSuchExample
     except ImportError:
         raise CaseError(
@@ -98,25 +96,16 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
     spec = case.search
     assert spec is not None
     started = time.perf_counter()
-    where = f"{config.path}: case {case.name!r}: "
     base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
-    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
+    table = case_table(config, case)
     forward = replace(case, phases=("forward",), expect=None, isolate=False)
     tried = 0
-    with ExitStack() as stack:
-        flags = stack.enter_context(deterministic(config.defaults.deterministic))
-        for model_spec in (base_spec, cand_spec):
-            stack.enter_context(runtime(model_spec))
-        baseline, candidate, sync = build_synced(config, case, base_spec, cand_spec)
+    with live_case(config, case, base_spec, cand_spec, with_inputs=False) as live:
+        baseline, candidate, sync = live.build_synced(base_spec, cand_spec)
         for loaded in (baseline, candidate):
-            found = vocabulary_size(loaded.module)
-            if found is not None and spec.vocab_size > found[1]:
-                raise CaseError(
-                    f"{where}search.vocab_size: {spec.vocab_size} exceeds model {loaded.name!r}'s "
-                    f"vocabulary ({found[0] or 'its embedding'} has {found[1]} rows)"
-                )
-        env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
-        manifest = {**env, "config_digest": config.digest, "case": case.name, "search": True}
+            _check_vocabulary(loaded, spec, live.where)
+        env = live.environment(base_spec)
+        manifest = live.manifest(base_spec, search=True)
 
         def align(example: Example) -> CaseRun:
             data = _inputs(example, spec)
@@ -124,7 +113,9 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             base = run_side(baseline, data, forward, {**manifest, "side": "baseline"}, seed)
             cand = run_side(candidate, data, forward, {**manifest, "side": "candidate"}, seed)
             return finish(
-                case.name, ("forward",), base, cand, case.mapping, table, forward, sync, started, env
+                FinishInputs(
+                    case.name, ("forward",), base, cand, table, started, case.mapping, forward, sync, env
+                )
             )
 
         def diverges(example: Example) -> bool:
@@ -132,16 +123,8 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             tried += 1
             return not align(example).verdicts["forward"].passed
 
-        options = settings(
-            max_examples=spec.max_examples,
-            deadline=None,
-            database=None,  # nothing written next to the user's suite
-            derandomize=True,  # the same examples on every run: CI gates are reproducible
-            verbosity=Verbosity.quiet,
-            suppress_health_check=list(HealthCheck),
-        )
         try:
-            minimal: Example | None = find(examples(spec), diverges, settings=options)
+            minimal: Example | None = find(examples(spec), diverges, settings=_settings(spec))
         except NoSuchExample:
             minimal = None
         run = align(minimal) if minimal is not None else None
@@ -151,6 +134,39 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
         mask = minimal.mask() if spec.padding or spec.attention_mask else None
         block = ids_block(name, [list(r) for r in minimal.ids], mask, spec.labels)
     return SearchResult(case.name, tried, time.perf_counter() - started, minimal, run, block, name)
+
+
+def _check_vocabulary(loaded: LoadedModel, spec: SearchSpec, where: str) -> None:
+    found = vocabulary_size(loaded.module)
+    if found is not None and spec.vocab_size > found[1]:
+        raise CaseError(
+            f"{where}search.vocab_size: {spec.vocab_size} exceeds model {loaded.name!r}'s "
+            f"vocabulary ({found[0] or 'its embedding'} has {found[1]} rows)"
+        )
+
+
+def _settings(spec: SearchSpec) -> Any:
+    from hypothesis import HealthCheck, Verbosity, settings
+
+    return settings(
+        max_examples=spec.max_examples,
+        deadline=None,
+        database=None,  # nothing written next to the user's suite
+        derandomize=True,  # the same examples on every run: CI gates are reproducible
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def search_outcome(result: SearchResult, config: AlignConfig, reproduce: str) -> ItemOutcome:
+    """The search item's outcome: passes when no divergence was found."""
+    message = "" if result.passed else search_message(result, config, reproduce)
+    return ItemOutcome(
+        name=f"{result.case}[search]",
+        passed=result.passed,
+        message=message,
+        properties=(("precalign_search_examples", result.tried),),
+    )
 
 
 def search_message(result: SearchResult, config: AlignConfig, reproduce: str) -> str:
@@ -172,14 +188,12 @@ def search_message(result: SearchResult, config: AlignConfig, reproduce: str) ->
         + (f", right padding {list(example.pads)}" if any(example.pads) else "")
         + f"\nFirst divergent layer of the minimal example: {where}{origin}"
     )
-    report = PhaseReport(
-        config=str(config.path),
-        case=case.name,
-        phase="forward",
-        verdict=verdict,
+    report = PhaseReport.of_run(
+        result.run,
+        "forward",
+        defined_in=str(config.path),
         baseline=case.baseline,
         candidate=case.candidate,
-        table=result.run.table,
         reproduce=reproduce,
         seconds=result.seconds,
     )

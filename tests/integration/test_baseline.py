@@ -84,8 +84,6 @@ def _assert_report(pytester: pytest.Pytester, actions: set[str], passed: bool) -
 def test_life_cycle(
     pytester: pytest.Pytester, run_pytest: RunPytest, xdist: bool, request: pytest.FixtureRequest
 ) -> None:
-    if xdist:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="#11 baseline entries under xdist"))
     _suite(pytester)
     baseline = pytester.path / "bl" / "port"
     obtained = pytester.path / "bl" / "port.obtained"

@@ -187,17 +187,10 @@ def test_align_runner_fixture_and_marker(pytester: pytest.Pytester, run_pytest: 
             with pytest.raises(AlignmentMismatch, match="First divergence: blocks.1 "):
                 align_runner.assert_aligned(run)
             assert run.verdicts["forward"].first.origin
-
-        @pytest.mark.align(bogus=1)
-        def test_bad_marker(align_runner):
-            pass
     """
     )
     result = run_pytest()
-    result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(
-        ["*@pytest.mark.align got unknown argument 'bogus' (allowed: tolerances, phases, record)*"]
-    )
+    result.assert_outcomes(passed=2)
 
 
 def test_saved_traces_are_readable_and_never_overwritten(

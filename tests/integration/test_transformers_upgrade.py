@@ -81,8 +81,6 @@ def test_upgrade_to_current_transformers_is_within_budget(
     xdist: bool,
     request: pytest.FixtureRequest,
 ) -> None:
-    if xdist:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="#11 baseline entries under xdist"))
     folder = _suite(recorded, example_suite)
     # Qwen2.5-VL's 4.49 weights (visual.*, model.*) load into today's model (model.visual.*,
     # model.language_model.*) through the suite's renames.

@@ -20,7 +20,8 @@ from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E40
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
-from pytest_precalign.run.case import CaseRun, finish
+from pytest_precalign.run.case import CaseRun
+from pytest_precalign.run.outcome import FinishInputs, finish
 from pytest_precalign.run.side import run_side  # noqa: E402
 from pytest_precalign.run.tensor_parallel import (
     MEGATRON_GPT_RULES,
@@ -109,7 +110,7 @@ def runs(config: AlignConfig) -> dict[str, Any]:
 def _finish(config: AlignConfig, base: Trace, cand: Trace, *, mapped: bool = True) -> CaseRun:
     case = config.case("tp2")
     mapping = case.mapping if mapped else None
-    return finish(case.name, case.phases, base, cand, mapping, config.tolerances["tp"], case, None, 0.0, {})
+    return finish(FinishInputs(case.name, case.phases, base, cand, config.tolerances["tp"], 0.0, mapping, case))
 
 
 def _max_diff(run: CaseRun, kinds: tuple[str, ...], step: int = 0) -> float:

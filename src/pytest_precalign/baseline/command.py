@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigError, TraceError
 
 
-def record_command(config_path: Path, out: Path, cases: list[str], side: str, overwrite: bool) -> int:
+def record_cases(config_path: Path, out: Path, cases: list[str], side: str, overwrite: bool) -> Iterator[str]:
+    """Record ``side`` of the cases as ``out/<case>/``; yields a line per case recorded."""
     from ..config.loader import load_config_file
     from ..run.case import preflight_case
     from .record_side import record_side
@@ -30,8 +32,7 @@ def record_command(config_path: Path, out: Path, cases: list[str], side: str, ov
             rec = record_side(config, case, side)
             write_stored(rec.trace, rec.weights, target, extra={"written_by": "precalign record"})
         model = case.candidate if side == "candidate" else case.baseline
-        print(
+        yield (
             f"recorded {case.name} ({side} {model!r}): {len(rec.trace.records)} records, "
             f"{len(rec.weights)} weights (sha256 {rec.digest.sha256[:12]}) -> {target}"
         )
-    return 0

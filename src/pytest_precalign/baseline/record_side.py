@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..mapping.weights import SyncReport
+    from ..run.live import LiveCase
+    from ..sources import LoadedModel
 
 SIDES = ("candidate", "baseline")
 
@@ -95,56 +96,50 @@ def record_side(
     ``weights: {sync: true}`` the baseline model's, synced as in a live run, else as built
     (from the model's seed)."""
     from ..mapping.apply import map_trace
-    from ..mapping.weights import sync_weights
-    from ..recording.determinism import deterministic, environment
-    from ..run.case import _in_process, _run_any
-    from ..sources import build_model, runtime
-    from ..sources.inputs import build_inputs
+    from ..run.live import live_case
 
     if side not in SIDES:
         raise CaseError(f"unknown side {side!r} (allowed: {', '.join(SIDES)})")
     if case.baseline_dump is not None:
         raise CaseError(f"case {case.name!r} gates stored dumps; it has no model to record")
-    where = f"{config.path}: case {case.name!r}: "
     base_spec = config.models[case.baseline]
     spec = config.models[case.candidate if side == "candidate" else case.baseline]
     rename = case.baseline_rename if side == "candidate" else None
-    inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
-    with ExitStack() as stack:
-        flags = stack.enter_context(deterministic(config.defaults.deterministic))
-        stack.enter_context(runtime(_in_process(spec)))
-        model = build_model(_in_process(spec), config.base_dir)
-        sync = None
-        source = "as built (seed)"
-        if stored_weights is not None:
-            by = case.mapping if stored_side == "baseline" and side == "candidate" else rename
-            sync = sync_weights(stored_weights, model.module, by, strict=False, context=lambda: where)
-            source = "loaded from the baseline's weights.safetensors"
-        elif side == "candidate" and case.sync_weights:
-            stack.enter_context(runtime(_in_process(base_spec)))
-            donor = build_model(_in_process(base_spec), config.base_dir)
-            sync = sync_weights(
-                donor.module, model.module, case.mapping, strict=case.strict_weights, context=lambda: where
-            )
-            del donor
-            source = f"synced from {base_spec.name}"
+    with live_case(config, case, spec) as live:
+        model = live.build(spec)
+        sync, source = _initial_weights(live, model, side, stored_weights, stored_side)
         weights = stored_names(model.module, rename)
         digest = weights_digest(weights)
-        env = environment(spec.device, spec.dtype, spec.seed, flags)
-        manifest = {
-            **env,
-            "config_digest": config.digest,
-            "case": case.name,
-            "side": side,
-            "model": spec.name,
-            "weights": {**digest.as_dict(), "source": source},
-        }
+        env = live.environment(spec)
+        weights_info = {**digest.as_dict(), "source": source}
+        manifest = live.manifest(spec, side=side, model=spec.name, weights=weights_info)
         # The live run's seed (the baseline model's), so dropout draws the same numbers.
-        trace = _run_any(
-            model, spec, config, replace(case, isolate=False), inputs, manifest, seed=base_spec.seed
-        )
+        trace = live.record(model, spec, manifest, case=replace(case, isolate=False), seed=base_spec.seed)
     del model
     raw = trace
     if rename is not None:
         trace = map_trace(trace, Trace(manifest={}, records=()), rename).trace
     return SideRecording(side, trace, raw, weights, digest, sync, source, env)
+
+
+def _initial_weights(
+    live: LiveCase,
+    model: LoadedModel,
+    side: str,
+    stored_weights: Mapping[str, torch.Tensor] | None,
+    stored_side: str | None,
+) -> tuple[SyncReport | None, str]:
+    """Give the recorded model its starting weights (see ``record_side``); returns the sync
+    report and where the weights came from."""
+    case = live.case
+    rename = case.baseline_rename if side == "candidate" else None
+    if stored_weights is not None:
+        by = case.mapping if stored_side == "baseline" and side == "candidate" else rename
+        sync = live.sync(stored_weights, model.module, by, strict=False)
+        return sync, "loaded from the baseline's weights.safetensors"
+    if side == "candidate" and case.sync_weights:
+        base_spec = live.config.models[case.baseline]
+        donor = live.build(base_spec)
+        sync = live.sync(donor.module, model.module, case.mapping, strict=case.strict_weights)
+        return sync, f"synced from {base_spec.name}"
+    return None, "as built (seed)"

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..config.loader import AlignConfig, CaseSpec
     from ..run.case import CaseRun
     from ..trace.records import Trace
+    from .record_side import SideRecording
 
 WEIGHTS_FILE = "weights.safetensors"
 OBTAINED_SUFFIX = ".obtained"
@@ -248,25 +249,15 @@ class BaselineOutcome:
 def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run_id: str) -> BaselineOutcome:
     """Record the case's candidate and compare it with ``root/<case>``, writing or updating
     the baseline as ``update`` ("none", "mismatched", "all") allows."""
-    from dataclasses import replace
-
-    from ..compare.tolerances import default_table
-    from ..run.outcome import finish
     from .record_side import record_side
 
     if update not in UPDATE_POLICIES:
         raise ValueError(update)
     started = time.perf_counter()
     target = baseline_dir(root, case.name)
-    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
     with case_lock(root, case.name):
         recovered = tuple(recover(root, case.name))
-        stored = read_stored(target) if target.exists() else None
-        if stored is not None and stored.manifest.get("case") not in (None, case.name):
-            raise TraceError(
-                f"{target}: holds case {stored.manifest.get('case')!r}, not {case.name!r} "
-                "(use one --align-baseline directory per config)"
-            )
+        stored = _read_own(target, case.name)
         stored_info = dict(stored.manifest.get("baseline") or {}) if stored is not None else {}
         if stored is not None and stored_info.get("run_id") == run_id and update != "all":
             # Another xdist worker ran this case's other phases and wrote it in this very run.
@@ -283,45 +274,86 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
             return BaselineOutcome(
                 case.name, target, "written", weights_source=rec.weights_source, recovered=recovered
             )
-        # A stored candidate meets the candidate name for name (through stored_layer_mapping);
-        # a stored baseline side through the case's mapping, as in a live run.
-        mapping = case.mapping if stored_side == "baseline" else case.baseline_rename or _SAME_NAMES
-        # A known divergence (expect:) is between the live models, not against a stored trace.
-        compare_case = case if stored_side == "baseline" else replace(case, expect=None)
-        run = finish(
-            case.name,
-            case.phases,
-            stored,
-            rec.raw,
-            mapping,
-            table,
-            compare_case,
-            rec.sync,
-            started,
-            rec.environment,
+        outcome = _compare(config, case, stored, stored_side, rec, started, target, recovered)
+        return _settle(outcome, rec, root, update, extra)
+
+
+def _read_own(target: Path, case: str) -> Trace | None:
+    """The stored baseline of ``case`` (None when there is none)."""
+    stored = read_stored(target) if target.exists() else None
+    if stored is not None and stored.manifest.get("case") not in (None, case):
+        raise TraceError(
+            f"{target}: holds case {stored.manifest.get('case')!r}, not {case!r} "
+            "(use one --align-baseline directory per config)"
         )
-        failed = any(not run.verdicts[p].passed for p in case.phases)
-        outcome = BaselineOutcome(
-            case.name,
-            target,
-            "compared",
-            run=run,
-            env_diff=tuple(environment_diff(stored.manifest, {**rec.trace.manifest})),
-            weights_diff=tuple(weights_diff(stored.manifest, rec.trace.manifest)),
-            weights_source=rec.weights_source,
-            stored_env=stored.manifest,
-            recovered=recovered,
-        )
-        if update == "all" or (failed and update == "mismatched"):
-            write_stored(rec.trace, rec.weights, target, extra=extra)
-            remove_obtained(root, case.name)
-            return replace(outcome, action="updated" if update == "mismatched" else "rewritten")
-        if failed:
-            obtained = obtained_dir(root, case.name)
-            write_stored(rec.trace, None, obtained, extra={**extra, "obtained": True})
-            return replace(outcome, obtained=obtained)
-        remove_obtained(root, case.name)
-        return outcome
+    return stored
+
+
+def _compare(
+    config: AlignConfig,
+    case: CaseSpec,
+    stored: Trace,
+    stored_side: str,
+    rec: SideRecording,
+    started: float,
+    target: Path,
+    recovered: tuple[str, ...],
+) -> BaselineOutcome:
+    from dataclasses import replace
+
+    from ..run.case import case_table
+    from ..run.outcome import FinishInputs, finish
+
+    # A stored candidate meets the candidate name for name (through stored_layer_mapping);
+    # a stored baseline side through the case's mapping, as in a live run.
+    mapping = case.mapping if stored_side == "baseline" else case.baseline_rename or _SAME_NAMES
+    # A known divergence (expect:) is between the live models, not against a stored trace.
+    compare_case = case if stored_side == "baseline" else replace(case, expect=None)
+    job = FinishInputs(
+        case.name,
+        case.phases,
+        stored,
+        rec.raw,
+        case_table(config, case),
+        started,
+        mapping,
+        compare_case,
+        rec.sync,
+        rec.environment,
+    )
+    return BaselineOutcome(
+        case.name,
+        target,
+        "compared",
+        run=finish(job),
+        env_diff=tuple(environment_diff(stored.manifest, {**rec.trace.manifest})),
+        weights_diff=tuple(weights_diff(stored.manifest, rec.trace.manifest)),
+        weights_source=rec.weights_source,
+        stored_env=stored.manifest,
+        recovered=recovered,
+    )
+
+
+def _settle(
+    outcome: BaselineOutcome, rec: SideRecording, root: Path, update: str, extra: Mapping[str, Any]
+) -> BaselineOutcome:
+    """Write what the policy asks after a compare: the new baseline (``--align-update``
+    on a mismatch, ``--align-update-all``), else the obtained trace of a mismatch."""
+    from dataclasses import replace
+
+    assert outcome.run is not None
+    failed = any(not v.passed for v in outcome.run.verdicts.values())
+    target, case = outcome.path, outcome.case
+    if update == "all" or (failed and update == "mismatched"):
+        write_stored(rec.trace, rec.weights, target, extra=extra)
+        remove_obtained(root, case)
+        return replace(outcome, action="updated" if update == "mismatched" else "rewritten")
+    if failed:
+        obtained = obtained_dir(root, case)
+        write_stored(rec.trace, None, obtained, extra={**extra, "obtained": True})
+        return replace(outcome, obtained=obtained)
+    remove_obtained(root, case)
+    return outcome
 
 
 def _now() -> str:

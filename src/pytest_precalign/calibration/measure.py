@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,10 +19,10 @@ import torch
 
 from ..config.loader import AlignConfig, CaseSpec, ModelSpec
 from ..errors import CaseError, ConfigError, PrecalignError
-from ..recording.determinism import deterministic, environment
+from ..run.live import in_process_twin, live_case
 from ..run.side import run_side
-from ..sources import LoadedModel, build_model, runtime
-from ..sources.inputs import CaseInputs, build_inputs
+from ..sources import LoadedModel, build_model
+from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
 
 PERTURBATIONS = ("float64", "attn", "seed")
@@ -116,19 +115,16 @@ class Variant:
 
 def measure_case(config: AlignConfig, case: CaseSpec, perturbations: Sequence[str]) -> list[Measurement]:
     """Run the case's baseline once as configured and once per perturbation; same weights."""
-    spec = config.models[case.baseline]
-    if spec.source == "megatron" and spec.options.get("tensor_parallel", 1) != 1:
-        spec = replace(spec, options={**spec.options, "tensor_parallel": 1})
+    spec = in_process_twin(config.models[case.baseline])
     # Full tensors are needed to measure element-wise noise, and module inputs to measure
     # amplification, whatever the case records.
     case = replace(case, record=replace(case.record, mode="tensor", inputs=True))
-    inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
     out: list[Measurement] = []
-    with ExitStack() as stack:
-        flags = stack.enter_context(deterministic(config.defaults.deterministic))
-        stack.enter_context(runtime(spec))
-        base = build_model(spec, config.base_dir)
-        manifest = {**environment(spec.device, spec.dtype, spec.seed, flags), "case": case.name}
+    with live_case(config, case, spec) as live:
+        inputs = live.inputs
+        assert inputs is not None
+        base = live.build(spec)
+        manifest = live.manifest(spec)
         # Perturbed copies are made before the baseline runs: an optimizer step changes its weights.
         variants = [_variant(name, spec, base, case, config) for name in perturbations]
         reference = run_side(base, inputs, case, {**manifest, "side": "baseline"}, spec.seed)

@@ -9,13 +9,11 @@ records are findings, never exceptions.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ConfigError
 from ..trace.records import Record, Trace
 from ..vocabulary import CHECKED, Evidence, Status
 from . import metrics
@@ -96,9 +94,11 @@ def compare_traces(
     table: ToleranceTable,
     reasons: Mapping[str, str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
 ) -> Comparison:
     """``reasons``: why a record is known to have no counterpart (from the mapping);
     ``progress(done, total)`` is called as records are compared (a CLI progress bar).
+    ``workers``: threads comparing tensor pairs (the caller decides how many).
 
     Tensor pairs are compared on worker threads (numpy releases the GIL while it
     subtracts), each loading its pair only when it starts, so memory holds a few pairs at a
@@ -125,24 +125,11 @@ def compare_traces(
     for rec in candidate.records:
         if rec.id not in used:
             out.append(PairResult(rec, rec, "only_candidate", "none", note=reasons.get(rec.id, "")))
-    done = _run_tensor_jobs(jobs, baseline, candidate, len(baseline.records) - len(jobs), progress)
+    done = _run_tensor_jobs(jobs, baseline, candidate, len(baseline.records) - len(jobs), progress, workers)
     for i, (key, result) in pending.items():
         hit = done[key]
         out[i] = replace(result, status=hit.status, checks=hit.checks, closeness=hit.closeness)
     return Comparison(tuple(out))
-
-
-def _workers() -> int:
-    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS", "").strip()
-    if wanted:
-        if not (wanted.isdigit() and int(wanted) > 0):
-            raise ConfigError(
-                f"environment variable PRECALIGN_COMPARE_THREADS={wanted!r}: expected a whole number >= 1"
-            )
-        return int(wanted)
-    return max(
-        1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    )
 
 
 def _run_tensor_jobs(
@@ -151,6 +138,7 @@ def _run_tensor_jobs(
     tb: Trace,
     already: int,
     progress: Callable[[int, int], None] | None,
+    workers: int,
 ) -> dict[tuple[str | None, str | None, Tolerance], PairResult]:
     total = already + len(jobs)
     if progress is not None:
@@ -161,7 +149,6 @@ def _run_tensor_jobs(
         return _tensor_pair(a, b, ta.array(a), tb.array(b), key[2])
 
     results: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
-    workers = _workers()
     if workers == 1 or len(jobs) < 2:
         for n, key in enumerate(jobs, 1):
             results[key] = run(key)

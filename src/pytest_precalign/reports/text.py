@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..compare.pairs import Check, PairResult
 from ..verdict.phase import Divergence, PhaseVerdict
@@ -15,11 +15,30 @@ TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
 UNMATCHED_NAMES = 5
 
 
+class JudgedRun(Protocol):
+    """What a report needs of a finished case (``run.outcome.CaseRun``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def verdicts(self) -> Mapping[Any, PhaseVerdict]: ...
+    @property
+    def table(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def environment(self) -> Mapping[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class PhaseReport:
-    """What one test item (a case and a phase) knows, ready to format."""
+    """What one test item (a case and a phase) knows, ready to format. Build it with
+    ``of_run``."""
 
-    config: str
+    # Where the case is defined: the alignment config file of a configured case, the golden
+    # side of ``precalign compare``, the test's node id for ``align_runner``. Its last part
+    # is named in failure messages; report.json calls it "config".
+    defined_in: str
     case: str
     phase: str
     verdict: PhaseVerdict
@@ -33,6 +52,39 @@ class PhaseReport:
     @property
     def nodeid_name(self) -> str:
         return f"{self.case}[{self.phase}]"
+
+    @property
+    def config(self) -> str:
+        """report.json's name for ``defined_in``."""
+        return self.defined_in
+
+    @classmethod
+    def of_run(
+        cls,
+        run: JudgedRun,
+        phase: str,
+        *,
+        defined_in: str,
+        baseline: str,
+        candidate: str,
+        reproduce: str,
+        case: str | None = None,
+        seconds: float | None = None,
+        with_environment: bool = False,
+    ) -> PhaseReport:
+        """The report of ``run``'s ``phase``; ``case`` and ``seconds`` default to the run's."""
+        return cls(
+            defined_in=defined_in,
+            case=run.name if case is None else case,
+            phase=phase,
+            verdict=run.verdicts[phase],
+            baseline=baseline,
+            candidate=candidate,
+            table=run.table,
+            reproduce=reproduce,
+            seconds=run.seconds if seconds is None else seconds,
+            environment=run.environment if with_environment else {},
+        )
 
 
 def _fmt(x: float) -> str:
@@ -212,7 +264,7 @@ def failure_message(report: PhaseReport) -> str:
         lines.append(
             f"Tensors are not close: {v.failed_count} of {v.compared} {report.phase} records of "
             f"candidate {report.candidate!r} exceed tolerance vs baseline {report.baseline!r} "
-            f"({Path(report.config).name}, table {report.table!r})"
+            f"({Path(report.defined_in).name}, table {report.table!r})"
         )
     if v.first is not None:
         lines.extend(divergence_lines(v.first))

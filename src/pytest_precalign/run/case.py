@@ -7,28 +7,25 @@ This is the only module that drives models. ``run_case`` returns a frozen ``Case
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
-from ..config.loader import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, RecordSpec
-from ..errors import CaseError, PrecalignError, SourceError
+from ..config.loader import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
+from ..errors import CaseError, SourceError
 from ..mapping.spec import MappingSpec
-from ..mapping.weights import SyncReport, sync_weights
+from ..mapping.weights import sync_weights
 from ..recording.determinism import deterministic, environment
 from ..recording.recorder import Recorder
-from ..sources import LoadedModel, build_model, preflight, runtime
+from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, build_inputs, check_token_ids
-from ..trace.records import Trace
 from ..vocabulary import phases_in_order
 from .isolation import isolate
-from .outcome import CaseRun, finish
+from .live import live_case
+from .outcome import CaseRun, FinishInputs, finish
 from .side import run_side
 
 
@@ -46,48 +43,23 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
     build_inputs(config.inputs[case.inputs], config.base_dir)
 
 
-def build_synced(
-    config: AlignConfig, case: CaseSpec, base_spec: ModelSpec, cand_spec: ModelSpec
-) -> tuple[LoadedModel, LoadedModel, SyncReport | None]:
-    """Both models of a case, the baseline's weights synced into the candidate when the case
-    asks for it (inside the caller's runtime and determinism contexts)."""
-    where = f"{config.path}: case {case.name!r}: "
-    baseline = build_model(base_spec, config.base_dir)
-    candidate = build_model(cand_spec, config.base_dir)
-    sync = None
-    if case.sync_weights:
-        sync = sync_weights(
-            baseline.module, candidate.module, case.mapping, strict=case.strict_weights, context=lambda: where
-        )
-    return baseline, candidate, sync
-
-
 def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
+    """Run a case: its two models live, or its two stored runs (``dump:`` sides)."""
     started = time.perf_counter()
     if case.baseline_dump is not None and case.candidate_dump is not None:
         return _gate_dumps(config, case, started)
-    where = f"{config.path}: case {case.name!r}: "
     base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
-    inputs = build_inputs(config.inputs[case.inputs], config.base_dir)
-    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
-    with ExitStack() as stack:
-        flags = stack.enter_context(deterministic(config.defaults.deterministic))
-        for spec in (base_spec, cand_spec):
-            stack.enter_context(runtime(_in_process(spec)))
+    table = case_table(config, case)
+    with live_case(config, case, base_spec, cand_spec) as live:
         # A tensor-parallel side is built here at TP=1 to receive the synced weights; its
         # ranks run in their own processes and load their shards of them.
-        baseline, candidate, sync = build_synced(config, case, _in_process(base_spec), _in_process(cand_spec))
+        baseline, candidate, sync = live.build_synced(base_spec, cand_spec)
+        assert live.inputs is not None
         for loaded, spec in ((baseline, base_spec), (candidate, cand_spec)):
-            check_token_ids(inputs, loaded.module, spec.name, f"{where}inputs.{case.inputs}")
-        env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
-        manifest = {**env, "config_digest": config.digest, "case": case.name}
-        base_trace = _run_any(
-            baseline,
-            base_spec,
-            config,
-            case,
-            inputs,
-            {**manifest, "side": "baseline", "model": base_spec.name},
+            check_token_ids(live.inputs, loaded.module, spec.name, f"{live.where}inputs.{case.inputs}")
+        env = live.environment(base_spec)
+        base_trace = live.record(
+            baseline, base_spec, live.manifest(base_spec, side="baseline", model=base_spec.name)
         )
         isolated: list[Comparison] = []
         call_context = candidate.context
@@ -97,30 +69,34 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
                 isolate(recorder.calls, base_trace, recorder.trace(), case.mapping, table, call_context)
             )
 
-        cand_trace = _run_any(
+        cand_trace = live.record(
             candidate,
             cand_spec,
-            config,
-            case,
-            inputs,
-            {**manifest, "side": "candidate", "model": cand_spec.name},
+            live.manifest(cand_spec, side="candidate", model=cand_spec.name),
             isolation if case.isolate else None,
             seed=base_spec.seed,
         )
     del baseline, candidate  # refcounting frees them; a full gc.collect() costs ~0.25 s a case
     return finish(
-        case.name,
-        case.phases,
-        base_trace,
-        cand_trace,
-        case.mapping,
-        table,
-        case,
-        sync,
-        started,
-        env,
-        isolated[0] if isolated else None,
+        FinishInputs(
+            case.name,
+            case.phases,
+            base_trace,
+            cand_trace,
+            table,
+            started,
+            case.mapping,
+            case,
+            sync,
+            env,
+            isolated[0] if isolated else None,
+        )
     )
+
+
+def case_table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
+    """The case's tolerance table (``tolerances:``), else torch.testing's defaults."""
+    return config.tolerances[case.tolerances] if case.tolerances else default_table()
 
 
 def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
@@ -129,45 +105,12 @@ def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
 
     assert case.baseline_dump is not None and case.candidate_dump is not None
     base, cand = load_side(case.baseline_dump), load_side(case.candidate_dump)
-    table = config.tolerances[case.tolerances] if case.tolerances else default_table()
+    table = case_table(config, case)
     return finish(
-        case.name, case.phases, base, cand, case.mapping, table, case, None, started, dict(base.manifest)
+        FinishInputs(
+            case.name, case.phases, base, cand, table, started, case.mapping, case, None, dict(base.manifest)
+        )
     )
-
-
-def _tensor_parallel(spec: ModelSpec) -> int:
-    if spec.source != "megatron":
-        return 1
-    from ..sources.megatron import tensor_parallel
-
-    return tensor_parallel(spec)
-
-
-def _in_process(spec: ModelSpec) -> ModelSpec:
-    """The TP=1 twin of a tensor-parallel model, built in this process."""
-    if _tensor_parallel(spec) == 1:
-        return spec
-    return replace(spec, options={**spec.options, "tensor_parallel": 1})
-
-
-def _run_any(
-    model: LoadedModel,
-    spec: ModelSpec,
-    config: AlignConfig,
-    case: CaseSpec,
-    inputs: CaseInputs,
-    manifest: Mapping[str, Any],
-    after_first_forward: Callable[[Recorder], None] | None = None,
-    *,
-    seed: int | None = None,
-) -> Trace:
-    seed = spec.seed if seed is None else seed
-    if _tensor_parallel(spec) == 1:
-        return run_side(model, inputs, case, manifest, seed, after_first_forward)
-    from .tensor_parallel import run_megatron_tensor_parallel
-
-    full = {n: p.detach() for n, p in model.module.named_parameters()}
-    return run_megatron_tensor_parallel(spec, config.base_dir, case, inputs, full, manifest, seed)
 
 
 def check_modules(
@@ -220,12 +163,9 @@ def check_modules(
         b = run_side(
             LoadedModel("candidate", candidate, None), data, case, {**env, "side": "candidate"}, seed
         )
-    return finish(name, ordered, a, b, mapping, table or default_table(), None, sync, started, env)
-
-
-def describe_source_error(exc: PrecalignError, config_path: Path) -> str:
-    text = str(exc)
-    return text if str(config_path) in text else f"{config_path}: {text}"
+    return finish(
+        FinishInputs(name, ordered, a, b, table or default_table(), started, mapping, None, sync, env)
+    )
 
 
 __all__ = ["CaseRun", "SourceError", "check_modules", "preflight_case", "run_case"]

@@ -14,9 +14,10 @@ from ..config.presets import PRESETS_DIR
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
+from ..reports.text import PhaseReport
 from ..vocabulary import PHASES
 from ..yaml_reader import read_yaml_file
-from .outcome import CaseRun, finish
+from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .stored_runs import load_side, load_sides
 
 
@@ -125,12 +126,46 @@ def compare_runs(
         raise TraceError(f"{golden}: the golden side has no records")
     custom = [load_metric(m) for m in metrics]
     name = f"{Path(golden).name}_vs_{Path(target).name}"
-    run = finish(
-        name, phases, base, cand, spec, table, None, None, started, dict(base.manifest), None, progress
+    job = FinishInputs(
+        name, phases, base, cand, table, started, spec, environment=dict(base.manifest), progress=progress
     )
+    run = finish(job)
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run
+
+
+def compare_outcomes(
+    golden: str | Path, target: str | Path, runs: Sequence[tuple[tuple[int, int], CaseRun]]
+) -> list[ItemOutcome]:
+    """Each compared (step, rank) pair's phases as item outcomes (``precalign compare``)."""
+    out = []
+    for (step, rank), run in runs:
+        for phase in run.phases:
+            report = PhaseReport.of_run(
+                run,
+                phase,
+                defined_in=str(golden),
+                baseline=str(golden),
+                candidate=str(target),
+                reproduce=f"precalign compare {golden} {target}",
+                case=run.name if len(runs) == 1 else f"{run.name}@step{step}_rank{rank}",
+            )
+            extra: dict[str, Any] = {"step": step, "rank": rank}
+            custom = custom_metric_entries(run, phase)
+            if custom:
+                extra["custom_metrics"] = custom
+            out.append(phase_outcome(report, extra))
+    return out
+
+
+def custom_metric_entries(run: CaseRun, phase: str) -> list[dict[str, Any]]:
+    """The report entries of a phase's custom metric values (``--metric``)."""
+    return [
+        {"name": r.name, "kind": r.kind, "slot": r.slot, "step": r.step, "values": run.custom_metrics[r.id]}
+        for r in run.baseline.records
+        if r.phase == phase and r.id in run.custom_metrics
+    ]
 
 
 def load_metric(spec: str) -> tuple[str, Callable[[Any, Any], float]]:

@@ -1,27 +1,37 @@
-"""A finished case: two traces, mapped, compared and judged (no models, no torch import).
+"""Outcomes as data: a finished case (``CaseRun``) and what one test item came to
+(``ItemOutcome``). No models, no torch import, no pytest: the plugin records an item's
+outcome and raises its failure, the CLI prints it and picks the exit code.
 
-``finish`` is shared by live cases (``runner``) and offline compares (``offline``).
+``finish`` (map, compare, judge two traces) is shared by live cases, stored baselines, dump
+cases, the search and offline compares; ``PerCase`` is the "run a case once for all its phase
+items, free it after the last" bookkeeping.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..compare.op_pairing import settle_op_pairs
 from ..compare.pairs import Comparison, compare_traces
 from ..compare.tolerances import ToleranceTable
 from ..config.loader import CaseSpec
+from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec
+from ..reports.document import junit_properties, phase_dict, report_document
+from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
 from ..verdict.phase import PhaseVerdict, phase_verdict
 from ..vocabulary import Phase
 
 if TYPE_CHECKING:
     from ..mapping.weights import SyncReport
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,38 +49,122 @@ class CaseRun:
     custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
 
 
-def finish(
-    name: str,
-    phases: tuple[Phase, ...],
-    base_trace: Trace,
-    cand_trace: Trace,
-    mapping: MappingSpec | None,
-    table: ToleranceTable,
-    case: CaseSpec | None,
-    sync: SyncReport | None,
-    started: float,
-    env: Mapping[str, Any],
-    isolated: Comparison | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> CaseRun:
-    mapped = map_trace(cand_trace, base_trace, mapping)
-    comparison = compare_traces(base_trace, mapped.trace, table, mapped.reasons, progress)
+@dataclass(frozen=True)
+class FinishInputs:
+    """What ``finish`` judges: two traces of a case (the candidate in its own names) and how."""
+
+    name: str
+    phases: tuple[Phase, ...]
+    baseline: Trace
+    candidate: Trace
+    table: ToleranceTable
+    started: float  # time.perf_counter() when the case started
+    mapping: MappingSpec | None = None
+    case: CaseSpec | None = None  # its ``expect:`` (None: no known divergence)
+    sync: SyncReport | None = None
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    isolated: Comparison | None = None  # isolation mode's per-module compare
+    progress: Callable[[int, int], None] | None = None
+
+
+def compare_workers() -> int:
+    """Threads comparing tensor pairs: ``PRECALIGN_COMPARE_THREADS``, else up to 4 cores."""
+    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS", "").strip()
+    if wanted:
+        if not (wanted.isdigit() and int(wanted) > 0):
+            raise ConfigError(
+                f"environment variable PRECALIGN_COMPARE_THREADS={wanted!r}: expected a whole number >= 1"
+            )
+        return int(wanted)
+    return max(
+        1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
+def finish(job: FinishInputs) -> CaseRun:
+    """Map the candidate to the baseline's names, compare, and judge each phase."""
+    base_trace, phases = job.baseline, job.phases
+    mapped = map_trace(job.candidate, base_trace, job.mapping)
+    comparison = compare_traces(
+        base_trace, mapped.trace, job.table, mapped.reasons, job.progress, compare_workers()
+    )
     comparison = settle_op_pairs(comparison, base_trace, mapped.trace)
-    expect = case.expect if case is not None else None
+    expect = job.case.expect if job.case is not None else None
     verdicts = {}
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}
-        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, isolated, parents)
+        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents)
     return CaseRun(
-        name=name,
+        name=job.name,
         phases=phases,
         comparison=comparison,
         verdicts=verdicts,
         baseline=base_trace,
         candidate=mapped.trace,
-        sync=sync,
-        seconds=time.perf_counter() - started,
-        table=table.name,
-        environment=env,
+        sync=job.sync,
+        seconds=time.perf_counter() - job.started,
+        table=job.table.name,
+        environment=job.environment,
     )
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """What one test item (a case and a phase, or a case's search) came to."""
+
+    name: str  # "<case>[<phase>]"
+    passed: bool
+    message: str = ""  # the failure, as the item shows it ("" when passed)
+    summary: str = ""  # the line of the terminal summary ("" for none)
+    entry: Mapping[str, Any] | None = None  # the report.json entry, plain JSON values (None: none)
+    properties: tuple[tuple[str, object], ...] = ()  # JUnit <property>s
+
+
+def phase_outcome(report: PhaseReport, extra: Mapping[str, Any] | None = None) -> ItemOutcome:
+    """A case's phase judged against a live (or dump, or offline) baseline; ``extra`` keys are
+    added to its report entry."""
+    data = {**phase_dict(report), **(extra or {})}
+    return ItemOutcome(
+        name=report.nodeid_name,
+        passed=report.verdict.passed,
+        message="" if report.verdict.passed else failure_message(report),
+        summary=summary_line(report),
+        entry=plain_entry(data),
+        properties=tuple(junit_properties(report.verdict)),
+    )
+
+
+def plain_entry(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A report entry in plain JSON values (it rides on xdist's test reports)."""
+    return report_document([data], {})["cases"][0]  # type: ignore[no-any-return]
+
+
+class PerCase(Generic[T]):
+    """Each case computed once for all its phase items, and freed after the last of them.
+
+    ``take(key, uses, compute)`` computes on the first call for ``key`` and returns (or
+    raises, for a ``PrecalignError``) the same result on the next ``uses - 1`` calls; then the
+    result is dropped, so a case's traces do not outlive its items."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, T | PrecalignError] = {}
+        self._left: dict[str, int] = {}
+
+    def take(self, key: str, uses: int, compute: Callable[[], T]) -> T:
+        if key not in self._held:
+            try:
+                self._held[key] = compute()
+            except PrecalignError as exc:
+                self._held[key] = exc
+            self._left.setdefault(key, uses)
+        result = self._held[key]
+        self._left[key] = self._left.get(key, 1) - 1
+        if self._left[key] <= 0:
+            del self._held[key], self._left[key]
+        if isinstance(result, PrecalignError):
+            raise result
+        return result
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -1,0 +1,142 @@
+"""The live-case context: what every run of a case's models does around them, written once.
+
+Determinism flags, each model source's runtime, models built in this process (a
+tensor-parallel model as its TP=1 twin, whose ranks run elsewhere), weight sync, the run
+environment and manifest, and a side recorded in this process or across ranks. Used by live
+cases (``run.case``), the divergence search, stored-baseline recording and calibration::
+
+    with live_case(config, case, base_spec, cand_spec) as live:
+        baseline, candidate, sync = live.build_synced(base_spec, cand_spec)
+        trace = live.record(baseline, base_spec, live.manifest(base_spec, side="baseline"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config.loader import AlignConfig, CaseSpec, ModelSpec
+from ..mapping.weights import SyncReport, sync_weights
+from ..recording.determinism import deterministic, environment
+from ..recording.recorder import Recorder
+from ..sources import LoadedModel, build_model, runtime
+from ..sources.inputs import CaseInputs, build_inputs
+from ..trace.records import Trace
+from .side import run_side
+
+
+def case_where(config: AlignConfig, case: CaseSpec) -> str:
+    """The prefix of a case's messages: ``<config>: case '<name>': ``."""
+    return f"{config.path}: case {case.name!r}: "
+
+
+def tensor_parallel_size(spec: ModelSpec) -> int:
+    if spec.source != "megatron":
+        return 1
+    from ..sources.megatron import tensor_parallel
+
+    return tensor_parallel(spec)
+
+
+def in_process_twin(spec: ModelSpec) -> ModelSpec:
+    """The model as built in this process: a tensor-parallel model's TP=1 twin (it receives
+    synced weights; its ranks run in their own processes and load their shards of them)."""
+    if tensor_parallel_size(spec) == 1:
+        return spec
+    return replace(spec, options={**spec.options, "tensor_parallel": 1})
+
+
+@dataclass
+class LiveCase:
+    """A case's models inside their contexts (see ``live_case``)."""
+
+    config: AlignConfig
+    case: CaseSpec
+    flags: dict[str, Any]  # the determinism flags in force, for the manifest
+    inputs: CaseInputs | None  # the case's inputs (None: the caller makes its own)
+    _stack: ExitStack
+    _entered: set[str] = field(default_factory=set)
+
+    @property
+    def where(self) -> str:
+        return case_where(self.config, self.case)
+
+    def enter(self, spec: ModelSpec) -> None:
+        """Enter the source runtime of ``spec`` (once per model) until the context ends."""
+        if spec.name not in self._entered:
+            self._entered.add(spec.name)
+            self._stack.enter_context(runtime(in_process_twin(spec)))
+
+    def build(self, spec: ModelSpec) -> LoadedModel:
+        self.enter(spec)
+        return build_model(in_process_twin(spec), self.config.base_dir)
+
+    def sync(self, donor: Any, receiver: Any, mapping: Any, *, strict: bool) -> SyncReport:
+        """Weights of ``donor`` into ``receiver`` (modules, or a name -> tensor mapping)."""
+        where = self.where
+        return sync_weights(donor, receiver, mapping, strict=strict, context=lambda: where)
+
+    def build_synced(
+        self, base_spec: ModelSpec, cand_spec: ModelSpec
+    ) -> tuple[LoadedModel, LoadedModel, SyncReport | None]:
+        """Both models, the baseline's weights synced into the candidate when the case asks."""
+        baseline, candidate = self.build(base_spec), self.build(cand_spec)
+        sync = None
+        if self.case.sync_weights:
+            sync = self.sync(
+                baseline.module, candidate.module, self.case.mapping, strict=self.case.strict_weights
+            )
+        return baseline, candidate, sync
+
+    def environment(self, spec: ModelSpec) -> dict[str, Any]:
+        return environment(spec.device, spec.dtype, spec.seed, self.flags)
+
+    def manifest(self, spec: ModelSpec, **extra: Any) -> dict[str, Any]:
+        """The run's environment, the config digest and the case name, then ``extra``."""
+        return {
+            **self.environment(spec),
+            "config_digest": self.config.digest,
+            "case": self.case.name,
+            **extra,
+        }
+
+    def record(
+        self,
+        model: LoadedModel,
+        spec: ModelSpec,
+        manifest: Mapping[str, Any],
+        after_first_forward: Callable[[Recorder], None] | None = None,
+        *,
+        inputs: CaseInputs | None = None,
+        case: CaseSpec | None = None,
+        seed: int | None = None,
+    ) -> Trace:
+        """One side through the case's phases: in this process, or across its tensor-parallel
+        ranks (each loading its shard of ``model``'s weights)."""
+        data = self.inputs if inputs is None else inputs
+        assert data is not None, "live_case(..., with_inputs=False): pass inputs="
+        case = self.case if case is None else case
+        seed = spec.seed if seed is None else seed
+        if tensor_parallel_size(spec) == 1:
+            return run_side(model, data, case, manifest, seed, after_first_forward)
+        from .tensor_parallel import run_megatron_tensor_parallel
+
+        full = {n: p.detach() for n, p in model.module.named_parameters()}
+        return run_megatron_tensor_parallel(spec, self.config.base_dir, case, data, full, manifest, seed)
+
+
+@contextmanager
+def live_case(
+    config: AlignConfig, case: CaseSpec, *specs: ModelSpec, with_inputs: bool = True
+) -> Iterator[LiveCase]:
+    """The case's inputs built (unless ``with_inputs`` is False), then determinism on and the
+    runtimes of ``specs`` entered (in order), while inside."""
+    inputs = build_inputs(config.inputs[case.inputs], config.base_dir) if with_inputs else None
+    with ExitStack() as stack:
+        flags = stack.enter_context(deterministic(config.defaults.deterministic))
+        live = LiveCase(config, case, flags, inputs, stack)
+        for spec in specs:
+            live.enter(spec)
+        yield live
