@@ -122,6 +122,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     from .run.outcome import PerCase
 
+    if getattr(config.option, "dist", "no") == "load":
+        # A case's phase items share one run of its models (and one --align-save-traces or
+        # baseline write): xdist_group keeps them on one worker, under loadgroup scheduling.
+        config.option.dist = "loadgroup"
     config.stash[STATE_KEY] = _State(config=align_config, runs=PerCase(), run_id=_run_id(config))
     config.pluginmanager.register(_EntryCollector(config.stash[STATE_KEY]), "precalign-entries")
     # Collect the config's cases even when it lies outside the paths given on the command line.
@@ -333,15 +337,39 @@ class _EntryCollector:
             self.state.summaries.append(str(carried.get("summary", "")))
 
 
+USAGE_ERROR_KEY = "precalign_usage_error"  # an xdist worker's usage error, for the controller
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """Before any test runs: the ``align`` markers' arguments, and the selected cases' sources
-    (a bad marker or a broken source is a usage error)."""
-    state = _state(config)
-    _check_markers(state.config, items)
-    if state.config is None:
+    (a bad marker or a broken source is a usage error). On an xdist worker the error cannot be
+    raised (xdist would report a crashed worker): the worker collects nothing, stops, and hands
+    the message to the controller, which raises it (``pytest_testnodedown``)."""
+    try:
+        _check_collected(_state(config).config, items)
+    except pytest.UsageError as exc:
+        workeroutput = getattr(config, "workeroutput", None)
+        if workeroutput is None:
+            raise
+        workeroutput[USAGE_ERROR_KEY] = str(exc)
+        session.shouldstop = str(exc)
+        items[:] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the xdist controller: a worker's usage error is this run's usage error."""
+    message = getattr(node, "workeroutput", {}).get(USAGE_ERROR_KEY)
+    if message:
+        raise pytest.UsageError(message)
+
+
+def _check_collected(align_config: AlignConfig | None, items: list[pytest.Item]) -> None:
+    _check_markers(align_config, items)
+    if align_config is None:
         return
     from .run.case import preflight_case
 
@@ -350,11 +378,11 @@ def pytest_collection_modifyitems(
         if isinstance(item, (AlignItem, SearchItem)) and item.case.name not in checked:
             checked.add(item.case.name)
             try:
-                preflight_case(state.config, item.case)
+                preflight_case(align_config, item.case)
             except PrecalignError as exc:
                 text = str(exc)
-                if str(state.config.path) not in text:
-                    text = f"{state.config.path}: {text}"
+                if str(align_config.path) not in text:
+                    text = f"{align_config.path}: {text}"
                 raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {text}") from None
 
 
