@@ -75,7 +75,9 @@ def megatron_weights(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[f"{m}self_attention.linear_qkv.{kind}"] = torch.cat(fused)
         out[m + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
         mlp = f"model.layers.{i}.mlp."
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        out[m + "mlp.linear_fc1.weight"] = torch.cat(
+            [hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]]
+        )
         out[m + "mlp.linear_fc2.weight"] = hf[mlp + "down_proj.weight"]
         out[m + "input_layernorm.weight"] = hf[f"model.layers.{i}.input_layernorm.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[f"model.layers.{i}.post_attention_layernorm.weight"]
@@ -105,10 +107,10 @@ def megatron_shard(
             if int(index) // per_stage != pp_rank:
                 continue
             name = f"decoder.layers.{int(index) % per_stage}.{rest}"
-        elif name.startswith("embedding.") and pp_rank != 0:
-            continue
-        elif name.startswith(("decoder.final_layernorm", "output_layer")) and pp_rank != pp - 1:
-            continue
+        elif (name.startswith("embedding.") and pp_rank != 0) or (
+            name.startswith(("decoder.final_layernorm", "output_layer")) and pp_rank != pp - 1
+        ):
+            continue  # the embedding lives on the first stage, the head on the last
         out[name] = _tp_slice(name, t, tp, tp_rank).clone()
     return out
 

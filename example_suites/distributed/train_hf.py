@@ -25,7 +25,7 @@ model = Qwen2ForCausalLM(hf_config())
 model.load_state_dict(hf_weights(), strict=True)
 model.train()
 optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-rec = Recorder(args.out, mode=args.mode, steps=range(args.steps)) if args.out else None
+rec = Recorder(args.out, mode=args.mode) if args.out else None
 for tokens in batches(args.steps):
     if rec is not None:
         rec.start(model)

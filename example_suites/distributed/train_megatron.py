@@ -28,6 +28,7 @@ p.add_argument("--pp", type=int, default=1)
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--out", default=None, help="record into this folder (no recording without it)")
 p.add_argument("--mode", default="tensor")
+p.add_argument("--format", default="native", help="native (trace folders) or msprobe (msprobe dump layout)")
 p.add_argument("--fault", action="store_true", help="scale global layer 2's mlp output on one rank")
 p.add_argument("--save", default=None, help="torch.save(loss, params) of this rank to SAVE.rank<R>.pt")
 args = p.parse_args()
@@ -59,10 +60,14 @@ with torch.no_grad():
     for name, param in model.named_parameters():
         param.copy_(shard[name])
 per_stage = c["num_hidden_layers"] // args.pp
-if args.fault and ps.get_pipeline_model_parallel_rank() == 2 // per_stage and ps.get_tensor_model_parallel_rank() == 0:
+if (
+    args.fault
+    and ps.get_pipeline_model_parallel_rank() == 2 // per_stage
+    and ps.get_tensor_model_parallel_rank() == 0
+):
     model.decoder.layers[2 % per_stage].mlp.register_forward_hook(lambda m, i, out: (out[0] * 1.01, *out[1:]))
 optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-rec = Recorder(args.out, mode=args.mode, steps=range(args.steps)) if args.out else None
+rec = Recorder(args.out, mode=args.mode, format=args.format) if args.out else None
 mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
 positions = torch.arange(SEQ)[None].expand(BATCH, SEQ)
 
@@ -80,7 +85,7 @@ def forward_step(data_iterator, model):
     return out, loss_func
 
 
-for step, tokens in enumerate(batches(args.steps)):
+for tokens in batches(args.steps):
     if rec is not None:
         rec.start(model)
     with megatron_cpu():
@@ -99,6 +104,8 @@ for step, tokens in enumerate(batches(args.steps)):
         rec.step()
 if args.save:
     loss = losses[0]["loss"] if losses else None
-    torch.save({"loss": loss, "params": dict(model.named_parameters())}, f"{args.save}.rank{dist.get_rank()}.pt")
+    torch.save(
+        {"loss": loss, "params": dict(model.named_parameters())}, f"{args.save}.rank{dist.get_rank()}.pt"
+    )
 ps.destroy_model_parallel()
 dist.destroy_process_group()

@@ -8,9 +8,9 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
-from .errors import AlignmentMismatch, CaseError, ConfigError, PrecalignError, SourceError, TraceError
-
 from typing import TYPE_CHECKING, Any
+
+from .errors import AlignmentMismatch, CaseError, ConfigError, PrecalignError, SourceError, TraceError
 
 __version__ = "0.1.0"
 

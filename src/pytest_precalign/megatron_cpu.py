@@ -153,7 +153,9 @@ def megatron_cpu() -> Iterator[None]:
         stack.enter_context(_setattr(torch.cuda, "current_device", _cpu_device))
         cuda_sync = _View(torch.cuda, {"synchronize": _no_sync, "current_device": _cpu_device})
         stack.enter_context(
-            _setattr(schedules, "torch", _View(real_torch, {"zeros": _zeros_on_cpu(torch), "cuda": cuda_sync}))
+            _setattr(
+                schedules, "torch", _View(real_torch, {"zeros": _zeros_on_cpu(torch), "cuda": cuda_sync})
+            )
         )
         stack.enter_context(_setattr(p2p, "torch", _View(real_torch, {"cuda": cuda_sync})))
         cuda_rng = _View(
