@@ -311,3 +311,30 @@ def test_msprobe_format_tp2_read_back(tmp_path: Path) -> None:
         names = {r.name for r in trace.records}
         assert "decoder.layers.3.mlp.linear_fc1" in names
         assert {"activation", "grad_output", "param_grad"} <= {r.kind for r in trace.records}
+
+
+def test_megatron_cpu_patches_narrowly_and_restores() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is None:
+        pytest.skip("megatron-core is not installed")
+    from pytest_precalign import megatron_cpu
+
+    current_device = torch.cuda.current_device
+    with megatron_cpu():
+        schedules = sys.modules["megatron.core.pipeline_parallel.schedules"]
+        p2p = sys.modules["megatron.core.pipeline_parallel.p2p_communication"]
+        rng = sys.modules["megatron.core.tensor_parallel.random"]
+        if torch.cuda.is_available():
+            pytest.skip("a no-op where CUDA is available")
+        assert torch.cuda.current_device() == "cpu"
+        assert schedules.torch.zeros([], dtype=torch.int, device="cuda").device.type == "cpu"
+        assert p2p.torch.cuda.synchronize() is None and p2p.torch.cat is torch.cat
+        assert torch.zeros is not schedules.torch.zeros  # torch itself is untouched
+        state = rng._get_cuda_rng_state()
+        torch.rand(3)
+        rng._set_cuda_rng_state(state)
+        assert torch.equal(torch.get_rng_state(), state)
+    assert torch.cuda.current_device is current_device
+    assert schedules.torch is torch and p2p.torch is torch and rng.torch is torch
+    assert rng._get_cuda_rng_state.__module__ == rng.__name__

@@ -27,10 +27,10 @@ p.add_argument("--tp", type=int, default=1)
 p.add_argument("--pp", type=int, default=1)
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--out", default=None, help="record into this folder (no recording without it)")
-p.add_argument("--mode", default="tensor")
-p.add_argument("--format", default="native", help="native (trace folders) or msprobe (msprobe dump layout)")
+p.add_argument("--mode", default="tensor", help="stats | tensor | hash")
+p.add_argument("--format", default="native", help="native (trace folders) | msprobe (msprobe's dump layout)")
 p.add_argument("--fault", action="store_true", help="scale global layer 2's mlp output on one rank")
-p.add_argument("--save", default=None, help="torch.save(loss, params) of this rank to SAVE.rank<R>.pt")
+p.add_argument("--save", default=None, help="save this rank's last loss and params to SAVE.rank<R>.pt")
 args = p.parse_args()
 
 torch.set_num_threads(1)
@@ -60,14 +60,11 @@ with torch.no_grad():
     for name, param in model.named_parameters():
         param.copy_(shard[name])
 per_stage = c["num_hidden_layers"] // args.pp
-if (
-    args.fault
-    and ps.get_pipeline_model_parallel_rank() == 2 // per_stage
-    and ps.get_tensor_model_parallel_rank() == 0
-):
+if args.fault and ps.get_pipeline_model_parallel_rank() == 2 // per_stage and ps.get_tensor_model_parallel_rank() == 0:  # fmt: skip
     model.decoder.layers[2 % per_stage].mlp.register_forward_hook(lambda m, i, out: (out[0] * 1.01, *out[1:]))
 optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-rec = Recorder(args.out, mode=args.mode, format=args.format) if args.out else None
+# Without --out nothing is recorded: an empty step selection adds no hooks at all.
+rec = Recorder(args.out or ".", mode=args.mode, format=args.format, steps=None if args.out else [])
 mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
 positions = torch.arange(SEQ)[None].expand(BATCH, SEQ)
 
@@ -78,16 +75,14 @@ def forward_step(data_iterator, model):
 
     def loss_func(per_token_loss):
         loss = per_token_loss.mean()
-        if rec is not None:
-            rec.record_output("loss", loss)
+        rec.record_output("loss", loss)
         return loss, {"loss": loss.detach()}
 
     return out, loss_func
 
 
 for tokens in batches(args.steps):
-    if rec is not None:
-        rec.start(model)
+    rec.start(model)
     with megatron_cpu():
         losses = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter([tokens]), model=[model],
@@ -99,13 +94,10 @@ for tokens in batches(args.steps):
             param.grad /= ps.get_data_parallel_world_size()
     optimizer.step()
     optimizer.zero_grad()
-    if rec is not None:
-        rec.stop()
-        rec.step()
+    rec.stop()
+    rec.step()
 if args.save:
-    loss = losses[0]["loss"] if losses else None
-    torch.save(
-        {"loss": loss, "params": dict(model.named_parameters())}, f"{args.save}.rank{dist.get_rank()}.pt"
-    )
+    saved = {"loss": losses[0]["loss"] if losses else None, "params": dict(model.named_parameters())}
+    torch.save(saved, f"{args.save}.rank{dist.get_rank()}.pt")
 ps.destroy_model_parallel()
 dist.destroy_process_group()
