@@ -144,21 +144,14 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
 
 @contextlib.contextmanager
 def cpu_workarounds() -> Iterator[None]:
-    """megatron-core assumes CUDA in one runtime call on this path: RotaryEmbedding.get_emb
-    moves ``inv_freq`` to ``torch.cuda.current_device()``. On a CPU-only torch, answer "cpu"
-    for the duration of a forward. (The two other CUDA assumptions are handled where they
-    arise: the causal mask is passed explicitly, the RNG tracker is set in ``runtime``.)"""
-    import torch
+    """megatron-core's CUDA assumptions on a CPU-only torch, answered on the CPU for the
+    duration of a call: the public ``pytest_precalign.megatron_cpu`` (rotary embedding's
+    ``torch.cuda.current_device``, the RNG tracker, the pipeline schedule). (The causal mask
+    is passed explicitly in ``call``, the no-op RNG tracker is set in ``runtime``.)"""
+    from ..megatron_cpu import megatron_cpu
 
-    if torch.cuda.is_available():
+    with megatron_cpu():
         yield
-        return
-    original = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    try:
-        yield
-    finally:
-        torch.cuda.current_device = original
 
 
 @contextlib.contextmanager
