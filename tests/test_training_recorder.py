@@ -75,7 +75,7 @@ def train_step(model: torch.nn.Module, optimizer: Any, fail: bool = False) -> An
 def test_one_process_writes_step_rank0_folders(tmp_path: Path) -> None:
     from pytest_precalign import Recorder
     from pytest_precalign.errors import TraceError
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.trace.native_io import read_trace
 
     model = Tiny()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -164,7 +164,7 @@ def test_chunks_are_prefixed_and_torch_distributed_layout(tmp_path: Path) -> Non
     import torch.distributed as dist
 
     from pytest_precalign import Recorder
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.trace.native_io import read_trace
 
     chunks = [Tiny(), Tiny()]
     store = dist.HashStore()  # type: ignore[attr-defined]
@@ -186,7 +186,7 @@ def test_chunks_are_prefixed_and_torch_distributed_layout(tmp_path: Path) -> Non
 
 def test_explicit_layout_and_a_bad_key(tmp_path: Path) -> None:
     from pytest_precalign import Recorder
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.trace.native_io import read_trace
 
     with pytest.raises(
         ConfigError, match=r"layout: unknown key 'tp_size' \(allowed: tp, pp, dp, cp, ep, vpp"
@@ -257,7 +257,7 @@ def tp2_pp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_tp2_pp2_rank_folders_and_manifests(tp2_pp2: Path) -> None:
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.trace.native_io import read_trace
 
     run = tp2_pp2 / "run"
     assert sorted(p.relative_to(run).as_posix() for p in run.glob("*/*")) == [

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .ops import LEVELS
+from .vocabulary import LEVELS
 from .parallel_layout import check_layout, parallel_layout, process_rank
-from .recorder import Recorder as HookRecorder
-from .trace import Record
-from .trace_io import write_trace
+from .recording.recorder import Recorder as HookRecorder
+from .trace.native_io import write_trace
+from .trace.records import Record
 
 FORMATS = ("native", "msprobe")
 MODES = ("stats", "tensor", "hash")
@@ -176,7 +176,7 @@ class Recorder:
         }
         trace = hooks.trace(manifest)
         if self.format == "msprobe":
-            from .msprobe import write_msprobe_dump
+            from .msprobe.writer import write_msprobe_dump
 
             path = write_msprobe_dump(
                 trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite
