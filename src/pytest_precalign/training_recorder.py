@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .vocabulary import LEVELS
 from .parallel_layout import check_layout, parallel_layout, process_rank
 from .recording.recorder import Recorder as HookRecorder
 from .trace.native_io import write_trace
 from .trace.records import Record
+from .vocabulary import LEVELS
 
 FORMATS = ("native", "msprobe")
 MODES = ("stats", "tensor", "hash")
@@ -146,15 +146,16 @@ class Recorder:
         hooks.__enter__()
         self._hooks = hooks
 
-    def record_output(self, kind: str, tensor: torch.Tensor) -> Record | None:
-        """Record the loss or the logits of this step (nothing while not recording)."""
+    def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record | None:
+        """Record the loss or the logits of this step (nothing while not recording); ``deps``:
+        the ids of the records it was computed from (the loss's logits)."""
         if kind not in OUTPUT_KINDS:
             raise ValueError(
                 f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(OUTPUT_KINDS)})"
             )
         if self._hooks is None:
             return None
-        return self._hooks.record_output(kind, tensor)
+        return self._hooks.record_output(kind, tensor, deps)
 
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from ..sources.inputs import CaseInputs, build_inputs, check_token_ids
 from ..trace.records import Trace
 from ..vocabulary import phases_in_order
 from .isolation import isolate
+from .launch import in_process_twin, is_launched, run_launched
 from .outcome import CaseRun, finish
 from .side import run_side
 
@@ -73,10 +73,12 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     with ExitStack() as stack:
         flags = stack.enter_context(deterministic(config.defaults.deterministic))
         for spec in (base_spec, cand_spec):
-            stack.enter_context(runtime(_in_process(spec)))
-        # A tensor-parallel side is built here at TP=1 to receive the synced weights; its
-        # ranks run in their own processes and load their shards of them.
-        baseline, candidate, sync = build_synced(config, case, _in_process(base_spec), _in_process(cand_spec))
+            stack.enter_context(runtime(in_process_twin(spec)))
+        # A launched side is built here at TP=1 to receive the synced weights; its ranks run
+        # under torchrun and load their shards of them (run/launch.py).
+        baseline, candidate, sync = build_synced(
+            config, case, in_process_twin(base_spec), in_process_twin(cand_spec)
+        )
         for loaded, spec in ((baseline, base_spec), (candidate, cand_spec)):
             check_token_ids(inputs, loaded.module, spec.name, f"{where}inputs.{case.inputs}")
         env = environment(base_spec.device, base_spec.dtype, base_spec.seed, flags)
@@ -135,21 +137,6 @@ def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
     )
 
 
-def _tensor_parallel(spec: ModelSpec) -> int:
-    if spec.source != "megatron":
-        return 1
-    from ..sources.megatron import tensor_parallel
-
-    return tensor_parallel(spec)
-
-
-def _in_process(spec: ModelSpec) -> ModelSpec:
-    """The TP=1 twin of a tensor-parallel model, built in this process."""
-    if _tensor_parallel(spec) == 1:
-        return spec
-    return replace(spec, options={**spec.options, "tensor_parallel": 1})
-
-
 def _run_any(
     model: LoadedModel,
     spec: ModelSpec,
@@ -162,12 +149,10 @@ def _run_any(
     seed: int | None = None,
 ) -> Trace:
     seed = spec.seed if seed is None else seed
-    if _tensor_parallel(spec) == 1:
+    if not is_launched(spec):
         return run_side(model, inputs, case, manifest, seed, after_first_forward)
-    from .tensor_parallel import run_megatron_tensor_parallel
-
     full = {n: p.detach() for n, p in model.module.named_parameters()}
-    return run_megatron_tensor_parallel(spec, config.base_dir, case, inputs, full, manifest, seed)
+    return run_launched(spec, config.base_dir, case, inputs, full, manifest, seed)
 
 
 def check_modules(
