@@ -83,6 +83,25 @@ def run_launched(
     timeout: float | None = None,
 ) -> Trace:
     """Run ``spec`` on its ranks through the case's steps; the merged TP=1 trace."""
+    with tempfile.TemporaryDirectory(prefix="precalign-launch-") as tmp:
+        out = launch_ranks(spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout)
+        return merge_launched(out, world_size(spec.options), manifest, params="step" in case.phases)
+
+
+def launch_ranks(
+    spec: ModelSpec,
+    base_dir: Path,
+    case: CaseSpec,
+    inputs: CaseInputs,
+    full_weights: Mapping[str, torch.Tensor] | None,
+    seed: int,
+    work: Path,
+    *,
+    timeout: float | None = None,
+) -> Path:
+    """Run the ranks with ``work`` as their folder; the root of their ``step<N>/rank<R>``
+    folders. ``full_weights``: a TP=1 state (``named_parameters``) each rank loads its part
+    of; None keeps Megatron's own initialisation."""
     import torch
     from safetensors.torch import save_file
 
@@ -90,23 +109,21 @@ def run_launched(
     what = f"{spec.where}: models.{spec.name} ({nproc} ranks under torchrun)"
     _check(spec, case, what)
     timeout = launch_timeout(spec.options) if timeout is None else timeout
-    with tempfile.TemporaryDirectory(prefix="precalign-launch-") as tmp:
-        work = Path(tmp)
-        torch.save({"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels}, work / INPUTS_FILE)
-        if full_weights is not None:
-            save_file({k: v.detach().contiguous() for k, v in full_weights.items()}, str(work / WEIGHTS_FILE))
-        job = {
-            "spec": spec,
-            "base_dir": base_dir,
-            "case": replace(case, mapping=None),  # the ranks never map; keeps the pickle small
-            "seed": seed,
-            # The parent runs inside determinism(); the ranks repeat what it set.
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "timeout": timeout,
-        }
-        (work / JOB_FILE).write_bytes(pickle.dumps(job))
-        run_torchrun(nproc, work, timeout, what)
-        return merge_launched(work / OUT_DIR, nproc, manifest, params="step" in case.phases)
+    torch.save({"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels}, work / INPUTS_FILE)
+    if full_weights is not None:
+        save_file({k: v.detach().contiguous() for k, v in full_weights.items()}, str(work / WEIGHTS_FILE))
+    job = {
+        "spec": spec,
+        "base_dir": base_dir,
+        "case": replace(case, mapping=None),  # the ranks never map; keeps the pickle small
+        "seed": seed,
+        # The parent runs inside determinism(); the ranks repeat what it set.
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "timeout": timeout,
+    }
+    (work / JOB_FILE).write_bytes(pickle.dumps(job))
+    run_torchrun(nproc, work, timeout, what)
+    return work / OUT_DIR
 
 
 def _check(spec: ModelSpec, case: CaseSpec, what: str) -> None:
@@ -135,6 +152,7 @@ def run_torchrun(nproc: int, work: Path, timeout: float, what: str) -> None:
             env=env,
             start_new_session=True,  # its own process group: torchrun and every rank
         )
+        (work / "torchrun.pid").write_text(str(proc.pid), encoding="utf-8")
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
