@@ -30,7 +30,7 @@ from .parallel_layout import check_layout, parallel_layout, process_rank
 from .recording.recorder import Recorder as HookRecorder
 from .trace.native_io import write_trace
 from .trace.records import Record
-from .vocabulary import LEVELS
+from .vocabulary import LEVELS, as_kind
 
 FORMATS = ("native", "msprobe")
 MODES = ("stats", "tensor", "hash")
@@ -155,7 +155,7 @@ class Recorder:
             )
         if self._hooks is None:
             return None
-        return self._hooks.record_output(kind, tensor, deps)
+        return self._hooks.record_output(as_kind(kind), tensor, deps)
 
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this

@@ -637,11 +637,7 @@ def _parse_case(
 
     for side in ("baseline", "candidate"):
         model_spec = models.get(refs[side])
-        if (
-            record.level != "module"
-            and model_spec is not None
-            and launched(model_spec.options)
-        ):
+        if record.level != "module" and model_spec is not None and launched(model_spec.options):
             reader.fail(
                 f"record level {record.level!r} is not supported with tensor_parallel > 1 "
                 f"(model {refs[side]!r}); use level module",
