@@ -19,6 +19,7 @@ from pytest_precalign.config.launch import launched, world_size
 from pytest_precalign.config.loader import AlignConfig, load_config
 from pytest_precalign.errors import CaseError, ConfigError
 from pytest_precalign.trace.records import Record, Trace
+from pytest_precalign.vocabulary import as_kind
 
 torch = pytest.importorskip("torch")
 
@@ -149,7 +150,7 @@ def _rank(pp_rank: int, names: list[tuple[str, str]], offset: int) -> Trace:
             "backward" if kind.startswith("grad") else "forward",
             0,
             0,
-            kind,
+            as_kind(kind),
             "out",
             "float32",
             (2,),

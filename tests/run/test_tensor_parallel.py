@@ -21,9 +21,9 @@ from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E40
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
-from pytest_precalign.run.case import CaseRun, finish  # noqa: E402
 from pytest_precalign.run.launch import launch_ranks  # noqa: E402
 from pytest_precalign.run.launch_merge import merge_launched, read_step  # noqa: E402
+from pytest_precalign.run.outcome import CaseRun, finish  # noqa: E402
 from pytest_precalign.run.side import run_side  # noqa: E402
 from pytest_precalign.run.tensor_parallel import (  # noqa: E402
     MEGATRON_GPT_RULES,
@@ -35,6 +35,7 @@ from pytest_precalign.run.tensor_parallel import (  # noqa: E402
 from pytest_precalign.sources import build_model, runtime  # noqa: E402
 from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
 from pytest_precalign.trace.records import Record, Trace  # noqa: E402
+from pytest_precalign.vocabulary import as_kind  # noqa: E402
 
 CONFIG = """
 version: 1
@@ -182,7 +183,7 @@ def test_gather_keeps_rank0_and_notes_what_it_cannot_gather() -> None:
             key = f"t{i}"
             tensors[key] = torch.full(shape, float(rank))
             records.append(
-                Record(i, name, "M", "forward", 0, 0, kind, slot, "float32", shape, tensor_key=key)
+                Record(i, name, "M", "forward", 0, 0, as_kind(kind), slot, "float32", shape, tensor_key=key)
             )
         return Trace({"record_mode": "tensor"}, tuple(records), tensors)
 
