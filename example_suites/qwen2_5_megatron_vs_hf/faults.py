@@ -39,11 +39,14 @@ def scale_layer2_mlp(model: torch.nn.Module) -> None:
     stages are left unchanged."""
     for layer in model.decoder.layers:
         if layer.layer_number == 3:
-            mlp = layer.mlp
-            original = mlp.forward
+            _scale_forward(layer.mlp, 1.1)
 
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                out, bias = original(*args, **kwargs)
-                return out * 1.1, bias
 
-            mlp.forward = forward
+def _scale_forward(mlp: torch.nn.Module, scale: float) -> None:
+    original = mlp.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out, bias = original(*args, **kwargs)
+        return out * scale, bias
+
+    mlp.forward = forward  # type: ignore[method-assign]
