@@ -49,4 +49,4 @@ def _scale_forward(mlp: torch.nn.Module, scale: float) -> None:
         out, bias = original(*args, **kwargs)
         return out * scale, bias
 
-    mlp.forward = forward  # type: ignore[method-assign]
+    mlp.forward = forward
