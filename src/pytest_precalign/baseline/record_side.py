@@ -97,8 +97,7 @@ def record_side(
     from ..mapping.apply import map_trace
     from ..mapping.weights import sync_weights
     from ..recording.determinism import deterministic, environment
-    from ..run.case import _run_any
-    from ..run.launch import in_process_twin as _in_process
+    from ..run.case import _in_process, _run_any
     from ..sources import build_model, runtime
     from ..sources.inputs import build_inputs
 

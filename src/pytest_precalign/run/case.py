@@ -74,8 +74,7 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         flags = stack.enter_context(deterministic(config.defaults.deterministic))
         for spec in (base_spec, cand_spec):
             stack.enter_context(runtime(in_process_twin(spec)))
-        # A launched side is built here at TP=1 to receive the synced weights; its ranks run
-        # under torchrun and load their shards of them (run/launch.py).
+        # A launched side's TP=1 twin takes the synced weights its ranks load (run/launch.py).
         baseline, candidate, sync = build_synced(
             config, case, in_process_twin(base_spec), in_process_twin(cand_spec)
         )
@@ -135,6 +134,9 @@ def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
     return finish(
         case.name, case.phases, base, cand, case.mapping, table, case, None, started, dict(base.manifest)
     )
+
+
+_in_process = in_process_twin  # the baseline recorder's name for it
 
 
 def _run_any(

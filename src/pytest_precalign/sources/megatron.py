@@ -219,8 +219,7 @@ def _build_gpt(
     spec: ModelSpec,
     ps: Any,
 ) -> torch.nn.Module:
-    """The rank's part of the GPTModel: its pipeline stage (pre_process on the first, the
-    final norm and output layer on the last) and its tensor-parallel shard."""
+    """The rank's part of the GPTModel: its pipeline stage and its tensor-parallel shard."""
     import torch
 
     config = transformer_config(
