@@ -31,3 +31,22 @@ def scale_layer1_mlp(model: torch.nn.Module) -> None:
         return out * 1.1, bias
 
     mlp.forward = forward
+
+
+def scale_layer2_mlp(model: torch.nn.Module) -> None:
+    """The MLP of global layer 2 returns 1.1x its output, wherever it is built: on a pipeline
+    rank, the stage that holds it (Megatron's ``layer_number`` is global and 1-based); other
+    stages are left unchanged."""
+    for layer in model.decoder.layers:
+        if layer.layer_number == 3:
+            _scale_forward(layer.mlp, 1.1)
+
+
+def _scale_forward(mlp: torch.nn.Module, scale: float) -> None:
+    original = mlp.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out, bias = original(*args, **kwargs)
+        return out * scale, bias
+
+    mlp.forward = forward

@@ -8,16 +8,40 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import AlignmentMismatch, CaseError, ConfigError, PrecalignError, SourceError, TraceError
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .megatron_cpu import megatron_cpu
+    from .training_recorder import Recorder
+
+# Public names whose modules import torch: loaded on first access, so that importing the
+# package (the pytest plugin) stays cheap.
+_LAZY = {"Recorder": "training_recorder", "megatron_cpu": "megatron_cpu"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AlignmentMismatch",
     "CaseError",
     "ConfigError",
     "PrecalignError",
+    "Recorder",
     "SourceError",
     "TraceError",
     "__version__",
+    "megatron_cpu",
 ]

@@ -15,7 +15,16 @@ def test_example_suite_passes_with_reasons_for_every_unmatched_record(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
     folder = example_suite("qwen2_5_megatron_vs_hf")
-    result = run_pytest("--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out")
+    # The launched cases (4 ranks under torchrun each) are the next test's.
+    result = run_pytest(
+        "--align-config",
+        str(folder / "align.yaml"),
+        str(folder),
+        "--align-report",
+        "out",
+        "-k",
+        "not launched",
+    )
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 9, result.stdout.str()
     report = json.loads((pytester.path / "out" / "report.json").read_text())
@@ -26,3 +35,27 @@ def test_example_suite_passes_with_reasons_for_every_unmatched_record(
     first = known["known_megatron_mlp_bug"]["first_divergence"]
     assert (first["name"], first["origin"]) == ("model.layers.1.mlp", True)
     assert known["known_megatron_mlp_bug_isolated"]["isolation"]["origin"] == "model.layers.1.mlp"
+
+
+def test_tp2_pp2_launched_on_four_ranks_aligns_and_names_a_second_stage_fault_globally(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    """Megatron Qwen2.5 at TP=2 x PP=2 under torchrun (launch: {nproc: 4}) against HF: forward,
+    backward and an AdamW step aligned under the suite's TP table; a fault planted in global
+    layer 2 (the second pipeline stage's first layer) is the origin, by its global HF name."""
+    folder = example_suite("qwen2_5_megatron_vs_hf")
+    result = run_pytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-k", "launched"
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 5, (
+        result.stdout.str()
+    )  # 3 + 2 phases
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    cases = {c["name"]: c for c in report["cases"] if c["phase"] == "forward"}
+    assert set(cases) == {"fp32_tp2_pp2_launched", "known_bug_on_second_stage_launched"}
+    first = cases["known_bug_on_second_stage_launched"]["first_divergence"]
+    assert (first["name"], first["origin"]) == ("model.layers.2.mlp", True)
+    aligned = [c for c in report["cases"] if c["name"] == "fp32_tp2_pp2_launched"]
+    assert {c["phase"] for c in aligned} == {"forward", "backward", "step"}
+    assert all(c["first_divergence"] is None for c in aligned), aligned

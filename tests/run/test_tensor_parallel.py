@@ -1,7 +1,8 @@
-"""Tensor parallelism on the Megatron side: TP=2 ranks spawned on the CPU (gloo), their traces
-gathered to the TP=1 layout and compared with Hugging Face and with a TP=1 Megatron run.
+"""Tensor parallelism on the Megatron side: TP=2 ranks launched under torchrun on the CPU
+(gloo), their traces gathered to the TP=1 layout and compared with Hugging Face and with a TP=1
+Megatron run.
 
-Real torch, megatron-core and transformers; the spawned runs take a few seconds each.
+Real torch, megatron-core, torchrun and transformers; one launched run is shared by the module.
 """
 
 from __future__ import annotations
@@ -20,21 +21,21 @@ from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E40
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
-from pytest_precalign.run.case import CaseRun
-from pytest_precalign.run.outcome import FinishInputs, finish
+from pytest_precalign.run.launch import launch_ranks  # noqa: E402
+from pytest_precalign.run.launch_merge import merge_launched, read_step  # noqa: E402
+from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish  # noqa: E402
 from pytest_precalign.run.side import run_side  # noqa: E402
-from pytest_precalign.run.tensor_parallel import (
+from pytest_precalign.run.tensor_parallel import (  # noqa: E402
     MEGATRON_GPT_RULES,
     WRONG_FC1_RULES,
     gather_traces,
     rule_for,
-    run_megatron_tensor_parallel,
-    run_tensor_parallel_ranks,
     shard_state,
 )
 from pytest_precalign.sources import build_model, runtime  # noqa: E402
 from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
 from pytest_precalign.trace.records import Record, Trace  # noqa: E402
+from pytest_precalign.vocabulary import as_kind  # noqa: E402
 
 CONFIG = """
 version: 1
@@ -88,7 +89,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> AlignConfig:
 
 
 @pytest.fixture(scope="module")
-def runs(config: AlignConfig) -> dict[str, Any]:
+def runs(config: AlignConfig, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """HF, TP=1 Megatron (weights synced from HF) and the TP=2 ranks, recorded once."""
     case = config.case("tp2")
     hf_spec, mc_spec = config.models["hf"], config.models["megatron"]
@@ -101,10 +102,18 @@ def runs(config: AlignConfig) -> dict[str, Any]:
             full = {n: p.detach().clone() for n, p in tp1.module.named_parameters()}
             tp1_trace = run_side(tp1, inputs, case, {"side": "tp1"}, 0)
         hf_trace = run_side(hf, inputs, case, {"side": "baseline"}, 0)
-        ranks = run_tensor_parallel_ranks(
-            config.models["megatron_tp2"], config.base_dir, case, inputs, full, {"side": "candidate"}, 0
-        )
-    return {"case": case, "inputs": inputs, "full": full, "hf": hf_trace, "tp1": tp1_trace, "ranks": ranks}
+        work = tmp_path_factory.mktemp("tp2-ranks")
+        out = launch_ranks(config.models["megatron_tp2"], config.base_dir, case, inputs, full, 0, work)
+    ranks = read_step(out / "step0", 2)
+    return {
+        "case": case,
+        "inputs": inputs,
+        "full": full,
+        "hf": hf_trace,
+        "tp1": tp1_trace,
+        "ranks": ranks,
+        "out": out,
+    }
 
 
 def _finish(config: AlignConfig, base: Trace, cand: Trace, *, mapped: bool = True) -> CaseRun:
@@ -174,7 +183,7 @@ def test_gather_keeps_rank0_and_notes_what_it_cannot_gather() -> None:
             key = f"t{i}"
             tensors[key] = torch.full(shape, float(rank))
             records.append(
-                Record(i, name, "M", "forward", 0, 0, kind, slot, "float32", shape, tensor_key=key)
+                Record(i, name, "M", "forward", 0, 0, as_kind(kind), slot, "float32", shape, tensor_key=key)
             )
         return Trace({"record_mode": "tensor"}, tuple(records), tensors)
 
@@ -203,8 +212,9 @@ def test_rules_cover_the_sharded_records(runs: dict[str, Any]) -> None:
 
 # -- end to end -------------------------------------------------------------------------------
 def test_tp2_matches_hf_through_the_preset_mapping(config: AlignConfig, runs: dict[str, Any]) -> None:
-    gathered = gather_traces(runs["ranks"])
-    tp_info = gathered.manifest["tensor_parallel"]
+    gathered = merge_launched(runs["out"], 2, {"side": "candidate"})
+    tp_info = gathered.manifest["parallel"]["merged"]
+    assert gathered.manifest["parallel"]["tp"] == 2 and gathered.manifest["parallel"]["pp"] == 1
     assert tp_info["size"] == 2 and tp_info["notes"] == {} and tp_info["replicas_checked"] > 100
     run = _finish(config, runs["hf"], gathered)
     for phase, verdict in run.verdicts.items():
@@ -226,7 +236,7 @@ def test_tp2_matches_hf_through_the_preset_mapping(config: AlignConfig, runs: di
 
 
 def test_tp2_matches_tp1_megatron_without_a_mapping(config: AlignConfig, runs: dict[str, Any]) -> None:
-    gathered = gather_traces(runs["ranks"])
+    gathered = merge_launched(runs["out"], 2, {})
     tp1: Trace = runs["tp1"]
     assert [(r.id, r.shape) for r in gathered.records] == [(r.id, r.shape) for r in tp1.records]
     run = _finish(config, tp1, gathered, mapped=False)
@@ -235,45 +245,40 @@ def test_tp2_matches_tp1_megatron_without_a_mapping(config: AlignConfig, runs: d
 
 
 def test_wrong_fc1_gather_is_caught_at_layer0_fc1(config: AlignConfig, runs: dict[str, Any]) -> None:
+    wrong = merge_launched(runs["out"], 2, {}, rules=WRONG_FC1_RULES)
     case = replace(config.case("tp2"), phases=("forward",))
-    with deterministic(True):
-        wrong = run_megatron_tensor_parallel(
-            config.models["megatron_tp2"],
-            config.base_dir,
-            case,
-            runs["inputs"],
-            runs["full"],
-            {"side": "candidate"},
-            0,
-            gather_rules=WRONG_FC1_RULES,
-        )
-    verdict = _finish(config, runs["hf"], wrong).verdicts["forward"]
+    verdict = finish(
+        case.name, case.phases, runs["hf"], wrong, case.mapping, config.tolerances["tp"], case, None, 0.0, {}
+    ).verdicts["forward"]
     assert not verdict.passed
     assert verdict.first is not None
     assert verdict.first.name in ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj")
     assert verdict.first.kind == "activation"
 
 
-def test_a_failing_rank_surfaces_as_one_case_error(config: AlignConfig, runs: dict[str, Any]) -> None:
+def test_a_failing_rank_surfaces_as_one_case_error(
+    config: AlignConfig, runs: dict[str, Any], tmp_path: Path
+) -> None:
     full = dict(runs["full"])
     del full["decoder.final_layernorm.weight"]
     with pytest.raises(CaseError, match=r"rank [01] failed: CaseError: rank [01]: .*final_layernorm"):
-        run_megatron_tensor_parallel(
+        launch_ranks(
             config.models["megatron_tp2"],
             config.base_dir,
             config.case("tp2"),
             runs["inputs"],
             full,
-            {},
             0,
+            tmp_path,
             timeout=120,
         )
 
 
-def test_stats_mode_is_refused_before_spawning(config: AlignConfig, runs: dict[str, Any]) -> None:
+def test_stats_mode_is_refused_before_launching(
+    config: AlignConfig, runs: dict[str, Any], tmp_path: Path
+) -> None:
     case = config.case("tp2")
     case = replace(case, record=replace(case.record, mode="stats"))
     with pytest.raises(CaseError, match=r"record: \{mode: tensor\}"):
-        run_megatron_tensor_parallel(
-            config.models["megatron_tp2"], Path("."), case, runs["inputs"], None, {}, 0
-        )
+        launch_ranks(config.models["megatron_tp2"], Path("."), case, runs["inputs"], None, 0, tmp_path)
+    assert not (tmp_path / "torchrun.pid").exists()

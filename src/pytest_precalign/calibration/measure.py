@@ -19,7 +19,8 @@ import torch
 
 from ..config.loader import AlignConfig, CaseSpec, ModelSpec
 from ..errors import CaseError, ConfigError, PrecalignError
-from ..run.live import in_process_twin, live_case
+from ..run.launch import in_process_twin
+from ..run.live import live_case
 from ..run.side import run_side
 from ..sources import LoadedModel, build_model
 from ..sources.inputs import CaseInputs

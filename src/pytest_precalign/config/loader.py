@@ -19,6 +19,7 @@ from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file, revers
 from ..verdict.expectation import Expectation
 from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
 from ..yaml_reader import LineList, Reader, describe, load_yaml
+from .launch import launched, parse_parallel
 from .model_sources import COMMON_MODEL_KEYS, SOURCES
 from .presets import PRESETS_DIR, QWEN2_FIELDS
 from .search import IDS_KEYS, SearchSpec, parse_ids, parse_search
@@ -331,7 +332,7 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
     if source == "megatron":
         reader.get_choice("preset", ("qwen2.5",), "qwen2.5")
         options.setdefault("preset", "qwen2.5")
-        reader.get_int("tensor_parallel", 1, minimum=1)
+        options.update(parse_parallel(reader))
     if source == "hf" and "class" in options:
         value = options["class"]
         if not isinstance(value, str) or "." not in value.replace(":", "."):
@@ -358,9 +359,11 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
     if isolate and candidate is None:
         reader.fail("isolation re-runs the candidate's modules: it needs a model, not a dump", "isolate")
     assert candidate is not None or not isolate
-    if isolate and candidate is not None and candidate.options.get("tensor_parallel", 1) != 1:
+    if isolate and candidate is not None and launched(candidate.options):
         reader.fail(
-            "isolation calls the candidate's modules in this process: not with tensor_parallel > 1", "isolate"
+            "isolation calls the candidate's modules in this process: not with tensor_parallel > 1 "
+            "(nor pipeline_parallel > 1 or launch)",
+            "isolate",
         )
     if isolate and record.mode != "tensor":
         reader.fail(
@@ -380,8 +383,12 @@ def _search(reader: Reader, spec: InputSpec | None, *models: ModelSpec | None) -
         return None
     if spec is None or any(m is None for m in models):
         reader.fail("the search generates inputs for models: it needs models, not {dump: path}", "search")
-    if any(m is not None and m.options.get("tensor_parallel", 1) != 1 for m in models):
-        reader.fail("the search runs both models in this process: not with tensor_parallel > 1", "search")
+    if any(m is not None and launched(m.options) for m in models):
+        reader.fail(
+            "the search runs both models in this process: not with tensor_parallel > 1 "
+            "(nor pipeline_parallel > 1 or launch)",
+            "search",
+        )
     vocab = spec.vocab_size if spec.kind == "tokens" else None
     return parse_search(sub, vocab, spec.labels, spec.attention_mask or spec.mask is not None)
 
@@ -630,11 +637,7 @@ def _parse_case(
 
     for side in ("baseline", "candidate"):
         model_spec = models.get(refs[side])
-        if (
-            record.level != "module"
-            and model_spec is not None
-            and model_spec.options.get("tensor_parallel", 1) != 1
-        ):
+        if record.level != "module" and model_spec is not None and launched(model_spec.options):
             reader.fail(
                 f"record level {record.level!r} is not supported with tensor_parallel > 1 "
                 f"(model {refs[side]!r}); use level module",

@@ -31,7 +31,7 @@ SOURCES: dict[str, SourceInfo] = {
         name="megatron",
         builder="pytest_precalign.sources.megatron:build",
         required=(),
-        optional=("preset", "config", "tensor_parallel"),
+        optional=("preset", "config", "tensor_parallel", "pipeline_parallel", "launch"),
         extra="megatron",
         summary="a megatron-core GPTModel (local spec) from a preset and an HF-style config",
     ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.loader import AlignConfig, CaseSpec, ModelSpec
@@ -24,28 +24,13 @@ from ..recording.recorder import Recorder
 from ..sources import LoadedModel, build_model, runtime
 from ..sources.inputs import CaseInputs, build_inputs
 from ..trace.records import Trace
+from .launch import in_process_twin, is_launched, run_launched
 from .side import run_side
 
 
 def case_where(config: AlignConfig, case: CaseSpec) -> str:
     """The prefix of a case's messages: ``<config>: case '<name>': ``."""
     return f"{config.path}: case {case.name!r}: "
-
-
-def tensor_parallel_size(spec: ModelSpec) -> int:
-    if spec.source != "megatron":
-        return 1
-    from ..sources.megatron import tensor_parallel
-
-    return tensor_parallel(spec)
-
-
-def in_process_twin(spec: ModelSpec) -> ModelSpec:
-    """The model as built in this process: a tensor-parallel model's TP=1 twin (it receives
-    synced weights; its ranks run in their own processes and load their shards of them)."""
-    if tensor_parallel_size(spec) == 1:
-        return spec
-    return replace(spec, options={**spec.options, "tensor_parallel": 1})
 
 
 @dataclass
@@ -113,18 +98,16 @@ class LiveCase:
         case: CaseSpec | None = None,
         seed: int | None = None,
     ) -> Trace:
-        """One side through the case's phases: in this process, or across its tensor-parallel
+        """One side through the case's phases: in this process, or across its launched
         ranks (each loading its shard of ``model``'s weights)."""
         data = self.inputs if inputs is None else inputs
         assert data is not None, "live_case(..., with_inputs=False): pass inputs="
         case = self.case if case is None else case
         seed = spec.seed if seed is None else seed
-        if tensor_parallel_size(spec) == 1:
+        if not is_launched(spec):
             return run_side(model, data, case, manifest, seed, after_first_forward)
-        from .tensor_parallel import run_megatron_tensor_parallel
-
         full = {n: p.detach() for n, p in model.module.named_parameters()}
-        return run_megatron_tensor_parallel(spec, self.config.base_dir, case, data, full, manifest, seed)
+        return run_launched(spec, self.config.base_dir, case, data, full, manifest, seed)
 
 
 @contextmanager

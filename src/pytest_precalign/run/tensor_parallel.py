@@ -1,8 +1,9 @@
-"""Tensor parallelism (TP > 1) for the Megatron source: one process per rank, one trace back.
+"""Tensor parallelism (TP > 1) for the Megatron source: how tensors are sharded over ranks.
 
-A megatron-core ``GPTModel`` with ``tensor_model_parallel_size = tp`` is run in ``tp``
-spawned processes (gloo on CPU). Each rank records its own trace, in which sharded tensors
-are that rank's slice; ``gather_traces`` puts them back together in the TP=1 layout, so the
+A megatron-core ``GPTModel`` with ``tensor_model_parallel_size = tp`` runs on ranks launched
+under torchrun (``run/launch.py``, ``run/rank_main.py``). Each rank records its own trace, in
+which sharded tensors are that rank's slice; ``gather_traces`` puts them back together in the
+TP=1 layout (``run/launch_merge.py`` also renumbers pipeline stages), so the
 gathered trace compares with a TP=1 Megatron run (same names) or, through the usual
 mapping, with Hugging Face. How each tensor is sharded is data (``MEGATRON_GPT_RULES``),
 so a wrong rule (``WRONG_FC1_RULES``) is a gather bug the comparison must catch.
@@ -28,14 +29,8 @@ shard like the tensors they belong to.
 from __future__ import annotations
 
 import fnmatch
-import json
-import tempfile
-import time
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import CaseError
@@ -44,8 +39,6 @@ from ..trace.records import Record, Trace
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import CaseSpec, ModelSpec
-    from ..sources.inputs import CaseInputs
 
 Layout = Literal["replicated", "chunk", "gated"]
 Role = Literal["param", "out", "in"]
@@ -55,7 +48,6 @@ ROLE_KINDS: Mapping[str, tuple[str, ...]] = {
     "out": ("activation", "grad_output"),
     "in": ("input", "grad_input"),
 }
-DEFAULT_TIMEOUT = 600.0  # seconds for all ranks together; a stuck collective must not hang pytest
 
 
 @dataclass(frozen=True)
@@ -130,6 +122,13 @@ def _param_record(name: str, shape: tuple[int, ...]) -> Record:
     return Record(0, name, "", "step", 0, 0, "param", "", "", shape)
 
 
+def rule_for_param(
+    name: str, shape: tuple[int, ...], rules: Sequence[ShardRule] = MEGATRON_GPT_RULES
+) -> ShardRule | None:
+    """How the TP=1 parameter ``name`` is split over the tensor-parallel ranks (None: replicated)."""
+    return rule_for(_param_record(name, shape), rules)
+
+
 # -- the layout operations -------------------------------------------------------------------
 def shard_tensor(full: torch.Tensor, layout: Layout, dim: int, tp: int, rank: int) -> torch.Tensor:
     """Rank ``rank``'s slice of a TP=1 tensor."""
@@ -170,7 +169,7 @@ def shard_state(
         raise CaseError(f"rank {rank} is not in 0..{tp - 1}")
     out = {}
     for name, tensor in full.items():
-        rule = rule_for(_param_record(name, tuple(tensor.shape)), rules)
+        rule = rule_for_param(name, tuple(tensor.shape), rules)
         if rule is None:
             out[name] = tensor.detach().clone()
         else:
@@ -299,225 +298,3 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a.double() - b.double()).abs().max())
     diff = (a.double() - b.double()).abs()
     return float(torch.nan_to_num(diff, nan=float("inf")).max())
-
-
-# -- running the ranks ---------------------------------------------------------------------------
-def run_megatron_tensor_parallel(
-    spec: ModelSpec,
-    base_dir: Path,
-    case: CaseSpec,
-    inputs: CaseInputs,
-    full_weights: Mapping[str, torch.Tensor] | None,
-    manifest: Mapping[str, Any],
-    seed: int,
-    *,
-    gather_rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
-    timeout: float = DEFAULT_TIMEOUT,
-) -> Trace:
-    """Run ``spec`` (a megatron model with ``tensor_parallel: tp``) in ``tp`` spawned ranks
-    through ``runner.run_side`` and return their traces gathered to the TP=1 layout.
-
-    ``full_weights``: a TP=1 state (``named_parameters``) each rank loads its shard of; None
-    keeps Megatron's own initialisation. The parent's torch.distributed is not touched.
-    """
-    # The weights are always sharded by the true layout: ``gather_rules`` only changes how
-    # the records are put back together (a wrong rule there is a gather bug to be caught).
-    ranks = run_tensor_parallel_ranks(
-        spec, base_dir, case, inputs, full_weights, manifest, seed, timeout=timeout
-    )
-    return gather_traces(ranks, rules=gather_rules)
-
-
-def run_tensor_parallel_ranks(
-    spec: ModelSpec,
-    base_dir: Path,
-    case: CaseSpec,
-    inputs: CaseInputs,
-    full_weights: Mapping[str, torch.Tensor] | None,
-    manifest: Mapping[str, Any],
-    seed: int,
-    *,
-    rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
-    timeout: float = DEFAULT_TIMEOUT,
-) -> list[Trace]:
-    """The ranks' own traces (in memory), before gathering; ``rules`` shard ``full_weights``."""
-    import torch
-    from safetensors.torch import save_file
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
-
-    from ..sources.megatron import tensor_parallel
-    from ..trace.native_io import read_trace
-
-    tp = tensor_parallel(spec)
-    what = f"{spec.where}: models.{spec.name} (tensor_parallel: {tp})"
-    if case.record.mode != "tensor":
-        raise CaseError(
-            f"{what}: case {case.name!r} records in {case.record.mode!r} mode; gathering the "
-            "ranks' shards needs record: {mode: tensor}"
-        )
-    if spec.device != "cpu":
-        raise CaseError(
-            f"{what}: spawned tensor-parallel ranks run on the CPU (gloo) only, not {spec.device!r}"
-        )
-    with tempfile.TemporaryDirectory(prefix="precalign-tp-") as tmp:
-        work = Path(tmp)
-        torch.save({"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels}, work / "inputs.pt")
-        if full_weights is not None:
-            for rank in range(tp):
-                save_file(
-                    shard_state(full_weights, tp, rank, rules),
-                    str(work / f"weights{rank}.safetensors"),
-                )
-        settings = {
-            # The parent runs inside runner.deterministic(); the ranks repeat what it set
-            # (the environment variables it set are inherited by the spawned processes).
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "timeout": timeout,
-        }
-        child_case = replace(case, mapping=None)  # the ranks never map; keeps the pickle small
-        ctx = start_processes(
-            _rank_main,
-            args=(tp, str(work), spec, base_dir, child_case, dict(manifest), seed, settings),
-            nprocs=tp,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
-                if time.monotonic() > deadline:
-                    raise CaseError(f"{what}: the ranks did not finish within {timeout:.0f} s")
-        except ProcessRaisedException as exc:
-            raise CaseError(
-                f"{what}: rank {exc.error_index} failed: {_child_error(work, exc.error_index, exc)}"
-            ) from None
-        except ProcessExitedException as exc:
-            raise CaseError(
-                f"{what}: rank {exc.error_index} died (exit code {exc.exit_code}"
-                + (f", signal {exc.signal_name}" if exc.signal_name else "")
-                + f"){_child_error_suffix(work, exc.error_index)}"
-            ) from None
-        finally:
-            for process in ctx.processes:  # only our own ranks, on timeout or failure
-                if process.is_alive():
-                    process.terminate()
-                    process.join(5)
-        traces = []
-        for rank in range(tp):
-            trace = read_trace(work / f"rank{rank}")
-            # Read every tensor now: the directory is removed on return.
-            traces.append(replace(trace, tensors={k: trace.tensors[k].clone() for k in trace.tensors}))
-    return traces
-
-
-def _child_error(work: Path, rank: int, exc: BaseException) -> str:
-    file = work / f"error{rank}.json"
-    if file.exists():
-        data = json.loads(file.read_text(encoding="utf-8"))
-        return f"{data['type']}: {data['message']}"
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
-
-
-def _child_error_suffix(work: Path, rank: int) -> str:
-    file = work / f"error{rank}.json"
-    if not file.exists():
-        return ""
-    data = json.loads(file.read_text(encoding="utf-8"))
-    return f": {data['type']}: {data['message']}"
-
-
-def _rank_main(
-    rank: int,
-    tp: int,
-    work_dir: str,
-    spec: ModelSpec,
-    base_dir: Path,
-    case: CaseSpec,
-    manifest: dict[str, Any],
-    seed: int,
-    settings: dict[str, Any],
-) -> None:
-    """One rank (in a spawned process): build, load the shard, record, write the trace."""
-    import torch
-
-    # The ranks share the parent's cores: one thread each, so 2 ranks on 2 cores do not
-    # oversubscribe (the results do not depend on it on CPU).
-    torch.set_num_threads(1)
-    work = Path(work_dir)
-    try:
-        _rank_run(rank, tp, work, spec, base_dir, case, manifest, seed, settings)
-    except BaseException as exc:
-        from ..sources import one_line
-
-        message = {"type": type(exc).__name__, "message": one_line(exc), "traceback": traceback.format_exc()}
-        (work / f"error{rank}.json").write_text(json.dumps(message), encoding="utf-8")
-        raise
-
-
-def _rank_run(
-    rank: int,
-    tp: int,
-    work: Path,
-    spec: ModelSpec,
-    base_dir: Path,
-    case: CaseSpec,
-    manifest: dict[str, Any],
-    seed: int,
-    settings: dict[str, Any],
-) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from ..recording.determinism import deterministic
-    from ..sources import build_model, runtime
-    from ..sources.inputs import CaseInputs
-    from ..trace.native_io import write_trace
-    from .side import run_side
-
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{work / 'rendezvous'}",
-        rank=rank,
-        world_size=tp,
-        timeout=timedelta(seconds=float(settings["timeout"])),
-    )
-    try:
-        # sources.runtime sees the group and creates only Megatron's model-parallel state
-        # (tensor_model_parallel_size = tp) and the CPU RNG tracker, then tears them down.
-        with deterministic(bool(settings["deterministic"])), runtime(spec):
-            model = build_model(spec, base_dir)
-            weights = work / f"weights{rank}.safetensors"
-            if weights.exists():
-                _load_shard(model.module, weights, rank)
-            blob = torch.load(work / "inputs.pt", weights_only=False)
-            inputs = CaseInputs(blob["model_inputs"], blob["labels"])
-            rank_info = {"tp_rank": rank, "torch_threads": torch.get_num_threads()}
-            trace = run_side(model, inputs, case, {**manifest, **rank_info}, seed)
-        write_trace(trace, work / f"rank{rank}")
-    finally:
-        dist.destroy_process_group()
-
-
-def _load_shard(module: torch.nn.Module, file: Path, rank: int) -> None:
-    import torch
-    from safetensors.torch import load_file
-
-    shard = load_file(str(file))
-    params = dict(module.named_parameters())
-    missing = sorted(set(params) - set(shard))
-    unknown = sorted(set(shard) - set(params))
-    if missing or unknown:
-        raise CaseError(
-            f"rank {rank}: the TP=1 weights do not fit the TP model: "
-            + (f"no weight for {missing[:3]} " if missing else "")
-            + (f"no parameter for {unknown[:3]}" if unknown else "")
-        )
-    with torch.no_grad():
-        for name, param in params.items():
-            if tuple(param.shape) != tuple(shard[name].shape):
-                raise CaseError(
-                    f"rank {rank}: shard of {name} has shape {list(shard[name].shape)}, "
-                    f"the rank's parameter {list(param.shape)}"
-                )
-            param.copy_(shard[name])

@@ -67,6 +67,12 @@ def qwen2_fields(spec: ModelSpec) -> dict[str, Any]:
             f"{spec.where}: models.{spec.name}.config: hidden_size ({fields['hidden_size']}) must be "
             f"a multiple of num_attention_heads ({heads})"
         )
+    pp = pipeline_parallel(spec)
+    if fields["num_hidden_layers"] % pp:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.pipeline_parallel: {pp} must divide num_hidden_layers "
+            f"({fields['num_hidden_layers']})"
+        )
     if groups % tp or fields["vocab_size"] % tp or fields["intermediate_size"] % tp:
         raise SourceError(
             f"{spec.where}: models.{spec.name}.tensor_parallel: {tp} must divide num_key_value_heads "
@@ -83,6 +89,15 @@ def tensor_parallel(spec: ModelSpec) -> int:
             f"{spec.where}: models.{spec.name}.tensor_parallel: expected an integer >= 1, got {tp!r}"
         )
     return tp
+
+
+def pipeline_parallel(spec: ModelSpec) -> int:
+    pp = spec.options.get("pipeline_parallel", 1)
+    if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.pipeline_parallel: expected an integer >= 1, got {pp!r}"
+        )
+    return pp
 
 
 def preflight(spec: ModelSpec, base_dir: Path) -> None:
@@ -104,14 +119,14 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
     import torch.distributed as dist
 
     parallel_state = _megatron()
-    tp = tensor_parallel(spec)
+    tp, pp = tensor_parallel(spec), pipeline_parallel(spec)
     created_group = False
     created_parallel = False
     if not dist.is_initialized():
-        if tp != 1:
+        if tp * pp != 1:
             raise SourceError(
-                f"{spec.where}: models.{spec.name}.tensor_parallel: {tp} needs {tp} processes; "
-                "launch the case under torchrun with that many ranks"
+                f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp} "
+                f"needs {tp * pp} processes; launch the case under torchrun with that many ranks"
             )
         backend = {"cuda": "nccl", "npu": "hccl"}.get(spec.device, "gloo")
         store = dist.HashStore()  # type: ignore[attr-defined]  # in-process store, world size 1
@@ -121,12 +136,19 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
         if not parallel_state.model_parallel_is_initialized():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+                parallel_state.initialize_model_parallel(
+                    tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+                )
             created_parallel = True
-        elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+        elif (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        ) != (tp, pp):
             raise SourceError(
-                f"{spec.where}: models.{spec.name}.tensor_parallel: {tp}, but the running "
-                f"model-parallel state has {parallel_state.get_tensor_model_parallel_world_size()}"
+                f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp}, but "
+                f"the running model-parallel state has "
+                f"{parallel_state.get_tensor_model_parallel_world_size()} x "
+                f"{parallel_state.get_pipeline_model_parallel_world_size()}"
             )
         from megatron.core.tensor_parallel import random as mc_random
 
@@ -144,21 +166,14 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
 
 @contextlib.contextmanager
 def cpu_workarounds() -> Iterator[None]:
-    """megatron-core assumes CUDA in one runtime call on this path: RotaryEmbedding.get_emb
-    moves ``inv_freq`` to ``torch.cuda.current_device()``. On a CPU-only torch, answer "cpu"
-    for the duration of a forward. (The two other CUDA assumptions are handled where they
-    arise: the causal mask is passed explicitly, the RNG tracker is set in ``runtime``.)"""
-    import torch
+    """megatron-core's CUDA assumptions on a CPU-only torch, answered on the CPU for the
+    duration of a call: the public ``pytest_precalign.megatron_cpu`` (rotary embedding's
+    ``torch.cuda.current_device``, the RNG tracker, the pipeline schedule). (The causal mask
+    is passed explicitly in ``call``, the no-op RNG tracker is set in ``runtime``.)"""
+    from ..megatron_cpu import megatron_cpu
 
-    if torch.cuda.is_available():
+    with megatron_cpu():
         yield
-        return
-    original = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    try:
-        yield
-    finally:
-        torch.cuda.current_device = original
 
 
 @contextlib.contextmanager
@@ -190,7 +205,9 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
     dtype = torch_dtype(spec.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _build_gpt(GPTModel, get_gpt_layer_local_spec, TransformerConfig, f, dtype, spec)
+        return _build_gpt(
+            GPTModel, get_gpt_layer_local_spec, TransformerConfig, f, dtype, spec, parallel_state
+        )
 
 
 def _build_gpt(
@@ -200,7 +217,9 @@ def _build_gpt(
     f: Mapping[str, Any],
     dtype: Any,
     spec: ModelSpec,
+    ps: Any,
 ) -> torch.nn.Module:
+    """The rank's part of the GPTModel: its pipeline stage and its tensor-parallel shard."""
     import torch
 
     config = transformer_config(
@@ -231,6 +250,8 @@ def _build_gpt(
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         tensor_model_parallel_size=tensor_parallel(spec),
+        pipeline_model_parallel_size=pipeline_parallel(spec),
+        pipeline_dtype=dtype,
         sequence_parallel=False,
     )
     model = gpt_model(
@@ -243,6 +264,8 @@ def _build_gpt(
         position_embedding_type="rope",
         rotary_percent=1.0,
         rotary_base=int(f["rope_theta"]),
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
     )
     # The local spec's torch RMSNorm ignores params_dtype.
     built: torch.nn.Module = model.to(dtype)

@@ -1,0 +1,72 @@
+"""A model's parallel layout and how its ranks are launched (``source: megatron`` only).
+
+    models:
+      megatron_tp2_pp2:
+        source: megatron
+        tensor_parallel: 2
+        pipeline_parallel: 2
+        launch: {nproc: 4}          # optional; timeout: seconds for the whole run
+
+A model with ``tensor_parallel`` or ``pipeline_parallel`` > 1, or with ``launch:``, runs on
+real ranks under torchrun (``run/launch.py``); ``nproc`` must equal ``tensor_parallel x
+pipeline_parallel`` (no data parallelism: every rank holds a different part of the model).
+Without ``launch:`` the ranks are launched all the same, ``nproc`` being that product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..yaml_reader import Reader
+
+LAUNCH_KEYS = ("nproc", "timeout")
+DEFAULT_TIMEOUT = 600.0  # seconds for all ranks together; a stuck collective must not hang pytest
+
+
+def parse_parallel(reader: Reader) -> dict[str, Any]:
+    """``tensor_parallel``, ``pipeline_parallel`` and ``launch`` of a megatron model, checked
+    together: the options they add to the model spec."""
+    tp = reader.get_int("tensor_parallel", 1, minimum=1)
+    pp = reader.get_int("pipeline_parallel", 1, minimum=1)
+    sub = reader.get_mapping("launch")
+    out: dict[str, Any] = {}
+    if reader.has("tensor_parallel"):
+        out["tensor_parallel"] = tp
+    if reader.has("pipeline_parallel"):
+        out["pipeline_parallel"] = pp
+    if sub is None:
+        return out
+    sub.check_keys(LAUNCH_KEYS)
+    nproc = sub.get_int("nproc", minimum=1)
+    if nproc is None:
+        sub.fail(
+            f"missing required key 'nproc' (the number of ranks: tensor_parallel x pipeline_parallel = {tp * pp})"
+        )
+    if nproc != tp * pp:
+        sub.fail(
+            f"{nproc} ranks cannot hold tensor_parallel {tp} x pipeline_parallel {pp}: nproc must be "
+            f"{tp * pp} (data parallelism is not supported)",
+            "nproc",
+        )
+    timeout = sub.get_float("timeout", DEFAULT_TIMEOUT, non_negative=True)
+    if timeout <= 0:
+        sub.fail(f"must be > 0 seconds, got {timeout}", "timeout")
+    sub.done()
+    out["launch"] = {"nproc": nproc, "timeout": timeout}
+    return out
+
+
+def world_size(options: Mapping[str, Any]) -> int:
+    """How many ranks a model runs on (1: in this process)."""
+    return int(options.get("tensor_parallel", 1)) * int(options.get("pipeline_parallel", 1))
+
+
+def launched(options: Mapping[str, Any]) -> bool:
+    """Whether a model runs on ranks under torchrun rather than in this process."""
+    return world_size(options) > 1 or "launch" in options
+
+
+def launch_timeout(options: Mapping[str, Any]) -> float:
+    launch = options.get("launch") or {}
+    return float(launch.get("timeout", DEFAULT_TIMEOUT))

@@ -1,0 +1,221 @@
+"""Record inside the user's own (distributed) training loop: ``pytest_precalign.Recorder``.
+
+>>> rec = Recorder("runs/mindspeed", mode="tensor", steps=[0, 1])
+>>> for step, batch in enumerate(loader):
+...     rec.start(model)      # an nn.Module, or a list of model chunks (virtual pipeline)
+...     loss = train_step(model, batch, optimizer)    # forward, backward, optimizer.step()
+...     rec.stop()            # parameters after the optimizer step are recorded here
+...     rec.step()
+
+Each rank writes ``ROOT/step<N>/rank<R>/``: a trace directory (``format="native"``, atomic:
+a folder is visible only once complete) or msprobe's dump layout (``format="msprobe"``).
+Without a process group the rank is 0. The manifest's ``"parallel"`` key says where the rank
+sits in the run (see ``parallel_layout``). A step or rank that ``steps=`` / ``ranks=`` does
+not select adds no hooks at all. Hooks left behind by a step that raised between ``start``
+and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
+``with Recorder(...)``; ``with rec.recording(model):`` does start, stop and step in one.
+Recording is bitwise neutral: tensors are only read (see ``recorder``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .parallel_layout import check_layout, parallel_layout, process_rank
+from .recording.recorder import Recorder as HookRecorder
+from .trace.native_io import write_trace
+from .trace.records import Record
+from .vocabulary import LEVELS, as_kind
+
+FORMATS = ("native", "msprobe")
+MODES = ("stats", "tensor", "hash")
+OUTPUT_KINDS = ("loss", "logits")
+
+
+class _Chunks(torch.nn.Module):
+    """Model chunks (virtual pipeline) under one root: their records are ``chunk<k>.<name>``.
+    Holding the chunks does not change them; the root itself is never called."""
+
+    def __init__(self, chunks: Sequence[torch.nn.Module]) -> None:
+        super().__init__()
+        for k, chunk in enumerate(chunks):
+            self.add_module(f"chunk{k}", chunk)
+
+
+def _selection(values: Iterable[int] | None, what: str) -> frozenset[int] | None:
+    if values is None:
+        return None
+    if isinstance(values, int):
+        values = [values]
+    chosen = frozenset(values)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in chosen):
+        raise ValueError(f"Recorder: {what}= must be integers >= 0, got {sorted(chosen, key=str)!r}")
+    return chosen
+
+
+class Recorder:
+    """Record the selected steps of a training loop on each selected rank (see module doc)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        mode: str = "stats",
+        level: str = "module",
+        steps: Iterable[int] | None = None,
+        ranks: Iterable[int] | None = None,
+        format: str = "native",
+        layout: dict[str, Any] | None = None,
+        overwrite: bool = False,
+        inputs: bool = True,
+        grads: bool = True,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
+        if level not in LEVELS:
+            raise ValueError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
+        if format not in FORMATS:
+            raise ValueError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
+        self.root = Path(root)
+        self.mode = mode
+        self.level = level
+        self.format = format
+        self.layout = check_layout(layout) if layout is not None else None
+        self.overwrite = overwrite
+        self.steps = _selection(steps, "steps")
+        self.ranks = _selection(ranks, "ranks")
+        self._options: dict[str, Any] = {
+            "inputs": inputs,
+            "grads": grads,
+            "include": include,
+            "exclude": exclude,
+        }
+        self._step = 0
+        self._hooks: HookRecorder | None = None
+        self._parallel: dict[str, Any] = {}
+        self.written: list[Path] = []  # the folders this process wrote, in order
+
+    # -- where we are -------------------------------------------------------------------
+    @property
+    def current_step(self) -> int:
+        """The step the next ``start`` records (0 first; ``step()`` advances it)."""
+        return self._step
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank (``layout["rank"]`` if given, 0 without a process group)."""
+        if self.layout is not None and "rank" in self.layout:
+            return int(self.layout["rank"])
+        return process_rank()[1]
+
+    def selected(self) -> bool:
+        """Whether the current step on this rank is recorded."""
+        return (self.steps is None or self._step in self.steps) and (
+            self.ranks is None or self.rank in self.ranks
+        )
+
+    @property
+    def recording_now(self) -> bool:
+        return self._hooks is not None
+
+    def folder(self, step: int | None = None) -> Path:
+        """``ROOT/step<N>/rank<R>`` of this rank."""
+        return self.root / f"step{self._step if step is None else step}" / f"rank{self.rank}"
+
+    # -- the loop -------------------------------------------------------------------------
+    def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        """Add the hooks for this step (nothing if the step or rank is not selected)."""
+        self._discard()  # hooks of a step whose forward or backward raised
+        if not self.selected():
+            return
+        chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
+        if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
+            raise TypeError("Recorder.start: expected an nn.Module or a non-empty list of nn.Module chunks")
+        prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
+        target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
+        self._parallel = parallel_layout(chunks, prefixes, self.layout)
+        hooks = HookRecorder(target, mode=self.mode, level=self.level, **self._options)
+        hooks.step = self._step
+        hooks.__enter__()
+        self._hooks = hooks
+
+    def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record | None:
+        """Record the loss or the logits of this step (nothing while not recording); ``deps``:
+        the ids of the records it was computed from (the loss's logits)."""
+        if kind not in OUTPUT_KINDS:
+            raise ValueError(
+                f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(OUTPUT_KINDS)})"
+            )
+        if self._hooks is None:
+            return None
+        return self._hooks.record_output(as_kind(kind), tensor, deps)
+
+    def stop(self) -> Path | None:
+        """Record the parameters (after the optimizer step), remove the hooks and write this
+        rank's folder; returns it (None when this step or rank is not recorded)."""
+        hooks = self._hooks
+        if hooks is None:
+            return None
+        self._hooks = None
+        try:
+            hooks.record_params()
+        finally:
+            hooks.__exit__(None, None, None)
+        manifest = {
+            "recorder": "pytest_precalign.Recorder",
+            "step": self._step,
+            "rank": self.rank,
+            "torch_version": torch.__version__,
+            "parallel": self._parallel,
+        }
+        trace = hooks.trace(manifest)
+        if self.format == "msprobe":
+            from .msprobe.writer import write_msprobe_dump
+
+            path = write_msprobe_dump(
+                trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite
+            )
+        else:
+            path = write_trace(trace, self.folder(), overwrite=self.overwrite)
+        self.written.append(path)
+        return path
+
+    def step(self) -> None:
+        """Advance the step counter (call once per training step, after ``stop``)."""
+        self._step += 1
+
+    @contextlib.contextmanager
+    def recording(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> Iterator[Recorder]:
+        """``start``, then ``stop`` and ``step`` when the block completes; when it raises, the
+        hooks are removed, nothing is written and the step is not advanced."""
+        self.start(model)
+        try:
+            yield self
+        except BaseException:
+            self._discard()
+            raise
+        self.stop()
+        self.step()
+
+    # -- cleanup --------------------------------------------------------------------------
+    def _discard(self) -> None:
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """Remove hooks a step left behind (its records are dropped)."""
+        self._discard()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
