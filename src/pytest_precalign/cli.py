@@ -30,8 +30,20 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
     compare = sub.add_parser("compare", help="compare two stored runs (trace directories)")
-    compare.add_argument("golden", help="the golden (baseline) side")
-    compare.add_argument("target", help="the target (candidate) side")
+    compare.add_argument("golden", nargs="?", help="the golden (baseline) side")
+    compare.add_argument("target", nargs="?", help="the target (candidate) side")
+    compare.add_argument(
+        "--parallel",
+        action="append",
+        default=[],
+        metavar="SIDE:tp=T,pp=P[,vpp=V][,order=...]",
+        help="merge that side's ranks (golden or target; an msprobe dump's layout) before comparing",
+    )
+    compare.add_argument(
+        "--msprobe-config",
+        metavar="FILE",
+        help="msprobe compare.json: bench_path (golden), npu_path (target), parallel_merge",
+    )
     compare.add_argument(
         "--tolerances", metavar="FILE", help="tolerance table YAML (default: torch.testing's per dtype)"
     )
@@ -145,11 +157,16 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 def _compare(args: argparse.Namespace) -> int:
     from .offline import compare_run_sets
+    from .parallel.layout import compare_sides
     from .report import PhaseReport, failure_message, phase_dict, summary_line, write_reports
 
+    args.golden, args.target, layouts = compare_sides(
+        args.golden, args.target, args.parallel, args.msprobe_config
+    )
     runs = compare_run_sets(
         args.golden,
         args.target,
+        parallel=layouts,
         tolerances=args.tolerances,
         mapping=args.mapping,
         variables=_variables(args.var),

@@ -13,19 +13,25 @@ from .config import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, layer_mapping_path
 from .errors import ConfigError, TraceError
 from .layer_mapping import read_layer_mapping
 from .mapping import MappingSpec, read_mapping_file
+from .parallel.layout import ParallelLayout
 from .tolerances import PHASES, ToleranceTable, default_table, parse_table
 from .trace import Trace
 from .yamlio import read_yaml_file
 
 
-def load_side(path: str | Path) -> Trace:
+def load_side(path: str | Path, parallel: ParallelLayout | None = None) -> Trace:
     """A pytest-precalign trace directory or an msprobe dump (a rank folder, or a step or
-    dump folder holding one rank), detected from its files."""
+    dump folder holding one rank), detected from its files; a multi-rank side (rank folders
+    with ``parallel`` manifests, or an msprobe dump with ``parallel`` given) merged into one."""
+    from .parallel.sides import load_parallel_side
     from .trace_io import read_trace
 
     root = Path(path)
     if not root.exists():
         raise TraceError(f"{root}: no such file or directory")
+    merged = load_parallel_side(root, parallel)
+    if merged is not None:
+        return merged
     if (root / "manifest.json").is_file():
         return read_trace(root)
     from .msprobe import is_msprobe_dump, read_msprobe_dump
@@ -88,9 +94,19 @@ def load_mapping(value: str | None, variables: Mapping[str, Any]) -> MappingSpec
 def compare_run_sets(
     golden: str | Path,
     target: str | Path,
+    parallel: Mapping[str, ParallelLayout] | None = None,
     **options: Any,
 ) -> list[tuple[tuple[int, int], CaseRun]]:
-    """Pair every (step, rank) of both sides; a clear error when they hold different ones."""
+    """Pair every (step, rank) of both sides; a clear error when they hold different ones.
+    A multi-rank side that is merged (see ``load_side``) makes one pair of the two sides."""
+    from .parallel.layout import parallel_rank_folders
+
+    parallel = parallel or {}
+    if any(
+        parallel.get(side) is not None or parallel_rank_folders(path) is not None
+        for side, path in (("golden", golden), ("target", target))
+    ):
+        return [((0, 0), compare_runs(golden, target, parallel=parallel, **options))]
     _same_level(golden, target)
     gold, targ = load_sides(golden), load_sides(target)
     if len(gold) == 1 and len(targ) == 1:
@@ -137,11 +153,13 @@ def compare_runs(
     fuzzy_match: bool = False,
     progress: Callable[[int, int], None] | None = None,
     metrics: Sequence[str] = (),
+    parallel: Mapping[str, ParallelLayout] | None = None,
 ) -> CaseRun:
     import time
 
     started = time.perf_counter()
-    base, cand = load_side(golden), load_side(target)
+    layouts = parallel or {}
+    base, cand = load_side(golden, layouts.get("golden")), load_side(target, layouts.get("target"))
     if fuzzy_match:
         from .fuzzy import fuzzy_api_calls
 

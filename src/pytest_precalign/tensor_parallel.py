@@ -27,18 +27,26 @@ shard like the tensors they belong to.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .errors import CaseError
+from .parallel.rules import (
+    MEGATRON_GPT_RULES,
+    ROLE_KINDS,
+    WRONG_FC1_RULES,
+    Layout,
+    Role,
+    ShardRule,
+    rule_for,
+)
 from .trace import Record, Trace
 
 if TYPE_CHECKING:
@@ -47,83 +55,22 @@ if TYPE_CHECKING:
     from .config import CaseSpec, ModelSpec
     from .inputs import CaseInputs
 
-Layout = Literal["replicated", "chunk", "gated"]
-Role = Literal["param", "out", "in"]
-# Which record kinds a rule's role covers: a tensor and the grads that belong to it.
-ROLE_KINDS: Mapping[str, tuple[str, ...]] = {
-    "param": ("param", "param_grad"),
-    "out": ("activation", "grad_output"),
-    "in": ("input", "grad_input"),
-}
+__all__ = [
+    "MEGATRON_GPT_RULES",
+    "ROLE_KINDS",
+    "WRONG_FC1_RULES",
+    "Layout",
+    "Role",
+    "ShardRule",
+    "gather_traces",
+    "rule_for",
+    "run_megatron_tensor_parallel",
+    "run_tensor_parallel_ranks",
+    "shard_state",
+]
+
+
 DEFAULT_TIMEOUT = 600.0  # seconds for all ranks together; a stuck collective must not hang pytest
-
-
-@dataclass(frozen=True)
-class ShardRule:
-    """How records named ``name`` (a glob) with a slot matching ``slot`` are split over
-    TP ranks. ``role``: ``param`` (weights, their grads, their values after steps), ``out``
-    (module outputs and their grads) or ``in`` (module inputs and their grads)."""
-
-    name: str
-    role: Role
-    layout: Layout
-    dim: int = 0
-    slot: str = "*"
-    why: str = ""
-
-    def matches(self, record: Record) -> bool:
-        return (
-            record.kind in ROLE_KINDS[self.role]
-            and fnmatch.fnmatchcase(record.name, self.name)
-            and fnmatch.fnmatchcase(record.slot, self.slot)
-        )
-
-
-_ATTN = "*.self_attention"
-# First matching rule wins; a record no rule matches is replicated.
-MEGATRON_GPT_RULES: tuple[ShardRule, ...] = (
-    # Weights.
-    ShardRule("*.linear_qkv.*", "param", "chunk", 0, why="column parallel; whole KV groups per rank"),
-    ShardRule("*.linear_fc1.weight", "param", "gated", 0, why="column parallel; [gate_r; up_r] per rank"),
-    ShardRule("*.linear_fc1.bias", "param", "gated", 0, why="column parallel; [gate_r; up_r] per rank"),
-    ShardRule("*.linear_proj.weight", "param", "chunk", 1, why="row parallel: input features"),
-    ShardRule("*.linear_fc2.weight", "param", "chunk", 1, why="row parallel: input features"),
-    ShardRule("embedding.word_embeddings.weight", "param", "chunk", 0, why="vocab parallel"),
-    ShardRule("output_layer.weight", "param", "chunk", 0, why="column parallel over the vocabulary"),
-    # Column-parallel outputs (not gathered: gather_output=False inside the layers).
-    ShardRule("*.linear_qkv", "out", "chunk", -1, slot="out.0", why="whole KV groups per rank"),
-    ShardRule("*.linear_fc1", "out", "gated", -1, slot="out.0", why="[gate_r; up_r] per rank"),
-    # Row-parallel inputs; their outputs are all-reduced (replicated).
-    ShardRule("*.linear_proj", "in", "chunk", -1, slot="in.0", why="this rank's heads' context"),
-    ShardRule("*.linear_fc2", "in", "chunk", -1, slot="in.0", why="this rank's ffn features"),
-    # Attention internals: this rank's heads. q/k/v are [s, b, heads, d]; scores [b, heads, s, s].
-    ShardRule(f"{_ATTN}.q_layernorm", "in", "chunk", 2, slot="in.0", why="heads"),
-    ShardRule(f"{_ATTN}.q_layernorm", "out", "chunk", 2, why="heads"),
-    ShardRule(f"{_ATTN}.k_layernorm", "in", "chunk", 2, slot="in.0", why="KV groups"),
-    ShardRule(f"{_ATTN}.k_layernorm", "out", "chunk", 2, why="KV groups"),
-    ShardRule(f"{_ATTN}.core_attention", "in", "chunk", 2, slot="in.[012]", why="q, k, v heads"),
-    ShardRule(f"{_ATTN}.core_attention", "out", "chunk", -1, why="context [s, b, heads * d]"),
-    ShardRule(f"{_ATTN}.core_attention.*", "in", "chunk", 1, slot="in.0", why="scores [b, heads, s, s]"),
-    ShardRule(f"{_ATTN}.core_attention.*", "out", "chunk", 1, why="probabilities [b, heads, s, s]"),
-)
-
-
-def _plain_fc1(rules: Iterable[ShardRule]) -> tuple[ShardRule, ...]:
-    return tuple(
-        replace(r, layout="chunk", why="WRONG on purpose: fc1 concatenated as if [gate; up] were chunked")
-        if r.layout == "gated"
-        else r
-        for r in rules
-    )
-
-
-# The classic TP layout bug, for tests: fc1 gathered by plain concatenation, which yields
-# [gate_0; up_0; gate_1; up_1] instead of [gate; up].
-WRONG_FC1_RULES: tuple[ShardRule, ...] = _plain_fc1(MEGATRON_GPT_RULES)
-
-
-def rule_for(record: Record, rules: Sequence[ShardRule] = MEGATRON_GPT_RULES) -> ShardRule | None:
-    return next((r for r in rules if r.matches(record)), None)
 
 
 def _param_record(name: str, shape: tuple[int, ...]) -> Record:
@@ -282,7 +229,7 @@ def gather_traces(
     manifest["tensor_parallel"] = {
         "size": tp,
         "rules": [
-            f"{r.name} [{r.role} {r.slot}] {r.layout} dim {r.dim}" for r in rules if r.layout != "replicated"
+            r.describe() for r in rules if r.layout != "replicated"
         ],
         "replicas_checked": replicas_checked,
         "notes": notes,
