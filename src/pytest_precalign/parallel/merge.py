@@ -293,22 +293,30 @@ def _rename_id(record_id: str, rename: Callable[[str], tuple[str, int]]) -> str:
 
 
 def _ordered(merged: _Merged, layout: ParallelLayout, where: str) -> list[Record]:
-    """Execution order of a one-stage run; each global record once."""
+    """Execution order of a one-stage run, each global record once. A module on several
+    stages (a container such as ``decoder``: every stage has one) keeps its inputs and the
+    grads w.r.t. them from the first stage and its outputs and their grads from the last;
+    a parameter on several stages is an error."""
     items = merged.records
     if layout.pp > 1 or (layout.vpp or 1) > 1:
         items = sorted(items, key=lambda item: item[0])
-    seen: set[str] = set()
-    out: list[Record] = []
-    for _, rec in items:
-        if rec.id in seen:
+    chosen: dict[str, tuple[tuple[Any, ...], Record]] = {}
+    for key, rec in items:
+        held = chosen.get(rec.id)
+        if held is None:
+            chosen[rec.id] = (key, rec)
+            continue
+        if rec.kind in ("param", "param_grad"):
             raise TraceError(
-                f"{where}: record {rec.id!r} is on several pipeline stages after renumbering "
-                "(check each rank's layer_offsets and chunk prefixes)"
+                f"{where}: parameter record {rec.id!r} is on several pipeline stages after renumbering "
+                "(check each rank's layer_offsets and chunk prefixes; tied weights are not merged)"
             )
-        seen.add(rec.id)
-        out.append(replace(rec, seq=len(out)))
+        first_wins = rec.kind in ("input", "grad_input")
+        if abs(key[2]) > abs(held[0][2]) and not first_wins:
+            chosen[rec.id] = (key, rec)
+    kept = sorted(chosen.values(), key=lambda item: item[0]) if len(chosen) < len(items) else items
     merged.records = []
-    return out
+    return [replace(rec, seq=i) for i, (_, rec) in enumerate(kept)]
 
 
 def _check_replica(
