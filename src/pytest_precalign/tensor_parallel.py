@@ -228,9 +228,7 @@ def gather_traces(
     manifest.pop("tp_rank", None)
     manifest["tensor_parallel"] = {
         "size": tp,
-        "rules": [
-            r.describe() for r in rules if r.layout != "replicated"
-        ],
+        "rules": [r.describe() for r in rules if r.layout != "replicated"],
         "replicas_checked": replicas_checked,
         "notes": notes,
     }
