@@ -29,7 +29,9 @@ def _torchrun(out: Path, nproc: int, fault: str = "none") -> subprocess.Popen[st
     cmd = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     cmd += ["--master_port", str(_free_port()), str(SCRIPT), str(out), ",".join(TASKS), fault]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
 
 
 def _free_port() -> int:
@@ -44,7 +46,7 @@ def _wait(proc: subprocess.Popen[str]) -> None:
     try:
         log, _ = proc.communicate(timeout=400)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, 9)  # torchrun and the ranks it started (their own session)
         log, _ = proc.communicate()
         raise RuntimeError(f"torchrun did not finish in 400 s ({proc.args}):\n{log[-3000:]}") from None
     if proc.returncode != 0:

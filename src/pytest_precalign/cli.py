@@ -29,7 +29,38 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
-    compare = sub.add_parser("compare", help="compare two stored runs (trace directories)")
+    _compare_parser(sub.add_parser("compare", help="compare two stored runs (trace directories)"))
+    calibrate = sub.add_parser(
+        "calibrate", help="measure each layer's noise floor and write a tolerance table YAML"
+    )
+    calibrate.add_argument("--config", required=True, help="alignment config YAML")
+    calibrate.add_argument("--case", action="append", default=[], help="calibrate this case (repeatable)")
+    calibrate.add_argument("--out", required=True, metavar="FILE", help="tolerance table YAML to write")
+    calibrate.add_argument("--margin", default="4", help="bound = margin x measured floor (default 4)")
+    calibrate.add_argument(
+        "--perturbations", default="float64,attn,seed", help="comma-separated: float64, attn, seed"
+    )
+    calibrate.add_argument("--force", action="store_true", help="replace an existing table")
+    record = sub.add_parser(
+        "record",
+        help="record one side of cases (and its weights) as stored baselines DIR/<case>/",
+    )
+    record.add_argument("config", help="alignment config YAML")
+    record.add_argument(
+        "--out", required=True, metavar="DIR", help="write DIR/<case>/ (as --align-baseline reads)"
+    )
+    record.add_argument("--case", action="append", default=[], help="record only this case (repeatable)")
+    record.add_argument(
+        "--side",
+        choices=("candidate", "baseline"),
+        default="candidate",
+        help="which model of the case to record (default: candidate)",
+    )
+    record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
+    return parser
+
+
+def _compare_parser(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("golden", nargs="?", help="the golden (baseline) side")
     compare.add_argument("target", nargs="?", help="the target (candidate) side")
     compare.add_argument(
@@ -71,34 +102,6 @@ def _parser() -> argparse.ArgumentParser:
         help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
     )
     compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
-    calibrate = sub.add_parser(
-        "calibrate", help="measure each layer's noise floor and write a tolerance table YAML"
-    )
-    calibrate.add_argument("--config", required=True, help="alignment config YAML")
-    calibrate.add_argument("--case", action="append", default=[], help="calibrate this case (repeatable)")
-    calibrate.add_argument("--out", required=True, metavar="FILE", help="tolerance table YAML to write")
-    calibrate.add_argument("--margin", default="4", help="bound = margin x measured floor (default 4)")
-    calibrate.add_argument(
-        "--perturbations", default="float64,attn,seed", help="comma-separated: float64, attn, seed"
-    )
-    calibrate.add_argument("--force", action="store_true", help="replace an existing table")
-    record = sub.add_parser(
-        "record",
-        help="record one side of cases (and its weights) as stored baselines DIR/<case>/",
-    )
-    record.add_argument("config", help="alignment config YAML")
-    record.add_argument(
-        "--out", required=True, metavar="DIR", help="write DIR/<case>/ (as --align-baseline reads)"
-    )
-    record.add_argument("--case", action="append", default=[], help="record only this case (repeatable)")
-    record.add_argument(
-        "--side",
-        choices=("candidate", "baseline"),
-        default="candidate",
-        help="which model of the case to record (default: candidate)",
-    )
-    record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
