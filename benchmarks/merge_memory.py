@@ -11,7 +11,8 @@ What it measures
 
     Then ``precalign compare golden target`` runs in a subprocess (once per
     ``PRECALIGN_COMPARE_THREADS`` value in ``--threads``); the compare process reports its
-    own peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) as it exits, beside that of the
+    own peak RSS (``VmHWM`` of ``/proc/self/status``, which starts afresh at exec, unlike
+    ``ru_maxrss`` of a child forked from this large process) as it exits, beside that of the
     interpreter with the CLI imported only. The bound: the largest merged tensor pair + 100 MB.
 
 Run: ``python benchmarks/merge_memory.py`` (about 1 GB per side in ``--workdir``, default a
@@ -130,18 +131,21 @@ def _layout(text: str) -> ParallelLayout:
 
 
 _CHILD = (
-    "import resource, sys\n"
+    "import sys\n"
     "from pytest_precalign.cli import main\n"
     "code = main(sys.argv[1:]) if len(sys.argv) > 1 else 0\n"
-    "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+    "print('PEAK_KIB', hwm, file=sys.stderr)\n"
     "sys.exit(code)\n"
 )
 
 
-def measure(golden: Path | None, target: Path | None, threads: int) -> dict[str, Any]:
+def measure(golden: Path | None, target: Path | None, threads: str) -> dict[str, Any]:
     """Peak RSS of one ``precalign compare`` process (its own getrusage at exit); with no
     sides, of the interpreter with the CLI imported."""
-    env = {**os.environ, "PRECALIGN_COMPARE_THREADS": str(threads)}
+    env = {k: v for k, v in os.environ.items() if k != "PRECALIGN_COMPARE_THREADS"}
+    if threads != "default":
+        env["PRECALIGN_COMPARE_THREADS"] = threads
     cmd = [sys.executable, "-c", _CHILD]
     if golden is not None and target is not None:
         cmd += ["compare", str(golden), str(target)]
@@ -162,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--golden-layout", default="tp=8")
     parser.add_argument("--target-layout", default="tp=4,pp=2")
-    parser.add_argument("--threads", default="1,2", help="PRECALIGN_COMPARE_THREADS values, in order")
+    parser.add_argument(
+        "--threads",
+        default="default,1,2",
+        help="PRECALIGN_COMPARE_THREADS values, in order ('default': unset; merged sides then use 1)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="precalign-merge-mem-"))
@@ -170,11 +178,11 @@ def main(argv: list[str] | None = None) -> None:
         largest, gb = write_side(work / "golden", _layout(args.golden_layout), args)
         write_side(work / "target", _layout(args.target_layout), args)
         bound = 2 * largest / MB + 100
-        idle = measure(None, None, 1)["peak_rss_mb"]
-        for threads in (int(t) for t in args.threads.split(",")):
+        idle = measure(None, None, "default")["peak_rss_mb"]
+        for threads in args.threads.split(","):
             row = measure(work / "golden", work / "target", threads)
             row.update(
-                imports_only_rss_mb=idle,
+                cli_import_rss_mb=idle,
                 side_gb=round(gb, 3),
                 largest_tensor_mb=round(largest / MB, 1),
                 bound_mb=round(bound, 1),

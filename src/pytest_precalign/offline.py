@@ -3,7 +3,9 @@ and give verdicts for every phase the baseline recorded. No models are built."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -182,12 +184,28 @@ def compare_runs(
         raise TraceError(f"{golden}: the golden side has no records")
     custom = [load_metric(m) for m in metrics]
     name = f"{Path(golden).name}_vs_{Path(target).name}"
-    run = finish(
-        name, phases, base, cand, spec, table, None, None, started, dict(base.manifest), None, progress
-    )
+    with _one_pair_at_a_time(base, cand):
+        run = finish(
+            name, phases, base, cand, spec, table, None, None, started, dict(base.manifest), None, progress
+        )
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run
+
+
+@contextlib.contextmanager
+def _one_pair_at_a_time(*sides: Trace) -> Iterator[None]:
+    """A merged multi-rank side builds each merged tensor when it is compared: one compare
+    thread keeps memory at one merged pair (PRECALIGN_COMPARE_THREADS, when set, wins)."""
+    key = "PRECALIGN_COMPARE_THREADS"
+    if key in os.environ or not any("parallel_merge" in s.manifest for s in sides):
+        yield
+        return
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
 
 
 def load_metric(spec: str) -> tuple[str, Callable[[Any, Any], float]]:
