@@ -27,9 +27,9 @@ from pytest_precalign.cli import main  # noqa: E402
 from pytest_precalign.errors import TraceError  # noqa: E402
 from pytest_precalign.offline import compare_runs, load_side  # noqa: E402
 from pytest_precalign.parallel.layout import ParallelLayout  # noqa: E402
-from pytest_precalign.parallel.merge import RankTrace, merge_ranks  # noqa: E402
+from pytest_precalign.parallel.merge import Chunk, RankTrace, merge_ranks  # noqa: E402
 from pytest_precalign.parallel.rules import WRONG_FC1_RULES  # noqa: E402
-from pytest_precalign.trace import Trace  # noqa: E402
+from pytest_precalign.trace import Record, Trace  # noqa: E402
 from pytest_precalign.trace_io import read_trace, write_trace  # noqa: E402
 
 TOLERANCES = """
@@ -303,3 +303,35 @@ def _tensor_diff(ranks: list[Trace]) -> tuple[Trace, Trace]:
     tensors[rec.tensor_key] = changed
     assert not torch.equal(changed, ranks[0].tensors[rec.tensor_key])
     return ranks[0], replace(ranks[1], tensors=tensors)
+
+
+def test_virtual_pipeline_chunks_are_placed_by_prefix() -> None:
+    """PP=2 x VPP=2, one layer per virtual stage: rank p holds ``chunk<k>.decoder.layers.0``
+    of virtual stage k*2 + p; the merge gives layers 0..3 forward and 3..0 backward."""
+    layout = ParallelLayout(pp=2, vpp=2)
+    ranks = []
+    for p in range(2):
+        records, tensors = [], {}
+        for phase, kind, slot in (("forward", "activation", "out"), ("backward", "grad_output", "out")):
+            chunks = range(2) if phase == "forward" else reversed(range(2))
+            for k in chunks:
+                v = k * 2 + p
+                key = f"{kind}{k}"
+                tensors[key] = np.full((2, 3), float(v if kind == "activation" else -v), dtype=np.float32)
+                name = f"chunk{k}.decoder.layers.0"
+                records.append(
+                    Record(
+                        len(records), name, "L", phase, 0, 0, kind, slot, "float32", (2, 3), tensor_key=key
+                    )
+                )
+        chunks_meta = tuple(Chunk(k, f"chunk{k}.", {"decoder.layers": k * 2 + p}) for k in range(2))
+        ranks.append(
+            RankTrace(p, f"rank{p}", Trace({"record_mode": "tensor"}, tuple(records), tensors), chunks_meta)
+        )
+    merged = merge_ranks(ranks, layout, where="vpp")
+    names = [(r.kind, r.name) for r in merged.records]
+    forward = [("activation", f"decoder.layers.{i}") for i in range(4)]
+    assert names == forward + [("grad_output", f"decoder.layers.{i}") for i in (3, 2, 1, 0)]
+    for rec in merged.records:
+        i = int(rec.name.rsplit(".", 1)[1])
+        assert float(merged.array(rec)[0, 0]) == (i if rec.kind == "activation" else -i)
