@@ -39,7 +39,8 @@ def load_msprobe_parallel(root: Path, layout: ParallelLayout) -> Trace:
             what = f"rank{missing[0]}/ is missing" if missing else f"rank{extra[0]}/ is beyond the world"
             raise TraceError(
                 f"{folder}: {what}: --parallel says {layout.describe()}, world size {layout.world_size} "
-                f"(rank0/ .. rank{layout.world_size - 1}/ expected)"
+                f"(rank0/ .. rank{layout.world_size - 1}/ expected; {len(ranks)} rank folders found: "
+                "give dp= when the dump holds DP replicas)"
             )
         chunks = _chunks(ranks, layout)
         rank_traces = [
