@@ -30,43 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
-    _compare_parser(sub)
+    _compare_parser(sub.add_parser("compare", help="compare two stored runs (trace directories)"))
     _calibrate_parser(sub)
     _record_parser(sub)
     return parser
-
-
-def _compare_parser(sub: Any) -> None:
-    compare = sub.add_parser("compare", help="compare two stored runs (trace directories)")
-    compare.add_argument("golden", help="the golden (baseline) side")
-    compare.add_argument("target", help="the target (candidate) side")
-    compare.add_argument(
-        "--tolerances", metavar="FILE", help="tolerance table YAML (default: torch.testing's per dtype)"
-    )
-    compare.add_argument("--mapping", metavar="FILE", help="mapping YAML, or preset:NAME")
-    compare.add_argument(
-        "--layer-mapping",
-        metavar="FILE",
-        help="msprobe layer_mapping YAML, or preset:NAME (seed 000 templates)",
-    )
-    compare.add_argument(
-        "--var",
-        action="append",
-        default=[],
-        metavar="KEY=INT",
-        help="a $variable of the mapping (repeatable)",
-    )
-    compare.add_argument(
-        "--fuzzy-match", action="store_true", help="pair API calls by their order inside each module"
-    )
-    compare.add_argument(
-        "--metric",
-        action="append",
-        default=[],
-        metavar="FILE.py:FUNCTION",
-        help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
-    )
-    compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
 
 
 def _calibrate_parser(sub: Any) -> None:
@@ -100,6 +67,50 @@ def _record_parser(sub: Any) -> None:
         help="which model of the case to record (default: candidate)",
     )
     record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
+
+
+def _compare_parser(compare: argparse.ArgumentParser) -> None:
+    compare.add_argument("golden", nargs="?", help="the golden (baseline) side")
+    compare.add_argument("target", nargs="?", help="the target (candidate) side")
+    compare.add_argument(
+        "--parallel",
+        action="append",
+        default=[],
+        metavar="SIDE:tp=T,pp=P[,vpp=V][,order=...]",
+        help="merge that side's ranks (golden or target; an msprobe dump's layout) before comparing",
+    )
+    compare.add_argument(
+        "--msprobe-config",
+        metavar="FILE",
+        help="msprobe compare.json: bench_path (golden), npu_path (target), parallel_merge",
+    )
+    compare.add_argument(
+        "--tolerances", metavar="FILE", help="tolerance table YAML (default: torch.testing's per dtype)"
+    )
+    compare.add_argument("--mapping", metavar="FILE", help="mapping YAML, or preset:NAME")
+    compare.add_argument(
+        "--layer-mapping",
+        metavar="FILE",
+        help="msprobe layer_mapping YAML, or preset:NAME (seed 000 templates)",
+    )
+    compare.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="a $variable of the mapping (repeatable)",
+    )
+    compare.add_argument(
+        "--fuzzy-match", action="store_true", help="pair API calls by their order inside each module"
+    )
+    compare.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="FILE.py:FUNCTION",
+        help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
+    )
+    compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,12 +170,17 @@ def _variables(pairs: list[str]) -> dict[str, int]:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from .parallel.layout import compare_sides
     from .reports.document import write_reports
     from .run.offline import compare_outcomes, compare_run_sets
 
+    args.golden, args.target, layouts = compare_sides(
+        args.golden, args.target, args.parallel, args.msprobe_config
+    )
     runs = compare_run_sets(
         args.golden,
         args.target,
+        parallel=layouts,
         tolerances=args.tolerances,
         mapping=args.mapping,
         variables=_variables(args.var),

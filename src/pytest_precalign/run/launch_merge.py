@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CaseError
+from ..parallel.rules import MEGATRON_GPT_RULES, ShardRule
 from ..trace.records import Record, Trace
-from .tensor_parallel import MEGATRON_GPT_RULES, ShardRule, gather_traces
+from .tensor_parallel import gather_traces
 
 _PHASE_ORDER = {"forward": 0, "backward": 1, "step": 2}
 

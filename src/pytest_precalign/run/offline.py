@@ -3,6 +3,7 @@ and give verdicts for every phase the baseline recorded. No models are built."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,9 @@ from ..config.presets import PRESETS_DIR
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
+from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
+from ..trace.records import Trace
 from ..vocabulary import PHASES
 from ..yaml_reader import read_yaml_file
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
@@ -50,9 +53,17 @@ def load_mapping(value: str | None, variables: Mapping[str, Any]) -> MappingSpec
 def compare_run_sets(
     golden: str | Path,
     target: str | Path,
+    parallel: Mapping[str, ParallelLayout] | None = None,
     **options: Any,
 ) -> list[tuple[tuple[int, int], CaseRun]]:
-    """Pair every (step, rank) of both sides; a clear error when they hold different ones."""
+    """Pair every (step, rank) of both sides; a clear error when they hold different ones.
+    A multi-rank side that is merged (see ``load_side``) makes one pair of the two sides."""
+    parallel = parallel or {}
+    if any(
+        parallel.get(side) is not None or parallel_rank_folders(path) is not None
+        for side, path in (("golden", golden), ("target", target))
+    ):
+        return [((0, 0), compare_runs(golden, target, parallel=parallel, **options))]
     _same_level(golden, target)
     gold, targ = load_sides(golden), load_sides(target)
     if len(gold) == 1 and len(targ) == 1:
@@ -99,11 +110,13 @@ def compare_runs(
     fuzzy_match: bool = False,
     progress: Callable[[int, int], None] | None = None,
     metrics: Sequence[str] = (),
+    parallel: Mapping[str, ParallelLayout] | None = None,
 ) -> CaseRun:
     import time
 
     started = time.perf_counter()
-    base, cand = load_side(golden), load_side(target)
+    layouts = parallel or {}
+    base, cand = load_side(golden, layouts.get("golden")), load_side(target, layouts.get("target"))
     if fuzzy_match:
         from ..mapping.fuzzy_api_calls import fuzzy_api_calls
 
@@ -127,7 +140,16 @@ def compare_runs(
     custom = [load_metric(m) for m in metrics]
     name = f"{Path(golden).name}_vs_{Path(target).name}"
     job = FinishInputs(
-        name, phases, base, cand, table, started, spec, environment=dict(base.manifest), progress=progress
+        name,
+        phases,
+        base,
+        cand,
+        table,
+        started,
+        spec,
+        environment=dict(base.manifest),
+        progress=progress,
+        workers=_merged_compare_workers(base, cand),
     )
     run = finish(job)
     if custom:
@@ -211,3 +233,11 @@ def custom_metric_values(
                 ) from None
         out[pair.record.id] = values
     return out
+
+
+def _merged_compare_workers(*sides: Trace) -> int | None:
+    """A merged multi-rank side builds each merged tensor when it is compared: one compare
+    thread keeps memory at one merged pair (``PRECALIGN_COMPARE_THREADS``, when set, wins)."""
+    if "PRECALIGN_COMPARE_THREADS" in os.environ or not any("parallel_merge" in s.manifest for s in sides):
+        return None
+    return 1

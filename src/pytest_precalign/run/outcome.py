@@ -65,6 +65,7 @@ class FinishInputs:
     environment: Mapping[str, Any] = field(default_factory=dict)
     isolated: Comparison | None = None  # isolation mode's per-module compare
     progress: Callable[[int, int], None] | None = None
+    workers: int | None = None  # compare threads (None: compare_workers())
 
 
 def compare_workers() -> int:
@@ -86,7 +87,7 @@ def finish(job: FinishInputs) -> CaseRun:
     base_trace, phases = job.baseline, job.phases
     mapped = map_trace(job.candidate, base_trace, job.mapping)
     comparison = compare_traces(
-        base_trace, mapped.trace, job.table, mapped.reasons, job.progress, compare_workers()
+        base_trace, mapped.trace, job.table, mapped.reasons, job.progress, job.workers or compare_workers()
     )
     comparison = settle_op_pairs(comparison, base_trace, mapped.trace)
     expect = job.case.expect if job.case is not None else None

@@ -6,17 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import TraceError
+from ..parallel.layout import ParallelLayout
 from ..trace.records import Trace
 
 
-def load_side(path: str | Path) -> Trace:
+def load_side(path: str | Path, parallel: ParallelLayout | None = None) -> Trace:
     """A pytest-precalign trace directory or an msprobe dump (a rank folder, or a step or
-    dump folder holding one rank), detected from its files."""
+    dump folder holding one rank), detected from its files; a multi-rank side (rank folders
+    with ``parallel`` manifests, or an msprobe dump with ``parallel`` given) merged into one."""
+    from ..parallel.sides import load_parallel_side
     from ..trace.native_io import read_trace
 
     root = Path(path)
     if not root.exists():
         raise TraceError(f"{root}: no such file or directory")
+    merged = load_parallel_side(root, parallel)
+    if merged is not None:
+        return merged
     if (root / "manifest.json").is_file():
         return read_trace(root)
     from ..msprobe import is_msprobe_dump, read_msprobe_dump

@@ -28,94 +28,21 @@ shard like the tensors they belong to.
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CaseError
+from ..parallel.rules import (
+    MEGATRON_GPT_RULES,
+    Layout,
+    ShardRule,
+    rule_for,
+)
 from ..trace.records import Record, Trace
 
 if TYPE_CHECKING:
     import torch
-
-
-Layout = Literal["replicated", "chunk", "gated"]
-Role = Literal["param", "out", "in"]
-# Which record kinds a rule's role covers: a tensor and the grads that belong to it.
-ROLE_KINDS: Mapping[str, tuple[str, ...]] = {
-    "param": ("param", "param_grad"),
-    "out": ("activation", "grad_output"),
-    "in": ("input", "grad_input"),
-}
-
-
-@dataclass(frozen=True)
-class ShardRule:
-    """How records named ``name`` (a glob) with a slot matching ``slot`` are split over
-    TP ranks. ``role``: ``param`` (weights, their grads, their values after steps), ``out``
-    (module outputs and their grads) or ``in`` (module inputs and their grads)."""
-
-    name: str
-    role: Role
-    layout: Layout
-    dim: int = 0
-    slot: str = "*"
-    why: str = ""
-
-    def matches(self, record: Record) -> bool:
-        return (
-            record.kind in ROLE_KINDS[self.role]
-            and fnmatch.fnmatchcase(record.name, self.name)
-            and fnmatch.fnmatchcase(record.slot, self.slot)
-        )
-
-
-_ATTN = "*.self_attention"
-# First matching rule wins; a record no rule matches is replicated.
-MEGATRON_GPT_RULES: tuple[ShardRule, ...] = (
-    # Weights.
-    ShardRule("*.linear_qkv.*", "param", "chunk", 0, why="column parallel; whole KV groups per rank"),
-    ShardRule("*.linear_fc1.weight", "param", "gated", 0, why="column parallel; [gate_r; up_r] per rank"),
-    ShardRule("*.linear_fc1.bias", "param", "gated", 0, why="column parallel; [gate_r; up_r] per rank"),
-    ShardRule("*.linear_proj.weight", "param", "chunk", 1, why="row parallel: input features"),
-    ShardRule("*.linear_fc2.weight", "param", "chunk", 1, why="row parallel: input features"),
-    ShardRule("embedding.word_embeddings.weight", "param", "chunk", 0, why="vocab parallel"),
-    ShardRule("output_layer.weight", "param", "chunk", 0, why="column parallel over the vocabulary"),
-    # Column-parallel outputs (not gathered: gather_output=False inside the layers).
-    ShardRule("*.linear_qkv", "out", "chunk", -1, slot="out.0", why="whole KV groups per rank"),
-    ShardRule("*.linear_fc1", "out", "gated", -1, slot="out.0", why="[gate_r; up_r] per rank"),
-    # Row-parallel inputs; their outputs are all-reduced (replicated).
-    ShardRule("*.linear_proj", "in", "chunk", -1, slot="in.0", why="this rank's heads' context"),
-    ShardRule("*.linear_fc2", "in", "chunk", -1, slot="in.0", why="this rank's ffn features"),
-    # Attention internals: this rank's heads. q/k/v are [s, b, heads, d]; scores [b, heads, s, s].
-    ShardRule(f"{_ATTN}.q_layernorm", "in", "chunk", 2, slot="in.0", why="heads"),
-    ShardRule(f"{_ATTN}.q_layernorm", "out", "chunk", 2, why="heads"),
-    ShardRule(f"{_ATTN}.k_layernorm", "in", "chunk", 2, slot="in.0", why="KV groups"),
-    ShardRule(f"{_ATTN}.k_layernorm", "out", "chunk", 2, why="KV groups"),
-    ShardRule(f"{_ATTN}.core_attention", "in", "chunk", 2, slot="in.[012]", why="q, k, v heads"),
-    ShardRule(f"{_ATTN}.core_attention", "out", "chunk", -1, why="context [s, b, heads * d]"),
-    ShardRule(f"{_ATTN}.core_attention.*", "in", "chunk", 1, slot="in.0", why="scores [b, heads, s, s]"),
-    ShardRule(f"{_ATTN}.core_attention.*", "out", "chunk", 1, why="probabilities [b, heads, s, s]"),
-)
-
-
-def _plain_fc1(rules: Iterable[ShardRule]) -> tuple[ShardRule, ...]:
-    return tuple(
-        replace(r, layout="chunk", why="WRONG on purpose: fc1 concatenated as if [gate; up] were chunked")
-        if r.layout == "gated"
-        else r
-        for r in rules
-    )
-
-
-# The classic TP layout bug, for tests: fc1 gathered by plain concatenation, which yields
-# [gate_0; up_0; gate_1; up_1] instead of [gate; up].
-WRONG_FC1_RULES: tuple[ShardRule, ...] = _plain_fc1(MEGATRON_GPT_RULES)
-
-
-def rule_for(record: Record, rules: Sequence[ShardRule] = MEGATRON_GPT_RULES) -> ShardRule | None:
-    return next((r for r in rules if r.matches(record)), None)
 
 
 def _param_record(name: str, shape: tuple[int, ...]) -> Record:

@@ -1,0 +1,241 @@
+"""Parallel layouts of a distributed run and where its rank folders are (no torch).
+
+A layout is the run's parallel sizes (tp, pp, dp, cp, ep, vpp) and Megatron's rank order
+(``tp-cp-ep-dp-pp``: tp varies fastest). It comes from the ``parallel`` block of each rank's
+``manifest.json`` (our Recorder) or, for msprobe dumps whose rank folders carry none, from
+``--parallel SIDE:tp=2,pp=2[,vpp=2][,order=...]`` or a compare.json ``parallel_merge`` block.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, TraceError
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+DIMS = ("tp", "cp", "ep", "dp", "pp")
+_STEP = re.compile(r"^step(\d+)$")
+_RANK = re.compile(r"^rank(\d+)$")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int | None = None
+    order: str = DEFAULT_ORDER
+    sequence_parallel: bool = False
+    source: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp * self.ep
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``{"tp": .., "cp": .., "ep": .., "dp": .., "pp": ..}`` of a global rank (the first
+        dim of ``order`` varies fastest, as Megatron's RankGenerator numbers them)."""
+        out: dict[str, int] = {}
+        rest = rank
+        for dim in self.order.split("-"):
+            size = int(getattr(self, dim))
+            out[dim] = rest % size
+            rest //= size
+        return out
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{d}={getattr(self, d)}" for d in ("tp", "pp", "dp", "cp", "ep"))
+        vpp = f", vpp={self.vpp}" if self.vpp else ""
+        sp = ", sequence_parallel" if self.sequence_parallel else ""
+        return f"{sizes}{vpp}, order {self.order}{sp}"
+
+
+def _check_order(order: Any, where: str) -> str:
+    if not isinstance(order, str) or sorted(order.split("-")) != sorted(DIMS):
+        raise ConfigError(
+            f"{where}: order {order!r} must name tp, cp, ep, dp and pp once each (e.g. {DEFAULT_ORDER})"
+        )
+    return order
+
+
+def _size(value: Any, key: str, where: str, *, null_ok: bool = False) -> int | None:
+    if value is None and null_ok:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def layout_from_manifest(block: Any, where: str) -> ParallelLayout:
+    """The ``parallel`` block of a rank's manifest (the Recorder's contract)."""
+    if not isinstance(block, Mapping):
+        raise TraceError(f"{where}: 'parallel' must be an object with tp, pp, dp, ... (got {block!r})")
+    try:
+        sizes = {k: _size(block.get(k, 1), k, where) for k in ("tp", "pp", "dp", "cp", "ep")}
+        vpp = _size(block.get("vpp"), "vpp", where, null_ok=True)
+        order = _check_order(block.get("order", DEFAULT_ORDER), where)
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
+    layout = ParallelLayout(
+        vpp=vpp,
+        order=order,
+        sequence_parallel=bool(block.get("sequence_parallel", False)),
+        source=str(block.get("source", "")),
+        **{k: int(v or 1) for k, v in sizes.items()},
+    )
+    world = block.get("world_size", layout.world_size)
+    if world != layout.world_size:
+        raise TraceError(
+            f"{where}: world_size {world!r} is not tp*pp*dp*cp*ep = {layout.world_size} ({layout.describe()})"
+        )
+    return layout
+
+
+def parse_parallel_option(text: str) -> tuple[str, ParallelLayout]:
+    """``target:tp=2,pp=2[,vpp=2][,dp=1][,order=tp-cp-ep-dp-pp][,sp=1]`` -> (side, layout)."""
+    where = f"--parallel {text!r}"
+    side, sep, body = text.partition(":")
+    if not sep or side not in ("golden", "target"):
+        raise ConfigError(
+            f"{where}: expected golden:KEY=VALUE,... or target:KEY=VALUE,... (e.g. target:tp=2,pp=2)"
+        )
+    values: dict[str, Any] = {}
+    for item in body.split(","):
+        key, eq, value = item.strip().partition("=")
+        if not eq or key not in ("tp", "pp", "dp", "cp", "ep", "vpp", "order", "sp"):
+            raise ConfigError(
+                f"{where}: {item!r}: expected KEY=VALUE with KEY one of tp, pp, dp, cp, ep, vpp, order, sp"
+            )
+        if key == "order":
+            values[key] = _check_order(value, where)
+        elif not value.isdigit() or int(value) < (0 if key == "sp" else 1):
+            raise ConfigError(f"{where}: {key}={value!r}: expected a whole number >= 1")
+        else:
+            values[key] = int(value)
+    sp = bool(values.pop("sp", 0))
+    return side, ParallelLayout(sequence_parallel=sp, source="option", **values)
+
+
+def layout_from_msprobe_block(block: Any, where: str) -> ParallelLayout:
+    """One side of msprobe's compare.json ``parallel_merge`` (``{"rank_size": 8, "tp": 8,
+    "pp": 1, "vpp": 1, "order": "tp-cp-ep-dp-pp"}``); dp = rank_size / (tp * pp), cp = 1."""
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"{where}: expected an object with rank_size, tp, pp (got {block!r})")
+    unknown = sorted(set(block) - {"rank_size", "tp", "pp", "vpp", "order"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: rank_size, tp, pp, vpp, order)")
+    for key in ("rank_size", "tp", "pp"):
+        if key not in block:
+            raise ConfigError(f"{where}: missing {key!r} (rank_size, tp and pp are required)")
+    rank_size, tp, pp = (_size(block[k], k, where) or 1 for k in ("rank_size", "tp", "pp"))
+    vpp = _size(block.get("vpp", 1), "vpp", where) or 1
+    if rank_size % (tp * pp):
+        raise ConfigError(f"{where}: rank_size {rank_size} is not a multiple of tp*pp = {tp * pp}")
+    order = _check_order(block.get("order", DEFAULT_ORDER), where)
+    return ParallelLayout(
+        tp=tp, pp=pp, dp=rank_size // (tp * pp), vpp=vpp if vpp > 1 else None, order=order, source="msprobe"
+    )
+
+
+def read_msprobe_compare_config(path: str | Path) -> dict[str, Any]:
+    """msprobe's compare.json: ``npu_path`` (target), ``bench_path`` (golden) and optional
+    ``parallel_merge: {npu: {...}, bench: {...}}``; returns golden, target and layouts."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--msprobe-config: {file}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--msprobe-config: {file}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("npu_path"), str):
+        raise ConfigError(f"{file}: expected an msprobe compare.json with 'npu_path' (and 'bench_path')")
+    if not isinstance(data.get("bench_path"), str):
+        raise ConfigError(f"{file}: 'bench_path' is needed for a compare (a path string)")
+    base = file.resolve().parent
+    layouts: dict[str, ParallelLayout] = {}
+    merge = data.get("parallel_merge")
+    if merge is not None:
+        if not isinstance(merge, dict) or not set(merge) <= {"npu", "bench"}:
+            raise ConfigError(f"{file}: parallel_merge: expected {{'npu': {{...}}, 'bench': {{...}}}}")
+        for key, side in (("npu", "target"), ("bench", "golden")):
+            if key in merge:
+                layouts[side] = layout_from_msprobe_block(merge[key], f"{file}: parallel_merge.{key}")
+    return {
+        "golden": str(base / data["bench_path"]),
+        "target": str(base / data["npu_path"]),
+        "layouts": layouts,
+    }
+
+
+# -- rank folders of our traces ------------------------------------------------------------------
+
+
+def _children(path: Path, kind: re.Pattern[str]) -> dict[int, Path]:
+    out = {}
+    for p in path.iterdir():
+        m = kind.match(p.name)
+        if m and p.is_dir():
+            out[int(m.group(1))] = p
+    return dict(sorted(out.items()))
+
+
+def _has_parallel_manifest(folder: Path) -> bool:
+    try:
+        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "parallel" in data
+
+
+def parallel_rank_folders(path: str | Path) -> dict[int, dict[int, Path]] | None:
+    """step -> rank -> folder when ``path`` is a step folder (``rank<R>/`` holding trace
+    manifests with a ``parallel`` block) or a run root of such step folders; else None."""
+    root = Path(path)
+    try:
+        if not root.is_dir() or (root / "manifest.json").exists():
+            return None
+        steps = _children(root, _STEP)
+        if steps:
+            found = {s: _children(folder, _RANK) for s, folder in steps.items()}
+        else:
+            found = {_step_number(root): _children(root, _RANK)}
+    except OSError:
+        return None
+    if not any(_has_parallel_manifest(folder) for ranks in found.values() for folder in ranks.values()):
+        return None
+    return found
+
+
+def _step_number(folder: Path) -> int:
+    m = _STEP.match(folder.name)
+    return int(m.group(1)) if m else 0
+
+
+def compare_sides(
+    golden: str | None, target: str | None, options: list[str], msprobe_config: str | None
+) -> tuple[str, str, dict[str, ParallelLayout]]:
+    """``precalign compare``'s sides and layouts from its arguments: GOLDEN TARGET, or
+    ``--msprobe-config`` (its parallel_merge), with ``--parallel`` options on top."""
+    layouts: dict[str, ParallelLayout] = {}
+    if msprobe_config is not None:
+        if golden is not None or target is not None:
+            raise ConfigError(
+                "--msprobe-config names both sides (bench_path, npu_path): give no GOLDEN TARGET"
+            )
+        config = read_msprobe_compare_config(msprobe_config)
+        golden, target, layouts = config["golden"], config["target"], dict(config["layouts"])
+    if golden is None or target is None:
+        raise ConfigError("compare needs GOLDEN and TARGET (or --msprobe-config compare.json)")
+    for text in options:
+        side, layout = parse_parallel_option(text)
+        if side in layouts and msprobe_config is None:
+            raise ConfigError(f"--parallel {text!r}: {side} is given twice")
+        layouts[side] = layout
+    return golden, target, layouts

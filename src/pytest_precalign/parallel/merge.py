@@ -1,0 +1,341 @@
+"""Per-rank traces of one distributed run -> one canonical trace (TP=1, one stage), lazily.
+
+For each DP replica: the TP ranks of each pipeline stage are merged record by record
+(sharded tensors by the rules in ``rules.py``, replicated ones checked equal across the TP
+ranks, the first kept), each stage's local names become global ones (a virtual-pipeline
+chunk's ``prefix`` is stripped, ``layer_offsets`` renumber the layers), and the stages are put
+in execution order: forward and optimizer-step records stage by stage, backward records in
+reverse. DP replicas must hold the same records with the same statistics; the first is kept.
+
+Tensors are not read here: the merged trace's store (``store.MergedTensors``) reads and
+concatenates one record's shards when the compare asks for it. Statistics-only sides merge
+like msprobe's ``parallel_merge``: max of max, min of min, mean weighted by element count,
+norm = sqrt(sum of squares). Hashes of shards cannot be merged (a CRC of a concatenation is
+not a function of the shards' CRCs): such a side is an error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import TraceError
+from ..trace.records import Record, Stats, Trace
+from .layout import ParallelLayout
+from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
+from .store import MergedTensors, Part, Plan
+
+_PHASE_ORDER = {"forward": 0, "backward": 1, "step": 2}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A model chunk of a rank (virtual pipeline): records named ``prefix...``; a ModuleList
+    path -> the global index of its item 0."""
+
+    index: int = 0
+    prefix: str = ""
+    layer_offsets: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    rank: int
+    where: str  # the rank folder, for messages
+    trace: Trace
+    chunks: tuple[Chunk, ...] = (Chunk(),)
+
+
+@dataclass
+class _Merged:
+    """Records (with sort keys) and tensor plans being built."""
+
+    records: list[tuple[tuple[Any, ...], Record]] = field(default_factory=list)
+    plans: dict[str, Plan] = field(default_factory=dict)
+    keys: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    replicas_checked: int = 0
+    prefix: str = ""
+
+
+def merge_ranks(
+    ranks: Sequence[RankTrace],
+    layout: ParallelLayout,
+    *,
+    where: str,
+    rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
+    key_prefix: str = "",
+) -> Trace:
+    """The ranks of one run (every rank of ``layout``, in any order) -> one trace; its tensor
+    keys start with ``key_prefix``."""
+    if layout.cp > 1 or layout.ep > 1:
+        raise TraceError(
+            f"{where}: merging context- or expert-parallel ranks is not supported ({layout.describe()}); "
+            "compare runs with cp=1 and ep=1"
+        )
+    by_rank = {r.rank: r for r in ranks}
+    all_rules = rules_for_layout(rules, sequence_parallel=layout.sequence_parallel)
+    replicas: list[tuple[list[Record], _Merged]] = []
+    for dp in range(layout.dp):
+        merged = _Merged(prefix=key_prefix)
+        for pp in range(layout.pp):
+            group = [by_rank[g] for g in _group(layout, dp, pp)]
+            _merge_stage(group, pp, layout, all_rules, merged)
+        ordered = _ordered(merged, layout, where)
+        replicas.append((ordered, merged))
+    first, merged = replicas[0]
+    for dp, (other, _) in enumerate(replicas[1:], 1):
+        _check_replica(first, other, _group(layout, 0, 0)[0], _group(layout, dp, 0)[0], by_rank, where)
+    manifest = dict(ranks[0].trace.manifest)
+    manifest.pop("parallel", None)
+    manifest["parallel_merge"] = {
+        "layout": layout.describe(),
+        "world_size": layout.world_size,
+        "ranks": [by_rank[r].where for r in sorted(by_rank)],
+        "rules": [r.describe() for r in all_rules],
+        "replicas_checked": merged.replicas_checked,
+    }
+    return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+
+
+def _group(layout: ParallelLayout, dp: int, pp: int) -> list[int]:
+    """The global ranks of one TP group (in tp order) of DP replica ``dp``, stage ``pp``."""
+    out: dict[int, int] = {}
+    for rank in range(layout.world_size):
+        c = layout.coords(rank)
+        if c["dp"] == dp and c["pp"] == pp and c["cp"] == 0 and c["ep"] == 0:
+            out[c["tp"]] = rank
+    return [out[t] for t in sorted(out)]
+
+
+def _merge_stage(
+    group: Sequence[RankTrace],
+    pp: int,
+    layout: ParallelLayout,
+    rules: Sequence[ShardRule],
+    merged: _Merged,
+) -> None:
+    """One pipeline stage: its TP ranks' records -> merged records with global names."""
+    lead = group[0]
+    by_id = [r.trace.by_id() for r in group]
+    for rank, ids in zip(group[1:], by_id[1:], strict=True):
+        extra = sorted(set(ids) - set(by_id[0]))
+        if extra:
+            raise TraceError(
+                f"{rank.where}: record {extra[0]!r} is not on tp rank 0 ({lead.where}); "
+                "the TP ranks of a stage must record the same modules"
+            )
+    rename = _renamer(lead, pp, layout)
+    for rec in lead.trace.records:
+        peers = []
+        for rank, ids in zip(group, by_id, strict=True):
+            other = ids.get(rec.id)
+            if other is None:
+                raise TraceError(
+                    f"{rank.where}: record {rec.id!r} of tp rank 0 ({lead.where}) is missing here"
+                )
+            peers.append(other)
+        out = _merge_record(rec, peers, group, rules, merged)
+        name, v = rename(rec.name)
+        deps = tuple(_rename_id(d, rename) for d in rec.deps)
+        order = v if rec.phase != "backward" else -v
+        key = (rec.step, _PHASE_ORDER.get(rec.phase, 3), order, rec.seq)
+        merged.records.append((key, replace(out, name=name, deps=deps)))
+
+
+def _merge_record(
+    rec: Record,
+    peers: Sequence[Record],
+    group: Sequence[RankTrace],
+    rules: Sequence[ShardRule],
+    merged: _Merged,
+) -> Record:
+    rule = rule_for(rec, rules) if len(peers) > 1 else None
+    shapes = [p.shape for p in peers]
+    wheres = [g.where for g in group]
+    if any(s != shapes[0] for s in shapes):
+        why = "no sharding rule" if rule is None else f"rule {rule.describe()!r}"
+        raise TraceError(
+            f"{rec.id}: shapes differ across the TP ranks ({', '.join(f'{w}: {list(s)}' for w, s in zip(wheres, shapes, strict=True))}) "
+            f"but {why} covers it: add a ShardRule for it"
+        )
+    if rule is None or rule.layout == "replicated":
+        return _replicated(rec, peers, group, merged)
+    dim = rule.dim % len(rec.shape) if rec.shape else 0
+    pieces = len(peers) * (2 if rule.layout == "gated" else 1)
+    if not rec.shape or (rule.layout == "gated" and rec.shape[dim] % 2):
+        raise TraceError(
+            f"{rec.id}: rule {rule.describe()!r} splits dim {dim} of shape {list(rec.shape)} "
+            f"into {pieces // len(peers)} halves per rank ({group[0].where}), which does not divide it"
+        )
+    if rec.crc32 is not None and rec.stats is None and rec.tensor_key is None:
+        raise TraceError(
+            f"{group[0].where}: {rec.id} is sharded over TP ({rule.describe()}) but recorded as a hash only: "
+            "hash-mode (md5/CRC-32) records cannot be merged across TP ranks (the hash of a concatenation "
+            "is not a function of the shards' hashes); record in stats or tensor mode"
+        )
+    shape = list(rec.shape)
+    shape[dim] *= len(peers)
+    key = _plan_key(rec, peers, group, rule.layout, dim, tuple(shape), merged)
+    stats = _merged_stats([p.stats for p in peers], [p.numel for p in peers])
+    return replace(rec, shape=tuple(shape), stats=stats, crc32=None, tensor_key=key)
+
+
+def _replicated(rec: Record, peers: Sequence[Record], group: Sequence[RankTrace], merged: _Merged) -> Record:
+    """Rank 0's record; the others must have the same statistics and hash (their tensors are
+    checked when read)."""
+    for peer, rank in zip(peers[1:], group[1:], strict=True):
+        if not _same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32:
+            raise TraceError(
+                f"{rec.id}: replicated over TP (no sharding rule), but {rank.where} recorded other "
+                f"statistics or hash than {group[0].where} ({_show(rec)} vs {_show(peer)}); "
+                "a sharding rule is missing or the ranks diverged"
+            )
+    if len(peers) > 1:
+        merged.replicas_checked += 1
+    key = _plan_key(rec, peers, group, "replicated", 0, rec.shape, merged)
+    return replace(rec, tensor_key=key)
+
+
+def _plan_key(
+    rec: Record,
+    peers: Sequence[Record],
+    group: Sequence[RankTrace],
+    layout: str,
+    dim: int,
+    shape: tuple[int, ...],
+    merged: _Merged,
+) -> str | None:
+    """The merged store's key for the record's tensor; one tensor under several names (and
+    an msprobe data_name) gets one key."""
+    if any(
+        p.tensor_key is None or p.tensor_key not in g.trace.tensors for p, g in zip(peers, group, strict=True)
+    ):
+        return None
+    parts = tuple(Part(g.trace, str(p.tensor_key), g.where) for p, g in zip(peers, group, strict=True))
+    ident = (tuple((id(p.trace), p.key) for p in parts), layout, dim)
+    key = merged.keys.get(ident)
+    if key is None:
+        key = merged.keys[ident] = f"{merged.prefix}m{len(merged.keys):07d}"
+        merged.plans[key] = Plan(layout, dim, parts, shape, rec.id)
+    return key
+
+
+def _merged_stats(stats: Sequence[Stats | None], counts: Sequence[int]) -> Stats | None:
+    if any(s is None for s in stats):
+        return None
+    given = [s for s in stats if s is not None]
+    total = sum(counts)
+    mean = sum(s.mean * n for s, n in zip(given, counts, strict=True)) / total if total else math.nan
+    return Stats(
+        max=_nan_or(max, [s.max for s in given]),
+        min=_nan_or(min, [s.min for s in given]),
+        mean=mean,
+        norm=math.sqrt(sum(s.norm * s.norm for s in given)),
+        nan=sum(s.nan for s in given),
+        inf=sum(s.inf for s in given),
+    )
+
+
+def _nan_or(pick: Callable[[list[float]], float], values: list[float]) -> float:
+    return math.nan if any(math.isnan(v) for v in values) else pick(values)
+
+
+def _same_stats(a: Stats | None, b: Stats | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    pairs = zip(a.as_dict().values(), b.as_dict().values(), strict=True)
+    return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in pairs)
+
+
+def _show(rec: Record) -> str:
+    if rec.stats is not None:
+        s = rec.stats
+        return f"max {s.max:.6g}, min {s.min:.6g}, mean {s.mean:.6g}, norm {s.norm:.6g}"
+    return f"hash {rec.crc32}"
+
+
+# -- names -------------------------------------------------------------------------------------
+
+
+def _renamer(rank: RankTrace, pp: int, layout: ParallelLayout) -> Callable[[str], tuple[str, int]]:
+    """Local name -> (global name, virtual stage) for one rank's chunks."""
+    chunks = sorted(rank.chunks, key=lambda c: -len(c.prefix))
+    last = max(rank.chunks, key=lambda c: c.index)
+    patterns = {
+        c.index: [
+            (re.compile(rf"^{re.escape(path)}\.(\d+)(?=\.|$)"), path, off)
+            for path, off in c.layer_offsets.items()
+        ]
+        for c in rank.chunks
+    }
+
+    def rename(name: str) -> tuple[str, int]:
+        chunk = next((c for c in chunks if c.prefix and name.startswith(c.prefix)), None)
+        if chunk is None:
+            chunk = next((c for c in chunks if not c.prefix), last)
+        local = name[len(chunk.prefix) :] if chunk.prefix and name.startswith(chunk.prefix) else name
+        for pattern, path, offset in patterns[chunk.index]:
+            m = pattern.match(local)
+            if m:
+                local = f"{path}.{offset + int(m.group(1))}{local[m.end() :]}"
+                break
+        return local, chunk.index * layout.pp + pp
+
+    return rename
+
+
+def _rename_id(record_id: str, rename: Callable[[str], tuple[str, int]]) -> str:
+    name, sep, rest = record_id.partition("|")
+    return f"{rename(name)[0]}{sep}{rest}"
+
+
+def _ordered(merged: _Merged, layout: ParallelLayout, where: str) -> list[Record]:
+    """Execution order of a one-stage run, each global record once. A module on several
+    stages (a container such as ``decoder``: every stage has one) keeps its inputs and the
+    grads w.r.t. them from the first stage and its outputs and their grads from the last;
+    a parameter on several stages is an error."""
+    items = merged.records
+    if layout.pp > 1 or (layout.vpp or 1) > 1:
+        items = sorted(items, key=lambda item: item[0])
+    chosen: dict[str, tuple[tuple[Any, ...], Record]] = {}
+    for key, rec in items:
+        held = chosen.get(rec.id)
+        if held is None:
+            chosen[rec.id] = (key, rec)
+            continue
+        if rec.kind in ("param", "param_grad"):
+            raise TraceError(
+                f"{where}: parameter record {rec.id!r} is on several pipeline stages after renumbering "
+                "(check each rank's layer_offsets and chunk prefixes; tied weights are not merged)"
+            )
+        first_wins = rec.kind in ("input", "grad_input")
+        if abs(key[2]) > abs(held[0][2]) and not first_wins:
+            chosen[rec.id] = (key, rec)
+    kept = sorted(chosen.values(), key=lambda item: item[0]) if len(chosen) < len(items) else items
+    merged.records = []
+    return [replace(rec, seq=i) for i, (_, rec) in enumerate(kept)]
+
+
+def _check_replica(
+    first: Sequence[Record],
+    other: Sequence[Record],
+    rank_a: int,
+    rank_b: int,
+    by_rank: Mapping[int, RankTrace],
+    where: str,
+) -> None:
+    a, b = by_rank[rank_a].where, by_rank[rank_b].where
+    ids = {r.id: r for r in other}
+    if set(ids) != {r.id for r in first}:
+        diff = sorted({r.id for r in first} ^ set(ids))
+        raise TraceError(f"{where}: DP replicas hold different records ({b} vs {a}), e.g. {diff[0]!r}")
+    for rec in first:
+        peer = ids[rec.id]
+        if rec.shape != peer.shape or not _same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32:
+            raise TraceError(
+                f"{where}: DP replicas differ at {rec.id} ({b}: {_show(peer)}; {a}: {_show(rec)}); "
+                "a DP replica is kept only when all replicas saw the same data: compare one replica's ranks"
+            )

@@ -1,0 +1,140 @@
+"""Load a multi-rank side as one merged trace: our rank folders (``parallel`` manifests) or,
+with a layout given, an msprobe dump; one step folder or a run root (all its steps)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, TraceError
+from ..trace.records import Trace
+from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
+from .merge import Chunk, RankTrace, merge_ranks
+from .steps import combine_steps
+
+_SIZES = ("tp", "pp", "dp", "cp", "ep", "vpp", "order")
+
+
+def load_parallel_side(path: str | Path, flag: ParallelLayout | None = None) -> Trace | None:
+    """The merged trace of a multi-rank side, or None when ``path`` is not one (and no layout
+    was given for it)."""
+    root = Path(path)
+    found = parallel_rank_folders(root)
+    if found is not None:
+        steps = [(step, _merge_step(root, step, ranks, flag)) for step, ranks in found.items()]
+        return combine_steps(steps, root)
+    if flag is None:
+        return None
+    from ..msprobe import is_msprobe_dump
+
+    if is_msprobe_dump(root):
+        from .msprobe_ranks import load_msprobe_parallel
+
+        return load_msprobe_parallel(root, flag)
+    if flag.world_size == 1:
+        return None
+    raise ConfigError(
+        f"--parallel ({flag.describe()}): {root} is neither an msprobe dump nor a folder of "
+        "rank<R>/ trace folders with 'parallel' manifests"
+    )
+
+
+def _merge_step(root: Path, step: int, ranks: Mapping[int, Path], flag: ParallelLayout | None) -> Trace:
+    from ..trace.native_io import read_trace
+
+    folder = root / f"step{step}" if (root / f"step{step}").is_dir() else root
+    if not ranks:
+        raise TraceError(f"{folder}: no rank<R>/ folders in this step folder")
+    traces = {r: read_trace(p) for r, p in ranks.items()}
+    layouts = {r: _layout(traces[r], p) for r, p in ranks.items()}
+    first = min(layouts)
+    layout = layouts[first]
+    for r, other in layouts.items():
+        if [getattr(other, k) for k in _SIZES] != [getattr(layout, k) for k in _SIZES]:
+            raise TraceError(
+                f"{folder}: rank manifests disagree on the layout: rank{first} says {layout.describe()}; "
+                f"rank{r} says {other.describe()}"
+            )
+    if flag is not None:
+        _check_flag(flag, layout, folder)
+    expected = set(range(layout.world_size))
+    missing, extra = sorted(expected - set(ranks)), sorted(set(ranks) - expected)
+    if missing or extra:
+        what = f"rank{missing[0]}/ is missing" if missing else f"rank{extra[0]}/ is beyond the world"
+        raise TraceError(
+            f"{folder}: {what}: the manifests say world_size {layout.world_size} "
+            f"(rank0/ .. rank{layout.world_size - 1}/ expected, {layout.describe()})"
+        )
+    _check_steps(folder, traces)
+    rank_traces = [_rank_trace(r, ranks[r], traces[r], layout) for r in sorted(ranks)]
+    return merge_ranks(rank_traces, layout, where=str(folder), key_prefix=f"s{step}.")
+
+
+def _layout(trace: Trace, folder: Path) -> ParallelLayout:
+    block = trace.manifest.get("parallel")
+    if block is None:
+        raise TraceError(
+            f"{folder / 'manifest.json'}: no 'parallel' block (its sibling rank folders have one)"
+        )
+    return layout_from_manifest(block, str(folder / "manifest.json"))
+
+
+def _check_flag(flag: ParallelLayout, layout: ParallelLayout, folder: Path) -> None:
+    for key in ("tp", "pp", "dp", "vpp", "order"):
+        given, found = getattr(flag, key), getattr(layout, key)
+        if key == "dp" and flag.dp == 1:
+            continue  # not given: dp follows from the world size
+        if given != found and not (key == "vpp" and (given or 1) == (found or 1)):
+            raise ConfigError(
+                f"--parallel says {key}={given}, but the rank manifests in {folder} say {key}={found} "
+                f"({layout.describe()}); drop the option or fix it"
+            )
+
+
+def _check_steps(folder: Path, traces: Mapping[int, Trace]) -> None:
+    held = {r: (sorted({rec.step for rec in t.records}), t.manifest.get("step")) for r, t in traces.items()}
+    first = min(held)
+    for r, value in held.items():
+        if value != held[first]:
+            raise TraceError(
+                f"{folder}: ranks from different steps: rank{first}/ holds step(s) {held[first][0]} "
+                f"(manifest step {held[first][1]!r}), rank{r}/ holds {value[0]} (manifest step {value[1]!r})"
+            )
+
+
+def _rank_trace(rank: int, folder: Path, trace: Trace, layout: ParallelLayout) -> RankTrace:
+    block = trace.manifest["parallel"]
+    where = str(folder / "manifest.json")
+    if block.get("rank", rank) != rank:
+        raise TraceError(f"{where}: 'parallel.rank' is {block.get('rank')!r}, but the folder is rank{rank}/")
+    for dim, value in layout.coords(rank).items():
+        given = block.get(f"{dim}_rank", value)
+        if given != value:
+            raise TraceError(
+                f"{where}: {dim}_rank {given!r}, but rank {rank} of {layout.describe()} is {dim}_rank {value}"
+            )
+    return RankTrace(rank, str(folder), trace, _chunks(block.get("chunks"), where))
+
+
+def _chunks(value: Any, where: str) -> tuple[Chunk, ...]:
+    if value is None:
+        return (Chunk(),)
+    bad = TraceError(
+        f"{where}: 'parallel.chunks' must be a list of {{index, prefix, layer_offsets: {{path: int}}}}"
+    )
+    if not isinstance(value, list) or not value:
+        raise bad
+    out = []
+    for item in value:
+        offsets = item.get("layer_offsets", {}) if isinstance(item, dict) else None
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("index", 0), int)
+            and isinstance(item.get("prefix", ""), str)
+            and isinstance(offsets, dict)
+            and all(isinstance(k, str) and isinstance(v, int) for k, v in offsets.items())
+        ):
+            raise bad
+        out.append(Chunk(int(item.get("index", 0)), str(item.get("prefix", "")), dict(offsets)))
+    return tuple(out)
