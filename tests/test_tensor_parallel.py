@@ -16,7 +16,8 @@ import torch
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E402
+from pytest_precalign.config.loader import load_config  # noqa: E402
+from pytest_precalign.config.specs import AlignConfig  # noqa: E402
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from .compare.tolerances import default_table
-from .config.loader import AlignConfig, CaseSpec
 from .config.search import SearchSpec, ids_block
+from .config.specs import AlignConfig, CaseSpec
 from .errors import CaseError
 from .recording.determinism import deterministic, environment
 from .reports.text import PhaseReport, failure_message

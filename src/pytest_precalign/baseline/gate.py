@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import AlignmentMismatch, PrecalignError
 
 if TYPE_CHECKING:
-    from ..config.loader import AlignConfig, CaseSpec
+    from ..config.specs import AlignConfig, CaseSpec
     from .store import BaselineOutcome
 
 

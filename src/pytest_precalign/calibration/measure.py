@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..config.loader import AlignConfig, CaseSpec, ModelSpec
+from ..config.specs import AlignConfig, CaseSpec, ModelSpec
 from ..errors import CaseError, ConfigError, PrecalignError
 from ..recording.determinism import deterministic, environment
 from ..run.side import run_side

@@ -17,7 +17,7 @@ import torch
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
-from ..config.loader import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, RecordSpec
+from ..config.specs import AlignConfig, CaseSpec, ModelSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError, PrecalignError, SourceError
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import SyncReport, sync_weights

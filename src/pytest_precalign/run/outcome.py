@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..compare.op_pairing import settle_op_pairs
 from ..compare.pairs import Comparison, compare_traces
 from ..compare.tolerances import ToleranceTable
-from ..config.loader import CaseSpec
+from ..config.specs import CaseSpec
 from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec
 from ..trace.records import Trace

@@ -44,7 +44,7 @@ from ..trace.records import Record, Trace
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import CaseSpec, ModelSpec
+    from ..config.specs import CaseSpec, ModelSpec
     from ..sources.inputs import CaseInputs
 
 Layout = Literal["replicated", "chunk", "gated"]

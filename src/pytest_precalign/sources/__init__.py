@@ -20,7 +20,7 @@ from ..errors import CaseError, PrecalignError, SourceError
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import ModelSpec
+    from ..config.specs import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from . import import_object, one_line
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import ModelSpec
+    from ..config.specs import ModelSpec
 
 
 def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config.loader import InputSpec
+from ..config.specs import InputSpec
 from ..errors import CaseError, PrecalignError, SourceError
 from . import import_object, one_line
 
