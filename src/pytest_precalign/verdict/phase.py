@@ -120,12 +120,7 @@ def _ancestors(rec: Record, parents: Mapping[str, str]) -> Iterator[str]:
 
 def _check_of(pair: PairResult) -> Check:
     """The failing check; for a passing pair (a lower-precision record), its tightest one."""
-    check = pair.failing
-    if check is not None:
-        return check
-    if not pair.checks:
-        return Check("dtype", 0.0, 0.0, True)
-    return max(pair.checks, key=lambda c: c.value / c.allowed if c.upper and c.allowed > 0 else 0.0)
+    return pair.explaining_check or Check("dtype", 0.0, 0.0, True)
 
 
 AMPLIFY = 10.0  # stats evidence: an origin's relative change must exceed its inputs' this much
