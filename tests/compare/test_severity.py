@@ -54,11 +54,14 @@ def test_lower_bound_is_shortfall_from_one_over_allowed_shortfall(
     assert Check("cosine", value, allowed, passed, upper=False).severity == pytest.approx(expected)
 
 
-def test_a_failing_check_is_always_past_its_bound() -> None:
-    # The shape check carries element counts, not a bound: 4 (candidate) vs 8 (baseline).
-    assert Check("shape", 4.0, 8.0, False).severity == math.inf
+def test_a_failing_nan_is_past_its_bound() -> None:
     assert severity(math.nan, 1.0, True, False) == math.inf
     assert severity(math.nan, 0.9, False, False) == math.inf
+
+
+def test_the_shape_check_keeps_its_count_ratio() -> None:
+    """Element counts, not a bound (report.json has always carried this ratio)."""
+    assert Check("shape", 4.0, 8.0, False).severity == 0.5
 
 
 def test_a_passing_nan_uses_nothing() -> None:

@@ -35,8 +35,11 @@ def severity(value: float, allowed: float, upper: bool, passed: bool) -> float:
       so that cosine 0.9999 against 0.999 uses 10% of its allowance (``allowed / value`` would say
       99.9%); a value rounding above 1 counts as 0. With ``allowed == 1``, 0 when the value
       reaches 1, else inf.
-    * A failing check whose ratio does not say so (a NaN value; the shape check, whose numbers
-      are element counts, not a bound) is inf: a failing check is always past its bound.
+    * A NaN value (no comparison holds) is inf when the check failed, 0 when it passed.
+
+    The shape check is not a bound: its numbers are element counts (candidate, baseline), so
+    its ratio says nothing; it keeps that ratio (report.json's ``severity`` has always carried
+    it), and the check explains its record by failing, not by its severity.
 
     Pure, so that the report chart applies the same rule to report.json's checks."""
     if upper and allowed > 0:
@@ -44,12 +47,13 @@ def severity(value: float, allowed: float, upper: bool, passed: bool) -> float:
     elif upper:
         ratio = 0.0 if value == 0 else math.inf
     elif allowed < 1:
-        ratio = max(0.0, (1 - value) / (1 - allowed))
+        ratio = (1 - value) / (1 - allowed)
+        ratio = 0.0 if ratio < 0 else ratio  # not max(): it would drop a NaN
     else:
         ratio = 0.0 if value >= 1 else math.inf
-    if not passed and not ratio > 1:  # NaN included
-        return math.inf
-    return ratio if ratio == ratio else 0.0  # a passing NaN (both sides NaN alike) uses nothing
+    if math.isnan(ratio):
+        return 0.0 if passed else math.inf
+    return ratio
 
 
 @dataclass(frozen=True)
