@@ -251,7 +251,7 @@ class _Mapper:
 
 
 def _tensor_stats(tensor: Any) -> Any:
-    from ..recording.recorder import tensor_stats  # imports torch: only layout transforms need it
+    from ..recording.tensor_summary import tensor_stats  # imports torch: only layout transforms need it
 
     return tensor_stats(tensor)
 

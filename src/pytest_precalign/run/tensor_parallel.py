@@ -194,7 +194,7 @@ def gather_traces(
     bitwise equal across ranks are noted too, and raise ``CaseError`` with ``strict``.
     """
 
-    from ..recording.recorder import tensor_stats
+    from ..recording.tensor_summary import tensor_stats
 
     if not traces:
         raise CaseError("gather_traces: no rank traces given")
