@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PrecalignError, SourceError
-from . import import_object, one_line
+from .imports import import_object, one_line
 
 if TYPE_CHECKING:
     import torch

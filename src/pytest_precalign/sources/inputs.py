@@ -11,7 +11,7 @@ import torch
 
 from ..config.specs import InputSpec
 from ..errors import CaseError, PrecalignError, SourceError
-from . import import_object, one_line
+from .imports import import_object, one_line
 
 
 @dataclass(frozen=True)
