@@ -110,7 +110,6 @@ class Recorder:
         self._calls: dict[tuple[str, int], int] = {}
         self._stack: dict[int, list[_Call]] = {}
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Record]] = {}
-        self._param_names = {id(p): n for n, p in model.named_parameters()}
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
         self._active = False

@@ -162,15 +162,6 @@ def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
     return json.loads(json.dumps(_strict_json(data), default=_json_default, allow_nan=False))  # type: ignore[no-any-return]
 
 
-def write_json_report(
-    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
-) -> Path:
-    """Write ``report.json`` atomically (temp file + rename)."""
-    check_report_dir(directory)
-    data = report_document(cases, meta)
-    return write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
-
-
 def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
     """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
     check_report_dir(directory)

@@ -1,5 +1,5 @@
-"""Reports: verdicts -> message lines and JSON-ready dicts. Never prints, never writes
-(except ``write_json_report``, atomically)."""
+"""Reports: verdicts -> message lines. Never prints, never writes (``document.py`` builds
+report.json's dicts and writes the report files)."""
 
 from __future__ import annotations
 
