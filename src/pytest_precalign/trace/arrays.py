@@ -1,4 +1,4 @@
-"""numpy views of tensors for comparing, and back to torch where an op needs it.
+"""numpy views of tensors for comparing.
 
 Comparisons run on numpy arrays so that an offline compare never imports torch (see
 ``tensor_files``); a recorded CPU tensor becomes an array without a copy.
