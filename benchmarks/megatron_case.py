@@ -92,7 +92,8 @@ import transformers
 from _shared import SIZES, Size, run_facts, summarize
 
 from pytest_precalign.compare.pairs import compare_traces
-from pytest_precalign.config.loader import AlignConfig, CaseSpec, ModelSpec, load_config_file
+from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.config.specs import AlignConfig, CaseSpec, ModelSpec
 from pytest_precalign.mapping.apply import map_trace
 from pytest_precalign.mapping.weights import sync_weights
 from pytest_precalign.recording.determinism import deterministic, environment

@@ -109,7 +109,7 @@ def write_side(root: Path, layout: ParallelLayout, args: argparse.Namespace) -> 
 def _with_stats(rec: Record, t: torch.Tensor, key: str) -> Record:
     from dataclasses import replace
 
-    from pytest_precalign.recording.recorder import tensor_stats
+    from pytest_precalign.recording.tensor_summary import tensor_stats
 
     return replace(rec, stats=tensor_stats(t), tensor_key=key)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .compare.tolerances import ToleranceTable, default_table, parse_rule
-from .config.loader import AlignConfig, RecordSpec
+from .config.specs import AlignConfig, RecordSpec
 from .errors import ConfigError
 from .reports.text import PhaseReport, failure_message
 from .run.outcome import ItemOutcome

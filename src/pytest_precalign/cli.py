@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigError, PrecalignError
 
 if TYPE_CHECKING:
-    from .config.loader import AlignConfig, CaseSpec
+    from .config.specs import AlignConfig, CaseSpec
     from .run.outcome import ItemOutcome
 
 

@@ -16,7 +16,7 @@ import pytest
 from .errors import AlignmentMismatch, PrecalignError
 
 if TYPE_CHECKING:
-    from .config.loader import AlignConfig, CaseSpec
+    from .config.specs import AlignConfig, CaseSpec
     from .run.case import CaseRun
     from .run.outcome import ItemOutcome, PerCase
     from .vocabulary import Phase

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .config.loader import AlignConfig, CaseSpec
 from .config.search import SearchSpec, ids_block
+from .config.specs import AlignConfig, CaseSpec
 from .errors import CaseError
 from .reports.text import PhaseReport, failure_message
 from .run.case import case_table

@@ -8,7 +8,7 @@ import torch
 from pytest_precalign.compare import metrics
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.recording.recorder import tensor_crc32, tensor_stats
+from pytest_precalign.recording.tensor_summary import tensor_crc32, tensor_stats
 from pytest_precalign.trace.records import Record, Trace
 from pytest_precalign.verdict.phase import phase_verdict
 

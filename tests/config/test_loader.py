@@ -10,21 +10,20 @@ from pathlib import Path
 import pytest
 
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.config.loader import (
+from pytest_precalign.config.loader import load_config, load_config_file
+from pytest_precalign.config.specs import (
     AlignConfig,
     CaseSpec,
     Defaults,
-    Expectation,
     InputSpec,
     ModelSpec,
     OptimizerSpec,
     RecordSpec,
-    load_config,
-    load_config_file,
 )
 from pytest_precalign.errors import ConfigError, PrecalignError
 from pytest_precalign.mapping.spec import MappingSpec, NameRule, TensorRule, read_mapping_file
 from pytest_precalign.mapping.transforms import TransformOp
+from pytest_precalign.verdict.expectation import Expectation
 from pytest_precalign.yaml_reader import load_yaml
 from tests.helpers.bad_input import replace_once
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_precalign.recording.recorder import Recorder, tensor_crc32, tensor_stats
+from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording.tensor_summary import tensor_crc32, tensor_stats
 
 
 def _qwen2(cfg: dict[str, int | bool], attn: str = "eager") -> torch.nn.Module:

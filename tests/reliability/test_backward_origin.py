@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_precalign.config.loader import RecordSpec
+from pytest_precalign.config.specs import RecordSpec
 from pytest_precalign.run.case import check_modules
 
 

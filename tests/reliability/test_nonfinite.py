@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_precalign.config.loader import RecordSpec
+from pytest_precalign.config.specs import RecordSpec
 from pytest_precalign.reports.document import phase_dict, write_json_report
 from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.run.case import CaseRun, check_modules

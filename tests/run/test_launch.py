@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pytest_precalign.config.launch import launched, world_size
-from pytest_precalign.config.loader import AlignConfig, load_config
+from pytest_precalign.config.loader import load_config
+from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import CaseError, ConfigError
 from pytest_precalign.trace.records import Record, Trace
 from pytest_precalign.vocabulary import as_kind

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_precalign.baseline.gate import baseline_outcome, update_policy
 from pytest_precalign.baseline.store import BaselineOutcome
-from pytest_precalign.config.loader import CaseSpec, OptimizerSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from pytest_precalign.errors import ConfigError, TraceError
 from pytest_precalign.run.outcome import PerCase, compare_workers
 

@@ -17,21 +17,17 @@ import torch
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-from pytest_precalign.config.loader import AlignConfig, load_config  # noqa: E402
+from pytest_precalign.config.loader import load_config  # noqa: E402
+from pytest_precalign.config.specs import AlignConfig  # noqa: E402
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
+from pytest_precalign.parallel.rules import MEGATRON_GPT_RULES, WRONG_FC1_RULES, rule_for
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
 from pytest_precalign.run.launch import launch_ranks  # noqa: E402
 from pytest_precalign.run.launch_merge import merge_launched, read_step  # noqa: E402
 from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish  # noqa: E402
 from pytest_precalign.run.side import run_side  # noqa: E402
-from pytest_precalign.run.tensor_parallel import (  # noqa: E402
-    MEGATRON_GPT_RULES,
-    WRONG_FC1_RULES,
-    gather_traces,
-    rule_for,
-    shard_state,
-)
+from pytest_precalign.run.tensor_parallel import gather_traces, shard_state
 from pytest_precalign.sources import build_model, runtime  # noqa: E402
 from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
 from pytest_precalign.trace.records import Record, Trace  # noqa: E402

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config.loader import CaseSpec
+from ..config.specs import CaseSpec
 from ..reports.document import phase_dict
 from ..reports.text import PhaseReport, summary_line
 from ..run.outcome import ItemOutcome, plain_entry

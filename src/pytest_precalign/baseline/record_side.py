@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..config.loader import AlignConfig, CaseSpec
+from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.spec import MappingSpec, to_baseline_name
 from ..trace.records import Trace

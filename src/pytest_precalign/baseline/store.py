@@ -41,7 +41,7 @@ from ..vocabulary import UPDATE_POLICIES
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import AlignConfig, CaseSpec
+    from ..config.specs import AlignConfig, CaseSpec
     from ..run.case import CaseRun
     from ..trace.records import Trace
     from .record_side import SideRecording

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..config.loader import AlignConfig, CaseSpec, ModelSpec
+from ..config.specs import AlignConfig, CaseSpec, ModelSpec
 from ..errors import CaseError, ConfigError, PrecalignError
 from ..run.launch import in_process_twin
 from ..run.live import live_case

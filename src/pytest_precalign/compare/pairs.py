@@ -9,7 +9,8 @@ records are findings, never exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +23,37 @@ from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
 _PRECISION = ["float64", "float32", "bfloat16", "float16"]  # lookup uses the less precise side
 
 
+def severity(value: float, allowed: float, upper: bool, passed: bool) -> float:
+    """How much of its allowance a check uses: 0 = perfect, 1.0 = at the bound, > 1 past it.
+
+    * Upper bounds (``value <= allowed``: differences, errors): ``value / allowed``; with
+      ``allowed == 0`` (hashes, NaN/Inf counts), 0 when the value is 0, else inf.
+    * Lower bounds (``value >= allowed``: cosine, fractions within; bounds in [0, 1], 1 is
+      perfect): the shortfall from 1 over the allowed shortfall, ``(1 - value) / (1 - allowed)``,
+      so that cosine 0.9999 against 0.999 uses 10% of its allowance (``allowed / value`` would say
+      99.9%); a value rounding above 1 counts as 0. With ``allowed == 1``, 0 when the value
+      reaches 1, else inf.
+    * A NaN value (no comparison holds) is inf when the check failed, 0 when it passed.
+
+    The shape check is not a bound: its numbers are element counts (candidate, baseline), so
+    its ratio says nothing; it keeps that ratio (report.json's ``severity`` has always carried
+    it), and the check explains its record by failing, not by its severity.
+
+    Pure, so that the report chart applies the same rule to report.json's checks."""
+    if upper and allowed > 0:
+        ratio = value / allowed
+    elif upper:
+        ratio = 0.0 if value == 0 else math.inf
+    elif allowed < 1:
+        ratio = (1 - value) / (1 - allowed)
+        ratio = 0.0 if ratio < 0 else ratio  # not max(): it would drop a NaN
+    else:
+        ratio = 0.0 if value >= 1 else math.inf
+    if math.isnan(ratio):
+        return 0.0 if passed else math.inf
+    return ratio
+
+
 @dataclass(frozen=True)
 class Check:
     metric: str
@@ -29,6 +61,20 @@ class Check:
     allowed: float
     passed: bool
     upper: bool = True  # value must be <= allowed (False: >=)
+
+    @property
+    def severity(self) -> float:
+        """See ``severity``."""
+        return severity(self.value, self.allowed, self.upper, self.passed)
+
+
+def explaining_check(checks: Sequence[Check]) -> Check | None:
+    """The check that explains a record: the first failing one (allclose comes before the
+    metric bounds), else the tightest by ``severity``; None without checks."""
+    for check in checks:
+        if not check.passed:
+            return check
+    return max(checks, key=lambda c: c.severity, default=None)
 
 
 @dataclass(frozen=True)
@@ -53,26 +99,18 @@ class PairResult:
     @property
     def failing(self) -> Check | None:
         """The check that explains the failure: allclose first, then the worst bound."""
-        bad = [c for c in self.checks if not c.passed]
-        if not bad:
-            return None
-        return bad[0]
+        check = self.explaining_check
+        return check if check is not None and not check.passed else None
+
+    @property
+    def explaining_check(self) -> Check | None:
+        """The check a reader should see for this record: the failing one, else the tightest."""
+        return explaining_check(self.checks)
 
     @property
     def severity(self) -> float:
-        """How far the worst check is from its bound (value/allowed for upper bounds)."""
-        worst = 0.0
-        for c in self.checks:
-            if c.upper:
-                ratio = c.value / c.allowed if c.allowed > 0 else (0.0 if c.value == 0 else float("inf"))
-            else:
-                ratio = (
-                    (1 - c.value) / (1 - c.allowed)
-                    if c.allowed < 1
-                    else (0.0 if c.value >= 1 else float("inf"))
-                )
-            worst = max(worst, ratio)
-        return worst
+        """The record's worst ``Check.severity`` (0 without checks)."""
+        return max((c.severity for c in self.checks), default=0.0)
 
 
 @dataclass(frozen=True)

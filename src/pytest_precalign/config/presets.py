@@ -1,9 +1,15 @@
-"""Presets shipped with the package: mappings (``preset:NAME``) and msprobe layer_mapping files."""
+"""Presets shipped with the package: mappings (``preset:NAME``) and msprobe layer_mapping files,
+and the model-config fields (``$variables``) a mapping may use."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigError
+from ..mapping.spec import MappingSpec, read_mapping_file, reverse
+from ..yaml_reader import Reader
+from .specs import ModelSpec
 
 # The data folder stays at the package root (``presets/``, listed in pyproject's package-data).
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -21,3 +27,61 @@ QWEN2_FIELDS: dict[str, Any] = {
     "max_position_embeddings": 32768,
     "tie_word_embeddings": False,
 }
+
+PRESET_MAPPINGS = ("megatron-qwen2.5",)
+PRESET_LAYER_MAPPINGS = (
+    "qwen2.5-mindspeed-to-hf",
+    "qwen2.5-hf-to-mindspeed",
+    "qwen2.5-vl-mindspeed-to-hf",
+    "qwen2.5-vl-hf-to-mindspeed",
+)
+
+# The model-config fields a mapping's ``$variables`` may name.
+HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
+
+
+def layer_mapping_path(ref: str, base_dir: Path) -> Path | None:
+    """A layer_mapping reference: ``preset:NAME`` (seed 000's templates) or a YAML path."""
+    if ref.startswith("preset:"):
+        name = ref.partition(":")[2]
+        if name not in PRESET_LAYER_MAPPINGS:
+            return None
+        return PRESETS_DIR / "layer_mapping" / f"{name}.yaml"
+    return base_dir / ref
+
+
+def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
+    """``$variables`` a mapping may use, read from the models' configs (Megatron's first, as
+    its layout is what the transforms describe)."""
+    out: dict[str, Any] = {}
+    for model in sorted(models, key=lambda m: m.source != "megatron"):
+        config = model.options.get("config")
+        fields = dict(config) if isinstance(config, dict) else {}
+        if model.source == "megatron":
+            fields = {**QWEN2_FIELDS, **fields}
+        for key in HEAD_FIELDS:
+            if key in fields and key not in out:
+                out[key] = fields[key]
+    return out
+
+
+def preset_mapping(
+    reader: Reader, ref: str, variables: dict[str, Any], baseline: ModelSpec, candidate: ModelSpec
+) -> MappingSpec:
+    """A built-in mapping (``mapping: preset:NAME``), oriented baseline = HF, candidate =
+    Megatron; reversed when the case has them the other way round."""
+    name = ref.partition(":")[2]
+    if name not in PRESET_MAPPINGS:
+        allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
+        reader.fail(f"unknown preset mapping {ref!r} (allowed: {allowed})", "mapping")
+    missing = [k for k in ("num_attention_heads", "num_key_value_heads") if k not in variables]
+    if missing:
+        reader.fail(f"{ref} needs {missing[0]} in a model's config", "mapping")
+    path = PRESETS_DIR / f"{name}.yaml"
+    try:
+        mapping = read_mapping_file(path, ref, variables)
+    except ConfigError as exc:  # the models' config does not fit the preset
+        reader.fail(f"{ref} does not fit these models: {str(exc).rpartition(': ')[2]}", "mapping")
+    if baseline.source == "megatron" and candidate.source != "megatron":
+        mapping = reverse(mapping)
+    return mapping

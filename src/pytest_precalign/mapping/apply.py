@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..trace.records import Record, TensorOverlay, Trace, record_id
-from .spec import LayoutRule, MappingSpec, SlotRule, fill_pattern, match_pattern, to_baseline_name
+from .spec import LayoutRule, MappingSpec, SlotRule, TensorRule, fill_pattern, match_pattern, to_baseline_name
 from .transforms import TransformOp, apply_forward, apply_inverse
 
 PERMUTING_OPS = {"transpose", "permute"}  # statistics are invariant under these
@@ -63,23 +63,40 @@ def _rule_matches_name(match: str, side: str, original: str, renamed: str) -> bo
 def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) -> MappedTrace:
     if mapping is None:
         return MappedTrace(candidate, {})
-    base_ids = baseline.by_id()
-    # Over the candidate's store, not a copy of it: a lazy store stays lazy.
-    tensors = TensorOverlay(candidate.tensors if candidate.mode == "tensor" else {})
-    out: list[Record] = []
-    new_ids: dict[str, list[str]] = {}
-    reasons: dict[str, str] = {}
-    consumed: set[str] = set()
-    original_name: dict[str, str] = {}
-    layout_cache: dict[tuple[str, int], tuple[str, Any, tuple[int, ...]]] = {}
-    counter = 0
+    mapper = _Mapper(candidate, baseline, mapping)
+    # 1. Tensor rules: groups of candidate records -> baseline records.
+    for rule in mapping.tensors:
+        mapper.apply_tensor_rule(rule)
+    # 2. Everything else: rename, slots, layouts.
+    mapper.map_the_rest()
+    # 3. Dependencies follow their records; ordering stays the candidate's execution order.
+    return mapper.result()
 
-    def new_key() -> str:
-        nonlocal counter
-        counter += 1
-        return f"m{counter:07d}"
+
+class _Mapper:
+    """The state of one ``map_trace``: the mapped records so far, their tensors (over the
+    candidate's store, not a copy of it: a lazy store stays lazy), and why records have no
+    counterpart."""
+
+    def __init__(self, candidate: Trace, baseline: Trace, mapping: MappingSpec) -> None:
+        self.candidate, self.baseline, self.mapping = candidate, baseline, mapping
+        self.base_ids = baseline.by_id()
+        self.by_id = candidate.by_id()
+        self.tensors = TensorOverlay(candidate.tensors if candidate.mode == "tensor" else {})
+        self.out: list[Record] = []
+        self.new_ids: dict[str, list[str]] = {}
+        self.reasons: dict[str, str] = {}
+        self.consumed: set[str] = set()
+        self.original_name: dict[str, str] = {}
+        self.layout_cache: dict[tuple[str, int], tuple[str, Any, tuple[int, ...]]] = {}
+        self.counter = 0
+
+    def new_key(self) -> str:
+        self.counter += 1
+        return f"m{self.counter:07d}"
 
     def emit(
+        self,
         src: Record,
         name: str,
         slot: str,
@@ -91,21 +108,22 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         shape: tuple[int, ...] | None = None,
     ) -> None:
         if tensor is not None and key is None:
-            key = new_key()
-            tensors[key] = tensor
+            key = self.new_key()
+            self.tensors[key] = tensor
         if shape is None:
             shape = tuple(tensor.shape) if tensor is not None else src.shape
         rec = replace(src, name=name, slot=slot, shape=shape, stats=stats, crc32=crc, tensor_key=key)
-        out.append(rec)
-        new_ids.setdefault(src.id, []).append(rec.id)
-        original_name[rec.id] = src.name
+        self.out.append(rec)
+        self.new_ids.setdefault(src.id, []).append(rec.id)
+        self.original_name[rec.id] = src.name
 
-    # 1. Tensor rules: groups of candidate records -> baseline records.
-    by_id = candidate.by_id()
-    for rule in mapping.tensors:
+    def apply_tensor_rule(self, rule: TensorRule) -> None:
+        """Each group of candidate records the rule matches becomes the baseline's records; the
+        baseline side of a rule that found no candidate group stays unmatched normally."""
+        by_id = self.by_id
         record_kinds = set(rule.kinds) | ({"param_grad"} if "param" in rule.kinds else set())
-        for rec in candidate.records:
-            if rec.kind not in record_kinds or rec.id in consumed:
+        for rec in self.candidate.records:
+            if rec.kind not in record_kinds or rec.id in self.consumed:
                 continue
             bindings = match_pattern(rule.candidate[0], rec.name)
             if bindings is None:
@@ -125,102 +143,115 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
                 continue
             members = [g for g in group if g is not None]
             base_names = [fill_pattern(p, bindings) for p in rule.baseline]
-            base_recs = [
-                base_ids.get(record_id(n, rec.kind, base_slot, rec.step, rec.call)) for n in base_names
-            ]
-            consumed.update(m.id for m in members)
-            if any(b is None for b in base_recs):
-                for m in members:
-                    reasons[m.id] = (
-                        f"mapped by a tensor rule ({rule.where}) to {', '.join(base_names)}, which the baseline did not record"
-                    )
-                continue
-            shapes = [b.shape for b in base_recs if b is not None]
-            if all(m.tensor_key is not None for m in members):
-                cand_tensors = [tensors[m.tensor_key] for m in members if m.tensor_key is not None]
-                if rule.broadcast:
-                    one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1])[0].contiguous()
-                    one_stats, one_key = _tensor_stats(one), new_key()
-                    tensors[one_key] = one  # one tensor stands for each baseline record
-                    for name in base_names:
-                        emit(members[0], name, base_slot, one, one_stats, key=one_key)
-                else:
-                    results = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes)
-                    for name, tensor in zip(base_names, results, strict=True):
-                        tensor = tensor.contiguous()
-                        emit(members[0], name, base_slot, tensor, _tensor_stats(tensor))
-            elif (
-                rule.broadcast
-                and members[0].stats is not None
-                and all(op.op in PERMUTING_OPS for op in rule.ops)
-            ):
-                shape = _shape(rule.ops, rule.reversed, members[0].shape, shapes[:1])
-                for name in base_names:
-                    emit(members[0], name, base_slot, None, members[0].stats, shape=shape)
-            else:
-                why = f"{members[0].name} maps here through a layout transform ({rule.where}), which needs record: {{mode: tensor}}"
-                for b in base_recs:
-                    if b is not None:
-                        reasons[b.id] = why
-        # baseline side of a rule that found no candidate group stays unmatched normally
+            self.map_group(rule, members, base_names, base_slot)
 
-    # 2. Everything else: rename, slots, layouts.
-    classes = {r.name: r.module_class for r in candidate.records if r.kind in ("activation", "input")}
-    for rec in candidate.records:
-        if rec.id in consumed:
-            continue
-        name = to_baseline_name(mapping, rec.name, classes.get)
-        slot = _slot(mapping.slots, rec, name, base_ids)
-        layout = _layout(mapping.layouts, rec, name)
-        if layout is None:
-            same_key = rec.tensor_key if candidate.mode == "tensor" else None
-            emit(rec, name, slot, None, rec.stats, rec.crc32, key=same_key)  # same tensor, same key
-            continue
-        base = base_ids.get(record_id(name, rec.kind, slot, rec.step, rec.call))
+    def map_group(
+        self, rule: TensorRule, members: list[Record], base_names: list[str], base_slot: str
+    ) -> None:
+        first = members[0]
+        base_recs = [
+            self.base_ids.get(record_id(n, first.kind, base_slot, first.step, first.call)) for n in base_names
+        ]
+        self.consumed.update(m.id for m in members)
+        if any(b is None for b in base_recs):
+            for m in members:
+                self.reasons[m.id] = (
+                    f"mapped by a tensor rule ({rule.where}) to {', '.join(base_names)}, which the baseline did not record"
+                )
+            return
+        shapes = [b.shape for b in base_recs if b is not None]
+        if all(m.tensor_key is not None for m in members):
+            cand_tensors = [self.tensors[m.tensor_key] for m in members if m.tensor_key is not None]
+            if rule.broadcast:
+                one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1])[0].contiguous()
+                one_stats, one_key = _tensor_stats(one), self.new_key()
+                self.tensors[one_key] = one  # one tensor stands for each baseline record
+                for name in base_names:
+                    self.emit(first, name, base_slot, one, one_stats, key=one_key)
+            else:
+                results = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes)
+                for name, tensor in zip(base_names, results, strict=True):
+                    tensor = tensor.contiguous()
+                    self.emit(first, name, base_slot, tensor, _tensor_stats(tensor))
+        elif rule.broadcast and first.stats is not None and all(op.op in PERMUTING_OPS for op in rule.ops):
+            shape = _shape(rule.ops, rule.reversed, first.shape, shapes[:1])
+            for name in base_names:
+                self.emit(first, name, base_slot, None, first.stats, shape=shape)
+        else:
+            why = f"{first.name} maps here through a layout transform ({rule.where}), which needs record: {{mode: tensor}}"
+            for b in base_recs:
+                if b is not None:
+                    self.reasons[b.id] = why
+
+    def map_the_rest(self) -> None:
+        """Records no tensor rule consumed: renamed, slots lined up, layouts transformed."""
+        mapping = self.mapping
+        classes = {
+            r.name: r.module_class for r in self.candidate.records if r.kind in ("activation", "input")
+        }
+        for rec in self.candidate.records:
+            if rec.id in self.consumed:
+                continue
+            name = to_baseline_name(mapping, rec.name, classes.get)
+            slot = _slot(mapping.slots, rec, name, self.base_ids)
+            layout = _layout(mapping.layouts, rec, name)
+            if layout is None:
+                same_key = rec.tensor_key if self.candidate.mode == "tensor" else None
+                self.emit(rec, name, slot, None, rec.stats, rec.crc32, key=same_key)  # same tensor, same key
+            else:
+                self.map_layout(rec, name, slot, layout)
+
+    def map_layout(self, rec: Record, name: str, slot: str, layout: LayoutRule) -> None:
+        base = self.base_ids.get(record_id(name, rec.kind, slot, rec.step, rec.call))
         if rec.tensor_key is not None and base is not None:
             # Records sharing a tensor share its transformed copy (and compare results).
-            cached = layout_cache.get((rec.tensor_key, id(layout)))
+            cached = self.layout_cache.get((rec.tensor_key, id(layout)))
             if cached is None:
-                (tensor,) = _to_baseline(layout.ops, layout.reversed, [tensors[rec.tensor_key]], [base.shape])
+                (tensor,) = _to_baseline(
+                    layout.ops, layout.reversed, [self.tensors[rec.tensor_key]], [base.shape]
+                )
                 tensor = tensor.contiguous()
-                cached = (new_key(), _tensor_stats(tensor), tuple(tensor.shape))
-                tensors[cached[0]] = tensor
-                layout_cache[(rec.tensor_key, id(layout))] = cached
-            emit(rec, name, slot, None, cached[1], key=cached[0], shape=cached[2])
+                cached = (self.new_key(), _tensor_stats(tensor), tuple(tensor.shape))
+                self.tensors[cached[0]] = tensor
+                self.layout_cache[(rec.tensor_key, id(layout))] = cached
+            self.emit(rec, name, slot, None, cached[1], key=cached[0], shape=cached[2])
         elif rec.stats is not None and all(op.op in PERMUTING_OPS for op in layout.ops):
             shape = _shape(layout.ops, layout.reversed, rec.shape, [base.shape] if base else [])
-            emit(rec, name, slot, None, rec.stats, shape=shape)
+            self.emit(rec, name, slot, None, rec.stats, shape=shape)
         else:
-            emit(rec, name, slot, None, None, None)
+            self.emit(rec, name, slot, None, None, None)
             if base is not None and rec.crc32 is not None:
-                reasons[record_id(name, rec.kind, slot, rec.step, rec.call)] = (
+                self.reasons[record_id(name, rec.kind, slot, rec.step, rec.call)] = (
                     "layout differs: hashes are not comparable"
                 )
 
-    # 3. Dependencies follow their records; ordering stays the candidate's execution order.
-    final = []
-    for rec in sorted(out, key=lambda r: r.seq):
-        deps = tuple(d for old in rec.deps for d in new_ids.get(old, ()))
-        final.append(replace(rec, deps=deps))
-    for known in mapping.unmatched:
-        if known.side == "candidate":
-            for rec in final:
-                if name_matches(known.match, original_name.get(rec.id, rec.name)):
-                    reasons.setdefault(rec.id, known.reason)
-        else:
-            for rec in baseline.records:
-                if name_matches(known.match, rec.name):
-                    reasons.setdefault(rec.id, known.reason)
-    for old, why in list(reasons.items()):
-        for new in new_ids.get(old, ()):
-            reasons.setdefault(new, why)
-    manifest = {**dict(candidate.manifest), "mapping": mapping.name}
-    mapped = Trace(manifest=manifest, records=tuple(final), tensors=tensors)
-    return MappedTrace(mapped, reasons)
+    def result(self) -> MappedTrace:
+        """Dependencies follow their records; ordering stays the candidate's execution order;
+        known-unmatched reasons apply to both sides and follow mapped records."""
+        reasons, new_ids = self.reasons, self.new_ids
+        final = []
+        for rec in sorted(self.out, key=lambda r: r.seq):
+            deps = tuple(d for old in rec.deps for d in new_ids.get(old, ()))
+            final.append(replace(rec, deps=deps))
+        for known in self.mapping.unmatched:
+            if known.side == "candidate":
+                for rec in final:
+                    if name_matches(known.match, self.original_name.get(rec.id, rec.name)):
+                        reasons.setdefault(rec.id, known.reason)
+            else:
+                for rec in self.baseline.records:
+                    if name_matches(known.match, rec.name):
+                        reasons.setdefault(rec.id, known.reason)
+        for old, why in list(reasons.items()):
+            for new in new_ids.get(old, ()):
+                reasons.setdefault(new, why)
+        manifest = {**dict(self.candidate.manifest), "mapping": self.mapping.name}
+        mapped = Trace(manifest=manifest, records=tuple(final), tensors=self.tensors)
+        return MappedTrace(mapped, reasons)
 
 
 def _tensor_stats(tensor: Any) -> Any:
-    from ..recording.recorder import tensor_stats  # imports torch: only layout transforms need it
+    from ..recording.tensor_summary import tensor_stats  # imports torch: only layout transforms need it
 
     return tensor_stats(tensor)
 

@@ -79,8 +79,3 @@ def parse_layer_mapping(reader: Reader) -> LayerMapping:
 def read_layer_mapping(path: Path) -> LayerMapping:
     data = read_yaml_file(path.resolve())
     return parse_layer_mapping(Reader(data, str(path.resolve()), "", 1))
-
-
-def class_lookup(names_and_classes: Mapping[str, str]) -> Callable[[str], str | None]:
-    """``class_of`` for ``LayerMapping.to_baseline`` from a name -> class table."""
-    return names_and_classes.get

@@ -13,7 +13,7 @@ baseline's names and layouts with the inverse. Ops import torch only when applie
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -281,68 +281,11 @@ def parse_mapping(name: str, reader: Reader, variables: Mapping[str, Any] | None
     """Parse a mapping; ``$name`` values in transform parameters come from ``variables``."""
     variables = variables or {}
     reader.check_keys(("renames", "tensors", "layouts", "slots", "unmatched"))
-    renames = []
-    for i, item, line in reader.items("renames"):
-        r = reader.child("renames", {}).child(i, item, line)
-        r.check_keys(("baseline", "candidate"))
-        baseline, candidate = r.get_str("baseline", required=True), r.get_str("candidate", required=True)
-        if sorted(set(_PLACEHOLDER.findall(baseline))) != sorted(set(_PLACEHOLDER.findall(candidate))):
-            r.fail(
-                "baseline and candidate must use the same {placeholders} "
-                f"(baseline has {_placeholders(baseline)}, candidate has {_placeholders(candidate)})"
-            )
-        r.done()
-        renames.append(NameRule(baseline=baseline, candidate=candidate))
-    tensors = []
-    for i, item, line in reader.items("tensors"):
-        r = reader.child("tensors", {}).child(i, item, line)
-        r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast"))
-        baseline, candidate = _patterns(r, "baseline"), _patterns(r, "candidate")
-        ops = _ops(r, "transform", line, variables)
-        kinds = _kinds(r, ["param"])
-        slots = _slot_pairs(r)
-        broadcast = r.get_bool("broadcast", False)
-        r.done()
-        if broadcast:
-            if len(candidate) != 1:
-                r.fail("broadcast rules name exactly one candidate tensor", "candidate")
-            _check_arity(r, ops, 1, 1)
-        else:
-            _check_arity(r, ops, len(baseline), len(candidate))
-        tensors.append(TensorRule(baseline, candidate, ops, kinds, slots, broadcast, False, r.where()))
-    layouts = []
-    for i, item, line in reader.items("layouts"):
-        r = reader.child("layouts", {}).child(i, item, line)
-        r.check_keys(("candidate", "kinds", "transform"))
-        match = r.get_str("candidate", required=True)
-        ops = _ops(r, "transform", line, variables)
-        kinds = _kinds(r, MODULE_KINDS)
-        r.done()
-        _check_arity(r, ops, 1, 1)
-        layouts.append(LayoutRule(match, kinds, ops))
-    slot_rules = []
-    for i, item, line in reader.items("slots"):
-        r = reader.child("slots", {}).child(i, item, line)
-        r.check_keys(("candidate", "from", "to"))
-        slot_rules.append(
-            SlotRule(
-                r.get_str("candidate", required=True),
-                r.get_str("from", required=True),
-                r.get_str("to", required=True),
-            )
-        )
-        r.done()
-    unmatched = []
-    for i, item, line in reader.items("unmatched"):
-        r = reader.child("unmatched", {}).child(i, item, line)
-        r.check_keys(("baseline", "candidate", "reason"))
-        sides = [side for side in ("baseline", "candidate") if r.has(side)]
-        if len(sides) != 1:
-            r.fail("name exactly one of 'baseline' or 'candidate' (a glob) and a 'reason'")
-        unmatched.append(
-            UnmatchedRule(sides[0], r.get_str(sides[0], required=True), r.get_str("reason", required=True))
-        )
-        r.done()
+    renames = [_name_rule(r) for r, _ in _entries(reader, "renames")]
+    tensors = [_tensor_rule(r, line, variables) for r, line in _entries(reader, "tensors")]
+    layouts = [_layout_rule(r, line, variables) for r, line in _entries(reader, "layouts")]
+    slot_rules = [_slot_rule(r) for r, _ in _entries(reader, "slots")]
+    unmatched = [_unmatched_rule(r) for r, _ in _entries(reader, "unmatched")]
     reader.done()
     return MappingSpec(
         name=name,
@@ -353,6 +296,72 @@ def parse_mapping(name: str, reader: Reader, variables: Mapping[str, Any] | None
         unmatched=tuple(unmatched),
         where=reader.where(),
     )
+
+
+def _entries(reader: Reader, key: str) -> Iterator[tuple[Reader, int | None]]:
+    """A reader for each item of the list under ``key``, with the item's line."""
+    for i, item, line in reader.items(key):
+        yield reader.child(key, {}).child(i, item, line), line
+
+
+def _name_rule(r: Reader) -> NameRule:
+    r.check_keys(("baseline", "candidate"))
+    baseline, candidate = r.get_str("baseline", required=True), r.get_str("candidate", required=True)
+    if sorted(set(_PLACEHOLDER.findall(baseline))) != sorted(set(_PLACEHOLDER.findall(candidate))):
+        r.fail(
+            "baseline and candidate must use the same {placeholders} "
+            f"(baseline has {_placeholders(baseline)}, candidate has {_placeholders(candidate)})"
+        )
+    r.done()
+    return NameRule(baseline=baseline, candidate=candidate)
+
+
+def _tensor_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> TensorRule:
+    r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast"))
+    baseline, candidate = _patterns(r, "baseline"), _patterns(r, "candidate")
+    ops = _ops(r, "transform", line, variables)
+    kinds = _kinds(r, ["param"])
+    slots = _slot_pairs(r)
+    broadcast = r.get_bool("broadcast", False)
+    r.done()
+    if broadcast:
+        if len(candidate) != 1:
+            r.fail("broadcast rules name exactly one candidate tensor", "candidate")
+        _check_arity(r, ops, 1, 1)
+    else:
+        _check_arity(r, ops, len(baseline), len(candidate))
+    return TensorRule(baseline, candidate, ops, kinds, slots, broadcast, False, r.where())
+
+
+def _layout_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> LayoutRule:
+    r.check_keys(("candidate", "kinds", "transform"))
+    match = r.get_str("candidate", required=True)
+    ops = _ops(r, "transform", line, variables)
+    kinds = _kinds(r, MODULE_KINDS)
+    r.done()
+    _check_arity(r, ops, 1, 1)
+    return LayoutRule(match, kinds, ops)
+
+
+def _slot_rule(r: Reader) -> SlotRule:
+    r.check_keys(("candidate", "from", "to"))
+    rule = SlotRule(
+        r.get_str("candidate", required=True),
+        r.get_str("from", required=True),
+        r.get_str("to", required=True),
+    )
+    r.done()
+    return rule
+
+
+def _unmatched_rule(r: Reader) -> UnmatchedRule:
+    r.check_keys(("baseline", "candidate", "reason"))
+    sides = [side for side in ("baseline", "candidate") if r.has(side)]
+    if len(sides) != 1:
+        r.fail("name exactly one of 'baseline' or 'candidate' (a glob) and a 'reason'")
+    rule = UnmatchedRule(sides[0], r.get_str(sides[0], required=True), r.get_str("reason", required=True))
+    r.done()
+    return rule
 
 
 def _check_arity(reader: Reader, ops: Sequence[TransformOp], n_in: int, n_out: int) -> None:

@@ -16,6 +16,8 @@ import json
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -61,64 +63,17 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
     tensor_mode = trace.mode == "tensor"
     data: dict[str, dict[str, Any]] = {}
     files: dict[str, Record] = {}
-    data_name: str | None = None
     done_at: dict[str, int] = {}
-    api_index: dict[tuple[str, int], int] = {}  # (record name, call) -> msprobe's counter
-    api_count: dict[str, int] = {}
-    api_parent: dict[str, tuple[str, int]] = {}  # API key -> (module path, module call)
+    apis = _ApiCounters()
     for rec in trace.records:
         if rec.step != step or rec.kind in _SKIP:
             continue
         if rec.module_class == API_CLASS:
-            module, api = split_op_name(rec.name)
-            n = api_index.get((rec.name, rec.call))
-            if n is None:
-                n = api_index[(rec.name, rec.call)] = api_count.get(api, 0)
-                api_count[api] = n + 1
-            forward = rec.kind == "activation"
-            key = f"{api}.{n}.{'forward' if forward else 'backward'}"
-            api_parent[key] = (module, rec.call // PER_MODULE_CALL)
-            body = data.setdefault(
-                key,
-                {"input_args": [], "input_kwargs": {}, "output": []}
-                if forward
-                else {"input": [], "output": []},
-            )
-            field = "output" if forward else "input"
-            data_name = f"{key}.{field}.{len(body[field])}.pt" if tensor_mode else None
-            body[field].append(_entry(rec, data_name))
+            key, data_name = _add_api(data, rec, apis, tensor_mode)
         elif rec.kind == "param_grad":
-            owner, _, pname = rec.name.rpartition(".")
-            key = f"Module.{owner}.{rec.module_class}.parameters_grad.{rec.call}"
-            data.setdefault(key, {}).setdefault(pname, [])
-            data_name = f"{key}.{pname}.{len(data[key][pname])}.pt" if tensor_mode else None
-            data[key][pname].append(_entry(rec, data_name))
+            key, data_name = _add_param_grad(data, rec, tensor_mode)
         else:
-            direction = "forward" if rec.kind in ("activation", "input") else "backward"
-            key = _module_key(rec, direction)
-            record = data.setdefault(
-                key,
-                {"input_args": [], "input_kwargs": {}, "output": [], "parameters": {}}
-                if direction == "forward"
-                else {"input": [], "output": []},
-            )
-            index = _slot_index(rec.slot)[1]
-            position: int | str
-            if rec.kind == "activation":
-                field, position = "output", len(record["output"])
-            elif rec.kind == "input":
-                field = "input_args" if index.isdigit() else "input_kwargs"
-                position = len(record["input_args"]) if index.isdigit() else index
-            elif rec.kind == "grad_output":
-                field, position = "input", len(record["input"])
-            else:
-                field, position = "output", len(record["output"])
-            data_name = f"{key}.{field}.{position}.pt" if tensor_mode else None
-            entry = _entry(rec, data_name)
-            if isinstance(position, str):
-                record[field][position] = entry
-            else:
-                record[field].append(entry)
+            key, data_name = _add_module(data, rec, tensor_mode)
         if tensor_mode and data_name is not None:
             files[data_name] = rec
         done_at[key] = rec.seq
@@ -126,8 +81,8 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
     # order the keys by their last record, so execution order survives the round trip.
     data = {key: data[key] for key in sorted(data, key=lambda k: done_at[k])}
     modules = any(key.startswith("Module.") for key in data)
-    level = ("mix" if modules else "L1") if api_parent else "L0"
-    construct = _construct(data, api_parent) if level != "L1" else {}
+    level = ("mix" if modules else "L1") if apis.parent else "L0"
+    construct = _construct(data, apis.parent) if level != "L1" else {}
     return (
         {
             "task": TASKS.get(trace.mode, "statistics"),
@@ -139,6 +94,77 @@ def build_dump(trace: Trace, step: int = 0) -> tuple[dict[str, Any], dict[str, A
         construct,
         files,
     )
+
+
+@dataclass
+class _ApiCounters:
+    """msprobe numbers each API's calls: (record name, call) -> its counter; and each API
+    key's parent module (module path, module call)."""
+
+    index: dict[tuple[str, int], int] = dataclass_field(default_factory=dict)
+    count: dict[str, int] = dataclass_field(default_factory=dict)
+    parent: dict[str, tuple[str, int]] = dataclass_field(default_factory=dict)
+
+
+def _add_api(
+    data: dict[str, dict[str, Any]], rec: Record, apis: _ApiCounters, tensor_mode: bool
+) -> tuple[str, str | None]:
+    module, api = split_op_name(rec.name)
+    n = apis.index.get((rec.name, rec.call))
+    if n is None:
+        n = apis.index[(rec.name, rec.call)] = apis.count.get(api, 0)
+        apis.count[api] = n + 1
+    forward = rec.kind == "activation"
+    key = f"{api}.{n}.{'forward' if forward else 'backward'}"
+    apis.parent[key] = (module, rec.call // PER_MODULE_CALL)
+    body = data.setdefault(
+        key,
+        {"input_args": [], "input_kwargs": {}, "output": []} if forward else {"input": [], "output": []},
+    )
+    field = "output" if forward else "input"
+    data_name = f"{key}.{field}.{len(body[field])}.pt" if tensor_mode else None
+    body[field].append(_entry(rec, data_name))
+    return key, data_name
+
+
+def _add_param_grad(
+    data: dict[str, dict[str, Any]], rec: Record, tensor_mode: bool
+) -> tuple[str, str | None]:
+    owner, _, pname = rec.name.rpartition(".")
+    key = f"Module.{owner}.{rec.module_class}.parameters_grad.{rec.call}"
+    data.setdefault(key, {}).setdefault(pname, [])
+    data_name = f"{key}.{pname}.{len(data[key][pname])}.pt" if tensor_mode else None
+    data[key][pname].append(_entry(rec, data_name))
+    return key, data_name
+
+
+def _add_module(data: dict[str, dict[str, Any]], rec: Record, tensor_mode: bool) -> tuple[str, str | None]:
+    direction = "forward" if rec.kind in ("activation", "input") else "backward"
+    key = _module_key(rec, direction)
+    record = data.setdefault(
+        key,
+        {"input_args": [], "input_kwargs": {}, "output": [], "parameters": {}}
+        if direction == "forward"
+        else {"input": [], "output": []},
+    )
+    index = _slot_index(rec.slot)[1]
+    position: int | str
+    if rec.kind == "activation":
+        field, position = "output", len(record["output"])
+    elif rec.kind == "input":
+        field = "input_args" if index.isdigit() else "input_kwargs"
+        position = len(record["input_args"]) if index.isdigit() else index
+    elif rec.kind == "grad_output":
+        field, position = "input", len(record["input"])
+    else:
+        field, position = "output", len(record["output"])
+    data_name = f"{key}.{field}.{position}.pt" if tensor_mode else None
+    entry = _entry(rec, data_name)
+    if isinstance(position, str):
+        record[field][position] = entry
+    else:
+        record[field].append(entry)
+    return key, data_name
 
 
 def _parse_key(key: str) -> tuple[str, str]:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import fnmatch
 import weakref
-import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -33,38 +32,7 @@ from torch.utils.hooks import RemovableHandle
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import Kind
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def tensor_stats(t: torch.Tensor) -> Stats:
-    """max, min, mean, L2 norm in one sync; nan/inf counts only when something is non-finite."""
-    if t.numel() == 0:
-        return Stats(0.0, 0.0, 0.0, 0.0)
-    if not (t.is_floating_point() or t.is_complex()):
-        t = t.double()
-    if t.is_complex():
-        t = t.abs()
-    mn, mx = torch.aminmax(t)
-    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
-    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
-    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).tolist()
-    vmax, vmin, vsum, vnorm = values
-    nan = inf = 0
-    if not all(map(_finite, values)):
-        nan = int(torch.isnan(t).sum())
-        inf = int(torch.isinf(t).sum())
-    return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
-
-
-def _finite_sum(t: torch.Tensor) -> bool:
-    """False when ``t`` may hold a NaN or Inf: its sum is then not finite. One read pass and
-    no temporary, about twice as cheap as ``isfinite(t).all()``; a finite tensor whose fp32
-    sum overflows only costs an extra statistics pass."""
-    total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
-    return _finite(float(total))
+from .tensor_summary import dtype_name, finite_sum, flatten, tensor_crc32, tensor_stats
 
 
 def _version(t: torch.Tensor) -> int:
@@ -72,32 +40,6 @@ def _version(t: torch.Tensor) -> int:
         return int(t._version)
     except RuntimeError:  # inference tensors have no version counter
         return -1
-
-
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
-
-
-def tensor_crc32(t: torch.Tensor) -> str:
-    """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5)."""
-    flat = t.detach().contiguous().cpu().reshape(-1)
-    if not flat.numel():
-        return f"{zlib.crc32(b''):08x}"
-    # zlib reads the numpy buffer in place: no bytes copy of the tensor.
-    data = cast("bytes", flat.view(torch.uint8).numpy())
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
-
-
-def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)."""
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-    elif isinstance(value, (tuple, list)):
-        for i, item in enumerate(value):
-            yield from flatten(item, f"{prefix}.{i}")
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from flatten(item, f"{prefix}.{key}")
 
 
 @dataclass(frozen=True)
@@ -168,7 +110,6 @@ class Recorder:
         self._calls: dict[tuple[str, int], int] = {}
         self._stack: dict[int, list[_Call]] = {}
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Record]] = {}
-        self._param_names = {id(p): n for n, p in model.named_parameters()}
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
         self._active = False
@@ -264,7 +205,7 @@ class Recorder:
                     stats = tensor_stats(data)
                 elif self.mode == "hash":
                     crc = tensor_crc32(data)
-                    if data.is_floating_point() and not _finite_sum(data):
+                    if data.is_floating_point() and not finite_sum(data):
                         stats = tensor_stats(data)  # evidence of NaN/Inf; hashes are still compared
                 else:
                     key = f"t{seq:07d}"

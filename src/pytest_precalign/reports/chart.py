@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from ..compare.pairs import Check, explaining_check
+from .text import fmt_number
+
 # Checks whose value is an error that a log axis can show next to its bound. Lower bounds
 # (cosine, ...) and hashes/shapes are verdicts, not magnitudes: such failures sit on the top edge.
 PLOTTABLE = ("allclose", "max_abs", "max_rel", "mean_abs", "euclidean")
@@ -48,11 +51,7 @@ def fmt(x: float) -> str:
         return "NaN"
     if math.isinf(x):
         return "∞" if x > 0 else "−∞"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e4 or abs(x) < 1e-3:
-        return f"{x:.3e}"
-    return f"{x:.4g}"
+    return fmt_number(x, digits=4)
 
 
 def esc(value: Any) -> str:
@@ -62,28 +61,9 @@ def esc(value: Any) -> str:
 # -- the record a chart point and a table row stand for ----------------------------------------
 
 
-@dataclass(frozen=True)
-class Check:
-    metric: str
-    value: float
-    allowed: float
-    passed: bool
-    upper: bool
-
-    @property
-    def plottable(self) -> bool:
-        return self.upper and (self.metric in PLOTTABLE or self.metric.startswith("stats."))
-
-    @property
-    def share(self) -> float:
-        """value/allowed (upper bounds); how far past the bound for lower ones."""
-        if self.upper:
-            if self.allowed > 0:
-                return self.value / self.allowed
-            return 0.0 if self.value == 0 else math.inf
-        if self.allowed < 1:
-            return (1 - self.value) / (1 - self.allowed)
-        return 0.0 if self.value >= 1 else math.inf
+def plottable(check: Check) -> bool:
+    """An upper-bound error a log axis can show next to its bound."""
+    return check.upper and (check.metric in PLOTTABLE or check.metric.startswith("stats."))
 
 
 @dataclass(frozen=True)
@@ -107,19 +87,12 @@ class Row:
     @property
     def shown(self) -> Check | None:
         """The check the table shows: the failing one, else the tightest."""
-        bad = [c for c in self.checks if not c.passed]
-        if bad:
-            return bad[0]
-        return max(self.checks, key=lambda c: c.share, default=None)
+        return explaining_check(self.checks)
 
     @property
     def plotted(self) -> Check | None:
         """The check the chart draws: a failing plottable one, else the tightest plottable."""
-        plottable = [c for c in self.checks if c.plottable]
-        bad = [c for c in plottable if not c.passed]
-        if bad:
-            return bad[0]
-        return max(plottable, key=lambda c: c.share, default=None)
+        return explaining_check([c for c in self.checks if plottable(c)])
 
     @property
     def label(self) -> str:

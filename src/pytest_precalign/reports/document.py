@@ -69,15 +69,6 @@ def _record_dict(pair: PairResult) -> dict[str, Any]:
 
 def phase_dict(report: PhaseReport) -> dict[str, Any]:
     v = report.verdict
-    worst = None
-    if v.worst is not None:
-        worst = {
-            "name": v.worst.record.name,
-            "kind": v.worst.record.kind,
-            "severity": v.worst.severity,
-            "checks": [c.__dict__ for c in v.worst.checks],
-            "metric": worst_metric(v),
-        }
     return {
         "config": report.config,
         "name": report.case,
@@ -100,7 +91,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             if v.isolated_count
             else None
         ),
-        "worst": worst,
+        "worst": _worst_dict(v),
         "overflow": [
             {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
         ],
@@ -112,22 +103,36 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             "baseline": _unmatched(v.only_baseline, v.reasons),
             "candidate": _unmatched(v.only_candidate, v.reasons),
         },
-        "failures": [
-            {
-                "name": p.record.name,
-                "kind": p.record.kind,
-                "slot": p.record.slot,
-                "step": p.record.step,
-                "metric": p.failing.metric if p.failing else None,
-                "value": p.failing.value if p.failing else None,
-                "allowed": p.failing.allowed if p.failing else None,
-            }
-            for p in v.failures
-        ],
+        "failures": [_failure_dict(p) for p in v.failures],
         "seconds": report.seconds,
         "reproduce": report.reproduce,
         "environment": _environment(report.environment),
         "records": [_record_dict(p) for p in v.records],
+    }
+
+
+def _worst_dict(v: PhaseVerdict) -> dict[str, Any] | None:
+    if v.worst is None:
+        return None
+    return {
+        "name": v.worst.record.name,
+        "kind": v.worst.record.kind,
+        "severity": v.worst.severity,
+        "checks": [c.__dict__ for c in v.worst.checks],
+        "metric": worst_metric(v),
+    }
+
+
+def _failure_dict(p: PairResult) -> dict[str, Any]:
+    failing = p.failing
+    return {
+        "name": p.record.name,
+        "kind": p.record.kind,
+        "slot": p.record.slot,
+        "step": p.record.step,
+        "metric": failing.metric if failing else None,
+        "value": failing.value if failing else None,
+        "allowed": failing.allowed if failing else None,
     }
 
 
@@ -155,15 +160,6 @@ def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
     """What report.json holds (and report.html shows): strict JSON values only."""
     data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
     return json.loads(json.dumps(_strict_json(data), default=_json_default, allow_nan=False))  # type: ignore[no-any-return]
-
-
-def write_json_report(
-    directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
-) -> Path:
-    """Write ``report.json`` atomically (temp file + rename)."""
-    check_report_dir(directory)
-    data = report_document(cases, meta)
-    return write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
 
 
 def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:

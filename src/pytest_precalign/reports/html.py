@@ -59,7 +59,7 @@ def table_html(rows: Sequence[Row]) -> str:
         metric = check.metric if check else "-"
         value = check.value if check else math.nan
         allowed = check.allowed if check else math.nan
-        share = check.share if check else math.nan
+        share = check.severity if check else math.nan
         relation = "" if check is None or check.upper else "≥ "
         tolerance = _tolerance_text(row)
         result = "fail" if row.failed else "pass"

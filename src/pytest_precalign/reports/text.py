@@ -1,5 +1,5 @@
-"""Reports: verdicts -> message lines and JSON-ready dicts. Never prints, never writes
-(except ``write_json_report``, atomically)."""
+"""Reports: verdicts -> message lines. Never prints, never writes (``document.py`` builds
+report.json's dicts and writes the report files)."""
 
 from __future__ import annotations
 
@@ -87,12 +87,15 @@ class PhaseReport:
         )
 
 
-def _fmt(x: float) -> str:
+def fmt_number(x: float, digits: int = 6) -> str:
+    """A check's number in messages and reports: 0, else scientific (3 decimals) outside
+    [1e-3, 1e4), else ``digits`` significant digits (the HTML report uses 4). NaN and inf print
+    as Python does ("nan", "inf"); the HTML report draws its own symbols for them."""
     if x == 0:
         return "0"
     if abs(x) >= 1e4 or abs(x) < 1e-3:
         return f"{x:.3e}"
-    return f"{x:.6g}"
+    return f"{x:.{digits}g}"
 
 
 def _where(pair: PairResult) -> str:
@@ -109,7 +112,7 @@ def _where(pair: PairResult) -> str:
 def describe_check(check: Check, pair: PairResult) -> str:
     if check.metric == "allclose" and pair.closeness is not None:
         return (
-            f"|candidate - baseline| = {_fmt(check.value)} > {_fmt(check.allowed)} allowed "
+            f"|candidate - baseline| = {fmt_number(check.value)} > {fmt_number(check.allowed)} allowed "
             f"(atol + rtol*|baseline|) at index {pair.closeness.worst_index}"
         )
     if check.metric == "shape":
@@ -120,7 +123,7 @@ def describe_check(check: Check, pair: PairResult) -> str:
         other = pair.candidate
         return f"CRC-32 {other.crc32 if other else '?'} (candidate) != {pair.record.crc32} (baseline)"
     relation = "<=" if check.upper else ">="
-    return f"{check.metric} = {_fmt(check.value)}, allowed {relation} {_fmt(check.allowed)}"
+    return f"{check.metric} = {fmt_number(check.value)}, allowed {relation} {fmt_number(check.allowed)}"
 
 
 def closeness_lines(pair: PairResult) -> list[str]:
@@ -131,10 +134,10 @@ def closeness_lines(pair: PairResult) -> list[str]:
     pct = 100.0 * c.mismatched / c.total if c.total else 0.0
     return [
         f"Mismatched elements: {c.mismatched} / {c.total} ({pct:.1f}%)",
-        f"Greatest absolute difference: {_fmt(c.greatest_abs)} at index {c.greatest_abs_index} "
-        f"(up to {_fmt(tol.atol)} allowed)",
-        f"Greatest relative difference: {_fmt(c.greatest_rel)} at index {c.greatest_rel_index} "
-        f"(up to {_fmt(tol.rtol)} allowed)",
+        f"Greatest absolute difference: {fmt_number(c.greatest_abs)} at index {c.greatest_abs_index} "
+        f"(up to {fmt_number(tol.atol)} allowed)",
+        f"Greatest relative difference: {fmt_number(c.greatest_rel)} at index {c.greatest_rel_index} "
+        f"(up to {fmt_number(tol.rtol)} allowed)",
     ]
 
 
@@ -194,7 +197,15 @@ def table_lines(failures: Sequence[PairResult]) -> list[str]:
             continue
         relation = "" if check.upper else ">= "
         name = pair.record.name + (f" {pair.record.slot}" if pair.record.slot not in ("", "out") else "")
-        rows.append((name, pair.record.kind, check.metric, _fmt(check.value), relation + _fmt(check.allowed)))
+        rows.append(
+            (
+                name,
+                pair.record.kind,
+                check.metric,
+                fmt_number(check.value),
+                relation + fmt_number(check.allowed),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     out = ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     if len(failures) > TABLE_ROWS:
@@ -245,7 +256,11 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
     if origin is None:
         return [head + "every module agrees on identical inputs; the divergence enters outside the modules"]
     check = origin.failing
-    detail = f" ({check.metric} {_fmt(check.value)} > {_fmt(check.allowed)})" if check is not None else ""
+    detail = (
+        f" ({check.metric} {fmt_number(check.value)} > {fmt_number(check.allowed)})"
+        if check is not None
+        else ""
+    )
     lines = [head + f"true origin {origin.record.name}{detail}"]
     first = verdict.first
     if first is not None and first.isolated is not None and first.isolated.passed:
@@ -284,7 +299,7 @@ def summary_line(report: PhaseReport) -> str:
     status = "PASSED" if v.passed else "FAILED"
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
-        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {v.first.metric} {_fmt(v.first.value)} > {_fmt(v.first.allowed)}, {role})"
+        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {v.first.metric} {fmt_number(v.first.value)} > {fmt_number(v.first.allowed)}, {role})"
         if v.isolated_count:
             iso = v.isolated_origin.record.name if v.isolated_origin else "none"
             detail += f"; isolation: true origin {iso}"
@@ -292,7 +307,8 @@ def summary_line(report: PhaseReport) -> str:
             detail += f"; {v.expectation}"
     elif v.worst is not None and v.worst.failing is None and v.worst.checks:
         worst = v.worst
-        check = max(worst.checks, key=lambda c: c.value if c.upper else -c.value)
+        check = worst.explaining_check
+        assert check is not None  # worst.checks is not empty
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
     else:
         detail = "aligned"
@@ -311,24 +327,8 @@ def verdict_label(verdict: PhaseVerdict) -> str:
     return "passed"
 
 
-def check_severity(check: Check) -> float:
-    """value/allowed for an upper bound (1.0 = at the bound); the same share for lower bounds."""
-    if check.upper:
-        if check.allowed > 0:
-            return check.value / check.allowed
-        return 0.0 if check.value == 0 else float("inf")
-    if check.allowed < 1:
-        return (1 - check.value) / (1 - check.allowed)
-    return 0.0 if check.value >= 1 else float("inf")
-
-
-def explaining_check(pair: PairResult) -> Check | None:
-    """The check a reader should see for a record: the failing one, else the tightest."""
-    return pair.failing or max(pair.checks, key=check_severity, default=None)
-
-
 def worst_metric(verdict: PhaseVerdict) -> str | None:
     """``metric=value`` of the tightest check of the phase's worst record."""
     worst = verdict.worst
-    check = explaining_check(worst) if worst is not None else None
-    return f"{check.metric}={_fmt(check.value)}" if check is not None else None
+    check = worst.explaining_check if worst is not None else None
+    return f"{check.metric}={fmt_number(check.value)}" if check is not None else None

@@ -14,7 +14,7 @@ import torch
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
-from ..config.loader import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
+from ..config.specs import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError, SourceError
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import sync_weights

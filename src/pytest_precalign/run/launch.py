@@ -36,7 +36,7 @@ from .rank_main import INPUTS_FILE, JOB_FILE, OUT_DIR, WEIGHTS_FILE
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import CaseSpec, ModelSpec
+    from ..config.specs import CaseSpec, ModelSpec
     from ..sources.inputs import CaseInputs
 
 RANK_MODULE = "pytest_precalign.run.rank_main"

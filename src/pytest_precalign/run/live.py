@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.loader import AlignConfig, CaseSpec, ModelSpec
+from ..config.specs import AlignConfig, CaseSpec, ModelSpec
 from ..mapping.weights import SyncReport, sync_weights
 from ..recording.determinism import deterministic, environment
 from ..recording.recorder import Recorder

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable, default_table, parse_table
-from ..config.loader import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, layer_mapping_path
-from ..config.presets import PRESETS_DIR
+from ..config.presets import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, PRESETS_DIR, layer_mapping_path
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..compare.op_pairing import settle_op_pairs
 from ..compare.pairs import Comparison, compare_traces
 from ..compare.tolerances import ToleranceTable
-from ..config.loader import CaseSpec
+from ..config.specs import CaseSpec
 from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec

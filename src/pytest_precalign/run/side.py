@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config.loader import CaseSpec, OptimizerSpec, RecordSpec
+from ..config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError
 from ..recording.determinism import seed_everything
 from ..recording.recorder import Recorder

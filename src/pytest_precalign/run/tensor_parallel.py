@@ -33,12 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CaseError
-from ..parallel.rules import (
-    MEGATRON_GPT_RULES,
-    Layout,
-    ShardRule,
-    rule_for,
-)
+from ..parallel.rules import MEGATRON_GPT_RULES, Layout, ShardRule, rule_for
 from ..trace.records import Record, Trace
 
 if TYPE_CHECKING:
@@ -120,7 +115,7 @@ def gather_traces(
     bitwise equal across ranks are noted too, and raise ``CaseError`` with ``strict``.
     """
 
-    from ..recording.recorder import tensor_stats
+    from ..recording.tensor_summary import tensor_stats
 
     if not traces:
         raise CaseError("gather_traces: no rank traces given")

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PrecalignError, SourceError
-from . import import_object, one_line
+from .imports import import_object, one_line
 
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import ModelSpec
+    from ..config.specs import ModelSpec
 
 
 def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from ..config.loader import InputSpec
+from ..config.specs import InputSpec
 from ..errors import CaseError, PrecalignError, SourceError
-from . import import_object, one_line
+from .imports import import_object, one_line
 
 
 @dataclass(frozen=True)

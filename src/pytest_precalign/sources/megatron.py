@@ -24,7 +24,7 @@ from ..errors import SourceError
 if TYPE_CHECKING:
     import torch
 
-    from ..config.loader import ModelSpec
+    from ..config.specs import ModelSpec
 
 PRESETS = ("qwen2.5",)
 # Fields an HF config may carry that do not change the Megatron model.

@@ -1,4 +1,4 @@
-"""numpy views of tensors for comparing, and back to torch where an op needs it.
+"""numpy views of tensors for comparing.
 
 Comparisons run on numpy arrays so that an offline compare never imports torch (see
 ``tensor_files``); a recorded CPU tensor becomes an array without a copy.
@@ -24,13 +24,3 @@ def as_numpy(value: Any) -> np.ndarray:
             t = t.float()
         return np.asarray(t.numpy())
     return np.asarray(value)
-
-
-def as_torch(value: Any) -> Any:
-    """A torch tensor for an ndarray (copied when the array is a read-only file view)."""
-    if not isinstance(value, np.ndarray):
-        return value
-    import torch
-
-    array = value if value.flags.writeable else value.copy()
-    return torch.from_numpy(np.ascontiguousarray(array))

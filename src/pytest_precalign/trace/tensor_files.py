@@ -146,31 +146,40 @@ def read_pt(path: Path) -> np.ndarray:
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
     with archive:
-        names = archive.namelist()
-        pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
-        if pkl is None:
-            raise Unsupported("no data.pkl (legacy torch.save format)")
-        prefix = pkl[: -len("data.pkl")]
-        if f"{prefix}byteorder" in names and archive.read(f"{prefix}byteorder") != b"little":
-            raise Unsupported("big-endian storage")
-        try:
-            ref = _PtUnpickler(archive.open(pkl)).load()
-        except Unsupported:
-            raise
-        except (pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
-            raise TraceError(
-                f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}"
-            ) from None
-        if not isinstance(ref, _TensorRef):
-            raise Unsupported(f"holds a {type(ref).__name__}")
-        try:
-            info = archive.getinfo(f"{prefix}data/{ref.storage.key}")
-        except KeyError:
-            raise TraceError(
-                f"{path}: not a readable torch tensor file (storage {ref.storage.key} missing)"
-            ) from None
+        ref, info = _tensor_ref(path, archive)
     if info.compress_type != zipfile.ZIP_STORED:
         raise Unsupported("compressed storage")
+    return _stored_array(path, ref, info)
+
+
+def _tensor_ref(path: Path, archive: zipfile.ZipFile) -> tuple[_TensorRef, zipfile.ZipInfo]:
+    """The pickled tensor reference, and the archive member holding its storage."""
+    names = archive.namelist()
+    pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+    if pkl is None:
+        raise Unsupported("no data.pkl (legacy torch.save format)")
+    prefix = pkl[: -len("data.pkl")]
+    if f"{prefix}byteorder" in names and archive.read(f"{prefix}byteorder") != b"little":
+        raise Unsupported("big-endian storage")
+    try:
+        ref = _PtUnpickler(archive.open(pkl)).load()
+    except Unsupported:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
+        raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
+    if not isinstance(ref, _TensorRef):
+        raise Unsupported(f"holds a {type(ref).__name__}")
+    try:
+        info = archive.getinfo(f"{prefix}data/{ref.storage.key}")
+    except KeyError:
+        raise TraceError(
+            f"{path}: not a readable torch tensor file (storage {ref.storage.key} missing)"
+        ) from None
+    return ref, info
+
+
+def _stored_array(path: Path, ref: _TensorRef, info: zipfile.ZipInfo) -> np.ndarray:
+    """The tensor's elements, viewed in the mapped file where the stored member begins."""
     data = _map(path)
     # The local file header (30 bytes + name + extra) precedes the stored bytes.
     header = bytes(data[info.header_offset : info.header_offset + 30])

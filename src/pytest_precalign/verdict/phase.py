@@ -120,12 +120,7 @@ def _ancestors(rec: Record, parents: Mapping[str, str]) -> Iterator[str]:
 
 def _check_of(pair: PairResult) -> Check:
     """The failing check; for a passing pair (a lower-precision record), its tightest one."""
-    check = pair.failing
-    if check is not None:
-        return check
-    if not pair.checks:
-        return Check("dtype", 0.0, 0.0, True)
-    return max(pair.checks, key=lambda c: c.value / c.allowed if c.upper and c.allowed > 0 else 0.0)
+    return pair.explaining_check or Check("dtype", 0.0, 0.0, True)
 
 
 AMPLIFY = 10.0  # stats evidence: an origin's relative change must exceed its inputs' this much
@@ -150,24 +145,8 @@ def find_first(
     modules = [
         p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")
     ]
-    pair = modules[0] if modules else ordered[0]
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
-    if pair.record.kind == "grad_output":
-        pair = _consumer_grad_input(pair, pairs, all_pairs) or pair
-    why = ""
-    lower = _lower_precision_before(pair, pairs, kinds)
-    if lower is not None:
-        # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
-        # lower precision on one side and passed only under that looser tolerance: that record
-        # is where the sides start to compute differently.
-        other = lower.candidate
-        assert other is not None
-        why = (
-            f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
-            f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
-            f"fails after it under the {pair.record.dtype} tolerance"
-        )
-        pair = lower
+    pair, why = _divergent_pair(modules[0] if modules else ordered[0], pairs, all_pairs, kinds)
     rec = pair.record
     origin, origin_module = _origin(pair, all_pairs, parents)
     name, call = rec.name, rec.call
@@ -178,14 +157,7 @@ def find_first(
         name, _, module_call = parents[f"{rec.name}#{rec.call}"].partition("#")
         call = int(module_call)
         origin_module = name if origin else origin_module
-    elif (
-        first_op is not None
-        and first_op.step == rec.step
-        and first_op.seq < rec.seq
-        and rec.module_class != "api"
-        and f"{first_op.name}#{first_op.call}" in parents  # the call's module is known
-        and rec.name not in _ancestors(first_op, parents)
-    ):
+    elif first_op is not None and _diverged_outside(first_op, rec, parents):
         # An API call outside this module diverged earlier (inside a module whose own output
         # still passed): the divergence starts in that call's module.
         origin = False
@@ -208,6 +180,44 @@ def find_first(
         pair=pair,
         first_op=_op_label(first_op, parents) if first_op is not None else None,
         why=why,
+    )
+
+
+def _divergent_pair(
+    pair: PairResult,
+    pairs: tuple[PairResult, ...],
+    all_pairs: Mapping[str, PairResult],
+    kinds: tuple[str, ...],
+) -> tuple[PairResult, str]:
+    """The first failing record, moved to where the sides start to differ: a gradient to the
+    input that consumes it, a failure to an earlier lower-precision record; with why it moved."""
+    if pair.record.kind == "grad_output":
+        pair = _consumer_grad_input(pair, pairs, all_pairs) or pair
+    lower = _lower_precision_before(pair, pairs, kinds)
+    if lower is None:
+        return pair, ""
+    # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
+    # lower precision on one side and passed only under that looser tolerance: that record
+    # is where the sides start to compute differently.
+    other = lower.candidate
+    assert other is not None
+    why = (
+        f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
+        f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
+        f"fails after it under the {pair.record.dtype} tolerance"
+    )
+    return lower, why
+
+
+def _diverged_outside(first_op: Record, rec: Record, parents: Mapping[str, str]) -> bool:
+    """An API call of the same step, before ``rec``, in a known module that is not one of
+    ``rec``'s ancestors."""
+    return (
+        first_op.step == rec.step
+        and first_op.seq < rec.seq
+        and rec.module_class != "api"
+        and f"{first_op.name}#{first_op.call}" in parents  # the call's module is known
+        and rec.name not in _ancestors(first_op, parents)
     )
 
 
@@ -388,27 +398,11 @@ def phase_verdict(
     first = find_first(pairs, phase, all_pairs, parents)
     if first is not None and not first.origin and not first.origin_module:
         first = _after_unmatched(first, pairs)
-    isolated_origin = None
-    isolated_count = 0
+    isolated_origin, isolated_count = None, 0
     if isolated is not None and phase == "forward":
-        paired_iso = [p for p in isolated.pairs if p.paired]
-        isolated_count = len(paired_iso)
-        failing = sorted((p for p in paired_iso if not p.passed), key=lambda p: p.record.seq)
-        isolated_origin = failing[0] if failing else None
-        if first is not None:
-            mine = next((p for p in paired_iso if p.record.id == first.pair.record.id), None)
-            if mine is not None:
-                # On identical inputs the module either still diverges (its own error) or not.
-                first = replace(first, isolated=mine, origin=not mine.passed)
+        first, isolated_origin, isolated_count = _with_isolation(first, isolated)
     nonfinite = _first_nonfinite(pairs)
-    candidates = tuple(p.candidate for p in pairs if p.candidate is not None)
-    overflow = overflow_levels(candidates, {r.id: r for r in candidates}) if phase == "forward" else ()
-    if overflow:
-        # Where the baseline overflows the same way (e.g. an attention mask of finfo.min, whose
-        # norm is inf), the candidate did nothing wrong.
-        goldens = tuple(p.record for p in pairs if p.paired)
-        same = {(o.record.id, o.level) for o in overflow_levels(goldens, {r.id: r for r in goldens})}
-        overflow = tuple(o for o in overflow if (o.record.id, o.level) not in same)
+    overflow = _candidate_overflow(pairs) if phase == "forward" else ()
     paired = [p for p in pairs if p.paired]
     worst = max(paired, key=lambda p: p.severity, default=None)
     aligned = not failures
@@ -444,6 +438,35 @@ def phase_verdict(
             )
         ),
     )
+
+
+def _with_isolation(
+    first: Divergence | None, isolated: Comparison
+) -> tuple[Divergence | None, PairResult | None, int]:
+    """The isolation run (each candidate module on the baseline's inputs): the first divergence
+    is an origin exactly when its module still diverges there; the first module that does, and
+    how many were checked."""
+    paired_iso = [p for p in isolated.pairs if p.paired]
+    failing = sorted((p for p in paired_iso if not p.passed), key=lambda p: p.record.seq)
+    if first is not None:
+        mine = next((p for p in paired_iso if p.record.id == first.pair.record.id), None)
+        if mine is not None:
+            # On identical inputs the module either still diverges (its own error) or not.
+            first = replace(first, isolated=mine, origin=not mine.passed)
+    return first, failing[0] if failing else None, len(paired_iso)
+
+
+def _candidate_overflow(pairs: tuple[PairResult, ...]) -> tuple[Overflow, ...]:
+    """The candidate's overflows, minus those the baseline has too."""
+    candidates = tuple(p.candidate for p in pairs if p.candidate is not None)
+    overflow = overflow_levels(candidates, {r.id: r for r in candidates})
+    if overflow:
+        # Where the baseline overflows the same way (e.g. an attention mask of finfo.min, whose
+        # norm is inf), the candidate did nothing wrong.
+        goldens = tuple(p.record for p in pairs if p.paired)
+        same = {(o.record.id, o.level) for o in overflow_levels(goldens, {r.id: r for r in goldens})}
+        overflow = tuple(o for o in overflow if (o.record.id, o.level) not in same)
+    return overflow
 
 
 def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Divergence:

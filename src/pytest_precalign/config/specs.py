@@ -1,0 +1,126 @@
+"""The alignment config's frozen dataclasses: what ``config/loader.py`` builds from YAML. No torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..compare.tolerances import ToleranceTable
+from ..errors import ConfigError
+from ..mapping.spec import MappingSpec
+from ..verdict.expectation import Expectation
+from ..vocabulary import Phase
+from .search import SearchSpec
+
+
+@dataclass(frozen=True)
+class Defaults:
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    deterministic: bool = True
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str
+    options: Mapping[str, Any]
+    device: str
+    dtype: str
+    seed: int
+    output: str | None
+    where: str
+    patch: str | None = None  # "module:function" applied to the built module (fault injection)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    kind: str
+    batch: int = 1
+    seq_len: int = 8
+    vocab_size: int = 0
+    seed: int = 0
+    labels: bool = False
+    attention_mask: bool = False
+    factory: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    where: str = ""
+    # kind: ids -- explicit token ids (rows) and an optional 0/1 attention mask
+    input_ids: tuple[tuple[int, ...], ...] | None = None
+    mask: tuple[tuple[int, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    mode: str = "stats"
+    inputs: bool = True
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
+    level: str = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    name: str
+    baseline: str
+    candidate: str
+    inputs: str
+    phases: tuple[Phase, ...]
+    steps: int
+    sync_weights: bool
+    strict_weights: bool
+    mapping: MappingSpec | None
+    optimizer: OptimizerSpec
+    record: RecordSpec
+    tolerances: str | None
+    expect: Expectation | None
+    loss: str
+    train: bool
+    where: str
+    isolate: bool = False
+    # Cases that gate stored runs (msprobe dumps or our traces) instead of models.
+    baseline_dump: Path | None = None
+    candidate_dump: Path | None = None
+    search: SearchSpec | None = None  # divergence search over generated inputs (search.py)
+    # --align-baseline: renames from the candidate's names to a stored baseline's (e.g. modules
+    # that moved between framework versions); stored traces and weights use the mapped names.
+    baseline_rename: MappingSpec | None = None
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    path: Path
+    version: int
+    defaults: Defaults
+    models: Mapping[str, ModelSpec]
+    inputs: Mapping[str, InputSpec]
+    tolerances: Mapping[str, ToleranceTable]
+    mappings: Mapping[str, MappingSpec]
+    cases: tuple[CaseSpec, ...]
+    digest: str
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def case(self, name: str) -> CaseSpec:
+        for case in self.cases:
+            if case.name == name:
+                return case
+        known = ", ".join(c.name for c in self.cases)
+        raise ConfigError(f"{self.path}: no case named {name!r} (known: {known})")

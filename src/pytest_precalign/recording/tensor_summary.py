@@ -1,0 +1,71 @@
+"""What the recorder keeps of a tensor when it does not keep the tensor: statistics, a CRC-32,
+its dtype's name; and the tensors of a nested module output. Shared by the recorder, the
+mapping stage (layout transforms re-summarise), isolation and tensor-parallel gathering."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+import torch
+
+from ..trace.records import Stats
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_stats(t: torch.Tensor) -> Stats:
+    """max, min, mean, L2 norm in one sync; nan/inf counts only when something is non-finite."""
+    if t.numel() == 0:
+        return Stats(0.0, 0.0, 0.0, 0.0)
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.double()
+    if t.is_complex():
+        t = t.abs()
+    mn, mx = torch.aminmax(t)
+    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
+    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
+    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).tolist()
+    vmax, vmin, vsum, vnorm = values
+    nan = inf = 0
+    if not all(map(_finite, values)):
+        nan = int(torch.isnan(t).sum())
+        inf = int(torch.isinf(t).sum())
+    return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
+
+
+def finite_sum(t: torch.Tensor) -> bool:
+    """False when ``t`` may hold a NaN or Inf: its sum is then not finite. One read pass and
+    no temporary, about twice as cheap as ``isfinite(t).all()``; a finite tensor whose fp32
+    sum overflows only costs an extra statistics pass."""
+    total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+    return _finite(float(total))
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def tensor_crc32(t: torch.Tensor) -> str:
+    """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5)."""
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    if not flat.numel():
+        return f"{zlib.crc32(b''):08x}"
+    # zlib reads the numpy buffer in place: no bytes copy of the tensor.
+    data = cast("bytes", flat.view(torch.uint8).numpy())
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from flatten(item, f"{prefix}.{i}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from flatten(item, f"{prefix}.{key}")
