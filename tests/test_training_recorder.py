@@ -338,3 +338,28 @@ def test_megatron_cpu_patches_narrowly_and_restores() -> None:
     assert torch.cuda.current_device is current_device
     assert schedules.torch is torch and p2p.torch is torch and rng.torch is torch
     assert rng._get_cuda_rng_state.__module__ == rng.__name__
+
+
+def test_virtual_pipeline_chunks_under_torchrun(tmp_path: Path) -> None:
+    """PP=2 x VPP=2 (interleaved schedule): chunk<k>. prefixes, global layer offsets per chunk."""
+    from pytest_precalign.trace_io import read_trace
+
+    pytest.importorskip("megatron.core")
+    torchrun(
+        2, "--tp", "1", "--pp", "2", "--vpp", "2", "--steps", "1", "--mode", "hash", "--out", str(tmp_path)
+    )
+    for rank in range(2):
+        trace = read_trace(tmp_path / "step0" / f"rank{rank}")
+        parallel = trace.manifest["parallel"]
+        assert (parallel["pp"], parallel["vpp"], parallel["pp_rank"]) == (2, 2, rank)
+        assert parallel["chunks"] == [
+            {"index": 0, "prefix": "chunk0.", "layer_offsets": {"decoder.layers": rank}},
+            {"index": 1, "prefix": "chunk1.", "layer_offsets": {"decoder.layers": 2 + rank}},
+        ]
+        names = {r.name for r in trace.records}
+        assert {"chunk0.decoder.layers.0.mlp", "chunk1.decoder.layers.0.mlp"} <= names
+        assert {r.call for r in trace.records if r.name == "chunk0.decoder.layers.0.mlp"} == {
+            0,
+            1,
+        }  # 2 micro-batches
+    assert {r.call for r in trace.records if r.kind == "loss"} == {0, 1}

@@ -170,6 +170,7 @@ class Recorder:
         self._param_names = {id(p): n for n, p in model.named_parameters()}
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
+        self._grad_calls: dict[tuple[str, int], int] = {}  # grads accumulated per micro-batch
         self._active = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -440,14 +441,19 @@ class Recorder:
         deps: tuple[str, ...] = ()
         if state is not None:
             deps = (*state.grad_output_ids, *state.input_ids)
-        self.capture(param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps)
+        call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
+        self._grad_calls[(pname, self.step)] = call + 1
+        self.capture(
+            param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call
+        )
 
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:
         """Record every parameter (call after an optimizer step)."""
         for pname, param in self.model.named_parameters():
             owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
-            deps = [record_id(pname, "param_grad", "", self.step, 0)]
+            last = max(self._grad_calls.get((pname, self.step), 1) - 1, 0)
+            deps = [record_id(pname, "param_grad", "", self.step, last)]
             if self.step > 0:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
             self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
