@@ -299,18 +299,21 @@ def test_recording_is_bitwise_neutral_under_torchrun(tp2_pp2: Path, tmp_path: Pa
             assert torch.equal(recorded[rank]["params"][name], param), (rank, name)
 
 
-def test_msprobe_format_tp2_read_back(tmp_path: Path) -> None:
+def test_msprobe_format_tp2_with_recomputation(tmp_path: Path) -> None:
+    """TP=2, full activation recomputation, msprobe's layout: read back by our msprobe reader;
+    the forwards recomputed inside the backward add no records (no call 1)."""
     from pytest_precalign.msprobe import read_msprobe_set
 
     pytest.importorskip("megatron.core")
     torchrun(2, "--tp", "2", "--pp", "1", "--steps", "1", "--mode", "stats", "--format", "msprobe",
-             "--out", str(tmp_path / "dump"))  # fmt: skip
+             "--recompute", "--out", str(tmp_path / "dump"))  # fmt: skip
     traces = read_msprobe_set(tmp_path / "dump")
     assert sorted(traces) == [(0, 0), (0, 1)]
     for trace in traces.values():
         names = {r.name for r in trace.records}
         assert "decoder.layers.3.mlp.linear_fc1" in names
-        assert {"activation", "grad_output", "param_grad"} <= {r.kind for r in trace.records}
+        assert {"activation", "grad_output", "grad_input", "param_grad"} <= {r.kind for r in trace.records}
+        assert {r.call for r in trace.records if r.name.startswith("decoder.layers.")} == {0}
 
 
 def test_megatron_cpu_patches_narrowly_and_restores() -> None:

@@ -26,6 +26,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--tp", type=int, default=1)
 p.add_argument("--pp", type=int, default=1)
 p.add_argument("--vpp", type=int, default=None, help="virtual pipeline: model chunks per stage")
+p.add_argument("--recompute", action="store_true", help="full activation recomputation of every layer")
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--out", default=None, help="record into this folder (no recording without it)")
 p.add_argument("--mode", default="tensor", help="stats | tensor | hash")
@@ -49,6 +50,7 @@ config = TransformerConfig(
     gradient_accumulation_fusion=False, use_cpu_initialization=True, params_dtype=torch.float32,
     tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
     virtual_pipeline_model_parallel_size=args.vpp,
+    **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} if args.recompute else {}),
 )  # fmt: skip
 model = [  # one chunk per virtual pipeline stage
     GPTModel(
