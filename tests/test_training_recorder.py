@@ -204,10 +204,17 @@ def test_explicit_layout_and_a_bad_key(tmp_path: Path) -> None:
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
-    code = "import sys, pytest_precalign; print('torch' in sys.modules); pytest_precalign.Recorder; print('torch' in sys.modules)"
+    code = (
+        "import sys, types, pytest_precalign, pytest_precalign.sources.megatron\n"
+        "print('torch' in sys.modules)\n"
+        "from pytest_precalign import megatron_cpu\n"
+        "print(isinstance(megatron_cpu, types.FunctionType))\n"  # not its module, imported first
+        "pytest_precalign.Recorder\n"
+        "print('torch' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]
+    assert out.stdout.split() == ["False", "True", "True"]
 
 
 # -- torchrun: the Megatron example ------------------------------------------------------------
