@@ -204,10 +204,17 @@ def test_explicit_layout_and_a_bad_key(tmp_path: Path) -> None:
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
-    code = "import sys, pytest_precalign; print('torch' in sys.modules); pytest_precalign.Recorder; print('torch' in sys.modules)"
+    code = (
+        "import sys, types, pytest_precalign, pytest_precalign.sources.megatron\n"
+        "print('torch' in sys.modules)\n"
+        "from pytest_precalign import megatron_cpu\n"
+        "print(isinstance(megatron_cpu, types.FunctionType))\n"  # not its module, imported first
+        "pytest_precalign.Recorder\n"
+        "print('torch' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]
+    assert out.stdout.split() == ["False", "True", "True"]
 
 
 # -- torchrun: the Megatron example ------------------------------------------------------------
@@ -299,18 +306,21 @@ def test_recording_is_bitwise_neutral_under_torchrun(tp2_pp2: Path, tmp_path: Pa
             assert torch.equal(recorded[rank]["params"][name], param), (rank, name)
 
 
-def test_msprobe_format_tp2_read_back(tmp_path: Path) -> None:
+def test_msprobe_format_tp2_with_recomputation(tmp_path: Path) -> None:
+    """TP=2, full activation recomputation, msprobe's layout: read back by our msprobe reader;
+    the forwards recomputed inside the backward add no records (no call 1)."""
     from pytest_precalign.msprobe import read_msprobe_set
 
     pytest.importorskip("megatron.core")
     torchrun(2, "--tp", "2", "--pp", "1", "--steps", "1", "--mode", "stats", "--format", "msprobe",
-             "--out", str(tmp_path / "dump"))  # fmt: skip
+             "--recompute", "--out", str(tmp_path / "dump"))  # fmt: skip
     traces = read_msprobe_set(tmp_path / "dump")
     assert sorted(traces) == [(0, 0), (0, 1)]
     for trace in traces.values():
         names = {r.name for r in trace.records}
         assert "decoder.layers.3.mlp.linear_fc1" in names
-        assert {"activation", "grad_output", "param_grad"} <= {r.kind for r in trace.records}
+        assert {"activation", "grad_output", "grad_input", "param_grad"} <= {r.kind for r in trace.records}
+        assert {r.call for r in trace.records if r.name.startswith("decoder.layers.")} == {0}
 
 
 def test_megatron_cpu_patches_narrowly_and_restores() -> None:
@@ -338,3 +348,28 @@ def test_megatron_cpu_patches_narrowly_and_restores() -> None:
     assert torch.cuda.current_device is current_device
     assert schedules.torch is torch and p2p.torch is torch and rng.torch is torch
     assert rng._get_cuda_rng_state.__module__ == rng.__name__
+
+
+def test_virtual_pipeline_chunks_under_torchrun(tmp_path: Path) -> None:
+    """PP=2 x VPP=2 (interleaved schedule): chunk<k>. prefixes, global layer offsets per chunk."""
+    from pytest_precalign.trace_io import read_trace
+
+    pytest.importorskip("megatron.core")
+    torchrun(
+        2, "--tp", "1", "--pp", "2", "--vpp", "2", "--steps", "1", "--mode", "hash", "--out", str(tmp_path)
+    )
+    for rank in range(2):
+        trace = read_trace(tmp_path / "step0" / f"rank{rank}")
+        parallel = trace.manifest["parallel"]
+        assert (parallel["pp"], parallel["vpp"], parallel["pp_rank"]) == (2, 2, rank)
+        assert parallel["chunks"] == [
+            {"index": 0, "prefix": "chunk0.", "layer_offsets": {"decoder.layers": rank}},
+            {"index": 1, "prefix": "chunk1.", "layer_offsets": {"decoder.layers": 2 + rank}},
+        ]
+        names = {r.name for r in trace.records}
+        assert {"chunk0.decoder.layers.0.mlp", "chunk1.decoder.layers.0.mlp"} <= names
+        assert {r.call for r in trace.records if r.name == "chunk0.decoder.layers.0.mlp"} == {
+            0,
+            1,
+        }  # 2 micro-batches
+    assert {r.call for r in trace.records if r.kind == "loss"} == {0, 1}

@@ -2,8 +2,7 @@
 
 ``hf_weights()`` makes the full model's weights from a fixed seed, in HF ``Qwen2ForCausalLM``
 names; ``megatron_weights()`` is the same model in megatron-core GPTModel names (TP=1, PP=1);
-``megatron_shard()`` is one rank's part of it (TP slices, the PP stage's layers renumbered
-from 0). ``batches()`` are the fixed token batches both training scripts read.
+``load_megatron_shard()`` copies one rank's part of it into a model chunk. ``batches()`` are the fixed token batches both training scripts read.
 """
 
 from __future__ import annotations
@@ -95,24 +94,17 @@ def _tp_slice(name: str, t: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     return t  # norms: replicated
 
 
-def megatron_shard(
-    full: dict[str, torch.Tensor], tp: int, tp_rank: int, pp: int, pp_rank: int
-) -> dict[str, torch.Tensor]:
-    """One rank's parameters: its TP slices of its PP stage's layers, numbered from 0."""
-    per_stage = CONFIG["num_hidden_layers"] // pp
-    out = {}
-    for name, t in full.items():
-        if name.startswith("decoder.layers."):
-            index, rest = name.removeprefix("decoder.layers.").split(".", 1)
-            if int(index) // per_stage != pp_rank:
-                continue
-            name = f"decoder.layers.{int(index) % per_stage}.{rest}"
-        elif (name.startswith("embedding.") and pp_rank != 0) or (
-            name.startswith(("decoder.final_layernorm", "output_layer")) and pp_rank != pp - 1
-        ):
-            continue  # the embedding lives on the first stage, the head on the last
-        out[name] = _tp_slice(name, t, tp, tp_rank).clone()
-    return out
+def load_megatron_shard(chunk: torch.nn.Module, full: dict[str, torch.Tensor], tp: int, tp_rank: int) -> None:
+    """Copy this rank's part of the full (TP=1) Megatron weights into one model chunk: its TP
+    slices; its layers by their global ``layer_number`` (any PP stage, any virtual chunk)."""
+    layers = getattr(getattr(chunk, "decoder", None), "layers", [])
+    with torch.no_grad():
+        for name, param in chunk.named_parameters():
+            full_name = name
+            if name.startswith("decoder.layers."):
+                local, rest = name.removeprefix("decoder.layers.").split(".", 1)
+                full_name = f"decoder.layers.{layers[int(local)].layer_number - 1}.{rest}"
+            param.copy_(_tp_slice(name, full[full_name], tp, tp_rank))
 
 
 def batches(steps: int, seed: int = SEED) -> torch.Tensor:

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from tiny_qwen import BATCH, CONFIG, LR, SEED, SEQ, batches, hf_weights, megatron_shard, megatron_weights
+from tiny_qwen import BATCH, CONFIG, LR, SEED, SEQ, batches, hf_weights, load_megatron_shard, megatron_weights
 
 from pytest_precalign import Recorder, megatron_cpu
 
@@ -25,6 +25,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 p = argparse.ArgumentParser()
 p.add_argument("--tp", type=int, default=1)
 p.add_argument("--pp", type=int, default=1)
+p.add_argument("--vpp", type=int, default=None, help="virtual pipeline: model chunks per stage")
+p.add_argument("--recompute", action="store_true", help="full activation recomputation of every layer")
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--out", default=None, help="record into this folder (no recording without it)")
 p.add_argument("--mode", default="tensor", help="stats | tensor | hash")
@@ -35,7 +37,7 @@ args = p.parse_args()
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
-ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
+ps.initialize_model_parallel(args.tp, args.pp, virtual_pipeline_model_parallel_size=args.vpp)
 with megatron_cpu():
     tensor_parallel.model_parallel_cuda_manual_seed(SEED)
 c = CONFIG
@@ -47,26 +49,32 @@ config = TransformerConfig(
     bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
     gradient_accumulation_fusion=False, use_cpu_initialization=True, params_dtype=torch.float32,
     tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
+    virtual_pipeline_model_parallel_size=args.vpp,
+    **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} if args.recompute else {}),
 )  # fmt: skip
-model = GPTModel(
-    config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=c["vocab_size"],
-    max_sequence_length=c["max_position_embeddings"], pre_process=ps.is_pipeline_first_stage(),
-    post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False,
-    position_embedding_type="rope", rotary_base=int(c["rope_theta"]),
-)  # fmt: skip
-shard = megatron_shard(megatron_weights(hf_weights()), args.tp, ps.get_tensor_model_parallel_rank(),
-                       args.pp, ps.get_pipeline_model_parallel_rank())  # fmt: skip
-with torch.no_grad():
-    for name, param in model.named_parameters():
-        param.copy_(shard[name])
-per_stage = c["num_hidden_layers"] // args.pp
-if args.fault and ps.get_pipeline_model_parallel_rank() == 2 // per_stage and ps.get_tensor_model_parallel_rank() == 0:  # fmt: skip
-    model.decoder.layers[2 % per_stage].mlp.register_forward_hook(lambda m, i, out: (out[0] * 1.01, *out[1:]))
-optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+model = [  # one chunk per virtual pipeline stage
+    GPTModel(
+        config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=c["vocab_size"],
+        max_sequence_length=c["max_position_embeddings"], share_embeddings_and_output_weights=False,
+        pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v if args.vpp else None),
+        post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v if args.vpp else None),
+        position_embedding_type="rope", rotary_base=int(c["rope_theta"]), vp_stage=v if args.vpp else None,
+    )
+    for v in range(args.vpp or 1)
+]  # fmt: skip
+full = megatron_weights(hf_weights())
+for chunk in model:
+    load_megatron_shard(chunk, full, args.tp, ps.get_tensor_model_parallel_rank())
+    for layer in chunk.decoder.layers:  # --fault: global layer 2 (layer_number 3), on TP rank 0 only
+        if args.fault and layer.layer_number == 3 and ps.get_tensor_model_parallel_rank() == 0:
+            layer.mlp.register_forward_hook(lambda m, i, out: (out[0] * 1.01, *out[1:]))
+params = [p for chunk in model for p in chunk.parameters()]
+optimizer = torch.optim.AdamW(params, lr=LR)
 # Without --out nothing is recorded: an empty step selection adds no hooks at all.
 rec = Recorder(args.out or ".", mode=args.mode, format=args.format, steps=None if args.out else [])
 mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
-positions = torch.arange(SEQ)[None].expand(BATCH, SEQ)
+micro = 2 if args.vpp else 1  # the interleaved schedule needs micro-batches >= PP
+positions = torch.arange(SEQ)[None].expand(BATCH // micro, SEQ)
 
 
 def forward_step(data_iterator, model):
@@ -76,7 +84,7 @@ def forward_step(data_iterator, model):
     def loss_func(per_token_loss):
         loss = per_token_loss.mean()
         rec.record_output("loss", loss)
-        return loss, {"loss": loss.detach()}
+        return loss, {"loss": loss.detach().clone()}  # the schedule divides loss in place
 
     return out, loss_func
 
@@ -85,11 +93,11 @@ for tokens in batches(args.steps):
     rec.start(model)
     with megatron_cpu():
         losses = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([tokens]), model=[model],
-            num_microbatches=1, seq_length=SEQ, micro_batch_size=BATCH,
+            forward_step_func=forward_step, data_iterator=[iter(tokens.chunk(micro)) for _ in model], model=model,
+            num_microbatches=micro, seq_length=SEQ, micro_batch_size=BATCH // micro,
         )  # fmt: skip
     if ps.get_data_parallel_world_size() > 1:  # replicas: average the grads (finalize_model_grads' job)
-        for param in model.parameters():
+        for param in params:
             dist.all_reduce(param.grad, group=ps.get_data_parallel_group())
             param.grad /= ps.get_data_parallel_world_size()
     optimizer.step()
@@ -97,7 +105,11 @@ for tokens in batches(args.steps):
     rec.stop()
     rec.step()
 if args.save:
-    saved = {"loss": losses[0]["loss"] if losses else None, "params": dict(model.named_parameters())}
+    named = {
+        f"{k}.{n}" if args.vpp else n: p for k, chunk in enumerate(model) for n, p in chunk.named_parameters()
+    }
+    loss = torch.stack([x["loss"] for x in losses]).mean() if losses else None
+    saved = {"loss": loss, "params": named}
     torch.save(saved, f"{args.save}.rank{dist.get_rank()}.pt")
 ps.destroy_model_parallel()
 dist.destroy_process_group()

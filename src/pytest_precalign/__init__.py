@@ -12,15 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import AlignmentMismatch, CaseError, ConfigError, PrecalignError, SourceError, TraceError
 
+# Eager (it imports torch only when entered): the function must shadow its module's name here
+# before anything imports the submodule, which would otherwise leave the module as the attribute.
+from .megatron_cpu import megatron_cpu
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .megatron_cpu import megatron_cpu
     from .training_recorder import Recorder
 
 # Public names whose modules import torch: loaded on first access, so that importing the
 # package (the pytest plugin) stays cheap.
-_LAZY = {"Recorder": "training_recorder", "megatron_cpu": "megatron_cpu"}
+_LAZY = {"Recorder": "training_recorder"}
 
 
 def __getattr__(name: str) -> Any:

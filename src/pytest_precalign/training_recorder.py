@@ -100,6 +100,7 @@ class Recorder:
         self._step = 0
         self._hooks: HookRecorder | None = None
         self._parallel: dict[str, Any] = {}
+        self._output_calls: dict[str, int] = {}
         self.written: list[Path] = []  # the folders this process wrote, in order
 
     # -- where we are -------------------------------------------------------------------
@@ -145,17 +146,25 @@ class Recorder:
         hooks.step = self._step
         hooks.__enter__()
         self._hooks = hooks
+        self._output_calls.clear()
 
     def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record | None:
         """Record the loss or the logits of this step (nothing while not recording); ``deps``:
-        the ids of the records it was computed from (the loss's logits)."""
+        the ids of the records it was computed from (the loss's logits). Called once per
+        micro-batch, the records are calls 0, 1, ... like a module's."""
         if kind not in OUTPUT_KINDS:
             raise ValueError(
                 f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(OUTPUT_KINDS)})"
             )
-        if self._hooks is None:
+        hooks = self._hooks
+        if hooks is None:
             return None
-        return self._hooks.record_output(as_kind(kind), tensor, deps)
+        call = self._output_calls.get(kind, 0)
+        self._output_calls[kind] = call + 1
+        cls = type(hooks.model).__name__
+        return hooks.capture(
+            tensor, name=kind, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
+        )
 
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this

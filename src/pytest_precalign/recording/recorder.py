@@ -5,6 +5,8 @@ the forward or backward raises. Recording never changes numerics: tensors are on
 (``detach``), and grads are observed with tensor hooks, which add no autograd nodes.
 ``grad_input`` is the gradient w.r.t. a module's input tensor as autograd computes it for
 that tensor (where the tensor also feeds other code, e.g. a residual, that is included).
+A module's forward run again inside the backward (activation recomputation) records nothing
+new: its grads are recorded under the call it repeats.
 
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
 (a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
@@ -42,6 +44,11 @@ def _version(t: torch.Tensor) -> int:
         return -1
 
 
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass in this thread now."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
 @dataclass(frozen=True)
 class ModuleCall:
     """A module call of step 0, kept so isolation mode can call it again on other inputs."""
@@ -61,6 +68,7 @@ class _Call:
     step: int
     input_ids: tuple[str, ...]
     grad_output_ids: list[str]
+    recomputed: bool = False
 
 
 class Recorder:
@@ -108,10 +116,12 @@ class Recorder:
         self._tensors: dict[str, torch.Tensor] = {}
         self._handles: list[RemovableHandle] = []
         self._calls: dict[tuple[str, int], int] = {}
+        self._recomputed_calls: dict[tuple[str, int], int] = {}
         self._stack: dict[int, list[_Call]] = {}
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Record]] = {}
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
+        self._grad_calls: dict[tuple[str, int], int] = {}  # grads accumulated per micro-batch
         self._active = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -241,21 +251,25 @@ class Recorder:
         if not self._active:
             return None
         key = (name, self.step)
-        call = self._calls.get(key, 0)
-        self._calls[key] = call + 1
+        # A forward inside a backward is activation recomputation: it repeats call n of the
+        # forward (whose tensors are recorded), so only its grads are recorded, as call n's.
+        recomputed = _in_backward()
+        calls = self._recomputed_calls if recomputed else self._calls
+        call = calls.get(key, 0)
+        calls[key] = call + 1
         inputs: dict[int, Record] = {}
-        if self.record_inputs and self._modules_on:
+        if self.record_inputs and self._modules_on and not recomputed:
             for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
                 inputs[id(t)] = self.capture(
                     t, name=name, module_class=cls, kind="input", slot=slot, call=call
                 )
-        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [])
+        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [], recomputed)
         self._stack.setdefault(id(module), []).append(state)
         if self._ops_on:
             parent = self._frames[-1] if self._frames else None
             self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent and parent.name else ""
             self._frames.append(state)
-        if self.keep_calls and self.step == 0:
+        if self.keep_calls and self.step == 0 and not recomputed:
             self.calls.append(ModuleCall(name, call, module, args, dict(kwargs)))
         self._last_call[name] = state
         if self.record_grads and self._modules_on and torch.is_grad_enabled():
@@ -279,15 +293,16 @@ class Recorder:
             if not self._modules_on:
                 return
         for slot, t in flatten(output, "out"):
-            self.capture(
-                t,
-                name=name,
-                module_class=state.cls,
-                kind="activation",
-                slot=slot,
-                call=state.call,
-                deps=state.input_ids,
-            )
+            if not state.recomputed:
+                self.capture(
+                    t,
+                    name=name,
+                    module_class=state.cls,
+                    kind="activation",
+                    slot=slot,
+                    call=state.call,
+                    deps=state.input_ids,
+                )
             if self.record_grads and t.requires_grad:
                 t.register_hook(partial(self._grad_output, state, slot))
 
@@ -301,8 +316,8 @@ class Recorder:
             self._frames.pop()
 
     def _on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if not self._frames or self._busy or not self._active:
-            return  # outside the model's forward (loss, optimizer) or the recorder's own work
+        if not self._frames or self._busy or not self._active or _in_backward():
+            return  # outside the model's forward (loss, optimizer), the recorder's own work, recomputation
         api = api_name(func)
         if api is None:
             return
@@ -382,14 +397,19 @@ class Recorder:
         deps: tuple[str, ...] = ()
         if state is not None:
             deps = (*state.grad_output_ids, *state.input_ids)
-        self.capture(param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps)
+        call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
+        self._grad_calls[(pname, self.step)] = call + 1
+        self.capture(
+            param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call
+        )
 
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:
         """Record every parameter (call after an optimizer step)."""
         for pname, param in self.model.named_parameters():
             owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
-            deps = [record_id(pname, "param_grad", "", self.step, 0)]
+            last = max(self._grad_calls.get((pname, self.step), 1) - 1, 0)
+            deps = [record_id(pname, "param_grad", "", self.step, last)]
             if self.step > 0:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
             self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
