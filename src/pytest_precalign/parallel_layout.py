@@ -188,6 +188,7 @@ def parallel_layout(
     if "sequence_parallel" not in layout:
         config = getattr(_unwrap(chunks[0]), "config", None) if chunks else None
         layout["sequence_parallel"] = bool(getattr(config, "sequence_parallel", False))
+    layout["parallel_output"] = any(bool(getattr(_unwrap(c), "parallel_output", False)) for c in chunks)
     layout["chunks"] = [
         {"index": i, "prefix": prefix, "layer_offsets": layer_offsets(chunk)}
         for i, (chunk, prefix) in enumerate(zip(chunks, prefixes, strict=True))
@@ -205,6 +206,7 @@ _KEY_ORDER = (
     "order",
     "source",
     "sequence_parallel",
+    "parallel_output",
     "chunks",
     "sharding",
 )

@@ -33,6 +33,9 @@ class ParallelLayout:
     vpp: int | None = None
     order: str = DEFAULT_ORDER
     sequence_parallel: bool = False
+    # Megatron's GPTModel(parallel_output=True) leaves the output layer's logits split over the
+    # vocabulary on the TP ranks (vocab-parallel cross entropy reads them so).
+    parallel_output: bool = False
     source: str = ""
 
     @property
@@ -87,6 +90,7 @@ def layout_from_manifest(block: Any, where: str) -> ParallelLayout:
         vpp=vpp,
         order=order,
         sequence_parallel=bool(block.get("sequence_parallel", False)),
+        parallel_output=bool(block.get("parallel_output", False)),
         source=str(block.get("source", "")),
         **{k: int(v or 1) for k, v in sizes.items()},
     )

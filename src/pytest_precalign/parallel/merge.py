@@ -57,6 +57,8 @@ class _Merged:
     plans: dict[str, Plan] = field(default_factory=dict)
     keys: dict[tuple[Any, ...], str] = field(default_factory=dict)
     replicas_checked: int = 0
+    # Replicated records whose TP ranks disagree: rank 0's copy is kept, the verdict fails.
+    replica_mismatches: list[dict[str, Any]] = field(default_factory=list)
     prefix: str = ""
 
 
@@ -76,7 +78,9 @@ def merge_ranks(
             "compare runs with cp=1 and ep=1"
         )
     by_rank = {r.rank: r for r in ranks}
-    all_rules = rules_for_layout(rules, sequence_parallel=layout.sequence_parallel)
+    all_rules = rules_for_layout(
+        rules, sequence_parallel=layout.sequence_parallel, parallel_output=layout.parallel_output
+    )
     replicas: list[tuple[list[Record], _Merged]] = []
     for dp in range(layout.dp):
         merged = _Merged(prefix=key_prefix)
@@ -90,6 +94,8 @@ def merge_ranks(
         _check_replica(first, other, _group(layout, 0, 0)[0], _group(layout, dp, 0)[0], by_rank, where)
     manifest = dict(ranks[0].trace.manifest)
     manifest.pop("parallel", None)
+    if merged.replica_mismatches:
+        manifest["replica_mismatches"] = merged.replica_mismatches
     manifest["parallel_merge"] = {
         "layout": layout.describe(),
         "world_size": layout.world_size,
@@ -185,14 +191,28 @@ def _merge_record(
 
 def _replicated(rec: Record, peers: Sequence[Record], group: Sequence[RankTrace], merged: _Merged) -> Record:
     """Rank 0's record; the others must have the same statistics and hash (their tensors are
-    checked when read)."""
-    for peer, rank in zip(peers[1:], group[1:], strict=True):
-        if not _same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32:
-            raise TraceError(
-                f"{rec.id}: replicated over TP (no sharding rule), but {rank.where} recorded other "
-                f"statistics or hash than {group[0].where} ({_show(rec)} vs {_show(peer)}); "
-                "a sharding rule is missing or the ranks diverged"
-            )
+    checked when read). Ranks that disagree (a fault on one rank, or a missing sharding rule)
+    are noted for the verdict, which fails on them, and rank 0's copy is kept."""
+    differ = [
+        (rank, peer)
+        for peer, rank in zip(peers[1:], group[1:], strict=True)
+        if not _same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32
+    ]
+    if differ:
+        rank, peer = differ[0]
+        merged.replica_mismatches.append(
+            {
+                "record": rec.id,
+                "name": rec.name,
+                "kind": rec.kind,
+                "phase": rec.phase,
+                "step": rec.step,
+                "kept": group[0].where,
+                "differ": [r.where for r, _ in differ],
+                "detail": f"{_show(rec)} vs {_show(peer)}",
+            }
+        )
+        peers, group = peers[:1], group[:1]
     if len(peers) > 1:
         merged.replicas_checked += 1
     key = _plan_key(rec, peers, group, "replicated", 0, rec.shape, merged)

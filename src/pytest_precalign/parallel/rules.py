@@ -130,13 +130,26 @@ def _param_slot_rules(rules: Iterable[ShardRule]) -> tuple[ShardRule, ...]:
     return tuple(out)
 
 
+# GPTModel(parallel_output=True): the logits stay split over the vocabulary on the TP ranks.
+PARALLEL_OUTPUT_RULES: tuple[ShardRule, ...] = (
+    ShardRule(
+        "*output_layer", "out", "chunk", -1, slot="out.0", why="vocab-parallel logits (parallel_output)"
+    ),
+)
+
+
 def rules_for_layout(
-    rules: Sequence[ShardRule] = MEGATRON_GPT_RULES, *, sequence_parallel: bool = False
+    rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
+    *,
+    sequence_parallel: bool = False,
+    parallel_output: bool = False,
 ) -> tuple[ShardRule, ...]:
-    """``rules`` with the msprobe parameter-slot twins, and the sequence-parallel rules after
-    them when ``sequence_parallel`` (the TP rules, e.g. column-parallel outputs, win)."""
+    """``rules`` with the msprobe parameter-slot twins, the vocab-parallel logits rule first
+    when ``parallel_output``, and the sequence-parallel rules last when ``sequence_parallel``
+    (the TP rules, e.g. column-parallel outputs, win)."""
+    first = PARALLEL_OUTPUT_RULES if parallel_output else ()
     extra = SEQUENCE_PARALLEL_RULES if sequence_parallel else ()
-    return (*rules, *_param_slot_rules(rules), *extra)
+    return (*first, *rules, *_param_slot_rules(rules), *extra)
 
 
 def rule_for(record: Record, rules: Sequence[ShardRule] = MEGATRON_GPT_RULES) -> ShardRule | None:

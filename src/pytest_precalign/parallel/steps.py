@@ -32,6 +32,9 @@ def combine_steps(steps: Sequence[tuple[int, Trace]], root: Path) -> Trace:
             plans.update({k: store.plan(k) for k in store})
     manifest = dict(steps[0][1].manifest)
     manifest["steps"] = [s for s, _ in steps]
+    mismatches = [m for _, t in steps for m in t.manifest.get("replica_mismatches", ())]
+    if mismatches:
+        manifest["replica_mismatches"] = mismatches
     return _with_path(Trace(manifest, tuple(records), MergedTensors(plans)), root)
 
 

@@ -197,7 +197,12 @@ class MergedTensors(Mapping[str, Any]):
         return kept
 
     def __getitem__(self, key: str) -> Any:
-        return self.array(key)
+        """The merged tensor as torch (what layout transforms in ``mapping`` take, as every
+        tensor store's ``[]``); compares read ``array``, which needs no torch."""
+        import numpy as np
+        import torch
+
+        return torch.from_numpy(np.array(self.array(key), copy=True))
 
     def __contains__(self, key: object) -> bool:
         return key in self._plans

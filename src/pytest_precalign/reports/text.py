@@ -289,6 +289,12 @@ def failure_message(report: PhaseReport) -> str:
     if v.failures:
         lines.append("Failing records (execution order):")
         lines.extend(table_lines(v.failures))
+    if v.replica_mismatches:
+        lines.append(
+            "Ranks disagree on replicated tensors (the first rank's copy was compared; "
+            "a sharding rule is missing or one rank diverged):"
+        )
+        lines.extend(f"  {line}" for line in v.replica_mismatches[:TABLE_ROWS])
     lines.extend(unmatched_lines(v))
     lines.append(f"To reproduce: {report.reproduce}")
     return "\n".join(lines)
@@ -312,6 +318,8 @@ def summary_line(report: PhaseReport) -> str:
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
     else:
         detail = "aligned"
+    if v.replica_mismatches:
+        detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
     return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"

@@ -25,7 +25,7 @@ from ..mapping.spec import MappingSpec
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
-from ..verdict.phase import PhaseVerdict, phase_verdict
+from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
 from ..vocabulary import Phase
 
 if TYPE_CHECKING:
@@ -95,7 +95,8 @@ def finish(job: FinishInputs) -> CaseRun:
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}
-        verdicts[phase] = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents)
+        verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents)
+        verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
     return CaseRun(
         name=job.name,
         phases=phases,
@@ -169,3 +170,8 @@ class PerCase(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _replica_mismatches(job: FinishInputs) -> list[Mapping[str, Any]]:
+    """What the merge of a multi-rank side found its ranks disagreeing on (both sides)."""
+    return [m for t in (job.baseline, job.candidate) for m in t.manifest.get("replica_mismatches", ())]

@@ -10,8 +10,9 @@ names the enclosing module whose inputs still matched.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..compare.pairs import Check, Comparison, PairResult, lookup_dtype
 from ..trace.records import Record
@@ -94,6 +95,9 @@ class PhaseVerdict:
     overflow: tuple[Overflow, ...] = ()  # the candidate's NaN/Inf and norm blow-ups, by level
     # Every paired, gated record of the phase in execution order: what the HTML report charts.
     records: tuple[PairResult, ...] = ()
+    # A merged multi-rank side whose TP ranks disagreed on a replicated tensor: one line each
+    # (the phase fails: a sharding rule is missing or one rank diverged).
+    replica_mismatches: tuple[str, ...] = ()
 
     @property
     def failed_count(self) -> int:
@@ -531,3 +535,16 @@ def _first_nonfinite(pairs: tuple[PairResult, ...]) -> tuple[NonFinite, ...]:
                 out.append(NonFinite(side, rec))
                 break
     return tuple(out)
+
+
+def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[Mapping[str, Any]]) -> PhaseVerdict:
+    """The phase fails when the ranks of a merged side disagreed on a replicated record of it."""
+    lines = tuple(
+        f"{m['name']} ({m['kind']}, step {m['step']}): {', '.join(m['differ'])} recorded other values than "
+        f"{m['kept']} ({m['detail']})"
+        for m in mismatches
+        if m.get("phase") == verdict.phase
+    )
+    if not lines:
+        return verdict
+    return replace(verdict, passed=False, replica_mismatches=lines)
