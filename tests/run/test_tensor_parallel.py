@@ -115,7 +115,9 @@ def runs(config: AlignConfig, tmp_path_factory: pytest.TempPathFactory) -> dict[
 def _finish(config: AlignConfig, base: Trace, cand: Trace, *, mapped: bool = True) -> CaseRun:
     case = config.case("tp2")
     mapping = case.mapping if mapped else None
-    return finish(FinishInputs(case.name, case.phases, base, cand, config.tolerances["tp"], 0.0, mapping, case))
+    return finish(
+        FinishInputs(case.name, case.phases, base, cand, config.tolerances["tp"], 0.0, mapping, case)
+    )
 
 
 def _max_diff(run: CaseRun, kinds: tuple[str, ...], step: int = 0) -> float:
@@ -243,9 +245,10 @@ def test_tp2_matches_tp1_megatron_without_a_mapping(config: AlignConfig, runs: d
 def test_wrong_fc1_gather_is_caught_at_layer0_fc1(config: AlignConfig, runs: dict[str, Any]) -> None:
     wrong = merge_launched(runs["out"], 2, {}, rules=WRONG_FC1_RULES)
     case = replace(config.case("tp2"), phases=("forward",))
-    verdict = finish(
-        case.name, case.phases, runs["hf"], wrong, case.mapping, config.tolerances["tp"], case, None, 0.0, {}
-    ).verdicts["forward"]
+    job = FinishInputs(
+        case.name, case.phases, runs["hf"], wrong, config.tolerances["tp"], 0.0, case.mapping, case
+    )
+    verdict = finish(job).verdicts["forward"]
     assert not verdict.passed
     assert verdict.first is not None
     assert verdict.first.name in ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj")

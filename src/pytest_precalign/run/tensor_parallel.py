@@ -114,9 +114,6 @@ def gather_traces(
     ``manifest["tensor_parallel"]["notes"]`` (record id -> text). Replicas that are not
     bitwise equal across ranks are noted too, and raise ``CaseError`` with ``strict``.
     """
-
-    from ..recording.tensor_summary import tensor_stats
-
     if not traces:
         raise CaseError("gather_traces: no rank traces given")
     for rank, trace in enumerate(traces):
@@ -125,90 +122,98 @@ def gather_traces(
                 f"tensor parallel: rank {rank}'s trace was recorded in {trace.mode!r} mode; "
                 "gathering shards needs record: {mode: tensor}"
             )
-    tp = len(traces)
-    by_id = [t.by_id() for t in traces]
-    notes: dict[str, str] = {}
-    tensors: dict[str, Any] = {}
-    gathered: dict[tuple[tuple[str | None, ...], Layout, int], tuple[str, Any]] = {}
-    records: list[Record] = []
-    replicas_checked = 0
+    gatherer = _Gatherer(traces, rules, strict)
+    records = [gatherer.gather(rec) for rec in traces[0].records]
+    return gatherer.trace(records)
 
-    def keep(rec: Record, note: str | None = None) -> Record:
+
+class _Gatherer:
+    """The state of one ``gather_traces``: notes, gathered tensors, replica checks."""
+
+    def __init__(self, traces: Sequence[Trace], rules: Sequence[ShardRule], strict: bool) -> None:
+        self.traces, self.rules, self.strict = traces, rules, strict
+        self.by_id = [t.by_id() for t in traces]
+        self.notes: dict[str, str] = {}
+        self.tensors: dict[str, Any] = {}
+        self.gathered: dict[tuple[tuple[str | None, ...], Layout, int], tuple[str, Any]] = {}
+        self.replicas_checked = 0
+
+    def keep(self, rec: Record, note: str | None = None) -> Record:
         if note:
-            notes[rec.id] = note
+            self.notes[rec.id] = note
         if rec.tensor_key is not None:
-            tensors[rec.tensor_key] = traces[0].tensors[rec.tensor_key]
+            self.tensors[rec.tensor_key] = self.traces[0].tensors[rec.tensor_key]
         return rec
 
-    for rec in traces[0].records:
-        others = [ids.get(rec.id) for ids in by_id]
+    def gather(self, rec: Record) -> Record:
+        others = [ids.get(rec.id) for ids in self.by_id]
         missing = [r for r, other in enumerate(others) if other is None]
         if missing:
-            records.append(keep(rec, f"only rank 0's slice: missing on rank(s) {missing}"))
-            continue
+            return self.keep(rec, f"only rank 0's slice: missing on rank(s) {missing}")
         peers: list[Record] = [o for o in others if o is not None]
         if rec.tensor_key is None or any(p.tensor_key is None for p in peers):
-            records.append(keep(rec))
-            continue
+            return self.keep(rec)
         shards: list[torch.Tensor] = [
-            t.tensors[p.tensor_key] for t, p in zip(traces, peers, strict=True) if p.tensor_key
+            t.tensors[p.tensor_key] for t, p in zip(self.traces, peers, strict=True) if p.tensor_key
         ]
-        rule = rule_for(rec, rules)
-        layout: Layout = rule.layout if rule is not None else "replicated"
-        dim = rule.dim if rule is not None else 0
-        shapes = [tuple(s.shape) for s in shards]
-        if layout == "replicated":
-            if any(s != shapes[0] for s in shapes):
-                why = "no sharding rule" if rule is None else f"rule {rule.name!r} says replicated"
-                records.append(
-                    keep(rec, f"{why}, but the shape differs across ranks {shapes}: rank 0's slice")
-                )
-                continue
-            replicas_checked += 1
-            diffs = [_max_diff(shards[0], s) for s in shards[1:]]
-            if any(d != 0.0 for d in diffs):
-                text = (
-                    f"replicated, but ranks differ (max |rank0 - rank r| = {max(diffs):.3e}): rank 0's kept"
-                )
-                if strict:
-                    raise CaseError(f"tensor parallel: {rec.id}: {text}")
-                notes[rec.id] = text
-            records.append(keep(rec))
-            continue
-        if any(s != shapes[0] for s in shapes) or not shards[0].dim():
-            records.append(
-                keep(
-                    rec,
-                    f"rule {rule.name if rule else '?'!r}: rank shapes {shapes} cannot be gathered: rank 0's slice",
-                )
-            )
-            continue
-        cache_key = (tuple(p.tensor_key for p in peers), layout, dim)
-        hit = gathered.get(cache_key)
-        if hit is None:  # one tensor recorded under several names is gathered once
-            full = gather_tensor(shards, layout, dim)
-            hit = (f"g{len(gathered):07d}", full)
-            gathered[cache_key] = hit
-            tensors[hit[0]] = full
-        key, full = hit
-        records.append(replace(rec, shape=tuple(full.shape), stats=tensor_stats(full), tensor_key=key))
+        rule = rule_for(rec, self.rules)
+        if rule is None or rule.layout == "replicated":
+            return self.replicated(rec, shards, rule)
+        return self.sharded(rec, peers, shards, rule)
 
-    rank0_ids = {r.id for r in traces[0].records}
-    for rank, trace in enumerate(traces[1:], 1):
-        for rec in trace.records:
-            if rec.id not in rank0_ids and rec.id not in notes:
-                notes[rec.id] = f"recorded on rank {rank} but not on rank 0: dropped"
-    manifest = dict(traces[0].manifest)
-    manifest.pop("tp_rank", None)
-    manifest["tensor_parallel"] = {
-        "size": tp,
-        "rules": [
-            f"{r.name} [{r.role} {r.slot}] {r.layout} dim {r.dim}" for r in rules if r.layout != "replicated"
-        ],
-        "replicas_checked": replicas_checked,
-        "notes": notes,
-    }
-    return Trace(manifest=manifest, records=tuple(records), tensors=tensors)
+    def replicated(self, rec: Record, shards: list[torch.Tensor], rule: ShardRule | None) -> Record:
+        shapes = [tuple(s.shape) for s in shards]
+        if any(s != shapes[0] for s in shapes):
+            why = "no sharding rule" if rule is None else f"rule {rule.name!r} says replicated"
+            return self.keep(rec, f"{why}, but the shape differs across ranks {shapes}: rank 0's slice")
+        self.replicas_checked += 1
+        diffs = [_max_diff(shards[0], s) for s in shards[1:]]
+        if any(d != 0.0 for d in diffs):
+            text = f"replicated, but ranks differ (max |rank0 - rank r| = {max(diffs):.3e}): rank 0's kept"
+            if self.strict:
+                raise CaseError(f"tensor parallel: {rec.id}: {text}")
+            self.notes[rec.id] = text
+        return self.keep(rec)
+
+    def sharded(
+        self, rec: Record, peers: list[Record], shards: list[torch.Tensor], rule: ShardRule
+    ) -> Record:
+        from ..recording.tensor_summary import tensor_stats
+
+        shapes = [tuple(s.shape) for s in shards]
+        if any(s != shapes[0] for s in shapes) or not shards[0].dim():
+            return self.keep(
+                rec, f"rule {rule.name!r}: rank shapes {shapes} cannot be gathered: rank 0's slice"
+            )
+        cache_key = (tuple(p.tensor_key for p in peers), rule.layout, rule.dim)
+        hit = self.gathered.get(cache_key)
+        if hit is None:  # one tensor recorded under several names is gathered once
+            full = gather_tensor(shards, rule.layout, rule.dim)
+            hit = (f"g{len(self.gathered):07d}", full)
+            self.gathered[cache_key] = hit
+            self.tensors[hit[0]] = full
+        key, full = hit
+        return replace(rec, shape=tuple(full.shape), stats=tensor_stats(full), tensor_key=key)
+
+    def trace(self, records: list[Record]) -> Trace:
+        rank0_ids = {r.id for r in self.traces[0].records}
+        for rank, trace in enumerate(self.traces[1:], 1):
+            for rec in trace.records:
+                if rec.id not in rank0_ids and rec.id not in self.notes:
+                    self.notes[rec.id] = f"recorded on rank {rank} but not on rank 0: dropped"
+        manifest = dict(self.traces[0].manifest)
+        manifest.pop("tp_rank", None)
+        manifest["tensor_parallel"] = {
+            "size": len(self.traces),
+            "rules": [
+                f"{r.name} [{r.role} {r.slot}] {r.layout} dim {r.dim}"
+                for r in self.rules
+                if r.layout != "replicated"
+            ],
+            "replicas_checked": self.replicas_checked,
+            "notes": self.notes,
+        }
+        return Trace(manifest=manifest, records=tuple(records), tensors=self.tensors)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
