@@ -56,6 +56,10 @@ def differences(old: Any, new: Any, where: str = "") -> Iterator[str]:
         yield f"{where}: {old!r:.100} before, {new!r:.100} after"
 
 
+def _by_item(cases: list[Any]) -> dict[tuple[str, str], Any]:
+    return {(str(c.get("case")), str(c.get("phase"))): c for c in cases}
+
+
 def run_suite(suite: str, out: Path) -> int:
     command = [
         sys.executable,
@@ -87,8 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             code = run_suite(suite, Path(tmp) / "out")
             new = json.loads((Path(tmp) / "out" / "report.json").read_text())
-        found = list(differences(_normal(old, roots), _normal(new, roots)))
-        print(f"{suite}: pytest exit {code}, {len(new['cases'])} cases, {len(found)} difference(s)")
+        old, new = _normal(old, roots), _normal(new, roots)
+        # Cases pair by (case, phase): a case added to a suite shows as added, not as every
+        # later case differing.
+        old_cases, new_cases = _by_item(old.pop("cases")), _by_item(new.pop("cases"))
+        added = sorted(set(new_cases) - set(old_cases))
+        found = list(differences(old, new))
+        for item in sorted(set(old_cases)):
+            if item not in new_cases:
+                found.append(f"case {item}: only before")
+            else:
+                found.extend(differences(old_cases[item], new_cases[item], f"case {item}"))
+        shown = f", {len(added)} added ({', '.join('['.join(i) + ']' for i in added)})" if added else ""
+        print(f"{suite}: pytest exit {code}, {len(new_cases)} cases{shown}, {len(found)} difference(s)")
         for line in found[:50]:
             print(f"  {line}")
         failed = failed or bool(found)

@@ -227,12 +227,11 @@ def test_first_nan_is_reported_per_side():
 def test_report_json_is_strict_json(tmp_path):
     import json
 
-    from pytest_precalign.reports.document import write_json_report
+    from pytest_precalign.reports.document import report_document
 
-    path = write_json_report(
-        tmp_path, [{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {}
-    )
-    text = path.read_text()
+    # What write_reports writes to report.json: the document, dumped with allow_nan=False.
+    document = report_document([{"value": float("inf"), "nested": [float("nan"), -float("inf"), 1.5]}], {})
+    text = json.dumps(document, indent=1, allow_nan=False)
     assert "Infinity" not in text and "NaN" not in text
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
     assert data["cases"][0] == {"value": "inf", "nested": ["nan", "-inf", 1.5]}
