@@ -227,7 +227,11 @@ def test_bad_source_is_a_usage_error(suite: pytest.Pytester, run_pytest: RunPyte
     assert "failed" not in result.stdout.str()
 
 
-def test_bad_source_in_deselected_case_is_not_checked(suite: pytest.Pytester, run_pytest: RunPytest) -> None:
+def test_bad_source_in_deselected_case_is_not_checked(
+    suite: pytest.Pytester, run_pytest: RunPytest, xdist: bool
+) -> None:
     config = next(e[1] for e in SOURCE_ERRORS if e[0] == "error-in-second-case")
     result = _run(suite, run_pytest, config, "-k", "c1")
-    result.assert_outcomes(passed=1, deselected=1)
+    # xdist's controller does not count what its workers deselected: only the serial run can
+    # show the deselection; both show the selected case passing and no usage error.
+    result.assert_outcomes(passed=1, deselected=0 if xdist else 1)
