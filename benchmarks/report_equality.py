@@ -57,7 +57,7 @@ def differences(old: Any, new: Any, where: str = "") -> Iterator[str]:
 
 
 def _by_item(cases: list[Any]) -> dict[tuple[str, str], Any]:
-    return {(str(c.get("case")), str(c.get("phase"))): c for c in cases}
+    return {(str(c.get("name")), str(c.get("phase"))): c for c in cases}
 
 
 def run_suite(suite: str, out: Path) -> int:

@@ -6,6 +6,7 @@ and at import nothing heavier than pytest itself is imported (no torch, no yaml)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,10 +123,6 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     from .run.outcome import PerCase
 
-    if getattr(config.option, "dist", "no") == "load":
-        # A case's phase items share one run of its models (and one --align-save-traces or
-        # baseline write): xdist_group keeps them on one worker, under loadgroup scheduling.
-        config.option.dist = "loadgroup"
     config.stash[STATE_KEY] = _State(config=align_config, runs=PerCase(), run_id=_run_id(config))
     config.pluginmanager.register(_EntryCollector(config.stash[STATE_KEY]), "precalign-entries")
     # Collect the config's cases even when it lies outside the paths given on the command line.
@@ -338,6 +335,25 @@ class _EntryCollector:
 
 
 USAGE_ERROR_KEY = "precalign_usage_error"  # an xdist worker's usage error, for the controller
+_PHASE_ITEM = re.compile(r"^(?P<case>.+\.ya?ml::[^\[\]]+)\[(?:forward|backward|step)\]$")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (xdist's ``load``), a case's phase items go to one worker: they share one
+    run of the case's models (and one --align-save-traces or baseline write). Every other
+    item is scheduled on its own, as ``load`` does. (The items' ``xdist_group`` markers say
+    the same to ``--dist loadgroup``.)"""
+    if config.getvalue("dist") != "load" or _state(config).config is None:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CaseScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            match = _PHASE_ITEM.match(nodeid)
+            return match.group("case") if match else nodeid
+
+    return CaseScheduling(config, log)
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
