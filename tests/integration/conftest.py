@@ -7,6 +7,9 @@ where it does (``if xdist: ...`` or a ``pytest.skip`` with the reason)."""
 
 from __future__ import annotations
 
+# numpy cannot be imported twice in one process, and pytester restores sys.modules after each
+# test: imported here, before any test, it stays loaded for tests that read traces themselves.
+import numpy  # noqa: F401
 import pytest
 
 from tests.helpers.runs import RunPytest

@@ -190,13 +190,15 @@ def test_update_needs_a_baseline_dir(pytester: pytest.Pytester, run_pytest: RunP
     result.stderr.fnmatch_lines(["*--align-update and --align-update-all need --align-baseline DIR*"])
 
 
-def test_partial_run_touches_only_its_cases(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+def test_partial_run_touches_only_its_cases(
+    pytester: pytest.Pytester, run_pytest: RunPytest, xdist: bool
+) -> None:
     _suite(pytester)
     stranger = pytester.path / "bl" / "someone_else"
     stranger.mkdir(parents=True)
     (stranger / "manifest.json").write_text("{}")
     result = _gate(run_pytest, "-k", "forward")
-    result.assert_outcomes(failed=1, deselected=1)
+    result.assert_outcomes(failed=1, deselected=0 if xdist else 1)  # xdist does not count deselection
     assert (stranger / "manifest.json").read_text() == "{}"
     assert sorted(p.name for p in (pytester.path / "bl").iterdir()) == [".port.lock", "port", "someone_else"]
 
