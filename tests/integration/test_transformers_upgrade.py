@@ -104,7 +104,7 @@ def test_upgrade_to_current_transformers_is_within_budget(
 
 
 def test_injected_fault_fails_with_the_environment_diff_and_the_layer(
-    example_suite: ExampleSuite, recorded: Path, run_pytest: RunPytest
+    example_suite: ExampleSuite, recorded: Path, run_pytest: RunPytest, xdist: bool
 ) -> None:
     folder = _suite(recorded, example_suite)
     config = folder / "align.yaml"
@@ -115,7 +115,7 @@ def test_injected_fault_fails_with_the_environment_diff_and_the_layer(
     result = run_pytest(
         "--align-config", f"{SUITE}/align.yaml", "--align-baseline", f"{SUITE}/baselines", "-k", "qwen2_5_vl"
     )
-    result.assert_outcomes(failed=2, deselected=2)
+    result.assert_outcomes(failed=2, deselected=0 if xdist else 2)  # xdist does not count deselection
     current = metadata.version("transformers")
     result.stdout.fnmatch_lines(
         [
