@@ -220,15 +220,12 @@ def test_importing_the_package_does_not_import_torch() -> None:
 # -- torchrun: the Megatron example ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tp2_pp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One recorded TP=2 x PP=2 run (4 ranks, 2 steps, tensor mode), params and loss saved.
-    Under pytest-xdist the workers share it (a lock in the session's base temp folder)."""
-    import fcntl
-
+    """One recorded TP=2 x PP=2 run (4 ranks, 2 steps, tensor mode) in ``run/``, params and
+    loss saved as ``saved.rank<R>.pt``; made once per session (the xdist workers share it)."""
     pytest.importorskip("megatron.core")
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        root = tmp_path_factory.mktemp("tp2pp2")
-        torchrun(
-            4,
+
+    def make(out: Path) -> None:
+        args = (
             "--tp",
             "2",
             "--pp",
@@ -236,31 +233,13 @@ def tp2_pp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--steps",
             "2",
             "--out",
-            str(root / "run"),
+            str(out),
             "--save",
-            str(root / "saved"),
+            str(out.parent / "saved"),
         )
-        return root
-    root = tmp_path_factory.getbasetemp().parent / "tp2pp2"  # per session, shared by the workers
-    root.mkdir(exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "done").exists():
-            torchrun(
-                4,
-                "--tp",
-                "2",
-                "--pp",
-                "2",
-                "--steps",
-                "2",
-                "--out",
-                str(root / "run"),
-                "--save",
-                str(root / "saved"),
-            )
-            (root / "done").touch()
-    return root
+        torchrun(4, *args)
+
+    return _shared_run(tmp_path_factory, "tp2pp2", make).parent
 
 
 def test_tp2_pp2_rank_folders_and_manifests(tp2_pp2: Path) -> None:
