@@ -7,6 +7,7 @@ and at import nothing heavier than pytest itself is imported (no torch, no yaml)
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,7 @@ class _State:
     # Each case's run (or stored-baseline check), once for all its phase items of this process.
     runs: PerCase[Any] | None = None
     run_id: str = ""  # one per test run, shared by xdist workers
+    usage_error: str | None = None  # an xdist worker's usage error, on the controller
 
 
 STATE_KEY = pytest.StashKey[_State]()
@@ -377,10 +379,13 @@ def pytest_collection_modifyitems(
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    """On the xdist controller: a worker's usage error is this run's usage error."""
+    """On the xdist controller: a worker's usage error is this run's usage error. The worker
+    asked xdist to stop (every worker then shuts down cleanly); the error line and exit code 4
+    come at the end of the session (``pytest_sessionfinish``)."""
     message = getattr(node, "workeroutput", {}).get(USAGE_ERROR_KEY)
-    if message:
-        raise pytest.UsageError(message)
+    state = node.config.stash.get(STATE_KEY, None)
+    if message and state is not None and state.usage_error is None:
+        state.usage_error = str(message)
 
 
 def _check_collected(align_config: AlignConfig | None, items: list[pytest.Item]) -> None:
@@ -428,6 +433,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = _state(config)
+    if state.usage_error is not None:  # as pytest reports a UsageError: one line, exit 4
+        sys.stderr.write(f"ERROR: {state.usage_error}\n")
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        return
     if state.config is None:
         return
     if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the report
