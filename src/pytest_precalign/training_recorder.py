@@ -76,6 +76,7 @@ class Recorder:
         grads: bool = True,
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
+        params: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
@@ -97,6 +98,7 @@ class Recorder:
             "include": include,
             "exclude": exclude,
         }
+        self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
         self._parallel: dict[str, Any] = {}
@@ -174,7 +176,8 @@ class Recorder:
             return None
         self._hooks = None
         try:
-            hooks.record_params()
+            if self.params:
+                hooks.record_params()
         finally:
             hooks.__exit__(None, None, None)
         manifest = {

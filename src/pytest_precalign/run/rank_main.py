@@ -143,6 +143,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
         grads=backward,
         include=case.record.include,
         exclude=case.record.exclude,
+        params="step" in case.phases,  # no optimizer step: no parameters to compare
     )
     data = inputs.to(next(module.parameters()).device)
     batch, seq = data.model_inputs["input_ids"].shape
