@@ -331,7 +331,7 @@ def test_megatron_cpu_patches_narrowly_and_restores() -> None:
 
 def test_virtual_pipeline_chunks_under_torchrun(tmp_path: Path) -> None:
     """PP=2 x VPP=2 (interleaved schedule): chunk<k>. prefixes, global layer offsets per chunk."""
-    from pytest_precalign.trace_io import read_trace
+    from pytest_precalign.trace.native_io import read_trace
 
     pytest.importorskip("megatron.core")
     torchrun(
