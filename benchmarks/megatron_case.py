@@ -19,7 +19,7 @@ What it measures
 
     The bare models are built once, before the rounds, with ``sources.build_model`` from the
     same config (so the same classes, eager attention, fp32), and the Megatron weights are
-    synced from the HF model. The bare timed region is forward .. ``runner.causal_lm_loss``
+    synced from the HF model. The bare timed region is forward .. ``run.side.causal_lm_loss``
     (the case's own loss: shifted next-token cross-entropy in fp32) .. ``loss.backward()``;
     it runs inside ``determinism.deterministic(True)`` like the case (the config's default).
     Entering and leaving Megatron's ``runtime`` (a gloo process group) is outside the bare
@@ -99,6 +99,7 @@ from pytest_precalign.mapping.weights import sync_weights
 from pytest_precalign.recording.determinism import deterministic, environment
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.run import case as runner
+from pytest_precalign.run import live, outcome, side
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 from pytest_precalign.sources import megatron as megatron_source
 from pytest_precalign.sources.inputs import build_inputs
@@ -224,7 +225,7 @@ class StageTimer:
     @contextmanager
     def installed(self) -> Iterator[None]:
         timer = self
-        original_run_side = runner.run_side
+        original_run_side = live.run_side
 
         class TimedRecorder(Recorder):
             def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
@@ -246,19 +247,19 @@ class StageTimer:
 
         gc_shim = SimpleNamespace(collect=self.wrap("gc", gc.collect))
         patches: list[AbstractContextManager[Any]] = [
-            mock.patch.object(runner, "build_inputs", self.wrap("inputs", build_inputs)),
-            mock.patch.object(runner, "runtime", self.timed_runtime),
-            mock.patch.object(runner, "deterministic", self.timed_deterministic),
-            mock.patch.object(runner, "phase_verdict", self.wrap("verdicts", phase_verdict)),
+            mock.patch.object(live, "build_inputs", self.wrap("inputs", build_inputs)),
+            mock.patch.object(live, "runtime", self.timed_runtime),
+            mock.patch.object(live, "deterministic", self.timed_deterministic),
+            mock.patch.object(outcome, "phase_verdict", self.wrap("verdicts", phase_verdict)),
             mock.patch.object(
-                runner, "build_model", self.wrap(lambda spec, _dir: f"build_{spec.name}", build_model)
+                live, "build_model", self.wrap(lambda spec, _dir: f"build_{spec.name}", build_model)
             ),
-            mock.patch.object(runner, "sync_weights", self.wrap("sync", sync_weights)),
-            mock.patch.object(runner, "environment", self.wrap("environment", environment)),
-            mock.patch.object(runner, "Recorder", TimedRecorder),
-            mock.patch.object(runner, "run_side", run_side),
-            mock.patch.object(runner, "map_trace", self.wrap("map", map_trace)),
-            mock.patch.object(runner, "compare_traces", self.wrap("compare", compare_traces)),
+            mock.patch.object(live, "sync_weights", self.wrap("sync", sync_weights)),
+            mock.patch.object(live, "environment", self.wrap("environment", environment)),
+            mock.patch.object(side, "Recorder", TimedRecorder),
+            mock.patch.object(live, "run_side", run_side),
+            mock.patch.object(outcome, "map_trace", self.wrap("map", map_trace)),
+            mock.patch.object(outcome, "compare_traces", self.wrap("compare", compare_traces)),
         ]
         if hasattr(runner, "gc"):  # older runners collected garbage after each case
             patches.append(mock.patch.object(runner, "gc", gc_shim))
@@ -315,7 +316,7 @@ def build_bare(config: AlignConfig, size: Size) -> BareModels:
 def bare_step(model: LoadedModel, ids: torch.Tensor) -> float:
     start = time.perf_counter()
     output = model({"input_ids": ids})
-    loss = runner.causal_lm_loss(model.logits(output), ids)
+    loss = side.causal_lm_loss(model.logits(output), ids)
     loss.backward()
     return time.perf_counter() - start
 
