@@ -6,7 +6,6 @@ and at import nothing heavier than pytest itself is imported (no torch, no yaml)
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -337,55 +336,6 @@ class _EntryCollector:
 
 
 USAGE_ERROR_KEY = "precalign_usage_error"  # an xdist worker's usage error, for the controller
-_PHASE_ITEM = re.compile(r"^(?P<case>.+\.ya?ml::[^\[\]]+)\[(?:forward|backward|step)\]$")
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``-n N`` (xdist's ``load``), a case's phase items go to one worker: they share one
-    run of the case's models (and one --align-save-traces or baseline write). Every other
-    item is scheduled on its own, as ``load`` does. (The items' ``xdist_group`` markers say
-    the same to ``--dist loadgroup``.)"""
-    if config.getvalue("dist") != "load" or _state(config).config is None:
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class CaseScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            match = _PHASE_ITEM.match(nodeid)
-            return match.group("case") if match else nodeid
-
-    return CaseScheduling(config, log)
-
-
-@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
-    """Before any test runs: the ``align`` markers' arguments, and the selected cases' sources
-    (a bad marker or a broken source is a usage error). On an xdist worker the error cannot be
-    raised (xdist would report a crashed worker): the worker collects nothing, stops, and hands
-    the message to the controller, which raises it (``pytest_testnodedown``)."""
-    try:
-        _check_collected(_state(config).config, items)
-    except pytest.UsageError as exc:
-        workeroutput = getattr(config, "workeroutput", None)
-        if workeroutput is None:
-            raise
-        workeroutput[USAGE_ERROR_KEY] = str(exc)
-        session.shouldstop = str(exc)
-        items[:] = []
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: object) -> None:
-    """On the xdist controller: a worker's usage error is this run's usage error. The worker
-    asked xdist to stop (every worker then shuts down cleanly); the error line and exit code 4
-    come at the end of the session (``pytest_sessionfinish``)."""
-    message = getattr(node, "workeroutput", {}).get(USAGE_ERROR_KEY)
-    state = node.config.stash.get(STATE_KEY, None)
-    if message and state is not None and state.usage_error is None:
-        state.usage_error = str(message)
 
 
 def _check_collected(align_config: AlignConfig | None, items: list[pytest.Item]) -> None:
