@@ -338,6 +338,36 @@ class _EntryCollector:
 USAGE_ERROR_KEY = "precalign_usage_error"  # an xdist worker's usage error, for the controller
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Before any test runs: the ``align`` markers' arguments, and the selected cases' sources
+    (a bad marker or a broken source is a usage error). On an xdist worker the error cannot be
+    raised (xdist would report a crashed worker): the worker collects nothing, stops, and hands
+    the message to the controller, which raises it (``pytest_testnodedown``)."""
+    try:
+        _check_collected(_state(config).config, items)
+    except pytest.UsageError as exc:
+        workeroutput = getattr(config, "workeroutput", None)
+        if workeroutput is None:
+            raise
+        workeroutput[USAGE_ERROR_KEY] = str(exc)
+        session.shouldstop = str(exc)
+        items[:] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the xdist controller: a worker's usage error is this run's usage error. The worker
+    asked xdist to stop (every worker then shuts down cleanly); the error line and exit code 4
+    come at the end of the session (``pytest_sessionfinish``)."""
+    message = getattr(node, "workeroutput", {}).get(USAGE_ERROR_KEY)
+    state = node.config.stash.get(STATE_KEY, None)
+    if message and state is not None and state.usage_error is None:
+        state.usage_error = str(message)
+
+
 def _check_collected(align_config: AlignConfig | None, items: list[pytest.Item]) -> None:
     _check_markers(align_config, items)
     if align_config is None:
