@@ -338,6 +338,19 @@ class _EntryCollector:
 USAGE_ERROR_KEY = "precalign_usage_error"  # an xdist worker's usage error, for the controller
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (xdist's ``load``): a case's phase items run on one worker, in order
+    (``case_scheduling.py``). Other distributions are xdist's own; ``loadgroup`` and
+    ``loadfile`` keep a case together too."""
+    align_config = _state(config).config
+    if config.getvalue("dist") != "load" or align_config is None:
+        return None
+    from pytest_precalign.case_scheduling import CaseScheduling
+
+    return CaseScheduling(config, log, align_config.path.name)
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only selected cases are checked
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]

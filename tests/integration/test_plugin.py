@@ -193,17 +193,10 @@ def test_align_runner_fixture_and_marker(pytester: pytest.Pytester, run_pytest: 
     result.assert_outcomes(passed=2)
 
 
-def test_saved_traces_are_readable_and_never_overwritten(
-    pytester: pytest.Pytester, run_pytest: RunPytest, xdist: bool, request: pytest.FixtureRequest
-) -> None:
+def test_saved_traces_are_readable_and_never_overwritten(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    # Under -n 2 this also checks that a case's three phase items ran on one worker: a second
+    # worker running the case would refuse to overwrite the first one's traces.
     from pytest_precalign.trace.native_io import read_trace
-
-    if xdist:
-        # Known gap: with this pytest, xdist_group does not keep a case's phase items on one
-        # worker (xdist's nodeid suffix is not applied), so two workers run the case and the
-        # second refuses to overwrite the traces the first saved. A custom scheduler fixed it
-        # but hung xdist's crashed-worker replacement; see the session note.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="case phases split across xdist workers"))
 
     _suite(pytester)
     result = run_pytest("--align-config", "align.yaml", "--align-save-traces", "traces")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pytest_precalign.config.specs import RecordSpec
-from pytest_precalign.reports.document import phase_dict, write_json_report
+from pytest_precalign.reports.document import phase_dict, write_reports
 from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.run.case import CaseRun, check_modules
 
@@ -118,7 +118,7 @@ def _check(run: CaseRun, tmp_path: Path) -> None:
         if not report.verdict.passed:
             assert "Traceback" not in failure_message(report)
         entries.append(phase_dict(report))
-    path = write_json_report(tmp_path, entries, {})
+    path = write_reports(tmp_path, entries, {})
     json.loads(path.read_text())  # strict JSON: NaN/Inf written as strings
 
 
