@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .errors import AlignmentMismatch, PrecalignError
+from .vocabulary import PHASES
 
 if TYPE_CHECKING:
     from .config.specs import AlignConfig, CaseSpec
@@ -419,8 +420,19 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if not state.summaries:
         return
     terminalreporter.section("precalign")
-    for line in state.summaries:
+    entries = sorted(zip(state.reports, state.summaries, strict=True), key=lambda e: _run_order(state, e[0]))
+    for _, line in entries:
         terminalreporter.write_line(line)
+
+
+def _run_order(state: _State, entry: dict[str, Any]) -> tuple[int, int, str]:
+    """The config's order (case, then phase), as a serial run reports it, whichever xdist
+    worker finished first; entries of other tests (the ``align`` marker) follow by node id."""
+    cases = [c.name for c in state.config.cases] if state.config is not None else []
+    name, phase = entry.get("name"), entry.get("phase")
+    if name not in cases:
+        return (len(cases), 0, str(entry.get("nodeid", "")))
+    return (cases.index(name), PHASES.index(phase) if phase in PHASES else len(PHASES), "")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
