@@ -274,6 +274,7 @@ def test_tp2_pp2_rank_folders_and_manifests(tp2_pp2: Path) -> None:
     assert a.shape == b.shape == (64, 64) and not torch.equal(a, b)
 
 
+@pytest.mark.slow  # a second 4-rank run; tox -e slow
 def test_recording_is_bitwise_neutral_under_torchrun(tp2_pp2: Path, tmp_path: Path) -> None:
     torchrun(4, "--tp", "2", "--pp", "2", "--steps", "2", "--save", str(tmp_path / "bare"))
     recorded, bare = saved(tp2_pp2 / "saved", 4), saved(tmp_path / "bare", 4)
@@ -285,6 +286,7 @@ def test_recording_is_bitwise_neutral_under_torchrun(tp2_pp2: Path, tmp_path: Pa
             assert torch.equal(recorded[rank]["params"][name], param), (rank, name)
 
 
+@pytest.mark.slow  # more torchrun runs; tox -e slow
 def test_msprobe_format_tp2_with_recomputation(tmp_path: Path) -> None:
     """TP=2, full activation recomputation, msprobe's layout: read back by our msprobe reader;
     the forwards recomputed inside the backward add no records (no call 1)."""
@@ -329,6 +331,7 @@ def test_megatron_cpu_patches_narrowly_and_restores() -> None:
     assert rng._get_cuda_rng_state.__module__ == rng.__name__
 
 
+@pytest.mark.slow  # more torchrun runs; tox -e slow
 def test_virtual_pipeline_chunks_under_torchrun(tmp_path: Path) -> None:
     """PP=2 x VPP=2 (interleaved schedule): chunk<k>. prefixes, global layer offsets per chunk."""
     from pytest_precalign.trace.native_io import read_trace
@@ -433,6 +436,7 @@ def test_a_fault_on_the_second_stage_is_named_by_its_global_hf_name(
     )
 
 
+@pytest.mark.slow  # more torchrun runs; tox -e slow
 def test_two_different_layouts_compare_aligned(tmp_path_factory: pytest.TempPathFactory) -> None:
     """TP=2 (one stage) against PP=2 (no tensor parallelism): both merge to the same TP=1 trace."""
     pytest.importorskip("megatron.core")

@@ -37,6 +37,7 @@ def test_example_suite_passes_with_reasons_for_every_unmatched_record(
     assert known["known_megatron_mlp_bug_isolated"]["isolation"]["origin"] == "model.layers.1.mlp"
 
 
+@pytest.mark.slow  # two launched 4-rank cases, twice; tox -e slow
 def test_tp2_pp2_launched_on_four_ranks_aligns_and_names_a_second_stage_fault_globally(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
