@@ -77,6 +77,8 @@ def mismatch_message(outcome: BaselineOutcome, report: PhaseReport, accept: str)
             f"(precalign compare {outcome.path} {outcome.obtained})"
         )
         lines.append(f"To accept the new values: {accept}")
+    elif outcome.obtained_skipped:
+        lines.append(f"Obtained trace not written: {outcome.obtained_skipped}")
     return "\n".join(lines)
 
 

@@ -63,7 +63,12 @@ def obtained_dir(root: Path, case: str) -> Path:
 
 @contextlib.contextmanager
 def case_lock(root: Path, case: str) -> Iterator[None]:
-    """An exclusive lock on one case's files (``DIR/.<case>.lock``), across processes."""
+    """An exclusive lock on one case's files (``DIR/.<case>.lock``), across processes. A
+    read-only DIR (a CI mount) takes no lock: nothing there can be written, and published
+    baselines are whole directories renamed into place, so reading needs none."""
+    if root.is_dir() and not writable(root):
+        yield
+        return
     root.mkdir(parents=True, exist_ok=True)
     path = root / f".{case}.lock"
     try:
@@ -77,6 +82,15 @@ def case_lock(root: Path, case: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def writable(root: Path) -> bool:
+    """Can files be created in ``root``? (Not on a read-only mount, even for root.)"""
+    try:
+        read_only_mount = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+    return not read_only_mount and os.access(root, os.W_OK | os.X_OK)
 
 
 def _alive(pid: int) -> bool:
@@ -96,7 +110,7 @@ def recover(root: Path, name: str) -> list[str]:
     process is gone) and, if the baseline was moved aside but its replacement never arrived,
     the old baseline is put back. Call under ``case_lock``. Returns what was done."""
     done: list[str] = []
-    if not root.is_dir():
+    if not root.is_dir() or not writable(root):  # nothing can be cleaned up in a read-only DIR
         return done
     target = root / name
     for entry in root.iterdir():
@@ -123,6 +137,11 @@ def write_stored(
     from ..trace.native_io import write_trace_files
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    if not writable(target.parent):
+        raise TraceError(
+            f"{target.parent}: read-only; cannot write {target.name} there (record baselines where "
+            "they can be written; a read-only copy serves for comparing only)"
+        )
     # The pid in the name lets a later run tell a dead writer's leftovers from a live one's.
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", suffix=".tmp", dir=target.parent))
     try:
@@ -147,7 +166,7 @@ def write_stored(
 def remove_obtained(root: Path, case: str) -> bool:
     """Remove ``DIR/<case>.obtained`` (this case's own file); True if there was one."""
     path = obtained_dir(root, case)
-    if not path.exists():
+    if not path.exists() or not writable(root):
         return False
     aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.pid{os.getpid()}.", suffix=".tmp", dir=root))
     os.replace(path, aside / "gone")  # atomic disappearance; the removal itself may be slow
@@ -244,6 +263,7 @@ class BaselineOutcome:
     obtained: Path | None = None
     stored_env: Mapping[str, Any] = field(default_factory=dict)
     recovered: tuple[str, ...] = ()  # what a killed writer left and this run cleaned up
+    obtained_skipped: str = ""  # why the obtained trace of a mismatch was not written
 
 
 def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run_id: str) -> BaselineOutcome:
@@ -348,6 +368,8 @@ def _settle(
         write_stored(rec.trace, rec.weights, target, extra=extra)
         remove_obtained(root, case)
         return replace(outcome, action="updated" if update == "mismatched" else "rewritten")
+    if failed and not writable(root):
+        return replace(outcome, obtained_skipped=f"{root} is read-only")
     if failed:
         obtained = obtained_dir(root, case)
         write_stored(rec.trace, None, obtained, extra={**extra, "obtained": True})
