@@ -126,7 +126,7 @@ def mutations() -> list[Case]:
         _hf_mut("hf_act_relu", "SiLU -> ReLU", f"{L}.1.mlp.act_fn"),
         _hf_mut("hf_down_bf16", "down_proj computed in bf16", f"{L}.1.mlp.down_proj"),
         _hf_mut("hf_lm_head_fp16", "lm_head computed in fp16", "lm_head"),
-        _hf_mut("hf_q_no_bias", "q_proj bias dropped", f"{L}.0.self_attn.q_proj"),
+        _hf_mut("hf_o_proj_transposed", "o_proj uses its weight transposed", f"{L}.0.self_attn.o_proj"),
         _hf_mut("hf_embed_scaled", "embedding output x8 (Gemma-style sqrt(d) scale)", "model.embed_tokens"),
         _hf_mut("hf_up_tiny", "up_proj output x(1 + 1e-3)", f"{L}.1.mlp.up_proj"),
         _hf_mut("hf_residual_dropped", "attention residual dropped (code between modules)", f"{L}.1"),
@@ -210,7 +210,7 @@ def mutations() -> list[Case]:
         _mg_mut("mg_norm_eps", "input_layernorm eps -> 0.1", f"{L}.0.input_layernorm"),
         _mg_mut("mg_attn_scale", "softmax scale 2.0 in core attention", f"{L}.0.self_attn"),
         _mg_mut("mg_act_gelu", "MLP activation gelu instead of swiglu", f"{L}.1.mlp"),
-        _mg_mut("mg_fc2_bf16", "linear_fc2 computed in bf16", f"{L}.0.mlp.down_proj"),
+        _mg_mut("mg_fc2_bf16", "linear_fc2 output rounded to bf16", f"{L}.0.mlp.down_proj"),
         _mg_mut("mg_final_norm_nan", "NaN in final_layernorm output", "model.norm"),
         _mg_mut(
             "mg_bwd_fc2_grad_in", "linear_fc2 grad w.r.t. input x1.1", f"{L}.1.mlp.down_proj", "backward"

@@ -5,6 +5,7 @@ optimizer step (a global step hook that acts only on this model's parameters).""
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -72,8 +73,8 @@ def _linear_fault(name: str, kind: str, arg: float = 1.1) -> Patch:
             if kind in ("bf16", "fp16"):
                 dt = torch.bfloat16 if kind == "bf16" else torch.float16
                 return F.linear(x.to(dt), w.to(dt), None if b is None else b.to(dt)).to(x.dtype)
-            if kind == "no_bias":
-                return F.linear(x, w)
+            if kind == "w_transposed":
+                return F.linear(x, w.t(), b)
             raise ValueError(kind)
 
         lin.forward = forward  # type: ignore[method-assign]
@@ -203,6 +204,8 @@ def _act(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.nn.Modul
 def _megatron_mlp_act(layer: int) -> Patch:
     def patch(model: torch.nn.Module) -> None:
         mlp = model.decoder.layers[layer].mlp  # type: ignore[union-attr,index]
+        mlp.config = copy.copy(mlp.config)  # the config object is shared by every layer
+        mlp.config.activation_func = F.gelu
         mlp.activation_func = F.gelu
         mlp.config.bias_activation_fusion = False
 
@@ -240,8 +243,10 @@ def _optimizer(param: str, change: str) -> Patch:
                 elif change == "nan":
                     target.view(-1)[7] = float("nan")
 
-        torch.optim.optimizer.register_optimizer_step_pre_hook(pre)
-        torch.optim.optimizer.register_optimizer_step_post_hook(post)
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(pre)
+        register_optimizer_step_post_hook(post)
 
     return patch
 
@@ -295,7 +300,7 @@ FAULTS: dict[str, Patch] = {
     "hf_act_relu": _replace_forward(f"{L}.1.mlp.act_fn", _act(F.relu)),
     "hf_down_bf16": _linear_fault(f"{L}.1.mlp.down_proj", "bf16"),
     "hf_lm_head_fp16": _linear_fault("lm_head", "fp16"),
-    "hf_q_no_bias": _linear_fault(f"{L}.0.self_attn.q_proj", "no_bias"),
+    "hf_o_proj_transposed": _linear_fault(f"{L}.0.self_attn.o_proj", "w_transposed"),
     "hf_embed_scaled": _out_hook("model.embed_tokens", lambda t: t * 8.0),
     "hf_up_tiny": _out_hook(f"{L}.1.mlp.up_proj", lambda t: t * (1 + 1e-3)),
     "hf_residual_dropped": _replace_forward(f"{L}.1", _hf_residual_dropped),
@@ -313,7 +318,7 @@ FAULTS: dict[str, Patch] = {
     "mg_norm_eps": _norm_eps(f"{D}.0.input_layernorm", 1e-1),
     "mg_attn_scale": _megatron_attn_scale(0),
     "mg_act_gelu": _megatron_mlp_act(1),
-    "mg_fc2_bf16": _linear_fault(f"{D}.0.mlp.linear_fc2", "bf16"),
+    "mg_fc2_bf16": _out_hook(f"{D}.0.mlp.linear_fc2", lambda t: t.bfloat16().to(t.dtype)),
     "mg_final_norm_nan": _nan("decoder.final_layernorm"),
     "mg_bwd_fc2_grad_in": _module_grad_in(f"{D}.1.mlp.linear_fc2", 1.1),
     "mg_opt_double_lr": _optimizer(f"{D}.0.mlp.linear_fc2.weight", "double_lr"),
