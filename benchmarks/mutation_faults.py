@@ -123,7 +123,7 @@ def _hf_attn(layer: int, change: str) -> Patch:
 
         attn.forward = forward  # type: ignore[method-assign]
         if change == "softmax_bf16":
-            real = m.nn.functional.softmax
+            real = F.softmax
 
             def eager(module: Any, q: Any, k: Any, v: Any, mask: Any, scaling: float, **kw: Any) -> Any:
                 kk = m.repeat_kv(k, module.num_key_value_groups)
