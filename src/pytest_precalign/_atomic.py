@@ -21,9 +21,7 @@ def write_file_atomic(target: Path, data: str | bytes, *, replace: bool = True) 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
@@ -41,6 +39,33 @@ def write_file_atomic(target: Path, data: str | bytes, *, replace: bool = True) 
         raise
     fsync_dir(target.parent)
     return target
+
+
+def current_umask() -> int:
+    """The process's umask (Linux: read, not set; elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def share_file(path: Path) -> None:
+    """Give a file written by a library (safetensors writes 0600) the umask's permissions."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def temp_dir_beside(target: Path, prefix: str | None = None) -> Path:
+    """A new temporary directory next to ``target`` (to be filled, then ``publish_dir``-ed),
+    with the umask's permissions: mkdtemp's 0700 would make a shared baseline or trace private."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix or f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())
+    return tmp
 
 
 def publish_dir(tmp: Path, target: Path) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._atomic import fsync_file, publish_dir
+from .._atomic import fsync_file, publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
 from ..mapping.spec import MappingSpec
 from ..vocabulary import UPDATE_POLICIES
@@ -143,11 +143,8 @@ def write_stored(
             "they can be written; a read-only copy serves for comparing only)"
         )
     # The pid in the name lets a later run tell a dead writer's leftovers from a live one's.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pid{os.getpid()}.", suffix=".tmp", dir=target.parent))
+    tmp = temp_dir_beside(target, prefix=f".{target.name}.pid{os.getpid()}.")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make a checked-in baseline private
         manifest = {**dict(trace.manifest), "baseline": dict(extra)}
         write_trace_files(replace(trace, manifest=manifest), tmp)
         if weights is not None:
@@ -155,6 +152,7 @@ def write_stored(
 
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pytest-precalign-weights"})
+            share_file(tmp / WEIGHTS_FILE)
             fsync_file(tmp / WEIGHTS_FILE)
         publish_dir(tmp, target)
     except BaseException:

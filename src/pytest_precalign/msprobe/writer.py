@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -215,7 +214,7 @@ def write_msprobe_dump(
     """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically."""
     import torch
 
-    from .._atomic import publish_dir
+    from .._atomic import publish_dir, temp_dir_beside
 
     root = Path(path)
     target = root / f"step{step}" / f"rank{rank}"
@@ -223,7 +222,7 @@ def write_msprobe_dump(
         raise TraceError(f"{target}: a dump already exists there; refusing to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
     dump, construct, files = build_dump(trace, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = temp_dir_beside(target)
     try:
         if files:
             (tmp / "dump_tensor_data").mkdir()

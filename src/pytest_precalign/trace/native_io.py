@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._atomic import publish_dir
+from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 
@@ -30,7 +29,7 @@ def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> P
     if target.exists() and not overwrite:
         raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = temp_dir_beside(target)
     try:
         write_trace_files(trace, tmp)
         publish_dir(tmp, target)
@@ -56,6 +55,7 @@ def write_trace_files(trace: Trace, folder: Path) -> None:
             return
         file = f"tensors-{shard_no:05d}.safetensors"
         save_file(batch, str(tmp / file))
+        share_file(tmp / file)
         for key in batch:
             shards[key] = file
         batch, size, shard_no = {}, 0, shard_no + 1
