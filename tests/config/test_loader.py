@@ -322,7 +322,25 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "case-name-with-space",
         _variant("name: c1", "name: my case"),
         11,
-        ("cases[0].name: case names may not be empty or contain", "'my case'"),
+        ("cases[0].name: 'my case' is not a usable case name", "without '[', ']', ':', '/'"),
+    ),
+    (
+        "case-name-dot",  # DIR/. is the whole baseline folder: record --overwrite would delete it
+        _variant("name: c1", "name: '.'"),
+        11,
+        ("cases[0].name: '.' is not a usable case name", "not starting with '.'"),
+    ),
+    (
+        "case-name-dotdot",
+        _variant("name: c1", "name: '..'"),
+        11,
+        ("cases[0].name: '..' is not a usable case name",),
+    ),
+    (
+        "case-name-backslash",
+        _variant("name: c1", "name: 'a\\\\b'"),
+        11,
+        ("is not a usable case name",),
     ),
     (
         "unknown-tolerance-table",

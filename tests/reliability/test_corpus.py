@@ -306,7 +306,7 @@ CORPUS: list[Bad] = [
     Bad(
         "case-name-with-bracket",
         config(edit("name: c1", "name: 'c1[x]'")),
-        (CFG + ":8: cases[0].name: case names may not", "'c1[x]'"),
+        (CFG + ":8: cases[0].name: 'c1[x]' is not a usable case name",),
     ),
     Bad(
         "train-not-bool",

@@ -66,8 +66,13 @@ def parse_case(
 ) -> CaseSpec:
     reader.check_keys(CASE_KEYS)
     name = reader.get_str("name", required=True)
-    if not name or any(c in name for c in "[]:/ "):
-        reader.fail(f"case names may not be empty or contain '[', ']', ':', '/' or spaces: {name!r}", "name")
+    if not _safe_case_name(name):
+        reader.fail(
+            f"{name!r} is not a usable case name: it names the case's baseline folder, so it must be one "
+            "path component of at most 200 characters, not starting with '.', without '[', ']', ':', "
+            "'/', '\\', spaces or control characters",
+            "name",
+        )
     refs, dumps = _sides(reader, models, base_dir)
     input_name = reader.get_str("inputs", required=not dumps) or ""
     if not dumps and input_name not in inputs:
@@ -382,3 +387,14 @@ def check_file(reader: Reader, key: str, file: Path) -> Path:
         what = "is a directory, expected a YAML file" if file.is_dir() else "file not found"
         reader.fail(f"{what}: {file}", key)
     return file
+
+
+def _safe_case_name(name: str) -> bool:
+    """A case name is a test id part and a folder name in a baseline DIR (``DIR/<name>``,
+    ``DIR/.<name>.lock``): ``.``, ``..`` or ``a/b`` would reach other folders."""
+    return (
+        0 < len(name) <= 200
+        and not name.startswith(".")
+        and not any(c in name for c in "[]:/\\ ")
+        and all(c.isprintable() for c in name)
+    )
