@@ -128,13 +128,24 @@ def check_modules(
     optimizer: OptimizerSpec | None = None,
     name: str = "modules",
     seed: int = 0,
+    train: bool | None = None,
 ) -> CaseRun:
-    """Compare two modules a test built itself (the ``align_runner`` fixture uses this)."""
+    """Compare two modules a test built itself (the ``align_runner`` fixture uses this). They
+    run in train mode when ``train`` (default: the mode they are in) and are left in the modes
+    they had."""
     started = time.perf_counter()
     try:
         ordered = phases_in_order(phases)
     except ValueError as exc:
         raise CaseError(str(exc)) from None
+    if train is None:
+        if baseline.training != candidate.training:
+            raise CaseError(
+                f"{name}: the baseline is in {'train' if baseline.training else 'eval'} mode and the "
+                f"candidate in {'train' if candidate.training else 'eval'} mode; pass train=True or "
+                "train=False to run both in one mode"
+            )
+        train = baseline.training
     case = CaseSpec(
         name=name,
         baseline="baseline",
@@ -150,7 +161,7 @@ def check_modules(
         tolerances=None,
         expect=None,
         loss="causal_lm" if labels is not None else ("none" if "backward" not in ordered else "mean"),
-        train=False,
+        train=train,
         where=name,
     )
     sync = None

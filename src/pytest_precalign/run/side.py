@@ -48,13 +48,31 @@ def run_side(
     forward of step 0 is recorded, before any backward or optimizer step (isolation mode
     calls the modules again there, with the weights they had)."""
     backward = "backward" in case.phases
-    step_phase = "step" in case.phases
     if backward and case.loss == "none":
         raise CaseError(f"case {case.name!r}: phase 'backward' needs a loss (loss: causal_lm or model)")
     device = next((p.device for p in model.module.parameters()), torch.device("cpu"))
     data = inputs.to(device)
     module = model.module
+    modes = [(m, m.training) for m in module.modules()]  # the user's, restored after recording
     module.train(case.train)
+    try:
+        return _record_steps(model, data, case, manifest, seed, after_first_forward)
+    finally:
+        for submodule, training in modes:
+            submodule.training = training
+
+
+def _record_steps(
+    model: LoadedModel,
+    data: CaseInputs,
+    case: CaseSpec,
+    manifest: Mapping[str, Any],
+    seed: int,
+    after_first_forward: Callable[[Recorder], None] | None,
+) -> Trace:
+    backward = "backward" in case.phases
+    step_phase = "step" in case.phases
+    module = model.module
     optimizer = make_optimizer(case.optimizer, module.parameters()) if step_phase else None
     record: RecordSpec = case.record
     recorder = Recorder(
