@@ -22,6 +22,7 @@ from ..config.specs import CaseSpec
 from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec
+from ..mapping.usage import check_applied
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
@@ -83,9 +84,12 @@ def compare_workers() -> int:
 
 
 def finish(job: FinishInputs) -> CaseRun:
-    """Map the candidate to the baseline's names, compare, and judge each phase."""
+    """Map the candidate to the baseline's names, compare, and judge each phase. A mapping
+    rule that applied to no record (nor, with weight sync, parameter) is a ``ConfigError``."""
     base_trace, phases = job.baseline, job.phases
     mapped = map_trace(job.candidate, base_trace, job.mapping)
+    synced = job.sync.applied if job.sync is not None else frozenset()
+    check_applied(job.mapping, mapped.applied | synced, job.candidate, params_seen=job.sync is not None)
     comparison = compare_traces(
         base_trace, mapped.trace, job.table, mapped.reasons, job.progress, job.workers or compare_workers()
     )
