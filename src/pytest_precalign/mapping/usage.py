@@ -90,7 +90,7 @@ def _unapplied_tensors(
             continue
         names = rule.candidate[0] if len(rule.candidate) == 1 else list(rule.candidate)
         elsewhere = sorted(
-            {r.kind for r in trace.records if any(match_pattern(p, r.name) for p in rule.candidate)}
+            {r.kind for r in trace.records if any(match_pattern(p, r.name) is not None for p in rule.candidate)}
             - rule_kinds
         )
         hint = f"; did you mean kinds: [{', '.join(elsewhere)}]?" if elsewhere else f"; {_HINT}"
