@@ -13,7 +13,7 @@ from pytest_precalign.errors import ConfigError
 from pytest_precalign.mapping.apply import map_trace
 from pytest_precalign.mapping.layer_mapping import read_layer_mapping
 from pytest_precalign.mapping.spec import MappingSpec, read_mapping_file, reverse
-from pytest_precalign.mapping.usage import check_applied
+from pytest_precalign.mapping.usage import MappingUse, check_applied
 from pytest_precalign.mapping.weights import sync_weights
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.trace.records import Trace
@@ -71,14 +71,16 @@ def _check(tmp_path: Path, text: str, *, sync: bool = True, layers: str | None =
     mapping = read_mapping_file(tmp_path / "m.yaml", "m")
     if layers is not None:
         (tmp_path / "layers.yaml").write_text(layers, encoding="utf-8")
-        mapping = MappingSpec("m", mapping.renames, layer_mapping=read_layer_mapping(tmp_path / "layers.yaml"))
+        mapping = MappingSpec(
+            "m", mapping.renames, layer_mapping=read_layer_mapping(tmp_path / "layers.yaml")
+        )
     torch.manual_seed(0)
     base, cand = Base(), Fused()
     report = sync_weights(base, cand, mapping, strict=False) if sync else None
     candidate = _record(cand)
     mapped = map_trace(candidate, _record(base), mapping)
     applied = mapped.applied | (report.applied if report else frozenset())
-    check_applied(mapping, applied, candidate, params_seen=report is not None)
+    check_applied(MappingUse.of(mapping, candidate, applied, params_seen=report is not None))
 
 
 def test_every_rule_applied_passes(tmp_path: Path) -> None:
@@ -100,8 +102,20 @@ def test_tensors_rule_without_kinds_names_its_line_and_the_kinds_it_would_match(
 @pytest.mark.parametrize(
     ("old", "new", "sync", "line", "fragment"),
     [
-        ("candidate: proj}", "candidate: prj}", True, 2, "renames rule 'prj' -> 'out' matched no record or parameter"),
-        ("candidate: fc1.bias", "candidate: fc1.b", False, 7, "tensors rule 'fc1.b' matched no record (kinds [param]"),
+        (
+            "candidate: proj}",
+            "candidate: prj}",
+            True,
+            2,
+            "renames rule 'prj' -> 'out' matched no record or parameter",
+        ),
+        (
+            "candidate: fc1.bias",
+            "candidate: fc1.b",
+            False,
+            7,
+            "tensors rule 'fc1.b' matched no record (kinds [param]",
+        ),
         ("candidate: fc1\n", "candidate: fc\n", True, 10, "tensors rule 'fc' matched no record or parameter"),
     ],
 )
@@ -116,7 +130,9 @@ def test_a_rule_that_matched_nothing_is_named(
 
 
 def test_optional_rules_may_apply_to_nothing(tmp_path: Path) -> None:
-    text = GOOD.replace("candidate: proj}", "candidate: prj, optional: true}\n  - {baseline: out, candidate: proj}")
+    text = GOOD.replace(
+        "candidate: proj}", "candidate: prj, optional: true}\n  - {baseline: out, candidate: proj}"
+    )
     text += "layouts:\n  - {candidate: nothing.here, transform: [], optional: true}\n"
     text += "slots:\n  - {candidate: nothing, from: out, to: out.0, optional: true}\n"
     _check(tmp_path, text)
@@ -137,7 +153,9 @@ def test_layouts_and_slots_must_bite_and_more_are_counted(tmp_path: Path) -> Non
 
 def test_rules_of_kinds_not_recorded_are_not_judged(tmp_path: Path) -> None:
     """A rule for module inputs in a case that records none cannot apply; it is not an error."""
-    text = GOOD + "  - {baseline: [gate, up], candidate: fc9, kinds: [input], broadcast: true, transform: []}\n"
+    text = (
+        GOOD + "  - {baseline: [gate, up], candidate: fc9, kinds: [input], broadcast: true, transform: []}\n"
+    )
     (tmp_path / "m.yaml").write_text(text, encoding="utf-8")
     mapping = read_mapping_file(tmp_path / "m.yaml", "m")
     torch.manual_seed(0)
@@ -147,10 +165,18 @@ def test_rules_of_kinds_not_recorded_are_not_judged(tmp_path: Path) -> None:
         with Recorder(model, mode="tensor", inputs=False) as rec:
             model(x).sum().backward()
         traces.append(rec.trace({}))
-    check_applied(mapping, map_trace(traces[1], traces[0], mapping).applied, traces[1], params_seen=False)
+    check_applied(
+        MappingUse.of(mapping, traces[1], map_trace(traces[1], traces[0], mapping).applied, params_seen=False)
+    )
     with_inputs = _record(Fused())  # now there are input records the rule could have matched
-    with pytest.raises(ConfigError, match=r"m.yaml:14: tensors rule 'fc9' matched no record \(kinds \[input\]"):
-        check_applied(mapping, map_trace(with_inputs, traces[0], mapping).applied, with_inputs, params_seen=False)
+    with pytest.raises(
+        ConfigError, match=r"m.yaml:14: tensors rule 'fc9' matched no record \(kinds \[input\]"
+    ):
+        check_applied(
+            MappingUse.of(
+                mapping, with_inputs, map_trace(with_inputs, traces[0], mapping).applied, params_seen=False
+            )
+        )
 
 
 def test_a_reversed_mapping_is_judged_on_the_other_names(tmp_path: Path) -> None:
@@ -161,11 +187,13 @@ def test_a_reversed_mapping_is_judged_on_the_other_names(tmp_path: Path) -> None
     base = _record(Base())
     mapped = map_trace(base, _record(Fused()), mapping)
     with pytest.raises(ConfigError, match=r"m.yaml:2: renames rule 'ot' -> 'proj' matched no record \("):
-        check_applied(mapping, mapped.applied, base, params_seen=False)
+        check_applied(MappingUse.of(mapping, base, mapped.applied, params_seen=False))
 
 
 def test_layer_mapping_entries_must_bite_unless_optional(tmp_path: Path) -> None:
-    layers = "TopLayer:\n  proj: out\n  module: 0.module\nLinear:\n  weight: w\nVisionModel:\n  blocks: layers\n"
+    layers = (
+        "TopLayer:\n  proj: out\n  module: 0.module\nLinear:\n  weight: w\nVisionModel:\n  blocks: layers\n"
+    )
     with pytest.raises(ConfigError) as err:
         _check(tmp_path, "renames: []\n", sync=False, layers=layers)
     path = (tmp_path / "layers.yaml").resolve()

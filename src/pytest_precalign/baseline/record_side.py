@@ -100,7 +100,7 @@ def record_side(
     ``weights: {sync: true}`` the baseline model's, synced as in a live run, else as built
     (from the model's seed)."""
     from ..mapping.apply import map_trace
-    from ..mapping.usage import check_applied
+    from ..mapping.usage import MappingUse, check_applied
     from ..run.live import live_case
 
     if side not in SIDES:
@@ -125,7 +125,7 @@ def record_side(
     raw = trace
     if rename is not None:
         mapped = map_trace(trace, Trace(manifest={}, records=()), rename)
-        check_applied(rename, applied | mapped.applied, raw, params_seen=True)
+        check_applied(MappingUse.of(rename, raw, applied | mapped.applied, params_seen=True))
         trace = mapped.trace
     return SideRecording(side, trace, raw, weights, digest, sync, source, env)
 

@@ -11,7 +11,8 @@ slot's family (``in...``/``out...``) were, renames and layer_mapping entries alw
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Mapping, Set
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..trace.records import Trace
@@ -22,15 +23,59 @@ _MODULE_KINDS = ("activation", "input", "grad_output", "grad_input")
 _HINT = "set optional: true on a rule that may apply to nothing"
 
 
-def check_applied(
-    mapping: MappingSpec | None, applied: Set[RuleKey], candidate: Trace, *, params_seen: bool
-) -> None:
-    """Raise one ``ConfigError`` naming the first rule of ``mapping`` not in ``applied`` (and how
-    many more there are); ``candidate`` is the case's candidate trace in its own names,
-    ``params_seen`` whether the mapping was applied to parameters (weight sync)."""
-    if mapping is None:
+@dataclass(frozen=True)
+class MappingUse:
+    """What a mapping was applied to: the rules that matched, and what the candidate offered
+    (record kinds, slot families, module classes, names -> kinds). Uses of one mapping on parts
+    of a case (e.g. each step and rank of ``precalign compare``) combine with ``|``."""
+
+    mapping: MappingSpec | None
+    applied: frozenset[RuleKey]
+    params_seen: bool  # the mapping was applied to parameters (weight sync)
+    kinds: frozenset[str]
+    families: frozenset[str]  # first slot segments of module records: in, out
+    classes: frozenset[str]
+    names: Mapping[str, frozenset[str]]  # candidate record name -> its kinds
+
+    @classmethod
+    def of(
+        cls, mapping: MappingSpec | None, candidate: Trace, applied: Set[RuleKey], *, params_seen: bool
+    ) -> MappingUse:
+        """``candidate``: the trace the mapping was applied to, in its own names."""
+        names: dict[str, set[str]] = {}
+        for r in candidate.records:
+            names.setdefault(r.name, set()).add(r.kind)
+        return cls(
+            mapping,
+            frozenset(applied),
+            params_seen,
+            frozenset(r.kind for r in candidate.records) | ({"param"} if params_seen else frozenset()),
+            frozenset(r.slot.split(".")[0] for r in candidate.records if r.kind in _MODULE_KINDS),
+            frozenset(r.module_class for r in candidate.records),
+            {n: frozenset(k) for n, k in names.items()},
+        )
+
+    def __or__(self, other: MappingUse) -> MappingUse:
+        names = dict(self.names)
+        for n, k in other.names.items():
+            names[n] = names.get(n, frozenset()) | k
+        return MappingUse(
+            self.mapping,
+            self.applied | other.applied,
+            self.params_seen or other.params_seen,
+            self.kinds | other.kinds,
+            self.families | other.families,
+            self.classes | other.classes,
+            names,
+        )
+
+
+def check_applied(use: MappingUse) -> None:
+    """Raise one ``ConfigError`` naming the first rule of the mapping that applied to nothing
+    (and how many more there are)."""
+    if use.mapping is None:
         return
-    problems = list(_unapplied(mapping, applied, candidate, params_seen))
+    problems = list(_unapplied(use.mapping, use))
     if not problems:
         return
     message = problems[0]
@@ -41,19 +86,19 @@ def check_applied(
     raise ConfigError(message)
 
 
-def _unapplied(mapping: MappingSpec, applied: Set[RuleKey], trace: Trace, params_seen: bool) -> Iterator[str]:
-    kinds = {r.kind for r in trace.records} | ({"param"} if params_seen else set())
-    families = {r.slot.split(".")[0] for r in trace.records if r.kind in _MODULE_KINDS}
-    what = "record or parameter" if params_seen else "record"
+def _unapplied(mapping: MappingSpec, use: MappingUse) -> Iterator[str]:
+    applied, kinds = use.applied, use.kinds
+    what = "record or parameter" if use.params_seen else "record"
     if mapping.layer_mapping is not None:
         lm = mapping.layer_mapping
-        classes = {r.module_class for r in trace.records}
         for cls, entries in lm.rules.items():
             for segments, target in entries:
                 key = ("layer_mapping", f"{cls}: {'.'.join(segments)}")
                 if key in applied or key in lm.optional:
                     continue
-                absent = "" if cls == "TopLayer" or cls in classes else f"; no candidate module is a {cls}"
+                absent = (
+                    "" if cls == "TopLayer" or cls in use.classes else f"; no candidate module is a {cls}"
+                )
                 yield (
                     f"{lm.lines.get(key, lm.where)}: layer_mapping entry {cls}: "
                     f"'{'.'.join(segments)}: {target}' matched no {what}{absent} (mark it "
@@ -65,7 +110,7 @@ def _unapplied(mapping: MappingSpec, applied: Set[RuleKey], trace: Trace, params
                 f"{rename.where or mapping.where}: renames rule {rename.candidate!r} -> {rename.baseline!r} "
                 f"matched no {what} ({_HINT})"
             )
-    yield from _unapplied_tensors(mapping, applied, trace, kinds, what)
+    yield from _unapplied_tensors(mapping, use, what)
     for i, layout in enumerate(mapping.layouts):
         if ("layouts", str(i)) not in applied and not layout.optional and kinds & set(layout.kinds):
             yield (
@@ -73,7 +118,7 @@ def _unapplied(mapping: MappingSpec, applied: Set[RuleKey], trace: Trace, params
                 f"(kinds [{', '.join(layout.kinds)}]; {_HINT})"
             )
     for i, slot in enumerate(mapping.slots):
-        judged = slot.candidate.split(".")[0] in families
+        judged = slot.candidate.split(".")[0] in use.families
         if ("slots", str(i)) not in applied and not slot.optional and judged:
             yield (
                 f"{slot.where or mapping.where}: slots rule {slot.match!r} (from {slot.candidate}) "
@@ -81,18 +126,16 @@ def _unapplied(mapping: MappingSpec, applied: Set[RuleKey], trace: Trace, params
             )
 
 
-def _unapplied_tensors(
-    mapping: MappingSpec, applied: Set[RuleKey], trace: Trace, kinds: Set[str], what: str
-) -> Iterator[str]:
+def _unapplied_tensors(mapping: MappingSpec, use: MappingUse, what: str) -> Iterator[str]:
     for i, rule in enumerate(mapping.tensors):
         rule_kinds = set(rule.kinds) | ({"param_grad"} if "param" in rule.kinds else set())
-        if ("tensors", str(i)) in applied or rule.optional or not kinds & rule_kinds:
+        if ("tensors", str(i)) in use.applied or rule.optional or not use.kinds & rule_kinds:
             continue
         names = rule.candidate[0] if len(rule.candidate) == 1 else list(rule.candidate)
-        elsewhere = sorted(
-            {r.kind for r in trace.records if any(match_pattern(p, r.name) is not None for p in rule.candidate)}
-            - rule_kinds
-        )
+        found = [
+            k for n, k in use.names.items() if any(match_pattern(p, n) is not None for p in rule.candidate)
+        ]
+        elsewhere = sorted(set().union(*found) - rule_kinds)
         hint = f"; did you mean kinds: [{', '.join(elsewhere)}]?" if elsewhere else f"; {_HINT}"
         yield (
             f"{rule.where or mapping.where}: tensors rule {names!r} matched no {what} "

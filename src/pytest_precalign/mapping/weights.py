@@ -128,7 +128,9 @@ def _transform(
         names = rule.candidate[0] if len(rule.candidate) == 1 else list(rule.candidate)
         base_shapes = [tuple(t.shape) for t in inputs]
         record = f"parameter {cand_name} (weights.sync)"
-        raise transform_error(rule.where, f"tensors rule {names!r}", record, cand_shapes, base_shapes, exc) from None
+        raise transform_error(
+            rule.where, f"tensors rule {names!r}", record, cand_shapes, base_shapes, exc
+        ) from None
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, dst_name: str, src_name: str) -> None:
