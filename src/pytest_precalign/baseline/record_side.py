@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
-from ..mapping.layer_mapping import RuleKey
 from ..mapping.spec import MappingSpec, to_baseline_name
 from ..trace.records import Trace
 
@@ -74,15 +73,12 @@ def _byte_dtype() -> torch.dtype:
     return torch.uint8
 
 
-def stored_names(
-    module: torch.nn.Module, rename: MappingSpec | None, applied: set[RuleKey] | None = None
-) -> dict[str, torch.Tensor]:
-    """The module's parameters under their stored names (detached CPU copies); the rename's
-    rules that renamed one are added to ``applied``."""
+def stored_names(module: torch.nn.Module, rename: MappingSpec | None) -> dict[str, torch.Tensor]:
+    """The module's parameters under their stored names (detached CPU copies)."""
     classes = {n: type(m).__name__ for n, m in module.named_modules()}
     out = {}
     for name, param in module.named_parameters():
-        out[to_baseline_name(rename, name, classes.get, applied)] = param.detach().to("cpu").clone()
+        out[to_baseline_name(rename, name, classes.get)] = param.detach().to("cpu").clone()
     return out
 
 
@@ -100,7 +96,6 @@ def record_side(
     ``weights: {sync: true}`` the baseline model's, synced as in a live run, else as built
     (from the model's seed)."""
     from ..mapping.apply import map_trace
-    from ..mapping.usage import MappingUse, check_applied
     from ..run.live import live_case
 
     if side not in SIDES:
@@ -113,8 +108,7 @@ def record_side(
     with live_case(config, case, spec) as live:
         model = live.build(spec)
         sync, source = _initial_weights(live, model, side, stored_weights, stored_side)
-        applied: set[RuleKey] = set()
-        weights = stored_names(model.module, rename, applied)
+        weights = stored_names(model.module, rename)
         digest = weights_digest(weights)
         env = live.environment(spec)
         weights_info = {**digest.as_dict(), "source": source}
@@ -124,9 +118,7 @@ def record_side(
     del model
     raw = trace
     if rename is not None:
-        mapped = map_trace(trace, Trace(manifest={}, records=()), rename)
-        check_applied(MappingUse.of(rename, raw, applied | mapped.applied, params_seen=True))
-        trace = mapped.trace
+        trace = map_trace(trace, Trace(manifest={}, records=()), rename).trace
     return SideRecording(side, trace, raw, weights, digest, sync, source, env)
 
 
