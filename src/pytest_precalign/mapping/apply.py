@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..trace.records import Record, TensorOverlay, Trace, record_id
+from .layer_mapping import RuleKey
 from .spec import LayoutRule, MappingSpec, SlotRule, TensorRule, fill_pattern, match_pattern, to_baseline_name
-from .transforms import TransformOp, apply_forward, apply_inverse
+from .transforms import TransformOp, apply_forward, apply_inverse, transform_error
 
 PERMUTING_OPS = {"transpose", "permute"}  # statistics are invariant under these
 
@@ -28,12 +29,25 @@ PERMUTING_OPS = {"transpose", "permute"}  # statistics are invariant under these
 class MappedTrace:
     trace: Trace
     reasons: Mapping[str, str]  # record id -> why it has no counterpart (either side)
+    applied: frozenset[RuleKey] = field(default_factory=frozenset)  # rules that matched a record
 
 
 def _to_baseline(
-    ops: tuple[TransformOp, ...], rev: bool, tensors: list[Any], base_shapes: list[tuple[int, ...]]
+    ops: tuple[TransformOp, ...],
+    rev: bool,
+    tensors: list[Any],
+    base_shapes: list[tuple[int, ...]],
+    what: tuple[str, str, Record],
 ) -> list[Any]:
-    return apply_forward(ops, tensors) if rev else apply_inverse(ops, tensors, base_shapes)
+    """The ops undone (or run, for a reversed rule) on candidate tensors; ``what`` (the
+    rule's file:line, the rule, the record) names a transform that does not fit the shapes."""
+    try:
+        return apply_forward(ops, tensors) if rev else apply_inverse(ops, tensors, base_shapes)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        where, rule, rec = what
+        record = f"{rec.name} ({rec.kind}, {rec.slot or 'value'}, step {rec.step})"
+        shapes = [tuple(t.shape) for t in tensors]
+        raise transform_error(where, rule, record, shapes, base_shapes, exc) from None
 
 
 def name_matches(pattern: str, name: str) -> bool:
@@ -44,7 +58,11 @@ def name_matches(pattern: str, name: str) -> bool:
 
 
 def _shape(
-    ops: tuple[TransformOp, ...], rev: bool, shape: tuple[int, ...], base_shapes: list[tuple[int, ...]]
+    ops: tuple[TransformOp, ...],
+    rev: bool,
+    shape: tuple[int, ...],
+    base_shapes: list[tuple[int, ...]],
+    what: tuple[str, str, Record],
 ) -> tuple[int, ...]:
     """Where a record keeps only statistics: the shape its tensor would have in the baseline's
     layout (the ops run on a meta tensor)."""
@@ -53,7 +71,7 @@ def _shape(
     if not base_shapes and not rev:
         return shape  # no baseline counterpart: the record stays unmatched anyway
     meta = torch.empty(shape, device="meta")
-    return tuple(_to_baseline(ops, rev, [meta], base_shapes)[0].shape)
+    return tuple(_to_baseline(ops, rev, [meta], base_shapes, what)[0].shape)
 
 
 def _rule_matches_name(match: str, side: str, original: str, renamed: str) -> bool:
@@ -65,8 +83,9 @@ def map_trace(candidate: Trace, baseline: Trace, mapping: MappingSpec | None) ->
         return MappedTrace(candidate, {})
     mapper = _Mapper(candidate, baseline, mapping)
     # 1. Tensor rules: groups of candidate records -> baseline records.
-    for rule in mapping.tensors:
-        mapper.apply_tensor_rule(rule)
+    for index, rule in enumerate(mapping.tensors):
+        if mapper.apply_tensor_rule(rule):
+            mapper.applied.add(("tensors", str(index)))
     # 2. Everything else: rename, slots, layouts.
     mapper.map_the_rest()
     # 3. Dependencies follow their records; ordering stays the candidate's execution order.
@@ -90,6 +109,7 @@ class _Mapper:
         self.original_name: dict[str, str] = {}
         self.layout_cache: dict[tuple[str, int], tuple[str, Any, tuple[int, ...]]] = {}
         self.counter = 0
+        self.applied: set[RuleKey] = set()
 
     def new_key(self) -> str:
         self.counter += 1
@@ -117,10 +137,11 @@ class _Mapper:
         self.new_ids.setdefault(src.id, []).append(rec.id)
         self.original_name[rec.id] = src.name
 
-    def apply_tensor_rule(self, rule: TensorRule) -> None:
+    def apply_tensor_rule(self, rule: TensorRule) -> bool:
         """Each group of candidate records the rule matches becomes the baseline's records; the
-        baseline side of a rule that found no candidate group stays unmatched normally."""
-        by_id = self.by_id
+        baseline side of a rule that found no candidate group stays unmatched normally. Returns
+        whether the rule matched a group."""
+        by_id, matched = self.by_id, False
         record_kinds = set(rule.kinds) | ({"param_grad"} if "param" in rule.kinds else set())
         for rec in self.candidate.records:
             if rec.kind not in record_kinds or rec.id in self.consumed:
@@ -144,6 +165,8 @@ class _Mapper:
             members = [g for g in group if g is not None]
             base_names = [fill_pattern(p, bindings) for p in rule.baseline]
             self.map_group(rule, members, base_names, base_slot)
+            matched = True
+        return matched
 
     def map_group(
         self, rule: TensorRule, members: list[Record], base_names: list[str], base_slot: str
@@ -160,21 +183,22 @@ class _Mapper:
                 )
             return
         shapes = [b.shape for b in base_recs if b is not None]
+        what = (rule.where, _describe_tensor_rule(rule), first)
         if all(m.tensor_key is not None for m in members):
             cand_tensors = [self.tensors[m.tensor_key] for m in members if m.tensor_key is not None]
             if rule.broadcast:
-                one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1])[0].contiguous()
+                one = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes[:1], what)[0].contiguous()
                 one_stats, one_key = _tensor_stats(one), self.new_key()
                 self.tensors[one_key] = one  # one tensor stands for each baseline record
                 for name in base_names:
                     self.emit(first, name, base_slot, one, one_stats, key=one_key)
             else:
-                results = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes)
+                results = _to_baseline(rule.ops, rule.reversed, cand_tensors, shapes, what)
                 for name, tensor in zip(base_names, results, strict=True):
                     tensor = tensor.contiguous()
                     self.emit(first, name, base_slot, tensor, _tensor_stats(tensor))
         elif rule.broadcast and first.stats is not None and all(op.op in PERMUTING_OPS for op in rule.ops):
-            shape = _shape(rule.ops, rule.reversed, first.shape, shapes[:1])
+            shape = _shape(rule.ops, rule.reversed, first.shape, shapes[:1], what)
             for name in base_names:
                 self.emit(first, name, base_slot, None, first.stats, shape=shape)
         else:
@@ -192,9 +216,9 @@ class _Mapper:
         for rec in self.candidate.records:
             if rec.id in self.consumed:
                 continue
-            name = to_baseline_name(mapping, rec.name, classes.get)
-            slot = _slot(mapping.slots, rec, name, self.base_ids)
-            layout = _layout(mapping.layouts, rec, name)
+            name = to_baseline_name(mapping, rec.name, classes.get, self.applied)
+            slot = _slot(mapping.slots, rec, name, self.base_ids, self.applied)
+            layout = _layout(mapping.layouts, rec, name, self.applied)
             if layout is None:
                 same_key = rec.tensor_key if self.candidate.mode == "tensor" else None
                 self.emit(rec, name, slot, None, rec.stats, rec.crc32, key=same_key)  # same tensor, same key
@@ -203,12 +227,13 @@ class _Mapper:
 
     def map_layout(self, rec: Record, name: str, slot: str, layout: LayoutRule) -> None:
         base = self.base_ids.get(record_id(name, rec.kind, slot, rec.step, rec.call))
+        what = (layout.where, f"layouts rule {layout.match!r}", rec)
         if rec.tensor_key is not None and base is not None:
             # Records sharing a tensor share its transformed copy (and compare results).
             cached = self.layout_cache.get((rec.tensor_key, id(layout)))
             if cached is None:
                 (tensor,) = _to_baseline(
-                    layout.ops, layout.reversed, [self.tensors[rec.tensor_key]], [base.shape]
+                    layout.ops, layout.reversed, [self.tensors[rec.tensor_key]], [base.shape], what
                 )
                 tensor = tensor.contiguous()
                 cached = (self.new_key(), _tensor_stats(tensor), tuple(tensor.shape))
@@ -216,7 +241,7 @@ class _Mapper:
                 self.layout_cache[(rec.tensor_key, id(layout))] = cached
             self.emit(rec, name, slot, None, cached[1], key=cached[0], shape=cached[2])
         elif rec.stats is not None and all(op.op in PERMUTING_OPS for op in layout.ops):
-            shape = _shape(layout.ops, layout.reversed, rec.shape, [base.shape] if base else [])
+            shape = _shape(layout.ops, layout.reversed, rec.shape, [base.shape] if base else [], what)
             self.emit(rec, name, slot, None, rec.stats, shape=shape)
         else:
             self.emit(rec, name, slot, None, None, None)
@@ -247,7 +272,7 @@ class _Mapper:
                 reasons.setdefault(new, why)
         manifest = {**dict(self.candidate.manifest), "mapping": self.mapping.name}
         mapped = Trace(manifest=manifest, records=tuple(final), tensors=self.tensors)
-        return MappedTrace(mapped, reasons)
+        return MappedTrace(mapped, reasons, frozenset(self.applied))
 
 
 def _tensor_stats(tensor: Any) -> Any:
@@ -256,11 +281,19 @@ def _tensor_stats(tensor: Any) -> Any:
     return tensor_stats(tensor)
 
 
-def _slot(rules: tuple[SlotRule, ...], rec: Record, name: str, base_ids: Mapping[str, Record]) -> str:
+def _describe_tensor_rule(rule: TensorRule) -> str:
+    names = rule.candidate[0] if len(rule.candidate) == 1 else list(rule.candidate)
+    return f"tensors rule {names!r}"
+
+
+def _slot(
+    rules: tuple[SlotRule, ...], rec: Record, name: str, base_ids: Mapping[str, Record], applied: set[RuleKey]
+) -> str:
     if rec.kind in ("param", "param_grad", "logits", "loss"):
         return rec.slot
-    for rule in rules:
+    for index, rule in enumerate(rules):
         if rec.slot == rule.candidate and _rule_matches_name(rule.match, rule.side, rec.name, name):
+            applied.add(("slots", str(index)))
             return rule.baseline
     # A single-tensor output is `out` on one side and `out.0` (a tuple) on the other.
     if record_id(name, rec.kind, rec.slot, rec.step, rec.call) not in base_ids:
@@ -270,8 +303,11 @@ def _slot(rules: tuple[SlotRule, ...], rec: Record, name: str, base_ids: Mapping
     return rec.slot
 
 
-def _layout(rules: tuple[LayoutRule, ...], rec: Record, name: str) -> LayoutRule | None:
-    for rule in rules:
+def _layout(
+    rules: tuple[LayoutRule, ...], rec: Record, name: str, applied: set[RuleKey]
+) -> LayoutRule | None:
+    for index, rule in enumerate(rules):
         if rec.kind in rule.kinds and _rule_matches_name(rule.match, rule.side, rec.name, name):
+            applied.add(("layouts", str(index)))
             return rule
     return None

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..vocabulary import KINDS
 from ..yaml_reader import Reader, describe, read_yaml_file
-from .layer_mapping import LayerMapping
+from .layer_mapping import LayerMapping, RuleKey
 from .transforms import OP_ARITY, OP_PARAMS, TransformOp, check_qkv
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -31,6 +31,8 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 class NameRule:
     baseline: str
     candidate: str
+    where: str = field(default="", compare=False)  # file:line of the rule
+    optional: bool = False  # may apply to nothing (e.g. a preset shared across model sizes)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class TensorRule:
     broadcast: bool = False
     reversed: bool = False
     where: str = ""
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class LayoutRule:
     ops: tuple[TransformOp, ...]  # baseline layout -> candidate layout (unless reversed)
     side: str = "candidate"
     reversed: bool = False
+    where: str = field(default="", compare=False)
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class SlotRule:
     candidate: str
     baseline: str
     side: str = "candidate"
+    where: str = field(default="", compare=False)
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ def reverse(mapping: MappingSpec) -> MappingSpec:
     """The same mapping used the other way round (baseline and candidate swap roles)."""
     return MappingSpec(
         name=mapping.name + " (reversed)",
-        renames=tuple(NameRule(baseline=r.candidate, candidate=r.baseline) for r in mapping.renames),
+        renames=tuple(replace(r, baseline=r.candidate, candidate=r.baseline) for r in mapping.renames),
         tensors=tuple(
             TensorRule(
                 baseline=r.candidate,
@@ -117,13 +124,14 @@ def reverse(mapping: MappingSpec) -> MappingSpec:
                 broadcast=r.broadcast,
                 reversed=not r.reversed,
                 where=r.where,
+                optional=r.optional,
             )
             for r in mapping.tensors
         ),
-        layouts=tuple(
-            LayoutRule(r.match, r.kinds, r.ops, _OTHER[r.side], not r.reversed) for r in mapping.layouts
+        layouts=tuple(replace(r, side=_OTHER[r.side], reversed=not r.reversed) for r in mapping.layouts),
+        slots=tuple(
+            replace(r, candidate=r.baseline, baseline=r.candidate, side=_OTHER[r.side]) for r in mapping.slots
         ),
-        slots=tuple(SlotRule(r.match, r.baseline, r.candidate, _OTHER[r.side]) for r in mapping.slots),
         unmatched=tuple(UnmatchedRule(_OTHER[r.side], r.match, r.reason) for r in mapping.unmatched),
         where=mapping.where,
     )
@@ -155,24 +163,30 @@ def fill_pattern(pattern: str, bindings: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: bindings[m.group(1)], pattern)
 
 
-def _rename(rules: Iterable[tuple[str, str]], name: str) -> str:
-    for src, dst in rules:
+def _rename(rules: Iterable[tuple[str, str]], name: str, applied: set[RuleKey] | None = None) -> str:
+    for index, (src, dst) in enumerate(rules):
         m = _compile(src, True).match(name)
         if m:
+            if applied is not None:
+                applied.add(("renames", str(index)))
             return fill_pattern(dst, m.groupdict()) + name[m.end() :]
     return name
 
 
 def to_baseline_name(
-    mapping: MappingSpec | None, candidate_name: str, class_of: Callable[[str], str | None] | None = None
+    mapping: MappingSpec | None,
+    candidate_name: str,
+    class_of: Callable[[str], str | None] | None = None,
+    applied: set[RuleKey] | None = None,
 ) -> str:
     """The baseline's name for a candidate module or parameter; ``class_of`` (candidate
-    module path -> class name) is needed by a layer_mapping."""
+    module path -> class name) is needed by a layer_mapping. The rules that renamed it are
+    added to ``applied`` (see ``mapping.usage``)."""
     if mapping is None:
         return candidate_name
     if mapping.layer_mapping is not None and class_of is not None:
-        candidate_name = mapping.layer_mapping.to_baseline(candidate_name, class_of)
-    return _rename(((r.candidate, r.baseline) for r in mapping.renames), candidate_name)
+        candidate_name = mapping.layer_mapping.to_baseline(candidate_name, class_of, applied)
+    return _rename(((r.candidate, r.baseline) for r in mapping.renames), candidate_name, applied)
 
 
 def to_candidate_name(mapping: MappingSpec | None, baseline_name: str) -> str:
@@ -305,24 +319,26 @@ def _entries(reader: Reader, key: str) -> Iterator[tuple[Reader, int | None]]:
 
 
 def _name_rule(r: Reader) -> NameRule:
-    r.check_keys(("baseline", "candidate"))
+    r.check_keys(("baseline", "candidate", "optional"))
     baseline, candidate = r.get_str("baseline", required=True), r.get_str("candidate", required=True)
+    optional = r.get_bool("optional", False)
     if sorted(set(_PLACEHOLDER.findall(baseline))) != sorted(set(_PLACEHOLDER.findall(candidate))):
         r.fail(
             "baseline and candidate must use the same {placeholders} "
             f"(baseline has {_placeholders(baseline)}, candidate has {_placeholders(candidate)})"
         )
     r.done()
-    return NameRule(baseline=baseline, candidate=candidate)
+    return NameRule(baseline=baseline, candidate=candidate, where=r.where(), optional=optional)
 
 
 def _tensor_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> TensorRule:
-    r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast"))
+    r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast", "optional"))
     baseline, candidate = _patterns(r, "baseline"), _patterns(r, "candidate")
     ops = _ops(r, "transform", line, variables)
     kinds = _kinds(r, ["param"])
     slots = _slot_pairs(r)
     broadcast = r.get_bool("broadcast", False)
+    optional = r.get_bool("optional", False)
     r.done()
     if broadcast:
         if len(candidate) != 1:
@@ -330,25 +346,28 @@ def _tensor_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> T
         _check_arity(r, ops, 1, 1)
     else:
         _check_arity(r, ops, len(baseline), len(candidate))
-    return TensorRule(baseline, candidate, ops, kinds, slots, broadcast, False, r.where())
+    return TensorRule(baseline, candidate, ops, kinds, slots, broadcast, False, r.where(), optional)
 
 
 def _layout_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> LayoutRule:
-    r.check_keys(("candidate", "kinds", "transform"))
+    r.check_keys(("candidate", "kinds", "transform", "optional"))
     match = r.get_str("candidate", required=True)
     ops = _ops(r, "transform", line, variables)
     kinds = _kinds(r, MODULE_KINDS)
+    optional = r.get_bool("optional", False)
     r.done()
     _check_arity(r, ops, 1, 1)
-    return LayoutRule(match, kinds, ops)
+    return LayoutRule(match, kinds, ops, where=r.where(), optional=optional)
 
 
 def _slot_rule(r: Reader) -> SlotRule:
-    r.check_keys(("candidate", "from", "to"))
+    r.check_keys(("candidate", "from", "to", "optional"))
     rule = SlotRule(
         r.get_str("candidate", required=True),
         r.get_str("from", required=True),
         r.get_str("to", required=True),
+        where=r.where(),
+        optional=r.get_bool("optional", False),
     )
     r.done()
     return rule

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CaseError
+from ..errors import CaseError, ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -151,3 +151,24 @@ def apply_inverse(
     for op, shapes in zip(reversed(ops), reversed(shapes_before), strict=True):
         out = _inverse(op, out, shapes)
     return out
+
+
+def _shapes(shapes: Sequence[Sequence[int]]) -> str:
+    return ", ".join(str(tuple(s)) for s in shapes) or "none"
+
+
+def transform_error(
+    where: str,
+    rule: str,
+    record: str,
+    candidate: Sequence[Sequence[int]],
+    baseline: Sequence[Sequence[int]],
+    exc: BaseException,
+) -> ConfigError:
+    """One message for a transform that does not fit the tensors it is given: the mapping's
+    file:line, the rule, the record (or parameter) and both sides' shapes."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ConfigError(
+        f"{where}: {rule}: the transform does not fit {record}: candidate shape {_shapes(candidate)}, "
+        f"baseline shape {_shapes(baseline)} ({detail})"
+    )

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import CaseError
+from .layer_mapping import RuleKey
 from .spec import MappingSpec, TensorRule, fill_pattern, match_pattern, to_baseline_name
-from .transforms import apply_forward, apply_inverse
+from .transforms import apply_forward, apply_inverse, transform_error
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +22,7 @@ class SyncReport:
     transformed: int
     unsynced: tuple[str, ...]  # candidate parameters nothing was copied into
     unused: tuple[str, ...]  # baseline parameters nothing read
+    applied: frozenset[RuleKey] = field(default_factory=frozenset)  # mapping rules that matched a parameter
 
     def lines(self) -> list[str]:
         out = [f"weights: {self.copied} copied by name, {self.transformed} through transforms"]
@@ -70,22 +72,21 @@ def sync_weights(
     classes = {n: type(m).__name__ for n, m in candidate.named_modules()}
     used: set[str] = set()
     done: set[str] = set()
+    applied: set[RuleKey] = set()
     transformed = 0
     with torch.no_grad():
-        for rule in mapping.tensors if mapping else ():
+        for index, rule in enumerate(mapping.tensors if mapping else ()):
             if "param" not in rule.kinds:
                 continue
             for base_names, cand_names in expand_rule(rule, source):
                 if not all(n in source for n in base_names):
                     continue
+                applied.add(("tensors", str(index)))
                 missing = [n for n in cand_names if n not in target]
                 if missing:
                     raise CaseError(f"mapping rule ({rule.where}): candidate has no parameter {missing[0]!r}")
                 inputs: list[torch.Tensor] = [source[n] for n in base_names]
-                if rule.reversed:  # the ops go candidate -> baseline: undo them
-                    outs = apply_inverse(rule.ops, inputs, [tuple(target[n].shape) for n in cand_names])
-                else:
-                    outs = apply_forward(rule.ops, inputs)
+                outs = _transform(rule, inputs, [tuple(target[n].shape) for n in cand_names], cand_names[0])
                 for name, value in zip(cand_names, outs, strict=True):
                     _copy(target[name], value, name, "+".join(base_names))
                     done.add(name)
@@ -95,7 +96,7 @@ def sync_weights(
         for name, param in target.items():
             if name in done:
                 continue
-            base_name = to_baseline_name(mapping, name, classes.get)
+            base_name = to_baseline_name(mapping, name, classes.get, applied)
             if base_name in source:
                 _copy(param, source[base_name], name, base_name)
                 used.add(base_name)
@@ -103,7 +104,7 @@ def sync_weights(
                 copied += 1
     unsynced = tuple(n for n in target if n not in done)
     unused = tuple(n for n in source if n not in used)
-    report = SyncReport(copied, transformed, unsynced, unused)
+    report = SyncReport(copied, transformed, unsynced, unused, frozenset(applied))
     if strict and unsynced:
         raise CaseError(
             f"{context()}weights.sync: {len(unsynced)} candidate parameter(s) have no baseline "
@@ -112,6 +113,24 @@ def sync_weights(
             + " (add renames/tensors to the mapping, or set weights: {strict: false})"
         )
     return report
+
+
+def _transform(
+    rule: TensorRule, inputs: list[torch.Tensor], cand_shapes: list[tuple[int, ...]], cand_name: str
+) -> list[torch.Tensor]:
+    """Baseline parameters through the rule into the candidate's layout (undone for a rule that
+    goes candidate -> baseline); a transform that does not fit the shapes is one message."""
+    try:
+        if rule.reversed:
+            return apply_inverse(rule.ops, inputs, cand_shapes)
+        return apply_forward(rule.ops, inputs)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        names = rule.candidate[0] if len(rule.candidate) == 1 else list(rule.candidate)
+        base_shapes = [tuple(t.shape) for t in inputs]
+        record = f"parameter {cand_name} (weights.sync)"
+        raise transform_error(
+            rule.where, f"tensors rule {names!r}", record, cand_shapes, base_shapes, exc
+        ) from None
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, dst_name: str, src_name: str) -> None:

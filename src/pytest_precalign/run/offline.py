@@ -3,6 +3,8 @@ and give verdicts for every phase the baseline recorded. No models are built."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -14,6 +16,7 @@ from ..config.presets import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, PRESETS_DIR
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
+from ..mapping.usage import check_applied
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
@@ -78,7 +81,12 @@ def compare_run_sets(
         )
     out = []
     for key in sorted(gold):
-        out.append((key, compare_runs(gold[key].manifest["path"], targ[key].manifest["path"], **options)))
+        pair = (gold[key].manifest["path"], targ[key].manifest["path"])
+        out.append((key, compare_runs(*pair, **options, check_mapping=False)))
+    # The mapping's rules must apply somewhere in the run, not on each step and rank.
+    uses = [run.mapping_use for _, run in out if run.mapping_use is not None]
+    if uses:
+        check_applied(functools.reduce(operator.or_, uses))
     return out
 
 
@@ -110,6 +118,7 @@ def compare_runs(
     progress: Callable[[int, int], None] | None = None,
     metrics: Sequence[str] = (),
     parallel: Mapping[str, ParallelLayout] | None = None,
+    check_mapping: bool = True,
 ) -> CaseRun:
     import time
 
@@ -149,6 +158,7 @@ def compare_runs(
         environment=dict(base.manifest),
         progress=progress,
         workers=_merged_compare_workers(base, cand),
+        check_mapping=check_mapping,
     )
     run = finish(job)
     if custom:

@@ -22,6 +22,7 @@ from ..config.specs import CaseSpec
 from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec
+from ..mapping.usage import MappingUse, check_applied
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
@@ -47,6 +48,7 @@ class CaseRun:
     table: str
     environment: Mapping[str, Any] = field(default_factory=dict)
     custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
+    mapping_use: MappingUse | None = None  # what the mapping's rules applied to
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class FinishInputs:
     isolated: Comparison | None = None  # isolation mode's per-module compare
     progress: Callable[[int, int], None] | None = None
     workers: int | None = None  # compare threads (None: compare_workers())
+    check_mapping: bool = True  # False: the caller checks the rules applied over several finishes
 
 
 def compare_workers() -> int:
@@ -83,9 +86,14 @@ def compare_workers() -> int:
 
 
 def finish(job: FinishInputs) -> CaseRun:
-    """Map the candidate to the baseline's names, compare, and judge each phase."""
+    """Map the candidate to the baseline's names, compare, and judge each phase. A mapping
+    rule that applied to no record (nor, with weight sync, parameter) is a ``ConfigError``."""
     base_trace, phases = job.baseline, job.phases
     mapped = map_trace(job.candidate, base_trace, job.mapping)
+    synced = job.sync.applied if job.sync is not None else frozenset()
+    use = MappingUse.of(job.mapping, job.candidate, mapped.applied | synced, params_seen=job.sync is not None)
+    if job.check_mapping:
+        check_applied(use)
     comparison = compare_traces(
         base_trace, mapped.trace, job.table, mapped.reasons, job.progress, job.workers or compare_workers()
     )
@@ -108,6 +116,7 @@ def finish(job: FinishInputs) -> CaseRun:
         seconds=time.perf_counter() - job.started,
         table=job.table.name,
         environment=job.environment,
+        mapping_use=use,
     )
 
 
