@@ -82,3 +82,46 @@ def test_worst_record_shown_is_a_gated_output_not_an_input() -> None:
     assert verdict.worst is not None
     assert verdict.worst.record.kind == "activation"
     assert worst_metric(verdict) == "allclose=5.000e-04"
+
+
+def _stepped(seq: int, name: str, step: int) -> Record:
+    return Record(
+        seq=seq,
+        name=name,
+        module_class="M",
+        phase="forward",
+        step=step,
+        call=0,
+        kind="activation",
+        slot="out",
+        dtype="float32",
+        shape=(2,),
+        tensor_key=f"t{seq}",
+    )
+
+
+def test_unmatched_counts_agree_across_steps() -> None:
+    """7 candidate-only modules in each of 2 steps: 14 records, 7 per step, 7 names."""
+    x = torch.ones(2)
+    extra = [f"extra{i}" for i in range(7)]
+    base = (_stepped(0, "m", 0), _stepped(1, "m", 1))
+    cand = base + tuple(_stepped(2 + 2 * i + s, n, s) for i, n in enumerate(extra) for s in (0, 1))
+    table = ToleranceTable("t", (ToleranceRule(atol=1e-6, rtol=0.0, why="t"),))
+
+    def trace(recs: tuple[Record, ...]) -> Trace:
+        return Trace({"record_mode": "tensor"}, recs, {r.tensor_key: x for r in recs})
+
+    verdict = phase_verdict(compare_traces(trace(base), trace(cand), table), "forward", None, False)
+    assert len(verdict.only_candidate) == 14
+    message = failure_message(_report(verdict))
+    line = next(li for li in message.splitlines() if li.startswith("Unmatched records:"))
+    assert line == (
+        "Unmatched records: 14 candidate-only records (7 per step over 2 steps; "
+        "extra0, extra1, extra2, extra3, extra4, ... (7 names in all))"
+    )
+    one_step = phase_verdict(
+        compare_traces(trace(base[:1]), trace(cand[:1] + cand[2::2]), table), "forward", None, False
+    )
+    line = next(li for li in failure_message(_report(one_step)).splitlines() if li.startswith("Unmatched"))
+    assert line.startswith("Unmatched records: 7 candidate-only (extra0, ")
+    assert line.endswith("... (7 names in all))")

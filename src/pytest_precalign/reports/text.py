@@ -220,10 +220,28 @@ def table_lines(failures: Sequence[PairResult]) -> list[str]:
     return out
 
 
-def _names(records: Iterable[Any]) -> str:
-    names = sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
+def _names(records: Iterable[Any]) -> list[str]:
+    return sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
+
+
+def _unmatched(records: Sequence[Any], side: str) -> str:
+    """``N side-only (names)``: N counts records; over several steps, also how many per step
+    (a name missing in each of 2 steps is 2 records, 1 per step)."""
+    names = _names(records)
     shown = ", ".join(names[:UNMATCHED_NAMES])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > UNMATCHED_NAMES else "")
+    if len(names) > UNMATCHED_NAMES:
+        shown += f", ... ({len(names)} names in all)"
+    per_step: dict[int, int] = {}
+    for r in records:
+        per_step[r.step] = per_step.get(r.step, 0) + 1
+    if len(per_step) > 1:
+        counts = set(per_step.values())
+        if len(counts) == 1:
+            each = f"{counts.pop()} per step over {len(per_step)} steps"
+        else:
+            each = "per step: " + ", ".join(f"step {k}: {n}" for k, n in sorted(per_step.items()))
+        return f"{len(records)} {side}-only records ({each}; {shown})"
+    return f"{len(records)} {side}-only ({shown})"
 
 
 def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
@@ -231,9 +249,9 @@ def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
         return []
     parts = []
     if verdict.only_baseline:
-        parts.append(f"{len(verdict.only_baseline)} baseline-only ({_names(verdict.only_baseline)})")
+        parts.append(_unmatched(verdict.only_baseline, "baseline"))
     if verdict.only_candidate:
-        parts.append(f"{len(verdict.only_candidate)} candidate-only ({_names(verdict.only_candidate)})")
+        parts.append(_unmatched(verdict.only_candidate, "candidate"))
     return ["Unmatched records: " + "; ".join(parts)]
 
 
