@@ -38,3 +38,73 @@ def test_named_mapping_file_keeps_the_configs_path(pytester: pytest.Pytester, ru
     assert report["config"] == str(config.resolve())
     assert [c["config"] for c in report["cases"]] == [str(config.resolve())]
     assert report["cases"][0]["first_divergence"]["name"] == "blocks.1"
+
+
+RENAMED = """
+import pytest
+import torch
+import nets
+
+
+class Renamed(torch.nn.Module):
+    # nets.Net with blocks -> layers and head -> lm_head
+    def __init__(self, net):
+        super().__init__()
+        self.embed, self.layers, self.lm_head = net.embed, net.blocks, net.head
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(x)
+
+
+def _pair():
+    torch.manual_seed(0)
+    a = nets.Net()
+    torch.manual_seed(0)
+    return a, Renamed(nets.Net()), torch.randint(0, 50, (2, 5))
+
+
+def test_mapping_path(align_runner):
+    a, b, ids = _pair()
+    run = align_runner.check(a, b, {"input_ids": ids}, mapping="maps/m.yaml")
+    assert not run.verdicts["forward"].only_candidate
+    align_runner.assert_aligned(run)
+
+
+@pytest.mark.align(mapping="maps/m.yaml")
+def test_mapping_marker(align_runner):
+    a, b, ids = _pair()
+    run = align_runner.check(a, b, {"input_ids": ids})
+    assert not run.verdicts["forward"].only_candidate
+    align_runner.assert_aligned(run)
+
+
+def test_without_mapping_names_differ(align_runner):
+    a, b, ids = _pair()
+    run = align_runner.check(a, b, {"input_ids": ids})
+    assert {r.name for r in run.verdicts["forward"].only_candidate} >= {"layers.0", "lm_head"}
+
+
+@pytest.mark.align(tolerances="tol/fp32.yaml")
+def test_tolerance_file(align_runner):
+    assert [r.why for r in align_runner.tolerances.rules] == ["from the file"]
+    assert align_runner.tolerances.rules[0].atol == 1e-5
+"""
+
+
+def test_align_runner_mapping_and_tolerance_file(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    write_mlp_suite(pytester.path)
+    (pytester.path / "maps").mkdir()
+    (pytester.path / "maps" / "m.yaml").write_text(
+        "renames:\n  - {baseline: blocks, candidate: layers}\n  - {baseline: head, candidate: lm_head}\n",
+        encoding="utf-8",
+    )
+    (pytester.path / "tol").mkdir()
+    (pytester.path / "tol" / "fp32.yaml").write_text(
+        'rules:\n  - {match: "*", atol: 1e-5, rtol: 0, why: "from the file"}\n', encoding="utf-8"
+    )
+    pytester.makepyfile(test_renamed=RENAMED)
+    result = run_pytest("test_renamed.py")
+    result.assert_outcomes(passed=4)
