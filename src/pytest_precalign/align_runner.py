@@ -221,7 +221,7 @@ def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str, base_dir
         rules = tuple(parse_rule(Reader(r, nodeid, f"align.tolerances[{i}]")) for i, r in enumerate(wanted))
         return ToleranceTable(name="marker", rules=rules)
     raise ConfigError(
-        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name or a list of rules"
+        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name, a tolerance YAML file or a list of rules"
     )
 
 
