@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .compare.tolerances import ToleranceTable, default_table, parse_rule
+from .compare.tolerances import ToleranceTable, default_table, parse_rule, parse_table
+from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR
 from .config.specs import AlignConfig, RecordSpec
 from .errors import ConfigError
+from .mapping.spec import MappingSpec, read_mapping_file, reverse
 from .reports.text import PhaseReport, failure_message
 from .run.outcome import ItemOutcome
 from .vocabulary import MODES, PHASES
@@ -17,11 +20,13 @@ from .yaml_reader import Reader
 if TYPE_CHECKING:
     import torch
 
-    from .mapping.spec import MappingSpec
     from .run.case import CaseRun
     from .vocabulary import Phase
 
-_MARKER_KEYS = ("tolerances", "phases", "record")
+_MARKER_KEYS = ("tolerances", "phases", "record", "mapping")
+# What ``mapping=`` takes: a MappingSpec, a name under the config's ``mappings:``,
+# ``preset:NAME`` or the path of a mapping YAML file (relative to the test file's folder).
+MappingRef = MappingSpec | str | Path
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,17 @@ class AlignRunner:
     record: RecordSpec
     nodeid: str
     fail: Callable[[ItemOutcome], None]  # raises the item's failure (the plugin's)
+    base_dir: Path = Path()  # the test file's folder: relative file paths start there
+    mapping: MappingRef | None = None  # the marker's ``mapping``
 
     @classmethod
     def from_marker(
-        cls, config: AlignConfig | None, marker: Any, nodeid: str, fail: Callable[[ItemOutcome], None]
+        cls,
+        config: AlignConfig | None,
+        marker: Any,
+        nodeid: str,
+        fail: Callable[[ItemOutcome], None],
+        base_dir: Path | None = None,
     ) -> AlignRunner:
         """The runner a test's ``@pytest.mark.align(...)`` asks for; ``ConfigError`` naming
         the marker, the argument and its allowed values when one is wrong."""
@@ -46,7 +58,11 @@ class AlignRunner:
                 f"{nodeid}: @pytest.mark.align got unknown argument {unknown[0]!r} "
                 f"(allowed: {', '.join(_MARKER_KEYS)})"
             )
-        table = _marker_table(config, kwargs.get("tolerances"), nodeid)
+        folder = base_dir if base_dir is not None else Path()
+        table = _marker_table(config, kwargs.get("tolerances"), nodeid, folder)
+        mapping = kwargs.get("mapping")
+        if mapping is not None:
+            _mapping_file(mapping, config, folder, f"{nodeid}: @pytest.mark.align(mapping={mapping!r})")
         phases = _marker_phases(kwargs.get("phases"), nodeid)
         record = kwargs.get("record")
         if record is not None and record not in MODES:
@@ -54,7 +70,8 @@ class AlignRunner:
                 f"{nodeid}: @pytest.mark.align(record={record!r}): unknown record mode "
                 f"(allowed: {', '.join(MODES)})"
             )
-        return cls(config, table, phases, RecordSpec(mode=str(record or "tensor")), nodeid, fail)
+        mode = RecordSpec(mode=str(record or "tensor"))
+        return cls(config, table, phases, mode, nodeid, fail, folder, mapping)
 
     def run(self, case: str) -> CaseRun:
         """Run a case of the ``--align-config`` by name."""
@@ -72,13 +89,17 @@ class AlignRunner:
         *,
         labels: torch.Tensor | None = None,
         phases: Sequence[str] | None = None,
-        mapping: MappingSpec | None = None,
+        mapping: MappingRef | None = None,
         sync_weights: bool = False,
         steps: int = 1,
     ) -> CaseRun:
-        """Record both modules on the same inputs and compare them."""
+        """Record both modules on the same inputs and compare them. ``mapping``: a
+        ``MappingSpec``, a name under the config's ``mappings:``, ``preset:NAME`` or a mapping
+        YAML file (relative to the test file's folder); default: the marker's ``mapping``."""
         from .run.case import check_modules
 
+        wanted = mapping if mapping is not None else self.mapping
+        spec = None if wanted is None else self._mapping(wanted, baseline, candidate)
         return check_modules(
             baseline,
             candidate,
@@ -86,7 +107,7 @@ class AlignRunner:
             phases=tuple(phases or self.phases),
             labels=labels,
             table=self.tolerances,
-            mapping=mapping,
+            mapping=spec,
             sync_weights_first=sync_weights,
             record=self.record,
             steps=steps,
@@ -108,22 +129,99 @@ class AlignRunner:
             if not report.verdict.passed:
                 self.fail(ItemOutcome(report.nodeid_name, passed=False, message=failure_message(report)))
 
+    def _mapping(
+        self, wanted: MappingRef, baseline: torch.nn.Module, candidate: torch.nn.Module
+    ) -> MappingSpec:
+        if isinstance(wanted, MappingSpec):
+            return wanted
+        where = f"{self.nodeid}: align_runner.check(mapping={str(wanted)!r})"
+        file = _mapping_file(wanted, self.config, self.base_dir, where)
+        if isinstance(file, MappingSpec):
+            return file
+        if not str(wanted).startswith("preset:"):
+            return read_mapping_file(file, str(wanted))
+        variables = _module_variables(baseline, candidate)
+        missing = [k for k in ("num_attention_heads", "num_key_value_heads") if k not in variables]
+        if missing:
+            raise ConfigError(f"{where}: {wanted} needs {missing[0]} in a module's .config")
+        spec = read_mapping_file(file, str(wanted), variables)
+        # The preset has baseline = HF, candidate = Megatron.
+        return reverse(spec) if _is_megatron(baseline) and not _is_megatron(candidate) else spec
 
-def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str) -> ToleranceTable:
+
+def _mapping_file(wanted: Any, config: AlignConfig | None, base_dir: Path, where: str) -> Path | MappingSpec:
+    """The file of a ``mapping`` argument (or the config's named mapping); ConfigError naming
+    what is allowed when it is none."""
+    if isinstance(wanted, MappingSpec):
+        return wanted
+    if not isinstance(wanted, (str, Path)):
+        raise ConfigError(f"{where}: expected a MappingSpec, a mapping name, preset:NAME or a YAML file path")
+    text = str(wanted)
+    if config is not None and text in config.mappings:
+        return config.mappings[text]
+    if text.startswith("preset:"):
+        if text.partition(":")[2] not in PRESET_MAPPINGS:
+            allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
+            raise ConfigError(f"{where}: unknown preset mapping (allowed: {allowed})")
+        return PRESETS_DIR / f"{text.partition(':')[2]}.yaml"
+    file = (base_dir / wanted).resolve()
+    if not text.endswith((".yaml", ".yml")) or not file.is_file():
+        named = ", ".join(config.mappings) if config is not None and config.mappings else "none"
+        raise ConfigError(
+            f"{where}: no such mapping file {file} (a mapping is a MappingSpec, a name under the "
+            f"config's mappings: (known: {named}), preset:NAME or a .yaml file)"
+        )
+    return file
+
+
+def _is_megatron(module: Any) -> bool:
+    return type(module).__module__.startswith("megatron")
+
+
+def _module_variables(*modules: Any) -> dict[str, Any]:
+    """A mapping's ``$variables`` read from the modules' ``.config`` (HF's or Megatron's
+    TransformerConfig, whose names differ), Megatron's first."""
+    aliases = {"num_key_value_heads": "num_query_groups", "intermediate_size": "ffn_hidden_size"}
+    out: dict[str, Any] = {}
+    for module in sorted(modules, key=lambda m: not _is_megatron(m)):
+        config = getattr(module, "config", None)
+        for key in HEAD_FIELDS:
+            value = getattr(config, key, None)
+            if value is None:
+                value = getattr(config, aliases.get(key, key), None)
+            if isinstance(value, int) and key not in out:
+                out[key] = value
+    return out
+
+
+def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str, base_dir: Path) -> ToleranceTable:
     if wanted is None:
         return default_table()
-    if isinstance(wanted, str):
-        if config is None or wanted not in config.tolerances:
-            known = ", ".join(config.tolerances) if config else "no --align-config given"
+    if isinstance(wanted, (str, Path)) and str(wanted).endswith((".yaml", ".yml")):
+        file = (base_dir / wanted).resolve()
+        if not file.is_file():
             raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): unknown table (known: {known})"
+                f"{nodeid}: @pytest.mark.align(tolerances={str(wanted)!r}): file not found: {file}"
+            )
+        return parse_table(file.stem, str(wanted), nodeid, "", base_dir)
+    if isinstance(wanted, str):
+        if config is None:
+            raise ConfigError(
+                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): a table name needs --align-config "
+                "(the config whose tolerances: defines it); or give a tolerance YAML file or a list of rules"
+            )
+        if wanted not in config.tolerances:
+            known = ", ".join(config.tolerances) or "none"
+            raise ConfigError(
+                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): unknown table "
+                f"(known in {config.path.name}: {known}; or a tolerance YAML file or a list of rules)"
             )
         return config.tolerances[wanted]
     if isinstance(wanted, list):
         rules = tuple(parse_rule(Reader(r, nodeid, f"align.tolerances[{i}]")) for i, r in enumerate(wanted))
         return ToleranceTable(name="marker", rules=rules)
     raise ConfigError(
-        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name or a list of rules"
+        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name, a tolerance YAML file or a list of rules"
     )
 
 

@@ -100,7 +100,7 @@ def _config_path(config: pytest.Config) -> Path | None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "align(tolerances=None, phases=None, record=None): defaults for the align_runner fixture",
+        "align(tolerances=None, phases=None, record=None, mapping=None): defaults for the align_runner fixture",
     )
     updating = config.getoption("align_update") or config.getoption("align_update_all")
     if updating and not config.getoption("align_baseline"):
@@ -410,7 +410,7 @@ def _check_markers(align_config: AlignConfig | None, items: list[pytest.Item]) -
         from .align_runner import AlignRunner
 
         try:
-            AlignRunner.from_marker(align_config, marker, item.nodeid, _raise_failure)
+            AlignRunner.from_marker(align_config, marker, item.nodeid, _raise_failure, item.path.parent)
         except PrecalignError as exc:
             raise pytest.UsageError(str(exc)) from None
 
@@ -485,4 +485,6 @@ def align_runner(request: pytest.FixtureRequest) -> Any:
     from .align_runner import AlignRunner
 
     marker = request.node.get_closest_marker("align")
-    return AlignRunner.from_marker(_state(request.config).config, marker, request.node.nodeid, _raise_failure)
+    return AlignRunner.from_marker(
+        _state(request.config).config, marker, request.node.nodeid, _raise_failure, request.node.path.parent
+    )

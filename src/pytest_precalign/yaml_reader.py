@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -71,6 +72,13 @@ def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineLis
     return out
 
 
+# YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot, so ``atol: 1e-5`` would
+# load as the string "1e-5". Also read ``1e-5``, ``1E-5``, ``-1e+3`` and ``.5e-3`` as numbers
+# (``.inf``, ``-.inf`` and ``.nan`` already are).
+_YAML12_FLOAT = re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$",
+)
+_LineLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 

@@ -13,7 +13,7 @@ than reading it once, and memory stays flat however large the tensors are.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,15 +180,20 @@ class _Best:
             self.value, self.index = v, start + k
 
 
-def closeness(a: Any, b: Any, atol: float, rtol: float) -> Closeness:
-    """a = baseline (expected), b = candidate (actual); same shape and floating dtype."""
+def closeness(a: Any, b: Any, atol: float, rtol: float, shape: Sequence[int] | None = None) -> Closeness:
+    """a = baseline (expected), b = candidate (actual); same shape and floating dtype.
+
+    ``shape``: the tensors' shape when ``a`` and ``b`` are their flat views, so that indices
+    name the element as torch.testing does, ``(1, 22, 37)`` rather than ``(3493,)``."""
     with np.errstate(all="ignore"):  # inf - inf and overflow are findings, not warnings
-        return _closeness(a, b, atol, rtol)
+        return _closeness(a, b, atol, rtol, shape)
 
 
-def _closeness(a: Any, b: Any, atol: float, rtol: float) -> Closeness:
+def _closeness(a: Any, b: Any, atol: float, rtol: float, given: Sequence[int] | None) -> Closeness:
     xa, xb = as_numpy(a), as_numpy(b)
     shape = tuple(int(d) for d in xa.shape)
+    if given is not None and math.prod(given) == xa.size:
+        shape = tuple(int(d) for d in given)
     if xa.size == 0:
         return Closeness(0, 0, (), 0.0, 0.0, 0.0, (), 0.0, (), 0)
     dtype = compute_dtype(xa, xb)

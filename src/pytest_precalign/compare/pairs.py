@@ -236,7 +236,7 @@ def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> Pair
     checks: list[Check] = []
     close = None
     if tol.atol != float("inf"):
-        close = metrics.closeness(fa, fb, tol.atol, tol.rtol)
+        close = metrics.closeness(fa, fb, tol.atol, tol.rtol, shape=tuple(xa.shape))
         if close.nonfinite_mismatch:
             checks.append(Check("nonfinite", float(close.nonfinite_mismatch), 0.0, False))
         passed = close.mismatched == 0

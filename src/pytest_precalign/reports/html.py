@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._atomic import write_file_atomic
+from ..compare.tolerances import BOUND_METRICS
 from .chart import Row, chart_notes, chart_svg, esc, first_index, fmt, num, rows_from_records
 
 PHASE_ORDER = ("forward", "backward", "step")
@@ -117,6 +118,7 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
         f" {first.get('slot')}" if first.get("slot") not in ("", "out", None) else ""
     )
     value, allowed = num(first.get("value")), num(first.get("allowed"))
+    relation = "&gt;" if BOUND_METRICS.get(str(first.get("metric")), True) else "&lt;"
     if first.get("origin"):
         role = "<strong>origin</strong>: its inputs matched, its output did not"
     else:
@@ -124,7 +126,7 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
         role = f"propagated: its inputs already differed; enters in <code>{esc(module)}</code>"
     text = (
         f'<code class="first-name">{esc(first.get("name"))}</code> ({esc(where)}, step {esc(first.get("step"))}) '
-        f"— {esc(first.get('metric'))} {esc(fmt(value))} &gt; {esc(fmt(allowed))} allowed; {role}"
+        f"— {esc(first.get('metric'))} {esc(fmt(value))} {relation} {esc(fmt(allowed))} allowed; {role}"
     )
     if first.get("origin") and first.get("origin_module") and first.get("origin_module") != first.get("name"):
         text += f" (in <code>{esc(first.get('origin_module'))}</code>)"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..compare.pairs import Check, PairResult
+from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -96,6 +97,12 @@ def fmt_number(x: float, digits: int = 6) -> str:
     if abs(x) >= 1e4 or abs(x) < 1e-3:
         return f"{x:.3e}"
     return f"{x:.{digits}g}"
+
+
+def exceeded(metric: str, value: float, allowed: float) -> str:
+    """``metric value > allowed`` for an upper bound, ``<`` for a lower one (cosine)."""
+    relation = ">" if BOUND_METRICS.get(metric, True) else "<"
+    return f"{metric} {fmt_number(value)} {relation} {fmt_number(allowed)}"
 
 
 def _where(pair: PairResult) -> str:
@@ -213,10 +220,28 @@ def table_lines(failures: Sequence[PairResult]) -> list[str]:
     return out
 
 
-def _names(records: Iterable[Any]) -> str:
-    names = sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
+def _names(records: Iterable[Any]) -> list[str]:
+    return sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
+
+
+def _unmatched(records: Sequence[Any], side: str) -> str:
+    """``N side-only (names)``: N counts records; over several steps, also how many per step
+    (a name missing in each of 2 steps is 2 records, 1 per step)."""
+    names = _names(records)
     shown = ", ".join(names[:UNMATCHED_NAMES])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > UNMATCHED_NAMES else "")
+    if len(names) > UNMATCHED_NAMES:
+        shown += f", ... ({len(names)} names in all)"
+    per_step: dict[int, int] = {}
+    for r in records:
+        per_step[r.step] = per_step.get(r.step, 0) + 1
+    if len(per_step) > 1:
+        counts = set(per_step.values())
+        if len(counts) == 1:
+            each = f"{counts.pop()} per step over {len(per_step)} steps"
+        else:
+            each = "per step: " + ", ".join(f"step {k}: {n}" for k, n in sorted(per_step.items()))
+        return f"{len(records)} {side}-only records ({each}; {shown})"
+    return f"{len(records)} {side}-only ({shown})"
 
 
 def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
@@ -224,9 +249,9 @@ def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
         return []
     parts = []
     if verdict.only_baseline:
-        parts.append(f"{len(verdict.only_baseline)} baseline-only ({_names(verdict.only_baseline)})")
+        parts.append(_unmatched(verdict.only_baseline, "baseline"))
     if verdict.only_candidate:
-        parts.append(f"{len(verdict.only_candidate)} candidate-only ({_names(verdict.only_candidate)})")
+        parts.append(_unmatched(verdict.only_candidate, "candidate"))
     return ["Unmatched records: " + "; ".join(parts)]
 
 
@@ -256,11 +281,7 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
     if origin is None:
         return [head + "every module agrees on identical inputs; the divergence enters outside the modules"]
     check = origin.failing
-    detail = (
-        f" ({check.metric} {fmt_number(check.value)} > {fmt_number(check.allowed)})"
-        if check is not None
-        else ""
-    )
+    detail = f" ({exceeded(check.metric, check.value, check.allowed)})" if check is not None else ""
     lines = [head + f"true origin {origin.record.name}{detail}"]
     first = verdict.first
     if first is not None and first.isolated is not None and first.isolated.passed:
@@ -305,7 +326,7 @@ def summary_line(report: PhaseReport) -> str:
     status = "PASSED" if v.passed else "FAILED"
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
-        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {v.first.metric} {fmt_number(v.first.value)} > {fmt_number(v.first.allowed)}, {role})"
+        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {exceeded(v.first.metric, v.first.value, v.first.allowed)}, {role})"
         if v.isolated_count:
             iso = v.isolated_origin.record.name if v.isolated_origin else "none"
             detail += f"; isolation: true origin {iso}"

@@ -408,7 +408,8 @@ def phase_verdict(
     nonfinite = _first_nonfinite(pairs)
     overflow = _candidate_overflow(pairs) if phase == "forward" else ()
     paired = [p for p in pairs if p.paired]
-    worst = max(paired, key=lambda p: p.severity, default=None)
+    # The worst record shown is a gated one: module inputs are evidence, not checks.
+    worst = max((p for p in paired if p.record.kind != "input"), key=lambda p: p.severity, default=None)
     aligned = not failures
     passed = aligned
     checked: str | None = None
