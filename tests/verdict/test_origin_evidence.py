@@ -4,6 +4,7 @@ input that passed while it differed is named with its size, and a case has one o
 
 from __future__ import annotations
 
+from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.trace.records import Record
 from pytest_precalign.verdict.phase import PhaseVerdict
 from pytest_precalign.verdict.story import tell_case
@@ -96,3 +97,20 @@ def test_a_backward_only_fault_has_its_own_origin() -> None:
 def test_an_aligned_case_has_no_origin() -> None:
     told = _case(_fwd_bwd(1.0, 1.0), _fwd_bwd(1.0, 1.0))
     assert all(v.case_origin is None for v in told.values())
+
+
+def test_an_unproven_origin_heads_the_message_as_unproven() -> None:
+    told = tell_case(
+        {"backward": verdict(_norm_grads(False, 1.0), _norm_grads(True, 2.0), phase="backward")},
+        ("backward",),
+    )
+    origin = told["backward"].case_origin
+    assert origin is not None and (origin.module, origin.proven) == ("blk", False)
+    report = PhaseReport("t.yaml", "case", "backward", told["backward"], "a", "b", "default", "-")
+    lines = failure_message(report).splitlines()
+    assert lines[0] == (
+        "Origin unproven (backward, step 0): input blk.n grad_output has no partner; "
+        "innermost module whose inputs all matched: blk"
+    )
+    assert "its inputs matched" not in "\n".join(lines)
+    assert lines[2].startswith("First divergence: blk.n.weight (param_grad, out, step 0), origin unproven")

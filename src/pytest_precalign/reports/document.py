@@ -88,7 +88,9 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         # entry), and whether this phase only follows from it.
         "origin": v.case_origin.as_dict() if v.case_origin else None,
         "downstream_of": (
-            f"{v.case_origin.module} ({v.case_origin.phase})" if v.downstream and v.case_origin else None
+            f"{v.case_origin.module or v.case_origin.record} ({v.case_origin.phase})"
+            if v.downstream and v.case_origin
+            else None
         ),
         "expectation": v.expectation,
         "isolation": (

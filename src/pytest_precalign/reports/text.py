@@ -182,10 +182,13 @@ def origin_headline(verdict: PhaseVerdict) -> list[str]:
         return []
     where = f"{origin.phase}, step {origin.step}"
     if verdict.downstream:
-        return [f"Downstream of {origin.module} ({where}): this phase follows from the case's origin"]
+        return [
+            f"Downstream of {origin.module or origin.record} ({where}): this phase follows from the case's origin"
+        ]
     if not origin.proven:
         return [
-            f"Origin unproven ({where}): {origin.evidence}; innermost module whose inputs all matched: {origin.module}"
+            f"Origin unproven ({where}): {origin.evidence.removeprefix('origin unproven: ')}; "
+            f"innermost module whose inputs all matched: {origin.module or 'none recorded'}"
         ]
     return [f"Origin: {origin.module} ({where}) — {origin.evidence}"]
 
@@ -333,7 +336,7 @@ def summary_line(report: PhaseReport) -> str:
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
         if v.downstream and v.case_origin is not None:
-            role = f"downstream of {v.case_origin.module} ({v.case_origin.phase})"
+            role = f"downstream of {v.case_origin.module or v.case_origin.record} ({v.case_origin.phase})"
         elif not v.first.proven:
             role = f"origin unproven, innermost matched module {v.first.origin_module or 'none'}"
         detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {v.first.metric} {fmt_number(v.first.value)} > {fmt_number(v.first.allowed)}, {role})"

@@ -30,7 +30,9 @@ def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOr
         module = first.origin_module
         evidence = first.proof or _between_children(first, matched_children)
         proven = first.proven and bool(module)
-    return CaseOrigin(module or first.name, first.phase, first.kind, first.step, first.name, evidence, proven)
+    # No module whose inputs matched: the module stays empty rather than naming a guess.
+    module = module or (first.name if first.origin else "")
+    return CaseOrigin(module, first.phase, first.kind, first.step, first.name, evidence, proven)
 
 
 def _between_children(first: Divergence, matched: Sequence[str]) -> str:
@@ -64,7 +66,8 @@ def tell_case(verdicts: Mapping[P, PhaseVerdict], phases: Sequence[Phase]) -> di
         if verdict is head:
             out[phase] = replace(verdict, case_origin=origin)
         elif verdict.first is not None:
-            first = replace(verdict.first, origin=False, origin_module=origin.module, proof="", proven=True)
+            entry = origin.module or origin.record
+            first = replace(verdict.first, origin=False, origin_module=entry, proof="", proven=True)
             out[phase] = replace(verdict, first=first, case_origin=origin, downstream=True)
         else:
             out[phase] = replace(verdict, case_origin=origin)
