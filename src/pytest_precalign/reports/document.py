@@ -29,6 +29,8 @@ def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
             ("precalign_origin", str(first.origin).lower()),
             ("precalign_origin_module", first.origin_module),
         ]
+    if verdict.case_origin is not None:
+        props.append(("precalign_case_origin", f"{verdict.case_origin.module} ({verdict.case_origin.phase})"))
     worst = worst_metric(verdict)
     if worst is not None:
         props.append(("precalign_worst_metric", worst))
@@ -82,6 +84,14 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "compared": v.compared,
         "failed": v.failed_count,
         "first_divergence": v.first.as_dict() if v.first else None,
+        # The case's story: where its divergence enters (the same object in each phase's
+        # entry), and whether this phase only follows from it.
+        "origin": v.case_origin.as_dict() if v.case_origin else None,
+        "downstream_of": (
+            f"{v.case_origin.module or v.case_origin.record} ({v.case_origin.phase})"
+            if v.downstream and v.case_origin
+            else None
+        ),
         "expectation": v.expectation,
         "isolation": (
             {

@@ -120,7 +120,11 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
     value, allowed = num(first.get("value")), num(first.get("allowed"))
     relation = "&gt;" if BOUND_METRICS.get(str(first.get("metric")), True) else "&lt;"
     if first.get("origin"):
-        role = "<strong>origin</strong>: its inputs matched, its output did not"
+        role = "<strong>origin</strong>: " + esc(
+            first.get("proof") or "its inputs matched, its output did not"
+        )
+    elif first.get("proven") is False and first.get("proof"):
+        role = esc(first.get("proof"))
     else:
         module = first.get("origin_module") or "the top level"
         role = f"propagated: its inputs already differed; enters in <code>{esc(module)}</code>"
@@ -133,6 +137,18 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
     if first.get("first_op"):
         text += f"; first diverging API call <code>{esc(first.get('first_op'))}</code>"
     return text
+
+
+def _origin_html(phases: Sequence[Mapping[str, Any]]) -> str:
+    """The case's origin (the same in each phase's entry), above its phases."""
+    origin = next((p["origin"] for p in phases if isinstance(p.get("origin"), Mapping)), None)
+    if origin is None:
+        return ""
+    word = "Origin" if origin.get("proven") else "Origin unproven"
+    return (
+        f'<p class="case-origin"><strong>{word}</strong>: <code>{esc(origin.get("module"))}</code> '
+        f"({esc(origin.get('phase'))}, step {esc(origin.get('step'))}) — {esc(origin.get('evidence'))}</p>"
+    )
 
 
 def _worst_html(worst: Mapping[str, Any] | None) -> str:
@@ -161,6 +177,8 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
         ("first divergence", _first_html(data.get("first_divergence"))),
         ("worst metric", _worst_html(data.get("worst"))),
     ]
+    if data.get("downstream_of"):
+        facts.insert(0, ("downstream of", f"<code>{esc(data['downstream_of'])}</code>: no origin of its own"))
     if data.get("expectation"):
         facts.append(("expectation", esc(data["expectation"])))
     iso = data.get("isolation")
@@ -283,6 +301,7 @@ def render_html(document: Mapping[str, Any]) -> str:
             f'<p class="muted">{sides}; tolerance table <code>{esc(head.get("table"))}</code>'
             + (f"; {esc(run_facts)}" if run_facts else "")
             + f"; config <code>{esc(_display_path(config))}</code></p>"
+            + _origin_html(phases)
             + "".join(_phase_html(case_id, p) for p in phases)
             + "</section>"
         )

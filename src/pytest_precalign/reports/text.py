@@ -169,16 +169,46 @@ def _entry(first: Divergence) -> str:
     return "the top level"
 
 
-def divergence_lines(first: Divergence) -> list[str]:
-    pair = first.pair
+def _role(first: Divergence) -> str:
     if first.origin:
-        role = "origin: its inputs matched, its output did not"
+        if first.proof:
+            return f"origin: {first.proof}"
         if first.kind == "param":
-            role = "origin: its grad matched, the optimizer step made it differ"
-    else:
-        role = f"propagated: its inputs already differed; the divergence enters in {_entry(first)}"
+            return "origin: its grad matched, the optimizer step made it differ"
+        return "origin: its inputs matched, its output did not"
+    if not first.proven and first.proof:
+        inner = first.origin_module or "none recorded"
+        return f"{first.proof}; innermost module whose inputs all matched: {inner}"
+    return f"propagated: its inputs already differed; the divergence enters in {_entry(first)}"
+
+
+def origin_headline(verdict: PhaseVerdict) -> list[str]:
+    """The case's story first: its origin (or, for a later phase, that it is downstream)."""
+    origin = verdict.case_origin
+    if origin is None or verdict.first is None:
+        return []
+    where = f"{origin.phase}, step {origin.step}"
+    if verdict.downstream:
+        return [
+            f"Downstream of {origin.module or origin.record} ({where}): this phase follows from the case's origin"
+        ]
+    if not origin.proven:
+        return [
+            f"Origin unproven ({where}): {origin.evidence.removeprefix('origin unproven: ')}; "
+            f"innermost module whose inputs all matched: {origin.module or 'none recorded'}"
+        ]
+    return [f"Origin: {origin.module} ({where}) — {origin.evidence}"]
+
+
+def divergence_lines(first: Divergence, downstream: bool = False) -> list[str]:
+    pair = first.pair
+    head = f"First divergence: {shown_name(first)} ({_where(pair)}), {_role(first)}"
+    if downstream:
+        head = (
+            f"First failing record: {shown_name(first)} ({_where(pair)}), downstream of {first.origin_module}"
+        )
     lines = [
-        f"First divergence: {shown_name(first)} ({_where(pair)}), {role}",
+        head,
         f"  {first.metric}: {describe_check(pair.failing or Check(first.metric, first.value, first.allowed, False), pair)}",
         f"  tolerance: {first.rule}",
     ]
@@ -291,7 +321,7 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
 
 def failure_message(report: PhaseReport) -> str:
     v = report.verdict
-    lines: list[str] = []
+    lines: list[str] = origin_headline(v) if not v.aligned else []
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")
     if v.aligned:
@@ -303,7 +333,7 @@ def failure_message(report: PhaseReport) -> str:
             f"({Path(report.defined_in).name}, table {report.table!r})"
         )
     if v.first is not None:
-        lines.extend(divergence_lines(v.first))
+        lines.extend(divergence_lines(v.first, v.downstream))
     lines.extend(isolation_lines(v))
     lines.extend(nonfinite_lines(v))
     lines.extend(overflow_lines(v))
@@ -326,7 +356,12 @@ def summary_line(report: PhaseReport) -> str:
     status = "PASSED" if v.passed else "FAILED"
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
-        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {exceeded(v.first.metric, v.first.value, v.first.allowed)}, {role})"
+        if v.downstream and v.case_origin is not None:
+            role = f"downstream of {v.case_origin.module or v.case_origin.record} ({v.case_origin.phase})"
+        elif not v.first.proven:
+            role = f"origin unproven, innermost matched module {v.first.origin_module or 'none'}"
+        bound = exceeded(v.first.metric, v.first.value, v.first.allowed)
+        detail = f"first divergence {shown_name(v.first)} ({v.first.kind}, {bound}, {role})"
         if v.isolated_count:
             iso = v.isolated_origin.record.name if v.isolated_origin else "none"
             detail += f"; isolation: true origin {iso}"

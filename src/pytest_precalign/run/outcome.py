@@ -27,6 +27,7 @@ from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
 from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
+from ..verdict.story import tell_case
 from ..vocabulary import Phase
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ def finish(job: FinishInputs) -> CaseRun:
         parents = base_trace.manifest.get("parents") or {}
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents)
         verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
+    verdicts = tell_case(verdicts, phases)
     return CaseRun(
         name=job.name,
         phases=phases,

@@ -17,6 +17,14 @@ from typing import Any
 from ..compare.pairs import Check, Comparison, PairResult, lookup_dtype
 from ..trace.records import Record
 from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from .evidence import (
+    CaseOrigin,
+    input_evidence,
+    matched_children,
+    module_inputs_matched,
+    unproven_note,
+    within_tolerance_note,
+)
 from .expectation import Expectation
 from .overflow import Overflow, overflow_levels
 
@@ -36,6 +44,8 @@ class Divergence:
     origin_module: str
     evidence: str
     pair: PairResult
+    proof: str = ""  # what the origin claim rests on, when not simply "its inputs matched"
+    proven: bool = True  # False: an input had no partner, so no origin could be established
     isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
     first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
     why: str = ""  # how the record was chosen, when it is not simply the first failing one
@@ -65,6 +75,8 @@ class Divergence:
             "isolated_passed": self.isolated.passed if self.isolated is not None else None,
             "first_op": self.first_op,
             "why": self.why,
+            "proof": self.proof,
+            "proven": self.proven,
         }
 
 
@@ -98,6 +110,11 @@ class PhaseVerdict:
     # A merged multi-rank side whose TP ranks disagreed on a replicated tensor: one line each
     # (the phase fails: a sharding rule is missing or one rank diverged).
     replica_mismatches: tuple[str, ...] = ()
+    # The case's story (``story.tell_case``): where the case's divergence enters, whether this
+    # phase only follows from it, and the origin module's children that matched before it.
+    case_origin: CaseOrigin | None = None
+    downstream: bool = False
+    matched_children: tuple[str, ...] = ()
 
     @property
     def failed_count(self) -> int:
@@ -135,7 +152,9 @@ def find_first(
     phase: Phase,
     all_pairs: Mapping[str, PairResult],
     parents: Mapping[str, str] | None = None,
+    every: Mapping[str, PairResult] | None = None,
 ) -> Divergence | None:
+    """``every``: each record id to its pair, one-sided ones too (default: ``all_pairs``)."""
     parents = parents or {}
     kinds = OUTPUT_KINDS[phase]
     ordered = sorted(
@@ -152,7 +171,7 @@ def find_first(
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     pair, why = _divergent_pair(modules[0] if modules else ordered[0], pairs, all_pairs, kinds)
     rec = pair.record
-    origin, origin_module = _origin(pair, all_pairs, parents)
+    origin, origin_module, proof, proven = _origin(pair, all_pairs, parents, every or all_pairs)
     name, call = rec.name, rec.call
     live_op = first_op is not None and parents.get(f"{first_op.name}#{first_op.call}", "") != ""
     if not modules and live_op:
@@ -184,6 +203,8 @@ def find_first(
         pair=pair,
         first_op=_op_label(first_op, parents) if first_op is not None else None,
         why=why,
+        proof=proof,
+        proven=proven,
     )
 
 
@@ -359,29 +380,50 @@ def _amplified(pair: PairResult, all_pairs: Mapping[str, PairResult]) -> bool:
 
 
 def _origin(
-    pair: PairResult, all_pairs: Mapping[str, PairResult], parents: Mapping[str, str]
-) -> tuple[bool, str]:
+    pair: PairResult,
+    all_pairs: Mapping[str, PairResult],
+    parents: Mapping[str, str],
+    every: Mapping[str, PairResult],
+) -> tuple[bool, str, str, bool]:
+    """(origin, origin module, the evidence in words, proven)."""
     rec = pair.record
     enclosing = next(_ancestors(rec, parents), "")
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
         # the parent's code between its children.
-        return False, enclosing or ("" if rec.module_class == "api" else rec.name)
+        return False, enclosing or ("" if rec.module_class == "api" else rec.name), "", True
+    inputs = input_evidence(rec, every)
+    if inputs.unmatched and not inputs.failed:
+        return False, _matched_ancestor(rec, owner, parents, every), unproven_note(inputs), False
     ok = _deps_ok(rec, all_pairs)
     if ok and not _amplified(pair, all_pairs):
         ok = False
     if ok is None or ok:
-        return True, owner
+        note = within_tolerance_note(inputs, pair) if inputs.differed else ""
+        return True, owner, note, True
     if rec.kind in ("activation", "logits", "loss"):
         # Inputs already differed: walk up to the innermost ancestor whose inputs matched.
         module = ""
         for module in _ancestors(rec, parents):
-            inputs = _inputs_ok(module, rec, all_pairs)
-            if inputs is None or inputs:
-                return False, module
-        return False, module
-    return False, owner
+            matched = _inputs_ok(module, rec, all_pairs)
+            if matched is None or matched:
+                return False, module, "", True
+        return False, module, "", False
+    return False, owner, "", True
+
+
+def _matched_ancestor(
+    rec: Record, owner: str, parents: Mapping[str, str], every: Mapping[str, PairResult]
+) -> str:
+    """The innermost module around ``rec`` (``owner`` first, unless ``rec`` is its output) whose
+    inputs (grads w.r.t. its outputs, in backward) were all compared and within tolerance."""
+    kind = {"forward": "input", "backward": "grad_output"}.get(rec.phase)
+    if kind is None:
+        return owner
+    names = ([owner] if owner != rec.name else []) + list(_ancestors(rec, parents))
+    names = list(dict.fromkeys(n for n in names if n))
+    return next((n for n in names if module_inputs_matched(n, kind, rec.step, every)), "")
 
 
 def phase_verdict(
@@ -399,7 +441,8 @@ def phase_verdict(
     # Module inputs are evidence for the origin, not gates: a mask may legitimately have
     # another representation on each side, and a real difference shows in the outputs.
     failures = tuple(p for p in pairs if p.status in FAILED and p.record.kind != "input")
-    first = find_first(pairs, phase, all_pairs, parents)
+    every = {p.record.id: p for p in comparison.pairs if p.status != "only_candidate"}
+    first = find_first(pairs, phase, all_pairs, parents, every)
     if first is not None and not first.origin and not first.origin_module:
         first = _after_unmatched(first, pairs)
     isolated_origin, isolated_count = None, 0
@@ -442,6 +485,7 @@ def phase_verdict(
                 (p for p in paired if p.record.kind != "input"), key=lambda p: (p.record.step, p.record.seq)
             )
         ),
+        matched_children=matched_children(first.origin_module, first.pair.record, pairs) if first else (),
     )
 
 

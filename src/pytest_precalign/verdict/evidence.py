@@ -1,0 +1,149 @@
+"""What an origin claim rests on: the records a failing record was computed from (its
+``deps``), each compared or not, matched exactly or within tolerance.
+
+"Origin: its inputs matched" is only said when every input of the record was compared and
+passed. An input without a partner (one side recorded it, the other did not: a recompute,
+a fused kernel) proves nothing, and an input that passed while it still differed is named
+with the size of its difference, next to the output's (amplification).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..compare.pairs import PairResult
+from ..trace.records import Record
+from ..vocabulary import FAILED
+
+
+@dataclass(frozen=True)
+class InputEvidence:
+    """A record's inputs: which have no partner, which differed within tolerance (with their
+    relative change), which failed."""
+
+    unmatched: tuple[str, ...] = ()  # record ids of inputs with no partner (or never recorded)
+    failed: tuple[str, ...] = ()
+    differed: tuple[tuple[str, float], ...] = ()  # (record id, relative change) that still passed
+
+    @property
+    def all_matched(self) -> bool:
+        return not (self.unmatched or self.failed)
+
+
+def relative_change(pair: PairResult) -> float | None:
+    """How much the candidate differs from the baseline, relative to the baseline's size: for
+    element-wise evidence the greatest absolute difference over the baseline's largest
+    magnitude; for statistics the largest relative change of max/min/norm; None without a
+    measure (hashes: equal or not)."""
+    base, other = pair.record.stats, pair.candidate.stats if pair.candidate is not None else None
+    if pair.closeness is not None:
+        scale = max(abs(base.max), abs(base.min)) if base is not None else 0.0
+        if scale == scale and 0.0 < scale < float("inf"):
+            return pair.closeness.greatest_abs / scale
+        return pair.closeness.greatest_rel
+    if base is None or other is None:
+        return None
+    changes = [
+        abs(vb - va) / abs(va)
+        for va, vb in ((base.max, other.max), (base.min, other.min), (base.norm, other.norm))
+        if va == va and vb == vb and abs(va) not in (0.0, float("inf")) and abs(vb) != float("inf")
+    ]
+    return max(changes, default=None)
+
+
+def input_evidence(rec: Record, every: Mapping[str, PairResult]) -> InputEvidence:
+    """The evidence of ``rec``'s inputs; ``every``: each record id of the comparison (paired
+    or one-sided) to its pair."""
+    unmatched, failed, differed = [], [], []
+    for dep in rec.deps:
+        pair = every.get(dep)
+        if pair is None or not pair.paired:
+            unmatched.append(dep)
+        elif pair.status in FAILED:
+            failed.append(dep)
+        else:
+            change = relative_change(pair)
+            if change:
+                differed.append((dep, change))
+    return InputEvidence(tuple(unmatched), tuple(failed), tuple(differed))
+
+
+def shown_id(record_id: str) -> str:
+    """``blocks.1.norm input in.0`` for the id ``blocks.1.norm|input|in.0|0|0``."""
+    name, kind, slot, *_ = [*record_id.split("|"), "", ""]
+    return " ".join(part for part in (name, kind, slot) if part and part != "out")
+
+
+def unproven_note(evidence: InputEvidence) -> str:
+    """Why no origin can be claimed: the first input without a partner."""
+    more = len(evidence.unmatched) - 1
+    extra = f" (and {more} more)" if more > 0 else ""
+    return f"origin unproven: input {shown_id(evidence.unmatched[0])} has no partner{extra}"
+
+
+def within_tolerance_note(evidence: InputEvidence, output: PairResult) -> str:
+    """Inputs that passed but differed: their size, and whether the output's change exceeds it."""
+    dep, size = max(evidence.differed, key=lambda d: d[1])
+    mine = relative_change(output)
+    head = f"its inputs differed within tolerance (up to {size:.3e} relative, {shown_id(dep)})"
+    if mine is None:
+        return head + ", its output failed"
+    verdict = "amplified" if mine > size else "not amplified: the inputs' difference may explain it"
+    return head + f", its output by {mine:.3e} ({verdict})"
+
+
+def module_inputs_matched(module: str, kind: str, step: int, every: Mapping[str, PairResult]) -> bool | None:
+    """Every ``kind`` record (input, or grad_output in backward) of ``module`` at ``step`` was
+    compared and passed: True; some were not: False; none recorded: None."""
+    found = [
+        p
+        for p in every.values()
+        if p.record.name == module and p.record.kind == kind and p.record.step == step
+    ]
+    if not found:
+        return None
+    return all(p.passed for p in found)
+
+
+@dataclass(frozen=True)
+class CaseOrigin:
+    """Where a case's divergence enters: ``module`` (the record's own module when it is the
+    origin, else the innermost enclosing module whose inputs matched), in ``phase`` at
+    ``step``; ``record`` is the first failing record there, ``kind`` its kind."""
+
+    module: str
+    phase: str
+    kind: str
+    step: int
+    record: str
+    evidence: str
+    proven: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "module": self.module,
+            "phase": self.phase,
+            "kind": self.kind,
+            "step": self.step,
+            "record": self.record,
+            "evidence": self.evidence,
+            "proven": self.proven,
+        }
+
+
+def matched_children(module: str, first: Record, pairs: Sequence[PairResult]) -> tuple[str, ...]:
+    """The direct children of ``module`` whose outputs passed before ``first`` (same step and
+    phase), by their names under ``module``."""
+    if not module:
+        return ()
+    out = dict.fromkeys(
+        p.record.name[len(module) + 1 :]
+        for p in sorted(pairs, key=lambda p: p.record.seq)
+        if p.passed
+        and p.record.step == first.step
+        and p.record.seq < first.seq
+        and p.record.kind in ("activation", "grad_input")
+        and p.record.name.rpartition(".")[0] == module
+    )
+    return tuple(out)

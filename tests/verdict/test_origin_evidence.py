@@ -1,0 +1,116 @@
+"""Origin only with evidence, and one story per case (verdict/evidence.py, verdict/story.py),
+on records written as data as in test_rules.py: an input without a partner proves nothing, an
+input that passed while it differed is named with its size, and a case has one origin."""
+
+from __future__ import annotations
+
+from pytest_precalign.reports.text import PhaseReport, failure_message
+from pytest_precalign.trace.records import Record
+from pytest_precalign.verdict.phase import PhaseVerdict
+from pytest_precalign.verdict.story import tell_case
+
+from .test_rules import first_of, rec, rid, two_layers, verdict
+
+
+def _norm_grads(candidate: bool, weight_grad: float) -> list[Record]:
+    """blk.n inside blk; on the candidate, blk.n's grad_output was never recorded (as with a
+    one-sided reentrant recompute); blk.n.weight's grad is made from it and blk.n's input."""
+    records = [
+        rec(0, "blk.n", "input", 1.0),
+        rec(1, "blk.n", "activation", 1.0, deps=(rid("blk.n", "input"),)),
+        rec(10, "blk", "grad_output", 1.0),
+        rec(11, "blk.n", "grad_output", 1.0),
+        rec(
+            12,
+            "blk.n.weight",
+            "param_grad",
+            weight_grad,
+            deps=(rid("blk.n", "grad_output"), rid("blk.n", "input")),
+        ),
+    ]
+    return [r for r in records if not (candidate and r.seq == 11)]
+
+
+def test_a_record_whose_input_has_no_partner_is_not_an_origin() -> None:
+    v = verdict(_norm_grads(False, 1.0), _norm_grads(True, 2.0), phase="backward")
+    first = first_of(v)
+    assert (first.name, first.origin, first.proven) == ("blk.n.weight", False, False)
+    assert first.proof == "origin unproven: input blk.n grad_output has no partner"
+    # blk.n's own grad_output is the missing one; blk's was compared and matched.
+    assert first.origin_module == "blk"
+
+
+def test_inputs_that_differed_within_tolerance_are_named_with_their_size() -> None:
+    # a's output (b's input) differs by 5e-7 relative: within the float32 tolerance, not zero.
+    v = verdict(two_layers(1.0, 1.0, 1.0), two_layers(1.0, 1.0000005, 2.0))
+    first = first_of(v)
+    assert (first.name, first.origin, first.proven) == ("b", True, True)
+    assert first.proof.startswith(
+        "its inputs differed within tolerance (up to 5.000e-07 relative, b input in.0)"
+    )
+    assert "its output by 1.000e+00 (amplified)" in first.proof
+
+
+def test_inputs_that_matched_exactly_need_no_proof() -> None:
+    first = first_of(verdict(two_layers(1.0, 1.0, 1.0), two_layers(1.0, 1.0, 2.0)))
+    assert (first.name, first.origin, first.proof) == ("b", True, "")
+
+
+def _fwd_bwd(out: float, grad: float) -> list[Record]:
+    return [
+        rec(0, "a", "input", 1.0),
+        rec(1, "a", "activation", out, deps=(rid("a", "input"),)),
+        rec(2, "a", "grad_output", 1.0),
+        rec(3, "a", "grad_input", grad, deps=(rid("a", "grad_output"),)),
+    ]
+
+
+def _case(base: list[Record], cand: list[Record]) -> dict[str, PhaseVerdict]:
+    verdicts = {phase: verdict(base, cand, phase=phase) for phase in ("forward", "backward")}
+    return dict(tell_case(verdicts, ("forward", "backward")))
+
+
+def test_after_a_forward_fault_the_backward_phase_is_downstream() -> None:
+    told = _case(_fwd_bwd(1.0, 1.0), _fwd_bwd(2.0, 2.0))
+    forward, backward = told["forward"], told["backward"]
+    assert forward.case_origin is not None and backward.case_origin == forward.case_origin
+    origin = forward.case_origin
+    assert origin is not None
+    assert (origin.module, origin.phase, origin.kind, origin.proven) == ("a", "forward", "activation", True)
+    assert (forward.downstream, backward.downstream) == (False, True)
+    # The backward keeps its failing record, but claims no origin of its own.
+    first = backward.first
+    assert first is not None
+    assert (first.name, first.origin, first.origin_module) == ("a", False, "a")
+
+
+def test_a_backward_only_fault_has_its_own_origin() -> None:
+    told = _case(_fwd_bwd(1.0, 1.0), _fwd_bwd(1.0, 2.0))
+    backward = told["backward"]
+    origin = backward.case_origin
+    assert origin is not None
+    assert (origin.module, origin.phase, origin.kind) == ("a", "backward", "grad_input")
+    assert backward.downstream is False
+    assert told["forward"].first is None
+
+
+def test_an_aligned_case_has_no_origin() -> None:
+    told = _case(_fwd_bwd(1.0, 1.0), _fwd_bwd(1.0, 1.0))
+    assert all(v.case_origin is None for v in told.values())
+
+
+def test_an_unproven_origin_heads_the_message_as_unproven() -> None:
+    told = tell_case(
+        {"backward": verdict(_norm_grads(False, 1.0), _norm_grads(True, 2.0), phase="backward")},
+        ("backward",),
+    )
+    origin = told["backward"].case_origin
+    assert origin is not None and (origin.module, origin.proven) == ("blk", False)
+    report = PhaseReport("t.yaml", "case", "backward", told["backward"], "a", "b", "default", "-")
+    lines = failure_message(report).splitlines()
+    assert lines[0] == (
+        "Origin unproven (backward, step 0): input blk.n grad_output has no partner; "
+        "innermost module whose inputs all matched: blk"
+    )
+    assert "its inputs matched" not in "\n".join(lines)
+    assert lines[2].startswith("First divergence: blk.n.weight (param_grad, out, step 0), origin unproven")
