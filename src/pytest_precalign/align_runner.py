@@ -92,8 +92,10 @@ class AlignRunner:
         mapping: MappingRef | None = None,
         sync_weights: bool = False,
         steps: int = 1,
+        train: bool | None = None,
     ) -> CaseRun:
-        """Record both modules on the same inputs and compare them. ``mapping``: a
+        """Record both modules on the same inputs and compare them, in ``train`` mode when asked
+        (default: the mode the models are in; they are left in the modes they had). ``mapping``: a
         ``MappingSpec``, a name under the config's ``mappings:``, ``preset:NAME`` or a mapping
         YAML file (relative to the test file's folder); default: the marker's ``mapping``."""
         from .run.case import check_modules
@@ -112,6 +114,7 @@ class AlignRunner:
             record=self.record,
             steps=steps,
             name=self.nodeid,
+            train=train,
         )
 
     def assert_aligned(self, run: CaseRun, phase: Phase | None = None) -> None:

@@ -66,13 +66,7 @@ def parse_case(
 ) -> CaseSpec:
     reader.check_keys(CASE_KEYS)
     name = reader.get_str("name", required=True)
-    if not _safe_case_name(name):
-        reader.fail(
-            f"{name!r} is not a usable case name: it names the case's baseline folder, so it must be one "
-            "path component of at most 200 characters, not starting with '.', without '[', ']', ':', "
-            "'/', '\\', spaces or control characters",
-            "name",
-        )
+    _check_case_name(reader, name)
     refs, dumps = _sides(reader, models, base_dir)
     input_name = reader.get_str("inputs", required=not dumps) or ""
     if not dumps and input_name not in inputs:
@@ -387,6 +381,16 @@ def check_file(reader: Reader, key: str, file: Path) -> Path:
         what = "is a directory, expected a YAML file" if file.is_dir() else "file not found"
         reader.fail(f"{what}: {file}", key)
     return file
+
+
+def _check_case_name(reader: Reader, name: str) -> None:
+    if not _safe_case_name(name):
+        reader.fail(
+            f"{name!r} is not a usable case name: it names the case's baseline folder, so it must be one "
+            "path component of at most 200 characters, not starting with '.', without '[', ']', ':', "
+            "'/', '\\', spaces or control characters",
+            "name",
+        )
 
 
 def _safe_case_name(name: str) -> bool:

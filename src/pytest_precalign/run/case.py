@@ -138,14 +138,7 @@ def check_modules(
         ordered = phases_in_order(phases)
     except ValueError as exc:
         raise CaseError(str(exc)) from None
-    if train is None:
-        if baseline.training != candidate.training:
-            raise CaseError(
-                f"{name}: the baseline is in {'train' if baseline.training else 'eval'} mode and the "
-                f"candidate in {'train' if candidate.training else 'eval'} mode; pass train=True or "
-                "train=False to run both in one mode"
-            )
-        train = baseline.training
+    train = _mode_of(baseline, candidate, train, name)
     case = CaseSpec(
         name=name,
         baseline="baseline",
@@ -177,6 +170,19 @@ def check_modules(
     return finish(
         FinishInputs(name, ordered, a, b, table or default_table(), started, mapping, None, sync, env)
     )
+
+
+def _mode_of(baseline: torch.nn.Module, candidate: torch.nn.Module, train: bool | None, name: str) -> bool:
+    """The mode to run both in: ``train`` when given, else the one both models are in."""
+    if train is not None:
+        return train
+    if baseline.training != candidate.training:
+        raise CaseError(
+            f"{name}: the baseline is in {'train' if baseline.training else 'eval'} mode and the "
+            f"candidate in {'train' if candidate.training else 'eval'} mode; pass train=True or "
+            "train=False to run both in one mode"
+        )
+    return baseline.training
 
 
 __all__ = ["CaseRun", "SourceError", "check_modules", "preflight_case", "run_case"]

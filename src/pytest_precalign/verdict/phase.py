@@ -14,9 +14,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..compare.pairs import Check, Comparison, PairResult, lookup_dtype
+from ..compare.pairs import Check, Comparison, PairResult
 from ..trace.records import Record
 from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
     CaseOrigin,
     input_evidence,
@@ -169,7 +170,7 @@ def find_first(
         p for p in ordered if p.record.module_class != "api" and p.record.kind not in ("logits", "loss")
     ]
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
-    pair, why = _divergent_pair(modules[0] if modules else ordered[0], pairs, all_pairs, kinds)
+    pair, why = divergent_pair(modules[0] if modules else ordered[0], pairs, all_pairs, kinds)
     rec = pair.record
     origin, origin_module, proof, proven = _origin(pair, all_pairs, parents, every or all_pairs)
     name, call = rec.name, rec.call
@@ -208,32 +209,6 @@ def find_first(
     )
 
 
-def _divergent_pair(
-    pair: PairResult,
-    pairs: tuple[PairResult, ...],
-    all_pairs: Mapping[str, PairResult],
-    kinds: tuple[str, ...],
-) -> tuple[PairResult, str]:
-    """The first failing record, moved to where the sides start to differ: a gradient to the
-    input that consumes it, a failure to an earlier lower-precision record; with why it moved."""
-    if pair.record.kind == "grad_output":
-        pair = _consumer_grad_input(pair, pairs, all_pairs) or pair
-    lower = _lower_precision_before(pair, pairs, kinds)
-    if lower is None:
-        return pair, ""
-    # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
-    # lower precision on one side and passed only under that looser tolerance: that record
-    # is where the sides start to compute differently.
-    other = lower.candidate
-    assert other is not None
-    why = (
-        f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
-        f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
-        f"fails after it under the {pair.record.dtype} tolerance"
-    )
-    return lower, why
-
-
 def _diverged_outside(first_op: Record, rec: Record, parents: Mapping[str, str]) -> bool:
     """An API call of the same step, before ``rec``, in a known module that is not one of
     ``rec``'s ancestors."""
@@ -244,67 +219,6 @@ def _diverged_outside(first_op: Record, rec: Record, parents: Mapping[str, str])
         and f"{first_op.name}#{first_op.call}" in parents  # the call's module is known
         and rec.name not in _ancestors(first_op, parents)
     )
-
-
-def _consumer_grad_input(
-    pair: PairResult, pairs: tuple[PairResult, ...], all_pairs: Mapping[str, PairResult]
-) -> PairResult | None:
-    """The grad w.r.t. a module's output is the grad w.r.t. its consumers' inputs: one
-    tensor, recorded first as the producer's grad_output (its hook was registered first) and
-    right after as each consumer's grad_input. When a consumer's grad_outputs matched, its
-    own backward made the difference: that grad_input is the divergence, and its origin."""
-    a = pair.record
-    later = sorted(
-        (p for p in pairs if p.record.step == a.step and p.record.seq > a.seq), key=lambda p: p.record.seq
-    )
-    for p in later:
-        b = p.record
-        if not _same_tensor(a, b):
-            break
-        if b.kind == "grad_input" and p.status in FAILED and _deps_ok(b, all_pairs):
-            return p
-    return None
-
-
-def _floating(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat", "complex"))
-
-
-def _lower_precision_before(
-    first: PairResult, pairs: tuple[PairResult, ...], kinds: tuple[str, ...]
-) -> PairResult | None:
-    """The earliest passing output of the same step computed in another floating dtype on each
-    side, when ``first`` itself has one dtype on both sides (else the whole run is in mixed
-    precision, and its tolerance already says so). Layers are matched with layers, API calls
-    with API calls."""
-    if first.candidate is None or first.candidate.dtype != first.record.dtype:
-        return None
-    rec = first.record
-    for p in sorted(pairs, key=lambda p: p.record.seq):
-        if p.record.seq >= rec.seq:
-            break
-        other = p.candidate
-        if (
-            p.status == "ok"
-            and p.record.step == rec.step
-            and (p.record.module_class == "api") == (rec.module_class == "api")
-            and p.record.kind in kinds
-            and other is not None
-            and other.dtype != p.record.dtype
-            and _floating(other.dtype)
-            and _floating(p.record.dtype)
-        ):
-            return p
-    return None
-
-
-def _same_tensor(a: Record, b: Record) -> bool:
-    """Two records of one tensor object (the recorder stores it once and reuses what it saw)."""
-    if a.tensor_key is not None or b.tensor_key is not None:
-        return a.tensor_key == b.tensor_key
-    if a.stats is None and a.crc32 is None:
-        return False
-    return a.shape == b.shape and (a.stats is b.stats or a.stats == b.stats) and a.crc32 == b.crc32
 
 
 def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
@@ -320,26 +234,6 @@ def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
     return f"{api}.{rec.call % 1000}.{direction} in {where}"
 
 
-def _deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
-    """True/False when every dependency was compared; None when some were not recorded."""
-    results = [all_pairs.get(d) for d in rec.deps]
-    known = [r for r in results if r is not None and _comparable(r)]
-    if not known:
-        return None
-    return all(r.passed for r in known)
-
-
-def _comparable(pair: PairResult) -> bool:
-    """A dependency that can vouch for its consumer: same dtype, floating point."""
-    other = pair.candidate
-    return (
-        pair.paired
-        and other is not None
-        and pair.record.dtype == other.dtype
-        and pair.record.dtype.startswith(("float", "bfloat", "complex"))
-    )
-
-
 def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
     found = [
         p
@@ -347,7 +241,7 @@ def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) ->
         if p.record.name == module
         and p.record.kind == "input"
         and p.record.step == rec.step
-        and _comparable(p)
+        and comparable(p)
     ]
     if not found:
         return None
@@ -396,7 +290,7 @@ def _origin(
     inputs = input_evidence(rec, every)
     if inputs.unmatched and not inputs.failed:
         return False, _matched_ancestor(rec, owner, parents, every), unproven_note(inputs), False
-    ok = _deps_ok(rec, all_pairs)
+    ok = deps_ok(rec, all_pairs)
     if ok and not _amplified(pair, all_pairs):
         ok = False
     if ok is None or ok:
@@ -454,12 +348,7 @@ def phase_verdict(
     # The worst record shown is a gated one: module inputs are evidence, not checks.
     worst = max((p for p in paired if p.record.kind != "input"), key=lambda p: p.severity, default=None)
     aligned = not failures
-    passed = aligned
-    checked: str | None = None
-    if expectation is not None and expectation.phase == phase:
-        passed, checked = _meets(expectation, first)
-    elif expected_earlier:
-        passed, checked = True, "downstream of the expected divergence (not gated)"
+    passed, checked = _gate(aligned, phase, first, expectation, expected_earlier)
     return PhaseVerdict(
         phase=phase,
         aligned=aligned,
@@ -487,6 +376,18 @@ def phase_verdict(
         ),
         matched_children=matched_children(first.origin_module, first.pair.record, pairs) if first else (),
     )
+
+
+def _gate(
+    aligned: bool, phase: Phase, first: Divergence | None, expectation: Expectation | None, earlier: bool
+) -> tuple[bool, str | None]:
+    """Passed, and what was checked instead of alignment: an ``expect:`` in this phase, or
+    this phase being downstream of one in an earlier phase (reported, not gated)."""
+    if expectation is not None and expectation.phase == phase:
+        return _meets(expectation, first)
+    if earlier:
+        return True, "downstream of the expected divergence (not gated)"
+    return aligned, None
 
 
 def _with_isolation(

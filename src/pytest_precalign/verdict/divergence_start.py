@@ -1,0 +1,119 @@
+"""Where the sides start to differ, before the first failing record is called a divergence:
+a gradient moves to the consumer input whose own backward made the difference, a failure moves
+to an earlier record that ran in a lower precision on one side; and whether a record's
+dependencies vouch for it (compared, same floating dtype, within tolerance)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..compare.pairs import PairResult, lookup_dtype
+from ..trace.records import Record
+from ..vocabulary import FAILED
+
+
+def divergent_pair(
+    pair: PairResult,
+    pairs: tuple[PairResult, ...],
+    all_pairs: Mapping[str, PairResult],
+    kinds: tuple[str, ...],
+) -> tuple[PairResult, str]:
+    """The first failing record, moved to where the sides start to differ: a gradient to the
+    input that consumes it, a failure to an earlier lower-precision record; with why it moved."""
+    if pair.record.kind == "grad_output":
+        pair = consumer_grad_input(pair, pairs, all_pairs) or pair
+    lower = lower_precision_before(pair, pairs, kinds)
+    if lower is None:
+        return pair, ""
+    # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
+    # lower precision on one side and passed only under that looser tolerance: that record
+    # is where the sides start to compute differently.
+    other = lower.candidate
+    assert other is not None
+    why = (
+        f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
+        f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
+        f"fails after it under the {pair.record.dtype} tolerance"
+    )
+    return lower, why
+
+
+def consumer_grad_input(
+    pair: PairResult, pairs: tuple[PairResult, ...], all_pairs: Mapping[str, PairResult]
+) -> PairResult | None:
+    """The grad w.r.t. a module's output is the grad w.r.t. its consumers' inputs: one
+    tensor, recorded first as the producer's grad_output (its hook was registered first) and
+    right after as each consumer's grad_input. When a consumer's grad_outputs matched, its
+    own backward made the difference: that grad_input is the divergence, and its origin."""
+    a = pair.record
+    later = sorted(
+        (p for p in pairs if p.record.step == a.step and p.record.seq > a.seq), key=lambda p: p.record.seq
+    )
+    for p in later:
+        b = p.record
+        if not same_tensor(a, b):
+            break
+        if b.kind == "grad_input" and p.status in FAILED and deps_ok(b, all_pairs):
+            return p
+    return None
+
+
+def floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+def lower_precision_before(
+    first: PairResult, pairs: tuple[PairResult, ...], kinds: tuple[str, ...]
+) -> PairResult | None:
+    """The earliest passing output of the same step computed in another floating dtype on each
+    side, when ``first`` itself has one dtype on both sides (else the whole run is in mixed
+    precision, and its tolerance already says so). Layers are matched with layers, API calls
+    with API calls."""
+    if first.candidate is None or first.candidate.dtype != first.record.dtype:
+        return None
+    rec = first.record
+    for p in sorted(pairs, key=lambda p: p.record.seq):
+        if p.record.seq >= rec.seq:
+            break
+        other = p.candidate
+        if (
+            p.status == "ok"
+            and p.record.step == rec.step
+            and (p.record.module_class == "api") == (rec.module_class == "api")
+            and p.record.kind in kinds
+            and other is not None
+            and other.dtype != p.record.dtype
+            and floating(other.dtype)
+            and floating(p.record.dtype)
+        ):
+            return p
+    return None
+
+
+def same_tensor(a: Record, b: Record) -> bool:
+    """Two records of one tensor object (the recorder stores it once and reuses what it saw)."""
+    if a.tensor_key is not None or b.tensor_key is not None:
+        return a.tensor_key == b.tensor_key
+    if a.stats is None and a.crc32 is None:
+        return False
+    return a.shape == b.shape and (a.stats is b.stats or a.stats == b.stats) and a.crc32 == b.crc32
+
+
+def deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
+    """True/False when every dependency was compared; None when some were not recorded."""
+    results = [all_pairs.get(d) for d in rec.deps]
+    known = [r for r in results if r is not None and comparable(r)]
+    if not known:
+        return None
+    return all(r.passed for r in known)
+
+
+def comparable(pair: PairResult) -> bool:
+    """A dependency that can vouch for its consumer: same dtype, floating point."""
+    other = pair.candidate
+    return (
+        pair.paired
+        and other is not None
+        and pair.record.dtype == other.dtype
+        and pair.record.dtype.startswith(("float", "bfloat", "complex"))
+    )
