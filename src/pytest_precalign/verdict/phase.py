@@ -17,6 +17,7 @@ from typing import Any
 from ..compare.pairs import Check, Comparison, PairResult, lookup_dtype
 from ..trace.records import Record
 from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .expectation import Expectation
 from .overflow import Overflow, overflow_levels
 
@@ -98,6 +99,8 @@ class PhaseVerdict:
     # A merged multi-rank side whose TP ranks disagreed on a replicated tensor: one line each
     # (the phase fails: a sharding rule is missing or one rank diverged).
     replica_mismatches: tuple[str, ...] = ()
+    # How much of the phase was paired at all; a problem with it fails the phase.
+    coverage: Coverage | None = None
 
     @property
     def failed_count(self) -> int:
@@ -391,9 +394,12 @@ def phase_verdict(
     expected_earlier: bool,
     isolated: Comparison | None = None,
     parents: Mapping[str, str] | None = None,
+    min_coverage: float = DEFAULT_MIN_COVERAGE,
 ) -> PhaseVerdict:
     """``expected_earlier``: an expected divergence sits in an earlier phase of the case, so
-    this phase is downstream of it and is reported but not gated."""
+    this phase is downstream of it and is reported but not gated. ``min_coverage``: the share
+    of the baseline's output records that must find a partner (``verdict.coverage``); nothing
+    compared, or less than that, fails the phase whatever else it found."""
     pairs = comparison.by_phase(phase)
     all_pairs = {p.record.id: p for p in comparison.pairs if p.paired}
     # Module inputs are evidence for the origin, not gates: a mask may legitimately have
@@ -416,6 +422,9 @@ def phase_verdict(
         passed, checked = _meets(expectation, first)
     elif expected_earlier:
         passed, checked = True, "downstream of the expected divergence (not gated)"
+    reasons = {p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note}
+    coverage = measure_coverage(pairs, phase, min_coverage, reasons)
+    passed = passed and coverage.ok
     return PhaseVerdict(
         phase=phase,
         aligned=aligned,
@@ -434,13 +443,14 @@ def phase_verdict(
         passed=passed,
         isolated_origin=isolated_origin,
         isolated_count=isolated_count,
-        reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
+        reasons=reasons,
         overflow=overflow,
         records=tuple(
             sorted(
                 (p for p in paired if p.record.kind != "input"), key=lambda p: (p.record.step, p.record.seq)
             )
         ),
+        coverage=coverage,
     )
 
 
