@@ -159,6 +159,7 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
         ("first divergence", _first_html(data.get("first_divergence"))),
         ("worst metric", _worst_html(data.get("worst"))),
     ]
+    facts[1:1] = _coverage_facts(data)
     if data.get("expectation"):
         facts.append(("expectation", esc(data["expectation"])))
     iso = data.get("isolation")
@@ -170,7 +171,7 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
             (
                 "unmatched",
                 f"{len(unmatched.get('baseline', []))} baseline-only, "
-                f"{len(unmatched.get('candidate', []))} candidate-only",
+                f"{len(unmatched.get('candidate', []))} candidate-only" + _unexplained_html(unmatched),
             )
         )
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in facts)
@@ -207,6 +208,31 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
         f'data-verdict="{esc(verdict)}"><h3>{esc(phase)} {_badge(verdict)}</h3>'
         f'<dl class="facts">{dl}</dl>{figure}{table}{repro}</section>'
     )
+
+
+def _coverage_facts(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The phase's coverage (paired share of the baseline's output records), and its problem."""
+    cov = data.get("coverage")
+    if not isinstance(cov, Mapping):
+        return []
+    ratio, floor = cov.get("ratio"), cov.get("floor")
+    if not isinstance(ratio, (int, float)) or not isinstance(floor, (int, float)):
+        return []
+    text = (
+        f"{100 * ratio:.0f}% ({cov.get('paired')} of {cov.get('baseline_outputs')} baseline output "
+        f"records paired; floor {100 * floor:.0f}%)"
+    )
+    facts = [("coverage", esc(text))]
+    if cov.get("problem"):
+        facts.append(("coverage problem", esc(cov["problem"])))
+    return facts
+
+
+def _unexplained_html(unmatched: Mapping[str, Any]) -> str:
+    bare = sum(
+        1 for side in ("baseline", "candidate") for u in unmatched.get(side, []) if not u.get("reason")
+    )
+    return f" ({bare} unexplained: no mapping rule or reason says why)" if bare else ""
 
 
 def _compared_html(data: Mapping[str, Any], outputs: int) -> str:

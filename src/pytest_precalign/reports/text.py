@@ -122,6 +122,12 @@ def describe_check(check: Check, pair: PairResult) -> str:
     if check.metric == "crc32":
         other = pair.candidate
         return f"CRC-32 {other.crc32 if other else '?'} (candidate) != {pair.record.crc32} (baseline)"
+    if check.value != check.value and not check.passed:
+        return f"{check.metric} is not comparable: no element is finite on both sides"
+    if check.metric.startswith("stats.") and check.value == float("inf") and pair.candidate is not None:
+        key = check.metric.removeprefix("stats.")
+        mine, theirs = (getattr(r.stats, key, "?") for r in (pair.candidate, pair.record))
+        return f"{check.metric}: {mine} (candidate) vs {theirs} (baseline): the NaN/Inf differ between the sides"
     relation = "<=" if check.upper else ">="
     return f"{check.metric} = {fmt_number(check.value)}, allowed {relation} {fmt_number(check.allowed)}"
 
@@ -223,11 +229,41 @@ def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
     if not verdict.only_baseline and not verdict.only_candidate:
         return []
     parts = []
-    if verdict.only_baseline:
-        parts.append(f"{len(verdict.only_baseline)} baseline-only ({_names(verdict.only_baseline)})")
-    if verdict.only_candidate:
-        parts.append(f"{len(verdict.only_candidate)} candidate-only ({_names(verdict.only_candidate)})")
+    for side, records in (("baseline", verdict.only_baseline), ("candidate", verdict.only_candidate)):
+        if records:
+            bare = [r for r in records if not verdict.reasons.get(r.id)]
+            label = f", {len(bare)} unexplained: no mapping rule or reason says why" if bare else ""
+            parts.append(f"{len(records)} {side}-only ({_names(records)}{label})")
     return ["Unmatched records: " + "; ".join(parts)]
+
+
+def coverage_problem_lines(verdict: PhaseVerdict) -> list[str]:
+    """What fails the phase for want of evidence: nothing compared, or coverage under the floor."""
+    cov = verdict.coverage
+    if cov is None or cov.ok:
+        return []
+    head = "Nothing compared" if cov.paired == 0 else "Too little compared"
+    return [f"{head} in {cov.phase}: {cov.problem.removeprefix('nothing compared: ')}"]
+
+
+def coverage_lines(verdict: PhaseVerdict) -> list[str]:
+    """The phase's coverage, one line."""
+    cov = verdict.coverage
+    if cov is None:
+        return []
+    line = f"Coverage: {cov.describe().removeprefix('coverage ')}"
+    if cov.unexplained:
+        line += f"; {cov.unexplained} unmatched record(s) unexplained"
+    return [line]
+
+
+def _summary_coverage(verdict: PhaseVerdict) -> str:
+    """``, coverage 98%`` (and what is unexplained) for the summary line."""
+    cov = verdict.coverage
+    if cov is None:
+        return ""
+    text = f", coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
+    return text + (f" ({cov.unexplained} unexplained)" if cov.unexplained else "")
 
 
 def overflow_lines(verdict: PhaseVerdict) -> list[str]:
@@ -270,7 +306,7 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
 
 def failure_message(report: PhaseReport) -> str:
     v = report.verdict
-    lines: list[str] = []
+    lines: list[str] = coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")
     if v.aligned:
@@ -281,6 +317,7 @@ def failure_message(report: PhaseReport) -> str:
             f"candidate {report.candidate!r} exceed tolerance vs baseline {report.baseline!r} "
             f"({Path(report.defined_in).name}, table {report.table!r})"
         )
+    lines.extend(coverage_lines(v))
     if v.first is not None:
         lines.extend(divergence_lines(v.first))
     lines.extend(isolation_lines(v))
@@ -322,6 +359,9 @@ def summary_line(report: PhaseReport) -> str:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
+    extra += _summary_coverage(v)
+    if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
+        detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
     return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"
 
 

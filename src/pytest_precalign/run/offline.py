@@ -110,6 +110,7 @@ def compare_runs(
     progress: Callable[[int, int], None] | None = None,
     metrics: Sequence[str] = (),
     parallel: Mapping[str, ParallelLayout] | None = None,
+    min_coverage: float | None = None,
 ) -> CaseRun:
     import time
 
@@ -149,6 +150,7 @@ def compare_runs(
         environment=dict(base.manifest),
         progress=progress,
         workers=_merged_compare_workers(base, cand),
+        min_coverage=min_coverage,
     )
     run = finish(job)
     if custom:
