@@ -38,7 +38,9 @@ def _table(rule: ToleranceRule | None) -> ToleranceTable:
 
 def _tensor_pair(base: list[float], cand: list[float], rule: ToleranceRule | None) -> PairResult:
     def trace(values: list[float]) -> Trace:
-        rec = Record(0, "m", "M", "forward", 0, 0, "activation", "out", "float32", (len(values),), tensor_key="t")
+        rec = Record(
+            0, "m", "M", "forward", 0, 0, "activation", "out", "float32", (len(values),), tensor_key="t"
+        )
         return Trace({"record_mode": "tensor"}, (rec,), {"t": torch.tensor(values)})
 
     (pair,) = compare_traces(trace(base), trace(cand), _table(rule)).pairs
@@ -82,7 +84,10 @@ def test_metrics_over_no_finite_element_are_not_comparable(metric: str) -> None:
     pair = _tensor_pair([NAN, NAN], [NAN, NAN], ToleranceRule(bounds=((metric, bound),)))
     assert pair.status == "fail"
     assert pair.failing is not None and pair.failing.metric == metric and math.isnan(pair.failing.value)
-    assert describe_check(pair.failing, pair) == f"{metric} is not comparable: no element is finite on both sides"
+    assert (
+        describe_check(pair.failing, pair)
+        == f"{metric} is not comparable: no element is finite on both sides"
+    )
 
 
 def test_an_all_nan_candidate_fails_the_phase_and_says_why() -> None:

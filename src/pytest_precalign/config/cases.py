@@ -88,7 +88,6 @@ def parse_case(
     if table is not None and table not in tables:
         known = ", ".join(tables) or "none defined under 'tolerances'"
         reader.fail(f"unknown tolerance table {table!r} (known: {known})", "tolerances")
-    expect = _expect(reader, phases)
     loss = _loss(reader, phases, None if dumps else inputs[input_name])
     _check_record_level(reader, record, refs, models)
     case = CaseSpec(
@@ -104,7 +103,7 @@ def parse_case(
         optimizer=optimizer,
         record=record,
         tolerances=table,
-        expect=expect,
+        expect=_expect(reader, phases),
         loss=loss,
         train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),

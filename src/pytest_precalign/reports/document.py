@@ -152,7 +152,13 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
         key = (r.name, r.kind, r.slot)
         if key not in seen:
             reason = reasons.get(r.id, "")
-            seen[key] = {"name": r.name, "kind": r.kind, "slot": r.slot, "reason": reason, "unexplained": not reason}
+            seen[key] = {
+                "name": r.name,
+                "kind": r.kind,
+                "slot": r.slot,
+                "reason": reason,
+                "unexplained": not reason,
+            }
     return [seen[k] for k in sorted(seen)]
 
 

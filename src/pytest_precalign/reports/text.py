@@ -127,7 +127,9 @@ def describe_check(check: Check, pair: PairResult) -> str:
     if check.metric.startswith("stats.") and check.value == float("inf") and pair.candidate is not None:
         key = check.metric.removeprefix("stats.")
         mine, theirs = (getattr(r.stats, key, "?") for r in (pair.candidate, pair.record))
-        return f"{check.metric}: {mine} (candidate) vs {theirs} (baseline): the NaN/Inf differ between the sides"
+        return (
+            f"{check.metric}: {mine} (candidate) vs {theirs} (baseline): the NaN/Inf differ between the sides"
+        )
     relation = "<=" if check.upper else ">="
     return f"{check.metric} = {fmt_number(check.value)}, allowed {relation} {fmt_number(check.allowed)}"
 

@@ -8,7 +8,7 @@ loss; backward: grads; step: parameters): the share of them paired with a candid
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..compare.pairs import PairResult
@@ -79,11 +79,9 @@ def _pct(x: float) -> str:
     return text
 
 
-def measure_coverage(
-    pairs: Sequence[PairResult], phase: Phase, floor: float, reasons: Mapping[str, str]
-) -> Coverage:
-    """The coverage of ``phase`` from its pair results (``reasons``: record id -> why it is
-    one-sided)."""
+def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) -> Coverage:
+    """The coverage of ``phase`` from its pair results; an unmatched record whose note says
+    nothing (no mapping rule or reason) is unexplained."""
     kinds = OUTPUT_KINDS[phase]
     outputs = [p for p in pairs if p.record.kind in kinds]
     base = [p for p in outputs if p.status != "only_candidate"]
@@ -96,8 +94,8 @@ def measure_coverage(
         paired=paired,
         only_baseline=len(only_b),
         only_candidate=len(only_c),
-        unexplained_baseline=sum(1 for r in only_b if not reasons.get(r.id)),
-        unexplained_candidate=sum(1 for r in only_c if not reasons.get(r.id)),
+        unexplained_baseline=sum(1 for p in outputs if p.status == "only_baseline" and not p.note),
+        unexplained_candidate=sum(1 for p in outputs if p.status == "only_candidate" and not p.note),
         floor=floor,
     )
     return replace(cov, problem=_problem(cov, only_b, only_c))
@@ -123,7 +121,7 @@ def _problem(cov: Coverage, only_b: Sequence[Record], only_c: Sequence[Record]) 
 
 
 def _level(records: Sequence[Record]) -> str:
-    """"modules", "APIs" or "" (mixed, or none) for one side's unmatched records."""
+    """ "modules", "APIs" or "" (mixed, or none) for one side's unmatched records."""
     api = {r.module_class == "api" for r in records}
     if api == {False}:
         return "modules"

@@ -397,9 +397,7 @@ def phase_verdict(
     min_coverage: float = DEFAULT_MIN_COVERAGE,
 ) -> PhaseVerdict:
     """``expected_earlier``: an expected divergence sits in an earlier phase of the case, so
-    this phase is downstream of it and is reported but not gated. ``min_coverage``: the share
-    of the baseline's output records that must find a partner (``verdict.coverage``); nothing
-    compared, or less than that, fails the phase whatever else it found."""
+    this phase is downstream of it and is reported but not gated."""
     pairs = comparison.by_phase(phase)
     all_pairs = {p.record.id: p for p in comparison.pairs if p.paired}
     # Module inputs are evidence for the origin, not gates: a mask may legitimately have
@@ -422,10 +420,7 @@ def phase_verdict(
         passed, checked = _meets(expectation, first)
     elif expected_earlier:
         passed, checked = True, "downstream of the expected divergence (not gated)"
-    reasons = {p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note}
-    coverage = measure_coverage(pairs, phase, min_coverage, reasons)
-    passed = passed and coverage.ok
-    return PhaseVerdict(
+    verdict = PhaseVerdict(
         phase=phase,
         aligned=aligned,
         compared=len(paired),
@@ -443,15 +438,22 @@ def phase_verdict(
         passed=passed,
         isolated_origin=isolated_origin,
         isolated_count=isolated_count,
-        reasons=reasons,
+        reasons={p.record.id: p.note for p in pairs if p.status.startswith("only_") and p.note},
         overflow=overflow,
         records=tuple(
             sorted(
                 (p for p in paired if p.record.kind != "input"), key=lambda p: (p.record.step, p.record.seq)
             )
         ),
-        coverage=coverage,
     )
+    return with_coverage(verdict, pairs, min_coverage)
+
+
+def with_coverage(verdict: PhaseVerdict, pairs: Sequence[PairResult], floor: float) -> PhaseVerdict:
+    """The verdict with its phase's coverage: nothing compared, or less than ``floor`` of the
+    baseline's output records paired, fails the phase whatever else it found."""
+    coverage = measure_coverage(pairs, verdict.phase, floor)
+    return replace(verdict, coverage=coverage, passed=verdict.passed and coverage.ok)
 
 
 def _with_isolation(
