@@ -260,11 +260,11 @@ def coverage_lines(verdict: PhaseVerdict) -> list[str]:
 
 
 def _summary_coverage(verdict: PhaseVerdict) -> str:
-    """``, coverage 98%`` (and what is unexplained) for the summary line."""
+    """``; coverage 98%`` (and what is unexplained) for the summary line."""
     cov = verdict.coverage
     if cov is None:
         return ""
-    text = f", coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
+    text = f"; coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
     return text + (f" ({cov.unexplained} unexplained)" if cov.unexplained else "")
 
 
@@ -361,10 +361,9 @@ def summary_line(report: PhaseReport) -> str:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
-    extra += _summary_coverage(v)
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
-    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"
+    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}"
 
 
 def verdict_label(verdict: PhaseVerdict) -> str:
