@@ -244,8 +244,8 @@ def coverage_problem_lines(verdict: PhaseVerdict) -> list[str]:
     cov = verdict.coverage
     if cov is None or cov.ok:
         return []
-    head = "Nothing compared" if cov.paired == 0 else "Too little compared"
-    return [f"{head} in {cov.phase}: {cov.problem.removeprefix('nothing compared: ')}"]
+    head, _, rest = cov.problem.partition(": ")
+    return [f"{head.capitalize()} in {cov.phase}: {rest}"]
 
 
 def coverage_lines(verdict: PhaseVerdict) -> list[str]:

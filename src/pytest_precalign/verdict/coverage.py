@@ -114,8 +114,9 @@ def _problem(cov: Coverage, only_b: Sequence[Record], only_c: Sequence[Record]) 
         return f"nothing compared: {found}{_hint(only_b, only_c)}"
     if cov.ratio < cov.floor:
         return (
-            f"{cov.describe()} is under the floor: {cov.only_baseline} baseline records found no "
-            f"partner{_hint(only_b, only_c)} (min_coverage lowers the floor)"
+            f"too little compared: {cov.paired} of {cov.outputs} baseline {cov.phase} output records "
+            f"paired ({_pct(cov.ratio)}, under the floor of {_pct(cov.floor)}); {cov.only_baseline} "
+            f"found no partner{_hint(only_b, only_c)} (min_coverage sets the floor)"
         )
     return ""
 
@@ -140,6 +141,11 @@ def _hint(only_b: Sequence[Record], only_c: Sequence[Record]) -> str:
             f"candidate: {levels[1]} only): record both at the same level"
         )
     if only_b and not only_c:
+        if levels[0] == "APIs":
+            return (
+                "; the candidate recorded none of them, all API calls: a mix or L1 dump against an "
+                "L0 one? (record both at the same level)"
+            )
         return "; the candidate recorded none of them"
     if only_b and only_c:
         return "; the names differ between the sides (a mapping rule missing or not applied?)"
