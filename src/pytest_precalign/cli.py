@@ -111,6 +111,12 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
         help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
     )
     compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
+    compare.add_argument(
+        "--min-coverage",
+        metavar="SHARE",
+        help="fail a phase in which less than this share (0..1) of the golden side's output "
+        "records found a partner (default 0.5; nothing compared always fails)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +175,21 @@ def _variables(pairs: list[str]) -> dict[str, int]:
     return out
 
 
+def _min_coverage(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError(
+            f"--min-coverage: expected a share between 0 and 1 (e.g. 0.5: half the golden side's "
+            f"output records paired), got {value!r}"
+        )
+    return share
+
+
 def _compare(args: argparse.Namespace) -> int:
     from .parallel.layout import compare_sides
     from .reports.document import write_reports
@@ -188,6 +209,7 @@ def _compare(args: argparse.Namespace) -> int:
         fuzzy_match=args.fuzzy_match,
         metrics=args.metric,
         progress=_progress_bar(),
+        min_coverage=_min_coverage(args.min_coverage),
     )
     outcomes = compare_outcomes(args.golden, args.target, runs)
     _print_outcomes(outcomes)

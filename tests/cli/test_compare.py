@@ -189,3 +189,35 @@ def test_compare_threads_give_the_same_report_and_bad_values_exit_2(tmp_path, ca
     assert main(["compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "PRECALIGN_COMPARE_THREADS='two': expected a whole number >= 1" in err
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", "half", "nan"])
+def test_compare_rejects_a_min_coverage_outside_0_to_1(tmp_path, capsys, value):
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b")
+    assert main(["compare", str(a), str(b), "--min-coverage", value]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "precalign: error: --min-coverage: expected a share between 0 and 1 (e.g. 0.5: half the "
+        f"golden side's output records paired), got {value!r}\n"
+    )
+    assert out == ""
+
+
+def test_compare_min_coverage_sets_the_floor(tmp_path, capsys):
+    """The L0 statistics dump against its mix-level sibling: the modules pair, the API calls
+    (most of the mix dump's outputs) do not."""
+    golden, target = MSPROBE_DATA / "tiny_statistics_mix", MSPROBE_DATA / "tiny_statistics_L0"
+    assert main(["compare", str(golden), str(target), "--report", str(tmp_path / "low")]) == 1
+    low = json.loads((tmp_path / "low" / "report.json").read_text())["cases"][0]["coverage"]
+    assert (
+        0 < low["ratio"] < 0.5 and low["floor"] == 0.5 and "(30%, under the floor of 50%)" in low["problem"]
+    )
+    out = capsys.readouterr().out
+    assert "Too little compared in forward: 32 of 108 baseline forward output records paired" in out
+    floor = str(low["ratio"] - 0.01)
+    assert (
+        main(["compare", str(golden), str(target), "--min-coverage", floor, "--report", str(tmp_path / "ok")])
+        == 0
+    )
+    ok = json.loads((tmp_path / "ok" / "report.json").read_text())["cases"][0]["coverage"]
+    assert ok["ratio"] == low["ratio"] and ok["floor"] == float(floor) and ok["passed"]

@@ -512,6 +512,24 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         ("cases[0].expect: missing required key 'first_divergence'",),
     ),
     (
+        "min-coverage-above-1",
+        BASE + "    min_coverage: 1.5\n",
+        15,
+        ("cases[0].min_coverage: expected a share between 0 and 1", "got 1.5"),
+    ),
+    (
+        "min-coverage-negative",
+        BASE + "    min_coverage: -0.1\n",
+        15,
+        ("cases[0].min_coverage: expected a share between 0 and 1", "got -0.1"),
+    ),
+    (
+        "min-coverage-not-a-number",
+        BASE + "    min_coverage: half\n",
+        15,
+        ("cases[0].min_coverage:",),
+    ),
+    (
         "duplicate-case-name",
         BASE + "  - {name: c1, baseline: cand, candidate: base, inputs: toks}\n",
         15,
@@ -1155,3 +1173,9 @@ def test_backward_with_factory_inputs_is_not_checked_for_labels(tmp_path: Path) 
     )
     config = _load(tmp_path, text + "    phases: [forward, backward]\n")
     assert config.cases[0].phases == ("forward", "backward")
+
+
+def test_min_coverage_defaults_to_one_half_and_is_read_per_case(tmp_path: Path) -> None:
+    assert _load(tmp_path, BASE).cases[0].min_coverage == 0.5
+    assert _load(tmp_path, BASE + "    min_coverage: 0.25\n").cases[0].min_coverage == 0.25
+    assert _load(tmp_path, BASE + "    min_coverage: 0\n").cases[0].min_coverage == 0.0

@@ -117,11 +117,12 @@ def test_unmatched_counts_agree_across_steps() -> None:
     line = next(li for li in message.splitlines() if li.startswith("Unmatched records:"))
     assert line == (
         "Unmatched records: 14 candidate-only records (7 per step over 2 steps; "
-        "extra0, extra1, extra2, extra3, extra4, ... (7 names in all))"
+        "extra0, extra1, extra2, extra3, extra4, ... (7 names in all), "
+        "14 unexplained: no mapping rule or reason says why)"
     )
     one_step = phase_verdict(
         compare_traces(trace(base[:1]), trace(cand[:1] + cand[2::2]), table), "forward", None, False
     )
     line = next(li for li in failure_message(_report(one_step)).splitlines() if li.startswith("Unmatched"))
     assert line.startswith("Unmatched records: 7 candidate-only (extra0, ")
-    assert line.endswith("... (7 names in all))")
+    assert line.endswith("... (7 names in all), 7 unexplained: no mapping rule or reason says why)")

@@ -60,6 +60,16 @@ class _Sums:
     rel_max: float = 0.0
     within_1e3: int = 0
     within_5e3: int = 0
+    total: int = 0  # every element, finite or not
+    nonfinite_mismatch: int = 0  # NaN/Inf on one side only, or different ones on each side
+
+
+def _nonfinite_mismatch(ca: np.ndarray, cb: np.ndarray, ok_a: np.ndarray, ok_b: np.ndarray) -> int:
+    """Elements non-finite on one side only, or non-finite on both but not the same value (two
+    NaNs are the same, as with equal_nan=True)."""
+    neither = ~ok_a & ~ok_b
+    same = neither & ((ca == cb) | (np.isnan(ca) & np.isnan(cb)))
+    return int(np.count_nonzero((ok_a != ok_b) | (neither & ~same)))
 
 
 def _sums(a: Any, b: Any) -> _Sums:
@@ -73,8 +83,11 @@ def _sums_quiet(a: Any, b: Any) -> _Sums:
     fa, fb = as_compute(xa, dtype), as_compute(xb, dtype)
     s = _Sums()
     for _, ca, cb in _chunks(fa, fb):
-        both = np.isfinite(ca) & np.isfinite(cb)
+        s.total += ca.size
+        ok_a, ok_b = np.isfinite(ca), np.isfinite(cb)
+        both = ok_a & ok_b
         if not both.all():
+            s.nonfinite_mismatch += _nonfinite_mismatch(ca, cb, ok_a, ok_b)
             ca, cb = ca[both], cb[both]
         if not ca.size:
             continue
@@ -118,6 +131,28 @@ def metric_values(a: Any, b: Any, names: tuple[str, ...]) -> dict[str, float]:
     """Several named metrics of one pair in a single pass."""
     s = _sums(a, b)
     return {name: _FROM_SUMS[name](s) for name in names}
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """Named metrics of a pair, with what they were computed over."""
+
+    values: dict[str, float]  # NaN for each metric when no element is finite on both sides
+    total: int  # elements
+    finite: int  # elements finite on both sides: what the metrics are computed over
+    nonfinite_mismatch: int  # NaN/Inf on one side only, or different ones on each side
+
+    @property
+    def comparable(self) -> bool:
+        """Metrics over zero finite elements say nothing: not comparable (an empty tensor is)."""
+        return self.finite > 0 or self.total == 0
+
+
+def metric_summary(a: Any, b: Any, names: tuple[str, ...]) -> MetricSummary:
+    """``metric_values`` and the NaN/Inf positions that differ, in a single pass."""
+    s = _sums(a, b)
+    values = {name: _FROM_SUMS[name](s) if s.n or not s.total else math.nan for name in names}
+    return MetricSummary(values, s.total, s.n, s.nonfinite_mismatch)
 
 
 def _named(name: str) -> Metric:

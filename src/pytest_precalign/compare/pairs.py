@@ -241,12 +241,16 @@ def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> Pair
             checks.append(Check("nonfinite", float(close.nonfinite_mismatch), 0.0, False))
         passed = close.mismatched == 0
         checks.append(Check("allclose", close.worst_abs, close.worst_allowed, passed))
-    if tol.bounds:
-        values = metrics.metric_values(fa, fb, tuple(name for name, _ in tol.bounds))
+    if tol.bounds or close is None:
+        # Without the allclose check, the metrics' pass finds the NaN/Inf that differ: they fail
+        # the record whatever the bounds (the metrics count only elements finite on both sides).
+        summary = metrics.metric_summary(fa, fb, tuple(name for name, _ in tol.bounds))
+        if close is None and summary.nonfinite_mismatch:
+            checks.append(Check("nonfinite", float(summary.nonfinite_mismatch), 0.0, False))
         for name, bound in tol.bounds:
-            value = values[name]
+            value = summary.values[name]
             upper = BOUND_METRICS[name]
-            ok = value <= bound if upper else value >= bound
+            ok = summary.comparable and (value <= bound if upper else value >= bound)
             checks.append(Check(name, value, bound, ok, upper))
     status: Status = "ok" if all(c.passed for c in checks) else "fail"
     return PairResult(a, b, status, "tensor", tuple(checks), tol, close)
@@ -277,9 +281,12 @@ def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
     }
     for key, va in sa.items():
         vb = sb[key]
-        if not (_finite(va) and _finite(vb)):
-            continue
         allowed = atol + rtol * abs(va)
+        if not (_finite(va) and _finite(vb)):
+            # NaN/Inf on one side only, or different ones: a mismatch whatever the tolerance.
+            if not (va == vb or (va != va and vb != vb)):
+                checks.append(Check(f"stats.{key}", math.inf, allowed, False))
+            continue
         if key == "norm":
             # The norm sums over all elements: allow atol per element, in L2.
             allowed = atol * max(a.numel, 1) ** 0.5 + rtol * abs(va)

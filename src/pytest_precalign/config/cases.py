@@ -15,6 +15,7 @@ from typing import Any
 from ..compare.tolerances import ToleranceTable
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
+from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
 from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
 from ..yaml_reader import Reader
@@ -50,6 +51,7 @@ CASE_KEYS = (
     "layer_mapping",
     "search",
     "stored_layer_mapping",
+    "min_coverage",
 )
 
 # Where a named mapping came from: (file, None) or (None, (value, source, key_path, line)).
@@ -85,7 +87,6 @@ def parse_case(
     if table is not None and table not in tables:
         known = ", ".join(tables) or "none defined under 'tolerances'"
         reader.fail(f"unknown tolerance table {table!r} (known: {known})", "tolerances")
-    expect = _expect(reader, phases)
     loss = _loss(reader, phases, None if dumps else inputs[input_name])
     _check_record_level(reader, record, refs, models)
     case = CaseSpec(
@@ -101,7 +102,7 @@ def parse_case(
         optimizer=optimizer,
         record=record,
         tolerances=table,
-        expect=expect,
+        expect=_expect(reader, phases),
         loss=loss,
         train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),
@@ -112,9 +113,23 @@ def parse_case(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
         ),
         baseline_rename=baseline_rename,
+        min_coverage=min_coverage(reader),
     )
     reader.done()
     return case
+
+
+def min_coverage(reader: Reader) -> float:
+    """``min_coverage``: the share (0..1) of the baseline's output records of each phase that
+    must find a partner on the candidate's side."""
+    value = reader.get_float("min_coverage", DEFAULT_MIN_COVERAGE)
+    if not 0.0 <= value <= 1.0:
+        reader.fail(
+            f"expected a share between 0 and 1 (e.g. 0.5: half the baseline's output records "
+            f"paired), got {value}",
+            "min_coverage",
+        )
+    return float(value)
 
 
 def _sides(

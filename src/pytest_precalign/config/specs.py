@@ -10,6 +10,7 @@ from typing import Any
 from ..compare.tolerances import ToleranceTable
 from ..errors import ConfigError
 from ..mapping.spec import MappingSpec
+from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
 from ..vocabulary import Phase
 from .search import SearchSpec
@@ -100,6 +101,8 @@ class CaseSpec:
     # --align-baseline: renames from the candidate's names to a stored baseline's (e.g. modules
     # that moved between framework versions); stored traces and weights use the mapped names.
     baseline_rename: MappingSpec | None = None
+    # The share of the baseline's output records of each phase that must find a partner.
+    min_coverage: float = DEFAULT_MIN_COVERAGE
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,15 @@ def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
     worst = worst_metric(verdict)
     if worst is not None:
         props.append(("precalign_worst_metric", worst))
+    cov = verdict.coverage
+    if cov is not None:
+        props += [
+            ("precalign_coverage", round(cov.ratio, 4)),
+            ("precalign_min_coverage", cov.floor),
+            ("precalign_unexplained_unmatched", cov.unexplained),
+        ]
+        if cov.problem:
+            props.append(("precalign_coverage_problem", cov.problem))
     return props
 
 
@@ -83,6 +92,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "table": report.table,
         "compared": v.compared,
         "failed": v.failed_count,
+        "coverage": v.coverage.as_dict() if v.coverage is not None else None,
         "first_divergence": v.first.as_dict() if v.first else None,
         # The case's story: where its divergence enters (the same object in each phase's
         # entry), and whether this phase only follows from it.
@@ -151,7 +161,14 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
     for r in records:
         key = (r.name, r.kind, r.slot)
         if key not in seen:
-            seen[key] = {"name": r.name, "kind": r.kind, "slot": r.slot, "reason": reasons.get(r.id, "")}
+            reason = reasons.get(r.id, "")
+            seen[key] = {
+                "name": r.name,
+                "kind": r.kind,
+                "slot": r.slot,
+                "reason": reason,
+                "unexplained": not reason,
+            }
     return [seen[k] for k in sorted(seen)]
 
 

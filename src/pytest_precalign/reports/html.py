@@ -167,6 +167,16 @@ def _worst_html(worst: Mapping[str, Any] | None) -> str:
     )
 
 
+def _unmatched_facts(unmatched: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if not unmatched.get("baseline") and not unmatched.get("candidate"):
+        return []
+    counts = (
+        f"{len(unmatched.get('baseline', []))} baseline-only, "
+        f"{len(unmatched.get('candidate', []))} candidate-only"
+    )
+    return [("unmatched", counts + _unexplained_html(unmatched))]
+
+
 def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
     phase = str(data.get("phase", ""))
     verdict = str(data.get("verdict") or ("passed" if data.get("passed") else "failed"))
@@ -177,6 +187,7 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
         ("first divergence", _first_html(data.get("first_divergence"))),
         ("worst metric", _worst_html(data.get("worst"))),
     ]
+    facts[1:1] = _coverage_facts(data)
     if data.get("downstream_of"):
         facts.insert(0, ("downstream of", f"<code>{esc(data['downstream_of'])}</code>: no origin of its own"))
     if data.get("expectation"):
@@ -184,15 +195,7 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
     iso = data.get("isolation")
     if iso:
         facts.append(("isolation", f"true origin <code>{esc(iso.get('origin') or 'none')}</code>"))
-    unmatched = data.get("unmatched") or {}
-    if unmatched.get("baseline") or unmatched.get("candidate"):
-        facts.append(
-            (
-                "unmatched",
-                f"{len(unmatched.get('baseline', []))} baseline-only, "
-                f"{len(unmatched.get('candidate', []))} candidate-only",
-            )
-        )
+    facts.extend(_unmatched_facts(data.get("unmatched") or {}))
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in facts)
     if rows:
         magnitudes = any(r.plotted is not None for r in rows)
@@ -227,6 +230,31 @@ def _phase_html(case_id: str, data: Mapping[str, Any]) -> str:
         f'data-verdict="{esc(verdict)}"><h3>{esc(phase)} {_badge(verdict)}</h3>'
         f'<dl class="facts">{dl}</dl>{figure}{table}{repro}</section>'
     )
+
+
+def _coverage_facts(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The phase's coverage (paired share of the baseline's output records), and its problem."""
+    cov = data.get("coverage")
+    if not isinstance(cov, Mapping):
+        return []
+    ratio, floor = cov.get("ratio"), cov.get("floor")
+    if not isinstance(ratio, (int, float)) or not isinstance(floor, (int, float)):
+        return []
+    text = (
+        f"{100 * ratio:.0f}% ({cov.get('paired')} of {cov.get('baseline_outputs')} baseline output "
+        f"records paired; floor {100 * floor:.0f}%)"
+    )
+    facts = [("coverage", esc(text))]
+    if cov.get("problem"):
+        facts.append(("coverage problem", esc(cov["problem"])))
+    return facts
+
+
+def _unexplained_html(unmatched: Mapping[str, Any]) -> str:
+    bare = sum(
+        1 for side in ("baseline", "candidate") for u in unmatched.get(side, []) if not u.get("reason")
+    )
+    return f" ({bare} unexplained: no mapping rule or reason says why)" if bare else ""
 
 
 def _compared_html(data: Mapping[str, Any], outputs: int) -> str:

@@ -129,6 +129,14 @@ def describe_check(check: Check, pair: PairResult) -> str:
     if check.metric == "crc32":
         other = pair.candidate
         return f"CRC-32 {other.crc32 if other else '?'} (candidate) != {pair.record.crc32} (baseline)"
+    if check.value != check.value and not check.passed:
+        return f"{check.metric} is not comparable: no element is finite on both sides"
+    if check.metric.startswith("stats.") and check.value == float("inf") and pair.candidate is not None:
+        key = check.metric.removeprefix("stats.")
+        mine, theirs = (getattr(r.stats, key, "?") for r in (pair.candidate, pair.record))
+        return (
+            f"{check.metric}: {mine} (candidate) vs {theirs} (baseline): the NaN/Inf differ between the sides"
+        )
     relation = "<=" if check.upper else ">="
     return f"{check.metric} = {fmt_number(check.value)}, allowed {relation} {fmt_number(check.allowed)}"
 
@@ -254,7 +262,7 @@ def _names(records: Iterable[Any]) -> list[str]:
     return sorted({f"{r.name}" + (f" {r.slot}" if r.slot not in ("", "out") else "") for r in records})
 
 
-def _unmatched(records: Sequence[Any], side: str) -> str:
+def _unmatched(records: Sequence[Any], side: str, label: str = "") -> str:
     """``N side-only (names)``: N counts records; over several steps, also how many per step
     (a name missing in each of 2 steps is 2 records, 1 per step)."""
     names = _names(records)
@@ -270,19 +278,49 @@ def _unmatched(records: Sequence[Any], side: str) -> str:
             each = f"{counts.pop()} per step over {len(per_step)} steps"
         else:
             each = "per step: " + ", ".join(f"step {k}: {n}" for k, n in sorted(per_step.items()))
-        return f"{len(records)} {side}-only records ({each}; {shown})"
-    return f"{len(records)} {side}-only ({shown})"
+        return f"{len(records)} {side}-only records ({each}; {shown}{label})"
+    return f"{len(records)} {side}-only ({shown}{label})"
 
 
 def unmatched_lines(verdict: PhaseVerdict) -> list[str]:
     if not verdict.only_baseline and not verdict.only_candidate:
         return []
     parts = []
-    if verdict.only_baseline:
-        parts.append(_unmatched(verdict.only_baseline, "baseline"))
-    if verdict.only_candidate:
-        parts.append(_unmatched(verdict.only_candidate, "candidate"))
+    for side, records in (("baseline", verdict.only_baseline), ("candidate", verdict.only_candidate)):
+        if records:
+            bare = [r for r in records if not verdict.reasons.get(r.id)]
+            label = f", {len(bare)} unexplained: no mapping rule or reason says why" if bare else ""
+            parts.append(_unmatched(records, side, label))
     return ["Unmatched records: " + "; ".join(parts)]
+
+
+def coverage_problem_lines(verdict: PhaseVerdict) -> list[str]:
+    """What fails the phase for want of evidence: nothing compared, or coverage under the floor."""
+    cov = verdict.coverage
+    if cov is None or cov.ok:
+        return []
+    head, _, rest = cov.problem.partition(": ")
+    return [f"{head.capitalize()} in {cov.phase}: {rest}"]
+
+
+def coverage_lines(verdict: PhaseVerdict) -> list[str]:
+    """The phase's coverage, one line."""
+    cov = verdict.coverage
+    if cov is None:
+        return []
+    line = f"Coverage: {cov.describe().removeprefix('coverage ')}"
+    if cov.unexplained:
+        line += f"; {cov.unexplained} unmatched record(s) unexplained"
+    return [line]
+
+
+def _summary_coverage(verdict: PhaseVerdict) -> str:
+    """``; coverage 98%`` (and what is unexplained) for the summary line."""
+    cov = verdict.coverage
+    if cov is None:
+        return ""
+    text = f"; coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
+    return text + (f" ({cov.unexplained} unexplained)" if cov.unexplained else "")
 
 
 def overflow_lines(verdict: PhaseVerdict) -> list[str]:
@@ -321,7 +359,7 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
 
 def failure_message(report: PhaseReport) -> str:
     v = report.verdict
-    lines: list[str] = origin_headline(v) if not v.aligned else []
+    lines: list[str] = (origin_headline(v) if not v.aligned else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")
     if v.aligned:
@@ -332,6 +370,7 @@ def failure_message(report: PhaseReport) -> str:
             f"candidate {report.candidate!r} exceed tolerance vs baseline {report.baseline!r} "
             f"({Path(report.defined_in).name}, table {report.table!r})"
         )
+    lines.extend(coverage_lines(v))
     if v.first is not None:
         lines.extend(divergence_lines(v.first, v.downstream))
     lines.extend(isolation_lines(v))
@@ -378,7 +417,9 @@ def summary_line(report: PhaseReport) -> str:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
-    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}"
+    if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
+        detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
+    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}"
 
 
 def verdict_label(verdict: PhaseVerdict) -> str:

@@ -119,6 +119,7 @@ def compare_runs(
     metrics: Sequence[str] = (),
     parallel: Mapping[str, ParallelLayout] | None = None,
     check_mapping: bool = True,
+    min_coverage: float | None = None,
 ) -> CaseRun:
     import time
 
@@ -159,6 +160,7 @@ def compare_runs(
         progress=progress,
         workers=_merged_compare_workers(base, cand),
         check_mapping=check_mapping,
+        min_coverage=min_coverage,
     )
     run = finish(job)
     if custom:

@@ -26,6 +26,7 @@ from ..mapping.usage import MappingUse, check_applied
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
+from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
 from ..verdict.story import tell_case
 from ..vocabulary import Phase
@@ -70,6 +71,7 @@ class FinishInputs:
     progress: Callable[[int, int], None] | None = None
     workers: int | None = None  # compare threads (None: compare_workers())
     check_mapping: bool = True  # False: the caller checks the rules applied over several finishes
+    min_coverage: float | None = None  # the coverage floor (None: the case's, else the default)
 
 
 def compare_workers() -> int:
@@ -104,7 +106,7 @@ def finish(job: FinishInputs) -> CaseRun:
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}
-        verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents)
+        verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
         verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
     verdicts = tell_case(verdicts, phases)
     return CaseRun(
@@ -181,6 +183,13 @@ class PerCase(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _floor(job: FinishInputs) -> float:
+    """The coverage floor: the job's (``--min-coverage``), else its case's ``min_coverage``."""
+    if job.min_coverage is not None:
+        return job.min_coverage
+    return job.case.min_coverage if job.case is not None else DEFAULT_MIN_COVERAGE
 
 
 def _replica_mismatches(job: FinishInputs) -> list[Mapping[str, Any]]:

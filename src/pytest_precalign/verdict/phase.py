@@ -17,6 +17,7 @@ from typing import Any
 from ..compare.pairs import Check, Comparison, PairResult
 from ..trace.records import Record
 from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
     CaseOrigin,
@@ -116,6 +117,8 @@ class PhaseVerdict:
     case_origin: CaseOrigin | None = None
     downstream: bool = False
     matched_children: tuple[str, ...] = ()
+    # How much of the phase was paired at all; a problem with it fails the phase.
+    coverage: Coverage | None = None
 
     @property
     def failed_count(self) -> int:
@@ -327,6 +330,7 @@ def phase_verdict(
     expected_earlier: bool,
     isolated: Comparison | None = None,
     parents: Mapping[str, str] | None = None,
+    min_coverage: float = DEFAULT_MIN_COVERAGE,
 ) -> PhaseVerdict:
     """``expected_earlier``: an expected divergence sits in an earlier phase of the case, so
     this phase is downstream of it and is reported but not gated."""
@@ -349,7 +353,7 @@ def phase_verdict(
     worst = max((p for p in paired if p.record.kind != "input"), key=lambda p: p.severity, default=None)
     aligned = not failures
     passed, checked = _gate(aligned, phase, first, expectation, expected_earlier)
-    return PhaseVerdict(
+    verdict = PhaseVerdict(
         phase=phase,
         aligned=aligned,
         compared=len(paired),
@@ -376,6 +380,14 @@ def phase_verdict(
         ),
         matched_children=matched_children(first.origin_module, first.pair.record, pairs) if first else (),
     )
+    return with_coverage(verdict, pairs, min_coverage)
+
+
+def with_coverage(verdict: PhaseVerdict, pairs: Sequence[PairResult], floor: float) -> PhaseVerdict:
+    """The verdict with its phase's coverage: nothing compared, or less than ``floor`` of the
+    baseline's output records paired, fails the phase whatever else it found."""
+    coverage = measure_coverage(pairs, verdict.phase, floor)
+    return replace(verdict, coverage=coverage, passed=verdict.passed and coverage.ok)
 
 
 def _gate(
