@@ -7,12 +7,42 @@ where it does (``if xdist: ...`` or a ``pytest.skip`` with the reason)."""
 
 from __future__ import annotations
 
-# numpy cannot be imported twice in one process, and pytester restores sys.modules after each
-# test: imported here, before any test, it stays loaded for tests that read traces themselves.
-import numpy  # noqa: F401
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+
+import _pytest.pytester
 import pytest
 
 from tests.helpers.runs import RunPytest
+
+_SITE_PACKAGES = tuple(str(Path(sysconfig.get_paths()[key]).resolve()) for key in ("purelib", "platlib"))
+
+
+def _installed_library(name: str) -> bool:
+    """A module of an installed package (torch, transformers, numpy, megatron...), not the
+    project's own code (an editable install under src/) nor a test suite's file."""
+    module = sys.modules.get(name)
+    where = getattr(module, "__file__", None)
+    return isinstance(where, str) and str(Path(where).resolve()).startswith(_SITE_PACKAGES)
+
+
+class _KeepInstalledLibraries(_pytest.pytester.SysModulesSnapshot):
+    """pytester's sys.modules snapshot, keeping installed libraries imported during an
+    in-process run: torch, numpy and their extensions cannot be imported twice in one process
+    (torch registers its operators once), so a serial inner run can run in process -- several
+    seconds faster than a subprocess that imports torch and transformers anew. The project's
+    own modules and the test's files are dropped after each run, as pytester does."""
+
+    def __init__(self, preserve: Callable[[str], bool] | None = None) -> None:
+        def keep(name: str) -> bool:
+            return _installed_library(name) or (preserve is not None and preserve(name))
+
+        super().__init__(preserve=keep)
+
+
+_pytest.pytester.SysModulesSnapshot = _KeepInstalledLibraries  # type: ignore[misc]
 
 
 @pytest.fixture(params=[pytest.param([], id="serial"), pytest.param(["-n", "2"], id="xdist")])
@@ -29,10 +59,14 @@ def xdist(plugin_args: list[str]) -> bool:
 
 @pytest.fixture
 def run_pytest(pytester: pytest.Pytester, plugin_args: list[str]) -> RunPytest:
-    """``run_pytest(*args)``: pytest in a subprocess in the pytester folder, with ``args`` then
-    the plugin arguments (serial or ``-n 2``) appended; no cache written."""
+    """``run_pytest(*args)``: pytest in the pytester folder, with ``args`` then the plugin
+    arguments appended; no cache written. Serially in process (see ``_KeepInstalledLibraries``),
+    with ``-n 2`` in a subprocess (its workers are subprocesses anyway)."""
 
     def run(*args: str) -> pytest.RunResult:
+        if not plugin_args:
+            basetemp = f"--basetemp={pytester.path / 'bt'}"
+            return pytester.runpytest_inprocess(*args, "-p", "no:cacheprovider", basetemp)
         return pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider", *plugin_args)
 
     return run

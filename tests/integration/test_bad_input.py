@@ -214,17 +214,35 @@ def test_missing_tolerance_file_names_the_config_line(
     )
 
 
-@pytest.mark.parametrize(
-    "error_id", ["module-not-importable", "attribute-missing", "factory-raises", "hf-class-missing"]
-)
-def test_bad_source_is_a_usage_error(suite: pytest.Pytester, run_pytest: RunPytest, error_id: str) -> None:
-    _, config, fragments = next(e for e in SOURCE_ERRORS if e[0] == error_id)
-    result = _run(suite, run_pytest, config)
+def _check_bad_source(suite: pytest.Pytester, result: pytest.RunResult, error_id: str) -> None:
+    _, _, fragments = next(e for e in SOURCE_ERRORS if e[0] == error_id)
     cfg = suite.path / "cfg.yaml"
     _assert_usage_error(result, f"ERROR: --align-config: case 'c1': {cfg}:", *fragments)
     # The error stops the session at collection: no test ran.
     assert "passed" not in result.stdout.str()
     assert "failed" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    "error_id", ["module-not-importable", "attribute-missing", "factory-raises", "hf-class-missing"]
+)
+def test_bad_source_is_a_usage_error(suite: pytest.Pytester, error_id: str) -> None:
+    """Serially (in process): each kind of broken source, its message. The -n 2 path, where a
+    worker hands the error to the controller, is the next test."""
+    config = next(e[1] for e in SOURCE_ERRORS if e[0] == error_id)
+    (suite.path / "cfg.yaml").write_text(config, encoding="utf-8")
+    basetemp = f"--basetemp={suite.path / 'bt'}"
+    result = suite.runpytest_inprocess("--align-config", "cfg.yaml", "-p", "no:cacheprovider", basetemp)
+    _check_bad_source(suite, result, error_id)
+
+
+def test_bad_source_is_a_usage_error_on_xdist_workers(suite: pytest.Pytester) -> None:
+    """With -n 2 the sources are checked on the workers: one worker's error is the run's one
+    ``ERROR:`` line and exit code 4, as serially (one kind of error: the path is the same)."""
+    config = next(e[1] for e in SOURCE_ERRORS if e[0] == "factory-raises")
+    (suite.path / "cfg.yaml").write_text(config, encoding="utf-8")
+    result = suite.runpytest_subprocess("--align-config", "cfg.yaml", "-p", "no:cacheprovider", "-n", "2")
+    _check_bad_source(suite, result, "factory-raises")
 
 
 def test_bad_source_in_deselected_case_is_not_checked(

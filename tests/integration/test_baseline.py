@@ -1,5 +1,7 @@
 """--align-baseline end to end: a stored baseline's life cycle, the environment and weights
-differences it names, partial runs and ``precalign record``; each run serially and with -n 2."""
+differences it names, partial runs and ``precalign record``; each run serially and with -n 2.
+Every item is in report.json and the terminal summary in each state (workers once kept
+baseline entries to themselves: report.json had "cases": [])."""
 
 from __future__ import annotations
 
@@ -69,6 +71,19 @@ def _report(pytester: pytest.Pytester) -> dict[tuple[str, str], dict[str, Any]]:
     return {(c["name"], c["phase"]): c for c in cases}
 
 
+def _assert_summary(result: pytest.RunResult) -> None:
+    """Both items are named in the terminal summary's precalign section (under -n 2 too: the
+    workers' baseline entries reach the controller)."""
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if "precalign" in line and line.startswith("="))
+    named: set[str] = set()
+    for line in lines[start + 1 :]:
+        if line.startswith("="):
+            break
+        named |= {item for item in ("port[forward]", "port[backward]") if f" {item}:" in line}
+    assert named == {"port[forward]", "port[backward]"}, "\n".join(lines)
+
+
 def _assert_report(pytester: pytest.Pytester, actions: set[str], passed: bool) -> dict[str, Any]:
     """Both items of case port are in report.json with their baseline's action; returns the
     forward entry."""
@@ -99,6 +114,7 @@ def test_life_cycle(
     result.stdout.fnmatch_lines(["*Baseline written: bl/port*"] if not xdist else ["*bl/port*"])
     # -n 2: the other phase's worker finds it written earlier in this very run
     _assert_report(pytester, {"written", "written-earlier"}, passed=False)
+    _assert_summary(result)
     assert (baseline / "manifest.json").is_file() and (baseline / "weights.safetensors").is_file()
     manifest = json.loads((baseline / "manifest.json").read_text())
     assert manifest["side"] == "candidate" and manifest["case"] == "port"
@@ -107,7 +123,9 @@ def test_life_cycle(
     written = digest(baseline)
 
     # 2. Rerun: compared, passes, nothing rewritten.
-    run().assert_outcomes(passed=2)
+    result = run()
+    result.assert_outcomes(passed=2)
+    _assert_summary(result)
     assert _report(pytester)["port", "forward"]["first_divergence"] is None
     _assert_report(pytester, {"compared"}, passed=True)
     assert digest(baseline) == written
@@ -117,6 +135,7 @@ def test_life_cycle(
     result = run()
     result.assert_outcomes(failed=2)
     forward = _assert_report(pytester, {"compared"}, passed=False)
+    _assert_summary(result)
     assert (forward["first_divergence"]["name"], forward["first_divergence"]["origin"]) == ("mid", True)
     assert forward["baseline"]["obtained"].endswith("bl/port.obtained")
     result.stdout.fnmatch_lines(
@@ -215,9 +234,9 @@ def _cli(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.run(sys.executable, "-m", "pytest_precalign", *args)
 
 
-def test_record_cli_writes_a_baseline_usable_by_pytest_and_compare(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
+def test_record_cli_writes_a_baseline_usable_by_pytest_and_compare(pytester: pytest.Pytester) -> None:
+    """The CLI in subprocesses; its baseline gated by pytest once, serially in process (the gate
+    under -n 2 is ``test_life_cycle[xdist]``)."""
     _suite(pytester)
     result = _cli(pytester, "record", "align.yaml", "--out", "bl")
     assert result.ret == 0, result.stderr.str()
@@ -239,7 +258,16 @@ def test_record_cli_writes_a_baseline_usable_by_pytest_and_compare(
     compare = _cli(pytester, "compare", "golden/port", "bl/port")
     assert compare.ret == 0, compare.stdout.str()
     # As a baseline for pytest: compared, and passes.
-    _gate(run_pytest).assert_outcomes(passed=2)
+    gate = pytester.runpytest_inprocess(
+        "--align-config",
+        "align.yaml",
+        "--align-baseline",
+        "bl",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={pytester.path / 'bt'}",
+    )
+    gate.assert_outcomes(passed=2)
     # A drifted candidate vs the recorded one, offline.
     _suite(pytester, bug=0.5)
     assert _cli(pytester, "record", "align.yaml", "--out", "drift").ret == 0

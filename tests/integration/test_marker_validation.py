@@ -3,8 +3,17 @@ usage-error line naming the marker, the argument and the allowed values, never a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+# The plugin's report header imports torch: imported here, before any in-process run, it stays
+# loaded (pytester restores sys.modules after each run, and torch cannot be imported twice).
+import torch  # noqa: F401
+
+from pytest_precalign.align_runner import AlignRunner
+from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.errors import ConfigError
 from tests.helpers.runs import RunPytest
 
 CONFIG = """
@@ -42,20 +51,47 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_wrong_marker_argument_is_one_usage_error_line(
-    pytester: pytest.Pytester, run_pytest: RunPytest, name: str
+def test_each_wrong_marker_argument_names_the_marker_the_argument_and_the_allowed(
+    tmp_path: Path, name: str
 ) -> None:
+    """The message for every wrong argument, from the plugin's own marker check (in process: the
+    check runs at collection, before any model is built; the run below shows it reaches the user
+    as one usage-error line)."""
+    args, expected = CASES[name]
+    (tmp_path / "align.yaml").write_text(CONFIG, encoding="utf-8")
+    config = load_config_file(tmp_path / "align.yaml")
+    marker = eval(f"pytest.mark.align({args})").mark  # the argument text exactly as in TEST
+
+    def fail(outcome: object) -> None:
+        raise AssertionError(outcome)
+
+    with pytest.raises(ConfigError) as excinfo:
+        AlignRunner.from_marker(config, marker, "test_port.py::test_port", fail, tmp_path)
+    assert str(excinfo.value).startswith("test_port.py::test_port: "), str(excinfo.value)
+    assert expected in str(excinfo.value)
+
+
+@pytest.mark.parametrize("name", ["phases", "unknown-key"])
+def test_a_wrong_marker_argument_is_one_usage_error_line(
+    pytester: pytest.Pytester, plugin_args: list[str], name: str
+) -> None:
+    """Serially and with -n 2 (the workers hand the error to the controller): one ``ERROR:``
+    line on stderr, exit code 4, no traceback. In process: the run stops at collection, before
+    anything imports torch."""
     args, expected = CASES[name]
     pytester.makepyfile(nets="import torch\n\ndef build():\n    return torch.nn.Embedding(4, 2)\n")
     pytester.makefile(".yaml", align=CONFIG)
     pytester.makepyfile(test_port=TEST.format(args=args))
-    result = run_pytest("--align-config", "align.yaml", "test_port.py")
+    basetemp = f"--basetemp={pytester.path / 'bt'}"
+    result = pytester.runpytest_inprocess(
+        "--align-config", "align.yaml", "test_port.py", "-p", "no:cacheprovider", basetemp, *plugin_args
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    errors = [line for line in result.stderr.lines if line.strip()]
-    assert len(errors) == 1, result.stderr.lines
+    errors = [line for line in result.errlines if line.strip()]
+    assert len(errors) == 1, result.errlines
     assert errors[0].startswith("ERROR: test_port.py::test_port: "), errors[0]
     assert expected in errors[0]
-    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in "\n".join(result.outlines + result.errlines)
 
 
 def test_a_valid_marker_runs(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
