@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.files import digest
 from tests.helpers.paths import SRC
 
@@ -19,6 +21,8 @@ from tests.helpers.paths import SRC
 WRITER = """
 import sys, torch
 from pathlib import Path
+
+import pytest
 from pytest_precalign.trace import native_io as trace_io
 from pytest_precalign.baseline.store import write_stored
 from pytest_precalign.trace.records import Record, Stats, Trace
@@ -132,3 +136,18 @@ def test_environment_diff_lists_what_changed() -> None:
         "1 candidate parameters absent from the baseline: d",
     ]
     assert weights_diff(stored, stored) == []
+
+
+def test_writable_without_statvfs_falls_back_to_the_access_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows has no ``os.statvfs``: the folder's permissions alone decide."""
+    from pytest_precalign.baseline.store import writable
+
+    monkeypatch.delattr(os, "statvfs")
+    assert writable(tmp_path)
+    assert not writable(tmp_path / "missing")
+    if os.geteuid() != 0:  # root may write anywhere: only a non-root user sees a 0o555 folder refuse
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        assert not writable(locked)

@@ -85,9 +85,11 @@ def case_lock(root: Path, case: str) -> Iterator[None]:
 
 
 def writable(root: Path) -> bool:
-    """Can files be created in ``root``? (Not on a read-only mount, even for root.)"""
+    """Can files be created in ``root``? (Not on a read-only mount, even for root; where the
+    platform has no ``statvfs``, as on Windows, the access check alone decides.)"""
+    statvfs = getattr(os, "statvfs", None)
     try:
-        read_only_mount = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+        read_only_mount = statvfs is not None and bool(statvfs(root).f_flag & os.ST_RDONLY)
     except OSError:
         return False
     return not read_only_mount and os.access(root, os.W_OK | os.X_OK)
