@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     _compare_parser(sub.add_parser("compare", help="compare two stored runs (trace directories)"))
     _calibrate_parser(sub)
     _record_parser(sub)
+    env_diff = sub.add_parser(
+        "env-diff",
+        help="compare the environments two runs were recorded in (exit 0 same, 1 differs, 2 bad input)",
+    )
+    env_diff.add_argument("first", help="a recorded run: a trace or baseline folder, or its manifest.json")
+    env_diff.add_argument("second", help="the other recorded run")
     return parser
 
 
@@ -132,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _compare(args)
         if args.command == "calibrate":
             return _calibrate(args, argv)
+        if args.command == "env-diff":
+            return _env_diff(args.first, args.second)
         if args.command == "record":
             from .baseline.command import record_cases
 
@@ -212,6 +220,9 @@ def _compare(args: argparse.Namespace) -> int:
         min_coverage=_min_coverage(args.min_coverage),
     )
     outcomes = compare_outcomes(args.golden, args.target, runs)
+    from .trace.environment import compare_heading
+
+    print("\n".join(compare_heading(args.golden, args.target)))
     _print_outcomes(outcomes)
     if args.report:
         entries = [o.entry for o in outcomes if o.entry is not None]
@@ -224,6 +235,14 @@ def _print_outcomes(outcomes: Sequence[ItemOutcome]) -> None:
         print(outcome.summary)
         if not outcome.passed:
             print("  " + outcome.message.replace("\n", "\n  "))
+
+
+def _env_diff(first: str, second: str) -> int:
+    from .trace.environment import diff_lines, read_manifest
+
+    lines, differs = diff_lines(read_manifest(first), read_manifest(second), first, second)
+    print("\n".join(lines))
+    return 1 if differs else 0
 
 
 def _exit_code(outcomes: Sequence[ItemOutcome]) -> int:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from .._atomic import fsync_file, publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
 from ..mapping.spec import MappingSpec
+from ..trace.environment import environment_diff, weights_diff
 from ..vocabulary import UPDATE_POLICIES
 
 if TYPE_CHECKING:
@@ -191,57 +192,6 @@ def read_weights(path: Path) -> dict[str, torch.Tensor] | None:
         return dict(load_file(str(file)))
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise TraceError(f"{file}: cannot read the baseline's weights: {exc}") from None
-
-
-# -- environment and weights differences ------------------------------------------------------
-
-_VERSIONS = ("python", "torch", "transformers", "megatron-core", "torch_npu", "safetensors")
-
-
-def environment_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """What changed between the environment a baseline was recorded in and this one, as
-    ``transformers 4.49.0 → 5.23.0`` items."""
-    out = []
-    sv, cv = stored.get("versions") or {}, current.get("versions") or {}
-    for key in _VERSIONS:
-        a, b = sv.get(key), cv.get(key)
-        if a != b:
-            out.append(f"{key} {a or 'absent'} → {b or 'absent'}")
-    for key in ("device", "dtype", "seed"):
-        if stored.get(key) != current.get(key):
-            out.append(f"{key} {stored.get(key)} → {current.get(key)}")
-    sd, cd = stored.get("determinism") or {}, current.get("determinism") or {}
-    for key in ("requested", "deterministic_algorithms"):
-        if sd.get(key) != cd.get(key):
-            out.append(f"determinism.{key} {sd.get(key)} → {cd.get(key)}")
-    if stored.get("config_digest") != current.get("config_digest"):
-        a, b = str(stored.get("config_digest"))[:12], str(current.get("config_digest"))[:12]
-        out.append(f"config digest {a} → {b}")
-    return out
-
-
-def weights_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Parameters whose initial values differ from the baseline's (empty when the same)."""
-    sw, cw = stored.get("weights") or {}, current.get("weights") or {}
-    if not sw or sw.get("sha256") == cw.get("sha256"):
-        return []
-    sp, cp = sw.get("params") or {}, cw.get("params") or {}
-    changed = [n for n in sp if n in cp and sp[n] != cp[n]]
-    missing = [n for n in sp if n not in cp]
-    new = [n for n in cp if n not in sp]
-    out = []
-    if changed:
-        out.append(f"{len(changed)} of {len(sp)} parameters differ: {_names(changed)}")
-    if missing:
-        out.append(f"{len(missing)} baseline parameters absent from the candidate: {_names(missing)}")
-    if new:
-        out.append(f"{len(new)} candidate parameters absent from the baseline: {_names(new)}")
-    return out or ["the weights checksum differs"]
-
-
-def _names(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
 # -- the check of one case --------------------------------------------------------------------

@@ -127,6 +127,34 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+# Environment variables that change numerics (or the threads a reduction is split over) without
+# a line of the user's code changing: recorded in every manifest, compared by ``env-diff``.
+NUMERICS_ENV = (
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUBLASLT_WORKSPACE_SIZE",
+    "CUDA_LAUNCH_BLOCKING",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "HCCL_DETERMINISTIC",
+    "ASCEND_LAUNCH_BLOCKING",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TORCH_CUDNN_V8_API_ENABLED",
+)
+
+
+def numerics() -> dict[str, Any]:
+    """Settings outside the determinism flags that change results: matmul precision (TF32 on
+    Ampere and later) and the numerics environment variables."""
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "env": {k: os.environ.get(k) for k in NUMERICS_ENV},
+    }
+
+
 def environment(device: str, dtype: str, seed: int, flags: dict[str, Any]) -> dict[str, Any]:
     return {
         "versions": package_versions(),
@@ -136,5 +164,6 @@ def environment(device: str, dtype: str, seed: int, flags: dict[str, Any]) -> di
         "dtype": dtype,
         "seed": seed,
         "determinism": flags,
+        "numerics": numerics(),
         "torch_threads": torch.get_num_threads(),
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config.specs import AlignConfig, CaseSpec, ModelSpec
@@ -22,7 +22,7 @@ from ..mapping.weights import SyncReport, sync_weights
 from ..recording.determinism import deterministic, environment
 from ..recording.recorder import Recorder
 from ..sources import LoadedModel, build_model, runtime
-from ..sources.inputs import CaseInputs, build_inputs
+from ..sources.inputs import CaseInputs, build_inputs, inputs_digest
 from ..trace.records import Trace
 from .launch import in_process_twin, is_launched, run_launched
 from .side import run_side
@@ -80,10 +80,23 @@ class LiveCase:
 
     def manifest(self, spec: ModelSpec, **extra: Any) -> dict[str, Any]:
         """The run's environment, the config digest and the case name, then ``extra``."""
+        settings = {
+            "phases": list(self.case.phases),
+            "steps": self.case.steps,
+            "loss": self.case.loss,
+            "train": self.case.train,
+            "optimizer": {
+                k: v if not isinstance(v, tuple) else list(v) for k, v in asdict(self.case.optimizer).items()
+            },
+            "record": self.case.record.mode,
+        }
+        digest = {} if self.inputs is None else {"inputs_digest": inputs_digest(self.inputs)}
         return {
             **self.environment(spec),
             "config_digest": self.config.digest,
             "case": self.case.name,
+            "case_settings": settings,
+            **digest,
             **extra,
         }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,22 @@ class CaseInputs:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.model_inputs.items()}
         labels = self.labels.to(device) if self.labels is not None else None
         return CaseInputs(moved, labels)
+
+
+def inputs_digest(inputs: CaseInputs) -> str:
+    """sha256 of the inputs' names, dtypes, shapes and values (labels included): two runs fed
+    the same tensors have the same digest."""
+    whole = hashlib.sha256()
+    items = sorted(inputs.model_inputs.items()) + [("labels", inputs.labels)]
+    for name, value in items:
+        whole.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            whole.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            whole.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        else:
+            whole.update(repr(value).encode())
+    return whole.hexdigest()
 
 
 def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:

@@ -1,0 +1,144 @@
+"""What differs between the environments two runs were recorded in (msprobe's config_check,
+for our manifests): Python and package versions, device and dtype, thread counts, determinism
+settings, the environment variables that change numerics, the config digest and the case's
+settings, the initial weights' and the inputs' checksums. Read from manifest.json; torch-free."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceError
+
+# Versions first, in this order; any other package a manifest names follows, sorted.
+VERSION_ORDER = ("python", "torch", "torch_npu", "transformers", "megatron-core", "safetensors")
+
+# Top-level manifest keys compared as plain values, with how a line names them.
+_PLAIN = (
+    ("platform", "platform"),
+    ("device", "device"),
+    ("dtype", "dtype"),
+    ("seed", "seed"),
+    ("torch_threads", "torch threads"),
+)
+
+
+def environment_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Every environment difference between two manifests, one ``what a → b`` line each; empty
+    when they were recorded alike. Weights are :func:`weights_diff`'s."""
+    out = _versions(a.get("versions") or {}, b.get("versions") or {})
+    for key, label in _PLAIN:
+        if a.get(key) != b.get(key):
+            out.append(f"{label} {_show(a.get(key))} → {_show(b.get(key))}")
+    out += _nested("determinism", a.get("determinism") or {}, b.get("determinism") or {})
+    out += _nested("numerics", a.get("numerics") or {}, b.get("numerics") or {})
+    out += _nested("case settings", a.get("case_settings") or {}, b.get("case_settings") or {})
+    for key, label in (("config_digest", "config digest"), ("inputs_digest", "inputs digest")):
+        if a.get(key) != b.get(key):
+            out.append(f"{label} {_short(a.get(key))} → {_short(b.get(key))}")
+    return out
+
+
+def weights_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Parameters whose initial values differ between two manifests (empty when the same or
+    when the first has no weights checksum)."""
+    sw, cw = a.get("weights") or {}, b.get("weights") or {}
+    if not sw or sw.get("sha256") == cw.get("sha256"):
+        return []
+    sp, cp = sw.get("params") or {}, cw.get("params") or {}
+    changed = [n for n in sp if n in cp and sp[n] != cp[n]]
+    missing = [n for n in sp if n not in cp]
+    new = [n for n in cp if n not in sp]
+    out = []
+    if changed:
+        out.append(f"{len(changed)} of {len(sp)} parameters differ: {_names(changed)}")
+    if missing:
+        out.append(f"{len(missing)} baseline parameters absent from the candidate: {_names(missing)}")
+    if new:
+        out.append(f"{len(new)} candidate parameters absent from the baseline: {_names(new)}")
+    return out or ["the weights checksum differs"]
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of a recorded run: a trace or baseline folder, or its manifest.json.
+    ``TraceError`` naming the path when there is none (an msprobe dump carries no manifest)."""
+    root = Path(path)
+    file = root / "manifest.json" if root.is_dir() else root
+    if not file.is_file():
+        if root.is_dir() and _looks_like_msprobe(root):
+            raise TraceError(f"{root}: an msprobe dump carries no manifest: its environment was not recorded")
+        raise TraceError(f"{root}: no recorded run there (expected a trace folder or its manifest.json)")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise TraceError(f"{file}: not a readable manifest ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or "versions" not in data:
+        raise TraceError(f"{file}: not a pytest-precalign manifest (no 'versions')")
+    return data
+
+
+def _looks_like_msprobe(root: Path) -> bool:
+    return (root / "dump.json").is_file() or any(root.glob("step*")) or any(root.glob("rank*"))
+
+
+def _versions(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    others = sorted((set(a) | set(b)) - set(VERSION_ORDER))
+    return [
+        f"{key} {a.get(key) or 'absent'} → {b.get(key) or 'absent'}"
+        for key in (*VERSION_ORDER, *others)
+        if a.get(key) != b.get(key)
+    ]
+
+
+def _nested(prefix: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``prefix.key a → b`` for each differing key, one level of dicts flattened (env vars)."""
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) or isinstance(y, dict):
+            out += _nested(
+                f"{prefix}.{key}", x if isinstance(x, dict) else {}, y if isinstance(y, dict) else {}
+            )
+        elif x != y:
+            out.append(f"{prefix}.{key} {_show(x)} → {_show(y)}")
+    return out
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else str(value)
+
+
+def _short(value: Any) -> str:
+    return "absent" if value is None else str(value)[:12]
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    head = ", ".join(names[:limit])
+    return head + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def diff_lines(a: Mapping[str, Any], b: Mapping[str, Any], first: str, second: str) -> tuple[list[str], bool]:
+    """``precalign env-diff``'s report and whether anything differs: a heading, then the
+    environment's and the initial weights' differences, one indented line each; a single line
+    when there are none."""
+    env, weights = environment_diff(a, b), weights_diff(a, b)
+    if not env and not weights:
+        versions = a.get("versions") or {}
+        shown = ", ".join(f"{k} {versions[k]}" for k in VERSION_ORDER if versions.get(k))
+        return [f"environment: the same in {first} and {second} ({shown})"], False
+    out = [f"environment: {len(env) + len(weights)} difference(s) from {first} to {second}"]
+    out += [f"  {line}" for line in env]
+    out += [f"  weights: {line}" for line in weights]
+    return out, True
+
+
+def compare_heading(first: str | Path, second: str | Path) -> list[str]:
+    """The environment lines that head ``precalign compare``: the diff of the two sides'
+    manifests, or why there is none (an msprobe dump, a rank folder)."""
+    try:
+        a, b = read_manifest(first), read_manifest(second)
+    except TraceError as exc:
+        return [f"environment: not compared ({str(exc).partition(': ')[2] or exc})"]
+    return diff_lines(a, b, str(first), str(second))[0]
