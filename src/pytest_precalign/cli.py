@@ -73,6 +73,12 @@ def _record_parser(sub: Any) -> None:
         help="which model of the case to record (default: candidate)",
     )
     record.add_argument("--overwrite", action="store_true", help="replace an existing DIR/<case>/")
+    record.add_argument(
+        "--variant",
+        default="",
+        metavar="LABEL",
+        help="record an environment variant DIR/<case>@LABEL/ (a run compares with the closest variant)",
+    )
 
 
 def _compare_parser(compare: argparse.ArgumentParser) -> None:
@@ -143,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "record":
             from .baseline.command import record_cases
 
-            for line in record_cases(Path(args.config), Path(args.out), args.case, args.side, args.overwrite):
+            for line in record_cases(
+                Path(args.config), Path(args.out), args.case, args.side, args.overwrite, args.variant
+            ):
                 print(line)
             return 0
         return _run(Path(args.config), args.case, args.report, args.save_traces)

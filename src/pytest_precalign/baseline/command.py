@@ -8,12 +8,16 @@ from pathlib import Path
 from ..errors import ConfigError, TraceError
 
 
-def record_cases(config_path: Path, out: Path, cases: list[str], side: str, overwrite: bool) -> Iterator[str]:
-    """Record ``side`` of the cases as ``out/<case>/``; yields a line per case recorded."""
+def record_cases(
+    config_path: Path, out: Path, cases: list[str], side: str, overwrite: bool, variant: str = ""
+) -> Iterator[str]:
+    """Record ``side`` of the cases as ``out/<case>/`` (``out/<case>@<variant>/`` for an
+    environment variant); yields a line per case recorded."""
     from ..config.loader import load_config_file
     from ..run.case import preflight_case
     from .record_side import record_side
-    from .store import baseline_dir, case_lock, recover, write_stored
+    from .store import case_lock, recover, write_stored
+    from .variants import variant_dir
 
     config = load_config_file(config_path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
@@ -24,9 +28,9 @@ def record_cases(config_path: Path, out: Path, cases: list[str], side: str, over
             )
         preflight_case(config, case)
     for case in selected:
-        target = baseline_dir(out, case.name)
+        target = variant_dir(out, case.name, variant)
         with case_lock(out, case.name):
-            recover(out, case.name)
+            recover(out, target.name)
             if target.exists() and not overwrite:
                 raise TraceError(f"{target}: already recorded; refusing to overwrite it (pass --overwrite)")
             rec = record_side(config, case, side)

@@ -69,6 +69,8 @@ def baseline_outcome(
     elif outcome.action == "updated":
         message = updated_message(outcome)
     updated = f"; baseline {outcome.action}" if outcome.action == "updated" else ""
+    if outcome.variants > 1:
+        updated += f"; baseline variant {outcome.variant or 'default'} (closest of {outcome.variants})"
     if outcome.env_diff:  # an upgrade that passes says what it passed across
         updated += f"; since the baseline: {', '.join(outcome.env_diff[:3])}"
         updated += f" (+{len(outcome.env_diff) - 3} more)" if len(outcome.env_diff) > 3 else ""

@@ -48,6 +48,9 @@ def recovery_lines(outcome: BaselineOutcome) -> list[str]:
 
 def context_lines(outcome: BaselineOutcome) -> list[str]:
     lines = [f"Stored baseline: {outcome.path} (recorded with {recorded_with(outcome.stored_env)})"]
+    if outcome.variants > 1:
+        which = f"variant {outcome.variant!r}" if outcome.variant else "the default variant"
+        lines.append(f"Baseline variant: {which}, the closest of {outcome.variants} to this environment")
     lines.extend(recovery_lines(outcome))
     if outcome.env_diff:
         lines.append("Environment changed since it was recorded: " + "; ".join(outcome.env_diff))
@@ -97,6 +100,8 @@ def baseline_dict(outcome: BaselineOutcome) -> dict[str, Any]:
         "environment_changes": list(outcome.env_diff),
         "weights_changes": list(outcome.weights_diff),
         "obtained": str(outcome.obtained) if outcome.obtained else None,
+        "variant": outcome.variant,
+        "variants": outcome.variants,
     }
 
 

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from ..errors import TraceError
 from ..mapping.spec import MappingSpec
 from ..trace.environment import environment_diff, weights_diff
 from ..vocabulary import UPDATE_POLICIES
+from .variants import choose
 
 if TYPE_CHECKING:
     import torch
@@ -214,6 +215,8 @@ class BaselineOutcome:
     stored_env: Mapping[str, Any] = field(default_factory=dict)
     recovered: tuple[str, ...] = ()  # what a killed writer left and this run cleaned up
     obtained_skipped: str = ""  # why the obtained trace of a mismatch was not written
+    variant: str = ""  # the label of the environment variant compared with ("": the default)
+    variants: int = 0  # how many variants of the case the folder holds
 
 
 def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run_id: str) -> BaselineOutcome:
@@ -224,9 +227,12 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
     if update not in UPDATE_POLICIES:
         raise ValueError(update)
     started = time.perf_counter()
-    target = baseline_dir(root, case.name)
     with case_lock(root, case.name):
-        recovered = tuple(recover(root, case.name))
+        chosen = choose(root, case.name, current_environment(config, case))
+        target = chosen.path
+        recovered = tuple(recover(root, case.name)) + tuple(
+            recover(root, target.name) if target.name != case.name else ()
+        )
         stored = _read_own(target, case.name)
         stored_info = dict(stored.manifest.get("baseline") or {}) if stored is not None else {}
         if stored is not None and stored_info.get("run_id") == run_id and update != "all":
@@ -245,7 +251,17 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
                 case.name, target, "written", weights_source=rec.weights_source, recovered=recovered
             )
         outcome = _compare(config, case, stored, stored_side, rec, started, target, recovered)
+        outcome = replace(outcome, variant=chosen.label, variants=chosen.among)
         return _settle(outcome, rec, root, update, extra)
+
+
+def current_environment(config: AlignConfig, case: CaseSpec) -> dict[str, Any]:
+    """What a variant is chosen by: this process's package versions and the candidate's device
+    and dtype."""
+    from ..recording.determinism import package_versions
+
+    spec = config.models[case.candidate]
+    return {"versions": package_versions(), "device": spec.device, "dtype": spec.dtype}
 
 
 def _read_own(target: Path, case: str) -> Trace | None:
