@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -102,19 +103,48 @@ def load_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: YAML syntax error: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a config (thousands of levels)") from None
+
+
+# A config, mapping or tolerance table is written by hand: far below this. A bigger or binary
+# file is refused after its size and first bytes, before it is read whole (a 2 GB file once
+# cost 16 s and 4.4 GB of memory to be rejected).
+MAX_YAML_BYTES = 16 << 20
+_SNIFF_BYTES = 8192
+
+
+def read_text_file(path: Path, what: str = "a YAML file") -> str:
+    """A hand-written text file's contents: one ConfigError naming the file when it is missing,
+    a directory, unreadable, too big, binary or not UTF-8."""
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_YAML_BYTES:
+                raise ConfigError(
+                    f"{path}: {size} bytes; expected {what} of at most {MAX_YAML_BYTES >> 20} MiB"
+                )
+            head = handle.read(_SNIFF_BYTES)
+            if b"\0" in head:
+                raise ConfigError(f"{path}: a binary file (NUL bytes); expected {what}")
+            data = head + handle.read(MAX_YAML_BYTES + 1 - len(head))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected {what}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_YAML_BYTES:  # grew while being read (a pipe, a growing file)
+        raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; expected {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); expected {what}") from None
 
 
 def read_yaml_file(path: Path) -> Any:
     """Read and parse a YAML file, with a clear error when it is missing or unreadable."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    return load_yaml(text, str(path))
+    return load_yaml(read_text_file(path), str(path))
 
 
 _TYPE_NAMES = {

@@ -63,6 +63,50 @@ def test_factory_failing_only_on_meta_is_retried_on_cpu(
 # -- the precalign CLI --------------------------------------------------------------------------
 
 
+def test_validate_does_not_build_inputs(cli_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A billion tokens (8 GB of ids) are the run's business, not validate's: it checks the
+    config and the sources, and returns."""
+    (cli_suite / "cfg.yaml").write_text(
+        variant("seq_len: 3", "seq_len: 1000000000").replace("batch: 1", "batch: 8"), encoding="utf-8"
+    )
+    code, out, err = _cli(capsys, "validate", str(cli_suite / "cfg.yaml"))
+    assert (code, err) == (0, ""), err
+    assert out.endswith(": valid (1 case(s), 2 model(s))\n")
+
+
+def test_an_input_factory_that_raises_is_one_message_when_the_case_runs(
+    cli_suite: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = cli_suite / "cfg.yaml"
+    factory = "{kind: factory, factory: 'tiny_models:inputs_raises'}"
+    cfg.write_text(variant("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 4}", factory), encoding="utf-8")
+    assert _cli(capsys, "validate", str(cfg))[0] == 0  # it imports: validate does not call it
+    code, out, err = _cli(capsys, "run", str(cfg))
+    assert (code, out) == (2, "")
+    _assert_cli_error(
+        err, f"precalign: error: {cfg}:6: inputs.toks.factory: tiny_models:inputs_raises raised ValueError"
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "where"),
+    [
+        ("{kind: tokens, batch: 1, seq_len: 1, vocab_size: 4, labels: true}", "inputs"),
+        ("{kind: ids, input_ids: [[1], [2]], labels: true}", "inputs"),
+    ],
+    ids=["tokens", "ids"],
+)
+def test_one_token_with_the_causal_lm_loss_is_a_config_error(
+    cli_suite: Path, capsys: pytest.CaptureFixture[str], inputs: str, where: str
+) -> None:
+    """The causal-LM loss of one token is NaN on both sides: refused, not compared as aligned."""
+    cfg = cli_suite / "cfg.yaml"
+    cfg.write_text(variant("{kind: tokens, batch: 1, seq_len: 3, vocab_size: 4}", inputs), encoding="utf-8")
+    code, out, err = _cli(capsys, "validate", str(cfg))
+    assert (code, out) == (2, "")
+    _assert_cli_error(err, f"precalign: error: {cfg}:", "loss 'causal_lm' needs at least 2 tokens per row")
+
+
 def test_cli_validate_good_config(cli_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (cli_suite / "cfg.yaml").write_text(GOOD, encoding="utf-8")
     code, out, err = _cli(capsys, "validate", str(cli_suite / "cfg.yaml"))

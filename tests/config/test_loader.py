@@ -799,8 +799,34 @@ def test_config_file_not_utf8(tmp_path: Path) -> None:
     file.write_bytes("version: 1 # caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError) as excinfo:
         load_config_file(file)
-    assert str(excinfo.value).startswith(f"{file}: cannot read:")
-    assert "utf-8" in str(excinfo.value)
+    assert str(excinfo.value) == f"{file}: not UTF-8 text (byte 16); expected an alignment YAML file"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"version: 1\n\0\0\0binary", "a binary file (NUL bytes); expected an alignment YAML file"),
+        (b"[" * 50_000 + b"]" * 50_000, "nested too deeply to be a config (thousands of levels)"),
+    ],
+    ids=["binary", "deeply-nested"],
+)
+def test_binary_or_deeply_nested_config_is_one_message(tmp_path: Path, content: bytes, message: str) -> None:
+    file = tmp_path / "cfg.yaml"
+    file.write_bytes(content)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config_file(file)
+    assert str(excinfo.value).endswith(message), str(excinfo.value)
+
+
+def test_a_huge_config_is_refused_by_its_size_before_it_is_read(tmp_path: Path) -> None:
+    """A sparse file: 2 GiB on paper, no disk used; refused by its size, not read."""
+    file = tmp_path / "huge.yaml"
+    with file.open("wb") as handle:
+        handle.write(b"version: 1\n")
+        handle.truncate(2 << 30)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config_file(file)
+    assert str(excinfo.value) == f"{file}: {2 << 30} bytes; expected an alignment YAML file of at most 16 MiB"
 
 
 def test_load_config_file_resolves_and_digests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

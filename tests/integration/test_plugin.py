@@ -194,7 +194,9 @@ def test_align_runner_fixture_and_marker(pytester: pytest.Pytester, run_pytest: 
     result.assert_outcomes(passed=2)
 
 
-def test_saved_traces_are_readable_and_never_overwritten(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+def test_saved_traces_are_readable_and_never_overwritten(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
     # Under -n 2 this also checks that a case's three phase items ran on one worker: a second
     # worker running the case would refuse to overwrite the first one's traces.
     from pytest_precalign.trace.native_io import read_trace

@@ -208,7 +208,11 @@ def test_small_dump_reads(folder: Path) -> None:
         prefix, module, forward, call = re.fullmatch(r"(Module)\.(.+)\.\w+\.(forward)\.(\d+)", key).groups()
         assert (prefix, forward, call) == ("Module", "forward", "0"), key
         outputs = entry["output"]
-        slots = _tensors("out", outputs[0], "activation") if len(outputs) == 1 else _tensors("out.", outputs, "activation")
+        slots = (
+            _tensors("out", outputs[0], "activation")
+            if len(outputs) == 1
+            else _tensors("out.", outputs, "activation")
+        )
         slots += _tensors("in.", entry["input_args"], "input")
         slots += _tensors("in.", entry["input_kwargs"], "input")
         slots += _tensors("param.", entry.get("parameters", {}), "input")
@@ -216,7 +220,11 @@ def test_small_dump_reads(folder: Path) -> None:
     assert sorted(by_id) == sorted(expected)
     for rid, tensor in expected.items():
         rec = by_id[rid]
-        assert (rec.phase, rec.dtype, rec.shape) == ("forward", tensor["dtype"].removeprefix("torch."), tuple(tensor["shape"])), rid
+        assert (rec.phase, rec.dtype, rec.shape) == (
+            "forward",
+            tensor["dtype"].removeprefix("torch."),
+            tuple(tensor["shape"]),
+        ), rid
         assert rec.stats is not None, rid
         got = (rec.stats.max, rec.stats.min, rec.stats.mean, rec.stats.norm)
         want = tuple(_stat(tensor[k]) for k in ("Max", "Min", "Mean", "Norm"))

@@ -59,7 +59,9 @@ def test_eval_on_request_and_restored_after() -> None:
 def test_models_in_different_modes_need_train_given() -> None:
     a, b = _pair()
     b.eval()
-    with pytest.raises(CaseError, match="baseline is in train mode and the candidate in eval mode; pass train="):
+    with pytest.raises(
+        CaseError, match="baseline is in train mode and the candidate in eval mode; pass train="
+    ):
         check_modules(a, b, {"x": torch.randn(4, 8)})
     assert a.training and not b.training
 

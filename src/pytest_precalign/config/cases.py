@@ -303,6 +303,14 @@ def _expect(reader: Reader, phases: tuple[Phase, ...]) -> Expectation | None:
 def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> str:
     """``loss:``, checked against the phases and inputs (``spec`` is None for stored dumps)."""
     loss: str = reader.get_choice("loss", LOSSES, "causal_lm")
+    if loss == "causal_lm" and spec is not None and spec.labels and _token_count(spec) == 1:
+        # The causal-LM loss predicts token t+1 from token t: one token leaves nothing to
+        # predict, a NaN loss on both sides -- which would compare as "aligned".
+        reader.fail(
+            f"loss 'causal_lm' needs at least 2 tokens per row, and inputs.{spec.name} has 1 (it "
+            "would be NaN on both sides): make the sequence longer, or choose loss: mean or loss: model",
+            "loss" if reader.has("loss") else "inputs",
+        )
     if "backward" in phases and spec is not None:
         # What run_side would reject only when the case runs: report it with the config.
         if loss == "none":
@@ -314,6 +322,15 @@ def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> 
                 "loss" if reader.has("loss") else "phases",
             )
     return loss
+
+
+def _token_count(spec: InputSpec) -> int | None:
+    """Tokens per row of token inputs (None for an input factory's)."""
+    if spec.kind == "tokens":
+        return spec.seq_len
+    if spec.kind == "ids" and spec.input_ids:
+        return min(len(row) for row in spec.input_ids)
+    return None
 
 
 def _check_record_level(

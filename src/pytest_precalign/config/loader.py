@@ -14,7 +14,7 @@ from typing import Any
 from ..compare.tolerances import ToleranceTable, parse_table
 from ..errors import ConfigError
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
-from ..yaml_reader import LineList, Reader, describe, load_yaml
+from ..yaml_reader import LineList, Reader, describe, load_yaml, read_text_file
 from .cases import MappingSource, check_file, parse_case
 from .launch import parse_parallel
 from .model_sources import COMMON_MODEL_KEYS, SOURCES
@@ -33,15 +33,9 @@ INPUT_FACTORY_KEYS = ("kind", "factory", "kwargs", "seed", "labels")
 
 def load_config_file(path: str | Path) -> AlignConfig:
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{file}: is a directory, expected an alignment YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: cannot read: {exc}") from None
-    return load_config(text, file)
+    if not file.exists() and not file.is_symlink():
+        raise ConfigError(f"{file}: config file not found")
+    return load_config(read_text_file(file, "an alignment YAML file"), file)
 
 
 def load_config(text: str, path: Path) -> AlignConfig:

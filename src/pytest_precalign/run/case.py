@@ -21,7 +21,7 @@ from ..mapping.weights import sync_weights
 from ..recording.determinism import deterministic, environment
 from ..recording.recorder import Recorder
 from ..sources import LoadedModel, preflight
-from ..sources.inputs import CaseInputs, build_inputs, check_token_ids
+from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
 from ..vocabulary import phases_in_order
 from .isolation import isolate
 from .live import live_case
@@ -40,7 +40,9 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
         return
     for model_name in (case.baseline, case.candidate):
         preflight(config.models[model_name], config.base_dir)
-    build_inputs(config.inputs[case.inputs], config.base_dir)
+    # The inputs resolve (a factory imports); they are built when the case runs: a seq_len of
+    # 1e9 must not cost ``validate`` its memory.
+    check_inputs(config.inputs[case.inputs], config.base_dir)
 
 
 def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:

@@ -42,6 +42,15 @@ def inputs_digest(inputs: CaseInputs) -> str:
     return whole.hexdigest()
 
 
+def check_inputs(spec: InputSpec, base_dir: Path) -> None:
+    """What can be checked of inputs without making them: an input factory imports and is
+    callable (token inputs were checked with the config)."""
+    if spec.kind == "factory":
+        fn = import_object(str(spec.factory), base_dir, f"{spec.where}: inputs.{spec.name}.factory")
+        if not callable(fn):
+            raise SourceError(f"{spec.where}: inputs.{spec.name}.factory: {spec.factory!r} is not callable")
+
+
 def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
     if spec.kind == "ids":
         assert spec.input_ids is not None
