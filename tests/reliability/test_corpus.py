@@ -130,6 +130,27 @@ def trace(change: Callable[[Path], None]) -> Callable[[Path], list[str]]:
     return build
 
 
+def _write_bytes(name: str, content: bytes, argv: list[str]) -> Callable[[Path], list[str]]:
+    def build(root: Path) -> list[str]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+        return [a.format(root=root) for a in argv]
+
+    return build
+
+
+def _sparse(name: str, size: int, argv: list[str]) -> Callable[[Path], list[str]]:
+    """A file of ``size`` bytes on paper, none on disk: a huge config refused by its size."""
+
+    def build(root: Path) -> list[str]:
+        with (root / name).open("wb") as handle:
+            handle.write(b"version: 1\n")
+            handle.truncate(size)
+        return [a.format(root=root) for a in argv]
+
+    return build
+
+
 def json_edit(file: str, fn: Callable[[dict], object]) -> Callable[[Path], None]:  # type: ignore[type-arg]
     def change(folder: Path) -> None:
         path = folder / file
@@ -637,7 +658,53 @@ CORPUS: list[Bad] = [
         ),
         ("{root}/b/tensors-00000.safetensors: cannot read tensor",),
     ),
+    # ---- files that are not configs at all, refused by their first bytes ---------------------
+    Bad(
+        "config-binary",
+        _write_bytes("cfg.yaml", b"version: 1\n\0\0ELF", ["validate", "{root}/cfg.yaml"]),
+        ("{root}/cfg.yaml: a binary file (NUL bytes); expected an alignment YAML file",),
+        plugin=True,
+    ),
+    Bad(
+        "config-deeply-nested",
+        _write_bytes("cfg.yaml", b"[" * 100_000 + b"]" * 100_000, ["validate", "{root}/cfg.yaml"]),
+        ("{root}/cfg.yaml: nested too deeply to be a config",),
+        plugin=True,
+    ),
+    Bad(
+        "config-huge-sparse",
+        _sparse("cfg.yaml", 2 << 30, ["validate", "{root}/cfg.yaml"]),
+        (f"{{root}}/cfg.yaml: {2 << 30} bytes; expected an alignment YAML file of at most 16 MiB",),
+        plugin=True,
+    ),
+    Bad(
+        "tolerance-file-binary",
+        lambda root: (
+            (root / "t.yaml").write_bytes(b"\0" * 64),
+            config(GOOD + "tolerances:\n  t: t.yaml\n")(root),
+        )[-1],  # type: ignore[index]
+        ("{root}/t.yaml: a binary file (NUL bytes)",),
+        plugin=True,
+    ),
+    Bad(
+        "causal-lm-one-token",
+        config(edit("seq_len: 3", "seq_len: 1")),
+        ("loss 'causal_lm' needs at least 2 tokens per row",),
+        plugin=True,
+    ),
+    Bad(
+        "env-diff-deep-manifest",
+        _write_bytes(
+            "m/manifest.json", b"[" * 100_000 + b"]" * 100_000, ["env-diff", "{root}/m", "{root}/m"]
+        ),
+        ("{root}/m/manifest.json: not a readable manifest (RecursionError)",),
+    ),
     # ---- msprobe dumps -------------------------------------------------------------------------
+    Bad(
+        "dump-json-deeply-nested",
+        dump(STATS, lambda folder: (folder / "dump.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)),
+        ("{root}/b/step0/rank0/dump.json: not valid JSON: nested too deeply",),
+    ),
     Bad(
         "dump-dtype-not-string",
         dump(STATS, dump_record(lambda r: r["output"][0].update(dtype=7))),

@@ -151,6 +151,8 @@ def _load_json(file: Path, why: str = "") -> Any:
             return json.load(f)
     except FileNotFoundError:
         raise TraceError(f"{file}: missing" + (f" ({why})" if why else "")) from None
+    except RecursionError:
+        raise TraceError(f"{file}: not valid JSON: nested too deeply") from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TraceError(f"{file}: not valid JSON: {exc}") from None
 

@@ -156,8 +156,8 @@ def read_msprobe_compare_config(path: str | Path) -> dict[str, Any]:
         data = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"--msprobe-config: {file}: file not found") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--msprobe-config: {file}: not valid JSON: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"--msprobe-config: {file}: not valid JSON: {exc or type(exc).__name__}") from None
     if not isinstance(data, dict) or not isinstance(data.get("npu_path"), str):
         raise ConfigError(f"{file}: expected an msprobe compare.json with 'npu_path' (and 'bench_path')")
     if not isinstance(data.get("bench_path"), str):
@@ -193,7 +193,7 @@ def _children(path: Path, kind: re.Pattern[str]) -> dict[int, Path]:
 def _has_parallel_manifest(folder: Path) -> bool:
     try:
         data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "parallel" in data
 

@@ -70,7 +70,7 @@ class _Header:
             with open(path, "rb") as f:
                 (length,) = struct.unpack("<Q", f.read(8))
                 header = json.loads(f.read(length))
-        except (OSError, struct.error, ValueError) as exc:
+        except (OSError, struct.error, ValueError, RecursionError) as exc:
             raise TraceError(f"{path}: not a readable safetensors file: {exc}") from None
         self.base = 8 + length
         self.entries: dict[str, tuple[str, str, tuple[int, ...], int, int]] = {}

@@ -249,5 +249,7 @@ def _read_json(path: Path) -> Any:
             return json.load(f)
     except FileNotFoundError:
         raise TraceError(f"{path}: missing") from None
+    except RecursionError:
+        raise TraceError(f"{path}: cannot read: nested too deeply") from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot read: {exc}") from None

@@ -232,8 +232,8 @@ class SafetensorsFile:
             raise TraceError(f"{path}: not a safetensors file (header runs past the end; truncated?)")
         try:
             header = json.loads(bytes(self._data[8 : 8 + length]))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{path}: not a safetensors file (bad header: {exc})") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise TraceError(f"{path}: not a safetensors file (bad header: {type(exc).__name__})") from None
         if not isinstance(header, dict):
             raise TraceError(f"{path}: not a safetensors file (header is not an object)")
         self._base = 8 + length
