@@ -293,7 +293,6 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
     outcomes: list[ItemOutcome] = []
     for case in selected:
         phases = _run_case(config, case, path, traces)
-        _print_outcomes(phases)
         outcomes += phases
         if case.search is not None:
             outcomes.append(_search(config, case, path))
@@ -305,18 +304,15 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
 
 
 def _run_case(config: AlignConfig, case: CaseSpec, path: Path, traces: str | None) -> list[ItemOutcome]:
-    """Run one case (saving its traces under ``traces``); its phases' outcomes."""
+    """Run one case and print its phases' verdicts, then save its traces under ``traces``
+    (the verdicts come first: a full disk does not hide them); its phases' outcomes."""
     from .reports.text import PhaseReport
     from .run.case import run_case
     from .run.outcome import phase_outcome
-    from .run.stored_runs import write_side
+    from .run.stored_runs import save_case_traces
 
     run = run_case(config, case)
-    if traces:
-        root = Path(traces) / config.path.stem / case.name
-        write_side(run.baseline, root / "baseline", case.record.format)
-        write_side(run.candidate, root / "candidate", case.record.format)
-    return [
+    phases = [
         phase_outcome(
             PhaseReport.of_run(
                 run,
@@ -330,6 +326,12 @@ def _run_case(config: AlignConfig, case: CaseSpec, path: Path, traces: str | Non
         )
         for phase in case.phases
     ]
+    _print_outcomes(phases)
+    sys.stdout.flush()
+    if traces:
+        root = Path(traces) / config.path.stem / case.name
+        save_case_traces(run.baseline, run.candidate, root, case.record.format)
+    return phases
 
 
 def _search(config: AlignConfig, case: CaseSpec, path: Path) -> ItemOutcome:

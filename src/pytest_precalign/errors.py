@@ -30,3 +30,23 @@ class CaseError(PrecalignError):
 
 class AlignmentMismatch(AssertionError):
     """Raised by a check whose candidate is not aligned with its baseline."""
+
+
+def foreign_error(exc: BaseException, what: str) -> CaseError:
+    """One line for an error that is not ours -- the user's model raising, a full or read-only
+    disk, torch running out of memory: ``what`` raised ``Type: first line`` at the innermost
+    frame outside installed packages and this one (the user's code, when it is there)."""
+    import traceback
+    from pathlib import Path
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = str(Path(__file__).resolve().parent)
+
+    def foreign(filename: str) -> bool:
+        return not (filename.startswith(ours) or "site-packages" in filename or "/lib/python" in filename)
+
+    origin = next((f for f in reversed(frames) if foreign(f.filename)), frames[-1] if frames else None)
+    lines = str(exc).strip().splitlines()
+    text = f": {lines[0]}" if lines else ""
+    at = f" (at {origin.filename}:{origin.lineno}, in {origin.name})" if origin is not None else ""
+    return CaseError(f"{what} raised {type(exc).__name__}{text}{at}")

@@ -202,6 +202,15 @@ class AlignItem(_CaseItem):
         self.phase = phase
 
     def runtest(self) -> None:
+        try:
+            self._judge()
+        except PrecalignError as exc:  # the case could not run: report.json says so too
+            entry: dict[str, Any] = {"name": self.case.name, "phase": self.phase, "nodeid": self.nodeid}
+            entry |= {"passed": False, "error": str(exc)}
+            self.stash[ENTRY_KEY] = {"entry": entry, "summary": f"ERROR {self.name}: {exc}"}
+            raise
+
+    def _judge(self) -> None:
         state = _state(self.config)
         assert state.config is not None and state.runs is not None
         if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
@@ -302,12 +311,10 @@ def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun)
     folder = config.getoption("align_save_traces")
     if not folder:
         return
-    from .run.stored_runs import write_side
+    from .run.stored_runs import save_case_traces
 
     root = Path(folder) / align_config.path.stem / run.name
-    fmt = align_config.case(run.name).record.format
-    write_side(run.baseline, root / "baseline", fmt)
-    write_side(run.candidate, root / "candidate", fmt)
+    save_case_traces(run.baseline, run.candidate, root, align_config.case(run.name).record.format)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,7 +15,7 @@ import torch
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
 from ..config.specs import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
-from ..errors import CaseError, SourceError
+from ..errors import CaseError, PrecalignError, SourceError, foreign_error
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import sync_weights
 from ..recording.determinism import deterministic, environment
@@ -24,7 +24,7 @@ from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
 from ..vocabulary import phases_in_order
 from .isolation import isolate
-from .live import live_case
+from .live import case_where, live_case
 from .outcome import CaseRun, FinishInputs, finish
 from .side import run_side
 
@@ -46,7 +46,18 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
 
 
 def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
-    """Run a case: its two models live, or its two stored runs (``dump:`` sides)."""
+    """Run a case: its two models live, or its two stored runs (``dump:`` sides). An error
+    that is not ours (the user's model raising, a full disk, out of memory) becomes one
+    ``CaseError`` line naming the case and where it was raised; Ctrl-C stays Ctrl-C."""
+    try:
+        return _run_case(config, case)
+    except PrecalignError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the contract: no traceback for foreign errors
+        raise foreign_error(exc, f"{case_where(config, case)}the run") from exc
+
+
+def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     started = time.perf_counter()
     if case.baseline_dump is not None and case.candidate_dump is not None:
         return _gate_dumps(config, case, started)

@@ -3,6 +3,7 @@ msprobe dump, detected from its files) and write one (``record.format``: ours or
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ..errors import TraceError
@@ -65,3 +66,23 @@ def write_side(trace: Trace, path: Path, fmt: str) -> Path:
     from ..trace.native_io import write_trace
 
     return write_trace(trace, path)
+
+
+def save_case_traces(baseline: Trace, candidate: Trace, root: Path, fmt: str) -> None:
+    """Save a case's two sides under ``root/baseline`` and ``root/candidate``. On a full or
+    read-only disk: one ``TraceError`` naming the folder, and no folder left behind that this
+    call created (each side's write is atomic; the folders above it are removed when empty)."""
+    created = [p for p in (root, *root.parents) if not p.exists()]
+    written: list[Path] = []
+    try:
+        written.append(write_side(baseline, root / "baseline", fmt))
+        written.append(write_side(candidate, root / "candidate", fmt))
+    except OSError as exc:
+        for side in written:  # a half-saved case is no saved case
+            shutil.rmtree(side, ignore_errors=True)
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise TraceError(f"{root}: cannot save the traces: {exc.strerror or exc}") from None
