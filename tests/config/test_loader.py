@@ -620,7 +620,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "model-unknown-dtype",
         _variant('"tiny_models:build"}\n  cand', '"tiny_models:build", dtype: fp32}\n  cand'),
         3,
-        ("models.base.dtype: unknown value 'fp32' (allowed: float32, float16, bfloat16, float64)",),
+        ("models.base.dtype: unknown value 'fp32' (allowed: float32, float16, bfloat16, float64, keep)",),
     ),
     # mappings, inline under 'mappings:' (line 15 is 'mappings:', 16 the mapping name)
     (
@@ -895,7 +895,7 @@ def test_minimal_config(tmp_path: Path) -> None:
             source="factory",
             options={"factory": "tiny_models:build"},
             device="cpu",
-            dtype="float32",
+            dtype="keep",  # a factory's model keeps its own dtypes unless the config says
             seed=0,
             output=None,
             where=f"{file}:3",
@@ -905,7 +905,7 @@ def test_minimal_config(tmp_path: Path) -> None:
             source="factory",
             options={"factory": "tiny_models:build"},
             device="cpu",
-            dtype="float32",
+            dtype="keep",  # a factory's model keeps its own dtypes unless the config says
             seed=0,
             output=None,
             where=f"{file}:4",
@@ -1028,7 +1028,7 @@ def test_full_config(tmp_path: Path) -> None:
     config = _load(tmp_path, FULL)
     file = str((tmp_path / "align.yaml").resolve())
 
-    assert config.defaults == Defaults(device="cpu", dtype="float64", seed=7, deterministic=False)
+    assert config.defaults == Defaults(device="cpu", dtype="float64", seed=7, deterministic=False, dtype_given=True)
     ref, port = config.models["ref"], config.models["port"]
     assert ref == ModelSpec(
         name="ref",

@@ -23,7 +23,7 @@ from .search import IDS_KEYS, parse_ids
 from .specs import AlignConfig, CaseSpec, Defaults, InputSpec, ModelSpec
 
 DEVICES = ("cpu", "cuda", "npu")
-DTYPES = ("float32", "float16", "bfloat16", "float64")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "keep")
 INPUT_KINDS = ("tokens", "factory", "ids")
 TOP_LEVEL_KEYS = ("version", "defaults", "models", "inputs", "tolerances", "mappings", "cases")
 DEFAULTS_KEYS = ("device", "dtype", "seed", "deterministic")
@@ -175,6 +175,7 @@ def _parse_defaults(reader: Reader | None) -> Defaults:
         dtype=reader.get_choice("dtype", DTYPES, "float32"),
         seed=reader.get_int("seed", 0, minimum=0),
         deterministic=reader.get_bool("deterministic", True),
+        dtype_given=reader.has("dtype"),
     )
     reader.done()
     return out
@@ -222,7 +223,7 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
         source=source,
         options=options,
         device=reader.get_choice("device", DEVICES, defaults.device),
-        dtype=reader.get_choice("dtype", DTYPES, defaults.dtype),
+        dtype=reader.get_choice("dtype", DTYPES, _default_dtype(source, options, defaults)),
         seed=reader.get_int("seed", defaults.seed, minimum=0),
         output=reader.get_str("output"),
         where=reader.where(),
@@ -230,6 +231,15 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
     )
     reader.done()
     return spec
+
+
+def _default_dtype(source: str, options: dict[str, Any], defaults: Defaults) -> str:
+    """A model built by the user's code (``factory``) or loaded from their checkpoint
+    (``pretrained``) keeps its own dtypes -- a bf16 model with fp32 norms stays so -- unless the
+    config says otherwise; a model built from a config dict gets the defaults' dtype."""
+    if defaults.dtype_given:
+        return defaults.dtype
+    return "keep" if source == "factory" or "pretrained" in options else defaults.dtype
 
 
 def _patch(reader: Reader) -> str | None:

@@ -22,6 +22,7 @@ class Defaults:
     dtype: str = "float32"
     seed: int = 0
     deterministic: bool = True
+    dtype_given: bool = False  # ``defaults: {dtype: ...}`` was written (else a source's own default)
 
 
 @dataclass(frozen=True)

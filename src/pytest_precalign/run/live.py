@@ -113,6 +113,8 @@ class LiveCase:
     ) -> Trace:
         """One side through the case's phases: in this process, or across its launched
         ranks (each loading its shard of ``model``'s weights)."""
+        if model.cast:  # say in the manifest what building did to the model's dtypes
+            manifest = {**manifest, "dtypes": model.cast}
         data = self.inputs if inputs is None else inputs
         assert data is not None, "live_case(..., with_inputs=False): pass inputs="
         case = self.case if case is None else case

@@ -27,6 +27,7 @@ class LoadedModel:
     output: str | None
     caller: Callable[[torch.nn.Module, Mapping[str, Any]], Any] | None = None
     context: Callable[[], AbstractContextManager[Any]] = nullcontext
+    cast: str = ""  # what build_model did to its dtypes ("kept: bfloat16 x4, float32 x2", ...)
 
     def __call__(self, inputs: Mapping[str, Any]) -> Any:
         if self.caller is not None:  # a source with its own calling convention (Megatron)
@@ -102,6 +103,19 @@ def builder(source: str) -> Callable[[ModelSpec, Path], torch.nn.Module]:
     return fn
 
 
+def dtype_counts(module: torch.nn.Module) -> str:
+    """The floating dtypes of a module's parameters and buffers: ``float32`` when all are, else
+    ``bfloat16 x4, float32 x2`` (by count)."""
+    counts: dict[str, int] = {}
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            name = str(tensor.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), "no floating tensors")
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def runtime(spec: ModelSpec) -> AbstractContextManager[None]:
     """What a source needs around building and running its model (Megatron: torch.distributed)."""
     factory = getattr(_source_module(spec.source), "runtime", None)
@@ -117,9 +131,16 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
     module = builder(spec.source)(spec, base_dir)
     if spec.patch is not None:
         module = apply_patch(spec, module, base_dir)
-    module = module.to(device=device, dtype=torch_dtype(spec.dtype))
+    before = dtype_counts(module)
+    if spec.dtype == "keep":
+        module = module.to(device=device)
+        cast = "kept: " + before
+    else:
+        module = module.to(device=device, dtype=torch_dtype(spec.dtype))
+        cast = f"cast to {spec.dtype}" + ("" if before == spec.dtype else f" from {before}")
     source = _source_module(spec.source)
     return LoadedModel(
+        cast=cast,
         name=spec.name,
         module=module,
         output=spec.output,

@@ -202,7 +202,7 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
         from megatron.core.transformer.transformer_config import TransformerConfig
 
     f = qwen2_fields(spec)
-    dtype = torch_dtype(spec.dtype)
+    dtype = torch_dtype("float32" if spec.dtype == "keep" else spec.dtype)  # keep: as it builds
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _build_gpt(
