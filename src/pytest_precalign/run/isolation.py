@@ -12,7 +12,7 @@ representation) keep the candidate's own values.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -62,8 +62,33 @@ def _rerun(
         kwargs = {k: _substitute(v, f"in.{k}", given, used, c.name, c.call) for k, v in c.kwargs.items()}
         if not used:
             continue  # nothing of the baseline's to feed it
-        with torch.no_grad(), context():
-            yield c, c.module(*args, **kwargs)
+        with torch.no_grad(), context(), _state_kept(c.module):
+            output = c.module(*args, **kwargs)
+        yield c, output
+
+
+@contextmanager
+def _state_kept(module: torch.nn.Module) -> Iterator[None]:
+    """The extra call leaves no trace in the run: it works on copies of the module's buffers
+    (BatchNorm's running statistics, a step counter), so the originals keep their values and
+    their autograd versions (the backward may have saved them), and the random generators are
+    as they were before it."""
+    originals = []
+    for sub in module.modules():
+        for name, buffer in sub._buffers.items():
+            if buffer is not None:
+                originals.append((sub, name, buffer))
+                sub._buffers[name] = buffer.detach().clone()
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        for sub, name, buffer in originals:
+            sub._buffers[name] = buffer
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def isolate(
