@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
     _compare_parser(sub.add_parser("compare", help="compare two stored runs (trace directories)"))
+    _check_weights_parser(sub)
     _calibrate_parser(sub)
     _record_parser(sub)
     env_diff = sub.add_parser(
@@ -79,6 +80,28 @@ def _record_parser(sub: Any) -> None:
         metavar="LABEL",
         help="record an environment variant DIR/<case>@LABEL/ (a run compares with the closest variant)",
     )
+
+
+def _check_weights_parser(sub: Any) -> None:
+    check = sub.add_parser(
+        "check-weights", help="compare two checkpoints' tensors through a mapping (names, shapes, values)"
+    )
+    check.add_argument("first", help="checkpoint folder, the mapping's baseline side (e.g. HF)")
+    check.add_argument("second", help="checkpoint folder, the mapping's candidate side (e.g. Megatron)")
+    check.add_argument("--mapping", metavar="FILE", help="mapping YAML, or preset:NAME")
+    check.add_argument(
+        "--var", action="append", default=[], metavar="KEY=INT", help="a $variable of the mapping"
+    )
+
+
+def _check_weights(args: argparse.Namespace) -> int:
+    from .checkpoints.compare import compare_checkpoints, load_checkpoint
+    from .run.offline import load_mapping
+
+    mapping = load_mapping(args.mapping, _variables(args.var))
+    diff = compare_checkpoints(load_checkpoint(Path(args.first)), load_checkpoint(Path(args.second)), mapping)
+    print("\n".join(diff.lines()))
+    return 0 if diff.aligned else 1
 
 
 def _compare_parser(compare: argparse.ArgumentParser) -> None:
@@ -144,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _compare(args)
         if args.command == "calibrate":
             return _calibrate(args, argv)
+        if args.command == "check-weights":
+            return _check_weights(args)
         if args.command == "env-diff":
             return _env_diff(args.first, args.second)
         if args.command == "record":

@@ -1,0 +1,1 @@
+"""Checkpoints read from disk (read-only) and compared tensor by tensor."""
