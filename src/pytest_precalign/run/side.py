@@ -105,7 +105,8 @@ def _record_steps(
                 recorder.calls.clear()
             if backward:
                 assert loss is not None
-                loss.backward()
+                with model.context():  # a recomputing model re-runs its forward here
+                    loss.backward()
             if optimizer is not None:
                 optimizer.step()
                 recorder.record_params()

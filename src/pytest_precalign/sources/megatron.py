@@ -100,9 +100,45 @@ def pipeline_parallel(spec: ModelSpec) -> int:
     return pp
 
 
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+def recompute(spec: ModelSpec) -> dict[str, Any]:
+    """Activation recomputation, as megatron-core's TransformerConfig takes it (on the CPU, the
+    recomputed forward runs inside ``cpu_workarounds``: its RNG state save/restore)."""
+    opts = spec.options
+    what = f"{spec.where}: models.{spec.name}"
+    granularity = opts.get("recompute_granularity")
+    if granularity is None:
+        for key in ("recompute_method", "recompute_num_layers"):
+            if key in opts:
+                raise SourceError(f"{what}.{key}: needs recompute_granularity (allowed: full, selective)")
+        return {}
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise SourceError(
+            f"{what}.recompute_granularity: unknown value {granularity!r} (allowed: full, selective)"
+        )
+    out: dict[str, Any] = {"recompute_granularity": granularity}
+    if granularity == "full":
+        method = opts.get("recompute_method", "uniform")
+        if method not in RECOMPUTE_METHODS:
+            raise SourceError(f"{what}.recompute_method: unknown value {method!r} (allowed: uniform, block)")
+        layers = opts.get("recompute_num_layers", 1)
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise SourceError(f"{what}.recompute_num_layers: expected an integer >= 1, got {layers!r}")
+        out |= {"recompute_method": method, "recompute_num_layers": layers}
+    elif "recompute_method" in opts or "recompute_num_layers" in opts:
+        raise SourceError(
+            f"{what}: recompute_method and recompute_num_layers apply to recompute_granularity: full"
+        )
+    return out
+
+
 def preflight(spec: ModelSpec, base_dir: Path) -> None:
     """Checked without building (building needs torch.distributed): package, preset, config."""
     _megatron()
+    recompute(spec)
     preset = spec.options.get("preset", "qwen2.5")
     if preset not in PRESETS:
         raise SourceError(
@@ -253,6 +289,7 @@ def _build_gpt(
         pipeline_model_parallel_size=pipeline_parallel(spec),
         pipeline_dtype=dtype,
         sequence_parallel=False,
+        **recompute(spec),
     )
     model = gpt_model(
         config,
