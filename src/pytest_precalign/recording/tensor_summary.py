@@ -4,6 +4,7 @@ mapping stage (layout transforms re-summarise), isolation and tensor-parallel ga
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
@@ -59,13 +60,38 @@ def tensor_crc32(t: torch.Tensor) -> str:
     return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
-def flatten(value: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)."""
+def flatten(
+    value: Any, prefix: str, _seen: frozenset[int] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)
+    and dataclasses (their fields, as a mapping's keys). Other objects (a KV cache) are not
+    looked into. Slot names are
+    unambiguous: a key that is not a plain name (``"0"`` beside ``0``, ``"a.b"`` beside
+    ``{"a": {"b": ...}}``) is written quoted (``out.'0'``, ``out.'a.b'``)."""
     if isinstance(value, torch.Tensor):
         yield prefix, value
-    elif isinstance(value, (tuple, list)):
+        return
+    if id(value) in _seen or isinstance(value, (str, bytes, torch.nn.Module, type)):
+        return
+    seen = _seen | {id(value)}
+    if isinstance(value, (tuple, list)):
         for i, item in enumerate(value):
-            yield from flatten(item, f"{prefix}.{i}")
+            yield from flatten(item, f"{prefix}.{i}", seen)
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from flatten(item, f"{prefix}.{key}")
+            yield from flatten(item, f"{prefix}.{slot_key(key)}", seen)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from flatten(getattr(value, f.name, None), f"{prefix}.{slot_key(f.name)}", seen)
+
+
+def slot_key(key: Any) -> str:
+    """A mapping key as one slot component: a plain name or an int as it is, anything else
+    quoted, so no two keys of one output get the same slot."""
+    if isinstance(key, bool):
+        return repr(key)
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, str) and key and "." not in key and not key.isdigit() and "'" not in key:
+        return key
+    return repr(key) if isinstance(key, str) else repr(repr(key))
