@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -126,16 +126,21 @@ class Recorder:
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> Recorder:
+        # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
+        # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
+        eager = _outside_compiled if _is_compiled(self.model) else _as_is
         try:
             for name, module in self.model.named_modules():
                 if not name or not self._selected(name):
                     continue
                 cls = type(module).__name__
                 self._handles.append(
-                    module.register_forward_pre_hook(partial(self._pre_hook, name, cls), with_kwargs=True)
+                    module.register_forward_pre_hook(
+                        eager(partial(self._pre_hook, name, cls)), with_kwargs=True
+                    )
                 )
                 self._handles.append(
-                    module.register_forward_hook(partial(self._post_hook, name), with_kwargs=True)
+                    module.register_forward_hook(eager(partial(self._post_hook, name)), with_kwargs=True)
                 )
                 for pname, _ in module.named_parameters(recurse=False):
                     self._param_owner[f"{name}.{pname}"] = (name, cls)
@@ -439,3 +444,16 @@ class Recorder:
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)
         return Trace(manifest=meta, records=records, tensors=dict(self._tensors))
+
+
+def _is_compiled(model: torch.nn.Module) -> bool:
+    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
+
+
+def _as_is(hook: Callable[..., Any]) -> Callable[..., Any]:
+    return hook
+
+
+def _outside_compiled(hook: Callable[..., Any]) -> Callable[..., Any]:
+    disabled: Callable[..., Any] = torch.compiler.disable(hook)
+    return disabled

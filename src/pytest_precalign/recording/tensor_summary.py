@@ -51,13 +51,22 @@ def _finite(x: float) -> bool:
 
 
 def tensor_crc32(t: torch.Tensor) -> str:
-    """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5)."""
+    """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5); taken outside
+    any compiled graph (traced into one, the bytes of a fake tensor cannot be read)."""
+    crc: str = _crc32_eager(t)
+    return crc
+
+
+def _crc32(t: torch.Tensor) -> str:
     flat = t.detach().contiguous().cpu().reshape(-1)
     if not flat.numel():
         return f"{zlib.crc32(b''):08x}"
     # zlib reads the numpy buffer in place: no bytes copy of the tensor.
     data = cast("bytes", flat.view(torch.uint8).numpy())
     return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+_crc32_eager = torch.compiler.disable(_crc32)
 
 
 def flatten(
