@@ -81,7 +81,8 @@ def test_a_read_only_baseline_folder_is_usable_for_comparing(
     result.stdout.fnmatch_lines(["*bl: read-only; cannot write fresh there*"])
     assert "Traceback" not in result.stdout.str()
     entries = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
-    # (fresh has no verdict: its items failed with the error line above)
-    assert {(e["name"], e["passed"]) for e in entries} == {("port", True), ("drift", False)}
-    assert {e["baseline"]["action"] for e in entries} == {"compared"}
+    # fresh has no verdict: its items failed with the error line above, which report.json keeps
+    assert {(e["name"], e["passed"]) for e in entries} == {("port", True), ("drift", False), ("fresh", False)}
+    assert {e["baseline"]["action"] for e in entries if e["name"] != "fresh"} == {"compared"}
+    assert all("read-only; cannot write fresh there" in e["error"] for e in entries if e["name"] == "fresh")
     assert sorted(p.relative_to(read_only).as_posix() for p in read_only.rglob("*")) == before

@@ -176,6 +176,12 @@ def test_cli_backward_only_fault(corpus: Path, capsys: pytest.CaptureFixture[str
     golden, run = dumps(corpus, T_L0, "grad_scale")
     assert main(["compare", str(golden), str(run)]) == 1
     out = capsys.readouterr().out
+    # msprobe dumps carry no manifest: the environment heading says so, then the verdicts
+    heading, _, out = out.partition("\n")
+    assert (
+        heading
+        == "environment: not compared (an msprobe dump carries no manifest: its environment was not recorded)"
+    )
     assert out.startswith("PASSED")  # forward
     assert "first divergence model.layers.0.mlp.act_fn (grad_input" in out and ", origin)" in out
 

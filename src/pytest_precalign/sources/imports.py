@@ -35,6 +35,7 @@ def import_object(path: str, base_dir: Path, what: str) -> Any:
     if not module_name or not attr:
         raise SourceError(f"{what}: expected 'module:function', got {path!r}")
     with importable_from(base_dir):
+        _forget_shadowed(module_name, base_dir)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -54,6 +55,19 @@ def import_object(path: str, base_dir: Path, what: str) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise SourceError(f"{what}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _forget_shadowed(module_name: str, base_dir: Path) -> None:
+    """A module of the config's folder beats a same-named one imported earlier from elsewhere
+    (two suites' ``faults.py`` in one session): the other is dropped from ``sys.modules``."""
+    top = module_name.split(".")[0]
+    existing = sys.modules.get(top)
+    local = {p.resolve() for p in (base_dir / f"{top}.py", base_dir / top / "__init__.py") if p.is_file()}
+    where = getattr(existing, "__file__", None)
+    if existing is None or not local or (where is not None and Path(where).resolve() in local):
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(f"{top}.")]:
+        del sys.modules[name]
 
 
 def one_line(exc: BaseException) -> str:
