@@ -164,6 +164,29 @@ def test_sync_weights_strict_names_what_is_missing():
     assert report.unsynced == ("fc1.weight", "proj.weight", "proj.bias")
 
 
+def test_sync_weights_strict_names_baseline_parameters_nothing_consumed():
+    """A baseline parameter no candidate parameter reads (HF Qwen3's q_norm against a mapping
+    without it) is an error under strict, named with the count and the mapping; strict: false
+    reports it instead."""
+    base = torch.nn.ModuleDict({f"l{i}": torch.nn.Linear(2, 2) for i in range(4)})
+    base["norm"] = torch.nn.LayerNorm(2)
+    cand = torch.nn.ModuleDict({f"l{i}": torch.nn.Linear(2, 2) for i in range(4)})
+    mapping = MappingSpec(name="mine", where="align.yaml:7")
+    extra = "l0.weight, l0.bias, l1.weight, l1.bias, l2.weight ... (10 in all)"
+    with pytest.raises(CaseError) as info:
+        sync_weights(base, torch.nn.ModuleDict({"x": torch.nn.Linear(3, 3)}), mapping, strict=True)
+    assert f"10 baseline parameter(s) were not consumed: {extra}" in str(info.value)
+    assert "mapping 'mine' (align.yaml:7)" in str(info.value)
+    with pytest.raises(
+        CaseError, match=r"2 baseline parameter\(s\) were not consumed: norm.weight, norm.bias \("
+    ):
+        sync_weights(base, cand, mapping, strict=True)
+    report = sync_weights(base, cand, mapping, strict=False)
+    assert (report.copied, report.unsynced, report.unused) == (8, (), ("norm.weight", "norm.bias"))
+    assert report.as_dict()["unused"] == ["norm.weight", "norm.bias"]
+    assert torch.equal(cand["l3"].weight, base["l3"].weight)
+
+
 def test_sync_weights_shape_mismatch_is_a_clear_error():
     base = torch.nn.Sequential(torch.nn.Linear(4, 4))
     cand = torch.nn.Sequential(torch.nn.Linear(4, 5))

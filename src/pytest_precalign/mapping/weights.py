@@ -24,13 +24,14 @@ class SyncReport:
     unused: tuple[str, ...]  # baseline parameters nothing read
     applied: frozenset[RuleKey] = field(default_factory=frozenset)  # mapping rules that matched a parameter
 
-    def lines(self) -> list[str]:
-        out = [f"weights: {self.copied} copied by name, {self.transformed} through transforms"]
-        if self.unsynced:
-            out.append(f"  candidate parameters left as built: {', '.join(self.unsynced[:10])}")
-        if self.unused:
-            out.append(f"  baseline parameters not used: {', '.join(self.unused[:10])}")
-        return out
+    def as_dict(self) -> dict[str, object]:
+        """report.json's ``weights`` entry: counts, and what was left on either side."""
+        return {
+            "copied": self.copied,
+            "transformed": self.transformed,
+            "unsynced": list(self.unsynced),
+            "unused": list(self.unused),
+        }
 
 
 def expand_rule(rule: TensorRule, names: Iterable[str]) -> list[tuple[list[str], list[str]]]:
@@ -105,14 +106,33 @@ def sync_weights(
     unsynced = tuple(n for n in target if n not in done)
     unused = tuple(n for n in source if n not in used)
     report = SyncReport(copied, transformed, unsynced, unused, frozenset(applied))
-    if strict and unsynced:
-        raise CaseError(
-            f"{context()}weights.sync: {len(unsynced)} candidate parameter(s) have no baseline "
-            f"source: {', '.join(unsynced[:5])}"
-            + (" ..." if len(unsynced) > 5 else "")
-            + " (add renames/tensors to the mapping, or set weights: {strict: false})"
-        )
+    if strict and (unsynced or unused):
+        raise CaseError(context() + strict_message(report, mapping))
     return report
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:5]) + (f" ... ({len(names)} in all)" if len(names) > 5 else "")
+
+
+def strict_message(report: SyncReport, mapping: MappingSpec | None) -> str:
+    """Why a strict sync failed: the parameters on either side nothing paired, and the mapping."""
+    by = (
+        f"mapping {mapping.name!r}" + (f" ({mapping.where})" if mapping.where else "")
+        if mapping
+        else "no mapping"
+    )
+    parts = []
+    if report.unsynced:
+        parts.append(
+            f"{len(report.unsynced)} candidate parameter(s) have no baseline source: {_names(report.unsynced)}"
+        )
+    if report.unused:
+        parts.append(f"{len(report.unused)} baseline parameter(s) were not consumed: {_names(report.unused)}")
+    return (
+        f"weights.sync through {by}: {'; '.join(parts)} (add renames/tensors to the mapping, or set "
+        "weights: {strict: false} where the models legitimately differ)"
+    )
 
 
 def _transform(

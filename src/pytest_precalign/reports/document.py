@@ -125,6 +125,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         },
         "failures": [_failure_dict(p) for p in v.failures],
         "seconds": report.seconds,
+        "weights": dict(report.weights) if report.weights is not None else None,
         "reproduce": report.reproduce,
         "environment": _environment(report.environment),
         "records": [_record_dict(p) for p in v.records],

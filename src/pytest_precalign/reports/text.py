@@ -49,6 +49,7 @@ class PhaseReport:
     reproduce: str
     seconds: float = 0.0
     environment: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest facts
+    weights: Mapping[str, Any] | None = None  # the weight sync's report (``SyncReport.as_dict``)
 
     @property
     def nodeid_name(self) -> str:
@@ -74,6 +75,7 @@ class PhaseReport:
         with_environment: bool = False,
     ) -> PhaseReport:
         """The report of ``run``'s ``phase``; ``case`` and ``seconds`` default to the run's."""
+        sync = getattr(run, "sync", None)  # a live case's weight sync (CaseRun.sync)
         return cls(
             defined_in=defined_in,
             case=run.name if case is None else case,
@@ -85,6 +87,7 @@ class PhaseReport:
             reproduce=reproduce,
             seconds=run.seconds if seconds is None else seconds,
             environment=run.environment if with_environment else {},
+            weights=sync.as_dict() if sync is not None else None,
         )
 
 
@@ -386,8 +389,25 @@ def failure_message(report: PhaseReport) -> str:
         )
         lines.extend(f"  {line}" for line in v.replica_mismatches[:TABLE_ROWS])
     lines.extend(unmatched_lines(v))
+    lines.extend(weights_lines(report.weights))
     lines.append(f"To reproduce: {report.reproduce}")
     return "\n".join(lines)
+
+
+def weights_lines(weights: Mapping[str, Any] | None) -> list[str]:
+    """What a non-strict weight sync left (``weights: {strict: false}``); nothing when all paired."""
+    if not weights or not (weights["unsynced"] or weights["unused"]):
+        return []
+    lines = [f"weights: {weights['copied']} copied by name, {weights['transformed']} through transforms"]
+    for key, what in (
+        ("unsynced", "candidate parameters left as built"),
+        ("unused", "baseline parameters not used"),
+    ):
+        names = weights[key]
+        if names:
+            more = f" ... ({len(names)} in all)" if len(names) > UNMATCHED_NAMES else ""
+            lines.append(f"  {what}: {', '.join(names[:UNMATCHED_NAMES])}{more}")
+    return lines
 
 
 def summary_line(report: PhaseReport) -> str:
