@@ -18,7 +18,7 @@ from ..yaml_reader import LineList, Reader, describe, load_yaml, read_text_file
 from .cases import MappingSource, check_file, parse_case
 from .launch import parse_parallel
 from .model_sources import COMMON_MODEL_KEYS, SOURCES
-from .presets import HEAD_FIELDS
+from .presets import HEAD_FIELDS, MEGATRON_PRESET_FIELDS
 from .search import IDS_KEYS, parse_ids
 from .specs import AlignConfig, CaseSpec, Defaults, InputSpec, ModelSpec
 
@@ -209,7 +209,7 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
         if kwargs is not None and not isinstance(kwargs, dict):
             reader.fail(f"expected a mapping of keyword arguments, got {describe(kwargs)}", "kwargs")
     if source == "megatron":
-        reader.get_choice("preset", ("qwen2.5",), "qwen2.5")
+        reader.get_choice("preset", tuple(MEGATRON_PRESET_FIELDS), "qwen2.5")
         options.setdefault("preset", "qwen2.5")
         options.update(parse_parallel(reader))
     if source == "hf" and "class" in options:

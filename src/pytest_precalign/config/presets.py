@@ -28,7 +28,48 @@ QWEN2_FIELDS: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-PRESET_MAPPINGS = ("megatron-qwen2.5",)
+# Fields shared by the Llama and Qwen3 configs beyond Qwen2's: the per-head size (None: hidden
+# / heads), rotary scaling (the legacy ``rope_scaling`` or transformers 5's ``rope_parameters``)
+# and the linear biases, which these presets build without (False is the only value allowed).
+_ROPE_AND_BIAS: dict[str, Any] = {
+    "head_dim": None,
+    "rope_scaling": None,
+    "rope_parameters": None,
+    "attention_bias": False,
+}
+
+# HF config fields each ``source: megatron`` preset reads, with its HF config class's defaults;
+# ``num_key_value_heads`` None means "as many as num_attention_heads" (HF's rule).
+MEGATRON_PRESET_FIELDS: dict[str, dict[str, Any]] = {
+    "qwen2.5": QWEN2_FIELDS,
+    "llama": {
+        **QWEN2_FIELDS,
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 2048,
+        **_ROPE_AND_BIAS,
+        "mlp_bias": False,
+    },
+    "qwen3": {**QWEN2_FIELDS, **_ROPE_AND_BIAS, "head_dim": 128, "use_sliding_window": False},
+}
+# Fields whose value is fixed by the preset (anything else is not this family's model).
+FIXED_FIELDS = {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False}
+
+
+def preset_fields(preset: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A preset's view of a model config: its defaults overlaid with the known ``given`` fields,
+    ``num_key_value_heads`` and ``head_dim`` resolved as HF resolves them."""
+    defaults = MEGATRON_PRESET_FIELDS.get(preset, QWEN2_FIELDS)
+    fields = {**defaults, **{k: v for k, v in given.items() if k in defaults}}
+    if fields["num_key_value_heads"] is None:
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    if fields.get("head_dim", 0) is None:
+        fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
+    return fields
+
+
+PRESET_MAPPINGS = ("megatron-qwen2.5", "megatron-llama", "megatron-qwen3")
 PRESET_LAYER_MAPPINGS = (
     "qwen2.5-mindspeed-to-hf",
     "qwen2.5-hf-to-mindspeed",
@@ -58,7 +99,7 @@ def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
         config = model.options.get("config")
         fields = dict(config) if isinstance(config, dict) else {}
         if model.source == "megatron":
-            fields = {**QWEN2_FIELDS, **fields}
+            fields = preset_fields(str(model.options.get("preset", "qwen2.5")), fields)
         for key in HEAD_FIELDS:
             if key in fields and key not in out:
                 out[key] = fields[key]

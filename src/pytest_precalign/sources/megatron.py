@@ -1,9 +1,13 @@
 """``source: megatron``: a megatron-core ``GPTModel`` (local layer spec: no Transformer Engine,
 no apex) built from a preset whose ``TransformerConfig`` is derived from an HF-style config.
 
-Preset ``qwen2.5``: GQA groups, q/k/v bias and no other linear bias, SwiGLU (``linear_fc1`` =
-``[gate; up]``), RMSNorm with the config's eps, rotary base from ``rope_theta``, untied
-embeddings unless ``tie_word_embeddings``, dropout 0.
+Every preset: GQA groups, SwiGLU (``linear_fc1`` = ``[gate; up]``), RMSNorm with the config's
+eps, rotary base from ``rope_theta``, untied embeddings unless ``tie_word_embeddings``, dropout 0.
+What differs between the families is here and only here (``FAMILIES``, ``rope``):
+``qwen2.5`` has a q/k/v bias and no other linear bias; ``llama`` (Llama 2/3) no linear bias,
+an explicit ``head_dim`` and Llama-3.1 rotary scaling (``rope_type: llama3``); ``qwen3`` no
+bias, RMSNorm of q and k per head (Megatron's ``qk_layernorm``) and ``head_dim`` (``kv_channels``)
+independent of hidden_size / heads.
 
 torch.distributed is initialised by ``runtime`` where nobody has (gloo on CPU, nccl on CUDA,
 hccl on NPU) and torn down after the case. The CUDA assumptions of megatron-core on a
@@ -15,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.presets import QWEN2_FIELDS
+from ..config.presets import FIXED_FIELDS, MEGATRON_PRESET_FIELDS, preset_fields
 from ..errors import SourceError
 
 if TYPE_CHECKING:
@@ -26,9 +31,29 @@ if TYPE_CHECKING:
 
     from ..config.specs import ModelSpec
 
-PRESETS = ("qwen2.5",)
+PRESETS = tuple(MEGATRON_PRESET_FIELDS)
 # Fields an HF config may carry that do not change the Megatron model.
 IGNORED_FIELDS = ("hidden_act", "attention_dropout", "use_cache", "initializer_range", "torch_dtype", "dtype")
+# Qwen3's sliding-window layout, unused while use_sliding_window is false (a fixed field).
+SLIDING_FIELDS = ("sliding_window", "max_window_layers", "layer_types")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a preset's TransformerConfig and layer spec set beyond the shared ones."""
+
+    qkv_bias: bool  # add_qkv_bias: a bias on the fused q/k/v projection only
+    qk_layernorm: bool  # RMSNorm of each head of q and k before rope
+    own_head_dim: bool  # head_dim (kv_channels) read from the config, else hidden / heads
+
+
+FAMILIES = {
+    "qwen2.5": Family(qkv_bias=True, qk_layernorm=False, own_head_dim=False),
+    "llama": Family(qkv_bias=False, qk_layernorm=False, own_head_dim=True),
+    "qwen3": Family(qkv_bias=False, qk_layernorm=True, own_head_dim=True),
+}
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _megatron() -> Any:
@@ -45,16 +70,34 @@ def _megatron() -> Any:
     return parallel_state
 
 
-def qwen2_fields(spec: ModelSpec) -> dict[str, Any]:
+def preset_of(spec: ModelSpec) -> str:
+    preset = spec.options.get("preset", "qwen2.5")
+    if preset not in PRESETS:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.preset: unknown preset {preset!r} (allowed: {', '.join(PRESETS)})"
+        )
+    return str(preset)
+
+
+def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
     """The preset's view of the model config: defaults overlaid with ``config:``."""
+    preset = preset_of(spec)
+    known = MEGATRON_PRESET_FIELDS[preset]
     given = dict(spec.options.get("config") or {})
-    unknown = sorted(k for k in given if k not in QWEN2_FIELDS and k not in IGNORED_FIELDS)
+    ignored = IGNORED_FIELDS + (SLIDING_FIELDS if "use_sliding_window" in known else ())
+    unknown = sorted(k for k in given if k not in known and k not in ignored)
+    what = f"{spec.where}: models.{spec.name}.config"
     if unknown:
         raise SourceError(
-            f"{spec.where}: models.{spec.name}.config: unknown field {unknown[0]!r} for preset "
-            f"'qwen2.5' (allowed: {', '.join(QWEN2_FIELDS)})"
+            f"{what}: unknown field {unknown[0]!r} for preset {preset!r} (allowed: {', '.join(known)})"
         )
-    fields = {**QWEN2_FIELDS, **{k: v for k, v in given.items() if k in QWEN2_FIELDS}}
+    for key, value in FIXED_FIELDS.items():
+        if key in given and given[key] not in (value, None):
+            raise SourceError(
+                f"{what}.{key}: preset {preset!r} builds without it (allowed: {str(value).lower()})"
+            )
+    fields = preset_fields(preset, given)
+    rope(fields, what)
     heads, groups = fields["num_attention_heads"], fields["num_key_value_heads"]
     tp = tensor_parallel(spec)
     if heads % groups:
@@ -62,7 +105,7 @@ def qwen2_fields(spec: ModelSpec) -> dict[str, Any]:
             f"{spec.where}: models.{spec.name}.config: num_attention_heads ({heads}) must be a "
             f"multiple of num_key_value_heads ({groups})"
         )
-    if fields["hidden_size"] % heads:
+    if not FAMILIES[preset].own_head_dim and fields["hidden_size"] % heads:
         raise SourceError(
             f"{spec.where}: models.{spec.name}.config: hidden_size ({fields['hidden_size']}) must be "
             f"a multiple of num_attention_heads ({heads})"
@@ -80,6 +123,27 @@ def qwen2_fields(spec: ModelSpec) -> dict[str, Any]:
             f"({fields['intermediate_size']})"
         )
     return fields
+
+
+def rope(fields: Mapping[str, Any], what: str = "config") -> tuple[float, dict[str, Any] | None]:
+    """Rotary base and Llama-3.1 scaling (None: unscaled) from ``rope_theta``/``rope_scaling``
+    or transformers 5's ``rope_parameters``; another rope type is one error."""
+    params = fields.get("rope_parameters") or fields.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise SourceError(f"{what}.rope_scaling: expected a mapping, got {params!r}")
+    theta = float(params.get("rope_theta", fields["rope_theta"]))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise SourceError(
+            f"{what}.rope_scaling.rope_type: {kind!r} is not built by source megatron "
+            f"(allowed: {', '.join(ROPE_TYPES)})"
+        )
+    if kind == "default":
+        return theta, None
+    missing = [k for k in LLAMA3_ROPE_KEYS if k not in params]
+    if missing:
+        raise SourceError(f"{what}.rope_scaling: rope_type llama3 needs {missing[0]}")
+    return theta, {k: float(params[k]) for k in LLAMA3_ROPE_KEYS}
 
 
 def tensor_parallel(spec: ModelSpec) -> int:
@@ -139,12 +203,7 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     """Checked without building (building needs torch.distributed): package, preset, config."""
     _megatron()
     recompute(spec)
-    preset = spec.options.get("preset", "qwen2.5")
-    if preset not in PRESETS:
-        raise SourceError(
-            f"{spec.where}: models.{spec.name}.preset: unknown preset {preset!r} (allowed: {', '.join(PRESETS)})"
-        )
-    qwen2_fields(spec)
+    megatron_fields(spec)
 
 
 @contextlib.contextmanager
@@ -237,7 +296,7 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-    f = qwen2_fields(spec)
+    f = megatron_fields(spec)
     dtype = torch_dtype("float32" if spec.dtype == "keep" else spec.dtype)  # keep: as it builds
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -256,17 +315,45 @@ def _build_gpt(
     ps: Any,
 ) -> torch.nn.Module:
     """The rank's part of the GPTModel: its pipeline stage and its tensor-parallel shard."""
+    family = FAMILIES[preset_of(spec)]
+    theta, scaling = rope(f)
+    model = gpt_model(
+        transformer_config(**_config_options(f, dtype, spec, family)),
+        layer_spec(normalization="RMSNorm", qk_layernorm=family.qk_layernorm),
+        vocab_size=f["vocab_size"],
+        max_sequence_length=f["max_position_embeddings"],
+        parallel_output=False,  # full-vocab logits on every rank, comparable with HF
+        share_embeddings_and_output_weights=bool(f["tie_word_embeddings"]),
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=theta,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+    )
+    if scaling is not None:
+        # GPTModel's rope_scaling fixes low/high_freq_factor and the original context (1, 4,
+        # 8192); its own _apply_scaling takes them all, so the config's values are applied here.
+        rotary = model.rotary_pos_emb
+        rotary.inv_freq = rotary._apply_scaling(rotary.inv_freq, **scaling)
+    return model.to(dtype)  # type: ignore[no-any-return]  # the local spec's RMSNorm ignores params_dtype
+
+
+def _config_options(f: Mapping[str, Any], dtype: Any, spec: ModelSpec, family: Family) -> dict[str, Any]:
+    """The TransformerConfig of the model: the family's biases, q/k norms and head size, and
+    everything a CPU run of the local spec needs off (fusions, dropout)."""
     import torch
 
-    config = transformer_config(
+    heads = f["num_attention_heads"]
+    return dict(
         num_layers=f["num_hidden_layers"],
         hidden_size=f["hidden_size"],
         ffn_hidden_size=f["intermediate_size"],
-        num_attention_heads=f["num_attention_heads"],
+        num_attention_heads=heads,
         num_query_groups=f["num_key_value_heads"],
-        kv_channels=f["hidden_size"] // f["num_attention_heads"],
+        kv_channels=f["head_dim"] if family.own_head_dim else f["hidden_size"] // heads,
         add_bias_linear=False,
-        add_qkv_bias=True,
+        add_qkv_bias=family.qkv_bias,
+        qk_layernorm=family.qk_layernorm,
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         normalization="RMSNorm",
@@ -291,20 +378,6 @@ def _build_gpt(
         sequence_parallel=False,
         **recompute(spec),
     )
-    model = gpt_model(
-        config,
-        layer_spec(normalization="RMSNorm"),
-        vocab_size=f["vocab_size"],
-        max_sequence_length=f["max_position_embeddings"],
-        parallel_output=False,  # full-vocab logits on every rank, comparable with HF
-        share_embeddings_and_output_weights=bool(f["tie_word_embeddings"]),
-        position_embedding_type="rope",
-        rotary_percent=1.0,
-        rotary_base=int(f["rope_theta"]),
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-    )
-    return model.to(dtype)  # type: ignore[no-any-return]  # the local spec's RMSNorm ignores params_dtype
 
 
 def call(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
