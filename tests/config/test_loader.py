@@ -751,7 +751,10 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "case-unknown-mapping",
         BASE + "    mapping: qwen\n",
         15,
-        ("cases[0].mapping: unknown mapping 'qwen'", "known: preset:megatron-qwen2.5; or a .yaml file"),
+        (
+            "cases[0].mapping: unknown mapping 'qwen'",
+            "known: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3; or a .yaml file",
+        ),
     ),
     (
         "case-mapping-file-missing",

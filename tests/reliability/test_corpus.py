@@ -420,7 +420,8 @@ CORPUS: list[Bad] = [
         config(case_line("mapping: 'preset:llama'")),
         (
             CFG
-            + ":12: cases[0].mapping: unknown preset mapping 'preset:llama' (allowed: preset:megatron-qwen2.5)",
+            + ":12: cases[0].mapping: unknown preset mapping 'preset:llama' (allowed: preset:megatron-qwen2.5, "
+            "preset:megatron-llama, preset:megatron-qwen3)",
         ),
     ),
     Bad(

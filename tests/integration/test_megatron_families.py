@@ -1,0 +1,47 @@
+"""The Megatron families example suite end to end (presets llama and qwen3 against their HF
+classes), serially and with -n 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.runs import ExampleSuite, RunPytest
+
+pytest.importorskip("megatron.core")
+
+ALIGNED = {"llama_fp32_train", "llama_tied_fp32_train", "qwen3_fp32_train"}
+# Faults planted on the Megatron side (faults.py), by the HF module they are in.
+KNOWN = {
+    "known_llama_mlp_bug": "model.layers.1.mlp",
+    "known_qwen3_k_norm_bug": "model.layers.0.self_attn.k_norm",
+}
+
+
+def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    folder = example_suite("megatron_families")
+    result = run_pytest("--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 13, result.stdout.str()
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    cases = report["cases"]
+    for case in cases:
+        # strict sync: every parameter on both sides paired by the preset mapping
+        assert case["weights"] == {**case["weights"], "unsynced": [], "unused": []}, case["name"]
+        assert case["weights"]["copied"] + case["weights"]["transformed"] > 0
+        for side in ("baseline", "candidate"):
+            assert all(u["reason"] for u in case["unmatched"][side]), (case["name"], case["unmatched"][side])
+    aligned = [c for c in cases if c["name"] in ALIGNED]
+    assert {(c["name"], c["phase"]) for c in aligned} == {
+        (n, p) for n in ALIGNED for p in ("forward", "backward", "step")
+    }
+    assert all(c["first_divergence"] is None and c["compared"] > 0 for c in aligned), aligned
+    steps = {c["name"]: c for c in aligned if c["phase"] == "step"}
+    assert all(c["compared"] >= 40 for c in steps.values()), steps  # both AdamW steps' weights
+    forward = {c["name"]: c for c in cases if c["phase"] == "forward"}
+    for name, module in KNOWN.items():
+        first = forward[name]["first_divergence"]
+        assert (first["name"], first["origin"]) == (module, True), (name, first)
