@@ -18,6 +18,7 @@ def test_there_are_example_configs() -> None:
         "torch_upgrade",
         "transformers_upgrade",
         "qwen2_5_megatron_vs_hf",
+        "megatron_families",
     }
 
 
