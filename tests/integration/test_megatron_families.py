@@ -12,7 +12,8 @@ from tests.helpers.runs import ExampleSuite, RunPytest
 pytest.importorskip("megatron.core")
 
 ALIGNED = {"llama_fp32_train", "llama_tied_fp32_train", "qwen3_fp32_train"}  # forward, backward, 2 steps
-BF16 = {"llama_bf16_forward_backward", "qwen3_bf16_forward_backward"}
+# forward and backward: bf16, and the mapping preset the other way round (Megatron baseline)
+TWO_PHASES = {"llama_bf16_forward_backward", "qwen3_bf16_forward_backward", "qwen3_megatron_as_baseline"}
 # Faults planted on the Megatron side (faults.py), by the HF module they are in.
 KNOWN = {
     "known_llama_mlp_bug": "model.layers.1.mlp",
@@ -26,7 +27,7 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
     folder = example_suite("megatron_families")
     result = run_pytest("--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 17, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 19, result.stdout.str()
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     cases = report["cases"]
     for case in cases:
@@ -35,10 +36,10 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
         assert case["weights"]["copied"] + case["weights"]["transformed"] > 0
         for side in ("baseline", "candidate"):
             assert all(u["reason"] for u in case["unmatched"][side]), (case["name"], case["unmatched"][side])
-    aligned = [c for c in cases if c["name"] in ALIGNED | BF16]
+    aligned = [c for c in cases if c["name"] in ALIGNED | TWO_PHASES]
     assert {(c["name"], c["phase"]) for c in aligned} == {
         (n, p) for n in ALIGNED for p in ("forward", "backward", "step")
-    } | {(n, p) for n in BF16 for p in ("forward", "backward")}
+    } | {(n, p) for n in TWO_PHASES for p in ("forward", "backward")}
     assert all(c["first_divergence"] is None and c["compared"] > 0 for c in aligned), aligned
     steps = {c["name"]: c for c in aligned if c["phase"] == "step"}
     assert all(c["compared"] >= 40 for c in steps.values()), steps  # both AdamW steps' weights
