@@ -109,7 +109,8 @@ LLAMA3_SCALING = {
 }
 
 
-def test_llama3_rope_scaling_gives_megatron_the_inverse_frequencies_hf_uses(tmp_path):
+@pytest.mark.parametrize("form", ["rope_scaling", "rope_parameters"])  # legacy, transformers 5
+def test_llama3_rope_scaling_gives_megatron_the_inverse_frequencies_hf_uses(tmp_path, form):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pytest_precalign.sources.megatron import build, runtime
@@ -119,9 +120,13 @@ def test_llama3_rope_scaling_gives_megatron_the_inverse_frequencies_hf_uses(tmp_
               "max_position_embeddings": 64}  # fmt: skip
     hf = LlamaForCausalLM(LlamaConfig(**fields, rope_scaling=LLAMA3_SCALING))
     plain = LlamaForCausalLM(LlamaConfig(**fields))
+    given = {**fields, "rope_scaling": LLAMA3_SCALING}
+    if form == "rope_parameters":
+        given = {k: v for k, v in fields.items() if k != "rope_theta"}
+        given["rope_parameters"] = {**LLAMA3_SCALING, "rope_theta": fields["rope_theta"]}
     text = (
         "version: 1\nmodels:\n  a: {source: factory, factory: 'torch.nn:Identity'}\n"
-        f"  mc: {{source: megatron, preset: llama, config: { ({**fields, 'rope_scaling': LLAMA3_SCALING}) }}}\n"
+        f"  mc: {{source: megatron, preset: llama, config: {given}}}\n"
         "inputs:\n  x: {kind: tokens, batch: 1, seq_len: 4, vocab_size: 10}\n"
         "cases:\n  - {name: c, baseline: a, candidate: mc, inputs: x, weights: {sync: false}}\n"
     )
@@ -143,6 +148,8 @@ def test_llama3_rope_scaling_gives_megatron_the_inverse_frequencies_hf_uses(tmp_
          "config.rope_scaling.rope_type: 'yarn' is not built by source megatron (allowed: default, llama3)"),
         ("llama", "rope_scaling: {rope_type: llama3, factor: 4.0}",
          "config.rope_scaling: rope_type llama3 needs low_freq_factor"),
+        ("llama", "rope_parameters: {rope_type: linear, factor: 4.0}",
+         "config.rope_parameters.rope_type: 'linear' is not built by source megatron"),
     ],
 )  # fmt: skip
 def test_preset_config_errors_are_one_line_naming_the_key(tmp_path, preset, extra, fragment):

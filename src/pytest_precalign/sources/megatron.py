@@ -128,21 +128,22 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
 def rope(fields: Mapping[str, Any], what: str = "config") -> tuple[float, dict[str, Any] | None]:
     """Rotary base and Llama-3.1 scaling (None: unscaled) from ``rope_theta``/``rope_scaling``
     or transformers 5's ``rope_parameters``; another rope type is one error."""
-    params = fields.get("rope_parameters") or fields.get("rope_scaling") or {}
+    key = "rope_parameters" if fields.get("rope_parameters") else "rope_scaling"
+    params = fields.get(key) or {}
     if not isinstance(params, Mapping):
-        raise SourceError(f"{what}.rope_scaling: expected a mapping, got {params!r}")
+        raise SourceError(f"{what}.{key}: expected a mapping, got {params!r}")
     theta = float(params.get("rope_theta", fields["rope_theta"]))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise SourceError(
-            f"{what}.rope_scaling.rope_type: {kind!r} is not built by source megatron "
+            f"{what}.{key}.rope_type: {kind!r} is not built by source megatron "
             f"(allowed: {', '.join(ROPE_TYPES)})"
         )
     if kind == "default":
         return theta, None
     missing = [k for k in LLAMA3_ROPE_KEYS if k not in params]
     if missing:
-        raise SourceError(f"{what}.rope_scaling: rope_type llama3 needs {missing[0]}")
+        raise SourceError(f"{what}.{key}: rope_type llama3 needs {missing[0]}")
     return theta, {k: float(params[k]) for k in LLAMA3_ROPE_KEYS}
 
 
