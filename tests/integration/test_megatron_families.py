@@ -25,7 +25,16 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
     folder = example_suite("megatron_families")
-    result = run_pytest("--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out")
+    # The launched case (2 ranks under torchrun) is the next test's.
+    result = run_pytest(
+        "--align-config",
+        str(folder / "align.yaml"),
+        str(folder),
+        "--align-report",
+        "out",
+        "-k",
+        "not launched",
+    )
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 19, result.stdout.str()
     report = json.loads((pytester.path / "out" / "report.json").read_text())
@@ -47,3 +56,23 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
     for name, module in KNOWN.items():
         first = forward[name]["first_divergence"]
         assert (first["name"], first["origin"]) == (module, True), (name, first)
+
+
+@pytest.mark.slow  # a launched 2-rank case, twice; tox -e slow
+def test_llama_preset_at_tp2_on_two_ranks_aligns(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    """Megatron Llama (rope scaling llama3, GQA) at TP=2 under torchrun against HF: forward,
+    backward and an AdamW step aligned under the suite's TP table."""
+    folder = example_suite("megatron_families")
+    result = run_pytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-k", "launched"
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+    cases = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
+    assert {(c["name"], c["phase"]) for c in cases} == {
+        ("llama_fp32_tp2_launched", p) for p in ("forward", "backward", "step")
+    }
+    assert all(c["first_divergence"] is None and c["compared"] > 0 for c in cases), cases
+    assert all(c["weights"]["unused"] == [] == c["weights"]["unsynced"] for c in cases)
