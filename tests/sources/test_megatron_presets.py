@@ -11,7 +11,7 @@ import torch
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import CaseError, PrecalignError
 from pytest_precalign.reports.document import phase_dict
-from pytest_precalign.reports.text import PhaseReport, failure_message
+from pytest_precalign.reports.text import PhaseReport, failure_message, summary_line
 from pytest_precalign.run.case import preflight_case, run_case
 
 pytest.importorskip("megatron.core")
@@ -87,6 +87,7 @@ def test_strict_false_runs_and_reports_the_skipped_baseline_parameters(tmp_path)
     message = failure_message(report)
     expected = f"  baseline parameters not used: {', '.join(NORMS[:5])} ... (6 in all)"
     assert expected in message.splitlines(), message
+    assert "; weights: 6 baseline parameters not used;" in summary_line(report), summary_line(report)
 
 
 def test_qwen3_preset_syncs_every_parameter_and_aligns(tmp_path):

@@ -410,6 +410,21 @@ def weights_lines(weights: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def _skipped_weights(weights: Mapping[str, Any] | None) -> str:
+    """The summary's note of a non-strict weight sync that left parameters out ("" for none)."""
+    if not weights:
+        return ""
+    parts = [
+        f"{len(weights[key])} {what}"
+        for key, what in (
+            ("unused", "baseline parameters not used"),
+            ("unsynced", "candidate parameters as built"),
+        )
+        if weights[key]
+    ]
+    return f"; weights: {', '.join(parts)}" if parts else ""
+
+
 def summary_line(report: PhaseReport) -> str:
     v = report.verdict
     status = "PASSED" if v.passed else "FAILED"
@@ -435,6 +450,7 @@ def summary_line(report: PhaseReport) -> str:
         detail = "aligned"
     if v.replica_mismatches:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
+    detail += _skipped_weights(report.weights)
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
