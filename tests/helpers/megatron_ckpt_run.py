@@ -1,10 +1,10 @@
 """Real Megatron checkpoints of a tiny qwen2.5-preset GPTModel, written by megatron-core's own
 save functions under torchrun (gloo, CPU, 2 ranks):
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/megatron_ckpt_run.py FULL OUT
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/megatron_ckpt_run.py ROOT NAME...
 
-FULL: a safetensors file holding the full (TP=1) Megatron state converted from an HF folder
-by the test. OUT gets:
+ROOT/NAME.safetensors: a full (TP=1) Megatron state converted from an HF folder by the test
+(one per variant: the right conversion and planted bugs). OUT = ROOT/NAME gets:
 
 * ``dist/``: a ``torch_dist`` checkpoint (``megatron.core.dist_checkpointing.save``) of the
   TP=1 model (2 data-parallel ranks) holding FULL;
@@ -58,18 +58,25 @@ def _save_legacy(module: Any, folder: Path, tp: int, pp: int) -> None:
 def main(argv: list[str]) -> None:
     import torch
     import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # megatron-core's dist checkpointing asks CUDA for its device and synchronizes after its
+    # copies: answered on the CPU (the project's megatron_cpu, plus a no-op synchronize).
+    torch.cuda.synchronize = lambda device=None: None
+    dist.init_process_group("gloo")
+    for name in argv[1:]:
+        _write(Path(argv[0]) / f"{name}.safetensors", Path(argv[0]) / name)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _write(full_file: Path, out: Path) -> None:
     from megatron.core import dist_checkpointing
     from safetensors.torch import load_file
 
     from pytest_precalign.megatron_cpu import megatron_cpu
     from pytest_precalign.sources import build_model, runtime
 
-    torch.set_num_threads(1)
-    # megatron-core's dist checkpointing asks CUDA for its device and synchronizes after its
-    # copies: answered on the CPU (the project's megatron_cpu, plus a no-op synchronize).
-    torch.cuda.synchronize = lambda device=None: None
-    full_file, out = Path(argv[0]), Path(argv[1])
-    dist.init_process_group("gloo")
     with warnings.catch_warnings(), megatron_cpu():
         warnings.simplefilter("ignore")
         spec = _spec(out, 1, 1)
@@ -86,8 +93,6 @@ def main(argv: list[str]) -> None:
                 loaded = dist_checkpointing.load(module.sharded_state_dict(), str(out / "dist"))
                 module.load_state_dict(loaded)
                 _save_legacy(module, out / folder, tp, pp)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config.model_weights import WEIGHT_FORMATS
 from ..errors import SourceError
 from ..mapping.spec import MappingSpec, to_baseline_name
 from ..mapping.transforms import apply_forward, apply_inverse
@@ -16,7 +17,7 @@ from ..mapping.weights import expand_rule
 if TYPE_CHECKING:
     import torch
 
-FORMATS = ("hf", "megatron", "megatron-dist")
+FORMATS = WEIGHT_FORMATS
 
 
 @dataclass
