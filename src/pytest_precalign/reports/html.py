@@ -1,9 +1,10 @@
 """report.json's document -> one self-contained ``report.html`` (inline CSS, JS and SVG; no
 network). Pure string building; the charts come from ``report_chart``.
 
-Per case and phase: the verdict, the first divergence and where it enters, the worst metric,
-a module tree (``tree_html``), an error-vs-depth chart (records in execution order against the error of the check that
-gates them, log scale, tolerance as a step line) and a sortable table of the records.
+Per case: its module tree (``tree_html``). Per case and phase: the verdict, the first
+divergence and where it enters, the worst metric, an error-vs-depth chart (records in
+execution order against the error of the check that gates them, log scale, tolerance as a
+step line) and a sortable table of the records.
 """
 
 from __future__ import annotations

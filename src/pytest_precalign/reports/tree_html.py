@@ -23,7 +23,11 @@ BAND_TEXT = {
     "unmatched": "unmatched",
     "none": "not recorded",
 }
-FILTERS = (("over", "over tolerance"), ("unmatched", "unmatched"), ("nonfinite", "non-finite"))
+FILTERS = (
+    ("over", "over tolerance (non-finite too)"),
+    ("unmatched", "unmatched"),
+    ("nonfinite", "non-finite"),
+)
 
 
 def tree_section(case_id: str, name: str, phases: Sequence[Mapping[str, Any]]) -> str:
@@ -137,7 +141,7 @@ document.querySelectorAll("section.tree-view").forEach(function (view) {
   function visible() { return Array.prototype.filter.call(root.querySelectorAll("li"), function (li) { return li.offsetParent !== null; }); }
   function openPath(i) { for (var p = N[i][3]; p >= 0; p = N[p][3]) lis[p].setAttribute("aria-expanded", "true"); }
   function apply() {
-    var q = view.querySelector(".tree-search").value.trim().toLowerCase(), mask = 0, FL = {over: 4, unmatched: 2, nonfinite: 8};
+    var q = view.querySelector(".tree-search").value.trim().toLowerCase(), mask = 0, FL = {over: 12, unmatched: 2, nonfinite: 8};
     view.querySelectorAll(".tree-filter:checked").forEach(function (c) { mask |= FL[c.value]; });
     var keep = {}, shown = 0;
     N.forEach(function (n, i) {
