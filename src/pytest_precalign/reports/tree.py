@@ -5,8 +5,10 @@ everything below it), its records summarised (never tensors), both names, and th
 case's origin. report.html draws it (``tree_html``); nothing here needs a browser.
 
 Bands, worst first: ``nonfinite`` (NaN/Inf where the other side had none), ``over`` (a
-check over its bound), ``unmatched`` (a record with no counterpart), ``close`` (value/allowed
-> 0.5), ``aligned``; ``none`` where the phase recorded nothing in that subtree.
+check over its bound), ``close`` (value/allowed > 0.5), ``aligned``, ``unmatched`` (only
+records with no counterpart: a compared record below says more than a missing one; the
+page still says "unmatched below" and its filter finds them); ``none`` where the phase
+recorded nothing in that subtree.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from .chart import num
 
-BANDS = ("none", "aligned", "close", "unmatched", "over", "nonfinite")
+BANDS = ("none", "unmatched", "aligned", "close", "over", "nonfinite")
 CLOSE = 0.5  # value / allowed above this: close to bound
 # filter bits: which bands a subtree holds (the page's "over tolerance", "unmatched", "non-finite")
 FLAG = {"close": 1, "unmatched": 2, "over": 4, "nonfinite": 8}

@@ -106,6 +106,7 @@ document.querySelectorAll("section.tree-view").forEach(function (view) {
               unmatched: "unmatched", none: "not recorded"};
   var root = view.querySelector("ul.tree"), detail = view.querySelector(".tree-detail");
   var opened = {}; data.open.forEach(function (i) { opened[i] = true; });
+  function cell(x) { return x === null ? "-" : typeof x === "number" && !Number.isInteger(x) ? x.toPrecision(4) : String(x); }
   function ratio(x) { return x === "inf" ? "∞" : (typeof x === "number" ? x.toPrecision(3) : "-"); }
   function make(i, depth) {
     var n = N[i], li = document.createElement("li"), row = document.createElement("div");
@@ -135,7 +136,8 @@ document.querySelectorAll("section.tree-view").forEach(function (view) {
       li.dataset.band = band;
       li.querySelector(".band").className = "band b-" + band;
       var worst = n[7][phase];
-      li.querySelector(".state").textContent = TEXT[band] + (worst !== undefined && band !== "unmatched" && band !== "none" ? " · " + ratio(worst) + "× allowed" : "");
+      li.querySelector(".state").textContent = TEXT[band] + (worst !== undefined && band !== "unmatched" && band !== "none" ? " · " + ratio(worst) + "× allowed" : "") +
+        (((n[6][phase] || 0) & 2) && band !== "unmatched" ? " · unmatched below" : "");
     });
   }
   function visible() { return Array.prototype.filter.call(root.querySelectorAll("li"), function (li) { return li.offsetParent !== null; }); }
@@ -163,16 +165,19 @@ document.querySelectorAll("section.tree-view").forEach(function (view) {
   function show(i) {
     root.querySelectorAll('li[aria-selected="true"]').forEach(function (li) { li.setAttribute("aria-selected", "false"); });
     lis[i].setAttribute("aria-selected", "true");
-    var n = N[i], head = "<tr><th>phase</th><th>record</th><th>kind</th><th>slot</th><th>step</th><th>metric</th>" +
+    var n = N[i], head = "<tr><th>phase</th><th>kind</th><th>slot</th><th>step</th><th>metric</th>" +
       "<th>value</th><th>allowed</th><th>value/allowed</th><th>band</th></tr>";
-    var body = n[8].map(function () { return "<tr>" + new Array(11).join("<td></td>") + "</tr>"; }).join("");
+    var body = n[8].map(function () { return "<tr>" + new Array(10).join("<td></td>") + "</tr>"; }).join("");
     detail.innerHTML = "<h4></h4><p class='muted'></p>" + (n[8].length ? "<table class='node-records'><thead>" + head + "</thead><tbody>" + body + "</tbody></table>" : "<p>No records of its own; its band is the worst below it.</p>");
     detail.querySelector("h4").textContent = n[1] || "(model)";
     detail.querySelector("p").textContent = "baseline " + (n[1] || "(model)") + (n[2] ? " · candidate " + n[2] : "");
     var trs = detail.querySelectorAll("tbody tr");
     n[8].forEach(function (r, k) {
       var tds = trs[k].children;
-      rows[r].forEach(function (x, j) { tds[j].textContent = j === 8 ? ratio(x) : j === 9 ? TEXT[x] : (x === null ? "-" : String(x)); });
+      rows[r].forEach(function (x, j) {  // the record's name is the node's (column 1 left out)
+        if (j === 0) tds[0].textContent = x;
+        else if (j > 1) tds[j - 1].textContent = j === 8 ? ratio(x) : j === 9 ? TEXT[x] : cell(x);
+      });
       trs[k].className = rows[r][9];
     });
   }
