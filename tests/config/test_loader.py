@@ -1028,7 +1028,9 @@ def test_full_config(tmp_path: Path) -> None:
     config = _load(tmp_path, FULL)
     file = str((tmp_path / "align.yaml").resolve())
 
-    assert config.defaults == Defaults(device="cpu", dtype="float64", seed=7, deterministic=False, dtype_given=True)
+    assert config.defaults == Defaults(
+        device="cpu", dtype="float64", seed=7, deterministic=False, dtype_given=True
+    )
     ref, port = config.models["ref"], config.models["port"]
     assert ref == ModelSpec(
         name="ref",
