@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 import transformers
+from _commands import find_command
 from _shared import SIZES, Size, build_qwen2, run_facts
 
 from pytest_precalign.msprobe.writer import build_dump, write_msprobe_dump
@@ -372,9 +373,7 @@ def main_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = main_args(argv)
-    msprobe_exe, precalign_exe = shutil.which("msprobe"), shutil.which("precalign")
-    if msprobe_exe is None or precalign_exe is None:
-        raise SystemExit("msprobe and precalign must be on PATH (activate the venv)")
+    msprobe_exe, precalign_exe = find_command("msprobe"), find_command("precalign")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="precalign-compare-bench."))
     workdir.mkdir(parents=True, exist_ok=True)
     try:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _commands import find_command
 from _shared import SIZES, Size, build_qwen2, run_facts
 
 from pytest_precalign.msprobe import write_msprobe_dump
@@ -333,8 +334,7 @@ def build_pair(size: Size, seq: int, folder: Path) -> dict[str, Any]:
 
 def compare_pair(folder: Path, rounds: int, env: dict[str, str]) -> dict[str, Any]:
     golden, target = folder / "golden" / "step0", folder / "target" / "step0"
-    precalign = shutil.which("precalign") or "precalign"
-    msprobe = shutil.which("msprobe") or "msprobe"
+    precalign, msprobe = find_command("precalign"), find_command("msprobe")
     runs: dict[str, list[Child]] = {"precalign": [], "msprobe": []}
     for rnd in range(rounds + 1):  # one discarded warm-up round (page cache)
         out = folder / "out"

@@ -11,41 +11,8 @@ import torch
 
 from pytest_precalign.checkpoints.compare import compare_checkpoints, load_checkpoint
 from pytest_precalign.cli import main
-from pytest_precalign.mapping.spec import to_candidate_name
-from pytest_precalign.mapping.transforms import apply_forward
-from pytest_precalign.mapping.weights import expand_rule
-from pytest_precalign.run.offline import load_mapping
-
-HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2}
-VARS = [f"--var={k}={v}" for k, v in HEADS.items()]
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, **HEADS)
-    folder = tmp_path_factory.mktemp("hf")
-    Qwen2ForCausalLM(config).save_pretrained(folder, max_shard_size="20KB")
-    return folder
-
-
-def _convert(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF -> Megatron names and layouts, written from the mapping (not copied from any tool)."""
-    mapping = load_mapping("preset:megatron-qwen2.5", HEADS)
-    assert mapping is not None
-    out: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    for rule in mapping.tensors:
-        for base, cand in expand_rule(rule, hf):
-            if all(n in hf for n in base):
-                out.update(zip(cand, apply_forward(rule.ops, [hf[n] for n in base]), strict=True))
-                used.update(base)
-    for name, tensor in hf.items():
-        if name not in used:
-            out[to_candidate_name(mapping, name)] = tensor.clone()
-    return out
+from tests.helpers.checkpoints import VARS
+from tests.helpers.checkpoints import convert as _convert
 
 
 def _save_legacy(folder: Path, state: dict[str, torch.Tensor]) -> Path:

@@ -87,7 +87,11 @@ def test_xdist_report_has_every_case_and_equals_the_serial_report(
     serial.assert_outcomes(passed=4, failed=2)
 
     for tag in ("parallel", "serial"):
-        assert sorted(p.name for p in (pytester.path / tag).iterdir()) == ["report.html", "report.json"]
+        assert sorted(p.name for p in (pytester.path / tag).iterdir()) == [
+            "compare_result.csv",
+            "report.html",
+            "report.json",
+        ]
     par = json.loads((pytester.path / "parallel" / "report.json").read_text())
     ser = json.loads((pytester.path / "serial" / "report.json").read_text())
     assert sorted(f"{c['name']}[{c['phase']}]" for c in par["cases"]) == sorted(EXPECTED)
@@ -95,6 +99,10 @@ def test_xdist_report_has_every_case_and_equals_the_serial_report(
     # The page shows no timings: the merged report renders exactly as the serial one.
     assert (pytester.path / "parallel" / "report.html").read_text() == (
         pytester.path / "serial" / "report.html"
+    ).read_text()
+    # compare_result.csv too: written by the controller from the merged document.
+    assert (pytester.path / "parallel" / "compare_result.csv").read_text() == (
+        pytester.path / "serial" / "compare_result.csv"
     ).read_text()
     assert _properties(pytester.path / "parallel.xml") == _properties(pytester.path / "serial.xml")
 
@@ -118,4 +126,8 @@ def test_a_crashed_worker_loses_only_the_item_it_was_running(pytester: pytest.Py
     result.stdout.fnmatch_lines(["*worker*crashed while running*dies*"])
     cases = json.loads((pytester.path / "crashed" / "report.json").read_text())["cases"]
     assert sorted(f"{c['name']}[{c['phase']}]" for c in cases) == sorted(EXPECTED)
-    assert sorted(p.name for p in (pytester.path / "crashed").iterdir()) == ["report.html", "report.json"]
+    assert sorted(p.name for p in (pytester.path / "crashed").iterdir()) == [
+        "compare_result.csv",
+        "report.html",
+        "report.json",
+    ]

@@ -40,7 +40,11 @@ def test_report_html_shows_verdicts_first_divergence_charts_and_sorts(
     pytester: pytest.Pytester, run_pytest: RunPytest, browser: Any
 ) -> None:
     out = _run_suite(pytester, run_pytest)
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # no temp files left
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compare_result.csv",
+        "report.html",
+        "report.json",
+    ]  # no temp files
     report = load_report(out)
     entries = {f"{c['name']}[{c['phase']}]": c for c in report["cases"]}
     assert {k: v["verdict"] for k, v in entries.items()} == {k: v[1] for k, v in EXPECTED.items()}

@@ -835,6 +835,78 @@ CORPUS: list[Bad] = [
         )[-1],  # type: ignore[index]
         ("{root}/out/cfg/c1/baseline: a trace already exists there; refusing to overwrite it",),
     ),
+    # ---- models' weights: {load, format} (issue #14 item 4) ----------------------------------
+    Bad(
+        "weights-unknown-format",
+        config(
+            edit(
+                'factory: "corpus_models:build"}\ninputs',
+                'factory: "corpus_models:build",\n         weights: {load: ., format: safetensors}}\ninputs',
+            )
+        ),
+        (CFG + ":5: models.cand.weights.format:", "'safetensors'", "hf, megatron, megatron-dist"),
+        plugin=True,
+    ),
+    Bad(
+        "weights-no-format",
+        config(
+            edit(
+                'factory: "corpus_models:build"}\ninputs',
+                'factory: "corpus_models:build",\n         weights: {load: .}}\ninputs',
+            )
+        ),
+        (
+            CFG
+            + ":5: models.cand.weights: missing required key 'format' (allowed: hf, megatron, megatron-dist)",
+        ),
+        plugin=True,
+    ),
+    Bad(
+        "weights-missing-folder",
+        config(
+            edit(
+                'factory: "corpus_models:build"}\ninputs',
+                'factory: "corpus_models:build",\n         weights: {load: nope, format: hf}}\ninputs',
+            )
+        ),
+        (CFG + ":5: models.cand.weights.load: no such checkpoint folder '{root}/nope'",),
+        plugin=True,
+    ),
+    Bad(
+        "weights-loaded-then-synced",
+        config(
+            edit(
+                'factory: "corpus_models:build"}\ninputs',
+                'factory: "corpus_models:build",\n         weights: {load: ., format: hf}}\ninputs',
+            )
+        ),
+        (
+            "cases[0].weights: candidate 'cand' loads its weights from {root}, which the weight sync "
+            "would overwrite: set weights: {sync: false}",
+        ),
+        plugin=True,
+    ),
+    Bad(
+        "weights-do-not-fit-the-model",
+        lambda root: (
+            (root / "ck").mkdir(),
+            __import__("safetensors.torch").torch.save_file(
+                {"emb.weight": torch.zeros(8, 4), "extra.weight": torch.zeros(1)},
+                str(root / "ck" / "model.safetensors"),
+            ),
+            run_config(
+                edit(
+                    'factory: "corpus_models:build"}\ninputs',
+                    'factory: "corpus_models:build",\n         weights: {load: ck, format: hf}}\ninputs',
+                )
+                + "    weights: {sync: false}\n"
+            )(root),
+        )[-1],  # type: ignore[index]
+        (
+            "models.cand.weights: {root}/ck (format hf) does not fit the model: 2 model tensor(s) not in the "
+            "checkpoint: proj.weight, proj.bias; 1 checkpoint tensor(s) the model has no place for: extra.weight",
+        ),
+    ),
 ]
 
 

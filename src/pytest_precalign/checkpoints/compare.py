@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config.model_weights import WEIGHT_FORMATS
 from ..errors import SourceError
 from ..mapping.spec import MappingSpec, to_baseline_name
 from ..mapping.transforms import apply_forward, apply_inverse
@@ -16,7 +17,7 @@ from ..mapping.weights import expand_rule
 if TYPE_CHECKING:
     import torch
 
-FORMATS = ("hf", "megatron")
+FORMATS = WEIGHT_FORMATS
 
 
 @dataclass
@@ -46,9 +47,11 @@ def detect_format(path: Path) -> str:
         return "hf"
     if any(path.glob("iter_*")) or any(path.glob("mp_rank_*")) or (path / "release").is_dir():
         return "megatron"
+    if (path / "metadata.json").is_file():
+        return "megatron-dist"
     raise SourceError(
         f"{path}: not a checkpoint folder; allowed formats: hf (model.safetensors[.index.json]), "
-        "megatron (iter_*/mp_rank_XX/model_optim_rng.pt)"
+        "megatron (iter_*/mp_rank_XX[_YYY]/model_optim_rng.pt), megatron-dist (metadata.json, *.distcp)"
     )
 
 
@@ -65,6 +68,10 @@ def load_checkpoint(path: Path, fmt: str | None = None) -> dict[str, torch.Tenso
         from .megatron_legacy import load_megatron_legacy
 
         return load_megatron_legacy(path)
+    if fmt == "megatron-dist":
+        from .megatron_dist import load_megatron_dist
+
+        return load_megatron_dist(path)
     raise SourceError(f"{path}: format {fmt!r} not supported (allowed: {', '.join(FORMATS)})")
 
 

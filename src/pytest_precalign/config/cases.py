@@ -20,6 +20,7 @@ from ..verdict.expectation import Expectation
 from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
 from ..yaml_reader import Reader
 from .launch import launched
+from .model_weights import loads_weights
 from .presets import (
     PRESET_LAYER_MAPPINGS,
     PRESET_MAPPINGS,
@@ -78,6 +79,7 @@ def parse_case(
     steps = reader.get_int("steps", 1, minimum=1)
     sync, strict = _weights(reader)
     sides = None if dumps else (models[refs["baseline"]], models[refs["candidate"]])
+    _check_loaded_not_synced(reader, sync, sides)
     mapping = _case_mapping(reader, sides, mappings, base_dir)
     mapping = _with_layer_mapping(reader, mapping, base_dir)
     baseline_rename = _baseline_rename(reader, base_dir)
@@ -185,6 +187,17 @@ def _weights(reader: Reader) -> tuple[bool, bool]:
     strict = weights.get_bool("strict", True)
     weights.done()
     return sync, strict
+
+
+def _check_loaded_not_synced(reader: Reader, sync: bool, sides: tuple[ModelSpec, ModelSpec] | None) -> None:
+    """A candidate that loads its checkpoint (``models.X.weights.load``) is not overwritten by
+    the weight sync: the case must say ``weights: {sync: false}``."""
+    if sync and sides is not None and loads_weights(sides[1].options):
+        reader.fail(
+            f"candidate {sides[1].name!r} loads its weights from {sides[1].options['weights']['load']}, "
+            "which the weight sync would overwrite: set weights: {sync: false}",
+            "weights",
+        )
 
 
 def _case_mapping(

@@ -18,6 +18,7 @@ from ..yaml_reader import LineList, Reader, describe, load_yaml, read_text_file
 from .cases import MappingSource, check_file, parse_case
 from .launch import parse_parallel
 from .model_sources import COMMON_MODEL_KEYS, SOURCES
+from .model_weights import parse_model_weights
 from .presets import HEAD_FIELDS, MEGATRON_PRESET_FIELDS
 from .search import IDS_KEYS, parse_ids
 from .specs import AlignConfig, CaseSpec, Defaults, InputSpec, ModelSpec
@@ -218,6 +219,9 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
             reader.fail(
                 f"expected a dotted class path like transformers.Qwen2ForCausalLM, got {value!r}", "class"
             )
+    weights = parse_model_weights(reader, options)
+    if weights is not None:
+        options["weights"] = weights
     spec = ModelSpec(
         name=name,
         source=source,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Keys every model accepts, whatever its source.
-COMMON_MODEL_KEYS = ("source", "dtype", "device", "seed", "output", "patch")
+COMMON_MODEL_KEYS = ("source", "dtype", "device", "seed", "output", "patch", "weights")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class MappedTrace:
     trace: Trace
     reasons: Mapping[str, str]  # record id -> why it has no counterpart (either side)
     applied: frozenset[RuleKey] = field(default_factory=frozenset)  # rules that matched a record
+    candidate_names: Mapping[str, str] = field(default_factory=dict)  # mapped name -> candidate's own
 
 
 def _to_baseline(
@@ -272,7 +273,10 @@ class _Mapper:
                 reasons.setdefault(new, why)
         manifest = {**dict(self.candidate.manifest), "mapping": self.mapping.name}
         mapped = Trace(manifest=manifest, records=tuple(final), tensors=self.tensors)
-        return MappedTrace(mapped, reasons, frozenset(self.applied))
+        names = {
+            r.name: self.original_name[r.id] for r in final if self.original_name.get(r.id, r.name) != r.name
+        }
+        return MappedTrace(mapped, reasons, frozenset(self.applied), names)
 
 
 def _tensor_stats(tensor: Any) -> Any:

@@ -12,6 +12,7 @@ from .._atomic import write_file_atomic
 from ..compare.pairs import PairResult
 from ..errors import ConfigError
 from ..verdict.phase import PhaseVerdict
+from .compare_csv import write_compare_csv
 from .html import write_html_report
 from .text import PhaseReport, verdict_label, worst_metric
 
@@ -57,9 +58,9 @@ def _environment(env: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def _record_dict(pair: PairResult) -> dict[str, Any]:
+def _record_dict(pair: PairResult, report: PhaseReport) -> dict[str, Any]:
     r, tol = pair.record, pair.tolerance
-    return {
+    data = {
         "seq": r.seq,
         "name": r.name,
         "kind": r.kind,
@@ -76,6 +77,41 @@ def _record_dict(pair: PairResult) -> dict[str, Any]:
             for c in pair.checks
         ],
     }
+    data.update(_sides_dict(pair, report))
+    return data
+
+
+def _sides_dict(pair: PairResult, report: PhaseReport) -> dict[str, Any]:
+    """Summaries of both sides (never tensors), for the module tree and compare_result.csv:
+    dtype, shape, statistics [max, min, mean, norm], the candidate's own name where the
+    mapping renamed, the rule that set the tolerance, the enclosing module of an API call."""
+    r, c = pair.record, pair.candidate
+    data: dict[str, Any] = {"dtype": r.dtype, "shape": list(r.shape)}
+    if c is not None:
+        data["candidate_dtype"], data["candidate_shape"] = c.dtype, list(c.shape)
+    own = report.candidate_names.get(r.name)
+    if own is not None:
+        data["candidate_name"] = own
+    crcs = {
+        side: rec.crc32 for side, rec in (("baseline", r), ("candidate", c)) if rec is not None and rec.crc32
+    }
+    if crcs:
+        data["crc32"] = crcs
+    stats = {side: _stats(rec) for side, rec in (("baseline", r), ("candidate", c)) if _stats(rec)}
+    if stats:
+        data["stats"] = stats
+    tol = pair.tolerance
+    if tol is not None:
+        data["rule"] = tol.rule.describe() if tol.rule is not None else tol.source
+    parent = report.parents.get(f"{r.name}#{r.call}", "").rsplit("#", 1)[0]
+    if parent and not r.name.startswith(parent + "."):
+        data["parent"] = parent
+    return data
+
+
+def _stats(rec: Any) -> list[float] | None:
+    st = getattr(rec, "stats", None)
+    return None if st is None else [st.max, st.min, st.mean, st.norm]
 
 
 def phase_dict(report: PhaseReport) -> dict[str, Any]:
@@ -128,7 +164,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "weights": dict(report.weights) if report.weights is not None else None,
         "reproduce": report.reproduce,
         "environment": _environment(report.environment),
-        "records": [_record_dict(p) for p in v.records],
+        "records": [_record_dict(p, report) for p in v.records],
     }
 
 
@@ -191,11 +227,13 @@ def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
 
 
 def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
-    """``report.json`` and ``report.html`` (the same document, rendered) into ``directory``."""
+    """``report.json``, ``report.html`` and ``compare_result.csv`` (the same document, rendered)
+    into ``directory``."""
     check_report_dir(directory)
     data = report_document(cases, meta)
     target = write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
     write_html_report(directory, data)
+    write_compare_csv(directory, data)
     return target
 
 

@@ -1,9 +1,10 @@
 """report.json's document -> one self-contained ``report.html`` (inline CSS, JS and SVG; no
 network). Pure string building; the charts come from ``report_chart``.
 
-Per case and phase: the verdict, the first divergence and where it enters, the worst metric,
-an error-vs-depth chart (records in execution order against the error of the check that
-gates them, log scale, tolerance as a step line) and a sortable table of the records.
+Per case: its module tree (``tree_html``). Per case and phase: the verdict, the first
+divergence and where it enters, the worst metric, an error-vs-depth chart (records in
+execution order against the error of the check that gates them, log scale, tolerance as a
+step line) and a sortable table of the records.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from .._atomic import write_file_atomic
 from ..compare.tolerances import BOUND_METRICS
 from .chart import Row, chart_notes, chart_svg, esc, first_index, fmt, num, rows_from_records
+from .tree_html import TREE_CSS, TREE_JS, tree_section
 
 PHASE_ORDER = ("forward", "backward", "step")
 VERDICT_CLASS = {"passed": "pass", "failed": "fail", "expected divergence": "expect"}
@@ -330,6 +332,7 @@ def render_html(document: Mapping[str, Any]) -> str:
             + (f"; {esc(run_facts)}" if run_facts else "")
             + f"; config <code>{esc(_display_path(config))}</code></p>"
             + _origin_html(phases)
+            + tree_section(case_id, name, phases)
             + "".join(_phase_html(case_id, p) for p in phases)
             + "</section>"
         )
@@ -338,8 +341,8 @@ def render_html(document: Mapping[str, Any]) -> str:
     source = document.get("config") or document.get("golden") or ""
     return PAGE.format(
         title=esc(f"precalign report: {Path(str(source)).name}" if source else "precalign report"),
-        css=CSS,
-        js=JS,
+        css=CSS + TREE_CSS,
+        js=JS + TREE_JS,
         source=esc(_display_path(str(source))),
         summary=esc(f"{len(entries)} items: {summary}" if entries else "no items"),
         overall=_badge("failed" if counts.get("failed") else "passed"),

@@ -49,6 +49,10 @@ class PhaseReport:
     reproduce: str
     seconds: float = 0.0
     environment: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest facts
+    # For the module tree and compare_result.csv: baseline name -> the candidate's own name
+    # (where the mapping renamed), and "name#call" -> enclosing module "name#call".
+    candidate_names: Mapping[str, str] = field(default_factory=dict)
+    parents: Mapping[str, str] = field(default_factory=dict)
     weights: Mapping[str, Any] | None = None  # the weight sync's report (``SyncReport.as_dict``)
 
     @property
@@ -87,6 +91,8 @@ class PhaseReport:
             reproduce=reproduce,
             seconds=run.seconds if seconds is None else seconds,
             environment=run.environment if with_environment else {},
+            candidate_names=getattr(run, "candidate_names", None) or {},
+            parents=getattr(getattr(run, "baseline", None), "manifest", {}).get("parents") or {},
             weights=sync.as_dict() if sync is not None else None,
         )
 

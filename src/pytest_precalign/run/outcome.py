@@ -51,6 +51,7 @@ class CaseRun:
     environment: Mapping[str, Any] = field(default_factory=dict)
     custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
     mapping_use: MappingUse | None = None  # what the mapping's rules applied to
+    candidate_names: Mapping[str, str] = field(default_factory=dict)  # baseline name -> candidate's
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def finish(job: FinishInputs) -> CaseRun:
         table=job.table.name,
         environment=job.environment,
         mapping_use=use,
+        candidate_names=mapped.candidate_names,
     )
 
 

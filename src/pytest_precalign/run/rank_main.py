@@ -89,9 +89,9 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
     stage's layer offset), sharded over the tensor-parallel ranks by the layout rules."""
     from safetensors.torch import load_file
 
+    from ..checkpoints.sharding import rule_for_param, shard_tensor
     from ..parallel_layout import layer_offsets
     from .launch_merge import globalize
-    from .tensor_parallel import rule_for_param, shard_tensor
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

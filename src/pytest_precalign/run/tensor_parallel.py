@@ -32,52 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoints.sharding import gather_tensor, rule_for_param, shard_tensor
 from ..errors import CaseError
 from ..parallel.rules import MEGATRON_GPT_RULES, Layout, ShardRule, rule_for
 from ..trace.records import Record, Trace
 
 if TYPE_CHECKING:
     import torch
-
-
-def _param_record(name: str, shape: tuple[int, ...]) -> Record:
-    return Record(0, name, "", "step", 0, 0, "param", "", "", shape)
-
-
-def rule_for_param(
-    name: str, shape: tuple[int, ...], rules: Sequence[ShardRule] = MEGATRON_GPT_RULES
-) -> ShardRule | None:
-    """How the TP=1 parameter ``name`` is split over the tensor-parallel ranks (None: replicated)."""
-    return rule_for(_param_record(name, shape), rules)
-
-
-# -- the layout operations -------------------------------------------------------------------
-def shard_tensor(full: torch.Tensor, layout: Layout, dim: int, tp: int, rank: int) -> torch.Tensor:
-    """Rank ``rank``'s slice of a TP=1 tensor."""
-    if layout == "replicated":
-        return full
-    if full.shape[dim] % (tp * (2 if layout == "gated" else 1)):
-        raise CaseError(f"cannot shard a tensor of shape {list(full.shape)} on dim {dim} over {tp} ranks")
-    if layout == "chunk":
-        return full.chunk(tp, dim)[rank]
-    gate, up = full.chunk(2, dim)
-    return _cat([gate.chunk(tp, dim)[rank], up.chunk(tp, dim)[rank]], dim)
-
-
-def gather_tensor(shards: Sequence[torch.Tensor], layout: Layout, dim: int) -> torch.Tensor:
-    """The TP=1 tensor from every rank's slice, in rank order."""
-    if layout == "replicated":
-        return shards[0]
-    if layout == "chunk":
-        return _cat(list(shards), dim)
-    halves = [s.chunk(2, dim) for s in shards]
-    return _cat([h[0] for h in halves] + [h[1] for h in halves], dim)
-
-
-def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    import torch
-
-    return torch.cat(parts, dim).contiguous()
 
 
 def shard_state(

@@ -129,6 +129,12 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
     device = resolve_device(spec.device)
     seed_everything(spec.seed)
     module = builder(spec.source)(spec, base_dir)
+    weights = spec.options.get("weights")
+    if weights is not None:  # the user's checkpoint instead of the seed's init (before any patch)
+        from ..checkpoints.load_into import load_into
+
+        what = f"{spec.where}: models.{spec.name}.weights"
+        load_into(module, Path(weights["load"]), weights["format"], what)
     if spec.patch is not None:
         module = apply_patch(spec, module, base_dir)
     before = dtype_counts(module)
