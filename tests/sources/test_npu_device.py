@@ -85,8 +85,16 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
     )
 
 
-def test_cli_run_is_one_message_and_exit_2(npu_config: Path) -> None:
-    done = _cli("run", str(npu_config), cwd=npu_config.parent)
+@pytest.mark.parametrize("command", ["run", "validate", "record", "calibrate"])
+def test_cli_is_one_message_and_exit_2(npu_config: Path, command: str) -> None:
+    where = npu_config.parent
+    args = {
+        "run": ["run", str(npu_config)],
+        "validate": ["validate", str(npu_config)],
+        "record": ["record", str(npu_config), "--out", str(where / "bl")],
+        "calibrate": ["calibrate", "--config", str(npu_config), "--out", str(where / "table.yaml")],
+    }[command]
+    done = _cli(*args, cwd=where)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
