@@ -5,7 +5,8 @@ Where torch_npu is not installed (the project's venv) that is the "not installed
 Where torch-npu is installed from PyPI without the CANN toolkit (``tox -e npu-missing-cann``),
 ``import torch`` itself fails (torch loads installed device backends): the message names the
 missing CANN library, for ``device: npu`` and, for other devices, says how to run without the
-NPU. On an NPU machine where torch_npu loads there is no message to show: skipped.
+NPU. On an NPU machine where torch_npu loads there is no message to show: skipped. A torch_npu built for
+another torch (installed with ``pip install --no-deps``) is named as such instead.
 
 Every run here is a subprocess: a failed ``import torch`` leaves a process unable to import it.
 """
@@ -20,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from pytest_precalign.recording.npu_backend import AUTOLOAD, version_mismatch
 from tests.helpers.nets import write_mlp_suite
@@ -33,6 +35,10 @@ def _installed(dist: str) -> str | None:
 
 
 NPU = _installed("torch_npu")
+TORCH = _installed("torch") or ""
+# torch_npu X.Y.Z(.postN) is built for torch X.Y.Z: another pair is a mismatch (pip install --no-deps).
+MISMATCH = NPU is not None and Version(NPU).release[:3] != Version(TORCH).release[:3]
+RELEASE = Version(TORCH).base_version if TORCH else ""
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +73,11 @@ def _npu_message() -> str:
     """The message this environment must give, as an fnmatch pattern."""
     if NPU is None:
         return "device 'npu' needs torch_npu, which is not installed: pip install 'pytest-precalign[[]npu[]]' (and the CANN toolkit)"
+    if MISMATCH:
+        return (
+            f"device 'npu': torch_npu {NPU} is built for torch * but torch {TORCH} is installed: "
+            f"install the torch-npu release for torch {RELEASE} (pip install 'torch-npu=={RELEASE}.*')*"
+        )
     return (
         f"device 'npu': torch_npu {NPU} is installed but cannot load: lib*.so not found"
         " — install the CANN toolkit and source its set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh)"
@@ -136,11 +147,15 @@ def test_another_device_says_how_to_run_without_the_npu(tmp_path: Path, npu_load
     env = {k: v for k, v in os.environ.items() if k != AUTOLOAD}
     done = _cli("record", str(config), "--out", str(tmp_path / "bl"), cwd=tmp_path, env=env)
     assert done.returncode == 2, done.stderr
+    why = (
+        f"which is built for torch * but torch {TORCH} is installed: install the torch-npu release for torch {RELEASE} *"
+        if MISMATCH
+        else "which cannot load: lib*.so not found — install the CANN toolkit and source its set_env.sh (e.g. *)"
+    )
     pytest.LineMatcher(done.stderr.strip().splitlines()).fnmatch_lines(
         [
-            f"precalign: error: {config}:*: models.ref: torch * cannot be imported: it loads the installed "
-            f"torch_npu {NPU}, which cannot load: lib*.so not found — install the CANN toolkit and source "
-            f"its set_env.sh (e.g. *), or set {AUTOLOAD}=0 to run without the NPU"
+            f"precalign: error: {config}:*: models.ref: torch {TORCH} cannot be imported: it loads the installed "
+            f"torch_npu {NPU}, {why}, or set {AUTOLOAD}=0 to run without the NPU"
         ]
     )
     done = _cli(
@@ -161,7 +176,7 @@ def test_a_torch_npu_built_for_another_torch_is_named() -> None:
     )
     assert version_mismatch("2.13.0", "2.13.0+cpu", ["torch==2.13.0.*", "numpy"]) is None
     assert version_mismatch("2.13.0.post1", "2.13.0", ["numpy"]) is None  # no torch pin: not detectable
-    if NPU is not None:  # the real metadata: pip installed the matching pair
+    if NPU is not None and not MISMATCH:  # the real metadata: pip installed the matching pair
         requires = metadata.requires("torch_npu") or []
         assert any(r.startswith("torch") for r in requires)
         assert version_mismatch(NPU, metadata.version("torch"), requires) is None

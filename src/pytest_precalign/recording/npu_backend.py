@@ -47,23 +47,26 @@ def installed_version(distribution: str) -> str | None:
 def version_mismatch(npu_version: str, torch_version: str, requires: Iterable[str]) -> str | None:
     """torch_npu's own torch requirement (its Requires-Dist) against the installed torch: the
     message when they do not match, None when they do or torch_npu names no torch version."""
+    clause = _mismatch_clause(npu_version, torch_version, requires)
+    return None if clause is None else f"device 'npu': torch_npu {npu_version} {clause}"
+
+
+def _mismatch_clause(npu_version: str, torch_version: str, requires: Iterable[str]) -> str | None:
+    """``is built for torch ==2.14.0.* but torch 2.13.0 is installed: install ...``, or None."""
     for line in requires:
         try:
             req = Requirement(line)
-        except InvalidRequirement:
+            release = Version(torch_version).base_version
+        except (InvalidRequirement, InvalidVersion):
             continue
         if canonicalize_name(req.name) != "torch" or not req.specifier:
             continue
-        try:
-            release = Version(torch_version).base_version
-        except InvalidVersion:
-            return None
         if req.specifier.contains(torch_version, prereleases=True):
             return None
         return (
-            f"device 'npu': torch_npu {npu_version} is built for torch {req.specifier} but torch "
-            f"{torch_version} is installed: install the torch-npu release for torch {release} "
-            f"(pip install 'torch-npu=={release}.*') or the torch torch_npu {npu_version} needs"
+            f"is built for torch {req.specifier} but torch {torch_version} is installed: install the "
+            f"torch-npu release for torch {release} (pip install 'torch-npu=={release}.*') or the torch "
+            f"torch_npu {npu_version} needs"
         )
     return None
 
@@ -102,10 +105,12 @@ def torch_problem() -> str | None:
     try:
         importlib.import_module("torch")
     except Exception as exc:  # noqa: BLE001 - torch wraps the backend's failure in a RuntimeError
+        torch_version = installed_version("torch")
+        mismatch = _mismatch_clause(npu, torch_version or "", metadata.requires("torch_npu") or ())
+        why = f"which {mismatch}" if mismatch else f"which cannot load: {_why(exc)} — {CANN_HINT}"
         return (
-            f"torch {installed_version('torch')} cannot be imported: it loads the installed torch_npu "
-            f"{npu}, which cannot load: {_why(exc)} — {CANN_HINT}, or set {AUTOLOAD}=0 to run "
-            "without the NPU"
+            f"torch {torch_version} cannot be imported: it loads the installed torch_npu {npu}, "
+            f"{why}, or set {AUTOLOAD}=0 to run without the NPU"
         )
     return None
 
