@@ -34,6 +34,7 @@ TORCH_FREE = (
     "pytest_precalign.reports.html",
     "pytest_precalign.run.offline",
     "pytest_precalign.run.stored_runs",
+    "pytest_precalign.run.devices",
 )
 
 PROBE = """

@@ -297,9 +297,13 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 def _validate(path: Path) -> int:
     from .config.loader import load_config_file
-    from .run.case import preflight_case
+    from .run.devices import check_devices
 
     config = load_config_file(path)
+    for case in config.cases:
+        check_devices(config, case)  # before torch is imported: torch_npu without CANN stops it
+    from .run.case import preflight_case
+
     for case in config.cases:
         preflight_case(config, case)
     print(f"{config.path}: valid ({len(config.cases)} case(s), {len(config.models)} model(s))")
@@ -309,10 +313,14 @@ def _validate(path: Path) -> int:
 def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
     from .config.loader import load_config_file
     from .reports.document import write_reports
-    from .run.case import preflight_case
+    from .run.devices import check_devices
 
     config = load_config_file(path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
+    for case in selected:
+        check_devices(config, case)  # before torch is imported: torch_npu without CANN stops it
+    from .run.case import preflight_case
+
     for case in selected:
         preflight_case(config, case)
     outcomes: list[ItemOutcome] = []

@@ -152,12 +152,14 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     align_config = _state(config).config
     if align_config is None:
         return None
-    import torch
+    from importlib import metadata
 
+    # torch's version from its metadata: importing torch here would fail before the cases'
+    # devices are checked when an installed torch_npu cannot load (no CANN).
     d = align_config.defaults
     return [
         f"precalign: config {align_config.path}, {len(align_config.cases)} case(s); "
-        f"torch {torch.__version__}, device {d.device}, dtype {d.dtype}, seed {d.seed}, "
+        f"torch {metadata.version('torch')}, device {d.device}, dtype {d.dtype}, seed {d.seed}, "
         f"deterministic {d.deterministic}"
     ]
 
@@ -393,13 +395,16 @@ def _check_collected(align_config: AlignConfig | None, items: list[pytest.Item])
     _check_markers(align_config, items)
     if align_config is None:
         return
-    from .run.case import preflight_case
+    from .run.devices import check_devices
 
     checked: set[str] = set()
     for item in items:
         if isinstance(item, (AlignItem, SearchItem)) and item.case.name not in checked:
             checked.add(item.case.name)
             try:
+                check_devices(align_config, item.case)  # before torch is imported (torch_npu, CANN)
+                from .run.case import preflight_case
+
                 preflight_case(align_config, item.case)
             except PrecalignError as exc:
                 text = str(exc)

@@ -94,3 +94,24 @@ def test_a_bad_variant_label_is_one_message(tmp_path: Path, label: str) -> None:
     with pytest.raises(ConfigError, match="is not a usable label"):
         variant_dir(tmp_path, "port", label)
     assert main(["record", "nope.yaml", "--out", str(tmp_path), f"--variant={label}"]) == 2
+
+
+def test_an_npu_run_prefers_the_variant_of_its_torch_npu(tmp_path: Path) -> None:
+    """torch_npu is a key like torch: on an NPU, the variant recorded with the same torch_npu
+    wins over one recorded with another torch_npu (even when the other matches transformers), and
+    any NPU variant over a CPU one."""
+    here = _manifest("2.13.0", device="npu", torch_npu="2.13.0", transformers="5.23.0")
+    variants = {
+        "": _manifest("2.13.0", torch_npu="2.13.0", transformers="5.23.0"),  # a CPU recording
+        "npu-2.12": _manifest("2.13.0", device="npu", torch_npu="2.12.0", transformers="5.23.0"),
+        "npu-2.13": _manifest("2.13.0", device="npu", torch_npu="2.13.0", transformers="4.49.0"),
+    }
+    for label, manifest in variants.items():
+        folder = variant_dir(tmp_path, "port", label)
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    chosen = choose(tmp_path, "port", here)
+    assert (chosen.label, chosen.among) == ("npu-2.13", 3)
+    # Under torch_npu 2.12.0 the other NPU variant is the closest.
+    older = _manifest("2.13.0", device="npu", torch_npu="2.12.0", transformers="5.23.0")
+    assert choose(tmp_path, "port", older).label == "npu-2.12"

@@ -5,6 +5,7 @@ compare``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -103,3 +104,38 @@ def test_compare_is_headed_by_the_environment_diff(
     dump = REPO / "tests" / "data" / "msprobe" / "tiny_statistics_L0"
     main(["compare", str(dump), str(dump)])
     assert "environment: not compared (an msprobe dump carries no manifest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "line"),
+    [(None, "2.13.0", "absent → 2.13.0"), ("2.12.0", "2.13.0", "2.12.0 → 2.13.0")],
+    ids=["installed", "upgraded"],
+)
+def test_a_torch_npu_change_is_named(
+    recorded: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    before: str | None,
+    after: str,
+    line: str,
+) -> None:
+    """Two manifests as ``precalign record`` wrote them, differing only in torch_npu's version
+    (one machine has no torch_npu, or another release of it): the diff is that one line, and
+    ``precalign compare`` of the two runs is headed by it."""
+    runs = {}
+    for name, version in (("old", before), ("new", after)):
+        runs[name] = tmp_path / name
+        shutil.copytree(recorded["a"], runs[name])
+        manifest = json.loads((runs[name] / "manifest.json").read_text(encoding="utf-8"))
+        assert "torch_npu" in manifest["versions"]  # recorded, installed or not
+        manifest["versions"]["torch_npu"] = version
+        (runs[name] / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["env-diff", str(runs["old"]), str(runs["new"])]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[1:] == [f"  torch_npu {line}"], out
+    main(["compare", str(runs["old"]), str(runs["new"])])
+    shown = capsys.readouterr().out.splitlines()
+    start = next(i for i, text in enumerate(shown) if text.startswith("environment: "))
+    assert (
+        shown[start].startswith("environment: 1 difference(s)") and shown[start + 1] == f"  torch_npu {line}"
+    )

@@ -226,7 +226,7 @@ def test_npu_device_without_torch_npu_is_a_usage_error(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [
-            "ERROR: --align-config: case 'port': *align.yaml: device 'npu' needs torch_npu, which is not installed:"
+            "ERROR: --align-config: case 'port': *align.yaml:*: models.ref: device 'npu' needs torch_npu, which is not installed:"
             " pip install 'pytest-precalign[[]npu[]]'*"
         ]
     )

@@ -14,10 +14,7 @@ def record_cases(
     """Record ``side`` of the cases as ``out/<case>/`` (``out/<case>@<variant>/`` for an
     environment variant); yields a line per case recorded."""
     from ..config.loader import load_config_file
-    from ..run.case import preflight_case
-    from .record_side import record_side
-    from .store import case_lock, recover, write_stored
-    from .variants import variant_dir
+    from ..run.devices import check_devices
 
     config = load_config_file(config_path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
@@ -26,6 +23,13 @@ def record_cases(
             raise ConfigError(
                 f"{config.path}: case {case.name!r} gates stored dumps; it has no model to record"
             )
+        check_devices(config, case)  # before torch is imported: torch_npu without CANN stops it
+    from ..run.case import preflight_case
+    from .record_side import record_side
+    from .store import case_lock, recover, write_stored
+    from .variants import variant_dir
+
+    for case in selected:
         preflight_case(config, case)
     for case in selected:
         target = variant_dir(out, case.name, variant)

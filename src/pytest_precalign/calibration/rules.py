@@ -14,11 +14,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._atomic import TargetExists, write_file_atomic
 from ..errors import ConfigError
-from .measure import Measurement, Noise
+
+if TYPE_CHECKING:  # measure imports torch: run_calibration checks the devices first
+    from .measure import Measurement, Noise
 
 # Machine epsilon per dtype name: a bound never goes below one ulp at the group's scale.
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
@@ -321,11 +323,16 @@ def run_calibration(
 ) -> list[str]:
     """The ``precalign calibrate`` command: check everything, measure, write; the lines to print."""
     from ..config.loader import load_config_file
-    from .measure import calibration_cases, measure_case, parse_perturbations
+    from ..run.devices import check_devices
 
     margin = parse_margin(margin_text)
-    perturbations = parse_perturbations(perturbations_text)
     config = load_config_file(config_path)
+    for case in config.cases:  # before torch is imported: torch_npu without CANN stops it
+        if not case_names or case.name in case_names:
+            check_devices(config, case)
+    from .measure import calibration_cases, measure_case, parse_perturbations
+
+    perturbations = parse_perturbations(perturbations_text)
     cases = calibration_cases(config, case_names)
     check_writable(out, force)
     measurements: list[Measurement] = []

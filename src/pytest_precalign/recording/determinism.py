@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import SourceError
+from .npu_backend import npu_problem
 
 DETERMINISM_ENV = {
     "NVIDIA_TF32_OVERRIDE": "0",  # no TF32 in cuBLAS/cuDNN whatever the code asks
@@ -44,13 +45,9 @@ def torch_dtype(name: str) -> torch.dtype:
 def resolve_device(name: str) -> torch.device:
     """The torch device for a config's device name, with a clear error when it is absent."""
     if name == "npu":
-        try:
-            import torch_npu  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-        except ImportError:
-            raise SourceError(
-                "device 'npu' needs torch_npu, which is not installed: "
-                "pip install 'pytest-precalign[npu]' (and the CANN toolkit)"
-            ) from None
+        problem = npu_problem()  # not installed, built for another torch, or no CANN
+        if problem is not None:
+            raise SourceError(problem)
         return torch.device("npu")
     if name == "cuda" and not torch.cuda.is_available():
         raise SourceError(
