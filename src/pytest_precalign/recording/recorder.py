@@ -69,6 +69,7 @@ class _Call:
     input_ids: tuple[str, ...]
     grad_output_ids: list[str]
     recomputed: bool = False
+    grads: bool = False  # grad hooks are registered for this call
 
 
 class Recorder:
@@ -122,6 +123,7 @@ class Recorder:
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
         self._grad_calls: dict[tuple[str, int], int] = {}  # grads accumulated per micro-batch
+        self._hooked_calls: set[tuple[str, int, int]] = set()  # (name, step, call) with grad hooks
         self._active = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -268,22 +270,39 @@ class Recorder:
                 inputs[id(t)] = self.capture(
                     t, name=name, module_class=cls, kind="input", slot=slot, call=call
                 )
-        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [], recomputed)
+        grads = self._hooks_grads(name, call, recomputed)
+        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [], recomputed, grads)
         self._stack.setdefault(id(module), []).append(state)
-        if self._ops_on:
+        if self._ops_on and not recomputed:
+            # A recomputation is not a frame: non-reentrant checkpointing stops it early (its
+            # post hooks never run), and its ops are not recorded anyway.
             parent = self._frames[-1] if self._frames else None
             self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent and parent.name else ""
             self._frames.append(state)
         if self.keep_calls and self.step == 0 and not recomputed:
             self.calls.append(ModuleCall(name, call, module, args, dict(kwargs)))
-        self._last_call[name] = state
-        if self.record_grads and self._modules_on and torch.is_grad_enabled():
+        if grads or not recomputed:
+            self._last_call[name] = state
+        if grads:
             # A tensor hook observes the input's gradient without adding autograd nodes, so
             # the summation order of the backward (and its bits) stay as they were.
             for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
                 if t.requires_grad:
                     t.register_hook(partial(self._grad_input, state, slot))
         return None
+
+    def _hooks_grads(self, name: str, call: int, recomputed: bool) -> bool:
+        """Whether this module call gets grad hooks. A recomputation whose forward call had
+        them (non-reentrant checkpointing: the backward runs the forward's graph) gets none,
+        or each of its input grads would be recorded twice; one whose forward ran without grad
+        (reentrant checkpointing: the backward runs the recomputed graph) does."""
+        if not (self.record_grads and self._modules_on and torch.is_grad_enabled()):
+            return False
+        key = (name, self.step, call)
+        if recomputed:
+            return key not in self._hooked_calls
+        self._hooked_calls.add(key)
+        return True
 
     def _post_hook(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -308,13 +327,14 @@ class Recorder:
                     call=state.call,
                     deps=state.input_ids,
                 )
-            if self.record_grads and t.requires_grad:
+            if state.grads and t.requires_grad:
                 t.register_hook(partial(self._grad_output, state, slot))
 
     # -- ops (level op / mix) -------------------------------------------------------------
     def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self._active:
-            self._frames.append(root)
+        if self._active and not _in_backward():
+            # A new forward: frames left by one that raised are not its parents.
+            self._frames[:] = [root]
 
     def _root_exit(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self._frames and self._frames[-1].name == "" and self._active:
