@@ -112,3 +112,10 @@ INPLACE_NETS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
     "relu_inplace": (ReluInplace, ReluPlain),
     "mul_input": (MulInput, MulInputPlain),
 }
+
+# The grads that vanished before (the model's own input does not require grad).
+VANISHED = {
+    "add_after": {("block", "grad_output")},
+    "relu_inplace": {("fc", "grad_output"), ("act", "grad_input")},
+    "mul_input": {("fc", "grad_output"), ("scale", "grad_input")},
+}

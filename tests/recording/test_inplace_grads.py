@@ -14,7 +14,7 @@ from torch import nn
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.run.case import check_modules
 from pytest_precalign.trace.records import Trace
-from tests.helpers.inplace_nets import INPLACE_NETS, BadReluInplace, ReluInplace
+from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED, BadReluInplace, ReluInplace
 
 PHASES = ("forward", "backward", "step")
 
@@ -44,14 +44,6 @@ def test_grads_around_an_inplace_op_equal_those_of_the_out_of_place_model(name: 
     assert sorted(inplace) == sorted(plain)  # before: 1-2 grad records missing per model
     assert [k for k in plain if not torch.equal(inplace[k], plain[k])] == []
     assert VANISHED[name] <= {k[:2] for k in inplace}
-
-
-# The grads that vanished before (the model's own input does not require grad).
-VANISHED = {
-    "add_after": {("block", "grad_output")},
-    "relu_inplace": {("fc", "grad_output"), ("act", "grad_input")},
-    "mul_input": {("fc", "grad_output"), ("scale", "grad_input")},
-}
 
 
 @pytest.mark.parametrize("level", ["op", "mix"])
