@@ -107,6 +107,27 @@ class BadReluInplace(ReluInplace):
         self.act = _BadRelu()
 
 
+class ToReal(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(torch.complex(x, 2 * x))  # a float view of a complex base
+
+
+class RealViewScaled(_Seeded):
+    """A float view of a complex tensor scaled in place: its grad cannot be read out of the
+    complex base's grad, so it is not recordable (with the reason)."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.fc, self.to_real, self.head = nn.Linear(4, 4), ToReal(), nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.to_real(self.fc(x))
+        r = r.mul_(3.0) if self.inplace else r * 3.0
+        out: torch.Tensor = self.head(r)
+        return out
+
+
 INPLACE_NETS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
     "add_after": (AddAfter, AddAfterPlain),
     "relu_inplace": (ReluInplace, ReluPlain),

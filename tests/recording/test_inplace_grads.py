@@ -14,7 +14,7 @@ from torch import nn
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.run.case import check_modules
 from pytest_precalign.trace.records import Trace
-from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED, BadReluInplace, ReluInplace
+from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED, BadReluInplace, RealViewScaled, ReluInplace
 
 PHASES = ("forward", "backward", "step")
 
@@ -80,3 +80,19 @@ def test_hash_and_stats_modes_record_the_same_grads() -> None:
         m: sorted(r.id for r in _trace(inplace_net(), mode=m).records) for m in ("stats", "hash", "tensor")
     }
     assert ids["stats"] == ids["hash"] == ids["tensor"]
+
+
+def test_a_grad_that_cannot_be_read_out_is_reported_not_recordable() -> None:
+    trace = _trace(RealViewScaled())
+    rid = "to_real|grad_output|out|0|0"
+    assert rid not in {r.id for r in trace.records}
+    assert trace.manifest["not_recordable"] == {
+        rid: "not recordable: its view was modified in place and it has another dtype than its base"
+    }
+    # One side in place, the other not: the other side's record is unmatched with the reason
+    # (explained), everything else compares.
+    run = check_modules(RealViewScaled(), RealViewScaled(inplace=False), {"x": _x()}, phases=PHASES)
+    only = {p.record.id: p.note for p in run.comparison.pairs if p.status == "only_candidate"}
+    assert only == {rid: f"the baseline's grad is {trace.manifest['not_recordable'][rid]}"}
+    assert all(v.passed for v in run.verdicts.values())
+    assert run.verdicts["backward"].coverage.unexplained == 0
