@@ -69,6 +69,8 @@ class InPlaceViews:
         self._watched: list[_Watched] = []
         self._open = 0  # watched views not rebased yet
         self._handles: list[RemovableHandle] = []
+        self._scanned: set[Any] = set()  # graph nodes looked at since the forward began
+        self._rebased: set[Any] = set()  # and among them, the old nodes of rebased bases
 
     def hook(self, t: torch.Tensor, deliver: Deliver, refuse: Refuse) -> Deliver:
         """The hook to register on ``t``: ``deliver`` itself for a plain tensor; for a view, one
@@ -107,12 +109,12 @@ class InPlaceViews:
         tensors the graph ends in (the model's outputs, the loss)."""
         if not self._open:
             return
-        rebased = _rebased_nodes(roots)
+        self._rebased |= _rebased_nodes(roots, self._scanned)
         for w in self._watched:
             if w.rebased:
                 continue
             alive = w.ref()
-            if w.node in rebased or (alive is not None and _version(alive) != w.version):
+            if w.node in self._rebased or (alive is not None and _version(alive) != w.version):
                 w.rebased = True
                 self._open -= 1
                 self._handles.append(w.node.register_prehook(partial(_from_base, w)))
@@ -121,6 +123,8 @@ class InPlaceViews:
         """A new forward: the views of the last one are done (their pre-hooks stay on their
         graph, which the next backward does not run)."""
         self._watched.clear()
+        self._scanned.clear()
+        self._rebased.clear()
         self._open = 0
 
     def remove(self) -> None:
@@ -130,10 +134,10 @@ class InPlaceViews:
         self.clear()
 
 
-def _rebased_nodes(roots: Iterable[Any]) -> set[Any]:
-    """The nodes that are the old history of a base modified in place through a view."""
+def _rebased_nodes(roots: Iterable[Any], seen: set[Any]) -> set[Any]:
+    """The nodes that are the old history of a base modified in place through a view, among
+    the nodes not ``seen`` by an earlier look at this forward's graph (added to ``seen``)."""
     stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set[Any] = set()
     found: set[Any] = set()
     while stack:
         node = stack.pop()
