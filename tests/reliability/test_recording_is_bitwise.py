@@ -1,6 +1,7 @@
 """A recorded run is bitwise equal to an unrecorded one, for an HF Qwen2 and a megatron-core
 GPTModel (CPU, gloo): logits, loss, every parameter gradient, and every parameter after an
-AdamW step. Two copies of the same seeded model run the same inputs, one under the recorder."""
+AdamW step. Two copies of the same seeded model run the same inputs, one under the recorder.
+So are tiny models that modify a module's output or input in place, at every record level."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pytest_precalign.recording.determinism import deterministic, seed_everythin
 from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.run.side import causal_lm_loss
 from pytest_precalign.sources import LoadedModel, build_model, runtime
+from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED
 
 CONFIG = """
 version: 1
@@ -59,3 +61,35 @@ def test_recorded_run_is_bitwise_equal(tmp_path: Path, source: str, mode: str) -
     assert differ == []
     kinds = {r.kind for r in rec.trace().records}
     assert {"activation", "grad_output", "param_grad"} <= kinds  # it did record
+
+
+@pytest.mark.parametrize("level", ["module", "op", "mix"])
+@pytest.mark.parametrize("mode", ["stats", "tensor", "hash"])
+@pytest.mark.parametrize("name", sorted(INPLACE_NETS))
+def test_recording_a_model_with_inplace_ops_is_bitwise_neutral(name: str, mode: str, level: str) -> None:
+    """Views modified in place after a module: their grads are read from the base's autograd
+    node (a pre-hook that only reads), and the run stays bit for bit the unrecorded one."""
+    net, _ = INPLACE_NETS[name]
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))
+
+    def run(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        out = model(x)
+        out.pow(2).mean().backward()
+        seen = {"out": out.detach().clone()}
+        seen.update({f"grad:{n}": p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        optimizer.step()
+        seen.update({f"param:{n}": p.detach().clone() for n, p in model.named_parameters()})
+        return seen
+
+    plain = run(net())
+    model = net()
+    with Recorder(model, mode=mode, level=level) as rec:
+        recorded = run(model)
+    assert plain.keys() == recorded.keys() and len(plain) == 1 + 2 * len(list(model.parameters()))
+    assert [k for k in plain if not torch.equal(plain[k], recorded[k])] == []
+    grads = {(r.name, r.kind) for r in rec.trace().records}
+    if level == "op":
+        assert any(kind == "grad_output" for _, kind in grads)  # it did record
+    else:
+        assert VANISHED[name] <= grads

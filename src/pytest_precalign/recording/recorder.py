@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import Kind
+from .inplace_grads import InPlaceViews
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .tensor_summary import dtype_name, finite_sum, flatten, tensor_crc32, tensor_stats
 
@@ -69,6 +70,7 @@ class _Call:
     input_ids: tuple[str, ...]
     grad_output_ids: list[str]
     recomputed: bool = False
+    grads: bool = False  # grad hooks are registered for this call
 
 
 class Recorder:
@@ -122,6 +124,9 @@ class Recorder:
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
         self._grad_calls: dict[tuple[str, int], int] = {}  # grads accumulated per micro-batch
+        self._hooked_calls: set[tuple[str, int, int]] = set()  # (name, step, call) with grad hooks
+        self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
+        self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
         self._active = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -144,11 +149,12 @@ class Recorder:
                 )
                 for pname, _ in module.named_parameters(recurse=False):
                     self._param_owner[f"{name}.{pname}"] = (name, cls)
+            # The root is not recorded, but ops in its own forward are (parent ""), and its end
+            # is where views modified in place are looked for.
+            root = _Call("", type(self.model).__name__, 0, 0, (), [])
+            self._handles.append(self.model.register_forward_pre_hook(eager(partial(self._root_enter, root))))
+            self._handles.append(self.model.register_forward_hook(eager(self._root_exit)))
             if self._ops_on:
-                # The root is not recorded, but ops in its own forward are (parent "").
-                root = _Call("", type(self.model).__name__, 0, 0, (), [])
-                self._handles.append(self.model.register_forward_pre_hook(partial(self._root_enter, root)))
-                self._handles.append(self.model.register_forward_hook(self._root_exit))
                 self._mode = OpMode(self._on_op)
                 self._mode.start()
             if self.record_grads:
@@ -173,6 +179,7 @@ class Recorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._views.remove()
         self._active = False
 
     def _selected(self, name: str) -> bool:
@@ -268,22 +275,39 @@ class Recorder:
                 inputs[id(t)] = self.capture(
                     t, name=name, module_class=cls, kind="input", slot=slot, call=call
                 )
-        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [], recomputed)
+        grads = self._hooks_grads(name, call, recomputed)
+        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [], recomputed, grads)
         self._stack.setdefault(id(module), []).append(state)
-        if self._ops_on:
+        if self._ops_on and not recomputed:
+            # A recomputation is not a frame: non-reentrant checkpointing stops it early (its
+            # post hooks never run), and its ops are not recorded anyway.
             parent = self._frames[-1] if self._frames else None
             self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent and parent.name else ""
             self._frames.append(state)
         if self.keep_calls and self.step == 0 and not recomputed:
             self.calls.append(ModuleCall(name, call, module, args, dict(kwargs)))
-        self._last_call[name] = state
-        if self.record_grads and self._modules_on and torch.is_grad_enabled():
+        if grads or not recomputed:
+            self._last_call[name] = state
+        if grads:
             # A tensor hook observes the input's gradient without adding autograd nodes, so
             # the summation order of the backward (and its bits) stay as they were.
             for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
                 if t.requires_grad:
-                    t.register_hook(partial(self._grad_input, state, slot))
+                    t.register_hook(self._grad_hook(t, self._grad_input, state, "grad_input", slot))
         return None
+
+    def _hooks_grads(self, name: str, call: int, recomputed: bool) -> bool:
+        """Whether this module call gets grad hooks. A recomputation whose forward call had
+        them (non-reentrant checkpointing: the backward runs the forward's graph) gets none,
+        or each of its input grads would be recorded twice; one whose forward ran without grad
+        (reentrant checkpointing: the backward runs the recomputed graph) does."""
+        if not (self.record_grads and self._modules_on and torch.is_grad_enabled()):
+            return False
+        key = (name, self.step, call)
+        if recomputed:
+            return key not in self._hooked_calls
+        self._hooked_calls.add(key)
+        return True
 
     def _post_hook(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -308,17 +332,40 @@ class Recorder:
                     call=state.call,
                     deps=state.input_ids,
                 )
-            if self.record_grads and t.requires_grad:
-                t.register_hook(partial(self._grad_output, state, slot))
+            if state.grads and t.requires_grad:
+                t.register_hook(self._grad_hook(t, self._grad_output, state, "grad_output", slot))
 
     # -- ops (level op / mix) -------------------------------------------------------------
     def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self._active:
-            self._frames.append(root)
+        if self._active and not _in_backward():
+            self._views.clear()
+            if self._ops_on:  # a new forward: frames left by one that raised are not its parents
+                self._frames[:] = [root]
 
     def _root_exit(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self._frames and self._frames[-1].name == "" and self._active:
+        if not self._active:
+            return
+        if self._frames and self._frames[-1].name == "":
             self._frames.pop()
+        if not _in_backward():
+            self._views.check(t for _, t in flatten(output, "out"))
+
+    def _grad_hook(
+        self,
+        t: torch.Tensor,
+        on_grad: Callable[[_Call, str, torch.Tensor], None],
+        state: _Call,
+        kind: str,
+        slot: str,
+    ) -> Callable[[torch.Tensor], None]:
+        """The tensor hook that records ``t``'s grad; for a view, one that hands over to its base's
+        autograd node if the view is modified in place later (see ``inplace_grads.py``)."""
+        refuse = partial(self._refuse_grad, record_id(state.name, kind, slot, state.step, state.call))
+        return self._views.hook(t, partial(on_grad, state, slot), refuse)
+
+    def _refuse_grad(self, rid: str, reason: str) -> None:
+        if self._active:
+            self._not_recordable[rid] = reason
 
     def _on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if not self._frames or self._busy or not self._active or _in_backward():
@@ -362,7 +409,7 @@ class Recorder:
             if grads and t.requires_grad and id(t) not in inputs:
                 busy, self._busy = self._busy, True
                 try:
-                    t.register_hook(partial(self._grad_output, state, slot))
+                    t.register_hook(self._grad_hook(t, self._grad_output, state, "grad_output", slot))
                 finally:
                     self._busy = busy
 
@@ -421,6 +468,7 @@ class Recorder:
 
     def record_output(self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record:
         """Record the logits or the loss of the model as a whole."""
+        self._views.check([tensor])  # the loss's code may have modified a view in place
         return self.capture(
             tensor, name=kind, module_class=type(self.model).__name__, kind=kind, slot="", deps=deps
         )
@@ -440,6 +488,8 @@ class Recorder:
             records = tuple(filled)
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
+        if self._not_recordable:
+            meta["not_recordable"] = dict(self._not_recordable)
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)

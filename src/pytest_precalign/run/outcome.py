@@ -98,8 +98,9 @@ def finish(job: FinishInputs) -> CaseRun:
     use = MappingUse.of(job.mapping, job.candidate, mapped.applied | synced, params_seen=job.sync is not None)
     if job.check_mapping:
         check_applied(use)
+    reasons = {**_not_recordable(base_trace, mapped.trace), **mapped.reasons}
     comparison = compare_traces(
-        base_trace, mapped.trace, job.table, mapped.reasons, job.progress, job.workers or compare_workers()
+        base_trace, mapped.trace, job.table, reasons, job.progress, job.workers or compare_workers()
     )
     comparison = settle_op_pairs(comparison, base_trace, mapped.trace)
     expect = job.case.expect if job.case is not None else None
@@ -124,6 +125,18 @@ def finish(job: FinishInputs) -> CaseRun:
         mapping_use=use,
         candidate_names=mapped.candidate_names,
     )
+
+
+def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
+    """Why a record has no partner when the other side could not record it (a grad of a view
+    modified in place that cannot be read out of its base's grad; see the recorder)."""
+    reasons: dict[str, str] = {}
+    for side, trace in (("baseline", baseline), ("candidate", candidate)):
+        known = trace.manifest.get("not_recordable")
+        if isinstance(known, Mapping):
+            for rid, why in known.items():
+                reasons[str(rid)] = f"the {side}'s grad is {why}"
+    return reasons
 
 
 @dataclass(frozen=True)
