@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
@@ -278,7 +279,7 @@ def _record(reader: Reader) -> RecordSpec:
     rec = reader.get_mapping("record")
     if rec is None:
         return RecordSpec()
-    rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level"))
+    rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level", "moe"))
     record = RecordSpec(
         mode=rec.get_choice("mode", MODES, "stats"),
         inputs=rec.get_bool("inputs", True),
@@ -286,9 +287,22 @@ def _record(reader: Reader) -> RecordSpec:
         exclude=_str_tuple(rec, "exclude"),
         format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
         level=rec.get_choice("level", LEVELS, "module"),
+        moe=_moe(rec),
     )
     rec.done()
     return record
+
+
+def _moe(rec: Reader) -> MoeSpec | None:
+    moe = rec.get_mapping("moe")
+    if moe is None:
+        return None
+    moe.check_keys(("block", "experts"))
+    spec = MoeSpec(block=moe.get_str("block", required=True), experts=moe.get_str("experts", "experts.*"))
+    moe.done()
+    if rec.get_choice("mode", MODES, "stats") != "tensor":
+        rec.fail("moe: needs mode: tensor (expert rows are matched to tokens by their values)", "moe")
+    return spec
 
 
 def _expect(reader: Reader, phases: tuple[Phase, ...]) -> Expectation | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..errors import ConfigError
 from ..mapping.spec import MappingSpec
@@ -74,6 +75,7 @@ class RecordSpec:
     exclude: tuple[str, ...] = ()
     format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
     level: str = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
+    moe: MoeSpec | None = None  # MoE blocks whose expert records are keyed by token
 
 
 @dataclass(frozen=True)

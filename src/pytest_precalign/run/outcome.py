@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ..compare.moe_tokens import by_token
 from ..compare.op_pairing import settle_op_pairs
 from ..compare.pairs import Comparison, compare_traces
 from ..compare.tolerances import ToleranceTable
@@ -99,10 +100,16 @@ def finish(job: FinishInputs) -> CaseRun:
     if job.check_mapping:
         check_applied(use)
     reasons = {**_not_recordable(base_trace, mapped.trace), **mapped.reasons}
+    moe = job.case.record.moe if job.case is not None else None
+    cand_trace = mapped.trace
+    if moe is not None:  # expert records keyed by token, not by dispatch order
+        keyed = by_token(base_trace, cand_trace, moe)
+        base_trace, cand_trace = keyed.baseline, keyed.candidate
+        reasons.update(keyed.reasons)
     comparison = compare_traces(
-        base_trace, mapped.trace, job.table, reasons, job.progress, job.workers or compare_workers()
+        base_trace, cand_trace, job.table, reasons, job.progress, job.workers or compare_workers()
     )
-    comparison = settle_op_pairs(comparison, base_trace, mapped.trace)
+    comparison = settle_op_pairs(comparison, base_trace, cand_trace)
     expect = job.case.expect if job.case is not None else None
     verdicts = {}
     for phase in phases:
@@ -117,7 +124,7 @@ def finish(job: FinishInputs) -> CaseRun:
         comparison=comparison,
         verdicts=verdicts,
         baseline=base_trace,
-        candidate=mapped.trace,
+        candidate=cand_trace,
         sync=job.sync,
         seconds=time.perf_counter() - job.started,
         table=job.table.name,
