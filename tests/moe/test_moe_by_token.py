@@ -39,7 +39,7 @@ class Expert(torch.nn.Module):
 class PerExpert(torch.nn.ModuleList):
     \"\"\"Qwen2MoeExperts' computation with one module per expert and a choice of dispatcher.\"\"\"
 
-    def __init__(self, fused, dispatch, bug_expert):
+    def __init__(self, fused, dispatch, bug_expert, reroute):
         n, two_inner, hidden = fused.gate_up_proj.shape
         inner = two_inner // 2
         super().__init__(Expert(hidden, inner, 1.001 if e == bug_expert else 1.0) for e in range(n))
@@ -50,9 +50,14 @@ class PerExpert(torch.nn.ModuleList):
                 expert.up_proj.weight.copy_(up)
                 expert.down_proj.weight.copy_(fused.down_proj[e])
         self.dispatch = dispatch
+        self.reroute = reroute
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         final = torch.zeros_like(hidden_states)
+        if self.reroute:  # a routing bug: token 0's second choice goes to an expert it did not pick
+            top_k_index = top_k_index.clone()
+            free = [e for e in range(len(self)) if e not in top_k_index[0].tolist()]
+            top_k_index[0, 1] = free[0]
         if self.dispatch == "loop":  # Hugging Face: per expert, its (slot, token) pairs
             for e, expert in enumerate(self):
                 pos, tok = torch.where((top_k_index == e).T)
@@ -76,7 +81,7 @@ class PerExpert(torch.nn.ModuleList):
         return final
 
 
-def build(dispatch="loop", bug_expert=-1):
+def build(dispatch="loop", bug_expert=-1, reroute=False):
     torch.manual_seed(0)
     config = Qwen2MoeConfig(
         vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=16,
@@ -85,7 +90,7 @@ def build(dispatch="loop", bug_expert=-1):
     )
     model = Qwen2MoeForCausalLM(config).float()
     for layer in model.model.layers:
-        layer.mlp.experts = PerExpert(layer.mlp.experts, dispatch, bug_expert)
+        layer.mlp.experts = PerExpert(layer.mlp.experts, dispatch, bug_expert, reroute)
     return model
 """
 
@@ -95,6 +100,7 @@ models:
   hf_loop: {source: factory, factory: "moe_nets:build", kwargs: {dispatch: loop}}
   sorted: {source: factory, factory: "moe_nets:build", kwargs: {dispatch: sort}}
   sorted_bug: {source: factory, factory: "moe_nets:build", kwargs: {dispatch: sort, bug_expert: 2}}
+  rerouted: {source: factory, factory: "moe_nets:build", kwargs: {dispatch: sort, reroute: true}}
 inputs:
   toks: {kind: tokens, batch: 2, seq_len: 6, vocab_size: 64, labels: true}
 tolerances:
@@ -106,6 +112,8 @@ cases:
   - {name: positional, baseline: hf_loop, candidate: sorted, inputs: toks, phases: [forward],
      record: {mode: tensor}, tolerances: fp32}
   - {name: expert_bug, baseline: hf_loop, candidate: sorted_bug, inputs: toks, phases: [forward, backward],
+     record: {mode: tensor, moe: {block: "model.layers.*.mlp", experts: "experts.*"}}, tolerances: fp32}
+  - {name: rerouted, baseline: hf_loop, candidate: rerouted, inputs: toks, phases: [forward],
      record: {mode: tensor, moe: {block: "model.layers.*.mlp", experts: "experts.*"}}, tolerances: fp32}
 """
 
@@ -160,6 +168,22 @@ def test_a_bug_in_one_expert_is_named_at_that_expert(suite: Path) -> None:
     failing = {p.record.name for p in forward if p.paired and not p.passed}
     layer0 = {n for n in failing if n.startswith("model.layers.0.mlp.experts.")}
     assert layer0 == {"model.layers.0.mlp.experts.2"}, layer0
+
+
+def test_a_token_routed_differently_fails_the_routing_and_its_expert_rows_are_unmatched(
+    suite: Path,
+) -> None:
+    config = load_config_file(suite / "align.yaml")
+    run = run_case(config, config.case("rerouted"))
+    verdict = run.verdicts["forward"]
+    assert not verdict.passed
+    routing = [p for p in run.comparison.pairs if p.record.name == "model.layers.0.mlp.routing"]
+    assert [p.status for p in routing] == ["fail"]  # exact: one 0/1 entry moved
+    # Token 0's rows are unmatched, each with the reason; the other tokens' rows still pair.
+    lone = {rid: why for rid, why in verdict.reasons.items() if "@token0" in rid and "layers.0." in rid}
+    assert lone and all("routed differently" in why for why in lone.values()), verdict.reasons
+    experts = [p for p in run.comparison.pairs if p.record.name.startswith("model.layers.0.mlp.experts.")]
+    assert any(p.paired and p.passed and p.record.kind == "input" for p in experts)
 
 
 def _out_id(name: str) -> str:

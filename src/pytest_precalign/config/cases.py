@@ -301,7 +301,7 @@ def _moe(rec: Reader) -> MoeSpec | None:
     spec = MoeSpec(block=moe.get_str("block", required=True), experts=moe.get_str("experts", "experts.*"))
     moe.done()
     if rec.get_choice("mode", MODES, "stats") != "tensor":
-        rec.fail("moe: needs mode: tensor (expert rows are matched to tokens by their values)", "moe")
+        rec.fail("needs mode: tensor (expert rows are matched to tokens by their values)", "moe")
     return spec
 
 
