@@ -178,7 +178,7 @@ def test_a_token_routed_differently_fails_the_routing_and_its_expert_rows_are_un
     verdict = run.verdicts["forward"]
     assert not verdict.passed
     routing = [p for p in run.comparison.pairs if p.record.name == "model.layers.0.mlp.routing"]
-    assert [p.status for p in routing] == ["fail"]  # exact: one 0/1 entry moved
+    assert [(p.status, p.evidence) for p in routing] == [("fail", "hash")]  # exact: one entry moved
     # Token 0's rows are unmatched, each with the reason; the other tokens' rows still pair.
     lone = {rid: why for rid, why in verdict.reasons.items() if "@token0" in rid and "layers.0." in rid}
     assert lone and all("routed differently" in why for why in lone.values()), verdict.reasons

@@ -13,9 +13,9 @@ block's output matches. ``by_token`` rewrites both traces before the compare (te
   is cut into the same rows and re-assembled in token order, one record per (expert, block
   call) whatever the number of calls: ``...experts.3`` call ``c`` is block call ``c``'s tokens
   routed to expert 3, in token order, on both sides.
-* The routing: a record ``<block>.routing`` (``[tokens, experts]``, 1 where the token's row
-  reached that expert) per block call, compared exactly (0/1 integers: any tolerance below 1
-  is exact). A token routed differently is a finding there; its rows at the experts it reached
+* The routing: a record ``<block>.routing`` per block call, the hash of a ``[tokens, experts]``
+  0/1 matrix (1 where the token's row reached that expert; experts of both sides), compared
+  for equality: exact whatever the tolerance table says. A token routed differently is a finding there; its rows at the experts it reached
   on one side only are unmatched with that reason, never dropped.
 * A row that matches no token of the block's input (the expert saw a transformed input) and a
   record whose rows do not follow the expert's input rows are kept unmatched, with the reason.
@@ -28,6 +28,7 @@ left as they were.
 from __future__ import annotations
 
 import fnmatch
+import zlib
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -214,10 +215,23 @@ def _routing(out: _Rebuilt, bkey: _BlockKey, n: int, side: _Side, other: _Side) 
         for t in mine.get(name, ()):
             mask[t, j] = 1
     step, block, call = bkey
+    # No tensor and no statistics, only a hash: the compare checks it for equality, exactly,
+    # whatever the tolerance table says.
+    crc = f"{zlib.crc32(np.ascontiguousarray(mask).tobytes()):08x}"
     rec = Record(
-        0, f"{block}.routing", "routing", "forward", step, call, "activation", "out", "int64", mask.shape
+        0,
+        f"{block}.routing",
+        "routing",
+        "forward",
+        step,
+        call,
+        "activation",
+        "out",
+        "int64",
+        mask.shape,
+        crc32=crc,
     )
-    out.put(rec, mask, side.first_seq[bkey])
+    out.placed[side.first_seq[bkey]].append(rec)
 
 
 def _choices(side: _Side, bkey: _BlockKey) -> dict[int, frozenset[str]]:
