@@ -31,7 +31,7 @@ import fnmatch
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -198,6 +198,13 @@ def _rebuild(trace: Trace, side: _Side, other: _Side, who: str, reasons: dict[st
 class _Rebuilt:
     tensors: dict[str, Any]
     placed: dict[int, list[Record]]  # original seq -> new records placed after it
+    chosen: dict[tuple[int, _BlockKey], dict[int, frozenset[str]]] = field(default_factory=dict)
+
+    def choices(self, side: _Side, bkey: _BlockKey) -> dict[int, frozenset[str]]:
+        key = (id(side), bkey)
+        if key not in self.chosen:
+            self.chosen[key] = _choices(side, bkey)
+        return self.chosen[key]
 
     def put(self, rec: Record, arr: Any, at: int) -> None:
         key = f"moe{len(self.tensors):07d}"
@@ -255,7 +262,7 @@ def _expert_rows(
     """One record of the tokens both sides routed alike, in token order; the others unmatched."""
     proto = side.proto[key]
     bkey: _BlockKey = (key[0], key[1], key[2])
-    mine, theirs = _choices(side, bkey), _choices(other, bkey)
+    mine, theirs = out.choices(side, bkey), out.choices(other, bkey)
     common = sorted(t for t in rows if mine.get(t) == theirs.get(t))
     if common:
         out.put(replace(proto, call=bkey[2]), np.stack([rows[t] for t in common]), proto.seq)
@@ -274,10 +281,11 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 
 def _stats(arr: Any) -> Stats:
-    a = np.asarray(arr, dtype=np.float64)
-    finite = a[np.isfinite(a)]
-    nan = int(np.isnan(a).sum())
-    inf = int(np.isinf(a).sum())
+    a = np.asarray(arr, dtype=np.float64).ravel()
+    ok = np.isfinite(a)
+    finite = a if ok.all() else a[ok]
+    nan = int(np.isnan(a).sum()) if finite is not a else 0
+    inf = a.size - finite.size - nan
     if finite.size == 0:
         return Stats(float("nan"), float("nan"), float("nan"), float("nan"), nan, inf)
     return Stats(
