@@ -71,6 +71,42 @@ def test_a_row_that_is_no_token_of_the_block_is_unmatched_with_the_reason() -> N
     assert any("routed differently" in why for why in keyed.reasons.values())
 
 
+def test_an_empty_slice_and_a_leading_batch_dim_change_nothing() -> None:
+    """A sort dispatcher calling every expert (one on no rows), with ``[1, n, hidden]`` inputs."""
+    base = _trace({"experts.0": X[[0, 2, 1, 3]], "experts.1": X[[1]]}, X)
+    cand = _trace(
+        {"experts.0": X[[0, 1, 2, 3]][None], "experts.1": X[[1]][None], "experts.2": X[:0]}, X[None]
+    )
+    keyed = by_token(base, cand, SPEC)
+    a, b = _by_id(keyed.baseline), _by_id(keyed.candidate)
+    expert_ids = {k for k in a if k.startswith("moe.experts")}
+    assert expert_ids and expert_ids == {k for k in b if k.startswith("moe.experts")}
+    for rid in expert_ids:
+        np.testing.assert_array_equal(a[rid], b[rid])
+    assert keyed.reasons == {}
+    routing = [r for r in (*keyed.baseline.records, *keyed.candidate.records) if r.name == "moe.routing"]
+    assert len({r.crc32 for r in routing}) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            MoeSpec(block="layers.*.mlp"),
+            r"record.moe.block 'layers.\*.mlp' matched no module input recorded by the baseline",
+        ),
+        (
+            MoeSpec(block="moe", experts="expert_*"),
+            r"record.moe.experts 'expert_\*' matched no module called inside 'moe'",
+        ),
+    ],
+)
+def test_a_moe_glob_matching_nothing_is_an_error(spec: MoeSpec, message: str) -> None:
+    trace = _trace({"experts.0": X[[0, 1]]}, X)
+    with pytest.raises(ConfigError, match=message):
+        by_token(trace, trace, spec)
+
+
 BAD = """\
 version: 1
 models:

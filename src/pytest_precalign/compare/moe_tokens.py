@@ -20,7 +20,8 @@ block's output matches. ``by_token`` rewrites both traces before the compare (te
 * A row that matches no token of the block's input (the expert saw a transformed input) and a
   record whose rows do not follow the expert's input rows are kept unmatched, with the reason.
 
-Identical input rows (the same token twice) are interchangeable: they produce identical rows
+An expert called on an empty slice (a dispatcher that calls every expert) has no rows: its
+records hold no values and leave no trace. Identical input rows (the same token twice) are interchangeable: they produce identical rows
 in every expert, so either token index is right. Param grads and records outside experts are
 left as they were.
 """
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..trace.records import Record, Stats, TensorOverlay, Trace
 
 _NOT_ROWS = ("param", "param_grad", "logits", "loss")
@@ -76,6 +78,8 @@ class _Side:
 def by_token(baseline: Trace, candidate: Trace, spec: MoeSpec) -> MoeResult:
     """Both traces with their expert records keyed by token (see the module doc)."""
     sides = (_collect(baseline, spec), _collect(candidate, spec))
+    for who, side in zip(("baseline", "candidate"), sides, strict=True):
+        _check_found(side, spec, who)
     reasons: dict[str, str] = {}
     out: list[Trace] = []
     for i, (trace, side) in enumerate(zip((baseline, candidate), sides, strict=True)):
@@ -83,6 +87,21 @@ def by_token(baseline: Trace, candidate: Trace, spec: MoeSpec) -> MoeResult:
         who = ("baseline", "candidate")[i]
         out.append(_rebuild(trace, side, other, who, reasons))
     return MoeResult(out[0], out[1], reasons)
+
+
+def _check_found(side: _Side, spec: MoeSpec, who: str) -> None:
+    """A ``record.moe`` glob that matches nothing is an error, not a silent positional compare."""
+    if not side.tokens:
+        raise ConfigError(
+            f"record.moe.block {spec.block!r} matched no module input recorded by the {who} "
+            "(a glob of MoE block module names, e.g. 'model.layers.*.mlp')"
+        )
+    if not side.routed:
+        blocks = sorted({b for _, b, _ in side.tokens})
+        raise ConfigError(
+            f"record.moe.experts {spec.experts!r} matched no module called inside {blocks[0]!r} "
+            f"on the {who} (a glob relative to the block, e.g. 'experts.*')"
+        )
 
 
 def _row_key(row: Any) -> bytes:
@@ -156,7 +175,12 @@ def _expert_call(
             continue
         side.consumed.add(rec.id)
         arr = trace.array(rec)
-        if arr is None or arr.size == 0 or arr.size % len(tokens) != 0 or arr.shape[0] != len(tokens):
+        if not tokens and arr is not None and arr.size == 0:
+            continue  # an empty slice's record: no values to lose
+        lead = int(np.prod(arr.shape[:-1])) if arr is not None and arr.ndim >= 2 else -1
+        if arr is not None and lead == len(tokens) and tokens:
+            arr = arr.reshape(lead, arr.shape[-1])  # [1, n, hidden] and [n, hidden] alike
+        else:
             why = f"its rows do not follow {exp.name}'s input rows (shape {list(rec.shape)})"
             side.loose.append((rec, arr, why))
             continue
