@@ -124,6 +124,7 @@ cases:
         ('{moe: {block: "m.*.mlp"}}', r"align.yaml:7: cases\[0\].record.moe: needs mode: tensor"),
         ('{mode: tensor, moe: {experts: "experts.*"}}', r"cases\[0\].record.moe.*block"),
         ('{mode: tensor, moe: {block: "m", expert: "e.*"}}', r"cases\[0\].record.moe.*expert"),
+        ('{mode: tensor, moe: {block: "m"}}, isolate: true', r"cases\[0\].isolate: .*not with record: \{moe"),
     ],
 )
 def test_a_bad_moe_key_is_one_message_naming_it(tmp_path: Path, record: str, message: str) -> None:

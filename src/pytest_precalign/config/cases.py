@@ -389,6 +389,11 @@ def _isolate(reader: Reader, record: RecordSpec, candidate: ModelSpec | None) ->
             f"isolation re-runs modules on the baseline's tensors: it needs record: {{mode: tensor}} (got {record.mode!r})",
             "isolate",
         )
+    if isolate and record.moe is not None:
+        reader.fail(
+            "isolation re-runs experts on rows in the baseline's order: not with record: {moe: ...}",
+            "isolate",
+        )
     if isolate and (not record.inputs or record.level == "op"):
         reader.fail(
             "isolation needs the modules' inputs: record: {inputs: true} at level module or mix", "isolate"
