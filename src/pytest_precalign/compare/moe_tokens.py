@@ -15,14 +15,16 @@ block's output matches. ``by_token`` rewrites both traces before the compare (te
   routed to expert 3, in token order, on both sides.
 * The routing: a record ``<block>.routing`` per block call, the hash of a ``[tokens, experts]``
   0/1 matrix (1 where the token's row reached that expert; experts of both sides), compared
-  for equality: exact whatever the tolerance table says. A token routed differently is a finding there; its rows at the experts it reached
-  on one side only are unmatched with that reason, never dropped.
+  for equality: exact whatever the tolerance table says. A token routed differently is a
+  finding there; its rows at every expert it reached are unmatched with that reason, never
+  dropped.
 * A row that matches no token of the block's input (the expert saw a transformed input) and a
   record whose rows do not follow the expert's input rows are kept unmatched, with the reason.
 
 An expert called on an empty slice (a dispatcher that calls every expert) has no rows: its
-records hold no values and leave no trace. Identical input rows (the same token twice) are interchangeable: they produce identical rows
-in every expert, so either token index is right. Param grads and records outside experts are
+records hold no values and leave no trace. Identical input rows (the same token twice) are
+interchangeable: they produce identical rows in every expert, so either token index is right.
+A ``block`` or ``experts`` glob matching nothing on either side is a ``ConfigError``. Param grads and records outside experts are
 left as they were.
 """
 
