@@ -201,9 +201,7 @@ class Recorder:
         pending, self._pending = self._pending, {}
         stats, crcs = self._buffer.flush()
         for seq, (sh, ch) in pending.items():
-            value = None if sh is None else stats[sh]
-            if self.mode == "hash" and value is not None and _finite(value.mean):
-                value = None  # hash mode keeps statistics only as evidence of NaN/Inf
+            value = None if sh is None else stats[sh]  # hash mode: None unless NaN/Inf evidence
             crc = None if ch is None else crcs[ch]
             self._records[seq] = replace(self._records[seq], stats=value, crc32=crc)
 
@@ -263,9 +261,9 @@ class Recorder:
                 if self.mode == "stats":
                     self._pending[seq] = (self._buffer.add_stats(data), None)
                 elif self.mode == "hash":
-                    # NaN/Inf evidence: statistics of every float tensor, kept at the step's end
-                    # only where the sum is not finite; hashes are still compared.
-                    sh = self._buffer.add_stats(data) if data.is_floating_point() else None
+                    # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
+                    # sum is not finite; hashes are still compared.
+                    sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
                     self._pending[seq] = (sh, self._buffer.add_crc(data))
                 else:
                     key = f"t{seq:07d}"
@@ -535,10 +533,6 @@ class Recorder:
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)
         return Trace(manifest=meta, records=records, tensors=dict(self._tensors))
-
-
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
 
 
 def _is_compiled(model: torch.nn.Module) -> bool:

@@ -1,37 +1,55 @@
 """A recorded step's statistics and hashes, kept on the device until the step ends.
 
-``add_stats`` computes a tensor's statistics as a small device tensor (no host sync) and
-returns a handle; ``add_crc`` hashes a CPU tensor at once (its bytes are already on the
-host: zlib, no device sync) and, for a device tensor, starts a non-blocking copy to the host
-(pinned memory on CUDA) whose CRC is taken at the step's end. ``flush`` fetches every pending
-statistic of the step in ONE host sync per device (``to_host`` of the stacked vectors), which
-also waits for the pending copies, then hashes them. Values are bit-identical to
-``tensor_stats`` / ``tensor_crc32`` taken at capture time: device work is queued in stream
-order, so it sees the tensor as it was when captured.
+``add_stats`` queues a tensor's max/min/sum/norm as a small device tensor (no host sync);
+``add_evidence`` queues only its sum (hash mode's NaN/Inf check); ``add_crc`` hashes a CPU
+tensor at once (its bytes are already on the host: zlib, no device sync) and, for a device
+tensor, starts a non-blocking copy to the host (pinned memory on CUDA) that is hashed at the
+step's end. ``flush`` fetches every queued value of the step in ONE host sync per device
+(which also waits for the copies). Only when some value is not finite (NaN/Inf counts, or
+hash mode's evidence statistics, are needed) does it take a second one, for those tensors
+only: the buffer keeps a reference to each queued tensor until the step ends (no copy).
+
+Values are bit-identical to ``tensor_stats`` / ``finite_sum`` / ``tensor_crc32`` taken at
+capture: device work is queued in stream order, so it sees the tensor as it was then. The
+NaN/Inf counts are taken at the step's end, from the tensor as it is then (the same, unless
+the model modified it in place after it was recorded).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..trace.records import Stats
 from .host_sync import to_host
-from .tensor_summary import stats_from_vector, stats_vector, tensor_crc32
+from .tensor_summary import all_finite, stats_from_vector, stats_vector, sum_vector, tensor_crc32
 
 _EMPTY = Stats(0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass
+class _Queued:
+    data: torch.Tensor
+    vector: torch.Tensor | None  # None: an empty tensor
+    evidence: bool  # only the sum was queued: statistics are wanted only if it is not finite
 
 
 class StepBuffer:
     """Pending statistics and hashes of one step; handles index the result of ``flush``."""
 
     def __init__(self) -> None:
-        self._vectors: list[tuple[torch.Tensor, int] | None] = []  # (vector, numel); None: empty
+        self._queued: list[_Queued] = []
         self._crcs: list[str | torch.Tensor] = []  # a CRC, or the host copy still to hash
         self._copying: set[torch.device] = set()  # devices with host copies in flight
 
     def add_stats(self, data: torch.Tensor) -> int:
-        self._vectors.append((stats_vector(data), data.numel()) if data.numel() else None)
-        return len(self._vectors) - 1
+        self._queued.append(_Queued(data, stats_vector(data) if data.numel() else None, False))
+        return len(self._queued) - 1
+
+    def add_evidence(self, data: torch.Tensor) -> int:
+        self._queued.append(_Queued(data, sum_vector(data) if data.numel() else None, True))
+        return len(self._queued) - 1
 
     def add_crc(self, data: torch.Tensor) -> int:
         if data.device.type == "cpu":
@@ -44,21 +62,42 @@ class StepBuffer:
             self._copying.add(data.device)
         return len(self._crcs) - 1
 
-    def flush(self) -> tuple[list[Stats], list[str]]:
-        """The step's statistics and CRCs, by handle; the buffer is empty afterwards."""
-        vectors, crcs, copying = self._vectors, self._crcs, self._copying
-        self._vectors, self._crcs, self._copying = [], [], set()
-        by_device: dict[torch.device, list[int]] = {d: [] for d in copying}
-        for i, v in enumerate(vectors):
-            if v is not None:
-                by_device.setdefault(v[0].device, []).append(i)
-        stats = [_EMPTY] * len(vectors)
-        for device, index in by_device.items():
-            if not index:  # only copies on this device: one sync waits for them
-                to_host(torch.zeros((), device=device))
-                continue
-            pending = [v for v in (vectors[i] for i in index) if v is not None]
-            rows = to_host(torch.stack([v[0] for v in pending]))
-            for i, row, (_, numel) in zip(index, rows, pending, strict=True):
-                stats[i] = stats_from_vector(row, numel)
+    def flush(self) -> tuple[list[Stats | None], list[str]]:
+        """The step's statistics (None: evidence found finite) and CRCs, by handle."""
+        queued, crcs, copying = self._queued, self._crcs, self._copying
+        self._queued, self._crcs, self._copying = [], [], set()
+        stats: list[Stats | None] = [None if q.evidence else _EMPTY for q in queued]
+        values = _fetch(queued, range(len(queued)), copying)
+        again = []
+        for i, row in values.items():
+            if not all_finite(row):
+                again.append(i)
+            elif not queued[i].evidence:
+                stats[i] = stats_from_vector(row, queued[i].data.numel())
+        for i, row in _fetch(queued, again, set(), counts=True).items():
+            stats[i] = stats_from_vector(row, queued[i].data.numel())
         return stats, [c if isinstance(c, str) else tensor_crc32(c) for c in crcs]
+
+
+def _fetch(
+    queued: list[_Queued], index: range | list[int], copying: set[torch.device], counts: bool = False
+) -> dict[int, list[float]]:
+    """The queued vectors (``counts``: full statistics with NaN/Inf counts, computed now) of
+    ``index`` on the host: one ``to_host`` per device."""
+    by_device: dict[torch.device, list[int]] = {d: [] for d in copying}
+    for i in index:
+        if queued[i].vector is not None:
+            by_device.setdefault(queued[i].data.device, []).append(i)
+    out: dict[int, list[float]] = {}
+    for device, rows in by_device.items():
+        if not rows:  # only host copies on this device: one sync waits for them
+            to_host(torch.zeros((), device=device))
+            continue
+        vectors = [stats_vector(queued[i].data, counts=True) if counts else queued[i].vector for i in rows]
+        flat = to_host(torch.cat([v for v in vectors if v is not None]))
+        pos = 0
+        for i, v in zip(rows, vectors, strict=True):
+            n = v.numel() if v is not None else 0
+            out[i] = flat[pos : pos + n]
+            pos += n
+    return out

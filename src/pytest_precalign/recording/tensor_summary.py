@@ -38,11 +38,11 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
 
 
-def stats_vector(t: torch.Tensor) -> torch.Tensor:
+def stats_vector(t: torch.Tensor, counts: bool = False) -> torch.Tensor:
     """The values of ``tensor_stats(t)`` as a float64 tensor on ``t``'s device, computed
     without a host sync: max, min, sum, L2 norm (each in the dtype ``tensor_stats`` uses, then
-    widened exactly to float64), nan count, inf count (always counted: whether they are needed
-    is only known once the values are on the host). ``t`` must not be empty."""
+    widened exactly to float64) and, with ``counts``, the nan and inf counts (two more passes:
+    only worth it once the values are known not to be finite). ``t`` must not be empty."""
     if not (t.is_floating_point() or t.is_complex()):
         t = t.double()
     if t.is_complex():
@@ -50,16 +50,29 @@ def stats_vector(t: torch.Tensor) -> torch.Tensor:
     mn, mx = torch.aminmax(t)
     total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
     norm = torch.linalg.vector_norm(t, dtype=total.dtype)
-    nan = torch.isnan(t).sum()
-    inf = torch.isinf(t).sum()
     values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).to(torch.float64)
+    if not counts:
+        return values
+    # count_nonzero: a bool tensor's sum() is several times slower on CPU
+    nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
     return torch.cat([values, torch.stack([nan, inf]).to(torch.float64)])
 
 
+def sum_vector(t: torch.Tensor) -> torch.Tensor:
+    """The sum ``finite_sum`` checks, as a 1-element float64 tensor on ``t``'s device."""
+    return t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32).reshape(1).double()
+
+
 def stats_from_vector(values: list[float], numel: int) -> Stats:
-    """The ``Stats`` of a host copy of ``stats_vector(t)``; equal to ``tensor_stats(t)``."""
-    vmax, vmin, vsum, vnorm, nan, inf = values
+    """The ``Stats`` of a host copy of ``stats_vector(t, counts=True)`` (or of the four values
+    of a finite one); equal to ``tensor_stats(t)``."""
+    vmax, vmin, vsum, vnorm, *counts = values
+    nan, inf = counts or (0, 0)
     return Stats(vmax, vmin, vsum / numel, vnorm, int(nan), int(inf))
+
+
+def all_finite(values: list[float]) -> bool:
+    return all(map(_finite, values))
 
 
 def finite_sum(t: torch.Tensor) -> bool:
