@@ -150,3 +150,57 @@ def test_a_capture_modified_in_place_later_keeps_its_capture_time_stats() -> Non
     inner = next(r for r in rec.trace().records if r.name == "inner" and r.kind == "activation")
     assert _bits(inner.stats) == _bits(expected)
     assert _bits(inner.stats) != _bits(tensor_stats(out))
+
+
+@pytest.fixture
+def counted_at_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a CUDA/NPU tensor takes (NaN/Inf counts on the device at capture, no reference
+    kept), taken here by CPU tensors: no device is lent to CI."""
+    from pytest_precalign.recording import step_buffer
+
+    monkeypatch.setattr(step_buffer, "counts_at_capture", lambda device: True)
+
+
+@pytest.mark.usefixtures("counted_at_capture")
+@pytest.mark.parametrize("blowup", [-1, 1], ids=["finite", "overflow"])
+@pytest.mark.parametrize("mode", ["stats", "hash"])
+def test_counted_at_capture_one_sync_even_with_nonfinite_values_and_the_same_stats(
+    mode: str, blowup: int
+) -> None:
+    counts = {n: _record(_Net(n, blowup), mode)[1] for n in (2, 8)}
+    assert counts[2] == counts[8] == 1  # the counts came with the first fetch
+    recorded, _ = _record(_Net(4, blowup), mode)
+    tensors, _ = _record(_Net(4, blowup), "tensor")
+    nonfinite = 0
+    for r, t in zip(recorded.records, tensors.records, strict=True):
+        assert t.tensor_key is not None
+        data = tensors.tensors[t.tensor_key]
+        expected = tensor_stats(data)
+        if mode == "hash":
+            kept = data.is_floating_point() and not math.isfinite(float(data.sum(dtype=torch.float32)))
+            assert _bits(r.stats) == (_bits(expected) if kept else None), r.id
+        else:
+            assert _bits(r.stats) == _bits(expected), r.id
+        nonfinite += not expected.finite
+    assert (nonfinite > 0) == (blowup >= 0)
+
+
+@pytest.mark.parametrize("at_capture", [False, True], ids=["cpu", "device-path"])
+def test_which_tensors_the_step_buffer_keeps_alive(monkeypatch: pytest.MonkeyPatch, at_capture: bool) -> None:
+    import gc
+    import weakref
+
+    from pytest_precalign.recording import step_buffer
+
+    monkeypatch.setattr(step_buffer, "counts_at_capture", lambda device: at_capture)
+    buffer = step_buffer.StepBuffer()
+    t = torch.randn(64)
+    ref = weakref.ref(t)
+    handle = buffer.add_stats(t)
+    expected = tensor_stats(t)
+    del t
+    gc.collect()
+    # CPU tensors are kept for NaN/Inf counts at the step's end; a device's are not kept
+    assert (ref() is None) == at_capture
+    stats, _ = buffer.flush()
+    assert _bits(stats[handle]) == _bits(expected)
