@@ -34,7 +34,9 @@ Output
     Per-variant median / min seconds and the median ratio to the baseline, then, as the
     last line of stdout, one JSON object (``stats_ratio``, ``tensor_ratio``, ``hash_ratio``,
     ``baseline_s``, ``stats_s``, ``tensor_s``, ``hash_s``, ``trace_finalize_*_s``,
-    ``records_*``, ``torch_threads``, ...).
+    ``records_*``, ``torch_threads``, ``host_syncs_per_step`` (the most, over stats and hash
+    mode, of the tensor-to-Python conversions, ``recording/host_sync.py``, made by one recorded
+    step from ``Recorder.__enter__`` to ``trace()``; ``host_syncs_per_step_<mode>`` each), ...).
 
 Reproduce (from the repository root)::
 
@@ -59,6 +61,7 @@ import torch
 import transformers
 from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
+from pytest_precalign.recording.host_sync import host_syncs
 from pytest_precalign.recording.recorder import Recorder
 
 VARIANTS: tuple[str, ...] = ("none", "stats", "tensor", "hash")
@@ -102,6 +105,16 @@ def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResu
     return RunResult(seconds, finalize, len(trace.records), tensor_bytes)
 
 
+def count_host_syncs(model: torch.nn.Module, ids: torch.Tensor, mode: str) -> int:
+    """Tensor-to-Python conversions of one recorded step, enter to ``trace()`` (untimed)."""
+    model.zero_grad(set_to_none=True)
+    before = host_syncs()
+    with Recorder(model, mode=mode, inputs=True, grads=True) as rec:
+        step(model, ids)
+    rec.trace()
+    return host_syncs() - before
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--size", choices=sorted(SIZES), default="mid")
@@ -142,8 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[variant].append(res)
         label = f"round {rnd - args.warmup + 1}" if measured else f"warm-up {rnd + 1}"
         print(f"  {label:<10} " + "  ".join(line), flush=True)
-    model.zero_grad(set_to_none=True)
     load_end = os.getloadavg()[0]
+    syncs = {mode: count_host_syncs(model, ids, mode) for mode in ("stats", "hash")}
+    model.zero_grad(set_to_none=True)
 
     base_median, _ = summarize([r.seconds for r in results["none"]])
     print(f"\n{'variant':<8} {'median s':>9} {'min s':>9} {'ratio':>7} {'finalize s':>11} {'records':>8}")
@@ -166,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"1-min load average: {load_start:.2f} at start, {load_end:.2f} at end (machine has {os.cpu_count()} CPUs)"
     )
+    print(f"host syncs per recorded step: stats {syncs['stats']}, hash {syncs['hash']}")
     print("goals: stats <= 1.10x, tensor <= 1.50x (msprobe here: statistics L0 1.7x, tensor L0 3.4x)")
 
     payload: dict[str, Any] = {
@@ -187,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "records_tensor": summary["tensor"]["records"],
         "records_hash": summary["hash"]["records"],
         "tensor_mib": round(tensor_mb, 1),
+        "host_syncs_per_step": max(syncs.values()),
+        "host_syncs_per_step_stats": syncs["stats"],
+        "host_syncs_per_step_hash": syncs["hash"],
         "size": args.size,
         "attn": args.attn,
         "rounds": args.rounds,

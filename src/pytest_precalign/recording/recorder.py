@@ -12,6 +12,11 @@ Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``t
 (a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
 the bytes, msprobe's "md5" field).
 
+One host synchronisation per step: statistics (and, in hash mode, the NaN/Inf evidence)
+are computed as device tensors at capture and fetched together when the step ends (``step``
+is set to another value, the recorder exits, or ``trace()``), see ``step_buffer.py``. Until
+then a record returned by ``capture`` has no ``stats``/``crc32`` yet; ``trace()`` has them.
+
 Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
 the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
 (both). Op outputs are recorded like module outputs (kind ``activation``, module class
@@ -24,7 +29,7 @@ import fnmatch
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -35,7 +40,8 @@ from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import Kind
 from .inplace_grads import InPlaceViews
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
-from .tensor_summary import dtype_name, finite_sum, flatten, tensor_crc32, tensor_stats
+from .step_buffer import StepBuffer
+from .tensor_summary import dtype_name, flatten
 
 
 def _version(t: torch.Tensor) -> int:
@@ -111,7 +117,9 @@ class Recorder:
         self.record_grads = grads
         self.include = include
         self.exclude = exclude
-        self.step = 0
+        self._buffer = StepBuffer()  # this step's statistics / hashes, fetched at its end
+        self._pending: dict[int, tuple[int | None, int | None]] = {}  # seq -> (stats, crc) handles
+        self._step = 0
         self.keep_calls = keep_calls
         self.calls: list[ModuleCall] = []
         self._records: list[Record] = []
@@ -170,7 +178,32 @@ class Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._remove()
+        try:
+            self._flush()
+        finally:
+            self._remove()
+
+    @property
+    def step(self) -> int:
+        """The step being recorded; setting another value ends the step (one host sync)."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if value != self._step:
+            self._flush()
+        self._step = value
+
+    def _flush(self) -> None:
+        """Fill in the pending records' statistics and CRCs: one host sync per device."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        stats, crcs = self._buffer.flush()
+        for seq, (sh, ch) in pending.items():
+            value = None if sh is None else stats[sh]  # hash mode: None unless NaN/Inf evidence
+            crc = None if ch is None else crcs[ch]
+            self._records[seq] = replace(self._records[seq], stats=value, crc32=crc)
 
     def _remove(self) -> None:
         if self._mode is not None:
@@ -217,18 +250,21 @@ class Recorder:
         key: str | None = None
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == _version(tensor):
-            earlier = seen[2]
+            earlier = self._records[seen[2].seq]
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
+            if earlier.seq in self._pending:
+                self._pending[seq] = self._pending[earlier.seq]
         else:
             busy, self._busy = self._busy, True
             try:
                 data = tensor.detach()
                 if self.mode == "stats":
-                    stats = tensor_stats(data)
+                    self._pending[seq] = (self._buffer.add_stats(data), None)
                 elif self.mode == "hash":
-                    crc = tensor_crc32(data)
-                    if data.is_floating_point() and not finite_sum(data):
-                        stats = tensor_stats(data)  # evidence of NaN/Inf; hashes are still compared
+                    # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
+                    # sum is not finite; hashes are still compared.
+                    sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
+                    self._pending[seq] = (sh, self._buffer.add_crc(data))
                 else:
                     key = f"t{seq:07d}"
                     self._tensors[key] = data.to("cpu", copy=True)
@@ -475,17 +511,20 @@ class Recorder:
 
     # -- result -------------------------------------------------------------------------
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
+        self._flush()
         records = tuple(self._records)
         if self.mode == "tensor":
-            cache: dict[str, Stats] = {}
-            filled = []
+            buffer, handles = StepBuffer(), {}
             for r in records:
-                if r.tensor_key is not None and r.stats is None:
-                    if r.tensor_key not in cache:
-                        cache[r.tensor_key] = tensor_stats(self._tensors[r.tensor_key])
-                    r = Record(**{**r.__dict__, "stats": cache[r.tensor_key]})
-                filled.append(r)
-            records = tuple(filled)
+                if r.tensor_key is not None and r.stats is None and r.tensor_key not in handles:
+                    handles[r.tensor_key] = buffer.add_stats(self._tensors[r.tensor_key])
+            stats = buffer.flush()[0]  # one host conversion for all kept tensors
+            records = tuple(
+                replace(r, stats=stats[handles[r.tensor_key]])
+                if r.tensor_key is not None and r.stats is None
+                else r
+                for r in records
+            )
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
         if self._not_recordable:

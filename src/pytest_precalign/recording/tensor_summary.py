@@ -12,6 +12,7 @@ from typing import Any, cast
 import torch
 
 from ..trace.records import Stats
+from .host_sync import to_host
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -29,13 +30,49 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     mn, mx = torch.aminmax(t)
     total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
     norm = torch.linalg.vector_norm(t, dtype=total.dtype)
-    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).tolist()
+    values = to_host(torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]))
     vmax, vmin, vsum, vnorm = values
     nan = inf = 0
     if not all(map(_finite, values)):
-        nan = int(torch.isnan(t).sum())
-        inf = int(torch.isinf(t).sum())
+        nan, inf = to_host(torch.stack([torch.isnan(t).sum(), torch.isinf(t).sum()]))
     return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
+
+
+def stats_vector(t: torch.Tensor, counts: bool = False) -> torch.Tensor:
+    """The values of ``tensor_stats(t)`` as a float64 tensor on ``t``'s device, computed
+    without a host sync: max, min, sum, L2 norm (each in the dtype ``tensor_stats`` uses, then
+    widened exactly to float64) and, with ``counts``, the nan and inf counts (two more passes:
+    only worth it once the values are known not to be finite). ``t`` must not be empty."""
+    if not (t.is_floating_point() or t.is_complex()):
+        t = t.double()
+    if t.is_complex():
+        t = t.abs()
+    mn, mx = torch.aminmax(t)
+    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
+    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
+    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).to(torch.float64)
+    if not counts:
+        return values
+    # count_nonzero: a bool tensor's sum() is several times slower on CPU
+    nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
+    return torch.cat([values, torch.stack([nan, inf]).to(torch.float64)])
+
+
+def sum_vector(t: torch.Tensor) -> torch.Tensor:
+    """The sum ``finite_sum`` checks, as a 1-element float64 tensor on ``t``'s device."""
+    return t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32).reshape(1).double()
+
+
+def stats_from_vector(values: list[float], numel: int) -> Stats:
+    """The ``Stats`` of a host copy of ``stats_vector(t, counts=True)`` (or of the four values
+    of a finite one); equal to ``tensor_stats(t)``."""
+    vmax, vmin, vsum, vnorm, *counts = values
+    nan, inf = counts or (0, 0)
+    return Stats(vmax, vmin, vsum / numel, vnorm, int(nan), int(inf))
+
+
+def all_finite(values: list[float]) -> bool:
+    return all(map(_finite, values))
 
 
 def finite_sum(t: torch.Tensor) -> bool:
@@ -43,7 +80,7 @@ def finite_sum(t: torch.Tensor) -> bool:
     no temporary, about twice as cheap as ``isfinite(t).all()``; a finite tensor whose fp32
     sum overflows only costs an extra statistics pass."""
     total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
-    return _finite(float(total))
+    return _finite(float(to_host(total)))
 
 
 def _finite(x: float) -> bool:
