@@ -23,19 +23,10 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     """max, min, mean, L2 norm in one sync; nan/inf counts only when something is non-finite."""
     if t.numel() == 0:
         return Stats(0.0, 0.0, 0.0, 0.0)
-    if not (t.is_floating_point() or t.is_complex()):
-        t = t.double()
-    if t.is_complex():
-        t = t.abs()
-    mn, mx = torch.aminmax(t)
-    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
-    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
-    values = to_host(torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]))
-    vmax, vmin, vsum, vnorm = values
-    nan = inf = 0
-    if not all(map(_finite, values)):
-        nan, inf = to_host(torch.stack([torch.isnan(t).sum(), torch.isinf(t).sum()]))
-    return Stats(vmax, vmin, vsum / t.numel(), vnorm, nan, inf)
+    values = to_host(stats_vector(t))
+    if not all_finite(values):
+        values = to_host(stats_vector(t, counts=True))
+    return stats_from_vector(values, t.numel())
 
 
 def stats_vector(t: torch.Tensor, counts: bool = False) -> torch.Tensor:
