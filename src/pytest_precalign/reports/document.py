@@ -97,7 +97,7 @@ def _sides_dict(pair: PairResult, report: PhaseReport) -> dict[str, Any]:
     }
     if crcs:
         data["crc32"] = crcs
-    stats = {side: _stats(rec) for side, rec in (("baseline", r), ("candidate", c)) if _stats(rec)}
+    stats = {side: st for side, rec in (("baseline", r), ("candidate", c)) if (st := _stats(rec))}
     if stats:
         data["stats"] = stats
     tol = pair.tolerance
