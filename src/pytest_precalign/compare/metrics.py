@@ -23,7 +23,7 @@ from ..trace.arrays import as_numpy
 
 Metric = Callable[[Any, Any], float]
 _TINY = 1e-30  # relative error against an exact zero baseline is effectively infinite
-CHUNK = 1 << 17
+CHUNK = 1 << 15
 
 
 def compute_dtype(a: Any, b: Any) -> type[np.floating[Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..trace.records import Record, Trace
 from ..vocabulary import CHECKED, Evidence, Status
-from . import metrics
+from . import fused_pass, metrics
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
 
 _PRECISION = ["float64", "float32", "bfloat16", "float16"]  # lookup uses the less precise side
@@ -233,18 +233,21 @@ def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTa
 def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> PairResult:
     dtype = metrics.compute_dtype(xa, xb)
     fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)
+    names = tuple(name for name, _ in tol.bounds)
+    # One pass over the pair for the allclose view and the bounds' metrics (a second one only
+    # when the pair is not aligned): fused_pass.
+    found = fused_pass.measure_pair(fa, fb, tol.atol, tol.rtol, names, tuple(xa.shape), dtype)
     checks: list[Check] = []
-    close = None
-    if tol.atol != float("inf"):
-        close = metrics.closeness(fa, fb, tol.atol, tol.rtol, shape=tuple(xa.shape))
+    close = found.closeness
+    if close is not None:
         if close.nonfinite_mismatch:
             checks.append(Check("nonfinite", float(close.nonfinite_mismatch), 0.0, False))
         passed = close.mismatched == 0
         checks.append(Check("allclose", close.worst_abs, close.worst_allowed, passed))
-    if tol.bounds or close is None:
+    summary = found.summary
+    if summary is not None:
         # Without the allclose check, the metrics' pass finds the NaN/Inf that differ: they fail
         # the record whatever the bounds (the metrics count only elements finite on both sides).
-        summary = metrics.metric_summary(fa, fb, tuple(name for name, _ in tol.bounds))
         if close is None and summary.nonfinite_mismatch:
             checks.append(Check("nonfinite", float(summary.nonfinite_mismatch), 0.0, False))
         for name, bound in tol.bounds:

@@ -1,0 +1,291 @@
+"""Everything a tensor pair's verdict needs, in one pass over both tensors.
+
+``measure_pair`` reads each chunk of the two tensors once (``CHUNK`` elements: the chunk and
+its temporaries stay in the core's cache, so memory is read once and every numpy operation
+runs on cached data) and computes in that pass both the allclose view (``metrics.Closeness``)
+and the named metric bounds (``metrics.MetricSummary``: the float64 sums for cosine and the
+norms, the counts for the per-mille ratios, the NaN/Inf that differ). Before, these were two
+passes (``metrics.closeness`` then ``metrics.metric_summary``).
+
+The aligned case (every ``|b - a|`` finite and within ``atol``) costs a subtraction, an
+absolute value and an argmax per chunk, plus the sums when bounds were asked for. The first
+chunk that is not aligned sends the pair to the full pass, from the start, as
+``metrics.closeness`` does: a second pass only for failing pairs. Both passes reuse
+preallocated chunk buffers (no allocation per chunk) and reach bit-identical results to
+``metrics.closeness`` and ``metrics.metric_summary`` (same chunking, same operations in the
+same order: ``tests/compare/test_fused_pass.py``).
+
+bfloat16 arrives as raw ``uint16`` bit patterns (``BF16_RAW``) when the reader can give
+them, and is widened to float32 a chunk at a time, so no widened copy of a whole tensor is
+ever made.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import metrics
+from .metrics import CHUNK, Closeness, MetricSummary
+
+_TINY = 1e-30  # as metrics._TINY
+
+
+@dataclass
+class _Buffers:
+    """Per-pair scratch arrays of one chunk, reused for every chunk of the pair."""
+
+    d: np.ndarray
+    absa: np.ndarray
+    allowed: np.ndarray
+    ratio: np.ndarray
+    flags: np.ndarray
+    wa: np.ndarray | None  # widened bf16 chunks (None: no side is bf16)
+    wb: np.ndarray | None
+    wide64: np.ndarray | None  # the sums' float64 copies of a, b and d (None: no sums)
+
+    @classmethod
+    def make(cls, n: int, dtype: np.dtype[Any], widen: tuple[bool, bool], sums: bool) -> _Buffers:
+        n = max(1, min(CHUNK, n))
+
+        def wide() -> np.ndarray:
+            return np.empty(n, dtype=np.float32)
+
+        return cls(
+            np.empty(n, dtype),
+            np.empty(n, dtype),
+            np.empty(n, dtype),
+            np.empty(n, dtype),
+            np.empty(n, dtype=bool),
+            wide() if widen[0] else None,
+            wide() if widen[1] else None,
+            np.empty((3, n), dtype=np.float64) if sums else None,
+        )
+
+
+def _chunk(x: np.ndarray, start: int, stop: int, wide: np.ndarray | None, dtype: Any) -> np.ndarray:
+    """Elements [start, stop) of flat ``x`` in the compute dtype (bf16 widened into ``wide``)."""
+    part = x[start:stop]
+    if wide is not None:
+        out = wide[: part.size].view(np.uint32)
+        np.left_shift(part, 16, out=out, dtype=np.uint32)
+        return out.view(np.float32)
+    if part.dtype != dtype:
+        return part.astype(dtype)
+    return part
+
+
+@dataclass(frozen=True)
+class PairMeasure:
+    """What ``measure_pair`` found: the allclose view (None without ``atol``) and the named
+    metrics (None when none were asked for and allclose was computed)."""
+
+    closeness: Closeness | None
+    summary: MetricSummary | None
+
+
+def measure_pair(
+    a: np.ndarray,
+    b: np.ndarray,
+    atol: float,
+    rtol: float,
+    names: tuple[str, ...],
+    shape: Sequence[int],
+    dtype: type[np.floating[Any]],
+    widen: tuple[bool, bool] = (False, False),
+) -> PairMeasure:
+    """a = baseline, b = candidate: flat arrays of the same size, in ``dtype`` (float32 or
+    float64) unless ``widen`` says a side is raw bfloat16 bits (uint16), widened per chunk.
+
+    ``atol == inf``: no allclose view, only the metrics (and then always the metrics, for the
+    NaN/Inf that differ). ``shape``: the tensors' shape, for the indices."""
+    with np.errstate(all="ignore"):  # inf - inf and overflow are findings, not warnings
+        return _measure(a, b, atol, rtol, names, tuple(int(d) for d in shape), np.dtype(dtype), widen)
+
+
+def _measure(
+    a: np.ndarray,
+    b: np.ndarray,
+    atol: float,
+    rtol: float,
+    names: tuple[str, ...],
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    widen: tuple[bool, bool],
+) -> PairMeasure:
+    allclose = atol != math.inf
+    want_sums = bool(names) or not allclose
+    if math.prod(shape) != a.size:
+        shape = (a.size,)
+    buf = _Buffers.make(a.size, dtype, widen, want_sums)
+    sums = metrics._Sums() if want_sums else None
+    close: Closeness | None = None
+    if allclose:
+        if a.size == 0:
+            close = Closeness(0, 0, (), 0.0, 0.0, 0.0, (), 0.0, (), 0)
+        else:
+            close = _aligned(a, b, atol, rtol, shape, dtype, buf, sums)
+            if close is None:  # not aligned: the full pass, from the start
+                sums = metrics._Sums() if want_sums else None
+                close = _full(a, b, atol, rtol, shape, dtype, buf, sums)
+    elif sums is not None:
+        for start in range(0, a.size, CHUNK):
+            stop = min(a.size, start + CHUNK)
+            ca, cb = _chunk(a, start, stop, buf.wa, dtype), _chunk(b, start, stop, buf.wb, dtype)
+            _add_sums(sums, ca, cb, buf, None)
+    summary = None
+    if sums is not None:
+        values = {n: metrics._FROM_SUMS[n](sums) if sums.n or not sums.total else math.nan for n in names}
+        summary = MetricSummary(values, sums.total, sums.n, sums.nonfinite_mismatch)
+    return PairMeasure(close, summary)
+
+
+def _aligned(
+    a: np.ndarray,
+    b: np.ndarray,
+    atol: float,
+    rtol: float,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    buf: _Buffers,
+    sums: metrics._Sums | None,
+) -> Closeness | None:
+    """The aligned case's pass (``metrics._closeness``'s pass 1, the sums alongside); None at
+    the first chunk that is not aligned."""
+    best_v, best_i = -math.inf, -1
+    for start in range(0, a.size, CHUNK):
+        stop = min(a.size, start + CHUNK)
+        ca, cb = _chunk(a, start, stop, buf.wa, dtype), _chunk(b, start, stop, buf.wb, dtype)
+        d = np.subtract(cb, ca, out=buf.d[: ca.size])
+        np.abs(d, out=d)
+        k = int(d.argmax())
+        v = float(d[k])  # NaN when either side has a NaN or both an equal infinity
+        if not (math.isfinite(v) and v <= atol):
+            return None
+        if v > best_v:
+            best_v, best_i = v, start + k
+        if sums is not None:
+            _add_sums(sums, ca, cb, buf, d)  # d finite: every element is finite on both sides
+    index = metrics._unravel(best_i, shape)
+    base = _chunk(a, best_i, best_i + 1, None if buf.wa is None else np.empty(1, np.float32), dtype)
+    allowed_there = atol + rtol * abs(float(base[0]))
+    return Closeness(a.size, 0, index, best_v, allowed_there, best_v, index, 0.0, (), 0)
+
+
+def _full(
+    a: np.ndarray,
+    b: np.ndarray,
+    atol: float,
+    rtol: float,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    buf: _Buffers,
+    sums: metrics._Sums | None,
+) -> Closeness:
+    """``metrics._closeness_full`` with reused buffers, the sums alongside."""
+    worst, greatest, greatest_rel = metrics._Best(), metrics._Best(), metrics._Best()
+    worst_abs = worst_allowed = 0.0
+    mismatched = nonfinite_mismatch = 0
+    inf = np.array(math.inf, dtype=dtype)
+    rtol_t, atol_t = dtype.type(rtol), dtype.type(atol)
+    for start in range(0, a.size, CHUNK):
+        stop = min(a.size, start + CHUNK)
+        n = stop - start
+        ca, cb = _chunk(a, start, stop, buf.wa, dtype), _chunk(b, start, stop, buf.wb, dtype)
+        d = np.subtract(cb, ca, out=buf.d[:n])
+        np.abs(d, out=d)
+        k = int(d.argmax())
+        finite = math.isfinite(float(d[k]))  # as d.max(): argmax stops at the first NaN
+        if sums is not None:
+            _add_sums(sums, ca, cb, buf, d if finite else None)
+        absa = np.abs(ca, out=buf.absa[:n])
+        allowed = np.multiply(absa, rtol_t, out=buf.allowed[:n])
+        allowed += atol_t
+        if not finite:
+            d, allowed, count = _mask_nonfinite(ca, cb, d, allowed, inf)
+            nonfinite_mismatch += count
+        worst_before = worst.index
+        ratio = np.maximum(allowed, _TINY, out=buf.ratio[:n])
+        np.divide(d, ratio, out=ratio)
+        worst.offer(ratio, start)
+        if worst.index != worst_before:
+            worst_abs, worst_allowed = float(d[worst.index - start]), float(allowed[worst.index - start])
+        mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
+        greatest.offer(d, start)
+        np.maximum(absa, _TINY, out=absa)
+        np.divide(d, absa, out=absa)
+        greatest_rel.offer(absa, start)
+    mismatched += nonfinite_mismatch
+    rel, rel_index = (
+        (greatest_rel.value, metrics._unravel(greatest_rel.index, shape)) if mismatched else (0.0, ())
+    )
+    return Closeness(
+        total=a.size,
+        mismatched=mismatched,
+        worst_index=metrics._unravel(worst.index, shape),
+        worst_abs=worst_abs,
+        worst_allowed=worst_allowed,
+        greatest_abs=greatest.value,
+        greatest_abs_index=metrics._unravel(greatest.index, shape),
+        greatest_rel=rel,
+        greatest_rel_index=rel_index,
+        nonfinite_mismatch=nonfinite_mismatch,
+    )
+
+
+def _mask_nonfinite(
+    ca: np.ndarray, cb: np.ndarray, d: np.ndarray, allowed: np.ndarray, inf: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Elements not finite on both sides take no part in the allclose view (difference 0,
+    allowance inf); they are counted when they differ (NaN == NaN, like equal_nan=True)."""
+    fa_ok, fb_ok = np.isfinite(ca), np.isfinite(cb)
+    if fa_ok.all() and fb_ok.all():
+        return d, allowed, 0
+    both = fa_ok & fb_ok
+    count = metrics._nonfinite_mismatch(ca, cb, fa_ok, fb_ok)
+    return np.where(both, d, 0), np.where(both, allowed, inf), count
+
+
+def _add_sums(s: metrics._Sums, ca: np.ndarray, cb: np.ndarray, buf: _Buffers, d: np.ndarray | None) -> None:
+    """``metrics._sums_quiet``'s body for one chunk. ``d``: the chunk's ``|b - a|`` when it is
+    known finite everywhere (then so is every element of both sides)."""
+    s.total += ca.size
+    if d is None:
+        ok_a, ok_b = np.isfinite(ca), np.isfinite(cb)
+        both = ok_a & ok_b
+        if not both.all():
+            s.nonfinite_mismatch += metrics._nonfinite_mismatch(ca, cb, ok_a, ok_b)
+            ca, cb = ca[both], cb[both]
+        if not ca.size:
+            return
+        d = np.abs(cb - ca)
+    rel = np.abs(ca, out=buf.absa[: ca.size])
+    np.maximum(rel, _TINY, out=rel)
+    np.divide(d, rel, out=rel)
+    a64, b64, d64 = _float64(buf, (ca, cb, d))
+    s.n += ca.size
+    s.aa += float(a64 @ a64)
+    s.bb += float(b64 @ b64)
+    s.ab += float(a64 @ b64)
+    s.dd += float(d64 @ d64)
+    s.abs_sum += float(d64.sum())
+    s.abs_max = max(s.abs_max, float(d.max()))
+    s.rel_max = max(s.rel_max, float(rel.max()))
+    s.within_1e3 += int(np.count_nonzero(rel <= 1e-3))
+    s.within_5e3 += int(np.count_nonzero(rel <= 5e-3))
+
+
+def _float64(buf: _Buffers, parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """float64 copies of the chunk's arrays, in the reused buffers (a fresh array per chunk
+    costs its page faults every time)."""
+    if buf.wide64 is None:
+        return tuple(x.astype(np.float64) for x in parts)
+    out = []
+    for row, x in zip(buf.wide64, parts, strict=True):
+        np.copyto(row[: x.size], x)
+        out.append(row[: x.size])
+    return tuple(out)
