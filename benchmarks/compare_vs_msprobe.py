@@ -36,7 +36,10 @@ Figures
     precalign_inproc_s`` (medians). ``compare_gbps`` = the fp32 bytes of both sides (numel
     x 4 from dump.json, summed over golden and target) / the in-process median;
     ``compare_gbps_per_core`` = the same bytes / the in-process median CPU seconds (bytes per
-    busy-core second). Both tools must find the perturbed layer: msprobe's first CSV row whose
+    busy-core second). ``compare_bandwidth_fraction`` = ``compare_gbps`` / ``probe_gbps``, the
+    machine's own bandwidth measured in the same run (``bandwidth_probe.py``: numpy max |a - b|
+    of two 512 MiB fp32 arrays, the better of a measurement before and one after the rounds);
+    ``compare_speedup_vs_msprobe`` = ``speedup_cli``. Goals: >= 0.5 and >= 20. Both tools must find the perturbed layer: msprobe's first CSV row whose
     ``Result`` is not ``pass`` and precalign's forward ``first_divergence`` are printed and
     checked against ``layers.<L>.mlp``.
 
@@ -44,6 +47,7 @@ Output
     A table of medians and mins, then, as the last line of stdout, one JSON object
     (``dump_gb_per_side``, ``msprobe_s``, ``precalign_cli_s``, ``precalign_inproc_s``,
     ``speedup_cli``, ``speedup_inproc``, ``compare_gbps``, ``compare_gbps_per_core``,
+    ``probe_gbps``, ``compare_bandwidth_fraction``, ``compare_speedup_vs_msprobe``,
     ``found_by_precalign``, ``found_by_msprobe``, ...).
 
 Reproduce (from the repository root; a few minutes the first time, which builds the dumps,
@@ -79,6 +83,7 @@ import torch
 import transformers
 from _commands import find_command
 from _shared import SIZES, Size, build_qwen2, run_facts
+from bandwidth_probe import bandwidth_probe
 
 from pytest_precalign.msprobe.writer import build_dump, write_msprobe_dump
 from pytest_precalign.recording.recorder import Recorder
@@ -415,6 +420,8 @@ def run(args: argparse.Namespace, workdir: Path, msprobe_exe: str, precalign_exe
         f"({read / 1e9:.2f} GB in {read_s:.2f} s = {read / 1e9 / read_s:.2f} GB/s), {pct(after)} after"
     )
     print("timings are " + ("COLD (files evicted before every run)" if args.cold else "warm-cache"))
+    probe = bandwidth_probe(rounds=3)
+    print(f"bandwidth probe (numpy max |a - b|, 2 x 512 MiB fp32): {probe['probe_gbps']:.2f} GB/s of input")
 
     out = workdir / "out"
     found: dict[str, tuple[Finding | None, str | None]] = {}
@@ -480,6 +487,8 @@ def run(args: argparse.Namespace, workdir: Path, msprobe_exe: str, precalign_exe
                 results[variant].append(timing)
         label = f"round {rnd}" if rnd else "warm-up"
         print(f"  {label:<8} " + "  ".join(line), flush=True)
+    after_probe = bandwidth_probe(rounds=3)  # the machine's best of before and after the rounds
+    probe = {k: max(v, after_probe[k]) for k, v in probe.items()}
     load_end = os.getloadavg()[0]
 
     med: dict[str, float] = {}
@@ -500,6 +509,12 @@ def run(args: argparse.Namespace, workdir: Path, msprobe_exe: str, precalign_exe
         f"{gbps_core:.3f} GB/s per busy core ({cpu_med['precalign_inproc']:.2f} cpu s)"
     )
 
+    fraction = gbps / probe["probe_gbps"]
+    print(
+        f"in-process compare / bandwidth probe ({probe['probe_gbps']:.2f} GB/s): {fraction:.2f} (goal >= 0.5 "
+        f"{'met' if fraction >= 0.5 else 'NOT met'}); CLI speedup {speedup_cli:.1f}x (goal >= 20 "
+        f"{'met' if speedup_cli >= 20 else 'NOT met'})"
+    )
     module = str(meta["perturbed"]).removesuffix(".weight")
     hits: dict[str, bool] = {}
     print(f"perturbed: {module}")
@@ -537,6 +552,9 @@ def run(args: argparse.Namespace, workdir: Path, msprobe_exe: str, precalign_exe
         "speedup_inproc": round(speedup_inproc, 3),
         "compare_gbps": round(gbps, 4),
         "compare_gbps_per_core": round(gbps_core, 4),
+        **probe,
+        "compare_bandwidth_fraction": round(fraction, 3),
+        "compare_speedup_vs_msprobe": round(speedup_cli, 2),
         "found_by_precalign": hits["precalign"] and hits["inproc"],
         "found_by_msprobe": hits["msprobe"],
         "perturbed": module,

@@ -19,7 +19,11 @@ nothing downloaded; one step = forward with ``labels=input_ids`` + ``loss.backwa
    ``precalign compare GOLDEN TARGET`` vs ``msprobe compare -tp TARGET -gp GOLDEN``, both CLI
    child processes, interleaved; wall time, CPU time and peak RSS of each child
    (``os.wait4``), at two dump sizes (seq 256 and 64). ``compare_gbps`` = fp32 bytes of both
-   sides / precalign's CPU seconds (GB/s per busy core).
+   sides / precalign's CPU seconds (GB/s per busy core). In the same rounds, ``compare_runs``
+   in this process (just the compare): ``compare_inproc_gbps`` = those bytes / its median wall
+   time, and ``compare_bandwidth_fraction`` = that / ``probe_gbps``, the machine's own bandwidth
+   (``bandwidth_probe.py``: numpy max |a - b| of two 512 MiB fp32 arrays, the better of before
+   and after the compares). Goals: fraction >= 0.5, ``compare_speedup_vs_msprobe`` >= 20.
 4. ``pytest --co`` on a dummy test folder with the plugin installed but unused vs
    ``-p no:precalign``: ``plugin_import_ms`` = difference of the medians.
 
@@ -29,7 +33,8 @@ mix, 3.4x tensor L0 on this machine), plugin_import_ms <= 50.
 Output: a Markdown table (for the README), then as the LAST line one JSON object
 (``stats_ratio``, ``tensor_ratio``, ``op_ratio``, ``mix_ratio``, ``msprobe_stats_ratio``,
 ``msprobe_tensor_ratio``, ``msprobe_mix_ratio``, ``write_gbps``, ``dd_gbps``,
-``compare_speedup_vs_msprobe``, ``compare_gbps``, ``compare_peak_rss_mb``,
+``compare_speedup_vs_msprobe``, ``compare_gbps``, ``compare_bandwidth_fraction``, ``probe_gbps``,
+``compare_peak_rss_mb``,
 ``plugin_import_ms``, load averages, versions, ...).
 
 Reproduce (from the repository root, ~10 min on 2 cores; needs ~4 GB free in --workdir)::
@@ -58,9 +63,11 @@ from typing import Any
 import torch
 from _commands import find_command
 from _shared import SIZES, Size, build_qwen2, run_facts
+from bandwidth_probe import bandwidth_probe
 
 from pytest_precalign.msprobe import write_msprobe_dump
 from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.run.offline import compare_runs
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Trace
 
@@ -336,6 +343,7 @@ def compare_pair(folder: Path, rounds: int, env: dict[str, str]) -> dict[str, An
     golden, target = folder / "golden" / "step0", folder / "target" / "step0"
     precalign, msprobe = find_command("precalign"), find_command("msprobe")
     runs: dict[str, list[Child]] = {"precalign": [], "msprobe": []}
+    inproc: list[float] = []
     for rnd in range(rounds + 1):  # one discarded warm-up round (page cache)
         out = folder / "out"
         shutil.rmtree(out, ignore_errors=True)
@@ -352,12 +360,17 @@ def compare_pair(folder: Path, rounds: int, env: dict[str, str]) -> dict[str, An
         )
         if ours.code not in (0, 1) or theirs.code != 0:
             raise SystemExit(f"compare failed (precalign {ours.code}, msprobe {theirs.code}); logs in {out}")
+        gc.collect()
+        start = time.perf_counter()
+        compare_runs(golden / "rank0", target / "rank0")  # in this process: just the compare
+        in_s = time.perf_counter() - start
         if rnd:
             runs["precalign"].append(ours)
             runs["msprobe"].append(theirs)
+            inproc.append(in_s)
         print(
             f"  {'round ' + str(rnd) if rnd else 'warm-up':<9} precalign {ours.wall:.2f}s ({ours.max_rss_mb:.0f} MB) "
-            f"msprobe {theirs.wall:.2f}s ({theirs.max_rss_mb:.0f} MB)",
+            f"msprobe {theirs.wall:.2f}s ({theirs.max_rss_mb:.0f} MB) in-process {in_s:.2f}s",
             flush=True,
         )
     found = json.loads((folder / "out" / "p" / "report.json").read_text())
@@ -368,6 +381,7 @@ def compare_pair(folder: Path, rounds: int, env: dict[str, str]) -> dict[str, An
         "msprobe_s": median([c.wall for c in runs["msprobe"]]),
         "msprobe_cpu_s": median([c.cpu for c in runs["msprobe"]]),
         "msprobe_rss_mb": max(c.max_rss_mb for c in runs["msprobe"]),
+        "inproc_s": median(inproc),
         "first_divergence": _first(found),
     }
 
@@ -472,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.collect()
 
         print("\n3. offline compare of two msprobe tensor dumps", flush=True)
+        probe = bandwidth_probe(rounds=3)
         compares = []
         for seq in (32, 16) if args.quick else (256, 64):
             pair = build_pair(size, seq, workdir / f"pair{seq}")
@@ -479,6 +494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             pair.update(compare_pair(workdir / f"pair{seq}", min(args.rounds, 2 if args.quick else 3), env))
             shutil.rmtree(workdir / f"pair{seq}")
             compares.append(pair)
+        probe = {k: max(v, bandwidth_probe(rounds=3)[k]) for k, v in probe.items()}  # best of before/after
+        print(
+            f" bandwidth probe (numpy max |a - b|, 2 x 512 MiB fp32): {probe['probe_gbps']:.2f} GB/s",
+            flush=True,
+        )
 
         print("\n4. pytest --co, plugin installed but unused", flush=True)
         collect = collect_only(workdir, 5 if args.quick else 11, env)
@@ -486,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     load_end = os.getloadavg()[0]
+    compares[0]["probe"] = probe
     return report(args, size, ours, theirs, disk, compares, collect, load_start, load_end)
 
 
@@ -507,6 +528,8 @@ def report(
     speedup = big["msprobe_s"] / big["precalign_s"]
     gbps_core = big["fp32_bytes_both"] / big["precalign_cpu_s"] / 1e9
     gbps_wall = big["fp32_bytes_both"] / big["precalign_s"] / 1e9
+    gbps_inproc = big["fp32_bytes_both"] / big["inproc_s"] / 1e9
+    fraction = gbps_inproc / big["probe"]["probe_gbps"]
 
     def goal(v: str) -> str:
         return f"<= {GOALS[v]:.2f}x {'met' if ratios[v] <= GOALS[v] else 'NOT met'}" if v in GOALS else ""
@@ -529,6 +552,11 @@ def report(
         )
     rows.append(
         f"| compare speedup / throughput (seq {big['seq']}) | {speedup:.1f}x, {gbps_core:.2f} GB/s per core ({gbps_wall:.2f} GB/s wall) | 1.0x | |"
+    )
+    rows.append(
+        f"| in-process compare (seq {big['seq']}) / bandwidth probe | {gbps_inproc:.2f} GB/s / "
+        f"{big['probe']['probe_gbps']:.2f} GB/s = {fraction:.2f} | | >= 0.50 {'met' if fraction >= 0.5 else 'NOT met'}, "
+        f"CLI >= 20x {'met' if speedup >= 20 else 'NOT met'} |"
     )
     for c in compares:
         rows.append(
@@ -558,6 +586,9 @@ def report(
         "compare_speedup_vs_msprobe": round(speedup, 2),
         "compare_gbps": round(gbps_core, 3),
         "compare_gbps_wall": round(gbps_wall, 3),
+        "compare_inproc_gbps": round(gbps_inproc, 3),
+        **big["probe"],
+        "compare_bandwidth_fraction": round(fraction, 3),
         "compare_peak_rss_mb": {str(c["seq"]): round(c["precalign_rss_mb"]) for c in compares},
         "msprobe_compare_peak_rss_mb": {str(c["seq"]): round(c["msprobe_rss_mb"]) for c in compares},
         "largest_pair_mib": {str(c["seq"]): round(c["largest_pair_bytes"] / 2**20) for c in compares},
