@@ -162,3 +162,19 @@ def test_aligned_pair_with_rtol_headroom_goes_to_the_full_pass_late() -> None:
     assert found.closeness == metrics.closeness(a, b, 1e-5, 1e-5)
     assert found.closeness is not None and found.closeness.mismatched == 0
     assert found.summary is None
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-2])
+def test_raw_bfloat16_widened_per_chunk_matches_the_widened_arrays(noise: float) -> None:
+    """bf16 given as its raw bits (uint16) is widened a chunk at a time, to the same results as
+    arrays widened up front."""
+    a, b = _pair(2 * CHUNK + 3, "bfloat16", seed=9, noise=noise)
+    _plant(a, b, seed=10)
+    raw_a, raw_b = ((x.view(np.uint32) >> 16).astype(np.uint16) for x in (a, b))
+    whole = _measure(a, b, 1e-5, 1.3e-6, NAMES)
+    chunked = fused_pass.measure_pair(
+        raw_a, raw_b, 1e-5, 1.3e-6, NAMES, a.shape, np.float32, widen=(True, True)
+    )
+    assert repr(chunked) == repr(whole)
+    mixed = fused_pass.measure_pair(raw_a, b, 1e-5, 1.3e-6, NAMES, a.shape, np.float32, widen=(True, False))
+    assert repr(mixed) == repr(whole)
