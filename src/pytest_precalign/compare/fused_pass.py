@@ -15,9 +15,9 @@ preallocated chunk buffers (no allocation per chunk) and reach bit-identical res
 ``metrics.closeness`` and ``metrics.metric_summary`` (same chunking, same operations in the
 same order: ``tests/compare/test_fused_pass.py``).
 
-bfloat16 arrives as raw ``uint16`` bit patterns (``BF16_RAW``) when the reader can give
-them, and is widened to float32 a chunk at a time, so no widened copy of a whole tensor is
-ever made.
+A bfloat16 side may be given as its raw ``uint16`` bit patterns (``widen``): it is then
+widened to float32 a chunk at a time, with no widened copy of the whole tensor. (The trace
+readers still hand over bf16 widened up front; passing their raw views is the next step.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 from . import metrics
 from .metrics import CHUNK, Closeness, MetricSummary
 
-_TINY = 1e-30  # as metrics._TINY
+_TINY = metrics._TINY
 
 
 @dataclass
