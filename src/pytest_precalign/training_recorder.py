@@ -7,6 +7,14 @@
 ...     rec.stop()            # parameters after the optimizer step are recorded here
 ...     rec.step()
 
+Parameter grads are recorded, by default, as the backward accumulates them
+(``param_grads="backward"``: each micro-batch's accumulation is a call), before the loop
+reduces them. With ``param_grads="step"`` they are recorded once per step as the optimizer sees
+them (Megatron's ``main_grad`` where a parameter has one, else ``.grad``): at
+``rec.grads_ready()``, called after the loop's reduction (Megatron's ``finalize_model_grads``:
+tensor-parallel all-reduce of q/k layernorm and sequence-parallel grads, tied embeddings across
+stages, data parallel) and before ``optimizer.step()``, or at ``stop()`` if it was not called.
+
 Each rank writes ``ROOT/step<N>/rank<R>/``: a trace directory (``format="native"``, atomic:
 a folder is visible only once complete) or msprobe's dump layout (``format="msprobe"``).
 Without a process group the rank is 0. The manifest's ``"parallel"`` key says where the rank
@@ -27,6 +35,7 @@ from typing import Any
 import torch
 
 from .parallel_layout import check_layout, parallel_layout, process_rank
+from .recording.recorder import PARAM_GRADS
 from .recording.recorder import Recorder as HookRecorder
 from .trace.native_io import write_trace
 from .trace.records import Record
@@ -77,6 +86,7 @@ class Recorder:
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         params: bool = True,
+        param_grads: str = "backward",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
@@ -84,6 +94,10 @@ class Recorder:
             raise ValueError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
         if format not in FORMATS:
             raise ValueError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
+        if param_grads not in PARAM_GRADS:
+            raise ValueError(
+                f"Recorder: unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})"
+            )
         self.root = Path(root)
         self.mode = mode
         self.level = level
@@ -97,7 +111,10 @@ class Recorder:
             "grads": grads,
             "include": include,
             "exclude": exclude,
+            "param_grads": param_grads,
         }
+        self.param_grads = param_grads
+        self._grads_done = False  # this step's grads recorded by grads_ready()
         self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
@@ -148,6 +165,7 @@ class Recorder:
         hooks.step = self._step
         hooks.__enter__()
         self._hooks = hooks
+        self._grads_done = False
         self._output_calls.clear()
 
     def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record | None:
@@ -168,6 +186,20 @@ class Recorder:
             tensor, name=kind, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
         )
 
+    def grads_ready(self) -> None:
+        """With ``param_grads="step"``: record the parameters' grads now, as the optimizer
+        will see them. Call it after the loop reduced them and before ``optimizer.step()``,
+        once per step (nothing while not recording)."""
+        if self.param_grads != "step":
+            raise ValueError('Recorder.grads_ready: needs Recorder(..., param_grads="step")')
+        hooks = self._hooks
+        if hooks is None:
+            return
+        if self._grads_done:
+            raise ValueError(f"Recorder.grads_ready: called twice in step {self._step}")
+        self._grads_done = True
+        hooks.record_param_grads()
+
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this
         rank's folder; returns it (None when this step or rank is not recorded)."""
@@ -176,6 +208,8 @@ class Recorder:
             return None
         self._hooks = None
         try:
+            if self.param_grads == "step" and not self._grads_done:
+                hooks.record_param_grads()
             if self.params:
                 hooks.record_params()
         finally:

@@ -58,21 +58,37 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
         assert (first["name"], first["origin"]) == (module, True), (name, first)
 
 
-@pytest.mark.slow  # a launched 2-rank case, twice; tox -e slow
-def test_llama_preset_at_tp2_on_two_ranks_aligns(
+LAUNCHED = ("llama_fp32_tp2_launched", "qwen3_fp32_tp2_launched")
+QK_NORM_GRADS = {f"model.layers.{i}.self_attn.{n}_norm.weight" for i in (0, 1) for n in ("q", "k")}
+
+
+@pytest.mark.slow  # two launched 2-rank cases, twice; tox -e slow
+def test_llama_and_qwen3_presets_at_tp2_on_two_ranks_align(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
-    """Megatron Llama (rope scaling llama3, GQA) at TP=2 under torchrun against HF: forward,
-    backward and an AdamW step aligned under the suite's TP table."""
+    """Megatron Llama (rope scaling llama3, GQA) and Qwen3 (q/k layernorm) at TP=2 under
+    torchrun against HF: forward, backward and an AdamW step aligned under the suite's TP
+    tables. Qwen3's q/k layernorm weight grads are partial sums on each rank (its heads) until
+    megatron-core's finalize_model_grads all-reduces them, as Megatron's training loop does:
+    compared after it, as the optimizer steps on them (before the fix: failed at k_norm.weight)."""
     folder = example_suite("megatron_families")
     result = run_pytest(
         "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-k", "launched"
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 6, result.stdout.str()
     cases = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
     assert {(c["name"], c["phase"]) for c in cases} == {
-        ("llama_fp32_tp2_launched", p) for p in ("forward", "backward", "step")
+        (n, p) for n in LAUNCHED for p in ("forward", "backward", "step")
     }
     assert all(c["first_divergence"] is None and c["compared"] > 0 for c in cases), cases
     assert all(c["weights"]["unused"] == [] == c["weights"]["unsynced"] for c in cases)
+    by_case = {(c["name"], c["phase"]): c for c in cases}
+    grads = {
+        r["name"]: r["status"]
+        for r in by_case[("qwen3_fp32_tp2_launched", "backward")]["records"]
+        if r["kind"] == "param_grad"
+    }
+    assert {grads.get(name) for name in QK_NORM_GRADS} == {"ok"}, grads
+    params = {r["name"] for r in by_case[("qwen3_fp32_tp2_launched", "step")]["records"]}
+    assert params >= QK_NORM_GRADS

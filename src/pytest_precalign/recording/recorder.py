@@ -43,6 +43,10 @@ from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .step_buffer import StepBuffer
 from .tensor_summary import dtype_name, flatten
 
+# When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
+# hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
+PARAM_GRADS = ("backward", "step")
+
 
 def _version(t: torch.Tensor) -> int:
     try:
@@ -98,11 +102,15 @@ class Recorder:
         exclude: tuple[str, ...] = (),
         keep_calls: bool = False,
         level: str = "module",
+        param_grads: str = "backward",
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
         if level not in LEVELS:
             raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
+        if param_grads not in PARAM_GRADS:
+            raise ValueError(f"unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})")
+        self.param_grads = param_grads
         self.level = level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
@@ -165,7 +173,7 @@ class Recorder:
             if self._ops_on:
                 self._mode = OpMode(self._on_op)
                 self._mode.start()
-            if self.record_grads:
+            if self.record_grads and self.param_grads == "backward":
                 for pname, param in self.model.named_parameters():
                     if param.requires_grad:
                         self._handles.append(
@@ -478,8 +486,22 @@ class Recorder:
         )
 
     def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
-        if param.grad is None or not self._active:
+        if param.grad is not None and self._active:
+            self._capture_param_grad(pname, param.grad)
+
+    def record_param_grads(self) -> None:
+        """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
+        Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
+        loop's grad reduction, before the optimizer step). One record per parameter and step."""
+        if not self.record_grads:
             return
+        for pname, param in self.model.named_parameters():
+            grad = getattr(param, "main_grad", None)
+            grad = param.grad if grad is None else grad
+            if param.requires_grad and isinstance(grad, torch.Tensor):
+                self._capture_param_grad(pname, grad)
+
+    def _capture_param_grad(self, pname: str, grad: torch.Tensor) -> None:
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
         state = self._last_call.get(owner)
         deps: tuple[str, ...] = ()
@@ -487,9 +509,7 @@ class Recorder:
             deps = (*state.grad_output_ids, *state.input_ids)
         call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
         self._grad_calls[(pname, self.step)] = call + 1
-        self.capture(
-            param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call
-        )
+        self.capture(grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call)
 
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:

@@ -6,7 +6,10 @@ pipeline stage and tensor-parallel shard, inside ``sources.runtime``), loads its
 full TP=1 weights the parent synced (``tensor_parallel.shard_state`` rules; layers renumbered
 to the stage's local indices), and runs the case's steps through megatron-core's pipeline
 schedule (``get_forward_backward_func``) with the case's optimizer, recording each step with
-the public ``Recorder`` into ``WORKDIR/out/step<N>/rank<R>``. A rank that raises writes
+the public ``Recorder`` into ``WORKDIR/out/step<N>/rank<R>``. As in Megatron's training loop,
+the schedule ends the backward with megatron-core's ``finalize_model_grads`` (``grad_sync``:
+e.g. the tensor-parallel all-reduce of q/k layernorm grads), and parameter grads are recorded
+after it, as the optimizer sees them (``param_grads="step"``). A rank that raises writes
 ``WORKDIR/error<R>.json`` (type, one-line message, traceback) for the parent to name.
 """
 
@@ -122,6 +125,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
     from ..megatron_cpu import megatron_cpu
     from ..recording.determinism import seed_everything
     from ..training_recorder import Recorder
+    from .grad_sync import use_megatron_grad_finalization
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -134,6 +138,8 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
         )
     module = model.module
     module.train(case.train)
+    if backward:
+        use_megatron_grad_finalization(module)
     optimizer = make_optimizer(case.optimizer, module.parameters()) if "step" in case.phases else None
     rec = Recorder(
         out,
@@ -144,6 +150,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
         include=case.record.include,
         exclude=case.record.exclude,
         params="step" in case.phases,  # no optimizer step: no parameters to compare
+        param_grads="step",  # after finalize_model_grads: the grads the optimizer steps on
     )
     data = inputs.to(next(module.parameters()).device)
     batch, seq = data.model_inputs["input_ids"].shape
@@ -164,6 +171,8 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
                 micro_batch_size=batch,
                 forward_only=not backward,
             )
+        if backward:
+            rec.grads_ready()
         if optimizer is not None:
             optimizer.step()
         rec.stop()
