@@ -113,7 +113,8 @@ def launch_ranks(
     if full_weights is not None:
         save_file({k: v.detach().contiguous() for k, v in full_weights.items()}, str(work / WEIGHTS_FILE))
     job = {
-        "spec": spec,
+        # The ranks load their shards of full_weights, not the checkpoint the parent loaded whole.
+        "spec": replace(spec, options={k: v for k, v in spec.options.items() if k != "weights"}),
         "base_dir": base_dir,
         "case": replace(case, mapping=None),  # the ranks never map; keeps the pickle small
         "seed": seed,
