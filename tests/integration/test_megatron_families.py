@@ -1,5 +1,5 @@
-"""The Megatron families example suite end to end (presets llama and qwen3 against their HF
-classes), serially and with -n 2."""
+"""The Megatron families example suite end to end (presets llama, qwen3, mixtral and qwen3-moe
+against their HF classes), serially and with -n 2."""
 
 from __future__ import annotations
 
@@ -11,17 +11,37 @@ from tests.helpers.runs import ExampleSuite, RunPytest
 
 pytest.importorskip("megatron.core")
 
-ALIGNED = {"llama_fp32_train", "llama_tied_fp32_train", "qwen3_fp32_train"}  # forward, backward, 2 steps
-# forward and backward: bf16, and the mapping preset the other way round (Megatron baseline)
-TWO_PHASES = {"llama_bf16_forward_backward", "qwen3_bf16_forward_backward", "qwen3_megatron_as_baseline"}
-# Faults planted on the Megatron side (faults.py), by the HF module they are in.
+# forward, backward, 2 steps
+ALIGNED = {
+    "llama_fp32_train",
+    "llama_tied_fp32_train",
+    "qwen3_fp32_train",
+    "mixtral_fp32_train",
+    "qwen3_moe_fp32_train",
+}
+# forward and backward: bf16, the mapping presets the other way round (Megatron baseline), and
+# Qwen3-MoE's router without renormalising its top-k weights
+TWO_PHASES = {
+    "llama_bf16_forward_backward",
+    "qwen3_bf16_forward_backward",
+    "qwen3_megatron_as_baseline",
+    "mixtral_bf16_forward_backward",
+    "qwen3_moe_bf16_forward_backward",
+    "mixtral_megatron_as_baseline",
+    "qwen3_moe_unnormalised_forward_backward",
+}
+# Faults planted on the Megatron side (faults.py), by the HF module they are in (a fault in one
+# expert: HF's experts are one fused module, so the MoE block that holds it).
 KNOWN = {
     "known_llama_mlp_bug": "model.layers.1.mlp",
     "known_qwen3_k_norm_bug": "model.layers.0.self_attn.k_norm",
+    "known_mixtral_expert_bug": "model.layers.1.mlp",
+    "known_qwen3_moe_expert_bug": "model.layers.0.mlp",
 }
+MOE = ("mixtral", "qwen3_moe")
 
 
-def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
+def test_family_presets_align_in_training_and_name_planted_faults(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
     folder = example_suite("megatron_families")
@@ -36,7 +56,7 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
         "not launched",
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 19, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 37, result.stdout.str()
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     cases = report["cases"]
     for case in cases:
@@ -56,6 +76,17 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
     for name, module in KNOWN.items():
         first = forward[name]["first_divergence"]
         assert (first["name"], first["origin"]) == (module, True), (name, first)
+    # MoE: the router and every expert's slice of HF's fused experts synced, and their grads and
+    # values after both steps compared (2 layers x (router + gate_up_proj + down_proj))
+    for name in ("mixtral_fp32_train", "qwen3_moe_fp32_train"):
+        case = next(c for c in cases if c["name"] == name and c["phase"] == "step")
+        assert case["weights"]["transformed"] >= 2 * (1 + 2 * 4), case["weights"]
+    moe_cases = [c for c in cases if c["name"].startswith(MOE) and c["phase"] == "forward"]
+    assert len(moe_cases) == 6
+    for case in moe_cases:
+        unmatched = {u["name"] for side in ("baseline", "candidate") for u in case["unmatched"][side]}
+        experts = {n for n in unmatched if ".local_experts." in n}
+        assert len(experts) >= 2 * 4 * 3, (case["name"], sorted(unmatched))  # each expert, fc1, fc2
 
 
 @pytest.mark.slow  # a launched 2-rank case, twice; tox -e slow
