@@ -48,3 +48,12 @@ def scale_layer1_expert2_fc2(model: torch.nn.Module) -> None:
 def scale_layer0_expert1_fc2(model: torch.nn.Module) -> None:
     """A bug in one expert (Qwen3-MoE, layer 0, expert 1)."""
     _scale_expert_fc2(model, 0, 1)
+
+
+def scale_layer1_expert3_fc2_on_its_rank(model: torch.nn.Module) -> None:
+    """Global expert 3 of layer 1 on the expert-parallel rank that holds it (the second of 2)."""
+    from megatron.core import parallel_state
+
+    local = len(model.decoder.layers[1].mlp.experts.local_experts)
+    if parallel_state.get_expert_model_parallel_rank() == 3 // local:
+        _scale_expert_fc2(model, 1, 3 % local)

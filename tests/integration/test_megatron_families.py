@@ -89,21 +89,30 @@ def test_family_presets_align_in_training_and_name_planted_faults(
         assert len(experts) >= 2 * 4 * 3, (case["name"], sorted(unmatched))  # each expert, fc1, fc2
 
 
-@pytest.mark.slow  # a launched 2-rank case, twice; tox -e slow
-def test_llama_preset_at_tp2_on_two_ranks_aligns(
+@pytest.mark.slow  # launched 2-rank cases, twice; tox -e slow
+def test_launched_presets_align_at_tp2_and_ep2_and_name_a_fault_on_the_second_rank(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
-    """Megatron Llama (rope scaling llama3, GQA) at TP=2 under torchrun against HF: forward,
-    backward and an AdamW step aligned under the suite's TP table."""
+    """Megatron Llama (rope scaling llama3, GQA) at TP=2 and Mixtral at expert_parallel 2 (each
+    rank 2 of the 4 experts) under torchrun against HF: forward, backward and an AdamW step
+    aligned; a fault in global expert 3 (the second rank's expert 1) named at its MoE block."""
     folder = example_suite("megatron_families")
     result = run_pytest(
         "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-k", "launched"
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 7, result.stdout.str()
     cases = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
+    aligned = {"llama_fp32_tp2_launched", "mixtral_fp32_ep2_launched"}
     assert {(c["name"], c["phase"]) for c in cases} == {
-        ("llama_fp32_tp2_launched", p) for p in ("forward", "backward", "step")
-    }
-    assert all(c["first_divergence"] is None and c["compared"] > 0 for c in cases), cases
+        (n, p) for n in aligned for p in ("forward", "backward", "step")
+    } | {("known_mixtral_expert_bug_ep2_launched", "forward")}
+    assert all(c["first_divergence"] is None and c["compared"] > 0 for c in cases if c["name"] in aligned), (
+        cases
+    )
     assert all(c["weights"]["unused"] == [] == c["weights"]["unsynced"] for c in cases)
+    # the step compares every expert's weights: both ranks' experts, renamed to global ones
+    step = next(c for c in cases if c["name"] == "mixtral_fp32_ep2_launched" and c["phase"] == "step")
+    assert step["compared"] == 21 and step["unmatched"] == {"baseline": [], "candidate": []}, step
+    fault = next(c for c in cases if c["name"].startswith("known_mixtral"))["first_divergence"]
+    assert (fault["name"], fault["origin"]) == ("model.layers.1.mlp", True), fault

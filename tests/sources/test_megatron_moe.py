@@ -144,3 +144,39 @@ def test_moe_preset_at_tensor_parallel_2_is_an_error(tmp_path):
     with pytest.raises(PrecalignError) as info:
         preflight_case(config, config.cases[0])
     assert "models.mc.tensor_parallel: experts are built at tensor_parallel 1 (allowed: 1)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("preset", "options", "fragment"),
+    [
+        ("llama", "expert_parallel: 2", "models.mc.expert_parallel: preset 'llama' has no experts (allowed: 1)"),
+        ("mixtral", "expert_parallel: 3", "models.mc.expert_parallel: 3 must divide the number of experts (8)"),
+        ("mixtral", "expert_parallel: 2, pipeline_parallel: 2",
+         "models.mc.pipeline_parallel: expert_parallel runs at pipeline_parallel 1 (allowed: 1)"),
+        ("mixtral", "expert_parallel: 2, launch: {nproc: 4}",
+         "launch.nproc: 4 ranks cannot hold tensor_parallel 1 x pipeline_parallel 1 x expert_parallel 2: "
+         "nproc must be 2"),
+    ],
+)  # fmt: skip
+def test_expert_parallel_errors_are_one_line_naming_the_key(tmp_path, preset, options, fragment):
+    text = (
+        "version: 1\nmodels:\n  a: {source: factory, factory: 'torch.nn:Identity'}\n"
+        f"  mc: {{source: megatron, preset: {preset}, {options}, "
+        "config: {num_attention_heads: 4, num_key_value_heads: 2}}\n"
+        "inputs:\n  x: {kind: tokens, batch: 1, seq_len: 4, vocab_size: 10}\n"
+        "cases:\n  - {name: c, baseline: a, candidate: mc, inputs: x, weights: {sync: false}}\n"
+    )
+    with pytest.raises(PrecalignError) as info:
+        config = load_config(text, tmp_path / "a.yaml")
+        preflight_case(config, config.cases[0])
+    assert fragment in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_expert_parallel_rank_experts_are_renamed_to_their_global_index():
+    from pytest_precalign.run.launch_merge import globalize_expert
+
+    name = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"
+    assert globalize_expert(name, 1, 2) == "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight"
+    assert globalize_expert(name, 0, 2) == name
+    assert globalize_expert("decoder.layers.1.mlp.router", 1, 2) == "decoder.layers.1.mlp.router"
+    assert globalize_expert("x.local_experts.12", 3, 4) == "x.local_experts.24"

@@ -103,7 +103,6 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
     fields = preset_fields(preset, given)
     rope(fields, what)
     heads, groups = fields["num_attention_heads"], fields["num_key_value_heads"]
-    tp = tensor_parallel(spec)
     if heads % groups:
         raise SourceError(
             f"{spec.where}: models.{spec.name}.config: num_attention_heads ({heads}) must be a "
@@ -114,9 +113,26 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
             f"{spec.where}: models.{spec.name}.config: hidden_size ({fields['hidden_size']}) must be "
             f"a multiple of num_attention_heads ({heads})"
         )
+    _check_parallel(spec, preset, fields)
+    return fields
+
+
+def _check_parallel(spec: ModelSpec, preset: str, fields: Mapping[str, Any]) -> None:
+    """Tensor, pipeline and expert parallel sizes against the model they split."""
+    tp, groups = tensor_parallel(spec), fields["num_key_value_heads"]
+    ep = expert_parallel(spec)
     if FAMILIES[preset].moe:
-        _check_moe(fields, tp, f"{spec.where}: models.{spec.name}")
+        _check_moe(fields, tp, ep, f"{spec.where}: models.{spec.name}")
+    elif ep != 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.expert_parallel: preset {preset!r} has no experts (allowed: 1)"
+        )
     pp = pipeline_parallel(spec)
+    if ep > 1 and pp > 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.pipeline_parallel: expert_parallel runs at pipeline_parallel 1 "
+            "(allowed: 1)"
+        )
     if fields["num_hidden_layers"] % pp:
         raise SourceError(
             f"{spec.where}: models.{spec.name}.pipeline_parallel: {pp} must divide num_hidden_layers "
@@ -128,13 +144,14 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
             f"({groups}), vocab_size ({fields['vocab_size']}) and intermediate_size "
             f"({fields['intermediate_size']})"
         )
-    return fields
 
 
-def _check_moe(fields: Mapping[str, Any], tp: int, what: str) -> None:
+def _check_moe(fields: Mapping[str, Any], tp: int, ep: int, what: str) -> None:
     if tp != 1:
         raise SourceError(f"{what}.tensor_parallel: experts are built at tensor_parallel 1 (allowed: 1)")
     top_k, experts = fields["num_experts_per_tok"], fields["num_experts"]
+    if experts % ep:
+        raise SourceError(f"{what}.expert_parallel: {ep} must divide the number of experts ({experts})")
     if not 1 <= top_k <= experts:
         raise SourceError(
             f"{what}.config.num_experts_per_tok: {top_k} must be between 1 and the number of experts ({experts})"
@@ -190,6 +207,15 @@ def tensor_parallel(spec: ModelSpec) -> int:
             f"{spec.where}: models.{spec.name}.tensor_parallel: expected an integer >= 1, got {tp!r}"
         )
     return tp
+
+
+def expert_parallel(spec: ModelSpec) -> int:
+    ep = spec.options.get("expert_parallel", 1)
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.expert_parallel: expected an integer >= 1, got {ep!r}"
+        )
+    return ep
 
 
 def pipeline_parallel(spec: ModelSpec) -> int:
@@ -251,14 +277,14 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
     import torch.distributed as dist
 
     parallel_state = _megatron()
-    tp, pp = tensor_parallel(spec), pipeline_parallel(spec)
+    tp, pp, ep = tensor_parallel(spec), pipeline_parallel(spec), expert_parallel(spec)
     created_group = False
     created_parallel = False
     if not dist.is_initialized():
-        if tp * pp != 1:
+        if tp * pp * ep != 1:
             raise SourceError(
-                f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp} "
-                f"needs {tp * pp} processes; launch the case under torchrun with that many ranks"
+                f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp} x "
+                f"expert_parallel {ep} needs {tp * pp * ep} processes; launch the case under torchrun"
             )
         backend = {"cuda": "nccl", "npu": "hccl"}.get(spec.device, "gloo")
         store = dist.HashStore()  # type: ignore[attr-defined]  # in-process store, world size 1
@@ -269,7 +295,9 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 parallel_state.initialize_model_parallel(
-                    tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+                    tensor_model_parallel_size=tp,
+                    pipeline_model_parallel_size=pp,
+                    expert_model_parallel_size=ep,
                 )
             created_parallel = True
         elif (
@@ -432,6 +460,7 @@ def _config_options(f: Mapping[str, Any], dtype: Any, spec: ModelSpec, family: F
         fp16=dtype == torch.float16,
         tensor_model_parallel_size=tensor_parallel(spec),
         pipeline_model_parallel_size=pipeline_parallel(spec),
+        expert_model_parallel_size=expert_parallel(spec),
         pipeline_dtype=dtype,
         sequence_parallel=False,
         **recompute(spec),
