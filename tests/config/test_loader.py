@@ -753,7 +753,8 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         15,
         (
             "cases[0].mapping: unknown mapping 'qwen'",
-            "known: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3; or a .yaml file",
+            "known: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3, "
+            "preset:megatron-mixtral, preset:megatron-qwen3-moe; or a .yaml file",
         ),
     ),
     (

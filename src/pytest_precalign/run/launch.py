@@ -47,11 +47,12 @@ def is_launched(spec: ModelSpec) -> bool:
 
 
 def in_process_twin(spec: ModelSpec) -> ModelSpec:
-    """The TP=1, single-stage twin of a launched model, built in this process to receive the
+    """The TP=1, single-stage (and single expert-parallel rank) twin of a launched model, built in this process to receive the
     synced weights the ranks load their shards of."""
     if not is_launched(spec):
         return spec
-    options = {k: v for k, v in spec.options.items() if k not in ("pipeline_parallel", "launch")}
+    dropped = ("pipeline_parallel", "expert_parallel", "launch")
+    options = {k: v for k, v in spec.options.items() if k not in dropped}
     return replace(spec, options={**options, "tensor_parallel": 1})
 
 

@@ -94,18 +94,20 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
 
     from ..checkpoints.sharding import rule_for_param, shard_tensor
     from ..parallel_layout import layer_offsets
-    from .launch_merge import globalize
+    from .launch_merge import globalize, globalize_expert
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
 
         tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        ep, ep_rank = ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank()
     full = load_file(str(file))
     offsets = layer_offsets(module)
+    local = int(getattr(getattr(module, "config", None), "num_moe_experts", None) or 0) // ep
     with torch.no_grad():
         for name, param in module.named_parameters():
-            global_name = globalize(name, offsets)
+            global_name = globalize_expert(globalize(name, offsets), ep_rank, local)
             if global_name not in full:
                 raise CaseError(f"rank {rank}: the TP=1 weights have no {global_name!r} (local {name!r})")
             rule = rule_for_param(global_name, tuple(full[global_name].shape))
@@ -186,7 +188,11 @@ def _forward_step(model: LoadedModel, rec: Any, case: Any, data_iterator: Any, m
 
 
 def _loss(rec: Any, case: Any, data: CaseInputs, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-    """On the last stage: the logits ([b, s, vocab]) and the loss, recorded as in-process."""
+    """On the last stage: the logits ([b, s, vocab]) and the loss, recorded as in-process.
+    Expert-parallel ranks run the same batch, and each expert serves every rank's tokens: only
+    the first rank's loss is back-propagated (the others' times 0), so an expert's grad is that
+    of one batch, as Megatron's data-parallel averaging makes it; the merge keeps the first
+    rank's records of everything but the other ranks' experts."""
     logits_record = rec.record_output("logits", logits)
     if case.loss == "mean":
         loss = logits.float().mean()
@@ -196,7 +202,15 @@ def _loss(rec: Any, case: Any, data: CaseInputs, logits: torch.Tensor) -> tuple[
         return logits.float().mean() * 0.0, {}
     deps = (logits_record.id,) if logits_record is not None else ()
     rec.record_output("loss", loss, deps)
-    return loss, {"loss": loss.detach()}
+    return (loss * 0.0 if _ep_rank() else loss), {"loss": loss.detach()}
+
+
+def _ep_rank() -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+
+    return int(ps.get_expert_model_parallel_rank())
 
 
 if __name__ == "__main__":
