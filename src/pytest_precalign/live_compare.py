@@ -3,10 +3,11 @@
 ``Recorder(..., golden=PATH)`` (and ``record: {golden: PATH}`` in a case) compares each record,
 while recording, against the golden run's record with the same id (name, kind, slot, step,
 call) by the existing pair check (``compare.pairs``): statistics under the tolerance table,
-hashes exactly. ``GoldenJudge.keep`` says whether the record's full tensor is kept: it is
-beyond tolerance, has no golden counterpart, has another shape than the golden's (another
-model), or is non-finite where the golden is finite. The recorder keeps, with it, the inputs
-of its module (``recording/live_golden.py``), so the origin can be proven from the trace.
+hashes exactly. ``GoldenJudge.verdict`` says why a record may need its full tensor: it is
+beyond tolerance (which includes non-finite where the golden is finite), has no golden
+counterpart, or has another shape than the golden's (another model). The recorder keeps it,
+with the inputs of its module, where the divergence enters (``recording/live_golden.py``),
+so the origin can be proven from the trace.
 
 Fail closed: records without a golden counterpart keep their tensors and are listed in the
 manifest's ``"live"`` key, as are shape mismatches; a golden PATH that is missing or
@@ -101,37 +102,40 @@ class GoldenJudge:
         g = self._by_id.get(record_id)
         return g is not None and g.crc32 is not None
 
-    def keep(self, record: Record) -> bool:
-        """Whether ``record`` (with its statistics / CRC) keeps its full tensor."""
+    def verdict(self, record: Record) -> str | None:
+        """None when ``record`` (with its statistics / CRC) is within tolerance of the golden;
+        else ``"beyond"``, ``"no_golden"`` or ``"shape"``."""
         self._seen += 1
         g = self._by_id.get(record.id)
         if g is None:
             self.no_golden.append(record.id)
-            return True
+            return "no_golden"
         self.compared += 1
         base = Trace(self._golden_view.manifest, (g,), {})
         cand = Trace(self._live_view.manifest, (record,), {})
         pair = compare_traces(base, cand, self.table).pairs[0]
         if pair.status == "shape":
             self.shape_mismatch.append(record.id)
-            return True
+            return "shape"
         if pair.evidence == "none":
             # Nothing to compare with (e.g. golden hash, no CRC here): fail closed, keep it.
             self.no_golden.append(record.id)
-            return True
+            return "no_golden"
         if not pair.passed:
             self.beyond.append(record.id)
-            return True
-        return False
+            return "beyond"
+        return None
 
-    def summary(self, kept_tensors: int, kept_bytes: int) -> dict[str, Any]:
-        """The manifest's ``"live"`` key."""
+    def summary(self, kept_tensors: int, kept_bytes: int, downstream: int) -> dict[str, Any]:
+        """The manifest's ``"live"`` key (``downstream``: beyond records kept as statistics
+        only, their inputs being beyond already)."""
         out: dict[str, Any] = {
             "golden": self.source,
             "table": self.table.name,
             "records": self._seen,
             "compared": self.compared,
             "beyond": list(self.beyond),
+            "downstream": downstream,
             "kept_tensors": kept_tensors,
             "kept_bytes": kept_bytes,
         }

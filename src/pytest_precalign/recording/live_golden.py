@@ -3,13 +3,24 @@
 Each record's statistics (and, where the golden has only a hash, its CRC-32) are taken at
 capture and handed to a ``Judge``: that is one host synchronisation per record (two for a
 non-finite tensor), unlike stats and hash modes' one per step -- deciding needs the numbers
-on the host. A record the judge keeps stores a host copy of its tensor, and so do the
-records it depends on (``Record.deps``: a forward output's module-call inputs; a
-grad_input's grads w.r.t. the module's outputs; a param grad's both) while they are still
-held. Held are host copies of the inputs of the module calls still open (the frame stack:
-dropped when the call's outputs are all within tolerance, at the forward hook's end) and of
-the grads w.r.t. module outputs until the step ends. Peak extra memory: the inputs of the
-open calls plus the step's output grads; disk: only the kept tensors.
+on the host.
+
+What keeps a host copy of its tensor:
+
+* a record beyond tolerance where the divergence enters: none of its deps (``Record.deps``:
+  a forward output's module-call inputs; a grad_input's grads w.r.t. the module's outputs; a
+  param grad's both; the loss's logits) is beyond tolerance. A beyond record whose deps are
+  beyond already is *downstream*: it keeps its statistics (and is listed as beyond), its
+  tensor would prove nothing the entry's does not. Module inputs and grads w.r.t. module
+  outputs flow in from elsewhere and are never an entry themselves. As in the case's story
+  (``verdict/story.py``), a phase after one with a beyond record in the same step (the
+  backward after a forward divergence) is downstream of it as a whole;
+* a record without golden counterpart or with another shape (fail closed);
+* the deps of a kept record, while they are still held. Held are host copies of the inputs
+  of the module calls still open (the frame stack: dropped when the call's outputs are
+  judged, at the forward hook's end) and of the grads w.r.t. module outputs until the step
+  ends. Peak extra memory: the inputs of the open calls plus the step's output grads; disk:
+  only the kept tensors.
 """
 
 from __future__ import annotations
@@ -21,17 +32,19 @@ from typing import Any, Protocol
 import torch
 
 from ..trace.records import Record, Stats
+from ..vocabulary import PHASES
 from .tensor_summary import tensor_crc32, tensor_stats
 
 HELD_KINDS = ("input", "grad_output")  # records another record's tensor may depend on
+OUTPUT_KINDS = ("loss", "logits")  # the model's outputs: an entry only if their deps are within
 
 
 class Judge(Protocol):
     def wants_crc(self, record_id: str) -> bool: ...
 
-    def keep(self, record: Record) -> bool: ...
+    def verdict(self, record: Record) -> str | None: ...
 
-    def summary(self, kept_tensors: int, kept_bytes: int) -> dict[str, Any]: ...
+    def summary(self, kept_tensors: int, kept_bytes: int, downstream: int) -> dict[str, Any]: ...
 
 
 class LiveKeeper:
@@ -44,8 +57,11 @@ class LiveKeeper:
         self._held: dict[int, torch.Tensor] = {}  # seq -> host copy, not kept (yet)
         self._seq_of: dict[str, int] = {}
         self._key_of: dict[int, str] = {}  # id(kept host copy) -> its key: one copy on disk
+        self._beyond: set[str] = set()  # this step's records beyond tolerance
+        self._beyond_phases: set[str] = set()  # this step's phases with such a record
         self.kept_tensors = 0
         self.kept_bytes = 0
+        self.downstream = 0
 
     def summarize(self, data: torch.Tensor, record_id: str, crc: bool) -> tuple[Stats, str | None]:
         """The record's statistics now (host sync), and its CRC when it is to be compared
@@ -59,14 +75,29 @@ class LiveKeeper:
         tensor and its held deps, or hold a copy while another record may need it."""
         record = self._records[seq]
         self._seq_of[record.id] = seq
-        if self.judge.keep(record):
+        verdict = self.judge.verdict(record)
+        if verdict == "beyond":
+            self._beyond.add(record.id)
+            self._beyond_phases.add(record.phase)
+        if verdict is not None and (verdict != "beyond" or self._entry(record)):
             self._keep(seq, data, same_as)
             for dep in record.deps:
                 held = self._seq_of.get(dep)
                 if held is not None and held in self._held:
                     self._keep(held, None, None)
-        elif record.kind in HELD_KINDS and record.tensor_key is None:
+            return
+        if verdict is not None and record.kind not in HELD_KINDS:
+            self.downstream += 1
+        if record.kind in HELD_KINDS and record.tensor_key is None:
             self._held[seq] = self._host(data, same_as)
+
+    def _entry(self, record: Record) -> bool:
+        """Whether the divergence of a beyond record enters there (see the module's doc)."""
+        if record.kind in HELD_KINDS or (record.kind in OUTPUT_KINDS and not record.deps):
+            return False
+        if any(p in self._beyond_phases for p in PHASES[: PHASES.index(record.phase)]):
+            return False
+        return not any(dep in self._beyond for dep in record.deps)
 
     def release(self, ids: Iterable[str]) -> None:
         """Drop the held copies of ``ids`` (a module call ended within tolerance)."""
@@ -78,9 +109,11 @@ class LiveKeeper:
     def end_step(self) -> None:
         self._held.clear()
         self._seq_of.clear()
+        self._beyond.clear()
+        self._beyond_phases.clear()
 
     def manifest(self) -> dict[str, Any]:
-        return self.judge.summary(self.kept_tensors, self.kept_bytes)
+        return self.judge.summary(self.kept_tensors, self.kept_bytes, self.downstream)
 
     def _host(self, data: torch.Tensor | None, same_as: int | None) -> torch.Tensor:
         """A host copy of the tensor; one already held or kept for the same tensor object
