@@ -128,6 +128,7 @@ def measure_live_disk(
             "records": summary["records"],
             "compared": summary["compared"],
             "beyond": len(summary["beyond"]),
+            "downstream": summary["downstream"],
             "kept_tensors": summary["kept_tensors"],
             "kept_bytes": summary["kept_bytes"],
             "stats_s": round(stats_s, 3),
