@@ -138,6 +138,20 @@ def test_msprobe_golden_records_without_counterpart_are_kept_and_listed(tmp_path
     assert {by_id[k]["tensor_key"] for k in kept} <= {by_id[n]["tensor_key"] for n in needed if n in by_id}
 
 
+def test_tensor_golden_and_the_tolerance_table(tmp_path: Path, runs: dict[str, Path]) -> None:
+    model = tiny_qwen2()
+    golden = runs["golden_tensor"]  # a tensor-mode golden: its statistics are compared
+    with faulty(model, scale=1.01):
+        strict = record_step(model, tmp_path / "strict", golden=golden)
+        table = tmp_path / "loose.yaml"
+        table.write_text('- {match: "*", atol: 1.0, rtol: 0.1, why: "loose"}\n', encoding="utf-8")
+        loose = record_step(model, tmp_path / "loose", golden=golden, tolerances=table)
+    assert f"{FAULTY}|activation|out|0|0" in live(strict)["beyond"]
+    assert live(strict)["beyond"] == live(runs["live"])["beyond"]  # as against the stats golden
+    summary = live(loose)
+    assert summary["table"] == "loose.yaml" and summary["beyond"] == [] and summary["kept_tensors"] == 0
+
+
 def test_missing_golden_is_one_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_run"
     with pytest.raises(GoldenError, match=f"golden {missing}: no such file or directory"):
