@@ -17,6 +17,10 @@ are computed as device tensors at capture and fetched together when the step end
 is set to another value, the recorder exits, or ``trace()``), see ``step_buffer.py``. Until
 then a record returned by ``capture`` has no ``stats``/``crc32`` yet; ``trace()`` has them.
 
+Live compare (``golden=``, a judge from ``live_compare``): each record is compared with a
+golden run's at capture (its statistics fetched at once: one host sync per record) and keeps
+its full tensor only where a divergence enters, see ``live_golden.py``.
+
 Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
 the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
 (both). Op outputs are recorded like module outputs (kind ``activation``, module class
