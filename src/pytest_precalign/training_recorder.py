@@ -23,6 +23,12 @@ not select adds no hooks at all. Hooks left behind by a step that raised between
 and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
 ``with Recorder(...)``; ``with rec.recording(model):`` does start, stop and step in one.
 Recording is bitwise neutral: tensors are only read (see ``recorder``).
+
+``golden=PATH`` compares each record while recording against a golden run (a trace folder,
+a Recorder root whose ``step<N>/rank<R>`` is picked for the current step and rank, or an
+msprobe dump) under ``tolerances=`` (a table or its YAML file; default: the dtype's), and
+keeps full tensors only where they are beyond tolerance (plus their module's inputs), see
+``live_compare``. The manifest's ``"live"`` key says what was compared and kept.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from typing import Any
 
 import torch
 
+from .compare.tolerances import ToleranceTable
+from .live_compare import GoldenError, golden_judge, load_table
 from .parallel_layout import check_layout, parallel_layout, process_rank
 from .recording.recorder import PARAM_GRADS
 from .recording.recorder import Recorder as HookRecorder
@@ -87,6 +95,8 @@ class Recorder:
         exclude: tuple[str, ...] = (),
         params: bool = True,
         param_grads: str = "backward",
+        golden: str | Path | None = None,
+        tolerances: str | Path | ToleranceTable | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
@@ -98,6 +108,13 @@ class Recorder:
             raise ValueError(
                 f"Recorder: unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})"
             )
+        if golden is not None:
+            if mode == "tensor":
+                raise ValueError("Recorder: golden= keeps tensors only where needed: use mode stats or hash")
+            if not Path(golden).exists():
+                raise GoldenError(f"Recorder: golden {golden}: no such file or directory")
+        self.golden = None if golden is None else Path(golden)
+        self.tolerances = load_table(tolerances)
         self.root = Path(root)
         self.mode = mode
         self.level = level
@@ -161,7 +178,10 @@ class Recorder:
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
-        hooks = HookRecorder(target, mode=self.mode, level=self.level, **self._options)
+        judge = None
+        if self.golden is not None:
+            judge = golden_judge(self.golden, self._step, self.rank, self.tolerances)
+        hooks = HookRecorder(target, mode=self.mode, level=self.level, golden=judge, **self._options)
         hooks.step = self._step
         hooks.__enter__()
         self._hooks = hooks
