@@ -11,7 +11,7 @@ partial grads, and a recorded grad is not the one the optimizer sees.
 
 ``finalize_model_grads`` expects Megatron's ``DistributedDataParallel`` chunks (it reads
 ``ddp_config`` and calls ``finish_grad_sync``). The ranks train the bare model with a torch
-optimizer on ``param.grad``, without data parallelism, so each chunk is handed over in
+optimizer on ``param.grad``, without data parallelism (expert-parallel replicas aside), so each chunk is handed over in
 ``_BareChunk``: the default ``DistributedDataParallelConfig`` and no data-parallel sync (there
 is one replica). Megatron's functions find the model's config and parameters through
 ``.module`` as they do through DDP.
@@ -47,11 +47,12 @@ def use_megatron_grad_finalization(module: torch.nn.Module) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
 
-    if ps.get_data_parallel_world_size() != 1:
-        raise CaseError(
-            "launched ranks train without data parallelism; "
-            f"data-parallel size is {ps.get_data_parallel_world_size()}"
-        )
+    # Expert-parallel ranks are data-parallel replicas of everything but their experts; they
+    # run the same batch and only the first back-propagates (rank_main), so there is nothing to
+    # reduce across them either. Any other replica would be real data parallelism.
+    dp = ps.get_data_parallel_world_size()
+    if dp != 1 and dp != ps.get_expert_model_parallel_world_size():
+        raise CaseError(f"launched ranks train without data parallelism; data-parallel size is {dp}")
     ddp_config = DistributedDataParallelConfig()
 
     def finalize(model: Sequence[torch.nn.Module], num_tokens: Any = None, **kwargs: Any) -> None:
