@@ -9,7 +9,11 @@
 
 Each rank writes ``ROOT/step<N>/rank<R>/``: a trace directory (``format="native"``, atomic:
 a folder is visible only once complete) or msprobe's dump layout (``format="msprobe"``).
-Without a process group the rank is 0. The manifest's ``"parallel"`` key says where the rank
+Without a process group the rank is 0. In tensor mode with the native format, tensors are
+written while the step runs by a background writer (``recording/tensor_sink.py``): a bounded
+queue of host copies (``queue_bytes``) that a thread packs into safetensors shards in the
+folder's temporary sibling; the manifest's ``"writer"`` key reports the bound, the peak bytes
+queued and how often the step waited. The msprobe format writes its files at ``stop``. The manifest's ``"parallel"`` key says where the rank
 sits in the run (see ``parallel_layout``). A step or rank that ``steps=`` / ``ranks=`` does
 not select adds no hooks at all. Hooks left behind by a step that raised between ``start``
 and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
@@ -28,7 +32,8 @@ import torch
 
 from .parallel_layout import check_layout, parallel_layout, process_rank
 from .recording.recorder import Recorder as HookRecorder
-from .trace.native_io import write_trace
+from .recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
+from .trace.native_io import begin_trace, finish_trace, write_trace
 from .trace.records import Record
 from .vocabulary import LEVELS, as_kind
 
@@ -77,6 +82,7 @@ class Recorder:
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         params: bool = True,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
@@ -84,6 +90,9 @@ class Recorder:
             raise ValueError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
         if format not in FORMATS:
             raise ValueError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
+        if not isinstance(queue_bytes, int) or isinstance(queue_bytes, bool) or queue_bytes < 1:
+            raise ValueError(f"Recorder: queue_bytes= must be an integer >= 1, got {queue_bytes!r}")
+        self.queue_bytes = queue_bytes
         self.root = Path(root)
         self.mode = mode
         self.level = level
@@ -101,6 +110,7 @@ class Recorder:
         self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
+        self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
         self._output_calls: dict[str, int] = {}
         self.written: list[Path] = []  # the folders this process wrote, in order
@@ -144,9 +154,18 @@ class Recorder:
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
-        hooks = HookRecorder(target, mode=self.mode, level=self.level, **self._options)
+        if self.mode == "tensor" and self.format == "native":
+            folder = self.folder()
+            self._sink = TensorSink(
+                begin_trace(folder), target=folder, queue_bytes=self.queue_bytes, on_error=self._discard
+            )
+        hooks = HookRecorder(target, mode=self.mode, level=self.level, sink=self._sink, **self._options)
         hooks.step = self._step
-        hooks.__enter__()
+        try:
+            hooks.__enter__()
+        except BaseException:
+            self._discard()
+            raise
         self._hooks = hooks
         self._output_calls.clear()
 
@@ -175,20 +194,35 @@ class Recorder:
         if hooks is None:
             return None
         self._hooks = None
+        sink, self._sink = self._sink, None
+        try:
+            return self._write(hooks, sink)
+        except BaseException:
+            if sink is not None:
+                sink.abort()
+            raise
+
+    def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
         try:
             if self.params:
                 hooks.record_params()
         finally:
             hooks.__exit__(None, None, None)
-        manifest = {
+        manifest: dict[str, Any] = {
             "recorder": "pytest_precalign.Recorder",
             "step": self._step,
             "rank": self.rank,
             "torch_version": torch.__version__,
             "parallel": self._parallel,
         }
+        shards = None
+        if sink is not None:
+            shards = sink.close()
+            manifest["writer"] = sink.report()
         trace = hooks.trace(manifest)
-        if self.format == "msprobe":
+        if sink is not None:
+            path = finish_trace(trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite)
+        elif self.format == "msprobe":
             from .msprobe.writer import write_msprobe_dump
 
             path = write_msprobe_dump(
@@ -219,8 +253,13 @@ class Recorder:
     # -- cleanup --------------------------------------------------------------------------
     def _discard(self) -> None:
         hooks, self._hooks = self._hooks, None
-        if hooks is not None:
-            hooks.__exit__(None, None, None)
+        sink, self._sink = self._sink, None
+        try:
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+        finally:
+            if sink is not None:
+                sink.abort()
 
     def close(self) -> None:
         """Remove hooks a step left behind (its records are dropped)."""

@@ -9,8 +9,9 @@ A module's forward run again inside the backward (activation recomputation) reco
 new: its grads are recorded under the call it repeats.
 
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
-(a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
-the bytes, msprobe's "md5" field).
+(the stats, and a host copy of each tensor: kept in the trace, or handed to ``sink``, a
+background writer, see ``tensor_sink.py``), ``hash`` (CRC-32 of the bytes, msprobe's "md5"
+field).
 
 One host synchronisation per step: statistics (and, in hash mode, the NaN/Inf evidence)
 are computed as device tensors at capture and fetched together when the step ends (``step``
@@ -41,6 +42,7 @@ from ..vocabulary import Kind
 from .inplace_grads import InPlaceViews
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .step_buffer import StepBuffer
+from .tensor_sink import TensorSink
 from .tensor_summary import dtype_name, flatten
 
 
@@ -98,6 +100,7 @@ class Recorder:
         exclude: tuple[str, ...] = (),
         keep_calls: bool = False,
         level: str = "module",
+        sink: TensorSink | None = None,
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
@@ -124,6 +127,7 @@ class Recorder:
         self.calls: list[ModuleCall] = []
         self._records: list[Record] = []
         self._tensors: dict[str, torch.Tensor] = {}
+        self._sink = sink  # tensor mode: host copies go to this background writer, not the trace
         self._handles: list[RemovableHandle] = []
         self._calls: dict[tuple[str, int], int] = {}
         self._recomputed_calls: dict[tuple[str, int], int] = {}
@@ -258,16 +262,16 @@ class Recorder:
             busy, self._busy = self._busy, True
             try:
                 data = tensor.detach()
-                if self.mode == "stats":
+                if self.mode != "hash":
                     self._pending[seq] = (self._buffer.add_stats(data), None)
-                elif self.mode == "hash":
+                else:
                     # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
                     # sum is not finite; hashes are still compared.
                     sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
                     self._pending[seq] = (sh, self._buffer.add_crc(data))
-                else:
+                if self.mode == "tensor":
                     key = f"t{seq:07d}"
-                    self._tensors[key] = data.to("cpu", copy=True)
+                    self._keep(key, data)
             finally:
                 self._busy = busy
         record = Record(
@@ -289,6 +293,13 @@ class Recorder:
         self._records.append(record)
         self._remember(tensor, record)
         return record
+
+    def _keep(self, key: str, data: torch.Tensor) -> None:
+        """Tensor mode: a host copy in the trace, or handed to the background writer."""
+        if self._sink is not None:
+            self._sink.put(key, data)
+        else:
+            self._tensors[key] = data.to("cpu", copy=True)
 
     def _remember(self, tensor: torch.Tensor, record: Record) -> None:
         self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
@@ -513,18 +524,6 @@ class Recorder:
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
         self._flush()
         records = tuple(self._records)
-        if self.mode == "tensor":
-            buffer, handles = StepBuffer(), {}
-            for r in records:
-                if r.tensor_key is not None and r.stats is None and r.tensor_key not in handles:
-                    handles[r.tensor_key] = buffer.add_stats(self._tensors[r.tensor_key])
-            stats = buffer.flush()[0]  # one host conversion for all kept tensors
-            records = tuple(
-                replace(r, stats=stats[handles[r.tensor_key]])
-                if r.tensor_key is not None and r.stats is None
-                else r
-                for r in records
-            )
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
         if self._not_recordable:
