@@ -157,7 +157,7 @@ class Recorder:
         if self.mode == "tensor" and self.format == "native":
             folder = self.folder()
             self._sink = TensorSink(
-                begin_trace(folder), target=folder, queue_bytes=self.queue_bytes, on_error=self._discard
+                begin_trace(folder), target=folder, queue_bytes=self.queue_bytes, on_error=self._write_failed
             )
         hooks = HookRecorder(target, mode=self.mode, level=self.level, sink=self._sink, **self._options)
         hooks.step = self._step
@@ -260,6 +260,17 @@ class Recorder:
         finally:
             if sink is not None:
                 sink.abort()
+
+    def _write_failed(self) -> None:
+        """The background writer failed (its error is being raised from a hook): record
+        nothing more. Module hooks are removed at once; an op mode cannot leave torch's mode
+        stack from inside its own handler, so at level op/mix the hooks are only made inert
+        and removed by the next ``stop``, ``start`` or ``close`` (or ``recording``'s end)."""
+        hooks = self._hooks
+        if hooks is not None and hooks.level == "module":
+            self._discard()
+        elif hooks is not None:
+            hooks._active = False
 
     def close(self) -> None:
         """Remove hooks a step left behind (its records are dropped)."""

@@ -262,6 +262,9 @@ class Recorder:
             busy, self._busy = self._busy, True
             try:
                 data = tensor.detach()
+                if self.mode == "tensor":
+                    key = f"t{seq:07d}"
+                    self._keep(key, data)
                 if self.mode != "hash":
                     self._pending[seq] = (self._buffer.add_stats(data), None)
                 else:
@@ -269,9 +272,6 @@ class Recorder:
                     # sum is not finite; hashes are still compared.
                     sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
                     self._pending[seq] = (sh, self._buffer.add_crc(data))
-                if self.mode == "tensor":
-                    key = f"t{seq:07d}"
-                    self._keep(key, data)
             finally:
                 self._busy = busy
         record = Record(

@@ -18,6 +18,8 @@ thread and removes the temporary folder. No thread outlives ``close()`` or ``abo
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import threading
 from collections import deque
@@ -123,7 +125,13 @@ class TensorSink:
 
     def _failure(self) -> TraceError:
         exc = self._error
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        errno = re.search(r"\(os error (\d+)\)", str(exc))  # safetensors' wrapped I/O error
+        if isinstance(exc, OSError) and exc.strerror:
+            reason = exc.strerror
+        elif errno is not None:
+            reason = os.strerror(int(errno.group(1)))
+        else:
+            reason = f"{type(exc).__name__}: {exc}"
         return TraceError(
             f"{self.target}: cannot write the trace's tensors: {reason} "
             "(background writer; nothing was written, its temporary folder is removed)"
