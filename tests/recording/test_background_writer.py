@@ -226,7 +226,7 @@ def test_kill_9_mid_write_leaves_no_trace_and_the_next_run_succeeds(tmp_path: Pa
         if child.stdout is not None:
             child.stdout.close()
     assert not (step / "rank0").exists()  # only the dead writer's temporary folder
-    (stale,) = [p for p in step.iterdir()]
+    (stale,) = list(step.iterdir())
     assert stale.name.startswith(prefix) and stale.name.endswith(".tmp")
 
     model = _Net()
