@@ -256,3 +256,24 @@ def test_queue_bytes_must_be_a_positive_integer(tmp_path: Path) -> None:
     for bad in (0, -1, 1.5, True, "1"):
         with pytest.raises(ValueError, match=r"queue_bytes= must be an integer >= 1"):
             Recorder(tmp_path, mode="tensor", queue_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_a_tensor_larger_than_the_bound_goes_alone_and_nothing_is_queued_after_close(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from pytest_precalign.recording.tensor_sink import TensorSink
+
+    folder = tmp_path / ".t.tmp"
+    folder.mkdir()
+    sink = TensorSink(folder, target=tmp_path / "t", queue_bytes=64)
+    small, big = torch.arange(8.0), torch.arange(100.0)  # 32 and 400 bytes
+    for key, tensor in (("a", small), ("b", big), ("c", small.flip(0))):
+        sink.put(key, tensor)
+    shards = sink.close()
+    assert not sink.running and set(shards) == {"a", "b", "c"}
+    assert sink.peak_queued_bytes == 400 and sink.waits >= 1  # "b" waited for "a" to be written
+    loaded = {k: v for file in set(shards.values()) for k, v in load_file(folder / file).items()}
+    assert torch.equal(loaded["a"], small) and torch.equal(loaded["b"], big)
+    assert torch.equal(loaded["c"], small.flip(0))
+    with pytest.raises(TraceError, match="the background writer is closed"):
+        sink.put("d", small)

@@ -87,7 +87,13 @@ class TensorSink:
             raise self._failure()
         if self._closing or self._aborted:
             raise TraceError(f"{self.target}: the background writer is closed; nothing more can be queued")
-        host, ready = _host_copy(tensor)
+        try:
+            host, ready = _host_copy(tensor)
+        except BaseException:  # e.g. out of host memory: the reservation is given back
+            with self._cond:
+                self._queued -= nbytes
+                self._cond.notify_all()
+            raise
         with self._cond:
             self._items.append((key, host, ready, nbytes))
             self._cond.notify_all()
