@@ -8,7 +8,10 @@ What it measures
     * ``none``   -- no recorder (the baseline);
     * ``stats``  -- ``Recorder(model, mode="stats", inputs=True, grads=True)``;
     * ``tensor`` -- ``Recorder(model, mode="tensor", ...)`` (detached copies kept in memory);
-    * ``hash``   -- ``Recorder(model, mode="hash", ...)`` (CRC-32 of every tensor; extra).
+    * ``hash``   -- ``Recorder(model, mode="hash", ...)`` (CRC-32 of every tensor; extra);
+    * ``tensor_disk`` -- the public ``pytest_precalign.Recorder(tmp, mode="tensor",
+      params=False)``: ``start`` .. step .. ``stop`` timed, i.e. the trace written to a fresh
+      temporary folder (its background writer, default queue bound; removed after the run).
 
     The timed region is ``Recorder.__enter__`` .. forward .. ``loss.backward()`` ..
     ``Recorder.__exit__``. ``rec.trace()`` (which, in tensor mode, computes the stats of
@@ -50,8 +53,10 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,10 +66,12 @@ import torch
 import transformers
 from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
+from pytest_precalign import Recorder as TrainingRecorder
 from pytest_precalign.recording.host_sync import host_syncs
 from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import read_trace
 
-VARIANTS: tuple[str, ...] = ("none", "stats", "tensor", "hash")
+VARIANTS: tuple[str, ...] = ("none", "stats", "tensor", "hash", "tensor_disk")
 RECORDER_MODES: tuple[str, ...] = ("stats", "tensor", "hash")
 
 
@@ -74,6 +81,7 @@ class RunResult:
     finalize_seconds: float | None = None
     records: int | None = None
     tensor_bytes: int | None = None
+    writer: dict[str, int] | None = None  # tensor_disk: the manifest's "writer" entry
 
 
 def make_inputs(size: Size) -> torch.Tensor:
@@ -93,6 +101,8 @@ def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResu
         start = time.perf_counter()
         step(model, ids)
         return RunResult(time.perf_counter() - start)
+    if variant == "tensor_disk":
+        return run_disk(model, ids)
     rec = Recorder(model, mode=variant, inputs=True, grads=True)
     start = time.perf_counter()
     with rec:
@@ -103,6 +113,23 @@ def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResu
     finalize = time.perf_counter() - start
     tensor_bytes = sum(t.numel() * t.element_size() for t in trace.tensors.values())
     return RunResult(seconds, finalize, len(trace.records), tensor_bytes)
+
+
+def run_disk(model: torch.nn.Module, ids: torch.Tensor) -> RunResult:
+    """Tensor mode through the public Recorder, written to disk (``start`` to ``stop``)."""
+    root = tempfile.mkdtemp(prefix="precalign-overhead-")
+    try:
+        rec = TrainingRecorder(root, mode="tensor", params=False)
+        start = time.perf_counter()
+        rec.start(model)
+        step(model, ids)
+        folder = rec.stop()
+        seconds = time.perf_counter() - start
+        assert folder is not None
+        trace = read_trace(folder)
+        return RunResult(seconds, 0.0, len(trace.records), None, trace.manifest.get("writer"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def count_host_syncs(model: torch.nn.Module, ids: torch.Tensor, mode: str) -> int:
@@ -177,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary[variant]["records"] = records
     tensor_mb = (results["tensor"][-1].tensor_bytes or 0) / 2**20
     print(f"tensor mode keeps {tensor_mb:.1f} MiB per step in memory")
+    writer = results["tensor_disk"][-1].writer or {}
+    print(f"tensor_disk: background writer {writer or '(none: written at stop)'}")
     print(
         f"1-min load average: {load_start:.2f} at start, {load_end:.2f} at end (machine has {os.cpu_count()} CPUs)"
     )
@@ -187,6 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stats_ratio": round(summary["stats"]["ratio"], 4),
         "tensor_ratio": round(summary["tensor"]["ratio"], 4),
         "hash_ratio": round(summary["hash"]["ratio"], 4),
+        "tensor_disk_ratio": round(summary["tensor_disk"]["ratio"], 4),
+        "tensor_disk_s": round(summary["tensor_disk"]["median"], 5),
+        "tensor_disk_queue_mib": round(writer.get("queue_bytes", 0) / 2**20, 1),
+        "tensor_disk_peak_queued_mib": round(writer.get("peak_queued_bytes", 0) / 2**20, 1),
+        "tensor_disk_waits": writer.get("waits"),
         "baseline_s": round(base_median, 5),
         "stats_s": round(summary["stats"]["median"], 5),
         "tensor_s": round(summary["tensor"]["median"], 5),

@@ -9,8 +9,9 @@ A module's forward run again inside the backward (activation recomputation) reco
 new: its grads are recorded under the call it repeats.
 
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
-(a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
-the bytes, msprobe's "md5" field).
+(the stats, and a host copy of each tensor: kept in the trace, or handed to ``sink``, a
+background writer, see ``tensor_sink.py``), ``hash`` (CRC-32 of the bytes, msprobe's "md5"
+field).
 
 One host synchronisation per step: statistics (and, in hash mode, the NaN/Inf evidence)
 are computed as device tensors at capture and fetched together when the step ends (``step``
@@ -47,6 +48,7 @@ from .inplace_grads import InPlaceViews
 from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .step_buffer import StepBuffer
+from .tensor_sink import TensorSink
 from .tensor_summary import dtype_name, flatten
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
@@ -110,6 +112,7 @@ class Recorder:
         level: str = "module",
         param_grads: str = "backward",
         golden: Judge | None = None,
+        sink: TensorSink | None = None,
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
@@ -141,6 +144,7 @@ class Recorder:
         self.calls: list[ModuleCall] = []
         self._records: list[Record] = []
         self._tensors: dict[str, torch.Tensor] = {}
+        self._sink = sink  # tensor mode: host copies go to this background writer, not the trace
         self._handles: list[RemovableHandle] = []
         self._calls: dict[tuple[str, int], int] = {}
         self._recomputed_calls: dict[tuple[str, int], int] = {}
@@ -321,13 +325,21 @@ class Recorder:
                 # sum is not finite; hashes are still compared.
                 sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
                 self._pending[seq] = (sh, self._buffer.add_crc(data))
-            else:
+            else:  # tensor mode: the stats too, queued for the step's end
                 key = f"t{seq:07d}"
-                self._tensors[key] = data.to("cpu", copy=True)
+                self._keep(key, data)
+                self._pending[seq] = (self._buffer.add_stats(data), None)
                 return None, None, key
             return None, None, None
         finally:
             self._busy = busy
+
+    def _keep(self, key: str, data: torch.Tensor) -> None:
+        """Tensor mode: a host copy in the trace, or handed to the background writer."""
+        if self._sink is not None:
+            self._sink.put(key, data)
+        else:
+            self._tensors[key] = data.to("cpu", copy=True)
 
     def _remember(self, tensor: torch.Tensor, record: Record) -> None:
         self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
@@ -566,18 +578,6 @@ class Recorder:
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
         self._flush()
         records = tuple(self._records)
-        if self.mode == "tensor":
-            buffer, handles = StepBuffer(), {}
-            for r in records:
-                if r.tensor_key is not None and r.stats is None and r.tensor_key not in handles:
-                    handles[r.tensor_key] = buffer.add_stats(self._tensors[r.tensor_key])
-            stats = buffer.flush()[0]  # one host conversion for all kept tensors
-            records = tuple(
-                replace(r, stats=stats[handles[r.tensor_key]])
-                if r.tensor_key is not None and r.stats is None
-                else r
-                for r in records
-            )
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
         if self._live is not None:
