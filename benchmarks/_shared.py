@@ -38,6 +38,17 @@ SIZES: dict[str, Size] = {
         batch=2,
         seq=256,
     ),
+    "large": Size(
+        vocab=32000,
+        hidden=2048,
+        intermediate=5504,
+        layers=8,
+        heads=16,
+        kv_heads=4,
+        max_positions=512,
+        batch=1,
+        seq=128,
+    ),
     "tiny": Size(
         vocab=1000,
         hidden=64,

@@ -1,47 +1,65 @@
-"""Recorder overhead: what one forward+backward step costs with and without a ``Recorder``.
+"""Recorder overhead: what one forward+backward step costs with and without a ``Recorder``,
+at three model sizes, so the growth of the cost with the model can be read off.
 
 What it measures
     One forward+backward of a randomly initialised ``transformers.Qwen2ForCausalLM``
     (fp32, CPU, ``torch.manual_seed(0)``, nothing downloaded) with ``labels=input_ids`` so
-    the model's own cross-entropy loss is computed and back-propagated. Variants:
+    the model's own cross-entropy loss is computed and back-propagated. Variants (``VARIANTS``,
+    one line each):
 
     * ``none``   -- no recorder (the baseline);
     * ``stats``  -- ``Recorder(model, mode="stats", inputs=True, grads=True)``;
     * ``tensor`` -- ``Recorder(model, mode="tensor", ...)`` (detached copies kept in memory);
-    * ``hash``   -- ``Recorder(model, mode="hash", ...)`` (CRC-32 of every tensor; extra).
+    * ``hash``   -- ``Recorder(model, mode="hash", ...)`` (CRC-32 of every tensor; extra);
+    * ``tensor_disk`` -- the public ``pytest_precalign.Recorder`` in tensor mode writing the
+      step's trace to a temporary folder through its background writer (``start`` .. step ..
+      ``stop`` timed; the writer's queue bound, peak and waits reported).
+
+    ``live_disk_ratio`` (mid size, unless ``--no-live``): disk written by full tensor mode over
+    live mode (``Recorder(golden=...)``) on the mid model with one faulty layer, from
+    ``benchmarks/live_compare.py``'s ``measure_live_disk`` (its origins reported too).
 
     The timed region is ``Recorder.__enter__`` .. forward .. ``loss.backward()`` ..
     ``Recorder.__exit__``. ``rec.trace()`` (which, in tensor mode, computes the stats of
     every kept tensor) is timed separately and reported as ``trace_finalize_<mode>_s``.
     Runs are interleaved round-robin over the variants (``--warmup`` rounds discarded, then
     ``--rounds`` measured rounds); grads are set to ``None`` and a fresh ``Recorder`` is
-    built before every run, and ``gc.collect()`` runs outside the timed region.
+    built before every run, and ``gc.collect()`` runs outside the timed region. Every run
+    counts its tensor-to-Python conversions (``recording/host_sync.py``) from
+    ``Recorder.__enter__`` to ``trace()``: the host synchronisations of one recorded step.
 
-Sizes
-    ``mid``:  vocab 32000, hidden 512, intermediate 1408, 8 layers, 8 heads, 2 KV heads,
-              untied embeddings; batch 2, seq 256.
-    ``tiny``: vocab 1000, hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads;
-              batch 2, seq 32 (for a quick smoke test).
-    Attention implementation: ``sdpa`` by default (``--attn eager`` to switch; eager also
-    returns the attention probabilities, which the recorder then records too).
+Sizes (``--size tiny|mid|large|all``, ``benchmarks/_shared.py``)
+    ``tiny``:  vocab 1000, hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads; batch 2, seq 32.
+    ``mid``:   vocab 32000, hidden 512, intermediate 1408, 8 layers, 8 heads, 2 KV heads,
+               untied embeddings; batch 2, seq 256.
+    ``large``: vocab 32000, hidden 2048, intermediate 5504, 8 layers, 16 heads, 4 KV heads,
+               untied embeddings (486M parameters); batch 1, seq 128. A tensor-mode step keeps
+               about 2.4 GiB; a variant that keeps tensors in memory is skipped (reason in the
+               JSON) when a stats-mode step's records add up to more than half of the memory
+               available.
+    Default rounds per size (``--warmup``/``--rounds`` override all): tiny 2 + 9, mid 2 + 7,
+    large 1 + 3 (a large step takes ~10 s on 2 cores: ``--size all`` takes about 5 minutes
+    on a quiet machine).
 
-Goals
-    stats mode <= 1.10x the no-recorder median; tensor mode (in memory) <= 1.5x.
-    For reference, msprobe on the same machine measured 1.7x (statistics, L0) and
-    3.4x (tensor, L0).
+Goals (issue 16, mid size, quiet machine)
+    stats mode <= 1.05x the no-recorder median; tensor mode (in memory) <= 1.3x; host
+    synchronisations per recorded step: 1, whatever the depth. For reference, msprobe on the
+    same machine measured 1.7x (statistics, L0) and 3.4x (tensor, L0).
 
 Output
-    Per-variant median / min seconds and the median ratio to the baseline, then, as the
-    last line of stdout, one JSON object (``stats_ratio``, ``tensor_ratio``, ``hash_ratio``,
-    ``baseline_s``, ``stats_s``, ``tensor_s``, ``hash_s``, ``trace_finalize_*_s``,
-    ``records_*``, ``torch_threads``, ``host_syncs_per_step`` (the most, over stats and hash
-    mode, of the tensor-to-Python conversions, ``recording/host_sync.py``, made by one recorded
-    step from ``Recorder.__enter__`` to ``trace()``; ``host_syncs_per_step_<mode>`` each), ...).
+    A table per size (variant, median s, min s, ratio, finalize s, records, MiB kept, host
+    syncs per step), then, as the last line of stdout, one JSON object: the keys of the mid
+    size (or of the only size run) at top level (``stats_ratio``, ``tensor_ratio``,
+    ``hash_ratio``, ``host_syncs_per_step`` (the most over stats and hash mode),
+    ``host_syncs_per_step_<mode>``, ``baseline_s``, ``<mode>_s``, ``<mode>_min_s``,
+    ``trace_finalize_<mode>_s``, ``records_<mode>``, ``<mode>_mib``, ``skipped``, ...), every
+    size's under ``sizes: {tiny: {...}, mid: {...}, large: {...}}``, and the run facts (load
+    average at start and end, torch threads, versions).
 
 Reproduce (from the repository root)::
 
-    . .venv/bin/activate
-    python benchmarks/recorder_overhead.py --size mid --warmup 2 --rounds 7
+    .venv/bin/python benchmarks/recorder_overhead.py --size all
+    .venv/bin/python benchmarks/recorder_overhead.py --size mid --warmup 2 --rounds 9
 """
 
 from __future__ import annotations
@@ -50,22 +68,28 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import transformers
 from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
+from pytest_precalign import Recorder as TrainingRecorder
 from pytest_precalign.recording.host_sync import host_syncs
 from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.trace.native_io import read_trace
 
-VARIANTS: tuple[str, ...] = ("none", "stats", "tensor", "hash")
-RECORDER_MODES: tuple[str, ...] = ("stats", "tensor", "hash")
+ORDER: tuple[str, ...] = ("tiny", "mid", "large")
+DEFAULT_ROUNDS: dict[str, tuple[int, int]] = {"tiny": (2, 9), "mid": (2, 7), "large": (1, 3)}
+SYNC_MODES: tuple[str, ...] = ("stats", "hash")  # the modes whose host syncs the goal counts
 
 
 @dataclass
@@ -73,7 +97,13 @@ class RunResult:
     seconds: float
     finalize_seconds: float | None = None
     records: int | None = None
-    tensor_bytes: int | None = None
+    kept_bytes: int | None = None  # tensors kept (in memory, or written) by the run
+    host_syncs: int = 0
+    recorded_bytes: int | None = None  # what the records' tensors add up to (dtype x shape)
+    writer: dict[str, int] | None = None  # tensor_disk: the manifest's "writer" entry
+
+
+Runner = Callable[[torch.nn.Module, torch.Tensor], RunResult]
 
 
 def make_inputs(size: Size) -> torch.Tensor:
@@ -86,14 +116,15 @@ def step(model: torch.nn.Module, ids: torch.Tensor) -> None:
     out.loss.backward()
 
 
-def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResult:
-    model.zero_grad(set_to_none=True)
-    gc.collect()
-    if variant == "none":
-        start = time.perf_counter()
-        step(model, ids)
-        return RunResult(time.perf_counter() - start)
-    rec = Recorder(model, mode=variant, inputs=True, grads=True)
+def run_bare(model: torch.nn.Module, ids: torch.Tensor) -> RunResult:
+    start = time.perf_counter()
+    step(model, ids)
+    return RunResult(time.perf_counter() - start)
+
+
+def run_recorder(mode: str, model: torch.nn.Module, ids: torch.Tensor) -> RunResult:
+    syncs = host_syncs()
+    rec = Recorder(model, mode=mode, inputs=True, grads=True)
     start = time.perf_counter()
     with rec:
         step(model, ids)
@@ -101,29 +132,208 @@ def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResu
     start = time.perf_counter()
     trace = rec.trace()
     finalize = time.perf_counter() - start
-    tensor_bytes = sum(t.numel() * t.element_size() for t in trace.tensors.values())
-    return RunResult(seconds, finalize, len(trace.records), tensor_bytes)
+    kept = sum(t.numel() * t.element_size() for t in trace.tensors.values())
+    recorded = sum(_numel(r.shape) * _itemsize(r.dtype) for r in trace.records)
+    return RunResult(seconds, finalize, len(trace.records), kept, host_syncs() - syncs, recorded)
 
 
-def count_host_syncs(model: torch.nn.Module, ids: torch.Tensor, mode: str) -> int:
-    """Tensor-to-Python conversions of one recorded step, enter to ``trace()`` (untimed)."""
-    model.zero_grad(set_to_none=True)
-    before = host_syncs()
-    with Recorder(model, mode=mode, inputs=True, grads=True) as rec:
+def run_disk(model: torch.nn.Module, ids: torch.Tensor) -> RunResult:
+    """Tensor mode through the public Recorder, written to disk by its background writer."""
+    root = tempfile.mkdtemp(prefix="precalign-overhead-")
+    try:
+        syncs = host_syncs()
+        rec = TrainingRecorder(root, mode="tensor", params=False)
+        start = time.perf_counter()
+        rec.start(model)
         step(model, ids)
-    rec.trace()
-    return host_syncs() - before
+        folder = rec.stop()
+        seconds = time.perf_counter() - start
+        syncs = host_syncs() - syncs
+        assert folder is not None
+        trace = read_trace(folder)
+        written = sum(f.stat().st_size for f in folder.iterdir())
+        return RunResult(seconds, 0.0, len(trace.records), written, syncs, None, trace.manifest.get("writer"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# One line per variant; KEEPS_IN_MEMORY: the variants skipped when the kept tensors cannot fit.
+VARIANTS: dict[str, Runner] = {
+    "none": run_bare,
+    "stats": partial(run_recorder, "stats"),
+    "tensor": partial(run_recorder, "tensor"),
+    "hash": partial(run_recorder, "hash"),
+    "tensor_disk": run_disk,
+}
+KEEPS_IN_MEMORY: frozenset[str] = frozenset({"tensor"})
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _itemsize(dtype: str) -> int:
+    return int(torch.empty((), dtype=getattr(torch, dtype)).element_size())
+
+
+def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResult:
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    return VARIANTS[variant](model, ids)
+
+
+def available_bytes() -> int:
+    """MemAvailable of /proc/meminfo (the memory a new allocation can take without swapping)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def memory_reason(recorded: int | None) -> str | None:
+    """Why a variant keeping every recorded tensor in memory is skipped (None: it fits)."""
+    if recorded is None:
+        return None
+    free = available_bytes()
+    if recorded <= free // 2:
+        return None
+    return (
+        f"would keep ~{recorded / 2**30:.1f} GiB of tensors in memory, "
+        f"more than half of the {free / 2**30:.1f} GiB available"
+    )
+
+
+def measure_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Interleaved rounds over the variants at one size; its table printed, its keys returned."""
+    size = SIZES[name]
+    warmup, rounds = DEFAULT_ROUNDS[name]
+    warmup = warmup if args.warmup is None else args.warmup
+    rounds = rounds if args.rounds is None else args.rounds
+    model = build_qwen2(size, args.attn)
+    ids = make_inputs(size)
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"\n== size {name}: Qwen2ForCausalLM params={params / 1e6:.1f}M hidden={size.hidden} "
+        f"layers={size.layers} batch={size.batch} seq={size.seq}; {warmup} warm-up + {rounds} rounds"
+    )
+    load_start = os.getloadavg()[0]
+    results: dict[str, list[RunResult]] = {v: [] for v in VARIANTS}
+    skipped: dict[str, str] = {}
+    recorded: int | None = None  # bytes of one step's recorded tensors, from any recorder run
+    for rnd in range(warmup + rounds):
+        line = []
+        for variant in VARIANTS:
+            if variant in skipped:
+                continue
+            if variant in KEEPS_IN_MEMORY:
+                recorded = recorded or _probe_bytes(model, ids)
+                reason = memory_reason(recorded)
+                if reason is not None:
+                    skipped[variant] = reason
+                    print(f"  skipping {variant}: {reason}")
+                    continue
+            res = run_once(model, ids, variant)
+            recorded = res.recorded_bytes or recorded
+            line.append(f"{variant}={res.seconds:.3f}s")
+            if rnd >= warmup:
+                results[variant].append(res)
+        label = f"round {rnd - warmup + 1}" if rnd >= warmup else f"warm-up {rnd + 1}"
+        print(f"  {label:<10} " + "  ".join(line), flush=True)
+    load_end = os.getloadavg()[0]
+    del model
+    gc.collect()
+    keys = size_keys(results, skipped)
+    keys.update(
+        params_m=round(params / 1e6, 1),
+        hidden=size.hidden,
+        layers=size.layers,
+        batch=size.batch,
+        seq=size.seq,
+        rounds=rounds,
+        warmup=warmup,
+        loadavg_start=round(load_start, 2),
+        loadavg_end=round(load_end, 2),
+    )
+    print_table(name, results, keys)
+    return keys
+
+
+def _probe_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int | None:
+    """Recorded bytes of one (untimed) stats-mode step, when no run has measured them yet."""
+    model.zero_grad(set_to_none=True)
+    return run_recorder("stats", model, ids).recorded_bytes
+
+
+def size_keys(results: dict[str, list[RunResult]], skipped: dict[str, str]) -> dict[str, Any]:
+    """The JSON keys of one size (names as the single-size script has always printed them)."""
+    base_median, base_min = summarize([r.seconds for r in results["none"]])
+    keys: dict[str, Any] = {"baseline_s": round(base_median, 5), "baseline_min_s": round(base_min, 5)}
+    for variant, runs in results.items():
+        if variant == "none" or not runs:
+            continue
+        median, minimum = summarize([r.seconds for r in runs])
+        keys[f"{variant}_ratio"] = round(median / base_median, 4)
+        keys[f"{variant}_s"] = round(median, 5)
+        keys[f"{variant}_min_s"] = round(minimum, 5)
+        keys[f"trace_finalize_{variant}_s"] = round(
+            statistics.median(r.finalize_seconds or 0.0 for r in runs), 5
+        )
+        keys[f"records_{variant}"] = runs[-1].records
+        keys[f"{variant}_mib"] = round((runs[-1].kept_bytes or 0) / 2**20, 1)
+        keys[f"host_syncs_per_step_{variant}"] = max(r.host_syncs for r in runs)
+    syncs = [keys[f"host_syncs_per_step_{m}"] for m in SYNC_MODES if f"host_syncs_per_step_{m}" in keys]
+    keys["host_syncs_per_step"] = max(syncs) if syncs else None
+    keys["skipped"] = dict(skipped)
+    writer = results.get("tensor_disk") and results["tensor_disk"][-1].writer
+    if writer:
+        keys["tensor_disk_queue_mib"] = round(writer.get("queue_bytes", 0) / 2**20, 1)
+        keys["tensor_disk_peak_queued_mib"] = round(writer.get("peak_queued_bytes", 0) / 2**20, 1)
+        keys["tensor_disk_waits"] = writer.get("waits")
+    return keys
+
+
+def print_table(name: str, results: dict[str, list[RunResult]], keys: dict[str, Any]) -> None:
+    print(
+        f"\n{'size':<6} {'variant':<11} {'median s':>9} {'min s':>9} {'ratio':>7} {'finalize s':>11} "
+        f"{'records':>8} {'MiB kept':>9} {'syncs/step':>10}"
+    )
+    base = keys["baseline_s"]
+    for variant, runs in results.items():
+        if not runs:
+            print(f"{name:<6} {variant:<11} skipped: {keys['skipped'].get(variant, 'no run')}")
+            continue
+        median, minimum = summarize([r.seconds for r in runs])
+        if variant == "none":
+            print(
+                f"{name:<6} {variant:<11} {median:>9.4f} {minimum:>9.4f} {1:>6.3f}x {'-':>11} {'-':>8} {'-':>9} {'-':>10}"
+            )
+            continue
+        print(
+            f"{name:<6} {variant:<11} {median:>9.4f} {minimum:>9.4f} {median / base:>6.3f}x "
+            f"{keys[f'trace_finalize_{variant}_s']:>11.4f} {keys[f'records_{variant}']:>8} "
+            f"{keys[f'{variant}_mib']:>9.1f} {keys[f'host_syncs_per_step_{variant}']:>10}"
+        )
+    print(f"1-min load average: {keys['loadavg_start']:.2f} at start, {keys['loadavg_end']:.2f} at end")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--size", choices=sorted(SIZES), default="mid")
-    parser.add_argument("--rounds", type=int, default=7, help="measured rounds (default 7)")
-    parser.add_argument("--warmup", type=int, default=2, help="discarded warm-up rounds (default 2)")
+    parser.add_argument("--size", choices=(*ORDER, "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=None, help="measured rounds (default: per size)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="discarded warm-up rounds (default: per size)"
+    )
     parser.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa")
+    parser.add_argument(
+        "--no-live", action="store_true", help="skip live_disk_ratio (benchmarks/live_compare.py)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave default)")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0:
+    if (args.rounds is not None and args.rounds < 1) or (args.warmup is not None and args.warmup < 0):
         parser.error("--rounds must be >= 1 and --warmup >= 0")
     return args
 
@@ -132,83 +342,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    size = SIZES[args.size]
-    model = build_qwen2(size, args.attn)
-    ids = make_inputs(size)
-    params = sum(p.numel() for p in model.parameters())
+    names = ORDER if args.size == "all" else (args.size,)
     print(
-        f"Qwen2ForCausalLM size={args.size} params={params / 1e6:.1f}M attn={args.attn} "
-        f"batch={size.batch} seq={size.seq} fp32 cpu threads={torch.get_num_threads()} "
-        f"torch={torch.__version__} transformers={transformers.__version__}"
+        f"recorder overhead, sizes {', '.join(names)}: fp32 cpu attn={args.attn} threads={torch.get_num_threads()} "
+        f"torch={torch.__version__} transformers={transformers.__version__}; variants {', '.join(VARIANTS)}"
     )
     load_start = os.getloadavg()[0]
-    print(f"interleaved: {args.warmup} warm-up + {args.rounds} measured rounds over {', '.join(VARIANTS)}")
+    sizes = {name: measure_size(name, args) for name in names}
+    live: dict[str, Any] = {}
+    if not args.no_live and "mid" in sizes:
+        from live_compare import measure_live_disk
 
-    results: dict[str, list[RunResult]] = {v: [] for v in VARIANTS}
-    for rnd in range(args.warmup + args.rounds):
-        measured = rnd >= args.warmup
-        line = []
-        for variant in VARIANTS:
-            res = run_once(model, ids, variant)
-            line.append(f"{variant}={res.seconds:.3f}s")
-            if measured:
-                results[variant].append(res)
-        label = f"round {rnd - args.warmup + 1}" if measured else f"warm-up {rnd + 1}"
-        print(f"  {label:<10} " + "  ".join(line), flush=True)
+        live = measure_live_disk("mid")
+        print(
+            f"\nlive compare (mid, {live['fault']}): tensor mode {live['tensor_bytes'] / 2**20:.1f} MiB, "
+            f"live {live['live_bytes'] / 2**20:.1f} MiB: {live['live_disk_ratio']}x less; "
+            f"origin full {live['origin_full']}, live {live['origin_live']}"
+        )
     load_end = os.getloadavg()[0]
-    syncs = {mode: count_host_syncs(model, ids, mode) for mode in ("stats", "hash")}
-    model.zero_grad(set_to_none=True)
-
-    base_median, _ = summarize([r.seconds for r in results["none"]])
-    print(f"\n{'variant':<8} {'median s':>9} {'min s':>9} {'ratio':>7} {'finalize s':>11} {'records':>8}")
-    summary: dict[str, Any] = {}
-    for variant in VARIANTS:
-        runs = results[variant]
-        median, minimum = summarize([r.seconds for r in runs])
-        ratio = median / base_median
-        finalize = records = None
-        if variant != "none":
-            finalize = statistics.median(r.finalize_seconds or 0.0 for r in runs)
-            records = runs[-1].records
-        fin_txt = f"{finalize:.4f}" if finalize is not None else "-"
-        rec_txt = str(records) if records is not None else "-"
-        print(f"{variant:<8} {median:>9.4f} {minimum:>9.4f} {ratio:>6.3f}x {fin_txt:>11} {rec_txt:>8}")
-        summary[variant] = {"median": median, "min": minimum, "ratio": ratio, "finalize": finalize}
-        summary[variant]["records"] = records
-    tensor_mb = (results["tensor"][-1].tensor_bytes or 0) / 2**20
-    print(f"tensor mode keeps {tensor_mb:.1f} MiB per step in memory")
+    top = "mid" if "mid" in sizes else names[0]
     print(
-        f"1-min load average: {load_start:.2f} at start, {load_end:.2f} at end (machine has {os.cpu_count()} CPUs)"
+        f"\n1-min load average over the run: {load_start:.2f} at start, {load_end:.2f} at end "
+        f"(machine has {os.cpu_count()} CPUs)"
     )
-    print(f"host syncs per recorded step: stats {syncs['stats']}, hash {syncs['hash']}")
-    print("goals: stats <= 1.10x, tensor <= 1.50x (msprobe here: statistics L0 1.7x, tensor L0 3.4x)")
-
+    print(
+        "goals (mid, quiet machine): stats <= 1.05x, tensor <= 1.30x, 1 host sync per recorded step, "
+        "live compare >= 10x less disk than tensor mode with the same origin"
+    )
     payload: dict[str, Any] = {
-        "stats_ratio": round(summary["stats"]["ratio"], 4),
-        "tensor_ratio": round(summary["tensor"]["ratio"], 4),
-        "hash_ratio": round(summary["hash"]["ratio"], 4),
-        "baseline_s": round(base_median, 5),
-        "stats_s": round(summary["stats"]["median"], 5),
-        "tensor_s": round(summary["tensor"]["median"], 5),
-        "hash_s": round(summary["hash"]["median"], 5),
-        "baseline_min_s": round(summary["none"]["min"], 5),
-        "stats_min_s": round(summary["stats"]["min"], 5),
-        "tensor_min_s": round(summary["tensor"]["min"], 5),
-        "hash_min_s": round(summary["hash"]["min"], 5),
-        "trace_finalize_stats_s": round(summary["stats"]["finalize"], 5),
-        "trace_finalize_tensor_s": round(summary["tensor"]["finalize"], 5),
-        "trace_finalize_hash_s": round(summary["hash"]["finalize"], 5),
-        "records_stats": summary["stats"]["records"],
-        "records_tensor": summary["tensor"]["records"],
-        "records_hash": summary["hash"]["records"],
-        "tensor_mib": round(tensor_mb, 1),
-        "host_syncs_per_step": max(syncs.values()),
-        "host_syncs_per_step_stats": syncs["stats"],
-        "host_syncs_per_step_hash": syncs["hash"],
-        "size": args.size,
+        **{k: v for k, v in sizes[top].items() if not k.startswith("loadavg")},
+        "size": top,
+        **(
+            {
+                "live_disk_ratio": live["live_disk_ratio"],
+                "live_tensor_bytes": live["tensor_bytes"],
+                "live_bytes": live["live_bytes"],
+                "live_same_origin": live["origin_full"] == live["origin_live"],
+            }
+            if live
+            else {}
+        ),
         "attn": args.attn,
-        "rounds": args.rounds,
-        "warmup": args.warmup,
+        "sizes": sizes,
         **run_facts(load_start, load_end),
     }
     print(json.dumps(payload))

@@ -7,14 +7,32 @@
 ...     rec.stop()            # parameters after the optimizer step are recorded here
 ...     rec.step()
 
+Parameter grads are recorded, by default, as the backward accumulates them
+(``param_grads="backward"``: each micro-batch's accumulation is a call), before the loop
+reduces them. With ``param_grads="step"`` they are recorded once per step as the optimizer sees
+them (Megatron's ``main_grad`` where a parameter has one, else ``.grad``): at
+``rec.grads_ready()``, called after the loop's reduction (Megatron's ``finalize_model_grads``:
+tensor-parallel all-reduce of q/k layernorm and sequence-parallel grads, tied embeddings across
+stages, data parallel) and before ``optimizer.step()``, or at ``stop()`` if it was not called.
+
 Each rank writes ``ROOT/step<N>/rank<R>/``: a trace directory (``format="native"``, atomic:
 a folder is visible only once complete) or msprobe's dump layout (``format="msprobe"``).
-Without a process group the rank is 0. The manifest's ``"parallel"`` key says where the rank
-sits in the run (see ``parallel_layout``). A step or rank that ``steps=`` / ``ranks=`` does
+Without a process group the rank is 0. In tensor mode with the native format, tensors are
+written while the step runs by a background writer (``recording/tensor_sink.py``): a bounded
+queue of host copies (``queue_bytes``) that a thread packs into safetensors shards in the
+folder's temporary sibling; the manifest's ``"writer"`` key reports the bound, the peak bytes
+queued and how often the step waited. The msprobe format writes its files at ``stop``.
+The manifest's ``"parallel"`` key says where the rank sits in the run (see ``parallel_layout``). A step or rank that ``steps=`` / ``ranks=`` does
 not select adds no hooks at all. Hooks left behind by a step that raised between ``start``
 and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
 ``with Recorder(...)``; ``with rec.recording(model):`` does start, stop and step in one.
 Recording is bitwise neutral: tensors are only read (see ``recorder``).
+
+``golden=PATH`` compares each record while recording against a golden run (a trace folder,
+a Recorder root whose ``step<N>/rank<R>`` is picked for the current step and rank, or an
+msprobe dump) under ``tolerances=`` (a table or its YAML file; default: the dtype's), and
+keeps full tensors only where they are beyond tolerance (plus their module's inputs), see
+``live_compare``. The manifest's ``"live"`` key says what was compared and kept.
 """
 
 from __future__ import annotations
@@ -26,9 +44,13 @@ from typing import Any
 
 import torch
 
+from .compare.tolerances import ToleranceTable
+from .live_compare import GoldenError, golden_judge, load_table
 from .parallel_layout import check_layout, parallel_layout, process_rank
+from .recording.recorder import PARAM_GRADS
 from .recording.recorder import Recorder as HookRecorder
-from .trace.native_io import write_trace
+from .recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
+from .trace.native_io import begin_trace, finish_trace, write_trace
 from .trace.records import Record
 from .vocabulary import LEVELS, as_kind
 
@@ -58,6 +80,22 @@ def _selection(values: Iterable[int] | None, what: str) -> frozenset[int] | None
     return chosen
 
 
+def _golden(golden: str | Path | None, mode: str) -> Path | None:
+    if golden is None:
+        return None
+    if mode == "tensor":
+        raise ValueError("Recorder: golden= keeps tensors only where needed: use mode stats or hash")
+    if not Path(golden).exists():
+        raise GoldenError(f"Recorder: golden {golden}: no such file or directory")
+    return Path(golden)
+
+
+def _queue_bytes(value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
+    return value
+
+
 class Recorder:
     """Record the selected steps of a training loop on each selected rank (see module doc)."""
 
@@ -77,6 +115,10 @@ class Recorder:
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         params: bool = True,
+        param_grads: str = "backward",
+        golden: str | Path | None = None,
+        tolerances: str | Path | ToleranceTable | None = None,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
@@ -84,6 +126,13 @@ class Recorder:
             raise ValueError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
         if format not in FORMATS:
             raise ValueError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
+        if param_grads not in PARAM_GRADS:
+            raise ValueError(
+                f"Recorder: unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})"
+            )
+        self.golden = _golden(golden, mode)
+        self.queue_bytes = _queue_bytes(queue_bytes)
+        self.tolerances = load_table(tolerances)
         self.root = Path(root)
         self.mode = mode
         self.level = level
@@ -97,10 +146,14 @@ class Recorder:
             "grads": grads,
             "include": include,
             "exclude": exclude,
+            "param_grads": param_grads,
         }
+        self.param_grads = param_grads
+        self._grads_done = False  # this step's grads recorded by grads_ready()
         self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
+        self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
         self._output_calls: dict[str, int] = {}
         self.written: list[Path] = []  # the folders this process wrote, in order
@@ -144,10 +197,25 @@ class Recorder:
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
-        hooks = HookRecorder(target, mode=self.mode, level=self.level, **self._options)
+        judge = None
+        if self.golden is not None:
+            judge = golden_judge(self.golden, self._step, self.rank, self.tolerances)
+        if self.mode == "tensor" and self.format == "native":
+            folder = self.folder()
+            self._sink = TensorSink(
+                begin_trace(folder), target=folder, queue_bytes=self.queue_bytes, on_error=self._write_failed
+            )
+        hooks = HookRecorder(
+            target, mode=self.mode, level=self.level, golden=judge, sink=self._sink, **self._options
+        )
         hooks.step = self._step
-        hooks.__enter__()
+        try:
+            hooks.__enter__()
+        except BaseException:
+            self._discard()
+            raise
         self._hooks = hooks
+        self._grads_done = False
         self._output_calls.clear()
 
     def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record | None:
@@ -168,6 +236,20 @@ class Recorder:
             tensor, name=kind, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
         )
 
+    def grads_ready(self) -> None:
+        """With ``param_grads="step"``: record the parameters' grads now, as the optimizer
+        will see them. Call it after the loop reduced them and before ``optimizer.step()``,
+        once per step (nothing while not recording)."""
+        if self.param_grads != "step":
+            raise ValueError('Recorder.grads_ready: needs Recorder(..., param_grads="step")')
+        hooks = self._hooks
+        if hooks is None:
+            return
+        if self._grads_done:
+            raise ValueError(f"Recorder.grads_ready: called twice in step {self._step}")
+        self._grads_done = True
+        hooks.record_param_grads()
+
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this
         rank's folder; returns it (None when this step or rank is not recorded)."""
@@ -175,20 +257,37 @@ class Recorder:
         if hooks is None:
             return None
         self._hooks = None
+        sink, self._sink = self._sink, None
         try:
+            return self._write(hooks, sink)
+        except BaseException:
+            if sink is not None:
+                sink.abort()
+            raise
+
+    def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
+        try:
+            if self.param_grads == "step" and not self._grads_done:
+                hooks.record_param_grads()
             if self.params:
                 hooks.record_params()
         finally:
             hooks.__exit__(None, None, None)
-        manifest = {
+        manifest: dict[str, Any] = {
             "recorder": "pytest_precalign.Recorder",
             "step": self._step,
             "rank": self.rank,
             "torch_version": torch.__version__,
             "parallel": self._parallel,
         }
+        shards = None
+        if sink is not None:
+            shards = sink.close()
+            manifest["writer"] = sink.report()
         trace = hooks.trace(manifest)
-        if self.format == "msprobe":
+        if sink is not None:
+            path = finish_trace(trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite)
+        elif self.format == "msprobe":
             from .msprobe.writer import write_msprobe_dump
 
             path = write_msprobe_dump(
@@ -219,8 +318,24 @@ class Recorder:
     # -- cleanup --------------------------------------------------------------------------
     def _discard(self) -> None:
         hooks, self._hooks = self._hooks, None
-        if hooks is not None:
-            hooks.__exit__(None, None, None)
+        sink, self._sink = self._sink, None
+        try:
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+        finally:
+            if sink is not None:
+                sink.abort()
+
+    def _write_failed(self) -> None:
+        """The background writer failed (its error is being raised from a hook): record
+        nothing more. Module hooks are removed at once; an op mode cannot leave torch's mode
+        stack from inside its own handler, so at level op/mix the hooks are only made inert
+        and removed by the next ``stop``, ``start`` or ``close`` (or ``recording``'s end)."""
+        hooks = self._hooks
+        if hooks is not None and hooks.level == "module":
+            self._discard()
+        elif hooks is not None:
+            hooks._active = False
 
     def close(self) -> None:
         """Remove hooks a step left behind (its records are dropped)."""

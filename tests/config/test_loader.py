@@ -753,7 +753,8 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         15,
         (
             "cases[0].mapping: unknown mapping 'qwen'",
-            "known: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3; or a .yaml file",
+            "known: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3, "
+            "preset:megatron-mixtral, preset:megatron-qwen3-moe; or a .yaml file",
         ),
     ),
     (
@@ -1210,3 +1211,16 @@ def test_min_coverage_defaults_to_one_half_and_is_read_per_case(tmp_path: Path) 
     assert _load(tmp_path, BASE).cases[0].min_coverage == 0.5
     assert _load(tmp_path, BASE + "    min_coverage: 0.25\n").cases[0].min_coverage == 0.25
     assert _load(tmp_path, BASE + "    min_coverage: 0\n").cases[0].min_coverage == 0.0
+
+
+def test_record_golden_is_resolved_and_checked(tmp_path: Path) -> None:
+    """``record: {golden: PATH}``: resolved beside the config; a missing path or tensor mode
+    is one message naming the key."""
+    (tmp_path / "runs" / "gold").mkdir(parents=True)
+    good = BASE + "    record: {mode: stats, golden: runs/gold}\n"
+    assert _load(tmp_path, good).cases[0].record.golden == (tmp_path / "runs" / "gold").resolve()
+    assert _load(tmp_path, BASE).cases[0].record.golden is None
+    missing = _error(tmp_path, BASE + "    record: {golden: runs/none}\n")
+    assert "cases[0].record.golden" in missing and str(tmp_path / "runs" / "none") in missing
+    tensor = _error(tmp_path, BASE + "    record: {mode: tensor, golden: runs/gold}\n")
+    assert "cases[0].record.golden" in tensor and "use mode stats or hash" in tensor

@@ -1,5 +1,5 @@
-"""The Megatron families example suite end to end (presets llama and qwen3 against their HF
-classes), serially and with -n 2."""
+"""The Megatron families example suite end to end (presets llama, qwen3, mixtral and qwen3-moe
+against their HF classes), serially and with -n 2."""
 
 from __future__ import annotations
 
@@ -11,17 +11,37 @@ from tests.helpers.runs import ExampleSuite, RunPytest
 
 pytest.importorskip("megatron.core")
 
-ALIGNED = {"llama_fp32_train", "llama_tied_fp32_train", "qwen3_fp32_train"}  # forward, backward, 2 steps
-# forward and backward: bf16, and the mapping preset the other way round (Megatron baseline)
-TWO_PHASES = {"llama_bf16_forward_backward", "qwen3_bf16_forward_backward", "qwen3_megatron_as_baseline"}
-# Faults planted on the Megatron side (faults.py), by the HF module they are in.
+# forward, backward, 2 steps
+ALIGNED = {
+    "llama_fp32_train",
+    "llama_tied_fp32_train",
+    "qwen3_fp32_train",
+    "mixtral_fp32_train",
+    "qwen3_moe_fp32_train",
+}
+# forward and backward: bf16, the mapping presets the other way round (Megatron baseline), and
+# Qwen3-MoE's router without renormalising its top-k weights
+TWO_PHASES = {
+    "llama_bf16_forward_backward",
+    "qwen3_bf16_forward_backward",
+    "qwen3_megatron_as_baseline",
+    "mixtral_bf16_forward_backward",
+    "qwen3_moe_bf16_forward_backward",
+    "mixtral_megatron_as_baseline",
+    "qwen3_moe_unnormalised_forward_backward",
+}
+# Faults planted on the Megatron side (faults.py), by the HF module they are in (a fault in one
+# expert: HF's experts are one fused module, so the MoE block that holds it).
 KNOWN = {
     "known_llama_mlp_bug": "model.layers.1.mlp",
     "known_qwen3_k_norm_bug": "model.layers.0.self_attn.k_norm",
+    "known_mixtral_expert_bug": "model.layers.1.mlp",
+    "known_qwen3_moe_expert_bug": "model.layers.0.mlp",
 }
+MOE = ("mixtral", "qwen3_moe")
 
 
-def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
+def test_family_presets_align_in_training_and_name_planted_faults(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
     folder = example_suite("megatron_families")
@@ -36,7 +56,7 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
         "not launched",
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 19, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 37, result.stdout.str()
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     cases = report["cases"]
     for case in cases:
@@ -56,23 +76,58 @@ def test_llama_and_qwen3_presets_align_in_training_and_name_planted_faults(
     for name, module in KNOWN.items():
         first = forward[name]["first_divergence"]
         assert (first["name"], first["origin"]) == (module, True), (name, first)
+    # MoE: the router and every expert's slice of HF's fused experts synced, and their grads and
+    # values after both steps compared (2 layers x (router + gate_up_proj + down_proj))
+    for name in ("mixtral_fp32_train", "qwen3_moe_fp32_train"):
+        case = next(c for c in cases if c["name"] == name and c["phase"] == "step")
+        assert case["weights"]["transformed"] >= 2 * (1 + 2 * 4), case["weights"]
+    moe_cases = [c for c in cases if c["name"].startswith(MOE) and c["phase"] == "forward"]
+    assert len(moe_cases) == 6
+    for case in moe_cases:
+        unmatched = {u["name"] for side in ("baseline", "candidate") for u in case["unmatched"][side]}
+        experts = {n for n in unmatched if ".local_experts." in n}
+        assert len(experts) >= 2 * 4 * 3, (case["name"], sorted(unmatched))  # each expert, fc1, fc2
 
 
-@pytest.mark.slow  # a launched 2-rank case, twice; tox -e slow
-def test_llama_preset_at_tp2_on_two_ranks_aligns(
+LAUNCHED = ("llama_fp32_tp2_launched", "qwen3_fp32_tp2_launched", "mixtral_fp32_ep2_launched")
+QK_NORM_GRADS = {f"model.layers.{i}.self_attn.{n}_norm.weight" for i in (0, 1) for n in ("q", "k")}
+
+
+@pytest.mark.slow  # launched 2-rank cases, twice; tox -e slow
+def test_launched_presets_align_at_tp2_and_ep2_and_name_a_fault_on_the_second_rank(
     pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
 ) -> None:
-    """Megatron Llama (rope scaling llama3, GQA) at TP=2 under torchrun against HF: forward,
-    backward and an AdamW step aligned under the suite's TP table."""
+    """Megatron Llama (rope scaling llama3, GQA) and Qwen3 (q/k layernorm) at TP=2, and Mixtral
+    at expert_parallel 2 (each rank 2 of the 4 experts) under torchrun against HF: forward,
+    backward and an AdamW step aligned; a fault in global expert 3 (the second rank's expert 1)
+    named at its MoE block. Qwen3's q/k layernorm weight grads are partial sums on each rank
+    (its heads) until megatron-core's finalize_model_grads all-reduces them, as Megatron's
+    training loop does: compared after it, as the optimizer steps on them (before the fix:
+    failed at k_norm.weight)."""
     folder = example_suite("megatron_families")
     result = run_pytest(
         "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-k", "launched"
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 10, result.stdout.str()
     cases = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
     assert {(c["name"], c["phase"]) for c in cases} == {
-        ("llama_fp32_tp2_launched", p) for p in ("forward", "backward", "step")
-    }
-    assert all(c["first_divergence"] is None and c["compared"] > 0 for c in cases), cases
+        (n, p) for n in LAUNCHED for p in ("forward", "backward", "step")
+    } | {("known_mixtral_expert_bug_ep2_launched", "forward")}
+    aligned = [c for c in cases if c["name"] in LAUNCHED]
+    assert all(c["first_divergence"] is None and c["compared"] > 0 for c in aligned), cases
     assert all(c["weights"]["unused"] == [] == c["weights"]["unsynced"] for c in cases)
+    by_case = {(c["name"], c["phase"]): c for c in cases}
+    grads = {
+        r["name"]: r["status"]
+        for r in by_case[("qwen3_fp32_tp2_launched", "backward")]["records"]
+        if r["kind"] == "param_grad"
+    }
+    assert {grads.get(name) for name in QK_NORM_GRADS} == {"ok"}, grads
+    params = {r["name"] for r in by_case[("qwen3_fp32_tp2_launched", "step")]["records"]}
+    assert params >= QK_NORM_GRADS
+    # the step compares every expert's weights: both ranks' experts, renamed to global ones
+    step = by_case[("mixtral_fp32_ep2_launched", "step")]
+    assert step["compared"] == 21 and step["unmatched"] == {"baseline": [], "candidate": []}, step
+    fault = next(c for c in cases if c["name"].startswith("known_mixtral"))["first_divergence"]
+    assert (fault["name"], fault["origin"]) == ("model.layers.1.mlp", True), fault

@@ -76,7 +76,7 @@ def _bits(s: Stats | None) -> tuple[object, ...] | None:
 
 
 @pytest.mark.parametrize("blowup", [-1, 1], ids=["finite", "overflow"])
-@pytest.mark.parametrize("mode", ["stats", "hash"])
+@pytest.mark.parametrize("mode", ["stats", "hash", "tensor"])
 def test_host_syncs_per_step_do_not_grow_with_depth(mode: str, blowup: int) -> None:
     counts, records = {}, {}
     for n in (2, 4, 8):
@@ -88,7 +88,7 @@ def test_host_syncs_per_step_do_not_grow_with_depth(mode: str, blowup: int) -> N
     assert counts[2] == (1 if blowup < 0 else 2), counts
 
 
-@pytest.mark.parametrize("mode", ["stats", "hash"])
+@pytest.mark.parametrize("mode", ["stats", "hash", "tensor"])
 def test_one_host_sync_per_step(mode: str) -> None:
     _, one = _record(_Net(4), mode, steps=1)
     trace, three = _record(_Net(4), mode, steps=3)

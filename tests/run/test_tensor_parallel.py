@@ -236,7 +236,15 @@ def test_tp2_matches_hf_through_the_preset_mapping(config: AlignConfig, runs: di
 def test_tp2_matches_tp1_megatron_without_a_mapping(config: AlignConfig, runs: dict[str, Any]) -> None:
     gathered = merge_launched(runs["out"], 2, {})
     tp1: Trace = runs["tp1"]
-    assert [(r.id, r.shape) for r in gathered.records] == [(r.id, r.shape) for r in tp1.records]
+
+    # The same records as TP=1, in its order, except that the ranks record param grads once
+    # the backward is over and finalize_model_grads has reduced them (as the optimizer sees
+    # them), where the in-process side records each as the backward accumulates it.
+    def ids(trace: Trace, param_grads: bool) -> list[tuple[str, tuple[int, ...]]]:
+        return [(r.id, r.shape) for r in trace.records if (r.kind == "param_grad") == param_grads]
+
+    assert ids(gathered, False) == ids(tp1, False)
+    assert sorted(ids(gathered, True)) == sorted(ids(tp1, True)) != []
     run = _finish(config, tp1, gathered, mapped=False)
     assert all(v.passed and v.aligned for v in run.verdicts.values())
     assert all(p.paired for p in run.comparison.pairs)

@@ -197,10 +197,11 @@ def test_megatron_config_errors_name_the_key(tmp_path):
     from pytest_precalign.run.case import preflight_case
 
     bad = CONFIG.replace(
-        "mc: {source: megatron, config: *c}", "mc: {source: megatron, config: *c, preset: mixtral}"
+        "mc: {source: megatron, config: *c}", "mc: {source: megatron, config: *c, preset: deepseek}"
     )
     with pytest.raises(
-        ConfigError, match=r"models.mc.preset: unknown value 'mixtral' \(allowed: qwen2.5, llama, qwen3\)"
+        ConfigError,
+        match=r"models.mc.preset: unknown value 'deepseek' \(allowed: qwen2.5, llama, qwen3, mixtral, qwen3-moe\)",
     ):
         load_config(bad % {"candidate": "mc", "patch": "x", "isolate": "false"}, tmp_path / "a.yaml")
     odd = CONFIG.replace("num_key_value_heads: 2,", "num_key_value_heads: 3,")

@@ -85,7 +85,7 @@ def parse_case(
     mapping = _with_layer_mapping(reader, mapping, base_dir)
     baseline_rename = _baseline_rename(reader, base_dir)
     optimizer = _optimizer(reader)
-    record = _record(reader)
+    record = _record(reader, base_dir)
     table = reader.get_str("tolerances")
     if table is not None and table not in tables:
         known = ", ".join(tables) or "none defined under 'tolerances'"
@@ -275,11 +275,11 @@ def _optimizer(reader: Reader) -> OptimizerSpec:
     return optimizer
 
 
-def _record(reader: Reader) -> RecordSpec:
+def _record(reader: Reader, base_dir: Path) -> RecordSpec:
     rec = reader.get_mapping("record")
     if rec is None:
         return RecordSpec()
-    rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level", "moe"))
+    rec.check_keys(("mode", "inputs", "include", "exclude", "format", "level", "moe", "golden"))
     record = RecordSpec(
         mode=rec.get_choice("mode", MODES, "stats"),
         inputs=rec.get_bool("inputs", True),
@@ -288,9 +288,25 @@ def _record(reader: Reader) -> RecordSpec:
         format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
         level=rec.get_choice("level", LEVELS, "module"),
         moe=_moe(rec),
+        golden=_golden(rec, base_dir),
     )
+    if record.golden is not None and record.mode == "tensor":
+        rec.fail(
+            "golden keeps full tensors only where they are beyond tolerance: use mode stats or hash", "golden"
+        )
     rec.done()
     return record
+
+
+def _golden(rec: Reader, base_dir: Path) -> Path | None:
+    """``golden: PATH``: a golden run's trace folder, Recorder root or msprobe dump."""
+    given = rec.get_str("golden")
+    if given is None:
+        return None
+    path: Path = (base_dir / str(given)).resolve()
+    if not path.exists():
+        rec.fail(f"no such golden run (a trace folder, Recorder root or msprobe dump): {path}", "golden")
+    return path
 
 
 def _moe(rec: Reader) -> MoeSpec | None:

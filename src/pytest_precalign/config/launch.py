@@ -6,10 +6,15 @@
         tensor_parallel: 2
         pipeline_parallel: 2
         launch: {nproc: 4}          # optional; timeout: seconds for the whole run
+      megatron_mixtral_ep2:
+        source: megatron
+        preset: mixtral
+        expert_parallel: 2          # each rank holds half the experts
 
 A model with ``tensor_parallel`` or ``pipeline_parallel`` > 1, or with ``launch:``, runs on
 real ranks under torchrun (``run/launch.py``); ``nproc`` must equal ``tensor_parallel x
-pipeline_parallel`` (no data parallelism: every rank holds a different part of the model).
+pipeline_parallel x expert_parallel`` (no other data parallelism: every rank holds a different
+part of the model; the expert-parallel ranks run the same batch).
 Without ``launch:`` the ranks are launched all the same, ``nproc`` being that product.
 """
 
@@ -29,24 +34,24 @@ def parse_parallel(reader: Reader) -> dict[str, Any]:
     together: the options they add to the model spec."""
     tp = reader.get_int("tensor_parallel", 1, minimum=1)
     pp = reader.get_int("pipeline_parallel", 1, minimum=1)
+    ep = reader.get_int("expert_parallel", 1, minimum=1)
     sub = reader.get_mapping("launch")
     out: dict[str, Any] = {}
-    if reader.has("tensor_parallel"):
-        out["tensor_parallel"] = tp
-    if reader.has("pipeline_parallel"):
-        out["pipeline_parallel"] = pp
+    for key, value in (("tensor_parallel", tp), ("pipeline_parallel", pp), ("expert_parallel", ep)):
+        if reader.has(key):
+            out[key] = value
     if sub is None:
         return out
     sub.check_keys(LAUNCH_KEYS)
     nproc = sub.get_int("nproc", minimum=1)
     if nproc is None:
         sub.fail(
-            f"missing required key 'nproc' (the number of ranks: tensor_parallel x pipeline_parallel = {tp * pp})"
+            f"missing required key 'nproc' (the number of ranks: {_product(tp, pp, ep)} = {tp * pp * ep})"
         )
-    if nproc != tp * pp:
+    if nproc != tp * pp * ep:
         sub.fail(
-            f"{nproc} ranks cannot hold tensor_parallel {tp} x pipeline_parallel {pp}: nproc must be "
-            f"{tp * pp} (data parallelism is not supported)",
+            f"{nproc} ranks cannot hold {_product(tp, pp, ep)}: nproc must be {tp * pp * ep} "
+            "(data parallelism is not supported)",
             "nproc",
         )
     timeout = sub.get_float("timeout", DEFAULT_TIMEOUT, non_negative=True)
@@ -57,9 +62,17 @@ def parse_parallel(reader: Reader) -> dict[str, Any]:
     return out
 
 
+def _product(tp: int, pp: int, ep: int) -> str:
+    return f"tensor_parallel {tp} x pipeline_parallel {pp}" + (f" x expert_parallel {ep}" if ep > 1 else "")
+
+
 def world_size(options: Mapping[str, Any]) -> int:
     """How many ranks a model runs on (1: in this process)."""
-    return int(options.get("tensor_parallel", 1)) * int(options.get("pipeline_parallel", 1))
+    sizes = (options.get(k, 1) for k in ("tensor_parallel", "pipeline_parallel", "expert_parallel"))
+    out = 1
+    for size in sizes:
+        out *= int(size)
+    return out
 
 
 def launched(options: Mapping[str, Any]) -> bool:

@@ -219,7 +219,7 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
             reader.fail(
                 f"expected a dotted class path like transformers.Qwen2ForCausalLM, got {value!r}", "class"
             )
-    weights = parse_model_weights(reader, options)
+    weights = parse_model_weights(reader)
     if weights is not None:
         options["weights"] = weights
     spec = ModelSpec(

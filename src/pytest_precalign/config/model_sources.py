@@ -36,6 +36,7 @@ SOURCES: dict[str, SourceInfo] = {
             "config",
             "tensor_parallel",
             "pipeline_parallel",
+            "expert_parallel",
             "launch",
             "recompute_granularity",
             "recompute_method",

@@ -52,9 +52,54 @@ MEGATRON_PRESET_FIELDS: dict[str, dict[str, Any]] = {
         "mlp_bias": False,
     },
     "qwen3": {**QWEN2_FIELDS, **_ROPE_AND_BIAS, "head_dim": 128, "use_sliding_window": False},
+    # MoE: experts (num_local_experts / num_experts, each an intermediate_size /
+    # moe_intermediate_size SwiGLU), a top-k router, no shared expert, the router aux loss off
+    # (output_router_logits false: HF adds it to the loss only then; Megatron's coefficient 0).
+    "mixtral": {
+        **QWEN2_FIELDS,
+        "vocab_size": 32000,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096 * 32,
+        **_ROPE_AND_BIAS,
+        "sliding_window": None,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "router_jitter_noise": 0.0,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+    },
+    "qwen3-moe": {
+        **QWEN2_FIELDS,
+        **_ROPE_AND_BIAS,
+        "head_dim": 128,
+        "use_sliding_window": False,
+        "num_key_value_heads": 4,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": None,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+    },
 }
-# Fields whose value is fixed by the preset (anything else is not this family's model).
-FIXED_FIELDS = {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False}
+# Fields whose value is fixed by the preset (anything else is not this family's model); checked
+# where the preset reads the field. ``None`` stands for "unset" as well.
+FIXED_FIELDS: dict[str, Any] = {
+    "attention_bias": False,
+    "mlp_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "router_jitter_noise": 0.0,
+    "output_router_logits": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
 
 
 def preset_fields(preset: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -66,10 +111,18 @@ def preset_fields(preset: str, given: dict[str, Any]) -> dict[str, Any]:
         fields["num_key_value_heads"] = fields["num_attention_heads"]
     if fields.get("head_dim", 0) is None:
         fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
+    if "num_local_experts" in fields:  # Mixtral's name (HF's attribute_map: num_experts)
+        fields["num_experts"] = fields["num_local_experts"]
     return fields
 
 
-PRESET_MAPPINGS = ("megatron-qwen2.5", "megatron-llama", "megatron-qwen3")
+PRESET_MAPPINGS = (
+    "megatron-qwen2.5",
+    "megatron-llama",
+    "megatron-qwen3",
+    "megatron-mixtral",
+    "megatron-qwen3-moe",
+)
 PRESET_LAYER_MAPPINGS = (
     "qwen2.5-mindspeed-to-hf",
     "qwen2.5-hf-to-mindspeed",
@@ -78,7 +131,13 @@ PRESET_LAYER_MAPPINGS = (
 )
 
 # The model-config fields a mapping's ``$variables`` may name.
-HEAD_FIELDS = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
+HEAD_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "intermediate_size",
+    "num_experts",
+)
 
 
 def layer_mapping_path(ref: str, base_dir: Path) -> Path | None:
@@ -100,6 +159,8 @@ def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
         fields = dict(config) if isinstance(config, dict) else {}
         if model.source == "megatron":
             fields = preset_fields(str(model.options.get("preset", "qwen2.5")), fields)
+        elif "num_local_experts" in fields:
+            fields["num_experts"] = fields["num_local_experts"]
         for key in HEAD_FIELDS:
             if key in fields and key not in out:
                 out[key] = fields[key]

@@ -76,6 +76,7 @@ class RecordSpec:
     format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
     level: str = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
     moe: MoeSpec | None = None  # MoE blocks whose expert records are keyed by token
+    golden: Path | None = None  # a golden run the candidate is compared with while recorded
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,9 @@ def _patterns(reader: Reader, key: str) -> tuple[str, ...]:
     return tuple(values)
 
 
+_INT_PARAMS = {"dim", "dim0", "dim1", "num_heads", "num_kv_heads", "size"}
+
+
 def _parse_op(reader: Reader, variables: Mapping[str, Any]) -> TransformOp:
     name = reader.get_choice("op", tuple(OP_PARAMS), None)
     if name is None:
@@ -222,16 +225,12 @@ def _parse_op(reader: Reader, variables: Mapping[str, Any]) -> TransformOp:
     for key, value in params:
         ok = (
             isinstance(value, int) and not isinstance(value, bool)
-            if key in {"dim", "dim0", "dim1", "num_heads", "num_kv_heads"}
+            if key in _INT_PARAMS
             else isinstance(value, list)
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         )
         if not ok:
-            kind = (
-                "an integer"
-                if key in {"dim", "dim0", "dim1", "num_heads", "num_kv_heads"}
-                else "a list of integers"
-            )
+            kind = "an integer" if key in _INT_PARAMS else "a list of integers"
             reader.fail(f"expected {kind}, got {value!r}", key)
     op = TransformOp(name, tuple(params))
     if name == "qkv_fuse":
@@ -332,8 +331,11 @@ def _name_rule(r: Reader) -> NameRule:
 
 
 def _tensor_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> TensorRule:
-    r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast", "optional"))
+    r.check_keys(("baseline", "candidate", "transform", "kinds", "slots", "broadcast", "optional", "each"))
     baseline, candidate = _patterns(r, "baseline"), _patterns(r, "candidate")
+    if r.has("each"):
+        placeholder, count = _each(r, variables)
+        baseline, candidate = _repeat(baseline, placeholder, count), _repeat(candidate, placeholder, count)
     ops = _ops(r, "transform", line, variables)
     kinds = _kinds(r, ["param"])
     slots = _slot_pairs(r)
@@ -347,6 +349,23 @@ def _tensor_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> T
     else:
         _check_arity(r, ops, len(baseline), len(candidate))
     return TensorRule(baseline, candidate, ops, kinds, slots, broadcast, False, r.where(), optional)
+
+
+def _each(r: Reader, variables: Mapping[str, Any]) -> tuple[str, int]:
+    """``each: {e: $num_experts}``: the rule's patterns naming ``{e}`` stand for e = 0..n-1."""
+    value = r.raw("each")
+    if not isinstance(value, dict) or len(value) != 1:
+        r.fail("expected one placeholder and its count, e.g. {e: $num_experts}", "each")
+    ((placeholder, raw),) = value.items()
+    count = _resolve(r, "each", raw, variables)
+    if not isinstance(placeholder, str) or not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        r.fail(f"expected a placeholder name and a count >= 1, got {placeholder}: {count!r}", "each")
+    return placeholder, count
+
+
+def _repeat(patterns: tuple[str, ...], placeholder: str, count: int) -> tuple[str, ...]:
+    mark = "{" + placeholder + "}"
+    return tuple(p.replace(mark, str(k)) for p in patterns for k in (range(count) if mark in p else (0,)))
 
 
 def _layout_rule(r: Reader, line: int | None, variables: Mapping[str, Any]) -> LayoutRule:
@@ -391,6 +410,8 @@ def _check_arity(reader: Reader, ops: Sequence[TransformOp], n_in: int, n_out: i
             reader.fail(f"op {op.op!r} takes {need} tensor(s) but gets {count}", "transform")
         if op.op == "split":
             count = len(op.param("sizes"))
+        elif op.op == "unbind":
+            count = int(op.param("size"))
         elif give is not None:
             count = give
     if count != n_out:

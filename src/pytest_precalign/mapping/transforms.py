@@ -1,7 +1,8 @@
 """Invertible tensor transforms between a baseline layout and a candidate layout.
 
 Each op maps a list of tensors to a list of tensors (``concat``, ``split``, ``permute``,
-``transpose``, ``reshape``, ``qkv_fuse``); a rule's chain of ops is applied forward
+``transpose``, ``reshape``, ``qkv_fuse``, ``unbind``: one tensor of ``size`` slices along
+``dim`` <-> ``size`` tensors, e.g. fused experts <-> one weight per expert); a rule's chain of ops is applied forward
 (baseline -> candidate) or undone (candidate -> baseline). torch is imported when applied.
 """
 
@@ -55,6 +56,14 @@ def _qkv_split(ts: Tensors, op: TransformOp) -> Tensors:
     return [t.flatten(dim, dim + 1) for t in (q, k, v)]
 
 
+def _unbind(ts: Tensors, op: TransformOp) -> Tensors:
+    (t,) = ts
+    dim, size = int(op.param("dim", 0)), int(op.param("size"))
+    if t.shape[dim] != size:
+        raise ValueError(f"unbind expects {size} slices along dim {dim}, the tensor has {t.shape[dim]}")
+    return list(t.unbind(dim))
+
+
 def check_qkv(op: TransformOp) -> str | None:
     heads, groups = op.param("num_heads"), op.param("num_kv_heads")
     if not isinstance(heads, int) or not isinstance(groups, int) or heads <= 0 or groups <= 0:
@@ -80,6 +89,8 @@ def _forward(op: TransformOp, ts: Tensors) -> Tensors:
         return [t.reshape(*op.param("shape")) for t in ts]
     if name == "qkv_fuse":
         return _qkv_fuse(ts, op)
+    if name == "unbind":
+        return _unbind(ts, op)
     raise CaseError(f"unknown transform op {name!r}")
 
 
@@ -103,6 +114,8 @@ def _inverse(op: TransformOp, ts: Tensors, inputs: Sequence[torch.Size]) -> Tens
         return [t.reshape(shape) for t, shape in zip(ts, inputs, strict=True)]
     if name == "qkv_fuse":
         return _qkv_split(ts, op)
+    if name == "unbind":
+        return [torch.stack(ts, dim=int(op.param("dim", 0)))]
     raise CaseError(f"unknown transform op {name!r}")
 
 
@@ -114,6 +127,7 @@ OP_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "transpose": (("dim0", "dim1"), ()),
     "reshape": (("shape",), ()),
     "qkv_fuse": (("num_heads", "num_kv_heads"), ("dim",)),
+    "unbind": (("size",), ("dim",)),
 }
 OP_ARITY: dict[str, tuple[int | None, int | None]] = {
     # op: (inputs, outputs); None = any number (one-to-one per tensor when both None)
@@ -123,6 +137,7 @@ OP_ARITY: dict[str, tuple[int | None, int | None]] = {
     "transpose": (None, None),
     "reshape": (None, None),
     "qkv_fuse": (3, 1),
+    "unbind": (1, None),  # as many as its size
 }
 
 

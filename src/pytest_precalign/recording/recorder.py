@@ -9,13 +9,18 @@ A module's forward run again inside the backward (activation recomputation) reco
 new: its grads are recorded under the call it repeats.
 
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
-(a detached copy of each tensor; stats are computed after the run), ``hash`` (CRC-32 of
-the bytes, msprobe's "md5" field).
+(the stats, and a host copy of each tensor: kept in the trace, or handed to ``sink``, a
+background writer, see ``tensor_sink.py``), ``hash`` (CRC-32 of the bytes, msprobe's "md5"
+field).
 
 One host synchronisation per step: statistics (and, in hash mode, the NaN/Inf evidence)
 are computed as device tensors at capture and fetched together when the step ends (``step``
 is set to another value, the recorder exits, or ``trace()``), see ``step_buffer.py``. Until
 then a record returned by ``capture`` has no ``stats``/``crc32`` yet; ``trace()`` has them.
+
+Live compare (``golden=``, a judge from ``live_compare``): each record is compared with a
+golden run's at capture (its statistics fetched at once: one host sync per record) and keeps
+its full tensor only where a divergence enters, see ``live_golden.py``.
 
 Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
 the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
@@ -38,10 +43,17 @@ from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import Kind
+from .compiled import hook_wrapper
 from .inplace_grads import InPlaceViews
+from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .step_buffer import StepBuffer
+from .tensor_sink import TensorSink
 from .tensor_summary import dtype_name, flatten
+
+# When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
+# hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
+PARAM_GRADS = ("backward", "step")
 
 
 def _version(t: torch.Tensor) -> int:
@@ -98,11 +110,19 @@ class Recorder:
         exclude: tuple[str, ...] = (),
         keep_calls: bool = False,
         level: str = "module",
+        param_grads: str = "backward",
+        golden: Judge | None = None,
+        sink: TensorSink | None = None,
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
+        if golden is not None and mode == "tensor":
+            raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
         if level not in LEVELS:
             raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
+        if param_grads not in PARAM_GRADS:
+            raise ValueError(f"unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})")
+        self.param_grads = param_grads
         self.level = level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
@@ -124,6 +144,7 @@ class Recorder:
         self.calls: list[ModuleCall] = []
         self._records: list[Record] = []
         self._tensors: dict[str, torch.Tensor] = {}
+        self._sink = sink  # tensor mode: host copies go to this background writer, not the trace
         self._handles: list[RemovableHandle] = []
         self._calls: dict[tuple[str, int], int] = {}
         self._recomputed_calls: dict[tuple[str, int], int] = {}
@@ -136,12 +157,14 @@ class Recorder:
         self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
         self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
         self._active = False
+        # Live compare (``live_golden.py``): records judged against a golden run at capture.
+        self._live = None if golden is None else LiveKeeper(golden, self._records, self._tensors)
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
         # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
-        eager = _outside_compiled if _is_compiled(self.model) else _as_is
+        eager = hook_wrapper(self.model)
         try:
             for name, module in self.model.named_modules():
                 if not name or not self._selected(name):
@@ -165,7 +188,7 @@ class Recorder:
             if self._ops_on:
                 self._mode = OpMode(self._on_op)
                 self._mode.start()
-            if self.record_grads:
+            if self.record_grads and self.param_grads == "backward":
                 for pname, param in self.model.named_parameters():
                     if param.requires_grad:
                         self._handles.append(
@@ -192,6 +215,8 @@ class Recorder:
     def step(self, value: int) -> None:
         if value != self._step:
             self._flush()
+            if self._live is not None:
+                self._live.end_step()
         self._step = value
 
     def _flush(self) -> None:
@@ -248,28 +273,15 @@ class Recorder:
         stats: Stats | None = None
         crc: str | None = None
         key: str | None = None
+        same_as: int | None = None
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == _version(tensor):
-            earlier = self._records[seen[2].seq]
+            earlier = self._records[same_as := seen[2].seq]
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
             if earlier.seq in self._pending:
                 self._pending[seq] = self._pending[earlier.seq]
         else:
-            busy, self._busy = self._busy, True
-            try:
-                data = tensor.detach()
-                if self.mode == "stats":
-                    self._pending[seq] = (self._buffer.add_stats(data), None)
-                elif self.mode == "hash":
-                    # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
-                    # sum is not finite; hashes are still compared.
-                    sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
-                    self._pending[seq] = (sh, self._buffer.add_crc(data))
-                else:
-                    key = f"t{seq:07d}"
-                    self._tensors[key] = data.to("cpu", copy=True)
-            finally:
-                self._busy = busy
+            stats, crc, key = self._summarize(tensor.detach(), seq, record_id(name, kind, slot, step, call))
         record = Record(
             seq=seq,
             name=name,
@@ -288,7 +300,46 @@ class Recorder:
         )
         self._records.append(record)
         self._remember(tensor, record)
+        if self._live is not None:
+            busy, self._busy = self._busy, True
+            try:
+                self._live.decide(seq, tensor, same_as)  # may keep its tensor (a new record)
+            finally:
+                self._busy = busy
+            return self._records[seq]
         return record
+
+    def _summarize(
+        self, data: torch.Tensor, seq: int, rid: str
+    ) -> tuple[Stats | None, str | None, str | None]:
+        """(stats, crc, tensor key) of a tensor not seen before, as the mode says; stats and
+        hash modes queue theirs for the step's end (``_flush``)."""
+        busy, self._busy = self._busy, True
+        try:
+            if self._live is not None:  # one host sync per record: see live_golden.py
+                return (*self._live.summarize(data, rid, crc=self.mode == "hash"), None)
+            if self.mode == "stats":
+                self._pending[seq] = (self._buffer.add_stats(data), None)
+            elif self.mode == "hash":
+                # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
+                # sum is not finite; hashes are still compared.
+                sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
+                self._pending[seq] = (sh, self._buffer.add_crc(data))
+            else:  # tensor mode: the stats too, queued for the step's end
+                key = f"t{seq:07d}"
+                self._keep(key, data)
+                self._pending[seq] = (self._buffer.add_stats(data), None)
+                return None, None, key
+            return None, None, None
+        finally:
+            self._busy = busy
+
+    def _keep(self, key: str, data: torch.Tensor) -> None:
+        """Tensor mode: a host copy in the trace, or handed to the background writer."""
+        if self._sink is not None:
+            self._sink.put(key, data)
+        else:
+            self._tensors[key] = data.to("cpu", copy=True)
 
     def _remember(self, tensor: torch.Tensor, record: Record) -> None:
         self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
@@ -370,6 +421,8 @@ class Recorder:
                 )
             if state.grads and t.requires_grad:
                 t.register_hook(self._grad_hook(t, self._grad_output, state, "grad_output", slot))
+        if self._live is not None:  # its outputs are judged: inputs not kept are not needed
+            self._live.release(state.input_ids)
 
     # -- ops (level op / mix) -------------------------------------------------------------
     def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -478,8 +531,22 @@ class Recorder:
         )
 
     def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
-        if param.grad is None or not self._active:
+        if param.grad is not None and self._active:
+            self._capture_param_grad(pname, param.grad)
+
+    def record_param_grads(self) -> None:
+        """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
+        Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
+        loop's grad reduction, before the optimizer step). One record per parameter and step."""
+        if not self.record_grads:
             return
+        for pname, param in self.model.named_parameters():
+            grad = getattr(param, "main_grad", None)
+            grad = param.grad if grad is None else grad
+            if param.requires_grad and isinstance(grad, torch.Tensor):
+                self._capture_param_grad(pname, grad)
+
+    def _capture_param_grad(self, pname: str, grad: torch.Tensor) -> None:
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
         state = self._last_call.get(owner)
         deps: tuple[str, ...] = ()
@@ -487,9 +554,7 @@ class Recorder:
             deps = (*state.grad_output_ids, *state.input_ids)
         call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
         self._grad_calls[(pname, self.step)] = call + 1
-        self.capture(
-            param.grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call
-        )
+        self.capture(grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call)
 
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:
@@ -513,36 +578,14 @@ class Recorder:
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
         self._flush()
         records = tuple(self._records)
-        if self.mode == "tensor":
-            buffer, handles = StepBuffer(), {}
-            for r in records:
-                if r.tensor_key is not None and r.stats is None and r.tensor_key not in handles:
-                    handles[r.tensor_key] = buffer.add_stats(self._tensors[r.tensor_key])
-            stats = buffer.flush()[0]  # one host conversion for all kept tensors
-            records = tuple(
-                replace(r, stats=stats[handles[r.tensor_key]])
-                if r.tensor_key is not None and r.stats is None
-                else r
-                for r in records
-            )
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
+        if self._live is not None:
+            meta["live"] = self._live.manifest()
+            self._live.end_step()
         if self._not_recordable:
             meta["not_recordable"] = dict(self._not_recordable)
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)
         return Trace(manifest=meta, records=records, tensors=dict(self._tensors))
-
-
-def _is_compiled(model: torch.nn.Module) -> bool:
-    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
-
-
-def _as_is(hook: Callable[..., Any]) -> Callable[..., Any]:
-    return hook
-
-
-def _outside_compiled(hook: Callable[..., Any]) -> Callable[..., Any]:
-    disabled: Callable[..., Any] = torch.compiler.disable(hook)
-    return disabled

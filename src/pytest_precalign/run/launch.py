@@ -47,11 +47,12 @@ def is_launched(spec: ModelSpec) -> bool:
 
 
 def in_process_twin(spec: ModelSpec) -> ModelSpec:
-    """The TP=1, single-stage twin of a launched model, built in this process to receive the
+    """The TP=1, single-stage (and single expert-parallel rank) twin of a launched model, built in this process to receive the
     synced weights the ranks load their shards of."""
     if not is_launched(spec):
         return spec
-    options = {k: v for k, v in spec.options.items() if k not in ("pipeline_parallel", "launch")}
+    dropped = ("pipeline_parallel", "expert_parallel", "launch")
+    options = {k: v for k, v in spec.options.items() if k not in dropped}
     return replace(spec, options={**options, "tensor_parallel": 1})
 
 
@@ -113,7 +114,8 @@ def launch_ranks(
     if full_weights is not None:
         save_file({k: v.detach().contiguous() for k, v in full_weights.items()}, str(work / WEIGHTS_FILE))
     job = {
-        "spec": spec,
+        # The ranks load their shards of full_weights, not the checkpoint the parent loaded whole.
+        "spec": replace(spec, options={k: v for k, v in spec.options.items() if k != "weights"}),
         "base_dir": base_dir,
         "case": replace(case, mapping=None),  # the ranks never map; keeps the pickle small
         "seed": seed,

@@ -3,7 +3,8 @@
 
 Per step: each rank's record names are renumbered to the global layer indices (the manifest's
 ``parallel.chunks[0].layer_offsets``: a stage's ``decoder.layers.0`` is global layer
-``offset``); the tensor-parallel ranks of each pipeline stage are gathered by the shard rules
+``offset``) and, on expert-parallel rank r holding n experts, ``local_experts.i`` to global
+expert ``r * n + i`` (the first EP rank's copy of everything else is kept); the tensor-parallel ranks of each pipeline stage are gathered by the shard rules
 (``tensor_parallel.gather_traces``); the stages are put in execution order (forward: first
 stage to last, backward: last to first, parameters after the step: first to last). The steps
 follow each other; ``seq`` is renumbered and tensor keys made unique.
@@ -41,6 +42,34 @@ def globalize(name: str, offsets: Mapping[str, int]) -> str:
     return name
 
 
+_EXPERT = re.compile(r"(\.local_experts\.)(\d+)(?=\.|$)")
+
+
+def globalize_expert(name: str, ep_rank: int, local: int) -> str:
+    """``...experts.local_experts.1`` on expert-parallel rank 1 holding ``local`` = 2 experts ->
+    ``...experts.local_experts.3``: rank r's expert i is global expert ``r * local + i``."""
+    if not ep_rank:
+        return name
+    return _EXPERT.sub(lambda m: f"{m.group(1)}{ep_rank * local + int(m.group(2))}", name, count=1)
+
+
+def _experts_globalized(trace: Trace, ep_rank: int) -> Trace:
+    """An expert-parallel rank's trace with its local experts renamed to their global index."""
+    if not ep_rank:
+        return trace
+    local = 1 + max((int(m.group(2)) for r in trace.records if (m := _EXPERT.search(r.name))), default=-1)
+
+    def name(n: str) -> str:
+        return globalize_expert(n, ep_rank, local)
+
+    def rid(i: str) -> str:
+        head, sep, rest = i.partition("|")
+        return name(head) + sep + rest
+
+    records = tuple(r.renamed(name(r.name), tuple(rid(d) for d in r.deps)) for r in trace.records)
+    return replace(trace, records=records)
+
+
 def _globalize_id(rid: str, offsets: Mapping[str, int]) -> str:
     name, sep, rest = rid.partition("|")
     return globalize(name, offsets) + sep + rest
@@ -71,24 +100,28 @@ def read_step(folder: Path, nproc: int) -> list[Trace]:
 
 def merge_step(traces: Sequence[Trace], rules: Sequence[ShardRule] = MEGATRON_GPT_RULES) -> Trace:
     """One step's rank traces -> one TP=1 trace (records in execution order)."""
-    by_stage: dict[int, list[tuple[int, Trace]]] = {}
+    by_stage: dict[tuple[int, int], list[tuple[int, Trace]]] = {}
     for rank, trace in enumerate(traces):
         layout = trace.manifest.get("parallel") or {}
-        if int(layout.get("dp", 1)) != 1 or int(layout.get("cp", 1)) != 1:
+        ep, ep_rank = int(layout.get("ep", 1)), int(layout.get("ep_rank", 0))
+        if int(layout.get("dp", 1)) != ep or int(layout.get("cp", 1)) != 1:
             raise CaseError(f"launched ranks: rank {rank} has data or context parallelism, not supported")
-        by_stage.setdefault(int(layout.get("pp_rank", 0)), []).append((int(layout.get("tp_rank", 0)), trace))
+        where = (int(layout.get("pp_rank", 0)), ep_rank)
+        by_stage.setdefault(where, []).append(
+            (int(layout.get("tp_rank", 0)), _experts_globalized(trace, ep_rank))
+        )
     keyed: list[tuple[tuple[int, int, int], Record]] = []
     tensors: dict[str, Any] = {}
     manifest: dict[str, Any] = {}
     notes: dict[str, str] = {}
-    for stage in sorted(by_stage):
-        ranks = [globalized(t) for _, t in sorted(by_stage[stage], key=lambda item: item[0])]
+    for stage, ep_rank in sorted(by_stage):
+        ranks = [globalized(t) for _, t in sorted(by_stage[stage, ep_rank], key=lambda item: item[0])]
         gathered = gather_traces(ranks, rules=rules)
         manifest = manifest or dict(gathered.manifest)
         notes.update(gathered.manifest["tensor_parallel"]["notes"])
         for pos, rec in enumerate(gathered.records):
             phase = _PHASE_ORDER.get(rec.phase, 3)
-            key = None if rec.tensor_key is None else f"p{stage}{rec.tensor_key}"
+            key = None if rec.tensor_key is None else f"p{stage}e{ep_rank}{rec.tensor_key}"
             if key is not None:
                 tensors[key] = gathered.tensors[rec.tensor_key]  # type: ignore[index]
             keyed.append(((phase, -stage if phase == 1 else stage, pos), replace(rec, tensor_key=key)))

@@ -17,7 +17,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..compare.tolerances import default_table
 from ..config.specs import AlignConfig, CaseSpec, ModelSpec
+from ..live_compare import GoldenJudge, golden_judge
 from ..mapping.weights import SyncReport, sync_weights
 from ..recording.determinism import deterministic, environment
 from ..recording.recorder import Recorder
@@ -120,9 +122,18 @@ class LiveCase:
         case = self.case if case is None else case
         seed = spec.seed if seed is None else seed
         if not is_launched(spec):
-            return run_side(model, data, case, manifest, seed, after_first_forward)
+            golden = self._golden(case, manifest)
+            return run_side(model, data, case, manifest, seed, after_first_forward, golden=golden)
         full = {n: p.detach() for n, p in model.module.named_parameters()}
         return run_launched(spec, self.config.base_dir, case, data, full, manifest, seed)
+
+    def _golden(self, case: CaseSpec, manifest: Mapping[str, Any]) -> GoldenJudge | None:
+        """``record: {golden: PATH}``: the case's candidate is compared with the golden run
+        while it is recorded, under the case's tolerance table (see ``live_compare``)."""
+        if case.record.golden is None or manifest.get("side") != "candidate":
+            return None
+        table = self.config.tolerances[case.tolerances] if case.tolerances else default_table()
+        return golden_judge(case.record.golden, 0, 0, table)
 
 
 @contextmanager

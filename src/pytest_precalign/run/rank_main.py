@@ -6,7 +6,10 @@ pipeline stage and tensor-parallel shard, inside ``sources.runtime``), loads its
 full TP=1 weights the parent synced (``tensor_parallel.shard_state`` rules; layers renumbered
 to the stage's local indices), and runs the case's steps through megatron-core's pipeline
 schedule (``get_forward_backward_func``) with the case's optimizer, recording each step with
-the public ``Recorder`` into ``WORKDIR/out/step<N>/rank<R>``. A rank that raises writes
+the public ``Recorder`` into ``WORKDIR/out/step<N>/rank<R>``. As in Megatron's training loop,
+the schedule ends the backward with megatron-core's ``finalize_model_grads`` (``grad_sync``:
+e.g. the tensor-parallel all-reduce of q/k layernorm grads), and parameter grads are recorded
+after it, as the optimizer sees them (``param_grads="step"``). A rank that raises writes
 ``WORKDIR/error<R>.json`` (type, one-line message, traceback) for the parent to name.
 """
 
@@ -91,18 +94,20 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
 
     from ..checkpoints.sharding import rule_for_param, shard_tensor
     from ..parallel_layout import layer_offsets
-    from .launch_merge import globalize
+    from .launch_merge import globalize, globalize_expert
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
 
         tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        ep, ep_rank = ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank()
     full = load_file(str(file))
     offsets = layer_offsets(module)
+    local = int(getattr(getattr(module, "config", None), "num_moe_experts", None) or 0) // ep
     with torch.no_grad():
         for name, param in module.named_parameters():
-            global_name = globalize(name, offsets)
+            global_name = globalize_expert(globalize(name, offsets), ep_rank, local)
             if global_name not in full:
                 raise CaseError(f"rank {rank}: the TP=1 weights have no {global_name!r} (local {name!r})")
             rule = rule_for_param(global_name, tuple(full[global_name].shape))
@@ -122,6 +127,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
     from ..megatron_cpu import megatron_cpu
     from ..recording.determinism import seed_everything
     from ..training_recorder import Recorder
+    from .grad_sync import use_megatron_grad_finalization
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -134,6 +140,8 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
         )
     module = model.module
     module.train(case.train)
+    if backward:
+        use_megatron_grad_finalization(module)
     optimizer = make_optimizer(case.optimizer, module.parameters()) if "step" in case.phases else None
     rec = Recorder(
         out,
@@ -144,6 +152,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
         include=case.record.include,
         exclude=case.record.exclude,
         params="step" in case.phases,  # no optimizer step: no parameters to compare
+        param_grads="step",  # after finalize_model_grads: the grads the optimizer steps on
     )
     data = inputs.to(next(module.parameters()).device)
     batch, seq = data.model_inputs["input_ids"].shape
@@ -164,6 +173,8 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
                 micro_batch_size=batch,
                 forward_only=not backward,
             )
+        if backward:
+            rec.grads_ready()
         if optimizer is not None:
             optimizer.step()
         rec.stop()
@@ -177,7 +188,11 @@ def _forward_step(model: LoadedModel, rec: Any, case: Any, data_iterator: Any, m
 
 
 def _loss(rec: Any, case: Any, data: CaseInputs, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-    """On the last stage: the logits ([b, s, vocab]) and the loss, recorded as in-process."""
+    """On the last stage: the logits ([b, s, vocab]) and the loss, recorded as in-process.
+    Expert-parallel ranks run the same batch, and each expert serves every rank's tokens: only
+    the first rank's loss is back-propagated (the others' times 0), so an expert's grad is that
+    of one batch, as Megatron's data-parallel averaging makes it; the merge keeps the first
+    rank's records of everything but the other ranks' experts."""
     logits_record = rec.record_output("logits", logits)
     if case.loss == "mean":
         loss = logits.float().mean()
@@ -187,7 +202,15 @@ def _loss(rec: Any, case: Any, data: CaseInputs, logits: torch.Tensor) -> tuple[
         return logits.float().mean() * 0.0, {}
     deps = (logits_record.id,) if logits_record is not None else ()
     rec.record_output("loss", loss, deps)
-    return loss, {"loss": loss.detach()}
+    return (loss * 0.0 if _ep_rank() else loss), {"loss": loss.detach()}
+
+
+def _ep_rank() -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+
+    return int(ps.get_expert_model_parallel_rank())
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 from ..config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError
 from ..recording.determinism import seed_everything
+from ..recording.live_golden import Judge
 from ..recording.recorder import Recorder
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
@@ -43,10 +44,12 @@ def run_side(
     manifest: Mapping[str, Any],
     seed: int,
     after_first_forward: Callable[[Recorder], None] | None = None,
+    golden: Judge | None = None,
 ) -> Trace:
     """Record one model through the case's steps. ``after_first_forward`` runs once the
     forward of step 0 is recorded, before any backward or optimizer step (isolation mode
-    calls the modules again there, with the weights they had)."""
+    calls the modules again there, with the weights they had). ``golden``: compare each
+    record with a golden run while recording (``live_compare``)."""
     backward = "backward" in case.phases
     if backward and case.loss == "none":
         raise CaseError(f"case {case.name!r}: phase 'backward' needs a loss (loss: causal_lm or model)")
@@ -56,7 +59,7 @@ def run_side(
     modes = [(m, m.training) for m in module.modules()]  # the user's, restored after recording
     module.train(case.train)
     try:
-        return _record_steps(model, data, case, manifest, seed, after_first_forward)
+        return _record_steps(model, data, case, manifest, seed, after_first_forward, golden)
     finally:
         for submodule, training in modes:
             submodule.training = training
@@ -69,6 +72,7 @@ def _record_steps(
     manifest: Mapping[str, Any],
     seed: int,
     after_first_forward: Callable[[Recorder], None] | None,
+    golden: Judge | None = None,
 ) -> Trace:
     backward = "backward" in case.phases
     step_phase = "step" in case.phases
@@ -84,6 +88,7 @@ def _record_steps(
         exclude=record.exclude,
         keep_calls=after_first_forward is not None,
         level=record.level,
+        golden=golden,
     )
     steps = case.steps if backward else 1
     with recorder:

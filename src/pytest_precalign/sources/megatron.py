@@ -7,7 +7,8 @@ What differs between the families is here and only here (``FAMILIES``, ``rope``)
 ``qwen2.5`` has a q/k/v bias and no other linear bias; ``llama`` (Llama 2/3) no linear bias,
 an explicit ``head_dim`` and Llama-3.1 rotary scaling (``rope_type: llama3``); ``qwen3`` no
 bias, RMSNorm of q and k per head (Megatron's ``qk_layernorm``) and ``head_dim`` (``kv_channels``)
-independent of hidden_size / heads.
+independent of hidden_size / heads; ``mixtral`` (as llama) and ``qwen3-moe`` (as qwen3) replace
+every MLP by a MoELayer: a softmax top-k router and ``SequentialMLP`` experts (``moe_options``).
 
 torch.distributed is initialised by ``runtime`` where nobody has (gloo on CPU, nccl on CUDA,
 hccl on NPU) and torn down after the case. The CUDA assumptions of megatron-core on a
@@ -45,12 +46,15 @@ class Family:
     qkv_bias: bool  # add_qkv_bias: a bias on the fused q/k/v projection only
     qk_layernorm: bool  # RMSNorm of each head of q and k before rope
     own_head_dim: bool  # head_dim (kv_channels) read from the config, else hidden / heads
+    moe: bool = False  # every layer's MLP is a MoELayer (router + SequentialMLP experts)
 
 
 FAMILIES = {
     "qwen2.5": Family(qkv_bias=True, qk_layernorm=False, own_head_dim=False),
     "llama": Family(qkv_bias=False, qk_layernorm=False, own_head_dim=True),
     "qwen3": Family(qkv_bias=False, qk_layernorm=True, own_head_dim=True),
+    "mixtral": Family(qkv_bias=False, qk_layernorm=False, own_head_dim=True, moe=True),
+    "qwen3-moe": Family(qkv_bias=False, qk_layernorm=True, own_head_dim=True, moe=True),
 }
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -92,14 +96,13 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
             f"{what}: unknown field {unknown[0]!r} for preset {preset!r} (allowed: {', '.join(known)})"
         )
     for key, value in FIXED_FIELDS.items():
-        if key in given and given[key] not in (value, None):
+        if key in given and key in known and given[key] not in (value, None):
             raise SourceError(
                 f"{what}.{key}: preset {preset!r} builds without it (allowed: {str(value).lower()})"
             )
     fields = preset_fields(preset, given)
     rope(fields, what)
     heads, groups = fields["num_attention_heads"], fields["num_key_value_heads"]
-    tp = tensor_parallel(spec)
     if heads % groups:
         raise SourceError(
             f"{spec.where}: models.{spec.name}.config: num_attention_heads ({heads}) must be a "
@@ -110,7 +113,26 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
             f"{spec.where}: models.{spec.name}.config: hidden_size ({fields['hidden_size']}) must be "
             f"a multiple of num_attention_heads ({heads})"
         )
+    _check_parallel(spec, preset, fields)
+    return fields
+
+
+def _check_parallel(spec: ModelSpec, preset: str, fields: Mapping[str, Any]) -> None:
+    """Tensor, pipeline and expert parallel sizes against the model they split."""
+    tp, groups = tensor_parallel(spec), fields["num_key_value_heads"]
+    ep = expert_parallel(spec)
+    if FAMILIES[preset].moe:
+        _check_moe(fields, tp, ep, f"{spec.where}: models.{spec.name}")
+    elif ep != 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.expert_parallel: preset {preset!r} has no experts (allowed: 1)"
+        )
     pp = pipeline_parallel(spec)
+    if ep > 1 and pp > 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.pipeline_parallel: expert_parallel runs at pipeline_parallel 1 "
+            "(allowed: 1)"
+        )
     if fields["num_hidden_layers"] % pp:
         raise SourceError(
             f"{spec.where}: models.{spec.name}.pipeline_parallel: {pp} must divide num_hidden_layers "
@@ -122,7 +144,38 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
             f"({groups}), vocab_size ({fields['vocab_size']}) and intermediate_size "
             f"({fields['intermediate_size']})"
         )
-    return fields
+
+
+def _check_moe(fields: Mapping[str, Any], tp: int, ep: int, what: str) -> None:
+    if tp != 1:
+        raise SourceError(f"{what}.tensor_parallel: experts are built at tensor_parallel 1 (allowed: 1)")
+    top_k, experts = fields["num_experts_per_tok"], fields["num_experts"]
+    if experts % ep:
+        raise SourceError(f"{what}.expert_parallel: {ep} must divide the number of experts ({experts})")
+    if not 1 <= top_k <= experts:
+        raise SourceError(
+            f"{what}.config.num_experts_per_tok: {top_k} must be between 1 and the number of experts ({experts})"
+        )
+
+
+def moe_options(f: Mapping[str, Any]) -> dict[str, Any]:
+    """The MoE part of a TransformerConfig. HF's top-k router takes the softmax over all
+    experts, then the top k, renormalised (Mixtral; Qwen3-MoE with ``norm_topk_prob``): the
+    softmax over the top-k logits, Megatron's default; without renormalising it is Megatron's
+    ``moe_router_pre_softmax``. No aux loss, no token dropping; on the CPU the experts are a
+    ``SequentialMLP`` (no grouped GEMM) and tokens go through the allgather dispatcher (the
+    alltoall one creates a CUDA stream when built)."""
+    return {
+        "num_moe_experts": f["num_experts"],
+        "moe_router_topk": f["num_experts_per_tok"],
+        "moe_ffn_hidden_size": f.get("moe_intermediate_size", f["intermediate_size"]),
+        "moe_router_pre_softmax": not f.get("norm_topk_prob", True),
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "moe_token_dispatcher_type": "allgather",
+    }
 
 
 def rope(fields: Mapping[str, Any], what: str = "config") -> tuple[float, dict[str, Any] | None]:
@@ -154,6 +207,15 @@ def tensor_parallel(spec: ModelSpec) -> int:
             f"{spec.where}: models.{spec.name}.tensor_parallel: expected an integer >= 1, got {tp!r}"
         )
     return tp
+
+
+def expert_parallel(spec: ModelSpec) -> int:
+    ep = spec.options.get("expert_parallel", 1)
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.expert_parallel: expected an integer >= 1, got {ep!r}"
+        )
+    return ep
 
 
 def pipeline_parallel(spec: ModelSpec) -> int:
@@ -215,14 +277,14 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
     import torch.distributed as dist
 
     parallel_state = _megatron()
-    tp, pp = tensor_parallel(spec), pipeline_parallel(spec)
+    tp, pp, ep = tensor_parallel(spec), pipeline_parallel(spec), expert_parallel(spec)
     created_group = False
     created_parallel = False
     if not dist.is_initialized():
-        if tp * pp != 1:
+        if tp * pp * ep != 1:
             raise SourceError(
-                f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp} "
-                f"needs {tp * pp} processes; launch the case under torchrun with that many ranks"
+                f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp} x "
+                f"expert_parallel {ep} needs {tp * pp * ep} processes; launch the case under torchrun"
             )
         backend = {"cuda": "nccl", "npu": "hccl"}.get(spec.device, "gloo")
         store = dist.HashStore()  # type: ignore[attr-defined]  # in-process store, world size 1
@@ -233,7 +295,9 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 parallel_state.initialize_model_parallel(
-                    tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+                    tensor_model_parallel_size=tp,
+                    pipeline_model_parallel_size=pp,
+                    expert_model_parallel_size=ep,
                 )
             created_parallel = True
         elif (
@@ -318,9 +382,20 @@ def _build_gpt(
     """The rank's part of the GPTModel: its pipeline stage and its tensor-parallel shard."""
     family = FAMILIES[preset_of(spec)]
     theta, scaling = rope(f)
+    options = _config_options(f, dtype, spec, family)
+    experts = None
+    if family.moe:
+        _router_without_te()
+        options |= moe_options(f)
+        experts = f["num_experts"]
     model = gpt_model(
-        transformer_config(**_config_options(f, dtype, spec, family)),
-        layer_spec(normalization="RMSNorm", qk_layernorm=family.qk_layernorm),
+        transformer_config(**options),
+        layer_spec(
+            num_experts=experts,
+            moe_grouped_gemm=False,
+            normalization="RMSNorm",
+            qk_layernorm=family.qk_layernorm,
+        ),
         vocab_size=f["vocab_size"],
         max_sequence_length=f["max_position_embeddings"],
         parallel_output=False,  # full-vocab logits on every rank, comparable with HF
@@ -337,6 +412,16 @@ def _build_gpt(
         rotary = model.rotary_pos_emb
         rotary.inv_freq = rotary._apply_scaling(rotary.inv_freq, **scaling)
     return model.to(dtype)  # type: ignore[no-any-return]  # the local spec's RMSNorm ignores params_dtype
+
+
+def _router_without_te() -> None:
+    """megatron-core 0.16.1's router gating (``moe_utils.router_gating_linear``) tests
+    ``te_general_gemm is not None``, a name its module defines only when Transformer Engine is
+    installed: without it, the None it means (the plain matmul path)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def _config_options(f: Mapping[str, Any], dtype: Any, spec: ModelSpec, family: Family) -> dict[str, Any]:
@@ -375,6 +460,7 @@ def _config_options(f: Mapping[str, Any], dtype: Any, spec: ModelSpec, family: F
         fp16=dtype == torch.float16,
         tensor_model_parallel_size=tensor_parallel(spec),
         pipeline_model_parallel_size=pipeline_parallel(spec),
+        expert_model_parallel_size=expert_parallel(spec),
         pipeline_dtype=dtype,
         sequence_parallel=False,
         **recompute(spec),

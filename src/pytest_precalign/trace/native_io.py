@@ -8,9 +8,11 @@ place, and an existing trace is never replaced unless the caller says ``overwrit
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,42 @@ def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> P
     target = Path(path)
     if target.exists() and not overwrite:
         raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_beside(target)
+    return finish_trace(trace, begin_trace(target), target, overwrite=overwrite)
+
+
+def begin_trace(target: Path) -> Path:
+    """The temporary folder a trace of ``target`` is written into (``.NAME.HOST.PID.*.tmp``
+    beside it, which readers ignore); temporary folders that writers on this host which are no
+    longer running (killed mid-write) left beside ``target`` are removed first."""
+    host = socket.gethostname().replace("/", "_")
+    prefix = f".{target.name}.{host}."
+    if target.parent.is_dir():
+        for stale in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+            pid = stale.name[len(prefix) :].split(".")[0]
+            if pid.isdigit() and not _running(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+    return temp_dir_beside(target, prefix=f"{prefix}{os.getpid()}.")
+
+
+def _running(pid: int) -> bool:
     try:
-        write_trace_files(trace, tmp)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def finish_trace(
+    trace: Trace, tmp: Path, target: Path, *, shards: Mapping[str, str] | None = None, overwrite: bool = False
+) -> Path:
+    """Write the rest of a trace into ``tmp`` (``shards``: tensors already there, written by a
+    background writer) and publish it as ``target``; ``tmp`` is removed on any failure."""
+    try:
+        if target.exists() and not overwrite:
+            raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
+        write_trace_files(trace, tmp, shards=shards)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -39,28 +73,38 @@ def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> P
     return target
 
 
-def write_trace_files(trace: Trace, folder: Path) -> None:
-    """Write a trace's files into an existing (temporary) folder; the caller publishes it."""
+def shard_name(number: int) -> str:
+    return f"tensors-{number:05d}.safetensors"
+
+
+def write_shard(tensors: Mapping[str, Any], path: Path) -> None:
+    """One safetensors shard of contiguous tensors, with the umask's permissions."""
     from safetensors.torch import save_file
 
+    save_file(dict(tensors), str(path))
+    share_file(path)
+
+
+def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] | None = None) -> None:
+    """Write a trace's files into an existing (temporary) folder; the caller publishes it.
+    ``shards``: tensors already written into ``folder`` (key -> file); the others are written."""
     tmp = folder
-    shards: dict[str, str] = {}
+    shards = dict(shards or {})
     batch: dict[str, Any] = {}
     size = 0
-    shard_no = 0
+    shard_no = len(set(shards.values()))
 
     def flush() -> None:
         nonlocal batch, size, shard_no
         if not batch:
             return
-        file = f"tensors-{shard_no:05d}.safetensors"
-        save_file(batch, str(tmp / file))
-        share_file(tmp / file)
+        file = shard_name(shard_no)
+        write_shard(batch, tmp / file)
         for key in batch:
             shards[key] = file
         batch, size, shard_no = {}, 0, shard_no + 1
 
-    for key in sorted(trace.tensors):
+    for key in sorted(k for k in trace.tensors if k not in shards):
         tensor = trace.tensors[key].contiguous()
         batch[key] = tensor
         size += tensor.numel() * tensor.element_size()
