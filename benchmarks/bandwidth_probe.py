@@ -45,13 +45,17 @@ def _chunked(a: np.ndarray, b: np.ndarray) -> float:
     buf = np.empty(CHUNK, dtype=a.dtype)
     best = 0.0
     for start in range(0, a.size, CHUNK):
-        d = np.subtract(a[start : start + CHUNK], b[start : start + CHUNK], out=buf[: min(CHUNK, a.size - start)])
+        d = np.subtract(
+            a[start : start + CHUNK], b[start : start + CHUNK], out=buf[: min(CHUNK, a.size - start)]
+        )
         np.abs(d, out=d)
         best = max(best, float(d.max()))
     return best
 
 
-def _best_gbps(fn: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray, rounds: int) -> float:
+def _best_gbps(
+    fn: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray, rounds: int
+) -> float:
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
@@ -77,10 +81,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     found = bandwidth_probe(args.mib, args.rounds)
     load_end = os.getloadavg()[0]
-    print(f"numpy max |a - b|, 2 x {args.mib} MiB fp32: {found['probe_gbps']:.2f} GB/s of input (best of {args.rounds})")
+    print(
+        f"numpy max |a - b|, 2 x {args.mib} MiB fp32: {found['probe_gbps']:.2f} GB/s of input (best of {args.rounds})"
+    )
     print(f"the same over {CHUNK}-element chunks: {found['probe_chunked_gbps']:.2f} GB/s")
     print(f"1-min load average: {load_start:.2f} at start, {load_end:.2f} at end ({os.cpu_count()} CPUs)")
-    print(json.dumps({**found, "mib": args.mib, "rounds": args.rounds, "loadavg_start": load_start, "loadavg_end": load_end}))
+    print(
+        json.dumps(
+            {
+                **found,
+                "mib": args.mib,
+                "rounds": args.rounds,
+                "loadavg_start": load_start,
+                "loadavg_end": load_end,
+            }
+        )
+    )
     return 0
 
 
