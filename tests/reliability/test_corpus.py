@@ -421,7 +421,7 @@ CORPUS: list[Bad] = [
         (
             CFG
             + ":12: cases[0].mapping: unknown preset mapping 'preset:llama' (allowed: preset:megatron-qwen2.5, "
-            "preset:megatron-llama, preset:megatron-qwen3)",
+            "preset:megatron-llama, preset:megatron-qwen3, preset:megatron-mixtral, preset:megatron-qwen3-moe)",
         ),
     ),
     Bad(
