@@ -192,6 +192,9 @@ def _full(
     mismatched = nonfinite_mismatch = 0
     inf = np.array(math.inf, dtype=dtype)
     rtol_t, atol_t = dtype.type(rtol), dtype.type(atol)
+    # With atol >= _TINY and rtol >= 0, every finite chunk's allowance is >= _TINY already:
+    # the floor below changes nothing there and is skipped.
+    floor_needed = not (atol_t >= dtype.type(_TINY) and rtol_t >= 0)
     for start in range(0, a.size, CHUNK):
         stop = min(a.size, start + CHUNK)
         n = stop - start
@@ -209,13 +212,20 @@ def _full(
             d, allowed, count = _mask_nonfinite(ca, cb, d, allowed, inf)
             nonfinite_mismatch += count
         worst_before = worst.index
-        ratio = np.maximum(allowed, _TINY, out=buf.ratio[:n])
-        np.divide(d, ratio, out=ratio)
+        if finite and not floor_needed:
+            ratio = np.divide(d, allowed, out=buf.ratio[:n])
+        else:
+            ratio = np.maximum(allowed, _TINY, out=buf.ratio[:n])
+            np.divide(d, ratio, out=ratio)
         worst.offer(ratio, start)
         if worst.index != worst_before:
             worst_abs, worst_allowed = float(d[worst.index - start]), float(allowed[worst.index - start])
         mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
-        greatest.offer(d, start)
+        if finite:  # d is unchanged: its argmax is k (``_Best.offer`` without a second argmax)
+            if float(d[k]) > greatest.value or greatest.index < 0:
+                greatest.value, greatest.index = float(d[k]), start + k
+        else:
+            greatest.offer(d, start)
         np.maximum(absa, _TINY, out=absa)
         np.divide(d, absa, out=absa)
         greatest_rel.offer(absa, start)
