@@ -190,11 +190,8 @@ def _full(
     worst, greatest, greatest_rel = metrics._Best(), metrics._Best(), metrics._Best()
     worst_abs = worst_allowed = 0.0
     mismatched = nonfinite_mismatch = 0
-    inf = np.array(math.inf, dtype=dtype)
-    rtol_t, atol_t = dtype.type(rtol), dtype.type(atol)
-    # With atol >= _TINY and rtol >= 0, every finite chunk's allowance is >= _TINY already:
-    # the floor below changes nothing there and is skipped.
-    floor_needed = not (atol_t >= dtype.type(_TINY) and rtol_t >= 0)
+    inf, rtol_t, atol_t = np.array(math.inf, dtype=dtype), dtype.type(rtol), dtype.type(atol)
+    floor_needed = not (atol_t >= dtype.type(_TINY) and rtol_t >= 0)  # see _ratio
     for start in range(0, a.size, CHUNK):
         stop = min(a.size, start + CHUNK)
         n = stop - start
@@ -212,20 +209,12 @@ def _full(
             d, allowed, count = _mask_nonfinite(ca, cb, d, allowed, inf)
             nonfinite_mismatch += count
         worst_before = worst.index
-        if finite and not floor_needed:
-            ratio = np.divide(d, allowed, out=buf.ratio[:n])
-        else:
-            ratio = np.maximum(allowed, _TINY, out=buf.ratio[:n])
-            np.divide(d, ratio, out=ratio)
+        ratio = _ratio(d, allowed, buf.ratio[:n], floor_needed or not finite)
         worst.offer(ratio, start)
         if worst.index != worst_before:
             worst_abs, worst_allowed = float(d[worst.index - start]), float(allowed[worst.index - start])
         mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
-        if finite:  # d is unchanged: its argmax is k (``_Best.offer`` without a second argmax)
-            if float(d[k]) > greatest.value or greatest.index < 0:
-                greatest.value, greatest.index = float(d[k]), start + k
-        else:
-            greatest.offer(d, start)
+        _offer(greatest, d, start, k if finite else None)  # finite: d unchanged, its argmax is k
         np.maximum(absa, _TINY, out=absa)
         np.divide(d, absa, out=absa)
         greatest_rel.offer(absa, start)
@@ -245,6 +234,26 @@ def _full(
         greatest_rel_index=rel_index,
         nonfinite_mismatch=nonfinite_mismatch,
     )
+
+
+def _ratio(d: np.ndarray, allowed: np.ndarray, out: np.ndarray, floor: bool) -> np.ndarray:
+    """``d / max(allowed, _TINY)`` into ``out``. With atol >= _TINY and rtol >= 0 every finite
+    chunk's allowance is >= _TINY already: the floor changes nothing (``floor`` False)."""
+    if floor:
+        np.maximum(allowed, _TINY, out=out)
+        allowed = out
+    np.divide(d, allowed, out=out)
+    return out
+
+
+def _offer(best: metrics._Best, values: np.ndarray, start: int, k: int | None) -> None:
+    """``best.offer(values, start)``, without a second argmax when it is known (``k``)."""
+    if k is None:
+        best.offer(values, start)
+        return
+    value = float(values[k])
+    if value > best.value or best.index < 0:
+        best.value, best.index = value, start + k
 
 
 def _mask_nonfinite(
