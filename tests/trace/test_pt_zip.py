@@ -38,7 +38,8 @@ def test_members_are_zipfiles_members(tmp_path: Path) -> None:
     with zipfile.ZipFile(path) as archive:
         assert sorted(members) == sorted(archive.namelist())
         for name, m in members.items():
-            assert data[m.start : m.start + m.size] == archive.read(name)
+            start = pt_zip.data_start(data, m)
+            assert start is not None and data[start : start + m.size] == archive.read(name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -73,7 +74,7 @@ def test_a_compressed_member_falls_back_to_zipfile(tmp_path: Path) -> None:
     assert np.array_equal(read_pt(tmp_path / "z.pt"), tensor.numpy())
 
 
-@pytest.mark.parametrize("damage", ["directory", "pickle", "truncated", "storage"])
+@pytest.mark.parametrize("damage", ["directory", "pickle", "truncated", "storage", "local header"])
 def test_a_corrupt_file_is_one_trace_error_naming_it(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "t.pt"
     torch.save(_sample(torch.float32, (64, 64)), path)
@@ -81,16 +82,23 @@ def test_a_corrupt_file_is_one_trace_error_naming_it(tmp_path: Path, damage: str
     members = pt_zip.stored_members(bytes(data))
     assert members is not None
     pkl = next(m for n, m in members.items() if n.endswith("data.pkl"))
+    pkl_start = pt_zip.data_start(bytes(data), pkl)
+    assert pkl_start is not None
     if damage == "directory":
         at = data.index(b"PK\x01\x02")
         data[at : at + 4] = b"XXXX"
     elif damage == "pickle":
-        data[pkl.start : pkl.start + pkl.size] = b"\xff" * pkl.size
+        data[pkl_start : pkl_start + pkl.size] = b"\xff" * pkl.size
     elif damage == "truncated":
         data = data[: len(data) - 30]
-    else:  # the storage's bytes end early, the directory intact
+    elif damage == "storage":  # the storage's bytes end early, the directory intact
         storage = next(m for n, m in members.items() if n.endswith("data/0"))
-        data = data[: storage.start + 100] + data[storage.start + storage.size :]
+        start = pt_zip.data_start(bytes(data), storage)
+        assert start is not None
+        data = data[: start + 100] + data[start + storage.size :]
+    else:  # the storage's local header overwritten, the directory intact
+        storage = next(m for n, m in members.items() if n.endswith("data/0"))
+        data[storage.local : storage.local + 4] = b"XXXX"
     bad = tmp_path / "bad.pt"
     bad.write_bytes(bytes(data))
     with pytest.raises(TraceError, match=r"bad\.pt: not a readable torch tensor file") as info:

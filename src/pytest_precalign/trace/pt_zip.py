@@ -9,6 +9,7 @@ the map the tensor is viewed in costs a few microseconds a file.
 ``stored_members`` covers what ``torch.save`` writes; anything else (compressed or zip64-
 sized members, a missing or inconsistent directory: a truncated or corrupt file) answers
 None, and the caller reads the file with ``zipfile``, whose errors name the problem.
+``data_start`` finds a member's bytes (only the members used are looked up).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ _MAX_COMMENT = 0xFFFF
 
 @dataclass(frozen=True)
 class Member:
-    """A stored (uncompressed) member: its bytes are ``data[start:start + size]``."""
+    """A stored (uncompressed) member: its local header at ``local``, ``size`` bytes."""
 
-    start: int
+    local: int
     size: int
 
 
@@ -44,11 +45,13 @@ def stored_members(data: Any) -> dict[str, Member] | None:
 
 def _members(data: Any) -> dict[str, Member] | None:
     size = len(data)
-    tail_start = max(0, size - 22 - _MAX_COMMENT)
-    at = bytes(data[tail_start:size]).rfind(_EOCD)
-    if at < 0:
-        return None
-    eocd = tail_start + at
+    eocd = size - 22  # torch.save writes no archive comment: the end record ends the file
+    if eocd < 0 or bytes(data[eocd : eocd + 4]) != _EOCD:
+        tail_start = max(0, size - 22 - _MAX_COMMENT)
+        at = bytes(data[tail_start:size]).rfind(_EOCD)
+        if at < 0:
+            return None
+        eocd = tail_start + at
     count, cd_size, cd_offset = struct.unpack("<xxxxxxxxxxHII", bytes(data[eocd : eocd + 20]))
     if count == _FULL16 or _FULL32 in (cd_size, cd_offset):
         found = _zip64_directory(data, eocd)
@@ -67,10 +70,7 @@ def _members(data: Any) -> dict[str, Member] | None:
         if method != 0 or csize != usize or _FULL32 in (csize, local):
             return None
         name = bytes(data[pos + 46 : pos + 46 + nlen]).decode("utf-8")
-        start = _data_start(data, local)
-        if start is None or start + csize > size:
-            return None
-        out[name] = Member(start, csize)
+        out[name] = Member(local, csize)
         pos += 46 + nlen + elen + clen
     return out
 
@@ -91,10 +91,12 @@ def _zip64_directory(data: Any, eocd: int) -> tuple[int, int, int] | None:
     return int(count), int(cd_size), int(cd_offset)
 
 
-def _data_start(data: Any, local: int) -> int | None:
-    """Where a member's bytes begin: after its local header (30 bytes + name + extra)."""
-    header = bytes(data[local : local + 30])
+def data_start(data: Any, member: Member) -> int | None:
+    """Where a member's bytes begin, after its local header (30 bytes + name + extra); None
+    when the header is not there or the bytes run past the end (a corrupt or truncated file)."""
+    header = bytes(data[member.local : member.local + 30])
     if len(header) < 30 or header[:4] != _LOCAL:
         return None
     name_len, extra_len = struct.unpack("<HH", header[26:30])
-    return int(local) + 30 + int(name_len) + int(extra_len)
+    start = member.local + 30 + int(name_len) + int(extra_len)
+    return start if start + member.size <= len(data) else None

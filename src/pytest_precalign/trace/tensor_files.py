@@ -156,17 +156,23 @@ def read_pt(path: Path) -> np.ndarray:
         raise Unsupported("no data.pkl (legacy torch.save format)")
     prefix = pkl[: -len("data.pkl")]
 
+    def start_of(name: str) -> int:
+        start = pt_zip.data_start(data, members[name])
+        if start is None:
+            raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {name}")
+        return start
+
     def member_bytes(name: str) -> bytes:
-        m = members[name]
-        return bytes(data[m.start : m.start + m.size])
+        start = start_of(name)
+        return bytes(data[start : start + members[name].size])
 
     if f"{prefix}byteorder" in members and member_bytes(f"{prefix}byteorder") != b"little":
         raise Unsupported("big-endian storage")
     ref = _load_ref(path, io.BytesIO(member_bytes(pkl)))
-    storage = members.get(f"{prefix}data/{ref.storage.key}")
-    if storage is None:
+    storage = f"{prefix}data/{ref.storage.key}"
+    if storage not in members:
         raise TraceError(f"{path}: not a readable torch tensor file (storage {ref.storage.key} missing)")
-    return _array_at(path, data, ref, storage.start)
+    return _array_at(path, data, ref, start_of(storage))
 
 
 def _read_pt_zipfile(path: Path, data: Any) -> np.ndarray:
