@@ -208,12 +208,12 @@ def _full(
         if not finite:
             d, allowed, count = _mask_nonfinite(ca, cb, d, allowed, inf)
             nonfinite_mismatch += count
-        worst_before = worst.index
         ratio = _ratio(d, allowed, buf.ratio[:n], floor_needed or not finite)
-        worst.offer(ratio, start)
-        if worst.index != worst_before:
-            worst_abs, worst_allowed = float(d[worst.index - start]), float(allowed[worst.index - start])
-        mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
+        kw = int(ratio.argmax())
+        if _offer(worst, ratio, start, kw):
+            worst_abs, worst_allowed = float(d[kw]), float(allowed[kw])
+        if not float(ratio[kw]) <= 1.0:  # else no element of the chunk is past its allowance
+            mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
         _offer(greatest, d, start, k if finite else None)  # finite: d unchanged, its argmax is k
         np.maximum(absa, _TINY, out=absa)
         np.divide(d, absa, out=absa)
@@ -246,14 +246,18 @@ def _ratio(d: np.ndarray, allowed: np.ndarray, out: np.ndarray, floor: bool) -> 
     return out
 
 
-def _offer(best: metrics._Best, values: np.ndarray, start: int, k: int | None) -> None:
-    """``best.offer(values, start)``, without a second argmax when it is known (``k``)."""
+def _offer(best: metrics._Best, values: np.ndarray, start: int, k: int | None) -> bool:
+    """``best.offer(values, start)``, without a second argmax when it is known (``k``);
+    True when ``best`` moved to this chunk."""
     if k is None:
+        before = best.index
         best.offer(values, start)
-        return
+        return best.index != before
     value = float(values[k])
     if value > best.value or best.index < 0:
         best.value, best.index = value, start + k
+        return True
+    return False
 
 
 def _mask_nonfinite(
