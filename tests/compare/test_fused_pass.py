@@ -178,3 +178,18 @@ def test_raw_bfloat16_widened_per_chunk_matches_the_widened_arrays(noise: float)
     assert repr(chunked) == repr(whole)
     mixed = fused_pass.measure_pair(raw_a, b, 1e-5, 1.3e-6, NAMES, a.shape, np.float32, widen=(True, False))
     assert repr(mixed) == repr(whole)
+
+
+@pytest.mark.parametrize(("atol", "rtol"), [(0.0, 1e-3), (0.0, 0.0), (1e-31, 0.0), (1e-30, 0.0), (1e-5, 0.0)])
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_allowance_floor_only_where_it_applies(atol: float, rtol: float, planted: bool) -> None:
+    """The full pass skips the floor max(allowed, _TINY) when atol >= _TINY: the same result as
+    metrics.closeness, also with exact zeros in the baseline and atol below or at the floor."""
+    a, b = _pair(100_000, "float32", seed=5, noise=1e-2)
+    a[::7] = 0.0
+    b[::14] = 0.0
+    if planted:
+        _plant(a, b, seed=5)
+    found = _measure(a, b, atol, rtol, ())
+    assert repr(found.closeness) == repr(metrics.closeness(a, b, atol, rtol))
+    assert found.closeness is not None and found.closeness.mismatched == _naive_mismatch(a, b, atol, rtol)

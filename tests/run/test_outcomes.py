@@ -3,6 +3,7 @@ setting, and item outcomes of the stored-baseline gate. No models, no pytest ses
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from pytest_precalign.baseline.gate import baseline_outcome, update_policy
 from pytest_precalign.baseline.store import BaselineOutcome
 from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from pytest_precalign.errors import ConfigError, TraceError
-from pytest_precalign.run.outcome import PerCase, compare_workers
+from pytest_precalign.run.outcome import PerCase, compare_workers, free_cores
 
 
 def test_per_case_computes_once_and_frees_after_the_last_use() -> None:
@@ -55,6 +56,22 @@ def test_compare_workers_from_the_environment(
 ) -> None:
     monkeypatch.setenv("PRECALIGN_COMPARE_THREADS", value)
     assert compare_workers() == expected
+
+
+@pytest.mark.parametrize(
+    ("cores", "load", "expected"),
+    [(2, 0.0, 2), (2, 0.4, 2), (2, 1.03, 1), (2, 1.6, 1), (2, 5.5, 1), (8, 0.2, 4), (8, 5.2, 3), (1, 0.0, 1)],
+)
+def test_compare_threads_default_to_the_free_cores(cores: int, load: float, expected: int) -> None:
+    assert free_cores(cores, load) == expected
+
+
+def test_compare_threads_without_the_variable_follow_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PRECALIGN_COMPARE_THREADS", raising=False)
+    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 0.0, 0.0))
+    assert compare_workers() == 1
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert compare_workers() == max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])

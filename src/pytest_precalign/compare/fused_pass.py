@@ -190,8 +190,8 @@ def _full(
     worst, greatest, greatest_rel = metrics._Best(), metrics._Best(), metrics._Best()
     worst_abs = worst_allowed = 0.0
     mismatched = nonfinite_mismatch = 0
-    inf = np.array(math.inf, dtype=dtype)
-    rtol_t, atol_t = dtype.type(rtol), dtype.type(atol)
+    inf, rtol_t, atol_t = np.array(math.inf, dtype=dtype), dtype.type(rtol), dtype.type(atol)
+    floor_needed = not (atol_t >= dtype.type(_TINY) and rtol_t >= 0)  # see _ratio
     for start in range(0, a.size, CHUNK):
         stop = min(a.size, start + CHUNK)
         n = stop - start
@@ -208,14 +208,13 @@ def _full(
         if not finite:
             d, allowed, count = _mask_nonfinite(ca, cb, d, allowed, inf)
             nonfinite_mismatch += count
-        worst_before = worst.index
-        ratio = np.maximum(allowed, _TINY, out=buf.ratio[:n])
-        np.divide(d, ratio, out=ratio)
-        worst.offer(ratio, start)
-        if worst.index != worst_before:
-            worst_abs, worst_allowed = float(d[worst.index - start]), float(allowed[worst.index - start])
-        mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
-        greatest.offer(d, start)
+        ratio = _ratio(d, allowed, buf.ratio[:n], floor_needed or not finite)
+        kw = int(ratio.argmax())
+        if _offer(worst, ratio, start, kw):
+            worst_abs, worst_allowed = float(d[kw]), float(allowed[kw])
+        if not float(ratio[kw]) <= 1.0:  # else no element of the chunk is past its allowance
+            mismatched += int(np.count_nonzero(np.greater(ratio, 1.0, out=buf.flags[:n])))
+        _offer(greatest, d, start, k if finite else None)  # finite: d unchanged, its argmax is k
         np.maximum(absa, _TINY, out=absa)
         np.divide(d, absa, out=absa)
         greatest_rel.offer(absa, start)
@@ -235,6 +234,30 @@ def _full(
         greatest_rel_index=rel_index,
         nonfinite_mismatch=nonfinite_mismatch,
     )
+
+
+def _ratio(d: np.ndarray, allowed: np.ndarray, out: np.ndarray, floor: bool) -> np.ndarray:
+    """``d / max(allowed, _TINY)`` into ``out``. With atol >= _TINY and rtol >= 0 every finite
+    chunk's allowance is >= _TINY already: the floor changes nothing (``floor`` False)."""
+    if floor:
+        np.maximum(allowed, _TINY, out=out)
+        allowed = out
+    np.divide(d, allowed, out=out)
+    return out
+
+
+def _offer(best: metrics._Best, values: np.ndarray, start: int, k: int | None) -> bool:
+    """``best.offer(values, start)``, without a second argmax when it is known (``k``);
+    True when ``best`` moved to this chunk."""
+    if k is None:
+        before = best.index
+        best.offer(values, start)
+        return best.index != before
+    value = float(values[k])
+    if value > best.value or best.index < 0:
+        best.value, best.index = value, start + k
+        return True
+    return False
 
 
 def _mask_nonfinite(

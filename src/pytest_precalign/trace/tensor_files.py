@@ -11,6 +11,7 @@ to float32, exactly.
 from __future__ import annotations
 
 import collections
+import io
 import json
 import mmap
 import pickle
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceError
+from . import pt_zip
 
 _PT_STORAGES = {
     "FloatStorage": "<f4",
@@ -138,7 +140,43 @@ def read_pt(path: Path) -> np.ndarray:
     """The tensor a ``torch.save`` file holds, as a read-only numpy view of the mapped file.
 
     Raises TraceError for a truncated or corrupt file and Unsupported for a valid file this
-    reader does not cover (not one plain tensor, compressed or big-endian storage)."""
+    reader does not cover (not one plain tensor, compressed or big-endian storage). The zip
+    directory is read from the map (``pt_zip``); a file it does not cover goes to ``zipfile``."""
+    try:
+        data = _map(path)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: missing (dump.json names it as data_name)") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
+    members = pt_zip.stored_members(data)
+    if members is None:
+        return _read_pt_zipfile(path, data)
+    pkl = next((n for n in members if n.endswith("/data.pkl") or n == "data.pkl"), None)
+    if pkl is None:
+        raise Unsupported("no data.pkl (legacy torch.save format)")
+    prefix = pkl[: -len("data.pkl")]
+
+    def start_of(name: str) -> int:
+        start = pt_zip.data_start(data, members[name])
+        if start is None:
+            raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {name}")
+        return start
+
+    def member_bytes(name: str) -> bytes:
+        start = start_of(name)
+        return bytes(data[start : start + members[name].size])
+
+    if f"{prefix}byteorder" in members and member_bytes(f"{prefix}byteorder") != b"little":
+        raise Unsupported("big-endian storage")
+    ref = _load_ref(path, io.BytesIO(member_bytes(pkl)))
+    storage = f"{prefix}data/{ref.storage.key}"
+    if storage not in members:
+        raise TraceError(f"{path}: not a readable torch tensor file (storage {ref.storage.key} missing)")
+    return _array_at(path, data, ref, start_of(storage))
+
+
+def _read_pt_zipfile(path: Path, data: Any) -> np.ndarray:
+    """``read_pt`` through ``zipfile``: for the files ``pt_zip`` does not cover."""
     try:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
@@ -146,10 +184,33 @@ def read_pt(path: Path) -> np.ndarray:
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
     with archive:
-        ref, info = _tensor_ref(path, archive)
+        try:
+            ref, info = _tensor_ref(path, archive)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:  # a directory pointing past the end
+            raise TraceError(
+                f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}"
+            ) from None
     if info.compress_type != zipfile.ZIP_STORED:
         raise Unsupported("compressed storage")
-    return _stored_array(path, ref, info)
+    # The local file header (30 bytes + name + extra) precedes the stored bytes.
+    header = bytes(data[info.header_offset : info.header_offset + 30])
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?)")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    return _array_at(path, data, ref, info.header_offset + 30 + name_len + extra_len)
+
+
+def _load_ref(path: Path, stream: Any) -> _TensorRef:
+    """The pickled tensor reference (``data.pkl``)."""
+    try:
+        ref = _PtUnpickler(stream).load()
+    except Unsupported:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
+        raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
+    if not isinstance(ref, _TensorRef):
+        raise Unsupported(f"holds a {type(ref).__name__}")
+    return ref
 
 
 def _tensor_ref(path: Path, archive: zipfile.ZipFile) -> tuple[_TensorRef, zipfile.ZipInfo]:
@@ -161,14 +222,7 @@ def _tensor_ref(path: Path, archive: zipfile.ZipFile) -> tuple[_TensorRef, zipfi
     prefix = pkl[: -len("data.pkl")]
     if f"{prefix}byteorder" in names and archive.read(f"{prefix}byteorder") != b"little":
         raise Unsupported("big-endian storage")
-    try:
-        ref = _PtUnpickler(archive.open(pkl)).load()
-    except Unsupported:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
-        raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
-    if not isinstance(ref, _TensorRef):
-        raise Unsupported(f"holds a {type(ref).__name__}")
+    ref = _load_ref(path, archive.open(pkl))
     try:
         info = archive.getinfo(f"{prefix}data/{ref.storage.key}")
     except KeyError:
@@ -178,15 +232,8 @@ def _tensor_ref(path: Path, archive: zipfile.ZipFile) -> tuple[_TensorRef, zipfi
     return ref, info
 
 
-def _stored_array(path: Path, ref: _TensorRef, info: zipfile.ZipInfo) -> np.ndarray:
-    """The tensor's elements, viewed in the mapped file where the stored member begins."""
-    data = _map(path)
-    # The local file header (30 bytes + name + extra) precedes the stored bytes.
-    header = bytes(data[info.header_offset : info.header_offset + 30])
-    if len(header) < 30 or header[:4] != b"PK\x03\x04":
-        raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?)")
-    name_len, extra_len = struct.unpack("<HH", header[26:30])
-    start = info.header_offset + 30 + name_len + extra_len
+def _array_at(path: Path, data: Any, ref: _TensorRef, start: int) -> np.ndarray:
+    """The tensor's elements, viewed in the mapped file where its storage begins at ``start``."""
     itemsize = 2 if ref.storage.dtype == "bf16" else np.dtype(ref.storage.dtype).itemsize
     numel = 1
     for dim in ref.size:
