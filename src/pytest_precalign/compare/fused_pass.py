@@ -290,16 +290,7 @@ def _add_sums(s: metrics._Sums, ca: np.ndarray, cb: np.ndarray, buf: _Buffers, d
     np.maximum(rel, _TINY, out=rel)
     np.divide(d, rel, out=rel)
     a64, b64, d64 = _float64(buf, (ca, cb, d))
-    s.n += ca.size
-    s.aa += float(a64 @ a64)
-    s.bb += float(b64 @ b64)
-    s.ab += float(a64 @ b64)
-    s.dd += float(d64 @ d64)
-    s.abs_sum += float(d64.sum())
-    s.abs_max = max(s.abs_max, float(d.max()))
-    s.rel_max = max(s.rel_max, float(rel.max()))
-    s.within_1e3 += int(np.count_nonzero(rel <= 1e-3))
-    s.within_5e3 += int(np.count_nonzero(rel <= 5e-3))
+    metrics._accumulate(s, a64, b64, d64, d, rel)
 
 
 def _float64(buf: _Buffers, parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:

@@ -96,17 +96,24 @@ def _sums_quiet(a: Any, b: Any) -> _Sums:
         d = np.abs(cb - ca)
         rel = d / np.maximum(np.abs(ca), _TINY)
         a64, b64, d64 = (x.astype(np.float64) for x in (ca, cb, d))
-        s.n += ca.size
-        s.aa += float(a64 @ a64)
-        s.bb += float(b64 @ b64)
-        s.ab += float(a64 @ b64)
-        s.dd += float(d64 @ d64)
-        s.abs_sum += float(d64.sum())
-        s.abs_max = max(s.abs_max, float(d.max()))
-        s.rel_max = max(s.rel_max, float(rel.max()))
-        s.within_1e3 += int(np.count_nonzero(rel <= 1e-3))
-        s.within_5e3 += int(np.count_nonzero(rel <= 5e-3))
+        _accumulate(s, a64, b64, d64, d, rel)
     return s
+
+
+def _accumulate(
+    s: _Sums, a64: np.ndarray, b64: np.ndarray, d64: np.ndarray, d: np.ndarray, rel: np.ndarray
+) -> None:
+    """Add one chunk (its float64 copies, |b - a| and the relative difference) to the sums."""
+    s.n += a64.size
+    s.aa += float(a64 @ a64)
+    s.bb += float(b64 @ b64)
+    s.ab += float(a64 @ b64)
+    s.dd += float(d64 @ d64)
+    s.abs_sum += float(d64.sum())
+    s.abs_max = max(s.abs_max, float(d.max()))
+    s.rel_max = max(s.rel_max, float(rel.max()))
+    s.within_1e3 += int(np.count_nonzero(rel <= 1e-3))
+    s.within_5e3 += int(np.count_nonzero(rel <= 5e-3))
 
 
 def _cosine(s: _Sums) -> float:
