@@ -281,7 +281,8 @@ class Recorder:
             if earlier.seq in self._pending:
                 self._pending[seq] = self._pending[earlier.seq]
         else:
-            stats, crc, key = self._summarize(tensor.detach(), seq, record_id(name, kind, slot, step, call))
+            rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
+            stats, crc, key = self._summarize(tensor.detach(), seq, rid)
         record = Record(
             seq=seq,
             name=name,
@@ -313,7 +314,8 @@ class Recorder:
         self, data: torch.Tensor, seq: int, rid: str
     ) -> tuple[Stats | None, str | None, str | None]:
         """(stats, crc, tensor key) of a tensor not seen before, as the mode says; stats and
-        hash modes queue theirs for the step's end (``_flush``)."""
+        hash modes queue theirs for the step's end (``_flush``). ``rid``: the record's id, for
+        live compare only (not built otherwise: this runs for every record)."""
         busy, self._busy = self._busy, True
         try:
             if self._live is not None:  # one host sync per record: see live_golden.py
