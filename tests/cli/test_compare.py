@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -189,6 +192,33 @@ def test_compare_threads_give_the_same_report_and_bad_values_exit_2(tmp_path, ca
     assert main(["compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "PRECALIGN_COMPARE_THREADS='two': expected a whole number >= 1" in err
+
+
+def test_the_cli_compares_in_forked_processes_with_the_same_report(tmp_path):
+    """Run as ``precalign compare`` runs (no torch in the process: pairs go to forked workers),
+    with 1 and with 2 workers: the same report, and torch was never loaded."""
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b", bump=0.01)
+    code = (
+        "import sys\n"
+        "from pytest_precalign.compare.forked_jobs import fork_usable\n"
+        "from pytest_precalign.cli import main\n"
+        "usable = fork_usable()\n"
+        "rc = main(sys.argv[1:])\n"
+        "print('forkable', usable, 'torch', 'torch' in sys.modules)\n"
+        "sys.exit(rc)\n"
+    )
+    reports = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}"
+        env = {**os.environ, "PRECALIGN_COMPARE_THREADS": workers}
+        argv = [sys.executable, "-c", code, "compare", str(a), str(b), "--report", str(out)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        assert done.returncode == 1, done.stderr
+        assert "forkable True torch False" in done.stdout
+        cases = json.loads((out / "report.json").read_text())["cases"]
+        reports.append([{k: v for k, v in c.items() if k != "seconds"} for c in cases])
+    assert reports[0] == reports[1]
+    assert any(c["first_divergence"] for c in reports[1])
 
 
 @pytest.mark.parametrize("value", ["1.5", "-0.1", "half", "nan"])

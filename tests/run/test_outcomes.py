@@ -12,7 +12,7 @@ from pytest_precalign.baseline.gate import baseline_outcome, update_policy
 from pytest_precalign.baseline.store import BaselineOutcome
 from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from pytest_precalign.errors import ConfigError, TraceError
-from pytest_precalign.run.outcome import PerCase, compare_workers, free_cores
+from pytest_precalign.run.outcome import PerCase, busy_now, compare_workers, free_cores
 
 
 def test_per_case_computes_once_and_frees_after_the_last_use() -> None:
@@ -66,12 +66,29 @@ def test_compare_threads_default_to_the_free_cores(cores: int, load: float, expe
     assert free_cores(cores, load) == expected
 
 
-def test_compare_threads_without_the_variable_follow_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compare_threads_without_the_variable_follow_the_busy_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PRECALIGN_COMPARE_THREADS", raising=False)
-    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 0.0, 0.0))
+    monkeypatch.setattr("pytest_precalign.run.outcome.busy_now", lambda: 64.0)
     assert compare_workers() == 1
-    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr("pytest_precalign.run.outcome.busy_now", lambda: 0.0)
     assert compare_workers() == max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def test_busy_now_counts_the_other_running_tasks(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/loadavg's running tasks, this one excluded; the 1-minute load average (which lags
+    behind a burst that just ended) only without it."""
+    monkeypatch.setattr("os.getloadavg", lambda: (5.0, 0.0, 0.0))
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("7.80 8.70 6.20 3/79 17851\n")
+    assert busy_now(loadavg=str(loadavg)) == 2.0
+    loadavg.write_text("7.80 8.70 6.20 1/79 17851\n")
+    assert busy_now(loadavg=str(loadavg)) == 0.0  # idle now, although the averages say 7.8
+    for text in ("", "7.80 8.70", "a b c d/e f"):
+        loadavg.write_text(text)
+        assert busy_now(loadavg=str(loadavg)) == 5.0
+    assert busy_now(loadavg=str(tmp_path / "missing")) == 5.0
+    if Path("/proc/loadavg").exists():
+        assert 0.0 <= busy_now() < 1000
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])

@@ -23,6 +23,7 @@ readers still hand over bf16 widened up front; passing their raw views is the ne
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,8 @@ _TINY = metrics._TINY
 
 @dataclass
 class _Buffers:
-    """Per-pair scratch arrays of one chunk, reused for every chunk of the pair."""
+    """Scratch arrays of one chunk, reused for every chunk of a pair and for every pair the
+    thread compares (``_buffers``)."""
 
     d: np.ndarray
     absa: np.ndarray
@@ -49,8 +51,8 @@ class _Buffers:
     wide64: np.ndarray | None  # the sums' float64 copies of a, b and d (None: no sums)
 
     @classmethod
-    def make(cls, n: int, dtype: np.dtype[Any], widen: tuple[bool, bool], sums: bool) -> _Buffers:
-        n = max(1, min(CHUNK, n))
+    def make(cls, dtype: np.dtype[Any], widen: tuple[bool, bool], sums: bool) -> _Buffers:
+        n = CHUNK
 
         def wide() -> np.ndarray:
             return np.empty(n, dtype=np.float32)
@@ -65,6 +67,25 @@ class _Buffers:
             wide() if widen[1] else None,
             np.empty((3, n), dtype=np.float64) if sums else None,
         )
+
+
+_local = threading.local()
+
+
+def _buffers(dtype: np.dtype[Any], widen: tuple[bool, bool], sums: bool) -> _Buffers:
+    """This thread's buffers for pairs of this kind. Fresh ones per pair cost more than the
+    pass over an aligned pair of small tensors: each 128 KB array is its own mapping, whose
+    pages fault in when first written and are unmapped when freed (about 30,000 page faults
+    in the 1 GB benchmark's compare; with two compare threads, each unmapping also
+    interrupts the other core)."""
+    cache: dict[tuple[str, tuple[bool, bool], bool], _Buffers] | None = getattr(_local, "buffers", None)
+    if cache is None:
+        cache = _local.buffers = {}
+    key = (dtype.str, widen, sums)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _Buffers.make(dtype, widen, sums)
+    return found
 
 
 def _chunk(x: np.ndarray, start: int, stop: int, wide: np.ndarray | None, dtype: Any) -> np.ndarray:
@@ -121,7 +142,7 @@ def _measure(
     want_sums = bool(names) or not allclose
     if math.prod(shape) != a.size:
         shape = (a.size,)
-    buf = _Buffers.make(a.size, dtype, widen, want_sums)
+    buf = _buffers(dtype, widen, want_sums)
     sums = metrics._Sums() if want_sums else None
     close: Closeness | None = None
     if allclose:

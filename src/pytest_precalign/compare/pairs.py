@@ -17,7 +17,7 @@ from typing import Any
 
 from ..trace.records import Record, Trace
 from ..vocabulary import CHECKED, Evidence, Status
-from . import fused_pass, metrics
+from . import forked_jobs, fused_pass, metrics
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
 
 _PRECISION = ["float64", "float32", "bfloat16", "float16"]  # lookup uses the less precise side
@@ -193,6 +193,8 @@ def _run_tensor_jobs(
             if progress is not None:
                 progress(already + n, total)
         return results
+    if forked_jobs.fork_usable():
+        return _run_forked(jobs, run, already, progress, workers)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precalign-compare") as pool:
         futures = {pool.submit(run, key): key for key in jobs}
         for n, future in enumerate(as_completed(futures), 1):
@@ -200,6 +202,37 @@ def _run_tensor_jobs(
             if progress is not None:
                 progress(already + n, total)
     return results
+
+
+def _run_forked(
+    jobs: Mapping[tuple[str | None, str | None, Tolerance], tuple[Record, Record]],
+    run: Callable[[tuple[str | None, str | None, Tolerance]], PairResult],
+    already: int,
+    progress: Callable[[int, int], None] | None,
+    workers: int,
+) -> dict[tuple[str | None, str | None, Tolerance], PairResult]:
+    """The pairs shared with forked processes (``forked_jobs``), largest first; a child sends
+    back only what it measured (status, checks, closeness), not the records."""
+    keys = list(jobs)
+    order = sorted(range(len(keys)), key=lambda i: -jobs[keys[i]][0].numel)
+    counted = [already]
+
+    def measured(i: int) -> tuple[Status, tuple[Check, ...], metrics.Closeness | None]:
+        hit = run(keys[i])
+        return hit.status, hit.checks, hit.closeness
+
+    def done(_: int) -> None:
+        counted[0] += 1
+        if progress is not None:
+            progress(counted[0], already + len(keys))
+
+    found = forked_jobs.run_forked(order, measured, min(workers, len(keys)), done)
+    out = {}
+    for i, key in enumerate(keys):
+        a, b = jobs[key]
+        status, checks, closeness = found[i]
+        out[key] = PairResult(a, b, status, "tensor", checks, key[2], closeness)
+    return out
 
 
 def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTable) -> PairResult:

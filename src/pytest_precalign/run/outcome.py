@@ -77,8 +77,9 @@ class FinishInputs:
 
 
 def compare_workers() -> int:
-    """Threads comparing tensor pairs: ``PRECALIGN_COMPARE_THREADS``, else the cores that are
-    free (``free_cores``), at least 1, at most 4."""
+    """Workers comparing tensor pairs: ``PRECALIGN_COMPARE_THREADS``, else the cores that are
+    free now (``free_cores(cores, busy_now())``), at least 1, at most 4. Threads, or forked
+    processes where that is safe (``compare.forked_jobs``)."""
     wanted = os.environ.get("PRECALIGN_COMPARE_THREADS", "").strip()
     if wanted:
         if not (wanted.isdigit() and int(wanted) > 0):
@@ -87,18 +88,37 @@ def compare_workers() -> int:
             )
         return int(wanted)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return free_cores(cores, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+    return free_cores(cores, busy_now())
+
+
+def busy_now(samples: int = 3, loadavg: str = "/proc/loadavg") -> float:
+    """How many cores other work keeps busy now: the most runnable tasks seen in ``samples``
+    reads of ``loadavg`` 1 ms apart (its fourth field, ``running/total``), less this one.
+    Without that file, the 1-minute load average, which lags: right after another program's
+    burst (the benchmark's msprobe compare) it still reads ~2 on an idle 2-core machine."""
+    seen = -1
+    for n in range(samples):
+        try:
+            with open(loadavg, encoding="ascii") as f:
+                fields = f.read().split()
+            seen = max(seen, int(fields[3].split("/")[0]))
+        except (OSError, IndexError, ValueError):
+            break
+        if n + 1 < samples:
+            time.sleep(0.001)
+    if seen >= 1:
+        return float(seen - 1)
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 def free_cores(cores: int, load: float) -> int:
-    """Compare threads for ``cores`` usable cores at a 1-minute load average of ``load``: the
-    cores not busy (``cores - round(load)``), at least 1, at most 4.
+    """Compare workers for ``cores`` usable cores while ``load`` of them are busy: the cores not
+    busy (``cores - round(load)``), at least 1, at most 4.
 
-    A compare thread on a core another process keeps busy only takes turns with it: on 2
-    cores at load ~1 a second thread made the 1 GB compare slower (0.78-0.85 s against
-    0.67-0.69 s with one; CPU seconds equal to wall seconds with two, i.e. no overlap). The
-    compare's own process counts in the load once it has run for a while, which errs toward
-    fewer threads; ``PRECALIGN_COMPARE_THREADS`` overrides."""
+    A worker on a core another process keeps busy only takes turns with it: on 2 cores at
+    load ~1 a second compare thread made the 1 GB compare slower (0.78-0.85 s against
+    0.67-0.69 s with one; CPU seconds equal to wall seconds with two, i.e. no overlap).
+    ``PRECALIGN_COMPARE_THREADS`` overrides."""
     busy = int(load + 0.5) if load == load and load >= 0 else 0
     return max(1, min(4, cores - busy))
 
