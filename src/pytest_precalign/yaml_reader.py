@@ -12,12 +12,14 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator
+from functools import cache
 from pathlib import Path
-from typing import Any, NoReturn
-
-import yaml
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import yaml
 
 
 class LineDict(dict[str, Any]):
@@ -34,10 +36,6 @@ class LineList(list[Any]):
     item_lines: list[int]
 
 
-class _LineLoader(yaml.SafeLoader):
-    pass
-
-
 class _DuplicateKey(Exception):
     def __init__(self, key: str, line: int) -> None:
         super().__init__(key, line)
@@ -45,7 +43,7 @@ class _DuplicateKey(Exception):
         self.line = line
 
 
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> LineDict:
     out = LineDict()
     out.line = node.start_mark.line + 1
     out.key_lines = {}
@@ -66,7 +64,7 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
     return out
 
 
-def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineList:
+def _construct_sequence(loader: yaml.SafeLoader, node: yaml.SequenceNode) -> LineList:
     out = LineList(loader.construct_object(child, deep=True) for child in node.value)
     out.line = node.start_mark.line + 1
     out.item_lines = [child.start_mark.line + 1 for child in node.value]
@@ -79,15 +77,29 @@ def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> LineLis
 _YAML12_FLOAT = re.compile(
     r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$",
 )
-_LineLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+@cache
+def _line_loader() -> type[yaml.SafeLoader]:
+    """The SafeLoader that keeps line numbers and reads YAML 1.2 floats; PyYAML is imported on
+    first use (``precalign compare`` without a YAML file never needs it)."""
+    import yaml
+
+    class LineLoader(yaml.SafeLoader):
+        pass
+
+    LineLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
+    LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+    return LineLoader
 
 
 def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text; syntax errors become one ConfigError naming the file and line."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        return yaml.load(text, Loader=_line_loader())  # noqa: S506 - SafeLoader subclass
     except _DuplicateKey as exc:
         raise ConfigError(
             f"{source}:{exc.line}: duplicate key {exc.key!r} (a key may appear only once in a mapping)"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -195,6 +194,8 @@ def _run_tensor_jobs(
         return results
     if forked_jobs.fork_usable():
         return _run_forked(jobs, run, already, progress, workers)
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="precalign-compare") as pool:
         futures = {pool.submit(run, key): key for key in jobs}
         for n, future in enumerate(as_completed(futures), 1):

@@ -69,7 +69,8 @@ def compare_run_sets(
     _same_level(golden, target)
     gold, targ = load_sides(golden), load_sides(target)
     if len(gold) == 1 and len(targ) == 1:
-        return [(next(iter(gold)), compare_runs(golden, target, **options))]
+        (key, base), (cand,) = next(iter(gold.items())), targ.values()
+        return [(key, compare_runs(golden, target, **options, loaded=(base, cand)))]
     if set(gold) != set(targ):
 
         def show(keys: set[tuple[int, int]]) -> str:
@@ -82,12 +83,25 @@ def compare_run_sets(
     out = []
     for key in sorted(gold):
         pair = (gold[key].manifest["path"], targ[key].manifest["path"])
-        out.append((key, compare_runs(*pair, **options, check_mapping=False)))
+        loaded = (gold[key], targ[key])
+        out.append((key, compare_runs(*pair, **options, check_mapping=False, loaded=loaded)))
     # The mapping's rules must apply somewhere in the run, not on each step and rank.
     uses = [run.mapping_use for _, run in out if run.mapping_use is not None]
     if uses:
         check_applied(functools.reduce(operator.or_, uses))
     return out
+
+
+def _with_layer_mapping(spec: MappingSpec | None, layer_mapping: str | None) -> MappingSpec | None:
+    """The mapping with ``--layer-mapping``'s layers added (a YAML file or ``preset:NAME``)."""
+    if layer_mapping is None:
+        return spec
+    path = layer_mapping_path(layer_mapping, Path.cwd())
+    if path is None or not path.is_file():
+        allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
+        raise ConfigError(f"--layer-mapping: {layer_mapping}: not found (a YAML file, or one of {allowed})")
+    layers = read_layer_mapping(path)
+    return replace(spec, layer_mapping=layers) if spec else MappingSpec(layer_mapping, layer_mapping=layers)
 
 
 def _same_level(golden: str | Path, target: str | Path) -> None:
@@ -120,29 +134,24 @@ def compare_runs(
     parallel: Mapping[str, ParallelLayout] | None = None,
     check_mapping: bool = True,
     min_coverage: float | None = None,
+    loaded: tuple[Trace, Trace] | None = None,
 ) -> CaseRun:
+    """``loaded``: the two sides, already read from ``golden`` and ``target`` (by
+    ``compare_run_sets``, which reads them to pair their steps and ranks)."""
     import time
 
     started = time.perf_counter()
     layouts = parallel or {}
-    base, cand = load_side(golden, layouts.get("golden")), load_side(target, layouts.get("target"))
+    if loaded is not None:
+        base, cand = loaded
+    else:
+        base, cand = load_side(golden, layouts.get("golden")), load_side(target, layouts.get("target"))
     if fuzzy_match:
         from ..mapping.fuzzy_api_calls import fuzzy_api_calls
 
         base, cand = fuzzy_api_calls(base), fuzzy_api_calls(cand)
     table = load_tolerances(tolerances)
-    spec = load_mapping(mapping, variables or {})
-    if layer_mapping is not None:
-        path = layer_mapping_path(layer_mapping, Path.cwd())
-        if path is None or not path.is_file():
-            allowed = ", ".join(f"preset:{p}" for p in PRESET_LAYER_MAPPINGS)
-            raise ConfigError(
-                f"--layer-mapping: {layer_mapping}: not found (a YAML file, or one of {allowed})"
-            )
-        layers = read_layer_mapping(path)
-        spec = (
-            replace(spec, layer_mapping=layers) if spec else MappingSpec(layer_mapping, layer_mapping=layers)
-        )
+    spec = _with_layer_mapping(load_mapping(mapping, variables or {}), layer_mapping)
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases:
         raise TraceError(f"{golden}: the golden side has no records")

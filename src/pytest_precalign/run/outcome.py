@@ -91,22 +91,25 @@ def compare_workers() -> int:
     return free_cores(cores, busy_now())
 
 
-def busy_now(samples: int = 3, loadavg: str = "/proc/loadavg") -> float:
-    """How many cores other work keeps busy now: the most runnable tasks seen in ``samples``
-    reads of ``loadavg`` 1 ms apart (its fourth field, ``running/total``), less this one.
-    Without that file, the 1-minute load average, which lags: right after another program's
-    burst (the benchmark's msprobe compare) it still reads ~2 on an idle 2-core machine."""
-    seen = -1
+def busy_now(samples: int = 5, loadavg: str = "/proc/loadavg") -> float:
+    """How many cores other work keeps busy now: the fewest runnable tasks seen in ``samples``
+    reads of ``loadavg`` 1 ms apart (its fourth field, ``running/total``), less this one. The
+    fewest: work that keeps a core busy is runnable in every read, a short task (a shell, a
+    kernel thread) in few. Without that file, the 1-minute load average, which lags: right
+    after another program's burst (the benchmark's msprobe compare) it still reads ~2 on an
+    idle 2-core machine."""
+    seen: int | None = None
     for n in range(samples):
         try:
             with open(loadavg, encoding="ascii") as f:
-                fields = f.read().split()
-            seen = max(seen, int(fields[3].split("/")[0]))
+                running = int(f.read().split()[3].split("/")[0])
         except (OSError, IndexError, ValueError):
+            seen = None
             break
+        seen = running if seen is None else min(seen, running)
         if n + 1 < samples:
             time.sleep(0.001)
-    if seen >= 1:
+    if seen is not None and seen >= 1:
         return float(seen - 1)
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
