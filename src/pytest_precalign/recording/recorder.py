@@ -9,8 +9,9 @@ A module's forward run again inside the backward (activation recomputation) reco
 new: its grads are recorded under the call it repeats.
 
 Modes: ``stats`` (max/min/mean/L2 norm/nan/inf counts, computed on the fly), ``tensor``
-(the stats, and a host copy of each tensor: kept in the trace, or handed to ``sink``, a
-background writer, see ``tensor_sink.py``), ``hash`` (CRC-32 of the bytes, msprobe's "md5"
+(a host copy of each tensor, and its stats: kept in the trace, the stats computed by
+``trace()``, or handed to ``sink``, a background writer, see ``tensor_sink.py`` and
+``kept_tensors.py``), ``hash`` (CRC-32 of the bytes, msprobe's "md5"
 field).
 
 One host synchronisation per step: statistics (and, in hash mode, the NaN/Inf evidence)
@@ -45,6 +46,7 @@ from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import Kind
 from .compiled import hook_wrapper
 from .inplace_grads import InPlaceViews
+from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .step_buffer import StepBuffer
@@ -144,7 +146,7 @@ class Recorder:
         self.calls: list[ModuleCall] = []
         self._records: list[Record] = []
         self._tensors: dict[str, torch.Tensor] = {}
-        self._sink = sink  # tensor mode: host copies go to this background writer, not the trace
+        self._kept = KeptTensors(self._tensors, sink)  # tensor mode: in the trace, or to ``sink``
         self._handles: list[RemovableHandle] = []
         self._calls: dict[tuple[str, int], int] = {}
         self._recomputed_calls: dict[tuple[str, int], int] = {}
@@ -327,21 +329,14 @@ class Recorder:
                 # sum is not finite; hashes are still compared.
                 sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
                 self._pending[seq] = (sh, self._buffer.add_crc(data))
-            else:  # tensor mode: the stats too, queued for the step's end
+            else:  # tensor mode: the stats of the copy when the trace is taken, or queued now
                 key = f"t{seq:07d}"
-                self._keep(key, data)
-                self._pending[seq] = (self._buffer.add_stats(data), None)
+                later = self._kept.keep(key, data)
+                self._pending[seq] = (None if later else self._buffer.add_stats(data), None)
                 return None, None, key
             return None, None, None
         finally:
             self._busy = busy
-
-    def _keep(self, key: str, data: torch.Tensor) -> None:
-        """Tensor mode: a host copy in the trace, or handed to the background writer."""
-        if self._sink is not None:
-            self._sink.put(key, data)
-        else:
-            self._tensors[key] = data.to("cpu", copy=True)
 
     def _remember(self, tensor: torch.Tensor, record: Record) -> None:
         self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
@@ -579,6 +574,7 @@ class Recorder:
     # -- result -------------------------------------------------------------------------
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
         self._flush()
+        self._records[:] = self._kept.fill_stats(self._records)
         records = tuple(self._records)
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode

@@ -5,17 +5,23 @@
 tensor at once (its bytes are already on the host: zlib, no device sync) and, for a device
 tensor, starts a non-blocking copy to the host (pinned memory on CUDA) that is hashed at the
 step's end. ``flush`` fetches every queued value of the step in ONE host sync per device
-(which also waits for the copies). Only when some value is not finite (NaN/Inf counts, or
-hash mode's evidence statistics, are needed) does it take a second one, for those tensors
-only: the buffer keeps a reference to each queued CPU tensor until the step ends (no copy).
-A tensor on a device (CUDA, NPU) has its NaN/Inf counts computed there at once, queued with
-its statistics: no reference is kept, so a step's short-lived tensors (activation grads) are
-freed as in an unrecorded step; the two extra passes are cheap on a device, and on the CPU,
-where they would double the recorder's work, they are only taken for non-finite tensors.
+(which also waits for the copies).
+
+NaN/Inf counts are wanted only for a tensor that is not finite. A tensor on a device (CUDA,
+NPU) has them computed there at once, queued with its statistics (two extra passes, cheap on
+a device). A CPU tensor has them computed at once only when its statistics are not finite,
+which torch decides without a host read (``stats_vector(counts="if_nonfinite")``: ~20 us a
+tensor). Either way no reference to the tensor is kept, so a step's short-lived tensors
+(activation grads) are freed as in an unrecorded step: keeping them until the step's end, as
+this buffer did before, made the mid Qwen2 step ~50 ms slower on the CPU (the memory they
+held had to be found anew for every later tensor). Hash mode's evidence (a sum) is the
+exception: statistics are wanted only if the sum is not finite, taken at the step's end in a
+second host sync, for those tensors only; the buffer keeps a reference to each queued CPU
+tensor until then (no copy).
 
 Values are bit-identical to ``tensor_stats`` / ``finite_sum`` / ``tensor_crc32`` taken at
-capture: device work is queued in stream order, so it sees the tensor as it was then. The
-NaN/Inf counts are taken at the step's end, from the tensor as it is then (the same, unless
+capture: device work is queued in stream order, so it sees the tensor as it was then. Hash
+mode's late statistics are taken from the tensor as it is at the step's end (the same, unless
 the model modified it in place after it was recorded).
 """
 
@@ -53,7 +59,9 @@ def _queue(data: torch.Tensor, evidence: bool) -> _Queued:
         return _Queued(data, None, evidence, 0)
     if counts_at_capture(data.device):
         return _Queued(None, stats_vector(data, counts=True), evidence, data.numel(), counted=True)
-    return _Queued(data, sum_vector(data) if evidence else stats_vector(data), evidence, data.numel())
+    if not evidence:  # CPU statistics: the counts only for a tensor that is not finite
+        return _Queued(None, stats_vector(data, counts="if_nonfinite"), False, data.numel(), counted=True)
+    return _Queued(data, sum_vector(data), evidence, data.numel())
 
 
 class StepBuffer:
