@@ -202,8 +202,13 @@ class Recorder:
             judge = golden_judge(self.golden, self._step, self.rank, self.tolerances)
         if self.mode == "tensor" and self.format == "native":
             folder = self.folder()
+            made = tuple(p for p in (folder.parent, *folder.parent.parents) if not p.exists())
             self._sink = TensorSink(
-                begin_trace(folder), target=folder, queue_bytes=self.queue_bytes, on_error=self._write_failed
+                begin_trace(folder),
+                target=folder,
+                queue_bytes=self.queue_bytes,
+                on_error=self._write_failed,
+                made=made,
             )
         hooks = HookRecorder(
             target, mode=self.mode, level=self.level, golden=judge, sink=self._sink, **self._options

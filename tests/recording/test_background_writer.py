@@ -172,7 +172,8 @@ def test_a_full_disk_is_one_clear_error_and_leaves_nothing(full_disk: Path, at: 
         f"{folder}: cannot write the trace's tensors: No space left on device "
         "(background writer; nothing was written, its temporary folder is removed)"
     )
-    assert not _writers() and [p for p in full_disk.rglob("*") if not p.is_dir()] == []  # no temp folder
+    # no temp folder, and no empty run/step0/ made for it
+    assert not _writers() and list(full_disk.rglob("*")) == []
     if level == "op" and at == "capture":  # inert until the next stop, start or close
         assert _hook_count(model) > 0 and rec.recording_now
         assert torch._C._len_torch_function_stack() == 1
@@ -181,6 +182,19 @@ def test_a_full_disk_is_one_clear_error_and_leaves_nothing(full_disk: Path, at: 
     assert _hook_count(model) == 0 and not rec.recording_now and torch._C._len_torch_function_stack() == 0
     assert not folder.exists() and rec.stop() is None
     assert torch.equal(model(_x(width=64)), _Net(width=64, depth=8)(_x(width=64)))  # runs as before
+
+
+def test_a_step_that_raises_leaves_no_folder_and_keeps_others(tmp_path: Path) -> None:
+    model = _Net(width=64, depth=2)
+    rec = Recorder(tmp_path / "run", mode="tensor")
+    with rec.recording(model):
+        _step(model, _x(width=64))
+    assert (tmp_path / "run" / "step0" / "rank0" / "manifest.json").is_file()
+    with pytest.raises(RuntimeError, match="boom"), rec.recording(model):
+        _step(model, _x(width=64))
+        raise RuntimeError("boom")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step0"]  # no empty step1/
+    assert not _writers()
 
 
 _CHILD = textwrap.dedent(

@@ -13,7 +13,8 @@ returns ``key -> shard file``. The peak extra host memory is therefore the bound
 A failure of the writer (a full or read-only disk) removes the temporary folder at once and
 is raised as one ``TraceError`` naming the target folder by the next ``put`` (after calling
 ``on_error``, which removes the recorder's hooks) or by ``close()``. ``abort()`` stops the
-thread and removes the temporary folder. No thread outlives ``close()`` or ``abort()``.
+thread and removes the temporary folder (and the folders ``made`` for it, when empty). No
+thread outlives ``close()`` or ``abort()``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ class TensorSink:
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
         shard_bytes: int = SHARD_BYTES,
         on_error: Callable[[], None] | None = None,
+        made: tuple[Path, ...] = (),
     ) -> None:
         self.folder = folder
+        self._made = made  # folders made for this trace (``ROOT/step<N>``), removed with it if empty
         self.target = target  # the folder named in errors (``folder`` is its temporary sibling)
         self.queue_bytes = queue_bytes
         self._shard_bytes = max(1, min(shard_bytes, queue_bytes))
@@ -115,7 +118,17 @@ class TensorSink:
             self._items.clear()
             self._cond.notify_all()
         self._thread.join()
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
+        """The temporary folder, and the folders made for it that are left empty (deepest
+        first): a failed or abandoned step leaves no empty ``ROOT/step<N>/`` behind."""
         shutil.rmtree(self.folder, ignore_errors=True)
+        for folder in self._made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (another rank's folder), or gone
+                break
 
     def report(self) -> dict[str, int]:
         """The manifest's ``"writer"`` entry."""
@@ -171,7 +184,7 @@ class TensorSink:
                     return
         except BaseException as exc:  # a full or read-only disk, ...: reported to the step
             batch.clear()
-            shutil.rmtree(self.folder, ignore_errors=True)
+            self._remove_folder()
             with self._cond:
                 self._error = exc
                 self._items.clear()
