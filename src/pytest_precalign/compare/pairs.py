@@ -14,7 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from ..trace.records import Record, Trace
+from ..trace.tensor_files import bf16_to_float32
 from ..vocabulary import CHECKED, Evidence, Status
 from . import forked_jobs, fused_pass, metrics
 from .tolerances import BOUND_METRICS, Tolerance, ToleranceTable
@@ -183,7 +186,8 @@ def _run_tensor_jobs(
 
     def run(key: tuple[str | None, str | None, Tolerance]) -> PairResult:
         a, b = jobs[key]
-        return _tensor_pair(a, b, ta.array(a), tb.array(b), key[2])
+        (xa, raw_a), (xb, raw_b) = ta.raw_array(a), tb.raw_array(b)
+        return _tensor_pair(a, b, xa, xb, key[2], (raw_a, raw_b))
 
     results: dict[tuple[str | None, str | None, Tolerance], PairResult] = {}
     if workers == 1 or len(jobs) < 2:
@@ -264,13 +268,22 @@ def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTa
     return PairResult(a, b, "ok", "none", (), tol, None, "no common evidence (tensor, stats or hash)")
 
 
-def _tensor_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> PairResult:
+def _tensor_pair(
+    a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance, raw: tuple[bool, bool] = (False, False)
+) -> PairResult:
+    """``raw``: which side is bfloat16 as its uint16 bits (``Trace.raw_array``): widened a
+    chunk at a time by the fused pass when the pair is compared in float32."""
     dtype = metrics.compute_dtype(xa, xb)
-    fa, fb = metrics.as_compute(xa, dtype), metrics.as_compute(xb, dtype)
+    if any(raw) and dtype != np.float32:  # float64 on the other side: widen up front
+        xa, xb = (bf16_to_float32(x) if r else x for x, r in zip((xa, xb), raw, strict=True))
+        raw = (False, False)
+    fa, fb = (
+        x.reshape(-1) if r else metrics.as_compute(x, dtype) for x, r in zip((xa, xb), raw, strict=True)
+    )
     names = tuple(name for name, _ in tol.bounds)
     # One pass over the pair for the allclose view and the bounds' metrics (a second one only
     # when the pair is not aligned): fused_pass.
-    found = fused_pass.measure_pair(fa, fb, tol.atol, tol.rtol, names, tuple(xa.shape), dtype)
+    found = fused_pass.measure_pair(fa, fb, tol.atol, tol.rtol, names, tuple(xa.shape), dtype, raw)
     checks: list[Check] = []
     close = found.closeness
     if close is not None:

@@ -19,6 +19,8 @@ TENSOR_DIR = "dump_tensor_data"
 class PtTensors(Mapping[str, Any]):
     """``shapes``: data_name -> the shape dump.json gives, checked on load."""
 
+    raw_bf16_arrays = True  # ``array(key, raw_bf16=True)``: see ``Trace.raw_array``
+
     def __init__(self, folder: Path, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self._folder = folder
         self._shapes = dict(shapes)
@@ -44,9 +46,10 @@ class PtTensors(Mapping[str, Any]):
             raise TraceError(f"{file}: holds a {type(tensor).__name__}, expected a tensor")
         return self._checked(key, file, tensor)
 
-    def array(self, key: str) -> Any:
+    def array(self, key: str, raw_bf16: bool = False) -> Any:
         """The tensor as a numpy view of the mapped file, read without torch where the file
-        holds one plain tensor (what msprobe writes); otherwise through ``torch.load``."""
+        holds one plain tensor (what msprobe writes); otherwise through ``torch.load``.
+        ``raw_bf16``: a bfloat16 tensor read without torch comes as its uint16 bits."""
         if key not in self._shapes:
             raise KeyError(key)
         from ..trace.arrays import as_numpy
@@ -54,7 +57,7 @@ class PtTensors(Mapping[str, Any]):
 
         file = self._folder / key
         try:
-            array = read_pt(file)
+            array = read_pt(file, raw_bf16)
         except Unsupported:
             return as_numpy(self[key])
         return self._checked(key, file, array)

@@ -160,8 +160,11 @@ class _ShardedTensors(Mapping[str, Any]):
             raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
         return self._checked(key, self._root / file, tensor)
 
-    def array(self, key: str) -> Any:
-        """The tensor as a numpy view of the mapped shard, without torch."""
+    raw_bf16_arrays = True  # ``array(key, raw_bf16=True)``: see ``Trace.raw_array``
+
+    def array(self, key: str, raw_bf16: bool = False) -> Any:
+        """The tensor as a numpy view of the mapped shard, without torch (``raw_bf16``: a
+        bfloat16 tensor as its uint16 bits)."""
         from .tensor_files import SafetensorsFile
 
         file = self._shards[key]
@@ -172,7 +175,7 @@ class _ShardedTensors(Mapping[str, Any]):
                 if not path.is_file():
                     raise TraceError(f"{self._root}: index.json names {file}, which is missing")
                 reader = self._arrays[file] = SafetensorsFile(path)
-            array = reader.array(key)
+            array = reader.array(key, raw_bf16)
         except TraceError as exc:
             if not str(exc).startswith(f"{path}: "):
                 raise

@@ -144,6 +144,17 @@ class Trace:
         reader = getattr(self.tensors, "array", None)
         return reader(key) if reader is not None else as_numpy(self.tensors[key])
 
+    def raw_array(self, record: Record) -> tuple[Any, bool]:
+        """``(array, raw)``: as ``array``, except that a bfloat16 tensor read from disk comes as
+        its uint16 bit patterns (``raw`` True), for the compare to widen a chunk at a time (no
+        float32 copy of the whole tensor). Stores that can do so say ``raw_bf16_arrays``."""
+        key = record.tensor_key
+        if key is None or key not in self.tensors or not getattr(self.tensors, "raw_bf16_arrays", False):
+            return self.array(record), False
+        reader: Any = self.tensors  # a store that reads from disk (``raw_bf16_arrays``)
+        found = reader.array(key, raw_bf16=True)
+        return found, record.dtype == "bfloat16" and str(found.dtype) == "uint16"
+
     def by_id(self) -> dict[str, Record]:
         return {r.id: r for r in self.records}
 
@@ -163,11 +174,17 @@ class TensorOverlay(Mapping[str, Any]):
             return self._extra[key]
         return self._base[key]
 
-    def array(self, key: str) -> Any:
+    @property
+    def raw_bf16_arrays(self) -> bool:
+        return bool(getattr(self._base, "raw_bf16_arrays", False))
+
+    def array(self, key: str, raw_bf16: bool = False) -> Any:
         if key in self._extra:
             return as_numpy(self._extra[key])
         reader = getattr(self._base, "array", None)
-        return reader(key) if reader is not None else as_numpy(self._base[key])
+        if reader is None:
+            return as_numpy(self._base[key])
+        return reader(key, raw_bf16=True) if raw_bf16 and self.raw_bf16_arrays else reader(key)
 
     def __contains__(self, key: object) -> bool:
         return key in self._extra or key in self._base

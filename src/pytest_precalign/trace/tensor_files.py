@@ -63,10 +63,12 @@ def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
     return out.view(np.float32)
 
 
-def _view(buffer: Any, dtype: str, offset: int, count: int) -> np.ndarray:
-    """``count`` elements at byte ``offset`` of ``buffer``; ValueError when it is too short."""
+def _view(buffer: Any, dtype: str, offset: int, count: int, raw_bf16: bool = False) -> np.ndarray:
+    """``count`` elements at byte ``offset`` of ``buffer``; ValueError when it is too short.
+    bfloat16 is widened to float32 (a copy), or with ``raw_bf16`` viewed as its uint16 bits."""
     if dtype == "bf16":
-        return bf16_to_float32(np.frombuffer(buffer, dtype="<u2", count=count, offset=offset))
+        bits = np.frombuffer(buffer, dtype="<u2", count=count, offset=offset)
+        return bits if raw_bf16 else bf16_to_float32(bits)
     return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
 
 
@@ -136,12 +138,13 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def read_pt(path: Path) -> np.ndarray:
+def read_pt(path: Path, raw_bf16: bool = False) -> np.ndarray:
     """The tensor a ``torch.save`` file holds, as a read-only numpy view of the mapped file.
 
     Raises TraceError for a truncated or corrupt file and Unsupported for a valid file this
     reader does not cover (not one plain tensor, compressed or big-endian storage). The zip
-    directory is read from the map (``pt_zip``); a file it does not cover goes to ``zipfile``."""
+    directory is read from the map (``pt_zip``); a file it does not cover goes to ``zipfile``.
+    ``raw_bf16``: a bfloat16 tensor as its uint16 bit patterns (not widened)."""
     try:
         data = _map(path)
     except FileNotFoundError:
@@ -150,7 +153,7 @@ def read_pt(path: Path) -> np.ndarray:
         raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?): {exc}") from None
     members = pt_zip.stored_members(data)
     if members is None:
-        return _read_pt_zipfile(path, data)
+        return _read_pt_zipfile(path, data, raw_bf16)
     pkl = next((n for n in members if n.endswith("/data.pkl") or n == "data.pkl"), None)
     if pkl is None:
         raise Unsupported("no data.pkl (legacy torch.save format)")
@@ -172,10 +175,10 @@ def read_pt(path: Path) -> np.ndarray:
     storage = f"{prefix}data/{ref.storage.key}"
     if storage not in members:
         raise TraceError(f"{path}: not a readable torch tensor file (storage {ref.storage.key} missing)")
-    return _array_at(path, data, ref, start_of(storage))
+    return _array_at(path, data, ref, start_of(storage), raw_bf16)
 
 
-def _read_pt_zipfile(path: Path, data: Any) -> np.ndarray:
+def _read_pt_zipfile(path: Path, data: Any, raw_bf16: bool = False) -> np.ndarray:
     """``read_pt`` through ``zipfile``: for the files ``pt_zip`` does not cover."""
     try:
         archive = zipfile.ZipFile(path)
@@ -197,7 +200,7 @@ def _read_pt_zipfile(path: Path, data: Any) -> np.ndarray:
     if len(header) < 30 or header[:4] != b"PK\x03\x04":
         raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?)")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
-    return _array_at(path, data, ref, info.header_offset + 30 + name_len + extra_len)
+    return _array_at(path, data, ref, info.header_offset + 30 + name_len + extra_len, raw_bf16)
 
 
 def _load_ref(path: Path, stream: Any) -> _TensorRef:
@@ -232,7 +235,7 @@ def _tensor_ref(path: Path, archive: zipfile.ZipFile) -> tuple[_TensorRef, zipfi
     return ref, info
 
 
-def _array_at(path: Path, data: Any, ref: _TensorRef, start: int) -> np.ndarray:
+def _array_at(path: Path, data: Any, ref: _TensorRef, start: int, raw_bf16: bool = False) -> np.ndarray:
     """The tensor's elements, viewed in the mapped file where its storage begins at ``start``."""
     itemsize = 2 if ref.storage.dtype == "bf16" else np.dtype(ref.storage.dtype).itemsize
     numel = 1
@@ -240,9 +243,9 @@ def _array_at(path: Path, data: Any, ref: _TensorRef, start: int) -> np.ndarray:
         numel *= dim
     try:
         if ref.stride == _contiguous_strides(ref.size) or numel <= 1:
-            flat = _view(data, ref.storage.dtype, start + ref.offset * itemsize, numel)
+            flat = _view(data, ref.storage.dtype, start + ref.offset * itemsize, numel, raw_bf16)
             return flat.reshape(ref.size)
-        whole = _view(data, ref.storage.dtype, start, ref.storage.numel)
+        whole = _view(data, ref.storage.dtype, start, ref.storage.numel, raw_bf16)
         strided = np.lib.stride_tricks.as_strided(
             whole[ref.offset :],
             shape=ref.size,
@@ -299,7 +302,7 @@ class SafetensorsFile:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def array(self, key: str) -> np.ndarray:
+    def array(self, key: str, raw_bf16: bool = False) -> np.ndarray:
         entry = self._entries.get(key)
         if entry is None:
             raise TraceError(f"{self.path}: holds no tensor {key!r}")
@@ -316,7 +319,7 @@ class SafetensorsFile:
                 f"{self.path}: tensor {key!r}: {entry.end - entry.begin} bytes for shape {list(entry.shape)}"
             )
         try:
-            return _view(self._data, dtype, self._base + entry.begin, numel).reshape(entry.shape)
+            return _view(self._data, dtype, self._base + entry.begin, numel, raw_bf16).reshape(entry.shape)
         except ValueError:
             raise TraceError(
                 f"{self.path}: tensor {key!r} runs past the end of the file (truncated?)"
