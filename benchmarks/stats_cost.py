@@ -10,10 +10,13 @@ What it measures
     ``recorder_overhead.py`` (enter .. forward .. backward .. exit).
 
 Output
-    Per round: the step's seconds, the seconds inside ``stats_vector``, the tensors and their
-    MB. Then, for the last round, the time per tensor size (numel, count, ms in all, us each),
-    largest first, and as the last line one JSON object (``step_s``, ``stats_vector_s``,
-    ``tensors``, ``tensor_mb``, medians over the rounds, and ``by_numel`` of the last round).
+    Interleaved in each round: the step without a recorder (``bare``), recorded with every
+    ``stats_vector`` replaced by a constant (``hooks_only``: the hooks and bookkeeping without
+    the reductions), and recorded as is (``stats``). Per round those seconds, the seconds
+    inside ``stats_vector``, the tensors and their MB; the medians; for the last round the time
+    per tensor size (numel, count, ms in all, us each), largest first; and as the last line one
+    JSON object (``bare_s``, ``hooks_only_s``, ``stats_s``, ``stats_vector_s`` (medians),
+    ``tensors``, ``tensor_mb``, ``by_numel`` of the last round, the load average).
 
 Reproduce (from the repository root)::
 
@@ -26,6 +29,7 @@ import argparse
 import collections
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -58,42 +62,66 @@ def main(argv: Sequence[str] | None = None) -> int:
         entry[1] += time.perf_counter() - start
         return out
 
-    step_buffer.stats_vector = timed  # type: ignore[assignment]
-    rows = []
+    def constant(t: torch.Tensor, counts: Any = False) -> torch.Tensor:
+        return torch.zeros(6 if counts else 4, dtype=torch.float64)
+
+    def step(variant: str) -> float:
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        rec = None
+        if variant != "bare":
+            step_buffer.stats_vector = timed if variant == "stats" else constant  # type: ignore[assignment]
+            rec = Recorder(model, mode="stats", inputs=True, grads=True)
+        start = time.perf_counter()
+        if rec is None:
+            model(input_ids=ids, labels=ids).loss.backward()
+        else:
+            with rec:
+                model(input_ids=ids, labels=ids).loss.backward()
+        return time.perf_counter() - start
+
+    rows: dict[str, list[float]] = {"bare": [], "hooks_only": [], "stats": [], "stats_vector": []}
     try:
         for round_ in range(args.rounds + 1):
             by_numel.clear()
-            model.zero_grad(set_to_none=True)
-            gc.collect()
-            rec = Recorder(model, mode="stats", inputs=True, grads=True)
-            start = time.perf_counter()
-            with rec:
-                model(input_ids=ids, labels=ids).loss.backward()
-            step = time.perf_counter() - start
+            seconds = {variant: step(variant) for variant in ("bare", "hooks_only", "stats")}
             inside = sum(s for _, s in by_numel.values())
             count = int(sum(n for n, _ in by_numel.values()))
             mb = sum(numel * n * 4 for numel, (n, _) in by_numel.items()) / 1e6
             label = "warm-up" if round_ == 0 else f"round {round_}"
             print(
-                f"{label:8s} step {step:.3f} s, stats_vector {inside * 1e3:.1f} ms over {count} tensors ({mb:.0f} MB)"
+                f"{label:8s} bare {seconds['bare']:.3f} s, hooks only {seconds['hooks_only']:.3f} s, "
+                f"stats {seconds['stats']:.3f} s of which stats_vector {inside * 1e3:.1f} ms "
+                f"over {count} tensors ({mb:.0f} MB)"
             )
             if round_:
-                rows.append((step, inside, count, mb))
+                for variant, value in seconds.items():
+                    rows[variant].append(value)
+                rows["stats_vector"].append(inside)
     finally:
         step_buffer.stats_vector = original
-    print("\nlast round, by tensor size (numel, tensors, ms in all, us each):")
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(
+        f"\nmedians: bare {med['bare']:.3f} s; hooks only +{(med['hooks_only'] - med['bare']) * 1e3:.0f} ms; "
+        f"stats +{(med['stats'] - med['bare']) * 1e3:.0f} ms, of which the reductions "
+        f"(stats_vector) {med['stats_vector'] * 1e3:.0f} ms"
+    )
+    print("last round, by tensor size (numel, tensors, ms in all, us each):")
     last = sorted(by_numel.items(), key=lambda kv: -kv[1][1])
-    for numel, (n, seconds) in last:
-        print(f"  {numel:>10d}  {int(n):4d}  {seconds * 1e3:7.1f} ms  {seconds / n * 1e6:7.0f} us")
+    for numel, (n, seconds_) in last:
+        print(f"  {numel:>10d}  {int(n):4d}  {seconds_ * 1e3:7.1f} ms  {seconds_ / n * 1e6:7.0f} us")
     result = {
         "size": args.size,
         "rounds": args.rounds,
-        "step_s": round(statistics.median(r[0] for r in rows), 4),
-        "stats_vector_s": round(statistics.median(r[1] for r in rows), 4),
-        "tensors": rows[-1][2],
-        "tensor_mb": round(rows[-1][3], 1),
+        "bare_s": round(med["bare"], 4),
+        "hooks_only_s": round(med["hooks_only"], 4),
+        "stats_s": round(med["stats"], 4),
+        "stats_vector_s": round(med["stats_vector"], 4),
+        "tensors": count,
+        "tensor_mb": round(mb, 1),
         "by_numel": {str(k): [int(n), round(s, 5)] for k, (n, s) in last},
         "torch_threads": torch.get_num_threads(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
     print(json.dumps(result))
     return 0

@@ -16,8 +16,8 @@ preallocated chunk buffers (no allocation per chunk) and reach bit-identical res
 same order: ``tests/compare/test_fused_pass.py``).
 
 A bfloat16 side may be given as its raw ``uint16`` bit patterns (``widen``): it is then
-widened to float32 a chunk at a time, with no widened copy of the whole tensor. (The trace
-readers still hand over bf16 widened up front; passing their raw views is the next step.)
+widened to float32 a chunk at a time, with no widened copy of the whole tensor: the compare
+asks the trace readers for raw bits (``Trace.raw_array``).
 """
 
 from __future__ import annotations

@@ -23,8 +23,10 @@ from ..trace.arrays import as_numpy
 
 Metric = Callable[[Any, Any], float]
 _TINY = 1e-30  # relative error against an exact zero baseline is effectively infinite
-# 32K elements: a chunk of both sides and its temporaries stay in a core's L2 (2 MiB here); with
-# 128K they spilled: allclose over the 1 GB msprobe pair ran at 3.3 GB/s per core, 4.3 with 32K.
+# 128K elements. 32K kept a chunk of both sides and its temporaries in a core's L2 (faster on
+# one thread), but at 32K the numpy operations are too short for two threads to overlap; since
+# the scratch buffers are reused (fused_pass._buffers), 128K is as fast on one thread and lets
+# two scale (benchmarks/compare_vs_msprobe.py, README "Benchmarks").
 CHUNK = 1 << 17
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 
@@ -29,11 +29,14 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     return stats_from_vector(values, t.numel())
 
 
+# NaN/Inf counts in a statistics vector: never, always, or only when the statistics are not finite.
+Counts = Literal[False, True, "if_nonfinite"]
+
 # CPU tensors up to this many elements get their statistics on one thread (see stats_vector).
 SERIAL_NUMEL = 1 << 21
 
 
-def stats_vector(t: torch.Tensor, counts: bool | str = False) -> torch.Tensor:
+def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     """The values of ``tensor_stats(t)`` as a float64 tensor on ``t``'s device, computed
     without a host sync: max, min, sum, L2 norm (each in the dtype ``tensor_stats`` uses, then
     widened exactly to float64) and, with ``counts``, the nan and inf counts (two more passes:
@@ -61,7 +64,7 @@ def stats_vector(t: torch.Tensor, counts: bool | str = False) -> torch.Tensor:
         torch.set_num_threads(threads)
 
 
-def _stats_vector(t: torch.Tensor, counts: bool | str) -> torch.Tensor:
+def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
     if not (t.is_floating_point() or t.is_complex()):
         t = t.double()
     if t.is_complex():
