@@ -1,8 +1,9 @@
 """pytest-precalign: alignment regression testing of deep-learning models as pytest tests.
 
-The data flow, one module per stage: ``config`` -> ``sources`` -> ``recorder`` -> ``trace``
-(``trace_io`` on disk) -> ``mapping`` -> ``compare`` (``metrics`` x ``tolerances``) ->
-``verdict`` -> ``report``; ``runner`` drives a case, ``plugin`` and ``cli`` wire it up.
+The data flow, one package per stage: ``config`` -> ``sources`` -> ``recording`` -> ``trace``
+(``trace.native_io`` on disk) -> ``mapping`` -> ``compare`` (``compare.metrics`` x
+``compare.tolerances``) -> ``verdict`` -> ``reports``; ``run`` drives a case, ``training``
+records a user's own training loop, ``plugin`` and ``cli`` wire it up.
 Importing this package does not import torch.
 """
 
@@ -12,18 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import AlignmentMismatch, CaseError, ConfigError, PrecalignError, SourceError, TraceError
 
-# Eager (it imports torch only when entered): the function must shadow its module's name here
-# before anything imports the submodule, which would otherwise leave the module as the attribute.
-from .megatron_cpu import megatron_cpu
+# Eager: importing it does not import torch (entering it does).
+from .training import megatron_cpu
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .training_recorder import Recorder
+    from .training.recorder import Recorder
 
 # Public names whose modules import torch: loaded on first access, so that importing the
 # package (the pytest plugin) stays cheap.
-_LAZY = {"Recorder": "training_recorder"}
+_LAZY = {"Recorder": "training.recorder"}
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import write_trace
 from tests.helpers.paths import MSPROBE_DATA
 
@@ -21,7 +21,7 @@ def _record(tmp_path, name, bump=0.0, mode="tensor"):
         with torch.no_grad():
             model[2].bias += bump
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
-    with Recorder(model, mode=mode) as rec:
+    with HookRecorder(model, mode=mode) as rec:
         model(x).sum().backward()
     return write_trace(rec.trace({"side": name}), tmp_path / name)
 
@@ -83,10 +83,10 @@ def test_compare_with_a_layer_mapping(tmp_path, capsys):
             return self.module(x)
 
     x = torch.randn(3, 4)
-    with Recorder(inner, mode="tensor") as rec:
+    with HookRecorder(inner, mode="tensor") as rec:
         inner(x)
     a = write_trace(rec.trace(), tmp_path / "a")
-    with Recorder(Engine(), mode="tensor") as rec:
+    with HookRecorder(Engine(), mode="tensor") as rec:
         rec.model(x)
     b = write_trace(rec.trace(), tmp_path / "b")
     lm = tmp_path / "lm.yaml"

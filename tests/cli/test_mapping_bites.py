@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import write_trace
 from tests.helpers.paths import MSPROBE_DATA
 from tests.mapping.test_usage import GOOD, Base, Fused
@@ -27,7 +27,7 @@ def _traces(tmp_path: Path) -> tuple[Path, Path]:
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
     out = []
     for name, model in (("base", base), ("fused", fused)):
-        with Recorder(model, mode="tensor") as rec:
+        with HookRecorder(model, mode="tensor") as rec:
             model(x).sum().backward()
         out.append(write_trace(rec.trace({"side": name}), tmp_path / name))
     return out[0], out[1]

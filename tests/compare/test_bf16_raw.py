@@ -13,7 +13,7 @@ import torch
 
 from pytest_precalign.compare import fused_pass
 from pytest_precalign.msprobe.writer import write_msprobe_dump
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.offline import compare_runs
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Trace
@@ -26,7 +26,7 @@ def _record(bump: float, dtype: torch.dtype) -> Trace:
         with torch.no_grad():
             model[0].weight[3, 5] += bump
     x = torch.randn(700, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         model(x).float().sum().backward()
     return rec.trace({"side": "x"})
 

@@ -74,7 +74,7 @@ def _write(full_file: Path, out: Path) -> None:
     from megatron.core import dist_checkpointing
     from safetensors.torch import load_file
 
-    from pytest_precalign.megatron_cpu import megatron_cpu
+    from pytest_precalign import megatron_cpu
     from pytest_precalign.sources import build_model, runtime
 
     with warnings.catch_warnings(), megatron_cpu():

@@ -15,7 +15,7 @@ from pytest_precalign.mapping.layer_mapping import read_layer_mapping
 from pytest_precalign.mapping.spec import MappingSpec, read_mapping_file, reverse
 from pytest_precalign.mapping.usage import MappingUse, check_applied
 from pytest_precalign.mapping.weights import sync_weights
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.records import Trace
 
 
@@ -60,7 +60,7 @@ tensors:
 
 def _record(model: torch.nn.Module) -> Trace:
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         model(x).sum().backward()
     return rec.trace({})
 
@@ -162,7 +162,7 @@ def test_rules_of_kinds_not_recorded_are_not_judged(tmp_path: Path) -> None:
     x = torch.randn(5, 4)
     traces = []
     for model in (Base(), Fused()):
-        with Recorder(model, mode="tensor", inputs=False) as rec:
+        with HookRecorder(model, mode="tensor", inputs=False) as rec:
             model(x).sum().backward()
         traces.append(rec.trace({}))
     check_applied(

@@ -14,7 +14,7 @@ from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.errors import TraceError
 from pytest_precalign.msprobe import is_msprobe_dump, read_msprobe_dump, read_msprobe_set
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import read_trace, write_trace
 from pytest_precalign.trace.records import PHASE_OF_KIND
 from pytest_precalign.verdict.phase import phase_verdict
@@ -91,7 +91,7 @@ def test_not_msprobe_dumps(tmp_path):
     assert not is_msprobe_dump(tmp_path / "missing")
     (tmp_path / "f.json").write_text("{}")
     assert not is_msprobe_dump(tmp_path / "f.json")
-    with Recorder(torch.nn.Linear(2, 2)) as rec:
+    with HookRecorder(torch.nn.Linear(2, 2)) as rec:
         pass
     write_trace(rec.trace(), tmp_path / "ours")  # our own trace format is not msprobe's
     assert not is_msprobe_dump(tmp_path / "ours")

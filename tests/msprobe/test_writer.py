@@ -9,7 +9,7 @@ import torch
 
 from pytest_precalign.errors import TraceError
 from pytest_precalign.msprobe import read_msprobe_dump, write_msprobe_dump
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from tests.helpers.msprobe_cli import msprobe_compare, needs_msprobe
 
 
@@ -36,7 +36,7 @@ def _tiny_qwen2(perturb: bool):
 def _dump(tmp_path: Path, name: str, mode: str, perturb: bool) -> Path:
     model = _tiny_qwen2(perturb)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
-    with Recorder(model, mode=mode) as rec:
+    with HookRecorder(model, mode=mode) as rec:
         model(input_ids=ids, labels=ids).loss.backward()
     write_msprobe_dump(rec.trace(), tmp_path / name)
     return tmp_path / name
@@ -46,7 +46,7 @@ def _dump(tmp_path: Path, name: str, mode: str, perturb: bool) -> Path:
 def test_written_dump_reads_back_as_the_same_records(tmp_path, mode):
     model = _tiny_qwen2(False)
     ids = torch.randint(0, 128, (1, 8))
-    with Recorder(model, mode=mode) as rec:
+    with HookRecorder(model, mode=mode) as rec:
         model(input_ids=ids, labels=ids).loss.backward()
     trace = rec.trace()
     write_msprobe_dump(trace, tmp_path / "d")

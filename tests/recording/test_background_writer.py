@@ -23,7 +23,7 @@ from torch import nn
 
 from pytest_precalign import Recorder
 from pytest_precalign.errors import TraceError
-from pytest_precalign.recording.recorder import Recorder as HookRecorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.tensor_summary import tensor_stats
 from pytest_precalign.trace.native_io import begin_trace, read_trace, write_trace
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.records import Trace
 
 
@@ -55,7 +55,7 @@ def _two_steps(checkpointed: bool, level: str) -> Trace:
     model = _Net(checkpointed)
     x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with Recorder(model, level=level, mode="tensor") as rec:
+    with HookRecorder(model, level=level, mode="tensor") as rec:
         for step in range(2):
             rec.step = step
             loss = model(x).pow(2).mean()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 
 
 def _crcs(model: torch.nn.Module, x: torch.Tensor) -> dict[tuple[str, str, str], str]:
     model.zero_grad(set_to_none=True)
-    recorder = Recorder(model, mode="hash", grads=True)
+    recorder = HookRecorder(model, mode="hash", grads=True)
     with recorder:
         model(x).sum().backward()
     return {

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.host_sync import host_syncs
-from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.recording.tensor_summary import tensor_crc32, tensor_stats
 from pytest_precalign.trace.records import Stats, Trace
 
@@ -56,7 +56,7 @@ def _record(model: nn.Module, mode: str, steps: int = 1) -> tuple[Trace, int]:
     """A recorded forward+backward per step; the host syncs from enter to ``trace()``."""
     ids = _ids()
     before = host_syncs()
-    with Recorder(model, mode=mode) as rec:
+    with HookRecorder(model, mode=mode) as rec:
         for step in range(steps):
             rec.step = step
             model.zero_grad(set_to_none=True)
@@ -149,7 +149,7 @@ def test_a_capture_modified_in_place_later_keeps_its_capture_time_stats() -> Non
     model, x = InPlace(), torch.randn(2, 4)
     with torch.no_grad():
         expected = tensor_stats(model.inner(x))
-        with Recorder(model, mode="stats", grads=False) as rec:
+        with HookRecorder(model, mode="stats", grads=False) as rec:
             out = model(x)
     inner = next(r for r in rec.trace().records if r.name == "inner" and r.kind == "activation")
     assert _bits(inner.stats) == _bits(expected)

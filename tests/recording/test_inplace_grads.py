@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.case import check_modules
 from pytest_precalign.trace.records import Trace
 from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED, BadReluInplace, RealViewScaled, ReluInplace
@@ -24,7 +24,7 @@ def _x() -> torch.Tensor:
 
 
 def _trace(model: nn.Module, mode: str = "tensor", level: str = "module") -> Trace:
-    with Recorder(model, mode=mode, level=level) as rec:
+    with HookRecorder(model, mode=mode, level=level) as rec:
         model(_x()).pow(2).mean().backward()
     return rec.trace()
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pytest_precalign import Recorder
-from pytest_precalign.live_compare import GoldenError
+from pytest_precalign.training.golden import GoldenError
 from tests.helpers.live_runs import FAULTY, faulty, origin, record_step, tiny_qwen2
 
 

@@ -11,7 +11,7 @@ import torch
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.msprobe import read_msprobe_dump, write_msprobe_dump
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.case import run_case
 from tests.helpers.msprobe_cli import msprobe_compare, needs_msprobe
 
@@ -163,7 +163,7 @@ def test_op_recording_does_not_change_numerics(tiny_qwen2_config, level):
         return out.logits.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     logits_plain, grads_plain = run()
-    with Recorder(model, mode="tensor", level=level) as rec:
+    with HookRecorder(model, mode="tensor", level=level) as rec:
         logits_rec, grads_rec = run()
     assert torch.equal(logits_plain, logits_rec)
     for name, grad in grads_plain.items():

@@ -10,7 +10,7 @@ import torch
 
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import default_table
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.tensor_summary import flatten
 
 
@@ -63,7 +63,7 @@ def test_a_model_with_such_outputs_is_recorded_and_compares_with_itself() -> Non
     traces = []
     for _ in range(2):
         net.zero_grad(set_to_none=True)
-        recorder = Recorder(net, mode="tensor", grads=True)
+        recorder = HookRecorder(net, mode="tensor", grads=True)
         with recorder:
             net(x).sum().backward()
         traces.append(recorder.trace({}))

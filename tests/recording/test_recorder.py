@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.tensor_summary import tensor_crc32, tensor_stats
 
 
@@ -33,7 +33,7 @@ def test_recording_does_not_change_numerics(tiny_qwen2_config, mode):
     model = _qwen2(tiny_qwen2_config)
     ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(1))
     logits_plain, grads_plain = _run(model, ids)
-    with Recorder(model, mode=mode) as rec:
+    with HookRecorder(model, mode=mode) as rec:
         logits_rec, grads_rec = _run(model, ids)
     assert torch.equal(logits_plain, logits_rec)
     assert grads_plain.keys() == grads_rec.keys()
@@ -48,7 +48,7 @@ def test_recording_does_not_change_numerics(tiny_qwen2_config, mode):
 def test_records_every_module_in_execution_order(tiny_qwen2_config):
     model = _qwen2(tiny_qwen2_config)
     ids = torch.randint(0, 1000, (1, 8))
-    with Recorder(model, mode="stats") as rec:
+    with HookRecorder(model, mode="stats") as rec:
         model(input_ids=ids, labels=ids).loss.backward()
     trace = rec.trace()
     acts = [r.name for r in trace.records if r.kind == "activation"]
@@ -71,7 +71,7 @@ def test_hooks_removed_when_forward_raises():
             raise RuntimeError("boom")
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), Boom())
-    with pytest.raises(RuntimeError, match="boom"), Recorder(model):
+    with pytest.raises(RuntimeError, match="boom"), HookRecorder(model):
         model(torch.randn(2, 4))
     assert _no_hooks(model)
 
@@ -95,7 +95,7 @@ def test_hooks_removed_when_backward_raises():
             return BadGrad.apply(self.lin(x))
 
     model = torch.nn.Sequential(Layer(), torch.nn.Linear(4, 1))
-    with pytest.raises(RuntimeError, match="bad backward"), Recorder(model):
+    with pytest.raises(RuntimeError, match="bad backward"), HookRecorder(model):
         model(torch.randn(2, 4)).sum().backward()
     assert _no_hooks(model)
 
@@ -112,7 +112,7 @@ def test_repeated_calls_get_call_indices():
             return self.lin(self.lin(x))
 
     model = Twice()
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         model(torch.randn(3, 4, requires_grad=True)).sum().backward()
     trace = rec.trace()
     acts = [r for r in trace.records if r.kind == "activation" and r.name == "lin"]
@@ -145,7 +145,7 @@ def test_crc32_is_the_bytes_crc():
 
 def test_identical_tensors_are_stored_once():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         model(torch.randn(2, 4))
     trace = rec.trace()
     out0 = next(r for r in trace.records if r.name == "0" and r.kind == "activation")
@@ -158,7 +158,7 @@ def test_params_after_step_and_include_exclude():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(model, mode="tensor", exclude=("1",)) as rec:
+    with HookRecorder(model, mode="tensor", exclude=("1",)) as rec:
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
         rec.record_params()
@@ -171,4 +171,4 @@ def test_params_after_step_and_include_exclude():
 
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="allowed: stats, tensor, hash"):
-        Recorder(torch.nn.Linear(2, 2), mode="full")
+        HookRecorder(torch.nn.Linear(2, 2), mode="full")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.tensor_summary import tensor_stats
 
 
@@ -51,7 +51,7 @@ def test_the_model_runs_with_the_users_thread_count(two_threads: None) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(_Seen(), _Seen(), _Seen())
     x = torch.randn(128, 64)
-    with Recorder(model, mode="stats") as rec:
+    with HookRecorder(model, mode="stats") as rec:
         model(x).sum().backward()
     trace = rec.trace()
     assert [layer.threads for layer in model if isinstance(layer, _Seen)] == [[2], [2], [2]]

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import write_trace
 from tests.helpers.bad_input import replace_once
 from tests.helpers.paths import MSPROBE_DATA
@@ -113,7 +113,7 @@ def run_config(text: str, *extra: str) -> Callable[[Path], list[str]]:
 def record_trace(path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         model(torch.randn(3, 4)).sum().backward()
     write_trace(rec.trace({"case": "t", "side": "baseline"}), path)
 

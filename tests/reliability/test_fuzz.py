@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import PrecalignError
 from pytest_precalign.msprobe import read_msprobe_dump
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import read_trace, write_trace
 from pytest_precalign.trace.records import Trace, record_id
 from tests.helpers.paths import MSPROBE_DATA
@@ -256,7 +256,7 @@ def test_record_names(folder: Path, name: str, body: Any) -> None:
 def good_trace(folder: Path) -> Path:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU(), torch.nn.Linear(3, 2))
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         model(torch.randn(2, 4)).sum().backward()
     return write_trace(rec.trace({"case": "t"}), folder / "good")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.modules import module as module_globals
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.case import check_modules
 
 HOOK_DICTS = (
@@ -56,7 +56,7 @@ def _ids() -> torch.Tensor:
 def _recorded(model: torch.nn.Module) -> tuple[list[tuple[str, str, str]], torch.Tensor]:
     ids = _ids()
     model.zero_grad(set_to_none=True)
-    with Recorder(model, mode="tensor") as rec:
+    with HookRecorder(model, mode="tensor") as rec:
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
     trace = rec.trace()
@@ -78,7 +78,7 @@ def test_module_raising_mid_forward_leaves_no_hooks(tiny_qwen2_config: dict[str,
 
     mlp.forward = raising
     ids = _ids()
-    with pytest.raises(Boom), Recorder(model, mode="tensor") as rec:
+    with pytest.raises(Boom), HookRecorder(model, mode="tensor") as rec:
         model(input_ids=ids, labels=ids)
     assert _hooks_left(model) == []
     assert any(r.name == "model.layers.0" for r in rec.trace().records)  # it did record up to there
@@ -100,7 +100,7 @@ def test_grad_hook_raising_in_backward_leaves_no_hooks(tiny_qwen2_config: dict[s
         out.register_hook(bad_grad)
 
     handle = model.model.layers[0].register_forward_hook(add_bad_grad)
-    with pytest.raises(Boom), Recorder(model, mode="stats") as rec:
+    with pytest.raises(Boom), HookRecorder(model, mode="stats") as rec:
         model(input_ids=ids, labels=ids).loss.backward()
     handle.remove()
     assert _hooks_left(model) == []
@@ -114,7 +114,7 @@ def test_tensor_hooks_on_an_old_graph_record_nothing(tiny_qwen2_config: dict[str
     (e.g. after an exception), fires our tensor hooks, which must record nothing."""
     model = _qwen2(tiny_qwen2_config)
     ids = _ids()
-    with Recorder(model, mode="stats") as rec:
+    with HookRecorder(model, mode="stats") as rec:
         loss = model(input_ids=ids, labels=ids).loss
     count = len(rec.trace().records)
     loss.backward()

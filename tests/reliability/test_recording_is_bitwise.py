@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pytest_precalign.config.loader import load_config
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.determinism import deterministic, seed_everything
-from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.run.side import causal_lm_loss
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED
@@ -53,7 +53,7 @@ def test_recorded_run_is_bitwise_equal(tmp_path: Path, source: str, mode: str) -
     with deterministic(True), runtime(spec):
         plain_model, recorded_model = build_model(spec, tmp_path), build_model(spec, tmp_path)
         plain = _step(plain_model, ids)
-        with Recorder(recorded_model.module, mode=mode) as rec:
+        with HookRecorder(recorded_model.module, mode=mode) as rec:
             recorded = _step(recorded_model, ids)
     assert plain.keys() == recorded.keys()
     assert sum(k.startswith("grad:") for k in plain) == len(list(plain_model.module.parameters()))
@@ -84,7 +84,7 @@ def test_recording_a_model_with_inplace_ops_is_bitwise_neutral(name: str, mode: 
 
     plain = run(net())
     model = net()
-    with Recorder(model, mode=mode, level=level) as rec:
+    with HookRecorder(model, mode=mode, level=level) as rec:
         recorded = run(model)
     assert plain.keys() == recorded.keys() and len(plain) == 1 + 2 * len(list(model.parameters()))
     assert [k for k in plain if not torch.equal(plain[k], recorded[k])] == []

@@ -14,7 +14,7 @@ import torch
 
 from pytest_precalign.baseline.store import write_stored
 from pytest_precalign.msprobe.writer import write_msprobe_dump
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Trace
 
@@ -31,7 +31,7 @@ def umask_022() -> Iterator[None]:
 def _trace() -> Trace:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
-    rec = Recorder(model, mode="tensor")
+    rec = HookRecorder(model, mode="tensor")
     with rec:
         model(torch.randn(2, 4)).sum().backward()
     return rec.trace({"case": "t", "side": "candidate"})

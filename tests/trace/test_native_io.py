@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pytest_precalign.errors import TraceError
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import read_trace, write_trace
 from pytest_precalign.trace.records import Trace
 
@@ -14,7 +14,7 @@ from pytest_precalign.trace.records import Trace
 def _trace(mode: str = "tensor") -> Trace:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
-    with Recorder(model, mode=mode) as rec:
+    with HookRecorder(model, mode=mode) as rec:
         model(torch.randn(3, 4)).sum().backward()
     return rec.trace({"case": "t", "side": "baseline"})
 

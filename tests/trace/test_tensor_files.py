@@ -169,7 +169,7 @@ def test_offline_compare_does_not_import_torch(tmp_path: Path) -> None:
     """An msprobe tensor dump pair compares without torch (the ~1 s import is most of a CLI
     run), and finds the same first divergence as with torch loaded."""
     from pytest_precalign.msprobe import write_msprobe_dump
-    from pytest_precalign.recording.recorder import Recorder
+    from pytest_precalign.recording import HookRecorder
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -178,7 +178,7 @@ def test_offline_compare_does_not_import_torch(tmp_path: Path) -> None:
         if name == "target":
             with torch.no_grad():
                 model[2].weight[0, 0] += 0.5
-        with Recorder(model, mode="tensor") as rec:
+        with HookRecorder(model, mode="tensor") as rec:
             model(x).sum().backward()
         write_msprobe_dump(rec.trace(), tmp_path / name)
         model.zero_grad(set_to_none=True)

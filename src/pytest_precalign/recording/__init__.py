@@ -1,3 +1,28 @@
-"""recording."""
+"""Recording a live model with hooks: what one forward/backward/step produced, as records.
+
+``HookRecorder`` (``recorder``) is the hook engine every entry point drives: module forward and
+backward hooks, parameter-grad hooks, grads read around in-place ops (``inplace_grads``),
+op-level capture through a torch function mode (``ops``), and what each record keeps:
+statistics, hashes or full tensors (``tensor_summary``, ``kept_tensors``, ``step_buffer``),
+spilled to disk by a background writer (``tensor_sink``) or compared live against a golden run
+(``live_golden``). ``determinism`` sets torch's deterministic switches; ``host_sync`` counts
+device-to-host reads; ``compiled`` and ``npu_backend`` adapt to ``torch.compile`` and torch_npu.
+The user-facing ``Recorder`` for a training loop is in ``training``, built on this engine.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .recorder import HookRecorder
+
+__all__ = ["HookRecorder"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HookRecorder":
+        from .recorder import HookRecorder
+
+        return HookRecorder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Record every module of a model with hooks: outputs, inputs, grads, param grads, params.
 
-``Recorder`` is a context manager: hooks are added on enter and removed on exit, also when
+``HookRecorder`` is a context manager: hooks are added on enter and removed on exit, also when
 the forward or backward raises. Recording never changes numerics: tensors are only read
 (``detach``), and grads are observed with tensor hooks, which add no autograd nodes.
 ``grad_input`` is the gradient w.r.t. a module's input tensor as autograd computes it for
@@ -93,10 +93,10 @@ class _Call:
     grads: bool = False  # grad hooks are registered for this call
 
 
-class Recorder:
+class HookRecorder:
     """Context manager that records a model's tensors into a ``Trace``.
 
-    >>> with Recorder(model, mode="stats") as rec:
+    >>> with HookRecorder(model, mode="stats") as rec:
     ...     loss = model(x).sum(); loss.backward()
     >>> trace = rec.trace()
     """
@@ -163,7 +163,7 @@ class Recorder:
         self._live = None if golden is None else LiveKeeper(golden, self._records, self._tensors)
 
     # -- lifecycle --------------------------------------------------------------------
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> HookRecorder:
         # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
         # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
         eager = hook_wrapper(self.model)

@@ -18,8 +18,8 @@ from ..config.specs import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError, PrecalignError, SourceError, foreign_error
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import sync_weights
+from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
-from ..recording.recorder import Recorder
 from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
 from ..vocabulary import phases_in_order
@@ -77,7 +77,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         isolated: list[Comparison] = []
         call_context = candidate.context
 
-        def isolation(recorder: Recorder) -> None:
+        def isolation(recorder: HookRecorder) -> None:
             isolated.append(
                 isolate(recorder.calls, base_trace, recorder.trace(), case.mapping, table, call_context)
             )

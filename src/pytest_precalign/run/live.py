@@ -19,13 +19,13 @@ from typing import Any
 
 from ..compare.tolerances import default_table
 from ..config.specs import AlignConfig, CaseSpec, ModelSpec
-from ..live_compare import GoldenJudge, golden_judge
 from ..mapping.weights import SyncReport, sync_weights
+from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
-from ..recording.recorder import Recorder
 from ..sources import LoadedModel, build_model, runtime
 from ..sources.inputs import CaseInputs, build_inputs, inputs_digest
 from ..trace.records import Trace
+from ..training.golden import GoldenJudge, golden_judge
 from .launch import in_process_twin, is_launched, run_launched
 from .side import run_side
 
@@ -107,7 +107,7 @@ class LiveCase:
         model: LoadedModel,
         spec: ModelSpec,
         manifest: Mapping[str, Any],
-        after_first_forward: Callable[[Recorder], None] | None = None,
+        after_first_forward: Callable[[HookRecorder], None] | None = None,
         *,
         inputs: CaseInputs | None = None,
         case: CaseSpec | None = None,

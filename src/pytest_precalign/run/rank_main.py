@@ -93,7 +93,7 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
     from safetensors.torch import load_file
 
     from ..checkpoints.sharding import rule_for_param, shard_tensor
-    from ..parallel_layout import layer_offsets
+    from ..training.layout_probe import layer_offsets
     from .launch_merge import globalize, globalize_expert
 
     with warnings.catch_warnings():
@@ -124,9 +124,8 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
 
 def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out: Path) -> None:
     """The case's steps through megatron-core's schedule, one recorded folder per step."""
-    from ..megatron_cpu import megatron_cpu
     from ..recording.determinism import seed_everything
-    from ..training_recorder import Recorder
+    from ..training import Recorder, megatron_cpu
     from .grad_sync import use_megatron_grad_finalization
 
     with warnings.catch_warnings():

@@ -10,9 +10,9 @@ import torch
 
 from ..config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError
+from ..recording import HookRecorder
 from ..recording.determinism import seed_everything
 from ..recording.live_golden import Judge
-from ..recording.recorder import Recorder
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
@@ -43,7 +43,7 @@ def run_side(
     case: CaseSpec,
     manifest: Mapping[str, Any],
     seed: int,
-    after_first_forward: Callable[[Recorder], None] | None = None,
+    after_first_forward: Callable[[HookRecorder], None] | None = None,
     golden: Judge | None = None,
 ) -> Trace:
     """Record one model through the case's steps. ``after_first_forward`` runs once the
@@ -71,7 +71,7 @@ def _record_steps(
     case: CaseSpec,
     manifest: Mapping[str, Any],
     seed: int,
-    after_first_forward: Callable[[Recorder], None] | None,
+    after_first_forward: Callable[[HookRecorder], None] | None,
     golden: Judge | None = None,
 ) -> Trace:
     backward = "backward" in case.phases
@@ -79,7 +79,7 @@ def _record_steps(
     module = model.module
     optimizer = make_optimizer(case.optimizer, module.parameters()) if step_phase else None
     record: RecordSpec = case.record
-    recorder = Recorder(
+    recorder = HookRecorder(
         module,
         mode=record.mode,
         inputs=record.inputs,

@@ -330,7 +330,7 @@ def cpu_workarounds() -> Iterator[None]:
     duration of a call: the public ``pytest_precalign.megatron_cpu`` (rotary embedding's
     ``torch.cuda.current_device``, the RNG tracker, the pipeline schedule). (The causal mask
     is passed explicitly in ``call``, the no-op RNG tracker is set in ``runtime``.)"""
-    from ..megatron_cpu import megatron_cpu
+    from ..training import megatron_cpu
 
     with megatron_cpu():
         yield

@@ -118,7 +118,7 @@ def _load_modules() -> dict[str, ModuleType]:
             warnings.simplefilter("ignore")  # megatron-core's notices about apex, TE
             return {name: importlib.import_module(name) for name in _MODULES}
     except ImportError as exc:
-        from .errors import SourceError
+        from ..errors import SourceError
 
         raise SourceError(
             f"megatron_cpu needs megatron-core, which is missing ({exc.name}): "

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare.pairs import compare_traces
-from .compare.tolerances import ToleranceTable, default_table, parse_table
-from .errors import TraceError
-from .trace.native_io import read_trace
-from .trace.records import Record, Trace
+from ..compare.pairs import compare_traces
+from ..compare.tolerances import ToleranceTable, default_table, parse_table
+from ..errors import TraceError
+from ..trace.native_io import read_trace
+from ..trace.records import Record, Trace
 
 
 class GoldenError(TraceError, ValueError):
@@ -35,7 +35,7 @@ def load_golden(path: str | Path, step: int, rank: int) -> Trace:
     """The golden trace for ``step`` on ``rank``: a native trace folder (all its steps), a
     ``Recorder`` root (``PATH/step<N>/rank<R>``) or an msprobe dump (a rank folder, or a
     step folder / dump root holding ``(step, rank)``)."""
-    from .msprobe import is_msprobe_dump, read_msprobe_dump, read_msprobe_set
+    from ..msprobe import is_msprobe_dump, read_msprobe_dump, read_msprobe_set
 
     root = Path(path)
     if not root.exists():

@@ -44,15 +44,15 @@ from typing import Any
 
 import torch
 
-from .compare.tolerances import ToleranceTable
-from .live_compare import GoldenError, golden_judge, load_table
-from .parallel_layout import check_layout, parallel_layout, process_rank
-from .recording.recorder import PARAM_GRADS
-from .recording.recorder import Recorder as HookRecorder
-from .recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
-from .trace.native_io import begin_trace, finish_trace, write_trace
-from .trace.records import Record
-from .vocabulary import LEVELS, as_kind
+from ..compare.tolerances import ToleranceTable
+from ..recording import HookRecorder
+from ..recording.recorder import PARAM_GRADS
+from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
+from ..trace.native_io import begin_trace, finish_trace, write_trace
+from ..trace.records import Record
+from ..vocabulary import LEVELS, as_kind
+from .golden import GoldenError, golden_judge, load_table
+from .layout_probe import check_layout, parallel_layout, process_rank
 
 FORMATS = ("native", "msprobe")
 MODES = ("stats", "tensor", "hash")
@@ -293,7 +293,7 @@ class Recorder:
         if sink is not None:
             path = finish_trace(trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite)
         elif self.format == "msprobe":
-            from .msprobe.writer import write_msprobe_dump
+            from ..msprobe.writer import write_msprobe_dump
 
             path = write_msprobe_dump(
                 trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_precalign.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "example_suites" / "distributed"
 
 torch = pytest.importorskip("torch")
