@@ -16,6 +16,7 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
+from ..training.spec import OPTIMIZERS
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
 from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
@@ -32,7 +33,6 @@ from .presets import (
 from .search import SearchSpec, parse_search
 from .specs import CaseSpec, InputSpec, ModelSpec, OptimizerSpec, RecordSpec
 
-OPTIMIZERS = ("adamw", "adam", "sgd")
 LOSSES = ("causal_lm", "model", "mean", "none")
 CASE_KEYS = (
     "name",

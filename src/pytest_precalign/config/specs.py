@@ -11,6 +11,8 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..errors import ConfigError
 from ..mapping.spec import MappingSpec
+from ..training.spec import OptimizerSpec as OptimizerSpec
+from ..training.spec import SidesTraining
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
 from ..vocabulary import Phase
@@ -58,16 +60,6 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
-class OptimizerSpec:
-    name: str = "adamw"
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-
-
-@dataclass(frozen=True)
 class RecordSpec:
     mode: str = "stats"
     inputs: bool = True
@@ -107,6 +99,8 @@ class CaseSpec:
     baseline_rename: MappingSpec | None = None
     # The share of the baseline's output records of each phase that must find a partner.
     min_coverage: float = DEFAULT_MIN_COVERAGE
+    # Which framework's machinery trains each side (training/spec.py); None: each model's default.
+    training: SidesTraining = SidesTraining()
 
 
 @dataclass(frozen=True)

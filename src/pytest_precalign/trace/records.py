@@ -13,6 +13,7 @@ from typing import Any
 
 from ..vocabulary import PHASE_OF_KIND, Kind, Phase, as_kind, as_phase
 from .arrays import as_numpy
+from .step_scalars import StepScalars, scalars_of
 
 __all__ = ["PHASE_OF_KIND", "Record", "Stats", "TensorOverlay", "Trace", "record_id"]
 
@@ -126,6 +127,12 @@ class Trace:
     @property
     def mode(self) -> str:
         return str(self.manifest.get("record_mode", "stats"))
+
+    @property
+    def scalars(self) -> dict[int, StepScalars]:
+        """What each training step did (loss, LR, grad norm ...), by step; empty when the
+        trace carries none (``step_scalars``)."""
+        return scalars_of(self.manifest)
 
     def tensor(self, record: Record) -> Any:
         if record.tensor_key is None:

@@ -1,0 +1,98 @@
+"""What one training step did, as scalars: the per-step evidence of a training run.
+
+Recorded by cases, the ``Recorder`` and ``PrecalignCallback`` for every optimizer step, kept
+in the step's trace manifest under ``"scalars"`` (``{"<step>": {...}}``, see
+``scalars_of``), so a run of thousands of steps costs a few hundred bytes per step.
+
+Fields are None when the side's framework does not have the quantity (never 0 for unknown):
+
+- ``loss``: the step's loss as the framework reports it (normalised over the micro-batches).
+- ``lr`` / ``weight_decay``: per parameter group, in the framework's group order.
+- ``grad_norm``: global L2 norm of the grads before clipping; ``clip_coef``: the factor the
+  grads were multiplied by (1.0 when not clipped).
+- ``update_norm``: L2 norm of (params after - params before) of the step; ``param_norm``:
+  L2 norm of the params after the step.
+- ``zero_grads``: number of grad elements exactly 0; ``loss_scale`` (mixed precision);
+  ``skipped``: the optimizer skipped the update (overflow).
+- ``tokens``: tokens in the step's batch (labels not ignored); ``batch_hash``: sha256 of the
+  step's batch (input ids and labels), so differing data is seen as differing data.
+- ``micro_batches``: how many micro-batches the step was split into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..errors import TraceError
+
+SCALARS_KEY = "scalars"
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    step: int
+    loss: float | None = None
+    lr: tuple[float, ...] | None = None
+    weight_decay: tuple[float, ...] | None = None
+    grad_norm: float | None = None
+    clip_coef: float | None = None
+    update_norm: float | None = None
+    param_norm: float | None = None
+    zero_grads: int | None = None
+    loss_scale: float | None = None
+    skipped: bool | None = None
+    tokens: int | None = None
+    batch_hash: str | None = None
+    micro_batches: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("lr", "weight_decay"):
+            if out[key] is not None:
+                out[key] = list(out[key])
+        return out
+
+
+_FIELDS = {f.name for f in fields(StepScalars)}
+
+
+def scalars_from_dict(data: Mapping[str, Any], where: str) -> StepScalars:
+    """One step's scalars from JSON; TraceError naming ``where`` and the key otherwise."""
+    unknown = set(data) - _FIELDS
+    if unknown:
+        raise TraceError(
+            f"{where}: unknown step scalar(s) {sorted(unknown)[:5]} (allowed: {sorted(_FIELDS)})"
+        )
+    try:
+        values = dict(data)
+        for key in ("lr", "weight_decay"):
+            if values.get(key) is not None:
+                values[key] = tuple(float(v) for v in values[key])
+        return StepScalars(**values)
+    except (TypeError, ValueError) as exc:
+        raise TraceError(f"{where}: step scalars are malformed: {exc}") from None
+
+
+def scalars_of(manifest: Mapping[str, Any], where: str = "manifest") -> dict[int, StepScalars]:
+    """The per-step scalars a trace manifest carries, by step (empty when it has none)."""
+    raw = manifest.get(SCALARS_KEY)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise TraceError(f"{where}: {SCALARS_KEY!r} must be a mapping of step -> scalars")
+    out: dict[int, StepScalars] = {}
+    for key, value in raw.items():
+        if not isinstance(value, Mapping):
+            raise TraceError(f"{where}: {SCALARS_KEY}[{key!r}] must be a mapping")
+        scalars = scalars_from_dict(value, f"{where}: {SCALARS_KEY}[{key!r}]")
+        if str(scalars.step) != str(key):
+            raise TraceError(f"{where}: {SCALARS_KEY}[{key!r}] says step {scalars.step}")
+        out[scalars.step] = scalars
+    return out
+
+
+def scalars_manifest(scalars: Mapping[int, StepScalars]) -> dict[str, dict[str, Any]]:
+    """The manifest value for ``scalars``: JSON-safe, keyed by the step as a string."""
+    return {str(step): s.as_dict() for step, s in sorted(scalars.items())}
