@@ -67,7 +67,7 @@ def test_tolerance_file_relative_to_the_test(tmp_path: Path) -> None:
         ("m2", "no such mapping file"),
         (
             "preset:nope",
-            "unknown preset mapping (allowed: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3, "
+            "unknown preset mapping 'preset:nope' (allowed: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3, "
             "preset:megatron-mixtral, preset:megatron-qwen3-moe)",
         ),
         (3, "expected a MappingSpec, a mapping name, preset:NAME or a YAML file path"),

@@ -7,15 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .compare.tolerances import ToleranceTable, default_table, parse_rule, parse_table
-from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR
+from .compare.tolerances import ToleranceTable, load_table
+from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR, resolve_preset
 from .config.specs import AlignConfig, RecordSpec
 from .errors import ConfigError
-from .mapping.spec import MappingSpec, read_mapping_file, reverse
+from .mapping.spec import MappingSpec, read_mapping_file
 from .reports.text import PhaseReport, failure_message
 from .run.outcome import ItemOutcome
 from .vocabulary import MODES, PHASES
-from .yaml_reader import Reader
 
 if TYPE_CHECKING:
     import torch
@@ -144,12 +143,8 @@ class AlignRunner:
         if not str(wanted).startswith("preset:"):
             return read_mapping_file(file, str(wanted))
         variables = _module_variables(baseline, candidate)
-        missing = [k for k in ("num_attention_heads", "num_key_value_heads") if k not in variables]
-        if missing:
-            raise ConfigError(f"{where}: {wanted} needs {missing[0]} in a module's .config")
-        spec = read_mapping_file(file, str(wanted), variables)
-        # The preset has baseline = HF, candidate = Megatron.
-        return reverse(spec) if _is_megatron(baseline) and not _is_megatron(candidate) else spec
+        megatron_baseline = _is_megatron(baseline) and not _is_megatron(candidate)
+        return resolve_preset(str(wanted), variables, where, megatron_baseline=megatron_baseline)
 
 
 def _mapping_file(wanted: Any, config: AlignConfig | None, base_dir: Path, where: str) -> Path | MappingSpec:
@@ -165,7 +160,7 @@ def _mapping_file(wanted: Any, config: AlignConfig | None, base_dir: Path, where
     if text.startswith("preset:"):
         if text.partition(":")[2] not in PRESET_MAPPINGS:
             allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
-            raise ConfigError(f"{where}: unknown preset mapping (allowed: {allowed})")
+            raise ConfigError(f"{where}: unknown preset mapping {text!r} (allowed: {allowed})")
         return PRESETS_DIR / f"{text.partition(':')[2]}.yaml"
     file = (base_dir / wanted).resolve()
     if not text.endswith((".yaml", ".yml")) or not file.is_file():
@@ -198,34 +193,12 @@ def _module_variables(*modules: Any) -> dict[str, Any]:
 
 
 def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str, base_dir: Path) -> ToleranceTable:
-    if wanted is None:
-        return default_table()
-    if isinstance(wanted, (str, Path)) and str(wanted).endswith((".yaml", ".yml")):
-        file = (base_dir / wanted).resolve()
-        if not file.is_file():
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={str(wanted)!r}): file not found: {file}"
-            )
-        return parse_table(file.stem, str(wanted), nodeid, "", base_dir)
-    if isinstance(wanted, str):
-        if config is None:
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): a table name needs --align-config "
-                "(the config whose tolerances: defines it); or give a tolerance YAML file or a list of rules"
-            )
-        if wanted not in config.tolerances:
-            known = ", ".join(config.tolerances) or "none"
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): unknown table "
-                f"(known in {config.path.name}: {known}; or a tolerance YAML file or a list of rules)"
-            )
-        return config.tolerances[wanted]
+    where = f"{nodeid}: @pytest.mark.align(tolerances={wanted!r})"
     if isinstance(wanted, list):
-        rules = tuple(parse_rule(Reader(r, nodeid, f"align.tolerances[{i}]")) for i, r in enumerate(wanted))
-        return ToleranceTable(name="marker", rules=rules)
-    raise ConfigError(
-        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name, a tolerance YAML file or a list of rules"
-    )
+        where = f"{nodeid}: @pytest.mark.align(tolerances=...)"
+    named = config.tolerances if config is not None else None
+    name = config.path.name if config is not None else ""
+    return load_table(wanted, where, base_dir, named, name)
 
 
 def _marker_phases(wanted: Any, nodeid: str) -> tuple[str, ...]:
