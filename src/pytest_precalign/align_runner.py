@@ -1,11 +1,14 @@
-"""The object behind the ``align_runner`` fixture: run cases or module pairs from Python tests."""
+"""The object behind the ``align_runner`` fixture: run cases or module pairs from Python tests.
+
+``check`` fails the test on a divergence (it is the assertion, as in pytest-regressions);
+``compare`` returns the run and asserts nothing; ``assert_aligned`` asserts a run."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from .compare.tolerances import ToleranceTable, load_table
 from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR, resolve_preset
@@ -26,6 +29,26 @@ _MARKER_KEYS = ("tolerances", "phases", "record", "mapping")
 # What ``mapping=`` takes: a MappingSpec, a name under the config's ``mappings:``,
 # ``preset:NAME`` or the path of a mapping YAML file (relative to the test file's folder).
 MappingRef = MappingSpec | str | Path
+
+
+_P = ParamSpec("_P")
+
+
+def _asserting(
+    compare: Callable[Concatenate[AlignRunner, _P], CaseRun],
+) -> Callable[Concatenate[AlignRunner, _P], CaseRun]:
+    """``compare`` that fails the test unless the run is aligned (``check``)."""
+
+    def check(self: AlignRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> CaseRun:
+        """``compare`` (same arguments), then fail the test (``AlignmentMismatch``, an
+        AssertionError naming the first divergent layer) unless every phase is aligned -- as
+        pytest-regressions' ``check`` is the assertion; the run when it passes."""
+        __tracebackhide__ = True
+        run = compare(self, *args, **kwargs)
+        self.assert_aligned(run)
+        return run
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -80,7 +103,7 @@ class AlignRunner:
             raise ConfigError("align_runner.run needs --align-config")
         return run_case(self.config, self.config.case(case))
 
-    def check(
+    def compare(
         self,
         baseline: torch.nn.Module,
         candidate: torch.nn.Module,
@@ -94,9 +117,10 @@ class AlignRunner:
         train: bool | None = None,
     ) -> CaseRun:
         """Record both modules on the same inputs and compare them, in ``train`` mode when asked
-        (default: the mode the models are in; they are left in the modes they had). ``mapping``: a
-        ``MappingSpec``, a name under the config's ``mappings:``, ``preset:NAME`` or a mapping
-        YAML file (relative to the test file's folder); default: the marker's ``mapping``."""
+        (default: the mode the models are in; they are left in the modes they had); the run,
+        asserting nothing (``check`` asserts). ``mapping``: a ``MappingSpec``, a name under the
+        config's ``mappings:``, ``preset:NAME`` or a mapping YAML file (relative to the test
+        file's folder); default: the marker's ``mapping``."""
         from .run.case import check_modules
 
         wanted = mapping if mapping is not None else self.mapping
@@ -130,6 +154,8 @@ class AlignRunner:
             )
             if not report.verdict.passed:
                 self.fail(ItemOutcome(report.nodeid_name, passed=False, message=failure_message(report)))
+
+    check = _asserting(compare)
 
     def _mapping(
         self, wanted: MappingRef, baseline: torch.nn.Module, candidate: torch.nn.Module

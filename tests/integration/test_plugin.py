@@ -176,7 +176,6 @@ def test_align_runner_fixture_and_marker(pytester: pytest.Pytester, run_pytest: 
             torch.manual_seed(0); b = nets.Net()
             ids = torch.randint(0, 50, (2, 5))
             run = align_runner.check(a, b, {"input_ids": ids}, labels=ids)
-            align_runner.assert_aligned(run)
             assert run.verdicts["backward"].compared > 0
 
         @pytest.mark.align(phases=["forward"])
@@ -184,10 +183,13 @@ def test_align_runner_fixture_and_marker(pytester: pytest.Pytester, run_pytest: 
             torch.manual_seed(0); a = nets.Net()
             b = nets.Net(bug="own")
             ids = torch.randint(0, 50, (2, 5))
-            run = align_runner.check(a, b, {"input_ids": ids}, sync_weights=True)
+            # check() is the assertion (as pytest-regressions' check): it fails the test
+            with pytest.raises(AlignmentMismatch, match="First divergence: blocks.1 "):
+                align_runner.check(a, b, {"input_ids": ids}, sync_weights=True)
+            run = align_runner.compare(a, b, {"input_ids": ids}, sync_weights=True)
+            assert not run.verdicts["forward"].passed and run.verdicts["forward"].first.origin
             with pytest.raises(AlignmentMismatch, match="First divergence: blocks.1 "):
                 align_runner.assert_aligned(run)
-            assert run.verdicts["forward"].first.origin
     """
     )
     result = run_pytest()

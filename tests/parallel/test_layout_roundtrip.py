@@ -17,23 +17,12 @@ from pytest_precalign.parallel.layout import check_layout_block, layout_from_man
 torch = pytest.importorskip("torch")
 
 
-class Tiny(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
-
-    def forward(self, x: Any) -> Any:
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
-
-
 def record(root: Path, layout: dict[str, Any], world: int) -> None:
     from pytest_precalign import Recorder
 
     for rank in range(world):
-        model = Tiny()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
         with Recorder(root, mode="tensor", layout={**layout, "rank": rank}).recording(model):
             model(torch.ones(2, 4)).sum().backward()
 
