@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from .run.case import CaseRun
-    from .vocabulary import Phase
+    from .vocabulary import Mode, Phase
 
 _MARKER_KEYS = ("tolerances", "phases", "record", "mapping")
 # What ``mapping=`` takes: a MappingSpec, a name under the config's ``mappings:``,
@@ -86,13 +86,7 @@ class AlignRunner:
         if mapping is not None:
             _mapping_file(mapping, config, folder, f"{nodeid}: @pytest.mark.align(mapping={mapping!r})")
         phases = _marker_phases(kwargs.get("phases"), nodeid)
-        record = kwargs.get("record")
-        if record is not None and record not in MODES:
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(record={record!r}): unknown record mode "
-                f"(allowed: {', '.join(MODES)})"
-            )
-        mode = RecordSpec(mode=str(record or "tensor"))
+        mode = RecordSpec(mode=_marker_mode(kwargs.get("record"), nodeid))
         return cls(config, table, phases, mode, nodeid, fail, folder, mapping)
 
     def run(self, case: str) -> CaseRun:
@@ -225,6 +219,19 @@ def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str, base_dir
     named = config.tolerances if config is not None else None
     name = config.path.name if config is not None else ""
     return load_table(wanted, where, base_dir, named, name)
+
+
+def _marker_mode(wanted: Any, nodeid: str) -> Mode:
+    """The marker's ``record=``; the default is ``RecordSpec``'s (``stats``), as for a config
+    case and the ``Recorder``: one default mode wherever precalign records."""
+    if wanted is None:
+        return RecordSpec().mode
+    for mode in MODES:
+        if wanted == mode:
+            return mode
+    raise ConfigError(
+        f"{nodeid}: @pytest.mark.align(record={wanted!r}): unknown record mode (allowed: {', '.join(MODES)})"
+    )
 
 
 def _marker_phases(wanted: Any, nodeid: str) -> tuple[str, ...]:

@@ -72,6 +72,7 @@ def test_aligned_candidate_passes(pytester: pytest.Pytester, run_pytest: RunPyte
     assert all(c["passed"] and c["first_divergence"] is None for c in _report(pytester)["cases"])
 
 
+@pytest.mark.xdist_twin("report.json entries merged from the workers")
 @pytest.mark.parametrize("mode", ["tensor", "stats"])
 def test_bug_in_a_blocks_own_code_is_named_as_origin(
     pytester: pytest.Pytester, run_pytest: RunPytest, mode: str
@@ -196,6 +197,7 @@ def test_align_runner_fixture_and_marker(pytester: pytest.Pytester, run_pytest: 
     result.assert_outcomes(passed=2)
 
 
+@pytest.mark.xdist_twin("a case's phase items scheduled on one worker")
 def test_saved_traces_are_readable_and_never_overwritten(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:

@@ -28,11 +28,10 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.records import Record, Stats, Trace
+from ..vocabulary import PHASE_INDEX
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
-
-_PHASE_ORDER = {"forward": 0, "backward": 1, "step": 2}
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ def _merge_stage(
         name, v = rename(rec.name)
         deps = tuple(_rename_id(d, rename) for d in rec.deps)
         order = v if rec.phase != "backward" else -v
-        key = (rec.step, _PHASE_ORDER.get(rec.phase, 3), order, rec.seq)
+        key = (rec.step, PHASE_INDEX.get(rec.phase, 3), order, rec.seq)
         merged.records.append((key, replace(out, name=name, deps=deps)))
 
 

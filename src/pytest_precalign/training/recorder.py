@@ -51,13 +51,11 @@ from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record
-from ..vocabulary import LEVELS, as_kind
+from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
 from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 
-FORMATS = ("native", "msprobe")
-MODES = ("stats", "tensor", "hash")
-OUTPUT_KINDS = ("loss", "logits")
+FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
 
 
 class _Chunks(torch.nn.Module):
@@ -137,7 +135,7 @@ class Recorder:
         self.root = Path(root)
         self.mode = mode
         self.level = level
-        self.format = format
+        self.format = RECORD_FORMAT_ALIASES.get(format, format)
         self.layout = check_layout(layout) if layout is not None else None
         self.overwrite = overwrite
         self.steps = _selection(steps, "steps")
@@ -228,9 +226,9 @@ class Recorder:
         """Record the loss or the logits of this step (nothing while not recording); ``deps``:
         the ids of the records it was computed from (the loss's logits). Called once per
         micro-batch, the records are calls 0, 1, ... like a module's."""
-        if kind not in OUTPUT_KINDS:
+        if kind not in MODEL_OUTPUT_KINDS:
             raise ConfigError(
-                f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(OUTPUT_KINDS)})"
+                f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(MODEL_OUTPUT_KINDS)})"
             )
         hooks = self._hooks
         if hooks is None:
