@@ -67,7 +67,7 @@ def test_tolerance_file_relative_to_the_test(tmp_path: Path) -> None:
         ("m2", "no such mapping file"),
         (
             "preset:nope",
-            "unknown preset mapping (allowed: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3, "
+            "unknown preset mapping 'preset:nope' (allowed: preset:megatron-qwen2.5, preset:megatron-llama, preset:megatron-qwen3, "
             "preset:megatron-mixtral, preset:megatron-qwen3-moe)",
         ),
         (3, "expected a MappingSpec, a mapping name, preset:NAME or a YAML file path"),
@@ -86,3 +86,28 @@ def test_marker_mapping_kinds_are_accepted(tmp_path: Path) -> None:
     assert _runner(tmp_path, mapping="m.yaml").mapping == "m.yaml"
     assert _runner(tmp_path, mapping="preset:megatron-qwen2.5").mapping == "preset:megatron-qwen2.5"
     assert _runner(tmp_path, True, mapping="m").mapping == "m"
+
+
+def test_check_fails_the_test_and_compare_returns_the_run(tmp_path: Path) -> None:
+    """``check`` is the assertion (as pytest-regressions' ``check``); ``compare`` asserts nothing."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)  # other weights: diverge at once
+    runner = _runner(tmp_path)
+    inputs = {"input": torch.ones(1, 3)}
+    with pytest.raises(AssertionError, match="First divergence"):
+        runner.check(a, b, inputs)
+    run = runner.compare(a, b, inputs)
+    assert not run.verdicts["forward"].passed
+    assert runner.check(a, a, inputs).verdicts["forward"].passed
+
+
+def test_the_api_types_are_exported() -> None:
+    import pytest_precalign
+    from pytest_precalign.compare.tolerances import ToleranceTable
+    from pytest_precalign.mapping.spec import MappingSpec
+    from pytest_precalign.run.outcome import CaseRun
+
+    exported = (pytest_precalign.AlignRunner, pytest_precalign.CaseRun)
+    assert exported == (AlignRunner, CaseRun)
+    assert (pytest_precalign.ToleranceTable, pytest_precalign.MappingSpec) == (ToleranceTable, MappingSpec)

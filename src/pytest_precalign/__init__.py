@@ -2,8 +2,11 @@
 
 The data flow, one package per stage: ``config`` -> ``sources`` -> ``recording`` -> ``trace``
 (``trace.native_io`` on disk) -> ``mapping`` -> ``compare`` (``compare.metrics`` x
-``compare.tolerances``) -> ``verdict`` -> ``reports``; ``run`` drives a case, ``training``
-records a user's own training loop, ``plugin`` and ``cli`` wire it up.
+``compare.tolerances``) -> ``verdict`` -> ``reports``; ``parallel`` reads stored runs and
+merges rank folders, ``run`` drives a case, ``training`` records a user's own training loop,
+``plugin`` and ``cli`` wire it up. Public: ``Recorder``, ``megatron_cpu``, the
+``align_runner`` fixture's ``AlignRunner`` (``check`` fails the test, ``compare`` returns the
+``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors.
 Importing this package does not import torch.
 """
 
@@ -19,11 +22,22 @@ from .training import megatron_cpu
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from .align_runner import AlignRunner
+    from .compare.tolerances import ToleranceTable
+    from .mapping.spec import MappingSpec
+    from .run.outcome import CaseRun
     from .training.recorder import Recorder
 
-# Public names whose modules import torch: loaded on first access, so that importing the
-# package (the pytest plugin) stays cheap.
-_LAZY = {"Recorder": "training.recorder"}
+# Public names loaded on first access, so that importing the package (the pytest plugin)
+# stays cheap: the Recorder imports torch; the types the align_runner fixture takes and
+# returns pull in the compare and run stages.
+_LAZY = {
+    "AlignRunner": "align_runner",
+    "CaseRun": "run.outcome",
+    "MappingSpec": "mapping.spec",
+    "Recorder": "training.recorder",
+    "ToleranceTable": "compare.tolerances",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,11 +52,15 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AlignRunner",
     "AlignmentMismatch",
     "CaseError",
+    "CaseRun",
     "ConfigError",
+    "MappingSpec",
     "PrecalignError",
     "Recorder",
+    "ToleranceTable",
     "SourceError",
     "TraceError",
     "__version__",

@@ -1,32 +1,54 @@
-"""The object behind the ``align_runner`` fixture: run cases or module pairs from Python tests."""
+"""The object behind the ``align_runner`` fixture: run cases or module pairs from Python tests.
+
+``check`` fails the test on a divergence (it is the assertion, as in pytest-regressions);
+``compare`` returns the run and asserts nothing; ``assert_aligned`` asserts a run."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
-from .compare.tolerances import ToleranceTable, default_table, parse_rule, parse_table
-from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR
+from .compare.tolerances import ToleranceTable, load_table
+from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR, resolve_preset
 from .config.specs import AlignConfig, RecordSpec
 from .errors import ConfigError
-from .mapping.spec import MappingSpec, read_mapping_file, reverse
+from .mapping.spec import MappingSpec, read_mapping_file
 from .reports.text import PhaseReport, failure_message
 from .run.outcome import ItemOutcome
 from .vocabulary import MODES, PHASES
-from .yaml_reader import Reader
 
 if TYPE_CHECKING:
     import torch
 
     from .run.case import CaseRun
-    from .vocabulary import Phase
+    from .vocabulary import Mode, Phase
 
 _MARKER_KEYS = ("tolerances", "phases", "record", "mapping")
 # What ``mapping=`` takes: a MappingSpec, a name under the config's ``mappings:``,
 # ``preset:NAME`` or the path of a mapping YAML file (relative to the test file's folder).
 MappingRef = MappingSpec | str | Path
+
+
+_P = ParamSpec("_P")
+
+
+def _asserting(
+    compare: Callable[Concatenate[AlignRunner, _P], CaseRun],
+) -> Callable[Concatenate[AlignRunner, _P], CaseRun]:
+    """``compare`` that fails the test unless the run is aligned (``check``)."""
+
+    def check(self: AlignRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> CaseRun:
+        """``compare`` (same arguments), then fail the test (``AlignmentMismatch``, an
+        AssertionError naming the first divergent layer) unless every phase is aligned -- as
+        pytest-regressions' ``check`` is the assertion; the run when it passes."""
+        __tracebackhide__ = True
+        run = compare(self, *args, **kwargs)
+        self.assert_aligned(run)
+        return run
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -64,13 +86,7 @@ class AlignRunner:
         if mapping is not None:
             _mapping_file(mapping, config, folder, f"{nodeid}: @pytest.mark.align(mapping={mapping!r})")
         phases = _marker_phases(kwargs.get("phases"), nodeid)
-        record = kwargs.get("record")
-        if record is not None and record not in MODES:
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(record={record!r}): unknown record mode "
-                f"(allowed: {', '.join(MODES)})"
-            )
-        mode = RecordSpec(mode=str(record or "tensor"))
+        mode = RecordSpec(mode=_marker_mode(kwargs.get("record"), nodeid))
         return cls(config, table, phases, mode, nodeid, fail, folder, mapping)
 
     def run(self, case: str) -> CaseRun:
@@ -81,7 +97,7 @@ class AlignRunner:
             raise ConfigError("align_runner.run needs --align-config")
         return run_case(self.config, self.config.case(case))
 
-    def check(
+    def compare(
         self,
         baseline: torch.nn.Module,
         candidate: torch.nn.Module,
@@ -95,9 +111,10 @@ class AlignRunner:
         train: bool | None = None,
     ) -> CaseRun:
         """Record both modules on the same inputs and compare them, in ``train`` mode when asked
-        (default: the mode the models are in; they are left in the modes they had). ``mapping``: a
-        ``MappingSpec``, a name under the config's ``mappings:``, ``preset:NAME`` or a mapping
-        YAML file (relative to the test file's folder); default: the marker's ``mapping``."""
+        (default: the mode the models are in; they are left in the modes they had); the run,
+        asserting nothing (``check`` asserts). ``mapping``: a ``MappingSpec``, a name under the
+        config's ``mappings:``, ``preset:NAME`` or a mapping YAML file (relative to the test
+        file's folder); default: the marker's ``mapping``."""
         from .run.case import check_modules
 
         wanted = mapping if mapping is not None else self.mapping
@@ -132,6 +149,8 @@ class AlignRunner:
             if not report.verdict.passed:
                 self.fail(ItemOutcome(report.nodeid_name, passed=False, message=failure_message(report)))
 
+    check = _asserting(compare)
+
     def _mapping(
         self, wanted: MappingRef, baseline: torch.nn.Module, candidate: torch.nn.Module
     ) -> MappingSpec:
@@ -144,12 +163,8 @@ class AlignRunner:
         if not str(wanted).startswith("preset:"):
             return read_mapping_file(file, str(wanted))
         variables = _module_variables(baseline, candidate)
-        missing = [k for k in ("num_attention_heads", "num_key_value_heads") if k not in variables]
-        if missing:
-            raise ConfigError(f"{where}: {wanted} needs {missing[0]} in a module's .config")
-        spec = read_mapping_file(file, str(wanted), variables)
-        # The preset has baseline = HF, candidate = Megatron.
-        return reverse(spec) if _is_megatron(baseline) and not _is_megatron(candidate) else spec
+        megatron_baseline = _is_megatron(baseline) and not _is_megatron(candidate)
+        return resolve_preset(str(wanted), variables, where, megatron_baseline=megatron_baseline)
 
 
 def _mapping_file(wanted: Any, config: AlignConfig | None, base_dir: Path, where: str) -> Path | MappingSpec:
@@ -165,7 +180,7 @@ def _mapping_file(wanted: Any, config: AlignConfig | None, base_dir: Path, where
     if text.startswith("preset:"):
         if text.partition(":")[2] not in PRESET_MAPPINGS:
             allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
-            raise ConfigError(f"{where}: unknown preset mapping (allowed: {allowed})")
+            raise ConfigError(f"{where}: unknown preset mapping {text!r} (allowed: {allowed})")
         return PRESETS_DIR / f"{text.partition(':')[2]}.yaml"
     file = (base_dir / wanted).resolve()
     if not text.endswith((".yaml", ".yml")) or not file.is_file():
@@ -198,33 +213,24 @@ def _module_variables(*modules: Any) -> dict[str, Any]:
 
 
 def _marker_table(config: AlignConfig | None, wanted: Any, nodeid: str, base_dir: Path) -> ToleranceTable:
-    if wanted is None:
-        return default_table()
-    if isinstance(wanted, (str, Path)) and str(wanted).endswith((".yaml", ".yml")):
-        file = (base_dir / wanted).resolve()
-        if not file.is_file():
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={str(wanted)!r}): file not found: {file}"
-            )
-        return parse_table(file.stem, str(wanted), nodeid, "", base_dir)
-    if isinstance(wanted, str):
-        if config is None:
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): a table name needs --align-config "
-                "(the config whose tolerances: defines it); or give a tolerance YAML file or a list of rules"
-            )
-        if wanted not in config.tolerances:
-            known = ", ".join(config.tolerances) or "none"
-            raise ConfigError(
-                f"{nodeid}: @pytest.mark.align(tolerances={wanted!r}): unknown table "
-                f"(known in {config.path.name}: {known}; or a tolerance YAML file or a list of rules)"
-            )
-        return config.tolerances[wanted]
+    where = f"{nodeid}: @pytest.mark.align(tolerances={wanted!r})"
     if isinstance(wanted, list):
-        rules = tuple(parse_rule(Reader(r, nodeid, f"align.tolerances[{i}]")) for i, r in enumerate(wanted))
-        return ToleranceTable(name="marker", rules=rules)
+        where = f"{nodeid}: @pytest.mark.align(tolerances=...)"
+    named = config.tolerances if config is not None else None
+    name = config.path.name if config is not None else ""
+    return load_table(wanted, where, base_dir, named, name)
+
+
+def _marker_mode(wanted: Any, nodeid: str) -> Mode:
+    """The marker's ``record=``; the default is ``RecordSpec``'s (``stats``), as for a config
+    case and the ``Recorder``: one default mode wherever precalign records."""
+    if wanted is None:
+        return RecordSpec().mode
+    for mode in MODES:
+        if wanted == mode:
+            return mode
     raise ConfigError(
-        f"{nodeid}: @pytest.mark.align(tolerances=...): expected a table name, a tolerance YAML file or a list of rules"
+        f"{nodeid}: @pytest.mark.align(record={wanted!r}): unknown record mode (allowed: {', '.join(MODES)})"
     )
 
 

@@ -18,7 +18,9 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-PHASE_ITEMS = ("forward", "backward", "step")
+from .vocabulary import PHASES
+
+PHASE_ITEMS = PHASES
 
 
 def case_unit_pattern(config_file_name: str) -> re.Pattern[str]:

@@ -47,7 +47,10 @@ def _calibrate_parser(sub: Any) -> None:
     calibrate = sub.add_parser(
         "calibrate", help="measure each layer's noise floor and write a tolerance table YAML"
     )
-    calibrate.add_argument("--config", required=True, help="alignment config YAML")
+    calibrate.add_argument("config", nargs="?", help="alignment config YAML")
+    calibrate.add_argument(
+        "--config", dest="config_flag", metavar="CONFIG", help="deprecated: give the config positionally"
+    )
     calibrate.add_argument("--case", action="append", default=[], help="calibrate this case (repeatable)")
     calibrate.add_argument("--out", required=True, metavar="FILE", help="tolerance table YAML to write")
     calibrate.add_argument("--margin", default="4", help="bound = margin x measured floor (default 4)")
@@ -285,6 +288,11 @@ def _exit_code(outcomes: Sequence[ItemOutcome]) -> int:
 
 def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from .calibration.rules import run_calibration
+
+    if (args.config is None) == (args.config_flag is None):
+        raise ConfigError("calibrate: give the config once, as `precalign calibrate CONFIG --out FILE`")
+    if args.config_flag is not None:  # the deprecated spelling, still accepted
+        args.config = args.config_flag
 
     words = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(["precalign", *(w if w and " " not in w else repr(w) for w in words)])

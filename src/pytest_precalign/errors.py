@@ -3,6 +3,13 @@
 Every error a user can cause is a ``PrecalignError``: the plugin turns it into one
 ``pytest.UsageError`` line and the CLI into exit code 2, never a traceback.
 ``AlignmentMismatch`` is the one failure that is a test verdict, not a usage error.
+
+The policy, by entry point: a bad config file, marker, option or ini value is a
+``ConfigError`` (the plugin: ``pytest.UsageError``; the CLI: exit 2). In the Python API
+(``Recorder``, ``align_runner``, ``megatron_cpu``) every argument error -- a bad value, a
+missing file named by an argument, a call out of order -- is a ``ConfigError`` too, never a
+bare ``ValueError``/``TypeError``; ``TraceError``/``SourceError``/``CaseError`` are for what
+an argument pointed at (a corrupt trace, a model that cannot be built, a case that cannot run).
 """
 
 from __future__ import annotations

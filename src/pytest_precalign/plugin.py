@@ -18,6 +18,7 @@ from .errors import AlignmentMismatch, PrecalignError
 from .vocabulary import PHASES
 
 if TYPE_CHECKING:
+    from .align_runner import AlignRunner
     from .config.specs import AlignConfig, CaseSpec
     from .run.case import CaseRun
     from .run.outcome import ItemOutcome, PerCase
@@ -486,13 +487,14 @@ def align_config(request: pytest.FixtureRequest) -> AlignConfig:
 
 
 @pytest.fixture
-def align_runner(request: pytest.FixtureRequest) -> Any:
-    """Run a configured case, or compare two modules, and assert alignment::
+def align_runner(request: pytest.FixtureRequest) -> AlignRunner:
+    """Run a configured case, or compare two modules and fail on a divergence::
 
     @pytest.mark.align(phases=["forward", "backward"])
     def test_my_port(align_runner):
-        run = align_runner.check(reference, ported, {"input_ids": ids}, labels=ids)
-        align_runner.assert_aligned(run)
+        align_runner.check(reference, ported, {"input_ids": ids}, labels=ids)
+
+    (``align_runner.compare(...)`` returns the run without asserting.)
     """
     from .align_runner import AlignRunner
 

@@ -16,6 +16,9 @@ Status = Literal["ok", "fail", "shape", "only_baseline", "only_candidate"]
 Evidence = Literal["tensor", "stats", "hash", "none"]
 Mode = Literal["stats", "tensor", "hash"]  # what the recorder keeps of each tensor
 Level = Literal["module", "op", "mix"]  # what the recorder hooks: modules, torch ops, or both
+# How recorded runs are written: our trace format, or msprobe's dump layout. ``precalign``, the
+# config's older name for ``native``, is still read as ``native`` (``RECORD_FORMAT_ALIASES``).
+RecordFormat = Literal["native", "msprobe"]
 UpdatePolicy = Literal["none", "mismatched", "all"]  # --align-update / --align-update-all
 # What a stored-baseline check did: compared, wrote a missing baseline, rewrote a mismatched
 # one (--align-update), rewrote it whatever it found (--align-update-all), or found it written
@@ -28,6 +31,8 @@ STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 EVIDENCE: Final[tuple[Evidence, ...]] = get_args(Evidence)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 LEVELS: Final[tuple[Level, ...]] = get_args(Level)
+RECORD_FORMATS: Final[tuple[RecordFormat, ...]] = get_args(RecordFormat)
+RECORD_FORMAT_ALIASES: Final[Mapping[str, RecordFormat]] = {"precalign": "native"}
 UPDATE_POLICIES: Final[tuple[UpdatePolicy, ...]] = get_args(UpdatePolicy)
 ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
 
@@ -39,8 +44,14 @@ PHASE_OF_KIND: Final[Mapping[Kind, Phase]] = {
     **dict.fromkeys(BACKWARD_KINDS, "backward"),
     **dict.fromkeys(STEP_KINDS, "step"),
 }
+# The model's own outputs (not a module's), recorded by ``Recorder.record_output``.
+MODEL_OUTPUT_KINDS: Final[tuple[Kind, ...]] = ("loss", "logits")
+# What a module hook records of a module.
+MODULE_KINDS: Final[tuple[Kind, ...]] = ("activation", "input", "grad_output", "grad_input")
+# Phase -> its place in execution order.
+PHASE_INDEX: Final[Mapping[Phase, int]] = {p: i for i, p in enumerate(PHASES)}
 # The kinds whose divergence fails a phase (module inputs are evidence for the origin, not gates).
-OUTPUT_KINDS: Final[Mapping[Phase, tuple[Kind, ...]]] = {
+GATE_KINDS: Final[Mapping[Phase, tuple[Kind, ...]]] = {
     "forward": ("activation", "logits", "loss"),
     "backward": ("grad_output", "grad_input", "param_grad"),
     "step": ("param",),

@@ -14,9 +14,11 @@ import re
 from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 from .errors import ConfigError
+
+_Choice = TypeVar("_Choice", bound=str)
 
 if TYPE_CHECKING:
     import yaml
@@ -231,41 +233,67 @@ class Reader:
             self.fail(f"expected {_expected(kinds)}, got {describe(value)}", key)
         return value
 
-    def get_str(self, key: str, default: str | None = None, *, required: bool = False) -> Any:
+    @overload
+    def get_str(self, key: str, default: str, *, required: bool = False) -> str: ...
+    @overload
+    def get_str(self, key: str, default: None = None, *, required: Literal[True]) -> str: ...
+    @overload
+    def get_str(self, key: str, default: None = None, *, required: bool = False) -> str | None: ...
+    def get_str(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
         value = self.require(key) if required else self.raw(key, default)
         if value is None:
             return default
-        return self._typed(key, value, (str,))
+        return str(self._typed(key, value, (str,)))
 
-    def get_int(self, key: str, default: int | None = None, *, minimum: int | None = None) -> Any:
+    @overload
+    def get_int(self, key: str, default: int, *, minimum: int | None = None) -> int: ...
+    @overload
+    def get_int(self, key: str, default: None = None, *, minimum: int | None = None) -> int | None: ...
+    def get_int(self, key: str, default: int | None = None, *, minimum: int | None = None) -> int | None:
         value = self.raw(key, default)
         if value is None:
             return default
-        value = self._typed(key, value, (int,))
-        if minimum is not None and value < minimum:
-            self.fail(f"must be >= {minimum}, got {value}", key)
-        return value
+        number = int(self._typed(key, value, (int,)))
+        if minimum is not None and number < minimum:
+            self.fail(f"must be >= {minimum}, got {number}", key)
+        return number
 
-    def get_float(self, key: str, default: float | None = None, *, non_negative: bool = False) -> Any:
+    @overload
+    def get_float(self, key: str, default: float, *, non_negative: bool = False) -> float: ...
+    @overload
+    def get_float(self, key: str, default: None = None, *, non_negative: bool = False) -> float | None: ...
+    def get_float(
+        self, key: str, default: float | None = None, *, non_negative: bool = False
+    ) -> float | None:
         value = self.raw(key, default)
         if value is None:
             return default
-        value = self._typed(key, value, (float, int))
-        if math.isnan(value):
+        number = float(self._typed(key, value, (float, int)))
+        if math.isnan(number):
             self.fail("expected a number, got .nan", key)
-        if non_negative and value < 0:
-            self.fail(f"must be >= 0, got {value}", key)
-        return float(value)
+        if non_negative and number < 0:
+            self.fail(f"must be >= 0, got {number}", key)
+        return number
 
     def get_bool(self, key: str, default: bool) -> bool:
         value = self.raw(key, default)
         return bool(self._typed(key, value, (bool,)))
 
-    def get_choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> Any:
+    @overload
+    def get_choice(self, key: str, allowed: tuple[_Choice, ...], default: _Choice) -> _Choice: ...
+    @overload
+    def get_choice(self, key: str, allowed: tuple[_Choice, ...], default: None = None) -> _Choice | None: ...
+    def get_choice(
+        self, key: str, allowed: tuple[_Choice, ...], default: _Choice | None = None
+    ) -> _Choice | None:
+        """One of ``allowed`` (typed as their ``Literal`` when ``allowed`` is, e.g. ``MODES``)."""
         value = self.get_str(key, default)
-        if value is not None and value not in allowed:
-            self.fail(f"unknown value {value!r} (allowed: {', '.join(allowed)})", key)
-        return value
+        if value is None:
+            return None
+        for choice in allowed:
+            if value == choice:
+                return choice
+        self.fail(f"unknown value {value!r} (allowed: {', '.join(allowed)})", key)
 
     def get_mapping(self, key: str, *, required: bool = False) -> Reader | None:
         value = self.require(key) if required else self.raw(key)

@@ -33,7 +33,7 @@ def _suite_copy(root: Path) -> Path:
 
 
 def _calibrate(folder: Path, out: Path, *extra: str) -> int:
-    argv = ["calibrate", "--config", str(folder / "align.yaml"), "--case", "eager_vs_sdpa", "--out", str(out)]
+    argv = ["calibrate", str(folder / "align.yaml"), "--case", "eager_vs_sdpa", "--out", str(out)]
     return main([*argv, *extra])
 
 
@@ -105,7 +105,9 @@ def test_every_rule_says_how_it_was_measured(calibrated: tuple[Path, Path, str])
     for rule in data["rules"]:
         why = rule["why"]
         assert "Measured max |delta|" in why and ("under float64" in why or "under attn" in why)
-        assert "margin 4 x" in why and "precalign calibrate --config" in why and f"--out {table}" in why
+        assert (
+            "margin 4 x" in why and f"precalign calibrate {table.parent}" in why and f"--out {table}" in why
+        )
         assert rule["rtol"] == 0 and rule["atol"] > 0 and rule["dtype"] == "float32"
     text = table.read_text()
     assert "seed (run-time seed 1 vs 0, same weights): skipped: no active dropout (train: false)" in text
@@ -268,6 +270,11 @@ def test_seed_runs_only_with_active_dropout_and_attn_only_on_hf(
             "exists.yaml already exists; refusing to overwrite it (pass --force)",
         ),
         (["--config", "{cfg}", "--out", "{tmp}/nodir/t.yaml"], "--out: folder {tmp}/nodir does not exist"),
+        (
+            ["--out", "{tmp}/t.yaml"],
+            "calibrate: give the config once, as `precalign calibrate CONFIG --out FILE`",
+        ),
+        (["{cfg}", "--config", "{cfg}", "--out", "{tmp}/t.yaml"], "calibrate: give the config once"),
     ],
 )
 def test_usage_errors_exit_2_with_one_message(

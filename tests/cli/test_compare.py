@@ -55,9 +55,12 @@ def test_compare_finds_the_first_divergence_exit_1(tmp_path, capsys):
         (["compare", "{tmp}", "{a}"], "neither a pytest-precalign trace (manifest.json) nor an msprobe dump"),
         (
             ["compare", "{a}", "{a}", "--tolerances", "{tmp}/nope.yaml"],
-            "--tolerances: {tmp}/nope.yaml: file not found",
+            "--tolerances: file not found: {tmp}/nope.yaml",
         ),
-        (["compare", "{a}", "{a}", "--mapping", "preset:nope"], "--mapping: unknown preset 'preset:nope'"),
+        (
+            ["compare", "{a}", "{a}", "--mapping", "preset:nope"],
+            "--mapping: unknown preset mapping 'preset:nope'",
+        ),
         (["compare", "{a}", "{a}", "--var", "heads"], "--var: expected KEY=INTEGER"),
     ],
 )

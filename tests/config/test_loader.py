@@ -1224,3 +1224,24 @@ def test_record_golden_is_resolved_and_checked(tmp_path: Path) -> None:
     assert "cases[0].record.golden" in missing and str(tmp_path / "runs" / "none") in missing
     tensor = _error(tmp_path, BASE + "    record: {mode: tensor, golden: runs/gold}\n")
     assert "cases[0].record.golden" in tensor and "use mode stats or hash" in tensor
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [("", "native"), ("native", "native"), ("precalign", "native"), ("msprobe", "msprobe")],
+)
+def test_record_format_is_native_everywhere_precalign_an_alias(
+    tmp_path: Path, written: str, read: str
+) -> None:
+    """``record.format`` has the Recorder's name for our format (``native``); ``precalign``, the
+    older name, still reads. A config case, the align marker and the Recorder share one default
+    record mode (``stats``)."""
+    from pytest_precalign import Recorder
+    from pytest_precalign.align_runner import AlignRunner
+
+    record = f"    record: {{format: {written}}}\n" if written else ""
+    spec = _load(tmp_path, BASE + record).case("c1").record
+    assert (spec.format, spec.mode) == (read, "stats")
+    assert Recorder(tmp_path / "r", format=written or "native").format == read
+    marker = pytest.mark.align().mark
+    assert AlignRunner.from_marker(None, marker, "t", lambda o: None).record.mode == "stats"

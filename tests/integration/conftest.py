@@ -1,9 +1,11 @@
-"""End-to-end tests: pytest runs a suite through ``pytester``, in a subprocess.
+"""End-to-end tests: pytest runs a suite through ``pytester``.
 
-Every test here takes ``run_pytest`` (or ``plugin_args``), so it runs twice: the inner pytest
-serially (id ``serial``) and with ``-n 2`` (id ``xdist``), as syrupy runs its tests with and
-without its plugin arguments. A test that asserts something only one mode can show says why
-where it does (``if xdist: ...`` or a ``pytest.skip`` with the reason)."""
+Every test here takes ``run_pytest`` (or ``plugin_args``): the inner pytest runs serially (id
+``serial``). A test whose behaviour depends on xdist -- reports merged from the workers, items
+scheduled on workers, errors raised on a worker -- is marked ``@pytest.mark.xdist_twin("why")``
+and also runs with ``-n 2`` (id ``xdist``), as syrupy runs its tests with and without its
+plugin arguments. A test that asserts something only one mode can show says why where it does
+(``if xdist: ...`` or a ``pytest.skip`` with the reason)."""
 
 from __future__ import annotations
 
@@ -45,7 +47,17 @@ class _KeepInstalledLibraries(_pytest.pytester.SysModulesSnapshot):
 _pytest.pytester.SysModulesSnapshot = _KeepInstalledLibraries  # type: ignore[misc]
 
 
-@pytest.fixture(params=[pytest.param([], id="serial"), pytest.param(["-n", "2"], id="xdist")])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``plugin_args``: serially; and ``-n 2`` too for tests marked ``xdist_twin``."""
+    if "plugin_args" not in metafunc.fixturenames:
+        return
+    modes = [pytest.param([], id="serial")]
+    if metafunc.definition.get_closest_marker("xdist_twin") is not None:
+        modes.append(pytest.param(["-n", "2"], id="xdist"))
+    metafunc.parametrize("plugin_args", modes)
+
+
+@pytest.fixture
 def plugin_args(request: pytest.FixtureRequest) -> list[str]:
     """The arguments that set how the inner pytest runs: nothing (serially) or ``-n 2``."""
     return list(request.param)

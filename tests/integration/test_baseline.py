@@ -96,6 +96,7 @@ def _assert_report(pytester: pytest.Pytester, actions: set[str], passed: bool) -
     return entries["port", "forward"]
 
 
+@pytest.mark.xdist_twin("workers' baseline entries reach the controller")
 def test_life_cycle(
     pytester: pytest.Pytester, run_pytest: RunPytest, xdist: bool, request: pytest.FixtureRequest
 ) -> None:
@@ -209,6 +210,7 @@ def test_update_needs_a_baseline_dir(pytester: pytest.Pytester, run_pytest: RunP
     result.stderr.fnmatch_lines(["*--align-update and --align-update-all need --align-baseline DIR*"])
 
 
+@pytest.mark.xdist_twin("deselection on the workers")
 def test_partial_run_touches_only_its_cases(
     pytester: pytest.Pytester, run_pytest: RunPytest, xdist: bool
 ) -> None:

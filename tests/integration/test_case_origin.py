@@ -12,6 +12,7 @@ from tests.helpers.nets import write_mlp_suite
 from tests.helpers.runs import RunPytest
 
 
+@pytest.mark.xdist_twin("the case origin after the controller merged the workers' entries")
 def test_a_forward_fault_is_the_case_origin_in_report_json(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:

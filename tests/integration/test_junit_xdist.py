@@ -35,6 +35,7 @@ def _args(tag: str) -> list[str]:
     return ["--align-config", "align.yaml", "--align-report", tag, f"--junitxml={tag}.xml"]
 
 
+@pytest.mark.xdist_twin("reports merged from the workers, a worker that crashes")
 def test_junit_xml_carries_verdict_first_divergence_origin_and_worst_metric(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
@@ -72,6 +73,7 @@ def _without_timings(report: dict) -> dict:
     return {**report, "cases": [{k: v for k, v in c.items() if k != "seconds"} for c in cases]}
 
 
+@pytest.mark.xdist_twin("reports merged from the workers, a worker that crashes")
 def test_xdist_report_has_every_case_and_equals_the_serial_report(
     pytester: pytest.Pytester, run_pytest: RunPytest, xdist: bool
 ) -> None:
@@ -107,6 +109,7 @@ def test_xdist_report_has_every_case_and_equals_the_serial_report(
     assert _properties(pytester.path / "parallel.xml") == _properties(pytester.path / "serial.xml")
 
 
+@pytest.mark.xdist_twin("reports merged from the workers, a worker that crashes")
 def test_a_crashed_worker_loses_only_the_item_it_was_running(pytester: pytest.Pytester, xdist: bool) -> None:
     if not xdist:
         pytest.skip(

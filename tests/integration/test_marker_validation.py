@@ -71,6 +71,7 @@ def test_each_wrong_marker_argument_names_the_marker_the_argument_and_the_allowe
     assert expected in str(excinfo.value)
 
 
+@pytest.mark.xdist_twin("a worker hands the usage error to the controller")
 @pytest.mark.parametrize("name", ["phases", "unknown-key"])
 def test_a_wrong_marker_argument_is_one_usage_error_line(
     pytester: pytest.Pytester, plugin_args: list[str], name: str

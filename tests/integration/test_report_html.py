@@ -36,6 +36,7 @@ def _tolerance_at(segments: list[tuple[float, float, float]], x: float) -> float
     return next(y for x0, x1, y in segments if x0 <= x <= x1)
 
 
+@pytest.mark.xdist_twin("report.html merged from the workers")
 def test_report_html_shows_verdicts_first_divergence_charts_and_sorts(
     pytester: pytest.Pytester, run_pytest: RunPytest, browser: Any
 ) -> None:

@@ -70,7 +70,6 @@ def test_mapping_path(align_runner):
     a, b, ids = _pair()
     run = align_runner.check(a, b, {"input_ids": ids}, mapping="maps/m.yaml")
     assert not run.verdicts["forward"].only_candidate
-    align_runner.assert_aligned(run)
 
 
 @pytest.mark.align(mapping="maps/m.yaml")
@@ -78,12 +77,11 @@ def test_mapping_marker(align_runner):
     a, b, ids = _pair()
     run = align_runner.check(a, b, {"input_ids": ids})
     assert not run.verdicts["forward"].only_candidate
-    align_runner.assert_aligned(run)
 
 
 def test_without_mapping_names_differ(align_runner):
     a, b, ids = _pair()
-    run = align_runner.check(a, b, {"input_ids": ids})
+    run = align_runner.compare(a, b, {"input_ids": ids})
     assert {r.name for r in run.verdicts["forward"].only_candidate} >= {"layers.0", "lm_head"}
 
 

@@ -217,14 +217,14 @@ ERRORS: dict[str, tuple[Callable[[Path], None], tuple[str, ...], tuple[str, ...]
         ("ranks from different steps", "rank1/", "manifest step 3"),
     ),
     "disagree": (
-        lambda s: _edit_manifest(s / "rank3", _set(tp=4, pp=1)),
+        lambda s: _edit_manifest(s / "rank3", _set(tp=4, pp=1, tp_rank=3, pp_rank=0)),
         (),
         ("rank manifests disagree", "rank0 says tp=2, pp=2", "rank3 says tp=4, pp=1"),
     ),
     "world": (
         lambda s: _edit_manifest(s / "rank0", _set(tp=3)),
         (),
-        ("world_size 4 is not tp*pp*dp*cp*ep = 6",),
+        ("world_size 4 is not tp*pp*dp*cp = 6",),
     ),
     "coords": (
         lambda s: _edit_manifest(s / "rank1", _set(tp_rank=0)),

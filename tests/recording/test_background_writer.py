@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pytest_precalign import Recorder
-from pytest_precalign.errors import TraceError
+from pytest_precalign.errors import ConfigError, TraceError
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.tensor_summary import tensor_stats
 from pytest_precalign.trace.native_io import begin_trace, read_trace, write_trace
@@ -268,7 +268,7 @@ def test_temporary_folders_of_running_or_other_hosts_writers_are_kept(tmp_path: 
 
 def test_queue_bytes_must_be_a_positive_integer(tmp_path: Path) -> None:
     for bad in (0, -1, 1.5, True, "1"):
-        with pytest.raises(ValueError, match=r"queue_bytes= must be an integer >= 1"):
+        with pytest.raises(ConfigError, match=r"queue_bytes= must be an integer >= 1"):
             Recorder(tmp_path, mode="tensor", queue_bytes=bad)  # type: ignore[arg-type]
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pytest_precalign import Recorder
+from pytest_precalign.errors import ConfigError
 from pytest_precalign.training.golden import GoldenError
 from tests.helpers.live_runs import FAULTY, faulty, origin, record_step, tiny_qwen2
 
@@ -149,20 +150,20 @@ def test_tensor_golden_and_the_tolerance_table(tmp_path: Path, runs: dict[str, P
     assert f"{FAULTY}|activation|out|0|0" in live(strict)["beyond"]
     assert live(strict)["beyond"] == live(runs["live"])["beyond"]  # as against the stats golden
     summary = live(loose)
-    assert summary["table"] == "loose.yaml" and summary["beyond"] == [] and summary["kept_tensors"] == 0
+    assert summary["table"] == "loose" and summary["beyond"] == [] and summary["kept_tensors"] == 0
 
 
 def test_missing_golden_is_one_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_run"
     with pytest.raises(GoldenError, match=f"golden {missing}: no such file or directory"):
         Recorder(tmp_path / "out", golden=missing)
-    assert issubclass(GoldenError, ValueError)
+    assert issubclass(GoldenError, ConfigError)
     empty = tmp_path / "empty"
     empty.mkdir()
     rec = Recorder(tmp_path / "out", golden=empty)
     with pytest.raises(GoldenError, match=f"golden {empty}: neither a pytest-precalign trace"):
         rec.start(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="golden= keeps tensors only where needed"):
+    with pytest.raises(ConfigError, match="golden= keeps tensors only where needed"):
         Recorder(tmp_path / "out", golden=empty, mode="tensor")
 
 

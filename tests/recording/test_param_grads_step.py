@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from pytest_precalign.errors import ConfigError
+
 torch = pytest.importorskip("torch")
 
 
@@ -75,7 +77,7 @@ def test_backward_mode_stays_the_default_and_records_before_the_reduction(tmp_pa
     # each micro-batch's accumulation is a call; the last one is half the reduced grad
     assert set(grads) == {(n, c) for n in seen for c in (0, 1)}
     assert all(torch.equal(grads[(n, 1)] * 2.0, g) for n, g in seen.items())
-    with pytest.raises(ValueError, match=r'grads_ready: needs Recorder\(\.\.\., param_grads="step"\)'):
+    with pytest.raises(ConfigError, match=r'grads_ready: needs Recorder\(\.\.\., param_grads="step"\)'):
         rec.grads_ready()
 
 
@@ -96,7 +98,7 @@ def test_step_mode_without_grads_ready_records_at_stop_and_prefers_main_grad(tmp
 def test_grads_ready_twice_and_an_unknown_mode_are_refused(tmp_path: Path) -> None:
     from pytest_precalign import Recorder
 
-    with pytest.raises(ValueError, match=r"unknown param_grads 'after' \(allowed: backward, step\)"):
+    with pytest.raises(ConfigError, match=r"unknown param_grads 'after' \(allowed: backward, step\)"):
         Recorder(tmp_path, param_grads="after")
     model = Tiny()
     rec = Recorder(tmp_path / "twice", param_grads="step", steps=[1])
@@ -107,6 +109,6 @@ def test_grads_ready_twice_and_an_unknown_mode_are_refused(tmp_path: Path) -> No
     rec.start(model)
     model(torch.ones(1, 4)).sum().backward()
     rec.grads_ready()
-    with pytest.raises(ValueError, match="called twice in step 1"):
+    with pytest.raises(ConfigError, match="called twice in step 1"):
         rec.grads_ready()
     rec.close()

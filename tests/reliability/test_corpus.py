@@ -290,7 +290,7 @@ CORPUS: list[Bad] = [
     Bad(
         "record-unknown-format",
         config(case_line("record: {format: npy}")),
-        (CFG + ":12: cases[0].record.format:", "'npy'", "precalign, msprobe"),
+        (CFG + ":12: cases[0].record.format:", "'npy'", "native, msprobe, precalign"),
     ),
     Bad(
         "record-include-not-globs",

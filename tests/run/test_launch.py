@@ -19,6 +19,7 @@ from pytest_precalign.config.launch import launched, world_size
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import CaseError, ConfigError
+from pytest_precalign.parallel.merge import Chunk, RankTrace
 from pytest_precalign.trace.records import Record, Trace
 from pytest_precalign.vocabulary import as_kind
 
@@ -141,8 +142,8 @@ def test_isolation_is_refused_for_a_launched_candidate(tmp_path: Path) -> None:
         _load(tmp_path, text)
 
 
-# -- merging pipeline stages ----------------------------------------------------------------------
-def _rank(pp_rank: int, names: list[tuple[str, str]], offset: int) -> Trace:
+# -- merging pipeline stages (the one merge of rank folders, parallel/merge.py) ----------------
+def _rank(pp_rank: int, names: list[tuple[str, str]], offset: int) -> RankTrace:
     records = tuple(
         Record(
             i,
@@ -159,14 +160,14 @@ def _rank(pp_rank: int, names: list[tuple[str, str]], offset: int) -> Trace:
         )  # fmt: skip
         for i, (name, kind) in enumerate(names)
     )
-    layout = {"tp": 1, "pp": 2, "dp": 1, "cp": 1, "tp_rank": 0, "pp_rank": pp_rank,
-              "chunks": [{"index": 0, "prefix": "", "layer_offsets": {"decoder.layers": offset}}]}  # fmt: skip
     tensors = {f"t{i}": torch.full((2,), float(10 * pp_rank + i)) for i in range(len(names))}
-    return Trace({"record_mode": "tensor", "parallel": layout}, records, tensors)
+    trace = Trace({"record_mode": "tensor"}, records, tensors)
+    return RankTrace(pp_rank, f"rank{pp_rank}", trace, (Chunk(0, "", {"decoder.layers": offset}),))
 
 
 def test_stages_are_renumbered_ordered_and_shared_modules_kept_once() -> None:
-    from pytest_precalign.run.launch_merge import globalize, merge_step
+    from pytest_precalign.parallel.layout import ParallelLayout
+    from pytest_precalign.parallel.merge import globalize, merge_ranks
 
     assert (
         globalize("decoder.layers.1.mlp.linear_fc1", {"decoder.layers": 2})
@@ -178,7 +179,7 @@ def test_stages_are_renumbered_ordered_and_shared_modules_kept_once() -> None:
     stage1 = [("decoder", "input"), ("decoder.layers.0", "activation"), ("decoder", "activation"),
               ("logits", "logits"), ("decoder", "grad_output"), ("decoder.layers.0", "grad_output"),
               ("decoder", "grad_input")]  # fmt: skip
-    merged = merge_step([_rank(0, stage0, 0), _rank(1, stage1, 1)])
+    merged = merge_ranks([_rank(0, stage0, 0), _rank(1, stage1, 1)], ParallelLayout(pp=2), where="x")
     order = [(r.name, r.kind) for r in merged.records]
     assert order == [
         ("decoder", "input"),  # the first stage's input
@@ -237,9 +238,9 @@ def test_tp2_pp2_on_four_ranks_aligns_with_hf(tp2_pp2: tuple[AlignConfig, object
         assert verdict.passed and verdict.aligned, (phase, verdict.failures[:3])
         assert verdict.compared > (40 if phase == "step" else 100)
     cand = run.candidate  # type: ignore[attr-defined]
-    layout = cand.manifest["parallel"]
-    assert (layout["tp"], layout["pp"], layout["world_size"]) == (2, 2, 4)
-    assert layout["merged"]["notes"] == {}
+    merge = cand.manifest["parallel_merge"]
+    assert merge["world_size"] == 4 and merge["layout"].startswith("tp=2, pp=2")
+    assert "replica_mismatches" not in cand.manifest
     # Every layer of both stages, under its global HF name; its weights after the step too.
     names = {r.name for r in cand.records}
     for i in range(4):

@@ -17,21 +17,21 @@ import torch
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
+from pytest_precalign.checkpoints.sharding import gather_tensor, rule_for_param  # noqa: E402
 from pytest_precalign.config.loader import load_config  # noqa: E402
 from pytest_precalign.config.specs import AlignConfig  # noqa: E402
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
 from pytest_precalign.parallel.rules import MEGATRON_GPT_RULES, WRONG_FC1_RULES, rule_for
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
-from pytest_precalign.run.launch import launch_ranks  # noqa: E402
-from pytest_precalign.run.launch_merge import merge_launched, read_step  # noqa: E402
+from pytest_precalign.run.launch import launch_ranks, merge_launched  # noqa: E402
 from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish  # noqa: E402
 from pytest_precalign.run.side import run_side  # noqa: E402
-from pytest_precalign.run.tensor_parallel import gather_traces, shard_state
+from pytest_precalign.run.tensor_parallel import shard_state
 from pytest_precalign.sources import build_model, runtime  # noqa: E402
 from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
-from pytest_precalign.trace.records import Record, Trace  # noqa: E402
-from pytest_precalign.vocabulary import as_kind  # noqa: E402
+from pytest_precalign.trace.native_io import read_trace  # noqa: E402
+from pytest_precalign.trace.records import Trace  # noqa: E402
 
 CONFIG = """
 version: 1
@@ -100,7 +100,7 @@ def runs(config: AlignConfig, tmp_path_factory: pytest.TempPathFactory) -> dict[
         hf_trace = run_side(hf, inputs, case, {"side": "baseline"}, 0)
         work = tmp_path_factory.mktemp("tp2-ranks")
         out = launch_ranks(config.models["megatron_tp2"], config.base_dir, case, inputs, full, 0, work)
-    ranks = read_step(out / "step0", 2)
+    ranks = [read_trace(out / "step0" / f"rank{r}") for r in range(2)]
     return {
         "case": case,
         "inputs": inputs,
@@ -132,15 +132,6 @@ def _max_diff(run: CaseRun, kinds: tuple[str, ...], step: int = 0) -> float:
 
 
 # -- sharding ---------------------------------------------------------------------------------
-def _param_trace(state: dict[str, torch.Tensor], rank: int) -> Trace:
-    records = tuple(
-        Record(i, name, "", "step", 0, 0, "param", "", "float32", tuple(t.shape), tensor_key=f"t{i}")
-        for i, (name, t) in enumerate(state.items())
-    )
-    tensors = {f"t{i}": t for i, t in enumerate(state.values())}
-    return Trace({"record_mode": "tensor", "tp_rank": rank}, records, tensors)
-
-
 def test_shard_state_then_gather_is_bitwise_identity(config: AlignConfig) -> None:
     spec = config.models["megatron"]
     with runtime(spec):
@@ -155,49 +146,15 @@ def test_shard_state_then_gather_is_bitwise_identity(config: AlignConfig) -> Non
     fc1 = full["decoder.layers.0.mlp.linear_fc1.weight"]
     assert torch.equal(shards[1]["decoder.layers.0.mlp.linear_fc1.weight"][64:], fc1[192:])
 
-    gathered = gather_traces([_param_trace(s, r) for r, s in enumerate(shards)])
-    assert gathered.manifest["tensor_parallel"]["notes"] == {}
-    assert [r.name for r in gathered.records] == list(full)
-    for rec in gathered.records:
-        assert rec.shape == tuple(full[rec.name].shape), rec.name
-        assert torch.equal(gathered.tensor(rec), full[rec.name]), rec.name
+    def gathered(name: str, rules: Any = MEGATRON_GPT_RULES) -> torch.Tensor:
+        rule = rule_for_param(name, tuple(full[name].shape), rules)
+        layout, dim = (rule.layout, rule.dim) if rule is not None else ("replicated", 0)
+        return gather_tensor([s[name] for s in shards], layout, dim)
+
+    for name, tensor in full.items():
+        assert torch.equal(gathered(name), tensor), name
     # A plain concatenation of fc1 is not the TP=1 layout.
-    wrong = gather_traces([_param_trace(s, r) for r, s in enumerate(shards)], rules=WRONG_FC1_RULES)
-    rec = next(r for r in wrong.records if r.name == "decoder.layers.0.mlp.linear_fc1.weight")
-    assert not torch.equal(wrong.tensor(rec), fc1)
-
-
-def test_gather_keeps_rank0_and_notes_what_it_cannot_gather() -> None:
-    def trace(rank: int, qkv_width: int, extra: bool) -> Trace:
-        specs: list[tuple[str, str, str, tuple[int, ...]]] = [
-            ("decoder.layers.0.self_attention.linear_qkv", "activation", "out.0", (3, qkv_width)),
-            ("decoder.layers.0.mystery", "activation", "out", (3, 2 + rank)),  # no rule, shapes differ
-            ("decoder.final_layernorm", "activation", "out", (3, 4)),  # replicated but not equal
-        ]
-        if extra:
-            specs.append(("decoder.only_on_rank0", "activation", "out", (2,)))
-        records, tensors = [], {}
-        for i, (name, kind, slot, shape) in enumerate(specs):
-            key = f"t{i}"
-            tensors[key] = torch.full(shape, float(rank))
-            records.append(
-                Record(i, name, "M", "forward", 0, 0, as_kind(kind), slot, "float32", shape, tensor_key=key)
-            )
-        return Trace({"record_mode": "tensor"}, tuple(records), tensors)
-
-    gathered = gather_traces([trace(0, 4, True), trace(1, 4, False)])
-    notes = gathered.manifest["tensor_parallel"]["notes"]
-    by_name = {r.name: r for r in gathered.records}
-    assert by_name["decoder.layers.0.self_attention.linear_qkv"].shape == (3, 8)
-    assert by_name["decoder.layers.0.self_attention.linear_qkv"].stats.mean == 0.5  # type: ignore[union-attr]
-    assert by_name["decoder.layers.0.mystery"].shape == (3, 2)
-    assert "no sharding rule" in notes[by_name["decoder.layers.0.mystery"].id]
-    assert "ranks differ" in notes[by_name["decoder.final_layernorm"].id]
-    assert "missing on rank(s) [1]" in notes[by_name["decoder.only_on_rank0"].id]
-    with pytest.raises(CaseError, match="ranks differ"):
-        gather_traces([trace(0, 4, False), trace(1, 4, False)], strict=True)
-    with pytest.raises(CaseError, match="stats"):
-        gather_traces([Trace({"record_mode": "stats"}, ())])
+    assert not torch.equal(gathered("decoder.layers.0.mlp.linear_fc1.weight", WRONG_FC1_RULES), fc1)
 
 
 def test_rules_cover_the_sharded_records(runs: dict[str, Any]) -> None:
@@ -210,10 +167,10 @@ def test_rules_cover_the_sharded_records(runs: dict[str, Any]) -> None:
 
 # -- end to end -------------------------------------------------------------------------------
 def test_tp2_matches_hf_through_the_preset_mapping(config: AlignConfig, runs: dict[str, Any]) -> None:
-    gathered = merge_launched(runs["out"], 2, {"side": "candidate"})
-    tp_info = gathered.manifest["parallel"]["merged"]
-    assert gathered.manifest["parallel"]["tp"] == 2 and gathered.manifest["parallel"]["pp"] == 1
-    assert tp_info["size"] == 2 and tp_info["notes"] == {} and tp_info["replicas_checked"] > 100
+    gathered = merge_launched(runs["out"], {"side": "candidate"})
+    merge = gathered.manifest["parallel_merge"]
+    assert merge["world_size"] == 2 and merge["layout"].startswith("tp=2, pp=1")
+    assert "replica_mismatches" not in gathered.manifest and merge["replicas_checked"] > 100
     run = _finish(config, runs["hf"], gathered)
     for phase, verdict in run.verdicts.items():
         assert verdict.passed and verdict.aligned, (phase, verdict.failures[:3])
@@ -234,7 +191,7 @@ def test_tp2_matches_hf_through_the_preset_mapping(config: AlignConfig, runs: di
 
 
 def test_tp2_matches_tp1_megatron_without_a_mapping(config: AlignConfig, runs: dict[str, Any]) -> None:
-    gathered = merge_launched(runs["out"], 2, {})
+    gathered = merge_launched(runs["out"], {})
     tp1: Trace = runs["tp1"]
 
     # The same records as TP=1, in its order, except that the ranks record param grads once
@@ -251,7 +208,7 @@ def test_tp2_matches_tp1_megatron_without_a_mapping(config: AlignConfig, runs: d
 
 
 def test_wrong_fc1_gather_is_caught_at_layer0_fc1(config: AlignConfig, runs: dict[str, Any]) -> None:
-    wrong = merge_launched(runs["out"], 2, {}, rules=WRONG_FC1_RULES)
+    wrong = merge_launched(runs["out"], {}, rules=WRONG_FC1_RULES)
     case = replace(config.case("tp2"), phases=("forward",))
     job = FinishInputs(
         case.name, case.phases, runs["hf"], wrong, config.tolerances["tp"], 0.0, case.mapping, case

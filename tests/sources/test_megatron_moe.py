@@ -173,7 +173,7 @@ def test_expert_parallel_errors_are_one_line_naming_the_key(tmp_path, preset, op
 
 
 def test_expert_parallel_rank_experts_are_renamed_to_their_global_index():
-    from pytest_precalign.run.launch_merge import globalize_expert
+    from pytest_precalign.parallel.merge import globalize_expert
 
     name = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"
     assert globalize_expert(name, 1, 2) == "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight"

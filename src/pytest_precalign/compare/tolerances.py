@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..vocabulary import KINDS, PHASES
 from ..yaml_reader import Reader, describe, read_yaml_file
 
@@ -234,3 +236,44 @@ def parse_table(
         item_line = lines[i] if lines else line
         rules.append(parse_rule(Reader(item, source, f"{path}[{i}]", item_line)))
     return ToleranceTable(name=name, rules=tuple(rules))
+
+
+def load_table(
+    value: Any,
+    where: str,
+    base_dir: Path = Path(),
+    named: Mapping[str, ToleranceTable] | None = None,
+    config_name: str = "",
+) -> ToleranceTable:
+    """THE loader of a tolerance table given as an argument (``--tolerances``, the marker's
+    ``tolerances=``, ``Recorder(tolerances=)``): None (the defaults), a ``ToleranceTable``, a
+    YAML file (relative to ``base_dir``; named by its stem), a list of rules, or -- with
+    ``named``, the tables of a config called ``config_name`` -- a table's name.
+    ``ConfigError`` starting with ``where`` otherwise."""
+    if value is None:
+        return default_table()
+    if isinstance(value, ToleranceTable):
+        return value
+    if isinstance(value, Path) or (isinstance(value, str) and value.endswith((".yaml", ".yml"))):
+        file = (base_dir / value).resolve()
+        if not file.is_file():
+            raise ConfigError(f"{where}: file not found: {file}")
+        return parse_table(file.stem, read_yaml_file(file), str(file), "", file.parent)
+    if isinstance(value, str):
+        if named is None:
+            raise ConfigError(
+                f"{where}: a table name needs --align-config (the config whose tolerances: defines it); "
+                "or give a tolerance YAML file or a list of rules"
+            )
+        if value not in named:
+            raise ConfigError(
+                f"{where}: unknown table (known in {config_name}: {', '.join(named) or 'none'}; "
+                "or a tolerance YAML file or a list of rules)"
+            )
+        return named[value]
+    if isinstance(value, list):
+        rules = tuple(parse_rule(Reader(r, where, f"tolerances[{i}]")) for i, r in enumerate(value))
+        return ToleranceTable(name="rules", rules=rules)
+    raise ConfigError(
+        f"{where}: expected a table name, a tolerance YAML file or a list of rules, got {describe(value)}"
+    )

@@ -19,7 +19,17 @@ from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
 from ..training.spec import OPTIMIZERS
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
-from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
+from ..vocabulary import (
+    KINDS,
+    LEVELS,
+    MODES,
+    PHASES,
+    RECORD_FORMAT_ALIASES,
+    RECORD_FORMATS,
+    Phase,
+    RecordFormat,
+    phases_in_order,
+)
 from ..yaml_reader import Reader
 from .launch import launched
 from .model_weights import loads_weights
@@ -285,7 +295,7 @@ def _record(reader: Reader, base_dir: Path) -> RecordSpec:
         inputs=rec.get_bool("inputs", True),
         include=_str_tuple(rec, "include"),
         exclude=_str_tuple(rec, "exclude"),
-        format=rec.get_choice("format", ("precalign", "msprobe"), "precalign"),
+        format=_record_format(rec),
         level=rec.get_choice("level", LEVELS, "module"),
         moe=_moe(rec),
         golden=_golden(rec, base_dir),
@@ -336,7 +346,7 @@ def _expect(reader: Reader, phases: tuple[Phase, ...]) -> Expectation | None:
         phase=phase,
         first_divergence=exp.get_str("first_divergence", required=True),
         origin=origin,
-        kind=exp.get_str("kind"),
+        kind=exp.get_choice("kind", KINDS),
         where=exp.where(),
     )
     exp.done()
@@ -482,3 +492,14 @@ def _safe_case_name(name: str) -> bool:
         and not any(c in name for c in "[]:/\\ ")
         and all(c.isprintable() for c in name)
     )
+
+
+def _record_format(rec: Reader) -> RecordFormat:
+    """``record.format``: native or msprobe (``precalign``, its older name, reads as native)."""
+    raw = rec.raw("format")
+    alias = RECORD_FORMAT_ALIASES.get(raw) if isinstance(raw, str) else None
+    if alias is not None:
+        return alias
+    allowed = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)
+    value = rec.get_choice("format", allowed, "native")
+    return "msprobe" if value == "msprobe" else "native"

@@ -3,6 +3,7 @@ and the model-config fields (``$variables``) a mapping may use."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -167,23 +168,35 @@ def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
     return out
 
 
-def preset_mapping(
-    reader: Reader, ref: str, variables: dict[str, Any], baseline: ModelSpec, candidate: ModelSpec
+def resolve_preset(
+    ref: str, variables: Mapping[str, Any], where: str, *, megatron_baseline: bool
 ) -> MappingSpec:
-    """A built-in mapping (``mapping: preset:NAME``), oriented baseline = HF, candidate =
-    Megatron; reversed when the case has them the other way round."""
+    """THE resolver of ``preset:NAME`` (a config's ``mapping:``, the marker's and
+    ``align_runner``'s ``mapping=``, ``precalign compare --mapping``): the built-in mapping,
+    written baseline = HF, candidate = Megatron, reversed when the baseline is the Megatron
+    model. It needs the head counts; ``ConfigError`` starting with ``where`` otherwise."""
     name = ref.partition(":")[2]
     if name not in PRESET_MAPPINGS:
         allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
-        reader.fail(f"unknown preset mapping {ref!r} (allowed: {allowed})", "mapping")
+        raise ConfigError(f"{where}: unknown preset mapping {ref!r} (allowed: {allowed})")
     missing = [k for k in ("num_attention_heads", "num_key_value_heads") if k not in variables]
     if missing:
-        reader.fail(f"{ref} needs {missing[0]} in a model's config", "mapping")
-    path = PRESETS_DIR / f"{name}.yaml"
+        raise ConfigError(f"{where}: {ref} needs {missing[0]} in a model's config")
     try:
-        mapping = read_mapping_file(path, ref, variables)
+        mapping = read_mapping_file(PRESETS_DIR / f"{name}.yaml", ref, dict(variables))
     except ConfigError as exc:  # the models' config does not fit the preset
-        reader.fail(f"{ref} does not fit these models: {str(exc).rpartition(': ')[2]}", "mapping")
-    if baseline.source == "megatron" and candidate.source != "megatron":
-        mapping = reverse(mapping)
-    return mapping
+        raise ConfigError(
+            f"{where}: {ref} does not fit these models: {str(exc).rpartition(': ')[2]}"
+        ) from None
+    return reverse(mapping) if megatron_baseline else mapping
+
+
+def preset_mapping(
+    reader: Reader, ref: str, variables: dict[str, Any], baseline: ModelSpec, candidate: ModelSpec
+) -> MappingSpec:
+    """A config case's ``mapping: preset:NAME`` (``resolve_preset``; errors at the key)."""
+    megatron_baseline = baseline.source == "megatron" and candidate.source != "megatron"
+    try:
+        return resolve_preset(ref, variables, "mapping", megatron_baseline=megatron_baseline)
+    except ConfigError as exc:
+        reader.fail(str(exc).partition("mapping: ")[2], "mapping")

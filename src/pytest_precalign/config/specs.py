@@ -15,7 +15,7 @@ from ..training.spec import OptimizerSpec as OptimizerSpec
 from ..training.spec import SidesTraining
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
-from ..vocabulary import Phase
+from ..vocabulary import Level, Mode, Phase, RecordFormat
 from .search import SearchSpec
 
 
@@ -61,12 +61,12 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class RecordSpec:
-    mode: str = "stats"
+    mode: Mode = "stats"
     inputs: bool = True
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    format: str = "precalign"  # how saved traces are written: ours, or msprobe's dump layout
-    level: str = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
+    format: RecordFormat = "native"  # how saved traces are written: ours, or msprobe's dump layout
+    level: Level = "module"  # module hooks, op calls inside modules ("op"), or both ("mix")
     moe: MoeSpec | None = None  # MoE blocks whose expert records are keyed by token
     golden: Path | None = None  # a golden run the candidate is compared with while recorded
 

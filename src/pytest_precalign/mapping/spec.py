@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..vocabulary import KINDS
+from ..vocabulary import KINDS, MODULE_KINDS
 from ..yaml_reader import Reader, describe, read_yaml_file
 from .layer_mapping import LayerMapping, RuleKey
 from .transforms import OP_ARITY, OP_PARAMS, TransformOp, check_qkv
@@ -267,8 +267,8 @@ def _ops(r: Reader, key: str, line: int | None, variables: Mapping[str, Any]) ->
     )
 
 
-def _kinds(r: Reader, default: list[str]) -> tuple[str, ...]:
-    kinds_value = r.raw("kinds", default)
+def _kinds(r: Reader, default: Sequence[str]) -> tuple[str, ...]:
+    kinds_value = r.raw("kinds", list(default))
     kinds = tuple(kinds_value if isinstance(kinds_value, list) else [kinds_value])
     for kind in kinds:
         if kind not in KINDS:
@@ -285,9 +285,6 @@ def _slot_pairs(r: Reader) -> tuple[tuple[str, str], ...]:
     ):
         r.fail("expected a mapping of candidate slot -> baseline slot (e.g. {out.0: out})", "slots")
     return tuple(value.items())
-
-
-MODULE_KINDS = ["activation", "input", "grad_output", "grad_input"]
 
 
 def parse_mapping(name: str, reader: Reader, variables: Mapping[str, Any] | None = None) -> MappingSpec:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..trace.records import Trace
+from ..vocabulary import MODULE_KINDS
 from .layer_mapping import RuleKey
 from .spec import MappingSpec, match_pattern
 
-_MODULE_KINDS = ("activation", "input", "grad_output", "grad_input")
 _HINT = "set optional: true on a rule that may apply to nothing"
 
 
@@ -50,7 +50,7 @@ class MappingUse:
             frozenset(applied),
             params_seen,
             frozenset(r.kind for r in candidate.records) | ({"param"} if params_seen else frozenset()),
-            frozenset(r.slot.split(".")[0] for r in candidate.records if r.kind in _MODULE_KINDS),
+            frozenset(r.slot.split(".")[0] for r in candidate.records if r.kind in MODULE_KINDS),
             frozenset(r.module_class for r in candidate.records),
             {n: frozenset(k) for n, k in names.items()},
         )

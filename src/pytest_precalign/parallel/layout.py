@@ -25,6 +25,10 @@ _RANK = re.compile(r"^rank(\d+)$")
 
 @dataclass(frozen=True)
 class ParallelLayout:
+    """The sizes of a run's parallel dimensions, as megatron-core counts them: the world is
+    ``tp * pp * dp * cp``; expert-parallel ranks are carved out of the data-parallel ones
+    (``ep`` divides ``dp * cp``), so ``ep`` adds no ranks."""
+
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -40,17 +44,19 @@ class ParallelLayout:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp * self.ep
+        return self.tp * self.pp * self.dp * self.cp
 
     def coords(self, rank: int) -> dict[str, int]:
         """``{"tp": .., "cp": .., "ep": .., "dp": .., "pp": ..}`` of a global rank (the first
-        dim of ``order`` varies fastest, as Megatron's RankGenerator numbers them)."""
+        dim of ``order`` varies fastest, as Megatron's RankGenerator numbers them; the expert
+        rank is ``(rank // tp) % ep``, as its expert RankGenerator numbers them)."""
         out: dict[str, int] = {}
         rest = rank
         for dim in self.order.split("-"):
-            size = int(getattr(self, dim))
+            size = 1 if dim == "ep" else int(getattr(self, dim))
             out[dim] = rest % size
             rest //= size
+        out["ep"] = (rank // self.tp) % self.ep
         return out
 
     def describe(self) -> str:
@@ -76,30 +82,80 @@ def _size(value: Any, key: str, where: str, *, null_ok: bool = False) -> int | N
     return value
 
 
-def layout_from_manifest(block: Any, where: str) -> ParallelLayout:
-    """The ``parallel`` block of a rank's manifest (the Recorder's contract)."""
+# The keys a user may give (``Recorder(layout=...)``); a manifest adds source, parallel_output,
+# chunks and sharding (written by ``training.layout_probe``).
+SIZES = ("tp", "pp", "dp", "cp", "ep")
+RANKS = tuple(f"{s}_rank" for s in SIZES)
+LAYOUT_KEYS = (*SIZES, "vpp", "world_size", "rank", *RANKS, "order", "sequence_parallel")
+
+
+def check_layout_block(block: Any, where: str, *, user: bool = False) -> ParallelLayout:
+    """THE validator of a ``parallel`` block, for the Recorder that writes it and for the
+    compare that reads it back (``ConfigError``): sizes >= 1, ``order`` a permutation of the
+    five dims, ``world_size`` = tp*pp*dp*cp, ``ep`` dividing dp*cp, ``rank`` in the world and
+    each ``<dim>_rank`` the one the rank has in this layout. ``user``: only ``LAYOUT_KEYS``."""
     if not isinstance(block, Mapping):
-        raise TraceError(f"{where}: 'parallel' must be an object with tp, pp, dp, ... (got {block!r})")
-    try:
-        sizes = {k: _size(block.get(k, 1), k, where) for k in ("tp", "pp", "dp", "cp", "ep")}
-        vpp = _size(block.get("vpp"), "vpp", where, null_ok=True)
-        order = _check_order(block.get("order", DEFAULT_ORDER), where)
-    except ConfigError as exc:
-        raise TraceError(str(exc)) from None
+        raise ConfigError(f"{where}: expected a mapping with tp, pp, dp, ... (got {block!r})")
+    if user:
+        for key in block:
+            if key not in LAYOUT_KEYS:
+                raise ConfigError(f"{where}: unknown key {key!r} (allowed: {', '.join(LAYOUT_KEYS)})")
+    sizes = {k: _size(block.get(k, 1), repr(k), where) or 1 for k in SIZES}
+    vpp = _size(block.get("vpp"), "'vpp'", where, null_ok=True)
+    for key in ("sequence_parallel", "parallel_output"):
+        if not isinstance(block.get(key, False), bool):
+            raise ConfigError(f"{where}: {key!r} must be true or false, got {block[key]!r}")
     layout = ParallelLayout(
         vpp=vpp,
-        order=order,
+        order=_check_order(block.get("order", DEFAULT_ORDER), where),
         sequence_parallel=bool(block.get("sequence_parallel", False)),
         parallel_output=bool(block.get("parallel_output", False)),
         source=str(block.get("source", "")),
-        **{k: int(v or 1) for k, v in sizes.items()},
+        **sizes,
     )
+    if (layout.dp * layout.cp) % layout.ep:
+        raise ConfigError(
+            f"{where}: ep {layout.ep} must divide dp*cp = {layout.dp * layout.cp} "
+            "(expert-parallel ranks are data-parallel ranks, as in megatron-core)"
+        )
     world = block.get("world_size", layout.world_size)
     if world != layout.world_size:
-        raise TraceError(
-            f"{where}: world_size {world!r} is not tp*pp*dp*cp*ep = {layout.world_size} ({layout.describe()})"
+        raise ConfigError(
+            f"{where}: world_size {world!r} is not tp*pp*dp*cp = {layout.world_size} ({layout.describe()})"
         )
+    _check_ranks(block, layout, where)
     return layout
+
+
+def _check_ranks(block: Mapping[str, Any], layout: ParallelLayout, where: str) -> None:
+    rank = block.get("rank")
+    if rank is not None and not (_int(rank) and 0 <= rank < layout.world_size):
+        raise ConfigError(f"{where}: 'rank' must be an integer in 0..{layout.world_size - 1}, got {rank!r}")
+    coords = layout.coords(rank) if rank is not None else {}
+    for dim, key in zip(SIZES, RANKS, strict=True):
+        if key not in block:
+            continue
+        size, value = getattr(layout, dim), block[key]
+        if not (_int(value) and 0 <= value < size):
+            raise ConfigError(
+                f"{where}: {key!r} must be an integer in 0..{size - 1} ({dim} = {size}), got {value!r}"
+            )
+        if coords and value != coords[dim]:
+            raise ConfigError(
+                f"{where}: {key} {value!r}, but rank {rank} of {layout.describe()} is {key} {coords[dim]}"
+            )
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def layout_from_manifest(block: Any, where: str) -> ParallelLayout:
+    """The ``parallel`` block of a rank's manifest (the Recorder's contract), read back."""
+    try:
+        return check_layout_block(block, f"{where}: parallel")
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
 
 
 def parse_parallel_option(text: str) -> tuple[str, ParallelLayout]:

@@ -1,11 +1,15 @@
 """Per-rank traces of one distributed run -> one canonical trace (TP=1, one stage), lazily.
 
-For each DP replica: the TP ranks of each pipeline stage are merged record by record
-(sharded tensors by the rules in ``rules.py``, replicated ones checked equal across the TP
-ranks, the first kept), each stage's local names become global ones (a virtual-pipeline
-chunk's ``prefix`` is stripped, ``layer_offsets`` renumber the layers), and the stages are put
-in execution order: forward and optimizer-step records stage by stage, backward records in
-reverse. DP replicas must hold the same records with the same statistics; the first is kept.
+The one merge of rank folders: ``precalign compare``, the launched ranks of a pytest case
+(``run/launch.py``) and the rank folders of the user's own loop all come here. For each DP
+replica: the TP ranks of each pipeline stage are merged record by record (sharded tensors by
+the rules in ``rules.py``, replicated ones checked equal across the TP ranks, the first kept),
+each stage's local names become global ones (a virtual-pipeline chunk's ``prefix`` is
+stripped, ``layer_offsets`` renumber the layers), and the stages are put in execution order:
+forward and optimizer-step records stage by stage, backward records in reverse. With expert
+parallelism (``ep`` ranks inside the data-parallel ones, as in megatron-core), expert-parallel
+rank r's ``local_experts.i`` is global expert ``r * n + i`` and the other records are EP rank
+0's. DP replicas must hold the same records with the same statistics; the first is kept.
 
 Tensors are not read here: the merged trace's store (``store.MergedTensors``) reads and
 concatenates one record's shards when the compare asks for it. Statistics-only sides merge
@@ -24,11 +28,10 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.records import Record, Stats, Trace
+from ..vocabulary import PHASE_INDEX
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
-
-_PHASE_ORDER = {"forward": 0, "backward": 1, "step": 2}
 
 
 @dataclass(frozen=True)
@@ -72,26 +75,30 @@ def merge_ranks(
 ) -> Trace:
     """The ranks of one run (every rank of ``layout``, in any order) -> one trace; its tensor
     keys start with ``key_prefix``."""
-    if layout.cp > 1 or layout.ep > 1:
+    if layout.cp > 1 or (layout.ep > 1 and layout.pp > 1):
         raise TraceError(
-            f"{where}: merging context- or expert-parallel ranks is not supported ({layout.describe()}); "
-            "compare runs with cp=1 and ep=1"
+            f"{where}: merging context-parallel ranks, or expert-parallel ranks over pipeline "
+            f"stages, is not supported ({layout.describe()}); compare runs with cp=1, and pp=1 where ep>1"
         )
     by_rank = {r.rank: r for r in ranks}
     all_rules = rules_for_layout(
         rules, sequence_parallel=layout.sequence_parallel, parallel_output=layout.parallel_output
     )
     replicas: list[tuple[list[Record], _Merged]] = []
-    for dp in range(layout.dp):
+    for replica in range(layout.dp // layout.ep):
         merged = _Merged(prefix=key_prefix)
-        for pp in range(layout.pp):
-            group = [by_rank[g] for g in _group(layout, dp, pp)]
-            _merge_stage(group, pp, layout, all_rules, merged)
+        for ep_rank in range(layout.ep):
+            dp = replica * layout.ep + ep_rank
+            for pp in range(layout.pp):
+                group = [by_rank[g] for g in _group(layout, dp, pp)]
+                _merge_stage(group, pp, layout, all_rules, merged, ep_rank)
         ordered = _ordered(merged, layout, where)
         replicas.append((ordered, merged))
     first, merged = replicas[0]
     for dp, (other, _) in enumerate(replicas[1:], 1):
-        _check_replica(first, other, _group(layout, 0, 0)[0], _group(layout, dp, 0)[0], by_rank, where)
+        _check_replica(
+            first, other, _group(layout, 0, 0)[0], _group(layout, dp * layout.ep, 0)[0], by_rank, where
+        )
     manifest = dict(ranks[0].trace.manifest)
     manifest.pop("parallel", None)
     if merged.replica_mismatches:
@@ -111,7 +118,7 @@ def _group(layout: ParallelLayout, dp: int, pp: int) -> list[int]:
     out: dict[int, int] = {}
     for rank in range(layout.world_size):
         c = layout.coords(rank)
-        if c["dp"] == dp and c["pp"] == pp and c["cp"] == 0 and c["ep"] == 0:
+        if c["dp"] == dp and c["pp"] == pp and c["cp"] == 0:
             out[c["tp"]] = rank
     return [out[t] for t in sorted(out)]
 
@@ -122,8 +129,10 @@ def _merge_stage(
     layout: ParallelLayout,
     rules: Sequence[ShardRule],
     merged: _Merged,
+    ep_rank: int = 0,
 ) -> None:
-    """One pipeline stage: its TP ranks' records -> merged records with global names."""
+    """One pipeline stage: its TP ranks' records -> merged records with global names (on
+    expert-parallel rank ``ep_rank`` > 0, only its experts' records)."""
     lead = group[0]
     by_id = [r.trace.by_id() for r in group]
     for rank, ids in zip(group[1:], by_id[1:], strict=True):
@@ -133,8 +142,10 @@ def _merge_stage(
                 f"{rank.where}: record {extra[0]!r} is not on tp rank 0 ({lead.where}); "
                 "the TP ranks of a stage must record the same modules"
             )
-    rename = _renamer(lead, pp, layout)
+    rename = _renamer(lead, pp, layout, ep_rank)
     for rec in lead.trace.records:
+        if ep_rank and not _EXPERT.search(rec.name):
+            continue  # EP rank 0 holds the same (data-parallel) copy
         peers = []
         for rank, ids in zip(group, by_id, strict=True):
             other = ids.get(rec.id)
@@ -147,7 +158,7 @@ def _merge_stage(
         name, v = rename(rec.name)
         deps = tuple(_rename_id(d, rename) for d in rec.deps)
         order = v if rec.phase != "backward" else -v
-        key = (rec.step, _PHASE_ORDER.get(rec.phase, 3), order, rec.seq)
+        key = (rec.step, PHASE_INDEX.get(rec.phase, 3), order, rec.seq)
         merged.records.append((key, replace(out, name=name, deps=deps)))
 
 
@@ -280,8 +291,37 @@ def _show(rec: Record) -> str:
 # -- names -------------------------------------------------------------------------------------
 
 
-def _renamer(rank: RankTrace, pp: int, layout: ParallelLayout) -> Callable[[str], tuple[str, int]]:
+_EXPERT = re.compile(r"(\.local_experts\.)(\d+)(?=\.|$)")
+
+
+def globalize(name: str, offsets: Mapping[str, int]) -> str:
+    """``decoder.layers.0.mlp`` on a stage whose layers start at 2 -> ``decoder.layers.2.mlp``."""
+    for path, offset in offsets.items():
+        pattern = rf"^{re.escape(path)}\.(\d+)(?=\.|$)" if path else r"^(\d+)(?=\.|$)"
+        match = re.match(pattern, name) if offset else None
+        if match:
+            head = f"{path}." if path else ""
+            return f"{head}{int(match.group(1)) + offset}{name[match.end() :]}"
+    return name
+
+
+def globalize_expert(name: str, ep_rank: int, local: int) -> str:
+    """``...experts.local_experts.1`` on expert-parallel rank 1 holding ``local`` = 2 experts ->
+    ``...experts.local_experts.3``: rank r's expert i is global expert ``r * local + i``."""
+    if not ep_rank:
+        return name
+    return _EXPERT.sub(lambda m: f"{m.group(1)}{ep_rank * local + int(m.group(2))}", name, count=1)
+
+
+def _local_experts(trace: Trace) -> int:
+    return 1 + max((int(m.group(2)) for r in trace.records if (m := _EXPERT.search(r.name))), default=-1)
+
+
+def _renamer(
+    rank: RankTrace, pp: int, layout: ParallelLayout, ep_rank: int = 0
+) -> Callable[[str], tuple[str, int]]:
     """Local name -> (global name, virtual stage) for one rank's chunks."""
+    local_experts = _local_experts(rank.trace) if ep_rank else 0
     chunks = sorted(rank.chunks, key=lambda c: -len(c.prefix))
     last = max(rank.chunks, key=lambda c: c.index)
     patterns = {
@@ -302,7 +342,7 @@ def _renamer(rank: RankTrace, pp: int, layout: ParallelLayout) -> Callable[[str]
             if m:
                 local = f"{path}.{offset + int(m.group(1))}{local[m.end() :]}"
                 break
-        return local, chunk.index * layout.pp + pp
+        return globalize_expert(local, ep_rank, local_experts), chunk.index * layout.pp + pp
 
     return rename
 
@@ -318,7 +358,7 @@ def _ordered(merged: _Merged, layout: ParallelLayout, where: str) -> list[Record
     grads w.r.t. them from the first stage and its outputs and their grads from the last;
     a parameter on several stages is an error."""
     items = merged.records
-    if layout.pp > 1 or (layout.vpp or 1) > 1:
+    if layout.pp > 1 or (layout.vpp or 1) > 1 or layout.ep > 1:
         items = sorted(items, key=lambda item: item[0])
     chosen: dict[str, tuple[tuple[Any, ...], Record]] = {}
     for key, rec in items:
@@ -332,7 +372,8 @@ def _ordered(merged: _Merged, layout: ParallelLayout, where: str) -> list[Record
                 "(check each rank's layer_offsets and chunk prefixes; tied weights are not merged)"
             )
         first_wins = rec.kind in ("input", "grad_input")
-        if abs(key[2]) > abs(held[0][2]) and not first_wins:
+        stage, held_stage = abs(key[2]), abs(held[0][2])
+        if (stage < held_stage) if first_wins else (stage > held_stage):
             chosen[rec.id] = (key, rec)
     kept = sorted(chosen.values(), key=lambda item: item[0]) if len(chosen) < len(items) else items
     merged.records = []

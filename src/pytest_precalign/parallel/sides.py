@@ -3,7 +3,7 @@ with a layout given, an msprobe dump; one step folder or a run root (all its ste
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +11,21 @@ from ..errors import ConfigError, TraceError
 from ..trace.records import Trace
 from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
 from .merge import Chunk, RankTrace, merge_ranks
+from .rules import MEGATRON_GPT_RULES, ShardRule
 from .steps import combine_steps
 
 _SIZES = ("tp", "pp", "dp", "cp", "ep", "vpp", "order")
 
 
-def load_parallel_side(path: str | Path, flag: ParallelLayout | None = None) -> Trace | None:
+def load_parallel_side(
+    path: str | Path, flag: ParallelLayout | None = None, rules: Sequence[ShardRule] = MEGATRON_GPT_RULES
+) -> Trace | None:
     """The merged trace of a multi-rank side, or None when ``path`` is not one (and no layout
     was given for it)."""
     root = Path(path)
     found = parallel_rank_folders(root)
     if found is not None:
-        steps = [(step, _merge_step(root, step, ranks, flag)) for step, ranks in found.items()]
+        steps = [(step, _merge_step(root, step, ranks, flag, rules)) for step, ranks in found.items()]
         return combine_steps(steps, root)
     if flag is None:
         return None
@@ -40,7 +43,13 @@ def load_parallel_side(path: str | Path, flag: ParallelLayout | None = None) -> 
     )
 
 
-def _merge_step(root: Path, step: int, ranks: Mapping[int, Path], flag: ParallelLayout | None) -> Trace:
+def _merge_step(
+    root: Path,
+    step: int,
+    ranks: Mapping[int, Path],
+    flag: ParallelLayout | None,
+    rules: Sequence[ShardRule],
+) -> Trace:
     from ..trace.native_io import read_trace
 
     folder = root / f"step{step}" if (root / f"step{step}").is_dir() else root
@@ -68,7 +77,7 @@ def _merge_step(root: Path, step: int, ranks: Mapping[int, Path], flag: Parallel
         )
     _check_steps(folder, traces)
     rank_traces = [_rank_trace(r, ranks[r], traces[r], layout) for r in sorted(ranks)]
-    return merge_ranks(rank_traces, layout, where=str(folder), key_prefix=f"s{step}.")
+    return merge_ranks(rank_traces, layout, where=str(folder), rules=rules, key_prefix=f"s{step}.")
 
 
 def _layout(trace: Trace, folder: Path) -> ParallelLayout:

@@ -32,11 +32,11 @@ from typing import Any, Protocol
 import torch
 
 from ..trace.records import Record, Stats
-from ..vocabulary import PHASES
+from ..vocabulary import MODEL_OUTPUT_KINDS, PHASES
 from .tensor_summary import tensor_crc32, tensor_stats
 
 HELD_KINDS = ("input", "grad_output")  # records another record's tensor may depend on
-OUTPUT_KINDS = ("loss", "logits")  # the model's outputs: an entry only if their deps are within
+# MODEL_OUTPUT_KINDS (vocabulary.py): the model's loss and logits, held when they name no deps
 
 
 class Judge(Protocol):
@@ -93,7 +93,7 @@ class LiveKeeper:
 
     def _entry(self, record: Record) -> bool:
         """Whether the divergence of a beyond record enters there (see the module's doc)."""
-        if record.kind in HELD_KINDS or (record.kind in OUTPUT_KINDS and not record.deps):
+        if record.kind in HELD_KINDS or (record.kind in MODEL_OUTPUT_KINDS and not record.deps):
             return False
         if any(p in self._beyond_phases for p in PHASES[: PHASES.index(record.phase)]):
             return False

@@ -43,7 +43,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
-from ..vocabulary import Kind
+from ..vocabulary import MODES, Kind
 from .compiled import hook_wrapper
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
@@ -117,7 +117,7 @@ class HookRecorder:
         sink: TensorSink | None = None,
         compiled: bool = False,
     ) -> None:
-        if mode not in ("stats", "tensor", "hash"):
+        if mode not in MODES:
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
         if golden is not None and mode == "tensor":
             raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")

@@ -16,10 +16,10 @@ from typing import Any
 
 from .._atomic import write_file_atomic
 from ..compare.tolerances import BOUND_METRICS
+from ..vocabulary import PHASES
 from .chart import Row, chart_notes, chart_svg, esc, first_index, fmt, num, rows_from_records
 from .tree_html import TREE_CSS, TREE_JS, tree_section
 
-PHASE_ORDER = ("forward", "backward", "step")
 VERDICT_CLASS = {"passed": "pass", "failed": "fail", "expected divergence": "expect"}
 
 
@@ -298,7 +298,7 @@ def render_html(document: Mapping[str, Any]) -> str:
     for entry in entries:
         cases.setdefault((str(entry.get("config", "")), str(entry.get("name", ""))), []).append(entry)
     for phases in cases.values():
-        phases.sort(key=lambda p: PHASE_ORDER.index(p["phase"]) if p.get("phase") in PHASE_ORDER else 99)
+        phases.sort(key=lambda p: PHASES.index(p["phase"]) if p.get("phase") in PHASES else 99)
     counts = {"passed": 0, "failed": 0, "expected divergence": 0}
     for entry in entries:
         word = str(entry.get("verdict") or ("passed" if entry.get("passed") else "failed"))

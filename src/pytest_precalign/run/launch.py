@@ -4,7 +4,8 @@ A Megatron model with ``tensor_parallel``/``pipeline_parallel`` > 1 or ``launch:
 runs as ``python -m torch.distributed.run --standalone --nproc_per_node N -m
 pytest_precalign.run.rank_main WORKDIR`` (gloo on CPU). WORKDIR holds what the ranks need
 (the job, the inputs, the full TP=1 weights the parent synced); each rank records into
-``WORKDIR/out/step<N>/rank<R>`` and the parent merges them (``launch_merge``).
+``WORKDIR/out/step<N>/rank<R>`` and the parent merges them as ``precalign compare`` merges any
+rank folders (``parallel.sides``), reading every merged tensor before WORKDIR goes.
 
 Failures are one ``CaseError``: the rank that raised first and its exception's last line
 (``error<R>.json``), else torchrun's exit code and the last line of its output. A run that
@@ -22,15 +23,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.launch import launch_timeout, launched, world_size
 from ..errors import CaseError
+from ..parallel.rules import MEGATRON_GPT_RULES, ShardRule
 from ..trace.records import Trace
-from .launch_merge import merge_launched
 from .rank_main import INPUTS_FILE, JOB_FILE, OUT_DIR, WEIGHTS_FILE
 
 if TYPE_CHECKING:
@@ -86,7 +87,31 @@ def run_launched(
     """Run ``spec`` on its ranks through the case's steps; the merged TP=1 trace."""
     with tempfile.TemporaryDirectory(prefix="precalign-launch-") as tmp:
         out = launch_ranks(spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout)
-        return merge_launched(out, world_size(spec.options), manifest, params="step" in case.phases)
+        return merge_launched(out, manifest, params="step" in case.phases)
+
+
+def merge_launched(
+    root: Path,
+    manifest: Mapping[str, Any],
+    *,
+    params: bool = True,
+    rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
+) -> Trace:
+    """The ranks' ``step<N>/rank<R>`` folders under ``root`` merged into one trace, its tensors
+    read into memory (the folders are removed once merged); ``params=False`` drops the
+    parameter records (the in-process path records them only after an optimizer step)."""
+    from ..parallel.sides import load_parallel_side
+
+    merged = load_parallel_side(root, rules=rules)
+    if merged is None:
+        raise CaseError(f"launched ranks: nothing was recorded under {root}")
+    records = tuple(
+        replace(r, seq=i) for i, r in enumerate(r for r in merged.records if params or r.kind != "param")
+    )
+    tensors = {r.tensor_key: merged.tensors[r.tensor_key] for r in records if r.tensor_key is not None}
+    kept = ("record_mode", "record_level", "parallel_merge", "replica_mismatches", "steps")
+    out = {**dict(manifest), **{k: merged.manifest[k] for k in kept if k in merged.manifest}}
+    return Trace(manifest=out, records=records, tensors=tensors)
 
 
 def launch_ranks(

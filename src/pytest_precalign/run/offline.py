@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..compare.tolerances import ToleranceTable, default_table, parse_table
-from ..config.presets import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, PRESETS_DIR, layer_mapping_path
+from ..compare.tolerances import ToleranceTable, load_table
+from ..config.presets import PRESET_LAYER_MAPPINGS, layer_mapping_path, resolve_preset
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
@@ -21,31 +21,23 @@ from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
 from ..vocabulary import PHASES
-from ..yaml_reader import read_yaml_file
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .stored_runs import load_side, load_sides
 
 
 def load_tolerances(value: str | None) -> ToleranceTable:
-    if value is None:
-        return default_table()
-    path = Path(value)
-    if not path.is_file():
-        raise ConfigError(f"--tolerances: {value}: file not found (expected a YAML list of rules)")
-    data = read_yaml_file(path.resolve())
-    return parse_table(path.stem, data, str(path.resolve()), "", path.resolve().parent)
+    """``--tolerances FILE`` (``compare.tolerances.load_table``)."""
+    return load_table(None if value is None else Path(value), "--tolerances", Path.cwd())
 
 
-def load_mapping(value: str | None, variables: Mapping[str, Any]) -> MappingSpec | None:
+def load_mapping(
+    value: str | None, variables: Mapping[str, Any], *, megatron_baseline: bool = False
+) -> MappingSpec | None:
+    """``--mapping``: ``preset:NAME`` (``config.presets.resolve_preset``) or a mapping YAML."""
     if value is None:
         return None
     if value.startswith("preset:"):
-        name = value.partition(":")[2]
-        if name not in PRESET_MAPPINGS:
-            allowed = ", ".join(f"preset:{p}" for p in PRESET_MAPPINGS)
-            raise ConfigError(f"--mapping: unknown preset {value!r} (allowed: {allowed})")
-        path = PRESETS_DIR / f"{name}.yaml"
-        return read_mapping_file(path, value, variables)
+        return resolve_preset(value, variables, "--mapping", megatron_baseline=megatron_baseline)
     file = Path(value)
     if not file.is_file():
         raise ConfigError(f"--mapping: {value}: file not found (expected a mapping YAML or preset:NAME)")

@@ -93,8 +93,8 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
     from safetensors.torch import load_file
 
     from ..checkpoints.sharding import rule_for_param, shard_tensor
+    from ..parallel.merge import globalize, globalize_expert
     from ..training.layout_probe import layer_offsets
-    from .launch_merge import globalize, globalize_expert
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

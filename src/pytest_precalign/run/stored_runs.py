@@ -1,5 +1,5 @@
-"""Stored runs on disk, both directions in one place: read a side (our trace format or an
-msprobe dump, detected from its files) and write one (``record.format``: ours or msprobe's)."""
+"""Stored runs on disk: write a case's sides (``record.format``: ours or msprobe's); reading
+them is ``parallel.stored`` (re-exported here: ``load_side``, ``load_sides``)."""
 
 from __future__ import annotations
 
@@ -7,54 +7,10 @@ import shutil
 from pathlib import Path
 
 from ..errors import TraceError
-from ..parallel.layout import ParallelLayout
+from ..parallel.stored import load_side, load_sides
 from ..trace.records import Trace
 
-
-def load_side(path: str | Path, parallel: ParallelLayout | None = None) -> Trace:
-    """A pytest-precalign trace directory or an msprobe dump (a rank folder, or a step or
-    dump folder holding one rank), detected from its files; a multi-rank side (rank folders
-    with ``parallel`` manifests, or an msprobe dump with ``parallel`` given) merged into one."""
-    from ..parallel.sides import load_parallel_side
-    from ..trace.native_io import read_trace
-
-    root = Path(path)
-    if not root.exists():
-        raise TraceError(f"{root}: no such file or directory")
-    merged = load_parallel_side(root, parallel)
-    if merged is not None:
-        return merged
-    if (root / "manifest.json").is_file():
-        return read_trace(root)
-    from ..msprobe import is_msprobe_dump, read_msprobe_dump
-
-    if is_msprobe_dump(root):
-        return read_msprobe_dump(root)
-    below = []
-    if root.is_dir():
-        below = sorted(
-            p.name + "/"
-            for p in root.iterdir()
-            if p.is_dir() and ((p / "manifest.json").is_file() or is_msprobe_dump(p))
-        )
-    hint = f"; it holds the runs {', '.join(below[:6])}: pass one of them" if below else ""
-    raise TraceError(
-        f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json){hint}"
-    )
-
-
-def load_sides(path: str | Path) -> dict[tuple[int, int], Trace]:
-    """Every (step, rank) of a stored run: one for our traces, several for an msprobe dump
-    root or step folder."""
-    root = Path(path)
-    if (root / "manifest.json").is_file() or not root.exists():
-        return {(0, 0): load_side(root)}
-    from ..msprobe import read_msprobe_set
-
-    try:
-        return read_msprobe_set(root)
-    except TraceError:
-        return {(0, 0): load_side(root)}  # its message says what the folder is not
+__all__ = ["load_side", "load_sides", "save_case_traces", "write_side"]
 
 
 def write_side(trace: Trace, path: Path, fmt: str) -> Path:

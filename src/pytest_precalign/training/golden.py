@@ -21,60 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from ..compare.pairs import compare_traces
-from ..compare.tolerances import ToleranceTable, default_table, parse_table
-from ..errors import TraceError
-from ..trace.native_io import read_trace
+from ..compare.tolerances import ToleranceTable, load_table
+from ..errors import ConfigError, TraceError
+from ..parallel.stored import load_rank
 from ..trace.records import Record, Trace
 
 
-class GoldenError(TraceError, ValueError):
-    """A golden run that cannot be used: missing, unreadable, no record for this step/rank."""
+class GoldenError(ConfigError, TraceError):
+    """A golden run that cannot be used: missing, unreadable, no record for this step/rank
+    (an argument error of the Python API, so a ``ConfigError``)."""
 
 
 def load_golden(path: str | Path, step: int, rank: int) -> Trace:
-    """The golden trace for ``step`` on ``rank``: a native trace folder (all its steps), a
-    ``Recorder`` root (``PATH/step<N>/rank<R>``) or an msprobe dump (a rank folder, or a
-    step folder / dump root holding ``(step, rank)``)."""
-    from ..msprobe import is_msprobe_dump, read_msprobe_dump, read_msprobe_set
-
-    root = Path(path)
-    if not root.exists():
-        raise GoldenError(f"golden {root}: no such file or directory")
+    """The golden trace for ``step`` on ``rank`` (``parallel.stored.load_rank``: a trace
+    folder, a ``Recorder`` root or an msprobe dump); ``GoldenError`` naming it otherwise."""
     try:
-        if (root / "manifest.json").is_file():
-            return read_trace(root)
-        folder = root / f"step{step}" / f"rank{rank}"
-        if (folder / "manifest.json").is_file():
-            return read_trace(folder)
-        if (root / "dump.json").is_file():
-            return read_msprobe_dump(root)
-        if is_msprobe_dump(root):
-            found = read_msprobe_set(root)
-            if (step, rank) in found:
-                return found[(step, rank)]
-            raise GoldenError(
-                f"golden {root}: msprobe dump has no step {step} rank {rank} (it has {sorted(found)[:8]})"
-            )
-    except GoldenError:
-        raise
+        return load_rank(path, step, rank)
     except TraceError as exc:
-        raise GoldenError(f"golden {root}: unreadable: {exc}") from None
-    raise GoldenError(
-        f"golden {root}: neither a pytest-precalign trace (manifest.json), a Recorder root "
-        f"with step{step}/rank{rank}/, nor an msprobe dump (dump.json)"
-    )
-
-
-def load_table(tolerances: str | Path | ToleranceTable | None) -> ToleranceTable:
-    """A tolerance table given as an object, the path of a YAML table, or None (defaults)."""
-    if tolerances is None:
-        return default_table()
-    if isinstance(tolerances, ToleranceTable):
-        return tolerances
-    path = Path(tolerances)
-    if not path.is_file():
-        raise GoldenError(f"tolerances {path}: no such file")
-    return parse_table(path.name, str(path.resolve()), str(path), "", path.parent)
+        raise GoldenError(f"golden {exc}") from None
 
 
 @dataclass
@@ -155,4 +119,6 @@ def golden_judge(
     path: str | Path, step: int, rank: int, tolerances: str | Path | ToleranceTable | None = None
 ) -> GoldenJudge:
     """The judge for one recorded step on one rank (see ``load_golden``)."""
-    return GoldenJudge(str(path), load_golden(path, step, rank), load_table(tolerances))
+    return GoldenJudge(
+        str(path), load_golden(path, step, rank), load_table(tolerances, "Recorder: tolerances")
+    )

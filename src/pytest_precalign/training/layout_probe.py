@@ -26,14 +26,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..parallel.layout import DEFAULT_ORDER, RANKS, SIZES, check_layout_block
 
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_ORDER = "tp-cp-ep-dp-pp"
-SIZES = ("tp", "pp", "dp", "cp", "ep")
-RANKS = tuple(f"{s}_rank" for s in SIZES)
-LAYOUT_KEYS = (*SIZES, "vpp", "world_size", "rank", *RANKS, "order", "sequence_parallel")
 SHARDED_CLASSES = {
     "ColumnParallelLinear": "column",
     "RowParallelLinear": "row",
@@ -42,37 +39,18 @@ SHARDED_CLASSES = {
 _LAYER_SUFFIXES = ("Layer", "Block")
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_layout(layout: Mapping[str, Any]) -> dict[str, Any]:
-    """The user's ``layout=``, validated: known keys, sizes >= 1, ranks within their sizes."""
-    if not isinstance(layout, Mapping):
-        raise ConfigError(f"layout: expected a mapping, got {type(layout).__name__}")
-    for key in layout:
-        if key not in LAYOUT_KEYS:
-            raise ConfigError(f"layout: unknown key {key!r} (allowed: {', '.join(LAYOUT_KEYS)})")
-    for key in (*SIZES, "world_size"):
-        if key in layout and not (_int(layout[key]) and layout[key] >= 1):
-            raise ConfigError(f"layout: {key!r} must be an integer >= 1, got {layout[key]!r}")
-    if layout.get("vpp") is not None and not (_int(layout["vpp"]) and layout["vpp"] >= 1):
-        raise ConfigError(f"layout: 'vpp' must be null or an integer >= 1, got {layout['vpp']!r}")
-    for size, key in zip(SIZES, RANKS, strict=True):
-        if key in layout and not (_int(layout[key]) and 0 <= layout[key] < layout.get(size, 1)):
-            raise ConfigError(
-                f"layout: {key!r} must be an integer in 0..{layout.get(size, 1) - 1} "
-                f"({size} = {layout.get(size, 1)}), got {layout[key]!r}"
-            )
-    if "rank" in layout and not (_int(layout["rank"]) and layout["rank"] >= 0):
-        raise ConfigError(f"layout: 'rank' must be an integer >= 0, got {layout['rank']!r}")
-    if "order" in layout and not isinstance(layout["order"], str):
-        raise ConfigError(f"layout: 'order' must be a string like {DEFAULT_ORDER!r}, got {layout['order']!r}")
-    if "sequence_parallel" in layout and not isinstance(layout["sequence_parallel"], bool):
-        raise ConfigError(
-            f"layout: 'sequence_parallel' must be true or false, got {layout['sequence_parallel']!r}"
-        )
+    """The user's ``layout=``, validated by the reader's own validator (what records compares)."""
+    check_layout_block(layout, "layout", user=True)
     return dict(layout)
+
+
+def _explicit(layout: Mapping[str, Any], world: int, rank: int) -> dict[str, Any]:
+    """The user's layout completed: world size from the sizes, the ``<dim>_rank`` of its rank."""
+    parsed = check_layout_block(layout, "layout", user=True)
+    rank = int(layout.get("rank", rank))
+    coords = {f"{dim}_rank": value for dim, value in parsed.coords(rank).items()}
+    return {**_base(parsed.world_size, rank), **coords, **layout, "source": "explicit"}
 
 
 def process_rank() -> tuple[int, int]:
@@ -178,7 +156,7 @@ def parallel_layout(
     world, rank = process_rank()
     ps = _megatron_state()
     if explicit is not None:
-        layout = {**_base(world, rank), **check_layout(explicit), "source": "explicit"}
+        layout = _explicit(explicit, world, rank)
     elif ps is not None:
         layout = {**_megatron_coordinates(ps, world, rank), "source": "megatron"}
     elif world > 1 or process_group_exists():
@@ -194,7 +172,14 @@ def parallel_layout(
         for i, (chunk, prefix) in enumerate(zip(chunks, prefixes, strict=True))
     ]
     layout["sharding"] = sharding(chunks, prefixes)
-    return {key: layout[key] for key in _KEY_ORDER if key in layout}
+    out = {key: layout[key] for key in _KEY_ORDER if key in layout}
+    if out.get("order") is None:
+        raise ConfigError(
+            "Recorder: megatron-core's rank order of this run is neither tp-cp-ep-dp-pp nor "
+            "tp-cp-ep-pp-dp; pass layout={...} with its sizes and order"
+        )
+    check_layout_block(out, "Recorder: parallel")  # what is written can be read back
+    return out
 
 
 _KEY_ORDER = (

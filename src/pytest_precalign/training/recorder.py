@@ -44,20 +44,19 @@ from typing import Any
 
 import torch
 
-from ..compare.tolerances import ToleranceTable
+from ..compare.tolerances import ToleranceTable, load_table
+from ..errors import ConfigError
 from ..recording import HookRecorder
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record
-from ..vocabulary import LEVELS, as_kind
-from .golden import GoldenError, golden_judge, load_table
+from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
+from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .unwrap import unwrap
 
-FORMATS = ("native", "msprobe")
-MODES = ("stats", "tensor", "hash")
-OUTPUT_KINDS = ("loss", "logits")
+FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
 
 
 class _Chunks(torch.nn.Module):
@@ -77,7 +76,7 @@ def _selection(values: Iterable[int] | None, what: str) -> frozenset[int] | None
         values = [values]
     chosen = frozenset(values)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in chosen):
-        raise ValueError(f"Recorder: {what}= must be integers >= 0, got {sorted(chosen, key=str)!r}")
+        raise ConfigError(f"Recorder: {what}= must be integers >= 0, got {sorted(chosen, key=str)!r}")
     return chosen
 
 
@@ -85,7 +84,7 @@ def _golden(golden: str | Path | None, mode: str) -> Path | None:
     if golden is None:
         return None
     if mode == "tensor":
-        raise ValueError("Recorder: golden= keeps tensors only where needed: use mode stats or hash")
+        raise ConfigError("Recorder: golden= keeps tensors only where needed: use mode stats or hash")
     if not Path(golden).exists():
         raise GoldenError(f"Recorder: golden {golden}: no such file or directory")
     return Path(golden)
@@ -93,7 +92,7 @@ def _golden(golden: str | Path | None, mode: str) -> Path | None:
 
 def _queue_bytes(value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
+        raise ConfigError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
     return value
 
 
@@ -122,22 +121,22 @@ class Recorder:
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
         if mode not in MODES:
-            raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
+            raise ConfigError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
         if level not in LEVELS:
-            raise ValueError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
+            raise ConfigError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
         if format not in FORMATS:
-            raise ValueError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
+            raise ConfigError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
         if param_grads not in PARAM_GRADS:
-            raise ValueError(
+            raise ConfigError(
                 f"Recorder: unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})"
             )
         self.golden = _golden(golden, mode)
         self.queue_bytes = _queue_bytes(queue_bytes)
-        self.tolerances = load_table(tolerances)
+        self.tolerances = load_table(tolerances, "Recorder: tolerances")
         self.root = Path(root)
         self.mode = mode
         self.level = level
-        self.format = format
+        self.format = RECORD_FORMAT_ALIASES.get(format, format)
         self.layout = check_layout(layout) if layout is not None else None
         self.overwrite = overwrite
         self.steps = _selection(steps, "steps")
@@ -195,7 +194,7 @@ class Recorder:
             return
         chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
         if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
-            raise TypeError("Recorder.start: expected an nn.Module or a non-empty list of nn.Module chunks")
+            raise ConfigError("Recorder.start: expected an nn.Module or a non-empty list of nn.Module chunks")
         unwrapped = [unwrap(c) for c in chunks]  # DDP, FSDP, Float16Module, compile, PEFT
         chunks = [inner for inner, _ in unwrapped]
         self._wrappers = sorted({w for _, seen in unwrapped for w in seen})
@@ -238,9 +237,9 @@ class Recorder:
         """Record the loss or the logits of this step (nothing while not recording); ``deps``:
         the ids of the records it was computed from (the loss's logits). Called once per
         micro-batch, the records are calls 0, 1, ... like a module's."""
-        if kind not in OUTPUT_KINDS:
-            raise ValueError(
-                f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(OUTPUT_KINDS)})"
+        if kind not in MODEL_OUTPUT_KINDS:
+            raise ConfigError(
+                f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(MODEL_OUTPUT_KINDS)})"
             )
         hooks = self._hooks
         if hooks is None:
@@ -257,12 +256,12 @@ class Recorder:
         will see them. Call it after the loop reduced them and before ``optimizer.step()``,
         once per step (nothing while not recording)."""
         if self.param_grads != "step":
-            raise ValueError('Recorder.grads_ready: needs Recorder(..., param_grads="step")')
+            raise ConfigError('Recorder.grads_ready: needs Recorder(..., param_grads="step")')
         hooks = self._hooks
         if hooks is None:
             return
         if self._grads_done:
-            raise ValueError(f"Recorder.grads_ready: called twice in step {self._step}")
+            raise ConfigError(f"Recorder.grads_ready: called twice in step {self._step}")
         self._grads_done = True
         hooks.record_param_grads()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..compare.pairs import PairResult
 from ..trace.records import Record
-from ..vocabulary import OUTPUT_KINDS, Phase
+from ..vocabulary import GATE_KINDS, Phase
 
 # Below half the baseline's outputs paired, the compare says more about the mapping (or the
 # dumps' levels) than about the model: the README explains the default.
@@ -82,7 +82,7 @@ def _pct(x: float) -> str:
 def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) -> Coverage:
     """The coverage of ``phase`` from its pair results; an unmatched record whose note says
     nothing (no mapping rule or reason) is unexplained."""
-    kinds = OUTPUT_KINDS[phase]
+    kinds = GATE_KINDS[phase]
     outputs = [p for p in pairs if p.record.kind in kinds]
     base = [p for p in outputs if p.status != "only_candidate"]
     paired = sum(1 for p in base if p.paired)

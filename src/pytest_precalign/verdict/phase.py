@@ -16,7 +16,7 @@ from typing import Any
 
 from ..compare.pairs import Check, Comparison, PairResult
 from ..trace.records import Record
-from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from ..vocabulary import FAILED, GATE_KINDS, Phase
 from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
@@ -160,7 +160,7 @@ def find_first(
 ) -> Divergence | None:
     """``every``: each record id to its pair, one-sided ones too (default: ``all_pairs``)."""
     parents = parents or {}
-    kinds = OUTPUT_KINDS[phase]
+    kinds = GATE_KINDS[phase]
     ordered = sorted(
         (p for p in pairs if p.record.kind in kinds and p.status in FAILED),
         key=lambda p: (p.record.step, p.record.seq),
@@ -434,7 +434,7 @@ def _candidate_overflow(pairs: tuple[PairResult, ...]) -> tuple[Overflow, ...]:
 def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Divergence:
     """No module tree says where the divergence entered (an L1 dump): a call that only one side
     made just before it (e.g. gelu where the baseline called silu) is the likely entry."""
-    kinds = OUTPUT_KINDS[first.phase]
+    kinds = GATE_KINDS[first.phase]
     own = first.pair.candidate
 
     def last_before(status: str, seq: int) -> Record | None:
