@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     run.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
+    run.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
     _compare_parser(sub.add_parser("compare", help="compare two stored runs (trace directories)"))
@@ -41,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     env_diff.add_argument("first", help="a recorded run: a trace or baseline folder, or its manifest.json")
     env_diff.add_argument("second", help="the other recorded run")
     return parser
+
+
+TRUST_HELP = (
+    "fully unpickle the checkpoints' pickled files (Megatron model_optim_rng.pt, torch_dist .metadata): "
+    "only for checkpoints you trust, as unpickling can run code from the file"
+)
 
 
 def _calibrate_parser(sub: Any) -> None:
@@ -92,6 +99,7 @@ def _check_weights_parser(sub: Any) -> None:
     check.add_argument(
         "--var", action="append", default=[], metavar="KEY=INT", help="a $variable of the mapping"
     )
+    check.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
 
 
 def _check_weights(args: argparse.Namespace) -> int:
@@ -99,7 +107,9 @@ def _check_weights(args: argparse.Namespace) -> int:
     from .run.offline import load_mapping
 
     mapping = load_mapping(args.mapping, _variables(args.var))
-    diff = compare_checkpoints(load_checkpoint(Path(args.first)), load_checkpoint(Path(args.second)), mapping)
+    trust = args.trust_checkpoint
+    first = load_checkpoint(Path(args.first), trust=trust)
+    diff = compare_checkpoints(first, load_checkpoint(Path(args.second), trust=trust), mapping)
     print("\n".join(diff.lines()))
     return 0 if diff.aligned else 1
 
@@ -179,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ):
                 print(line)
             return 0
-        return _run(Path(args.config), args.case, args.report, args.save_traces)
+        return _run(Path(args.config), args.case, args.report, args.save_traces, args.trust_checkpoint)
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
         return 2
@@ -310,12 +320,15 @@ def _validate(path: Path) -> int:
     return 0
 
 
-def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
+def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None, trust: bool) -> int:
     from .config.loader import load_config_file
+    from .config.model_weights import trust_checkpoints
     from .reports.document import write_reports
     from .run.devices import check_devices
 
     config = load_config_file(path)
+    if trust:
+        config = trust_checkpoints(config)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
     for case in selected:
         check_devices(config, case)  # before torch is imported: torch_npu without CANN stops it

@@ -59,6 +59,13 @@ OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "with --align-baseline: rewrite every baseline run and pass",
         {"action": "store_true"},
     ),
+    (
+        "trust-checkpoint",
+        "align_trust_checkpoint",
+        "fully unpickle the models' checkpoints (Megatron model_optim_rng.pt, torch_dist .metadata): "
+        "only for checkpoints you trust, as unpickling can run code from the file",
+        {"action": "store_true"},
+    ),
 )
 
 
@@ -113,6 +120,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     try:
         align_config = load_config_file(path)
+        if config.getoption("align_trust_checkpoint"):
+            from .config.model_weights import trust_checkpoints
+
+            align_config = trust_checkpoints(align_config)
     except PrecalignError as exc:
         raise pytest.UsageError(f"--align-config: {exc}") from None
     report_dir = config.getoption("align_report") or config.getini("align_report")

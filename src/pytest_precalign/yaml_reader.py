@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ConfigError
+from .untrusted import bounded_repr
 
 if TYPE_CHECKING:
     import yaml
@@ -224,7 +225,7 @@ class Reader:
 
     def _typed(self, key: str, value: Any, kinds: tuple[type, ...]) -> Any:
         if isinstance(value, bool) and bool not in kinds:
-            self.fail(f"expected {_expected(kinds)}, got {value!r}", key)
+            self.fail(f"expected {_expected(kinds)}, got {bounded_repr(value)}", key)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if not isinstance(value, kinds):
@@ -264,7 +265,7 @@ class Reader:
     def get_choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> Any:
         value = self.get_str(key, default)
         if value is not None and value not in allowed:
-            self.fail(f"unknown value {value!r} (allowed: {', '.join(allowed)})", key)
+            self.fail(f"unknown value {bounded_repr(value)} (allowed: {', '.join(allowed)})", key)
         return value
 
     def get_mapping(self, key: str, *, required: bool = False) -> Reader | None:
@@ -326,4 +327,4 @@ def describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {bounded_repr(value)}"
