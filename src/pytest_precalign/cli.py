@@ -6,6 +6,7 @@ Exit codes: 0 aligned (or valid), 1 diverged, 2 usage error (bad config, source,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -167,32 +168,44 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if getattr(args, "report", None):
-            from .reports.document import check_report_dir
-
-            check_report_dir(args.report)
-        if args.command == "validate":
-            return _validate(Path(args.config))
-        if args.command == "compare":
-            return _compare(args)
-        if args.command == "calibrate":
-            return _calibrate(args, argv)
-        if args.command == "check-weights":
-            return _check_weights(args)
-        if args.command == "env-diff":
-            return _env_diff(args.first, args.second)
-        if args.command == "record":
-            from .baseline.command import record_cases
-
-            for line in record_cases(
-                Path(args.config), Path(args.out), args.case, args.side, args.overwrite, args.variant
-            ):
-                print(line)
-            return 0
-        return _run(Path(args.config), args.case, args.report, args.save_traces, args.trust_checkpoint)
+        code = _dispatch(args, argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is answered below
+        return code
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (``| head``): no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("precalign: error: output closed before it was all written (broken pipe)", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    if getattr(args, "report", None):
+        from .reports.document import check_report_dir
+
+        check_report_dir(args.report)
+    if args.command == "validate":
+        return _validate(Path(args.config))
+    if args.command == "compare":
+        return _compare(args)
+    if args.command == "calibrate":
+        return _calibrate(args, argv)
+    if args.command == "check-weights":
+        return _check_weights(args)
+    if args.command == "env-diff":
+        return _env_diff(args.first, args.second)
+    if args.command == "record":
+        from .baseline.command import record_cases
+        from .reports.document import check_report_dir
+
+        check_report_dir(args.out, "--out", "each case's baseline")
+        for line in record_cases(
+            Path(args.config), Path(args.out), args.case, args.side, args.overwrite, args.variant
+        ):
+            print(line)
+        return 0
+    return _run(Path(args.config), args.case, args.report, args.save_traces, args.trust_checkpoint)
 
 
 def _progress_bar() -> Callable[[int, int], None] | None:
@@ -295,6 +308,11 @@ def _exit_code(outcomes: Sequence[ItemOutcome]) -> int:
 
 def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from .calibration.rules import run_calibration
+
+    if Path(args.out).is_dir():
+        raise ConfigError(
+            f"--out: {args.out} is a directory; expected the tolerance table YAML file to write"
+        )
 
     words = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(["precalign", *(w if w and " " not in w else repr(w) for w in words)])

@@ -110,8 +110,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "align(tolerances=None, phases=None, record=None, mapping=None): defaults for the align_runner fixture",
     )
     updating = config.getoption("align_update") or config.getoption("align_update_all")
-    if updating and not config.getoption("align_baseline"):
+    baselines = config.getoption("align_baseline")
+    if updating and not baselines:
         raise pytest.UsageError("--align-update and --align-update-all need --align-baseline DIR")
+    if baselines:
+        from .reports.document import check_report_dir
+
+        try:
+            check_report_dir(baselines, "--align-baseline", "each case's baseline <case>/", write=False)
+        except PrecalignError as exc:
+            raise pytest.UsageError(str(exc)) from None
     path = _config_path(config)
     if path is None:
         config.stash[STATE_KEY] = _State(config=None)
