@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import ConfigError
-from .untrusted import bounded_repr
+from .untrusted import bounded_repr, open_regular
 
 if TYPE_CHECKING:
     import yaml
@@ -131,7 +131,7 @@ def read_text_file(path: Path, what: str = "a YAML file") -> str:
     """A hand-written text file's contents: one ConfigError naming the file when it is missing,
     a directory, unreadable, too big, binary or not UTF-8."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path, ConfigError, what) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > MAX_YAML_BYTES:
                 raise ConfigError(

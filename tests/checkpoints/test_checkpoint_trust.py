@@ -218,3 +218,37 @@ def test_untrusted_load_never_calls_full_unpickling(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Expected input to be a checkpoint returned by torch.save"):
         load_pt(raw, trust=False)
     assert not marker.exists()
+
+
+def test_fifo_in_torch_dist_checkpoint_is_refused(hf_dir: Path, megatron_ckpts: Path, tmp_path: Path) -> None:
+    """torch opens the ``.distcp`` files by name: a FIFO among them is refused before (#26 item 4)."""
+    import subprocess
+    import sys
+
+    import pytest_precalign
+
+    folder = tmp_path / "dist"
+    shutil.copytree(megatron_ckpts / "good" / "dist", folder)
+    fifo = sorted(folder.glob("*.distcp"))[0]
+    fifo.unlink()
+    os.mkfifo(fifo)
+    src = Path(pytest_precalign.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest_precalign",
+        "check-weights",
+        str(hf_dir),
+        str(folder),
+        MAPPING,
+        *VARS,
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"check-weights hung on the FIFO {fifo}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"precalign: error: {fifo}: is a FIFO, expected a torch_dist checkpoint file (a regular file)"
+    )

@@ -102,6 +102,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
+def test_fifo_config_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "align.yaml"
+    os.mkfifo(fifo)
+    try:
+        proc = _cli("validate", str(fifo))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"precalign validate hung on the FIFO {fifo}")
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"precalign: error: {fifo}: is a FIFO, expected an alignment YAML file (a regular file)"
+    )
+
+
 @pytest.mark.parametrize("where", ["dump.json", "tensor"])
 def test_fifo_is_refused_not_waited_on(where: str, tmp_path: Path) -> None:
     golden = _copy(TENSOR_DUMP, tmp_path / "golden")

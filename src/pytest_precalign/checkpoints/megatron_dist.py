@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SourceError
-from ..untrusted import bounded_repr, read_json
+from ..untrusted import bounded_repr, check_regular, read_json
 from .trust import metadata_reader
 
 if TYPE_CHECKING:
@@ -49,6 +49,9 @@ def _check_folder(folder: Path) -> None:
             f"{meta}: not a megatron-core dist checkpoint; expected {META} with "
             "'sharded_backend' (format: megatron-dist)"
         )
+    for file in folder.glob("*"):  # torch opens them by name: a FIFO would hang it
+        if file.name == ".metadata" or file.suffix == ".distcp":
+            check_regular(file, SourceError, "a torch_dist checkpoint file")
     if backend != "torch_dist":
         raise SourceError(
             f"{meta}: sharded_backend {bounded_repr(backend)} is not supported (allowed: torch_dist; format: megatron-dist)"
