@@ -252,3 +252,28 @@ def test_fifo_in_torch_dist_checkpoint_is_refused(hf_dir: Path, megatron_ckpts: 
     assert proc.stderr.strip() == (
         f"precalign: error: {fifo}: is a FIFO, expected a torch_dist checkpoint file (a regular file)"
     )
+
+
+def test_torch_dist_storage_file_outside_the_folder_is_refused(
+    hf_dir: Path, megatron_ckpts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``.metadata`` names the ``.distcp`` files torch opens: a name leading outside the
+    folder is refused, trusted or not (#26 item 2)."""
+    folder = tmp_path / "dist"
+    shutil.copytree(megatron_ckpts / "good" / "dist", folder)
+    with (folder / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)  # the test's own file, written by megatron-core
+    first = sorted(folder.glob("*.distcp"))[0]
+    shutil.copy(first, tmp_path / "outside.distcp")
+    for info in metadata.storage_data.values():
+        if info.relative_path == first.name:
+            info.relative_path = "../outside.distcp"
+    with (folder / ".metadata").open("wb") as f:
+        pickle.dump(metadata, f)
+    for trust in ([], ["--trust-checkpoint"]):
+        assert main(["check-weights", str(hf_dir), str(folder), MAPPING, *VARS, *trust]) == 2
+        lines = _error_lines(capsys.readouterr().err)
+        assert len(lines) == 1 and lines[0] == (
+            f"precalign: error: {folder / '.metadata'}: storage file: '../outside.distcp' is not a plain "
+            f"file name; a name inside a file must name a file in {folder} (no '/', '..', absolute path or NUL byte)"
+        ), lines

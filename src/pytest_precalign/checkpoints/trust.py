@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SourceError
+from ..untrusted import bounded_repr, check_regular, plain_name
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -155,9 +156,19 @@ def metadata_reader(folder: Path, trust: bool) -> FileSystemReader:
 
     class Reader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            metadata = self._read(kwargs.get("rank"), *args, **kwargs)
+            where = f"{folder / '.metadata'}: storage file"
+            storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+            for info in storage.values():  # the files torch will open: plain names, regular files
+                name = getattr(info, "relative_path", None)
+                if not isinstance(name, str):
+                    raise SourceError(f"{where}: expected a file name, got {bounded_repr(name)}")
+                check_regular(plain_name(name, folder, where, SourceError), SourceError, "a .distcp file")
+            return metadata
+
+        def _read(self, rank: int | None, *args: Any, **kwargs: Any) -> Metadata:
             if trust:
                 return super().read_metadata(*args, **kwargs)
-            rank = kwargs.get("rank")
             file = folder / (".metadata" if rank is None else f"__{rank}.metadata")
             try:
                 with file.open("rb") as handle:
