@@ -125,14 +125,14 @@ def load_pt(file: Path, trust: bool) -> Any:
     unknown = [name for name, obj in allowed.items() if obj is None]
     if unknown:
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        raise refused(file, f"{unknown[0]!r}{more}")
+        raise refused(file, f"{bounded_repr(unknown[0])}{more}")
     try:
         with safe_globals(list(allowed.values())):
             return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()
         reason = next((line for line in first if "Unsupported" in line or "GLOBAL" in line), "")
-        raise refused(file, reason.strip() or "objects weights_only loading refuses") from None
+        raise refused(file, reason.strip()[:200] or "objects weights_only loading refuses") from None
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -174,7 +174,7 @@ def metadata_reader(folder: Path, trust: bool) -> FileSystemReader:
                 with file.open("rb") as handle:
                     metadata = _MetadataUnpickler(handle).load()
             except pickle.UnpicklingError as exc:
-                raise refused(file, f"{str(exc)!r}") from None
+                raise refused(file, bounded_repr(str(exc))) from None
             except (OSError, EOFError, ValueError, TypeError, AttributeError) as exc:
                 raise SourceError(f"{file}: not a torch_dist checkpoint's metadata ({exc})") from None
             if not isinstance(metadata, Metadata):
