@@ -6,6 +6,7 @@ Exit codes: 0 aligned (or valid), 1 diverged, 2 usage error (bad config, source,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     run.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
     run.add_argument("--save-traces", metavar="DIR", help="save traces under DIR/<case>/ (never overwrites)")
+    run.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
     validate = sub.add_parser("validate", help="check a config and its model sources without running")
     validate.add_argument("config", help="alignment config YAML")
     _compare_parser(sub.add_parser("compare", help="compare two stored runs (trace directories)"))
@@ -41,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     env_diff.add_argument("first", help="a recorded run: a trace or baseline folder, or its manifest.json")
     env_diff.add_argument("second", help="the other recorded run")
     return parser
+
+
+TRUST_HELP = (
+    "fully unpickle the checkpoints' pickled files (Megatron model_optim_rng.pt, torch_dist .metadata): "
+    "only for checkpoints you trust, as unpickling can run code from the file"
+)
 
 
 def _calibrate_parser(sub: Any) -> None:
@@ -95,6 +103,7 @@ def _check_weights_parser(sub: Any) -> None:
     check.add_argument(
         "--var", action="append", default=[], metavar="KEY=INT", help="a $variable of the mapping"
     )
+    check.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
 
 
 def _check_weights(args: argparse.Namespace) -> int:
@@ -102,7 +111,9 @@ def _check_weights(args: argparse.Namespace) -> int:
     from .run.offline import load_mapping
 
     mapping = load_mapping(args.mapping, _variables(args.var))
-    diff = compare_checkpoints(load_checkpoint(Path(args.first)), load_checkpoint(Path(args.second)), mapping)
+    trust = args.trust_checkpoint
+    first = load_checkpoint(Path(args.first), trust=trust)
+    diff = compare_checkpoints(first, load_checkpoint(Path(args.second), trust=trust), mapping)
     print("\n".join(diff.lines()))
     return 0 if diff.aligned else 1
 
@@ -160,32 +171,44 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if getattr(args, "report", None):
-            from .reports.document import check_report_dir
-
-            check_report_dir(args.report)
-        if args.command == "validate":
-            return _validate(Path(args.config))
-        if args.command == "compare":
-            return _compare(args)
-        if args.command == "calibrate":
-            return _calibrate(args, argv)
-        if args.command == "check-weights":
-            return _check_weights(args)
-        if args.command == "env-diff":
-            return _env_diff(args.first, args.second)
-        if args.command == "record":
-            from .baseline.command import record_cases
-
-            for line in record_cases(
-                Path(args.config), Path(args.out), args.case, args.side, args.overwrite, args.variant
-            ):
-                print(line)
-            return 0
-        return _run(Path(args.config), args.case, args.report, args.save_traces)
+        code = _dispatch(args, argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is answered below
+        return code
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (``| head``): no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("precalign: error: output closed before it was all written (broken pipe)", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    if getattr(args, "report", None):
+        from .reports.document import check_report_dir
+
+        check_report_dir(args.report)
+    if args.command == "validate":
+        return _validate(Path(args.config))
+    if args.command == "compare":
+        return _compare(args)
+    if args.command == "calibrate":
+        return _calibrate(args, argv)
+    if args.command == "check-weights":
+        return _check_weights(args)
+    if args.command == "env-diff":
+        return _env_diff(args.first, args.second)
+    if args.command == "record":
+        from .baseline.command import record_cases
+        from .reports.document import check_report_dir
+
+        check_report_dir(args.out, "--out", "each case's baseline")
+        for line in record_cases(
+            Path(args.config), Path(args.out), args.case, args.side, args.overwrite, args.variant
+        ):
+            print(line)
+        return 0
+    return _run(Path(args.config), args.case, args.report, args.save_traces, args.trust_checkpoint)
 
 
 def _progress_bar() -> Callable[[int, int], None] | None:
@@ -293,6 +316,10 @@ def _calibrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         raise ConfigError("calibrate: give the config once, as `precalign calibrate CONFIG --out FILE`")
     if args.config_flag is not None:  # the deprecated spelling, still accepted
         args.config = args.config_flag
+    if Path(args.out).is_dir():
+        raise ConfigError(
+            f"--out: {args.out} is a directory; expected the tolerance table YAML file to write"
+        )
 
     words = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(["precalign", *(w if w and " " not in w else repr(w) for w in words)])
@@ -318,12 +345,15 @@ def _validate(path: Path) -> int:
     return 0
 
 
-def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None) -> int:
+def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | None, trust: bool) -> int:
     from .config.loader import load_config_file
+    from .config.model_weights import trust_checkpoints
     from .reports.document import write_reports
     from .run.devices import check_devices
 
     config = load_config_file(path)
+    if trust:
+        config = trust_checkpoints(config)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
     for case in selected:
         check_devices(config, case)  # before torch is imported: torch_npu without CANN stops it

@@ -60,6 +60,13 @@ OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "with --align-baseline: rewrite every baseline run and pass",
         {"action": "store_true"},
     ),
+    (
+        "trust-checkpoint",
+        "align_trust_checkpoint",
+        "fully unpickle the models' checkpoints (Megatron model_optim_rng.pt, torch_dist .metadata): "
+        "only for checkpoints you trust, as unpickling can run code from the file",
+        {"action": "store_true"},
+    ),
 )
 
 
@@ -104,8 +111,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "align(tolerances=None, phases=None, record=None, mapping=None): defaults for the align_runner fixture",
     )
     updating = config.getoption("align_update") or config.getoption("align_update_all")
-    if updating and not config.getoption("align_baseline"):
+    baselines = config.getoption("align_baseline")
+    if updating and not baselines:
         raise pytest.UsageError("--align-update and --align-update-all need --align-baseline DIR")
+    if baselines:
+        from .reports.document import check_report_dir
+
+        try:
+            check_report_dir(baselines, "--align-baseline", "each case's baseline <case>/", write=False)
+        except PrecalignError as exc:
+            raise pytest.UsageError(str(exc)) from None
     path = _config_path(config)
     if path is None:
         config.stash[STATE_KEY] = _State(config=None)
@@ -114,6 +129,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     try:
         align_config = load_config_file(path)
+        if config.getoption("align_trust_checkpoint"):
+            from .config.model_weights import trust_checkpoints
+
+            align_config = trust_checkpoints(align_config)
     except PrecalignError as exc:
         raise pytest.UsageError(f"--align-config: {exc}") from None
     report_dir = config.getoption("align_report") or config.getini("align_report")

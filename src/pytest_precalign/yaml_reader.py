@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 from .errors import ConfigError
+from .untrusted import bounded_repr, open_regular
 
 _Choice = TypeVar("_Choice", bound=str)
 
@@ -132,7 +133,7 @@ def read_text_file(path: Path, what: str = "a YAML file") -> str:
     """A hand-written text file's contents: one ConfigError naming the file when it is missing,
     a directory, unreadable, too big, binary or not UTF-8."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path, ConfigError, what) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > MAX_YAML_BYTES:
                 raise ConfigError(
@@ -226,7 +227,7 @@ class Reader:
 
     def _typed(self, key: str, value: Any, kinds: tuple[type, ...]) -> Any:
         if isinstance(value, bool) and bool not in kinds:
-            self.fail(f"expected {_expected(kinds)}, got {value!r}", key)
+            self.fail(f"expected {_expected(kinds)}, got {bounded_repr(value)}", key)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if not isinstance(value, kinds):
@@ -293,7 +294,7 @@ class Reader:
         for choice in allowed:
             if value == choice:
                 return choice
-        self.fail(f"unknown value {value!r} (allowed: {', '.join(allowed)})", key)
+        self.fail(f"unknown value {bounded_repr(value)} (allowed: {', '.join(allowed)})", key)
 
     def get_mapping(self, key: str, *, required: bool = False) -> Reader | None:
         value = self.require(key) if required else self.raw(key)
@@ -354,4 +355,4 @@ def describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {bounded_repr(value)}"

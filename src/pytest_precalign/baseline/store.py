@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -78,12 +79,24 @@ def case_lock(root: Path, case: str) -> Iterator[None]:
     except ImportError:  # not POSIX: writes are still atomic, concurrent writers not serialised
         yield
         return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:  # ELOOP: a link planted where the lock file goes
+        raise TraceError(
+            f"{path}: cannot open the case's lock file ({exc.strerror}); it must be a plain file, "
+            "not a link: remove it"
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TraceError(f"{path}: the case's lock file is not a plain file: remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def writable(root: Path) -> bool:
@@ -109,6 +122,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _real_dir(path: Path) -> bool:
+    """A directory itself, not a link to one (the tool's own leftovers are never links)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def recover(root: Path, name: str) -> list[str]:
     """Undo what a killed writer of ``root/name`` left: its temporary directory (when its
     process is gone) and, if the baseline was moved aside but its replacement never arrived,
@@ -119,12 +140,12 @@ def recover(root: Path, name: str) -> list[str]:
     target = root / name
     for entry in root.iterdir():
         m = _TEMP.match(entry.name)
-        if m and m.group("name") == name and not _alive(int(m.group("pid"))):
+        if m and m.group("name") == name and not _alive(int(m.group("pid"))) and _real_dir(entry):
             shutil.rmtree(entry, ignore_errors=True)
             done.append(f"removed {entry.name} (left by killed process {m.group('pid')})")
-        elif entry.name.startswith(f".{name}.") and entry.name.endswith(".old") and entry.is_dir():
+        elif entry.name.startswith(f".{name}.") and entry.name.endswith(".old") and _real_dir(entry):
             old = entry / "old"
-            if old.is_dir() and not target.exists():
+            if _real_dir(old) and not os.path.lexists(target):
                 os.replace(old, target)
                 done.append(f"restored {name} from {entry.name}")
             shutil.rmtree(entry, ignore_errors=True)

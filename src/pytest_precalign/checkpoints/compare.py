@@ -55,8 +55,9 @@ def detect_format(path: Path) -> str:
     )
 
 
-def load_checkpoint(path: Path, fmt: str | None = None) -> dict[str, torch.Tensor]:
-    """Read-only: the tensors of a checkpoint folder by name."""
+def load_checkpoint(path: Path, fmt: str | None = None, *, trust: bool = False) -> dict[str, torch.Tensor]:
+    """Read-only: the tensors of a checkpoint folder by name. Pickled files in it are fully
+    unpickled only when the user said to ``trust`` the checkpoint (``trust.py``)."""
     if not path.is_dir():
         raise SourceError(f"{path}: no such checkpoint folder")
     fmt = fmt or detect_format(path)
@@ -67,11 +68,11 @@ def load_checkpoint(path: Path, fmt: str | None = None) -> dict[str, torch.Tenso
     if fmt == "megatron":
         from .megatron_legacy import load_megatron_legacy
 
-        return load_megatron_legacy(path)
+        return load_megatron_legacy(path, trust)
     if fmt == "megatron-dist":
         from .megatron_dist import load_megatron_dist
 
-        return load_megatron_dist(path)
+        return load_megatron_dist(path, trust)
     raise SourceError(f"{path}: format {fmt!r} not supported (allowed: {', '.join(FORMATS)})")
 
 

@@ -54,12 +54,13 @@ def fit_errors(targets: Mapping[str, torch.Tensor], state: Mapping[str, torch.Te
     return out
 
 
-def load_into(module: torch.nn.Module, folder: Path, fmt: str, what: str) -> int:
+def load_into(module: torch.nn.Module, folder: Path, fmt: str, what: str, *, trust: bool = False) -> int:
     """Copy the checkpoint's tensors into ``module`` (cast to each tensor's dtype); returns
-    how many were loaded. ``what`` names the config key for messages."""
+    how many were loaded. ``what`` names the config key for messages; ``trust``: the user
+    said to trust the checkpoint (its pickles are fully unpickled)."""
     import torch
 
-    state = load_checkpoint(folder, fmt)
+    state = load_checkpoint(folder, fmt, trust=trust)
     targets = _targets(module)
     errors = fit_errors(targets, state)
     if errors:

@@ -17,13 +17,14 @@ wrote them). Then megatron-core's layout is undone:
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import SourceError
+from ..untrusted import bounded_repr, check_regular, read_json
+from .trust import metadata_reader
 
 if TYPE_CHECKING:
     import torch
@@ -41,16 +42,19 @@ def _check_folder(folder: Path) -> None:
     if not folder.is_dir():
         raise SourceError(f"{folder}: no such checkpoint folder (format: megatron-dist)")
     meta = folder / META
-    try:
-        backend = json.loads(meta.read_text())["sharded_backend"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    data = read_json(meta, SourceError, what=f"{META} of a megatron-core dist checkpoint")
+    backend = data.get("sharded_backend") if isinstance(data, dict) else None
+    if backend is None:
         raise SourceError(
-            f"{meta}: not a megatron-core dist checkpoint ({exc}); expected {META} with "
+            f"{meta}: not a megatron-core dist checkpoint; expected {META} with "
             "'sharded_backend' (format: megatron-dist)"
-        ) from None
+        )
+    for file in folder.glob("*"):  # torch opens them by name: a FIFO would hang it
+        if file.name == ".metadata" or file.suffix == ".distcp":
+            check_regular(file, SourceError, "a torch_dist checkpoint file")
     if backend != "torch_dist":
         raise SourceError(
-            f"{meta}: sharded_backend {backend!r} is not supported (allowed: torch_dist; format: megatron-dist)"
+            f"{meta}: sharded_backend {bounded_repr(backend)} is not supported (allowed: torch_dist; format: megatron-dist)"
         )
 
 
@@ -61,16 +65,16 @@ def _local_name(name: str) -> str:
     return name
 
 
-def load_megatron_dist(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint by their TP=1 GPTModel (local spec) names."""
+def load_megatron_dist(folder: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint by their TP=1 GPTModel (local spec) names; ``.metadata``
+    is fully unpickled only when ``trust`` (see ``trust.metadata_reader``)."""
     import torch
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load
 
     _check_folder(folder)
     try:
-        reader = FileSystemReader(str(folder))
+        reader = metadata_reader(folder, trust)
         meta = reader.read_metadata()
         state = {
             key: torch.empty(tuple(m.size), dtype=m.properties.dtype)
@@ -80,6 +84,8 @@ def load_megatron_dist(folder: Path) -> dict[str, torch.Tensor]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             load(state, storage_reader=reader, no_dist=True)
+    except SourceError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a broken checkpoint is bad input, not a crash
         raise SourceError(
             f"{folder}: not a readable torch_dist checkpoint ({exc}) (format: megatron-dist)"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SourceError
 from .sharding import gather_tensor, param_layout
+from .trust import load_pt
 
 if TYPE_CHECKING:
     import torch
@@ -66,11 +67,13 @@ def _rank_files(folder: Path) -> list[list[Path]]:
     return [[grid[(p, t)] for t in range(tp)] for p in range(pp)]
 
 
-def _read_rank(path: Path) -> dict[str, torch.Tensor]:
+def _read_rank(path: Path, trust: bool) -> dict[str, torch.Tensor]:
     import torch
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_pt(path, trust)
+    except SourceError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a corrupt file is bad input, not a crash
         raise SourceError(f"{path}: not a Megatron checkpoint with key 'model' ({exc})") from None
     if not isinstance(state, dict) or "model" not in state:
@@ -134,10 +137,11 @@ def merge_pp(stages: Sequence[Mapping[str, torch.Tensor]], wheres: Sequence[Path
     return out
 
 
-def load_megatron_legacy(folder: Path) -> dict[str, torch.Tensor]:
-    """The full model state dict of a legacy checkpoint, its TP and PP shards merged."""
+def load_megatron_legacy(folder: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """The full model state dict of a legacy checkpoint, its TP and PP shards merged; the
+    rank files are fully unpickled only when ``trust`` (see ``trust.load_pt``)."""
     if not folder.is_dir():
         raise SourceError(f"{folder}: no such checkpoint folder (format: megatron)")
     grid = _rank_files(folder)
-    stages = [merge_tp([_read_rank(path) for path in row], row) for row in grid]
+    stages = [merge_tp([_read_rank(path, trust) for path in row], row) for row in grid]
     return merge_pp(stages, [row[0] for row in grid])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..untrusted import bounded_repr
 from ..vocabulary import KINDS, PHASES
 from ..yaml_reader import Reader, describe, read_yaml_file
 
@@ -144,9 +145,9 @@ def _as_tuple(reader: Reader, key: str, allowed: tuple[str, ...] | None) -> tupl
     out = []
     for item in values:
         if not isinstance(item, str):
-            reader.fail(f"expected a string or a list of strings, got {item!r}", key)
+            reader.fail(f"expected a string or a list of strings, got {bounded_repr(item)}", key)
         if allowed is not None and item not in allowed:
-            reader.fail(f"unknown value {item!r} (allowed: {', '.join(allowed)})", key)
+            reader.fail(f"unknown value {bounded_repr(item)} (allowed: {', '.join(allowed)})", key)
         out.append(item)
     return tuple(out)
 
@@ -166,7 +167,7 @@ def parse_rule(reader: Reader) -> ToleranceRule:
             guess = DTYPE_ALIASES.get(base, base if _DTYPE_NAME.match(base) else None)
             hint = f"; did you mean {guess!r}?" if guess else ""
             reader.fail(
-                f"unknown dtype {name!r} (a torch dtype name such as "
+                f"unknown dtype {bounded_repr(name)} (a torch dtype name such as "
                 f"{', '.join(DTYPE_DEFAULTS)}, int64, bool{hint})",
                 "dtype",
             )
@@ -175,7 +176,7 @@ def parse_rule(reader: Reader) -> ToleranceRule:
     if raw_step is not None:
         values = raw_step if isinstance(raw_step, list) else [raw_step]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            reader.fail(f"expected a step number or a list of them, got {raw_step!r}", "step")
+            reader.fail(f"expected a step number or a list of them, got {bounded_repr(raw_step)}", "step")
         steps = tuple(values)
     atol = reader.get_float("atol", non_negative=True)
     rtol = reader.get_float("rtol", non_negative=True)

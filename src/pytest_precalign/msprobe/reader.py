@@ -18,7 +18,6 @@ compare and verdict stages run on msprobe dumps unchanged:
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -28,6 +27,7 @@ from typing import Any, NoReturn
 
 from ..errors import TraceError
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
+from ..untrusted import bounded_repr, plain_name, read_json
 from ..vocabulary import Kind
 from .layout import DUMP_FILE, rank_folders, rank_of, single_rank_folder, step_of
 from .names import ParsedName, forward_name, parse_name
@@ -109,13 +109,17 @@ def _header(dump: Mapping[str, Any], dump_file: Path) -> tuple[str, str, str]:
     task, level = dump.get("task"), dump.get("level")
     framework = dump.get("framework") or "pytorch"  # older msprobe versions leave it out
     if task not in TASKS:
-        raise TraceError(f"{dump_file}: task {task!r} is not readable (expected one of {', '.join(TASKS)})")
+        raise TraceError(
+            f"{dump_file}: task {bounded_repr(task)} is not readable (expected one of {', '.join(TASKS)})"
+        )
     if level not in LEVELS:
         raise TraceError(
-            f"{dump_file}: level {level!r} is not readable (expected one of {', '.join(LEVELS)})"
+            f"{dump_file}: level {bounded_repr(level)} is not readable (expected one of {', '.join(LEVELS)})"
         )
     if framework != "pytorch":
-        raise TraceError(f"{dump_file}: framework {framework!r} is not supported (expected pytorch)")
+        raise TraceError(
+            f"{dump_file}: framework {bounded_repr(framework)} is not supported (expected pytorch)"
+        )
     return str(task), str(level), str(framework)
 
 
@@ -146,15 +150,9 @@ def _summary_mode(task: str, hashes: list[str]) -> str:
 
 
 def _load_json(file: Path, why: str = "") -> Any:
-    try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise TraceError(f"{file}: missing" + (f" ({why})" if why else "")) from None
-    except RecursionError:
-        raise TraceError(f"{file}: not valid JSON: nested too deeply") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{file}: not valid JSON: {exc}") from None
+    """A dump folder's JSON file (size, first bytes and regular file checked before reading;
+    dump.json may hold a record name only once)."""
+    return read_json(file, TraceError, why=why, unique_keys=file.name == DUMP_FILE)
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -241,7 +239,7 @@ class _Builder:
             for key, item in value.items():
                 yield from self._walk(raw, item, f"{slot}.{key}" if slot else str(key))
         else:
-            self._bad(raw, slot, f"expected a tensor entry, a list or an object, got {value!r}")
+            self._bad(raw, slot, f"expected a tensor entry, a list or an object, got {bounded_repr(value)}")
 
     def _emit(
         self, raw: str, p: ParsedName, kind: Kind, entries: Iterator[tuple[str, dict[str, Any]]]
@@ -277,14 +275,21 @@ class _Builder:
         if not isinstance(dtype, str):
             self._bad(raw, slot, "tensor entry without a 'dtype' string")
         if not is_dtype_name(dtype.removeprefix("torch.")):
-            self._bad(raw, slot, f"dtype {dtype!r} is not a torch dtype (e.g. torch.float32, torch.bfloat16)")
+            self._bad(
+                raw,
+                slot,
+                f"dtype {bounded_repr(dtype)} is not a torch dtype (e.g. torch.float32, torch.bfloat16)",
+            )
         if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
             self._bad(raw, slot, "tensor entry without a 'shape' list of ints")
         crc = _hash(entry.get("md5"))
         stats = None if (self.hash_only and crc is not None) else _stats(entry)
         data_name = entry.get("data_name")
         if data_name is not None and not isinstance(data_name, str):
-            self._bad(raw, slot, f"'data_name' must be a file name, got {data_name!r}")
+            self._bad(raw, slot, f"'data_name' must be a file name, got {bounded_repr(data_name)}")
+        if data_name is not None:
+            where = f"{self.dump_file}: record {bounded_repr(raw)} {slot}: data_name"
+            plain_name(data_name, self.dump_file.parent / TENSOR_DIR, where, TraceError)
         return dtype.removeprefix("torch."), tuple(shape), stats, crc, data_name
 
     def _field(self, raw: str, body: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -297,7 +302,7 @@ class _Builder:
 
     def _bad(self, raw: str, where: str, what: str) -> NoReturn:
         at = f" {where}" if where else ""
-        raise TraceError(f"{self.dump_file}: record {raw!r}{at}: {what}")
+        raise TraceError(f"{self.dump_file}: record {bounded_repr(raw)}{at}: {what}")
 
 
 def _stats(entry: Mapping[str, Any]) -> Stats | None:
@@ -397,7 +402,7 @@ def _read_stack(file: Path, data: Mapping[str, Any]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for gid, group in groups.items():
         if not (isinstance(group, list) and len(group) == 2 and all(isinstance(g, list) for g in group)):
-            raise TraceError(f"{file}: group {gid!r}: expected [[names...], [frames...]]")
+            raise TraceError(f"{file}: group {bounded_repr(gid)}: expected [[names...], [frames...]]")
         names, frames = group
         for raw in names:
             if raw in data:

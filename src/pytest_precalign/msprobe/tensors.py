@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..untrusted import check_regular, plain_name
 
 TENSOR_DIR = "dump_tensor_data"
 
@@ -32,9 +33,7 @@ class PtTensors(Mapping[str, Any]):
 
         import torch
 
-        file = self._folder / key
-        if not file.is_file():
-            raise TraceError(f"{file}: missing (dump.json names it as data_name)")
+        file = self._file(key)
         try:
             # mmap: the bytes are paged in as the compare reads them, not copied up front.
             tensor = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
@@ -55,12 +54,21 @@ class PtTensors(Mapping[str, Any]):
         from ..trace.arrays import as_numpy
         from ..trace.tensor_files import Unsupported, read_pt
 
-        file = self._folder / key
+        file = self._file(key)
         try:
             array = read_pt(file, raw_bf16)
         except Unsupported:
             return as_numpy(self[key])
         return self._checked(key, file, array)
+
+    def _file(self, key: str) -> Path:
+        """The file of ``key``: a plain name in the folder, a regular file (not a FIFO)."""
+        file = plain_name(key, self._folder, "dump.json: data_name", TraceError)
+        try:
+            check_regular(file, TraceError, "a tensor file")
+        except FileNotFoundError:
+            raise TraceError(f"{file}: missing (dump.json names it as data_name)") from None
+        return file
 
     def _checked(self, key: str, file: Path, value: Any) -> Any:
         """``value`` (a tensor or an array) when its shape is the one dump.json gives."""

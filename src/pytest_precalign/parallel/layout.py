@@ -8,7 +8,6 @@ A layout is the run's parallel sizes (tp, pp, dp, cp, ep, vpp) and Megatron's ra
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TraceError
+from ..untrusted import read_json
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 DIMS = ("tp", "cp", "ep", "dp", "pp")
@@ -209,11 +209,9 @@ def read_msprobe_compare_config(path: str | Path) -> dict[str, Any]:
     ``parallel_merge: {npu: {...}, bench: {...}}``; returns golden, target and layouts."""
     file = Path(path)
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--msprobe-config: {file}: file not found") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"--msprobe-config: {file}: not valid JSON: {exc or type(exc).__name__}") from None
+        data = read_json(file, ConfigError, what="an msprobe compare.json")
+    except ConfigError as exc:
+        raise ConfigError(f"--msprobe-config: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("npu_path"), str):
         raise ConfigError(f"{file}: expected an msprobe compare.json with 'npu_path' (and 'bench_path')")
     if not isinstance(data.get("bench_path"), str):
@@ -248,8 +246,8 @@ def _children(path: Path, kind: re.Pattern[str]) -> dict[int, Path]:
 
 def _has_parallel_manifest(folder: Path) -> bool:
     try:
-        data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        data = read_json(folder / "manifest.json", TraceError)
+    except TraceError:
         return False
     return isinstance(data, dict) and "parallel" in data
 

@@ -98,8 +98,24 @@ def write_compare_csv(directory: str | Path, document: Mapping[str, Any]) -> Pat
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header(mode))
     for entry in entries:
-        writer.writerows(_rows(entry, mode))
+        writer.writerows([inert(cell) for cell in row] for row in _rows(entry, mode))
     return write_file_atomic(Path(directory) / CSV_FILE, out.getvalue())
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(cell: str) -> str:
+    """A cell a spreadsheet will not run as a formula (OWASP's CSV injection advice): text that
+    starts with ``= + - @``, a tab or a CR gets a leading single quote; numbers ("-1.5e-3",
+    "-inf") stay numbers."""
+    if not cell.startswith(_FORMULA_START):
+        return cell
+    try:
+        float(cell)
+    except ValueError:
+        return "'" + cell
+    return cell
 
 
 def _rows(entry: Mapping[str, Any], mode: str) -> Iterator[list[str]]:

@@ -4,6 +4,7 @@ JUnit properties. The text messages live in ``text``."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,14 +210,20 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
     return [seen[k] for k in sorted(seen)]
 
 
-def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
-    """A report directory that can be made: checked before anything runs."""
+def check_report_dir(
+    directory: str | Path, option: str = "--report", holds: str = "report.json", *, write: bool = True
+) -> Path:
+    """A directory the tool is to write into (``holds`` says what goes there), checked before
+    anything runs: every existing part of it a directory, the deepest existing one writable
+    (unless ``write`` is False: a read-only baseline folder serves for comparing)."""
     folder = Path(directory)
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ConfigError(
-            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
+            f"{option}: {folder}: {existing} is a file, not a directory ({holds} goes into a directory)"
         )
+    if write and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option}: {folder}: cannot write there ({existing} is not writable)")
     return folder
 
 

@@ -44,6 +44,13 @@ def load_mapping(
     return read_mapping_file(file, value, variables)
 
 
+def _shown(keys: set[tuple[int, int]], at_most: int = 8) -> str:
+    """The first ``at_most`` (step, rank) keys in order, and how many more."""
+    ordered = sorted(keys)
+    text = ", ".join(f"step{s}/rank{r}" for s, r in ordered[:at_most]) or "none"
+    return text + (f" and {len(ordered) - at_most} more" if len(ordered) > at_most else "")
+
+
 def compare_run_sets(
     golden: str | Path,
     target: str | Path,
@@ -64,13 +71,10 @@ def compare_run_sets(
         (key, base), (cand,) = next(iter(gold.items())), targ.values()
         return [(key, compare_runs(golden, target, **options, loaded=(base, cand)))]
     if set(gold) != set(targ):
-
-        def show(keys: set[tuple[int, int]]) -> str:
-            return ", ".join(f"step{s}/rank{r}" for s, r in sorted(keys)) or "none"
-
         raise TraceError(
-            f"the sides hold different steps/ranks: golden {golden} has {show(set(gold))}; "
-            f"target {target} has {show(set(targ))}"
+            f"the sides hold different steps/ranks ({len(gold)} in golden {golden}, {len(targ)} in "
+            f"target {target}): not in target: {_shown(set(gold) - set(targ))}; "
+            f"not in golden: {_shown(set(targ) - set(gold))}"
         )
     out = []
     for key in sorted(gold):

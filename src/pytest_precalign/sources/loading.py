@@ -134,7 +134,7 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
         from ..checkpoints.load_into import load_into
 
         what = f"{spec.where}: models.{spec.name}.weights"
-        load_into(module, Path(weights["load"]), weights["format"], what)
+        load_into(module, Path(weights["load"]), weights["format"], what, trust=bool(weights.get("trust")))
     if spec.patch is not None:
         module = apply_patch(spec, module, base_dir)
     before = dtype_counts(module)

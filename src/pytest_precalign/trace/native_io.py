@@ -19,6 +19,7 @@ from typing import Any
 
 from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
+from ..untrusted import bounded_repr, check_regular, read_json
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 
 FORMAT = "pytest-precalign-trace"
@@ -151,6 +152,7 @@ class _ShardedTensors(Mapping[str, Any]):
         try:
             handle = self._open.get(file)
             if handle is None:
+                check_regular(self._root / file, TraceError, "a safetensors shard")
                 handle = safe_open(str(self._root / file), framework="pt")
                 self._open[file] = handle
             tensor = handle.get_tensor(key)
@@ -212,7 +214,7 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{root / 'manifest.json'}: not a pytest-precalign trace manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise TraceError(
-            f"{root / 'manifest.json'}: format_version {manifest.get('format_version')!r} "
+            f"{root / 'manifest.json'}: format_version {bounded_repr(manifest.get('format_version'))} "
             f"is not supported (expected {FORMAT_VERSION})"
         )
     index = _read_json(root / "index.json")
@@ -253,37 +255,43 @@ def _record(item: Any, where: str) -> Record:
         raise TraceError(f"{where}: expected an object, got {type(item).__name__}")
     missing = [k for k in _RECORD_KEYS if k not in item]
     if missing:
-        raise TraceError(f"{where}: missing key {missing[0]!r} (a record has {', '.join(_RECORD_KEYS)})")
+        raise TraceError(
+            f"{where}: missing key {bounded_repr(missing[0])} (a record has {', '.join(_RECORD_KEYS)})"
+        )
     for key in ("name", "module_class", "phase", "kind", "slot", "dtype"):
         if not isinstance(item[key], str):
-            raise TraceError(f"{where}: {key} must be a string, got {item[key]!r}")
+            raise TraceError(f"{where}: {key} must be a string, got {bounded_repr(item[key])}")
     for key in ("tensor_key", "crc32"):
         if not isinstance(item.get(key), (str, type(None))):
-            raise TraceError(f"{where}: {key} must be a string or null, got {item[key]!r}")
+            raise TraceError(f"{where}: {key} must be a string or null, got {bounded_repr(item[key])}")
     deps = item.get("deps", [])
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        raise TraceError(f"{where}: deps must be a list of record ids, got {deps!r}")
+        raise TraceError(f"{where}: deps must be a list of record ids, got {bounded_repr(deps)}")
     stats = item.get("stats")
     if stats is not None and not (
         isinstance(stats, dict)
         and set(_STATS_KEYS[:4]) <= set(stats) <= set(_STATS_KEYS)
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in stats.values())
     ):
-        raise TraceError(f"{where}: stats must be null or numbers {', '.join(_STATS_KEYS)}, got {stats!r}")
+        raise TraceError(
+            f"{where}: stats must be null or numbers {', '.join(_STATS_KEYS)}, got {bounded_repr(stats)}"
+        )
     if item["kind"] not in PHASE_OF_KIND:
-        raise TraceError(f"{where}: kind {item['kind']!r} is unknown (allowed: {', '.join(PHASE_OF_KIND)})")
+        raise TraceError(
+            f"{where}: kind {bounded_repr(item['kind'])} is unknown (allowed: {', '.join(PHASE_OF_KIND)})"
+        )
     if not is_dtype_name(item["dtype"]):
         raise TraceError(
-            f"{where}: dtype {item['dtype']!r} is not a torch dtype name (e.g. float32, bfloat16, int64)"
+            f"{where}: dtype {bounded_repr(item['dtype'])} is not a torch dtype name (e.g. float32, bfloat16, int64)"
         )
     shape = item["shape"]
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise TraceError(f"{where}: shape must be a list of integers >= 0, got {shape!r}")
+        raise TraceError(f"{where}: shape must be a list of integers >= 0, got {bounded_repr(shape)}")
     for key in ("seq", "step", "call"):
         if not isinstance(item[key], int) or isinstance(item[key], bool):
-            raise TraceError(f"{where}: {key} must be an integer, got {item[key]!r}")
+            raise TraceError(f"{where}: {key} must be an integer, got {bounded_repr(item[key])}")
     try:
         return record_from_dict(item)
     except (KeyError, TypeError, ValueError) as exc:
@@ -291,12 +299,4 @@ def _record(item: Any, where: str) -> Record:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise TraceError(f"{path}: missing") from None
-    except RecursionError:
-        raise TraceError(f"{path}: cannot read: nested too deeply") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: cannot read: {exc}") from None
+    return read_json(path, TraceError, bad="cannot read")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceError
+from ..untrusted import open_regular
 from . import pt_zip
 
 _PT_STORAGES = {
@@ -73,7 +74,8 @@ def _view(buffer: Any, dtype: str, offset: int, count: int, raw_bf16: bool = Fal
 
 
 def _map(path: Path) -> mmap.mmap | bytes:
-    with open(path, "rb") as f:
+    """The file mapped read-only (a FIFO or a device is refused before it can block)."""
+    with open_regular(path, TraceError, "a tensor file") as f:
         try:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
