@@ -28,6 +28,10 @@ class CaseError(PrecalignError):
     """A case cannot run as configured (e.g. weights that cannot be synced)."""
 
 
+class ReportError(PrecalignError):
+    """A report folder cannot be written (a full or read-only disk): the previous one is kept."""
+
+
 class AlignmentMismatch(AssertionError):
     """Raised by a check whose candidate is not aligned with its baseline."""
 

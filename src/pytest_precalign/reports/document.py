@@ -8,12 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._atomic import write_file_atomic
 from ..compare.pairs import PairResult
-from ..errors import ConfigError
 from ..verdict.phase import PhaseVerdict
-from .compare_csv import write_compare_csv
-from .html import write_html_report
+from .compare_csv import CSV_FILE, compare_csv_text
+from .folder import check_report_folder, publish_report
+from .html import render_html
 from .text import PhaseReport, verdict_label, worst_metric
 
 
@@ -210,14 +209,8 @@ def _unmatched(records: Sequence[Any], reasons: Mapping[str, str]) -> list[dict[
 
 
 def check_report_dir(directory: str | Path, option: str = "--report") -> Path:
-    """A report directory that can be made: checked before anything runs."""
-    folder = Path(directory)
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise ConfigError(
-            f"{option}: {folder}: {existing} is a file, not a directory (report.json goes into a directory)"
-        )
-    return folder
+    """A report directory that can be made (or replaced whole): checked before anything runs."""
+    return check_report_folder(directory, option)
 
 
 def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,15 +225,22 @@ def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
 _STRICT = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
 
 
-def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+def write_reports(
+    directory: str | Path,
+    cases: Sequence[Mapping[str, Any]],
+    meta: Mapping[str, Any],
+    option: str = "--report",
+) -> Path:
     """``report.json``, ``report.html`` and ``compare_result.csv`` (the same document, rendered)
-    into ``directory``."""
-    check_report_dir(directory)
+    as the whole of ``directory``, published as one set (``folder``); returns report.json's path."""
+    folder = check_report_folder(directory, option)
     data = report_document(cases, meta)
-    target = write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
-    write_html_report(directory, data)
-    write_compare_csv(directory, data)
-    return target
+    files = {
+        "report.json": json.dumps(data, indent=1, allow_nan=False),
+        "report.html": render_html(data),
+        CSV_FILE: compare_csv_text(data),
+    }
+    return publish_report(folder, files, option) / "report.json"
 
 
 def _json_default(value: Any) -> Any:
