@@ -159,6 +159,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             "candidate": _unmatched(v.only_candidate, v.reasons),
         },
         "failures": [_failure_dict(p) for p in v.failures],
+        "incomplete_steps": list(v.incomplete_steps),
         "seconds": report.seconds,
         "weights": dict(report.weights) if report.weights is not None else None,
         "reproduce": report.reproduce,
