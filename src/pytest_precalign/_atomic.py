@@ -4,9 +4,14 @@ full disk, a kill -9) sees the old version or the new one, never a part."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -69,11 +74,14 @@ def temp_dir_beside(target: Path, prefix: str | None = None) -> Path:
 
 
 def publish_dir(tmp: Path, target: Path) -> None:
-    """Put a fully written temporary directory in place of ``target``: the old one (if any)
-    is moved aside first and removed only once the new one is in place, so a crash leaves
-    either the old or the new directory, never a partial one."""
+    """Put a fully written temporary directory in place of ``target``: swapped with the old
+    one in one step where the file system can (Linux ``renameat2(RENAME_EXCHANGE)``), else
+    the old one is moved aside first; the old one is removed only once the new one is in
+    place, so a crash leaves either the old or the new directory, never a partial one."""
     fsync_dir(tmp)
-    if target.exists():
+    if target.exists() and _exchange(tmp, target):
+        shutil.rmtree(tmp, ignore_errors=True)  # ``tmp`` holds the old directory now
+    elif target.exists():
         aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
         os.replace(target, aside / "old")
         os.replace(tmp, target)
@@ -81,6 +89,39 @@ def publish_dir(tmp: Path, target: Path) -> None:
     else:
         os.replace(tmp, target)
     fsync_dir(target.parent)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux 3.15+); False where the system or file system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@contextlib.contextmanager
+def dir_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``flock``) on the directory ``folder`` while the block
+    runs: writers that take it publish one at a time (it is released when the process ends,
+    also by a kill)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def fsync_file(path: Path) -> None:

@@ -35,6 +35,14 @@ class CaseError(PrecalignError):
     """A case cannot run as configured (e.g. weights that cannot be synced)."""
 
 
+class ReportError(PrecalignError):
+    """A report folder cannot be written (a full or read-only disk): the previous one is kept."""
+
+
+class RecorderError(PrecalignError):
+    """The training ``Recorder`` was called out of order or on a model it cannot record."""
+
+
 class AlignmentMismatch(AssertionError):
     """Raised by a check whose candidate is not aligned with its baseline."""
 

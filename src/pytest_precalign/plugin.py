@@ -482,11 +482,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if folder:
         from .reports.document import write_reports
 
-        write_reports(
-            folder,
-            sorted(state.reports, key=lambda r: r["nodeid"]),
-            {"config": str(state.config.path), "exitstatus": int(exitstatus)},
-        )
+        try:
+            write_reports(
+                folder,
+                sorted(state.reports, key=lambda r: r["nodeid"]),
+                {"config": str(state.config.path), "exitstatus": int(exitstatus)},
+                "--align-report",
+            )
+        except PrecalignError as exc:  # a full disk: one line, and the run does not pass
+            sys.stderr.write(f"ERROR: {exc}\n")
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
 # -- fixtures ---------------------------------------------------------------------------------

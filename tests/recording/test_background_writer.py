@@ -174,11 +174,7 @@ def test_a_full_disk_is_one_clear_error_and_leaves_nothing(full_disk: Path, at: 
     )
     # no temp folder, and no empty run/step0/ made for it
     assert not _writers() and list(full_disk.rglob("*")) == []
-    if level == "op" and at == "capture":  # inert until the next stop, start or close
-        assert _hook_count(model) > 0 and rec.recording_now
-        assert torch._C._len_torch_function_stack() == 1
-        with pytest.raises(TraceError, match="No space left on device"):
-            rec.stop()
+    # the forward raised: the step was given up at once, op mode included (forward_guard.py)
     assert _hook_count(model) == 0 and not rec.recording_now and torch._C._len_torch_function_stack() == 0
     assert not folder.exists() and rec.stop() is None
     assert torch.equal(model(_x(width=64)), _Net(width=64, depth=8)(_x(width=64)))  # runs as before

@@ -478,18 +478,19 @@ def _check_case_name(reader: Reader, name: str) -> None:
         reader.fail(
             f"{name!r} is not a usable case name: it names the case's baseline folder, so it must be one "
             "path component of at most 200 characters, not starting with '.', without '[', ']', ':', "
-            "'/', '\\', spaces or control characters",
+            "'/', '\\', '@' (a variant's folder is <case>@<label>), spaces or control characters",
             "name",
         )
 
 
 def _safe_case_name(name: str) -> bool:
     """A case name is a test id part and a folder name in a baseline DIR (``DIR/<name>``,
-    ``DIR/.<name>.lock``): ``.``, ``..`` or ``a/b`` would reach other folders."""
+    ``DIR/.<name>.lock``): ``.``, ``..`` or ``a/b`` would reach other folders, and ``c@x`` is
+    the folder of case ``c``'s variant ``x`` (``baseline/variants.py``)."""
     return (
         0 < len(name) <= 200
         and not name.startswith(".")
-        and not any(c in name for c in "[]:/\\ ")
+        and not any(c in name for c in "[]:/\\@ ")
         and all(c.isprintable() for c in name)
     )
 

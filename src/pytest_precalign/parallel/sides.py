@@ -4,6 +4,7 @@ with a layout given, an msprobe dump; one step folder or a run root (all its ste
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..trace.records import Trace
 from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
 from .merge import Chunk, RankTrace, merge_ranks
 from .rules import MEGATRON_GPT_RULES, ShardRule
-from .steps import combine_steps
+from .steps import combine_steps, split_incomplete
 
 _SIZES = ("tp", "pp", "dp", "cp", "ep", "vpp", "order")
 
@@ -25,8 +26,12 @@ def load_parallel_side(
     root = Path(path)
     found = parallel_rank_folders(root)
     if found is not None:
-        steps = [(step, _merge_step(root, step, ranks, flag, rules)) for step, ranks in found.items()]
-        return combine_steps(steps, root)
+        complete, incomplete = split_incomplete(root, found)
+        steps = [(step, _merge_step(root, step, ranks, flag, rules)) for step, ranks in complete.items()]
+        merged = combine_steps(steps, root)
+        if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
+            merged = replace(merged, manifest={**merged.manifest, "incomplete_steps": incomplete})
+        return merged
     if flag is None:
         return None
     from ..msprobe import is_msprobe_dump

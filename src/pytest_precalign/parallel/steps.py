@@ -1,10 +1,12 @@
-"""Several steps of a merged run as one trace (records in step order)."""
+"""Several steps of a merged run as one trace (records in step order), and the steps a run
+interrupted mid-step left partial (compared without them; the verdict says which)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import TraceError
 from ..trace.records import Record, Trace
@@ -40,3 +42,51 @@ def combine_steps(steps: Sequence[tuple[int, Trace]], root: Path) -> Trace:
 
 def _with_path(trace: Trace, root: Path) -> Trace:
     return replace(trace, manifest={**trace.manifest, "path": str(root)})
+
+
+def split_incomplete(
+    root: Path, found: Mapping[int, Mapping[int, Path]]
+) -> tuple[dict[int, Mapping[int, Path]], list[dict[str, Any]]]:
+    """A run root's steps -> (complete steps, what is missing from the others). A step is
+    incomplete when it lacks a rank folder another step has: a run killed mid-step leaves
+    ``step<N>/`` holding the writer's temporary folder only. One step alone, or no complete
+    step at all, is not split: that folder's own errors say what is wrong."""
+    if len(found) < 2:
+        return dict(found), []
+    world = set().union(*(set(ranks) for ranks in found.values()))
+    complete = {step: ranks for step, ranks in found.items() if set(ranks) == world}
+    if not complete:
+        return dict(found), []
+    incomplete = [
+        {"step": step, "detail": _missing(root / f"step{step}", sorted(world - set(ranks)))}
+        for step, ranks in found.items()
+        if step not in complete
+    ]
+    return complete, incomplete
+
+
+def _missing(folder: Path, ranks: list[int]) -> str:
+    parts = []
+    for rank in ranks:
+        temp = sorted(p.name for p in folder.glob(f".rank{rank}.*.tmp"))
+        if temp:
+            parts.append(
+                f"rank{rank}/ was never published: the writer's temporary folder {temp[0]} is there, "
+                "the run was interrupted mid-step"
+            )
+        else:
+            parts.append(f"rank{rank}/ is missing")
+    return f"{folder.parent}: {folder.name}/ is incomplete ({'; '.join(parts)})"
+
+
+def interrupted_steps(root: Path) -> list[str]:
+    """``step<N>/`` folders of ``root`` holding nothing but writers' temporary folders."""
+    try:
+        steps = sorted(p for p in root.glob("step*") if p.is_dir())
+        return [
+            p.name
+            for p in steps
+            if (kids := list(p.iterdir())) and all(k.name.endswith(".tmp") for k in kids)
+        ]
+    except OSError:
+        return []

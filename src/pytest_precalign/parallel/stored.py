@@ -38,6 +38,14 @@ def load_side(path: str | Path, parallel: ParallelLayout | None = None) -> Trace
             if p.is_dir() and ((p / "manifest.json").is_file() or is_msprobe_dump(p))
         )
     hint = f"; it holds the runs {', '.join(below[:6])}: pass one of them" if below else ""
+    from .steps import interrupted_steps
+
+    partial = interrupted_steps(root)
+    if partial:
+        hint += (
+            f"; {', '.join(s + '/' for s in partial)} holds only a writer's temporary folder: the run "
+            "was interrupted before a step was complete"
+        )
     raise TraceError(
         f"{root}: neither a pytest-precalign trace (manifest.json) nor an msprobe dump (dump.json){hint}"
     )

@@ -45,6 +45,7 @@ from torch.utils.hooks import RemovableHandle
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
 from .compiled import hook_wrapper
+from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
@@ -63,11 +64,6 @@ def _version(t: torch.Tensor) -> int:
         return int(t._version)
     except RuntimeError:  # inference tensors have no version counter
         return -1
-
-
-def _in_backward() -> bool:
-    """Whether autograd is running a backward pass in this thread now."""
-    return bool(torch._C._current_graph_task_id() != -1)
 
 
 @dataclass(frozen=True)
@@ -116,6 +112,7 @@ class HookRecorder:
         golden: Judge | None = None,
         sink: TensorSink | None = None,
         compiled: bool = False,
+        on_raise: Callable[[], None] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
@@ -125,8 +122,7 @@ class HookRecorder:
             raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
         if param_grads not in PARAM_GRADS:
             raise ValueError(f"unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})")
-        self.param_grads = param_grads
-        self.level = level
+        self.param_grads, self.level = param_grads, level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
         self._frames: list[_Call] = []  # the module calls running now, innermost last
@@ -134,13 +130,10 @@ class HookRecorder:
         self._parents: dict[str, str] = {}  # "name#call" -> enclosing module "name#call"
         self._busy = False  # the recorder's own torch calls are not ops of the model
         self._mode: OpMode | None = None
-        self.model = model
+        self.model, self.mode = model, mode
         self.compiled = compiled  # ``model`` was taken out of a torch.compile wrapper
-        self.mode = mode
-        self.record_inputs = inputs
-        self.record_grads = grads
-        self.include = include
-        self.exclude = exclude
+        self.record_inputs, self.record_grads = inputs, grads
+        self.include, self.exclude = include, exclude
         self._buffer = StepBuffer()  # this step's statistics / hashes, fetched at its end
         self._pending: dict[int, tuple[int | None, int | None]] = {}  # seq -> (stats, crc) handles
         self._step = 0
@@ -161,6 +154,7 @@ class HookRecorder:
         self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
         self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
         self._active = False
+        self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
         # Live compare (``live_golden.py``): records judged against a golden run at capture.
         self._live = None if golden is None else LiveKeeper(golden, self._records, self._tensors)
 
@@ -198,6 +192,7 @@ class HookRecorder:
                         self._handles.append(
                             param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
                         )
+            self._handles += self._guard.attach(self.model)  # last: see forward_guard.py
         except BaseException:
             self._remove()
             raise
@@ -209,6 +204,11 @@ class HookRecorder:
             self._flush()
         finally:
             self._remove()
+
+    @property
+    def gave_up(self) -> bool:
+        """The forward raised and the step could not be given up at once (see forward_guard)."""
+        return self._guard.gave_up
 
     @property
     def step(self) -> int:
@@ -243,6 +243,13 @@ class HookRecorder:
         self._handles.clear()
         self._views.remove()
         self._active = False
+
+    def _make_inert(self, pop_mode: bool) -> None:
+        """Record nothing more (and leave torch's mode stack); the hooks stay until ``__exit__``."""
+        self._active = False
+        if pop_mode and self._mode is not None:
+            self._mode.stop()
+            self._mode = None
 
     def _selected(self, name: str) -> bool:
         if self.include and not any(fnmatch.fnmatchcase(name, g) for g in self.include):
@@ -351,7 +358,7 @@ class HookRecorder:
         key = (name, self.step)
         # A forward inside a backward is activation recomputation: it repeats call n of the
         # forward (whose tensors are recorded), so only its grads are recorded, as call n's.
-        recomputed = _in_backward()
+        recomputed = in_backward()
         calls = self._recomputed_calls if recomputed else self._calls
         call = calls.get(key, 0)
         calls[key] = call + 1
@@ -425,7 +432,7 @@ class HookRecorder:
 
     # -- ops (level op / mix) -------------------------------------------------------------
     def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self._active and not _in_backward():
+        if self._active and not in_backward():
             self._views.clear()
             if self._ops_on:  # a new forward: frames left by one that raised are not its parents
                 self._frames[:] = [root]
@@ -435,7 +442,7 @@ class HookRecorder:
             return
         if self._frames and self._frames[-1].name == "":
             self._frames.pop()
-        if not _in_backward():
+        if not in_backward():
             self._views.check(t for _, t in flatten(output, "out"))
 
     def _grad_hook(
@@ -456,7 +463,7 @@ class HookRecorder:
             self._not_recordable[rid] = reason
 
     def _on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if not self._frames or self._busy or not self._active or _in_backward():
+        if not self._frames or self._busy or not self._active or in_backward():
             return  # outside the model's forward (loss, optimizer), the recorder's own work, recomputation
         api = api_name(func)
         if api is None:

@@ -92,6 +92,11 @@ def header(mode: str) -> list[str]:
 
 def write_compare_csv(directory: str | Path, document: Mapping[str, Any]) -> Path:
     """Write ``compare_result.csv`` atomically into ``directory``."""
+    return write_file_atomic(Path(directory) / CSV_FILE, compare_csv_text(document))
+
+
+def compare_csv_text(document: Mapping[str, Any]) -> str:
+    """``compare_result.csv``'s text, from the report.json document."""
     entries: Sequence[Mapping[str, Any]] = document.get("cases", [])
     mode = csv_mode(entries)
     out = io.StringIO()
@@ -99,7 +104,7 @@ def write_compare_csv(directory: str | Path, document: Mapping[str, Any]) -> Pat
     writer.writerow(header(mode))
     for entry in entries:
         writer.writerows([inert(cell) for cell in row] for row in _rows(entry, mode))
-    return write_file_atomic(Path(directory) / CSV_FILE, out.getvalue())
+    return out.getvalue()
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -9,12 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._atomic import write_file_atomic
 from ..compare.pairs import PairResult
-from ..errors import ConfigError
 from ..verdict.phase import PhaseVerdict
-from .compare_csv import write_compare_csv
-from .html import write_html_report
+from .compare_csv import CSV_FILE, compare_csv_text
+from .folder import check_report_folder, publish_report
+from .html import render_html
 from .text import PhaseReport, verdict_label, worst_metric
 
 
@@ -161,6 +160,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             "candidate": _unmatched(v.only_candidate, v.reasons),
         },
         "failures": [_failure_dict(p) for p in v.failures],
+        "incomplete_steps": list(v.incomplete_steps),
         "seconds": report.seconds,
         "weights": dict(report.weights) if report.weights is not None else None,
         "reproduce": report.reproduce,
@@ -215,7 +215,8 @@ def check_report_dir(
 ) -> Path:
     """A directory the tool is to write into (``holds`` says what goes there), checked before
     anything runs: every existing part of it a directory, the deepest existing one writable
-    (unless ``write`` is False: a read-only baseline folder serves for comparing)."""
+    (unless ``write`` is False: a read-only baseline folder serves for comparing). A report
+    folder (``holds`` report.json) must also be one that can be replaced whole."""
     folder = Path(directory)
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
@@ -224,6 +225,8 @@ def check_report_dir(
         )
     if write and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{option}: {folder}: cannot write there ({existing} is not writable)")
+    if holds == "report.json":
+        check_report_folder(folder, option)
     return folder
 
 
@@ -239,15 +242,22 @@ def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
 _STRICT = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
 
 
-def write_reports(directory: str | Path, cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> Path:
+def write_reports(
+    directory: str | Path,
+    cases: Sequence[Mapping[str, Any]],
+    meta: Mapping[str, Any],
+    option: str = "--report",
+) -> Path:
     """``report.json``, ``report.html`` and ``compare_result.csv`` (the same document, rendered)
-    into ``directory``."""
-    check_report_dir(directory)
+    as the whole of ``directory``, published as one set (``folder``); returns report.json's path."""
+    folder = check_report_folder(directory, option)
     data = report_document(cases, meta)
-    target = write_file_atomic(Path(directory) / "report.json", json.dumps(data, indent=1, allow_nan=False))
-    write_html_report(directory, data)
-    write_compare_csv(directory, data)
-    return target
+    files = {
+        "report.json": json.dumps(data, indent=1, allow_nan=False),
+        "report.html": render_html(data),
+        CSV_FILE: compare_csv_text(data),
+    }
+    return publish_report(folder, files, option) / "report.json"
 
 
 def _json_default(value: Any) -> Any:

@@ -394,6 +394,9 @@ def failure_message(report: PhaseReport) -> str:
             "a sharding rule is missing or one rank diverged):"
         )
         lines.extend(f"  {line}" for line in v.replica_mismatches[:TABLE_ROWS])
+    if v.incomplete_steps:
+        lines.append("Steps not compared (a run interrupted mid-step; the phase fails):")
+        lines.extend(f"  {line}" for line in v.incomplete_steps)
     lines.extend(unmatched_lines(v))
     lines.extend(weights_lines(report.weights))
     lines.append(f"To reproduce: {report.reproduce}")
@@ -456,6 +459,10 @@ def summary_line(report: PhaseReport) -> str:
         detail = "aligned"
     if v.replica_mismatches:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
+    if v.incomplete_steps:
+        detail += f"; {v.incomplete_steps[0]}" + (
+            f" (and {len(v.incomplete_steps) - 1} more)" if len(v.incomplete_steps) > 1 else ""
+        )
     detail += _skipped_weights(report.weights)
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""

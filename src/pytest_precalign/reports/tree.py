@@ -47,17 +47,20 @@ class _Builder:
         self.rows: list[list[Any]] = []
 
     def node(self, path: str) -> int:
-        """The node of a dotted path, made with its missing ancestors."""
+        """The node of a dotted path, made with its missing ancestors (a loop, not recursion:
+        a path may be thousands of segments deep)."""
+        missing: list[str] = []
         found = self.index.get(path)
-        if found is not None:
-            return found
-        head, _, label = path.rpartition(".")
-        parent = self.node(head)
-        self.nodes.append(_Node(path, label, parent))
-        at = len(self.nodes) - 1
-        self.nodes[parent].children.append(at)
-        self.index[path] = at
-        return at
+        while found is None:
+            missing.append(path)
+            path = path.rpartition(".")[0]
+            found = self.index.get(path)
+        for made in reversed(missing):  # outermost first
+            self.nodes.append(_Node(made, made.rpartition(".")[2], found))
+            at = len(self.nodes) - 1
+            self.nodes[found].children.append(at)
+            self.index[made] = found = at
+        return found
 
     def add(self, path: str, phase: str, band: str, ratio: float, row: list[Any], candidate: str) -> None:
         at = self.node(path)

@@ -108,7 +108,10 @@ document.querySelectorAll("section.tree-view").forEach(function (view) {
   var opened = {}; data.open.forEach(function (i) { opened[i] = true; });
   function cell(x) { return x === null ? "-" : typeof x === "number" && !Number.isInteger(x) ? x.toPrecision(4) : String(x); }
   function ratio(x) { return x === "inf" ? "∞" : (typeof x === "number" ? x.toPrecision(3) : "-"); }
-  function make(i, depth) {
+  function make(top) {  // a loop, not recursion: a module path may be thousands deep
+    var stack = [[top, 1, null]], first = null;
+    while (stack.length) {
+    var item = stack.pop(), i = item[0], depth = item[1];
     var n = N[i], li = document.createElement("li"), row = document.createElement("div");
     li.setAttribute("role", "treeitem"); li.dataset.index = i; li.dataset.path = n[1];
     li.setAttribute("aria-level", depth); li.tabIndex = -1;
@@ -120,15 +123,17 @@ document.querySelectorAll("section.tree-view").forEach(function (view) {
     if (n[2]) row.querySelector(".cand").textContent = "candidate: " + n[2];
     li.title = n[1] || "(model)";
     li.appendChild(row); lis[i] = li;
+    if (item[2]) item[2].appendChild(li); else first = li;
     if (n[4].length) {
       li.setAttribute("aria-expanded", opened[i] ? "true" : "false");
       var ul = document.createElement("ul"); ul.setAttribute("role", "group");
-      n[4].forEach(function (c) { ul.appendChild(make(c, depth + 1)); });
       li.appendChild(ul);
+      for (var k = n[4].length - 1; k >= 0; k--) stack.push([n[4][k], depth + 1, ul]);
     }
-    return li;
+    }
+    return first;
   }
-  root.appendChild(make(0, 1));
+  root.appendChild(make(0));
   function paint() {
     var code = data.bands;
     N.forEach(function (n, i) {

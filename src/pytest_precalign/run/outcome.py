@@ -28,7 +28,7 @@ from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
+from ..verdict.phase import PhaseVerdict, phase_verdict, with_incomplete_steps, with_replica_mismatches
 from ..verdict.story import tell_case
 from ..vocabulary import Phase
 
@@ -136,6 +136,7 @@ def finish(job: FinishInputs) -> CaseRun:
     if job.check_mapping:
         check_applied(use)
     reasons = {**_not_recordable(base_trace, mapped.trace), **mapped.reasons}
+    reasons.update(_partial_step_reasons(base_trace, mapped.trace))
     moe = job.case.record.moe if job.case is not None else None
     cand_trace = mapped.trace
     if moe is not None:  # expert records keyed by token, not by dispatch order
@@ -152,7 +153,8 @@ def finish(job: FinishInputs) -> CaseRun:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
-        verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
+        verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
+        verdicts[phase] = with_incomplete_steps(verdict, _incomplete_steps(job))
     verdicts = tell_case(verdicts, phases)
     return CaseRun(
         name=job.name,
@@ -253,3 +255,24 @@ def _floor(job: FinishInputs) -> float:
 def _replica_mismatches(job: FinishInputs) -> list[Mapping[str, Any]]:
     """What the merge of a multi-rank side found its ranks disagreeing on (both sides)."""
     return [m for t in (job.baseline, job.candidate) for m in t.manifest.get("replica_mismatches", ())]
+
+
+def _incomplete_steps(job: FinishInputs) -> list[str]:
+    """The partial steps of a side's run interrupted mid-step (both sides), with what was compared."""
+    out = []
+    for trace in (job.baseline, job.candidate):
+        steps = ", ".join(str(s) for s in trace.manifest.get("steps", ()))
+        for m in trace.manifest.get("incomplete_steps", ()):
+            out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
+    return out
+
+
+def _partial_step_reasons(baseline: Trace, candidate: Trace) -> dict[str, str]:
+    """Records of a step the other side's run left incomplete: why they have no partner."""
+    out = {}
+    for mine, other, side in ((baseline, candidate, "candidate"), (candidate, baseline, "baseline")):
+        partial = {int(m["step"]) for m in other.manifest.get("incomplete_steps", ())}
+        for rec in mine.records if partial else ():
+            if rec.step in partial:
+                out[rec.id] = f"step {rec.step} is incomplete on the {side} side (its run was interrupted)"
+    return out

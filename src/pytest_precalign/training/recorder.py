@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from ..compare.tolerances import ToleranceTable, load_table
-from ..errors import ConfigError
+from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
@@ -54,6 +54,7 @@ from ..trace.records import Record
 from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
 from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
+from .model_checks import check_recordable, chunks_of
 from .unwrap import unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
@@ -192,14 +193,12 @@ class Recorder:
         self._discard()  # hooks of a step whose forward or backward raised
         if not self.selected():
             return
-        chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
-        if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
-            raise ConfigError("Recorder.start: expected an nn.Module or a non-empty list of nn.Module chunks")
-        unwrapped = [unwrap(c) for c in chunks]  # DDP, FSDP, Float16Module, compile, PEFT
+        unwrapped = [unwrap(c) for c in chunks_of(model)]  # DDP, FSDP, Float16Module, compile, PEFT
         chunks = [inner for inner, _ in unwrapped]
         self._wrappers = sorted({w for _, seen in unwrapped for w in seen})
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
+        check_recordable(target, self.format)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
         judge = None
         if self.golden is not None:
@@ -221,6 +220,7 @@ class Recorder:
             golden=judge,
             sink=self._sink,
             compiled=any(w.endswith(".OptimizedModule") for w in self._wrappers),
+            on_raise=self._discard,  # a forward that raised: the step is given up at once
             **self._options,
         )
         hooks.step = self._step
@@ -269,7 +269,8 @@ class Recorder:
         """Record the parameters (after the optimizer step), remove the hooks and write this
         rank's folder; returns it (None when this step or rank is not recorded)."""
         hooks = self._hooks
-        if hooks is None:
+        if hooks is None or hooks.gave_up:  # not recording, or its forward raised
+            self._discard()
             return None
         self._hooks = None
         sink, self._sink = self._sink, None
@@ -317,6 +318,11 @@ class Recorder:
 
     def step(self) -> None:
         """Advance the step counter (call once per training step, after ``stop``)."""
+        if self._hooks is not None:
+            raise RecorderError(
+                f"Recorder.step: step {self._step} is still being recorded: call stop() first "
+                f"(it writes step{self._step}/), then step()"
+            )
         self._step += 1
 
     @contextlib.contextmanager

@@ -112,6 +112,8 @@ class PhaseVerdict:
     # A merged multi-rank side whose TP ranks disagreed on a replicated tensor: one line each
     # (the phase fails: a sharding rule is missing or one rank diverged).
     replica_mismatches: tuple[str, ...] = ()
+    # A side's run interrupted mid-step: its partial steps, not compared (the phase fails).
+    incomplete_steps: tuple[str, ...] = ()
     # The case's story (``story.tell_case``): where the case's divergence enters, whether this
     # phase only follows from it, and the origin module's children that matched before it.
     case_origin: CaseOrigin | None = None
@@ -506,3 +508,11 @@ def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[Mapping[
     if not lines:
         return verdict
     return replace(verdict, passed=False, replica_mismatches=lines)
+
+
+def with_incomplete_steps(verdict: PhaseVerdict, notes: Sequence[str]) -> PhaseVerdict:
+    """Every phase fails when a side's run was interrupted mid-step: its complete steps were
+    compared, the partial one was not, so no verdict can say the whole run is aligned."""
+    if not notes:
+        return verdict
+    return replace(verdict, passed=False, incomplete_steps=tuple(notes))
