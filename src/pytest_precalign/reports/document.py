@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compare.pairs import PairResult
+from ..errors import ConfigError
 from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
 from .folder import check_report_folder, publish_report
