@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from ..compare.pairs import Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
+from ..vocabulary import OPTIMIZER_UPDATE
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
 UNMATCHED_NAMES = 5
@@ -131,7 +132,7 @@ def describe_check(check: Check, pair: PairResult) -> str:
             f"|candidate - baseline| = {fmt_number(check.value)} > {fmt_number(check.allowed)} allowed "
             f"(atol + rtol*|baseline|) at index {pair.closeness.worst_index}"
         )
-    if check.metric == "shape":
+    if check.metric in ("shape", OPTIMIZER_UPDATE):
         return pair.note
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
