@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
+import pytest
 import torch
 
 from pytest_precalign.compare.pairs import PairResult
@@ -81,11 +83,15 @@ def _case(optimizer: OptimizerSpec, steps: int) -> CaseSpec:
 
 
 def _run_with(
-    base_opt: OptimizerSpec, cand_opt: OptimizerSpec, steps: int = 2, case_opt: OptimizerSpec | None = None
+    base_opt: OptimizerSpec,
+    cand_opt: OptimizerSpec,
+    steps: int = 2,
+    case_opt: OptimizerSpec | None = None,
+    candidate: Net | None = None,
 ) -> CaseRun:
     """Both sides from the same weights and inputs, each stepped by its own optimizer; the
     steps judged against the case's optimizer (default: the baseline's)."""
-    baseline, candidate = Net(), Net()
+    baseline, candidate = Net(), candidate or Net()
     candidate.load_state_dict(baseline.state_dict())
     judge = step_judge(_case(case_opt or base_opt, steps), baseline, synced=True)
     data = CaseInputs(_inputs(), None)
@@ -160,3 +166,38 @@ def test_betas_that_only_change_later_steps_are_named_at_the_first_step_they_cha
     assert first is not None
     assert (first.step, first.metric) == (1, OPTIMIZER_UPDATE), (first.step, first.metric)
     assert all(p.passed for p in run.comparison.pairs if p.record.kind == "param" and p.record.step == 0)
+
+
+def test_a_schedule_or_clipping_the_replay_does_not_model_leaves_the_step_to_the_table() -> None:
+    clipped = replace(ADAMW, clip_grad=1.0)
+    run = _run_with(clipped, clipped)
+    params = [p for p in run.comparison.pairs if p.record.kind == "param"]
+    assert params and not any(c.metric == OPTIMIZER_UPDATE for p in params for c in p.checks)
+    judged = [p for p in _run_with(ADAMW, ADAMW).comparison.pairs if p.record.kind == "param"]
+    assert all(any(c.metric == OPTIMIZER_UPDATE for c in p.checks) for p in judged)
+
+
+def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The candidate's AdamW starts its step counter at 1 (NVIDIA/Megatron-LM#5974's class of
+    bug: a smaller first update): named at step 0 as the optimizer update."""
+    candidate = Net()
+    owned = {id(p) for p in candidate.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self: torch.optim.AdamW, params: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, params, *args, **kwargs)
+        mine = [p for g in self.param_groups for p in g["params"] if id(p) in owned]
+        for p in mine:  # the state AdamW would make lazily, one step ahead
+            self.state[p] = {
+                "step": torch.tensor(1.0),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", init)
+    first = _run_with(ADAMW, ADAMW, candidate=candidate).verdicts["step"].first
+    assert first is not None
+    assert (first.step, first.metric, first.origin) == (0, OPTIMIZER_UPDATE, True), first
+    assert "the candidate's optimizer step" in first.proof

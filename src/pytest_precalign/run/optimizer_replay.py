@@ -24,7 +24,7 @@ step is judged by its inputs:
   follows from the backward divergence. Every parameter judged this way carries the check
   (after the table's checks when these decide), valued at the side nearer its bound.
 
-Replaying needs full tensors on both sides (record mode ``tensor``), every step's grads from
+Replaying needs a constant LR and no grad clipping (``replayable``), full tensors on both sides (record mode ``tensor``), every step's grads from
 step 0 on, and the parameters before step 0 (``snapshot`` of the baseline before it runs, the
 candidate's too when the weights were synced into it). Where any of that is missing, a
 parameter keeps the table's verdict from that step on.
@@ -135,6 +135,8 @@ def judge_updates(
     """``comparison`` with each parameter after a step judged on its inputs (module doc).
     ``initial``: each side's (``"baseline"``, ``"candidate"``) parameters before step 0, in
     the baseline's names; a side without them is not replayed."""
+    if not replayable(spec):
+        return comparison
     sides = _Sides(
         baseline,
         candidate,
@@ -158,6 +160,13 @@ def judge_updates(
                 break
             pairs[i] = judged(pair, found, grads_ok, spec)
     return replace(comparison, pairs=tuple(pairs))
+
+
+def replayable(spec: OptimizerSpec) -> bool:
+    """The replay models a constant LR and the recorded grads as the optimizer's: an LR
+    schedule or grad clipping (which scale the update by the step's LR or global grad norm)
+    leave the steps to the table until the replay takes them from the run's plan and scalars."""
+    return spec.schedule is None and spec.clip_grad is None
 
 
 def _last_grads(pairs: Sequence[PairResult]) -> dict[tuple[str, int], PairResult]:
