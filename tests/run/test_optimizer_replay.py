@@ -201,3 +201,23 @@ def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
     assert first is not None
     assert (first.step, first.metric, first.origin) == (0, OPTIMIZER_UPDATE, True), first
     assert "the candidate's optimizer step" in first.proof
+
+
+def test_bfloat16_sides_are_replayed_in_bfloat16() -> None:
+    """The trace widens bfloat16 to float32; the replay rounds as the side's own step did."""
+    baseline, candidate = Net().to(torch.bfloat16), Net().to(torch.bfloat16)
+    inputs = {"x": _inputs()["x"].to(torch.bfloat16)}
+    run = check_modules(
+        baseline,
+        candidate,
+        inputs,
+        phases=PHASES,
+        sync_weights_first=True,
+        optimizer=ADAMW,
+        steps=2,
+        train=True,
+    )
+    params = [p for p in run.comparison.pairs if p.record.kind == "param"]
+    assert params and all(p.record.dtype == "bfloat16" for p in params)
+    replays = [c for p in params for c in p.checks if c.metric == OPTIMIZER_UPDATE]
+    assert len(replays) == len(params) and all(c.passed and c.value == 0.0 for c in replays), replays

@@ -116,7 +116,13 @@ class _Sides:
         if rec is None:
             return None
         found = (self.baseline if side == "baseline" else self.candidate).array(rec)
-        return None if found is None else torch.from_numpy(np.array(found, copy=True))
+        if found is None:
+            return None
+        # Back to the recorded dtype: arrays come widened (bfloat16 as float32), and the
+        # replay must round as the side's own step did.
+        dtype = getattr(torch, rec.dtype, None)
+        tensor = torch.from_numpy(np.array(found, copy=True))
+        return tensor.to(dtype) if isinstance(dtype, torch.dtype) else tensor
 
     def before(self, side: str, name: str, step: int) -> torch.Tensor | None:
         if step == 0:
