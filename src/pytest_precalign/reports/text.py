@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from ..compare.pairs import Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
+from ..vocabulary import OPTIMIZER_UPDATE
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
 UNMATCHED_NAMES = 5
@@ -133,6 +134,12 @@ def describe_check(check: Check, pair: PairResult) -> str:
         )
     if check.metric == "shape":
         return pair.note
+    if check.metric == OPTIMIZER_UPDATE:
+        relation = "<=" if check.passed else ">"
+        return (
+            f"|after - replay| = {fmt_number(check.value)} {relation} {fmt_number(check.allowed)} allowed "
+            "(the case's optimizer replayed on the side's own parameter, grad and state)"
+        )
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
     if check.metric == "crc32":
