@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ..errors import ConfigError
 from ..trace.step_scalars import StepScalars
 from ..training.step_evidence import (
     StepEvidence,
@@ -42,7 +43,7 @@ from ..training.step_evidence import (
 from .recorder import Recorder
 
 
-class TrainerUsageError(RuntimeError):
+class TrainerUsageError(ConfigError):
     """A Trainer callback used where no Trainer calls it (or not as a Trainer does)."""
 
 

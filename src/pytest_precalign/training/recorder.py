@@ -28,6 +28,15 @@ and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
 ``with Recorder(...)``; ``with rec.recording(model):`` does start, stop and step in one.
 Recording is bitwise neutral: tensors are only read (see ``recorder``).
 
+Per-step scalars (``StepScalars``: loss, LR per group, grad norm before clipping, clip
+coefficient, update/param norms, zero grads, tokens, batch hash...; measured with
+``training.step_evidence``) go into the step's manifest with ``rec.record_scalars(...)``
+before ``stop()``, on every step of a selected rank (a step ``steps=`` does not select gets a
+folder holding only its manifest); ``rec.record_initial_params(model)`` before step 0 writes
+the parameters' summaries before any update. ``mode="scalars"`` adds no hooks at all: each
+step's folder is its manifest alone (a few hundred bytes), for runs of thousands of steps.
+``PrecalignCallback`` (``hf_callback``) does all this for a ``transformers.Trainer`` run.
+
 ``golden=PATH`` compares each record while recording against a golden run (a trace folder,
 a Recorder root whose ``step<N>/rank<R>`` is picked for the current step and rank, or an
 msprobe dump) under ``tolerances=`` (a table or its YAML file; default: the dtype's), and
