@@ -26,15 +26,17 @@ if TYPE_CHECKING:
     from .compare.tolerances import ToleranceTable
     from .mapping.spec import MappingSpec
     from .run.outcome import CaseRun
+    from .training.hf_callback import PrecalignCallback
     from .training.recorder import Recorder
 
 # Public names loaded on first access, so that importing the package (the pytest plugin)
-# stays cheap: the Recorder imports torch; the types the align_runner fixture takes and
-# returns pull in the compare and run stages.
+# stays cheap: the Recorder and the callback import torch; the types the align_runner fixture
+# takes and returns pull in the compare and run stages.
 _LAZY = {
     "AlignRunner": "align_runner",
     "CaseRun": "run.outcome",
     "MappingSpec": "mapping.spec",
+    "PrecalignCallback": "training.hf_callback",
     "Recorder": "training.recorder",
     "ToleranceTable": "compare.tolerances",
 }
@@ -58,6 +60,7 @@ __all__ = [
     "CaseRun",
     "ConfigError",
     "MappingSpec",
+    "PrecalignCallback",
     "PrecalignError",
     "Recorder",
     "ToleranceTable",

@@ -135,7 +135,11 @@ def launch_ranks(
     what = f"{spec.where}: models.{spec.name} ({nproc} ranks under torchrun)"
     _check(spec, case, what)
     timeout = launch_timeout(spec.options) if timeout is None else timeout
-    torch.save({"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels}, work / INPUTS_FILE)
+    later = [(dict(b.model_inputs), b.labels) for b in inputs.later]  # the batches of steps 1..
+    torch.save(
+        {"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels, "later": later},
+        work / INPUTS_FILE,
+    )
     if full_weights is not None:
         save_file({k: v.detach().contiguous() for k, v in full_weights.items()}, str(work / WEIGHTS_FILE))
     job = {

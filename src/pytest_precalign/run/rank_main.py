@@ -32,7 +32,8 @@ import torch
 from ..errors import CaseError
 from ..sources import LoadedModel, one_line
 from ..sources.inputs import CaseInputs
-from .side import causal_lm_loss, make_optimizer
+from .loop_training import grouped_optimizer, param_groups
+from .side import causal_lm_loss
 
 JOB_FILE = "job.pkl"
 INPUTS_FILE = "inputs.pt"
@@ -81,7 +82,8 @@ def run_rank(work: Path, rank: int) -> None:
             if weights.exists():
                 load_rank_weights(model.module, weights, rank)
             blob = torch.load(work / INPUTS_FILE, weights_only=False)
-            inputs = CaseInputs(blob["model_inputs"], blob["labels"])
+            later = tuple(CaseInputs(m, labels) for m, labels in blob.get("later", ()))
+            inputs = CaseInputs(blob["model_inputs"], blob["labels"], later)
             run_steps(model, inputs, case, int(job["seed"]), work / OUT_DIR)
     finally:
         dist.destroy_process_group()
@@ -141,7 +143,8 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
     module.train(case.train)
     if backward:
         use_megatron_grad_finalization(module)
-    optimizer = make_optimizer(case.optimizer, module.parameters()) if "step" in case.phases else None
+    groups = param_groups(module.named_parameters(), case.optimizer)  # no decay on 1-d params, as in-process
+    optimizer = grouped_optimizer(case.optimizer, groups) if "step" in case.phases else None
     rec = Recorder(
         out,
         mode=case.record.mode,
@@ -165,7 +168,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
             warnings.simplefilter("ignore")
             schedule(
                 forward_step_func=partial(_forward_step, model, rec, case),
-                data_iterator=iter([data]),
+                data_iterator=iter([data.batch(step)]),
                 model=[module],
                 num_microbatches=1,
                 seq_length=seq,
