@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,8 +21,6 @@ from pytest_precalign import megatron_cpu  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -37,24 +34,6 @@ with warnings.catch_warnings():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
 SEQ, VOCAB = 16, 128
-
-
-@pytest.fixture
-def megatron_world() -> Iterator[None]:
-    import torch.distributed as dist
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
-    ps.initialize_model_parallel(1, 1)
-    with megatron_cpu():
-        tensor_parallel.model_parallel_cuda_manual_seed(0)
-    try:
-        yield
-    finally:
-        ps.destroy_model_parallel()
-        if created:
-            dist.destroy_process_group()
 
 
 def _model(dtype: torch.dtype) -> tuple[Any, TransformerConfig]:
