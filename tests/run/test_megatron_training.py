@@ -24,9 +24,10 @@ version: 1
 models:
   mc:
     source: megatron
-    config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
-             num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64,
-             tie_word_embeddings: false}
+    config: &c {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+                num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64,
+                tie_word_embeddings: false}
+  mc_tp: {source: megatron, tensor_parallel: 2, pipeline_parallel: 2, config: *c}
 inputs:
   toks: {kind: tokens, batch: 4, seq_len: 16, vocab_size: 128, seed: 3, labels: true}
 cases:
@@ -38,7 +39,7 @@ cases:
     steps: 4
     optimizer: {lr: 1.0e-2, weight_decay: 0.1, clip_grad: 1.0, micro_batches: 2,
                 schedule: {warmup_steps: 2, decay: cosine, min_lr: 1.0e-3}}
-    record: {mode: stats}
+    record: {mode: tensor}
 """
 
 
@@ -77,3 +78,37 @@ def test_the_megatron_trainer_refuses_per_call_grads(tmp_path: Path) -> None:
     with pytest.raises(CaseError, match="param_grads='step'"):
         _run(tmp_path, param_grads="backward")
     assert torch.distributed.is_initialized() is False
+
+
+@pytest.mark.slow  # torchrun with 4 ranks; tox -e slow
+def test_launched_tp2_pp2_trains_as_in_process(tmp_path: Path) -> None:
+    """TP=2 x PP=2 ranks under torchrun with megatron-core's own stack (DDP, optimizer,
+    scheduler, finalize_model_grads, the 1F1B schedule) give the in-process stack's losses, grad
+    norms, LRs and update norms step by step; the plan's groups are united over the stages."""
+    from pytest_precalign.run.launch import launch_ranks
+    from pytest_precalign.run.megatron_training import launched_evidence
+
+    config = load_config(CONFIG, tmp_path / "align.yaml")
+    case = config.cases[0]
+    data = build_inputs(config.inputs["toks"], tmp_path, case.steps)
+    spec = config.models["mc"]
+    with runtime(spec):
+        model = build_model(spec, tmp_path)
+        full = {n: p.detach().clone() for n, p in model.module.named_parameters()}
+        recorder = HookRecorder(model.module, mode="stats", param_grads="step")
+        with recorder:
+            local = train_with_megatron(model, data, case, recorder, seed=0)
+    out = launch_ranks(config.models["mc_tp"], tmp_path, case, data, full, 0, tmp_path, trainer="megatron")
+    launched = launched_evidence(out, 4, full)
+    assert launched["training"]["plan"]["lr"] == local["training"]["plan"]["lr"]
+    for ours, theirs in zip(
+        launched["training"]["plan"]["groups"], local["training"]["plan"]["groups"], strict=True
+    ):
+        assert sorted(ours) == sorted(theirs)
+    assert launched["initial_params"] == local["initial_params"]
+    for step in range(case.steps):
+        a, b = launched["scalars"][str(step)], local["scalars"][str(step)]
+        assert a["lr"] == b["lr"] and a["batch_hash"] == b["batch_hash"]
+        for key in ("loss", "grad_norm", "param_norm", "update_norm", "clip_coef"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (step, key)
+    assert (out / "step3" / "rank3").is_dir()
