@@ -19,11 +19,12 @@ from .training import megatron_cpu
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from .training.megatron_step import megatron_train_step
     from .training.recorder import Recorder
 
 # Public names whose modules import torch: loaded on first access, so that importing the
 # package (the pytest plugin) stays cheap.
-_LAZY = {"Recorder": "training.recorder"}
+_LAZY = {"Recorder": "training.recorder", "megatron_train_step": "training.megatron_step"}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,4 +48,5 @@ __all__ = [
     "TraceError",
     "__version__",
     "megatron_cpu",
+    "megatron_train_step",
 ]
