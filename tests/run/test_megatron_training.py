@@ -72,6 +72,8 @@ def test_a_case_side_trains_with_megatrons_stack(tmp_path: Path) -> None:
     assert {("param_grad", 3), ("param", 3), ("loss", 0)} <= kinds
     grads = [r for r in trace.records if r.kind == "param_grad" and r.name == "output_layer.weight"]
     assert len(grads) == 4  # one per step: main_grad after finalize_model_grads
+    assert {r.call for r in grads} == {1}  # accumulated over 2 micro-batches: the last one's call
+    assert {r.call for r in trace.records if r.kind == "loss" and r.step == 0} == {0, 1}
 
 
 def test_the_megatron_trainer_refuses_per_call_grads(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +66,25 @@ def train_with_megatron(
     def forward(chunk: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
         return model.logits(model({k: v for k, v in batch.items() if k != "labels"}))
 
-    def on_output(kind: str, tensor: torch.Tensor) -> None:
-        recorder.record_output("logits" if kind == "logits" else "loss", tensor)
+    calls: dict[str, int] = {}
+
+    def on_output(kind: str, tensor: torch.Tensor) -> None:  # call k: the step's micro-batch k
+        call = calls.get(kind, 0)
+        calls[kind] = call + 1
+        recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
 
     scalars: dict[int, StepScalars] = {}
     for step in range(case.steps):
+        calls.clear()
         recorder.step = step
         seed_everything(seed + step)  # dropout, if any, draws as on the other side
         parts = micro_batches(data.batch(step), spec.micro_batches, case)
         _, scalars[step] = stack.train_step(
-            step, parts, forward, on_output=on_output, grads_ready=recorder.record_param_grads
+            step,
+            parts,
+            forward,
+            on_output=on_output,
+            grads_ready=partial(recorder.record_param_grads, len(parts)),
         )
         recorder.record_params()
     return {"training": training, SCALARS_KEY: scalars_manifest(scalars), "initial_params": initial}

@@ -24,9 +24,9 @@ arguments, and that translation is written into the side's manifest (``"training
   parameters, the spec's default); globs become ``config_overrides`` ``{ParamKey(name=
   "module." + glob): wd_mult 0}`` (Megatron matches the DDP chunk's names, ``module.`` first).
 - ``DistributedDataParallelConfig(grad_reduce_in_fp32=True)`` (Megatron-LM's choice for
-  bf16), no overlap; the model's ``TransformerConfig`` gets ``calculate_per_token_loss``
-  (the step's loss is per token over its micro-batches), ``finalize_model_grads_func`` and
-  ``no_sync_func``, as Megatron-LM's training loop sets them.
+  bf16), no overlap; the model's ``TransformerConfig`` gets ``finalize_model_grads_func`` and
+  ``no_sync_func``, as Megatron-LM's training loop sets them, and ``calculate_per_token_loss``
+  False: the loss function gives the step's per-token loss itself (``per_token_loss``).
 
 The manifest's ``plan`` (LR per step per group) is computed by megatron-core's own
 ``OptimizerParamScheduler`` run on copies of the real optimizer's param groups, never by a
@@ -73,7 +73,8 @@ class MegatronArguments:
             "scheduler_increment": self.increment,
             "config_overrides": overrides,
             "DistributedDataParallelConfig": dict(self.ddp),
-            "TransformerConfig": {"calculate_per_token_loss": True},
+            "TransformerConfig": {"calculate_per_token_loss": False},
+            "loss_func": "sum of token losses / step tokens x micro-batches (the schedule divides by them)",
         }
 
 
@@ -153,19 +154,26 @@ def _optimizer_config(args: MegatronArguments, mc: dict[str, Any]) -> Any:
 
 
 def per_token_loss(
-    labels: torch.Tensor, logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """The next-token cross-entropy of a micro-batch in Megatron's per-token form: (sum of the
-    token losses, number of tokens, ``{"loss": [sum, tokens]}``); the schedule adds the sums
-    and the counts over the micro-batches and ``finalize_model_grads`` divides the grads by
-    the step's tokens. Labels -100 are not tokens; float32, as the other sides compute it."""
+    labels: torch.Tensor, logits: torch.Tensor, step_tokens: int, micro_batches: int
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A micro-batch's part of the step's per-token loss, for megatron-core's schedule: the
+    next-token cross-entropy summed over its tokens and divided by the step's tokens (as
+    transformers does with ``num_items_in_batch``), times ``micro_batches``, which the
+    schedule divides its loss by (its averaging over micro-batches); and
+    ``{"loss": [sum, tokens]}`` for the step's reported loss. So the backward of every layer
+    carries the grads of the step's per-token loss, as on the other frameworks. (megatron-core's
+    ``calculate_per_token_loss`` would instead divide the summed grads by the tokens in
+    ``finalize_model_grads``: the same update, but each layer's grads during the backward the
+    step's token count times larger.) Labels -100 are not tokens; float32 as elsewhere."""
     shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
     shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
     total = torch.nn.functional.cross_entropy(
         shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum"
     )
-    tokens = (shift_labels != IGNORE_INDEX).sum().to(torch.int)
-    return total, tokens, {"loss": torch.stack([total.detach(), tokens.detach().float()])}
+    tokens = (shift_labels != IGNORE_INDEX).sum()
+    part = total / max(1, step_tokens)
+    reported = {"loss": torch.stack([total.detach().clone(), tokens.detach().float()])}
+    return part * micro_batches if micro_batches > 1 else part, reported
 
 
 @dataclass
@@ -237,12 +245,14 @@ class MegatronStack:
         ids = micro_batches[0]["input_ids"]
         step_tokens = sum(int((b["labels"][..., 1:] != IGNORE_INDEX).sum()) for b in micro_batches)
 
+        count = len(micro_batches)
+
         def loss_func(labels: torch.Tensor, logits: torch.Tensor) -> Any:
-            total, tokens, reported = per_token_loss(labels, logits)
+            loss, reported = per_token_loss(labels, logits, step_tokens, count)
             if on_output is not None:
                 on_output("logits", logits)
-                on_output("loss", total / max(1, step_tokens))
-            return total, tokens, reported
+                on_output("loss", loss / count if count > 1 else loss)  # its part of the step's loss
+            return loss, reported
 
         def forward_step(data_iterator: Any, model: Any) -> Any:
             batch = next(data_iterator)
@@ -289,7 +299,7 @@ def build_megatron_stack(
     args = megatron_arguments(spec, steps, global_batch, dtype)
     ddp_config = mc["DistributedDataParallelConfig"](**args.ddp)
     # Read when DDP is built (its grad scaling factor) and by every schedule run.
-    config.calculate_per_token_loss = True
+    config.calculate_per_token_loss = False  # the loss function normalises per token over the step
     config.finalize_model_grads_func = mc["finalize_model_grads"]
     with megatron_cpu(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
