@@ -27,11 +27,12 @@ if TYPE_CHECKING:
     from .mapping.spec import MappingSpec
     from .run.outcome import CaseRun
     from .training.hf_callback import PrecalignCallback
+    from .training.megatron_step import megatron_train_step
     from .training.recorder import Recorder
 
 # Public names loaded on first access, so that importing the package (the pytest plugin)
-# stays cheap: the Recorder and the callback import torch; the types the align_runner fixture
-# takes and returns pull in the compare and run stages.
+# stays cheap: the Recorder, the callback and the Megatron step import torch; the types the
+# align_runner fixture takes and returns pull in the compare and run stages.
 _LAZY = {
     "AlignRunner": "align_runner",
     "CaseRun": "run.outcome",
@@ -39,6 +40,7 @@ _LAZY = {
     "PrecalignCallback": "training.hf_callback",
     "Recorder": "training.recorder",
     "ToleranceTable": "compare.tolerances",
+    "megatron_train_step": "training.megatron_step",
 }
 
 
@@ -68,4 +70,5 @@ __all__ = [
     "TraceError",
     "__version__",
     "megatron_cpu",
+    "megatron_train_step",
 ]

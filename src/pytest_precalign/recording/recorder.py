@@ -540,25 +540,28 @@ class HookRecorder:
         if param.grad is not None and self._active:
             self._capture_param_grad(pname, param.grad)
 
-    def record_param_grads(self) -> None:
+    def record_param_grads(self, micro_batches: int | None = None) -> None:
         """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
         Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
-        loop's grad reduction, before the optimizer step). One record per parameter and step."""
+        loop's grad reduction, before the optimizer step). One record per parameter and step;
+        ``micro_batches``: the grads accumulated over that many micro-batches, recorded as the
+        call of the last one (``micro_batches - 1``), as a per-call recording names them."""
         if not self.record_grads:
             return
         for pname, param in self.model.named_parameters():
             grad = getattr(param, "main_grad", None)
             grad = param.grad if grad is None else grad
             if param.requires_grad and isinstance(grad, torch.Tensor):
-                self._capture_param_grad(pname, grad)
+                self._capture_param_grad(pname, grad, None if micro_batches is None else micro_batches - 1)
 
-    def _capture_param_grad(self, pname: str, grad: torch.Tensor) -> None:
+    def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
         state = self._last_call.get(owner)
         deps: tuple[str, ...] = ()
         if state is not None:
             deps = (*state.grad_output_ids, *state.input_ids)
-        call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
+        if call is None:
+            call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
         self._grad_calls[(pname, self.step)] = call + 1
         self.capture(grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call)
 

@@ -69,8 +69,8 @@ def _record_steps(
 ) -> Trace:
     backward = "backward" in case.phases
     module = model.module
-    hf_trainer = "step" in case.phases and side_trainer(case, manifest) == "hf_trainer"
-    training = LoopTraining.start(module, case) if "step" in case.phases and not hf_trainer else None
+    trainer = side_trainer(case, manifest) if "step" in case.phases else "loop"
+    training = LoopTraining.start(module, case) if "step" in case.phases and trainer == "loop" else None
     record: RecordSpec = case.record
     recorder = HookRecorder(
         module,
@@ -82,10 +82,12 @@ def _record_steps(
         keep_calls=after_first_forward is not None,
         level=record.level,
         golden=golden,
+        # megatron: the grads the optimizer steps on (main_grad) exist once per step only
+        param_grads="step" if trainer == "megatron" else "backward",
     )
     steps = case.steps if backward else 1
-    if hf_trainer:
-        return _trainer_side(model, data, case, manifest, seed, recorder, after_first_forward)
+    if trainer != "loop":
+        return _trainer_side(model, data, case, manifest, seed, recorder, after_first_forward, trainer)
     with recorder:
         for step in range(steps):
             recorder.step = step
@@ -124,24 +126,27 @@ def _trainer_side(
     seed: int,
     recorder: HookRecorder,
     after_first_forward: Callable[[HookRecorder], None] | None,
+    trainer: Trainer,
 ) -> Trace:
-    """The side trained by a ``transformers.Trainer`` while ``recorder`` records it."""
+    """The side trained by a ``transformers.Trainer`` or megatron-core's own stack
+    (``run/megatron_training.py``) while ``recorder`` records it."""
     from .hf_trainer import train_with_trainer
+    from .megatron_training import train_with_megatron
 
     if after_first_forward is not None:
-        raise CaseError(f"case {case.name!r}: isolation is not available with training: hf_trainer")
+        raise CaseError(f"case {case.name!r}: isolation is not available with training: {trainer}")
+    train = train_with_megatron if trainer == "megatron" else train_with_trainer
     with recorder:
-        extra = train_with_trainer(model, data, case, recorder, seed)
+        extra = train(model, data, case, recorder, seed)
     return recorder.trace({**manifest, **extra})
 
 
 def side_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> Trainer:
-    """How this side trains: ``training:`` for its side (``manifest["side"]``), else the loop.
-    A ``megatron`` side in this process trains with the loop here (its launched ranks, in
-    ``rank_main``, are where megatron-core's own stack runs)."""
+    """How this side trains: ``training:`` for its side (``manifest["side"]``), else the loop
+    (a ``megatron`` side launched under torchrun: ``launch.launched_trainer``)."""
     side = manifest.get("side")
     chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
-    return "hf_trainer" if chosen == "hf_trainer" else "loop"
+    return chosen if chosen in ("hf_trainer", "megatron") else "loop"
 
 
 def _forward(

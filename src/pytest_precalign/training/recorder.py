@@ -270,10 +270,11 @@ class Recorder:
             tensor, name=kind, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
         )
 
-    def grads_ready(self) -> None:
+    def grads_ready(self, micro_batches: int | None = None) -> None:
         """With ``param_grads="step"``: record the parameters' grads now, as the optimizer
         will see them. Call it after the loop reduced them and before ``optimizer.step()``,
-        once per step (nothing while not recording)."""
+        once per step (nothing while not recording). ``micro_batches``: the grads were
+        accumulated over that many: recorded as the last micro-batch's call."""
         if self.param_grads != "step":
             raise ConfigError('Recorder.grads_ready: needs Recorder(..., param_grads="step")')
         hooks = self._hooks
@@ -282,7 +283,7 @@ class Recorder:
         if self._grads_done:
             raise ConfigError(f"Recorder.grads_ready: called twice in step {self._step}")
         self._grads_done = True
-        hooks.record_param_grads()
+        hooks.record_param_grads(micro_batches)
 
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this
