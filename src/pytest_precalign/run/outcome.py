@@ -22,7 +22,7 @@ from ..compare.tolerances import ToleranceTable
 from ..config.specs import CaseSpec
 from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
-from ..mapping.spec import MappingSpec
+from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
@@ -30,6 +30,8 @@ from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
 from ..verdict.story import tell_case
+from ..verdict.training_run import TrainingVerdict
+from ..verdict.training_traces import is_training_run, judge_traces
 from ..vocabulary import Phase
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class CaseRun:
     custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
     mapping_use: MappingUse | None = None  # what the mapping's rules applied to
     candidate_names: Mapping[str, str] = field(default_factory=dict)  # baseline name -> candidate's
+    training: TrainingVerdict | None = None  # a training run's verdict over its steps
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,12 @@ def finish(job: FinishInputs) -> CaseRun:
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
         verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
     verdicts = tell_case(verdicts, phases)
+    training = None
+    if is_training_run(base_trace, cand_trace):
+        mapping = job.mapping
+        training = judge_traces(
+            base_trace, cand_trace, comparison, job.table, lambda n: baseline_param_names(mapping, n)
+        )
     return CaseRun(
         name=job.name,
         phases=phases,
@@ -167,6 +176,7 @@ def finish(job: FinishInputs) -> CaseRun:
         environment=job.environment,
         mapping_use=use,
         candidate_names=mapped.candidate_names,
+        training=training,
     )
 
 
@@ -200,8 +210,8 @@ def phase_outcome(report: PhaseReport, extra: Mapping[str, Any] | None = None) -
     data = {**phase_dict(report), **(extra or {})}
     return ItemOutcome(
         name=report.nodeid_name,
-        passed=report.verdict.passed,
-        message="" if report.verdict.passed else failure_message(report),
+        passed=report.passed,
+        message="" if report.passed else failure_message(report),
         summary=summary_line(report),
         entry=plain_entry(data),
         properties=tuple(junit_properties(report.verdict)),

@@ -17,13 +17,13 @@ one side skipped are findings, never silently paired.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
-from ..vocabulary import Lane, TrainingClass
+from ..vocabulary import Lane, Phase, TrainingClass
 from .story import origin_of
 from .training_contract import ContractDiff, Rename, check_contract, same_names
 from .training_records import StepRecords
@@ -100,10 +100,11 @@ def judge_run(
     records: Mapping[int, StepRecords],
     table: ToleranceTable,
     rename: Rename = same_names,
+    dtype: str = "float32",
 ) -> TrainingVerdict:
-    """The run's verdict (see the module docstring)."""
+    """The run's verdict (see the module docstring); ``dtype``: the runs' (for the table)."""
     lane = lane_of(table)
-    judge = ScalarJudge(table, lane)
+    judge = ScalarJudge(table, lane, dtype)
     steps = sorted(set(baseline.scalars) | set(candidate.scalars) | set(records))
     findings = findings_of(baseline.scalars, candidate.scalars)
     common = [s for s in steps if _on_both(s, baseline, candidate, records)]
@@ -222,7 +223,7 @@ def _layer(step: int, rec: StepRecords, phase: str) -> FirstDivergent | None:
     if not origin.proven or not origin.module:
         evidence = f"first failing record {first.name} ({first.kind}); origin unproven: {origin.evidence}"
         return FirstDivergent(step, what, origin.module or first.name, evidence)
-    return FirstDivergent(step, what, origin.module, f"{origin.module} ({phase}) — {origin.evidence}")
+    return FirstDivergent(step, what, origin.module, f"{origin.evidence} ({first.kind} of {first.name})")
 
 
 def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
@@ -291,3 +292,27 @@ def _curve_value(s: StepScalars | None, name: str) -> float | None:
     if isinstance(value, tuple):
         return float(value[0]) if value else None
     return None if value is None else float(value)
+
+
+# The phase whose test item a training verdict fails: where its class happens in a step.
+PHASE_OF_CLASS: Mapping[TrainingClass, Phase] = {
+    "weights": "forward",
+    "contract": "forward",
+    "data": "forward",
+    "forward": "forward",
+    "loss": "forward",
+    "backward": "backward",
+    "grad_reduction": "backward",
+    "clipping": "step",
+    "schedule": "step",
+    "optimizer_update": "step",
+}
+
+
+def owning_phase(verdict: TrainingVerdict, phases: Sequence[Phase]) -> Phase | None:
+    """The case phase that carries a failing training verdict: its class's phase when the
+    case runs it, else the case's first phase (a run that does not line up: the first)."""
+    if verdict.passed or not phases:
+        return None
+    wanted = PHASE_OF_CLASS[verdict.first.what] if verdict.first is not None else phases[0]
+    return wanted if wanted in phases else phases[0]
