@@ -156,8 +156,9 @@ def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> Scala
         evidence = f"{name} at step {base.step}: {x:.3e} vs {y:.3e} (group {g})"
         ratios = {round(y2 / x2, 9) for x2, y2 in pairs if x2}
         pattern = ""
-        if name == "lr" and len(ratios) == 1 and len(bad) == len(pairs):
-            pattern = f"every parameter moved by the same factor (LR x{ratios.pop():.4g}): the LR differs"
+        ratio = ratios.pop() if len(ratios) == 1 else 0.0
+        if name == "lr" and ratio > 0 and len(bad) == len(pairs):
+            pattern = f"every parameter moved by the same factor (LR x{ratio:.4g}): the LR differs"
         return ScalarDiff("schedule", f"{name}[{g}]", evidence, pattern)
     return None
 
