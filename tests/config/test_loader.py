@@ -193,7 +193,10 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         BASE
         + "    phases: [forward, backward, step]\n    loss: mean\n    optimizer: {name: sgd, learning_rate: 1}\n",
         17,
-        ("cases[0].optimizer.learning_rate: unknown key", "allowed: betas, eps, lr, momentum, name"),
+        (
+            "cases[0].optimizer.learning_rate: unknown key",
+            "allowed: betas, clip_grad, eps, lr, micro_batches, momentum, name, no_decay, schedule, weight_decay",
+        ),
     ),
     (
         "unknown-expect-key",
@@ -593,7 +596,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         "inputs-kind-missing",
         _variant("{kind: tokens, batch", "{batch"),
         6,
-        ("inputs.toks: missing required key 'kind' (allowed: tokens, factory, ids)",),
+        ("inputs.toks: missing required key 'kind' (allowed: tokens, factory, ids, dataset)",),
     ),
     (
         "inputs-vocab-missing",

@@ -16,7 +16,6 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
-from ..training.spec import OPTIMIZERS
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
 from ..vocabulary import LEVELS, MODES, PHASES, Phase, phases_in_order
@@ -31,7 +30,8 @@ from .presets import (
     preset_mapping,
 )
 from .search import SearchSpec, parse_search
-from .specs import CaseSpec, InputSpec, ModelSpec, OptimizerSpec, RecordSpec
+from .specs import CaseSpec, InputSpec, ModelSpec, RecordSpec
+from .training import check_training, parse_optimizer, parse_training
 
 LOSSES = ("causal_lm", "model", "mean", "none")
 CASE_KEYS = (
@@ -54,6 +54,7 @@ CASE_KEYS = (
     "search",
     "stored_layer_mapping",
     "min_coverage",
+    "training",
 )
 
 # Where a named mapping came from: (file, None) or (None, (value, source, key_path, line)).
@@ -84,13 +85,12 @@ def parse_case(
     mapping = _case_mapping(reader, sides, mappings, base_dir)
     mapping = _with_layer_mapping(reader, mapping, base_dir)
     baseline_rename = _baseline_rename(reader, base_dir)
-    optimizer = _optimizer(reader)
+    optimizer = parse_optimizer(reader)
+    training = parse_training(reader, *(sides or (None, None)))
     record = _record(reader, base_dir)
-    table = reader.get_str("tolerances")
-    if table is not None and table not in tables:
-        known = ", ".join(tables) or "none defined under 'tolerances'"
-        reader.fail(f"unknown tolerance table {table!r} (known: {known})", "tolerances")
+    table = _table(reader, tables)
     loss = _loss(reader, phases, None if dumps else inputs[input_name])
+    check_training(reader, optimizer, training, steps, None if dumps else inputs[input_name])
     _check_record_level(reader, record, refs, models)
     case = CaseSpec(
         name=name,
@@ -117,9 +117,18 @@ def parse_case(
         ),
         baseline_rename=baseline_rename,
         min_coverage=min_coverage(reader),
+        training=training,
     )
     reader.done()
     return case
+
+
+def _table(reader: Reader, tables: Mapping[str, ToleranceTable]) -> str | None:
+    table: str | None = reader.get_str("tolerances")
+    if table is not None and table not in tables:
+        known = ", ".join(tables) or "none defined under 'tolerances'"
+        reader.fail(f"unknown tolerance table {table!r} (known: {known})", "tolerances")
+    return table
 
 
 def min_coverage(reader: Reader) -> float:
@@ -251,30 +260,6 @@ def _baseline_rename(reader: Reader, base_dir: Path) -> MappingSpec | None:
     )
 
 
-def _optimizer(reader: Reader) -> OptimizerSpec:
-    opt = reader.get_mapping("optimizer")
-    if opt is None:
-        return OptimizerSpec()
-    opt.check_keys(("name", "lr", "betas", "eps", "weight_decay", "momentum"))
-    betas = opt.raw("betas", [0.9, 0.999])
-    if (
-        not isinstance(betas, list)
-        or len(betas) != 2
-        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
-    ):
-        opt.fail(f"expected two numbers, got {betas!r}", "betas")
-    optimizer = OptimizerSpec(
-        name=opt.get_choice("name", OPTIMIZERS, "adamw"),
-        lr=opt.get_float("lr", 1e-3, non_negative=True),
-        betas=(float(betas[0]), float(betas[1])),
-        eps=opt.get_float("eps", 1e-8, non_negative=True),
-        weight_decay=opt.get_float("weight_decay", 0.0, non_negative=True),
-        momentum=opt.get_float("momentum", 0.0, non_negative=True),
-    )
-    opt.done()
-    return optimizer
-
-
 def _record(reader: Reader, base_dir: Path) -> RecordSpec:
     rec = reader.get_mapping("record")
     if rec is None:
@@ -358,7 +343,7 @@ def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> 
         # What run_side would reject only when the case runs: report it with the config.
         if loss == "none":
             reader.fail("phase 'backward' needs a loss (allowed here: causal_lm, model, mean)", "loss")
-        if loss == "causal_lm" and spec.kind in ("tokens", "ids") and not spec.labels:
+        if loss == "causal_lm" and spec.kind in ("tokens", "ids", "dataset") and not spec.labels:
             reader.fail(
                 f"phase 'backward' with loss 'causal_lm' needs labels: set 'labels: true' in "
                 f"inputs.{spec.name}, or choose loss: mean or loss: model",
@@ -371,7 +356,7 @@ def _token_count(spec: InputSpec) -> int | None:
     """Tokens per row of token inputs (None for an input factory's)."""
     if spec.kind == "tokens":
         return spec.seq_len
-    if spec.kind == "ids" and spec.input_ids:
+    if spec.kind in ("ids", "dataset") and spec.input_ids:
         return min(len(row) for row in spec.input_ids)
     return None
 

@@ -22,10 +22,11 @@ from .model_weights import parse_model_weights
 from .presets import HEAD_FIELDS, MEGATRON_PRESET_FIELDS
 from .search import IDS_KEYS, parse_ids
 from .specs import AlignConfig, CaseSpec, Defaults, InputSpec, ModelSpec
+from .training import parse_dataset
 
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "float16", "bfloat16", "float64", "keep")
-INPUT_KINDS = ("tokens", "factory", "ids")
+INPUT_KINDS = ("tokens", "factory", "ids", "dataset")
 TOP_LEVEL_KEYS = ("version", "defaults", "models", "inputs", "tolerances", "mappings", "cases")
 DEFAULTS_KEYS = ("device", "dtype", "seed", "deterministic")
 TOKENS_KEYS = ("kind", "batch", "seq_len", "vocab_size", "seed", "labels", "attention_mask")
@@ -47,7 +48,7 @@ def load_config(text: str, path: Path) -> AlignConfig:
     # Optional only when every case gates stored dumps (checked after the cases).
     models_reader = root.get_mapping("models")
     models = _parse_models(models_reader, defaults)
-    inputs = _parse_input_specs(root.get_mapping("inputs"), defaults)
+    inputs = _parse_input_specs(root.get_mapping("inputs"), defaults, path.parent)
     tables = _parse_tables(root.get_mapping("tolerances"), base_dir)
     mappings, mapping_sources = _parse_mappings(root.get_mapping("mappings"), base_dir)
     cases = _parse_cases(root, models, inputs, tables, mapping_sources, base_dir)
@@ -100,12 +101,16 @@ def _parse_models(reader: Reader | None, defaults: Defaults) -> dict[str, ModelS
     return models
 
 
-def _parse_input_specs(reader: Reader | None, defaults: Defaults) -> dict[str, InputSpec]:
+def _parse_input_specs(reader: Reader | None, defaults: Defaults, base_dir: Path) -> dict[str, InputSpec]:
     inputs: dict[str, InputSpec] = {}
     if reader is not None:
         for name, value in reader.data.items():
             reader.raw(name)
-            inputs[name] = _parse_inputs(name, reader.child(name, value, reader.line_of(name)), defaults)
+            child = reader.child(name, value, reader.line_of(name))
+            if isinstance(value, dict) and value.get("kind") == "dataset":
+                inputs[name] = parse_dataset(name, child, base_dir)
+                continue
+            inputs[name] = _parse_inputs(name, child, defaults)
     return inputs
 
 

@@ -142,7 +142,8 @@ def live_case(
 ) -> Iterator[LiveCase]:
     """The case's inputs built (unless ``with_inputs`` is False), then determinism on and the
     runtimes of ``specs`` entered (in order), while inside."""
-    inputs = build_inputs(config.inputs[case.inputs], config.base_dir) if with_inputs else None
+    steps = case.steps if "backward" in case.phases else 1  # a batch per optimizer step
+    inputs = build_inputs(config.inputs[case.inputs], config.base_dir, steps) if with_inputs else None
     with ExitStack() as stack:
         flags = stack.enter_context(deterministic(config.defaults.deterministic))
         live = LiveCase(config, case, flags, inputs, stack)

@@ -1,9 +1,16 @@
-"""Case inputs: ``InputSpec`` -> tensors, the same for both sides (built once, copied)."""
+"""Case inputs: ``InputSpec`` -> tensors, the same for both sides (built once, copied).
+
+A case of ``steps: N`` takes a new batch each step (``CaseInputs.batch(step)``): ``kind:
+tokens`` draws batch ``s`` from its seed's generator after batches ``0..s-1`` (batch 0 is
+what a one-step case gets); ``kind: dataset`` takes the file's rows ``s*batch ..``; ``kind:
+factory`` returning an iterable of batches gives batch ``s`` its ``s``-th item (one mapping:
+that batch every step, as ``kind: ids`` does)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +26,18 @@ from .imports import import_object, one_line
 class CaseInputs:
     model_inputs: Mapping[str, Any]  # passed to the model as keyword arguments
     labels: torch.Tensor | None
+    later: tuple[CaseInputs, ...] = ()  # the batches of steps 1, 2, ... (none: this one every step)
 
     def to(self, device: torch.device) -> CaseInputs:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.model_inputs.items()}
         labels = self.labels.to(device) if self.labels is not None else None
-        return CaseInputs(moved, labels)
+        return CaseInputs(moved, labels, tuple(b.to(device) for b in self.later))
+
+    def batch(self, step: int) -> CaseInputs:
+        """The batch of optimizer step ``step`` (0-based)."""
+        if step == 0 or not self.later:
+            return CaseInputs(self.model_inputs, self.labels)
+        return self.later[step - 1]
 
 
 def inputs_digest(inputs: CaseInputs) -> str:
@@ -31,6 +45,8 @@ def inputs_digest(inputs: CaseInputs) -> str:
     the same tensors have the same digest."""
     whole = hashlib.sha256()
     items = sorted(inputs.model_inputs.items()) + [("labels", inputs.labels)]
+    for later in inputs.later:
+        items += sorted(later.model_inputs.items()) + [("labels", later.labels)]
     for name, value in items:
         whole.update(name.encode())
         if isinstance(value, torch.Tensor):
@@ -51,18 +67,44 @@ def check_inputs(spec: InputSpec, base_dir: Path) -> None:
             raise SourceError(f"{spec.where}: inputs.{spec.name}.factory: {spec.factory!r} is not callable")
 
 
-def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
+def build_inputs(spec: InputSpec, base_dir: Path, steps: int = 1) -> CaseInputs:
+    """The inputs of ``steps`` optimizer steps (see the module doc)."""
     if spec.kind == "ids":
         assert spec.input_ids is not None
         mask = None if spec.mask is None else torch.tensor(spec.mask, dtype=torch.long)
         return explicit_inputs(torch.tensor(spec.input_ids, dtype=torch.long), mask, spec.labels)
+    if spec.kind == "dataset":
+        return _dataset_batches(spec, steps)
     generator = torch.Generator().manual_seed(spec.seed)
     if spec.kind == "tokens":
-        ids = torch.randint(0, spec.vocab_size, (spec.batch, spec.seq_len), generator=generator)
-        model_inputs: dict[str, Any] = {"input_ids": ids}
-        if spec.attention_mask:
-            model_inputs["attention_mask"] = torch.ones_like(ids)
-        return CaseInputs(model_inputs, ids.clone() if spec.labels else None)
+        batches = [_token_batch(spec, generator) for _ in range(steps)]
+        return CaseInputs(batches[0].model_inputs, batches[0].labels, tuple(batches[1:]))
+    return _factory_inputs(spec, base_dir, steps)
+
+
+def _token_batch(spec: InputSpec, generator: torch.Generator) -> CaseInputs:
+    ids = torch.randint(0, spec.vocab_size, (spec.batch, spec.seq_len), generator=generator)
+    model_inputs: dict[str, Any] = {"input_ids": ids}
+    if spec.attention_mask:
+        model_inputs["attention_mask"] = torch.ones_like(ids)
+    return CaseInputs(model_inputs, ids.clone() if spec.labels else None)
+
+
+def _dataset_batches(spec: InputSpec, steps: int) -> CaseInputs:
+    assert spec.input_ids is not None
+    rows = torch.tensor(spec.input_ids, dtype=torch.long)
+    if rows.shape[0] < steps * spec.batch:
+        raise CaseError(
+            f"{spec.where}: inputs.{spec.name}: {steps} step(s) of batch {spec.batch} need "
+            f"{steps * spec.batch} rows, the file has {rows.shape[0]}"
+        )
+    batches = [
+        explicit_inputs(rows[s * spec.batch : (s + 1) * spec.batch], None, spec.labels) for s in range(steps)
+    ]
+    return CaseInputs(batches[0].model_inputs, batches[0].labels, tuple(batches[1:]))
+
+
+def _factory_inputs(spec: InputSpec, base_dir: Path, steps: int) -> CaseInputs:
     what = f"{spec.where}: inputs.{spec.name}.factory"
     fn = import_object(str(spec.factory), base_dir, what)
     torch.manual_seed(spec.seed)
@@ -72,10 +114,36 @@ def build_inputs(spec: InputSpec, base_dir: Path) -> CaseInputs:
         raise
     except Exception as exc:
         raise SourceError(f"{what}: {spec.factory} raised {type(exc).__name__}: {one_line(exc)}") from None
-    if not isinstance(produced, Mapping):
+    if isinstance(produced, Mapping):
+        return _factory_batch(spec, produced)
+    if not isinstance(produced, Iterable) or isinstance(produced, (str, bytes, torch.Tensor)):
         raise SourceError(
-            f"{what}: {spec.factory} returned {type(produced).__name__}, expected a dict of model kwargs"
+            f"{what}: {spec.factory} returned {type(produced).__name__}, expected a dict of model "
+            "kwargs or an iterable of them (one per step)"
         )
+    try:
+        items = list(itertools.islice(iter(produced), steps))
+    except PrecalignError:
+        raise
+    except Exception as exc:
+        raise SourceError(
+            f"{what}: {spec.factory}'s batches raised {type(exc).__name__}: {one_line(exc)}"
+        ) from None
+    batches: list[CaseInputs] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise SourceError(
+                f"{what}: batch {len(batches)} of {spec.factory} is {type(item).__name__}, expected a dict of model kwargs"
+            )
+        batches.append(_factory_batch(spec, item))
+    if len(batches) < steps:
+        raise CaseError(
+            f"{what}: steps {steps} is beyond the data: {spec.factory} gave {len(batches)} batch(es)"
+        )
+    return CaseInputs(batches[0].model_inputs, batches[0].labels, tuple(batches[1:]))
+
+
+def _factory_batch(spec: InputSpec, produced: Mapping[str, Any]) -> CaseInputs:
     model_inputs = dict(produced)
     labels: torch.Tensor | None = model_inputs.pop("labels", None)
     if spec.labels and labels is None:

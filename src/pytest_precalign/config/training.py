@@ -1,0 +1,248 @@
+"""A case's training settings from YAML: ``optimizer:`` (schedule, clipping, weight decay and
+the parameters it skips, micro-batches), ``training:`` (which machinery trains each side), and
+the checks that need the case's models and inputs (a schedule the side's framework cannot
+express, micro-batches that do not divide the batch, steps beyond a finite data stream).
+Torch-free; the semantics are ``training/spec.py``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..training.spec import (
+    DECAY_STYLES,
+    OPTIMIZERS,
+    TRAINERS,
+    OptimizerSpec,
+    ScheduleSpec,
+    SidesTraining,
+    Trainer,
+)
+from ..yaml_reader import Reader
+from .specs import InputSpec, ModelSpec
+
+OPTIMIZER_KEYS = (
+    "name",
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "momentum",
+    "schedule",
+    "clip_grad",
+    "no_decay",
+    "micro_batches",
+)
+SCHEDULE_KEYS = ("warmup_steps", "decay", "decay_steps", "min_lr")
+DATASET_KEYS = ("kind", "path", "batch", "labels")
+# Which trainers can drive a model of each source (None: the source's default trainer).
+TRAINERS_OF_SOURCE: dict[str, tuple[Trainer, ...]] = {
+    "hf": ("loop", "hf_trainer"),
+    "factory": ("loop",),
+    "megatron": ("megatron", "loop"),
+}
+
+
+def parse_optimizer(reader: Reader) -> OptimizerSpec:
+    """``optimizer:`` -> ``OptimizerSpec`` (defaults: AdamW, constant LR, no clipping)."""
+    opt = reader.get_mapping("optimizer")
+    if opt is None:
+        return OptimizerSpec()
+    opt.check_keys(OPTIMIZER_KEYS)
+    betas = opt.raw("betas", [0.9, 0.999])
+    if (
+        not isinstance(betas, list)
+        or len(betas) != 2
+        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+    ):
+        opt.fail(f"expected two numbers, got {betas!r}", "betas")
+    lr = opt.get_float("lr", 1e-3, non_negative=True)
+    clip = opt.get_float("clip_grad", None, non_negative=True)
+    if clip is not None and clip <= 0:
+        opt.fail(f"must be > 0 (or leave it out: no clipping), got {clip}", "clip_grad")
+    optimizer = OptimizerSpec(
+        name=opt.get_choice("name", OPTIMIZERS, "adamw"),
+        lr=lr,
+        betas=(float(betas[0]), float(betas[1])),
+        eps=opt.get_float("eps", 1e-8, non_negative=True),
+        weight_decay=opt.get_float("weight_decay", 0.0, non_negative=True),
+        momentum=opt.get_float("momentum", 0.0, non_negative=True),
+        schedule=_schedule(opt, lr),
+        clip_grad=clip,
+        no_decay=_no_decay(opt),
+        micro_batches=opt.get_int("micro_batches", 1, minimum=1),
+    )
+    opt.done()
+    return optimizer
+
+
+def _schedule(opt: Reader, lr: float) -> ScheduleSpec | None:
+    sub = opt.get_mapping("schedule")
+    if sub is None:
+        return None
+    sub.check_keys(SCHEDULE_KEYS)
+    warmup = sub.get_int("warmup_steps", 0, minimum=0)
+    decay_steps = sub.get_int("decay_steps", None, minimum=1)
+    if decay_steps is not None and decay_steps < warmup:
+        sub.fail(
+            f"must be >= warmup_steps ({warmup}): it counts from update 0 and includes the warmup",
+            "decay_steps",
+        )
+    min_lr = sub.get_float("min_lr", 0.0, non_negative=True)
+    if min_lr > lr:
+        sub.fail(f"must be <= the optimizer's lr ({lr}), got {min_lr}", "min_lr")
+    spec = ScheduleSpec(
+        warmup_steps=warmup,
+        decay=sub.get_choice("decay", DECAY_STYLES, "constant"),
+        decay_steps=decay_steps,
+        min_lr=min_lr,
+    )
+    sub.done()
+    return spec
+
+
+def _no_decay(opt: Reader) -> tuple[str, ...] | None:
+    value = opt.raw("no_decay")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        opt.fail(
+            "expected a glob or a list of globs of parameter names (e.g. ['*.bias', '*norm*'])", "no_decay"
+        )
+    return tuple(value)
+
+
+def parse_training(reader: Reader, baseline: ModelSpec | None, candidate: ModelSpec | None) -> SidesTraining:
+    """``training:`` one trainer for both sides, or ``{baseline: ..., candidate: ...}``."""
+    value = reader.raw("training")
+    if value is None:
+        return SidesTraining()
+    if isinstance(value, str):
+        chosen = {"baseline": value, "candidate": value}
+        sub = reader
+        keys = {"baseline": "training", "candidate": "training"}
+    else:
+        sub = reader.get_mapping("training") or reader
+        sub.check_keys(("baseline", "candidate"))
+        chosen = {side: sub.raw(side) for side in ("baseline", "candidate")}
+        keys = {"baseline": "baseline", "candidate": "candidate"}
+        sub.done()
+    models = {"baseline": baseline, "candidate": candidate}
+    for side, trainer in chosen.items():
+        if trainer is None:
+            continue
+        if trainer not in TRAINERS:
+            sub.fail(f"unknown trainer {trainer!r} (allowed: {', '.join(TRAINERS)})", keys[side])
+        model = models[side]
+        if model is None:
+            sub.fail("a trainer trains a model: not with {dump: path} sides", keys[side])
+        allowed = TRAINERS_OF_SOURCE.get(model.source, ("loop",))
+        if trainer not in allowed:
+            sub.fail(
+                f"trainer {trainer!r} cannot train model {model.name!r} (source {model.source!r}; "
+                f"allowed: {', '.join(allowed)})",
+                keys[side],
+            )
+    return SidesTraining(baseline=chosen["baseline"], candidate=chosen["candidate"])  # type: ignore[arg-type]
+
+
+def check_training(
+    reader: Reader,
+    optimizer: OptimizerSpec,
+    training: SidesTraining,
+    steps: int,
+    spec: InputSpec | None,
+) -> None:
+    """What needs the case's inputs and trainers: micro-batches dividing the batch, a finite
+    data stream long enough for the steps, a schedule each side's framework can express."""
+    key = "optimizer" if reader.has("optimizer") else "steps"
+    if (
+        spec is not None
+        and spec.kind in ("tokens", "ids", "dataset")
+        and spec.batch % optimizer.micro_batches
+    ):
+        reader.fail(
+            f"micro_batches {optimizer.micro_batches} does not divide inputs.{spec.name}'s batch "
+            f"{spec.batch}: each step's batch is split into equal micro-batches",
+            key,
+        )
+    if spec is not None and spec.kind == "dataset" and spec.input_ids is not None:
+        available = len(spec.input_ids) // spec.batch
+        if steps > available:
+            reader.fail(
+                f"steps {steps} is beyond inputs.{spec.name}'s data: {len(spec.input_ids)} rows make "
+                f"{available} batch(es) of {spec.batch}",
+                "steps",
+            )
+    schedule = optimizer.schedule
+    if "hf_trainer" in (training.baseline, training.candidate) and schedule is not None:
+        problem = hf_schedule_problem(schedule, steps)
+        if problem is not None:
+            reader.fail(f"transformers.Trainer cannot express this schedule: {problem}", "optimizer")
+
+
+def hf_schedule_problem(schedule: ScheduleSpec, steps: int) -> str | None:
+    """Why ``TrainingArguments`` cannot express ``schedule`` (None: it can). Its schedulers
+    decay over ``max_steps`` (the case's steps) and only cosine has a floor (``min_lr``)."""
+    if schedule.decay_steps is not None and schedule.decay_steps != steps and schedule.decay != "constant":
+        return (
+            f"decay_steps {schedule.decay_steps} differs from steps {steps} (its schedulers decay "
+            "over max_steps)"
+        )
+    if schedule.min_lr > 0 and schedule.decay == "linear":
+        return "decay 'linear' to a min_lr > 0 (its linear schedule decays to 0; cosine has min_lr)"
+    return None
+
+
+def parse_dataset(name: str, reader: Reader, base_dir: Path) -> InputSpec:
+    """``kind: dataset``: token rows read from a file (``.jsonl``: a JSON list of ids per line;
+    else whitespace-separated ids per line), ``batch`` rows per step, in file order."""
+    reader.check_keys(DATASET_KEYS)
+    reader.raw("kind")
+    given = reader.get_str("path", required=True)
+    path = (base_dir / given).resolve()
+    if not path.is_file():
+        reader.fail(f"file not found: {path}", "path")
+    rows = _token_rows(reader, path)
+    batch = reader.get_int("batch", 1, minimum=1)
+    if len(rows) < batch:
+        reader.fail(f"{path} has {len(rows)} row(s), fewer than one batch of {batch}", "batch")
+    spec = InputSpec(
+        name=name,
+        kind="dataset",
+        batch=batch,
+        seq_len=len(rows[0]),
+        labels=reader.get_bool("labels", True),
+        where=reader.where(),
+        input_ids=rows,
+    )
+    reader.done()
+    return spec
+
+
+def _token_rows(reader: Reader, path: Path) -> tuple[tuple[int, ...], ...]:
+    rows: list[tuple[int, ...]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            values = json.loads(line) if path.suffix == ".jsonl" else [int(v) for v in line.split()]
+        except ValueError:
+            values = None
+        if (
+            not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+        ):
+            reader.fail(f"{path}:{number}: expected a row of token ids >= 0", "path")
+        if rows and len(values) != len(rows[0]):
+            reader.fail(
+                f"{path}:{number}: row of {len(values)} ids, the first row has {len(rows[0])}", "path"
+            )
+        rows.append(tuple(values))
+    if not rows:
+        reader.fail(f"{path} has no rows of token ids", "path")
+    return tuple(rows)

@@ -1,0 +1,175 @@
+"""What one optimizer step did, measured on the live model and optimizer: the pieces of a
+``StepScalars`` (``trace/step_scalars.py``). Shared by every trainer (the tool's loop, the
+``transformers.Trainer`` callback, megatron-core's stack) and the ``Recorder``, so the same
+quantity is computed the same way on both sides of a case.
+
+>>> evidence = StepEvidence(model.parameters())
+>>> evidence.begin()                     # before the step's first forward (params snapshot)
+>>> ...forward/backward of every micro-batch...
+>>> evidence.grads_before_clip()         # global grad norm + zero grads, before clipping
+>>> clip_grad_norm_(...)                 # the framework's own clipping
+>>> evidence.grads_after_clip()          # the clip coefficient as measured
+>>> lr, wd = group_settings(optimizer)   # the LR the update is about to use
+>>> optimizer.step()
+>>> scalars = evidence.finish(step, loss=..., lr=lr, weight_decay=wd, ...)
+
+Only reads: no grad, parameter or optimizer state is written (recording is bitwise neutral).
+The grad norm is ``torch.nn.utils.get_total_norm``, the number ``clip_grad_norm_`` returns,
+so a framework that reports its own pre-clip norm and one measured here agree bitwise. Grads
+are ``.grad`` unless ``grads=`` names others (megatron-core's ``main_grad``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..trace.step_scalars import StepScalars
+
+IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
+
+
+def grad_norm(grads: Sequence[torch.Tensor]) -> float:
+    """Global L2 norm of ``grads`` (as ``clip_grad_norm_`` computes it); 0.0 for none."""
+    if not grads:
+        return 0.0
+    return float(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0))
+
+
+def zero_count(grads: Sequence[torch.Tensor]) -> int:
+    """Grad elements exactly 0 (Megatron-LM's ``num-zeros``)."""
+    return int(sum(g.numel() - int(torch.count_nonzero(g)) for g in grads))
+
+
+def group_settings(optimizer: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The LR and weight decay of each parameter group, in the optimizer's group order (read
+    before ``optimizer.step()``: the LR the update uses)."""
+    groups = optimizer.param_groups
+    lrs = tuple(float(g["lr"].item() if isinstance(g["lr"], torch.Tensor) else g["lr"]) for g in groups)
+    wds = tuple(float(g.get("weight_decay", 0.0)) for g in groups)
+    return lrs, wds
+
+
+def batch_hash(batches: Iterable[Mapping[str, Any]]) -> str:
+    """sha256 of the step's input ids and labels over its micro-batches, in order: two sides
+    fed the same tokens have the same hash whatever else their batches carry."""
+    whole = hashlib.sha256()
+    for batch in batches:
+        for key in ("input_ids", "labels"):
+            value = batch.get(key)
+            if not isinstance(value, torch.Tensor):
+                continue
+            tensor = value.detach().to("cpu", torch.int64).contiguous()
+            whole.update(f"{key}{tuple(tensor.shape)}".encode())
+            whole.update(tensor.view(-1).numpy().tobytes())
+    return whole.hexdigest()
+
+
+def token_count(batches: Iterable[Mapping[str, Any]]) -> int:
+    """Label positions that are not ignored (-100), over the step's micro-batches; the input
+    ids' count when a batch has no labels."""
+    total = 0
+    for batch in batches:
+        labels = batch.get("labels")
+        if isinstance(labels, torch.Tensor):
+            total += int((labels != IGNORE_INDEX).sum())
+        elif isinstance(batch.get("input_ids"), torch.Tensor):
+            total += int(batch["input_ids"].numel())
+    return total
+
+
+def tensor_summary(tensor: torch.Tensor) -> dict[str, float]:
+    """max, min, mean and L2 norm of a parameter, in float64 (the manifest's initial params)."""
+    values = tensor.detach().to(torch.float64)
+    if values.numel() == 0:
+        return {"max": 0.0, "min": 0.0, "mean": 0.0, "norm": 0.0}
+    return {
+        "max": float(values.max()),
+        "min": float(values.min()),
+        "mean": float(values.mean()),
+        "norm": float(torch.linalg.vector_norm(values)),
+    }
+
+
+def initial_params(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, dict[str, float]]:
+    """The manifest's ``initial_params``: a summary of each parameter before any update."""
+    return {name: tensor_summary(param) for name, param in named}
+
+
+class StepEvidence:
+    """Measures one optimizer step of ``params`` (see the module doc for the call order)."""
+
+    def __init__(self, params: Iterable[torch.Tensor], *, update_norm: bool = True) -> None:
+        self.params = [p for p in params if isinstance(p, torch.Tensor)]
+        self.update_norm = update_norm
+        self._before: list[torch.Tensor] | None = None
+        self._grad_norm: float | None = None
+        self._zero_grads: int | None = None
+        self._clip_coef: float | None = None
+
+    def _grads(self, grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+        if grads is not None:
+            return list(grads)
+        return [p.grad for p in self.params if p.grad is not None]
+
+    def begin(self) -> None:
+        """Before the step: keep a copy of the parameters (for the update norm)."""
+        self._grad_norm = self._zero_grads = self._clip_coef = None
+        if self.update_norm and self.params:
+            with torch.no_grad():
+                self._before = [p.detach().clone() for p in self.params]
+
+    def grads_before_clip(
+        self, grads: Sequence[torch.Tensor] | None = None, *, norm: float | None = None
+    ) -> float:
+        """The step's grads after accumulation, before clipping: their global norm (``norm``:
+        the one the framework reported, used as is) and the count of exact zeros."""
+        found = self._grads(grads)
+        self._grad_norm = float(norm) if norm is not None else grad_norm(found)
+        self._zero_grads = zero_count(found)
+        return self._grad_norm
+
+    def grads_after_clip(self, grads: Sequence[torch.Tensor] | None = None) -> float:
+        """After the framework clipped: the coefficient the grads were multiplied by, measured
+        as (norm after) / (norm before); 1.0 when the norm before was 0."""
+        if self._grad_norm is None:
+            raise RuntimeError("StepEvidence.grads_after_clip: call grads_before_clip first")
+        after = grad_norm(self._grads(grads))
+        self._clip_coef = after / self._grad_norm if self._grad_norm > 0 else 1.0
+        return self._clip_coef
+
+    def norms_after_update(self) -> tuple[float | None, float | None]:
+        """(update norm, parameter norm) after the optimizer step."""
+        if not self.params:
+            return None, None
+        with torch.no_grad():
+            after = [p.detach() for p in self.params]
+            param = float(torch.nn.utils.get_total_norm(after, 2.0))
+            update = None
+            if self._before is not None:
+                deltas = torch._foreach_sub(after, self._before)
+                update = float(torch.nn.utils.get_total_norm(deltas, 2.0))
+        self._before = None
+        return update, param
+
+    def finish(self, step: int, **fields: Any) -> StepScalars:
+        """The step's scalars: what was measured, plus ``fields`` (loss, lr, weight_decay,
+        tokens, batch_hash, micro_batches, loss_scale, skipped, or overrides)."""
+        update, param = self.norms_after_update()
+        measured: dict[str, Any] = {
+            "grad_norm": self._grad_norm,
+            "zero_grads": self._zero_grads,
+            "clip_coef": self._clip_coef
+            if self._clip_coef is not None
+            else (1.0 if self._grad_norm is not None else None),
+            "update_norm": update,
+            "param_norm": param,
+        }
+        measured.update(fields)
+        for key in ("lr", "weight_decay"):
+            if measured.get(key) is not None:
+                measured[key] = tuple(float(v) for v in measured[key])
+        return StepScalars(step=step, **measured)

@@ -1,0 +1,94 @@
+"""StepEvidence: what one optimizer step did, measured on a real model and torch optimizer."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pytest_precalign.training.step_evidence import (
+    StepEvidence,
+    batch_hash,
+    group_settings,
+    initial_params,
+    token_count,
+)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, bias=False))
+
+
+def _grads(model: torch.nn.Module) -> None:
+    x = torch.arange(8.0).reshape(2, 4)
+    model(x).pow(2).sum().backward()
+
+
+def test_grad_norm_is_the_pre_clip_norm_and_the_clip_coefficient_is_measured() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    evidence = StepEvidence(model.parameters())
+    evidence.begin()
+    _grads(model)
+    model[0].bias.grad[0] = 0.0  # one exact zero
+    before = evidence.grads_before_clip()
+    returned = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    coef = evidence.grads_after_clip()
+    lr, wd = group_settings(optimizer)
+    snapshot = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()
+    scalars = evidence.finish(3, loss=2.5, lr=lr, weight_decay=wd, tokens=7)
+    assert before == float(returned)  # bitwise the number clip_grad_norm_ returns
+    assert scalars.grad_norm == before and before > 1.0
+    assert math.isclose(coef, 1.0 / before, rel_tol=1e-5)
+    assert scalars.zero_grads == 1
+    delta = torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), snapshot, strict=True)])
+    assert math.isclose(scalars.update_norm or 0.0, float(delta.norm()), rel_tol=1e-6)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert math.isclose(scalars.param_norm or 0.0, float(params.norm()), rel_tol=1e-6)
+    assert scalars.step == 3 and scalars.lr == (0.1,) and scalars.weight_decay == (0.0,)
+    assert scalars.loss == 2.5 and scalars.tokens == 7
+
+
+def test_unclipped_step_has_coefficient_one_and_evidence_reads_only() -> None:
+    model = _model()
+    evidence = StepEvidence(model.parameters())
+    evidence.begin()
+    _grads(model)
+    grads = [p.grad.clone() for p in model.parameters()]
+    params = [p.detach().clone() for p in model.parameters()]
+    evidence.grads_before_clip()
+    scalars = evidence.finish(0)
+    assert scalars.clip_coef == 1.0 and scalars.update_norm == 0.0
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+    assert all(torch.equal(p.detach(), q) for p, q in zip(model.parameters(), params, strict=True))
+
+
+def test_batch_hash_and_tokens_follow_ids_and_labels() -> None:
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    labels = ids.clone()
+    labels[0, 0] = -100
+    whole = [{"input_ids": ids, "labels": labels}]
+    split = [{"input_ids": ids[:1], "labels": labels[:1]}, {"input_ids": ids[1:], "labels": labels[1:]}]
+    assert token_count(whole) == token_count(split) == 5
+    assert batch_hash(whole) == batch_hash([{"input_ids": ids, "labels": labels, "mask": 1}])
+    assert batch_hash(whole) != batch_hash([{"input_ids": ids, "labels": ids}])
+    assert token_count([{"input_ids": ids}]) == 6
+
+
+def test_initial_params_summarise_each_parameter() -> None:
+    summary = initial_params([("w", torch.tensor([[3.0, -4.0]]))])
+    assert summary == {"w": {"max": 3.0, "min": -4.0, "mean": -0.5, "norm": 5.0}}
+
+
+def test_group_settings_per_group_in_order() -> None:
+    model = _model()
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": model[0].parameters(), "weight_decay": 0.1},
+            {"params": model[1].parameters(), "weight_decay": 0.0},
+        ],
+        lr=1e-3,
+    )
+    assert group_settings(optimizer) == ((1e-3, 1e-3), (0.1, 0.0))
