@@ -238,3 +238,15 @@ def test_modules_called_twice_as_often_are_a_micro_batch_split() -> None:
     twice = [rec(0, "a", "activation"), rec(1, "a", "activation", call=1)]
     v = judge_run(RunSide({}), RunSide({}), records_run([once], [twice]), default_table())
     assert first(v) == (0, "contract", "micro_batches")
+
+
+def test_an_expected_run_divergence_passes_only_when_found_exactly() -> None:
+    from pytest_precalign.verdict.training_run import owning_phase, with_expectation
+
+    v = judge(run(), run(loss=lambda s: 5.6 - 0.01 * s + (1e-3 if s >= 5 else 0.0)))
+    assert with_expectation(v, 5, "loss").passed
+    assert with_expectation(v, 5, "loss", "loss").passed
+    for wrong in (with_expectation(v, 4, "loss"), with_expectation(v, 5, "forward")):
+        assert not wrong.passed
+    missed = with_expectation(judge(run(), run()), 5, "optimizer_update")
+    assert not missed.passed and owning_phase(missed, ("forward", "backward", "step")) == "step"

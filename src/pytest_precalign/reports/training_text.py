@@ -14,6 +14,9 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     if v.passed:
         return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)"]
     lines: list[str] = []
+    if v.met is False:
+        found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
+        lines.append(f"Known divergence not reproduced: expected {v.expected}, found {found}")
     first = v.first
     if first is not None:
         lines.append(

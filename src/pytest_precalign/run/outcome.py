@@ -30,7 +30,7 @@ from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
 from ..verdict.story import tell_case
-from ..verdict.training_run import TrainingVerdict
+from ..verdict.training_run import TrainingVerdict, lane_of, with_expectation
 from ..verdict.training_traces import is_training_run, judge_traces
 from ..vocabulary import Phase
 
@@ -157,12 +157,7 @@ def finish(job: FinishInputs) -> CaseRun:
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
         verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
     verdicts = tell_case(verdicts, phases)
-    training = None
-    if is_training_run(base_trace, cand_trace):
-        mapping = job.mapping
-        training = judge_traces(
-            base_trace, cand_trace, comparison, job.table, lambda n: baseline_param_names(mapping, n)
-        )
+    training = _training(job, base_trace, cand_trace, comparison)
     return CaseRun(
         name=job.name,
         phases=phases,
@@ -178,6 +173,25 @@ def finish(job: FinishInputs) -> CaseRun:
         candidate_names=mapped.candidate_names,
         training=training,
     )
+
+
+def _training(
+    job: FinishInputs, baseline: Trace, candidate: Trace, comparison: Comparison
+) -> TrainingVerdict | None:
+    """The run verdict of a training run (None for a one-step case), checked against the
+    case's expected run divergence (``expect: {step, diverged}``) when it has one."""
+    expect = job.case.expect if job.case is not None else None
+    training = None
+    if is_training_run(baseline, candidate):
+        mapping = job.mapping
+        training = judge_traces(
+            baseline, candidate, comparison, job.table, lambda n: baseline_param_names(mapping, n)
+        )
+    if expect is None or expect.diverged is None or expect.step is None:
+        return training
+    if training is None:
+        training = TrainingVerdict(0, lane_of(job.table), None, ("the case is not a training run",))
+    return with_expectation(training, expect.step, expect.diverged, expect.run_origin)
 
 
 def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:

@@ -18,7 +18,7 @@ one side skipped are findings, never silently paired.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
@@ -57,10 +57,14 @@ class TrainingVerdict:
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
     replay: str = ""  # what the replay of the first divergent step found
+    expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
+    met: bool | None = None  # None: no expectation
+    expected_what: TrainingClass | None = None
 
     @property
     def passed(self) -> bool:
-        return self.first is None and not self.findings
+        found_right = self.first is None if self.met is None else self.met
+        return found_right and not self.findings
 
     @property
     def downstream(self) -> str:
@@ -82,6 +86,7 @@ class TrainingVerdict:
             "lane": self.lane,
             "findings": list(self.findings),
             "replay": self.replay or None,
+            "expectation": self.expected or None,
             "passed": self.passed,
             "curves": dict(self.curves),
         }
@@ -314,5 +319,21 @@ def owning_phase(verdict: TrainingVerdict, phases: Sequence[Phase]) -> Phase | N
     case runs it, else the case's first phase (a run that does not line up: the first)."""
     if verdict.passed or not phases:
         return None
-    wanted = PHASE_OF_CLASS[verdict.first.what] if verdict.first is not None else phases[0]
+    what = verdict.first.what if verdict.first is not None else None
+    if verdict.met is not None:
+        what = verdict.expected_what
+    wanted = PHASE_OF_CLASS[what] if what is not None else phases[0]
     return wanted if wanted in phases else phases[0]
+
+
+def with_expectation(
+    verdict: TrainingVerdict, step: int, diverged: TrainingClass, origin: str | None = None
+) -> TrainingVerdict:
+    """The verdict checked against a known divergence: met only when the first divergent step,
+    what diverged first (and the origin, when given) are exactly these."""
+    first = verdict.first
+    met = first is not None and (first.step, first.what) == (step, diverged)
+    if origin is not None:
+        met = met and first is not None and first.origin == origin
+    expected = f"step {step} " + (f"({origin}) " if origin else "") + diverged
+    return replace(verdict, expected=expected, met=met, expected_what=diverged)
