@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from _shared import SIZES, build_qwen2
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.run.offline import compare_runs
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Trace

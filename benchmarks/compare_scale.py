@@ -52,7 +52,7 @@ import torch
 from _commands import find_command
 from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.trace.native_io import write_trace
 
 ORDER: tuple[str, ...] = ("tiny", "mid", "large")

@@ -88,7 +88,7 @@ from _shared import SIZES, Size, build_qwen2, run_facts
 from bandwidth_probe import bandwidth_probe
 
 from pytest_precalign.msprobe.writer import build_dump, write_msprobe_dump
-from pytest_precalign.recording.recorder import Recorder
+from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.run.offline import compare_runs
 from pytest_precalign.trace.records import Trace
 

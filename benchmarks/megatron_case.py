@@ -96,8 +96,8 @@ from pytest_precalign.config.loader import load_config_file
 from pytest_precalign.config.specs import AlignConfig, CaseSpec, ModelSpec
 from pytest_precalign.mapping.apply import map_trace
 from pytest_precalign.mapping.weights import sync_weights
+from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.recording.determinism import deterministic, environment
-from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.run import case as runner
 from pytest_precalign.run import live, outcome, side
 from pytest_precalign.sources import LoadedModel, build_model, runtime

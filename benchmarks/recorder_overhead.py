@@ -83,8 +83,8 @@ import transformers
 from _shared import SIZES, Size, build_qwen2, run_facts, summarize
 
 from pytest_precalign import Recorder as TrainingRecorder
+from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.recording.host_sync import host_syncs
-from pytest_precalign.recording.recorder import Recorder
 from pytest_precalign.trace.native_io import read_trace
 
 ORDER: tuple[str, ...] = ("tiny", "mid", "large")
@@ -268,15 +268,28 @@ def _probe_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int | None:
     return run_recorder("stats", model, ids).recorded_bytes
 
 
+def paired_ratios(results: dict[str, list[RunResult]], variant: str) -> list[float]:
+    """Per round, the variant's time over the bare run's of the same round (the rounds are
+    interleaved, so both saw the same machine); a variant skipped in a round pairs nothing."""
+    return [r.seconds / b.seconds for r, b in zip(results[variant], results["none"], strict=False)]
+
+
 def size_keys(results: dict[str, list[RunResult]], skipped: dict[str, str]) -> dict[str, Any]:
-    """The JSON keys of one size (names as the single-size script has always printed them)."""
+    """The JSON keys of one size. ``<variant>_ratio`` is the median of the per-round paired
+    ratios; a ratio under 1 (recording is a superset of the bare step's work) can only be
+    noise, and is flagged in ``noise`` rather than quoted as a result."""
     base_median, base_min = summarize([r.seconds for r in results["none"]])
     keys: dict[str, Any] = {"baseline_s": round(base_median, 5), "baseline_min_s": round(base_min, 5)}
+    noise: list[str] = []
     for variant, runs in results.items():
         if variant == "none" or not runs:
             continue
         median, minimum = summarize([r.seconds for r in runs])
-        keys[f"{variant}_ratio"] = round(median / base_median, 4)
+        ratios = paired_ratios(results, variant)
+        keys[f"{variant}_ratio"] = round(statistics.median(ratios), 4)
+        keys[f"{variant}_ratio_range"] = [round(min(ratios), 4), round(max(ratios), 4)]
+        if keys[f"{variant}_ratio"] < 1:
+            noise.append(variant)
         keys[f"{variant}_s"] = round(median, 5)
         keys[f"{variant}_min_s"] = round(minimum, 5)
         keys[f"trace_finalize_{variant}_s"] = round(
@@ -288,6 +301,7 @@ def size_keys(results: dict[str, list[RunResult]], skipped: dict[str, str]) -> d
     syncs = [keys[f"host_syncs_per_step_{m}"] for m in SYNC_MODES if f"host_syncs_per_step_{m}" in keys]
     keys["host_syncs_per_step"] = max(syncs) if syncs else None
     keys["skipped"] = dict(skipped)
+    keys["noise"] = noise
     writer = results.get("tensor_disk") and results["tensor_disk"][-1].writer
     if writer:
         keys["tensor_disk_queue_mib"] = round(writer.get("queue_bytes", 0) / 2**20, 1)
@@ -301,7 +315,6 @@ def print_table(name: str, results: dict[str, list[RunResult]], keys: dict[str, 
         f"\n{'size':<6} {'variant':<11} {'median s':>9} {'min s':>9} {'ratio':>7} {'finalize s':>11} "
         f"{'records':>8} {'MiB kept':>9} {'syncs/step':>10}"
     )
-    base = keys["baseline_s"]
     for variant, runs in results.items():
         if not runs:
             print(f"{name:<6} {variant:<11} skipped: {keys['skipped'].get(variant, 'no run')}")
@@ -313,11 +326,17 @@ def print_table(name: str, results: dict[str, list[RunResult]], keys: dict[str, 
             )
             continue
         print(
-            f"{name:<6} {variant:<11} {median:>9.4f} {minimum:>9.4f} {median / base:>6.3f}x "
+            f"{name:<6} {variant:<11} {median:>9.4f} {minimum:>9.4f} {keys[f'{variant}_ratio']:>6.3f}x "
             f"{keys[f'trace_finalize_{variant}_s']:>11.4f} {keys[f'records_{variant}']:>8} "
             f"{keys[f'{variant}_mib']:>9.1f} {keys[f'host_syncs_per_step_{variant}']:>10}"
         )
     print(f"1-min load average: {keys['loadavg_start']:.2f} at start, {keys['loadavg_end']:.2f} at end")
+    print("ratio: median over rounds of (variant / bare run of the same round)")
+    for variant in keys["noise"]:
+        print(
+            f"NOISE: {variant} measured {keys[f'{variant}_ratio']:.3f}x, under 1 for a superset of the "
+            "bare step's work: the machine was too noisy for this figure; repeat on a quiet machine"
+        )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

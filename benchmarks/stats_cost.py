@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from _shared import SIZES, build_qwen2
 
+from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.recording import step_buffer
-from pytest_precalign.recording.recorder import Recorder
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -50,3 +51,25 @@ def _scale_forward(mlp: torch.nn.Module, scale: float) -> None:
         return out * scale, bias
 
     mlp.forward = forward
+
+
+def adamw_eps1e6(model: torch.nn.Module) -> None:
+    """The AdamW that steps this model's parameters uses eps=1e-6 where the case says 1e-8
+    (another framework's default): a bug in the optimizer, not in the model. Only optimizers
+    over this model's parameters change; on launched ranks that is the rank's optimizer."""
+    owned = {id(p): weakref.ref(p) for p in model.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self: torch.optim.AdamW, params: Any, *args: Any, **kwargs: Any) -> None:
+        params = list(params)
+        flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+        if any(_owns(owned, p) for p in flat):
+            kwargs["eps"] = 1e-6
+        original(self, params, *args, **kwargs)
+
+    torch.optim.AdamW.__init__ = init  # type: ignore[method-assign]
+
+
+def _owns(owned: dict[int, weakref.ref[torch.Tensor]], param: torch.Tensor) -> bool:
+    ref = owned.get(id(param))
+    return ref is not None and ref() is param

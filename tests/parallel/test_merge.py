@@ -267,7 +267,7 @@ def test_merge_errors(runs: dict[str, Any]) -> None:
     with pytest.raises(TraceError, match="hash-mode .* cannot be merged across TP ranks"):
         merge_ranks(ranks_of(hashed), ParallelLayout(tp=2), where="x")
     # Ranks that disagree on a replicated record: rank 0's copy is kept and the disagreement is
-    # noted for the verdict (which fails on it: tests/test_training_recorder.py's fault run).
+    # noted for the verdict (which fails on it: tests/training/test_recorder.py's fault run).
     shifted = [ranks[0], _scale_stats(ranks[1], "decoder.final_layernorm")]
     noted = merge_ranks(ranks_of(shifted), ParallelLayout(tp=2), where="x").manifest["replica_mismatches"]
     assert {(m["name"], m["kept"], tuple(m["differ"])) for m in noted} == {

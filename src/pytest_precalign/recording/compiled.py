@@ -22,6 +22,9 @@ def _outside_compiled(hook: Callable[..., Any]) -> Callable[..., Any]:
     return disabled
 
 
-def hook_wrapper(model: torch.nn.Module) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """What each hook of ``model`` is wrapped in."""
-    return _outside_compiled if is_compiled(model) else _as_is
+def hook_wrapper(
+    model: torch.nn.Module, compiled: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """What each hook of ``model`` is wrapped in; ``compiled``: the model runs inside a
+    ``torch.compile`` wrapper the caller took it out of (``training.unwrap``)."""
+    return _outside_compiled if compiled or is_compiled(model) else _as_is

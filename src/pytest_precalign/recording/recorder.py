@@ -115,6 +115,7 @@ class HookRecorder:
         param_grads: str = "backward",
         golden: Judge | None = None,
         sink: TensorSink | None = None,
+        compiled: bool = False,
     ) -> None:
         if mode not in ("stats", "tensor", "hash"):
             raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
@@ -134,6 +135,7 @@ class HookRecorder:
         self._busy = False  # the recorder's own torch calls are not ops of the model
         self._mode: OpMode | None = None
         self.model = model
+        self.compiled = compiled  # ``model`` was taken out of a torch.compile wrapper
         self.mode = mode
         self.record_inputs = inputs
         self.record_grads = grads
@@ -166,7 +168,7 @@ class HookRecorder:
     def __enter__(self) -> HookRecorder:
         # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
         # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
-        eager = hook_wrapper(self.model)
+        eager = hook_wrapper(self.model, self.compiled)
         try:
             for name, module in self.model.named_modules():
                 if not name or not self._selected(name):

@@ -12,6 +12,7 @@ from ..compare.pairs import Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
+from ..vocabulary import OPTIMIZER_UPDATE
 from .training_text import blames_layer, training_lines, training_summary
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -145,7 +146,7 @@ def describe_check(check: Check, pair: PairResult) -> str:
             f"|candidate - baseline| = {fmt_number(check.value)} > {fmt_number(check.allowed)} allowed "
             f"(atol + rtol*|baseline|) at index {pair.closeness.worst_index}"
         )
-    if check.metric == "shape":
+    if check.metric in ("shape", OPTIMIZER_UPDATE):
         return pair.note
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"

@@ -17,7 +17,7 @@ from ..compare.tolerances import ToleranceTable, default_table
 from ..config.specs import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
 from ..errors import CaseError, PrecalignError, SourceError, foreign_error
 from ..mapping.spec import MappingSpec
-from ..mapping.weights import sync_weights
+from ..mapping.weights import SyncReport, sync_weights
 from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
 from ..sources import LoadedModel, preflight
@@ -71,6 +71,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         for loaded, spec in ((baseline, base_spec), (candidate, cand_spec)):
             check_token_ids(live.inputs, loaded.module, spec.name, f"{live.where}inputs.{case.inputs}")
         env = live.environment(base_spec)
+        judge = step_judge(case, baseline.module, synced=sync is not None)
         base_trace = live.record(
             baseline, base_spec, live.manifest(base_spec, side="baseline", model=base_spec.name)
         )
@@ -103,8 +104,22 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             sync,
             env,
             isolated[0] if isolated else None,
+            judge_steps=judge,
         )
     )
+
+
+def step_judge(case: CaseSpec, baseline: torch.nn.Module, *, synced: bool) -> Any:
+    """The judge of each optimizer step on its inputs (``optimizer_replay``), for a case with a
+    step phase recorded in tensor mode: the baseline's parameters before step 0 are kept now
+    (before it runs), the candidate's are the same when the weights were synced into it.
+    None otherwise (parameters judged by the table)."""
+    if "step" not in case.phases or case.record.mode != "tensor":
+        return None
+    from .optimizer_replay import replay_judge, snapshot
+
+    initial = snapshot(baseline)
+    return replay_judge(case.optimizer, {"baseline": initial, **({"candidate": initial} if synced else {})})
 
 
 def case_table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
@@ -174,14 +189,30 @@ def check_modules(
     if sync_weights_first:
         sync = sync_weights(baseline, candidate, mapping, strict=True)
     data = CaseInputs(dict(inputs), labels)
+    return _run_modules(case, (baseline, candidate), data, table or default_table(), sync, seed, started)
+
+
+def _run_modules(
+    case: CaseSpec,
+    modules: tuple[torch.nn.Module, torch.nn.Module],
+    data: CaseInputs,
+    table: ToleranceTable,
+    sync: SyncReport | None,
+    seed: int,
+    started: float,
+) -> CaseRun:
+    """``check_modules``' two sides recorded, compared and judged."""
+    judge = step_judge(case, modules[0], synced=sync is not None)
     with deterministic(True) as flags:
         env = environment("cpu", "float32", seed, flags)
-        a = run_side(LoadedModel("baseline", baseline, None), data, case, {**env, "side": "baseline"}, seed)
-        b = run_side(
-            LoadedModel("candidate", candidate, None), data, case, {**env, "side": "candidate"}, seed
+        a, b = (
+            run_side(LoadedModel(side, module, None), data, case, {**env, "side": side}, seed)
+            for side, module in zip(("baseline", "candidate"), modules, strict=True)
         )
     return finish(
-        FinishInputs(name, ordered, a, b, table or default_table(), started, mapping, None, sync, env)
+        FinishInputs(
+            case.name, case.phases, a, b, table, started, case.mapping, None, sync, env, judge_steps=judge
+        )
     )
 
 

@@ -77,6 +77,9 @@ class FinishInputs:
     workers: int | None = None  # compare threads (None: compare_workers())
     check_mapping: bool = True  # False: the caller checks the rules applied over several finishes
     min_coverage: float | None = None  # the coverage floor (None: the case's, else the default)
+    # The parameters after each step judged on their inputs (``optimizer_replay``), given the
+    # comparison and both traces (the candidate in the baseline's names); None: by the table.
+    judge_steps: Callable[[Comparison, Trace, Trace], Comparison] | None = None
 
 
 def compare_workers() -> int:
@@ -149,6 +152,8 @@ def finish(job: FinishInputs) -> CaseRun:
         base_trace, cand_trace, job.table, reasons, job.progress, job.workers or compare_workers()
     )
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
+    if job.judge_steps is not None and "step" in phases:
+        comparison = job.judge_steps(comparison, base_trace, cand_trace)
     expect = job.case.expect if job.case is not None else None
     verdicts = {}
     for phase in phases:

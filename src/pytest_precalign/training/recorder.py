@@ -53,6 +53,7 @@ from ..trace.records import Record
 from ..vocabulary import LEVELS, as_kind
 from .golden import GoldenError, golden_judge, load_table
 from .layout_probe import check_layout, parallel_layout, process_rank
+from .unwrap import unwrap
 
 FORMATS = ("native", "msprobe")
 MODES = ("stats", "tensor", "hash")
@@ -155,6 +156,7 @@ class Recorder:
         self._hooks: HookRecorder | None = None
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
+        self._wrappers: list[str] = []  # the wrappers the recorded model was found in
         self._output_calls: dict[str, int] = {}
         self.written: list[Path] = []  # the folders this process wrote, in order
 
@@ -194,6 +196,9 @@ class Recorder:
         chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
         if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
             raise TypeError("Recorder.start: expected an nn.Module or a non-empty list of nn.Module chunks")
+        unwrapped = [unwrap(c) for c in chunks]  # DDP, FSDP, Float16Module, compile, PEFT
+        chunks = [inner for inner, _ in unwrapped]
+        self._wrappers = sorted({w for _, seen in unwrapped for w in seen})
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
@@ -211,7 +216,13 @@ class Recorder:
                 made=made,
             )
         hooks = HookRecorder(
-            target, mode=self.mode, level=self.level, golden=judge, sink=self._sink, **self._options
+            target,
+            mode=self.mode,
+            level=self.level,
+            golden=judge,
+            sink=self._sink,
+            compiled=any(w.endswith(".OptimizedModule") for w in self._wrappers),
+            **self._options,
         )
         hooks.step = self._step
         try:
@@ -285,6 +296,8 @@ class Recorder:
             "torch_version": torch.__version__,
             "parallel": self._parallel,
         }
+        if self._wrappers:
+            manifest["wrappers"] = self._wrappers
         shards = None
         if sink is not None:
             shards = sink.close()

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..compare.pairs import Check, Comparison, PairResult
 from ..trace.records import Record
-from ..vocabulary import FAILED, OUTPUT_KINDS, Phase
+from ..vocabulary import FAILED, OPTIMIZER_UPDATE, OUTPUT_KINDS, Phase
 from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
@@ -286,6 +286,10 @@ def _origin(
     rec = pair.record
     enclosing = next(_ancestors(rec, parents), "")
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
+    failing = pair.failing
+    if failing is not None and failing.metric == OPTIMIZER_UPDATE:
+        # The step itself is wrong on its own inputs (its replay says so), whatever its grad did.
+        return True, owner, pair.note, True
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
         # the parent's code between its children.

@@ -1,0 +1,253 @@
+"""Each optimizer step judged on its inputs: the parameters after a step against the case's
+optimizer replayed on what that side's optimizer was given.
+
+AdamW turns tiny differences of near-zero grads into large update differences (at its first
+step the update of an element is ``g / (|g| + eps)``: two grads of 1e-9 and 3e-9, both well
+within a grad tolerance, move the weight by 0.09 lr and 0.23 lr). No tolerance table holds
+that on every CPU, and a looser one would hide a real optimizer bug. So a parameter after a
+step is judged by its inputs:
+
+* each side's step is **replayed**: the case's optimizer (``torch.optim``'s own AdamW, Adam or
+  SGD, built by ``side.make_optimizer`` on a copy of the parameter) is given that side's
+  parameter before the step (the synced initial weights at step 0, the side's own parameter
+  after step ``k - 1`` later), that side's recorded grad, and the state its replay carried
+  from the earlier steps (``exp_avg``, ``exp_avg_sq``, the step counter; momentum buffers);
+* the side's parameter after the step must equal its replay to rounding:
+  ``|after - replay| <= ULPS * eps(dtype) * (|before| + |replay - before|)`` per element. A
+  side whose optimizer is not the configured one (another eps, betas, step counter, weight
+  decay on other parameters) fails there, **whatever the table says**: check
+  ``optimizer_update``, named as the origin at its first step;
+* when both replays hold and every grad of the parameter up to that step was within
+  tolerance, the parameters' difference is what those grads explain, and the pair passes even
+  where it is beyond the table (its passing ``optimizer_update`` check comes first, and a note
+  says so). A parameter whose grads differed beyond tolerance keeps the table's verdict: it
+  follows from the backward divergence. Every parameter judged this way carries the check
+  (after the table's checks when these decide), valued at the side nearer its bound.
+
+Replaying needs a constant LR and no grad clipping (``replayable``), full tensors on both sides (record mode ``tensor``), every step's grads from
+step 0 on, and the parameters before step 0 (``snapshot`` of the baseline before it runs, the
+candidate's too when the weights were synced into it). Where any of that is missing, a
+parameter keeps the table's verdict from that step on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..compare.pairs import Check, Comparison, PairResult
+from ..config.specs import OptimizerSpec
+from ..trace.records import Record, Trace, record_id
+from ..vocabulary import OPTIMIZER_UPDATE
+from .side import make_optimizer
+
+# The rounding an update may carry: elementwise float arithmetic of another but equivalent
+# implementation (fused, foreach, sharded) differs by a few units in the last place of the
+# parameter and of the update; 16 is generous for that and ~100x below what an eps of 1e-6
+# instead of 1e-8 does to grads of 1e-4 (a change of 1e-2 lr).
+ULPS = 16
+METRIC = OPTIMIZER_UPDATE
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's parameters as they are now (before any step), by their names."""
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One side's parameter after a step against its replay, at the element furthest past
+    (or closest to) its rounding bound."""
+
+    worst: float  # |after - replay| there
+    allowed: float  # the bound there
+    index: tuple[int, ...]
+    passed: bool
+
+
+class _Replay:
+    """One side's parameters replayed step after step, each by its own optimizer on a copy."""
+
+    def __init__(self, spec: OptimizerSpec) -> None:
+        self.spec = spec
+        self._copies: dict[str, tuple[torch.nn.Parameter, torch.optim.Optimizer]] = {}
+
+    def step(self, name: str, before: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        if name not in self._copies:
+            copy = torch.nn.Parameter(before.clone())
+            self._copies[name] = copy, make_optimizer(self.spec, [copy])
+        copy, optimizer = self._copies[name]
+        with torch.no_grad():
+            copy.copy_(before)
+        copy.grad = grad.to(copy.dtype).clone()
+        optimizer.step()
+        return copy.detach().clone()
+
+
+def measure(after: torch.Tensor, replay: torch.Tensor, before: torch.Tensor) -> Replayed:
+    """``after`` against ``replay`` under the rounding bound of an update from ``before``."""
+    eps = torch.finfo(replay.dtype).eps if replay.dtype.is_floating_point else 0.0
+    a, r, b = (t.detach().double().reshape(after.shape) for t in (after, replay, before))
+    diff = (a - r).abs()
+    bound = ULPS * eps * (b.abs() + (r - b).abs()) + torch.finfo(torch.float64).tiny
+    same_nonfinite = ~torch.isfinite(a) & ((a == r) | (torch.isnan(a) & torch.isnan(r)))
+    diff = torch.where(same_nonfinite, torch.zeros_like(diff), diff)
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    ratio = diff / bound
+    flat = int(torch.argmax(ratio).item()) if ratio.numel() else 0
+    index = tuple(int(i) for i in np.unravel_index(flat, tuple(after.shape))) if after.dim() else ()
+    worst = float(diff.reshape(-1)[flat]) if diff.numel() else 0.0
+    allowed = float(bound.reshape(-1)[flat]) if bound.numel() else 0.0
+    return Replayed(worst, allowed, index, bool((diff <= bound).all()))
+
+
+@dataclass
+class _Sides:
+    baseline: Trace
+    candidate: Trace  # in the baseline's names
+    initial: Mapping[str, Mapping[str, torch.Tensor]]  # side -> name -> parameter before step 0
+    replays: Mapping[str, _Replay]
+    by_id: Mapping[str, Mapping[str, Record]]
+
+    def tensor(self, side: str, rec: Record | None) -> torch.Tensor | None:
+        if rec is None:
+            return None
+        found = (self.baseline if side == "baseline" else self.candidate).array(rec)
+        return None if found is None else torch.from_numpy(np.array(found, copy=True))
+
+    def before(self, side: str, name: str, step: int) -> torch.Tensor | None:
+        if step == 0:
+            return self.initial.get(side, {}).get(name)
+        return self.tensor(side, self.by_id[side].get(record_id(name, "param", "", step - 1, 0)))
+
+
+def judge_updates(
+    comparison: Comparison,
+    baseline: Trace,
+    candidate: Trace,
+    spec: OptimizerSpec,
+    initial: Mapping[str, Mapping[str, torch.Tensor]],
+) -> Comparison:
+    """``comparison`` with each parameter after a step judged on its inputs (module doc).
+    ``initial``: each side's (``"baseline"``, ``"candidate"``) parameters before step 0, in
+    the baseline's names; a side without them is not replayed."""
+    if not replayable(spec):
+        return comparison
+    sides = _Sides(
+        baseline,
+        candidate,
+        initial,
+        {"baseline": _Replay(spec), "candidate": _Replay(spec)},
+        {"baseline": baseline.by_id(), "candidate": candidate.by_id()},
+    )
+    pairs = list(comparison.pairs)
+    grads = _last_grads(pairs)
+    for name, steps in _param_pairs(pairs).items():
+        grads_ok = True
+        for position, (i, pair) in enumerate(steps):
+            if pair.record.step != position:
+                break  # a step missing: no state to carry on from
+            grad = grads.get((name, position))
+            if grad is None:
+                break
+            grads_ok = grads_ok and grad.passed
+            found = _replay_both(sides, pair, grad)
+            if found is None:
+                break
+            pairs[i] = judged(pair, found, grads_ok, spec)
+    return replace(comparison, pairs=tuple(pairs))
+
+
+def replayable(spec: OptimizerSpec) -> bool:
+    """The replay models a constant LR and the recorded grads as the optimizer's: an LR
+    schedule or grad clipping (which scale the update by the step's LR or global grad norm)
+    leave the steps to the table until the replay takes them from the run's plan and scalars."""
+    return spec.schedule is None and spec.clip_grad is None
+
+
+def _last_grads(pairs: Sequence[PairResult]) -> dict[tuple[str, int], PairResult]:
+    """Each parameter's grad pair per step: the last call (the grad the optimizer saw)."""
+    out: dict[tuple[str, int], PairResult] = {}
+    for p in pairs:
+        if p.record.kind == "param_grad" and p.paired:
+            key = (p.record.name, p.record.step)
+            if key not in out or out[key].record.call < p.record.call:
+                out[key] = p
+    return out
+
+
+def _param_pairs(pairs: Sequence[PairResult]) -> dict[str, list[tuple[int, PairResult]]]:
+    out: dict[str, list[tuple[int, PairResult]]] = {}
+    for i, p in enumerate(pairs):
+        if p.record.kind == "param" and p.paired and p.status != "shape" and p.evidence == "tensor":
+            out.setdefault(p.record.name, []).append((i, p))
+    return {name: sorted(found, key=lambda t: t[1].record.step) for name, found in out.items()}
+
+
+def _replay_both(sides: _Sides, pair: PairResult, grad: PairResult) -> dict[str, Replayed] | None:
+    """Each side's parameter after the step against its replay; None when an input is missing."""
+    name, step = pair.record.name, pair.record.step
+    found: dict[str, Replayed] = {}
+    for side, after_rec, grad_rec in (
+        ("baseline", pair.record, grad.record),
+        ("candidate", pair.candidate, grad.candidate),
+    ):
+        before, g = sides.before(side, name, step), sides.tensor(side, grad_rec)
+        after = sides.tensor(side, after_rec)
+        if before is None or g is None or after is None or not (before.shape == g.shape == after.shape):
+            return None
+        found[side] = measure(after, sides.replays[side].step(name, before, g), before)
+    return found
+
+
+def judged(
+    pair: PairResult, found: Mapping[str, Replayed], grads_ok: bool, spec: OptimizerSpec
+) -> PairResult:
+    """The pair judged on its replays: failed at the optimizer update when a side's step is not
+    its replay; passed when both are and its grads matched; else the table's verdict."""
+    wrong = next((side for side in ("candidate", "baseline") if not found[side].passed), None)
+    if wrong is not None:
+        r = found[wrong]
+        check = Check(METRIC, r.worst, r.allowed, False)
+        note = (
+            f"the {wrong}'s optimizer step is not {describe(spec)} on its own inputs: "
+            f"|{wrong} - replay| = {r.worst:.3e} > {r.allowed:.3e} allowed ({ULPS} ulps of the "
+            f"parameter and its update) at index {r.index}; the replay is torch.optim's "
+            f"{spec.name} run on the {wrong}'s parameter before the step, its grad and its state"
+        )
+        return replace(pair, status="fail", checks=(check, *pair.checks), note=note)
+    mine = max(found.values(), key=lambda r: r.worst / r.allowed)  # the side nearer its bound
+    check = Check(METRIC, mine.worst, mine.allowed, True)
+    if pair.passed or not grads_ok:
+        # Within the table, or beyond it after grads that were not: the table's verdict, with
+        # the replay as evidence.
+        return replace(pair, checks=(*pair.checks, check))
+    table = pair.failing
+    beyond = f"{table.metric} {table.value:.3e} > {table.allowed:.3e}" if table is not None else "the table"
+    note = (
+        f"beyond the table ({beyond}) only as its grads' differences, all within tolerance, "
+        f"explain: both sides' updates are {describe(spec)} on their own inputs (within "
+        f"{mine.worst:.3e} of their replays, {ULPS} ulps allowed)"
+    )
+    kept = tuple(c for c in pair.checks if c.passed)
+    return replace(pair, status="ok", checks=(check, *kept), note=note)
+
+
+def describe(spec: OptimizerSpec) -> str:
+    """``adamw(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)``."""
+    if spec.name == "sgd":
+        return f"sgd(lr={spec.lr}, momentum={spec.momentum}, weight_decay={spec.weight_decay})"
+    return f"{spec.name}(lr={spec.lr}, betas={tuple(spec.betas)}, eps={spec.eps}, weight_decay={spec.weight_decay})"
+
+
+def replay_judge(spec: OptimizerSpec, initial: Mapping[str, Mapping[str, torch.Tensor]]) -> Any:
+    """``FinishInputs.judge_steps`` for a case run with ``spec``: ``judge_updates`` bound."""
+
+    def judge(comparison: Comparison, baseline: Trace, candidate: Trace) -> Comparison:
+        return judge_updates(comparison, baseline, candidate, spec, initial)
+
+    return judge

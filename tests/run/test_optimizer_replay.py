@@ -1,0 +1,203 @@
+"""Each optimizer step judged on its inputs (issue #25 item 6, #28 item 3): AdamW's
+amplification of in-tolerance differences of near-zero grads passes; an optimizer that is not
+the configured one (eps, betas, weight decay) is named at its first step as
+``optimizer_update``, even where the tolerance table would let it through."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_precalign.compare.pairs import PairResult
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
+from pytest_precalign.run.case import CaseRun, check_modules, step_judge
+from pytest_precalign.run.outcome import FinishInputs, finish
+from pytest_precalign.run.side import run_side
+from pytest_precalign.sources import LoadedModel
+from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.trace.records import record_id
+from pytest_precalign.vocabulary import OPTIMIZER_UPDATE
+
+# The example suite's numbers: grads to 1e-6 + 1e-5 relative, parameters after a step to
+# 2e-5 + 1e-4 relative.
+TABLE = ToleranceTable(
+    "steps",
+    (
+        ToleranceRule(phase=("backward",), atol=1e-6, rtol=1e-5),
+        ToleranceRule(atol=2e-5, rtol=1e-4),
+    ),
+)
+ADAMW = OptimizerSpec(name="adamw", lr=1e-3, weight_decay=0.01)
+PHASES = ("forward", "backward", "step")
+
+
+class Net(torch.nn.Module):
+    """Two linears; the last input feature is ~1e-9, so the grads of ``fc.weight``'s last column
+    are near zero: AdamW's first update there is ``g / (|g| + eps)``, with eps = 1e-8."""
+
+    def __init__(self, grad_noise: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 6)
+        self.out = torch.nn.Linear(6, 3)
+        if grad_noise:
+            # Another sum order's rounding, planted: every element of the grad moves by
+            # grad_noise times the grad's largest element (1e-7 relative to the tensor).
+            signs = (torch.arange(48).reshape(6, 8) % 3 - 1).float()
+            self.fc.weight.register_hook(lambda g: g + grad_noise * g.abs().max() * signs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.fc(x)))
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    x[:, -1] *= 1e-9
+    return {"x": x}
+
+
+def _case(optimizer: OptimizerSpec, steps: int) -> CaseSpec:
+    return CaseSpec(
+        name="steps",
+        baseline="baseline",
+        candidate="candidate",
+        inputs="inputs",
+        phases=PHASES,
+        steps=steps,
+        sync_weights=True,
+        strict_weights=True,
+        mapping=None,
+        optimizer=optimizer,
+        record=RecordSpec(mode="tensor"),
+        tolerances=None,
+        expect=None,
+        loss="mean",
+        train=True,
+        where="steps",
+    )
+
+
+def _run_with(
+    base_opt: OptimizerSpec,
+    cand_opt: OptimizerSpec,
+    steps: int = 2,
+    case_opt: OptimizerSpec | None = None,
+    candidate: Net | None = None,
+) -> CaseRun:
+    """Both sides from the same weights and inputs, each stepped by its own optimizer; the
+    steps judged against the case's optimizer (default: the baseline's)."""
+    baseline, candidate = Net(), candidate or Net()
+    candidate.load_state_dict(baseline.state_dict())
+    judge = step_judge(_case(case_opt or base_opt, steps), baseline, synced=True)
+    data = CaseInputs(_inputs(), None)
+    a = run_side(
+        LoadedModel("baseline", baseline, None), data, _case(base_opt, steps), {"side": "baseline"}, 0
+    )
+    b = run_side(
+        LoadedModel("candidate", candidate, None), data, _case(cand_opt, steps), {"side": "candidate"}, 0
+    )
+    started = time.perf_counter()
+    return finish(FinishInputs("steps", PHASES, a, b, TABLE, started, judge_steps=judge))
+
+
+def _param(run: CaseRun, name: str, step: int) -> PairResult:
+    return next(p for p in run.comparison.pairs if p.record.id == record_id(name, "param", "", step, 0))
+
+
+def test_adamw_amplifying_in_tolerance_grad_differences_of_near_zero_grads_passes() -> None:
+    run = check_modules(
+        Net(),
+        Net(grad_noise=1e-7),
+        _inputs(),
+        phases=PHASES,
+        table=TABLE,
+        sync_weights_first=True,
+        optimizer=ADAMW,
+        steps=2,
+        train=True,
+    )
+    assert run.verdicts["backward"].passed, run.verdicts["backward"].first
+    step = run.verdicts["step"]
+    assert step.passed and step.first is None, step.first
+    pair = _param(run, "fc.weight", 0)
+    # The table alone fails it: the near-zero grads' update moved by far more than 2e-5.
+    assert pair.passed and pair.checks[0].metric == OPTIMIZER_UPDATE, pair
+    assert "beyond the table (allclose" in pair.note, pair.note
+    table_value = float(pair.note.split("allclose ")[1].split(" >")[0])
+    assert table_value > 1e-4
+
+
+def test_an_eps_the_table_cannot_see_is_named_at_the_optimizer_step() -> None:
+    run = _run_with(ADAMW, replace(ADAMW, eps=1e-6))
+    step = run.verdicts["step"]
+    assert not step.passed and step.first is not None
+    first = step.first
+    assert (first.kind, first.step, first.metric, first.origin) == ("param", 0, OPTIMIZER_UPDATE, True)
+    # What the table alone says of that pair: within tolerance.
+    assert all(c.passed for c in first.pair.checks[1:]), first.pair.checks
+    assert step.case_origin is not None
+    assert "the candidate's optimizer step is not adamw(" in step.case_origin.evidence
+    assert "eps=1e-08" in step.case_origin.evidence
+
+
+def test_weight_decay_on_the_candidate_only_is_named_and_on_the_baseline_only_too() -> None:
+    no_decay = replace(ADAMW, weight_decay=0.0)
+    for base_opt, cand_opt, side in ((no_decay, ADAMW, "candidate"), (no_decay, ADAMW, "baseline")):
+        # The case says no weight decay; first the candidate decays, then the baseline does:
+        # the baseline's step is replayed too, not taken as the reference.
+        sides = (base_opt, cand_opt) if side == "candidate" else (cand_opt, base_opt)
+        first = _run_with(*sides, case_opt=no_decay).verdicts["step"].first
+        assert first is not None and first.metric == OPTIMIZER_UPDATE, first
+        assert f"the {side}'s optimizer step is not adamw(" in first.proof, first.proof
+        assert all(c.passed for c in first.pair.checks[1:]), first.pair.checks  # the table passes it
+    assert _run_with(ADAMW, ADAMW).verdicts["step"].passed
+
+
+def test_betas_that_only_change_later_steps_are_named_at_the_first_step_they_change() -> None:
+    """At Adam's first step the update is g / (|g| + eps) whatever the betas: a betas bug
+    shows from step 1 on, and is named there, with step 0 passing."""
+    run = _run_with(ADAMW, replace(ADAMW, betas=(0.8, 0.99)), steps=3)
+    first = run.verdicts["step"].first
+    assert first is not None
+    assert (first.step, first.metric) == (1, OPTIMIZER_UPDATE), (first.step, first.metric)
+    assert all(p.passed for p in run.comparison.pairs if p.record.kind == "param" and p.record.step == 0)
+
+
+def test_a_schedule_or_clipping_the_replay_does_not_model_leaves_the_step_to_the_table() -> None:
+    clipped = replace(ADAMW, clip_grad=1.0)
+    run = _run_with(clipped, clipped)
+    params = [p for p in run.comparison.pairs if p.record.kind == "param"]
+    assert params and not any(c.metric == OPTIMIZER_UPDATE for p in params for c in p.checks)
+    judged = [p for p in _run_with(ADAMW, ADAMW).comparison.pairs if p.record.kind == "param"]
+    assert all(any(c.metric == OPTIMIZER_UPDATE for c in p.checks) for p in judged)
+
+
+def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The candidate's AdamW starts its step counter at 1 (NVIDIA/Megatron-LM#5974's class of
+    bug: a smaller first update): named at step 0 as the optimizer update."""
+    candidate = Net()
+    owned = {id(p) for p in candidate.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self: torch.optim.AdamW, params: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, params, *args, **kwargs)
+        mine = [p for g in self.param_groups for p in g["params"] if id(p) in owned]
+        for p in mine:  # the state AdamW would make lazily, one step ahead
+            self.state[p] = {
+                "step": torch.tensor(1.0),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", init)
+    first = _run_with(ADAMW, ADAMW, candidate=candidate).verdicts["step"].first
+    assert first is not None
+    assert (first.step, first.metric, first.origin) == (0, OPTIMIZER_UPDATE, True), first
+    assert "the candidate's optimizer step" in first.proof
