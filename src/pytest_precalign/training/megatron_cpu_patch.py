@@ -28,10 +28,28 @@ The workarounds (megatron-core 0.16.1; the only places on these paths):
 4. ``pipeline_parallel/p2p_communication.py`` calls ``torch.cuda.synchronize()`` after its
    batched send/recv: as that module sees it, a no-op (gloo's ``wait()`` is synchronous).
 
-Patches 2-4 replace the name ``torch`` inside those three megatron modules only, by a view of
-torch that differs in the listed functions; nothing else in torch or megatron changes.
+5. The training stack: ``DistributedDataParallel`` allocates its grad buffers (``main_grad``)
+   on ``torch.cuda.current_device()`` (patch 1); ``get_megatron_optimizer``'s
+   ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params`` (bf16 with fp32 main params) and
+   ``ChainedOptimizer`` (``optimizer/optimizer.py``), the grad scalers (``grad_scaler.py``),
+   ``get_grad_norm_fp32``/``clip_grad_by_total_norm_fp32``/``count_zeros_fp32``
+   (``optimizer/clip_grads.py``) and the apex-free ``local_multi_tensor_l2_norm``
+   (``megatron/core/utils.py``) create scalars with ``torch.tensor(..., device='cuda')`` or
+   ``torch.zeros(..., device='cuda')``: as those modules see torch, such a tensor is made on
+   the CPU.
+6. ``Float16OptimizerWithFloat16Params`` sorts parameters by ``param.type()`` (one of
+   ``'torch.cuda.FloatTensor'``, ``'torch.cuda.BFloat16Tensor'``, ``'torch.cuda.HalfTensor'``)
+   and ``clip_grad_by_total_norm_fp32`` asserts ``param.grad.type() == 'torch.cuda.FloatTensor'``:
+   called without arguments from code of ``megatron.core.optimizer``, a CPU tensor's
+   ``type()`` names the CUDA type of its dtype; from anywhere else it answers as always.
+   (``OptimizerParamScheduler`` and ``finalize_model_grads`` need nothing.)
+
+Patches 2-5 replace the name ``torch`` inside the listed megatron modules only, by a view of
+torch that differs in the listed functions, and only for calls that would fail on a CPU-only
+torch (a ``device='cuda'`` argument); nothing else in torch or megatron changes.
 Not handled: Transformer Engine, apex, fused kernels, CUDA graphs, ``enable_autocast``,
-Megatron's DistributedDataParallel with overlapped communication (CUDA streams).
+Megatron's DistributedDataParallel with overlapped communication (CUDA streams), optimizer CPU
+offloading, the distributed optimizer (``use_distributed_optimizer``).
 """
 
 from __future__ import annotations
@@ -49,6 +67,15 @@ _MODULES = (
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.tensor_parallel.random",
 )
+# Modules that make scalars with device='cuda' on the training path (patch 5).
+_TRAINING_MODULES = (
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.utils",
+)
+# Callers whose ``tensor.type()`` names the CUDA type (patch 6).
+_TYPE_CALLERS = frozenset({"megatron.core.optimizer.optimizer", "megatron.core.optimizer.clip_grads"})
 
 
 class _View:
@@ -76,16 +103,33 @@ def _no_sync(device: Any = None) -> None:
     return None
 
 
-def _zeros_on_cpu(torch: ModuleType) -> Callable[..., Any]:
-    zeros = torch.zeros
+def _on_cpu(factory: Callable[..., Any]) -> Callable[..., Any]:
+    """``factory`` (``torch.zeros``, ``torch.tensor``) with ``device='cuda...'`` made on the CPU."""
 
-    def zeros_cpu(*args: Any, **kwargs: Any) -> Any:
+    def factory_cpu(*args: Any, **kwargs: Any) -> Any:
         device = kwargs.get("device")
         if device is not None and str(device).startswith("cuda"):
             kwargs["device"] = "cpu"
-        return zeros(*args, **kwargs)
+        return factory(*args, **kwargs)
 
-    return zeros_cpu
+    return factory_cpu
+
+
+def _type_as_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.type`` that, called without arguments from ``_TYPE_CALLERS`` on a CPU tensor,
+    answers the CUDA type of its dtype (``'torch.cuda.FloatTensor'``); else ``original``."""
+
+    def type_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            not args
+            and not kwargs
+            and self.device.type == "cpu"
+            and sys._getframe(1).f_globals.get("__name__") in _TYPE_CALLERS
+        ):
+            return str(original(self)).replace("torch.", "torch.cuda.", 1)
+        return original(self, *args, **kwargs)
+
+    return type_
 
 
 def _rng_functions(torch: ModuleType) -> dict[str, Callable[..., Any]]:
@@ -116,7 +160,7 @@ def _load_modules() -> dict[str, ModuleType]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron-core's notices about apex, TE
-            return {name: importlib.import_module(name) for name in _MODULES}
+            return {name: importlib.import_module(name) for name in _MODULES + _TRAINING_MODULES}
     except ImportError as exc:
         from ..errors import SourceError
 
@@ -128,12 +172,28 @@ def _load_modules() -> dict[str, ModuleType]:
 
 @contextlib.contextmanager
 def _setattr(target: Any, name: str, value: Any) -> Iterator[None]:
+    """``target.name = value`` for the block; restored after (deleted when it was inherited)."""
+    own = name in vars(target)
     original = getattr(target, name)
     setattr(target, name, value)
     try:
         yield
     finally:
-        setattr(target, name, original)
+        if own:
+            setattr(target, name, original)
+        else:
+            delattr(target, name)
+
+
+def _patch_training(stack: contextlib.ExitStack, torch: ModuleType, modules: dict[str, ModuleType]) -> None:
+    """Patches 5 and 6: the optimizer, grad scaler, clipping and norm modules' CUDA scalars
+    and ``param.type()`` checks."""
+    factories = {"tensor": _on_cpu(torch.tensor), "zeros": _on_cpu(torch.zeros)}
+    for name in _TRAINING_MODULES:
+        module = modules[name]
+        cuda = _View(torch.cuda, {"current_device": _cpu_device, "empty_cache": _no_sync})
+        stack.enter_context(_setattr(module, "torch", _View(torch, {**factories, "cuda": cuda})))
+    stack.enter_context(_setattr(torch.Tensor, "type", _type_as_cuda(torch.Tensor.type)))
 
 
 @contextlib.contextmanager
@@ -154,7 +214,7 @@ def megatron_cpu() -> Iterator[None]:
         cuda_sync = _View(torch.cuda, {"synchronize": _no_sync, "current_device": _cpu_device})
         stack.enter_context(
             _setattr(
-                schedules, "torch", _View(real_torch, {"zeros": _zeros_on_cpu(torch), "cuda": cuda_sync})
+                schedules, "torch", _View(real_torch, {"zeros": _on_cpu(torch.zeros), "cuda": cuda_sync})
             )
         )
         stack.enter_context(_setattr(p2p, "torch", _View(real_torch, {"cuda": cuda_sync})))
@@ -169,4 +229,5 @@ def megatron_cpu() -> Iterator[None]:
         stack.enter_context(_setattr(rng, "torch", _View(real_torch, {"cuda": cuda_rng})))
         stack.enter_context(_setattr(rng, "_get_cuda_rng_state", rng_functions["_get_cuda_rng_state"]))
         stack.enter_context(_setattr(rng, "_set_cuda_rng_state", rng_functions["_set_cuda_rng_state"]))
+        _patch_training(stack, torch, modules)
         yield

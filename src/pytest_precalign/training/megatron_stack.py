@@ -1,0 +1,309 @@
+"""The ``megatron`` trainer: a side trained by megatron-core's own stack: its
+``DistributedDataParallel`` (grad buffers, ``main_grad``), ``get_megatron_optimizer``
+(``FP32Optimizer``; ``Float16OptimizerWithFloat16Params`` with fp32 main params for bf16),
+``OptimizerParamScheduler``, ``finalize_model_grads`` and the pipeline schedule, stepped by
+``megatron_step.megatron_train_step``. No optimizer or scheduler of ours: the case's
+``OptimizerSpec`` (``training/spec.py``'s semantics) is translated into megatron-core's own
+arguments, and that translation is written into the side's manifest (``"training"``):
+
+- ``OptimizerConfig``: ``optimizer`` ``adam`` (``decoupled_weight_decay`` True for adamw,
+  False for adam) or ``sgd`` (``sgd_momentum``); ``lr``; ``min_lr`` (the schedule's; the LR
+  when there is none: every group's ``min_lr`` comes from here, the scheduler's own
+  ``min_lr`` argument is overridden by it); ``weight_decay``; ``adam_beta1/2``, ``adam_eps``;
+  ``clip_grad`` (0.0 = off: its default is 1.0); ``bf16`` and ``params_dtype`` from the model
+  (fp32 main params, ``main_params_dtype``); ``log_num_zeros_in_grad`` (the zero count is
+  Megatron's own).
+- ``OptimizerParamScheduler``: counts samples, as Megatron-LM's training loop does:
+  ``scheduler.step(increment=global batch)`` after each successful update,
+  ``lr_warmup_steps = warmup_steps x global batch``, ``lr_decay_steps = decay_steps (None:
+  steps) x global batch`` (counting the warmup, as the spec's ``decay_steps`` does),
+  ``init_lr`` 0 (the first update of a warmup has LR 0), ``lr_decay_style`` the spec's decay,
+  ``start_wd = end_wd = weight_decay`` (``wd_incr_style`` constant). Built even for a constant
+  LR: a group's ``wd_mult`` (0 for the no-decay group) is applied only by the scheduler.
+- ``no_decay``: None is Megatron's default groups (``wd_mult`` 0 for ``*.bias`` and 1-d
+  parameters, the spec's default); globs become ``config_overrides`` ``{ParamKey(name=
+  "module." + glob): wd_mult 0}`` (Megatron matches the DDP chunk's names, ``module.`` first).
+- ``DistributedDataParallelConfig(grad_reduce_in_fp32=True)`` (Megatron-LM's choice for
+  bf16), no overlap; the model's ``TransformerConfig`` gets ``calculate_per_token_loss``
+  (the step's loss is per token over its micro-batches), ``finalize_model_grads_func`` and
+  ``no_sync_func``, as Megatron-LM's training loop sets them.
+
+The manifest's ``plan`` (LR per step per group) is computed by megatron-core's own
+``OptimizerParamScheduler`` run on copies of the real optimizer's param groups, never by a
+formula of ours.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..errors import CaseError
+from ..trace.step_scalars import StepScalars
+from .megatron_cpu_patch import megatron_cpu
+from .megatron_step import megatron_train_step
+from .spec import OptimizerSpec
+
+IGNORE_INDEX = -100
+Forward = Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]  # (chunk, micro-batch) -> logits
+
+
+@dataclass(frozen=True)
+class MegatronArguments:
+    """megatron-core's own arguments for one side (see the module doc)."""
+
+    optimizer: dict[str, Any]  # OptimizerConfig(**optimizer), dtypes as names
+    scheduler: dict[str, Any]  # OptimizerParamScheduler(optimizer, **scheduler)
+    increment: int  # scheduler.step(increment=...) after each successful update
+    no_decay: tuple[str, ...] | None  # config_overrides' ParamKey names (None: Megatron's default)
+    ddp: dict[str, Any] = field(default_factory=lambda: {"grad_reduce_in_fp32": True})
+
+    def as_json(self) -> dict[str, Any]:
+        overrides = None
+        if self.no_decay is not None:
+            overrides = [{"ParamKey": {"name": list(self.no_decay)}, "ParamGroupOverride": {"wd_mult": 0.0}}]
+        return {
+            "OptimizerConfig": dict(self.optimizer),
+            "OptimizerParamScheduler": dict(self.scheduler),
+            "scheduler_increment": self.increment,
+            "config_overrides": overrides,
+            "DistributedDataParallelConfig": dict(self.ddp),
+            "TransformerConfig": {"calculate_per_token_loss": True},
+        }
+
+
+def megatron_arguments(spec: OptimizerSpec, steps: int, global_batch: int, dtype: str) -> MegatronArguments:
+    """The case's optimizer spec as megatron-core's arguments (``dtype``: the model's params
+    dtype name, ``float32`` or ``bfloat16``)."""
+    schedule = spec.schedule
+    warmup = schedule.warmup_steps if schedule is not None else 0
+    decay = schedule.decay if schedule is not None else "constant"
+    horizon = (schedule.decay_steps if schedule is not None else None) or steps
+    min_lr = schedule.min_lr if schedule is not None and schedule.decay != "constant" else spec.lr
+    if warmup >= horizon:
+        if decay != "constant":
+            raise CaseError(
+                f"megatron-core's OptimizerParamScheduler decays after the warmup: decay_steps "
+                f"({horizon}) must be > warmup_steps ({warmup})"
+            )
+        horizon = warmup + 1  # unused by a constant LR; the scheduler asserts warmup < decay
+    optimizer: dict[str, Any] = {
+        "optimizer": "sgd" if spec.name == "sgd" else "adam",
+        "lr": spec.lr,
+        "min_lr": min_lr,
+        "weight_decay": spec.weight_decay,
+        "clip_grad": spec.clip_grad if spec.clip_grad is not None else 0.0,
+        "bf16": dtype == "bfloat16",
+        "params_dtype": dtype,
+        "main_params_dtype": "float32",
+        "log_num_zeros_in_grad": True,
+    }
+    if spec.name == "sgd":
+        optimizer["sgd_momentum"] = spec.momentum
+    else:
+        optimizer |= {
+            "adam_beta1": spec.betas[0],
+            "adam_beta2": spec.betas[1],
+            "adam_eps": spec.eps,
+            "decoupled_weight_decay": spec.name == "adamw",
+        }
+    scheduler = {
+        "init_lr": 0.0,
+        "max_lr": spec.lr,
+        "min_lr": min_lr,
+        "lr_warmup_steps": warmup * global_batch,
+        "lr_decay_steps": horizon * global_batch,
+        "lr_decay_style": decay,
+        "start_wd": spec.weight_decay,
+        "end_wd": spec.weight_decay,
+        "wd_incr_steps": horizon * global_batch,
+        "wd_incr_style": "constant",
+    }
+    no_decay = None if spec.no_decay is None else tuple(f"module.{glob}" for glob in spec.no_decay)
+    return MegatronArguments(optimizer, scheduler, global_batch, no_decay)
+
+
+def _megatron() -> dict[str, Any]:
+    """megatron-core's training classes and functions by name (imported on first use)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import distributed, optimizer, optimizer_param_scheduler
+        from megatron.core.optimizer import optimizer_config
+    return {
+        "DistributedDataParallel": distributed.DistributedDataParallel,
+        "DistributedDataParallelConfig": distributed.DistributedDataParallelConfig,
+        "finalize_model_grads": distributed.finalize_model_grads,
+        "OptimizerConfig": optimizer.OptimizerConfig,
+        "get_megatron_optimizer": optimizer.get_megatron_optimizer,
+        "ParamKey": optimizer_config.ParamKey,
+        "OptimizerParamScheduler": optimizer_param_scheduler.OptimizerParamScheduler,
+    }
+
+
+def _optimizer_config(args: MegatronArguments, mc: dict[str, Any]) -> Any:
+    options = dict(args.optimizer)
+    for key in ("params_dtype", "main_params_dtype"):
+        options[key] = getattr(torch, options[key])
+    return mc["OptimizerConfig"](**options)
+
+
+def per_token_loss(
+    labels: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The next-token cross-entropy of a micro-batch in Megatron's per-token form: (sum of the
+    token losses, number of tokens, ``{"loss": [sum, tokens]}``); the schedule adds the sums
+    and the counts over the micro-batches and ``finalize_model_grads`` divides the grads by
+    the step's tokens. Labels -100 are not tokens; float32, as the other sides compute it."""
+    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
+    shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
+    total = torch.nn.functional.cross_entropy(
+        shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    tokens = (shift_labels != IGNORE_INDEX).sum().to(torch.int)
+    return total, tokens, {"loss": torch.stack([total.detach(), tokens.detach().float()])}
+
+
+@dataclass
+class MegatronStack:
+    """A side's megatron-core stack, built by ``build_megatron_stack``."""
+
+    chunks: list[Any]  # DistributedDataParallel, one per model chunk
+    optimizer: Any
+    scheduler: Any
+    arguments: MegatronArguments
+    group_names: list[list[str]]  # parameter names of each optimizer group (the side's names)
+
+    def plan(self, steps: int) -> dict[str, Any]:
+        """The LR of each group at each update and each group's weight decay, as megatron-core's
+        OptimizerParamScheduler sets them: run on copies of the optimizer's groups."""
+        mc = _megatron()
+        holder = _GroupsCopy(self.optimizer.param_groups)
+        scheduler = mc["OptimizerParamScheduler"](holder, **self.arguments.scheduler)
+        lrs: list[list[float]] = []
+        decays: list[float] = [float(g["weight_decay"]) for g in holder.param_groups]
+        for _ in range(steps):
+            lrs.append([float(g["lr"]) for g in holder.param_groups])
+            scheduler.step(increment=self.arguments.increment)
+        opt = self.arguments.optimizer
+        return {
+            "lr": lrs,
+            "weight_decay": decays,
+            "groups": self.group_names,
+            "clip_grad": opt["clip_grad"] or None,
+            "micro_batches": None,  # set by the caller, who splits the batches
+            "loss_normalisation": "per_token_over_step",
+            "optimizer": "sgd"
+            if opt["optimizer"] == "sgd"
+            else ("adamw" if opt.get("decoupled_weight_decay") else "adam"),
+            "betas": [opt.get("adam_beta1"), opt.get("adam_beta2")] if opt["optimizer"] == "adam" else None,
+            "eps": opt.get("adam_eps"),
+        }
+
+    def training_manifest(self, steps: int, micro_batches: int) -> dict[str, Any]:
+        """The manifest's ``"training"`` block of this side."""
+        from importlib.metadata import version
+
+        plan = self.plan(steps)
+        plan["micro_batches"] = micro_batches
+        return {
+            "trainer": "megatron",
+            "framework": {"name": "megatron-core", "version": version("megatron-core")},
+            "arguments": self.arguments.as_json(),
+            "plan": plan,
+        }
+
+    def train_step(
+        self, step: int, micro_batches: Sequence[Mapping[str, Any]], forward: Forward
+    ) -> tuple[list[dict[str, Any]], StepScalars]:
+        """One update over ``micro_batches`` (each ``{"input_ids", "labels", ...}``, HF-style
+        unshifted labels) through the pipeline schedule; ``forward(chunk, batch)`` returns
+        the chunk's output (the logits on the last stage)."""
+        if not micro_batches:
+            raise CaseError(f"step {step}: no micro-batches to train on")
+        ids = micro_batches[0]["input_ids"]
+
+        def forward_step(data_iterator: Any, model: Any) -> Any:
+            batch = next(data_iterator)
+            return forward(model, batch), partial(per_token_loss, batch["labels"])
+
+        iterators = [iter(micro_batches) for _ in self.chunks]
+        return megatron_train_step(
+            step=step,
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.chunks,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            num_microbatches=len(micro_batches),
+            seq_length=int(ids.shape[-1]),
+            micro_batch_size=int(ids.shape[0]),
+            increment=self.arguments.increment,
+            batches=micro_batches,
+        )
+
+
+class _GroupsCopy:
+    """What OptimizerParamScheduler reads and writes of an optimizer (its ``param_groups``),
+    as copies without the parameters: the plan leaves the real optimizer untouched."""
+
+    def __init__(self, groups: Sequence[Mapping[str, Any]]) -> None:
+        self.param_groups = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+
+
+def build_megatron_stack(
+    chunks: Sequence[torch.nn.Module],
+    spec: OptimizerSpec,
+    steps: int,
+    global_batch: int,
+    names: Callable[[int, str], str] | None = None,
+) -> MegatronStack:
+    """Wrap ``chunks`` (megatron-core modules, one per virtual pipeline stage) in Megatron's DDP
+    and build its optimizer and scheduler from ``spec`` (``names(chunk index, local name)``:
+    the side's name of a parameter, for the plan's groups; default: the local name)."""
+    mc = _megatron()
+    config: Any = getattr(chunks[0], "config")  # noqa: B009  # megatron's TransformerConfig
+    dtype = str(config.params_dtype).removeprefix("torch.")
+    args = megatron_arguments(spec, steps, global_batch, dtype)
+    ddp_config = mc["DistributedDataParallelConfig"](**args.ddp)
+    # Read when DDP is built (its grad scaling factor) and by every schedule run.
+    config.calculate_per_token_loss = True
+    config.finalize_model_grads_func = mc["finalize_model_grads"]
+    with megatron_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped = [
+            mc["DistributedDataParallel"](config, ddp_config, chunk, disable_bucketing=index > 0)
+            for index, chunk in enumerate(chunks)
+        ]
+        config.no_sync_func = [c.no_sync for c in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+        overrides = None
+        if args.no_decay is not None:
+            overrides = {mc["ParamKey"](name=args.no_decay): {"wd_mult": 0.0}}
+        optimizer = mc["get_megatron_optimizer"](
+            _optimizer_config(args, mc), wrapped, config_overrides=overrides
+        )
+        scheduler = mc["OptimizerParamScheduler"](optimizer, **args.scheduler)
+    return MegatronStack(wrapped, optimizer, scheduler, args, _group_names(chunks, optimizer, names))
+
+
+def _group_names(
+    chunks: Sequence[torch.nn.Module], optimizer: Any, names: Callable[[int, str], str] | None
+) -> list[list[str]]:
+    """The names of each optimizer group's parameters (an fp32 main param by its model param's)."""
+    by_id: dict[int, str] = {}
+    for index, chunk in enumerate(chunks):
+        for local, param in chunk.named_parameters():
+            name = (
+                names(index, local)
+                if names is not None
+                else (local if len(chunks) == 1 else f"chunk{index}.{local}")
+            )
+            by_id[id(param)] = name
+            main = getattr(param, "main_param", None)
+            if main is not None:
+                by_id[id(main)] = name
+    return [[by_id[id(p)] for p in group["params"] if id(p) in by_id] for group in optimizer.param_groups]

@@ -1,0 +1,142 @@
+"""One megatron-core training step, as Megatron-LM's ``train_step`` runs it, with what it did
+recorded as ``StepScalars``: ``megatron_train_step(...)``.
+
+The step is megatron-core's own: the DDP chunks' grad buffers zeroed
+(``zero_grad_buffer``), ``get_forward_backward_func()`` over ``num_microbatches`` (it ends
+with the config's ``finalize_model_grads_func``: the data-parallel and tensor-parallel grad
+reductions, the per-token division), ``optimizer.step()`` (unscale, clip, count zeros,
+update; its return value is the grad norm before clipping), then ``scheduler.step(increment)``
+after a successful update. All of it runs inside ``megatron_cpu()`` on a CPU-only torch.
+
+>>> from pytest_precalign.training.megatron_step import megatron_train_step
+>>> for step, batch in enumerate(batches):
+...     losses, scalars = megatron_train_step(
+...         step=step, forward_step_func=forward_step, data_iterator=iter(batch.chunk(2)),
+...         model=ddp_chunks, optimizer=optimizer, scheduler=scheduler,
+...         num_microbatches=2, seq_length=32, micro_batch_size=2, increment=global_batch)
+...     recorder.record_scalars(scalars)   # or keep them yourself
+
+What is recorded (nothing is written: loss, LR and grad norm are bitwise those of the same step
+without recording):
+
+- ``lr``/``weight_decay``: each optimizer group's, read just before ``optimizer.step()`` (the
+  LR this update uses, set by the scheduler's previous ``step``);
+- ``grad_norm``: the norm ``optimizer.step()`` returns (Megatron's ``get_grad_norm_fp32`` over
+  its main grads, model-parallel reduced); ``clip_coef``: Megatron's grad norm of the main
+  grads after the step divided by it (1.0 when nothing was clipped, measured, not assumed);
+- ``zero_grads``: Megatron's own ``num_zeros_in_grad`` (``log_num_zeros_in_grad``) when its
+  config counts them, else counted on the main grads;
+- ``loss_scale``: ``optimizer.get_loss_scale()``; ``skipped``: the step's update failed
+  (inf/nan under a loss scaler);
+- ``update_norm``/``param_norm``: the model parameters' change and norm (this rank's);
+- ``loss``: the step's loss from the schedule's reduced losses (see ``reported_loss``; None
+  on a pipeline stage without the loss); ``tokens``/``batch_hash``: from ``batches`` when given.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..trace.step_scalars import StepScalars
+from .megatron_cpu_patch import megatron_cpu
+from .step_evidence import StepEvidence, batch_hash, group_settings, token_count
+
+
+def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
+    """The step's loss from ``forward_backward_func``'s list (one dict per micro-batch, on the
+    last pipeline stage; empty elsewhere). A value of two numbers ``[sum, tokens]`` (the
+    ``calculate_per_token_loss`` convention of Megatron-LM's ``loss_func``) gives sum of sums /
+    sum of tokens; a scalar gives the mean over micro-batches. The first key of each dict."""
+    if not losses:
+        return None
+    values = [torch.as_tensor(next(iter(item.values()))).detach().double().reshape(-1) for item in losses]
+    if all(v.numel() == 2 for v in values):
+        total = sum(float(v[0]) for v in values)
+        tokens = sum(float(v[1]) for v in values)
+        return total / tokens if tokens else None
+    return float(sum(float(v[0]) for v in values) / len(values))
+
+
+def _main_grads(optimizer: Any) -> list[torch.Tensor]:
+    return [g for g in optimizer.get_main_grads_for_grad_norm() if g is not None]
+
+
+def megatron_train_step(
+    *,
+    step: int,
+    forward_step_func: Callable[..., Any],
+    data_iterator: Iterator[Any] | list[Iterator[Any]],
+    model: Sequence[torch.nn.Module],
+    optimizer: Any,
+    scheduler: Any,
+    num_microbatches: int,
+    seq_length: int,
+    micro_batch_size: int,
+    increment: int = 1,
+    batches: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], StepScalars]:
+    """One training step of megatron-core's ``model`` chunks (DDP-wrapped) with its
+    ``optimizer`` (``get_megatron_optimizer``) and ``scheduler``
+    (``OptimizerParamScheduler``); returns the schedule's losses and the step's scalars."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    chunks = list(model)
+    evidence = StepEvidence([p for chunk in chunks for p in chunk.parameters()])
+    for chunk in chunks:
+        zero_buffer = getattr(chunk, "zero_grad_buffer", None)
+        if zero_buffer is not None:
+            zero_buffer()
+    optimizer.zero_grad()
+    evidence.begin()
+    with megatron_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # megatron-core's deprecation notices
+        losses = get_forward_backward_func()(
+            forward_step_func=forward_step_func,
+            data_iterator=data_iterator,
+            model=chunks,
+            num_microbatches=num_microbatches,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            forward_only=False,
+        )
+        lr, weight_decay = group_settings(optimizer)
+        successful, grad_norm, num_zeros = optimizer.step()
+        clip_coef, zeros = _after_step(optimizer, successful, grad_norm, num_zeros)
+    if successful:
+        scheduler.step(increment=increment)
+    scalars = evidence.finish(
+        step,
+        loss=reported_loss(losses),
+        lr=lr,
+        weight_decay=weight_decay,
+        grad_norm=float(grad_norm) if grad_norm is not None else None,
+        clip_coef=clip_coef,
+        zero_grads=zeros,
+        loss_scale=float(optimizer.get_loss_scale().reshape(-1)[0]),
+        skipped=not successful,
+        tokens=token_count(batches) if batches is not None else None,
+        batch_hash=batch_hash(batches) if batches is not None else None,
+        micro_batches=num_microbatches,
+    )
+    return list(losses), scalars
+
+
+def _after_step(
+    optimizer: Any, successful: bool, grad_norm: Any, num_zeros: Any
+) -> tuple[float | None, int | None]:
+    """(clip coefficient, zero grads) of a step: the coefficient measured as Megatron's norm of
+    the main grads after the step over the norm before (they keep the clipped values until the
+    next zero_grad); the zeros as Megatron counted them, else counted here."""
+    if not successful or grad_norm is None:
+        return None, None
+    clip_coef = float(optimizer.get_grad_norm()) / float(grad_norm) if float(grad_norm) > 0 else 1.0
+    if num_zeros is not None and getattr(optimizer.config, "log_num_zeros_in_grad", False):
+        return clip_coef, int(num_zeros)
+    grads = _main_grads(optimizer)
+    return clip_coef, int(sum(g.numel() - int(torch.count_nonzero(g)) for g in grads))
