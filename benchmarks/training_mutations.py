@@ -225,6 +225,8 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
         "name": m.name,
         "expected": None if m.step is None else [m.step, m.what],
         "found": None if first is None else [first.step, first.what, first.origin],
+        "evidence": None if first is None else first.evidence,
+        "pattern": None if first is None else first.pattern,
         "findings": list(v.findings),
         "passed": v.passed,
     }

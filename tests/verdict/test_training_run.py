@@ -250,3 +250,9 @@ def test_an_expected_run_divergence_passes_only_when_found_exactly() -> None:
         assert not wrong.passed
     missed = with_expectation(judge(run(), run()), 5, "optimizer_update")
     assert not missed.passed and owning_phase(missed, ("forward", "backward", "step")) == "step"
+
+
+def test_no_loss_scaler_is_a_scale_of_1_and_a_loop_that_never_skips_did_not_skip() -> None:
+    megatron = run(loss_scale=lambda s: 1.0, skipped=lambda s: False)
+    assert judge(megatron, run()).passed
+    assert not judge(run(loss_scale=lambda s: 4096.0), run()).passed

@@ -190,9 +190,7 @@ def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]
     common = sorted(set(base) & set(cand))
     for name in _SCALAR_NAMES:
         for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
-            alone = [
-                s for s in common if getattr(mine[s], name) is not None and getattr(other[s], name) is None
-            ]
+            alone = [s for s in common if _one_sided(name, getattr(mine[s], name), getattr(other[s], name))]
             if alone:
                 out.append(
                     f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
@@ -207,6 +205,15 @@ def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]
             )
             break
     return tuple(out)
+
+
+# What a side that does not have the quantity means by it: no loss scaler is a scale of 1, a
+# framework that never skips an update did not skip it.
+NEUTRAL: dict[str, object] = {"loss_scale": 1.0, "skipped": False}
+
+
+def _one_sided(name: str, mine: object, other: object) -> bool:
+    return mine is not None and other is None and not (name in NEUTRAL and mine == NEUTRAL[name])
 
 
 def _ranges(steps: list[int]) -> str:
