@@ -59,7 +59,7 @@ class Mutation:
     batches: Callable[[list[Any]], list[Any]] | None = None
     hook: Callable[[Any], Any] | None = None  # (model) -> a bug in the model, from a step on
     threads: int | None = None
-    origin: str = ""  # a substring the origin must contain
+    origin: str = ""  # a substring the origin (or its evidence) must contain; "a|b": either
 
 
 def _groups(key: str, value: Any) -> Plant:
@@ -153,7 +153,7 @@ def mutations() -> list[Mutation]:
         Mutation("decay_linear_not_cosine", 3, "contract", _schedule(decay="linear")),
         Mutation("peak_lr_other", 1, "contract", _spec(lr=1.1e-2)),
         Mutation("wd_on_norms", 0, "contract", _spec(no_decay=("*.bias",)), origin="layernorm"),
-        Mutation("wd_on_everything", 0, "contract", _spec(no_decay=()), origin="bias"),
+        Mutation("wd_on_everything", 0, "contract", _spec(no_decay=()), origin="bias|layernorm"),
         Mutation("wd_other_value", 0, "contract", _spec(weight_decay=0.01)),
         Mutation("clipping_off", 0, "contract", _spec(clip_grad=None), origin="clip_grad"),
         Mutation("clip_threshold_other", 0, "contract", _spec(clip_grad=1.0), origin="clip_grad"),
@@ -235,7 +235,8 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
         row["right_step"] = first is not None and first.step == m.step
         row["right_class"] = first is not None and first.what == m.what
         if m.origin:
-            row["right_origin"] = first is not None and m.origin in f"{first.origin} {first.evidence}"
+            told = f"{first.origin} {first.evidence}" if first is not None else ""
+            row["right_origin"] = any(part in told for part in m.origin.split("|")) and bool(told)
     return row
 
 

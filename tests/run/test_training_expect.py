@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.reports.text import PhaseReport
+from pytest_precalign.reports.training_text import training_lines
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import phase_outcome
 
@@ -79,6 +80,12 @@ def outcomes(tmp_path: Path) -> dict[str, tuple[bool, str]]:
                     assert run.training is not None and run.training.first is not None
                     first = run.training.first
                     assert (first.step, first.what, first.origin) == (5, "forward", "late")
+                    text = "\n".join(training_lines(run.training))
+                    assert text.startswith(
+                        "Step 5 diverged first: forward, origin late — its inputs matched, its output did "
+                        "not (activation of late)\n  steps 6-7 are downstream of it\n"
+                        "  judged over 8 step(s) in the approximate lane"
+                    ), text
         return out
     finally:
         sys.path.remove(str(tmp_path))

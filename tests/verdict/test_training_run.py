@@ -63,6 +63,7 @@ def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
     assert first(v) == (1, "schedule", "lr[0]")
     assert v.first is not None and "lr at step 1: 5.000e-04 vs 0.000e+00" in v.first.evidence
     assert v.downstream == "steps 2-9 are downstream of it"
+    assert v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
 
 
 def test_the_same_lr_factor_on_every_group_is_named_as_a_whole_model_pattern() -> None:
@@ -256,3 +257,36 @@ def test_no_loss_scaler_is_a_scale_of_1_and_a_loop_that_never_skips_did_not_skip
     megatron = run(loss_scale=lambda s: 1.0, skipped=lambda s: False)
     assert judge(megatron, run()).passed
     assert not judge(run(loss_scale=lambda s: 4096.0), run()).passed
+
+
+def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset() -> None:
+    from pathlib import Path
+
+    import pytest_precalign
+    from pytest_precalign.mapping.spec import baseline_param_names, read_mapping_file
+
+    preset = Path(pytest_precalign.__file__).parent / "presets" / "megatron-qwen2.5.yaml"
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64}
+    mapping = read_mapping_file(preset, "preset", heads)
+    hf = [
+        ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+         "model.layers.0.self_attn.v_proj.weight", "lm_head.weight"],
+        ["model.layers.0.self_attn.q_proj.bias", "model.norm.weight"],
+    ]  # fmt: skip
+    meg = [["decoder.layers.0.self_attention.linear_qkv.weight", "output_layer.weight", "decoder.final_layernorm.weight"],
+           ["decoder.layers.0.self_attention.linear_qkv.bias"]]  # fmt: skip
+    base, cand = plan([1e-3] * 3, hf), plan([1e-3] * 3, meg)
+    v = judge_run(
+        RunSide(run(), base),
+        RunSide(run(), cand),
+        {},
+        default_table(),
+        lambda n: baseline_param_names(mapping, n),
+    )
+    assert first(v) == (0, "contract", "weight_decay")
+    assert v.first is not None and "weight_decay of model.norm.weight: 0 vs 0.01" in v.first.evidence
+    meg[0].remove("decoder.final_layernorm.weight")
+    meg[1].append("decoder.final_layernorm.weight")
+    v = judge_run(RunSide(run(), base), RunSide(run(), plan([1e-3] * 3, meg)), {}, default_table(),
+                  lambda n: baseline_param_names(mapping, n))  # fmt: skip
+    assert v.passed, v.first

@@ -11,7 +11,7 @@ LAYER_CLASSES = ("forward", "backward")
 
 def training_lines(v: TrainingVerdict) -> list[str]:
     """The run's story, first lines of a failing item's message."""
-    if v.passed:
+    if v.first is None and not v.findings and v.met is None:
         return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)"]
     lines: list[str] = []
     if v.met is False:
@@ -29,6 +29,8 @@ def training_lines(v: TrainingVerdict) -> list[str]:
         if v.downstream:
             lines.append(f"  {v.downstream}")
         lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane")
+    if v.met:
+        lines.append(f"  the expected divergence: {v.expected}")
     lines.extend(f"Runs do not line up: {finding}" for finding in v.findings)
     return lines
 

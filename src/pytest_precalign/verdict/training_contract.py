@@ -102,7 +102,7 @@ def _schedule_diff(
                     step,
                     "lr",
                     f"lr at step {step}: {a:.3e} vs {b:.3e} ({who}: baseline group {gb}, "
-                    f"candidate group {gc}){note}" + (f"; {pattern}" if pattern else ""),
+                    f"candidate group {gc}){note}",
                     pattern,
                 )
     return None

@@ -25,7 +25,7 @@ from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
 from ..vocabulary import Lane, Phase, TrainingClass
 from .story import origin_of
-from .training_contract import ContractDiff, Rename, check_contract, same_names
+from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names
 from .training_records import StepRecords
 from .training_scalars import ScalarJudge, findings_of, first_scalar_difference
 
@@ -123,6 +123,8 @@ def judge_run(
         if found is not None:
             first = found
             break
+    if first is not None and first.what == "schedule" and not first.pattern:
+        first = _run_pattern(first, baseline.scalars, candidate.scalars)
     return TrainingVerdict(
         steps_compared=len(common),
         lane=lane,
@@ -131,6 +133,16 @@ def judge_run(
         last_step=max(common, default=0),
         curves=curves(baseline.scalars, candidate.scalars),
     )
+
+
+def _run_pattern(
+    first: FirstDivergent, base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]
+) -> FirstDivergent:
+    """A schedule difference told by the whole run's LRs (one side lagging, another horizon)."""
+    steps = sorted(set(base) & set(cand))
+    seqs = [[s.lr[0] if s.lr else 0.0 for s in (side[k] for k in steps)] for side in (base, cand)]
+    pattern = lr_pattern(seqs[0], seqs[1]) if first.origin.startswith("lr") else ""
+    return replace(first, pattern=pattern) if pattern else first
 
 
 def _on_both(step: int, baseline: RunSide, candidate: RunSide, records: Mapping[int, StepRecords]) -> bool:
