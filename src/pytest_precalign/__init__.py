@@ -19,11 +19,12 @@ from .training import megatron_cpu
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from .training.hf_callback import PrecalignCallback
     from .training.recorder import Recorder
 
 # Public names whose modules import torch: loaded on first access, so that importing the
 # package (the pytest plugin) stays cheap.
-_LAZY = {"Recorder": "training.recorder"}
+_LAZY = {"Recorder": "training.recorder", "PrecalignCallback": "training.hf_callback"}
 
 
 def __getattr__(name: str) -> Any:
@@ -41,6 +42,7 @@ __all__ = [
     "AlignmentMismatch",
     "CaseError",
     "ConfigError",
+    "PrecalignCallback",
     "PrecalignError",
     "Recorder",
     "SourceError",

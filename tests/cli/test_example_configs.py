@@ -19,6 +19,7 @@ def test_there_are_example_configs() -> None:
         "transformers_upgrade",
         "qwen2_5_megatron_vs_hf",
         "megatron_families",
+        "training",
     }
 
 

@@ -45,7 +45,7 @@ def test_full_optimizer_spec_is_parsed(tmp_path: Path) -> None:
         "      lr: 0.01\n      weight_decay: 0.1\n      clip_grad: 1.0\n      micro_batches: 2\n"
         "      no_decay: ['*.bias', '*norm*']\n"
         "      schedule: {warmup_steps: 1, decay: cosine, min_lr: 0.001}\n"
-        "    training: {baseline: hf_trainer, candidate: loop}\n",
+        "    training: {baseline: loop, candidate: loop}\n",
     )
     case = config.cases[0]
     assert case.optimizer == OptimizerSpec(
@@ -56,7 +56,7 @@ def test_full_optimizer_spec_is_parsed(tmp_path: Path) -> None:
         no_decay=("*.bias", "*norm*"),
         schedule=ScheduleSpec(warmup_steps=1, decay="cosine", decay_steps=None, min_lr=0.001),
     )
-    assert case.training == SidesTraining("hf_trainer", "loop")
+    assert case.training == SidesTraining("loop", "loop")
 
 
 def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
@@ -98,6 +98,14 @@ def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
         (
             "    training: {baseline: hf_trainer}\n    optimizer: {schedule: {decay: linear, min_lr: 0.0001}}\n",
             "transformers.Trainer cannot express this schedule: decay 'linear' to a min_lr > 0",
+        ),
+        (
+            "    training: {baseline: hf_trainer}\n    optimizer: {no_decay: ['*.bias']}\n",
+            "transformers.Trainer cannot express no_decay globs",
+        ),
+        (
+            "    training: {baseline: hf_trainer}\n    optimizer: {name: adam}\n",
+            "transformers.Trainer cannot express optimizer 'adam'",
         ),
         (
             "    training: {baseline: hf_trainer}\n    optimizer: {schedule: {decay: cosine, decay_steps: 5}}\n",

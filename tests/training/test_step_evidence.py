@@ -72,6 +72,7 @@ def test_batch_hash_and_tokens_follow_ids_and_labels() -> None:
     whole = [{"input_ids": ids, "labels": labels}]
     split = [{"input_ids": ids[:1], "labels": labels[:1]}, {"input_ids": ids[1:], "labels": labels[1:]}]
     assert token_count(whole) == token_count(split) == 5
+    assert batch_hash(whole) == batch_hash(split)  # however the step is split into micro-batches
     assert batch_hash(whole) == batch_hash([{"input_ids": ids, "labels": labels, "mask": 1}])
     assert batch_hash(whole) != batch_hash([{"input_ids": ids, "labels": ids}])
     assert token_count([{"input_ids": ids}]) == 6

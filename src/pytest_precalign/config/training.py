@@ -177,11 +177,22 @@ def check_training(
                 f"{available} batch(es) of {spec.batch}",
                 "steps",
             )
-    schedule = optimizer.schedule
-    if "hf_trainer" in (training.baseline, training.candidate) and schedule is not None:
-        problem = hf_schedule_problem(schedule, steps)
+    if "hf_trainer" in (training.baseline, training.candidate):
+        problem = hf_trainer_problem(optimizer, steps)
         if problem is not None:
-            reader.fail(f"transformers.Trainer cannot express this schedule: {problem}", "optimizer")
+            reader.fail(f"transformers.Trainer cannot express {problem}", "optimizer")
+
+
+def hf_trainer_problem(optimizer: OptimizerSpec, steps: int) -> str | None:
+    """What of ``optimizer`` ``TrainingArguments`` cannot express (None: all of it)."""
+    if optimizer.name == "adam" or (optimizer.name == "sgd" and optimizer.momentum):
+        return f"optimizer {optimizer.name!r}{' with momentum' if optimizer.name == 'sgd' else ''} (allowed: adamw, sgd)"
+    if optimizer.no_decay is not None:
+        return "no_decay globs: it decides by Trainer.get_decay_parameter_names (biases and norms); leave no_decay out"
+    if optimizer.schedule is not None:
+        problem = hf_schedule_problem(optimizer.schedule, steps)
+        return None if problem is None else f"this schedule: {problem}"
+    return None
 
 
 def hf_schedule_problem(schedule: ScheduleSpec, steps: int) -> str | None:

@@ -566,11 +566,19 @@ class HookRecorder:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
             self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
 
-    def record_output(self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record:
-        """Record the logits or the loss of the model as a whole."""
+    def record_output(
+        self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0
+    ) -> Record:
+        """Record the logits or the loss of the model as a whole (``call``: the micro-batch)."""
         self._views.check([tensor])  # the loss's code may have modified a view in place
         return self.capture(
-            tensor, name=kind, module_class=type(self.model).__name__, kind=kind, slot="", deps=deps
+            tensor,
+            name=kind,
+            module_class=type(self.model).__name__,
+            kind=kind,
+            slot="",
+            deps=deps,
+            call=call,
         )
 
     # -- result -------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config.specs import CaseSpec, OptimizerSpec, RecordSpec
+from ..config.specs import CaseSpec, RecordSpec
 from ..errors import CaseError
 from ..recording import HookRecorder
 from ..recording.determinism import seed_everything
@@ -16,25 +16,18 @@ from ..recording.live_golden import Judge
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
+from ..training.spec import Trainer
+from .loop_step import LoopTraining, shifted_tokens, split_micro_batches
+from .loop_training import make_optimizer as make_optimizer
 
 
-def make_optimizer(spec: OptimizerSpec, params: Any) -> torch.optim.Optimizer:
-    if spec.name == "adamw":
-        return torch.optim.AdamW(
-            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
-        )
-    if spec.name == "adam":
-        return torch.optim.Adam(
-            params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
-        )
-    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy in float32, the same code on both sides."""
     shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
     shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
-    return torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        shift_logits, shift_labels, ignore_index=-100, reduction=reduction
+    )
 
 
 def run_side(
@@ -75,9 +68,9 @@ def _record_steps(
     golden: Judge | None = None,
 ) -> Trace:
     backward = "backward" in case.phases
-    step_phase = "step" in case.phases
     module = model.module
-    optimizer = make_optimizer(case.optimizer, module.parameters()) if step_phase else None
+    hf_trainer = "step" in case.phases and side_trainer(case, manifest) == "hf_trainer"
+    training = LoopTraining.start(module, case) if "step" in case.phases and not hf_trainer else None
     record: RecordSpec = case.record
     recorder = HookRecorder(
         module,
@@ -91,48 +84,110 @@ def _record_steps(
         golden=golden,
     )
     steps = case.steps if backward else 1
+    if hf_trainer:
+        return _trainer_side(model, data, case, manifest, seed, recorder, after_first_forward)
     with recorder:
         for step in range(steps):
             recorder.step = step
             seed_everything(seed + step)  # dropout, if any, draws the same numbers on both sides
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            with torch.set_grad_enabled(backward):
-                output = model(data.model_inputs)
-                logits = model.logits(output)
-                logits_record = recorder.record_output("logits", logits)
-                loss = _loss(model, output, logits, data, case)
-                if loss is not None:
-                    recorder.record_output("loss", loss, deps=(logits_record.id,))
-            if step == 0 and after_first_forward is not None:
-                with recorder.paused():
-                    after_first_forward(recorder)
-                recorder.calls.clear()
-            if backward:
-                assert loss is not None
-                with model.context():  # a recomputing model re-runs its forward here
-                    loss.backward()
-            if optimizer is not None:
-                optimizer.step()
+            if training is not None:
+                training.begin()
+            micro = split_micro_batches(
+                data.batch(step), case.optimizer.micro_batches if backward else 1, case
+            )
+            tokens = shifted_tokens(micro) if case.loss == "causal_lm" else None
+            losses = []
+            for call, part in enumerate(micro):
+                loss = _forward(model, recorder, part, case, call, tokens if len(micro) > 1 else None)
+                if step == 0 and call == 0 and after_first_forward is not None:
+                    with recorder.paused():
+                        after_first_forward(recorder)
+                    recorder.calls.clear()
+                if backward:
+                    assert loss is not None
+                    with model.context():  # a recomputing model re-runs its forward here
+                        loss.backward()
+                losses.append(None if loss is None else loss.detach())
+                del loss
+            if training is not None:
+                training.update(step, losses, micro)
                 recorder.record_params()
-            del output, logits, loss
-    return recorder.trace(manifest)
+    extra = {} if training is None else training.manifest()
+    return recorder.trace({**manifest, **extra})
+
+
+def _trainer_side(
+    model: LoadedModel,
+    data: CaseInputs,
+    case: CaseSpec,
+    manifest: Mapping[str, Any],
+    seed: int,
+    recorder: HookRecorder,
+    after_first_forward: Callable[[HookRecorder], None] | None,
+) -> Trace:
+    """The side trained by a ``transformers.Trainer`` while ``recorder`` records it."""
+    from .hf_trainer import train_with_trainer
+
+    if after_first_forward is not None:
+        raise CaseError(f"case {case.name!r}: isolation is not available with training: hf_trainer")
+    with recorder:
+        extra = train_with_trainer(model, data, case, recorder, seed)
+    return recorder.trace({**manifest, **extra})
+
+
+def side_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> Trainer:
+    """How this side trains: ``training:`` for its side (``manifest["side"]``), else the loop.
+    A ``megatron`` side in this process trains with the loop here (its launched ranks, in
+    ``rank_main``, are where megatron-core's own stack runs)."""
+    side = manifest.get("side")
+    chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
+    return "hf_trainer" if chosen == "hf_trainer" else "loop"
+
+
+def _forward(
+    model: LoadedModel,
+    recorder: HookRecorder,
+    data: CaseInputs,
+    case: CaseSpec,
+    call: int,
+    step_tokens: int | None,
+) -> torch.Tensor | None:
+    """One micro-batch's forward and loss, recorded (call ``call`` of the step). With
+    ``step_tokens`` (micro-batches), the loss is normalised per token over the whole step."""
+    with torch.set_grad_enabled("backward" in case.phases):
+        output = model(data.model_inputs)
+        logits = model.logits(output)
+        logits_record = recorder.record_output("logits", logits, call=call)
+        loss = _loss(model, output, logits, data, case, step_tokens)
+        if loss is not None:
+            recorder.record_output("loss", loss, deps=(logits_record.id,), call=call)
+    return loss
 
 
 def _loss(
-    model: LoadedModel, output: Any, logits: torch.Tensor, data: CaseInputs, case: CaseSpec
+    model: LoadedModel,
+    output: Any,
+    logits: torch.Tensor,
+    data: CaseInputs,
+    case: CaseSpec,
+    step_tokens: int | None = None,
 ) -> torch.Tensor | None:
     if case.loss == "none":
         return None
     if case.loss == "mean":
-        return logits.float().mean()
+        micro = case.optimizer.micro_batches if step_tokens is not None else 1
+        return logits.float().mean() / micro if micro > 1 else logits.float().mean()
     if case.loss == "model":
         loss = model.model_loss(output)
         if loss is None:
             raise CaseError(f"case {case.name!r}: loss: model, but model {model.name!r} returned no .loss")
+        if step_tokens is not None:  # the model's mean over this micro-batch's tokens, reweighted
+            return loss * (shifted_tokens([data]) / max(1, step_tokens))
         return loss
     if data.labels is None:
         if "backward" in case.phases:
             raise CaseError(f"case {case.name!r}: the causal_lm loss needs labels (inputs: {{labels: true}})")
         return None
+    if step_tokens is not None:
+        return causal_lm_loss(logits, data.labels, reduction="sum") / max(1, step_tokens)
     return causal_lm_loss(logits, data.labels)

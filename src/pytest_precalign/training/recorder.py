@@ -28,6 +28,15 @@ and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
 ``with Recorder(...)``; ``with rec.recording(model):`` does start, stop and step in one.
 Recording is bitwise neutral: tensors are only read (see ``recorder``).
 
+Per-step scalars (``StepScalars``: loss, LR per group, grad norm before clipping, clip
+coefficient, update/param norms, zero grads, tokens, batch hash...; measured with
+``training.step_evidence``) go into the step's manifest with ``rec.record_scalars(...)``
+before ``stop()``, on every step of a selected rank (a step ``steps=`` does not select gets a
+folder holding only its manifest); ``rec.record_initial_params(model)`` before step 0 writes
+the parameters' summaries before any update. ``mode="scalars"`` adds no hooks at all: each
+step's folder is its manifest alone (a few hundred bytes), for runs of thousands of steps.
+``PrecalignCallback`` (``hf_callback``) does all this for a ``transformers.Trainer`` run.
+
 ``golden=PATH`` compares each record while recording against a golden run (a trace folder,
 a Recorder root whose ``step<N>/rank<R>`` is picked for the current step and rank, or an
 msprobe dump) under ``tolerances=`` (a table or its YAML file; default: the dtype's), and
@@ -49,14 +58,15 @@ from ..recording import HookRecorder
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
-from ..trace.records import Record
+from ..trace.records import Record, Trace
+from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..vocabulary import LEVELS, as_kind
 from .golden import GoldenError, golden_judge, load_table
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .unwrap import unwrap
 
 FORMATS = ("native", "msprobe")
-MODES = ("stats", "tensor", "hash")
+MODES = ("stats", "tensor", "hash", "scalars")
 OUTPUT_KINDS = ("loss", "logits")
 
 
@@ -89,6 +99,10 @@ def _golden(golden: str | Path | None, mode: str) -> Path | None:
     if not Path(golden).exists():
         raise GoldenError(f"Recorder: golden {golden}: no such file or directory")
     return Path(golden)
+
+
+def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if k in ("lr", "weight_decay") and v is not None else v for k, v in fields.items()}
 
 
 def _queue_bytes(value: int) -> int:
@@ -158,6 +172,8 @@ class Recorder:
         self._parallel: dict[str, Any] = {}
         self._wrappers: list[str] = []  # the wrappers the recorded model was found in
         self._output_calls: dict[str, int] = {}
+        self._scalars: StepScalars | None = None  # this step's, written at stop()
+        self._initial: dict[str, Any] | None = None  # initial_params, written with the next folder
         self.written: list[Path] = []  # the folders this process wrote, in order
 
     # -- where we are -------------------------------------------------------------------
@@ -191,7 +207,8 @@ class Recorder:
     def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
-        if not self.selected():
+        self._scalars = None
+        if not self.selected() or self.mode == "scalars":
             return
         chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
         if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
@@ -271,7 +288,7 @@ class Recorder:
         rank's folder; returns it (None when this step or rank is not recorded)."""
         hooks = self._hooks
         if hooks is None:
-            return None
+            return self._write_scalars_only()
         self._hooks = None
         sink, self._sink = self._sink, None
         try:
@@ -295,6 +312,7 @@ class Recorder:
             "rank": self.rank,
             "torch_version": torch.__version__,
             "parallel": self._parallel,
+            **self._step_evidence(),
         }
         if self._wrappers:
             manifest["wrappers"] = self._wrappers
@@ -319,6 +337,62 @@ class Recorder:
     def step(self) -> None:
         """Advance the step counter (call once per training step, after ``stop``)."""
         self._step += 1
+
+    def seek(self, step: int) -> None:
+        """Set the step the next ``start`` records (a run resumed at ``step``)."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"Recorder.seek: step must be an integer >= 0, got {step!r}")
+        self._step = step
+
+    # -- per-step scalars -------------------------------------------------------------------
+    def record_scalars(self, scalars: StepScalars | None = None, **fields: Any) -> StepScalars:
+        """What this optimizer step did (``StepScalars``, or its fields: ``loss``, ``lr``,
+        ``grad_norm``...; see ``training.step_evidence`` to measure them), written into this
+        step's manifest at ``stop()`` -- on every step of a selected rank, also where ``steps=``
+        selects no layers (then the folder holds the manifest alone)."""
+        if scalars is None:
+            scalars = StepScalars(step=self._step, **_tuples(fields))
+        elif fields:
+            raise ValueError("Recorder.record_scalars: pass a StepScalars or its fields, not both")
+        if scalars.step != self._step:
+            raise ValueError(f"Recorder.record_scalars: scalars of step {scalars.step} in step {self._step}")
+        self._scalars = scalars
+        return scalars
+
+    def record_initial_params(self, summary: dict[str, Any] | torch.nn.Module) -> None:
+        """The parameters before any update (a model, or ``step_evidence.initial_params``),
+        written into the next folder's manifest (``initial_params``)."""
+        if isinstance(summary, torch.nn.Module):
+            from .step_evidence import initial_params
+
+            summary = initial_params(summary.named_parameters())
+        self._initial = dict(summary)
+
+    def _step_evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self._scalars is not None:
+            out[SCALARS_KEY] = scalars_manifest({self._scalars.step: self._scalars})
+            self._scalars = None
+        if self._initial is not None:
+            out["initial_params"], self._initial = self._initial, None
+        return out
+
+    def _write_scalars_only(self) -> Path | None:
+        """A step without layer records: its scalars (if any) alone, on a selected rank."""
+        if self._scalars is None or (self.ranks is not None and self.rank not in self.ranks):
+            return None
+        manifest: dict[str, Any] = {
+            "recorder": "pytest_precalign.Recorder",
+            "step": self._step,
+            "rank": self.rank,
+            "record_mode": "scalars",
+            **self._step_evidence(),
+        }
+        path = write_trace(
+            Trace(manifest=manifest, records=(), tensors={}), self.folder(), overwrite=self.overwrite
+        )
+        self.written.append(path)
+        return path
 
     @contextlib.contextmanager
     def recording(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> Iterator[Recorder]:

@@ -54,18 +54,27 @@ def group_settings(optimizer: Any) -> tuple[tuple[float, ...], tuple[float, ...]
 
 
 def batch_hash(batches: Iterable[Mapping[str, Any]]) -> str:
-    """sha256 of the step's input ids and labels over its micro-batches, in order: two sides
-    fed the same tokens have the same hash whatever else their batches carry."""
+    """sha256 of the step's input ids and labels, row by row over its micro-batches in order:
+    two sides fed the same rows have the same hash however they split them into micro-batches
+    and whatever else their batches carry."""
     whole = hashlib.sha256()
     for batch in batches:
-        for key in ("input_ids", "labels"):
-            value = batch.get(key)
-            if not isinstance(value, torch.Tensor):
-                continue
-            tensor = value.detach().to("cpu", torch.int64).contiguous()
-            whole.update(f"{key}{tuple(tensor.shape)}".encode())
-            whole.update(tensor.view(-1).numpy().tobytes())
+        tensors = [(key, _rows(batch.get(key))) for key in ("input_ids", "labels")]
+        present = [(key, rows) for key, rows in tensors if rows is not None]
+        for r in range(max((len(rows) for _, rows in present), default=0)):
+            for key, rows in present:
+                if r < len(rows):
+                    row = rows[r]
+                    whole.update(f"{key}{tuple(row.shape)}".encode())
+                    whole.update(row.reshape(-1).numpy().tobytes())
     return whole.hexdigest()
+
+
+def _rows(value: Any) -> torch.Tensor | None:
+    if not isinstance(value, torch.Tensor):
+        return None
+    tensor = value.detach().to("cpu", torch.int64).contiguous()
+    return tensor.reshape(1, -1) if tensor.ndim < 2 else tensor
 
 
 def token_count(batches: Iterable[Mapping[str, Any]]) -> int:

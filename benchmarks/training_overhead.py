@@ -1,0 +1,190 @@
+"""What recording a training run costs per optimizer step, as ratios measured in one run.
+
+A real training step of a Qwen2ForCausalLM (``benchmarks/_shared.py`` sizes): forward and
+backward of 2 micro-batches, the grads' global norm and torch's clipping at 1.0, AdamW with
+weight decay, a LambdaLR step. Variants, interleaved round by round (the machine's load
+drifts alike for all of them):
+
+- ``bare``: the step alone.
+- ``scalars``: the step recorded with ``Recorder(mode="scalars")`` and ``StepEvidence``:
+  every ``StepScalars`` field (update norm from a parameter snapshot, parameter norm, zero
+  grads, clip coefficient, LR/WD per group, tokens, batch hash), one folder per step holding
+  its manifest.
+- ``stats``: the same plus every layer's statistics (``Recorder(mode="stats")``).
+
+Printed: the median seconds per step of each variant (wall clock, and this process's CPU
+time, which a loaded machine disturbs less), their ratios to ``bare``, and the bytes
+one step's folder takes on disk in scalars mode; the last line is one JSON object, also
+written to ``benchmarks/results/training_overhead_<size>.json``.
+
+Goals (issue #27): scalars <= 1.02x bare, stats every step <= 1.2x (mid), scalars-only disk
+per step <= 4 KB.
+
+    .venv/bin/python benchmarks/training_overhead.py --size mid --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _shared import SIZES, Size, build_qwen2, run_facts
+
+from pytest_precalign import Recorder
+from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+
+MICRO = 2
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Run:
+    """A model, its AdamW + LambdaLR, and a new batch each step."""
+
+    def __init__(self, size: Size) -> None:
+        self.size = size
+        self.model = build_qwen2(size, "sdpa")
+        self.model.train()
+        named = list(self.model.named_parameters())
+        self.params = [p for _, p in named]
+        groups = [
+            {"params": [p for _, p in named if p.ndim > 1], "weight_decay": 0.1},
+            {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0},
+        ]
+        self.optimizer = torch.optim.AdamW(groups, lr=1e-4)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 10))
+        self.generator = torch.Generator().manual_seed(0)
+
+    def batch(self) -> list[dict[str, torch.Tensor]]:
+        rows = self.size.batch * MICRO
+        ids = torch.randint(0, self.size.vocab, (rows, self.size.seq), generator=self.generator)
+        half = rows // MICRO
+        return [{"input_ids": ids[k : k + half], "labels": ids[k : k + half]} for k in range(0, rows, half)]
+
+    def step(self, micro: list[dict[str, torch.Tensor]], evidence: StepEvidence | None) -> dict[str, Any]:
+        """One optimizer step; with ``evidence``, its scalars."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if evidence is not None:
+            evidence.begin()
+        total = torch.zeros(())
+        for part in micro:
+            loss = self.model(**part).loss / MICRO
+            loss.backward()
+            total = total + loss.detach()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], 2.0)
+        if evidence is not None:
+            evidence.grads_before_clip(norm=float(norm))
+        torch.nn.utils.clip_grads_with_norm_(self.params, 1.0, norm)
+        if evidence is not None:
+            evidence.grads_after_clip()
+        lr, wd = group_settings(self.optimizer)
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"loss": float(total), "lr": lr, "weight_decay": wd}
+
+
+def _bare(run: Run, root: Path, step: int) -> None:
+    run.step(run.batch(), None)
+
+
+def _recorded(mode: str) -> Callable[[Run, Path, int], None]:
+    def go(run: Run, root: Path, step: int) -> None:
+        rec = Recorder(root / mode, mode=mode, params=False, overwrite=True)
+        rec.seek(step)
+        evidence = StepEvidence(run.params)
+        micro = run.batch()
+        rec.start(run.model)
+        fields = run.step(micro, evidence)
+        rec.record_scalars(
+            evidence.finish(
+                step,
+                **fields,
+                tokens=token_count(micro),
+                batch_hash=batch_hash(micro),
+                micro_batches=MICRO,
+                skipped=False,
+            )
+        )
+        rec.stop()
+
+    return go
+
+
+VARIANTS: dict[str, Callable[[Run, Path, int], None]] = {
+    "bare": _bare,
+    "scalars": _recorded("scalars"),
+    "stats": _recorded("stats"),
+}
+
+
+def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
+    load_start = os.getloadavg()[0]
+    run = Run(SIZES[size_name])
+    root = Path(tempfile.mkdtemp(prefix="precalign-training-overhead-"))
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    try:
+        step = 0
+        for r in range(warmup + rounds):
+            for name, variant in VARIANTS.items():
+                gc.collect()
+                start, start_cpu = time.perf_counter(), time.process_time()
+                variant(run, root, step)
+                seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+                step += 1
+                if r >= warmup:
+                    times[name].append(seconds)
+                    cpu[name].append(cpu_seconds)
+        disk = _folder_bytes(root / "scalars")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    return {
+        "size": size_name,
+        "rounds": rounds,
+        "seconds": medians,
+        "ratio": {name: medians[name] / medians["bare"] for name in medians},
+        "cpu_seconds": cpu_medians,
+        "cpu_ratio": {name: cpu_medians[name] / cpu_medians["bare"] for name in cpu_medians},
+        "scalars_bytes_per_step": disk,
+        **run_facts(load_start, os.getloadavg()[0]),
+    }
+
+
+def _folder_bytes(root: Path) -> int:
+    """The largest step folder's bytes (files in it) in scalars mode."""
+    sizes = [sum(f.stat().st_size for f in folder.iterdir()) for folder in root.glob("step*/rank*")]
+    return max(sizes) if sizes else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="mid")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    result = measure(args.size, args.warmup, args.rounds)
+    for name, seconds in result["seconds"].items():
+        print(
+            f"{name:8s} {seconds * 1000:9.1f} ms/step  {result['ratio'][name]:.3f}x bare"
+            f"  (process CPU time {result['cpu_ratio'][name]:.3f}x)"
+        )
+    print(f"scalars mode: {result['scalars_bytes_per_step']} bytes on disk per step")
+    RESULTS.mkdir(exist_ok=True)
+    line = json.dumps(result, sort_keys=True)
+    (RESULTS / f"training_overhead_{args.size}.json").write_text(line + "\n", encoding="utf-8")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

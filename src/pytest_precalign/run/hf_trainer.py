@@ -1,0 +1,201 @@
+"""A side trained by a real ``transformers.Trainer`` (``training: hf_trainer``, the
+LLaMA-Factory path): the case's ``OptimizerSpec`` translated into ``TrainingArguments``
+(learning_rate, adam betas/epsilon, weight_decay, lr_scheduler_type + warmup_steps,
+max_grad_norm, gradient_accumulation_steps, max_steps), the case's batches fed in order
+(sequential sampling, ``batch / micro_batches`` rows per micro-batch), every layer recorded
+by the case's hooks and every step's scalars by a Trainer callback. The translation and the
+plan (the LRs the Trainer's own scheduler gives, its parameter groups) go into the manifest.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..config.specs import CaseSpec
+from ..errors import CaseError
+from ..recording import HookRecorder
+from ..recording.determinism import seed_everything
+from ..sources import LoadedModel
+from ..sources.inputs import CaseInputs
+from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
+from ..training.spec import OptimizerSpec
+from .loop_step import split_micro_batches
+
+_OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd"}
+
+
+def scheduler_arguments(spec: OptimizerSpec) -> dict[str, Any]:
+    """``lr_scheduler_type``, ``warmup_steps`` and ``lr_scheduler_kwargs`` for the schedule
+    (``config.training.hf_schedule_problem`` rejected what they cannot express)."""
+    schedule = spec.schedule
+    if schedule is None:
+        return {"lr_scheduler_type": "constant", "warmup_steps": 0, "lr_scheduler_kwargs": {}}
+    kind, kwargs = (
+        {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[schedule.decay],
+        {},
+    )
+    if schedule.decay == "cosine" and schedule.min_lr > 0:
+        kind, kwargs = "cosine_with_min_lr", {"min_lr": schedule.min_lr}
+    if schedule.decay == "constant" and schedule.warmup_steps == 0:
+        kind = "constant"
+    return {"lr_scheduler_type": kind, "warmup_steps": schedule.warmup_steps, "lr_scheduler_kwargs": kwargs}
+
+
+def training_arguments(case: CaseSpec, rows: int, seed: int, output_dir: str) -> dict[str, Any]:
+    """The ``TrainingArguments`` fields the case's optimizer spec becomes."""
+    spec = case.optimizer
+    if spec.name not in _OPTIMIZERS or (spec.name == "sgd" and spec.momentum):
+        raise CaseError(
+            f"case {case.name!r}: transformers.Trainer has no optimizer for {spec.name!r}"
+            f"{' with momentum' if spec.name == 'sgd' else ''} (allowed: adamw, sgd without momentum)"
+        )
+    return {
+        "output_dir": output_dir,
+        "max_steps": case.steps,
+        "per_device_train_batch_size": rows // spec.micro_batches,
+        "gradient_accumulation_steps": spec.micro_batches,
+        "learning_rate": spec.lr,
+        "optim": _OPTIMIZERS[spec.name],
+        "adam_beta1": spec.betas[0],
+        "adam_beta2": spec.betas[1],
+        "adam_epsilon": spec.eps,
+        "weight_decay": spec.weight_decay,
+        "max_grad_norm": spec.clip_grad if spec.clip_grad is not None else 0.0,
+        **scheduler_arguments(spec),
+        "train_sampling_strategy": "sequential",
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "disable_tqdm": True,
+        "use_cpu": True,
+        "seed": seed,
+        "dataloader_num_workers": 0,
+        "remove_unused_columns": False,
+    }
+
+
+class _Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """The case's batches as rows, step after step (sequential sampling keeps the order)."""
+
+    def __init__(self, batches: Sequence[CaseInputs]) -> None:
+        self.rows: list[dict[str, torch.Tensor]] = []
+        for batch in batches:
+            tensors = {k: v for k, v in batch.model_inputs.items() if isinstance(v, torch.Tensor)}
+            if batch.labels is not None:
+                tensors["labels"] = batch.labels
+            for r in range(next(iter(tensors.values())).shape[0]):
+                self.rows.append({k: v[r] for k, v in tensors.items()})
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.rows[index]
+
+
+def train_with_trainer(
+    model: LoadedModel, data: CaseInputs, case: CaseSpec, recorder: HookRecorder, seed: int
+) -> dict[str, Any]:
+    """Train ``model`` with a ``transformers.Trainer`` through the case's steps while
+    ``recorder``'s hooks record it; returns the manifest's training evidence."""
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    from ..training.hf_callback import TrainerSteps
+
+    batches = [data.batch(s) for s in range(case.steps)]
+    for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
+        split_micro_batches(batch, case.optimizer.micro_batches, case)
+    rows = next(v for v in batches[0].model_inputs.values() if isinstance(v, torch.Tensor)).shape[0]
+
+    class CaseSteps(TrainerSteps):
+        def _start(self, module: torch.nn.Module, step: int) -> None:
+            recorder.step = step
+            seed_everything(seed + step)  # dropout, if any, draws as in the loop
+
+        def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
+            recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
+
+        def _updated(self) -> None:
+            recorder.record_params()
+
+    steps = CaseSteps()
+    with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out:
+        arguments = training_arguments(case, rows, seed, out)
+        trainer = Trainer(
+            model=model.module,
+            args=TrainingArguments(**arguments),
+            train_dataset=_Rows(batches),
+            callbacks=[steps],
+        )
+        trainer.remove_callback(PrinterCallback)  # the case's report says what happened
+        trainer.create_optimizer()
+        plan = _plan(trainer, case, model.module)
+        trainer.train()
+    _check_steps(steps.scalars, case)
+    return {
+        "training": _training_block(arguments, plan),
+        SCALARS_KEY: scalars_manifest(steps.scalars),
+        "initial_params": steps.initial or {},
+    }
+
+
+def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> dict[str, Any]:
+    """The Trainer's own parameter groups, and the LRs its own scheduler gives each update
+    (``transformers.get_scheduler`` on a throwaway optimizer, as ``create_scheduler`` calls it)."""
+    from transformers import get_scheduler
+
+    names = {id(p): n for n, p in module.named_parameters()}
+    groups = trainer.optimizer.param_groups
+    args = trainer.args
+    dummy = torch.optim.SGD(
+        [{"params": [torch.zeros(1, requires_grad=True)]} for _ in groups], lr=args.learning_rate
+    )
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=dummy,
+        num_warmup_steps=args.get_warmup_steps(case.steps),
+        num_training_steps=case.steps,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
+    lrs = []
+    for _ in range(case.steps):
+        lrs.append([float(g["lr"]) for g in dummy.param_groups])
+        dummy.step()
+        scheduler.step()
+    spec = case.optimizer
+    return {
+        "lr": lrs,
+        "weight_decay": [float(g.get("weight_decay", 0.0)) for g in groups],
+        "groups": [[names[id(p)] for p in g["params"]] for g in groups],
+        "clip_grad": spec.clip_grad,
+        "micro_batches": spec.micro_batches,
+        "loss_normalisation": "per_token_over_step",  # num_items_in_batch over the step's micro-batches
+        "betas": list(spec.betas),
+        "eps": spec.eps,
+        "optimizer": spec.name,
+    }
+
+
+def _training_block(arguments: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    import transformers
+
+    kept = {k: v for k, v in arguments.items() if k not in ("output_dir", "report_to", "disable_tqdm")}
+    return {
+        "trainer": "hf_trainer",
+        "framework": {"name": "transformers", "version": transformers.__version__},
+        "arguments": {"TrainingArguments": kept, "decay_parameters": "Trainer.get_decay_parameter_names"},
+        "plan": dict(plan),
+    }
+
+
+def _check_steps(scalars: Mapping[int, StepScalars], case: CaseSpec) -> None:
+    if sorted(scalars) != list(range(case.steps)):
+        raise CaseError(
+            f"case {case.name!r}: transformers.Trainer ran steps {sorted(scalars)}, the case has "
+            f"{case.steps} (0..{case.steps - 1})"
+        )
