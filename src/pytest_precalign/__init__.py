@@ -20,11 +20,16 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .training.hf_callback import PrecalignCallback
+    from .training.megatron_step import megatron_train_step
     from .training.recorder import Recorder
 
 # Public names whose modules import torch: loaded on first access, so that importing the
 # package (the pytest plugin) stays cheap.
-_LAZY = {"Recorder": "training.recorder", "PrecalignCallback": "training.hf_callback"}
+_LAZY = {
+    "Recorder": "training.recorder",
+    "PrecalignCallback": "training.hf_callback",
+    "megatron_train_step": "training.megatron_step",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -49,4 +54,5 @@ __all__ = [
     "TraceError",
     "__version__",
     "megatron_cpu",
+    "megatron_train_step",
 ]

@@ -172,3 +172,57 @@ def test_bf16_trains_with_fp32_main_params(megatron_world: None) -> None:
     assert stack.plan(3)["groups"][0]  # main params named by their model params
     assert all(s.loss is not None and math.isfinite(s.loss) and not s.skipped for s in scalars)
     assert scalars[2].update_norm > 0
+
+
+def test_public_helper_records_a_users_own_megatron_loop(megatron_world: None, tmp_path: Any) -> None:
+    """A user's own megatron-core loop (their DDP, optimizer, scheduler, forward_step_func with a
+    mean loss) through megatron_train_step, with the Recorder around it: the step folders hold
+    the main_grad records and the scalars are Megatron's."""
+    from pytest_precalign import Recorder, megatron_cpu, megatron_train_step
+    from pytest_precalign.trace.native_io import read_trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    model = tiny_gpt()
+    with megatron_cpu():
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
+        optimizer = get_megatron_optimizer(OptimizerConfig(lr=1e-3, min_lr=1e-3, clip_grad=1.0), [ddp])
+    scheduler = OptimizerParamScheduler(optimizer, 0.0, 1e-3, 1e-3, 1, 3, "linear", 0.0, 0.0, 3, "constant")
+
+    def forward_step(data_iterator: Any, model: Any) -> Any:
+        batch = next(data_iterator)
+        logits = logits_of(model, batch)
+
+        def loss_func(logits: torch.Tensor) -> Any:
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, 128).float(), batch["labels"][:, 1:].reshape(-1)
+            )
+            computed.append(float(loss))
+            return loss, {"lm loss": loss.detach().clone()}  # the schedule divides `loss` in place
+
+        return logits, loss_func
+
+    rec = Recorder(tmp_path / "run", mode="stats", param_grads="step")
+    seen = []
+    for step, batch in enumerate(token_batches(2)):
+        computed: list[float] = []
+        rec.start(model)
+        losses, scalars = megatron_train_step(
+            step=step, forward_step_func=forward_step, data_iterator=iter(split(batch, 2)), model=[ddp],
+            optimizer=optimizer, scheduler=scheduler, num_microbatches=2, seq_length=16, micro_batch_size=2,
+            batches=[batch], grads_ready=rec.grads_ready,
+        )  # fmt: skip
+        rec.stop()
+        rec.step()
+        seen.append(scalars)
+        assert len(losses) == 2 and scalars.loss == pytest.approx(sum(computed) / 2, rel=1e-6)
+        assert scalars.tokens == 64
+    assert [s.lr[0] for s in seen] == [0.0, 1e-3]
+    assert seen[0].update_norm == 0.0 and seen[1].update_norm > 0
+    trace = read_trace(tmp_path / "run" / "step1" / "rank0")
+    grads = {r.name for r in trace.records if r.kind == "param_grad"}
+    assert "output_layer.weight" in grads and "decoder.final_layernorm.weight" in grads

@@ -84,9 +84,25 @@ def run_launched(
     timeout: float | None = None,
 ) -> Trace:
     """Run ``spec`` on its ranks through the case's steps; the merged TP=1 trace."""
+    trainer = launched_trainer(case, manifest)
     with tempfile.TemporaryDirectory(prefix="precalign-launch-") as tmp:
-        out = launch_ranks(spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout)
+        out = launch_ranks(
+            spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout, trainer=trainer
+        )
+        if trainer == "megatron":
+            from .megatron_training import launched_evidence
+
+            manifest = {**manifest, **launched_evidence(out, world_size(spec.options), full_weights)}
         return merge_launched(out, world_size(spec.options), manifest, params="step" in case.phases)
+
+
+def launched_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> str | None:
+    """``megatron`` when the case trains this side (``manifest["side"]``) with ``training:
+    megatron``: its ranks step with megatron-core's own stack; else (None) the case's
+    torch optimizer, as the in-process twin does."""
+    side = manifest.get("side")
+    chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
+    return "megatron" if chosen == "megatron" and "step" in case.phases else None
 
 
 def launch_ranks(
@@ -99,6 +115,7 @@ def launch_ranks(
     work: Path,
     *,
     timeout: float | None = None,
+    trainer: str | None = None,
 ) -> Path:
     """Run the ranks with ``work`` as their folder; the root of their ``step<N>/rank<R>``
     folders. ``full_weights``: a TP=1 state (``named_parameters``) each rank loads its part
@@ -110,7 +127,11 @@ def launch_ranks(
     what = f"{spec.where}: models.{spec.name} ({nproc} ranks under torchrun)"
     _check(spec, case, what)
     timeout = launch_timeout(spec.options) if timeout is None else timeout
-    torch.save({"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels}, work / INPUTS_FILE)
+    later = [{"model_inputs": dict(b.model_inputs), "labels": b.labels} for b in inputs.later]
+    torch.save(
+        {"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels, "later": later},
+        work / INPUTS_FILE,
+    )
     if full_weights is not None:
         save_file({k: v.detach().contiguous() for k, v in full_weights.items()}, str(work / WEIGHTS_FILE))
     job = {
@@ -122,6 +143,7 @@ def launch_ranks(
         # The parent runs inside determinism(); the ranks repeat what it set.
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "timeout": timeout,
+        "trainer": trainer,  # megatron: megatron-core's own stack (else the case's torch optimizer)
     }
     (work / JOB_FILE).write_bytes(pickle.dumps(job))
     run_torchrun(nproc, work, timeout, what)

@@ -81,8 +81,14 @@ def run_rank(work: Path, rank: int) -> None:
             if weights.exists():
                 load_rank_weights(model.module, weights, rank)
             blob = torch.load(work / INPUTS_FILE, weights_only=False)
-            inputs = CaseInputs(blob["model_inputs"], blob["labels"])
-            run_steps(model, inputs, case, int(job["seed"]), work / OUT_DIR)
+            later = tuple(CaseInputs(b["model_inputs"], b["labels"]) for b in blob.get("later", ()))
+            inputs = CaseInputs(blob["model_inputs"], blob["labels"], later)
+            if job.get("trainer") == "megatron":
+                from .megatron_training import train_rank_with_megatron
+
+                train_rank_with_megatron(model, inputs, case, int(job["seed"]), work / OUT_DIR, rank)
+            else:
+                run_steps(model, inputs, case, int(job["seed"]), work / OUT_DIR)
     finally:
         dist.destroy_process_group()
 
@@ -165,7 +171,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
             warnings.simplefilter("ignore")
             schedule(
                 forward_step_func=partial(_forward_step, model, rec, case),
-                data_iterator=iter([data]),
+                data_iterator=iter([data.batch(step)]),  # a new batch each step, as in-process
                 model=[module],
                 num_microbatches=1,
                 seq_length=seq,

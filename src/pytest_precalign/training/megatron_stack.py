@@ -218,18 +218,35 @@ class MegatronStack:
         }
 
     def train_step(
-        self, step: int, micro_batches: Sequence[Mapping[str, Any]], forward: Forward
+        self,
+        step: int,
+        micro_batches: Sequence[Mapping[str, Any]],
+        forward: Forward,
+        *,
+        on_output: Callable[[str, torch.Tensor], Any] | None = None,
+        grads_ready: Callable[[], Any] | None = None,
     ) -> tuple[list[dict[str, Any]], StepScalars]:
         """One update over ``micro_batches`` (each ``{"input_ids", "labels", ...}``, HF-style
         unshifted labels) through the pipeline schedule; ``forward(chunk, batch)`` returns
-        the chunk's output (the logits on the last stage)."""
+        the chunk's output (the logits on the last stage). ``on_output(kind, tensor)`` sees
+        each micro-batch's ``logits`` and ``loss`` (its token losses over the step's tokens,
+        what it adds to the step's loss) on the last stage; ``grads_ready``: see
+        ``megatron_train_step``."""
         if not micro_batches:
             raise CaseError(f"step {step}: no micro-batches to train on")
         ids = micro_batches[0]["input_ids"]
+        step_tokens = sum(int((b["labels"][..., 1:] != IGNORE_INDEX).sum()) for b in micro_batches)
+
+        def loss_func(labels: torch.Tensor, logits: torch.Tensor) -> Any:
+            total, tokens, reported = per_token_loss(labels, logits)
+            if on_output is not None:
+                on_output("logits", logits)
+                on_output("loss", total / max(1, step_tokens))
+            return total, tokens, reported
 
         def forward_step(data_iterator: Any, model: Any) -> Any:
             batch = next(data_iterator)
-            return forward(model, batch), partial(per_token_loss, batch["labels"])
+            return forward(model, batch), partial(loss_func, batch["labels"])
 
         iterators = [iter(micro_batches) for _ in self.chunks]
         return megatron_train_step(
@@ -244,6 +261,7 @@ class MegatronStack:
             micro_batch_size=int(ids.shape[0]),
             increment=self.arguments.increment,
             batches=micro_batches,
+            grads_ready=grads_ready,
         )
 
 

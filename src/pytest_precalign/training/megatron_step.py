@@ -78,22 +78,17 @@ def megatron_train_step(
     micro_batch_size: int,
     increment: int = 1,
     batches: Sequence[Mapping[str, Any]] | None = None,
+    grads_ready: Callable[[], Any] | None = None,
 ) -> tuple[list[dict[str, Any]], StepScalars]:
-    """One training step of megatron-core's ``model`` chunks (DDP-wrapped) with its
-    ``optimizer`` (``get_megatron_optimizer``) and ``scheduler``
-    (``OptimizerParamScheduler``); returns the schedule's losses and the step's scalars."""
+    """One step of megatron-core's ``model`` chunks (DDP) with its ``optimizer`` and
+    ``scheduler``: the schedule's losses and the step's scalars. ``grads_ready`` is called once
+    the grads are reduced, before ``optimizer.step()`` (e.g. ``Recorder.grads_ready``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
     chunks = list(model)
-    evidence = StepEvidence([p for chunk in chunks for p in chunk.parameters()])
-    for chunk in chunks:
-        zero_buffer = getattr(chunk, "zero_grad_buffer", None)
-        if zero_buffer is not None:
-            zero_buffer()
-    optimizer.zero_grad()
-    evidence.begin()
+    evidence = _zero_grads(chunks, optimizer)
     with megatron_cpu(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # megatron-core's deprecation notices
         losses = get_forward_backward_func()(
@@ -105,11 +100,14 @@ def megatron_train_step(
             micro_batch_size=micro_batch_size,
             forward_only=False,
         )
+        if grads_ready is not None:
+            grads_ready()
         lr, weight_decay = group_settings(optimizer)
         successful, grad_norm, num_zeros = optimizer.step()
         clip_coef, zeros = _after_step(optimizer, successful, grad_norm, num_zeros)
     if successful:
         scheduler.step(increment=increment)
+    norms = _model_parallel_norms(evidence)
     scalars = evidence.finish(
         step,
         loss=reported_loss(losses),
@@ -123,8 +121,22 @@ def megatron_train_step(
         tokens=token_count(batches) if batches is not None else None,
         batch_hash=batch_hash(batches) if batches is not None else None,
         micro_batches=num_microbatches,
+        **norms,
     )
     return list(losses), scalars
+
+
+def _zero_grads(chunks: Sequence[torch.nn.Module], optimizer: Any) -> StepEvidence:
+    """Megatron-LM's start of a step (the DDP grad buffers and the optimizer's grads zeroed);
+    the step's evidence, begun (its parameter snapshot)."""
+    evidence = StepEvidence([p for chunk in chunks for p in chunk.parameters()])
+    for chunk in chunks:
+        zero_buffer = getattr(chunk, "zero_grad_buffer", None)
+        if zero_buffer is not None:
+            zero_buffer()
+    optimizer.zero_grad()
+    evidence.begin()
+    return evidence
 
 
 def _after_step(
@@ -140,3 +152,29 @@ def _after_step(
         return clip_coef, int(num_zeros)
     grads = _main_grads(optimizer)
     return clip_coef, int(sum(g.numel() - int(torch.count_nonzero(g)) for g in grads))
+
+
+def _model_parallel_norms(evidence: StepEvidence) -> dict[str, float]:
+    """With tensor or pipeline parallelism: the update and parameter norms of the whole model
+    (each parameter once: no tensor-parallel duplicates), the squares summed over Megatron's
+    model-parallel group; {} in one process (StepEvidence's own norms are the model's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    if not ps.model_parallel_is_initialized() or ps.get_model_parallel_group().size() == 1:
+        return {}
+    import torch.distributed as dist
+
+    before = evidence._before
+    if before is None:
+        return {}
+    squares = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for param, old in zip(evidence.params, before, strict=True):
+            if param_is_not_tensor_parallel_duplicate(param):
+                squares[0] += (param.detach().double() - old.double()).square().sum()
+                squares[1] += param.detach().double().square().sum()
+    dist.all_reduce(squares, group=ps.get_model_parallel_group())
+    return {"update_norm": float(squares[0].sqrt()), "param_norm": float(squares[1].sqrt())}

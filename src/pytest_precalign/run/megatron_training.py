@@ -1,0 +1,160 @@
+"""A side trained by megatron-core's own stack (``training: megatron``, the default for a
+``source: megatron`` model): ``training.megatron_stack`` (DDP, ``get_megatron_optimizer``,
+``OptimizerParamScheduler``, ``finalize_model_grads``, the pipeline schedule) through the case's
+steps, each step's batch split into ``optimizer.micro_batches`` micro-batches, every layer
+recorded by the case's hooks and every step's ``StepScalars`` kept. Returns what the side's
+manifest gains: ``training`` (megatron-core's arguments and plan), ``scalars``,
+``initial_params``.
+
+The recorder must be made with ``param_grads="step"``: Megatron's DDP accumulates each
+micro-batch's grad into ``main_grad`` and ``finalize_model_grads`` divides the sum by the step's
+tokens, so the grads the optimizer steps on exist only after the schedule; they are recorded
+then (``main_grad``), as the other frameworks' accumulated grads are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config.specs import CaseSpec
+from ..errors import CaseError
+from ..recording import HookRecorder
+from ..recording.determinism import seed_everything
+from ..sources import LoadedModel
+from ..sources.inputs import CaseInputs
+from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
+from ..training.megatron_stack import build_megatron_stack
+from ..training.step_evidence import initial_params
+
+
+def micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[dict[str, torch.Tensor]]:
+    """``batch`` as ``count`` equal micro-batches along dim 0 (``labels`` included)."""
+    if batch.labels is None:
+        raise CaseError(f"case {case.name!r}: training: megatron needs labels (inputs: {{labels: true}})")
+    tensors = {k: v for k, v in batch.model_inputs.items() if isinstance(v, torch.Tensor)}
+    tensors["labels"] = batch.labels
+    rows = int(batch.labels.shape[0])
+    if rows % count:
+        raise CaseError(f"case {case.name!r}: micro_batches {count} does not divide the batch of {rows} rows")
+    parts = {k: v.chunk(count) for k, v in tensors.items()}
+    return [{k: v[i] for k, v in parts.items()} for i in range(count)]
+
+
+def train_with_megatron(
+    model: LoadedModel, data: CaseInputs, case: CaseSpec, recorder: HookRecorder, seed: int
+) -> dict[str, Any]:
+    """Train ``model`` (a megatron-core module of this process) through the case's steps while
+    ``recorder`` (entered, ``param_grads="step"``) records; the manifest's training evidence."""
+    if case.loss != "causal_lm":
+        raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
+    if recorder.param_grads != "step":
+        raise CaseError(f"case {case.name!r}: training: megatron records grads at param_grads='step'")
+    module = model.module
+    spec = case.optimizer
+    first = data.batch(0)
+    rows = int(next(v for v in first.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    initial = initial_params(module.named_parameters())
+    stack = build_megatron_stack([module], spec, case.steps, global_batch=rows)
+    training = stack.training_manifest(case.steps, spec.micro_batches)
+
+    def forward(chunk: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        return model.logits(model({k: v for k, v in batch.items() if k != "labels"}))
+
+    def on_output(kind: str, tensor: torch.Tensor) -> None:
+        recorder.record_output("logits" if kind == "logits" else "loss", tensor)
+
+    scalars: dict[int, StepScalars] = {}
+    for step in range(case.steps):
+        recorder.step = step
+        seed_everything(seed + step)  # dropout, if any, draws as on the other side
+        parts = micro_batches(data.batch(step), spec.micro_batches, case)
+        _, scalars[step] = stack.train_step(
+            step, parts, forward, on_output=on_output, grads_ready=recorder.record_param_grads
+        )
+        recorder.record_params()
+    return {"training": training, SCALARS_KEY: scalars_manifest(scalars), "initial_params": initial}
+
+
+TRAINING_FILE = "training_rank{rank}.json"
+
+
+def train_rank_with_megatron(
+    model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int, out: Path, rank: int
+) -> None:
+    """One launched rank of a ``training: megatron`` side (``rank_main``): its stage and shard
+    trained by megatron-core's stack through the case's steps, recorded with the public
+    ``Recorder`` into ``out/step<N>/rank<R>`` (grads as ``main_grad`` after
+    ``finalize_model_grads``), and its plan and scalars written to ``out/training_rank<R>.json``
+    (parameter names global: the stage's layer offset added)."""
+    from ..training import Recorder
+    from ..training.layout_probe import layer_offsets
+    from .launch_merge import globalize
+
+    if case.loss != "causal_lm":
+        raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
+    module = model.module
+    module.train(case.train)
+    spec = case.optimizer
+    offsets = layer_offsets(module)
+    rows = int(next(v for v in data.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    stack = build_megatron_stack(
+        [module], spec, case.steps, global_batch=rows, names=lambda _, name: globalize(name, offsets)
+    )
+    evidence: dict[str, Any] = {"training": stack.training_manifest(case.steps, spec.micro_batches)}
+    rec = Recorder(
+        out, mode=case.record.mode, level=case.record.level, inputs=case.record.inputs, grads=True,
+        include=case.record.include, exclude=case.record.exclude, params=True, param_grads="step",
+    )  # fmt: skip
+
+    def forward(chunk: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        return model.logits(model({k: v for k, v in batch.items() if k != "labels"}))
+
+    def on_output(kind: str, tensor: torch.Tensor) -> None:
+        rec.record_output(kind, tensor)
+
+    scalars: dict[int, StepScalars] = {}
+    for step in range(case.steps):
+        seed_everything(seed + step)
+        rec.start(module)
+        parts = micro_batches(data.batch(step), spec.micro_batches, case)
+        _, scalars[step] = stack.train_step(
+            step, parts, forward, on_output=on_output, grads_ready=rec.grads_ready
+        )
+        rec.stop()
+        rec.step()
+    evidence[SCALARS_KEY] = scalars_manifest(scalars)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TRAINING_FILE.format(rank=rank)).write_text(json.dumps(evidence), encoding="utf-8")
+
+
+def launched_evidence(
+    out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
+) -> dict[str, Any]:
+    """The side's training evidence from its ranks' files: the plan's groups united over the
+    ranks (each holds its stage's parameters; tensor-parallel ranks name the same ones), the
+    scalars of the rank that has the loss (the last pipeline stage; grad norm, zero count and
+    the update and parameter norms are the model's on every rank), the initial parameters
+    from the full TP=1 weights the ranks loaded."""
+    ranks = []
+    for rank in range(nproc):
+        path = out / TRAINING_FILE.format(rank=rank)
+        if not path.exists():
+            raise CaseError(f"launched rank {rank} wrote no training evidence ({path.name})")
+        ranks.append(json.loads(path.read_text(encoding="utf-8")))
+    training = ranks[0]["training"]
+    groups: list[list[str]] = [[] for _ in training["plan"]["groups"]]
+    for evidence in ranks:
+        for index, names in enumerate(evidence["training"]["plan"]["groups"]):
+            groups[index] += [n for n in names if n not in groups[index]]
+    training["plan"]["groups"] = groups
+    with_loss = [e for e in ranks if all(s.get("loss") is not None for s in e[SCALARS_KEY].values())]
+    chosen = (with_loss or ranks)[-1]
+    out_evidence: dict[str, Any] = {"training": training, SCALARS_KEY: chosen[SCALARS_KEY]}
+    if full_weights is not None:
+        out_evidence["initial_params"] = initial_params(full_weights.items())
+    return out_evidence
