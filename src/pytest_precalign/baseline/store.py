@@ -250,7 +250,8 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
             return BaselineOutcome(
                 case.name, target, "written", weights_source=rec.weights_source, recovered=recovered
             )
-        outcome = _compare(config, case, stored, stored_side, rec, started, target, recovered)
+        judge = _step_judge(case, stored_weights, rec, stored_side)
+        outcome = _compare(config, case, stored, stored_side, rec, started, target, recovered, judge)
         outcome = replace(outcome, variant=chosen.label, variants=chosen.among)
         return _settle(outcome, rec, root, update, extra)
 
@@ -284,6 +285,7 @@ def _compare(
     started: float,
     target: Path,
     recovered: tuple[str, ...],
+    judge: Any = None,
 ) -> BaselineOutcome:
     from dataclasses import replace
 
@@ -306,6 +308,7 @@ def _compare(
         compare_case,
         rec.sync,
         rec.environment,
+        judge_steps=judge,
     )
     return BaselineOutcome(
         case.name,
@@ -318,6 +321,26 @@ def _compare(
         stored_env=stored.manifest,
         recovered=recovered,
     )
+
+
+def _step_judge(
+    case: CaseSpec, stored_weights: Mapping[str, Any] | None, rec: SideRecording, stored_side: str
+) -> Any:
+    """Each optimizer step judged on its inputs (``run/optimizer_replay``) when both sides'
+    parameters before step 0 are known in the stored trace's names: the stored ones, and the
+    live candidate's (its own, under stored names, against a stored candidate; the stored
+    baseline's when every parameter was loaded from them). None: by the table."""
+    if stored_weights is None or "step" not in case.phases or case.record.mode != "tensor":
+        return None
+    if stored_side == "candidate":
+        live = rec.weights
+    elif rec.sync is not None and not rec.sync.unsynced and rec.weights_source.startswith("loaded"):
+        live = stored_weights
+    else:
+        return None
+    from ..run.optimizer_replay import replay_judge
+
+    return replay_judge(case.optimizer, {"baseline": stored_weights, "candidate": live})
 
 
 def _settle(

@@ -146,8 +146,14 @@ def describe_check(check: Check, pair: PairResult) -> str:
             f"|candidate - baseline| = {fmt_number(check.value)} > {fmt_number(check.allowed)} allowed "
             f"(atol + rtol*|baseline|) at index {pair.closeness.worst_index}"
         )
-    if check.metric in ("shape", OPTIMIZER_UPDATE):
+    if check.metric == "shape":
         return pair.note
+    if check.metric == OPTIMIZER_UPDATE:
+        relation = "<=" if check.passed else ">"
+        return (
+            f"|after - replay| = {fmt_number(check.value)} {relation} {fmt_number(check.allowed)} allowed "
+            "(the case's optimizer replayed on the side's own parameter, grad and state)"
+        )
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
     if check.metric == "crc32":

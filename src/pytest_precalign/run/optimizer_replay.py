@@ -110,7 +110,6 @@ class _Sides:
     baseline: Trace
     candidate: Trace  # in the baseline's names
     initial: Mapping[str, Mapping[str, torch.Tensor]]  # side -> name -> parameter before step 0
-    replays: Mapping[str, _Replay]
     by_id: Mapping[str, Mapping[str, Record]]
 
     def tensor(self, side: str, rec: Record | None) -> torch.Tensor | None:
@@ -141,12 +140,13 @@ def judge_updates(
         baseline,
         candidate,
         initial,
-        {"baseline": _Replay(spec), "candidate": _Replay(spec)},
         {"baseline": baseline.by_id(), "candidate": candidate.by_id()},
     )
     pairs = list(comparison.pairs)
     grads = _last_grads(pairs)
     for name, steps in _param_pairs(pairs).items():
+        # One parameter at a time: its copies and optimizer state are freed before the next.
+        replays = {"baseline": _Replay(spec), "candidate": _Replay(spec)}
         grads_ok = True
         for position, (i, pair) in enumerate(steps):
             if pair.record.step != position:
@@ -155,7 +155,7 @@ def judge_updates(
             if grad is None:
                 break
             grads_ok = grads_ok and grad.passed
-            found = _replay_both(sides, pair, grad)
+            found = _replay_both(sides, replays, pair, grad)
             if found is None:
                 break
             pairs[i] = judged(pair, found, grads_ok, spec)
@@ -188,7 +188,9 @@ def _param_pairs(pairs: Sequence[PairResult]) -> dict[str, list[tuple[int, PairR
     return {name: sorted(found, key=lambda t: t[1].record.step) for name, found in out.items()}
 
 
-def _replay_both(sides: _Sides, pair: PairResult, grad: PairResult) -> dict[str, Replayed] | None:
+def _replay_both(
+    sides: _Sides, replays: Mapping[str, _Replay], pair: PairResult, grad: PairResult
+) -> dict[str, Replayed] | None:
     """Each side's parameter after the step against its replay; None when an input is missing."""
     name, step = pair.record.name, pair.record.step
     found: dict[str, Replayed] = {}
@@ -200,7 +202,7 @@ def _replay_both(sides: _Sides, pair: PairResult, grad: PairResult) -> dict[str,
         after = sides.tensor(side, after_rec)
         if before is None or g is None or after is None or not (before.shape == g.shape == after.shape):
             return None
-        found[side] = measure(after, sides.replays[side].step(name, before, g), before)
+        found[side] = measure(after, replays[side].step(name, before, g), before)
     return found
 
 
