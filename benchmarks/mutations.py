@@ -11,6 +11,8 @@ object.
     python benchmarks/mutations.py                 # everything, including two torchrun cases
     python benchmarks/mutations.py --no-distributed
     python benchmarks/mutations.py --only hf_attn_scale,clean_eager_vs_sdpa
+    python benchmarks/mutations.py --training      # the training-level mutations instead
+                                                   # (benchmarks/training_mutations.py)
 """
 
 from __future__ import annotations
@@ -151,6 +153,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
+    if "--training" in sys.argv[1:]:  # the training-level benchmark takes the rest of the line
+        import training_mutations
+
+        argv = [a for a in sys.argv[1:] if a != "--training"]
+        raise SystemExit(training_mutations.main(argv))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument(

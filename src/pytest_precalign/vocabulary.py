@@ -24,6 +24,24 @@ UpdatePolicy = Literal["none", "mismatched", "all"]  # --align-update / --align-
 # one (--align-update), rewrote it whatever it found (--align-update-all), or found it written
 # by another xdist worker earlier in this run.
 Action = Literal["compared", "written", "updated", "rewritten", "written-earlier"]
+# What diverged first in a training run, in the order a step executes: the initial parameters,
+# the settings the two sides translated (before step 0), the step's batch, the forward, the
+# loss, the backward, the reduction of grads (ranks, micro-batches), clipping, the LR / weight
+# decay as applied, the optimizer's update.
+TrainingClass = Literal[
+    "weights",
+    "contract",
+    "data",
+    "forward",
+    "loss",
+    "backward",
+    "grad_reduction",
+    "clipping",
+    "schedule",
+    "optimizer_update",
+]
+# How a training run's steps were judged: bitwise (a same-stack rerun) or under the tolerance table.
+Lane = Literal["exact", "approximate"]
 
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
@@ -35,6 +53,8 @@ RECORD_FORMATS: Final[tuple[RecordFormat, ...]] = get_args(RecordFormat)
 RECORD_FORMAT_ALIASES: Final[Mapping[str, RecordFormat]] = {"precalign": "native"}
 UPDATE_POLICIES: Final[tuple[UpdatePolicy, ...]] = get_args(UpdatePolicy)
 ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
+TRAINING_CLASSES: Final[tuple[TrainingClass, ...]] = get_args(TrainingClass)
+LANES: Final[tuple[Lane, ...]] = get_args(Lane)
 
 FORWARD_KINDS: Final[tuple[Kind, ...]] = ("input", "activation", "logits", "loss")
 BACKWARD_KINDS: Final[tuple[Kind, ...]] = ("grad_output", "grad_input", "param_grad")

@@ -254,3 +254,40 @@ def test_compare_min_coverage_sets_the_floor(tmp_path, capsys):
     )
     ok = json.loads((tmp_path / "ok" / "report.json").read_text())["cases"][0]["coverage"]
     assert ok["ratio"] == low["ratio"] and ok["floor"] == float(floor) and ok["passed"]
+
+
+def _trained(tmp_path, name, lr):
+    """A user's run recorded with the Recorder's per-step scalars (5 steps) and layer stats."""
+    from pytest_precalign.trace.step_scalars import StepScalars, scalars_manifest
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    with HookRecorder(model, mode="stats") as rec:
+        model(x).sum().backward()
+    steps = {s: StepScalars(step=s, loss=2.0 - 0.1 * s, lr=(lr(s),), grad_norm=1.0) for s in range(5)}
+    return write_trace(rec.trace({"side": name, "scalars": scalars_manifest(steps)}), tmp_path / name)
+
+
+def test_compare_names_the_step_a_warmup_one_step_behind_diverges_from_the_scalars(tmp_path, capsys):
+    a = _trained(tmp_path, "a", lambda s: 1e-3 * min(s, 2) / 2)
+    b = _trained(tmp_path, "b", lambda s: 1e-3 * min(max(s - 1, 0), 2) / 2)
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    assert "Step 1 diverged first: schedule, origin lr[0] — lr at step 1: 5.000e-04 vs 0.000e+00" in out
+    assert "steps 2-4 are downstream of it" in out
+    training = json.loads((tmp_path / "out" / "report.json").read_text())["training"]
+    assert (training["first_divergent_step"], training["first_divergent"]) == (1, "schedule")
+    assert training["lane"] == "approximate" and training["steps_compared"] == 5
+
+
+def test_compare_fails_closed_on_a_step_one_side_skipped(tmp_path, capsys):
+    a = _trained(tmp_path, "a", lambda s: 1e-3)
+    b = _trained(tmp_path, "b", lambda s: 1e-3)
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["scalars"]["3"]["skipped"] = True
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    assert "Runs do not line up: skipped recorded by the candidate only" in out
+    assert "the candidate skipped the update of step 3" in out

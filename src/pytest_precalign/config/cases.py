@@ -25,6 +25,7 @@ from ..vocabulary import (
     PHASES,
     RECORD_FORMAT_ALIASES,
     RECORD_FORMATS,
+    TRAINING_CLASSES,
     Phase,
     RecordFormat,
     phases_in_order,
@@ -320,19 +321,29 @@ def _expect(reader: Reader, phases: tuple[Phase, ...]) -> Expectation | None:
     exp = reader.get_mapping("expect")
     if exp is None:
         return None
-    exp.check_keys(("phase", "first_divergence", "origin", "kind"))
+    exp.check_keys(("phase", "first_divergence", "origin", "kind", "step", "diverged"))
+    diverged = exp.get_choice("diverged", TRAINING_CLASSES, None)
+    step = exp.get_int("step", None, minimum=0)
+    if (step is None) != (diverged is None):
+        exp.fail(
+            "a training run's expectation needs both step and diverged",
+            "diverged" if step is not None else "step",
+        )
     phase = exp.get_choice("phase", PHASES, phases[0])
     if phase not in phases:
         exp.fail(f"phase {phase!r} is not among the case's phases ({', '.join(phases)})", "phase")
     origin = exp.raw("origin")
-    if origin is not None and not isinstance(origin, bool):
+    if origin is not None and not isinstance(origin, (bool, str) if diverged else bool):
         exp.fail(f"expected true or false, got {origin!r}", "origin")
     expect = Expectation(
         phase=phase,
-        first_divergence=exp.get_str("first_divergence", required=True),
-        origin=origin,
+        first_divergence=exp.get_str("first_divergence", required=diverged is None) or "",
+        origin=origin if not isinstance(origin, str) else None,
         kind=exp.get_choice("kind", KINDS),
         where=exp.where(),
+        step=step,
+        diverged=diverged,
+        run_origin=origin if isinstance(origin, str) else None,
     )
     exp.done()
     return expect

@@ -195,6 +195,19 @@ def to_candidate_name(mapping: MappingSpec | None, baseline_name: str) -> str:
     return _rename(((r.baseline, r.candidate) for r in mapping.renames), baseline_name)
 
 
+def baseline_param_names(mapping: MappingSpec | None, candidate_name: str) -> tuple[str, ...]:
+    """The baseline's parameter names for a candidate parameter: a tensor rule's baseline
+    tensors (a fused qkv weight stands for q, k and v), else the renamed name."""
+    if mapping is not None:
+        for rule in mapping.tensors:
+            if "param" not in rule.kinds or len(rule.candidate) != 1:
+                continue
+            bound = match_pattern(rule.candidate[0], candidate_name)
+            if bound is not None:
+                return tuple(fill_pattern(p, bound) for p in rule.baseline)
+    return (to_baseline_name(mapping, candidate_name),)
+
+
 # -- parsing ----------------------------------------------------------------------------
 
 

@@ -121,8 +121,8 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "config": report.config,
         "name": report.case,
         "phase": report.phase,
-        "passed": v.passed,
-        "verdict": verdict_label(v),
+        "passed": report.passed,
+        "verdict": verdict_label(v) if report.passed == v.passed else "failed",
         "aligned": v.aligned,
         "baseline": report.baseline,
         "candidate": report.candidate,
@@ -140,6 +140,8 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             else None
         ),
         "expectation": v.expectation,
+        # A training run's verdict over its steps (the same object in each phase's entry).
+        "training": report.training.as_dict() if report.training is not None else None,
         "isolation": (
             {
                 "checked": v.isolated_count,
@@ -235,9 +237,17 @@ def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
     """What report.json holds (and report.html shows): strict JSON values only. JSON has no
     NaN or Infinity: they are written as strings ("nan", "inf", "-inf"). One round trip
     through the C encoder and decoder (the decoder turns the three constants into strings)."""
-    data = {"tool": "pytest-precalign", **dict(meta), "cases": list(cases)}
+    data = {"tool": "pytest-precalign", **dict(meta), **_training(cases), "cases": list(cases)}
     text = json.dumps(data, default=_json_default, allow_nan=True)
     return json.loads(text, parse_constant=_STRICT.__getitem__)  # type: ignore[no-any-return]
+
+
+def _training(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The top-level ``training`` object: the training verdict of the one case that has one
+    (``precalign compare``, a suite of one training case); none when several cases do (each
+    case entry carries its own)."""
+    found = {str(c.get("name")): c["training"] for c in cases if c.get("training") is not None}
+    return {"training": next(iter(found.values()))} if len(found) == 1 else {}
 
 
 _STRICT = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}

@@ -18,6 +18,7 @@ from .._atomic import write_file_atomic
 from ..compare.tolerances import BOUND_METRICS
 from ..vocabulary import PHASES
 from .chart import Row, chart_notes, chart_svg, esc, first_index, fmt, num, rows_from_records
+from .training_chart import TRAINING_CSS, training_section
 from .tree_html import TREE_CSS, TREE_JS, tree_section
 
 VERDICT_CLASS = {"passed": "pass", "failed": "fail", "expected divergence": "expect"}
@@ -144,8 +145,10 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
 def _origin_html(phases: Sequence[Mapping[str, Any]]) -> str:
     """The case's origin (the same in each phase's entry), above its phases."""
     origin = next((p["origin"] for p in phases if isinstance(p.get("origin"), Mapping)), None)
-    if origin is None:
-        return ""
+    training = phases[0].get("training") if phases else None
+    run_class = training.get("first_divergent") if isinstance(training, Mapping) else None
+    if origin is None or run_class not in (None, "forward", "backward"):
+        return ""  # a training-loop difference is not told as a layer origin
     word = "Origin" if origin.get("proven") else "Origin unproven"
     return (
         f'<p class="case-origin"><strong>{word}</strong>: <code>{esc(origin.get("module"))}</code> '
@@ -332,6 +335,7 @@ def render_html(document: Mapping[str, Any]) -> str:
             + (f"; {esc(run_facts)}" if run_facts else "")
             + f"; config <code>{esc(_display_path(config))}</code></p>"
             + _origin_html(phases)
+            + training_section(head.get("training"))
             + tree_section(case_id, name, phases)
             + "".join(_phase_html(case_id, p) for p in phases)
             + "</section>"
@@ -341,7 +345,7 @@ def render_html(document: Mapping[str, Any]) -> str:
     source = document.get("config") or document.get("golden") or ""
     return PAGE.format(
         title=esc(f"precalign report: {Path(str(source)).name}" if source else "precalign report"),
-        css=CSS + TREE_CSS,
+        css=CSS + TREE_CSS + TRAINING_CSS,
         js=JS + TREE_JS,
         source=esc(_display_path(str(source))),
         summary=esc(f"{len(entries)} items: {summary}" if entries else "no items"),

@@ -4,14 +4,16 @@ report.json's dicts and writes the report files)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..compare.pairs import Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
+from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
+from .training_text import blames_layer, training_lines, training_summary
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
 UNMATCHED_NAMES = 5
@@ -55,6 +57,14 @@ class PhaseReport:
     candidate_names: Mapping[str, str] = field(default_factory=dict)
     parents: Mapping[str, str] = field(default_factory=dict)
     weights: Mapping[str, Any] | None = None  # the weight sync's report (``SyncReport.as_dict``)
+    training: TrainingVerdict | None = None  # a training run's verdict over its steps
+    carries_training: bool = False  # this item is the one a failing training verdict fails
+
+    @property
+    def passed(self) -> bool:
+        """The item's outcome: its phase passed, and the training verdict it carries (if any)."""
+        failing_run = self.carries_training and self.training is not None and not self.training.passed
+        return self.verdict.passed and not failing_run
 
     @property
     def nodeid_name(self) -> str:
@@ -81,6 +91,7 @@ class PhaseReport:
     ) -> PhaseReport:
         """The report of ``run``'s ``phase``; ``case`` and ``seconds`` default to the run's."""
         sync = getattr(run, "sync", None)  # a live case's weight sync (CaseRun.sync)
+        training = getattr(run, "training", None)  # a training run's verdict (CaseRun.training)
         return cls(
             defined_in=defined_in,
             case=run.name if case is None else case,
@@ -95,6 +106,9 @@ class PhaseReport:
             candidate_names=getattr(run, "candidate_names", None) or {},
             parents=getattr(getattr(run, "baseline", None), "manifest", {}).get("parents") or {},
             weights=sync.as_dict() if sync is not None else None,
+            training=training,
+            carries_training=training is not None
+            and owning_phase(training, getattr(run, "phases", ())) == phase,
         )
 
 
@@ -375,7 +389,9 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
 
 def failure_message(report: PhaseReport) -> str:
     v = report.verdict
-    lines: list[str] = (origin_headline(v) if not v.aligned else []) + coverage_problem_lines(v)
+    training, layer = report.training, blames_layer(report.training)
+    lines: list[str] = training_lines(training) if training is not None and not training.passed else []
+    lines += (origin_headline(v) if not v.aligned and layer else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")
     if v.aligned:  # "aligned" only where something was compared: else the coverage line says it
@@ -387,7 +403,11 @@ def failure_message(report: PhaseReport) -> str:
             f"({Path(report.defined_in).name}, table {report.table!r})"
         )
     lines.extend(coverage_lines(v))
-    if v.first is not None:
+    if v.first is not None and not layer and training is not None and training.first is not None:
+        tf = training.first
+        entry = f"step {tf.step}'s {tf.what} ({tf.origin})"
+        lines.extend(divergence_lines(replace(v.first, origin_module=entry), downstream=True))
+    elif v.first is not None:
         lines.extend(divergence_lines(v.first, v.downstream))
     lines.extend(isolation_lines(v))
     lines.extend(nonfinite_lines(v))
@@ -443,7 +463,7 @@ def _skipped_weights(weights: Mapping[str, Any] | None) -> str:
 
 def summary_line(report: PhaseReport) -> str:
     v = report.verdict
-    status = "PASSED" if v.passed else "FAILED"
+    status = "PASSED" if report.passed else "FAILED"
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
         if v.downstream and v.case_origin is not None:
@@ -475,7 +495,8 @@ def summary_line(report: PhaseReport) -> str:
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
-    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}"
+    run = training_summary(report.training) if report.training is not None and not report.passed else ""
+    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}{run}"
 
 
 def verdict_label(verdict: PhaseVerdict) -> str:

@@ -22,7 +22,7 @@ from ..compare.tolerances import ToleranceTable
 from ..config.specs import CaseSpec
 from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
-from ..mapping.spec import MappingSpec
+from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
@@ -30,6 +30,8 @@ from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict, phase_verdict, with_incomplete_steps, with_replica_mismatches
 from ..verdict.story import tell_case
+from ..verdict.training_run import TrainingVerdict, lane_of, with_expectation
+from ..verdict.training_traces import is_training_run, judge_traces
 from ..vocabulary import Phase
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class CaseRun:
     custom_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # record id -> values
     mapping_use: MappingUse | None = None  # what the mapping's rules applied to
     candidate_names: Mapping[str, str] = field(default_factory=dict)  # baseline name -> candidate's
+    training: TrainingVerdict | None = None  # a training run's verdict over its steps
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ def finish(job: FinishInputs) -> CaseRun:
         verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
         verdicts[phase] = with_incomplete_steps(verdict, _incomplete_steps(job))
     verdicts = tell_case(verdicts, phases)
+    training = _training(job, base_trace, cand_trace, comparison)
     return CaseRun(
         name=job.name,
         phases=phases,
@@ -174,7 +178,27 @@ def finish(job: FinishInputs) -> CaseRun:
         environment=job.environment,
         mapping_use=use,
         candidate_names=mapped.candidate_names,
+        training=training,
     )
+
+
+def _training(
+    job: FinishInputs, baseline: Trace, candidate: Trace, comparison: Comparison
+) -> TrainingVerdict | None:
+    """The run verdict of a training run (None for a one-step case), checked against the
+    case's expected run divergence (``expect: {step, diverged}``) when it has one."""
+    expect = job.case.expect if job.case is not None else None
+    training = None
+    if is_training_run(baseline, candidate):
+        mapping = job.mapping
+        training = judge_traces(
+            baseline, candidate, comparison, job.table, lambda n: baseline_param_names(mapping, n)
+        )
+    if expect is None or expect.diverged is None or expect.step is None:
+        return training
+    if training is None:
+        training = TrainingVerdict(0, lane_of(job.table), None, ("the case is not a training run",))
+    return with_expectation(training, expect.step, expect.diverged, expect.run_origin)
 
 
 def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
@@ -207,8 +231,8 @@ def phase_outcome(report: PhaseReport, extra: Mapping[str, Any] | None = None) -
     data = {**phase_dict(report), **(extra or {})}
     return ItemOutcome(
         name=report.nodeid_name,
-        passed=report.verdict.passed,
-        message="" if report.verdict.passed else failure_message(report),
+        passed=report.passed,
+        message="" if report.passed else failure_message(report),
         summary=summary_line(report),
         entry=plain_entry(data),
         properties=tuple(junit_properties(report.verdict)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..vocabulary import Kind, Phase
+from ..vocabulary import Kind, Phase, TrainingClass
 
 
 @dataclass(frozen=True)
@@ -16,3 +16,12 @@ class Expectation:
     origin: bool | None
     kind: Kind | None
     where: str
+    # A training run's known divergence: the first divergent step and what diverged first
+    # (the case passes only when the run verdict finds exactly these; records are not gated).
+    step: int | None = None
+    diverged: TrainingClass | None = None
+    run_origin: str | None = None  # the module, parameter or scalar the run verdict must name
+
+    @property
+    def of_run(self) -> bool:
+        return self.diverged is not None

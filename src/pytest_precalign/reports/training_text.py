@@ -1,0 +1,52 @@
+"""A training run's verdict in words: the first divergent step, what diverged first and its
+origin, the whole-model pattern, that later steps are downstream, the lane, and what does not
+line up between the runs."""
+
+from __future__ import annotations
+
+from ..verdict.training_run import TrainingVerdict
+
+LAYER_CLASSES = ("forward", "backward")
+
+
+def training_lines(v: TrainingVerdict) -> list[str]:
+    """The run's story, first lines of a failing item's message."""
+    if v.first is None and not v.findings and v.met is None:
+        return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)"]
+    lines: list[str] = []
+    if v.met is False:
+        found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
+        lines.append(f"Known divergence not reproduced: expected {v.expected}, found {found}")
+    first = v.first
+    if first is not None:
+        lines.append(
+            f"Step {first.step} diverged first: {first.what}, origin {first.origin} — {first.evidence}"
+        )
+        if first.pattern:
+            lines.append(f"  whole model: {first.pattern}")
+        if v.replay:
+            lines.append(f"  {v.replay}")
+        if v.downstream:
+            lines.append(f"  {v.downstream}")
+        lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane")
+    if v.met:
+        lines.append(f"  the expected divergence: {v.expected}")
+    lines.extend(f"Runs do not line up: {finding}" for finding in v.findings)
+    return lines
+
+
+def training_summary(v: TrainingVerdict) -> str:
+    """``; step 3 diverged first: schedule (lr[0])`` for the summary line."""
+    if v.first is not None:
+        return f"; step {v.first.step} diverged first: {v.first.what} ({v.first.origin})"
+    if v.findings:
+        return f"; runs do not line up ({len(v.findings)} finding(s))"
+    return ""
+
+
+def blames_layer(v: TrainingVerdict | None) -> bool:
+    """Whether a layer origin may be told for the case: no training verdict, or one whose
+    first divergence is in a layer (not the data, the contract, the schedule, ...)."""
+    if v is None or v.passed:
+        return True
+    return v.first is not None and v.first.what in LAYER_CLASSES

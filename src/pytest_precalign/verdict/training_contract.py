@@ -1,0 +1,172 @@
+"""The contract check: what each side WILL do, compared before step 0 from the two sides'
+translated settings (the ``"plan"`` of each manifest's ``"training"``, made by running each
+framework's own scheduler; see TRAINING.md).
+
+Per parameter (the candidate's names mapped to the baseline's by the case's mapping), the LR
+and weight decay at every planned step; then clipping, Adam's betas and eps, the optimizer,
+the micro-batches and the loss normalisation over them. The first difference is named with
+its step and parameter group, and what the LR sequences suggest (one side lagging by a step,
+a shorter decay horizon).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Rename = Callable[[str], Sequence[str]]  # a candidate parameter name -> the baseline's names
+
+
+def same_names(name: str) -> Sequence[str]:
+    return (name,)
+
+
+LR_RTOL = 1e-6  # two schedulers computing one formula in float64, stored as float32 at worst
+SETTINGS = ("optimizer", "betas", "eps", "clip_grad", "micro_batches", "loss_normalisation")
+
+
+@dataclass(frozen=True)
+class ContractDiff:
+    step: int  # the first planned step that differs (0 for settings of every step)
+    origin: str  # "lr", "weight_decay", or the setting's name
+    evidence: str
+    pattern: str = ""  # what the whole difference looks like ("one step behind")
+    setting: bool = False  # a training setting other than the schedule (micro-batches, clipping)
+
+
+def _groups_of(plan: Mapping[str, Any], rename: Rename) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for index, names in enumerate(plan.get("groups") or ()):
+        for name in names:
+            for mapped in rename(str(name)):
+                out.setdefault(mapped, index)
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return a == b or abs(a - b) <= LR_RTOL * max(abs(a), abs(b))
+
+
+def check_contract(
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], rename: Rename = same_names
+) -> ContractDiff | None:
+    """The first difference between two plans, or None when they agree; ``rename`` gives
+    the baseline's names of a candidate parameter (``mapping.spec.baseline_param_names``)."""
+    base_groups = _groups_of(baseline, same_names)
+    cand_groups = _groups_of(candidate, rename)
+    pairs = sorted({(base_groups[n], cand_groups[n]) for n in base_groups if n in cand_groups})
+    note = ""
+    if not pairs:
+        count = min(len(baseline.get("groups") or ()), len(candidate.get("groups") or ()))
+        pairs = [(g, g) for g in range(max(count, 1))]
+        note = " (parameter names did not pair through the mapping: groups compared by position)"
+    example = {pair: n for n, g in base_groups.items() if (pair := (g, cand_groups.get(n, g))) in pairs}
+    diff = _schedule_diff(baseline, candidate, pairs, example, note)
+    return diff if diff is not None else _settings_diff(baseline, candidate)
+
+
+def _schedule_diff(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    pairs: Sequence[tuple[int, int]],
+    example: Mapping[tuple[int, int], str],
+    note: str,
+) -> ContractDiff | None:
+    lr_b, lr_c = baseline.get("lr") or [], candidate.get("lr") or []
+    wd_b, wd_c = baseline.get("weight_decay") or [], candidate.get("weight_decay") or []
+    for gb, gc in pairs:
+        if gb < len(wd_b) and gc < len(wd_c) and not _close(float(wd_b[gb]), float(wd_c[gc])):
+            who = example.get((gb, gc), f"group {gb}")
+            return ContractDiff(
+                0,
+                "weight_decay",
+                f"weight_decay of {who}: {wd_b[gb]:.4g} vs {wd_c[gc]:.4g} "
+                f"(baseline group {gb}, candidate group {gc}){note}",
+                _decay_pattern(wd_b[gb], wd_c[gc]),
+            )
+    for step in range(max(len(lr_b), len(lr_c))):
+        if step >= len(lr_b) or step >= len(lr_c):
+            short = "baseline" if step >= len(lr_b) else "candidate"
+            return ContractDiff(
+                step, "lr", f"the {short} plans {step} steps, the other {max(len(lr_b), len(lr_c))}"
+            )
+        for gb, gc in pairs:
+            a, b = float(lr_b[step][gb]), float(lr_c[step][gc])
+            if not _close(a, b):
+                seq_b = [float(s[gb]) for s in lr_b]
+                seq_c = [float(s[gc]) for s in lr_c]
+                pattern = lr_pattern(seq_b, seq_c)
+                who = example.get((gb, gc), f"group {gb}")
+                return ContractDiff(
+                    step,
+                    "lr",
+                    f"lr at step {step}: {a:.3e} vs {b:.3e} ({who}: baseline group {gb}, "
+                    f"candidate group {gc}){note}",
+                    pattern,
+                )
+    return None
+
+
+def _decay_pattern(base: float, cand: float) -> str:
+    if float(base) == 0.0:
+        return "weight decay on parameters the baseline does not decay"
+    if float(cand) == 0.0:
+        return "no weight decay on parameters the baseline decays"
+    return ""
+
+
+def lr_pattern(base: Sequence[float], cand: Sequence[float]) -> str:
+    """What two LR sequences' difference looks like, in words ("" when nothing simple)."""
+    n = min(len(base), len(cand))
+    for lag in (1, 2, 3):
+        if n > lag + 1 and all(_close(cand[s], base[s - lag]) for s in range(lag, n)):
+            return f"the candidate's schedule is {lag} step(s) behind the baseline's"
+        if n > lag + 1 and all(_close(base[s], cand[s - lag]) for s in range(lag, n)):
+            return f"the candidate's schedule is {lag} step(s) ahead of the baseline's"
+    if n and all(b != 0 for b in base[:n]):
+        ratios = {round(c / b, 9) for b, c in zip(base[:n], cand[:n], strict=False)}
+        if len(ratios) == 1:
+            return f"every step's LR scaled by {ratios.pop():.4g}"
+    peak_b, peak_c = max(base[:n], default=0.0), max(cand[:n], default=0.0)
+    if _close(peak_b, peak_c):
+        end_b, end_c = _reaches_floor(base), _reaches_floor(cand)
+        if end_b != end_c:
+            return f"same peak, the decay ends {_at(end_c)} vs {_at(end_b)}: another decay horizon"
+    return ""
+
+
+def _at(step: int | None) -> str:
+    return "after the last planned step" if step is None else f"at step {step}"
+
+
+def _reaches_floor(seq: Sequence[float]) -> int | None:
+    """The step from which the LR stays at its last value, when it stays there for at least
+    two steps (None: still changing at the last planned step)."""
+    last = seq[-1] if seq else 0.0
+    step = len(seq)
+    while step > 0 and _close(seq[step - 1], last):
+        step -= 1
+    return step if len(seq) - step >= 2 else None
+
+
+def _settings_diff(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> ContractDiff | None:
+    for key in SETTINGS:
+        if key not in baseline or key not in candidate:
+            continue  # a side that does not say: nothing to compare
+        a, b = baseline[key], candidate[key]
+        if _same(a, b):
+            continue
+        pattern = ""
+        if key == "micro_batches":
+            pattern = f"the sides split each step into {a} and {b} micro-batches"
+        return ContractDiff(0, key, f"{key}: {a!r} vs {b!r}", pattern, setting=True)
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return _close(float(a), float(b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)

@@ -1,0 +1,136 @@
+"""The per-layer evidence of a training run, step by step: for each optimizer step, the first
+diverging record of its forward, its loss, its backward and its update (parameters after the
+step), and the whole-model patterns a single record cannot show (every grad scaled by one
+factor, every parameter off after its grad matched, every module called k times more).
+
+Each step's records are judged on their own (``phase.find_first`` restricted to the step), so
+step k's origin is named from step k's records and never from a later step's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..compare.pairs import Comparison, PairResult
+from ..trace.records import Record, Trace
+from ..trace.step_scalars import StepScalars
+from ..vocabulary import FAILED, Phase
+from .phase import Divergence, find_first
+
+UNIFORM = 1e-3  # relative spread under which per-parameter grad-norm ratios are "one factor"
+
+
+@dataclass(frozen=True)
+class StepRecords:
+    """What step ``step``'s records show (None / False: nothing of that kind diverged)."""
+
+    step: int
+    forward: Divergence | None = None  # a module output or the logits
+    loss: PairResult | None = None  # the loss record, when it fails and nothing before it did
+    backward: Divergence | None = None
+    update: Divergence | None = None  # a parameter after the step
+    grad_factor: float | None = None  # every param grad's norm scaled by this one factor
+    grads_compared: int = 0
+    every_param: bool = False  # every parameter record of the step failed
+    params_compared: int = 0
+    calls: tuple[int, int] | None = None  # module calls per step (baseline, candidate) when they differ
+
+    @property
+    def diverged(self) -> bool:
+        return any(x is not None for x in (self.forward, self.loss, self.backward, self.update)) or bool(
+            self.calls
+        )
+
+
+def step_records(comparison: Comparison, parents: Mapping[str, str] | None = None) -> dict[int, StepRecords]:
+    """Each step's record evidence, by step (only steps with records)."""
+    all_pairs = {p.record.id: p for p in comparison.pairs if p.paired}
+    every = {p.record.id: p for p in comparison.pairs if p.status != "only_candidate"}
+    by_step: dict[int, list[PairResult]] = {}
+    for pair in comparison.pairs:
+        by_step.setdefault(pair.record.step, []).append(pair)
+    out: dict[int, StepRecords] = {}
+    for step, pairs in sorted(by_step.items()):
+
+        def first(phase: Phase, of: Sequence[PairResult] = pairs) -> Divergence | None:
+            chosen = tuple(p for p in of if p.record.phase == phase)
+            return find_first(chosen, phase, all_pairs, parents, every)
+
+        forward = first("forward", [p for p in pairs if p.record.kind != "loss"])
+        loss = next((p for p in pairs if p.record.kind == "loss" and p.status in FAILED), None)
+        grads = [p for p in pairs if p.record.kind == "param_grad" and p.paired]
+        params = [p for p in pairs if p.record.kind == "param" and p.paired]
+        out[step] = StepRecords(
+            step=step,
+            forward=forward,
+            loss=loss if forward is None else None,
+            backward=first("backward"),
+            update=first("step"),
+            grad_factor=_one_factor(grads),
+            grads_compared=len(grads),
+            every_param=len(params) > 1 and all(p.status in FAILED for p in params),
+            params_compared=len(params),
+            calls=_calls(pairs),
+        )
+    return out
+
+
+def _norm_ratio(pair: PairResult) -> float | None:
+    a = pair.record.stats
+    b = pair.candidate.stats if pair.candidate is not None else None
+    if a is None or b is None or not (a.finite and b.finite) or a.norm == 0:
+        return None
+    return b.norm / a.norm
+
+
+def _one_factor(grads: Sequence[PairResult]) -> float | None:
+    """The factor every failing param grad's norm is scaled by, when all of them (at least 2)
+    fail and their norm ratios agree to ``UNIFORM``; None otherwise."""
+    if len(grads) < 2 or not all(p.status == "fail" for p in grads):
+        return None
+    ratios = [_norm_ratio(p) for p in grads]
+    known = [r for r in ratios if r is not None]
+    if len(known) != len(ratios) or min(known) <= 0:
+        return None
+    low, high = min(known), max(known)
+    if high / low - 1 > UNIFORM or abs(low - 1) <= UNIFORM:
+        return None
+    return (low + high) / 2
+
+
+def _calls(pairs: Sequence[PairResult]) -> tuple[int, int] | None:
+    """Module calls in the step, per side, when every module was called a fixed number of
+    times on each side and those numbers differ (micro-batches split otherwise)."""
+    counts: dict[str, list[set[int]]] = {}
+    for p in pairs:
+        if p.record.kind != "activation" or p.record.module_class == "api":
+            continue
+        sides = counts.setdefault(p.record.name, [set(), set()])
+        if p.status != "only_candidate":
+            sides[0].add(p.record.call)
+        cand = (
+            p.candidate if p.candidate is not None else (p.record if p.status == "only_candidate" else None)
+        )
+        if cand is not None:
+            sides[1].add(cand.call)
+    per = {(len(b), len(c)) for b, c in counts.values()}
+    if len(per) != 1:
+        return None
+    n_base, n_cand = per.pop()
+    return (n_base, n_cand) if n_base != n_cand and n_base and n_cand else None
+
+
+def losses_from_records(trace: Trace) -> dict[int, StepScalars]:
+    """Per-step scalars from a trace that has none: the loss of each step, read from its loss
+    record (call 0), so a run recorded before scalars existed still has a loss curve."""
+    out: dict[int, StepScalars] = {}
+    for rec in trace.records:
+        if rec.kind == "loss" and rec.call == 0 and rec.stats is not None and rec.numel == 1:
+            out.setdefault(rec.step, StepScalars(step=rec.step, loss=_value(rec)))
+    return out
+
+
+def _value(rec: Record) -> float:
+    assert rec.stats is not None
+    return rec.stats.mean

@@ -1,0 +1,351 @@
+"""The training-run verdict: at which optimizer step two trainings start to differ, in what,
+and where in the model.
+
+From each side's per-step scalars (``StepScalars``), its translated settings (the manifest's
+``"training"`` plan), its initial parameters, and each step's record evidence
+(``training_records``), the first divergent step is the first step at which anything differs,
+and what diverged first is judged in the order a step executes: the step's data, the forward,
+the loss, the backward (a layer, or every grad scaled by one factor: their reduction),
+clipping, the LR / weight decay as applied, the optimizer's update. Before step 0: the
+initial weights and the contract (``training_contract``). Every later step is downstream.
+
+Two lanes: ``exact`` (the case's table allows no difference: scalars must be bitwise equal)
+and ``approximate`` (each scalar under the table's tolerance for its kind). The run fails
+closed: steps one side lacks, a scalar one side records and the other does not, an update
+one side skipped are findings, never silently paired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..compare.tolerances import ToleranceTable
+from ..trace.step_scalars import StepScalars
+from ..vocabulary import Lane, Phase, TrainingClass
+from .story import origin_of
+from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names
+from .training_records import StepRecords
+from .training_scalars import ScalarJudge, findings_of, first_scalar_difference
+
+
+@dataclass(frozen=True)
+class RunSide:
+    """What one side of a training run recorded."""
+
+    scalars: Mapping[int, StepScalars]
+    plan: Mapping[str, Any] | None = None  # the manifest's training.plan
+    initial_params: Mapping[str, Mapping[str, float]] | None = None
+
+
+@dataclass(frozen=True)
+class FirstDivergent:
+    step: int
+    what: TrainingClass
+    origin: str  # a module, a parameter or a scalar's name
+    evidence: str
+    pattern: str = ""  # a whole-model pattern, in words
+
+
+@dataclass(frozen=True)
+class TrainingVerdict:
+    steps_compared: int
+    lane: Lane
+    first: FirstDivergent | None
+    findings: tuple[str, ...] = ()  # what the run could not pair (fails the case)
+    last_step: int = 0
+    curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
+    replay: str = ""  # what the replay of the first divergent step found
+    expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
+    met: bool | None = None  # None: no expectation
+    expected_what: TrainingClass | None = None
+
+    @property
+    def passed(self) -> bool:
+        found_right = self.first is None if self.met is None else self.met
+        return found_right and not self.findings
+
+    @property
+    def downstream(self) -> str:
+        first = self.first
+        if first is None or first.step >= self.last_step:
+            return ""
+        return f"steps {first.step + 1}-{self.last_step} are downstream of it"
+
+    def as_dict(self) -> dict[str, Any]:
+        first = self.first
+        return {
+            "steps_compared": self.steps_compared,
+            "first_divergent_step": first.step if first else None,
+            "first_divergent": first.what if first else None,
+            "origin": first.origin if first else None,
+            "evidence": first.evidence if first else None,
+            "pattern": first.pattern if first else None,
+            "downstream": self.downstream or None,
+            "lane": self.lane,
+            "findings": list(self.findings),
+            "replay": self.replay or None,
+            "expectation": self.expected or None,
+            "passed": self.passed,
+            "curves": dict(self.curves),
+        }
+
+
+def lane_of(table: ToleranceTable) -> Lane:
+    """``exact`` when the table's every rule allows no difference (atol = rtol = 0)."""
+    rules = table.rules
+    exact = bool(rules) and all(r.atol == 0 and r.rtol == 0 and not r.bounds for r in rules)
+    return "exact" if exact else "approximate"
+
+
+def judge_run(
+    baseline: RunSide,
+    candidate: RunSide,
+    records: Mapping[int, StepRecords],
+    table: ToleranceTable,
+    rename: Rename = same_names,
+    dtype: str = "float32",
+) -> TrainingVerdict:
+    """The run's verdict (see the module docstring); ``dtype``: the runs' (for the table)."""
+    lane = lane_of(table)
+    judge = ScalarJudge(table, lane, dtype)
+    steps = sorted(set(baseline.scalars) | set(candidate.scalars) | set(records))
+    findings = findings_of(baseline.scalars, candidate.scalars)
+    common = [s for s in steps if _on_both(s, baseline, candidate, records)]
+    first = _before_training(baseline, candidate, judge, rename)
+    for step in common:
+        if first is not None and first.step <= step:
+            break
+        found = _step_first(
+            step, baseline.scalars.get(step), candidate.scalars.get(step), records.get(step), judge
+        )
+        if found is not None:
+            first = found
+            break
+    if first is not None and first.what == "schedule" and not first.pattern:
+        first = _run_pattern(first, baseline.scalars, candidate.scalars)
+    return TrainingVerdict(
+        steps_compared=len(common),
+        lane=lane,
+        first=first,
+        findings=findings,
+        last_step=max(common, default=0),
+        curves=curves(baseline.scalars, candidate.scalars),
+    )
+
+
+def _run_pattern(
+    first: FirstDivergent, base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]
+) -> FirstDivergent:
+    """A schedule difference told by the whole run's LRs (one side lagging, another horizon)."""
+    steps = sorted(set(base) & set(cand))
+    seqs = [[s.lr[0] if s.lr else 0.0 for s in (side[k] for k in steps)] for side in (base, cand)]
+    pattern = lr_pattern(seqs[0], seqs[1]) if first.origin.startswith("lr") else ""
+    return replace(first, pattern=pattern) if pattern else first
+
+
+def _on_both(step: int, baseline: RunSide, candidate: RunSide, records: Mapping[int, StepRecords]) -> bool:
+    if step in baseline.scalars or step in candidate.scalars:
+        return step in baseline.scalars and step in candidate.scalars
+    return step in records
+
+
+def _before_training(
+    baseline: RunSide, candidate: RunSide, judge: ScalarJudge, rename: Rename
+) -> FirstDivergent | None:
+    """Different initial weights, then a contract difference (at its planned step)."""
+    weights = _weights(baseline.initial_params, candidate.initial_params, judge, rename)
+    if weights is not None:
+        return weights
+    if baseline.plan is None or candidate.plan is None:
+        return None
+    diff = check_contract(baseline.plan, candidate.plan, rename)
+    return _contract(diff) if diff is not None else None
+
+
+def _contract(diff: ContractDiff) -> FirstDivergent:
+    evidence = f"the sides' settings differ before training: {diff.evidence}"
+    return FirstDivergent(diff.step, "contract", diff.origin, evidence, diff.pattern)
+
+
+def _weights(
+    base: Mapping[str, Mapping[str, float]] | None,
+    cand: Mapping[str, Mapping[str, float]] | None,
+    judge: ScalarJudge,
+    rename: Rename,
+) -> FirstDivergent | None:
+    if not base or not cand:
+        return None
+    renamed = {b: stats for name, stats in cand.items() for b in rename(name)}
+    differ = []
+    for name, stats in base.items():
+        other = renamed.get(name)
+        if other is None or "norm" not in stats or "norm" not in other:
+            continue
+        if not judge.same("param_norm", float(stats["norm"]), float(other["norm"])):
+            differ.append((name, float(stats["norm"]), float(other["norm"])))
+    if not differ:
+        return None
+    name, a, b = differ[0]
+    more = f" and {len(differ) - 1} more parameter(s)" if len(differ) > 1 else ""
+    evidence = f"the initial parameters differ: {name} norm {a:.6g} vs {b:.6g}{more}"
+    return FirstDivergent(0, "weights", name, evidence)
+
+
+def _step_first(
+    step: int,
+    base: StepScalars | None,
+    cand: StepScalars | None,
+    records: StepRecords | None,
+    judge: ScalarJudge,
+) -> FirstDivergent | None:
+    """What diverged first in ``step``, in execution order (None: the step is aligned)."""
+    rec = records or StepRecords(step)
+    scalar = first_scalar_difference(base, cand, judge) if base and cand else None
+    order: list[tuple[TrainingClass, FirstDivergent | None]] = [
+        ("data", _scalar_as(step, scalar, "data")),
+        ("contract", _split(step, rec) or _scalar_as(step, scalar, "contract")),
+        ("forward", _layer(step, rec, "forward")),
+        ("loss", _loss(step, rec, scalar)),
+        ("backward", _backward(step, rec, scalar)),
+        ("clipping", _scalar_as(step, scalar, "clipping")),
+        ("schedule", _scalar_as(step, scalar, "schedule")),
+        ("optimizer_update", _update(step, rec, scalar)),
+    ]
+    return next((found for _, found in order if found is not None), None)
+
+
+def _scalar_as(step: int, scalar: Any, what: TrainingClass) -> FirstDivergent | None:
+    if scalar is None or scalar.what != what:
+        return None
+    return FirstDivergent(step, what, scalar.origin, scalar.evidence, scalar.pattern)
+
+
+def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
+    if rec.calls is None:
+        return None
+    base, cand = rec.calls
+    pattern = f"the sides split the step into {base} and {cand} micro-batches"
+    evidence = f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
+    return FirstDivergent(step, "contract", "micro_batches", evidence, pattern)
+
+
+def _layer(step: int, rec: StepRecords, phase: str) -> FirstDivergent | None:
+    first = rec.forward if phase == "forward" else rec.backward
+    if first is None:
+        return None
+    origin = origin_of(first)
+    what: TrainingClass = "forward" if phase == "forward" else "backward"
+    if not origin.proven or not origin.module:
+        evidence = f"first failing record {first.name} ({first.kind}); origin unproven: {origin.evidence}"
+        return FirstDivergent(step, what, origin.module or first.name, evidence)
+    return FirstDivergent(step, what, origin.module, f"{origin.evidence} ({first.kind} of {first.name})")
+
+
+def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+    if rec.loss is not None:
+        pair = rec.loss
+        check = pair.failing
+        detail = f" ({check.metric} {check.value:.3g} > {check.allowed:.3g})" if check else ""
+        evidence = f"the loss differs{detail} while every forward record before it matched"
+        return FirstDivergent(step, "loss", pair.record.name or "loss", evidence)
+    if scalar is not None and scalar.what == "loss":
+        hint = "" if rec.diverged or rec.forward else "; record layers to tell the forward from the loss"
+        return FirstDivergent(step, "loss", "loss", scalar.evidence + hint, scalar.pattern)
+    return None
+
+
+def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+    if rec.grad_factor is not None:
+        f = rec.grad_factor
+        pattern = (
+            f"every grad scaled by one factor (x{f:.4g}): a loss scale, or grads summed instead of averaged"
+        )
+        evidence = f"all {rec.grads_compared} parameter grads of step {step} differ by the factor {f:.6g}"
+        return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
+    found = _layer(step, rec, "backward")
+    if found is not None:
+        return found
+    if scalar is not None and scalar.what in ("backward", "grad_reduction"):
+        return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
+    return None
+
+
+def _update(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+    first = rec.update
+    if first is not None:
+        pattern = ""
+        if rec.every_param:
+            pattern = (
+                f"every parameter ({rec.params_compared}) differs after the update while its grad matched"
+            )
+        evidence = f"{first.name}: its grad matched, the optimizer update made it differ"
+        return FirstDivergent(step, "optimizer_update", first.name, evidence, pattern)
+    if scalar is not None and scalar.what == "optimizer_update":
+        return FirstDivergent(step, "optimizer_update", scalar.origin, scalar.evidence, scalar.pattern)
+    return None
+
+
+CURVE_FIELDS = ("loss", "lr", "grad_norm")
+
+
+def curves(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> dict[str, Any]:
+    """The per-step curves of both sides the HTML report draws: loss, LR of group 0, grad norm."""
+    steps = sorted(set(base) | set(cand))
+    out: dict[str, Any] = {"steps": steps}
+    for name in CURVE_FIELDS:
+        for side, scalars in (("baseline", base), ("candidate", cand)):
+            values = [_curve_value(scalars.get(s), name) for s in steps]
+            if any(v is not None for v in values):
+                out.setdefault(name, {})[side] = values
+    return out
+
+
+def _curve_value(s: StepScalars | None, name: str) -> float | None:
+    if s is None:
+        return None
+    value = getattr(s, name)
+    if isinstance(value, tuple):
+        return float(value[0]) if value else None
+    return None if value is None else float(value)
+
+
+# The phase whose test item a training verdict fails: where its class happens in a step.
+PHASE_OF_CLASS: Mapping[TrainingClass, Phase] = {
+    "weights": "forward",
+    "contract": "forward",
+    "data": "forward",
+    "forward": "forward",
+    "loss": "forward",
+    "backward": "backward",
+    "grad_reduction": "backward",
+    "clipping": "step",
+    "schedule": "step",
+    "optimizer_update": "step",
+}
+
+
+def owning_phase(verdict: TrainingVerdict, phases: Sequence[Phase]) -> Phase | None:
+    """The case phase that carries a failing training verdict: its class's phase when the
+    case runs it, else the case's first phase (a run that does not line up: the first)."""
+    if verdict.passed or not phases:
+        return None
+    what = verdict.first.what if verdict.first is not None else None
+    if verdict.met is not None:
+        what = verdict.expected_what
+    wanted = PHASE_OF_CLASS[what] if what is not None else phases[0]
+    return wanted if wanted in phases else phases[0]
+
+
+def with_expectation(
+    verdict: TrainingVerdict, step: int, diverged: TrainingClass, origin: str | None = None
+) -> TrainingVerdict:
+    """The verdict checked against a known divergence: met only when the first divergent step,
+    what diverged first (and the origin, when given) are exactly these."""
+    first = verdict.first
+    met = first is not None and (first.step, first.what) == (step, diverged)
+    if origin is not None:
+        met = met and first is not None and first.origin == origin
+    expected = f"step {step} " + (f"({origin}) " if origin else "") + diverged
+    return replace(verdict, expected=expected, met=met, expected_what=diverged)

@@ -1,0 +1,229 @@
+"""One training step's scalars compared between the sides (``StepScalars``), and what a run's
+scalars cannot pair (steps on one side only, a scalar one side records, an update one side
+skipped): the scalar half of the training-run verdict (``training_run``).
+
+A scalar is judged in the lane of the case: ``exact`` (bitwise equal) or ``approximate``
+(``|a - b| <= atol + rtol * |a|`` with the tolerance the case's table gives a record of the
+scalar's kind: the loss as a ``loss`` record, the grad norm and clip coefficient as
+``param_grad`` records, the parameter norm as a ``param`` record; LRs and weight decays to
+``LR_RTOL``; counts, hashes and flags exactly). The update norm is judged only in the exact
+lane: AdamW turns noise in near-zero grads into large update differences, so in the
+approximate lane the update is judged by its inputs (the parameter records and their grads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from ..compare.tolerances import ToleranceTable
+from ..trace.step_scalars import StepScalars
+from ..vocabulary import Lane, TrainingClass
+from .training_contract import LR_RTOL
+
+# The table kind each float scalar is judged as, in the approximate lane.
+AS_KIND = {
+    "loss": ("loss", "forward"),
+    "grad_norm": ("param_grad", "backward"),
+    "clip_coef": ("param_grad", "backward"),
+    "param_norm": ("param", "step"),
+}
+APPROX_ONLY_EVIDENCE = ("update_norm", "zero_grads")  # not judged in the approximate lane
+
+
+@dataclass(frozen=True)
+class ScalarJudge:
+    table: ToleranceTable
+    lane: Lane
+    dtype: str = "float32"
+
+    def same(self, name: str, a: float, b: float, step: int = 0) -> bool:
+        if a == b or (math.isnan(a) and math.isnan(b)):
+            return True
+        if self.lane == "exact":
+            return False
+        if name in ("lr", "weight_decay"):
+            return abs(a - b) <= LR_RTOL * max(abs(a), abs(b))
+        kind, phase = AS_KIND.get(name, ("param", "step"))
+        tol = self.table.lookup(name, kind, phase, self.dtype, step)
+        return abs(a - b) <= tol.atol + tol.rtol * abs(a)
+
+
+@dataclass(frozen=True)
+class ScalarDiff:
+    what: TrainingClass
+    origin: str
+    evidence: str
+    pattern: str = ""
+
+
+def _num(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    """The first scalar of the step that differs, in the order the step computes them."""
+    step = base.step
+    if base.batch_hash is not None and cand.batch_hash is not None and base.batch_hash != cand.batch_hash:
+        return ScalarDiff(
+            "data",
+            "batch",
+            f"the batch of step {step} differs (sha256 {base.batch_hash[:12]} vs {cand.batch_hash[:12]})",
+        )
+    if base.tokens is not None and cand.tokens is not None and base.tokens != cand.tokens:
+        return ScalarDiff("data", "tokens", f"tokens in step {step}: {base.tokens} vs {cand.tokens}")
+    if (
+        base.micro_batches is not None
+        and cand.micro_batches is not None
+        and base.micro_batches != cand.micro_batches
+    ):
+        pattern = f"the sides split the step into {base.micro_batches} and {cand.micro_batches} micro-batches"
+        return ScalarDiff("contract", "micro_batches", f"micro_batches in step {step}: {pattern}", pattern)
+    for diff in (_loss(base, cand, judge), _grads(base, cand, judge), _clip(base, cand, judge)):
+        if diff is not None:
+            return diff
+    return _schedule(base, cand, judge) or _update(base, cand, judge)
+
+
+def _differs(
+    name: str, base: StepScalars, cand: StepScalars, judge: ScalarJudge
+) -> tuple[float, float] | None:
+    a, b = getattr(base, name), getattr(cand, name)
+    if a is None or b is None or judge.same(name, float(a), float(b), base.step):
+        return None
+    return float(a), float(b)
+
+
+def _loss(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    found = _differs("loss", base, cand, judge)
+    if found is None:
+        return None
+    return ScalarDiff("loss", "loss", f"loss {_num(found[0])} vs {_num(found[1])}")
+
+
+def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    found = _differs("grad_norm", base, cand, judge)
+    if found is None:
+        return None
+    a, b = found
+    evidence = f"grad norm (before clipping) {_num(a)} vs {_num(b)} while the loss matched"
+    ratio = b / a if a > 0 and b > 0 else 0.0
+    big = max(ratio, 1 / ratio) if ratio else 0.0
+    if big >= 1.5 and abs(big - round(big)) < 1e-3 * big:
+        pattern = f"the grad norm is x{ratio:.4g}: grads summed instead of averaged (ranks or micro-batches)"
+        return ScalarDiff("grad_reduction", "grad_norm", evidence, pattern)
+    return ScalarDiff("backward", "grad_norm", evidence + "; record layers to find where in the backward")
+
+
+def _clip(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    found = _differs("clip_coef", base, cand, judge)
+    if found is None:
+        return None
+    a, b = found
+    if a >= 1.0 or b >= 1.0:
+        side = "candidate" if a >= 1.0 else "baseline"
+        pattern = f"only the {side} clipped: every grad scaled by one factor ({_num(min(a, b))})"
+    else:
+        pattern = "both clipped, by different factors: another threshold or norm"
+    return ScalarDiff(
+        "clipping",
+        "clip_coef",
+        f"clip coefficient {_num(a)} vs {_num(b)} with the grad norm matching",
+        pattern,
+    )
+
+
+def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    for name in ("lr", "weight_decay"):
+        a, b = getattr(base, name), getattr(cand, name)
+        if a is None or b is None:
+            continue
+        if len(a) == len(b):
+            pairs = list(zip(a, b, strict=True))
+        else:  # other group layouts: compare the values in use
+            pairs = (
+                list(zip(sorted(set(a)), sorted(set(b)), strict=False)) if len(set(a)) == len(set(b)) else []
+            )
+            if not pairs:
+                return ScalarDiff(
+                    "schedule", name, f"{name} values in use: {sorted(set(a))} vs {sorted(set(b))}"
+                )
+        bad = [(g, x, y) for g, (x, y) in enumerate(pairs) if not judge.same(name, x, y, base.step)]
+        if not bad:
+            continue
+        g, x, y = bad[0]
+        evidence = f"{name} at step {base.step}: {x:.3e} vs {y:.3e} (group {g})"
+        ratios = {round(y2 / x2, 9) for x2, y2 in pairs if x2}
+        pattern = ""
+        ratio = ratios.pop() if len(ratios) == 1 else 0.0
+        if name == "lr" and ratio > 0 and len(bad) == len(pairs):
+            pattern = f"every parameter moved by the same factor (LR x{ratio:.4g}): the LR differs"
+        return ScalarDiff("schedule", f"{name}[{g}]", evidence, pattern)
+    return None
+
+
+def _update(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    names = ("param_norm", "update_norm") if judge.lane == "exact" else ("param_norm",)
+    for name in names:
+        found = _differs(name, base, cand, judge)
+        if found is not None:
+            what = "parameter norm after" if name == "param_norm" else "norm of"
+            evidence = f"{what} the update {_num(found[0])} vs {_num(found[1])} while its inputs matched"
+            return ScalarDiff("optimizer_update", name, evidence)
+    return None
+
+
+_SCALAR_NAMES = tuple(f.name for f in fields(StepScalars) if f.name != "step")
+
+
+def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[str, ...]:
+    """What the two runs' scalars cannot pair: each is a failure of the run, never skipped over."""
+    out: list[str] = []
+    if base or cand:
+        for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
+            alone = sorted(set(mine) - set(other))
+            if alone:
+                out.append(
+                    f"steps {_ranges(alone)} recorded by the {side} only: the runs' steps do not line up"
+                )
+    common = sorted(set(base) & set(cand))
+    for name in _SCALAR_NAMES:
+        for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
+            alone = [s for s in common if _one_sided(name, getattr(mine[s], name), getattr(other[s], name))]
+            if alone:
+                out.append(
+                    f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
+                )
+    for s in common:
+        a, b = bool(base[s].skipped), bool(cand[s].skipped)
+        if a != b:
+            side = "baseline" if a else "candidate"
+            out.append(
+                f"the {side} skipped the update of step {s} (an overflow?), the other did not: "
+                "the steps after it do not line up"
+            )
+            break
+    return tuple(out)
+
+
+# What a side that does not have the quantity means by it: no loss scaler is a scale of 1, a
+# framework that never skips an update did not skip it.
+NEUTRAL: dict[str, object] = {"loss_scale": 1.0, "skipped": False}
+
+
+def _one_sided(name: str, mine: object, other: object) -> bool:
+    return mine is not None and other is None and not (name in NEUTRAL and mine == NEUTRAL[name])
+
+
+def _ranges(steps: list[int]) -> str:
+    parts: list[str] = []
+    start = prev = steps[0]
+    for s in [*steps[1:], None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(parts)

@@ -1,0 +1,59 @@
+"""The training-run verdict of two traces: each side's per-step scalars (the manifest's
+``"scalars"``; a trace without them gives its loss curve from its loss records), its plan
+(``"training"."plan"``) and initial parameters (``"initial_params"``), and the per-step
+record evidence of their comparison."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..compare.pairs import Comparison
+from ..compare.tolerances import ToleranceTable
+from ..trace.records import Trace
+from ..trace.step_scalars import StepScalars, scalars_of
+from .training_contract import Rename, same_names
+from .training_records import losses_from_records, step_records
+from .training_run import RunSide, TrainingVerdict, judge_run
+
+
+def is_training_run(baseline: Trace, candidate: Trace) -> bool:
+    """Two traces of a training run: scalars or a plan on either side, or records of more
+    than one optimizer step."""
+    for trace in (baseline, candidate):
+        if trace.manifest.get("scalars") or trace.manifest.get("training"):
+            return True
+    steps = {r.step for r in baseline.records if r.kind == "param"}
+    return len(steps) > 1
+
+
+def run_side(trace: Trace, where: str) -> RunSide:
+    manifest = trace.manifest
+    scalars: Mapping[int, StepScalars] = scalars_of(manifest, where) or losses_from_records(trace)
+    training = manifest.get("training")
+    plan = training.get("plan") if isinstance(training, Mapping) else None
+    initial = manifest.get("initial_params")
+    return RunSide(
+        scalars,
+        plan if isinstance(plan, Mapping) else None,
+        initial if isinstance(initial, Mapping) else None,
+    )
+
+
+def judge_traces(
+    baseline: Trace,
+    candidate: Trace,
+    comparison: Comparison,
+    table: ToleranceTable,
+    rename: Rename = same_names,
+) -> TrainingVerdict:
+    """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own)."""
+    parents: Mapping[str, Any] = baseline.manifest.get("parents") or {}
+    return judge_run(
+        run_side(baseline, "the baseline's manifest"),
+        run_side(candidate, "the candidate's manifest"),
+        step_records(comparison, {str(k): str(v) for k, v in parents.items()}),
+        table,
+        rename,
+        dtype=str(baseline.manifest.get("dtype") or "float32"),
+    )

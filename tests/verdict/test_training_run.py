@@ -1,0 +1,292 @@
+"""The training-run verdict (verdict/training_run.py) on per-step scalars and plans written as
+data: the first divergent step, what diverged first (a training-loop difference is never
+blamed on a layer), whole-model patterns, the two lanes, and a run that fails closed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.trace.records import Trace
+from pytest_precalign.trace.step_scalars import StepScalars
+from pytest_precalign.verdict.training_records import step_records
+from pytest_precalign.verdict.training_run import RunSide, TrainingVerdict, judge_run
+
+from .test_rules import rec, two_layers
+
+STEPS = 10
+
+
+def run(**changes: object) -> dict[int, StepScalars]:
+    """A 10-step run's scalars; ``changes`` maps a field to a function of the step."""
+    out = {}
+    for s in range(STEPS):
+        base = StepScalars(
+            step=s,
+            loss=5.6 - 0.01 * s,
+            lr=(1e-3, 1e-3),
+            weight_decay=(0.01, 0.0),
+            grad_norm=2.0 - 0.1 * s,
+            clip_coef=1.0,
+            param_norm=30.0 + 0.01 * s,
+            update_norm=0.05,
+            tokens=64,
+            batch_hash=f"{s:064x}",
+            micro_batches=1,
+        )
+        out[s] = replace(base, **{k: f(s) for k, f in changes.items()})  # type: ignore[operator]
+    return out
+
+
+def judge(base: dict[int, StepScalars], cand: dict[int, StepScalars], **kw: object) -> TrainingVerdict:
+    return judge_run(RunSide(base), RunSide(cand), {}, kw.get("table", default_table()))  # type: ignore[arg-type]
+
+
+def first(v: TrainingVerdict) -> tuple[int, str, str]:
+    assert v.first is not None, "the run is aligned"
+    return v.first.step, v.first.what, v.first.origin
+
+
+def test_identical_runs_are_aligned_over_every_step() -> None:
+    v = judge(run(), run())
+    assert v.passed and v.steps_compared == STEPS
+    assert v.as_dict()["first_divergent_step"] is None
+
+
+def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
+    warm = [0.0, 5e-4, 1e-3, 1e-3]
+    behind = [0.0, 0.0, 5e-4, 1e-3]
+    v = judge(run(lr=lambda s: (warm[min(s, 3)],) * 2), run(lr=lambda s: (behind[min(s, 3)],) * 2))
+    assert first(v) == (1, "schedule", "lr[0]")
+    assert v.first is not None and "lr at step 1: 5.000e-04 vs 0.000e+00" in v.first.evidence
+    assert v.downstream == "steps 2-9 are downstream of it"
+    assert v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
+
+
+def test_the_same_lr_factor_on_every_group_is_named_as_a_whole_model_pattern() -> None:
+    v = judge(run(), run(lr=lambda s: (5e-4, 5e-4)))
+    assert first(v) == (0, "schedule", "lr[0]")
+    assert v.first is not None and "every parameter moved by the same factor (LR x0.5)" in v.first.pattern
+
+
+def test_clipping_on_one_side_only_is_clipping() -> None:
+    v = judge(run(), run(clip_coef=lambda s: 0.5))
+    assert first(v) == (0, "clipping", "clip_coef")
+    assert v.first is not None and v.first.pattern.startswith("only the candidate clipped")
+
+
+def test_a_different_micro_batch_split_is_said_as_such() -> None:
+    v = judge(run(), run(micro_batches=lambda s: 2))
+    assert first(v) == (0, "contract", "micro_batches")
+    assert v.first is not None and v.first.pattern == "the sides split the step into 1 and 2 micro-batches"
+
+
+def test_grads_twice_as_large_are_the_grad_reduction() -> None:
+    v = judge(run(), run(grad_norm=lambda s: 2 * (2.0 - 0.1 * s)))
+    assert first(v) == (0, "grad_reduction", "grad_norm")
+
+
+def test_a_bug_from_step_5_is_found_at_step_5() -> None:
+    v = judge(run(), run(loss=lambda s: 5.6 - 0.01 * s + (1e-3 if s >= 5 else 0.0)))
+    assert first(v) == (5, "loss", "loss")
+    assert v.first is not None and "record layers" in v.first.evidence
+
+
+def test_a_different_batch_is_data() -> None:
+    v = judge(run(), run(batch_hash=lambda s: f"{s + (1 if s >= 3 else 0):064x}"))
+    assert first(v) == (3, "data", "batch")
+
+
+def test_the_exact_lane_fails_what_the_approximate_lane_allows() -> None:
+    cand = run(loss=lambda s: (5.6 - 0.01 * s) * (1 + 1e-9))
+    assert judge(run(), cand).passed
+    exact = ToleranceTable("exact", (ToleranceRule(atol=0.0, rtol=0.0),))
+    v = judge(run(), cand, table=exact)
+    assert v.lane == "exact" and first(v) == (0, "loss", "loss")
+
+
+def test_an_update_difference_is_judged_in_the_exact_lane_only() -> None:
+    cand = run(update_norm=lambda s: 0.0500001)
+    assert judge(run(), cand).passed  # AdamW amplifies: judged by its inputs, not this number
+    exact = ToleranceTable("exact", (ToleranceRule(atol=0.0, rtol=0.0),))
+    assert first(judge(run(), cand, table=exact)) == (0, "optimizer_update", "update_norm")
+
+
+@pytest.mark.parametrize(
+    ("cand", "finding"),
+    [
+        ({s: x for s, x in run().items() if s < 8}, "steps 8-9 recorded by the baseline only"),
+        (run(grad_norm=lambda s: None), "grad_norm recorded by the baseline only (steps 0-9)"),
+        (run(skipped=lambda s: s == 3), "the candidate skipped the update of step 3"),
+    ],
+)
+def test_a_run_that_does_not_line_up_fails_closed(cand: dict[int, StepScalars], finding: str) -> None:
+    v = judge(run(), cand)
+    assert not v.passed
+    assert any(f.startswith(finding) for f in v.findings), v.findings
+
+
+def plan(lr: list[float], groups: list[list[str]], **kw: object) -> dict[str, object]:
+    return {
+        "lr": [[x] * len(groups) for x in lr],
+        "weight_decay": kw.pop("weight_decay", [0.01, 0.0][: len(groups)]),
+        "groups": groups,
+        "clip_grad": kw.pop("clip_grad", 1.0),
+        "micro_batches": 1,
+        "betas": [0.9, 0.999],
+        "eps": 1e-8,
+        **kw,
+    }
+
+
+def cosine(steps: int, horizon: int, peak: float = 1e-3) -> list[float]:
+    import math
+
+    return [peak * 0.5 * (1 + math.cos(math.pi * min(s, horizon) / horizon)) for s in range(steps)]
+
+
+GROUPS = [["w", "layer.weight"], ["norm.weight", "layer.bias"]]
+
+
+def contract(base: dict[str, object], cand: dict[str, object]) -> TrainingVerdict:
+    return judge_run(RunSide(run(), base), RunSide(run(), cand), {}, default_table())
+
+
+def test_a_shorter_decay_horizon_fails_the_contract_at_its_first_step() -> None:
+    v = contract(plan(cosine(10, 10), GROUPS), plan(cosine(10, 8), GROUPS))
+    assert first(v) == (1, "contract", "lr")
+    assert v.first is not None
+    assert "lr at step 1: 9.755e-04 vs 9.619e-04" in v.first.evidence
+    assert (
+        v.first.pattern
+        == "same peak, the decay ends at step 8 vs after the last planned step: another decay horizon"
+    )
+
+
+def test_a_warmup_one_step_behind_in_the_plans() -> None:
+    v = contract(plan([0, 5e-4, 1e-3, 1e-3, 1e-3], GROUPS), plan([0, 0, 5e-4, 1e-3, 1e-3], GROUPS))
+    assert first(v) == (1, "contract", "lr")
+    assert (
+        v.first is not None
+        and v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
+    )
+
+
+def test_weight_decay_on_norms_is_named_with_a_parameter() -> None:
+    cand_groups = [["w", "layer.weight", "norm.weight"], ["layer.bias"]]
+    v = contract(plan([1e-3] * 3, GROUPS), plan([1e-3] * 3, cand_groups))
+    assert first(v) == (0, "contract", "weight_decay")
+    assert v.first is not None and "weight_decay of norm.weight: 0 vs 0.01" in v.first.evidence
+
+
+def test_clipping_configured_on_one_side_only_is_a_contract_difference() -> None:
+    v = contract(plan([1e-3] * 3, GROUPS), plan([1e-3] * 3, GROUPS, clip_grad=None))
+    assert first(v) == (0, "contract", "clip_grad")
+
+
+def test_different_initial_weights_are_weights() -> None:
+    base = RunSide(run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.0}})
+    cand = RunSide(run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.5}})
+    v = judge_run(base, cand, {}, default_table())
+    assert first(v) == (0, "weights", "b")
+
+
+def _at(record_id: str, step: int) -> str:
+    name, kind, slot, _, call = record_id.split("|")
+    return "|".join((name, kind, slot, str(step), call))
+
+
+def stepped(records: list, step: int) -> list:  # type: ignore[type-arg]
+    return [replace(r, step=step, deps=tuple(_at(d, step) for d in r.deps)) for r in records]
+
+
+def records_run(base_steps: list[list], cand_steps: list[list]):  # type: ignore[no-untyped-def,type-arg]
+    manifest = {"record_mode": "stats"}
+    b = Trace(manifest, tuple(r for s, rs in enumerate(base_steps) for r in stepped(rs, s)))
+    c = Trace(manifest, tuple(r for s, rs in enumerate(cand_steps) for r in stepped(rs, s)))
+    return step_records(compare_traces(b, c, default_table()))
+
+
+def test_a_layer_bug_from_step_2_names_the_layer_at_step_2() -> None:
+    good = two_layers(1.0, 1.0, 1.0)
+    records = records_run([good] * 4, [good, good, two_layers(1.0, 1.0, 2.0), two_layers(1.0, 1.0, 2.0)])
+    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    assert first(v) == (2, "forward", "b")
+    assert v.first is not None and "its inputs matched, its output did not" in v.first.evidence
+    assert v.steps_compared == 4
+
+
+def grads(scale: float) -> list:  # type: ignore[type-arg]
+    return [
+        rec(0, "a", "activation"),
+        rec(10, "a.weight", "param_grad", 1.0 * scale),
+        rec(11, "a.bias", "param_grad", 0.5 * scale),
+    ]
+
+
+def test_every_grad_scaled_by_one_factor_is_the_grad_reduction_not_a_layer() -> None:
+    records = records_run([grads(1.0)] * 2, [grads(1.0), grads(2.0)])
+    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    assert first(v) == (1, "grad_reduction", "grads")
+    assert v.first is not None and "every grad scaled by one factor (x2)" in v.first.pattern
+
+
+def test_modules_called_twice_as_often_are_a_micro_batch_split() -> None:
+    once = [rec(0, "a", "activation")]
+    twice = [rec(0, "a", "activation"), rec(1, "a", "activation", call=1)]
+    v = judge_run(RunSide({}), RunSide({}), records_run([once], [twice]), default_table())
+    assert first(v) == (0, "contract", "micro_batches")
+
+
+def test_an_expected_run_divergence_passes_only_when_found_exactly() -> None:
+    from pytest_precalign.verdict.training_run import owning_phase, with_expectation
+
+    v = judge(run(), run(loss=lambda s: 5.6 - 0.01 * s + (1e-3 if s >= 5 else 0.0)))
+    assert with_expectation(v, 5, "loss").passed
+    assert with_expectation(v, 5, "loss", "loss").passed
+    for wrong in (with_expectation(v, 4, "loss"), with_expectation(v, 5, "forward")):
+        assert not wrong.passed
+    missed = with_expectation(judge(run(), run()), 5, "optimizer_update")
+    assert not missed.passed and owning_phase(missed, ("forward", "backward", "step")) == "step"
+
+
+def test_no_loss_scaler_is_a_scale_of_1_and_a_loop_that_never_skips_did_not_skip() -> None:
+    megatron = run(loss_scale=lambda s: 1.0, skipped=lambda s: False)
+    assert judge(megatron, run()).passed
+    assert not judge(run(loss_scale=lambda s: 4096.0), run()).passed
+
+
+def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset() -> None:
+    from pathlib import Path
+
+    import pytest_precalign
+    from pytest_precalign.mapping.spec import baseline_param_names, read_mapping_file
+
+    preset = Path(pytest_precalign.__file__).parent / "presets" / "megatron-qwen2.5.yaml"
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64}
+    mapping = read_mapping_file(preset, "preset", heads)
+    hf = [
+        ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+         "model.layers.0.self_attn.v_proj.weight", "lm_head.weight"],
+        ["model.layers.0.self_attn.q_proj.bias", "model.norm.weight"],
+    ]  # fmt: skip
+    meg = [["decoder.layers.0.self_attention.linear_qkv.weight", "output_layer.weight", "decoder.final_layernorm.weight"],
+           ["decoder.layers.0.self_attention.linear_qkv.bias"]]  # fmt: skip
+    base, cand = plan([1e-3] * 3, hf), plan([1e-3] * 3, meg)
+    v = judge_run(
+        RunSide(run(), base),
+        RunSide(run(), cand),
+        {},
+        default_table(),
+        lambda n: baseline_param_names(mapping, n),
+    )
+    assert first(v) == (0, "contract", "weight_decay")
+    assert v.first is not None and "weight_decay of model.norm.weight: 0 vs 0.01" in v.first.evidence
+    meg[0].remove("decoder.final_layernorm.weight")
+    meg[1].append("decoder.final_layernorm.weight")
+    v = judge_run(RunSide(run(), base), RunSide(run(), plan([1e-3] * 3, meg)), {}, default_table(),
+                  lambda n: baseline_param_names(mapping, n))  # fmt: skip
+    assert v.passed, v.first
