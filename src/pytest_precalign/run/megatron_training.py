@@ -103,7 +103,7 @@ def train_rank_with_megatron(
     (parameter names global: the stage's layer offset added)."""
     from ..training import Recorder
     from ..training.layout_probe import layer_offsets
-    from .launch_merge import globalize
+    from ..parallel.merge import globalize
 
     if case.loss != "causal_lm":
         raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
