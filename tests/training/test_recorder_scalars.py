@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pytest_precalign import Recorder
+from pytest_precalign.errors import ConfigError
 from pytest_precalign.trace.native_io import read_trace
 from pytest_precalign.trace.step_scalars import StepScalars, scalars_of
 
@@ -59,9 +60,9 @@ def test_stats_on_selected_steps_and_scalars_on_every_step(tmp_path: Path) -> No
 
 def test_scalars_of_another_step_or_both_forms_are_refused(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "run", mode="scalars")
-    with pytest.raises(ValueError, match="scalars of step 4 in step 0"):
+    with pytest.raises(ConfigError, match="scalars of step 4 in step 0"):
         rec.record_scalars(StepScalars(step=4))
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ConfigError, match="not both"):
         rec.record_scalars(StepScalars(step=0), loss=1.0)
-    with pytest.raises(ValueError, match="unknown mode 'scalar'"):
+    with pytest.raises(ConfigError, match="unknown mode 'scalar'"):
         Recorder(tmp_path / "x", mode="scalar")

@@ -35,7 +35,7 @@ import fnmatch
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -44,6 +44,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
+from .calls import ModuleCall, _Call, _version
 from .compiled import hook_wrapper
 from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
@@ -57,36 +58,6 @@ from .tensor_summary import dtype_name, flatten
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
 PARAM_GRADS = ("backward", "step")
-
-
-def _version(t: torch.Tensor) -> int:
-    try:
-        return int(t._version)
-    except RuntimeError:  # inference tensors have no version counter
-        return -1
-
-
-@dataclass(frozen=True)
-class ModuleCall:
-    """A module call of step 0, kept so isolation mode can call it again on other inputs."""
-
-    name: str
-    call: int
-    module: torch.nn.Module
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-
-@dataclass
-class _Call:
-    name: str
-    cls: str
-    call: int
-    step: int
-    input_ids: tuple[str, ...]
-    grad_output_ids: list[str]
-    recomputed: bool = False
-    grads: bool = False  # grad hooks are registered for this call
 
 
 class HookRecorder:

@@ -21,7 +21,7 @@ from ..compare.pairs import Comparison, compare_traces
 from ..compare.tolerances import ToleranceTable
 from ..mapping.apply import map_trace
 from ..mapping.spec import MappingSpec, reverse
-from ..recording.recorder import ModuleCall
+from ..recording.calls import ModuleCall
 from ..recording.tensor_summary import dtype_name, flatten, tensor_stats
 from ..trace.records import Record, Trace, record_id
 

@@ -101,9 +101,9 @@ def train_rank_with_megatron(
     ``Recorder`` into ``out/step<N>/rank<R>`` (grads as ``main_grad`` after
     ``finalize_model_grads``), and its plan and scalars written to ``out/training_rank<R>.json``
     (parameter names global: the stage's layer offset added)."""
+    from ..parallel.merge import globalize
     from ..training import Recorder
     from ..training.layout_probe import layer_offsets
-    from ..parallel.merge import globalize
 
     if case.loss != "causal_lm":
         raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")

@@ -107,6 +107,14 @@ def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if k in ("lr", "weight_decay") and v is not None else v for k, v in fields.items()}
 
 
+def _check_choices(**given: str) -> None:
+    """The constructor's word-valued arguments, each one of its allowed values."""
+    allowed = {"mode": RECORDER_MODES, "level": LEVELS, "format": FORMATS, "param_grads": PARAM_GRADS}
+    for key, value in given.items():
+        if value not in allowed[key]:
+            raise ConfigError(f"Recorder: unknown {key} {value!r} (allowed: {', '.join(allowed[key])})")
+
+
 def _queue_bytes(value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
@@ -137,16 +145,7 @@ class Recorder:
         tolerances: str | Path | ToleranceTable | None = None,
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
-        if mode not in RECORDER_MODES:
-            raise ConfigError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(RECORDER_MODES)})")
-        if level not in LEVELS:
-            raise ConfigError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
-        if format not in FORMATS:
-            raise ConfigError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
-        if param_grads not in PARAM_GRADS:
-            raise ConfigError(
-                f"Recorder: unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})"
-            )
+        _check_choices(mode=mode, level=level, format=format, param_grads=param_grads)
         self.golden = _golden(golden, mode)
         self.queue_bytes = _queue_bytes(queue_bytes)
         self.tolerances = load_table(tolerances, "Recorder: tolerances")
@@ -351,7 +350,7 @@ class Recorder:
     def seek(self, step: int) -> None:
         """Set the step the next ``start`` records (a run resumed at ``step``)."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"Recorder.seek: step must be an integer >= 0, got {step!r}")
+            raise ConfigError(f"Recorder.seek: step must be an integer >= 0, got {step!r}")
         self._step = step
 
     # -- per-step scalars -------------------------------------------------------------------
@@ -363,9 +362,9 @@ class Recorder:
         if scalars is None:
             scalars = StepScalars(step=self._step, **_tuples(fields))
         elif fields:
-            raise ValueError("Recorder.record_scalars: pass a StepScalars or its fields, not both")
+            raise ConfigError("Recorder.record_scalars: pass a StepScalars or its fields, not both")
         if scalars.step != self._step:
-            raise ValueError(f"Recorder.record_scalars: scalars of step {scalars.step} in step {self._step}")
+            raise ConfigError(f"Recorder.record_scalars: scalars of step {scalars.step} in step {self._step}")
         self._scalars = scalars
         return scalars
 
