@@ -119,19 +119,23 @@ def _check_weights(args: argparse.Namespace) -> int:
 
 
 def _compare_parser(compare: argparse.ArgumentParser) -> None:
-    compare.add_argument("golden", nargs="?", help="the golden (baseline) side")
-    compare.add_argument("target", nargs="?", help="the target (candidate) side")
+    compare.add_argument(
+        "golden", nargs="?", metavar="BASELINE", help="the baseline side (msprobe: golden, bench)"
+    )
+    compare.add_argument(
+        "target", nargs="?", metavar="CANDIDATE", help="the candidate side (msprobe: target, npu)"
+    )
     compare.add_argument(
         "--parallel",
         action="append",
         default=[],
         metavar="SIDE:tp=T,pp=P[,vpp=V][,order=...]",
-        help="merge that side's ranks (golden or target; an msprobe dump's layout) before comparing",
+        help="merge that side's ranks (baseline or candidate; an msprobe dump's layout) before comparing",
     )
     compare.add_argument(
         "--msprobe-config",
         metavar="FILE",
-        help="msprobe compare.json: bench_path (golden), npu_path (target), parallel_merge",
+        help="msprobe compare.json: bench_path (baseline), npu_path (candidate), parallel_merge",
     )
     compare.add_argument(
         "--tolerances", metavar="FILE", help="tolerance table YAML (default: torch.testing's per dtype)"
@@ -157,13 +161,13 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FILE.py:FUNCTION",
-        help="a custom metric f(golden, target) -> float, reported per tensor pair (repeatable)",
+        help="a custom metric f(baseline, candidate) -> float, reported per tensor pair (repeatable)",
     )
     compare.add_argument("--report", metavar="DIR", help="write report.json and report.html into DIR")
     compare.add_argument(
         "--min-coverage",
         metavar="SHARE",
-        help="fail a phase in which less than this share (0..1) of the golden side's output "
+        help="fail a phase in which less than this share (0..1) of the baseline side's output "
         "records found a partner (default 0.5; nothing compared always fails)",
     )
 
@@ -251,7 +255,7 @@ def _min_coverage(value: str | None) -> float | None:
         share = -1.0
     if not 0.0 <= share <= 1.0:
         raise ConfigError(
-            f"--min-coverage: expected a share between 0 and 1 (e.g. 0.5: half the golden side's "
+            f"--min-coverage: expected a share between 0 and 1 (e.g. 0.5: half the baseline side's "
             f"output records paired), got {value!r}"
         )
     return share

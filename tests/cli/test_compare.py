@@ -231,7 +231,7 @@ def test_compare_rejects_a_min_coverage_outside_0_to_1(tmp_path, capsys, value):
     out, err = capsys.readouterr()
     assert err == (
         "precalign: error: --min-coverage: expected a share between 0 and 1 (e.g. 0.5: half the "
-        f"golden side's output records paired), got {value!r}\n"
+        f"baseline side's output records paired), got {value!r}\n"
     )
     assert out == ""
 

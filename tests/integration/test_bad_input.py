@@ -1,5 +1,5 @@
 """Bad input to ``pytest --align-config`` is one ``ERROR:`` line and exit code 4
-(``pytest.UsageError``), never a traceback: serially and with -n 2. The CLI's side is in
+(``pytest.UsageError``), never a traceback. The CLI's side is in
 tests/cli/test_bad_input.py."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """--align-baseline end to end: a stored baseline's life cycle, the environment and weights
-differences it names, partial runs and ``precalign record``; each run serially and with -n 2.
+differences it names, partial runs and ``precalign record``; the inner pytest runs serially, and with -n 2 where xdist matters (``xdist_twin``).
 Every item is in report.json and the terminal summary in each state (workers once kept
 baseline entries to themselves: report.json had "cases": [])."""
 

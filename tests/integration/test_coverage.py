@@ -1,6 +1,6 @@
 """A gate that fails closed: a ``{dump:}`` case of an msprobe L0 dump (modules) against an L1
 dump (APIs) of the same model pairs nothing, and fails with "nothing compared" -- under
-pytest, serially and with ``-n 2``, and in ``precalign compare`` (exit 1). The same dump
+pytest and in ``precalign compare`` (exit 1). The same dump
 against itself passes, with its coverage in the summary line, report.json and JUnit XML."""
 
 from __future__ import annotations

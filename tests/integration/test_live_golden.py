@@ -1,4 +1,4 @@
-"""``record: {golden: PATH}`` in a case, end to end (serially and with -n 2): the candidate is
+"""``record: {golden: PATH}`` in a case, end to end: the candidate is
 compared with a golden run while it is recorded and keeps full tensors only where it is
 beyond tolerance (plus its modules' inputs); the case still names the origin; a missing
 golden is one usage error naming the path."""

@@ -1,6 +1,6 @@
-"""Mapping rules must bite, end to end (issue #12): a case whose mapping has a rule that applied
+"""Mapping rules must bite, end to end: a case whose mapping has a rule that applied
 to nothing, or a transform that does not fit the shapes, fails its items with one line naming
-the mapping file:line, never a traceback; serially and with -n 2."""
+the mapping file:line, never a traceback."""
 
 from __future__ import annotations
 

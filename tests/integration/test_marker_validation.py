@@ -43,7 +43,7 @@ CASES = {
     "phases-type": ('phases="forward"', "@pytest.mark.align(phases='forward'): expected a list of phases (allowed: forward, backward, step)"),
     "tolerances-name": ('tolerances="tigth"', "@pytest.mark.align(tolerances='tigth'): unknown table (known in align.yaml: tight; or a tolerance YAML file or a list of rules)"),
     "tolerances-rule": ('tolerances=[{"match": "*", "atl": 1e-6}]', "unknown key 'atl'"),
-    "tolerances-type": ("tolerances=3", "@pytest.mark.align(tolerances=...): expected a table name, a tolerance YAML file or a list of rules"),
+    "tolerances-type": ("tolerances=3", "@pytest.mark.align(tolerances=3): expected a table name, a tolerance YAML file or a list of rules, got int 3"),
     "unknown-key": ("recrod='tensor'", "@pytest.mark.align got unknown argument 'recrod' (allowed: tolerances, phases, record, mapping)"),
     "tolerances-file": ('tolerances="tol.yaml"', "@pytest.mark.align(tolerances='tol.yaml'): file not found: "),
     "mapping": ('mapping="maps/m.yml"', "@pytest.mark.align(mapping='maps/m.yml'): no such mapping file "),

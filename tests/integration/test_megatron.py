@@ -1,4 +1,4 @@
-"""The Megatron-Core vs Hugging Face example suite end to end, serially and with -n 2."""
+"""The Megatron-Core vs Hugging Face example suite end to end."""
 
 from __future__ import annotations
 

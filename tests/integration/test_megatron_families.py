@@ -1,5 +1,5 @@
 """The Megatron families example suite end to end (presets llama, qwen3, mixtral and qwen3-moe
-against their HF classes), serially and with -n 2."""
+against their HF classes)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``record.moe`` end to end: the plugin runs a MoE case whose dispatchers differ (aligned) and
-one with a bug in expert 2 (the failure names that expert as the origin), serially and with
-``-n 2``. The models: tests/moe/test_moe_by_token.py's HF Qwen2-MoE with unfused experts."""
+one with a bug in expert 2 (the failure names that expert as the origin). The models: tests/moe/test_moe_by_token.py's HF Qwen2-MoE with unfused experts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The plugin end to end: items, verdicts in the terminal and report.json, options, the
-align_runner fixture and usage errors, each run serially and with ``-n 2``."""
+align_runner fixture and usage errors; the inner pytest runs serially, and with ``-n 2`` where xdist matters (``xdist_twin``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Divergence search end to end (serially and with -n 2): hypothesis finds a length-dependent
+"""Divergence search end to end: hypothesis finds a length-dependent
 bug, shrinks it to the minimal example and prints it as a paste-able ``inputs:`` block."""
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def test_msprobe_compare_json_parallel_merge(dumps: Path, capsys: pytest.Capture
     [
         (("--parallel", "target:tp=4"), ("rank2/ is missing", "world size 4")),
         (("--parallel", "target:tp=2,pp=x"), ("pp='x': expected a whole number",)),
-        (("--parallel", "middle:tp=2"), ("expected golden:KEY=VALUE",)),
+        (("--parallel", "middle:tp=2"), ("expected baseline:KEY=VALUE",)),
         (("--parallel", "target:tp=2,order=tp-pp"), ("order 'tp-pp' must name tp, cp, ep, dp and pp",)),
     ],
 )

@@ -1,3 +1,12 @@
-"""config."""
+"""The alignment config: YAML -> frozen specs (no torch, no pytest).
+
+In: ``align.yaml`` text or file. Out: an ``AlignConfig`` (models, inputs, tolerances,
+mappings, cases), or one ``ConfigError`` naming the file, the line, the key and what is allowed.
+
+``loader`` (the file), ``cases`` (one case), ``specs`` (the dataclasses), ``model_sources``
+(which sources and keys exist), ``model_weights`` (``weights: {load:}``), ``launch`` (parallel
+sizes and launched ranks), ``presets`` (shipped mappings and the one ``preset:`` resolver),
+``search`` (the divergence search's parts).
+"""
 
 from __future__ import annotations

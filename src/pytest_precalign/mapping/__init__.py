@@ -1,3 +1,12 @@
-"""mapping."""
+"""Candidate names and layouts brought to the baseline's (no torch in ``spec``/``apply``).
+
+In: a mapping (YAML file, ``preset:NAME`` or ``MappingSpec``) and a candidate trace or model.
+Out: the trace in the baseline's names, slots and layouts; weights synced through it.
+
+``spec`` (mappings as data), ``transforms`` (invertible tensor transforms), ``apply`` (a
+trace through a mapping), ``weights`` (weight sync), ``usage`` (a rule must bite),
+``layer_mapping`` (msprobe's layer_mapping files), ``fuzzy_api_calls`` (API calls paired by
+order).
+"""
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""Distributed runs compared across parallel layouts: a multi-rank side (our rank folders
-with ``parallel`` manifests, or an msprobe dump with a layout given) merged lazily into one
-canonical trace (TP=1, one stage). No torch import.
+"""Stored runs read, and distributed runs compared across parallel layouts: a multi-rank
+side (our rank folders with ``parallel`` manifests, launched ranks, or an msprobe dump with a
+layout given) merged lazily into one canonical trace (TP=1, one stage). No torch import.
 
-``layout`` (sizes, rank order, where the rank folders are), ``rules`` (how Megatron shards
-each tensor, as data), ``merge`` (ranks -> records), ``store`` (the lazy merged tensors),
-``sides`` (loading a side), ``msprobe_ranks`` (msprobe dumps).
+In: a stored run's folder (and a layout where its files carry none). Out: one ``Trace``.
+
+``stored`` (the one reader of stored runs: a side, every (step, rank), one rank of one step),
+``layout`` (sizes, rank order, the one validator of the manifest's ``parallel`` block, where
+the rank folders are), ``rules`` (how Megatron shards each tensor, as data), ``merge`` (the
+one merge: ranks -> records, TP/PP/VPP/DP/EP), ``store`` (the lazy merged tensors), ``steps``
+(several steps as one trace), ``sides`` (loading a multi-rank side), ``msprobe_ranks``
+(msprobe dumps).
 """
 
 from __future__ import annotations

@@ -158,13 +158,20 @@ def layout_from_manifest(block: Any, where: str) -> ParallelLayout:
         raise TraceError(str(exc)) from None
 
 
+# ``--parallel`` sides: baseline/candidate, and msprobe's golden/target (bench/npu) for them.
+_SIDE_WORDS = {"baseline": "golden", "candidate": "target", "golden": "golden", "target": "target"}
+
+
 def parse_parallel_option(text: str) -> tuple[str, ParallelLayout]:
-    """``target:tp=2,pp=2[,vpp=2][,dp=1][,order=tp-cp-ep-dp-pp][,sp=1]`` -> (side, layout)."""
+    """``candidate:tp=2,pp=2[,vpp=2][,dp=1][,order=tp-cp-ep-dp-pp][,sp=1]`` -> (side, layout);
+    the side is ``golden`` (baseline) or ``target`` (candidate), msprobe's words, which are
+    accepted too."""
     where = f"--parallel {text!r}"
-    side, sep, body = text.partition(":")
-    if not sep or side not in ("golden", "target"):
+    word, sep, body = text.partition(":")
+    side = _SIDE_WORDS.get(word)
+    if not sep or side is None:
         raise ConfigError(
-            f"{where}: expected golden:KEY=VALUE,... or target:KEY=VALUE,... (e.g. target:tp=2,pp=2)"
+            f"{where}: expected baseline:KEY=VALUE,... or candidate:KEY=VALUE,... (e.g. candidate:tp=2,pp=2)"
         )
     values: dict[str, Any] = {}
     for item in body.split(","):
@@ -279,18 +286,18 @@ def _step_number(folder: Path) -> int:
 def compare_sides(
     golden: str | None, target: str | None, options: list[str], msprobe_config: str | None
 ) -> tuple[str, str, dict[str, ParallelLayout]]:
-    """``precalign compare``'s sides and layouts from its arguments: GOLDEN TARGET, or
+    """``precalign compare``'s sides and layouts from its arguments: BASELINE CANDIDATE, or
     ``--msprobe-config`` (its parallel_merge), with ``--parallel`` options on top."""
     layouts: dict[str, ParallelLayout] = {}
     if msprobe_config is not None:
         if golden is not None or target is not None:
             raise ConfigError(
-                "--msprobe-config names both sides (bench_path, npu_path): give no GOLDEN TARGET"
+                "--msprobe-config names both sides (bench_path, npu_path): give no BASELINE CANDIDATE"
             )
         config = read_msprobe_compare_config(msprobe_config)
         golden, target, layouts = config["golden"], config["target"], dict(config["layouts"])
     if golden is None or target is None:
-        raise ConfigError("compare needs GOLDEN and TARGET (or --msprobe-config compare.json)")
+        raise ConfigError("compare needs BASELINE and CANDIDATE (or --msprobe-config compare.json)")
     for text in options:
         side, layout = parse_parallel_option(text)
         if side in layouts and msprobe_config is None:

@@ -1,3 +1,10 @@
-"""reports."""
+"""Verdicts as messages and files (no torch import).
+
+In: a ``CaseRun``'s verdicts. Out: message lines in torch.testing's wording, report.json,
+report.html, JUnit properties, ``compare_result.csv``.
+
+``text`` (messages), ``document`` (report.json and its dicts), ``html``, ``chart``, ``tree`` and
+``tree_html`` (report.html), ``compare_csv`` (msprobe-style CSV).
+"""
 
 from __future__ import annotations

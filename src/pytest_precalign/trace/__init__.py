@@ -1,3 +1,11 @@
-"""trace."""
+"""What a run saw: records in execution order and their tensors (no torch import).
+
+In: a recorder's records, or files on disk. Out: a ``Trace`` (manifest, records, a lazy tensor
+store).
+
+``records`` (``Record``, ``Trace``), ``native_io`` (our on-disk format, the only reader and
+writer), ``tensor_files`` and ``pt_zip`` (tensor files read as numpy), ``arrays``,
+``op_names``, ``environment`` (what differs between two runs' environments).
+"""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Issue #12 item 6, end to end (serially and with ``-n 2``): a named mapping file does not
-take the config's place (test ids, report.json's ``config``, the reproduce command)."""
+"""Mapping and tolerance files, end to end: a named mapping file does not take the config's
+place (test ids, report.json's ``config``, the reproduce command); the align marker and
+``align_runner`` take mapping and tolerance files relative to the test file."""
 
 from __future__ import annotations
 
