@@ -154,8 +154,10 @@ def test_huge_or_binary_dump_json_is_refused_before_it_is_read(
     with dump.open("wb") as f:
         f.truncate(size)  # sparse: NUL bytes that take no disk
     started = time.perf_counter()
+    with pytest.raises(TraceError):
+        read_msprobe_dump(target)
+    assert time.perf_counter() - started < 2  # the old reader took 17.5 s and 4.6 GB for 1.5 GB
     assert main(["compare", str(golden), str(target)]) == 2
-    assert time.perf_counter() - started < 5  # the old reader took 17.5 s and 4.6 GB for 1.5 GB
     line = _one_error(capsys)
     want = (
         f"{size} bytes; expected a JSON file of at most 1024 MiB"
@@ -182,7 +184,7 @@ def test_yaml_alias_bomb_makes_a_short_message(
     assert len(table.read_bytes()) < 500
     started = time.perf_counter()
     assert main(["compare", str(STATS_DUMP), str(STATS_DUMP), "--tolerances", str(table)]) == 2
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 10  # the old code took 17.5 s to build a 722 MB message
     line = _one_error(capsys)
     assert f"rules[0].{key}: expected " in line and len(line) < 600, len(line)
 
