@@ -55,3 +55,19 @@ def test_a_deep_tree_opens_in_chromium(tmp_path: Path, browser: Any) -> None:
     page.goto((out / "report.html").as_uri())
     assert page.locator("section.tree-view li[role=treeitem]").count() == DEPTH + 1
     assert errors == []
+
+
+@pytest.mark.slow
+def test_a_6000_deep_tree_is_drawn_without_a_stack_overflow(tmp_path: Path, browser: Any) -> None:
+    """Drawn recursively, a 6,000-deep tree overflowed Chromium's JS stack ("Maximum call stack
+    size exceeded", no tree at all); drawn with a loop, every node is there (slow: the page's
+    layout of 6,000 nested lists takes a while)."""
+    depth = 6000
+    out = tmp_path / "report"
+    write_reports(out, [_entry(_deep(depth), value=3.0)], {"golden": "a", "target": "b"})
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((out / "report.html").as_uri(), timeout=600_000)
+    assert errors == []
+    assert page.locator("section.tree-view li[role=treeitem]").count() == depth + 1

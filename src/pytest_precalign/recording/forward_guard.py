@@ -42,10 +42,13 @@ class ForwardGuard:
         self.handle: RemovableHandle | None = None
         self.gave_up = False  # the step was given up without ``on_raise`` (see ``raised``)
 
-    def attach(self, model: torch.nn.Module) -> list[RemovableHandle]:
-        """Register the hooks; call it last, after every other hook on ``model`` (see ``raised``)."""
-        pre = model.register_forward_pre_hook(self.entered)
-        self.handle = model.register_forward_hook(self.raised, always_call=True)
+    def attach(
+        self, model: torch.nn.Module, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> list[RemovableHandle]:
+        """Register the hooks (each in ``wrap``: ``compiled.hook_wrapper``); call it last, after
+        every other hook on ``model`` (see ``raised``)."""
+        pre = model.register_forward_pre_hook(wrap(self.entered))
+        self.handle = model.register_forward_hook(wrap(self.raised), always_call=True)
         return [pre, self.handle]
 
     def entered(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:

@@ -163,7 +163,7 @@ class HookRecorder:
                         self._handles.append(
                             param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
                         )
-            self._handles += self._guard.attach(self.model)  # last: see forward_guard.py
+            self._handles += self._guard.attach(self.model, eager)  # last: see forward_guard.py
         except BaseException:
             self._remove()
             raise

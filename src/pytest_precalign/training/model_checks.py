@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ def chunks_of(model: Any) -> list[torch.nn.Module]:
     """The model chunks ``start`` was given: an nn.Module, or a non-empty list of them."""
     if isinstance(model, torch.nn.Module):
         return [model]
-    chunks = list(model) if isinstance(model, (list, tuple)) else None
+    chunks = list(model) if isinstance(model, Iterable) and not isinstance(model, (str, bytes)) else None
     if not chunks or not all(isinstance(c, torch.nn.Module) for c in chunks):
         got = "an empty list" if chunks == [] else _describe(model)
         raise RecorderError(

@@ -23,9 +23,14 @@ queue of host copies (``queue_bytes``) that a thread packs into safetensors shar
 folder's temporary sibling; the manifest's ``"writer"`` key reports the bound, the peak bytes
 queued and how often the step waited. The msprobe format writes its files at ``stop``.
 The manifest's ``"parallel"`` key says where the rank sits in the run (see ``parallel_layout``). A step or rank that ``steps=`` / ``ranks=`` does
-not select adds no hooks at all. Hooks left behind by a step that raised between ``start``
-and ``stop`` are removed by the next ``start``, by ``close()`` and on leaving
-``with Recorder(...)``; ``with rec.recording(model):`` does start, stop and step in one.
+not select adds no hooks at all. A forward that raises between ``start`` and ``stop`` gives
+the step up at once: its hooks, op mode, writer thread and temporary folder are removed and
+nothing is written (``stop()`` returns None; ``recording/forward_guard.py``). What a raise
+elsewhere in the step (the loss, the backward, the optimizer) left is removed by the next
+``start``, by ``close()`` and on leaving ``with Recorder(...)``; ``with rec.recording(model):``
+does start, stop and step in one. Misuse is one ``RecorderError`` each: ``step()`` before
+``stop()``, a model on the meta device, ``start`` given no module, a module name msprobe's
+format cannot store, a forward on another thread at level op/mix (``model_checks``).
 Recording is bitwise neutral: tensors are only read (see ``recorder``).
 
 Per-step scalars (``StepScalars``: loss, LR per group, grad norm before clipping, clip
@@ -430,8 +435,8 @@ class Recorder:
     def _write_failed(self) -> None:
         """The background writer failed (its error is being raised from a hook): record
         nothing more. Module hooks are removed at once; an op mode cannot leave torch's mode
-        stack from inside its own handler, so at level op/mix the hooks are only made inert
-        and removed by the next ``stop``, ``start`` or ``close`` (or ``recording``'s end)."""
+        stack from inside its own handler, so at level op/mix the hooks are made inert here and
+        removed when the error leaves the forward (``forward_guard``)."""
         hooks = self._hooks
         if hooks is not None and hooks.level == "module":
             self._discard()
