@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable, default_table, parse_table
-from ..config.presets import PRESET_LAYER_MAPPINGS, PRESET_MAPPINGS, PRESETS_DIR, layer_mapping_path
+from ..config.presets import (
+    PRESET_LAYER_MAPPINGS,
+    PRESET_MAPPINGS,
+    PRESETS_DIR,
+    layer_mapping_path,
+    manifest_variables,
+)
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
@@ -151,7 +157,9 @@ def compare_runs(
 
         base, cand = fuzzy_api_calls(base), fuzzy_api_calls(cand)
     table = load_tolerances(tolerances)
-    spec = _with_layer_mapping(load_mapping(mapping, variables or {}), layer_mapping)
+    # A mapping's $variables: the runs' own model configs, then --var (which wins).
+    known = {**manifest_variables(base.manifest, cand.manifest), **(variables or {})}
+    spec = _with_layer_mapping(load_mapping(mapping, known), layer_mapping)
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases:
         raise TraceError(f"{golden}: the golden side has no records")

@@ -28,7 +28,7 @@ from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.phase import PhaseVerdict, phase_verdict, with_replica_mismatches
+from ..verdict.phase import PhaseVerdict, phase_verdict, with_missing_grads, with_replica_mismatches
 from ..verdict.story import tell_case
 from ..vocabulary import Phase
 
@@ -152,7 +152,8 @@ def finish(job: FinishInputs) -> CaseRun:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
-        verdicts[phase] = with_replica_mismatches(verdict, _replica_mismatches(job))
+        verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
+        verdicts[phase] = with_missing_grads(verdict, _grads_missing(job))
     verdicts = tell_case(verdicts, phases)
     return CaseRun(
         name=job.name,
@@ -248,6 +249,12 @@ def _floor(job: FinishInputs) -> float:
     if job.min_coverage is not None:
         return job.min_coverage
     return job.case.min_coverage if job.case is not None else DEFAULT_MIN_COVERAGE
+
+
+def _grads_missing(job: FinishInputs) -> dict[str, list[Mapping[str, Any]]]:
+    """Each side's ``Recorder`` notes of steps whose parameter grads were gone at ``stop()``."""
+    sides = (("baseline", job.baseline), ("candidate", job.candidate))
+    return {side: list(t.manifest.get("grads_missing", ())) for side, t in sides}
 
 
 def _replica_mismatches(job: FinishInputs) -> list[Mapping[str, Any]]:

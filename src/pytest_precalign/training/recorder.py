@@ -53,6 +53,7 @@ from ..trace.records import Record
 from ..vocabulary import LEVELS, as_kind
 from .golden import GoldenError, golden_judge, load_table
 from .layout_probe import check_layout, parallel_layout, process_rank
+from .run_facts import model_config, run_environment
 
 FORMATS = ("native", "msprobe")
 MODES = ("stats", "tensor", "hash")
@@ -94,6 +95,20 @@ def _queue_bytes(value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
     return value
+
+
+def _grads_missing(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
+    """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
+    return {
+        "step": step,
+        "rank": rank,
+        "count": len(names),
+        "names": list(names[:5]),
+        "why": (
+            'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
+            "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
+        ),
+    }
 
 
 class Recorder:
@@ -155,6 +170,7 @@ class Recorder:
         self._hooks: HookRecorder | None = None
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
+        self._facts: dict[str, Any] = {}  # the environment and the model's config, at start()
         self._output_calls: dict[str, int] = {}
         self.written: list[Path] = []  # the folders this process wrote, in order
 
@@ -197,6 +213,7 @@ class Recorder:
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
+        self._facts = {**run_environment(chunks), "model_config": model_config(chunks)}
         judge = None
         if self.golden is not None:
             judge = golden_judge(self.golden, self._step, self.rank, self.tolerances)
@@ -271,9 +288,11 @@ class Recorder:
             raise
 
     def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
+        missing: list[str] = []
         try:
             if self.param_grads == "step" and not self._grads_done:
-                hooks.record_param_grads()
+                found, missing = hooks.record_param_grads()
+                missing = missing if not found else []  # none at all: zeroed before stop()?
             if self.params:
                 hooks.record_params()
         finally:
@@ -283,8 +302,11 @@ class Recorder:
             "step": self._step,
             "rank": self.rank,
             "torch_version": torch.__version__,
+            **self._facts,
             "parallel": self._parallel,
         }
+        if missing:
+            manifest["grads_missing"] = [_grads_missing(self._step, self.rank, missing)]
         shards = None
         if sink is not None:
             shards = sink.close()
