@@ -486,7 +486,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             write_reports(
                 folder,
                 sorted(state.reports, key=lambda r: r["nodeid"]),
-                {"config": str(state.config.path), "exitstatus": int(exitstatus)},
+                {
+                    "config": str(state.config.path),
+                    "exitstatus": int(exitstatus),
+                    # Stopped before every item ran (Ctrl-C, a KeyboardInterrupt): never a pass.
+                    "interrupted": int(exitstatus) == pytest.ExitCode.INTERRUPTED,
+                    "collected": session.testscollected,
+                },
                 "--align-report",
             )
         except PrecalignError as exc:  # a full disk: one line, and the run does not pass

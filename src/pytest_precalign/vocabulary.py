@@ -10,8 +10,9 @@ from typing import Final, Literal, get_args
 
 Phase = Literal["forward", "backward", "step"]
 Kind = Literal["activation", "input", "grad_output", "grad_input", "param", "param_grad", "loss", "logits"]
-# How a record pair came out: checked (ok / fail / shape mismatch) or present on one side only.
-Status = Literal["ok", "fail", "shape", "only_baseline", "only_candidate"]
+# How a record pair came out: checked (ok / fail / shape mismatch), present on one side only, or
+# present on both with evidence of kinds that cannot be compared (a checksum vs statistics).
+Status = Literal["ok", "fail", "shape", "only_baseline", "only_candidate", "not_compared"]
 # The best evidence both sides of a pair have: full tensors, statistics, a hash, or nothing.
 Evidence = Literal["tensor", "stats", "hash", "none"]
 Mode = Literal["stats", "tensor", "hash"]  # what the recorder keeps of each tensor

@@ -230,11 +230,12 @@ def test_md5_is_a_crc32_and_xor_is_kept_apart():
     assert xor_rec.crc32 == "xor:" + raw_data(xor_dump)[name]["output"][0]["md5"]
     assert xor_rec.stats is None
     assert all((r.crc32 or "").startswith("xor:0x") for r in xor.records)
-    # Same model, same run: a CRC and an xor sum never compare equal, nor "ok" by accident.
+    # Same model, same run: a CRC and an xor sum are never compared, nor "ok" by accident.
     hashed = read_msprobe_dump(md5_dump, hash_only=True)
     assert hashed.mode == "hash" and all(r.stats is None for r in hashed.records)
     pairs = compare_traces(hashed, xor, TABLE).pairs
-    assert pairs and all(p.evidence == "hash" and p.status == "fail" for p in pairs)
+    assert pairs and all(p.status == "not_compared" and not p.paired for p in pairs)
+    assert all(p.note == "cannot be compared (CRC-32 checksum vs xor checksum)" for p in pairs)
     same = compare_traces(xor, xor, TABLE).pairs
     assert all(p.evidence == "hash" and p.passed for p in same)
 

@@ -297,10 +297,12 @@ def test_l1_dump_names_the_one_sided_calls_just_before_the_divergence() -> None:
     parents |= {"Functional.silu#0": "", "Functional.gelu#0": ""}
     v = verdict(calls("silu", 1.0, 2.0), calls("gelu", 1.5, 3.0), parents=parents)
     first = first_of(v)
-    assert (first.name, first.call, first.origin) == ("Functional.linear", 1, False)
-    assert (
-        first.origin_module
-        == "Functional.silu.0.forward (baseline only) / Functional.gelu.0.forward (candidate only)"
+    assert (first.name, first.call, first.origin, first.proven) == ("Functional.linear", 1, False, False)
+    # The one-sided calls have no partner: a hint in the proof, never the origin module.
+    assert first.origin_module == ""
+    assert first.proof.endswith(
+        "only one side made just before it: "
+        "Functional.silu.0.forward (baseline only) / Functional.gelu.0.forward (candidate only)"
     )
     assert [p.record.name for p in v.failures] == ["Functional.linear"]  # the one-sided calls are not
 

@@ -250,22 +250,47 @@ def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTa
     note = f"dtype {b.dtype} (candidate) vs {a.dtype} (baseline)" if a.dtype != b.dtype else ""
     if ta.has_tensor(a) and tb.has_tensor(b):
         return PairResult(a, b, "ok", "tensor", (), tol, None, note)
-    hashed = a.crc32 is not None and b.crc32 is not None
-    if hashed and _hash_first(ta) and _hash_first(tb):
+    same_hash = a.crc32 is not None and b.crc32 is not None and hash_kind(a.crc32) == hash_kind(b.crc32)
+    if same_hash and _hash_first(ta) and _hash_first(tb):
         # Both sides were dumped for bit equality (md5/xor summaries): compare the hashes even
         # where statistics came along.
-        same = a.crc32 == b.crc32
-        check = Check("crc32", 0.0 if same else 1.0, 0.0, same)
-        return PairResult(a, b, "ok" if same else "fail", "hash", (check,), tol, None, note)
+        return _hash_pair(a, b, tol, note)
     if a.stats is not None and b.stats is not None:
         checks = _stats_checks(a, b, tol)
         status: Status = "ok" if all(c.passed for c in checks) else "fail"
         return PairResult(a, b, status, "stats", checks, tol, None, note)
-    if a.crc32 is not None and b.crc32 is not None:
-        same = a.crc32 == b.crc32
-        check = Check("crc32", 0.0 if same else 1.0, 0.0, same)
-        return PairResult(a, b, "ok" if same else "fail", "hash", (check,), tol, None, note)
-    return PairResult(a, b, "ok", "none", (), tol, None, "no common evidence (tensor, stats or hash)")
+    if same_hash:
+        return _hash_pair(a, b, tol, note)
+    kinds = f"{evidence_kind(a, ta)} vs {evidence_kind(b, tb)}"
+    return PairResult(a, b, "not_compared", "none", (), tol, None, f"cannot be compared ({kinds})")
+
+
+def _hash_pair(a: Record, b: Record, tol: Tolerance, note: str) -> PairResult:
+    assert a.crc32 is not None and b.crc32 is not None
+    same = a.crc32 == b.crc32
+    check = Check("crc32", 0.0 if same else 1.0, 0.0, same)
+    return PairResult(a, b, "ok" if same else "fail", "hash", (check,), tol, None, note)
+
+
+def hash_kind(value: str) -> str:
+    """What a record's checksum is: msprobe's xor summary and md5 are kept apart from a CRC-32
+    (ours, and msprobe's 8-digit "md5") by their prefix (``msprobe.reader``)."""
+    if value.startswith("xor:"):
+        return "xor checksum"
+    if value.startswith("md5:"):
+        return "md5 checksum"
+    return "CRC-32 checksum"
+
+
+def evidence_kind(rec: Record, trace: Trace) -> str:
+    """One side's evidence in words: the tensor's values, statistics, a checksum, or nothing."""
+    if trace.has_tensor(rec):
+        return "tensor values"
+    if rec.crc32 is not None and (rec.stats is None or _hash_first(trace)):
+        return hash_kind(rec.crc32)
+    if rec.stats is not None:
+        return "statistics"
+    return "nothing recorded"
 
 
 def _tensor_pair(
@@ -312,11 +337,14 @@ def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
     if (a.stats.nan, a.stats.inf) != (b.stats.nan, b.stats.inf):
         mismatch = abs(a.stats.nan - b.stats.nan) + abs(a.stats.inf - b.stats.inf)
         checks.append(Check("nonfinite", float(mismatch), 0.0, False))
-    atol = 0.0 if tol.atol == float("inf") else tol.atol
-    rtol = 0.0 if tol.rtol == float("inf") else tol.rtol
-    if tol.atol == float("inf"):
-        # Only metric bounds were given; statistics are held to a 1e-3 relative error.
-        rtol = 1e-3
+    inf = float("inf")
+    if tol.atol == inf and (tol.rule is None or tol.rule.atol is None):
+        # A rule of metric bounds only (cosine, ...), which statistics cannot evaluate: they
+        # are held to a 1e-3 relative error instead.
+        atol, rtol = 0.0, 1e-3
+    else:
+        # An explicit ``atol: .inf`` (or ``rtol: .inf``) bounds no difference, as in tensor mode.
+        atol, rtol = tol.atol, tol.rtol
     sa: Mapping[str, float] = {
         "max": a.stats.max,
         "min": a.stats.min,
@@ -331,7 +359,7 @@ def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
     }
     for key, va in sa.items():
         vb = sb[key]
-        allowed = atol + rtol * abs(va)
+        allowed = _allowed(atol, rtol, abs(va))
         if not (_finite(va) and _finite(vb)):
             # NaN/Inf on one side only, or different ones: a mismatch whatever the tolerance.
             if not (va == vb or (va != va and vb != vb)):
@@ -339,10 +367,17 @@ def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
             continue
         if key == "norm":
             # The norm sums over all elements: allow atol per element, in L2.
-            allowed = atol * max(a.numel, 1) ** 0.5 + rtol * abs(va)
+            allowed = _allowed(atol * max(a.numel, 1) ** 0.5, rtol, abs(va))
         diff = abs(vb - va)
         checks.append(Check(f"stats.{key}", diff, allowed, diff <= allowed))
     return tuple(checks)
+
+
+def _allowed(atol: float, rtol: float, size: float) -> float:
+    """atol + rtol * size, where an infinite tolerance allows anything (even at size 0)."""
+    if math.inf in (atol, rtol):
+        return math.inf
+    return atol + rtol * size
 
 
 def _hash_first(trace: Trace) -> bool:

@@ -168,6 +168,38 @@ def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
     return out
 
 
+# megatron-core's TransformerConfig names for the fields a mapping may use.
+_MEGATRON_NAMES = {
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_query_groups",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "ffn_hidden_size",
+    "num_experts": "num_moe_experts",
+}
+
+
+def manifest_variables(*manifests: Mapping[str, Any]) -> dict[str, Any]:
+    """``$variables`` a mapping may use, read from recorded runs' ``model_config`` (the
+    ``Recorder`` writes a Hugging Face config or megatron-core's ``TransformerConfig`` there),
+    Megatron's first as in ``mapping_variables``; {} for runs that carry none."""
+    configs = [m.get("model_config") for m in manifests]
+    found = [c for c in configs if isinstance(c, Mapping) and isinstance(c.get("fields"), Mapping)]
+    out: dict[str, Any] = {}
+    for config in sorted(found, key=lambda c: c.get("source") != "megatron-core"):
+        fields = config["fields"]
+        if config.get("source") == "megatron-core":
+            view = {key: fields.get(name) for key, name in _MEGATRON_NAMES.items()}
+        else:
+            view = {key: fields.get(key) for key in HEAD_FIELDS}
+            view["num_experts"] = fields.get("num_local_experts", fields.get("num_experts"))
+        if view.get("num_key_value_heads") is None:  # as HF and megatron-core resolve it
+            view["num_key_value_heads"] = view.get("num_attention_heads")
+        for key, value in view.items():
+            if isinstance(value, int) and not isinstance(value, bool) and key not in out:
+                out[key] = value
+    return out
+
+
 def resolve_preset(
     ref: str, variables: Mapping[str, Any], where: str, *, megatron_baseline: bool
 ) -> MappingSpec:

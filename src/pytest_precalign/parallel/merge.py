@@ -101,6 +101,9 @@ def merge_ranks(
         )
     manifest = dict(ranks[0].trace.manifest)
     manifest.pop("parallel", None)
+    missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
+    if missing:  # a rank whose parameter grads were gone when recorded (``Recorder``)
+        manifest["grads_missing"] = missing
     if merged.replica_mismatches:
         manifest["replica_mismatches"] = merged.replica_mismatches
     manifest["parallel_merge"] = {

@@ -37,6 +37,9 @@ def combine_steps(steps: Sequence[tuple[int, Trace]], root: Path) -> Trace:
     mismatches = [m for _, t in steps for m in t.manifest.get("replica_mismatches", ())]
     if mismatches:
         manifest["replica_mismatches"] = mismatches
+    missing = [m for _, t in steps for m in t.manifest.get("grads_missing", ())]
+    if missing:
+        manifest["grads_missing"] = missing
     return _with_path(Trace(manifest, tuple(records), MergedTensors(plans)), root)
 
 

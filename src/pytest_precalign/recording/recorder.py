@@ -511,19 +511,25 @@ class HookRecorder:
         if param.grad is not None and self._active:
             self._capture_param_grad(pname, param.grad)
 
-    def record_param_grads(self, micro_batches: int | None = None) -> None:
+    def record_param_grads(self, micro_batches: int | None = None) -> tuple[int, list[str]]:
         """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
         Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
         loop's grad reduction, before the optimizer step). One record per parameter and step;
         ``micro_batches``: the grads accumulated over that many micro-batches, recorded as the
-        call of the last one (``micro_batches - 1``), as a per-call recording names them."""
+        call of the last one (``micro_batches - 1``), as a per-call recording names them.
+        Returns how many were recorded and the names of trainable parameters with no grad."""
+        found, missing = 0, list[str]()
         if not self.record_grads:
-            return
+            return found, missing
         for pname, param in self.model.named_parameters():
             grad = getattr(param, "main_grad", None)
             grad = param.grad if grad is None else grad
             if param.requires_grad and isinstance(grad, torch.Tensor):
                 self._capture_param_grad(pname, grad, None if micro_batches is None else micro_batches - 1)
+                found += 1
+            elif param.requires_grad:
+                missing.append(pname)
+        return found, missing
 
     def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))

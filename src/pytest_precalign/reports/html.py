@@ -295,6 +295,19 @@ def _environment_html(env: Mapping[str, Any]) -> str:
     return f'<section class="env"><h2>Environment</h2><dl class="env-grid">{cells}</dl></section>'
 
 
+def _overall(
+    document: Mapping[str, Any], items: int, counts: Mapping[str, int], summary: str
+) -> tuple[str, str]:
+    """The header's badge and summary line. An interrupted run proves nothing about the items
+    that did not run: it is marked interrupted, with no pass badge."""
+    if document.get("interrupted"):
+        ran = f"{items} of {document.get('collected', '?')} collected items ran"
+        text = f"interrupted: {ran}" + (f" ({summary})" if summary else "")
+        return '<span class="badge fail">interrupted</span>', text
+    text = f"{items} items: {summary}" if items else "no items"
+    return _badge("failed" if counts.get("failed") else "passed"), text
+
+
 def render_html(document: Mapping[str, Any]) -> str:
     entries: Sequence[Mapping[str, Any]] = document.get("cases", [])
     cases: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
@@ -343,13 +356,14 @@ def render_html(document: Mapping[str, Any]) -> str:
     env_doc: Mapping[str, Any] = next((e["environment"] for e in entries if e.get("environment")), {})
     summary = " · ".join(f"{n} {word}" for word, n in counts.items() if n)
     source = document.get("config") or document.get("golden") or ""
+    overall, summary_text = _overall(document, len(entries), counts, summary)
     return PAGE.format(
         title=esc(f"precalign report: {Path(str(source)).name}" if source else "precalign report"),
         css=CSS + TREE_CSS + TRAINING_CSS,
         js=JS + TREE_JS,
         source=esc(_display_path(str(source))),
-        summary=esc(f"{len(entries)} items: {summary}" if entries else "no items"),
-        overall=_badge("failed" if counts.get("failed") else "passed"),
+        summary=esc(summary_text),
+        overall=overall,
         environment=_environment_html(env_doc),
         overview="".join(overview),
         cases="".join(sections),

@@ -233,7 +233,7 @@ def origin_headline(verdict: PhaseVerdict) -> list[str]:
     if not origin.proven:
         return [
             f"Origin unproven ({where}): {origin.evidence.removeprefix('origin unproven: ')}; "
-            f"innermost module whose inputs all matched: {origin.module or 'none recorded'}"
+            f"{origin.role}: {origin.module or 'none recorded'}"
         ]
     return [f"Origin: {origin.module} ({where}) — {origin.evidence}"]
 
@@ -262,30 +262,39 @@ def divergence_lines(first: Divergence, downstream: bool = False) -> list[str]:
     return lines
 
 
-def table_lines(failures: Sequence[PairResult]) -> list[str]:
+def table_lines(failures: Sequence[PairResult], steps: bool = False) -> list[str]:
+    """The failing records, one row each; ``steps``: with a step column (a multi-step phase)."""
     if not failures:
         return []
-    rows = [("record (baseline name)", "kind", "metric", "value", "allowed")]
+    head = ("record (baseline name)", *(("step",) if steps else ()), "kind", "metric", "value", "allowed")
+    rows: list[tuple[str, ...]] = [head]
     for pair in failures[:TABLE_ROWS]:
         check = pair.failing
         if check is None:
             continue
         relation = "" if check.upper else ">= "
         name = pair.record.name + (f" {pair.record.slot}" if pair.record.slot not in ("", "out") else "")
+        step = (str(pair.record.step),) if steps else ()
         rows.append(
             (
                 name,
+                *step,
                 pair.record.kind,
                 check.metric,
                 fmt_number(check.value),
                 relation + fmt_number(check.allowed),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     out = ["  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     if len(failures) > TABLE_ROWS:
         out.append(f"  ... and {len(failures) - TABLE_ROWS} more")
     return out
+
+
+def several_steps(verdict: PhaseVerdict) -> bool:
+    """The phase holds records of more than one step."""
+    return len({p.record.step for p in (*verdict.records, *verdict.failures)}) > 1
 
 
 def _names(records: Iterable[Any]) -> list[str]:
@@ -414,7 +423,7 @@ def failure_message(report: PhaseReport) -> str:
     lines.extend(overflow_lines(v))
     if v.failures:
         lines.append("Failing records (execution order):")
-        lines.extend(table_lines(v.failures))
+        lines.extend(table_lines(v.failures, several_steps(v)))
     if v.replica_mismatches:
         lines.append(
             "Ranks disagree on replicated tensors (the first rank's copy was compared; "

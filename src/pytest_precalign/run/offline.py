@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable, load_table
-from ..config.presets import PRESET_LAYER_MAPPINGS, layer_mapping_path, resolve_preset
+from ..config.presets import PRESET_LAYER_MAPPINGS, layer_mapping_path, manifest_variables, resolve_preset
 from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
@@ -147,7 +147,9 @@ def compare_runs(
 
         base, cand = fuzzy_api_calls(base), fuzzy_api_calls(cand)
     table = load_tolerances(tolerances)
-    spec = _with_layer_mapping(load_mapping(mapping, variables or {}), layer_mapping)
+    # A mapping's $variables: the runs' own model configs, then --var (which wins).
+    known = {**manifest_variables(base.manifest, cand.manifest), **(variables or {})}
+    spec = _with_layer_mapping(load_mapping(mapping, known), layer_mapping)
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases:
         raise TraceError(f"{golden}: the golden side has no records")

@@ -28,7 +28,13 @@ from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.phase import PhaseVerdict, phase_verdict, with_incomplete_steps, with_replica_mismatches
+from ..verdict.phase import (
+    PhaseVerdict,
+    phase_verdict,
+    with_incomplete_steps,
+    with_missing_grads,
+    with_replica_mismatches,
+)
 from ..verdict.story import tell_case
 from ..verdict.training_run import TrainingVerdict, lane_of, with_expectation
 from ..verdict.training_traces import is_training_run, judge_traces
@@ -162,6 +168,7 @@ def finish(job: FinishInputs) -> CaseRun:
         parents = base_trace.manifest.get("parents") or {}
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
         verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
+        verdict = with_missing_grads(verdict, _grads_missing(job))
         verdicts[phase] = with_incomplete_steps(verdict, _incomplete_steps(job))
     verdicts = tell_case(verdicts, phases)
     training = _training(job, base_trace, cand_trace, comparison)
@@ -279,6 +286,12 @@ def _floor(job: FinishInputs) -> float:
     if job.min_coverage is not None:
         return job.min_coverage
     return job.case.min_coverage if job.case is not None else DEFAULT_MIN_COVERAGE
+
+
+def _grads_missing(job: FinishInputs) -> dict[str, list[Mapping[str, Any]]]:
+    """Each side's ``Recorder`` notes of steps whose parameter grads were gone at ``stop()``."""
+    sides = (("baseline", job.baseline), ("candidate", job.candidate))
+    return {side: list(t.manifest.get("grads_missing", ())) for side, t in sides}
 
 
 def _replica_mismatches(job: FinishInputs) -> list[Mapping[str, Any]]:

@@ -62,10 +62,14 @@ def weights_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest of a recorded run: a trace or baseline folder, or its manifest.json.
-    ``TraceError`` naming the path when there is none (an msprobe dump carries no manifest)."""
+    """The manifest of a recorded run: a trace or baseline folder, or its manifest.json, or a
+    ``Recorder`` root (``step<N>/rank<R>/``, or a step folder): its first step's rank 0 (the
+    lowest rank). ``TraceError`` naming the path when there is none (an msprobe dump carries
+    no manifest)."""
     root = Path(path)
     file = root / "manifest.json" if root.is_dir() else root
+    if root.is_dir() and not file.is_file():
+        file = _first_rank_manifest(root) or file
     if not file.is_file():
         if root.is_dir() and _looks_like_msprobe(root):
             raise TraceError(f"{root}: an msprobe dump carries no manifest: its environment was not recorded")
@@ -77,6 +81,24 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "versions" not in data:
         raise TraceError(f"{file}: not a pytest-precalign manifest (no 'versions')")
     return data
+
+
+def _first_rank_manifest(root: Path) -> Path | None:
+    """``step<N>/rank<R>/manifest.json`` (or ``rank<R>/manifest.json``) with the lowest N, R."""
+
+    def number(p: Path, prefix: str) -> int:
+        tail = p.name.removeprefix(prefix)
+        return int(tail) if p.name.startswith(prefix) and tail.isdigit() else -1
+
+    steps = sorted((s for s in root.iterdir() if number(s, "step") >= 0), key=lambda s: number(s, "step"))
+    for folder in steps or [root]:
+        ranks = sorted(
+            (r for r in folder.iterdir() if number(r, "rank") >= 0 and (r / "manifest.json").is_file()),
+            key=lambda r: number(r, "rank"),
+        )
+        if ranks:
+            return ranks[0] / "manifest.json"
+    return None
 
 
 def _looks_like_msprobe(root: Path) -> bool:

@@ -177,7 +177,7 @@ def read_pt(path: Path, raw_bf16: bool = False) -> np.ndarray:
     storage = f"{prefix}data/{ref.storage.key}"
     if storage not in members:
         raise TraceError(f"{path}: not a readable torch tensor file (storage {ref.storage.key} missing)")
-    return _array_at(path, data, ref, start_of(storage), raw_bf16)
+    return _array_at(path, data, ref, start_of(storage), members[storage].size, raw_bf16)
 
 
 def _read_pt_zipfile(path: Path, data: Any, raw_bf16: bool = False) -> np.ndarray:
@@ -202,7 +202,8 @@ def _read_pt_zipfile(path: Path, data: Any, raw_bf16: bool = False) -> np.ndarra
     if len(header) < 30 or header[:4] != b"PK\x03\x04":
         raise TraceError(f"{path}: not a readable torch tensor file (truncated or corrupt?)")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
-    return _array_at(path, data, ref, info.header_offset + 30 + name_len + extra_len, raw_bf16)
+    start = info.header_offset + 30 + name_len + extra_len
+    return _array_at(path, data, ref, start, info.file_size, raw_bf16)
 
 
 def _load_ref(path: Path, stream: Any) -> _TensorRef:
@@ -237,12 +238,21 @@ def _tensor_ref(path: Path, archive: zipfile.ZipFile) -> tuple[_TensorRef, zipfi
     return ref, info
 
 
-def _array_at(path: Path, data: Any, ref: _TensorRef, start: int, raw_bf16: bool = False) -> np.ndarray:
-    """The tensor's elements, viewed in the mapped file where its storage begins at ``start``."""
+def _array_at(
+    path: Path, data: Any, ref: _TensorRef, start: int, stored: int, raw_bf16: bool = False
+) -> np.ndarray:
+    """The tensor's elements, viewed in the mapped file where its storage of ``stored`` bytes
+    begins at ``start``. A storage shorter than its header says is an error (torch refuses it):
+    the bytes after it belong to other members, and would be read as data."""
     itemsize = 2 if ref.storage.dtype == "bf16" else np.dtype(ref.storage.dtype).itemsize
     numel = 1
     for dim in ref.size:
         numel *= dim
+    if ref.storage.numel * itemsize != stored:
+        raise TraceError(
+            f"{path}: not a readable torch tensor file (truncated or corrupt?): its storage holds "
+            f"{stored} bytes, its header says {ref.storage.numel * itemsize}"
+        )
     try:
         if ref.stride == _contiguous_strides(ref.size) or numel <= 1:
             flat = _view(data, ref.storage.dtype, start + ref.offset * itemsize, numel, raw_bf16)

@@ -70,6 +70,7 @@ from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASE
 from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
+from .run_facts import model_config, run_environment
 from .unwrap import unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
@@ -126,6 +127,20 @@ def _queue_bytes(value: int) -> int:
     return value
 
 
+def _grads_missing(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
+    """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
+    return {
+        "step": step,
+        "rank": rank,
+        "count": len(names),
+        "names": list(names[:5]),
+        "why": (
+            'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
+            "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
+        ),
+    }
+
+
 class Recorder:
     """Record the selected steps of a training loop on each selected rank (see module doc)."""
 
@@ -177,6 +192,7 @@ class Recorder:
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
         self._wrappers: list[str] = []  # the wrappers the recorded model was found in
+        self._facts: dict[str, Any] = {}  # the environment and the model's config, at start()
         self._output_calls: dict[str, int] = {}
         self._scalars: StepScalars | None = None  # this step's, written at stop()
         self._initial: dict[str, Any] | None = None  # initial_params, written with the next folder
@@ -223,6 +239,7 @@ class Recorder:
         target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
         check_recordable(target, self.format)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
+        self._facts = {**run_environment(chunks), "model_config": model_config(chunks)}
         judge = None
         if self.golden is not None:
             judge = golden_judge(self.golden, self._step, self.rank, self.tolerances)
@@ -308,9 +325,11 @@ class Recorder:
             raise
 
     def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
+        missing: list[str] = []
         try:
             if self.param_grads == "step" and not self._grads_done:
-                hooks.record_param_grads()
+                found, missing = hooks.record_param_grads()
+                missing = missing if not found else []  # none at all: zeroed before stop()?
             if self.params:
                 hooks.record_params()
         finally:
@@ -320,11 +339,14 @@ class Recorder:
             "step": self._step,
             "rank": self.rank,
             "torch_version": torch.__version__,
+            **self._facts,
             "parallel": self._parallel,
             **self._step_evidence(),
         }
         if self._wrappers:
             manifest["wrappers"] = self._wrappers
+        if missing:
+            manifest["grads_missing"] = [_grads_missing(self._step, self.rank, missing)]
         shards = None
         if sink is not None:
             shards = sink.close()

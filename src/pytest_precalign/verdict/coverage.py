@@ -3,7 +3,10 @@ on the other side has no evidence of alignment, whatever its compared records sa
 compared, or too little (under a floor), fails the phase.
 
 The ratio is over the baseline's *output* records of the phase (forward: activations, logits,
-loss; backward: grads; step: parameters): the share of them paired with a candidate record.
+loss; backward: grads; step: parameters): the share of them paired with a candidate record and
+compared. A record whose two sides hold evidence of kinds that cannot be compared (a checksum
+against statistics) is *not compared*: it counts against the ratio, and the problem says why.
+A step that one side recorded and the other did not fails the phase, naming the step.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Coverage:
     unexplained_candidate: int
     floor: float  # the minimum ratio (min_coverage)
     problem: str = ""  # why the coverage fails the phase ("" when it does not)
+    uncompared: int = 0  # paired by name, but their evidence kinds cannot be compared
+    uncompared_why: str = ""  # the first such record's kinds: "xor checksum vs statistics"
 
     @property
     def ratio(self) -> float:
@@ -49,10 +54,11 @@ class Coverage:
 
     def describe(self) -> str:
         """``coverage 75% (3 of 4 baseline forward output records paired; floor 50%)``."""
-        return (
+        text = (
             f"coverage {_pct(self.ratio)} ({self.paired} of {self.outputs} baseline {self.phase} "
             f"output records paired; floor {_pct(self.floor)})"
         )
+        return text + (f"; {self.uncompared} not compared ({self.uncompared_why})" if self.uncompared else "")
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -64,6 +70,8 @@ class Coverage:
             "only_candidate": self.only_candidate,
             "unexplained_baseline": self.unexplained_baseline,
             "unexplained_candidate": self.unexplained_candidate,
+            "not_compared": self.uncompared,
+            "not_compared_why": self.uncompared_why,
             "passed": self.ok,
             "problem": self.problem,
         }
@@ -88,6 +96,7 @@ def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) ->
     paired = sum(1 for p in base if p.paired)
     only_b = [p.record for p in outputs if p.status == "only_baseline"]
     only_c = [p.record for p in outputs if p.status == "only_candidate"]
+    uncompared = [p for p in base if p.status == "not_compared"]
     cov = Coverage(
         phase=phase,
         outputs=len(base),
@@ -97,11 +106,36 @@ def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) ->
         unexplained_baseline=sum(1 for p in outputs if p.status == "only_baseline" and not p.note),
         unexplained_candidate=sum(1 for p in outputs if p.status == "only_candidate" and not p.note),
         floor=floor,
+        uncompared=len(uncompared),
+        uncompared_why=uncompared[0].note.removeprefix("cannot be compared (").rstrip(")")
+        if uncompared
+        else "",
     )
-    return replace(cov, problem=_problem(cov, only_b, only_c))
+    return replace(cov, problem=_one_sided_step(pairs, phase) or _problem(cov, only_b, only_c))
+
+
+def _one_sided_step(pairs: Sequence[PairResult], phase: Phase) -> str:
+    """A step that one side recorded records of and the other did not."""
+    base = {p.record.step for p in pairs if p.status != "only_candidate"}
+    cand = {(p.candidate or p.record).step for p in pairs if p.status != "only_baseline"}
+    for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
+        missing = sorted(mine - other)
+        if missing and other:
+            steps = ", ".join(map(str, missing))
+            which = "step" if len(missing) == 1 else "steps"
+            return (
+                f"a step missing: {which} {steps} {'was' if len(missing) == 1 else 'were'} recorded by the "
+                f"{side} only (the other side has no {phase} record of {'it' if len(missing) == 1 else 'them'})"
+            )
+    return ""
 
 
 def _problem(cov: Coverage, only_b: Sequence[Record], only_c: Sequence[Record]) -> str:
+    if cov.paired == 0 and cov.uncompared:
+        return (
+            f"nothing compared: {cov.uncompared} of {cov.outputs} baseline {cov.phase} output records "
+            f"have evidence that cannot be compared ({cov.uncompared_why})"
+        )
     if cov.paired == 0:
         if cov.outputs == 0 and cov.only_candidate == 0:
             return f"nothing compared: neither side recorded a {cov.phase} output record"
@@ -116,9 +150,15 @@ def _problem(cov: Coverage, only_b: Sequence[Record], only_c: Sequence[Record]) 
         return (
             f"too little compared: {cov.paired} of {cov.outputs} baseline {cov.phase} output records "
             f"paired ({_pct(cov.ratio)}, under the floor of {_pct(cov.floor)}); {cov.only_baseline} "
-            f"found no partner{_hint(only_b, only_c)} (min_coverage sets the floor)"
+            f"found no partner{_hint(only_b, only_c)}{_not_compared(cov)} (min_coverage sets the floor)"
         )
     return ""
+
+
+def _not_compared(cov: Coverage) -> str:
+    if not cov.uncompared:
+        return ""
+    return f"; {cov.uncompared} cannot be compared ({cov.uncompared_why})"
 
 
 def _level(records: Sequence[Record]) -> str:

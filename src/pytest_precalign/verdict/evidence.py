@@ -119,6 +119,9 @@ class CaseOrigin:
     record: str
     evidence: str
     proven: bool
+    # What ``module`` is when the origin is unproven: the innermost module whose inputs all
+    # matched, or (none was recorded) the first divergent paired module.
+    role: str = "innermost module whose inputs all matched"
 
     def as_dict(self) -> dict[str, object]:
         return {

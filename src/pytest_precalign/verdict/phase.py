@@ -440,8 +440,10 @@ def _candidate_overflow(pairs: tuple[PairResult, ...]) -> tuple[Overflow, ...]:
 
 
 def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Divergence:
-    """No module tree says where the divergence entered (an L1 dump): a call that only one side
-    made just before it (e.g. gelu where the baseline called silu) is the likely entry."""
+    """No enclosing module whose inputs matched (an L1 dump has no module tree): the origin is
+    unproven. A call that only one side made just before it (e.g. gelu where the baseline called
+    silu) is the likely entry, but it has no partner, so it is a hint in the proof, never the
+    origin: that stays the first divergent paired record."""
     kinds = GATE_KINDS[first.phase]
     own = first.pair.candidate
 
@@ -466,7 +468,10 @@ def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Diverg
     ]
     if not sides:
         return first
-    return replace(first, origin_module=" / ".join(sides))
+    proof = first.proof or "origin unproven: no enclosing module whose inputs matched was recorded"
+    return replace(
+        first, proof=f"{proof}; only one side made just before it: {' / '.join(sides)}", proven=False
+    )
 
 
 def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, str]:
@@ -501,6 +506,25 @@ def _first_nonfinite(pairs: tuple[PairResult, ...]) -> tuple[NonFinite, ...]:
                 out.append(NonFinite(side, rec))
                 break
     return tuple(out)
+
+
+def with_missing_grads(
+    verdict: PhaseVerdict, missing: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> PhaseVerdict:
+    """The backward fails when a side's recorder found its parameter grads gone (``missing``:
+    side -> the manifest's ``grads_missing`` notes): what was not recorded passed nothing."""
+    if verdict.phase != "backward" or verdict.coverage is None:
+        return verdict
+    notes = [
+        f"the {side} recorded no parameter grad at step {m.get('step')} (rank {m.get('rank')}; "
+        f"{m.get('count')} parameters, e.g. {', '.join(map(str, m.get('names') or ()))}): {m.get('why')}"
+        for side, found in missing.items()
+        for m in found
+    ]
+    if not notes:
+        return verdict
+    problem = "param grads missing: " + "; ".join(notes)
+    return replace(verdict, passed=False, coverage=replace(verdict.coverage, problem=problem))
 
 
 def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[Mapping[str, Any]]) -> PhaseVerdict:

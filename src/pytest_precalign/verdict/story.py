@@ -19,7 +19,9 @@ P = TypeVar("P", bound=str)
 
 
 def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOrigin:
-    """The case origin a phase's first divergence names, with its evidence in words."""
+    """The case origin a phase's first divergence names, with its evidence in words. Without
+    a paired module to name (no enclosing module whose inputs matched), the origin is the first
+    divergent paired record's module, unproven."""
     if first.origin:
         module = first.origin_module or first.name
         evidence = first.proof or "its inputs matched, its output did not"
@@ -30,9 +32,10 @@ def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOr
         module = first.origin_module
         evidence = first.proof or _between_children(first, matched_children)
         proven = first.proven and bool(module)
-    # No module whose inputs matched: the module stays empty rather than naming a guess.
-    module = module or (first.name if first.origin else "")
-    return CaseOrigin(module, first.phase, first.kind, first.step, first.name, evidence, proven)
+    role = "innermost module whose inputs all matched"
+    if not module:
+        module, role, proven = first.name, "first divergent paired module", False
+    return CaseOrigin(module, first.phase, first.kind, first.step, first.name, evidence, proven, role)
 
 
 def _between_children(first: Divergence, matched: Sequence[str]) -> str:
