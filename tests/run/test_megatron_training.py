@@ -113,4 +113,7 @@ def test_launched_tp2_pp2_trains_as_in_process(tmp_path: Path) -> None:
         assert a["lr"] == b["lr"] and a["batch_hash"] == b["batch_hash"]
         for key in ("loss", "grad_norm", "param_norm", "update_norm", "clip_coef"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (step, key)
-    assert (out / "step3" / "rank3").is_dir()
+    from pytest_precalign.trace.native_io import read_trace
+
+    last_stage = read_trace(out / "step3" / "rank3")  # grads accumulated over 2 micro-batches: call 1
+    assert {r.call for r in last_stage.records if r.kind == "param_grad"} == {1}

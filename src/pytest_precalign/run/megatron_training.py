@@ -133,7 +133,7 @@ def train_rank_with_megatron(
         rec.start(module)
         parts = micro_batches(data.batch(step), spec.micro_batches, case)
         _, scalars[step] = stack.train_step(
-            step, parts, forward, on_output=on_output, grads_ready=rec.grads_ready
+            step, parts, forward, on_output=on_output, grads_ready=partial(rec.grads_ready, len(parts))
         )
         rec.stop()
         rec.step()

@@ -1,0 +1,30 @@
+"""example_suites/training's Megatron case end to end: transformers.Trainer vs megatron-core's
+own stack (DDP, get_megatron_optimizer, OptimizerParamScheduler) over 10 steps, aligned under the
+suite's table, each side's translated settings in its manifest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.runs import ExampleSuite, RunPytest
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("accelerate")
+
+
+@pytest.mark.slow  # 10 training steps of two models with tensors recorded (~90 s on 2 cores)
+def test_hf_trainer_vs_megatron_stack_aligns_over_ten_steps(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    folder = example_suite("training")
+    result = run_pytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out",
+        "-k", "hf_trainer_vs_megatron",
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    phases = {c["phase"] for c in report["cases"] if c["name"] == "hf_trainer_vs_megatron"}
+    assert phases == {"forward", "backward", "step"}
