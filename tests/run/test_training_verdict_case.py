@@ -74,5 +74,7 @@ def test_a_clean_rerun_is_aligned_over_every_step() -> None:
     assert all(report(case, p).passed for p in case.phases)
 
 
-def test_a_one_step_case_is_not_judged_as_a_training_run() -> None:
-    assert run(start=10**6, steps=1).training is None
+def test_a_forward_only_case_is_not_judged_as_a_training_run() -> None:
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    case = check_modules(model(10**6), model(10**6), {"input": x}, phases=("forward",), train=False)
+    assert case.training is None

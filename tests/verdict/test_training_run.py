@@ -290,3 +290,17 @@ def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset(
     v = judge_run(RunSide(run(), base), RunSide(run(), plan([1e-3] * 3, meg)), {}, default_table(),
                   lambda n: baseline_param_names(mapping, n))  # fmt: skip
     assert v.passed, v.first
+
+
+def test_a_fused_parameter_is_not_compared_with_its_parts_initial_norms() -> None:
+    base = RunSide(run(), initial_params={"q": {"norm": 1.0}, "k": {"norm": 1.0}, "o": {"norm": 2.0}})
+    cand = RunSide(run(), initial_params={"qk": {"norm": 2**0.5}, "o": {"norm": 2.0}})
+    fused = {"qk": ("q", "k")}
+    v = judge_run(base, cand, {}, default_table(), lambda n: fused.get(n, (n,)))
+    assert v.passed, v.first
+    cand = RunSide(run(), initial_params={"qk": {"norm": 2**0.5}, "o": {"norm": 2.5}})
+    assert first(judge_run(base, cand, {}, default_table(), lambda n: fused.get(n, (n,)))) == (
+        0,
+        "weights",
+        "o",
+    )

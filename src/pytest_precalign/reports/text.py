@@ -475,7 +475,10 @@ def summary_line(report: PhaseReport) -> str:
     status = "PASSED" if report.passed else "FAILED"
     if v.first is not None:
         role = "origin" if v.first.origin else f"propagated, enters in {_entry(v.first)}"
-        if v.downstream and v.case_origin is not None:
+        run = report.training
+        if run is not None and run.first is not None and not blames_layer(run):
+            role = f"downstream of step {run.first.step}'s {run.first.what} ({run.first.origin})"
+        elif v.downstream and v.case_origin is not None:
             role = f"downstream of {v.case_origin.module or v.case_origin.record} ({v.case_origin.phase})"
         elif not v.first.proven:
             role = f"origin unproven, innermost matched module {v.first.origin_module or 'none'}"
@@ -504,8 +507,10 @@ def summary_line(report: PhaseReport) -> str:
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
-    run = training_summary(report.training) if report.training is not None and not report.passed else ""
-    return f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}{run}"
+    story = training_summary(report.training) if report.training is not None and not report.passed else ""
+    return (
+        f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}{story}"
+    )
 
 
 def verdict_label(verdict: PhaseVerdict) -> str:

@@ -47,6 +47,6 @@ def training_summary(v: TrainingVerdict) -> str:
 def blames_layer(v: TrainingVerdict | None) -> bool:
     """Whether a layer origin may be told for the case: no training verdict, or one whose
     first divergence is in a layer (not the data, the contract, the schedule, ...)."""
-    if v is None or v.passed:
+    if v is None or v.first is None:
         return True
-    return v.first is not None and v.first.what in LAYER_CLASSES
+    return v.first.what in LAYER_CLASSES

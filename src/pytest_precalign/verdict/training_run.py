@@ -177,7 +177,8 @@ def _weights(
 ) -> FirstDivergent | None:
     if not base or not cand:
         return None
-    renamed = {b: stats for name, stats in cand.items() for b in rename(name)}
+    # Only one-to-one names: a fused tensor's norm (Megatron's linear_qkv) is not its parts'.
+    renamed = {names[0]: stats for name, stats in cand.items() if len(names := rename(name)) == 1}
     differ = []
     for name, stats in base.items():
         other = renamed.get(name)

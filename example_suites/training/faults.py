@@ -1,0 +1,93 @@
+"""Training faults planted in a candidate through its model's ``patch:`` (align.yaml's
+faulty cases). Each changes what the side's training machinery does while its translated
+settings (the plan in the manifest, computed on a throwaway optimizer) still look right, so
+the run verdict has to find it in the run: the step it first shows and what it is. Only the
+optimizer and scheduler over this model's parameters change."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+WARMUP, STEPS = 2, 10  # the cases' schedule: warmup 2, cosine decay over 10 updates
+
+
+def _owner(model: torch.nn.Module) -> Callable[[Any], bool]:
+    owned = {id(p): weakref.ref(p) for p in model.parameters()}
+
+    def owns(optimizer: Any) -> bool:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return any((ref := owned.get(id(p))) is not None and ref() is p for p in params)
+
+    return owns
+
+
+def _wrap_lambda(model: torch.nn.Module, step_of: Callable[[int], float]) -> None:
+    """The LambdaLR over this model's optimizer evaluates its lambda at ``step_of(step)``."""
+    owns, original = _owner(model), torch.optim.lr_scheduler.LambdaLR.__init__
+
+    def init(self: Any, optimizer: Any, lr_lambda: Any, *args: Any, **kwargs: Any) -> None:
+        if owns(optimizer):
+            inner = lr_lambda
+
+            def lr_lambda(s: int) -> float:
+                whole = step_of(s)
+                low = math.floor(whole)
+                if whole == low:
+                    return float(inner(int(whole)))
+                return float(inner(low) + (whole - low) * (inner(low + 1) - inner(low)))
+
+        original(self, optimizer, lr_lambda, *args, **kwargs)
+
+    torch.optim.lr_scheduler.LambdaLR.__init__ = init  # type: ignore[method-assign]
+
+
+def warmup_one_step_behind(model: torch.nn.Module) -> None:
+    """The scheduler is stepped once too late: update s uses the LR of update s - 1."""
+    _wrap_lambda(model, lambda s: max(s - 1, 0))
+
+
+def decay_horizon_shortened(model: torch.nn.Module) -> None:
+    """The decay horizon counts the warmup twice: the cosine reaches its floor at update
+    STEPS - WARMUP instead of STEPS (as in AReaL PR #1289)."""
+    short = STEPS - WARMUP
+    _wrap_lambda(
+        model,
+        lambda s: (
+            s if s <= WARMUP else min(STEPS, WARMUP + (s - WARMUP) * (STEPS - WARMUP) / (short - WARMUP))
+        ),
+    )
+
+
+def weight_decay_on_norms(model: torch.nn.Module) -> None:
+    """Every parameter group of this model's AdamW gets the weight decay, norms and biases too."""
+    owned = {id(p) for p in model.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+        params = list(params)
+        groups = [g for g in params if isinstance(g, dict)]
+        if groups and any(id(p) in owned for g in groups for p in g["params"]):
+            decay = max(float(g.get("weight_decay", 0.0)) for g in groups)
+            params = [{**g, "weight_decay": decay} for g in groups]
+        original(self, params, *args, **kwargs)
+
+    torch.optim.AdamW.__init__ = init  # type: ignore[method-assign]
+
+
+def layer1_mlp_from_step_5(model: torch.nn.Module) -> None:
+    """model.layers.1.mlp scales its output by 1.01 from update 5 on (2 micro-batches a step:
+    from its 11th call)."""
+    mlp, calls = model.get_submodule("model.layers.1.mlp"), [0]
+    forward = mlp.forward
+
+    def late(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        out = forward(x)
+        return out * 1.01 if calls[0] > 10 else out
+
+    mlp.forward = late
