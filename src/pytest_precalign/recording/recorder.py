@@ -43,7 +43,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
-from ..vocabulary import Kind
+from ..vocabulary import MODES, Kind
 from .compiled import hook_wrapper
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
@@ -93,6 +93,14 @@ class _Call:
     grads: bool = False  # grad hooks are registered for this call
 
 
+def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str) -> None:
+    for what, value, allowed in (("record mode", mode, MODES), ("record level", level, LEVELS), ("param_grads", param_grads, PARAM_GRADS)):  # fmt: skip
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
+    if golden is not None and mode == "tensor":
+        raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
+
+
 class HookRecorder:
     """Context manager that records a model's tensors into a ``Trace``.
 
@@ -117,14 +125,7 @@ class HookRecorder:
         sink: TensorSink | None = None,
         compiled: bool = False,
     ) -> None:
-        if mode not in ("stats", "tensor", "hash"):
-            raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
-        if golden is not None and mode == "tensor":
-            raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
-        if level not in LEVELS:
-            raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
-        if param_grads not in PARAM_GRADS:
-            raise ValueError(f"unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})")
+        _check_options(mode, golden, level, param_grads)
         self.param_grads = param_grads
         self.level = level
         self._modules_on = level in ("module", "mix")

@@ -111,6 +111,14 @@ def _queue_bytes(value: int) -> int:
     return value
 
 
+def _check_choices(**given: str) -> None:
+    """ValueError naming the Recorder's option and what it allows, for an unknown value."""
+    allowed = {"mode": MODES, "level": LEVELS, "format": FORMATS, "param_grads": PARAM_GRADS}
+    for key, value in given.items():
+        if value not in allowed[key]:
+            raise ValueError(f"Recorder: unknown {key} {value!r} (allowed: {', '.join(allowed[key])})")
+
+
 class Recorder:
     """Record the selected steps of a training loop on each selected rank (see module doc)."""
 
@@ -135,16 +143,7 @@ class Recorder:
         tolerances: str | Path | ToleranceTable | None = None,
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"Recorder: unknown mode {mode!r} (allowed: {', '.join(MODES)})")
-        if level not in LEVELS:
-            raise ValueError(f"Recorder: unknown level {level!r} (allowed: {', '.join(LEVELS)})")
-        if format not in FORMATS:
-            raise ValueError(f"Recorder: unknown format {format!r} (allowed: {', '.join(FORMATS)})")
-        if param_grads not in PARAM_GRADS:
-            raise ValueError(
-                f"Recorder: unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})"
-            )
+        _check_choices(mode=mode, level=level, format=format, param_grads=param_grads)
         self.golden = _golden(golden, mode)
         self.queue_bytes = _queue_bytes(queue_bytes)
         self.tolerances = load_table(tolerances)
