@@ -60,6 +60,14 @@ from .tensor_summary import dtype_name, flatten
 PARAM_GRADS = ("backward", "step")
 
 
+def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str) -> None:
+    for what, value, allowed in (("record mode", mode, MODES), ("record level", level, LEVELS), ("param_grads", param_grads, PARAM_GRADS)):  # fmt: skip
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
+    if golden is not None and mode == "tensor":
+        raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
+
+
 class HookRecorder:
     """Context manager that records a model's tensors into a ``Trace``.
 
@@ -85,14 +93,7 @@ class HookRecorder:
         compiled: bool = False,
         on_raise: Callable[[], None] | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"unknown record mode {mode!r} (allowed: stats, tensor, hash)")
-        if golden is not None and mode == "tensor":
-            raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
-        if level not in LEVELS:
-            raise ValueError(f"unknown record level {level!r} (allowed: {', '.join(LEVELS)})")
-        if param_grads not in PARAM_GRADS:
-            raise ValueError(f"unknown param_grads {param_grads!r} (allowed: {', '.join(PARAM_GRADS)})")
+        _check_options(mode, golden, level, param_grads)
         self.param_grads, self.level = param_grads, level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
