@@ -45,7 +45,9 @@ def scheduler_arguments(spec: OptimizerSpec) -> dict[str, Any]:
     return {"lr_scheduler_type": kind, "warmup_steps": schedule.warmup_steps, "lr_scheduler_kwargs": kwargs}
 
 
-def training_arguments(case: CaseSpec, rows: int, seed: int, output_dir: str) -> dict[str, Any]:
+def training_arguments(
+    case: CaseSpec, rows: int, seed: int, output_dir: str, cpu: bool = True
+) -> dict[str, Any]:
     """The ``TrainingArguments`` fields the case's optimizer spec becomes."""
     spec = case.optimizer
     if spec.name not in _OPTIMIZERS or (spec.name == "sgd" and spec.momentum):
@@ -72,7 +74,7 @@ def training_arguments(case: CaseSpec, rows: int, seed: int, output_dir: str) ->
         "save_strategy": "no",
         "report_to": [],
         "disable_tqdm": True,
-        "use_cpu": True,
+        "use_cpu": cpu,  # else the Trainer's accelerator picks the model's device
         "seed": seed,
         "dataloader_num_workers": 0,
         "remove_unused_columns": False,
@@ -125,7 +127,8 @@ def train_with_trainer(
 
     steps = CaseSteps()
     with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out:
-        arguments = training_arguments(case, rows, seed, out)
+        cpu = all(p.device.type == "cpu" for p in model.module.parameters())
+        arguments = training_arguments(case, rows, seed, out, cpu)
         trainer = Trainer(
             model=model.module,
             args=TrainingArguments(**arguments),

@@ -32,7 +32,8 @@ import torch
 from ..errors import CaseError
 from ..sources import LoadedModel, one_line
 from ..sources.inputs import CaseInputs
-from .side import causal_lm_loss, make_optimizer
+from .loop_training import grouped_optimizer, param_groups
+from .side import causal_lm_loss
 
 JOB_FILE = "job.pkl"
 INPUTS_FILE = "inputs.pt"
@@ -147,7 +148,8 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
     module.train(case.train)
     if backward:
         use_megatron_grad_finalization(module)
-    optimizer = make_optimizer(case.optimizer, module.parameters()) if "step" in case.phases else None
+    groups = param_groups(module.named_parameters(), case.optimizer)  # no decay on 1-d params, as in-process
+    optimizer = grouped_optimizer(case.optimizer, groups) if "step" in case.phases else None
     rec = Recorder(
         out,
         mode=case.record.mode,
