@@ -21,10 +21,22 @@ def test_hf_trainer_vs_megatron_stack_aligns_over_ten_steps(
     folder = example_suite("training")
     result = run_pytest(
         "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out",
-        "-k", "hf_trainer_vs_megatron",
+        "-k", "hf_trainer_vs_megatron and not launched",
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     phases = {c["phase"] for c in report["cases"] if c["name"] == "hf_trainer_vs_megatron"}
     assert phases == {"forward", "backward", "step"}
+
+
+@pytest.mark.slow  # 4 ranks under torchrun, 10 steps
+def test_hf_trainer_vs_megatron_stack_at_tp2_pp2_under_torchrun(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    folder = example_suite("training")
+    result = run_pytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "-k", "tp2_pp2_launched",
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()

@@ -152,7 +152,7 @@ def launch_ranks(
     what = f"{spec.where}: models.{spec.name} ({nproc} ranks under torchrun)"
     _check(spec, case, what)
     timeout = launch_timeout(spec.options) if timeout is None else timeout
-    later = [{"model_inputs": dict(b.model_inputs), "labels": b.labels} for b in inputs.later]
+    later = [{"model_inputs": dict(b.model_inputs), "labels": b.labels} for b in inputs.later]  # steps 1..
     torch.save(
         {"model_inputs": dict(inputs.model_inputs), "labels": inputs.labels, "later": later},
         work / INPUTS_FILE,
