@@ -1,7 +1,9 @@
 """Regenerate docs/report.png: run the example suite (its ``known_mlp_bug`` case has a
 deliberate bug in layer 1's MLP), then photograph that case in report.html with headless
 Chromium. Then the module tree of one case per example suite and of a ``precalign compare``
-of two msprobe dumps, with the origin's records open: docs/tree_<suite>.png.
+of two msprobe dumps, with the origin's records open: docs/tree_<suite>.png. Then the per-step
+curves of example_suites/training's ``warmup_one_step_behind`` case (the candidate's LR schedule
+one step behind, found at step 1): docs/training_curves.png, shown by that suite's README.
 
     python docs/make_screenshot.py            # needs /usr/bin/chromium and playwright
 """
@@ -86,6 +88,21 @@ def trees(browser: Any, tmp: Path) -> None:
     shoot_tree(browser, out / "report.html", case, REPO / "docs" / "tree_msprobe_compare.png")
 
 
+def training_curves(browser: Any, tmp: Path) -> None:
+    """The loss / LR / grad-norm curves of both sides of a 10-step run, the first divergent step
+    marked."""
+    out = tmp / "training"
+    run_suite(Path("example_suites") / "training", out, "warmup_one_step_behind")
+    page = browser.new_page(viewport={"width": 1180, "height": 900}, device_scale_factor=1)
+    page.goto((out / "report.html").as_uri())
+    target = REPO / "docs" / "training_curves.png"
+    page.locator('section.case[data-case="warmup_one_step_behind"] div.training').first.screenshot(
+        path=str(target)
+    )
+    page.close()
+    print(f"wrote {target.relative_to(REPO)}")
+
+
 def main() -> int:
     from playwright.sync_api import sync_playwright
 
@@ -102,6 +119,7 @@ def main() -> int:
             target = REPO / "docs" / "report.png"
             case.screenshot(path=str(target))
             trees(browser, Path(tmp))
+            training_curves(browser, Path(tmp))
             browser.close()
     print(f"wrote {target.relative_to(REPO)}")
     return 0
