@@ -59,8 +59,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def plugin_args(request: pytest.FixtureRequest) -> list[str]:
-    """The arguments that set how the inner pytest runs: nothing (serially) or ``-n 2``."""
-    return list(request.param)
+    """The arguments that set how the inner pytest runs: nothing (serially) or ``-n 2``
+    (outside tests/integration, where nothing parametrizes it: serially)."""
+    return list(getattr(request, "param", []))
 
 
 @pytest.fixture

@@ -399,7 +399,10 @@ def isolation_lines(verdict: PhaseVerdict) -> list[str]:
 def failure_message(report: PhaseReport) -> str:
     v = report.verdict
     training, layer = report.training, blames_layer(report.training)
-    lines: list[str] = training_lines(training) if training is not None and not training.passed else []
+    # A one-step run whose divergence is in a layer: the case's story (origin, downstream) says
+    # it all; the run's story leads over several steps or for a training-loop difference.
+    told = training is not None and not training.passed and (not layer or training.steps_compared > 1)
+    lines: list[str] = training_lines(training) if told and training is not None else []
     lines += (origin_headline(v) if not v.aligned and layer else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")

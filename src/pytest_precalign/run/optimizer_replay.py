@@ -43,6 +43,7 @@ from ..compare.pairs import Check, Comparison, PairResult
 from ..config.specs import OptimizerSpec
 from ..trace.records import Record, Trace, record_id
 from ..vocabulary import OPTIMIZER_UPDATE
+from .loop_training import decays
 from .side import make_optimizer
 
 # The rounding an update may carry: elementwise float arithmetic of another but equivalent
@@ -79,7 +80,10 @@ class _Replay:
     def step(self, name: str, before: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if name not in self._copies:
             copy = torch.nn.Parameter(before.clone())
-            self._copies[name] = copy, make_optimizer(self.spec, [copy])
+            # The side's own groups: no weight decay where the spec exempts the parameter
+            # (biases and norm weights by default), as ``loop_training.param_groups`` builds them.
+            wd = self.spec.weight_decay if decays(name, before, self.spec.no_decay) else 0.0
+            self._copies[name] = copy, make_optimizer(self.spec, [{"params": [copy], "weight_decay": wd}])
         copy, optimizer = self._copies[name]
         with torch.no_grad():
             copy.copy_(before)
