@@ -196,6 +196,8 @@ def _training(
     case's expected run divergence (``expect: {step, diverged}``) when it has one."""
     expect = job.case.expect if job.case is not None else None
     training = None
+    if expect is not None and expect.diverged is None:
+        return None  # a phase's known divergence (expect: {phase, first_divergence}) gates the case
     if is_training_run(baseline, candidate):
         mapping = job.mapping
         training = judge_traces(

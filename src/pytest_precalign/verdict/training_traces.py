@@ -27,9 +27,12 @@ def is_training_run(baseline: Trace, candidate: Trace) -> bool:
     return len(steps) > 1
 
 
-def run_side(trace: Trace, where: str) -> RunSide:
+def run_side(trace: Trace, where: str, recorded: bool = True) -> RunSide:
+    """One side of the run; ``recorded`` False: its loss curve from its loss records even
+    where the manifest has scalars (the other side recorded none)."""
     manifest = trace.manifest
-    scalars: Mapping[int, StepScalars] = scalars_of(manifest, where) or losses_from_records(trace)
+    own = scalars_of(manifest, where) if recorded else {}
+    scalars: Mapping[int, StepScalars] = own or losses_from_records(trace)
     training = manifest.get("training")
     plan = training.get("plan") if isinstance(training, Mapping) else None
     initial = manifest.get("initial_params")
@@ -49,9 +52,14 @@ def judge_traces(
 ) -> TrainingVerdict:
     """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own)."""
     parents: Mapping[str, Any] = baseline.manifest.get("parents") or {}
+    # A side that records no per-step scalars at all (a launched side stepping with torch.optim,
+    # an msprobe dump) is compared on both sides' loss records: its missing scalars are what
+    # its machinery does not record, not a step it skipped. One scalar missing of several stays
+    # a finding (training_scalars).
+    both = bool(baseline.manifest.get("scalars")) == bool(candidate.manifest.get("scalars"))
     return judge_run(
-        run_side(baseline, "the baseline's manifest"),
-        run_side(candidate, "the candidate's manifest"),
+        run_side(baseline, "the baseline's manifest", both),
+        run_side(candidate, "the candidate's manifest", both),
         step_records(comparison, {str(k): str(v) for k, v in parents.items()}),
         table,
         rename,
