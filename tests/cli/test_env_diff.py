@@ -70,8 +70,13 @@ def test_each_difference_is_one_line(recorded: dict[str, Path], capsys: pytest.C
     [
         ("missing", "no recorded run there (expected a trace folder or its manifest.json)"),
         ("msprobe", "an msprobe dump carries no manifest: its environment was not recorded"),
-        ("not-json", "not a readable manifest (JSONDecodeError)"),
-        ("deep-json", "not a readable manifest (RecursionError)"),
+        (
+            "not-json",
+            "not a readable manifest: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        ("deep-json", "not a readable manifest: nested too deeply"),
+        ("binary", "a binary file (NUL bytes); expected a manifest"),
+        ("huge", f"{(1 << 30) + 1} bytes; expected a manifest of at most 1024 MiB"),
         ("other-json", "not a pytest-precalign manifest (no 'versions')"),
     ],
 )
@@ -83,8 +88,13 @@ def test_bad_input_is_one_message_and_exit_2(
         shutil.copytree(REPO / "tests" / "data" / "msprobe" / "tiny_statistics_L0", bad)
     elif what != "missing":
         bad.mkdir()
-        text = {"not-json": "{", "deep-json": "[" * 100_000 + "]" * 100_000, "other-json": '{"a": 1}'}[what]
-        (bad / "manifest.json").write_text(text, encoding="utf-8")
+        if what == "huge":  # sparse: the size is refused before anything is read
+            with open(bad / "manifest.json", "wb") as handle:
+                handle.truncate((1 << 30) + 1)
+        else:
+            texts = {"not-json": "{", "deep-json": "[" * 100_000 + "]" * 100_000, "other-json": '{"a": 1}'}
+            texts["binary"] = '{"versions": "\0"}'
+            (bad / "manifest.json").write_text(texts[what], encoding="utf-8")
     assert main(["env-diff", str(recorded["a"]), str(bad)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -218,3 +218,25 @@ def test_missing_ranks_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "20 in golden" in line and "7 in target" in line
     assert "not in target: step0/rank7, step0/rank8" in line and "and 5 more" in line
     assert "not in golden: none" in line and len(line) < 700
+
+
+def test_a_tensor_file_swapped_after_its_check_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The msprobe tensor reader loads the file it checked (a regular file), not whatever the
+    name points at when torch opens it: a swap between the check and the load is not read."""
+    from pytest_precalign.msprobe.tensors import PtTensors
+
+    folder = tmp_path / "dump_tensor_data"
+    folder.mkdir()
+    torch.save(torch.ones(3), folder / "a.pt")
+    torch.save(torch.full((3,), 7.0), tmp_path / "other.pt")
+    real_load = torch.load
+
+    def swap_then_load(*args: object, **kwargs: object) -> object:
+        os.replace(tmp_path / "other.pt", folder / "a.pt")  # the attacker wins the race
+        return real_load(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "load", swap_then_load)
+    loaded = PtTensors(folder, {"a.pt": (3,)})["a.pt"]
+    assert torch.equal(loaded, torch.ones(3))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
-from ..untrusted import check_regular, plain_name
+from ..untrusted import check_regular, open_regular, plain_name
 
 TENSOR_DIR = "dump_tensor_data"
 
@@ -33,10 +33,19 @@ class PtTensors(Mapping[str, Any]):
 
         import torch
 
-        file = self._file(key)
+        file = plain_name(key, self._folder, "dump.json: data_name", TraceError)
         try:
-            # mmap: the bytes are paged in as the compare reads them, not copied up front.
-            tensor = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            handle = open_regular(file, TraceError, "a tensor file")
+        except FileNotFoundError:
+            raise TraceError(f"{file}: missing (dump.json names it as data_name)") from None
+        try:
+            with handle:
+                # The file checked is the file read: torch opens the descriptor already open
+                # (a name swapped after the check is not followed). mmap: the bytes are paged
+                # in as the compare reads them, not copied up front.
+                opened = Path(f"/proc/self/fd/{handle.fileno()}")
+                source: Any = opened if opened.exists() else handle
+                tensor = torch.load(source, map_location="cpu", weights_only=True, mmap=source is opened)
         except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
             raise TraceError(
                 f"{file}: not a readable torch tensor file (truncated or corrupt?): {exc}"

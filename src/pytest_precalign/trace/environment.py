@@ -5,12 +5,12 @@ settings, the initial weights' and the inputs' checksums. Read from manifest.jso
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..untrusted import read_json
 
 # Versions first, in this order; any other package a manifest names follows, sorted.
 VERSION_ORDER = ("python", "torch", "torch_npu", "transformers", "megatron-core", "safetensors")
@@ -74,10 +74,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         if root.is_dir() and _looks_like_msprobe(root):
             raise TraceError(f"{root}: an msprobe dump carries no manifest: its environment was not recorded")
         raise TraceError(f"{root}: no recorded run there (expected a trace folder or its manifest.json)")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise TraceError(f"{file}: not a readable manifest ({type(exc).__name__})") from None
+    data = read_json(file, TraceError, what="a manifest", bad="not a readable manifest")
     if not isinstance(data, dict) or "versions" not in data:
         raise TraceError(f"{file}: not a pytest-precalign manifest (no 'versions')")
     return data
