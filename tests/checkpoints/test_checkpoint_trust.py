@@ -198,8 +198,11 @@ def test_pytest_option_says_trust(
     _config(pytester.path, hf_dir, evil)
     result = pytester.runpytest_inprocess("--align-config", "align.yaml", "-p", "no:cacheprovider")
     assert not marker.exists()
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*not loaded: it holds 'os.makedirs'*--trust-checkpoint*"])
+    # refused at collection, before any case runs: a usage error naming the model's key
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*case 'converted': *: models.mc.weights: *not loaded: it holds 'os.makedirs'*--trust-checkpoint*"]
+    )
 
     result = pytester.runpytest_inprocess(
         "--align-config", "align.yaml", "--align-trust-checkpoint", "-p", "no:cacheprovider"

@@ -70,3 +70,19 @@ def load_into(module: torch.nn.Module, folder: Path, fmt: str, what: str, *, tru
             if name in state:
                 tensor.copy_(state[name])
     return len(state)
+
+
+def check_trusted(folder: Path, fmt: str, what: str, *, trust: bool = False) -> None:
+    """Before anything runs: a checkpoint whose pickles name a class not known to be safe is
+    refused now (``SourceError``, a usage error in pytest and exit 2 in the CLI), not when its
+    case runs. Read from the pickles' opcodes only; a file that is not readable at all is left
+    for the load to name."""
+    if trust or fmt == "hf":
+        return
+    from .megatron_dist import check_dist_metadata
+    from .megatron_legacy import check_legacy_pickles
+
+    try:
+        (check_legacy_pickles if fmt == "megatron" else check_dist_metadata)(folder)
+    except SourceError as exc:
+        raise SourceError(f"{what}: {exc}") from None

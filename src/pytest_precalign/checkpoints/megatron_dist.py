@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SourceError
 from ..untrusted import bounded_repr, check_regular, read_json
-from .trust import metadata_reader
+from .trust import CheckpointRefused, metadata_reader
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +63,17 @@ def _local_name(name: str) -> str:
         if te in name:
             return name.replace(te, local)
     return name
+
+
+def check_dist_metadata(folder: Path) -> None:
+    """``refused`` (a SourceError) when ``.metadata`` names a class not known to be safe."""
+    _check_folder(folder)
+    try:
+        metadata_reader(folder, False).read_metadata()
+    except CheckpointRefused:
+        raise
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint: the load names it
+        return
 
 
 def load_megatron_dist(folder: Path, trust: bool = False) -> dict[str, torch.Tensor]:

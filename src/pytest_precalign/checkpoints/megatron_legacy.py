@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SourceError
 from .sharding import gather_tensor, param_layout
-from .trust import load_pt
+from .trust import CheckpointRefused, allowed_globals, load_pt
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +85,18 @@ def _read_rank(path: Path, trust: bool) -> dict[str, torch.Tensor]:
         raise SourceError(f"{path}: not a Megatron checkpoint with key 'model'{chunks}")
     model = state["model"]
     return {k: v for k, v in model.items() if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+
+
+def check_legacy_pickles(folder: Path) -> None:
+    """``refused`` (a SourceError) when a rank file names a class not known to be safe."""
+    for stage in _rank_files(folder):
+        for path in stage:
+            try:
+                allowed_globals(path)
+            except CheckpointRefused:
+                raise
+            except Exception:  # noqa: BLE001 - not a torch.save file: the load names it
+                continue
 
 
 def merge_tp(ranks: Sequence[Mapping[str, torch.Tensor]], wheres: Sequence[Path]) -> dict[str, torch.Tensor]:

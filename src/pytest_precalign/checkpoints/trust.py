@@ -107,8 +107,28 @@ def _megatron_global(name: str) -> Any:
         return None
 
 
-def refused(file: Path, what: str) -> SourceError:
-    return SourceError(f"{file}: not loaded: it holds {what}, which is not known to be safe; {HOW_TO_TRUST}")
+class CheckpointRefused(SourceError):
+    """A checkpoint not loaded because loading it could run code from it."""
+
+
+def refused(file: Path, what: str) -> CheckpointRefused:
+    return CheckpointRefused(
+        f"{file}: not loaded: it holds {what}, which is not known to be safe; {HOW_TO_TRUST}"
+    )
+
+
+def allowed_globals(file: Path) -> dict[str, Any]:
+    """The classes a ``torch.save`` file names, each known to be safe; ``refused`` when one is
+    not. Read from the pickle's opcodes: nothing in the file runs."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    names = get_unsafe_globals_in_checkpoint(file)
+    allowed = {name: _megatron_global(name) for name in names}
+    unknown = [name for name, obj in allowed.items() if obj is None]
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise refused(file, f"{bounded_repr(unknown[0])}{more}")
+    return allowed
 
 
 def load_pt(file: Path, trust: bool) -> Any:
@@ -116,16 +136,11 @@ def load_pt(file: Path, trust: bool) -> Any:
     tensors, plain containers and the classes Megatron checkpoints hold. A file that is not a
     torch.save archive raises what torch raises (the caller names the file)."""
     import torch
-    from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
+    from torch.serialization import safe_globals
 
     if trust:
         return torch.load(file, map_location="cpu", weights_only=False)
-    names = get_unsafe_globals_in_checkpoint(file)  # read from the opcodes, nothing run
-    allowed = {name: _megatron_global(name) for name in names}
-    unknown = [name for name, obj in allowed.items() if obj is None]
-    if unknown:
-        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        raise refused(file, f"{bounded_repr(unknown[0])}{more}")
+    allowed = allowed_globals(file)
     try:
         with safe_globals(list(allowed.values())):
             return torch.load(file, map_location="cpu", weights_only=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,7 +40,14 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
         load_side(case.candidate_dump)
         return
     for model_name in (case.baseline, case.candidate):
-        preflight(config.models[model_name], config.base_dir)
+        spec = config.models[model_name]
+        preflight(spec, config.base_dir)
+        weights = spec.options.get("weights")
+        if weights is not None:  # refused before anything runs, not when the case does
+            from ..checkpoints.load_into import check_trusted
+
+            what = f"models.{spec.name}.weights"
+            check_trusted(Path(weights["load"]), weights["format"], what, trust=bool(weights.get("trust")))
     # The inputs resolve (a factory imports); they are built when the case runs: a seq_len of
     # 1e9 must not cost ``validate`` its memory.
     check_inputs(config.inputs[case.inputs], config.base_dir)
