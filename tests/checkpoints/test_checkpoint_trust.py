@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from tests.helpers.checkpoints import QWEN, VARS
+from tests.helpers.checkpoints import HF_CONFIG_HEAD, VARS
 from tests.helpers.checkpoints import convert as _convert
 
 MAPPING = "--mapping=preset:megatron-qwen2.5"
@@ -145,16 +145,7 @@ def test_payload_in_torch_dist_metadata_is_refused_unless_trusted(
     assert marker.is_dir() and "ALIGNED" in capsys.readouterr().out
 
 
-CONFIG = """\
-version: 1
-defaults: {{device: cpu, dtype: float32, seed: 0, deterministic: true}}
-models:
-  hf:
-    source: hf
-    class: transformers.Qwen2ForCausalLM
-    attn_implementation: eager
-    config: &c {config}
-    weights: {{load: {hf}, format: hf}}
+CONFIG = HF_CONFIG_HEAD + """\
   mc: {{source: megatron, config: *c, weights: {{load: {ck}, format: megatron{trust}}}}}
 inputs:
   tokens: {{kind: tokens, batch: 2, seq_len: 8, vocab_size: 64, seed: 1}}
@@ -165,10 +156,8 @@ cases:
 
 
 def _config(folder: Path, hf: Path, ck: Path, trust: str = "") -> Path:
-    config = {**QWEN, "rms_norm_eps": 1.0e-6, "rope_theta": 1000000.0, "max_position_embeddings": 64}
-    text = ", ".join(f"{k}: {v}" for k, v in {**config, "tie_word_embeddings": "false"}.items())
     path = folder / "align.yaml"
-    path.write_text(CONFIG.format(config="{" + text + "}", hf=hf, ck=ck, trust=trust), encoding="utf-8")
+    path.write_text(CONFIG.format(hf=hf, ck=ck, trust=trust), encoding="utf-8")
     return path
 
 

@@ -14,6 +14,7 @@ import torch
 
 from pytest_precalign.checkpoints.compare import load_checkpoint
 from pytest_precalign.run.tensor_parallel import shard_state
+from tests.helpers.checkpoints import HF_CONFIG_HEAD
 from tests.helpers.runs import RunPytest
 
 pytest.importorskip("megatron.core")
@@ -34,18 +35,7 @@ def test_each_rank_shard_of_the_loaded_checkpoint_is_its_mp_rank_file(megatron_c
         assert all(torch.equal(shard[k], files[k]) for k in files), rank
 
 
-CONFIG = """\
-version: 1
-defaults: {{device: cpu, dtype: float32, seed: 0, deterministic: true}}
-models:
-  hf:
-    source: hf
-    class: transformers.Qwen2ForCausalLM
-    attn_implementation: eager
-    config: &c {{vocab_size: 64, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 2,
-                num_attention_heads: 4, num_key_value_heads: 2, rms_norm_eps: 1.0e-6,
-                rope_theta: 1000000.0, max_position_embeddings: 64, tie_word_embeddings: false}}
-    weights: {{load: {hf}, format: hf}}
+CONFIG = HF_CONFIG_HEAD + """\
   mc_tp2: {{source: megatron, config: *c, tensor_parallel: 2, launch: {{nproc: 2}},
            weights: {{load: {ck}/good/tp2, format: megatron}}}}
   mc_fc1: {{source: megatron, config: *c, tensor_parallel: 2, weights: {{load: {ck}/bad_fc1/tp2, format: megatron}}}}

@@ -27,6 +27,21 @@ SCRIPT = Path(__file__).parent / "megatron_ckpt_run.py"
 FC1 = "decoder.layers.1.mlp.linear_fc1.weight"
 QKV = "decoder.layers.0.self_attention.linear_qkv.weight"
 VARIANTS = {"good": None, "bad_fc1": FC1, "bad_qkv": QKV}
+# The head of an align config whose model ``hf`` loads the HF folder ``{hf}`` (``QWEN``'s
+# shapes, anchored as ``*c`` for the Megatron models the tests add); a ``str.format`` template.
+HF_CONFIG_HEAD = """\
+version: 1
+defaults: {{device: cpu, dtype: float32, seed: 0, deterministic: true}}
+models:
+  hf:
+    source: hf
+    class: transformers.Qwen2ForCausalLM
+    attn_implementation: eager
+    config: &c {{vocab_size: 64, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 2,
+                num_attention_heads: 4, num_key_value_heads: 2, rms_norm_eps: 1.0e-6,
+                rope_theta: 1000000.0, max_position_embeddings: 64, tie_word_embeddings: false}}
+    weights: {{load: {hf}, format: hf}}
+"""
 
 
 def save_hf(folder: Path) -> Path:
