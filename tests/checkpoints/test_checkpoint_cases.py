@@ -15,7 +15,9 @@ from tests.helpers.runs import RunPytest
 
 pytest.importorskip("megatron.core")
 
-CONFIG = HF_CONFIG_HEAD + """\
+CONFIG = (
+    HF_CONFIG_HEAD
+    + """\
   mc_tp2: {{source: megatron, config: *c, weights: {{load: {ck}/good/tp2, format: megatron}}}}
   mc_dist: {{source: megatron, config: *c, weights: {{load: {ck}/good/dist, format: megatron-dist}}}}
   mc_fc1: {{source: megatron, config: *c, weights: {{load: {ck}/bad_fc1/tp2, format: megatron}}}}
@@ -38,6 +40,7 @@ cases:
      mapping: "preset:megatron-qwen2.5", phases: [forward], record: {{mode: tensor}}, tolerances: fp32,
      weights: {{sync: false}}}}
 """
+)
 
 
 def test_case_checks_a_converted_checkpoint_and_names_the_planted_bugs(

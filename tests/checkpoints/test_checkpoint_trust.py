@@ -145,7 +145,9 @@ def test_payload_in_torch_dist_metadata_is_refused_unless_trusted(
     assert marker.is_dir() and "ALIGNED" in capsys.readouterr().out
 
 
-CONFIG = HF_CONFIG_HEAD + """\
+CONFIG = (
+    HF_CONFIG_HEAD
+    + """\
   mc: {{source: megatron, config: *c, weights: {{load: {ck}, format: megatron{trust}}}}}
 inputs:
   tokens: {{kind: tokens, batch: 2, seq_len: 8, vocab_size: 64, seed: 1}}
@@ -153,6 +155,7 @@ cases:
   - {{name: converted, baseline: hf, candidate: mc, inputs: tokens, mapping: "preset:megatron-qwen2.5",
      phases: [forward], weights: {{sync: false}}}}
 """
+)
 
 
 def _config(folder: Path, hf: Path, ck: Path, trust: str = "") -> Path:

@@ -35,7 +35,9 @@ def test_each_rank_shard_of_the_loaded_checkpoint_is_its_mp_rank_file(megatron_c
         assert all(torch.equal(shard[k], files[k]) for k in files), rank
 
 
-CONFIG = HF_CONFIG_HEAD + """\
+CONFIG = (
+    HF_CONFIG_HEAD
+    + """\
   mc_tp2: {{source: megatron, config: *c, tensor_parallel: 2, launch: {{nproc: 2}},
            weights: {{load: {ck}/good/tp2, format: megatron}}}}
   mc_fc1: {{source: megatron, config: *c, tensor_parallel: 2, weights: {{load: {ck}/bad_fc1/tp2, format: megatron}}}}
@@ -54,6 +56,7 @@ cases:
      mapping: "preset:megatron-qwen2.5", phases: [forward], record: {{mode: tensor}}, tolerances: tp2,
      weights: {{sync: false}}}}
 """
+)
 
 
 @pytest.mark.slow  # two launched 2-rank cases, twice; tox -e slow
