@@ -212,6 +212,12 @@ class MegatronStack:
             "eps": opt.get("adam_eps"),
         }
 
+    def recorded_params(self) -> str:
+        """Which copy of the parameters a step's records hold (``HookRecorder.record_params``)."""
+        if self.arguments.optimizer["bf16"]:
+            return "main_param (the float32 main params Float16OptimizerWithFloat16Params steps)"
+        return "model params (float32, stepped by FP32Optimizer)"
+
     def training_manifest(self, steps: int, micro_batches: int) -> dict[str, Any]:
         """The manifest's ``"training"`` block of this side."""
         from importlib.metadata import version
@@ -221,7 +227,7 @@ class MegatronStack:
         return {
             "trainer": "megatron",
             "framework": {"name": "megatron-core", "version": version("megatron-core")},
-            "arguments": self.arguments.as_json(),
+            "arguments": self.arguments.as_json() | {"recorded_params": self.recorded_params()},
             "plan": plan,
         }
 
