@@ -62,6 +62,8 @@ def test_a_one_percent_mlp_scaling_fails_under_the_bf16_table() -> None:
     first = forward.failures[0]  # execution order: the scaled module, at the first step
     assert (first.record.name, first.record.step) == ("model.layers.1.mlp", 0)
     assert [c.metric for c in first.checks if not c.passed] == ["five_thousandth"]
+    # named there, not at the embedding (float32 under autocast, bf16 on Megatron) before it
+    assert forward.first is not None and (forward.first.name, forward.first.step) == ("model.layers.1.mlp", 0)
     assert not run.verdicts["backward"].passed
 
 
