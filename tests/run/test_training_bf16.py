@@ -45,6 +45,9 @@ def test_both_sides_write_their_bf16_translation_and_record_the_fp32_copies_they
     assert optimizer["main_params_dtype"] == "float32"
     assert mc["DistributedDataParallelConfig"]["grad_reduce_in_fp32"] is True
     assert mc["recorded_params"].startswith("main_param")
+    assert mc["wrappers"] == ["DistributedDataParallel", "Float16Module"]  # Megatron-LM's get_model
+    logits = [r for r in run.candidate.records if r.kind == "logits"]
+    assert logits and {r.dtype for r in logits} == {"float32"}  # through Float16Module: fp32 out
     for trace in (run.baseline, run.candidate):  # the copies the optimizers step: float32
         params = [r for r in trace.records if r.kind == "param"]
         assert params and {r.dtype for r in params} == {"float32"}
