@@ -21,7 +21,7 @@ def test_hf_trainer_vs_megatron_stack_aligns_over_ten_steps(
     folder = example_suite("training")
     result = run_pytest(
         "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out",
-        "-k", "hf_trainer_vs_megatron and not launched",
+        "-k", "hf_trainer_vs_megatron and not launched and not bf16",
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
@@ -36,7 +36,7 @@ def test_hf_trainer_vs_megatron_stack_at_tp2_pp2_under_torchrun(
 ) -> None:
     folder = example_suite("training")
     result = run_pytest(
-        "--align-config", str(folder / "align.yaml"), str(folder), "-k", "tp2_pp2_launched",
+        "--align-config", str(folder / "align.yaml"), str(folder), "-k", "tp2_pp2_launched and not bf16",
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
