@@ -91,3 +91,15 @@ def layer1_mlp_from_step_5(model: torch.nn.Module) -> None:
         return out * 1.01 if calls[0] > 10 else out
 
     mlp.forward = late
+
+
+def layer1_mlp_scaled(model: torch.nn.Module) -> None:
+    """model.layers.1.mlp scales its output by 1.01 from the first call on: a 1 % fault, below
+    what 10 bf16 AdamW steps let two correct runs drift apart, caught where it starts."""
+    mlp = model.get_submodule("model.layers.1.mlp")
+    forward = mlp.forward
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return forward(x) * 1.01
+
+    mlp.forward = scaled

@@ -21,7 +21,7 @@ def test_hf_trainer_vs_megatron_stack_aligns_over_ten_steps(
     folder = example_suite("training")
     result = run_pytest(
         "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out",
-        "-k", "hf_trainer_vs_megatron and not launched",
+        "-k", "hf_trainer_vs_megatron and not launched and not bf16",
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
@@ -36,7 +36,28 @@ def test_hf_trainer_vs_megatron_stack_at_tp2_pp2_under_torchrun(
 ) -> None:
     folder = example_suite("training")
     result = run_pytest(
-        "--align-config", str(folder / "align.yaml"), str(folder), "-k", "tp2_pp2_launched",
+        "--align-config", str(folder / "align.yaml"), str(folder), "-k", "tp2_pp2_launched and not bf16",
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+
+
+@pytest.mark.slow  # 10 bf16 training steps of two models with tensors recorded, then 4 ranks
+@pytest.mark.parametrize(
+    "case", ["hf_trainer_vs_megatron_bf16", "hf_trainer_vs_megatron_bf16_tp2_pp2_launched"]
+)
+def test_bf16_trainer_vs_megatron_aligns_over_ten_steps_under_the_bf16_table(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest, case: str
+) -> None:
+    folder = example_suite("training")
+    result = run_pytest(
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out",
+        "-k", case if "launched" in case else f"{case} and not launched",
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == 3, result.stdout.str()
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    step = next(c for c in report["cases"] if c["name"] == case and c["phase"] == "step")
+    assert step["table"] == "bf16_training"
+    # the float32 copies the optimizers step: the Trainer's master weights, Megatron's main params
+    assert {(r["dtype"], r["candidate_dtype"]) for r in step["records"]} == {("float32", "float32")}

@@ -125,6 +125,19 @@ def test_no_decay_globs_become_megatron_param_groups(megatron_world: None) -> No
     assert stack.arguments.as_json()["config_overrides"][0]["ParamKey"]["name"] == ["module.*layernorm*"]
 
 
+def test_a_bf16_model_sits_in_float16module_and_its_no_decay_globs_still_match(megatron_world: None) -> None:
+    """Megatron-LM's bf16 model: DDP(Float16Module(model)), so the chunk names a parameter
+    after ``module.module.``; a glob anchored at the model's own name still selects it."""
+    spec = OptimizerSpec(lr=1e-3, weight_decay=0.1, no_decay=("decoder.final_layernorm.weight",))
+    stack = build_megatron_stack([tiny_gpt(torch.bfloat16)], spec, 2, 4)
+    assert type(stack.chunks[0].module).__name__ == "Float16Module"
+    decayed, plain = stack.plan(2)["groups"]
+    assert (
+        plain == ["decoder.final_layernorm.weight"] and "decoder.layers.0.input_layernorm.weight" in decayed
+    )
+    assert stack.arguments.as_json()["wrappers"] == ["DistributedDataParallel", "Float16Module"]
+
+
 def test_recording_is_bitwise_neutral(megatron_world: None) -> None:
     """The recorded steps and the same steps by megatron-core's calls alone give bitwise the same
     losses, grad norms, LRs and parameters."""

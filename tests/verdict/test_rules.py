@@ -11,7 +11,7 @@ import pytest
 
 from pytest_precalign.compare.op_pairing import settle_op_pairs
 from pytest_precalign.compare.pairs import compare_traces
-from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
 from pytest_precalign.trace.records import Record, Stats, Trace, record_id
 from pytest_precalign.verdict.coverage import DEFAULT_MIN_COVERAGE
 from pytest_precalign.verdict.phase import AMPLIFY, Divergence, NonFinite, PhaseVerdict, phase_verdict
@@ -157,6 +157,19 @@ def test_lower_precision_layer_is_reported_before_the_failing_one() -> None:
         "dtype bfloat16 (candidate) vs float32 (baseline): within the bfloat16 tolerance, "
         "but b fails after it under the float32 tolerance"
     )
+
+
+def test_a_lower_precision_layer_passing_the_failures_own_rule_is_not_the_start() -> None:
+    # A table rule for every dtype (a mixed-precision run's): a passed under the same bounds as
+    # b, not a looser bf16 default, so b is where the sides start to differ.
+    base = two_layers(1.0, 1.0, 10.0)
+    cand = two_layers(1.0, 1.0, 10.01)
+    cand[1] = rec(1, "a", "activation", 1.001, dtype="bfloat16", deps=(rid("a", "input"),))
+    table = ToleranceTable(name="mixed", rules=(ToleranceRule(atol=2e-3, rtol=0.0),))
+    baseline, candidate = (Trace({"record_mode": "stats"}, tuple(r)) for r in (base, cand))
+    comparison = settle_op_pairs(compare_traces(baseline, candidate, table), baseline, candidate)
+    first = first_of(phase_verdict(comparison, "forward", None, False))
+    assert (first.name, first.why) == ("b", "")
 
 
 def test_run_in_lower_precision_throughout_names_the_failing_layer() -> None:

@@ -545,14 +545,18 @@ class HookRecorder:
 
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:
-        """Record every parameter (call after an optimizer step)."""
+        """Record every parameter (call after an optimizer step) as the optimizer steps it:
+        Megatron's fp32 ``main_param`` where the parameter has one (a bf16 model under
+        ``Float16OptimizerWithFloat16Params``), else the parameter, as grads are recorded."""
         for pname, param in self.model.named_parameters():
+            main = getattr(param, "main_param", None)
+            stepped = main if isinstance(main, torch.Tensor) else param
             owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
             last = max(self._grad_calls.get((pname, self.step), 1) - 1, 0)
             deps = [record_id(pname, "param_grad", "", self.step, last)]
             if self.step > 0:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
-            self.capture(param, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
+            self.capture(stepped, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
 
     def record_output(
         self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0

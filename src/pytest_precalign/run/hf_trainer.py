@@ -10,7 +10,8 @@ plan (the LRs the Trainer's own scheduler gives, its parameter groups) go into t
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,9 +47,10 @@ def scheduler_arguments(spec: OptimizerSpec) -> dict[str, Any]:
 
 
 def training_arguments(
-    case: CaseSpec, rows: int, seed: int, output_dir: str, cpu: bool = True
+    case: CaseSpec, rows: int, seed: int, output_dir: str, cpu: bool = True, bf16: bool = False
 ) -> dict[str, Any]:
-    """The ``TrainingArguments`` fields the case's optimizer spec becomes."""
+    """The ``TrainingArguments`` fields the case's optimizer spec becomes (``bf16``: a bf16
+    model, trained as HF mixed precision: ``bf16=True``, fp32 master weights)."""
     spec = case.optimizer
     if spec.name not in _OPTIMIZERS or (spec.name == "sgd" and spec.momentum):
         raise CaseError(
@@ -78,6 +80,7 @@ def training_arguments(
         "seed": seed,
         "dataloader_num_workers": 0,
         "remove_unused_columns": False,
+        "bf16": bf16,
     }
 
 
@@ -126,9 +129,10 @@ def train_with_trainer(
             recorder.record_params()
 
     steps = CaseSteps()
-    with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out:
+    bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
+    with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
         cpu = all(p.device.type == "cpu" for p in model.module.parameters())
-        arguments = training_arguments(case, rows, seed, out, cpu)
+        arguments = training_arguments(case, rows, seed, out, cpu, bf16)
         trainer = Trainer(
             model=model.module,
             args=TrainingArguments(**arguments),
@@ -140,11 +144,44 @@ def train_with_trainer(
         plan = _plan(trainer, case, model.module)
         trainer.train()
     _check_steps(steps.scalars, case)
+    training = _training_block(arguments, plan)
+    if bf16:
+        training["arguments"] |= MASTER_WEIGHTS
     return {
-        "training": _training_block(arguments, plan),
+        "training": training,
         SCALARS_KEY: scalars_manifest(steps.scalars),
         "initial_params": steps.initial or {},
     }
+
+
+MASTER_WEIGHTS = {
+    "master_params_dtype": "float32",  # the bf16 params upcast for training, cast back after it
+    "recorded_params": "model params (the float32 master weights the optimizer steps)",
+}
+
+
+@contextmanager
+def fp32_master_weights(module: torch.nn.Module) -> Iterator[None]:
+    """HF mixed precision for a bf16 model: its bf16 parameters upcast to float32 master
+    weights for the run (LLaMA-Factory's default for bf16 training unless ``pure_bf16``), the
+    Trainer's ``bf16=True`` autocasting the forward to bf16; afterwards the parameters go back
+    to the dtype they had and accelerate's autocast wrapper leaves the model's ``forward``."""
+    dtypes = {name: p.dtype for name, p in module.named_parameters()}
+    keys = ("forward", "_original_forward")  # accelerate wraps forward in autocast
+    own: dict[str, Any] = {key: module.__dict__[key] for key in keys if key in module.__dict__}
+    for param in module.parameters():
+        if param.dtype == torch.bfloat16:
+            param.data = param.data.float()
+    try:
+        yield
+    finally:
+        for name, param in module.named_parameters():
+            param.data = param.data.to(dtypes[name])
+            if param.grad is not None:
+                param.grad = param.grad.to(dtypes[name])
+        for key in keys:
+            module.__dict__.pop(key, None)
+        module.__dict__.update(own)
 
 
 def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> dict[str, Any]:

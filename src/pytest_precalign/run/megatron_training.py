@@ -15,7 +15,7 @@ then (``main_grad``), as the other frameworks' accumulated grads are.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,17 @@ def micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[dict[st
     return [{k: v[i] for k, v in parts.items()} for i in range(count)]
 
 
+def chunk_forward(model: LoadedModel) -> Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]:
+    """The side's forward through the stack's chunk (``DistributedDataParallel``, and
+    ``Float16Module`` for a bf16 model), as Megatron-LM's forward step calls the model."""
+
+    def forward(chunk: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        return model.logits(model.caller(chunk, inputs) if model.caller is not None else chunk(**inputs))
+
+    return forward
+
+
 def train_with_megatron(
     model: LoadedModel, data: CaseInputs, case: CaseSpec, recorder: HookRecorder, seed: int
 ) -> dict[str, Any]:
@@ -63,8 +74,7 @@ def train_with_megatron(
     stack = build_megatron_stack([module], spec, case.steps, global_batch=rows)
     training = stack.training_manifest(case.steps, spec.micro_batches)
 
-    def forward(chunk: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
-        return model.logits(model({k: v for k, v in batch.items() if k != "labels"}))
+    forward = chunk_forward(model)
 
     calls: dict[str, int] = {}
 
@@ -121,8 +131,7 @@ def train_rank_with_megatron(
         include=case.record.include, exclude=case.record.exclude, params=True, param_grads="step",
     )  # fmt: skip
 
-    def forward(chunk: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
-        return model.logits(model({k: v for k, v in batch.items() if k != "labels"}))
+    forward = chunk_forward(model)
 
     def on_output(kind: str, tensor: torch.Tensor) -> None:
         rec.record_output(kind, tensor)

@@ -22,7 +22,8 @@ arguments, and that translation is written into the side's manifest (``"training
   LR: a group's ``wd_mult`` (0 for the no-decay group) is applied only by the scheduler.
 - ``no_decay``: None is Megatron's default groups (``wd_mult`` 0 for ``*.bias`` and 1-d
   parameters, the spec's default); globs become ``config_overrides`` ``{ParamKey(name=
-  "module." + glob): wd_mult 0}`` (Megatron matches the DDP chunk's names, ``module.`` first).
+  "module." + glob): wd_mult 0}`` (Megatron matches the DDP chunk's names, ``module.`` first;
+  ``module.module.`` for a bf16 model, inside ``Float16Module`` as Megatron-LM wraps it).
 - ``DistributedDataParallelConfig(grad_reduce_in_fp32=True)`` (Megatron-LM's choice for
   bf16), no overlap; the model's ``TransformerConfig`` gets ``finalize_model_grads_func`` and
   ``no_sync_func``, as Megatron-LM's training loop sets them, and ``calculate_per_token_loss``
@@ -74,6 +75,9 @@ class MegatronArguments:
             "config_overrides": overrides,
             "DistributedDataParallelConfig": dict(self.ddp),
             "TransformerConfig": {"calculate_per_token_loss": False},
+            "wrappers": ["DistributedDataParallel", "Float16Module"]
+            if self.optimizer["bf16"]
+            else ["DistributedDataParallel"],
             "loss_func": "sum of token losses / step tokens x micro-batches (the schedule divides by them)",
         }
 
@@ -125,7 +129,8 @@ def megatron_arguments(spec: OptimizerSpec, steps: int, global_batch: int, dtype
         "wd_incr_steps": horizon * global_batch,
         "wd_incr_style": "constant",
     }
-    no_decay = None if spec.no_decay is None else tuple(f"module.{glob}" for glob in spec.no_decay)
+    prefix = "module.module." if dtype == "bfloat16" else "module."  # DDP(Float16Module(model))
+    no_decay = None if spec.no_decay is None else tuple(f"{prefix}{glob}" for glob in spec.no_decay)
     return MegatronArguments(optimizer, scheduler, global_batch, no_decay)
 
 
@@ -135,7 +140,9 @@ def _megatron() -> dict[str, Any]:
         warnings.simplefilter("ignore")
         from megatron.core import distributed, optimizer, optimizer_param_scheduler
         from megatron.core.optimizer import optimizer_config
+        from megatron.core.transformer.module import Float16Module
     return {
+        "Float16Module": Float16Module,
         "DistributedDataParallel": distributed.DistributedDataParallel,
         "DistributedDataParallelConfig": distributed.DistributedDataParallelConfig,
         "finalize_model_grads": distributed.finalize_model_grads,
@@ -212,6 +219,12 @@ class MegatronStack:
             "eps": opt.get("adam_eps"),
         }
 
+    def recorded_params(self) -> str:
+        """Which copy of the parameters a step's records hold (``HookRecorder.record_params``)."""
+        if self.arguments.optimizer["bf16"]:
+            return "main_param (the float32 main params Float16OptimizerWithFloat16Params steps)"
+        return "model params (float32, stepped by FP32Optimizer)"
+
     def training_manifest(self, steps: int, micro_batches: int) -> dict[str, Any]:
         """The manifest's ``"training"`` block of this side."""
         from importlib.metadata import version
@@ -221,7 +234,7 @@ class MegatronStack:
         return {
             "trainer": "megatron",
             "framework": {"name": "megatron-core", "version": version("megatron-core")},
-            "arguments": self.arguments.as_json(),
+            "arguments": self.arguments.as_json() | {"recorded_params": self.recorded_params()},
             "plan": plan,
         }
 
@@ -303,8 +316,13 @@ def build_megatron_stack(
     config.finalize_model_grads_func = mc["finalize_model_grads"]
     with megatron_cpu(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wrapped = [
-            mc["DistributedDataParallel"](config, ddp_config, chunk, disable_bucketing=index > 0)
+        wrapped = [  # Megatron-LM's get_model: a bf16 model inside Float16Module, then DDP
+            mc["DistributedDataParallel"](
+                config,
+                ddp_config,
+                mc["Float16Module"](config, chunk) if config.bf16 else chunk,
+                disable_bucketing=index > 0,
+            )
             for index, chunk in enumerate(chunks)
         ]
         config.no_sync_func = [c.no_sync for c in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync

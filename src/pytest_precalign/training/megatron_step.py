@@ -28,7 +28,8 @@ without recording):
   config counts them, else counted on the main grads;
 - ``loss_scale``: ``optimizer.get_loss_scale()``; ``skipped``: the step's update failed
   (inf/nan under a loss scaler);
-- ``update_norm``/``param_norm``: the model parameters' change and norm (this rank's);
+- ``update_norm``/``param_norm``: the model parameters' change and norm (this rank's), over
+  the fp32 ``main_param`` of a bf16 model's parameters (the copies the optimizer steps);
 - ``loss``: the step's loss from the schedule's reduced losses (see ``reported_loss``; None
   on a pipeline stage without the loss); ``tokens``/``batch_hash``: from ``batches`` when given.
 """
@@ -126,10 +127,17 @@ def megatron_train_step(
     return list(losses), scalars
 
 
+def _stepped(param: torch.Tensor) -> torch.Tensor:
+    """The copy of ``param`` the optimizer steps: its fp32 ``main_param`` under
+    ``Float16OptimizerWithFloat16Params``, else itself."""
+    main = getattr(param, "main_param", None)
+    return main if isinstance(main, torch.Tensor) else param
+
+
 def _zero_grads(chunks: Sequence[torch.nn.Module], optimizer: Any) -> StepEvidence:
     """Megatron-LM's start of a step (the DDP grad buffers and the optimizer's grads zeroed);
     the step's evidence, begun (its parameter snapshot)."""
-    evidence = StepEvidence([p for chunk in chunks for p in chunk.parameters()])
+    evidence = StepEvidence([_stepped(p) for chunk in chunks for p in chunk.parameters()])
     for chunk in chunks:
         zero_buffer = getattr(chunk, "zero_grad_buffer", None)
         if zero_buffer is not None:

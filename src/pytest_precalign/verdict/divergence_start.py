@@ -23,7 +23,7 @@ def divergent_pair(
     if pair.record.kind == "grad_output":
         pair = consumer_grad_input(pair, pairs, all_pairs) or pair
     lower = lower_precision_before(pair, pairs, kinds)
-    if lower is None:
+    if lower is None or _one_rule(lower, pair):
         return pair, ""
     # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
     # lower precision on one side and passed only under that looser tolerance: that record
@@ -36,6 +36,13 @@ def divergent_pair(
         f"fails after it under the {pair.record.dtype} tolerance"
     )
     return lower, why
+
+
+def _one_rule(lower: PairResult, pair: PairResult) -> bool:
+    """Both judged by one rule of the table (a mixed-precision table's, say): the earlier
+    record passed under the same bounds as the failure, not under a looser dtype default."""
+    a, b = lower.tolerance, pair.tolerance
+    return a is not None and b is not None and a.rule is not None and a.rule == b.rule
 
 
 def consumer_grad_input(
