@@ -252,6 +252,11 @@ def divergence_lines(first: Divergence, downstream: bool = False) -> list[str]:
     ]
     if pair.evidence == "stats":
         lines.append("  evidence is statistical (max/min/mean/norm), not element-wise")
+    elif pair.evidence == "merged_stats":
+        lines.append(
+            "  evidence is merged statistics (max/min/mean/norm of parts merged against a fused "
+            "tensor), not element-wise: which part diverged is not known"
+        )
     if first.why:
         lines.append(f"  why this record: {first.why}")
     if first.first_op is not None:
