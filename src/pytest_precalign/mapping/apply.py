@@ -6,8 +6,10 @@ one to one (``[s, b, h]`` -> ``[b, s, h]``); slot rules and the ``out.0``/``out`
 reconciliation line up tuple outputs and keyword inputs; renames do the rest.
 
 Reshaping tensors needs ``record: {mode: tensor}``. Statistics survive a permutation or a
-broadcast unchanged and hashes survive only a plain rename; where the evidence cannot be
-carried over, the record is left unmatched with that reason.
+broadcast unchanged, and a tensor rule's group (every op only rearranges elements) by merging:
+the parts' statistics merged meet the fused record's (``merge_group``, ``trace/merged_stats``).
+Hashes survive only a plain rename; where the evidence cannot be carried over, the record is
+left unmatched with that reason.
 """
 
 from __future__ import annotations
