@@ -6,10 +6,12 @@ its evidence said to be merged statistics."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pytest_precalign.config.loader import load_config_file
-from pytest_precalign.reports.text import divergence_lines
+from pytest_precalign.reports.text import PhaseReport, divergence_lines, summary_line
 from pytest_precalign.run.case import run_case
 from tests.helpers.paths import REPO
 
@@ -30,6 +32,13 @@ def test_the_headline_stats_case_pairs_85_percent_of_every_phase() -> None:
     paired = sum(c.paired for c in coverage.values() if c)
     outputs = sum(c.outputs for c in coverage.values() if c)
     assert paired / outputs >= 0.85
+    report = PhaseReport.of_run(
+        run, "forward", defined_in="align.yaml", baseline="hf", candidate="megatron", reproduce=""
+    )
+    # q, k, v, gate, up: 5 records per layer, 2 layers, 2 steps.
+    assert re.search(r"; coverage \d+% \(20 by merged statistics\)", summary_line(report)), summary_line(
+        report
+    )
     merged = [p for p in run.comparison.pairs if p.evidence == "merged_stats"]
     assert {p.record.name for p in merged if p.record.step == 0 and p.record.kind == "param"} == {
         f"model.layers.{i}.{part}"
