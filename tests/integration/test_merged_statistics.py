@@ -29,6 +29,7 @@ def test_the_headline_stats_case_pairs_85_percent_of_every_phase() -> None:
     for phase, cov in coverage.items():
         assert cov is not None and cov.ratio >= 0.85, (phase, cov)
         assert cov.merged > 0, (phase, cov)  # q/k/v and gate/up records of this phase, merged
+    assert run.training is not None and run.training.passed  # the 2-step run verdict too
     paired = sum(c.paired for c in coverage.values() if c)
     outputs = sum(c.outputs for c in coverage.values() if c)
     assert paired / outputs >= 0.85
