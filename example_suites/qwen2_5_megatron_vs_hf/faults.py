@@ -53,6 +53,26 @@ def _scale_forward(mlp: torch.nn.Module, scale: float) -> None:
     mlp.forward = forward
 
 
+def scale_layer0_k(model: torch.nn.Module) -> None:
+    """Layer 0's fused ``linear_qkv`` returns its k heads 1.1x (q and v as they are): a bug in
+    one of the three projections that HF keeps apart (``k_proj``). Megatron lays the fused
+    output out per KV group as [q heads of the group, k, v]."""
+    config = model.config
+    d = config.kv_channels
+    per = config.num_attention_heads // config.num_query_groups
+    scale = torch.ones((per + 2) * d)
+    scale[per * d : (per + 1) * d] = 1.1
+    scale = scale.repeat(config.num_query_groups)
+    qkv = model.decoder.layers[0].self_attention.linear_qkv
+    original = qkv.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out, bias = original(*args, **kwargs)
+        return out * scale.to(out.dtype), bias
+
+    qkv.forward = forward
+
+
 def adamw_eps1e6(model: torch.nn.Module) -> None:
     """The AdamW that steps this model's parameters uses eps=1e-6 where the case says 1e-8
     (another framework's default): a bug in the optimizer, not in the model. Only optimizers

@@ -13,8 +13,12 @@ Kind = Literal["activation", "input", "grad_output", "grad_input", "param", "par
 # How a record pair came out: checked (ok / fail / shape mismatch), present on one side only, or
 # present on both with evidence of kinds that cannot be compared (a checksum vs statistics).
 Status = Literal["ok", "fail", "shape", "only_baseline", "only_candidate", "not_compared"]
-# The best evidence both sides of a pair have: full tensors, statistics, a hash, or nothing.
-Evidence = Literal["tensor", "stats", "hash", "none"]
+# The best evidence both sides of a pair have: full tensors, statistics, statistics of which one
+# side's were merged from the parts of a tensor the other side fuses (``trace/merged_stats``),
+# a hash, or nothing.
+Evidence = Literal["tensor", "stats", "merged_stats", "hash", "none"]
+# The evidence compared as statistics (max/min/mean/norm), not element by element.
+STATS_EVIDENCE: Final[tuple[Evidence, ...]] = ("stats", "merged_stats")
 Mode = Literal["stats", "tensor", "hash"]  # what the recorder keeps of each tensor
 Level = Literal["module", "op", "mix"]  # what the recorder hooks: modules, torch ops, or both
 # How recorded runs are written: our trace format, or msprobe's dump layout. ``precalign``, the

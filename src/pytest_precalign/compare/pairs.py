@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..trace.merged_stats import merged_name
 from ..trace.records import Record, Trace
 from ..trace.tensor_files import bf16_to_float32
 from ..vocabulary import CHECKED, Evidence, Status
@@ -258,6 +259,9 @@ def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTa
     if a.stats is not None and b.stats is not None:
         checks = _stats_checks(a, b, tol)
         status: Status = "ok" if all(c.passed for c in checks) else "fail"
+        if a.merged or b.merged:
+            note = "; ".join(n for n in (merged_note(a, b), note) if n)
+            return PairResult(a, b, status, "merged_stats", checks, tol, None, note)
         return PairResult(a, b, status, "stats", checks, tol, None, note)
     if same_hash:
         return _hash_pair(a, b, tol, note)
@@ -283,14 +287,29 @@ def hash_kind(value: str) -> str:
 
 
 def evidence_kind(rec: Record, trace: Trace) -> str:
-    """One side's evidence in words: the tensor's values, statistics, a checksum, or nothing."""
+    """One side's evidence in words: the tensor's values, statistics (merged from several
+    records), a checksum, or nothing."""
     if trace.has_tensor(rec):
         return "tensor values"
     if rec.crc32 is not None and (rec.stats is None or _hash_first(trace)):
         return hash_kind(rec.crc32)
     if rec.stats is not None:
-        return "statistics"
+        return "merged statistics" if rec.merged else "statistics"
     return "nothing recorded"
+
+
+def merged_note(a: Record, b: Record) -> str:
+    """What a pair of merged statistics compared, e.g. ``merged statistics of
+    model.layers.0.self_attn.{q_proj,k_proj,v_proj} (baseline) against one fused tensor
+    (candidate)``, and that the evidence is statistical."""
+    sides = [
+        f"{merged_name(rec.merged)} ({side})" if rec.merged else f"one fused tensor ({side})"
+        for side, rec in (("baseline", a), ("candidate", b))
+    ]
+    return (
+        f"merged statistics of {sides[0]} against {sides[1]}: statistical evidence (max of maxes, "
+        "min of mins, element-weighted mean, root of summed squared norms), not element-wise"
+    )
 
 
 def _tensor_pair(

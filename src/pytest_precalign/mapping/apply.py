@@ -6,8 +6,10 @@ one to one (``[s, b, h]`` -> ``[b, s, h]``); slot rules and the ``out.0``/``out`
 reconciliation line up tuple outputs and keyword inputs; renames do the rest.
 
 Reshaping tensors needs ``record: {mode: tensor}``. Statistics survive a permutation or a
-broadcast unchanged and hashes survive only a plain rename; where the evidence cannot be
-carried over, the record is left unmatched with that reason.
+broadcast unchanged, and a tensor rule's group (every op only rearranges elements) by merging:
+the parts' statistics merged meet the fused record's (``merge_group``, ``trace/merged_stats``).
+Hashes survive only a plain rename; where the evidence cannot be carried over, the record is
+left unmatched with that reason.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..trace.merged_stats import merge_stats, merged_record
 from ..trace.records import Record, TensorOverlay, Trace, record_id
 from .layer_mapping import RuleKey
 from .spec import LayoutRule, MappingSpec, SlotRule, TensorRule, fill_pattern, match_pattern, to_baseline_name
@@ -31,6 +34,9 @@ class MappedTrace:
     reasons: Mapping[str, str]  # record id -> why it has no counterpart (either side)
     applied: frozenset[RuleKey] = field(default_factory=frozenset)  # rules that matched a record
     candidate_names: Mapping[str, str] = field(default_factory=dict)  # mapped name -> candidate's own
+    # Baseline records standing for several of the baseline's own, whose statistics were merged
+    # to meet a candidate record that fuses them: ``with_merged`` puts them in the baseline.
+    baseline_merged: tuple[Record, ...] = ()
 
 
 def _to_baseline(
@@ -111,6 +117,7 @@ class _Mapper:
         self.layout_cache: dict[tuple[str, int], tuple[str, Any, tuple[int, ...]]] = {}
         self.counter = 0
         self.applied: set[RuleKey] = set()
+        self.base_merged: list[Record] = []  # the baseline's parts merged (``merge_group``)
 
     def new_key(self) -> str:
         self.counter += 1
@@ -127,13 +134,16 @@ class _Mapper:
         *,
         key: str | None = None,
         shape: tuple[int, ...] | None = None,
+        merged: tuple[str, ...] = (),
     ) -> None:
         if tensor is not None and key is None:
             key = self.new_key()
             self.tensors[key] = tensor
         if shape is None:
             shape = tuple(tensor.shape) if tensor is not None else src.shape
-        rec = replace(src, name=name, slot=slot, shape=shape, stats=stats, crc32=crc, tensor_key=key)
+        rec = replace(
+            src, name=name, slot=slot, shape=shape, stats=stats, crc32=crc, tensor_key=key, merged=merged
+        )
         self.out.append(rec)
         self.new_ids.setdefault(src.id, []).append(rec.id)
         self.original_name[rec.id] = src.name
@@ -202,11 +212,44 @@ class _Mapper:
             shape = _shape(rule.ops, rule.reversed, first.shape, shapes[:1], what)
             for name in base_names:
                 self.emit(first, name, base_slot, None, first.stats, shape=shape)
+        elif not rule.broadcast and all(
+            r is not None and r.stats is not None for r in (*members, *base_recs)
+        ):
+            self.merge_group(rule, members, [b for b in base_recs if b is not None], base_slot, what)
         else:
             why = f"{first.name} maps here through a layout transform ({rule.where}), which needs record: {{mode: tensor}}"
             for b in base_recs:
                 if b is not None:
                     self.reasons[b.id] = why
+
+    def merge_group(
+        self,
+        rule: TensorRule,
+        members: list[Record],
+        base_recs: list[Record],
+        base_slot: str,
+        what: tuple[str, str, Record],
+    ) -> None:
+        """A group in statistics: every transform op only rearranges elements, so the
+        statistics of each side's parts merge into those of the fused tensor (``merged_stats``).
+        One record on each side carries them, under the baseline's name (braced when the
+        baseline's parts are merged: ``self_attn.{q_proj,k_proj,v_proj}``) and with the
+        element count as its shape; one record against one keeps its stats and shape."""
+        first = members[0]
+        metas = [_meta(m.shape) for m in members]
+        fits = _to_baseline(rule.ops, rule.reversed, metas, [b.shape for b in base_recs], what)
+        parts = [(m.stats, m.numel) for m in members if m.stats is not None]
+        stats = merge_stats(parts) if len(members) > 1 else first.stats
+        own = tuple(m.name for m in members) if len(members) > 1 else ()
+        if len(base_recs) == 1:
+            shape = tuple(fits[0].shape) if len(fits) == 1 else (sum(m.numel for m in members),)
+            self.emit(first, base_recs[0].name, base_slot, None, stats, shape=shape, merged=own)
+            return
+        base = merged_record(base_recs)
+        self.base_merged.append(base)
+        self.emit(
+            first, base.name, base_slot, None, stats, shape=(sum(m.numel for m in members),), merged=own
+        )
 
     def map_the_rest(self) -> None:
         """Records no tensor rule consumed: renamed, slots lined up, layouts transformed."""
@@ -276,7 +319,13 @@ class _Mapper:
         names = {
             r.name: self.original_name[r.id] for r in final if self.original_name.get(r.id, r.name) != r.name
         }
-        return MappedTrace(mapped, reasons, frozenset(self.applied), names)
+        return MappedTrace(mapped, reasons, frozenset(self.applied), names, tuple(self.base_merged))
+
+
+def _meta(shape: tuple[int, ...]) -> Any:
+    import torch
+
+    return torch.empty(shape, device="meta")
 
 
 def _tensor_stats(tensor: Any) -> Any:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import TraceError
+from ..trace.merged_stats import merge_stats
 from ..trace.records import Record, Stats, Trace
 from ..vocabulary import PHASE_INDEX
 from .layout import ParallelLayout
@@ -258,23 +259,10 @@ def _plan_key(
 
 
 def _merged_stats(stats: Sequence[Stats | None], counts: Sequence[int]) -> Stats | None:
+    """The shards' statistics merged (``trace/merged_stats``); None when a shard has none."""
     if any(s is None for s in stats):
         return None
-    given = [s for s in stats if s is not None]
-    total = sum(counts)
-    mean = sum(s.mean * n for s, n in zip(given, counts, strict=True)) / total if total else math.nan
-    return Stats(
-        max=_nan_or(max, [s.max for s in given]),
-        min=_nan_or(min, [s.min for s in given]),
-        mean=mean,
-        norm=math.sqrt(sum(s.norm * s.norm for s in given)),
-        nan=sum(s.nan for s in given),
-        inf=sum(s.inf for s in given),
-    )
-
-
-def _nan_or(pick: Callable[[list[float]], float], values: list[float]) -> float:
-    return math.nan if any(math.isnan(v) for v in values) else pick(values)
+    return merge_stats([(s, n) for s, n in zip(stats, counts, strict=True) if s is not None])
 
 
 def _same_stats(a: Stats | None, b: Stats | None) -> bool:

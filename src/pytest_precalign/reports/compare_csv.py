@@ -77,6 +77,7 @@ OURS = [
 def csv_mode(entries: Sequence[Mapping[str, Any]]) -> str:
     """msprobe's compare mode for the document: the strongest evidence any record has."""
     seen = {r.get("evidence") for e in entries for r in e.get("records", [])}
+    seen |= {"stats"} if "merged_stats" in seen else set()
     return next((m for m in ("tensor", "stats", "hash") if m in seen), "tensor")
 
 

@@ -252,6 +252,11 @@ def divergence_lines(first: Divergence, downstream: bool = False) -> list[str]:
     ]
     if pair.evidence == "stats":
         lines.append("  evidence is statistical (max/min/mean/norm), not element-wise")
+    elif pair.evidence == "merged_stats":
+        lines.append(
+            "  evidence is merged statistics (max/min/mean/norm of parts merged against a fused "
+            "tensor), not element-wise: which part diverged is not known"
+        )
     if first.why:
         lines.append(f"  why this record: {first.why}")
     if first.first_op is not None:
@@ -354,12 +359,15 @@ def coverage_lines(verdict: PhaseVerdict) -> list[str]:
 
 
 def _summary_coverage(verdict: PhaseVerdict) -> str:
-    """``; coverage 98%`` (and what is unexplained) for the summary line."""
+    """``; coverage 98%`` (and what is unexplained, what only merged statistics compared) for
+    the summary line."""
     cov = verdict.coverage
     if cov is None:
         return ""
     text = f"; coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
-    return text + (f" ({cov.unexplained} unexplained)" if cov.unexplained else "")
+    notes = [f"{cov.unexplained} unexplained"] if cov.unexplained else []
+    notes += [f"{cov.merged} by merged statistics"] if cov.merged else []
+    return text + (f" ({', '.join(notes)})" if notes else "")
 
 
 def overflow_lines(verdict: PhaseVerdict) -> list[str]:

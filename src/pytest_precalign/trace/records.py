@@ -60,6 +60,9 @@ class Record:
     crc32: str | None = None
     tensor_key: str | None = None
     deps: tuple[str, ...] = ()  # ids of the records this one was computed from
+    # The names of the records whose statistics were merged into this one (``merged_stats``):
+    # the parts of a tensor the other side fuses. Empty for a recorded tensor.
+    merged: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -91,6 +94,7 @@ class Record:
             "crc32": self.crc32,
             "tensor_key": self.tensor_key,
             "deps": list(self.deps),
+            **({"merged": list(self.merged)} if self.merged else {}),
         }
 
 
@@ -115,6 +119,7 @@ def record_from_dict(data: Mapping[str, Any]) -> Record:
         crc32=data.get("crc32"),
         tensor_key=data.get("tensor_key"),
         deps=tuple(data.get("deps", ())),
+        merged=tuple(data.get("merged", ())),
     )
 
 

@@ -7,6 +7,10 @@ loss; backward: grads; step: parameters): the share of them paired with a candid
 compared. A record whose two sides hold evidence of kinds that cannot be compared (a checksum
 against statistics) is *not compared*: it counts against the ratio, and the problem says why.
 A step that one side recorded and the other did not fails the phase, naming the step.
+
+A baseline record standing for several (``trace/merged_stats``: q/k/v outputs merged to meet
+a fused qkv record) counts as the records it stands for, and the coverage says how many were
+compared only by merged statistics.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Coverage:
     problem: str = ""  # why the coverage fails the phase ("" when it does not)
     uncompared: int = 0  # paired by name, but their evidence kinds cannot be compared
     uncompared_why: str = ""  # the first such record's kinds: "xor checksum vs statistics"
+    merged: int = 0  # of the paired, compared by statistics merged from several records
 
     @property
     def ratio(self) -> float:
@@ -58,6 +63,7 @@ class Coverage:
             f"coverage {_pct(self.ratio)} ({self.paired} of {self.outputs} baseline {self.phase} "
             f"output records paired; floor {_pct(self.floor)})"
         )
+        text += f"; {self.merged} by merged statistics" if self.merged else ""
         return text + (f"; {self.uncompared} not compared ({self.uncompared_why})" if self.uncompared else "")
 
     def as_dict(self) -> dict[str, object]:
@@ -72,6 +78,7 @@ class Coverage:
             "unexplained_candidate": self.unexplained_candidate,
             "not_compared": self.uncompared,
             "not_compared_why": self.uncompared_why,
+            "merged_statistics": self.merged,
             "passed": self.ok,
             "problem": self.problem,
         }
@@ -93,25 +100,31 @@ def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) ->
     kinds = GATE_KINDS[phase]
     outputs = [p for p in pairs if p.record.kind in kinds]
     base = [p for p in outputs if p.status != "only_candidate"]
-    paired = sum(1 for p in base if p.paired)
+    paired = sum(_stands_for(p) for p in base if p.paired)
     only_b = [p.record for p in outputs if p.status == "only_baseline"]
     only_c = [p.record for p in outputs if p.status == "only_candidate"]
     uncompared = [p for p in base if p.status == "not_compared"]
     cov = Coverage(
         phase=phase,
-        outputs=len(base),
+        outputs=sum(_stands_for(p) for p in base),
         paired=paired,
         only_baseline=len(only_b),
         only_candidate=len(only_c),
         unexplained_baseline=sum(1 for p in outputs if p.status == "only_baseline" and not p.note),
         unexplained_candidate=sum(1 for p in outputs if p.status == "only_candidate" and not p.note),
         floor=floor,
+        merged=sum(_stands_for(p) for p in base if p.paired and p.evidence == "merged_stats"),
         uncompared=len(uncompared),
         uncompared_why=uncompared[0].note.removeprefix("cannot be compared (").rstrip(")")
         if uncompared
         else "",
     )
     return replace(cov, problem=_one_sided_step(pairs, phase) or _problem(cov, only_b, only_c))
+
+
+def _stands_for(pair: PairResult) -> int:
+    """How many of the baseline's records ``pair``'s record stands for (merged ones: several)."""
+    return max(1, len(pair.record.merged))
 
 
 def _one_sided_step(pairs: Sequence[PairResult], phase: Phase) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..compare.pairs import Check, Comparison, PairResult
 from ..trace.records import Record
-from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, Phase
+from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Phase
 from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
@@ -256,7 +256,7 @@ def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) ->
 def _stats_change(pair: PairResult) -> float | None:
     """Relative change of max/min/norm between the sides (statistics evidence only)."""
     a, b = pair.record.stats, pair.candidate.stats if pair.candidate is not None else None
-    if pair.evidence != "stats" or a is None or b is None:
+    if pair.evidence not in STATS_EVIDENCE or a is None or b is None:
         return None
     changes = [
         abs(vb - va) / abs(va)
