@@ -4,8 +4,9 @@ framework has them, in one side's megatron-core stack (its ``ChainedOptimizer`` 
 editing recorded numbers:
 
 - ``AdamWVariant``: AdamW as apex's ``FusedAdam(adam_w_mode=True)`` computes it, with its
-  ``bias_correction`` switch and a step counter that can be off by ``step_offset``, from the
-  optimizer's ``from_step``-th update on (before it: torch's AdamW to the bit);
+  ``bias_correction`` switch, a step counter that can be off by ``step_offset``, the weight
+  decay on every group, from the optimizer's ``from_step``-th update on (before it: torch's
+  AdamW to the bit);
   ``swap_optimizer`` puts it in place of a side's torch AdamW, on the same param groups;
 - ``reset_step_counter``: every parameter's AdamW step count back to 0 (a resume that restores
   the moments but not the step count);
@@ -36,8 +37,9 @@ from pytest_precalign.training import megatron_stack
 
 class AdamWVariant(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) as torch's single-tensor step computes it, with apex
-    ``FusedAdam``'s ``bias_correction`` switch and a step counter ``step_offset`` ahead, both
-    from the ``from_step``-th update (counted from 0) on."""
+    ``FusedAdam``'s ``bias_correction`` switch, a step counter ``step_offset`` ahead, and
+    ``decay_every_group``: the constructor's weight decay on every group (the no-decay group's
+    0 ignored), each from the ``from_step``-th update (counted from 0) on."""
 
     def __init__(
         self,
@@ -49,10 +51,12 @@ class AdamWVariant(torch.optim.Optimizer):
         *,
         bias_correction: bool = True,
         step_offset: int = 0,
+        decay_every_group: bool = False,
         from_step: int = 0,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.bias_correction, self.step_offset, self.from_step = bias_correction, step_offset, from_step
+        self.decay_every_group = decay_every_group
         self.updates = 0
 
     @torch.no_grad()
@@ -60,6 +64,9 @@ class AdamWVariant(torch.optim.Optimizer):
         planted = self.updates >= self.from_step
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
+            decay = (
+                self.defaults["weight_decay"] if planted and self.decay_every_group else group["weight_decay"]
+            )
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -70,16 +77,24 @@ class AdamWVariant(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 t = float(state["step"]) + (self.step_offset if planted else 0)
-                _update(p, p.grad, state, group, beta1, beta2, t, self.bias_correction or not planted)
+                _update(
+                    p,
+                    p.grad,
+                    state,
+                    {**group, "weight_decay": decay},
+                    (beta1, beta2),
+                    t,
+                    self.bias_correction or not planted,
+                )
         self.updates += 1
 
 
 def _update(
-    p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any], beta1: float,
-    beta2: float, t: float, correct: bool,
+    p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
+    betas: tuple[float, float], t: float, correct: bool,
 ) -> None:  # fmt: skip
     """torch's ``_single_tensor_adam`` (decoupled decay, no amsgrad) for one parameter."""
-    lr, eps = group["lr"], group["eps"]
+    (beta1, beta2), lr, eps = betas, group["lr"], group["eps"]
     p.mul_(1 - lr * group["weight_decay"])
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     exp_avg.lerp_(grad, 1 - beta1)

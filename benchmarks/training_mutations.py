@@ -230,6 +230,13 @@ def mutations() -> list[Mutation]:
             "optimizer_update",
             plant=_scheduler(_at(4, reset_step_counter)),
         ),
+        Mutation(
+            "adam_decays_the_no_decay_group",
+            1,
+            "optimizer_update",
+            plant=swap_optimizer(decay_every_group=True),
+            origin="layernorm|bias",
+        ),
         Mutation("clipping_on_one_group", 0, "clipping", plant=clip_one_group, origin="clip_coef|grad_norm"),
         Mutation("attention_dropout_left_on", 0, "forward", model=(("attention_dropout", 0.1),), origin=ATTN),
         Mutation(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -81,3 +82,21 @@ def test_a_step_counter_one_ahead_is_adamw_whose_count_started_at_1() -> None:
         torch_adamw.step()
         assert torch.equal(param.detach(), want)
     assert not torch.equal(mine[-1], _trajectory(torch.optim.AdamW, steps=3)[-1])
+
+
+def test_decay_on_every_group_decays_the_no_decay_group_by_the_default() -> None:
+    def stepped(make: Any, **variant: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        decayed, exempt = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+        start = exempt.detach().clone()
+        groups = [{"params": [decayed]}, {"params": [exempt], "weight_decay": 0.0}]
+        optimizer = make(groups, **SETTINGS, **variant)
+        for p in (decayed, exempt):
+            p.grad = torch.full_like(p, 1e-3)
+        optimizer.step()
+        return decayed.detach(), exempt.detach(), start
+
+    mine, torch_adamw = stepped(_faults().AdamWVariant, decay_every_group=True), stepped(torch.optim.AdamW)
+    assert torch.equal(mine[0], torch_adamw[0])  # the decayed group as torch decays it
+    lr, wd = 1e-2, 0.1  # SETTINGS': the exempt group decayed by lr x wd of its value before the step
+    torch.testing.assert_close(mine[1], torch_adamw[1] - lr * wd * torch_adamw[2])
