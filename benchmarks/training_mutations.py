@@ -10,7 +10,8 @@ false alarms (a clean or benign pair that fails). The last line of stdout is one
 Run through ``python benchmarks/mutations.py --training`` or directly:
 
     python benchmarks/training_mutations.py
-    python benchmarks/training_mutations.py --only eps_planted,clean_rerun
+    python benchmarks/training_mutations.py --only adam_eps_planted,clean_rerun
+    python benchmarks/training_mutations.py --tensor   # tensors: every update replayed
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from training_faults import (  # noqa: E402
 from pytest_precalign.compare.pairs import compare_traces  # noqa: E402
 from pytest_precalign.compare.tolerances import default_table  # noqa: E402
 from pytest_precalign.recording import HookRecorder  # noqa: E402
+from pytest_precalign.run.optimizer_replay import judge_updates, snapshot  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
+from pytest_precalign.trace.step_scalars import SCALARS_KEY, scalars_manifest  # noqa: E402
 from pytest_precalign.training.megatron_stack import build_megatron_stack  # noqa: E402
 from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
 from pytest_precalign.verdict.training_records import step_records  # noqa: E402
@@ -260,9 +263,13 @@ def clean_pairs() -> list[Mutation]:
     ]
 
 
-def train(m: Mutation) -> tuple[RunSide, Trace]:
+Side = tuple[RunSide, Trace, dict[str, torch.Tensor]]  # its run, its records, its initial parameters
+
+
+def train(m: Mutation, mode: str = "stats") -> Side:
     spec = m.spec
     model = tiny_gpt(**dict(m.model))
+    initial = snapshot(model)
     stack = build_megatron_stack([model], spec, STEPS, global_batch=4)
     plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches)["plan"]
     handles = m.hook(model) if m.hook is not None else []
@@ -276,16 +283,16 @@ def train(m: Mutation) -> tuple[RunSide, Trace]:
         torch.set_num_threads(m.threads)
     scalars = {}
     try:
-        with HookRecorder(model, mode="stats", param_grads="step") as recorder:
+        with HookRecorder(model, mode=mode, param_grads="step") as recorder:
             for step, batch in enumerate(batches):
                 recorder.step = step
                 scalars[step] = _step(stack, recorder, step, split(batch, spec.micro_batches))
-            trace = recorder.trace({"side": m.name})
+            trace = recorder.trace({"side": m.name, SCALARS_KEY: scalars_manifest(scalars)})
     finally:
         torch.set_num_threads(threads)
         for handle in handles:
             handle.remove()
-    return RunSide(scalars, plan), trace
+    return RunSide(scalars, plan), trace, initial
 
 
 def _step(stack: Any, recorder: HookRecorder, step: int, parts: list[Any]) -> Any:
@@ -309,9 +316,15 @@ def _step(stack: Any, recorder: HookRecorder, step: int, parts: list[Any]) -> An
     return scalars
 
 
-def judge(base: tuple[RunSide, Trace], cand: tuple[RunSide, Trace]) -> TrainingVerdict:
-    records = step_records(compare_traces(base[1], cand[1], default_table()))
-    return judge_run(base[0], cand[0], records, default_table())
+def judge(base: Side, cand: Side, spec: OptimizerSpec, replay: bool = False) -> TrainingVerdict:
+    """The run verdict; ``replay`` (tensors recorded): each parameter after each update first
+    judged on its inputs by ``run/optimizer_replay.py`` (the baseline's spec, each side's LR
+    and clip factor of the step)."""
+    comparison = compare_traces(base[1], cand[1], default_table())
+    if replay:
+        initial = {"baseline": base[2], "candidate": cand[2]}
+        comparison = judge_updates(comparison, base[1], cand[1], spec, initial)
+    return judge_run(base[0], cand[0], step_records(comparison), default_table())
 
 
 def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
@@ -335,17 +348,18 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
     return row
 
 
-def run(selected: list[Mutation]) -> dict[str, Any]:
+def run(selected: list[Mutation], mode: str = "stats") -> dict[str, Any]:
     rows = []
     started = time.perf_counter()
     world = megatron_world()
     next(world)
     try:
-        bases: dict[str, tuple[RunSide, Trace]] = {}
+        bases: dict[str, Side] = {}
         for m in selected:
             if m.base not in bases:
-                bases[m.base] = train(BASELINES[m.base])
-            rows.append(score(m, judge(bases[m.base], train(m))))
+                bases[m.base] = train(BASELINES[m.base], mode)
+            base_spec = BASELINES[m.base].spec
+            rows.append(score(m, judge(bases[m.base], train(m, mode), base_spec, replay=mode == "tensor")))
             print(f"{m.name}: expected {rows[-1]['expected']}, found {rows[-1]['found']}", flush=True)
     finally:
         next(world, None)
@@ -369,6 +383,9 @@ def run(selected: list[Mutation]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated mutation names")
+    parser.add_argument(
+        "--tensor", action="store_true", help="record tensors: each update judged on its inputs (replay)"
+    )
     args = parser.parse_args(argv)
     cases = mutations() + clean_pairs()
     if args.only:
@@ -379,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--only: unknown mutation(s) {', '.join(unknown)} (allowed: {', '.join(c.name for c in cases)})"
             )
         cases = [c for c in cases if c.name in wanted]
-    figures = run(cases)
+    figures = run(cases, "tensor" if args.tensor else "stats")
     rows = figures.pop("rows")
     n = figures["mutations"]
     pct = lambda a, b: f"{100.0 * a / b:.0f} %" if b else "n/a"  # noqa: E731
