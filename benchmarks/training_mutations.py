@@ -10,7 +10,8 @@ false alarms (a clean or benign pair that fails). The last line of stdout is one
 Run through ``python benchmarks/mutations.py --training`` or directly:
 
     python benchmarks/training_mutations.py
-    python benchmarks/training_mutations.py --only eps_planted,clean_rerun
+    python benchmarks/training_mutations.py --only adam_eps_planted,clean_rerun
+    python benchmarks/training_mutations.py --tensor   # tensors: every update replayed
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,22 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 from tests.training.megatron_tiny import logits_of, megatron_world, split, tiny_gpt, token_batches  # noqa: E402
+from training_faults import (  # noqa: E402
+    bf16_grad_buffer,
+    clip_before_accumulation,
+    clip_one_group,
+    mean_of_micro_batch_means,
+    reset_step_counter,
+    sdpa_attention,
+    swap_optimizer,
+)
 
 from pytest_precalign.compare.pairs import compare_traces  # noqa: E402
 from pytest_precalign.compare.tolerances import default_table  # noqa: E402
 from pytest_precalign.recording import HookRecorder  # noqa: E402
+from pytest_precalign.run.optimizer_replay import judge_updates, snapshot  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
+from pytest_precalign.trace.step_scalars import SCALARS_KEY, scalars_manifest  # noqa: E402
 from pytest_precalign.training.megatron_stack import build_megatron_stack  # noqa: E402
 from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
 from pytest_precalign.verdict.training_records import step_records  # noqa: E402
@@ -60,6 +73,8 @@ class Mutation:
     hook: Callable[[Any], Any] | None = None  # (model) -> a bug in the model, from a step on
     threads: int | None = None
     origin: str = ""  # a substring the origin (or its evidence) must contain; "a|b": either
+    model: tuple[tuple[str, float], ...] = ()  # tiny_gpt's arguments (dropout)
+    base: str = "baseline"  # the baseline run it is judged against (BASELINES)
 
 
 def _groups(key: str, value: Any) -> Plant:
@@ -131,6 +146,27 @@ def _swap(k: int) -> Callable[[list[Any]], list[Any]]:
     return order
 
 
+def _padded(batches: list[Any]) -> list[Any]:
+    """Each batch's first sequence padded after 6 tokens (labels -100): its micro-batches then
+    hold different numbers of tokens."""
+    out = []
+    for batch in batches:
+        labels = batch["labels"].clone()
+        labels[0, 6:] = -100
+        out.append({**batch, "labels": labels})
+    return out
+
+
+def _at(k: int, action: Callable[[Any], None]) -> Callable[[Any, int], None]:
+    """A scheduler ``after``: ``action(stack)`` once the update of step ``k - 1`` is done."""
+
+    def after(stack: Any, calls: int) -> None:
+        if calls == k:
+            action(stack)
+
+    return after
+
+
 def _spec(**changes: Any) -> OptimizerSpec:
     return replace(SPEC, **changes)
 
@@ -140,6 +176,12 @@ def _schedule(**changes: Any) -> OptimizerSpec:
     return replace(SPEC, schedule=replace(SPEC.schedule, **changes))
 
 
+SPEC2 = _spec(micro_batches=2)
+MICRO2: dict[str, Any] = {"spec": SPEC2, "batches": _padded, "base": "2_micro_batches"}
+BASELINES = {
+    "baseline": Mutation("baseline", None),
+    "2_micro_batches": Mutation("baseline_2_micro_batches", None, spec=SPEC2, batches=_padded),
+}
 MLP = "decoder.layers.1.mlp"
 ATTN = "decoder.layers.0.self_attention"
 
@@ -175,6 +217,38 @@ def mutations() -> list[Mutation]:
         Mutation("data_order_from_step_2", 2, "data", batches=_swap(2), origin="batch"),
         Mutation("mlp_bug_from_step_5", 5, "forward", hook=_late_layer(MLP, 5), origin=MLP),
         Mutation("attention_bug_from_step_7", 7, "forward", hook=_late_layer(ATTN, 7), origin=ATTN),
+        Mutation(
+            "adam_bias_correction_off", 1, "optimizer_update", plant=swap_optimizer(bias_correction=False)
+        ),
+        Mutation(
+            "adam_bias_correction_off_from_step_6",
+            6,
+            "optimizer_update",
+            plant=swap_optimizer(bias_correction=False, from_step=6),
+        ),
+        Mutation("adam_step_counter_off_by_one", 1, "optimizer_update", plant=swap_optimizer(step_offset=1)),
+        Mutation(
+            "adam_step_counter_reset_at_step_4",
+            4,
+            "optimizer_update",
+            plant=_scheduler(_at(4, reset_step_counter)),
+        ),
+        Mutation(
+            "adam_decays_the_no_decay_group",
+            1,
+            "optimizer_update",
+            plant=swap_optimizer(decay_every_group=True),
+            origin="layernorm|bias",
+        ),
+        Mutation("clipping_on_one_group", 0, "clipping", plant=clip_one_group, origin="clip_coef|grad_norm"),
+        Mutation("attention_dropout_left_on", 0, "forward", model=(("attention_dropout", 0.1),), origin=ATTN),
+        Mutation(
+            "hidden_dropout_left_on", 0, "forward", model=(("hidden_dropout", 0.1),), origin="embedding"
+        ),
+        # two micro-batches of different token counts on both sides
+        Mutation("loss_mean_of_micro_batch_means", 0, "loss", **MICRO2, plant=mean_of_micro_batch_means),
+        Mutation("clipping_before_accumulation", 0, "clipping", **MICRO2, plant=clip_before_accumulation),
+        Mutation("bf16_grad_accumulation", 0, "grad_reduction", **MICRO2, plant=bf16_grad_buffer),
     ]
 
 
@@ -183,40 +257,74 @@ def clean_pairs() -> list[Mutation]:
         Mutation("clean_rerun", None),
         Mutation("clean_rerun_again", None),
         Mutation("benign_one_thread", None, threads=1),
+        Mutation("benign_sdpa_attention", None, hook=sdpa_attention),
+        Mutation("clean_rerun_2_micro_batches", None, **MICRO2),
+        Mutation("benign_sdpa_attention_2_micro_batches", None, **MICRO2, hook=sdpa_attention),
     ]
 
 
-def train(m: Mutation | None) -> tuple[RunSide, Trace]:
-    spec = m.spec if m is not None else SPEC
-    model = tiny_gpt()
+Side = tuple[RunSide, Trace, dict[str, torch.Tensor]]  # its run, its records, its initial parameters
+
+
+def train(m: Mutation, mode: str = "stats") -> Side:
+    spec = m.spec
+    model = tiny_gpt(**dict(m.model))
+    initial = snapshot(model)
     stack = build_megatron_stack([model], spec, STEPS, global_batch=4)
     plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches)["plan"]
-    handles = m.hook(model) if m is not None and m.hook is not None else []
-    if m is not None and m.plant is not None:
+    handles = m.hook(model) if m.hook is not None else []
+    if m.plant is not None:
         m.plant(stack)
     batches = token_batches(STEPS)
-    if m is not None and m.batches is not None:
+    if m.batches is not None:
         batches = m.batches(batches)
     threads = torch.get_num_threads()
-    if m is not None and m.threads is not None:
+    if m.threads is not None:
         torch.set_num_threads(m.threads)
     scalars = {}
     try:
-        with HookRecorder(model, mode="stats") as recorder:
+        with HookRecorder(model, mode=mode, param_grads="step") as recorder:
             for step, batch in enumerate(batches):
                 recorder.step = step
-                _, scalars[step] = stack.train_step(step, split(batch, spec.micro_batches), logits_of)
-            trace = recorder.trace({"side": m.name if m is not None else "baseline"})
+                scalars[step] = _step(stack, recorder, step, split(batch, spec.micro_batches))
+            trace = recorder.trace({"side": m.name, SCALARS_KEY: scalars_manifest(scalars)})
     finally:
         torch.set_num_threads(threads)
         for handle in handles:
             handle.remove()
-    return RunSide(scalars, plan), trace
+    return RunSide(scalars, plan), trace, initial
 
 
-def judge(base: tuple[RunSide, Trace], cand: tuple[RunSide, Trace]) -> TrainingVerdict:
-    records = step_records(compare_traces(base[1], cand[1], default_table()))
-    return judge_run(base[0], cand[0], records, default_table())
+def _step(stack: Any, recorder: HookRecorder, step: int, parts: list[Any]) -> Any:
+    """One step recorded as ``run/megatron_training.py`` records it: each micro-batch's logits
+    and loss, the grads the optimizer is given (``main_grad`` after the reduction), the
+    parameters after the update."""
+    calls: dict[str, int] = {}
+
+    def on_output(kind: str, tensor: torch.Tensor) -> None:
+        calls[kind] = calls.get(kind, -1) + 1
+        recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=calls[kind])
+
+    _, scalars = stack.train_step(
+        step,
+        parts,
+        logits_of,
+        on_output=on_output,
+        grads_ready=partial(recorder.record_param_grads, len(parts)),
+    )
+    recorder.record_params()
+    return scalars
+
+
+def judge(base: Side, cand: Side, spec: OptimizerSpec, replay: bool = False) -> TrainingVerdict:
+    """The run verdict; ``replay`` (tensors recorded): each parameter after each update first
+    judged on its inputs by ``run/optimizer_replay.py`` (the baseline's spec, each side's LR
+    and clip factor of the step)."""
+    comparison = compare_traces(base[1], cand[1], default_table())
+    if replay:
+        initial = {"baseline": base[2], "candidate": cand[2]}
+        comparison = judge_updates(comparison, base[1], cand[1], spec, initial)
+    return judge_run(base[0], cand[0], step_records(comparison), default_table())
 
 
 def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
@@ -240,15 +348,18 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
     return row
 
 
-def run(selected: list[Mutation]) -> dict[str, Any]:
+def run(selected: list[Mutation], mode: str = "stats") -> dict[str, Any]:
     rows = []
     started = time.perf_counter()
     world = megatron_world()
     next(world)
     try:
-        base = train(None)
+        bases: dict[str, Side] = {}
         for m in selected:
-            rows.append(score(m, judge(base, train(m))))
+            if m.base not in bases:
+                bases[m.base] = train(BASELINES[m.base], mode)
+            base_spec = BASELINES[m.base].spec
+            rows.append(score(m, judge(bases[m.base], train(m, mode), base_spec, replay=mode == "tensor")))
             print(f"{m.name}: expected {rows[-1]['expected']}, found {rows[-1]['found']}", flush=True)
     finally:
         next(world, None)
@@ -272,6 +383,9 @@ def run(selected: list[Mutation]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated mutation names")
+    parser.add_argument(
+        "--tensor", action="store_true", help="record tensors: each update judged on its inputs (replay)"
+    )
     args = parser.parse_args(argv)
     cases = mutations() + clean_pairs()
     if args.only:
@@ -282,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--only: unknown mutation(s) {', '.join(unknown)} (allowed: {', '.join(c.name for c in cases)})"
             )
         cases = [c for c in cases if c.name in wanted]
-    figures = run(cases)
+    figures = run(cases, "tensor" if args.tensor else "stats")
     rows = figures.pop("rows")
     n = figures["mutations"]
     pct = lambda a, b: f"{100.0 * a / b:.0f} %" if b else "n/a"  # noqa: E731

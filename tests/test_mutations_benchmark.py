@@ -56,14 +56,16 @@ def test_unknown_case_is_one_clear_error() -> None:
     assert "Traceback" not in proc.stderr
 
 
-TRAINING_SUBSET = "warmup_one_step_behind,adam_eps_planted,mlp_bug_from_step_5,clean_rerun"
+TRAINING_SUBSET = (
+    "warmup_one_step_behind,adam_eps_planted,mlp_bug_from_step_5,adam_bias_correction_off,clean_rerun"
+)
 
 
 def test_training_subset_is_found_at_its_step_and_class() -> None:
     proc = _run("--training", "--only", TRAINING_SUBSET)
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (figures["mutations"], figures["clean_pairs"]) == (3, 1)
-    assert figures["detected"] == figures["right_step"] == figures["right_class"] == 3
+    assert (figures["mutations"], figures["clean_pairs"]) == (4, 1)
+    assert figures["detected"] == figures["right_step"] == figures["right_class"] == 4
     assert figures["false_alarms"] == 0 and figures["missed"] == []
     assert figures["right_origin"] == figures["with_origin"] == 2

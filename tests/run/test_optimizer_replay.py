@@ -16,11 +16,13 @@ from pytest_precalign.compare.pairs import PairResult
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from pytest_precalign.run.case import CaseRun, check_modules, step_judge
+from pytest_precalign.run.optimizer_replay import run_settings
 from pytest_precalign.run.outcome import FinishInputs, finish
 from pytest_precalign.run.side import run_side
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
-from pytest_precalign.trace.records import record_id
+from pytest_precalign.trace.records import Trace, record_id
+from pytest_precalign.training.spec import ScheduleSpec
 from pytest_precalign.vocabulary import OPTIMIZER_UPDATE
 
 # The example suite's numbers: grads to 1e-6 + 1e-5 relative, parameters after a step to
@@ -168,13 +170,56 @@ def test_betas_that_only_change_later_steps_are_named_at_the_first_step_they_cha
     assert all(p.passed for p in run.comparison.pairs if p.record.kind == "param" and p.record.step == 0)
 
 
-def test_a_schedule_or_clipping_the_replay_does_not_model_leaves_the_step_to_the_table() -> None:
-    clipped = replace(ADAMW, clip_grad=1.0)
-    run = _run_with(clipped, clipped)
+SCHEDULED = replace(ADAMW, clip_grad=0.01, schedule=ScheduleSpec(warmup_steps=1, decay="cosine", min_lr=1e-4))
+
+
+def test_a_schedule_and_clipping_are_replayed_with_each_steps_lr_and_clip_coefficient() -> None:
+    """Over a run (#28 item 3): each side's step replayed with the LR its update used and the
+    factor its clipping scaled the grads by, from its own per-step scalars."""
+    run = _run_with(SCHEDULED, SCHEDULED, steps=4)
     params = [p for p in run.comparison.pairs if p.record.kind == "param"]
-    assert params and not any(c.metric == OPTIMIZER_UPDATE for p in params for c in p.checks)
-    judged = [p for p in _run_with(ADAMW, ADAMW).comparison.pairs if p.record.kind == "param"]
-    assert all(any(c.metric == OPTIMIZER_UPDATE for c in p.checks) for p in judged)
+    assert {p.record.step for p in params} == {0, 1, 2, 3}
+    assert all(any(c.metric == OPTIMIZER_UPDATE and c.passed for c in p.checks) for p in params)
+    assert run.verdicts["step"].passed
+
+
+def test_a_schedule_or_clipping_without_the_runs_scalars_leaves_the_steps_to_the_table() -> None:
+    empty = Trace({}, ())
+    assert run_settings(SCHEDULED, empty, empty) is None
+
+
+def _step_counter_ahead(monkeypatch: pytest.MonkeyPatch, candidate: Net) -> None:
+    """The candidate's AdamW starts its step counter at 1 (the state it would make lazily, one
+    step ahead; NVIDIA/Megatron-LM#5974's class of bug)."""
+    owned = {id(p) for p in candidate.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self: torch.optim.AdamW, params: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, params, *args, **kwargs)
+        mine = [p for g in self.param_groups for p in g["params"] if id(p) in owned]
+        for p in mine:
+            self.state[p] = {
+                "step": torch.tensor(1.0),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", init)
+
+
+def test_a_step_counter_ahead_under_a_warmup_and_clipping_is_named_at_its_first_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Step 0 has LR 0 under the warmup (both sides stay put); step 1 is the first update the
+    counter changes, named there as the optimizer update with every step 0 parameter passing."""
+    candidate = Net()
+    _step_counter_ahead(monkeypatch, candidate)
+    run = _run_with(SCHEDULED, SCHEDULED, steps=3, candidate=candidate)
+    first = run.verdicts["step"].first
+    assert first is not None
+    assert (first.step, first.metric, first.origin) == (1, OPTIMIZER_UPDATE, True), first
+    assert "the candidate's optimizer step" in first.proof
+    assert all(p.passed for p in run.comparison.pairs if p.record.kind == "param" and p.record.step == 0)
 
 
 def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
@@ -183,20 +228,7 @@ def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
     """The candidate's AdamW starts its step counter at 1 (NVIDIA/Megatron-LM#5974's class of
     bug: a smaller first update): named at step 0 as the optimizer update."""
     candidate = Net()
-    owned = {id(p) for p in candidate.parameters()}
-    original = torch.optim.AdamW.__init__
-
-    def init(self: torch.optim.AdamW, params: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, params, *args, **kwargs)
-        mine = [p for g in self.param_groups for p in g["params"] if id(p) in owned]
-        for p in mine:  # the state AdamW would make lazily, one step ahead
-            self.state[p] = {
-                "step": torch.tensor(1.0),
-                "exp_avg": torch.zeros_like(p),
-                "exp_avg_sq": torch.zeros_like(p),
-            }
-
-    monkeypatch.setattr(torch.optim.AdamW, "__init__", init)
+    _step_counter_ahead(monkeypatch, candidate)
     first = _run_with(ADAMW, ADAMW, candidate=candidate).verdicts["step"].first
     assert first is not None
     assert (first.step, first.metric, first.origin) == (0, OPTIMIZER_UPDATE, True), first

@@ -34,7 +34,12 @@ def megatron_world() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def tiny_gpt(dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+def tiny_gpt(
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    attention_dropout: float = 0.0,
+    hidden_dropout: float = 0.0,
+) -> Any:
     warnings.simplefilter(
         "ignore"
     )  # megatron-core's notices (apex, TE, deprecations); pytest restores filters
@@ -46,8 +51,8 @@ def tiny_gpt(dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
     config = TransformerConfig(
         num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, num_query_groups=2,
         add_bias_linear=False, add_qkv_bias=True, gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu, normalization="RMSNorm", hidden_dropout=0.0,
-        attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
+        activation_func=torch.nn.functional.silu, normalization="RMSNorm", hidden_dropout=hidden_dropout,
+        attention_dropout=attention_dropout, bias_activation_fusion=False, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16,
     )  # fmt: skip

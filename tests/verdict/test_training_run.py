@@ -234,6 +234,52 @@ def test_every_grad_scaled_by_one_factor_is_the_grad_reduction_not_a_layer() -> 
     assert v.first is not None and "every grad scaled by one factor (x2)" in v.first.pattern
 
 
+def backward_grads(a_weight: float, b_weight: float, b_bias: float = 0.5) -> list:  # type: ignore[type-arg]
+    """Two modules' activation grads (always the same) and their parameters' grads."""
+    return [
+        rec(0, "a", "activation"),
+        rec(1, "a", "grad_output"),
+        rec(2, "b", "grad_output"),
+        rec(10, "a.weight", "param_grad", a_weight),
+        rec(11, "b.weight", "param_grad", b_weight),
+        rec(12, "b.bias", "param_grad", b_bias),
+    ]
+
+
+def test_param_grads_of_several_modules_off_after_a_matching_backward_are_their_reduction() -> None:
+    # bf16 accumulation: the backward's activation grads match, the grads the optimizer is
+    # given differ (by no single factor) in more than one module.
+    records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.01, 0.99)])
+    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    assert first(v) == (0, "grad_reduction", "grads")
+    assert v.first is not None and "every activation grad of the backward matched" in v.first.evidence
+    assert "after the backward" in v.first.pattern
+
+
+def test_one_modules_param_grads_off_stay_that_modules_backward() -> None:
+    records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.0, 1.2, 0.6)])
+    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    assert first(v)[:2] == (0, "backward") and first(v)[2].startswith("b")
+
+
+def test_grads_changed_where_only_the_baseline_clipped_is_clipping_before_accumulation() -> None:
+    records = records_run([backward_grads(1.0, 1.0)], [backward_grads(0.9, 0.8)])
+    base, cand = run(clip_coef=lambda s: 0.4), run(grad_norm=lambda s: 1.5)
+    v = judge_run(RunSide(base), RunSide(cand), records, default_table())
+    assert first(v) == (0, "clipping", "clip_coef")
+    assert v.first is not None and "clipped each micro-batch's grads before accumulating" in v.first.pattern
+
+
+def test_a_grad_norm_off_while_every_recorded_grad_matched_is_clippings_norm() -> None:
+    # The norm over one param group only: every grad matches, the norm the optimizer measured does not.
+    records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.0, 1.0)])
+    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), records, default_table())
+    assert first(v) == (0, "clipping", "grad_norm")
+    assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
+    # without records of the grads the grad norm stays a backward difference
+    assert first(judge(run(), run(grad_norm=lambda s: 1.9 - 0.1 * s)))[1] == "backward"
+
+
 def test_modules_called_twice_as_often_are_a_micro_batch_split() -> None:
     once = [rec(0, "a", "activation")]
     twice = [rec(0, "a", "activation"), rec(1, "a", "activation", call=1)]

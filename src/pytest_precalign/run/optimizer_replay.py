@@ -24,10 +24,16 @@ step is judged by its inputs:
   follows from the backward divergence. Every parameter judged this way carries the check
   (after the table's checks when these decide), valued at the side nearer its bound.
 
-Replaying needs a constant LR and no grad clipping (``replayable``), full tensors on both sides (record mode ``tensor``), every step's grads from
-step 0 on, and the parameters before step 0 (``snapshot`` of the baseline before it runs, the
-candidate's too when the weights were synced into it). Where any of that is missing, a
-parameter keeps the table's verdict from that step on.
+Over a training run with an LR schedule or grad clipping, each side's step is replayed with
+the LR its update used and the factor its clipping scaled the grads by, from that side's own
+per-step scalars (``run_settings``: ``lr``, one for every group, and ``clip_coef``); a side's
+wrong schedule or clipping shows in those scalars (the run verdict's ``schedule`` and
+``clipping``), its optimizer in the replay. Replaying needs that (or a constant LR and no
+clipping: ``replayable``), full tensors on both sides (record mode ``tensor``), every step's
+grads from step 0 on (before clipping, as the optimizer was given them), and the parameters
+before step 0 (``snapshot`` of the baseline before it runs, the candidate's too when the
+weights were synced into it). Where any of that is missing, a parameter keeps the table's
+verdict from that step on.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import torch
 from ..compare.pairs import Check, Comparison, PairResult
 from ..config.specs import OptimizerSpec
 from ..trace.records import Record, Trace, record_id
+from ..trace.step_scalars import scalars_of
 from ..vocabulary import OPTIMIZER_UPDATE
 from .loop_training import decays
 from .side import make_optimizer
@@ -77,7 +84,12 @@ class _Replay:
         self.spec = spec
         self._copies: dict[str, tuple[torch.nn.Parameter, torch.optim.Optimizer]] = {}
 
-    def step(self, name: str, before: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, name: str, before: torch.Tensor, grad: torch.Tensor, applied: tuple[float, float] | None = None
+    ) -> torch.Tensor:
+        """The parameter after one step from ``before`` on ``grad``; ``applied``: the side's
+        (LR, clip coefficient) of the step, when its run recorded them (else the spec's LR,
+        no clipping)."""
         if name not in self._copies:
             copy = torch.nn.Parameter(before.clone())
             # The side's own groups: no weight decay where the spec exempts the parameter
@@ -88,6 +100,10 @@ class _Replay:
         with torch.no_grad():
             copy.copy_(before)
         copy.grad = grad.to(copy.dtype).clone()
+        if applied is not None:
+            optimizer.param_groups[0]["lr"] = applied[0]
+            if applied[1] != 1.0:
+                copy.grad.mul_(applied[1])
         optimizer.step()
         return copy.detach().clone()
 
@@ -115,6 +131,7 @@ class _Sides:
     candidate: Trace  # in the baseline's names
     initial: Mapping[str, Mapping[str, torch.Tensor]]  # side -> name -> parameter before step 0
     by_id: Mapping[str, Mapping[str, Record]]
+    applied: Mapping[str, Mapping[int, tuple[float, float]]] | None = None  # side -> step -> (LR, clip coef)
 
     def tensor(self, side: str, rec: Record | None) -> torch.Tensor | None:
         if rec is None:
@@ -144,13 +161,17 @@ def judge_updates(
     """``comparison`` with each parameter after a step judged on its inputs (module doc).
     ``initial``: each side's (``"baseline"``, ``"candidate"``) parameters before step 0, in
     the baseline's names; a side without them is not replayed."""
+    applied = None
     if not replayable(spec):
-        return comparison
+        applied = run_settings(spec, baseline, candidate)
+        if applied is None:
+            return comparison
     sides = _Sides(
         baseline,
         candidate,
         initial,
         {"baseline": baseline.by_id(), "candidate": candidate.by_id()},
+        applied,
     )
     pairs = list(comparison.pairs)
     grads = _last_grads(pairs)
@@ -173,10 +194,48 @@ def judge_updates(
 
 
 def replayable(spec: OptimizerSpec) -> bool:
-    """The replay models a constant LR and the recorded grads as the optimizer's: an LR
-    schedule or grad clipping (which scale the update by the step's LR or global grad norm)
-    leave the steps to the table until the replay takes them from the run's plan and scalars."""
+    """The replay models a constant LR and the recorded grads as the optimizer's without the
+    run's scalars: an LR schedule or grad clipping (which scale the update by the step's LR or
+    global grad norm) need each step's LR and clip coefficient (``run_settings``)."""
     return spec.schedule is None and spec.clip_grad is None
+
+
+def run_settings(
+    spec: OptimizerSpec, baseline: Trace, candidate: Trace
+) -> dict[str, dict[int, tuple[float, float]]] | None:
+    """Each side's (LR, clip coefficient) at each step, from its run's per-step scalars: the
+    LR its update used (one for every group) and the factor its clipping scaled the grads by
+    (``_clip_factor``; 1 when ``spec`` does not clip). A step without them ends that side's settings there (the
+    replay stops at it); None when neither side has any."""
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for side, trace in (("baseline", baseline), ("candidate", candidate)):
+        settings: dict[int, tuple[float, float]] = {}
+        scalars = scalars_of(trace.manifest, f"the {side}'s trace")
+        for step in sorted(scalars):
+            s = scalars[step]
+            coef = 1.0 if spec.clip_grad is None else _clip_factor(spec.clip_grad, s.grad_norm, s.clip_coef)
+            if step != len(settings) or not s.lr or len(set(s.lr)) != 1 or coef is None or s.skipped:
+                break
+            settings[step] = (float(s.lr[0]), float(coef))
+        out[side] = settings
+    return out if any(out.values()) else None
+
+
+def _clip_factor(clip_grad: float, norm: float | None, measured: float | None) -> float | None:
+    """The factor a side's clipping scaled the grads by, as its framework computed it from the
+    grad norm it measured: ``max_norm / (norm + 1e-6)`` at most 1, in float32 tensors where the
+    norm is a float32 value (torch's ``clip_grad_norm_``), else in Python floats (megatron-core's
+    ``clip_grad_by_total_norm_fp32``). The grads must be scaled bitwise as the side did: AdamW's
+    moments of sign-changing grads cancel, and amplify a last-bit difference of the factor. The
+    measured coefficient (the norms' ratio after and before) must confirm it to 1e-4; the
+    measured one where the side clips otherwise."""
+    if norm is None or measured is None:
+        return None
+    if float(np.float32(norm)) == norm:
+        factor = float((clip_grad / (torch.tensor(norm, dtype=torch.float32) + 1e-6)).clamp(max=1.0))
+    else:
+        factor = min(1.0, clip_grad / (norm + 1e-6))
+    return factor if abs(factor - measured) <= 1e-4 * factor else measured
 
 
 def _last_grads(pairs: Sequence[PairResult]) -> dict[tuple[str, int], PairResult]:
@@ -212,7 +271,10 @@ def _replay_both(
         after = sides.tensor(side, after_rec)
         if before is None or g is None or after is None or not (before.shape == g.shape == after.shape):
             return None
-        found[side] = measure(after, replays[side].step(name, before, g), before)
+        applied = None if sides.applied is None else sides.applied[side].get(step)
+        if sides.applied is not None and applied is None:
+            return None  # the side's LR or clip coefficient of the step is unknown
+        found[side] = measure(after, replays[side].step(name, before, g, applied), before)
     return found
 
 

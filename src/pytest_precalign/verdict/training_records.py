@@ -32,9 +32,11 @@ class StepRecords:
     update: Divergence | None = None  # a parameter after the step
     grad_factor: float | None = None  # every param grad's norm scaled by this one factor
     grads_compared: int = 0
+    grads_failed: int = 0
     every_param: bool = False  # every parameter record of the step failed
     params_compared: int = 0
     calls: tuple[int, int] | None = None  # module calls per step (baseline, candidate) when they differ
+    grads_changed: bool = False  # param grads of 2+ modules failed, every activation grad matched
 
     @property
     def diverged(self) -> bool:
@@ -69,11 +71,24 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
             update=first("step"),
             grad_factor=_one_factor(grads),
             grads_compared=len(grads),
+            grads_failed=sum(p.status in FAILED for p in grads),
             every_param=len(params) > 1 and all(p.status in FAILED for p in params),
             params_compared=len(params),
             calls=_calls(pairs),
+            grads_changed=_changed_after_backward(grads, pairs),
         )
     return out
+
+
+def _changed_after_backward(grads: Sequence[PairResult], pairs: Sequence[PairResult]) -> bool:
+    """Param grads of at least two modules failed while the backward's activation grads (at
+    least one compared) all matched: no module's backward explains that (its own parameters'
+    grads only), the grads changed between the backward and the optimizer."""
+    owners = {p.record.name.rpartition(".")[0] for p in grads if p.status in FAILED}
+    if len(owners) < 2:
+        return False
+    activation = [p for p in pairs if p.record.kind in ("grad_input", "grad_output") and p.paired]
+    return bool(activation) and not any(p.status in FAILED for p in activation)
 
 
 def _norm_ratio(pair: PairResult) -> float | None:

@@ -209,7 +209,7 @@ def _step_first(
         ("contract", _split(step, rec) or _scalar_as(step, scalar, "contract")),
         ("forward", _layer(step, rec, "forward")),
         ("loss", _loss(step, rec, scalar)),
-        ("backward", _backward(step, rec, scalar)),
+        ("backward", _after_backward(step, rec, base, cand, scalar) or _backward(step, rec, scalar)),
         ("clipping", _scalar_as(step, scalar, "clipping")),
         ("schedule", _scalar_as(step, scalar, "schedule")),
         ("optimizer_update", _update(step, rec, scalar)),
@@ -270,6 +270,45 @@ def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None
         return found
     if scalar is not None and scalar.what in ("backward", "grad_reduction"):
         return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
+    return None
+
+
+def _after_backward(
+    step: int, rec: StepRecords, base: StepScalars | None, cand: StepScalars | None, scalar: Any
+) -> FirstDivergent | None:
+    """Grads that left the backward aligned and reached the optimizer otherwise: param grads of
+    several modules differ while every activation grad matched (their accumulation, reduction or
+    precision; clipping when only one side clipped at the update: the other clipped before
+    accumulating), or the grad norm differs while every grad the optimizer was given matched
+    (clipping's norm, computed over other grads)."""
+    if rec.grad_factor is not None or not rec.grads_compared:
+        return None
+    if rec.grads_changed:
+        evidence = (
+            f"{rec.grads_failed} of the {rec.grads_compared} recorded parameter grads of step {step} "
+            "differ, of several modules, while every activation grad of the backward matched"
+        )
+        clipped = [s.clip_coef < 1.0 for s in (base, cand) if s is not None and s.clip_coef is not None]
+        if len(clipped) == 2 and clipped[0] != clipped[1]:
+            late, early = ("baseline", "candidate") if clipped[0] else ("candidate", "baseline")
+            pattern = (
+                f"only the {late} clipped at the update; the {early}'s grads changed between the "
+                "backward and the update: it clipped each micro-batch's grads before accumulating them"
+            )
+            return FirstDivergent(step, "clipping", "clip_coef", evidence, pattern)
+        pattern = "the grads changed after the backward: their accumulation, reduction or precision"
+        return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
+    if (
+        rec.backward is None
+        and scalar is not None
+        and scalar.what == "backward"
+        and scalar.origin == "grad_norm"
+    ):
+        evidence = (
+            scalar.evidence.split(";")[0] + f", and all {rec.grads_compared} recorded parameter grads matched"
+        )
+        pattern = "the grad norm is computed over other grads or parameters than the other side's"
+        return FirstDivergent(step, "clipping", "grad_norm", evidence, pattern)
     return None
 
 
