@@ -148,7 +148,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
     module.train(case.train)
     if backward:
         use_megatron_grad_finalization(module)
-    groups = param_groups(module.named_parameters(), case.optimizer)  # no decay on 1-d params, as in-process
+    groups = stage_param_groups(module, case.optimizer)
     optimizer = grouped_optimizer(case.optimizer, groups) if "step" in case.phases else None
     rec = Recorder(
         out,
@@ -186,6 +186,18 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
             optimizer.step()
         rec.stop()
         rec.step()
+
+
+def stage_param_groups(module: torch.nn.Module, spec: Any) -> Any:
+    """The loop's parameter groups of this rank's stage (no decay on 1-d params, as in process),
+    ``no_decay`` globs read in the model's global names: a stage's local layer 0 is global
+    layer ``offset``."""
+    from ..parallel.merge import globalize
+    from ..training.layout_probe import layer_offsets
+
+    offsets = layer_offsets(module)
+    named = [(globalize(name, offsets), param) for name, param in module.named_parameters()]
+    return param_groups(named, spec)
 
 
 def _forward_step(model: LoadedModel, rec: Any, case: Any, data_iterator: Any, module: Any) -> Any:

@@ -134,7 +134,10 @@ def _trainer_side(
     from .megatron_training import train_with_megatron
 
     if after_first_forward is not None:
-        raise CaseError(f"case {case.name!r}: isolation is not available with training: {trainer}")
+        raise CaseError(
+            f"case {case.name!r}: isolation is not available with training: {trainer} "
+            "(a Megatron model's default); set training: loop"
+        )
     train = train_with_megatron if trainer == "megatron" else train_with_trainer
     with recorder:
         extra = train(model, data, case, recorder, seed)

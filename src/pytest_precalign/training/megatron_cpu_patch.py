@@ -70,12 +70,19 @@ _MODULES = (
 # Modules that make scalars with device='cuda' on the training path (patch 5).
 _TRAINING_MODULES = (
     "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.optimizer.clip_grads",
     "megatron.core.utils",
 )
 # Callers whose ``tensor.type()`` names the CUDA type (patch 6).
-_TYPE_CALLERS = frozenset({"megatron.core.optimizer.optimizer", "megatron.core.optimizer.clip_grads"})
+_TYPE_CALLERS = frozenset(
+    {
+        "megatron.core.optimizer.optimizer",
+        "megatron.core.optimizer.distrib_optimizer",
+        "megatron.core.optimizer.clip_grads",
+    }
+)
 
 
 class _View:

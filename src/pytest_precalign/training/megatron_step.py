@@ -53,12 +53,32 @@ def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
     sum of tokens; a scalar gives the mean over micro-batches. The first key of each dict."""
     if not losses:
         return None
+    total, count = _loss_parts(losses)
+    return total / count if count else None
+
+
+def _loss_parts(losses: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """(sum of sums, tokens) of ``[sum, tokens]`` values, else (sum of scalars, how many)."""
     values = [torch.as_tensor(next(iter(item.values()))).detach().double().reshape(-1) for item in losses]
     if all(v.numel() == 2 for v in values):
-        total = sum(float(v[0]) for v in values)
-        tokens = sum(float(v[1]) for v in values)
-        return total / tokens if tokens else None
-    return float(sum(float(v[0]) for v in values) / len(values))
+        return sum(float(v[0]) for v in values), sum(float(v[1]) for v in values)
+    return sum(float(v[0]) for v in values), float(len(values))
+
+
+def _data_parallel_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
+    """``reported_loss`` of the whole step when data-parallel replicas each ran their share of
+    its micro-batches: the parts summed over megatron-core's data-parallel group."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+
+    if not losses or not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
+        return reported_loss(losses)
+    import torch.distributed as dist
+
+    parts = torch.tensor(_loss_parts(losses), dtype=torch.float64)
+    dist.all_reduce(parts, group=ps.get_data_parallel_group())
+    return float(parts[0] / parts[1]) if float(parts[1]) else None
 
 
 def _main_grads(optimizer: Any) -> list[torch.Tensor]:
@@ -110,7 +130,7 @@ def megatron_train_step(
     norms = _model_parallel_norms(evidence)
     scalars = evidence.finish(
         step,
-        loss=reported_loss(losses),
+        loss=_data_parallel_loss(losses),
         lr=lr,
         weight_decay=weight_decay,
         grad_norm=float(grad_norm) if grad_norm is not None else None,
