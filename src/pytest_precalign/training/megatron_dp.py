@@ -24,14 +24,17 @@ T = TypeVar("T")
 
 
 def data_parallel_rank() -> tuple[int, int]:
-    """(size, rank) of megatron-core's data-parallel group; (1, 0) without one."""
+    """(replicas, this rank's replica) of megatron-core's data parallelism; (1, 0) without it.
+    Expert-parallel ranks sit inside megatron-core's data-parallel group and run the same
+    batch: they are one replica."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
         return 1, 0
-    return int(ps.get_data_parallel_world_size()), int(ps.get_data_parallel_rank())
+    ep = int(ps.get_expert_model_parallel_world_size())
+    return int(ps.get_data_parallel_world_size()) // ep, int(ps.get_data_parallel_rank()) // ep
 
 
 def replica_share(items: Sequence[T], size: int, rank: int) -> list[T]:
@@ -54,12 +57,12 @@ def reduced_main_grads(chunks: Sequence[Any]) -> Iterator[None]:
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
 
-    size, rank = data_parallel_rank()
     distributed = any(getattr(c.ddp_config, "use_distributed_optimizer", False) for c in chunks)
-    if size == 1 or not distributed:
+    if not distributed or not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
         yield
         return
-    group = ps.get_data_parallel_group()
+    group = ps.get_data_parallel_group()  # the group megatron-core reduce-scatters over
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
     saved: list[tuple[Any, torch.Tensor]] = []  # (megatron's parameter, its main_grad)
     for chunk in chunks:
         for buffer in list(chunk.buffers) + list(chunk.expert_parallel_buffers):

@@ -30,7 +30,9 @@ without recording):
   (inf/nan under a loss scaler);
 - ``update_norm``/``param_norm``: the model parameters' change and norm (this rank's);
 - ``loss``: the step's loss from the schedule's reduced losses (see ``reported_loss``; None
-  on a pipeline stage without the loss); ``tokens``/``batch_hash``: from ``batches`` when given.
+  on a pipeline stage without the loss; with data-parallel replicas, summed over them);
+  ``tokens``/``batch_hash``: from ``batches`` when given (with data parallelism: the whole
+  step's); ``micro_batches``: ``num_microbatches`` times the data-parallel replicas.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch
 
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
+from .megatron_dp import data_parallel_rank
 from .step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 
@@ -140,7 +143,7 @@ def megatron_train_step(
         skipped=not successful,
         tokens=token_count(batches) if batches is not None else None,
         batch_hash=batch_hash(batches) if batches is not None else None,
-        micro_batches=num_microbatches,
+        micro_batches=num_microbatches * data_parallel_rank()[0],  # the step's, over the DP replicas
         **norms,
     )
     return list(losses), scalars
