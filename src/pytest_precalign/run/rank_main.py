@@ -4,8 +4,10 @@ pytest_precalign.run.rank_main WORKDIR`` (``run/launch.py`` prepares WORKDIR and
 Each rank joins the gloo group torchrun set up, builds its part of the Megatron model (its
 pipeline stage and tensor-parallel shard, inside ``sources.runtime``), loads its shard of the
 full TP=1 weights the parent synced (``tensor_parallel.shard_state`` rules; layers renumbered
-to the stage's local indices), and runs the case's steps through megatron-core's pipeline
-schedule (``get_forward_backward_func``) with the case's optimizer, recording each step with
+to the stage's local indices), and runs the case's steps: with megatron-core's own stack
+(``megatron_training.train_rank_with_megatron``; a Megatron model's default trainer) or, with
+``training: loop``, through megatron-core's pipeline schedule (``get_forward_backward_func``)
+with the case's torch optimizer, recording each step with
 the public ``Recorder`` into ``WORKDIR/out/step<N>/rank<R>``. As in Megatron's training loop,
 the schedule ends the backward with megatron-core's ``finalize_model_grads`` (``grad_sync``:
 e.g. the tensor-parallel all-reduce of q/k layernorm grads), and parameter grads are recorded

@@ -178,26 +178,33 @@ def _after_step(
 
 
 def _model_parallel_norms(evidence: StepEvidence) -> dict[str, float]:
-    """With tensor or pipeline parallelism: the update and parameter norms of the whole model
-    (each parameter once: no tensor-parallel duplicates), the squares summed over Megatron's
-    model-parallel group; {} in one process (StepEvidence's own norms are the model's)."""
+    """With tensor, pipeline or expert parallelism: the update and parameter norms of the whole
+    model (each parameter once: no tensor-parallel duplicates), the squares summed over
+    Megatron's model-parallel group, an expert-parallel rank's experts' over the
+    expert-parallel group; {} in one process (StepEvidence's own norms are the model's)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    if not ps.model_parallel_is_initialized() or ps.get_model_parallel_group().size() == 1:
+    if not ps.model_parallel_is_initialized():
+        return {}
+    model_parallel, ep = ps.get_model_parallel_group(), ps.get_expert_model_parallel_world_size()
+    before = evidence._before
+    if before is None or (model_parallel.size() == 1 and ep == 1):
         return {}
     import torch.distributed as dist
 
-    before = evidence._before
-    if before is None:
-        return {}
-    squares = torch.zeros(2, dtype=torch.float64)
+    shared, experts = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
         for param, old in zip(evidence.params, before, strict=True):
             if param_is_not_tensor_parallel_duplicate(param):
-                squares[0] += (param.detach().double() - old.double()).square().sum()
-                squares[1] += param.detach().double().square().sum()
-    dist.all_reduce(squares, group=ps.get_model_parallel_group())
-    return {"update_norm": float(squares[0].sqrt()), "param_norm": float(squares[1].sqrt())}
+                own = experts if ep > 1 and not getattr(param, "allreduce", True) else shared
+                own[0] += (param.detach().double() - old.double()).square().sum()
+                own[1] += param.detach().double().square().sum()
+    if model_parallel.size() > 1:
+        dist.all_reduce(shared, group=model_parallel)
+    if ep > 1:
+        dist.all_reduce(experts, group=ps.get_expert_model_parallel_group())
+    total = shared + experts
+    return {"update_norm": float(total[0].sqrt()), "param_norm": float(total[1].sqrt())}
