@@ -103,3 +103,20 @@ def layer1_mlp_scaled(model: torch.nn.Module) -> None:
         return forward(x) * 1.01
 
     mlp.forward = scaled
+
+
+def dp_grads_summed(model: torch.nn.Module) -> None:
+    """megatron-core's DDP over this model's parameters skips its data-parallel grad scaling
+    (``gradient_scaling_factor`` 1/DP): the replicas' grads are summed, not averaged."""
+    from megatron.core.distributed import param_and_grad_buffer as buffers
+
+    owned = {id(p): weakref.ref(p) for p in model.parameters()}
+    original = buffers._ParamAndGradBuffer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if any((ref := owned.get(id(p))) is not None and ref() is p for p in self.params):
+            for bucket in self.buckets:
+                bucket.gradient_scaling_factor = 1.0
+
+    buffers._ParamAndGradBuffer.__init__ = init  # type: ignore[method-assign]

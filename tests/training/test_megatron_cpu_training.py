@@ -241,3 +241,17 @@ def test_training_patches_are_scoped_and_restored() -> None:
     assert sys.modules["megatron.core.utils"].torch is torch
     with pytest.raises((AssertionError, RuntimeError)):
         optimizer_module.torch.tensor([1.0], device="cuda")
+
+
+def test_distributed_optimizer_patches_are_scoped_and_restored() -> None:
+    """The distributed optimizer's module makes its 'cuda' tensors on the CPU and sees CUDA
+    type names inside megatron_cpu() only; nothing of it is left after."""
+    import megatron.core.optimizer.distrib_optimizer as distrib
+
+    ask = eval("lambda t: t.type()", {"__name__": "megatron.core.optimizer.distrib_optimizer"})  # noqa: S307
+    assert ask(torch.zeros(1)) == "torch.FloatTensor"
+    with megatron_cpu():
+        assert distrib.torch.zeros(2, device="cuda").device.type == "cpu"
+        assert ask(torch.zeros(1)) == "torch.cuda.FloatTensor"
+    assert distrib.torch is torch and "type" not in vars(torch.Tensor)
+    assert ask(torch.zeros(1)) == "torch.FloatTensor"

@@ -10,11 +10,16 @@
         source: megatron
         preset: mixtral
         expert_parallel: 2          # each rank holds half the experts
+      megatron_dp2:
+        source: megatron
+        data_parallel: 2            # 2 replicas, each trains on its half of every step's batch
 
-A model with ``tensor_parallel`` or ``pipeline_parallel`` > 1, or with ``launch:``, runs on
-real ranks under torchrun (``run/launch.py``); ``nproc`` must equal ``tensor_parallel x
-pipeline_parallel x expert_parallel`` (no other data parallelism: every rank holds a different
-part of the model; the expert-parallel ranks run the same batch).
+A model with ``tensor_parallel``, ``pipeline_parallel`` or ``data_parallel`` > 1, or with
+``launch:``, runs on real ranks under torchrun (``run/launch.py``); ``nproc`` must equal
+``tensor_parallel x pipeline_parallel x expert_parallel x data_parallel``. Without
+``data_parallel`` every rank holds a different part of the model (the expert-parallel ranks
+run the same batch); ``data_parallel`` replicas split each step's batch, as megatron-core's data
+parallelism does (training with megatron-core's own stack and its distributed optimizer only).
 Without ``launch:`` the ranks are launched all the same, ``nproc`` being that product.
 """
 
@@ -35,9 +40,18 @@ def parse_parallel(reader: Reader) -> dict[str, Any]:
     tp = reader.get_int("tensor_parallel", 1, minimum=1)
     pp = reader.get_int("pipeline_parallel", 1, minimum=1)
     ep = reader.get_int("expert_parallel", 1, minimum=1)
+    dp = reader.get_int("data_parallel", 1, minimum=1)
+    if dp > 1 and ep > 1:
+        reader.fail("data_parallel runs at expert_parallel 1 (allowed: 1)", "data_parallel")
     sub = reader.get_mapping("launch")
     out: dict[str, Any] = {}
-    for key, value in (("tensor_parallel", tp), ("pipeline_parallel", pp), ("expert_parallel", ep)):
+    sizes = (
+        ("tensor_parallel", tp),
+        ("pipeline_parallel", pp),
+        ("expert_parallel", ep),
+        ("data_parallel", dp),
+    )
+    for key, value in sizes:
         if reader.has(key):
             out[key] = value
     if sub is None:
@@ -46,12 +60,12 @@ def parse_parallel(reader: Reader) -> dict[str, Any]:
     nproc = sub.get_int("nproc", minimum=1)
     if nproc is None:
         sub.fail(
-            f"missing required key 'nproc' (the number of ranks: {_product(tp, pp, ep)} = {tp * pp * ep})"
+            f"missing required key 'nproc' (the number of ranks: {_product(tp, pp, ep, dp)} = {tp * pp * ep * dp})"
         )
-    if nproc != tp * pp * ep:
+    if nproc != tp * pp * ep * dp:
         sub.fail(
-            f"{nproc} ranks cannot hold {_product(tp, pp, ep)}: nproc must be {tp * pp * ep} "
-            "(data parallelism is not supported)",
+            f"{nproc} ranks cannot hold {_product(tp, pp, ep, dp)}: nproc must be {tp * pp * ep * dp} "
+            "(more replicas: data_parallel)",
             "nproc",
         )
     timeout = sub.get_float("timeout", DEFAULT_TIMEOUT, non_negative=True)
@@ -62,13 +76,18 @@ def parse_parallel(reader: Reader) -> dict[str, Any]:
     return out
 
 
-def _product(tp: int, pp: int, ep: int) -> str:
-    return f"tensor_parallel {tp} x pipeline_parallel {pp}" + (f" x expert_parallel {ep}" if ep > 1 else "")
+def _product(tp: int, pp: int, ep: int, dp: int = 1) -> str:
+    return (
+        f"tensor_parallel {tp} x pipeline_parallel {pp}"
+        + (f" x expert_parallel {ep}" if ep > 1 else "")
+        + (f" x data_parallel {dp}" if dp > 1 else "")
+    )
 
 
 def world_size(options: Mapping[str, Any]) -> int:
     """How many ranks a model runs on (1: in this process)."""
-    sizes = (options.get(k, 1) for k in ("tensor_parallel", "pipeline_parallel", "expert_parallel"))
+    keys = ("tensor_parallel", "pipeline_parallel", "expert_parallel", "data_parallel")
+    sizes = (options.get(k, 1) for k in keys)
     out = 1
     for size in sizes:
         out *= int(size)

@@ -37,6 +37,7 @@ SOURCES: dict[str, SourceInfo] = {
             "tensor_parallel",
             "pipeline_parallel",
             "expert_parallel",
+            "data_parallel",
             "launch",
             "recompute_granularity",
             "recompute_method",

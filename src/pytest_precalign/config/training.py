@@ -115,8 +115,27 @@ def _no_decay(opt: Reader) -> tuple[str, ...] | None:
     return tuple(value)
 
 
+# A side without ``training:`` trains with its model's default: megatron-core's own stack for a
+# Megatron model (in process and launched), the tool's loop otherwise (None).
+DEFAULT_TRAINER: dict[str, Trainer] = {"megatron": "megatron"}
+
+
+def _defaulted(side: Trainer | None, model: ModelSpec | None) -> Trainer | None:
+    if side is not None or model is None:
+        return side
+    return DEFAULT_TRAINER.get(model.source)
+
+
 def parse_training(reader: Reader, baseline: ModelSpec | None, candidate: ModelSpec | None) -> SidesTraining:
-    """``training:`` one trainer for both sides, or ``{baseline: ..., candidate: ...}``."""
+    """``training:`` one trainer for both sides, or ``{baseline: ..., candidate: ...}``; a side
+    left out gets its model's default (``DEFAULT_TRAINER``)."""
+    given = _given_training(reader, baseline, candidate)
+    return SidesTraining(
+        baseline=_defaulted(given.baseline, baseline), candidate=_defaulted(given.candidate, candidate)
+    )
+
+
+def _given_training(reader: Reader, baseline: ModelSpec | None, candidate: ModelSpec | None) -> SidesTraining:
     value = reader.raw("training")
     if value is None:
         return SidesTraining()

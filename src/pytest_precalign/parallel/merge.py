@@ -9,7 +9,8 @@ stripped, ``layer_offsets`` renumber the layers), and the stages are put in exec
 forward and optimizer-step records stage by stage, backward records in reverse. With expert
 parallelism (``ep`` ranks inside the data-parallel ones, as in megatron-core), expert-parallel
 rank r's ``local_experts.i`` is global expert ``r * n + i`` and the other records are EP rank
-0's. DP replicas must hold the same records with the same statistics; the first is kept.
+0's. DP replicas must hold the same records with the same statistics; the first is kept
+(``data_split``: replicas that ran different micro-batches, ``data_split.py``).
 
 Tensors are not read here: the merged trace's store (``store.MergedTensors``) reads and
 concatenates one record's shards when the compare asks for it. Statistics-only sides merge
@@ -30,6 +31,7 @@ from ..errors import TraceError
 from ..trace.merged_stats import merge_stats
 from ..trace.records import Record, Stats, Trace
 from ..vocabulary import PHASE_INDEX
+from .data_split import merge_data_split
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
@@ -73,9 +75,11 @@ def merge_ranks(
     where: str,
     rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
     key_prefix: str = "",
+    data_split: bool = False,
 ) -> Trace:
     """The ranks of one run (every rank of ``layout``, in any order) -> one trace; its tensor
-    keys start with ``key_prefix``."""
+    keys start with ``key_prefix``. ``data_split``: the DP replicas ran different micro-batches
+    of the step (``data_split.py``), not the same data."""
     if layout.cp > 1 or (layout.ep > 1 and layout.pp > 1):
         raise TraceError(
             f"{where}: merging context-parallel ranks, or expert-parallel ranks over pipeline "
@@ -87,7 +91,7 @@ def merge_ranks(
     )
     replicas: list[tuple[list[Record], _Merged]] = []
     for replica in range(layout.dp // layout.ep):
-        merged = _Merged(prefix=key_prefix)
+        merged = _Merged(prefix=f"{key_prefix}d{replica}." if data_split and replica else key_prefix)
         for ep_rank in range(layout.ep):
             dp = replica * layout.ep + ep_rank
             for pp in range(layout.pp):
@@ -96,10 +100,17 @@ def merge_ranks(
         ordered = _ordered(merged, layout, where)
         replicas.append((ordered, merged))
     first, merged = replicas[0]
-    for dp, (other, _) in enumerate(replicas[1:], 1):
-        _check_replica(
-            first, other, _group(layout, 0, 0)[0], _group(layout, dp * layout.ep, 0)[0], by_rank, where
-        )
+
+    def check(a: Sequence[Record], b: Sequence[Record], dp: int) -> None:
+        _check_replica(a, b, _group(layout, 0, 0)[0], _group(layout, dp * layout.ep, 0)[0], by_rank, where)
+
+    if data_split:
+        first = merge_data_split([records for records, _ in replicas], check, where)
+        for _, state in replicas[1:]:
+            merged.plans.update(state.plans)
+            merged.replica_mismatches += state.replica_mismatches
+    for dp, (other, _) in enumerate(replicas[1:] if not data_split else [], 1):
+        check(first, other, dp)
     manifest = dict(ranks[0].trace.manifest)
     manifest.pop("parallel", None)
     missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
@@ -113,6 +124,7 @@ def merge_ranks(
         "ranks": [by_rank[r].where for r in sorted(by_rank)],
         "rules": [r.describe() for r in all_rules],
         "replicas_checked": merged.replicas_checked,
+        **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
     return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
 

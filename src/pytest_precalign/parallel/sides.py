@@ -19,15 +19,22 @@ _SIZES = ("tp", "pp", "dp", "cp", "ep", "vpp", "order")
 
 
 def load_parallel_side(
-    path: str | Path, flag: ParallelLayout | None = None, rules: Sequence[ShardRule] = MEGATRON_GPT_RULES
+    path: str | Path,
+    flag: ParallelLayout | None = None,
+    rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
+    *,
+    data_split: bool = False,
 ) -> Trace | None:
     """The merged trace of a multi-rank side, or None when ``path`` is not one (and no layout
-    was given for it)."""
+    was given for it). ``data_split``: its DP replicas ran different micro-batches."""
     root = Path(path)
     found = parallel_rank_folders(root)
     if found is not None:
         complete, incomplete = split_incomplete(root, found)
-        steps = [(step, _merge_step(root, step, ranks, flag, rules)) for step, ranks in complete.items()]
+        steps = [
+            (step, _merge_step(root, step, ranks, flag, rules, data_split))
+            for step, ranks in complete.items()
+        ]
         merged = combine_steps(steps, root)
         if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
             merged = replace(merged, manifest={**merged.manifest, "incomplete_steps": incomplete})
@@ -54,6 +61,7 @@ def _merge_step(
     ranks: Mapping[int, Path],
     flag: ParallelLayout | None,
     rules: Sequence[ShardRule],
+    data_split: bool = False,
 ) -> Trace:
     from ..trace.native_io import read_trace
 
@@ -82,7 +90,9 @@ def _merge_step(
         )
     _check_steps(folder, traces)
     rank_traces = [_rank_trace(r, ranks[r], traces[r], layout) for r in sorted(ranks)]
-    return merge_ranks(rank_traces, layout, where=str(folder), rules=rules, key_prefix=f"s{step}.")
+    return merge_ranks(
+        rank_traces, layout, where=str(folder), rules=rules, key_prefix=f"s{step}.", data_split=data_split
+    )
 
 
 def _layout(trace: Trace, folder: Path) -> ParallelLayout:

@@ -52,7 +52,7 @@ def in_process_twin(spec: ModelSpec) -> ModelSpec:
     synced weights the ranks load their shards of."""
     if not is_launched(spec):
         return spec
-    dropped = ("pipeline_parallel", "expert_parallel", "launch")
+    dropped = ("pipeline_parallel", "expert_parallel", "data_parallel", "launch")
     options = {k: v for k, v in spec.options.items() if k not in dropped}
     return replace(spec, options={**options, "tensor_parallel": 1})
 
@@ -86,6 +86,12 @@ def run_launched(
 ) -> Trace:
     """Run ``spec`` on its ranks through the case's steps; the merged TP=1 trace."""
     trainer = launched_trainer(case, manifest)
+    split = int(spec.options.get("data_parallel", 1)) > 1
+    if split and trainer != "megatron":
+        raise CaseError(
+            f"{spec.where}: models.{spec.name}.data_parallel: the replicas split each step's batch "
+            "when megatron-core's stack trains them: needs phase step and training: megatron (the default)"
+        )
     with tempfile.TemporaryDirectory(prefix="precalign-launch-") as tmp:
         out = launch_ranks(
             spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout, trainer=trainer
@@ -94,7 +100,7 @@ def run_launched(
             from .megatron_training import launched_evidence
 
             manifest = {**manifest, **launched_evidence(out, world_size(spec.options), full_weights)}
-        return merge_launched(out, manifest, params="step" in case.phases)
+        return merge_launched(out, manifest, params="step" in case.phases, data_split=split)
 
 
 def merge_launched(
@@ -103,13 +109,15 @@ def merge_launched(
     *,
     params: bool = True,
     rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
+    data_split: bool = False,
 ) -> Trace:
     """The ranks' ``step<N>/rank<R>`` folders under ``root`` merged into one trace, its tensors
     read into memory (the folders are removed once merged); ``params=False`` drops the
-    parameter records (the in-process path records them only after an optimizer step)."""
+    parameter records (the in-process path records them only after an optimizer step);
+    ``data_split``: the DP replicas trained on different micro-batches (``parallel/data_split.py``)."""
     from ..parallel.sides import load_parallel_side
 
-    merged = load_parallel_side(root, rules=rules)
+    merged = load_parallel_side(root, rules=rules, data_split=data_split)
     if merged is None:
         raise CaseError(f"launched ranks: nothing was recorded under {root}")
     records = tuple(
@@ -123,8 +131,9 @@ def merge_launched(
 
 def launched_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> str | None:
     """``megatron`` when the case trains this side (``manifest["side"]``) with ``training:
-    megatron``: its ranks step with megatron-core's own stack; else (None) the case's
-    torch optimizer, as the in-process twin does."""
+    megatron`` (a Megatron model's default, filled in by the config): its ranks step with
+    megatron-core's own stack; else (None, ``training: loop``) the case's torch optimizer, as
+    the in-process twin does."""
     side = manifest.get("side")
     chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
     return "megatron" if chosen == "megatron" and "step" in case.phases else None

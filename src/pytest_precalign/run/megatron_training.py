@@ -63,7 +63,10 @@ def train_with_megatron(
     """Train ``model`` (a megatron-core module of this process) through the case's steps while
     ``recorder`` (entered, ``param_grads="step"``) records; the manifest's training evidence."""
     if case.loss != "causal_lm":
-        raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
+        raise CaseError(
+            f"case {case.name!r}: training: megatron (a Megatron model's default) computes loss "
+            f"causal_lm, not {case.loss!r}; set training: loop for the tool's loop"
+        )
     if recorder.param_grads != "step":
         raise CaseError(f"case {case.name!r}: training: megatron records grads at param_grads='step'")
     module = model.module
@@ -114,6 +117,7 @@ def train_rank_with_megatron(
     from ..parallel.merge import globalize
     from ..training import Recorder
     from ..training.layout_probe import layer_offsets
+    from ..training.megatron_dp import data_parallel_rank, reduced_main_grads, replica_share
 
     if case.loss != "causal_lm":
         raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
@@ -122,9 +126,12 @@ def train_rank_with_megatron(
     spec = case.optimizer
     offsets = layer_offsets(module)
     rows = int(next(v for v in data.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    dp, dp_rank = data_parallel_rank()
+    _check_split(case, spec.micro_batches, dp)
     stack = build_megatron_stack(
-        [module], spec, case.steps, global_batch=rows, names=lambda _, name: globalize(name, offsets)
-    )
+        [module], spec, case.steps, global_batch=rows, names=lambda _, name: globalize(name, offsets),
+        data_parallel=dp,
+    )  # fmt: skip
     evidence: dict[str, Any] = {"training": stack.training_manifest(case.steps, spec.micro_batches)}
     rec = Recorder(
         out, mode=case.record.mode, level=case.record.level, inputs=case.record.inputs, grads=True,
@@ -136,19 +143,33 @@ def train_rank_with_megatron(
     def on_output(kind: str, tensor: torch.Tensor) -> None:
         rec.record_output(kind, tensor)
 
+    def grads_ready() -> None:  # the step's whole reduced grads, as the last micro-batch's call
+        with reduced_main_grads(stack.chunks):
+            rec.grads_ready(spec.micro_batches)
+
     scalars: dict[int, StepScalars] = {}
     for step in range(case.steps):
         seed_everything(seed + step)
         rec.start(module)
-        parts = micro_batches(data.batch(step), spec.micro_batches, case)
+        every = micro_batches(data.batch(step), spec.micro_batches, case)
+        parts = replica_share(every, dp, dp_rank)  # this replica's share of the step's micro-batches
         _, scalars[step] = stack.train_step(
-            step, parts, forward, on_output=on_output, grads_ready=partial(rec.grads_ready, len(parts))
-        )
+            step, parts, forward, on_output=on_output, grads_ready=grads_ready, step_batches=every,
+            data_parallel=dp,
+        )  # fmt: skip
         rec.stop()
         rec.step()
     evidence[SCALARS_KEY] = scalars_manifest(scalars)
     out.mkdir(parents=True, exist_ok=True)
     (out / TRAINING_FILE.format(rank=rank)).write_text(json.dumps(evidence), encoding="utf-8")
+
+
+def _check_split(case: CaseSpec, micro: int, dp: int) -> None:
+    if micro % dp:
+        raise CaseError(
+            f"case {case.name!r}: optimizer.micro_batches {micro} cannot be split over data_parallel {dp} "
+            "replicas: each replica runs micro_batches / data_parallel of every step's micro-batches"
+        )
 
 
 def launched_evidence(

@@ -4,8 +4,10 @@ pytest_precalign.run.rank_main WORKDIR`` (``run/launch.py`` prepares WORKDIR and
 Each rank joins the gloo group torchrun set up, builds its part of the Megatron model (its
 pipeline stage and tensor-parallel shard, inside ``sources.runtime``), loads its shard of the
 full TP=1 weights the parent synced (``tensor_parallel.shard_state`` rules; layers renumbered
-to the stage's local indices), and runs the case's steps through megatron-core's pipeline
-schedule (``get_forward_backward_func``) with the case's optimizer, recording each step with
+to the stage's local indices), and runs the case's steps: with megatron-core's own stack
+(``megatron_training.train_rank_with_megatron``; a Megatron model's default trainer) or, with
+``training: loop``, through megatron-core's pipeline schedule (``get_forward_backward_func``)
+with the case's torch optimizer, recording each step with
 the public ``Recorder`` into ``WORKDIR/out/step<N>/rank<R>``. As in Megatron's training loop,
 the schedule ends the backward with megatron-core's ``finalize_model_grads`` (``grad_sync``:
 e.g. the tensor-parallel all-reduce of q/k layernorm grads), and parameter grads are recorded
@@ -148,7 +150,7 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
     module.train(case.train)
     if backward:
         use_megatron_grad_finalization(module)
-    groups = param_groups(module.named_parameters(), case.optimizer)  # no decay on 1-d params, as in-process
+    groups = stage_param_groups(module, case.optimizer)
     optimizer = grouped_optimizer(case.optimizer, groups) if "step" in case.phases else None
     rec = Recorder(
         out,
@@ -186,6 +188,18 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, seed: int, out:
             optimizer.step()
         rec.stop()
         rec.step()
+
+
+def stage_param_groups(module: torch.nn.Module, spec: Any) -> Any:
+    """The loop's parameter groups of this rank's stage (no decay on 1-d params, as in process),
+    ``no_decay`` globs read in the model's global names: a stage's local layer 0 is global
+    layer ``offset``."""
+    from ..parallel.merge import globalize
+    from ..training.layout_probe import layer_offsets
+
+    offsets = layer_offsets(module)
+    named = [(globalize(name, offsets), param) for name, param in module.named_parameters()]
+    return param_groups(named, spec)
 
 
 def _forward_step(model: LoadedModel, rec: Any, case: Any, data_iterator: Any, module: Any) -> Any:

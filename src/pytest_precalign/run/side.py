@@ -134,7 +134,10 @@ def _trainer_side(
     from .megatron_training import train_with_megatron
 
     if after_first_forward is not None:
-        raise CaseError(f"case {case.name!r}: isolation is not available with training: {trainer}")
+        raise CaseError(
+            f"case {case.name!r}: isolation is not available with training: {trainer} "
+            "(a Megatron model's default); set training: loop"
+        )
     train = train_with_megatron if trainer == "megatron" else train_with_trainer
     with recorder:
         extra = train(model, data, case, recorder, seed)
@@ -142,8 +145,9 @@ def _trainer_side(
 
 
 def side_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> Trainer:
-    """How this side trains: ``training:`` for its side (``manifest["side"]``), else the loop
-    (a ``megatron`` side launched under torchrun: ``launch.launched_trainer``)."""
+    """How this side trains: ``training:`` for its side (``manifest["side"]``; the config
+    fills in ``megatron`` for a Megatron model left out), else the loop (a side launched under
+    torchrun: ``launch.launched_trainer``, which reads the same)."""
     side = manifest.get("side")
     chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
     return chosen if chosen in ("hf_trainer", "megatron") else "loop"

@@ -218,6 +218,17 @@ def expert_parallel(spec: ModelSpec) -> int:
     return ep
 
 
+def data_parallel(spec: ModelSpec) -> int:
+    """Data-parallel replicas of a launched model (megatron-core's DP world: the ranks beyond
+    tensor x pipeline x expert parallelism)."""
+    dp = spec.options.get("data_parallel", 1)
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise SourceError(
+            f"{spec.where}: models.{spec.name}.data_parallel: expected an integer >= 1, got {dp!r}"
+        )
+    return dp
+
+
 def pipeline_parallel(spec: ModelSpec) -> int:
     pp = spec.options.get("pipeline_parallel", 1)
     if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
@@ -278,13 +289,15 @@ def runtime(spec: ModelSpec) -> Iterator[None]:
 
     parallel_state = _megatron()
     tp, pp, ep = tensor_parallel(spec), pipeline_parallel(spec), expert_parallel(spec)
+    ranks = tp * pp * ep * data_parallel(spec)
     created_group = False
     created_parallel = False
     if not dist.is_initialized():
-        if tp * pp * ep != 1:
+        if ranks != 1:
             raise SourceError(
                 f"{spec.where}: models.{spec.name}: tensor_parallel {tp} x pipeline_parallel {pp} x "
-                f"expert_parallel {ep} needs {tp * pp * ep} processes; launch the case under torchrun"
+                f"expert_parallel {ep} x data_parallel {data_parallel(spec)} needs {ranks} processes; "
+                "launch the case under torchrun"
             )
         backend = {"cuda": "nccl", "npu": "hccl"}.get(spec.device, "gloo")
         store = dist.HashStore()  # type: ignore[attr-defined]  # in-process store, world size 1

@@ -31,16 +31,18 @@ The workarounds (megatron-core 0.16.1; the only places on these paths):
 5. The training stack: ``DistributedDataParallel`` allocates its grad buffers (``main_grad``)
    on ``torch.cuda.current_device()`` (patch 1); ``get_megatron_optimizer``'s
    ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params`` (bf16 with fp32 main params) and
-   ``ChainedOptimizer`` (``optimizer/optimizer.py``), the grad scalers (``grad_scaler.py``),
+   ``ChainedOptimizer`` (``optimizer/optimizer.py``), the ``DistributedOptimizer``
+   (``optimizer/distrib_optimizer.py``: its shard buffers), the grad scalers (``grad_scaler.py``),
    ``get_grad_norm_fp32``/``clip_grad_by_total_norm_fp32``/``count_zeros_fp32``
    (``optimizer/clip_grads.py``) and the apex-free ``local_multi_tensor_l2_norm``
    (``megatron/core/utils.py``) create scalars with ``torch.tensor(..., device='cuda')`` or
    ``torch.zeros(..., device='cuda')``: as those modules see torch, such a tensor is made on
    the CPU.
-6. ``Float16OptimizerWithFloat16Params`` sorts parameters by ``param.type()`` (one of
+6. ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer`` sort parameters by
+   ``param.type()`` (one of
    ``'torch.cuda.FloatTensor'``, ``'torch.cuda.BFloat16Tensor'``, ``'torch.cuda.HalfTensor'``)
    and ``clip_grad_by_total_norm_fp32`` asserts ``param.grad.type() == 'torch.cuda.FloatTensor'``:
-   called without arguments from code of ``megatron.core.optimizer``, a CPU tensor's
+   called without arguments from those modules of ``megatron.core.optimizer``, a CPU tensor's
    ``type()`` names the CUDA type of its dtype; from anywhere else it answers as always.
    (``OptimizerParamScheduler`` and ``finalize_model_grads`` need nothing.)
 
@@ -49,7 +51,9 @@ torch that differs in the listed functions, and only for calls that would fail o
 torch (a ``device='cuda'`` argument); nothing else in torch or megatron changes.
 Not handled: Transformer Engine, apex, fused kernels, CUDA graphs, ``enable_autocast``,
 Megatron's DistributedDataParallel with overlapped communication (CUDA streams), optimizer CPU
-offloading, the distributed optimizer (``use_distributed_optimizer``).
+offloading, several distributed-optimizer instances. The distributed optimizer's collectives
+(``reduce_scatter_tensor`` of the grad buckets inside ``_coalescing_manager``,
+``all_gather_into_tensor`` of the updated parameters) run on gloo as they are (torch 2.13).
 """
 
 from __future__ import annotations
@@ -70,12 +74,19 @@ _MODULES = (
 # Modules that make scalars with device='cuda' on the training path (patch 5).
 _TRAINING_MODULES = (
     "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.optimizer.clip_grads",
     "megatron.core.utils",
 )
 # Callers whose ``tensor.type()`` names the CUDA type (patch 6).
-_TYPE_CALLERS = frozenset({"megatron.core.optimizer.optimizer", "megatron.core.optimizer.clip_grads"})
+_TYPE_CALLERS = frozenset(
+    {
+        "megatron.core.optimizer.optimizer",
+        "megatron.core.optimizer.distrib_optimizer",
+        "megatron.core.optimizer.clip_grads",
+    }
+)
 
 
 class _View:

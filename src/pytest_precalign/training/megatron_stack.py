@@ -23,7 +23,9 @@ arguments, and that translation is written into the side's manifest (``"training
 - ``no_decay``: None is Megatron's default groups (``wd_mult`` 0 for ``*.bias`` and 1-d
   parameters, the spec's default); globs become ``config_overrides`` ``{ParamKey(name=
   "module." + glob): wd_mult 0}`` (Megatron matches the DDP chunk's names, ``module.`` first;
-  ``module.module.`` for a bf16 model, inside ``Float16Module`` as Megatron-LM wraps it).
+  ``module.module.`` for a bf16 model, inside ``Float16Module`` as Megatron-LM wraps it);
+  on a pipeline stage the globs are read in the model's global names (``*.layers.1.*`` is the
+  second layer of the model, whatever its local index) and the key lists the matched names.
 - ``DistributedDataParallelConfig(grad_reduce_in_fp32=True)`` (Megatron-LM's choice for
   bf16), no overlap; the model's ``TransformerConfig`` gets ``finalize_model_grads_func`` and
   ``no_sync_func``, as Megatron-LM's training loop sets them, and ``calculate_per_token_loss``
@@ -36,6 +38,7 @@ formula of ours.
 
 from __future__ import annotations
 
+import fnmatch
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ import torch
 from ..errors import CaseError
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
+from .megatron_dp import replica_grad_scale
 from .megatron_step import megatron_train_step
 from .spec import OptimizerSpec
 
@@ -82,9 +86,11 @@ class MegatronArguments:
         }
 
 
-def megatron_arguments(spec: OptimizerSpec, steps: int, global_batch: int, dtype: str) -> MegatronArguments:
+def megatron_arguments(
+    spec: OptimizerSpec, steps: int, global_batch: int, dtype: str, data_parallel: int = 1
+) -> MegatronArguments:
     """The case's optimizer spec as megatron-core's arguments (``dtype``: the model's params
-    dtype name, ``float32`` or ``bfloat16``)."""
+    dtype name, ``float32`` or ``bfloat16``; ``data_parallel`` > 1: the distributed optimizer)."""
     schedule = spec.schedule
     warmup = schedule.warmup_steps if schedule is not None else 0
     decay = schedule.decay if schedule is not None else "constant"
@@ -131,7 +137,10 @@ def megatron_arguments(spec: OptimizerSpec, steps: int, global_batch: int, dtype
     }
     prefix = "module.module." if dtype == "bfloat16" else "module."  # DDP(Float16Module(model))
     no_decay = None if spec.no_decay is None else tuple(f"{prefix}{glob}" for glob in spec.no_decay)
-    return MegatronArguments(optimizer, scheduler, global_batch, no_decay)
+    ddp: dict[str, Any] = {"grad_reduce_in_fp32": True}
+    if data_parallel > 1:  # megatron-core's DistributedOptimizer: grads reduce-scattered, params all-gathered
+        optimizer["use_distributed_optimizer"] = ddp["use_distributed_optimizer"] = True
+    return MegatronArguments(optimizer, scheduler, global_batch, no_decay, ddp)
 
 
 def _megatron() -> dict[str, Any]:
@@ -231,10 +240,18 @@ class MegatronStack:
 
         plan = self.plan(steps)
         plan["micro_batches"] = micro_batches
+        inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        classes = [type(self.optimizer).__name__] + [
+            type(o).__name__ for o in inner if o is not self.optimizer
+        ]
         return {
             "trainer": "megatron",
             "framework": {"name": "megatron-core", "version": version("megatron-core")},
-            "arguments": self.arguments.as_json() | {"recorded_params": self.recorded_params()},
+            "arguments": {
+                **self.arguments.as_json(),
+                "recorded_params": self.recorded_params(),
+                "optimizer_class": classes,
+            },
             "plan": plan,
         }
 
@@ -246,17 +263,23 @@ class MegatronStack:
         *,
         on_output: Callable[[str, torch.Tensor], Any] | None = None,
         grads_ready: Callable[[], Any] | None = None,
+        step_batches: Sequence[Mapping[str, Any]] | None = None,
+        data_parallel: int = 1,
     ) -> tuple[list[dict[str, Any]], StepScalars]:
         """One update over ``micro_batches`` (each ``{"input_ids", "labels", ...}``, HF-style
         unshifted labels) through the pipeline schedule; ``forward(chunk, batch)`` returns
         the chunk's output (the logits on the last stage). ``on_output(kind, tensor)`` sees
         each micro-batch's ``logits`` and ``loss`` (its token losses over the step's tokens,
         what it adds to the step's loss) on the last stage; ``grads_ready``: see
-        ``megatron_train_step``."""
+        ``megatron_train_step``. With ``data_parallel`` replicas, ``micro_batches`` is this
+        replica's share of ``step_batches`` (all the step's): the loss is per token over the
+        whole step, and the parameter grads are times the replicas (``replica_grad_scale``:
+        DDP averages the replicas' grads)."""
         if not micro_batches:
             raise CaseError(f"step {step}: no micro-batches to train on")
         ids = micro_batches[0]["input_ids"]
-        step_tokens = sum(int((b["labels"][..., 1:] != IGNORE_INDEX).sum()) for b in micro_batches)
+        every = micro_batches if step_batches is None else step_batches
+        step_tokens = sum(int((b["labels"][..., 1:] != IGNORE_INDEX).sum()) for b in every)
 
         count = len(micro_batches)
 
@@ -272,20 +295,21 @@ class MegatronStack:
             return forward(model, batch), partial(loss_func, batch["labels"])
 
         iterators = [iter(micro_batches) for _ in self.chunks]
-        return megatron_train_step(
-            step=step,
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=self.chunks,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            num_microbatches=len(micro_batches),
-            seq_length=int(ids.shape[-1]),
-            micro_batch_size=int(ids.shape[0]),
-            increment=self.arguments.increment,
-            batches=micro_batches,
-            grads_ready=grads_ready,
-        )
+        with replica_grad_scale(self.chunks, data_parallel):
+            return megatron_train_step(
+                step=step,
+                forward_step_func=forward_step,
+                data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                model=self.chunks,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                num_microbatches=len(micro_batches),
+                seq_length=int(ids.shape[-1]),
+                micro_batch_size=int(ids.shape[0]),
+                increment=self.arguments.increment,
+                batches=every,
+                grads_ready=grads_ready,
+            )
 
 
 class _GroupsCopy:
@@ -302,14 +326,16 @@ def build_megatron_stack(
     steps: int,
     global_batch: int,
     names: Callable[[int, str], str] | None = None,
+    data_parallel: int = 1,
 ) -> MegatronStack:
     """Wrap ``chunks`` (megatron-core modules, one per virtual pipeline stage) in Megatron's DDP
     and build its optimizer and scheduler from ``spec`` (``names(chunk index, local name)``:
-    the side's name of a parameter, for the plan's groups; default: the local name)."""
+    the side's name of a parameter, for the plan's groups; default: the local name;
+    ``data_parallel`` > 1: the distributed optimizer)."""
     mc = _megatron()
     config: Any = getattr(chunks[0], "config")  # noqa: B009  # megatron's TransformerConfig
     dtype = str(config.params_dtype).removeprefix("torch.")
-    args = megatron_arguments(spec, steps, global_batch, dtype)
+    args = megatron_arguments(spec, steps, global_batch, dtype, data_parallel)
     ddp_config = mc["DistributedDataParallelConfig"](**args.ddp)
     # Read when DDP is built (its grad scaling factor) and by every schedule run.
     config.calculate_per_token_loss = False  # the loss function normalises per token over the step
@@ -328,12 +354,30 @@ def build_megatron_stack(
         config.no_sync_func = [c.no_sync for c in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
         overrides = None
         if args.no_decay is not None:
-            overrides = {mc["ParamKey"](name=args.no_decay): {"wd_mult": 0.0}}
+            overrides = {mc["ParamKey"](name=_no_decay_names(chunks, args.no_decay, names)): {"wd_mult": 0.0}}
         optimizer = mc["get_megatron_optimizer"](
             _optimizer_config(args, mc), wrapped, config_overrides=overrides
         )
         scheduler = mc["OptimizerParamScheduler"](optimizer, **args.scheduler)
     return MegatronStack(wrapped, optimizer, scheduler, args, _group_names(chunks, optimizer, names))
+
+
+def _no_decay_names(
+    chunks: Sequence[torch.nn.Module], globs: tuple[str, ...], names: Callable[[int, str], str] | None
+) -> tuple[str, ...]:
+    """The ``ParamKey`` names of the no-decay group: the globs themselves in one process; with
+    ``names`` (a pipeline stage, whose local layer numbering starts at 0) the globs are read in
+    the side's global names and become the DDP names of the local parameters they match."""
+    if names is None:
+        return globs
+    bf16 = getattr(getattr(chunks[0], "config", None), "bf16", False)
+    prefix = "module.module." if bf16 else "module."  # as megatron_arguments prefixed the globs
+    return tuple(
+        f"{prefix}{local}"
+        for index, chunk in enumerate(chunks)
+        for local, _ in chunk.named_parameters()
+        if any(fnmatch.fnmatchcase(f"{prefix}{names(index, local)}", glob) for glob in globs)
+    )
 
 
 def _group_names(

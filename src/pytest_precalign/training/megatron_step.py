@@ -31,7 +31,9 @@ without recording):
 - ``update_norm``/``param_norm``: the model parameters' change and norm (this rank's), over
   the fp32 ``main_param`` of a bf16 model's parameters (the copies the optimizer steps);
 - ``loss``: the step's loss from the schedule's reduced losses (see ``reported_loss``; None
-  on a pipeline stage without the loss); ``tokens``/``batch_hash``: from ``batches`` when given.
+  on a pipeline stage without the loss; with data-parallel replicas, summed over them);
+  ``tokens``/``batch_hash``: from ``batches`` when given (with data parallelism: the whole
+  step's); ``micro_batches``: ``num_microbatches`` times the data-parallel replicas.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import torch
 
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
+from .megatron_dp import data_parallel_rank
 from .step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 
@@ -54,12 +57,32 @@ def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
     sum of tokens; a scalar gives the mean over micro-batches. The first key of each dict."""
     if not losses:
         return None
+    total, count = _loss_parts(losses)
+    return total / count if count else None
+
+
+def _loss_parts(losses: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """(sum of sums, tokens) of ``[sum, tokens]`` values, else (sum of scalars, how many)."""
     values = [torch.as_tensor(next(iter(item.values()))).detach().double().reshape(-1) for item in losses]
     if all(v.numel() == 2 for v in values):
-        total = sum(float(v[0]) for v in values)
-        tokens = sum(float(v[1]) for v in values)
-        return total / tokens if tokens else None
-    return float(sum(float(v[0]) for v in values) / len(values))
+        return sum(float(v[0]) for v in values), sum(float(v[1]) for v in values)
+    return sum(float(v[0]) for v in values), float(len(values))
+
+
+def _data_parallel_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
+    """``reported_loss`` of the whole step when data-parallel replicas each ran their share of
+    its micro-batches: the parts summed over megatron-core's data-parallel group."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+
+    if not losses or not ps.model_parallel_is_initialized() or ps.get_data_parallel_world_size() == 1:
+        return reported_loss(losses)
+    import torch.distributed as dist
+
+    parts = torch.tensor(_loss_parts(losses), dtype=torch.float64)
+    dist.all_reduce(parts, group=ps.get_data_parallel_group())
+    return float(parts[0] / parts[1]) if float(parts[1]) else None
 
 
 def _main_grads(optimizer: Any) -> list[torch.Tensor]:
@@ -111,7 +134,7 @@ def megatron_train_step(
     norms = _model_parallel_norms(evidence)
     scalars = evidence.finish(
         step,
-        loss=reported_loss(losses),
+        loss=_data_parallel_loss(losses),
         lr=lr,
         weight_decay=weight_decay,
         grad_norm=float(grad_norm) if grad_norm is not None else None,
@@ -121,7 +144,7 @@ def megatron_train_step(
         skipped=not successful,
         tokens=token_count(batches) if batches is not None else None,
         batch_hash=batch_hash(batches) if batches is not None else None,
-        micro_batches=num_microbatches,
+        micro_batches=num_microbatches * data_parallel_rank()[0],  # the step's, over the DP replicas
         **norms,
     )
     return list(losses), scalars
@@ -163,26 +186,33 @@ def _after_step(
 
 
 def _model_parallel_norms(evidence: StepEvidence) -> dict[str, float]:
-    """With tensor or pipeline parallelism: the update and parameter norms of the whole model
-    (each parameter once: no tensor-parallel duplicates), the squares summed over Megatron's
-    model-parallel group; {} in one process (StepEvidence's own norms are the model's)."""
+    """With tensor, pipeline or expert parallelism: the update and parameter norms of the whole
+    model (each parameter once: no tensor-parallel duplicates), the squares summed over
+    Megatron's model-parallel group, an expert-parallel rank's experts' over the
+    expert-parallel group; {} in one process (StepEvidence's own norms are the model's)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-    if not ps.model_parallel_is_initialized() or ps.get_model_parallel_group().size() == 1:
+    if not ps.model_parallel_is_initialized():
+        return {}
+    model_parallel, ep = ps.get_model_parallel_group(), ps.get_expert_model_parallel_world_size()
+    before = evidence._before
+    if before is None or (model_parallel.size() == 1 and ep == 1):
         return {}
     import torch.distributed as dist
 
-    before = evidence._before
-    if before is None:
-        return {}
-    squares = torch.zeros(2, dtype=torch.float64)
+    shared, experts = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
         for param, old in zip(evidence.params, before, strict=True):
             if param_is_not_tensor_parallel_duplicate(param):
-                squares[0] += (param.detach().double() - old.double()).square().sum()
-                squares[1] += param.detach().double().square().sum()
-    dist.all_reduce(squares, group=ps.get_model_parallel_group())
-    return {"update_norm": float(squares[0].sqrt()), "param_norm": float(squares[1].sqrt())}
+                own = experts if ep > 1 and not getattr(param, "allreduce", True) else shared
+                own[0] += (param.detach().double() - old.double()).square().sum()
+                own[1] += param.detach().double().square().sum()
+    if model_parallel.size() > 1:
+        dist.all_reduce(shared, group=model_parallel)
+    if ep > 1:
+        dist.all_reduce(experts, group=ps.get_expert_model_parallel_group())
+    total = shared + experts
+    return {"update_norm": float(total[0].sqrt()), "param_norm": float(total[1].sqrt())}

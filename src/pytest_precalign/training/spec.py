@@ -68,7 +68,8 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class SidesTraining:
-    """Which machinery trains each side of a case (None: the model's default)."""
+    """Which machinery trains each side of a case (None: the tool's loop; the config fills in
+    a model's default: ``megatron`` for a ``source: megatron`` model)."""
 
     baseline: Trainer | None = None
     candidate: Trainer | None = None
