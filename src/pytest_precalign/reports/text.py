@@ -403,6 +403,9 @@ def failure_message(report: PhaseReport) -> str:
     # it all; the run's story leads over several steps or for a training-loop difference.
     told = training is not None and not training.passed and (not layer or training.steps_compared > 1)
     lines: list[str] = training_lines(training) if told and training is not None else []
+    if told and v.compared == 0 and training is not None and training.steps_compared == 0:
+        # stopped before step 0 (run.contract_check): no record to tell of
+        return "\n".join([*lines, "Nothing was trained or recorded", f"To reproduce: {report.reproduce}"])
     lines += (origin_headline(v) if not v.aligned and layer else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")
