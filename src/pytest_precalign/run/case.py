@@ -24,6 +24,7 @@ from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
 from ..vocabulary import phases_in_order
 from .contract_check import contract_before_training
+from .envelope_runs import baseline_envelope
 from .isolation import isolate
 from .live import case_where, live_case
 from .outcome import CaseRun, FinishInputs, finish
@@ -80,6 +81,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         base_trace = live.record(
             baseline, base_spec, live.manifest(base_spec, side="baseline", model=base_spec.name)
         )
+        envelope = baseline_envelope(live, base_spec, case, base_trace)
         isolated: list[Comparison] = []
         call_context = candidate.context
 
@@ -110,6 +112,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             env,
             isolated[0] if isolated else None,
             judge_steps=judge,
+            envelope=envelope,
         )
     )
 
