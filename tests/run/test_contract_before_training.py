@@ -129,6 +129,9 @@ def test_a_contract_difference_fails_before_anything_trains(suite: tuple[AlignCo
             outcome.message
         )
         assert "Nothing was trained or recorded" in outcome.message
+        assert outcome.summary == (
+            f"FAILED lagging[{phase}]: 0 compared; nothing trained; step 1 diverged first: contract (lr)"
+        )
     entry = phase_outcome(_report(run, "forward")).entry
     assert entry is not None
     document = json.loads(json.dumps(report_document([entry], {})))
@@ -142,7 +145,12 @@ def test_an_expected_contract_difference_passes_every_phase(suite: tuple[AlignCo
     config, nets = suite
     run = _run(config, "lagging_expected")
     assert nets.CALLS[0] == 0
-    assert all(phase_outcome(_report(run, phase)).passed for phase in run.phases)
+    outcomes = [phase_outcome(_report(run, phase)) for phase in run.phases]
+    assert all(o.passed for o in outcomes)
+    assert outcomes[0].summary == (
+        "PASSED lagging_expected[forward]: 0 compared; nothing trained; step 1 diverged first: "
+        "contract (lr); the expected divergence"
+    )
 
 
 def test_the_plan_before_training_is_the_one_each_trainer_writes(tmp_path: Path) -> None:
