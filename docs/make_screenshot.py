@@ -2,8 +2,9 @@
 deliberate bug in layer 1's MLP), then photograph that case in report.html with headless
 Chromium. Then the module tree of one case per example suite and of a ``precalign compare``
 of two msprobe dumps, with the origin's records open: docs/tree_<suite>.png. Then the per-step
-curves of example_suites/training's ``warmup_one_step_behind`` case (the candidate's LR schedule
-one step behind, found at step 1): docs/training_curves.png, shown by that suite's README.
+curves of example_suites/training's ``layer_bug_from_step_5`` case (the candidate's
+model.layers.1.mlp scales its output by 1.01 from update 5, found at step 5):
+docs/training_curves.png, shown by that suite's README.
 
     python docs/make_screenshot.py            # needs /usr/bin/chromium and playwright
 """
@@ -92,11 +93,11 @@ def training_curves(browser: Any, tmp: Path) -> None:
     """The loss / LR / grad-norm curves of both sides of a 10-step run, the first divergent step
     marked."""
     out = tmp / "training"
-    run_suite(Path("example_suites") / "training", out, "warmup_one_step_behind")
+    run_suite(Path("example_suites") / "training", out, "layer_bug_from_step_5")
     page = browser.new_page(viewport={"width": 1180, "height": 900}, device_scale_factor=1)
     page.goto((out / "report.html").as_uri())
     target = REPO / "docs" / "training_curves.png"
-    page.locator('section.case[data-case="warmup_one_step_behind"] div.training').first.screenshot(
+    page.locator('section.case[data-case="layer_bug_from_step_5"] div.training').first.screenshot(
         path=str(target)
     )
     page.close()

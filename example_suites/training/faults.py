@@ -1,8 +1,9 @@
 """Training faults planted in a candidate through its model's ``patch:`` (align.yaml's
-faulty cases). Each changes what the side's training machinery does while its translated
-settings (the plan in the manifest, computed on a throwaway optimizer) still look right, so
-the run verdict has to find it in the run: the step it first shows and what it is. Only the
-optimizer and scheduler over this model's parameters change."""
+faulty cases). The first three change what the side's optimizer or scheduler classes do over
+this model's parameters: the side's plan (made by its own trainer's optimizer and scheduler
+over its parameters, before anything trains) shows them, so the contract check stops those
+cases before step 0. The last is a layer bug the run verdict finds in the run. Only this
+model's optimizer, scheduler or layer change."""
 
 from __future__ import annotations
 
@@ -65,13 +66,16 @@ def decay_horizon_shortened(model: torch.nn.Module) -> None:
 
 def weight_decay_on_norms(model: torch.nn.Module) -> None:
     """Every parameter group of this model's AdamW gets the weight decay, norms and biases too."""
-    owned = {id(p) for p in model.parameters()}
+    owned = {id(p): weakref.ref(p) for p in model.parameters()}  # ids are reused once it is freed
     original = torch.optim.AdamW.__init__
 
     def init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
         params = list(params)
         groups = [g for g in params if isinstance(g, dict)]
-        if groups and any(id(p) in owned for g in groups for p in g["params"]):
+        mine = [
+            p for g in groups for p in g["params"] if (ref := owned.get(id(p))) is not None and ref() is p
+        ]
+        if mine:
             decay = max(float(g.get("weight_decay", 0.0)) for g in groups)
             params = [{**g, "weight_decay": decay} for g in groups]
         original(self, params, *args, **kwargs)

@@ -46,7 +46,7 @@ TrainingClass = Literal[
     "optimizer_update",
 ]
 # How a training run's steps were judged: bitwise (a same-stack rerun) or under the tolerance table.
-Lane = Literal["exact", "approximate"]
+Lane = Literal["exact", "approximate", "envelope"]
 
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)

@@ -42,7 +42,7 @@ from .presets import (
 )
 from .search import SearchSpec, parse_search
 from .specs import CaseSpec, InputSpec, ModelSpec, RecordSpec
-from .training import check_training, parse_optimizer, parse_training
+from .training import check_training, parse_envelope, parse_optimizer, parse_training
 
 LOSSES = ("causal_lm", "model", "mean", "none")
 CASE_KEYS = (
@@ -66,6 +66,7 @@ CASE_KEYS = (
     "stored_layer_mapping",
     "min_coverage",
     "training",
+    "envelope",
 )
 
 # Where a named mapping came from: (file, None) or (None, (value, source, key_path, line)).
@@ -96,8 +97,7 @@ def parse_case(
     mapping = _case_mapping(reader, sides, mappings, base_dir)
     mapping = _with_layer_mapping(reader, mapping, base_dir)
     baseline_rename = _baseline_rename(reader, base_dir)
-    optimizer = parse_optimizer(reader)
-    training = parse_training(reader, *(sides or (None, None)))
+    optimizer, training = parse_optimizer(reader), parse_training(reader, *(sides or (None, None)))
     record = _record(reader, base_dir)
     table = _table(reader, tables)
     loss = _loss(reader, phases, None if dumps else inputs[input_name])
@@ -129,6 +129,7 @@ def parse_case(
         baseline_rename=baseline_rename,
         min_coverage=min_coverage(reader),
         training=training,
+        envelope=parse_envelope(reader, phases, steps, bool(dumps)),
     )
     reader.done()
     return case

@@ -15,6 +15,7 @@ from ..training.spec import OptimizerSpec as OptimizerSpec
 from ..training.spec import SidesTraining
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
+from ..verdict.training_envelope import EnvelopeSpec
 from ..vocabulary import Level, Mode, Phase, RecordFormat
 from .search import SearchSpec
 
@@ -101,6 +102,8 @@ class CaseSpec:
     min_coverage: float = DEFAULT_MIN_COVERAGE
     # Which framework's machinery trains each side (training/spec.py); None: each model's default.
     training: SidesTraining = SidesTraining()
+    # The run verdict's noise-envelope lane (``envelope:``); None: the table's lanes.
+    envelope: EnvelopeSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from ..training.spec import (
     SidesTraining,
     Trainer,
 )
+from ..verdict.training_envelope import EnvelopeSpec
 from ..yaml_reader import Reader
 from .specs import InputSpec, ModelSpec
 
@@ -276,3 +277,38 @@ def _token_rows(reader: Reader, path: Path) -> tuple[tuple[int, ...], ...]:
     if not rows:
         reader.fail(f"{path} has no rows of token ids", "path")
     return tuple(rows)
+
+
+ENVELOPE_KEYS = ("reruns", "factor", "steps_over", "floor")
+
+
+def parse_envelope(reader: Reader, phases: tuple[str, ...], steps: int, dumps: bool) -> EnvelopeSpec | None:
+    """``envelope:`` -> ``EnvelopeSpec`` (the run verdict's noise-envelope lane: the baseline run
+    again ``reruns`` times with determinism off; see ``verdict/training_envelope.py``)."""
+    env = reader.get_mapping("envelope")
+    if env is None:
+        return None
+    env.check_keys(ENVELOPE_KEYS)
+    if dumps:
+        reader.fail("reruns the baseline's model: not available for stored runs (dump: sides)", "envelope")
+    if "step" not in phases or "backward" not in phases:
+        reader.fail(
+            "judges a training run's per-step scalars: the case needs phases backward and step", "envelope"
+        )
+    factor = env.get_float("factor", 4.0, non_negative=True)
+    if factor <= 0:
+        env.fail(f"must be > 0 (the envelope is factor x the reruns' spread), got {factor}", "factor")
+    floor = env.get_float("floor", None, non_negative=True)
+    if floor is not None and floor <= 0:
+        env.fail(
+            f"must be > 0 (a relative floor), or leave it out: the tolerance table's bound, got {floor}",
+            "floor",
+        )
+    steps_over = env.get_int("steps_over", 0, minimum=0)
+    if steps_over >= steps:
+        env.fail(
+            f"must be < steps ({steps}): {steps_over} would allow every step over the envelope", "steps_over"
+        )
+    spec = EnvelopeSpec(env.get_int("reruns", 2, minimum=1), factor, steps_over, floor)
+    env.done()
+    return spec

@@ -411,6 +411,8 @@ def failure_message(report: PhaseReport) -> str:
     # it all; the run's story leads over several steps or for a training-loop difference.
     told = training is not None and not training.passed and (not layer or training.steps_compared > 1)
     lines: list[str] = training_lines(training) if told and training is not None else []
+    if told and _not_trained(report):  # stopped before step 0 (run.contract_check): no record to tell of
+        return "\n".join([*lines, "Nothing was trained or recorded", f"To reproduce: {report.reproduce}"])
     lines += (origin_headline(v) if not v.aligned and layer else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
         lines.append(f"Known divergence not reproduced: {v.expectation}")
@@ -481,6 +483,13 @@ def _skipped_weights(weights: Mapping[str, Any] | None) -> str:
     return f"; weights: {', '.join(parts)}" if parts else ""
 
 
+def _not_trained(report: PhaseReport) -> bool:
+    run = report.training
+    return (
+        report.verdict.compared == 0 and run is not None and run.steps_compared == 0 and run.first is not None
+    )
+
+
 def summary_line(report: PhaseReport) -> str:
     v = report.verdict
     status = "PASSED" if report.passed else "FAILED"
@@ -519,6 +528,9 @@ def summary_line(report: PhaseReport) -> str:
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
     story = training_summary(report.training) if report.training is not None and not report.passed else ""
+    if _not_trained(report):  # the contract check stopped the case before step 0
+        detail, story = "nothing trained" + (training_summary(report.training) if report.training else ""), ""
+        detail += "; the expected divergence" if report.training and report.training.met else ""
     return (
         f"{status} {report.nodeid_name}: {v.compared} compared{extra}; {detail}{_summary_coverage(v)}{story}"
     )

@@ -29,6 +29,8 @@ def training_lines(v: TrainingVerdict) -> list[str]:
         if v.downstream:
             lines.append(f"  {v.downstream}")
         lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane")
+        if v.envelope:
+            lines.append(f"  {v.envelope}")
     if v.met:
         lines.append(f"  the expected divergence: {v.expected}")
     lines.extend(f"Runs do not line up: {finding}" for finding in v.findings)

@@ -24,6 +24,8 @@ from ..recording.determinism import deterministic, environment
 from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
 from ..vocabulary import phases_in_order
+from .contract_check import contract_before_training
+from .envelope_runs import baseline_envelope
 from .isolation import isolate
 from .live import case_where, live_case
 from .outcome import CaseRun, FinishInputs, finish
@@ -79,10 +81,15 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         for loaded, spec in ((baseline, base_spec), (candidate, cand_spec)):
             check_token_ids(live.inputs, loaded.module, spec.name, f"{live.where}inputs.{case.inputs}")
         env = live.environment(base_spec)
+        sides = ((baseline, base_spec), (candidate, cand_spec))
+        stopped = contract_before_training(case, sides, live.inputs, table, sync, env, started)
+        if stopped is not None:  # the sides' plans differ: nothing is trained
+            return stopped
         judge = step_judge(case, baseline.module, synced=sync is not None)
         base_trace = live.record(
             baseline, base_spec, live.manifest(base_spec, side="baseline", model=base_spec.name)
         )
+        envelope = baseline_envelope(live, base_spec, case, base_trace)
         isolated: list[Comparison] = []
         call_context = candidate.context
 
@@ -113,6 +120,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             env,
             isolated[0] if isolated else None,
             judge_steps=judge,
+            envelope=envelope,
         )
     )
 

@@ -10,6 +10,7 @@ plan (the LRs the Trainer's own scheduler gives, its parameter groups) go into t
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -108,8 +109,6 @@ def train_with_trainer(
 ) -> dict[str, Any]:
     """Train ``model`` with a ``transformers.Trainer`` through the case's steps while
     ``recorder``'s hooks record it; returns the manifest's training evidence."""
-    from transformers import PrinterCallback, Trainer, TrainingArguments
-
     from ..training.hf_callback import TrainerSteps
 
     batches = [data.batch(s) for s in range(case.steps)]
@@ -131,16 +130,7 @@ def train_with_trainer(
     steps = CaseSteps()
     bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
     with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
-        cpu = all(p.device.type == "cpu" for p in model.module.parameters())
-        arguments = training_arguments(case, rows, seed, out, cpu, bf16)
-        trainer = Trainer(
-            model=model.module,
-            args=TrainingArguments(**arguments),
-            train_dataset=_Rows(batches),
-            callbacks=[steps],
-        )
-        trainer.remove_callback(PrinterCallback)  # the case's report says what happened
-        trainer.create_optimizer()
+        trainer, arguments = _trainer(model.module, case, rows, seed, out, _Rows(batches), [steps], bf16=bf16)
         plan = _plan(trainer, case, model.module)
         trainer.train()
     _check_steps(steps.scalars, case)
@@ -184,29 +174,70 @@ def fp32_master_weights(module: torch.nn.Module) -> Iterator[None]:
         module.__dict__.update(own)
 
 
+def _trainer(
+    module: torch.nn.Module,
+    case: CaseSpec,
+    rows: int,
+    seed: int,
+    out: str,
+    dataset: Any = None,
+    callbacks: Sequence[Any] = (),
+    *,
+    bf16: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """The side's ``transformers.Trainer`` with its optimizer created (``create_optimizer``),
+    and the ``TrainingArguments`` fields it was given."""
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    cpu = all(p.device.type == "cpu" for p in module.parameters())
+    arguments = training_arguments(case, rows, seed, out, cpu, bf16)
+    trainer = Trainer(
+        model=module, args=TrainingArguments(**arguments), train_dataset=dataset, callbacks=list(callbacks)
+    )
+    trainer.remove_callback(PrinterCallback)  # the case's report says what happened
+    trainer.create_optimizer()
+    return trainer, arguments
+
+
+def trainer_plan(model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int) -> dict[str, Any]:
+    """The manifest's ``"training"`` block this side's Trainer will write, before it trains:
+    its Trainer built as ``train_with_trainer`` builds it (the optimizer created, nothing
+    trained) and its plan made by the same ``_plan``."""
+    batch = data.batch(0)
+    rows = next(v for v in batch.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0]
+    bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
+    with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
+        trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
+        block = _training_block(arguments, _plan(trainer, case, model.module))
+    if bf16:
+        block["arguments"] |= MASTER_WEIGHTS
+    return block
+
+
 def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> dict[str, Any]:
     """The Trainer's own parameter groups, and the LRs its own scheduler gives each update
-    (``transformers.get_scheduler`` on a throwaway optimizer, as ``create_scheduler`` calls it)."""
+    (``transformers.get_scheduler``, as ``create_scheduler`` calls it, on a throwaway optimizer
+    over the side's own parameters in the Trainer's groups: what a user's patch of the
+    scheduler does to this model shows; only the scheduler is stepped)."""
     from transformers import get_scheduler
 
     names = {id(p): n for n, p in module.named_parameters()}
     groups = trainer.optimizer.param_groups
     args = trainer.args
-    dummy = torch.optim.SGD(
-        [{"params": [torch.zeros(1, requires_grad=True)]} for _ in groups], lr=args.learning_rate
-    )
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer=dummy,
-        num_warmup_steps=args.get_warmup_steps(case.steps),
-        num_training_steps=case.steps,
-        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
-    )
+    throwaway = torch.optim.SGD([{"params": list(g["params"])} for g in groups], lr=args.learning_rate)
     lrs = []
-    for _ in range(case.steps):
-        lrs.append([float(g["lr"]) for g in dummy.param_groups])
-        dummy.step()
-        scheduler.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
+        scheduler = get_scheduler(
+            args.lr_scheduler_type,
+            optimizer=throwaway,
+            num_warmup_steps=args.get_warmup_steps(case.steps),
+            num_training_steps=case.steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+        )
+        for _ in range(case.steps):
+            lrs.append([float(g["lr"]) for g in throwaway.param_groups])
+            scheduler.step()
     spec = case.optimizer
     return {
         "lr": lrs,

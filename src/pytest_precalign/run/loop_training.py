@@ -5,13 +5,15 @@ decay, and the loop's translated settings for the side's manifest (``"training"`
 The LR multiplier follows ``training/spec.py``'s semantics, written in the arithmetic
 transformers' schedulers use (so a loop and a ``transformers.Trainer`` run of one spec get
 bitwise the same LRs). The plan's LRs are read from the scheduler itself, stepped on a
-throwaway optimizer, not from the formula.
+throwaway optimizer built as the loop builds its own over the side's parameters, not from
+the formula.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -89,23 +91,32 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(schedule, spec.lr, steps, s))
 
 
-def planned_lrs(spec: OptimizerSpec, groups: int, steps: int) -> list[list[float]]:
-    """Per update, the LR of each group as the loop's scheduler produces it (run on a
-    throwaway optimizer of ``groups`` groups)."""
-    dummy = [{"params": [torch.zeros(1, requires_grad=True)]} for _ in range(groups)]
-    optimizer = torch.optim.SGD(dummy, lr=spec.lr)
-    scheduler = make_scheduler(spec, optimizer, steps)
-    plan = []
-    for _ in range(steps):
-        plan.append([float(g["lr"]) for g in optimizer.param_groups])
-        if scheduler is not None:
-            optimizer.step()  # the order torch expects (no warning), on zero grads of dummies
-            scheduler.step()
-    return plan
+def planned_lrs(
+    spec: OptimizerSpec, groups: Sequence[Group], steps: int
+) -> tuple[list[list[float]], list[float]]:
+    """Per update, the LR of each group as the loop's own optimizer and scheduler give it, and
+    each group's weight decay as that optimizer holds it: both built as the loop builds them
+    (``grouped_optimizer``, ``make_scheduler``) over the side's own parameters, so what a
+    user's patch of those classes does to this model shows, and only the scheduler is
+    stepped (the throwaway optimizer never steps: no parameter changes)."""
+    optimizer = grouped_optimizer(spec, groups)
+    decay = [float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
+        scheduler = make_scheduler(spec, optimizer, steps)
+        plan = []
+        for _ in range(steps):
+            plan.append([float(g["lr"]) for g in optimizer.param_groups])
+            if scheduler is not None:
+                scheduler.step()
+    return plan, decay
 
 
 def loop_plan(spec: OptimizerSpec, groups: Sequence[Group], steps: int) -> dict[str, Any]:
-    """The manifest's ``"training"`` block of a side trained by the tool's own loop."""
+    """The manifest's ``"training"`` block of a side trained by the tool's own loop: written
+    by the loop when it starts, and computed before any side trains for the contract check
+    (``run.contract_check``); ``groups``: ``param_groups`` of the side's model."""
+    lrs, decay = planned_lrs(spec, groups, steps)
     schedule = spec.schedule
     scheduler = None
     if schedule is not None:
@@ -133,8 +144,8 @@ def loop_plan(spec: OptimizerSpec, groups: Sequence[Group], steps: int) -> dict[
             "gradient_accumulation": spec.micro_batches,
         },
         "plan": {
-            "lr": planned_lrs(spec, len(groups), steps),
-            "weight_decay": [wd for _, _, wd in groups],
+            "lr": lrs,
+            "weight_decay": decay,
             "groups": [list(names) for names, _, _ in groups],
             "clip_grad": spec.clip_grad,
             "micro_batches": spec.micro_batches,

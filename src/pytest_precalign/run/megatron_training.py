@@ -29,7 +29,7 @@ from ..recording.determinism import seed_everything
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
-from ..training.megatron_stack import build_megatron_stack
+from ..training.megatron_stack import build_megatron_stack, plan_before_training
 from ..training.step_evidence import initial_params
 
 
@@ -55,6 +55,19 @@ def chunk_forward(model: LoadedModel) -> Callable[[torch.nn.Module, Mapping[str,
         return model.logits(model.caller(chunk, inputs) if model.caller is not None else chunk(**inputs))
 
     return forward
+
+
+def megatron_plan_of(
+    model: LoadedModel, data: CaseInputs, case: CaseSpec, data_parallel: int = 1
+) -> dict[str, Any]:
+    """The ``"training"`` block this side's stack will write, before it is built
+    (``megatron_stack.plan_before_training``; a launched side planned from its TP=1 twin)."""
+    first = data.batch(0)
+    rows = int(next(v for v in first.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    spec = case.optimizer
+    return plan_before_training(
+        [model.module], spec, case.steps, rows, spec.micro_batches, data_parallel=data_parallel
+    )
 
 
 def train_with_megatron(

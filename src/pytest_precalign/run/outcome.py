@@ -37,6 +37,7 @@ from ..verdict.phase import (
     with_replica_mismatches,
 )
 from ..verdict.story import tell_case
+from ..verdict.training_envelope import Envelope
 from ..verdict.training_run import TrainingVerdict, lane_of, with_expectation
 from ..verdict.training_traces import is_training_run, judge_traces
 from ..vocabulary import Phase
@@ -87,6 +88,7 @@ class FinishInputs:
     # The parameters after each step judged on their inputs (``optimizer_replay``), given the
     # comparison and both traces (the candidate in the baseline's names); None: by the table.
     judge_steps: Callable[[Comparison, Trace, Trace], Comparison] | None = None
+    envelope: Envelope | None = None  # the run verdict's envelope lane (None: the table's lanes)
 
 
 def compare_workers() -> int:
@@ -203,7 +205,12 @@ def _training(
     if is_training_run(baseline, candidate):
         mapping = job.mapping
         training = judge_traces(
-            baseline, candidate, comparison, job.table, lambda n: baseline_param_names(mapping, n)
+            baseline,
+            candidate,
+            comparison,
+            job.table,
+            lambda n: baseline_param_names(mapping, n),
+            job.envelope,
         )
     if expect is None or expect.diverged is None or expect.step is None:
         return training

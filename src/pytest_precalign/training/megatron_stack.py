@@ -204,29 +204,8 @@ class MegatronStack:
 
     def plan(self, steps: int) -> dict[str, Any]:
         """The LR of each group at each update and each group's weight decay, as megatron-core's
-        OptimizerParamScheduler sets them: run on copies of the optimizer's groups."""
-        mc = _megatron()
-        holder = _GroupsCopy(self.optimizer.param_groups)
-        scheduler = mc["OptimizerParamScheduler"](holder, **self.arguments.scheduler)
-        lrs: list[list[float]] = []
-        decays: list[float] = [float(g["weight_decay"]) for g in holder.param_groups]
-        for _ in range(steps):
-            lrs.append([float(g["lr"]) for g in holder.param_groups])
-            scheduler.step(increment=self.arguments.increment)
-        opt = self.arguments.optimizer
-        return {
-            "lr": lrs,
-            "weight_decay": decays,
-            "groups": self.group_names,
-            "clip_grad": opt["clip_grad"] or None,
-            "micro_batches": None,  # set by the caller, who splits the batches
-            "loss_normalisation": "per_token_over_step",
-            "optimizer": "sgd"
-            if opt["optimizer"] == "sgd"
-            else ("adamw" if opt.get("decoupled_weight_decay") else "adam"),
-            "betas": [opt.get("adam_beta1"), opt.get("adam_beta2")] if opt["optimizer"] == "adam" else None,
-            "eps": opt.get("adam_eps"),
-        }
+        OptimizerParamScheduler sets them (``megatron_plan`` over the optimizer's groups)."""
+        return megatron_plan(self.optimizer.param_groups, self.group_names, self.arguments, steps)
 
     def recorded_params(self) -> str:
         """Which copy of the parameters a step's records hold (``HookRecorder.record_params``)."""
@@ -236,24 +215,14 @@ class MegatronStack:
 
     def training_manifest(self, steps: int, micro_batches: int) -> dict[str, Any]:
         """The manifest's ``"training"`` block of this side."""
-        from importlib.metadata import version
-
-        plan = self.plan(steps)
-        plan["micro_batches"] = micro_batches
+        block = training_block(self.arguments, self.plan(steps), micro_batches)
         inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
         classes = [type(self.optimizer).__name__] + [
             type(o).__name__ for o in inner if o is not self.optimizer
         ]
-        return {
-            "trainer": "megatron",
-            "framework": {"name": "megatron-core", "version": version("megatron-core")},
-            "arguments": {
-                **self.arguments.as_json(),
-                "recorded_params": self.recorded_params(),
-                "optimizer_class": classes,
-            },
-            "plan": plan,
-        }
+        # known once the stack is built (not in the plan made before training)
+        block["arguments"] |= {"recorded_params": self.recorded_params(), "optimizer_class": classes}
+        return block
 
     def train_step(
         self,
@@ -312,6 +281,95 @@ class MegatronStack:
             )
 
 
+def megatron_plan(
+    groups: Sequence[Mapping[str, Any]],
+    group_names: list[list[str]],
+    arguments: MegatronArguments,
+    steps: int,
+) -> dict[str, Any]:
+    """The plan of a side trained by megatron-core's stack: each group's LR at each update and
+    its weight decay, as megatron-core's own OptimizerParamScheduler sets them, run on copies
+    of ``groups`` (the optimizer's, or ``_get_param_groups``' before training: the optimizer's
+    groups are made from them)."""
+    mc = _megatron()
+    holder = _GroupsCopy(groups)
+    scheduler = mc["OptimizerParamScheduler"](holder, **arguments.scheduler)
+    lrs: list[list[float]] = []
+    decays: list[float] = [float(g["weight_decay"]) for g in holder.param_groups]
+    for _ in range(steps):
+        lrs.append([float(g["lr"]) for g in holder.param_groups])
+        scheduler.step(increment=arguments.increment)
+    opt = arguments.optimizer
+    return {
+        "lr": lrs,
+        "weight_decay": decays,
+        "groups": group_names,
+        "clip_grad": opt["clip_grad"] or None,
+        "micro_batches": None,  # set by the caller, who splits the batches
+        "loss_normalisation": "per_token_over_step",
+        "optimizer": "sgd"
+        if opt["optimizer"] == "sgd"
+        else ("adamw" if opt.get("decoupled_weight_decay") else "adam"),
+        "betas": [opt.get("adam_beta1"), opt.get("adam_beta2")] if opt["optimizer"] == "adam" else None,
+        "eps": opt.get("adam_eps"),
+    }
+
+
+def training_block(
+    arguments: MegatronArguments, plan: Mapping[str, Any], micro_batches: int
+) -> dict[str, Any]:
+    """The manifest's ``"training"`` block of a megatron side."""
+    from importlib.metadata import version
+
+    return {
+        "trainer": "megatron",
+        "framework": {"name": "megatron-core", "version": version("megatron-core")},
+        "arguments": arguments.as_json(),
+        "plan": {**plan, "micro_batches": micro_batches},
+    }
+
+
+class _Chunk(torch.nn.Module):
+    """A model chunk under the name DDP gives it (``module.``), for megatron-core's
+    ``_get_param_groups`` before the stack is built (DDP is not: it would hook the grads)."""
+
+    def __init__(self, chunk: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = chunk
+
+
+def plan_before_training(
+    chunks: Sequence[torch.nn.Module],
+    spec: OptimizerSpec,
+    steps: int,
+    global_batch: int,
+    micro_batches: int,
+    names: Callable[[int, str], str] | None = None,
+    data_parallel: int = 1,
+) -> dict[str, Any]:
+    """The ``"training"`` block ``build_megatron_stack(...).training_manifest`` will write
+    (but the keys known once the stack is built: ``recorded_params``, ``optimizer_class``),
+    without building the stack: the groups from megatron-core's own ``_get_param_groups``
+    (which ``get_megatron_optimizer`` makes the optimizer's from) over ``chunks`` as DDP names
+    them (``module.``, ``module.module.`` for a bf16 model in ``Float16Module``), the same
+    config overrides, and ``megatron_plan``."""
+    mc = _megatron()
+    config: Any = getattr(chunks[0], "config")  # noqa: B009  # megatron's TransformerConfig
+    dtype = str(config.params_dtype).removeprefix("torch.")
+    args = megatron_arguments(spec, steps, global_batch, dtype, data_parallel)
+    overrides = None
+    if args.no_decay is not None:
+        overrides = {mc["ParamKey"](name=_no_decay_names(chunks, args.no_decay, names)): {"wd_mult": 0.0}}
+    wrap = (lambda c: _Chunk(_Chunk(c))) if config.bf16 else _Chunk
+    with megatron_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.optimizer import _get_param_groups
+
+        groups = _get_param_groups([wrap(c) for c in chunks], _optimizer_config(args, mc), overrides)
+    plan = megatron_plan(groups, _group_names(chunks, groups, names), args, steps)
+    return training_block(args, plan, micro_batches)
+
+
 class _GroupsCopy:
     """What OptimizerParamScheduler reads and writes of an optimizer (its ``param_groups``),
     as copies without the parameters: the plan leaves the real optimizer untouched."""
@@ -359,7 +417,9 @@ def build_megatron_stack(
             _optimizer_config(args, mc), wrapped, config_overrides=overrides
         )
         scheduler = mc["OptimizerParamScheduler"](optimizer, **args.scheduler)
-    return MegatronStack(wrapped, optimizer, scheduler, args, _group_names(chunks, optimizer, names))
+    return MegatronStack(
+        wrapped, optimizer, scheduler, args, _group_names(chunks, optimizer.param_groups, names)
+    )
 
 
 def _no_decay_names(
@@ -381,7 +441,9 @@ def _no_decay_names(
 
 
 def _group_names(
-    chunks: Sequence[torch.nn.Module], optimizer: Any, names: Callable[[int, str], str] | None
+    chunks: Sequence[torch.nn.Module],
+    groups: Sequence[Mapping[str, Any]],
+    names: Callable[[int, str], str] | None,
 ) -> list[list[str]]:
     """The names of each optimizer group's parameters (an fp32 main param by its model param's)."""
     by_id: dict[int, str] = {}
@@ -396,4 +458,4 @@ def _group_names(
             main = getattr(param, "main_param", None)
             if main is not None:
                 by_id[id(main)] = name
-    return [[by_id[id(p)] for p in group["params"] if id(p) in by_id] for group in optimizer.param_groups]
+    return [[by_id[id(p)] for p in group["params"] if id(p) in by_id] for group in groups]

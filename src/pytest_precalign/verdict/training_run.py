@@ -9,8 +9,10 @@ the loss, the backward (a layer, or every grad scaled by one factor: their reduc
 clipping, the LR / weight decay as applied, the optimizer's update. Before step 0: the
 initial weights and the contract (``training_contract``). Every later step is downstream.
 
-Two lanes: ``exact`` (the case's table allows no difference: scalars must be bitwise equal)
-and ``approximate`` (each scalar under the table's tolerance for its kind). The run fails
+Three lanes: ``exact`` (the case's table allows no difference: scalars must be bitwise equal),
+``approximate`` (each scalar under the table's tolerance for its kind) and ``envelope`` (each
+scalar under a multiple of its spread over clean reruns of the baseline, ``steps_over`` steps
+allowed above it: ``training_envelope``). The run fails
 closed: steps one side lacks, a scalar one side records and the other does not, an update
 one side skipped are findings, never silently paired.
 """
@@ -26,8 +28,9 @@ from ..trace.step_scalars import StepScalars
 from ..vocabulary import Lane, Phase, TrainingClass
 from .story import origin_of
 from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names
+from .training_envelope import Envelope
 from .training_records import StepRecords
-from .training_scalars import ScalarJudge, findings_of, first_scalar_difference
+from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, over_envelope
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class TrainingVerdict:
     expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
     met: bool | None = None  # None: no expectation
     expected_what: TrainingClass | None = None
+    envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
 
     @property
     def passed(self) -> bool:
@@ -86,6 +90,7 @@ class TrainingVerdict:
             "lane": self.lane,
             "findings": list(self.findings),
             "replay": self.replay or None,
+            "envelope": self.envelope or None,
             "expectation": self.expected or None,
             "passed": self.passed,
             "curves": dict(self.curves),
@@ -106,10 +111,12 @@ def judge_run(
     table: ToleranceTable,
     rename: Rename = same_names,
     dtype: str = "float32",
+    envelope: Envelope | None = None,
 ) -> TrainingVerdict:
-    """The run's verdict (see the module docstring); ``dtype``: the runs' (for the table)."""
-    lane = lane_of(table)
-    judge = ScalarJudge(table, lane, dtype)
+    """The run's verdict (see the module docstring); ``dtype``: the runs' (for the table);
+    ``envelope``: judge in the envelope lane."""
+    lane: Lane = "envelope" if envelope is not None else lane_of(table)
+    judge, told = _judge(ScalarJudge(table, lane, dtype, envelope), baseline, candidate)
     steps = sorted(set(baseline.scalars) | set(candidate.scalars) | set(records))
     findings = findings_of(baseline.scalars, candidate.scalars)
     common = [s for s in steps if _on_both(s, baseline, candidate, records)]
@@ -132,7 +139,21 @@ def judge_run(
         findings=findings,
         last_step=max(common, default=0),
         curves=curves(baseline.scalars, candidate.scalars),
+        envelope=told,
     )
+
+
+def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:
+    """In the envelope lane: the steps over the envelope forgiven when ``steps_over`` allows
+    them all, and the envelope in words."""
+    envelope = judge.envelope
+    if envelope is None:
+        return judge, ""
+    over = over_envelope(baseline.scalars, candidate.scalars, judge)
+    allowed = envelope.spec.steps_over
+    steps = ", ".join(map(str, over)) or "none"
+    told = f"{envelope.summary()}; steps over it: {steps} (steps_over allows {allowed})"
+    return (replace(judge, forgiven=frozenset(over)) if len(over) <= allowed else judge), told
 
 
 def _run_pattern(

@@ -9,18 +9,21 @@ scalar's kind: the loss as a ``loss`` record, the grad norm and clip coefficient
 ``LR_RTOL``; counts, hashes and flags exactly). The update norm is judged only in the exact
 lane: AdamW turns noise in near-zero grads into large update differences, so in the
 approximate lane the update is judged by its inputs (the parameter records and their grads).
+The ``envelope`` lane judges the loss, grad norm, clip coefficient and update and parameter
+norms against the noise of clean reruns of the baseline (``training_envelope``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
 from ..vocabulary import Lane, TrainingClass
 from .training_contract import LR_RTOL
+from .training_envelope import ENVELOPE_SCALARS, Envelope
 
 # The table kind each float scalar is judged as, in the approximate lane.
 AS_KIND = {
@@ -37,6 +40,8 @@ class ScalarJudge:
     table: ToleranceTable
     lane: Lane
     dtype: str = "float32"
+    envelope: Envelope | None = None  # the envelope lane's (training_envelope)
+    forgiven: frozenset[int] = frozenset()  # steps over the envelope that ``steps_over`` allows
 
     def same(self, name: str, a: float, b: float, step: int = 0) -> bool:
         if a == b or (math.isnan(a) and math.isnan(b)):
@@ -45,9 +50,31 @@ class ScalarJudge:
             return False
         if name in ("lr", "weight_decay"):
             return abs(a - b) <= LR_RTOL * max(abs(a), abs(b))
+        if self.envelope is not None and name in ENVELOPE_SCALARS:
+            if step in self.forgiven:
+                return True
+            return abs(a - b) <= self.envelope.allowed(name, step, a, self.bound(name, a, step))
+        return abs(a - b) <= self.bound(name, a, step)
+
+    def bound(self, name: str, a: float, step: int) -> float:
+        """The table's largest |a - b| for scalar ``name`` (as a record of its kind)."""
         kind, phase = AS_KIND.get(name, ("param", "step"))
         tol = self.table.lookup(name, kind, phase, self.dtype, step)
-        return abs(a - b) <= tol.atol + tol.rtol * abs(a)
+        return tol.atol + tol.rtol * abs(a)
+
+
+def over_envelope(
+    base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars], judge: ScalarJudge
+) -> list[int]:
+    """The steps at which any scalar the envelope judges is outside it."""
+    over = []
+    for step in sorted(set(base) & set(cand)):
+        for name in ENVELOPE_SCALARS:
+            a, b = getattr(base[step], name), getattr(cand[step], name)
+            if a is not None and b is not None and not judge.same(name, float(a), float(b), step):
+                over.append(step)
+                break
+    return over
 
 
 @dataclass(frozen=True)
@@ -82,8 +109,17 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         return ScalarDiff("contract", "micro_batches", f"micro_batches in step {step}: {pattern}", pattern)
     for diff in (_loss(base, cand, judge), _grads(base, cand, judge), _clip(base, cand, judge)):
         if diff is not None:
-            return diff
-    return _schedule(base, cand, judge) or _update(base, cand, judge)
+            return _quoted(diff, base, judge)
+    return _quoted(_schedule(base, cand, judge) or _update(base, cand, judge), base, judge)
+
+
+def _quoted(diff: ScalarDiff | None, base: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
+    """In the envelope lane, the evidence quotes the envelope the scalar is outside of."""
+    if diff is None or judge.envelope is None or diff.origin not in ENVELOPE_SCALARS:
+        return diff
+    a = float(getattr(base, diff.origin))
+    quote = judge.envelope.quote(diff.origin, base.step, a, judge.bound(diff.origin, a, base.step))
+    return replace(diff, evidence=f"{diff.evidence}; {quote}")
 
 
 def _differs(
@@ -164,7 +200,8 @@ def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> Scala
 
 
 def _update(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
-    names = ("param_norm", "update_norm") if judge.lane == "exact" else ("param_norm",)
+    # The update norm is noise-amplified (module doc): judged where its noise is known or nil.
+    names = ("param_norm", "update_norm") if judge.lane in ("exact", "envelope") else ("param_norm",)
     for name in names:
         found = _differs(name, base, cand, judge)
         if found is not None:

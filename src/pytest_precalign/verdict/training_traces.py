@@ -13,6 +13,7 @@ from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
 from ..trace.step_scalars import StepScalars, scalars_of
 from .training_contract import Rename, same_names
+from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
 from .training_run import RunSide, TrainingVerdict, judge_run
 
@@ -49,8 +50,10 @@ def judge_traces(
     comparison: Comparison,
     table: ToleranceTable,
     rename: Rename = same_names,
+    envelope: Envelope | None = None,
 ) -> TrainingVerdict:
-    """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own)."""
+    """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own);
+    ``envelope``: judged in the envelope lane."""
     parents: Mapping[str, Any] = baseline.manifest.get("parents") or {}
     # A side that records no per-step scalars at all (a launched side stepping with torch.optim,
     # an msprobe dump) is compared on both sides' loss records: its missing scalars are what
@@ -64,4 +67,5 @@ def judge_traces(
         table,
         rename,
         dtype=str(baseline.manifest.get("dtype") or "float32"),
+        envelope=envelope,
     )

@@ -1,0 +1,112 @@
+"""The contract check before step 0: what each side WILL do, from its own trainer's plan
+made before anything trains, compared by ``verdict.training_contract.check_contract``. A
+difference stops the case there: nothing is trained or recorded, and the run verdict says
+``first_divergent: contract`` with the first differing step, the parameter group and both
+values.
+
+Each side's plan is its trainer's own plan function, the one the trainer writes into the
+side's manifest while training (``loop_training.loop_plan``, ``hf_trainer.trainer_plan``,
+``megatron_training.megatron_plan_of``), made from the side's built model, so a user's patch
+of its optimizer or scheduler classes shows in it. A launched side (torchrun) is planned in
+this process from its TP=1 twin: a ``megatron`` side with the same megatron-core functions
+and spec (its ranks unite their stages' groups into the same parameter names); a launched
+side stepping with ``torch.optim`` has no plan (its ranks write none), so nothing is checked
+before training for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..compare.tolerances import ToleranceTable
+from ..config.specs import CaseSpec, ModelSpec
+from ..mapping.spec import baseline_param_names
+from ..mapping.weights import SyncReport
+from ..sources import LoadedModel
+from ..sources.inputs import CaseInputs
+from ..trace.records import Trace
+from ..verdict.training_contract import check_contract
+from ..verdict.training_run import TrainingVerdict
+from ..verdict.training_traces import judge_traces
+from .launch import is_launched
+from .outcome import CaseRun, FinishInputs, finish
+from .side import side_trainer
+
+NOT_TRAINED = "nothing trained: the sides' training contract differs before step 0"
+
+
+def planned_training(
+    model: LoadedModel, spec: ModelSpec, data: CaseInputs, case: CaseSpec, side: str
+) -> dict[str, Any] | None:
+    """The ``"training"`` block (arguments and plan) this side's trainer will write, made
+    before it trains (None: a launched side without a plan of its own, see the module doc)."""
+    trainer = side_trainer(case, {"side": side})
+    if is_launched(spec) and trainer != "megatron":
+        return None
+    if trainer == "hf_trainer":
+        from .hf_trainer import trainer_plan
+
+        return trainer_plan(model, data, case, spec.seed)
+    if trainer == "megatron":
+        from ..sources.megatron import data_parallel
+        from .megatron_training import megatron_plan_of
+
+        return megatron_plan_of(model, data, case, data_parallel(spec))
+    from .loop_training import loop_plan, param_groups
+
+    return loop_plan(
+        case.optimizer, param_groups(model.module.named_parameters(), case.optimizer), case.steps
+    )
+
+
+def contract_before_training(
+    case: CaseSpec,
+    sides: tuple[tuple[LoadedModel, ModelSpec], tuple[LoadedModel, ModelSpec]],
+    data: CaseInputs,
+    table: ToleranceTable,
+    sync: SyncReport | None,
+    environment: Mapping[str, Any],
+    started: float,
+) -> CaseRun | None:
+    """The case stopped before step 0 when the two sides' plans differ (None: they agree, or
+    the case trains no step, or a side has no plan)."""
+    if "step" not in case.phases or "backward" not in case.phases:
+        return None
+    plans = []
+    for side, (model, spec) in zip(("baseline", "candidate"), sides, strict=True):
+        plans.append(planned_training(model, spec, data, case, side))
+    if plans[0] is None or plans[1] is None:
+        return None
+    mapping = case.mapping
+
+    def rename(name: str) -> tuple[str, ...]:
+        return tuple(baseline_param_names(mapping, name))
+
+    if check_contract(plans[0]["plan"], plans[1]["plan"], rename) is None:
+        return None
+    traces = [
+        Trace(
+            {**environment, "side": side, "model": spec.name, "training": plan, "not_trained": NOT_TRAINED},
+            (),
+        )
+        for side, (_, spec), plan in zip(("baseline", "candidate"), sides, plans, strict=True)
+    ]
+    inputs = FinishInputs(
+        case.name, case.phases, traces[0], traces[1], table, started, mapping, case, sync, dict(environment)
+    )
+    run = finish(replace(inputs, check_mapping=False))
+    return stopped_before_training(
+        run, run.training or judge_traces(traces[0], traces[1], run.comparison, table, rename)
+    )
+
+
+def stopped_before_training(run: CaseRun, training: TrainingVerdict) -> CaseRun:
+    """A case judged on its plans alone: every phase carries the run verdict (nothing was
+    recorded, so no phase is judged on records nor on coverage)."""
+    verdicts = {
+        phase: replace(verdict, passed=training.passed, coverage=None, expectation=verdict.expectation)
+        for phase, verdict in run.verdicts.items()
+    }
+    return replace(run, verdicts=verdicts, training=training)

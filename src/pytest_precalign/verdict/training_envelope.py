@@ -1,0 +1,83 @@
+"""The noise-envelope lane of the training-run verdict: the baseline run again ``reruns`` times
+with determinism off (clean reruns of the same stack), the spread of each per-step scalar over
+them measured, and the candidate's difference from the baseline at each step judged against
+``factor`` x that spread (never below a floor), with ``steps_over`` steps allowed above it.
+
+The spread of a scalar at a step is the largest |rerun - baseline| over the reruns. When the
+reruns are bitwise equal (the usual case on CPU: the ops a tiny model runs are deterministic
+even with determinism off), the spread is 0 and the floor decides: by default the case's
+tolerance table (the approximate lane's bound for that scalar), or ``floor: <relative>``
+(|a - b| <= floor x |a|), which can be tighter than the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..trace.step_scalars import StepScalars
+
+# The scalars the envelope judges: every float a step computes from the run's numbers (LRs
+# and weight decays are the plan's, judged to LR_RTOL; counts and hashes exactly).
+ENVELOPE_SCALARS = ("loss", "grad_norm", "clip_coef", "update_norm", "param_norm")
+
+
+@dataclass(frozen=True)
+class EnvelopeSpec:
+    """A case's ``envelope:`` (see the module doc); ``floor`` None: the case's table."""
+
+    reruns: int = 2
+    factor: float = 4.0
+    steps_over: int = 0
+    floor: float | None = None
+
+
+@dataclass(frozen=True)
+class Envelope:
+    spec: EnvelopeSpec
+    spreads: Mapping[str, Mapping[int, float]] = field(default_factory=dict)  # scalar -> step -> spread
+
+    def spread(self, name: str, step: int) -> float:
+        return self.spreads.get(name, {}).get(step, 0.0)
+
+    def allowed(self, name: str, step: int, a: float, table_bound: float) -> float:
+        """The largest |a - b| allowed for ``name`` at ``step`` (``a``: the baseline's value,
+        ``table_bound``: the table's bound there, the floor when ``spec.floor`` is None)."""
+        floor = table_bound if self.spec.floor is None else self.spec.floor * abs(a)
+        return max(self.spec.factor * self.spread(name, step), floor)
+
+    def quote(self, name: str, step: int, a: float, table_bound: float) -> str:
+        """The envelope at a step, in words, for a verdict's evidence."""
+        spread = self.spread(name, step)
+        floor = "the table's bound" if self.spec.floor is None else f"floor {self.spec.floor:g} x |baseline|"
+        return (
+            f"noise envelope: {name} spread {spread:.3g} over {self.spec.reruns} clean rerun(s) of the "
+            f"baseline, allowed {self.allowed(name, step, a, table_bound):.3g} "
+            f"(max of {self.spec.factor:g} x spread, {floor})"
+        )
+
+    def summary(self) -> str:
+        """The widest spread of each scalar over the run."""
+        widest = {n: max(s.values(), default=0.0) for n, s in self.spreads.items()}
+        parts = ", ".join(f"{n} {v:.3g}" for n, v in widest.items())
+        return f"{self.spec.reruns} clean rerun(s), widest spread per scalar: {parts or 'none recorded'}"
+
+
+def measure_envelope(
+    baseline: Mapping[int, StepScalars], reruns: Sequence[Mapping[int, StepScalars]], spec: EnvelopeSpec
+) -> Envelope:
+    """Each scalar's spread at each step: the largest |rerun - baseline| over ``reruns``."""
+    spreads: dict[str, dict[int, float]] = {}
+    for name in ENVELOPE_SCALARS:
+        for step, base in baseline.items():
+            a = getattr(base, name)
+            if a is None:
+                continue
+            spread = 0.0
+            for rerun in reruns:
+                other = rerun.get(step)
+                b = getattr(other, name) if other is not None else None
+                if b is not None:
+                    spread = max(spread, abs(float(b) - float(a)))
+            spreads.setdefault(name, {})[step] = spread
+    return Envelope(spec, spreads)
