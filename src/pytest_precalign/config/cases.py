@@ -66,6 +66,7 @@ CASE_KEYS = (
     "stored_layer_mapping",
     "min_coverage",
     "training",
+    "replay",
 )
 
 # Where a named mapping came from: (file, None) or (None, (value, source, key_path, line)).
@@ -95,7 +96,6 @@ def parse_case(
     _check_loaded_not_synced(reader, sync, sides)
     mapping = _case_mapping(reader, sides, mappings, base_dir)
     mapping = _with_layer_mapping(reader, mapping, base_dir)
-    baseline_rename = _baseline_rename(reader, base_dir)
     optimizer = parse_optimizer(reader)
     training = parse_training(reader, *(sides or (None, None)))
     record = _record(reader, base_dir)
@@ -126,9 +126,10 @@ def parse_case(
         search=_search(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
         ),
-        baseline_rename=baseline_rename,
+        baseline_rename=_baseline_rename(reader, base_dir),
         min_coverage=min_coverage(reader),
         training=training,
+        replay=reader.get_bool("replay", True),
     )
     reader.done()
     return case

@@ -101,6 +101,9 @@ class CaseSpec:
     min_coverage: float = DEFAULT_MIN_COVERAGE
     # Which framework's machinery trains each side (training/spec.py); None: each model's default.
     training: SidesTraining = SidesTraining()
+    # A failing training run's first divergent step replayed from the baseline's state
+    # (run/step_replay.py); ``replay: false`` turns it off.
+    replay: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,264 @@
+"""Drill-down by replay (run/step_replay.py): a failing training run's first divergent step k
+is replayed on both sides from the baseline's state after step k-1 (parameters, optimizer
+state, RNG) with every layer recorded in tensor mode, and the origin is named. Tiny factory
+models (tests/run/test_training_expect.py's), a few seconds each."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_precalign.config.loader import load_config
+from pytest_precalign.config.specs import AlignConfig
+from pytest_precalign.errors import ConfigError
+from pytest_precalign.reports.document import report_document
+from pytest_precalign.reports.text import PhaseReport
+from pytest_precalign.run.case import run_case
+from pytest_precalign.run.outcome import CaseRun, phase_outcome
+from pytest_precalign.run.step_replay import StateCarrier, not_replayable, replay_step
+
+NETS = """
+import torch
+
+
+class Late(torch.nn.Module):
+    def __init__(self, start):
+        super().__init__()
+        self.start, self.calls = start, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 1.01 if self.calls > self.start else x
+
+
+class Net(torch.nn.Module):
+    def __init__(self, start=10**6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, 16)
+        self.up = torch.nn.Linear(16, 16)
+        self.late = Late(start)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, input_ids):
+        return self.head(self.late(torch.tanh(self.up(self.embed(input_ids)))))
+
+
+class Transposed(torch.nn.Module):
+    # Linear with its weight stored as [in, out] (the mapping transposes it)
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n, n))
+        self.bias = torch.nn.Parameter(torch.zeros(n))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+class Renamed(torch.nn.Module):
+    # Net with 'up' called 'proj' and stored transposed
+    def __init__(self, start=10**6):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Embedding(50, 16)
+        self.proj = Transposed(16)
+        self.late = Late(start)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, input_ids):
+        return self.head(self.late(torch.tanh(self.proj(self.embed(input_ids)))))
+
+
+def build(**kwargs):
+    return Net(**kwargs)
+
+
+def renamed(**kwargs):
+    return Renamed(**kwargs)
+
+
+def eps_from(step):
+    # Net whose AdamW takes eps 1e-3 from its update `step` on (its optimizer's own settings
+    # still read 1e-8 when built)
+    model = Net()
+    owned = {id(p) for p in model.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self, params, *args, **kwargs):
+        params = list(params)
+        original(self, params, *args, **kwargs)
+        mine = any(id(p) in owned for g in self.param_groups for p in g["params"])
+        if mine:
+            inner, calls = self.step, [0]
+
+            def late_step(*a, **k):
+                calls[0] += 1
+                if calls[0] > step:
+                    for group in self.param_groups:
+                        group["eps"] = 1e-3
+                return inner(*a, **k)
+
+            self.step = late_step
+
+    torch.optim.AdamW.__init__ = init
+    return model
+"""
+
+CONFIG = """
+version: 1
+models:
+  ref: {source: factory, factory: "nets:build"}
+  late5: {source: factory, factory: "nets:build", kwargs: {start: 5}}
+  late3_renamed: {source: factory, factory: "nets:renamed", kwargs: {start: 3}}
+  eps3: {source: factory, factory: "nets:eps_from", kwargs: {step: 3}}
+  other_init: {source: factory, factory: "nets:renamed"}
+inputs:
+  toks: {kind: tokens, batch: 2, seq_len: 6, vocab_size: 50, seed: 3, labels: true}
+mappings:
+  transposed:
+    renames: [{baseline: up, candidate: proj}]
+    tensors:
+      - {baseline: up.weight, candidate: proj.weight, transform: {op: transpose, dim0: 0, dim1: 1}}
+cases:
+  - {name: layer_bug, baseline: ref, candidate: late5, inputs: toks, phases: [forward, backward, step],
+     steps: 7, optimizer: {name: adamw, lr: 1.0e-2, clip_grad: 1.0, schedule: {warmup_steps: 2}}}
+  - {name: layer_bug_no_replay, baseline: ref, candidate: late5, inputs: toks,
+     phases: [forward, backward, step], steps: 7, optimizer: {name: adamw, lr: 1.0e-2}, replay: false}
+  - {name: mapped, baseline: ref, candidate: late3_renamed, mapping: transposed, inputs: toks,
+     phases: [forward, backward, step], steps: 6, optimizer: {name: adamw, lr: 1.0e-2}}
+  - {name: eps, baseline: ref, candidate: eps3, inputs: toks, phases: [forward, backward, step],
+     steps: 5, optimizer: {name: adamw, lr: 1.0e-2}}
+  - {name: init, baseline: ref, candidate: other_init, inputs: toks, phases: [forward, backward, step],
+     steps: 3, weights: {sync: false}, optimizer: {name: adamw, lr: 1.0e-2}}
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Iterator[AlignConfig]:
+    (tmp_path / "nets.py").write_text(NETS)
+    sys.path.insert(0, str(tmp_path))
+    saved = torch.optim.AdamW.__init__
+    try:
+        yield load_config(CONFIG, tmp_path / "align.yaml")
+    finally:
+        torch.optim.AdamW.__init__ = saved  # type: ignore[method-assign]
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("nets", None)
+
+
+def message(run: CaseRun, phase: str) -> tuple[str, dict[str, object]]:
+    report = PhaseReport.of_run(
+        run, phase, defined_in="align.yaml", baseline="b", candidate="c", reproduce="r"
+    )
+    outcome = phase_outcome(report)
+    assert outcome.entry is not None
+    return outcome.message, report_document([outcome.entry], {})["training"]
+
+
+def test_a_layer_bug_from_step_5_is_replayed_from_step_4s_state_to_its_layer(config: AlignConfig) -> None:
+    run = run_case(config, config.case("layer_bug"))
+    text, training = message(run, "forward")
+    first = text.splitlines()[0]
+    assert first.startswith("Step 5 diverged first (loss ")
+    assert first.endswith(
+        "; replayed from the baseline's state after step 4: origin late (forward) — "
+        "its inputs matched, its output did not (activation of late)"
+    ), first
+    assert training["replay"] == {
+        "step": 5,
+        "from_step": 4,
+        "origin": "late",
+        "phase": "forward",
+        "evidence": "its inputs matched, its output did not (activation of late)",
+        "story": first,
+    }
+
+
+def test_replay_false_leaves_the_run_verdict_alone(config: AlignConfig) -> None:
+    run = run_case(config, config.case("layer_bug_no_replay"))
+    assert run.training is not None and run.training.first is not None
+    assert (run.training.first.step, run.training.replay) == (5, "")
+    assert "replayed" not in message(run, "forward")[0]
+
+
+def test_a_bad_replay_value_is_one_message_naming_the_key(tmp_path: Path) -> None:
+    bad = CONFIG.replace("replay: false", "replay: sometimes")
+    with pytest.raises(ConfigError, match=r"replay.*expected"):
+        load_config(bad, tmp_path / "align.yaml")
+
+
+def test_the_replay_starts_both_sides_from_the_baselines_state_through_the_mapping(
+    config: AlignConfig,
+) -> None:
+    # The candidate's bug starts at step 3: after step 4 its own parameters differ from the
+    # baseline's; the replay of step 5 loads the baseline's into it (proj.weight transposed).
+    case = config.case("mapped")
+    carrier = StateCarrier(case, lambda: "", keep=True)
+    finding = replay_step(config, case, 5, carrier)
+    base, kept = carrier.params, carrier.kept
+    assert torch.equal(kept["param:proj.weight"], base["up.weight"].T)
+    for name in ("embed.weight", "head.weight", "head.bias"):
+        assert torch.equal(kept[f"param:{name}"], base[name]), name
+    assert torch.equal(kept["param:proj.bias"], base["up.bias"])
+    # The optimizer state too, each tensor through the same transform; the step counter alike.
+    assert torch.equal(kept["exp_avg:proj.weight"], carrier.state["exp_avg"]["up.weight"].T)
+    assert torch.equal(kept["exp_avg_sq:head.weight"], carrier.state["exp_avg_sq"]["head.weight"])
+    assert float(kept["step:head.weight"]) == 5.0
+    # On equal state step 5 shows the bug itself (the candidate's own counter is past 3).
+    assert (finding.step, finding.origin, finding.what) == (5, "late", "forward")
+    # Without the load the candidate's state after step 4 is its own: the run diverged before
+    # step 5 (by step 3, where its bug starts; the transposed matmul rounds another way).
+    run = run_case(config, case)
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.step <= 3
+
+
+def test_an_optimizer_eps_planted_from_step_3_is_named_optimizer_update(config: AlignConfig) -> None:
+    run = run_case(config, config.case("eps"))
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.step == 3
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["phase"]) == (3, "optimizer_update"), run.training.replay
+    assert "its grad matched, the optimizer update made it differ" in str(found["evidence"])
+
+
+def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: AlignConfig) -> None:
+    run = run_case(config, config.case("init"))
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.what == "weights"
+    assert run.training.replay.startswith(
+        "not replayed: the initial weights differ, and a replay from equal state would hide that; "
+        "to go further record step 0 in tensor mode"
+    )
+    assert "not replayed: the initial weights differ" in message(run, "forward")[0]
+    trainer = replace(
+        config.case("layer_bug"), training=replace(config.case("layer_bug").training, candidate="hf_trainer")
+    )
+    layer = run_case(config, config.case("layer_bug_no_replay")).training
+    assert layer is not None
+    assert not_replayable(config, trainer, layer) == (
+        "the candidate (late5) trains with transformers.Trainer; the replay drives the tool's loop only"
+    )
+
+
+@pytest.mark.slow  # two 10-step Qwen runs and a 6-step replay of each side (~20 s of CPU)
+def test_the_suites_layer_bug_from_step_5_is_replayed_to_model_layers_1_mlp() -> None:
+    suite = Path(__file__).resolve().parents[2] / "example_suites" / "training"
+    config = load_config((suite / "align.yaml").read_text(), suite / "align.yaml")
+    case = replace(config.case("layer_bug_from_step_5"), expect=None)  # its expectation met: no failure
+    run = run_case(config, case)
+    text, training = message(run, "forward")
+    story = text.splitlines()[0]
+    assert story.startswith("Step 5 diverged first (loss "), story
+    assert story.endswith(
+        "; replayed from the baseline's state after step 4: origin model.layers.1.mlp (forward) — "
+        "its inputs matched, its output did not (activation of model.layers.1.mlp)"
+    ), story
+    replay = training["replay"]
+    assert isinstance(replay, dict)
+    assert (replay["step"], replay["from_step"], replay["phase"]) == (5, 4, "forward")
