@@ -237,12 +237,13 @@ def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: Alig
     )
     assert "not replayed: the initial weights differ" in message(run, "forward")[0]
     trainer = replace(
-        config.case("layer_bug"), training=replace(config.case("layer_bug").training, candidate="hf_trainer")
+        config.case("layer_bug"), training=replace(config.case("layer_bug").training, candidate="megatron")
     )
     layer = run_case(config, config.case("layer_bug_no_replay")).training
     assert layer is not None
     assert not_replayable(config, trainer, layer) == (
-        "the candidate (late5) trains with transformers.Trainer; the replay drives the tool's loop only"
+        "the candidate (late5) trains with megatron-core's own stack; the replay drives the tool's "
+        "loop and transformers.Trainer only"
     )
 
 
@@ -262,3 +263,71 @@ def test_the_suites_layer_bug_from_step_5_is_replayed_to_model_layers_1_mlp() ->
     replay = training["replay"]
     assert isinstance(replay, dict)
     assert (replay["step"], replay["from_step"], replay["phase"]) == (5, 4, "forward")
+
+
+TRAINER_CONFIG = """\
+version: 1
+defaults: {device: cpu, dtype: float32, seed: 0}
+models:
+  a: &qwen
+    source: hf
+    class: transformers.Qwen2ForCausalLM
+    attn_implementation: eager
+    config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+              num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64}
+  bug3: {<<: *qwen, patch: "late_mlp:from_step_2"}
+inputs:
+  toks: {kind: tokens, batch: 4, seq_len: 8, vocab_size: 128, seed: 1, labels: true}
+tolerances:
+  fp32:
+    - {match: "*", atol: 1.0e-5, rtol: 1.0e-4}
+cases:
+  - name: loop_vs_buggy_trainer
+    baseline: a
+    candidate: bug3
+    inputs: toks
+    phases: [forward, backward, step]
+    steps: 3
+    tolerances: fp32
+    training: {baseline: loop, candidate: hf_trainer}
+    optimizer: {lr: 0.01, weight_decay: 0.1, micro_batches: 2, clip_grad: 0.05,
+                schedule: {warmup_steps: 2, decay: cosine, min_lr: 0.001}}
+"""
+
+LATE_MLP = """
+def from_step_2(model):
+    # model.layers.1.mlp scales its output by 1.01 from update 2 on (2 micro-batches a step)
+    mlp, calls = model.get_submodule("model.layers.1.mlp"), [0]
+    forward = mlp.forward
+
+    def late(x):
+        calls[0] += 1
+        out = forward(x)
+        return out * 1.01 if calls[0] > 4 else out
+
+    mlp.forward = late
+"""
+
+
+def test_a_trainer_side_is_replayed_through_its_own_trainer(tmp_path: Path) -> None:
+    # The candidate is a real transformers.Trainer: it reruns its steps 0-1 itself, a callback
+    # loads the loop baseline's state (parameters, AdamW state, RNG) where step 2 begins.
+    (tmp_path / "late_mlp.py").write_text(LATE_MLP)
+    config = load_config(TRAINER_CONFIG, tmp_path / "align.yaml")
+    run = run_case(config, config.cases[0])
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.step == 2
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
+        run.training.replay
+    )
+    # The Trainer's own AdamW got the loop's state: every parameter and state tensor bitwise.
+    case = config.cases[0]
+    carrier = StateCarrier(case, lambda: "", keep=True)
+    replay_step(config, case, 2, carrier)
+    assert carrier.params and set(carrier.state) == {"exp_avg", "exp_avg_sq"}
+    for name, value in carrier.params.items():
+        assert torch.equal(carrier.kept[f"param:{name}"], value), name
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(carrier.kept[f"{key}:{name}"], carrier.state[key][name]), (key, name)
+        assert float(carrier.kept[f"step:{name}"]) == 2.0

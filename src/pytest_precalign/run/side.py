@@ -92,9 +92,9 @@ def _record_steps(
     )
     steps = case.steps if backward else 1
     if trainer != "loop":
-        if boundary is not None:
-            raise CaseError(f"case {case.name!r}: a step boundary drives the tool's loop only, not {trainer}")
-        return _trainer_side(model, data, case, manifest, seed, recorder, after_first_forward, trainer)
+        return _trainer_side(
+            model, data, case, manifest, seed, recorder, after_first_forward, trainer, boundary
+        )
     with recorder:
         for step in range(steps):
             if boundary is not None and boundary.past(step):
@@ -157,6 +157,7 @@ def _trainer_side(
     recorder: HookRecorder,
     after_first_forward: Callable[[HookRecorder], None] | None,
     trainer: Trainer,
+    boundary: Boundary | None = None,
 ) -> Trace:
     """The side trained by a ``transformers.Trainer`` or megatron-core's own stack
     (``run/megatron_training.py``) while ``recorder`` records it."""
@@ -165,9 +166,13 @@ def _trainer_side(
 
     if after_first_forward is not None:
         raise CaseError(f"case {case.name!r}: isolation is not available with training: {trainer}")
-    train = train_with_megatron if trainer == "megatron" else train_with_trainer
+    if boundary is not None and trainer == "megatron":
+        raise CaseError(f"case {case.name!r}: a step boundary drives the loop and the Trainer, not {trainer}")
     with recorder:
-        extra = train(model, data, case, recorder, seed)
+        if trainer == "megatron":
+            extra = train_with_megatron(model, data, case, recorder, seed)
+        else:
+            extra = train_with_trainer(model, data, case, recorder, seed, boundary)
     return recorder.trace({**manifest, **extra})
 
 

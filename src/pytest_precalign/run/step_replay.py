@@ -11,9 +11,10 @@ transforms the parameters. Step ``k`` then runs on both sides in tensor mode and
 judges it: a layer (forward or backward), the grad reduction, clipping, the schedule (the
 candidate's own scheduler gives another LR on equal state) or the optimizer update.
 
-Replayed: sides trained by the tool's loop, in this process. Not replayed (one honest line
-saying what to record instead): stored runs, launched sides, ``transformers.Trainer`` and
-megatron-core sides, a divergence of the initial weights, ``replay: false``.
+Replayed: sides trained in this process by the tool's loop or a ``transformers.Trainer`` (a
+callback loads the state where step ``k`` begins). Not replayed (one line saying why and what
+to record instead): stored runs, launched sides, megatron-core's own stack, a divergence of
+the initial weights; ``replay: false`` turns the replay off.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from .outcome import CaseRun, FinishInputs, finish
 from .replay_hint import not_replayed
 from .side import run_side, side_trainer
 from .step_boundary import Boundary
-
-_TRAINERS = {"hf_trainer": "transformers.Trainer", "megatron": "megatron-core's own stack"}
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,11 @@ def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict
         if is_launched(spec):
             return f"the {side} ({name}) runs launched under torchrun, not in this process"
         trainer = side_trainer(case, {"side": side})
-        if trainer != "loop" and "step" in case.phases:
-            return f"the {side} ({name}) trains with {_TRAINERS[trainer]}; the replay drives the tool's loop only"
+        if trainer == "megatron" and "step" in case.phases:
+            return (
+                f"the {side} ({name}) trains with megatron-core's own stack; the replay drives the "
+                "tool's loop and transformers.Trainer only"
+            )
     return None
 
 
