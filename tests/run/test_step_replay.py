@@ -18,7 +18,7 @@ from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.reports.document import report_document
 from pytest_precalign.reports.text import PhaseReport
-from pytest_precalign.run.case import run_case
+from pytest_precalign.run.case import check_modules, run_case
 from pytest_precalign.run.outcome import CaseRun, phase_outcome
 from pytest_precalign.run.step_replay import StateCarrier, not_replayable, replay_step
 
@@ -107,6 +107,22 @@ def eps_from(step):
 
     torch.optim.AdamW.__init__ = init
     return model
+
+
+def lr_behind():
+    # Net whose LambdaLR is one update behind (update s uses the LR of update s - 1)
+    model = Net()
+    owned = {id(p) for p in model.parameters()}
+    original = torch.optim.lr_scheduler.LambdaLR.__init__
+
+    def init(self, optimizer, lr_lambda, *args, **kwargs):
+        if any(id(p) in owned for g in optimizer.param_groups for p in g["params"]):
+            inner = lr_lambda
+            lr_lambda = lambda s: inner(max(s - 1, 0))
+        original(self, optimizer, lr_lambda, *args, **kwargs)
+
+    torch.optim.lr_scheduler.LambdaLR.__init__ = init
+    return model
 """
 
 CONFIG = """
@@ -117,6 +133,7 @@ models:
   late3_renamed: {source: factory, factory: "nets:renamed", kwargs: {start: 3}}
   eps3: {source: factory, factory: "nets:eps_from", kwargs: {step: 3}}
   other_init: {source: factory, factory: "nets:renamed"}
+  behind: {source: factory, factory: "nets:lr_behind"}
 inputs:
   toks: {kind: tokens, batch: 2, seq_len: 6, vocab_size: 50, seed: 3, labels: true}
 mappings:
@@ -133,6 +150,8 @@ cases:
      phases: [forward, backward, step], steps: 6, optimizer: {name: adamw, lr: 1.0e-2}}
   - {name: eps, baseline: ref, candidate: eps3, inputs: toks, phases: [forward, backward, step],
      steps: 5, optimizer: {name: adamw, lr: 1.0e-2}}
+  - {name: schedule, baseline: ref, candidate: behind, inputs: toks, phases: [forward, backward, step],
+     steps: 4, optimizer: {name: adamw, lr: 1.0e-2, schedule: {warmup_steps: 3}}}
   - {name: init, baseline: ref, candidate: other_init, inputs: toks, phases: [forward, backward, step],
      steps: 3, weights: {sync: false}, optimizer: {name: adamw, lr: 1.0e-2}}
 """
@@ -142,11 +161,11 @@ cases:
 def config(tmp_path: Path) -> Iterator[AlignConfig]:
     (tmp_path / "nets.py").write_text(NETS)
     sys.path.insert(0, str(tmp_path))
-    saved = torch.optim.AdamW.__init__
+    saved = torch.optim.AdamW.__init__, torch.optim.lr_scheduler.LambdaLR.__init__
     try:
         yield load_config(CONFIG, tmp_path / "align.yaml")
     finally:
-        torch.optim.AdamW.__init__ = saved  # type: ignore[method-assign]
+        torch.optim.AdamW.__init__, torch.optim.lr_scheduler.LambdaLR.__init__ = saved  # type: ignore[method-assign]
         sys.path.remove(str(tmp_path))
         sys.modules.pop("nets", None)
 
@@ -227,6 +246,14 @@ def test_an_optimizer_eps_planted_from_step_3_is_named_optimizer_update(config: 
     assert "its grad matched, the optimizer update made it differ" in str(found["evidence"])
 
 
+def test_a_scheduler_one_update_behind_is_named_schedule_on_equal_state(config: AlignConfig) -> None:
+    run = run_case(config, config.case("schedule"))
+    assert run.training is not None and run.training.first is not None
+    assert (run.training.first.step, run.training.first.what) == (1, "schedule")
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["from_step"], found["phase"], found["origin"]) == (1, 0, "schedule", "lr[0]")
+
+
 def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: AlignConfig) -> None:
     run = run_case(config, config.case("init"))
     assert run.training is not None and run.training.first is not None
@@ -236,14 +263,28 @@ def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: Alig
         "to go further record step 0 in tensor mode"
     )
     assert "not replayed: the initial weights differ" in message(run, "forward")[0]
-    trainer = replace(
-        config.case("layer_bug"), training=replace(config.case("layer_bug").training, candidate="megatron")
-    )
     layer = run_case(config, config.case("layer_bug_no_replay")).training
     assert layer is not None
-    assert not_replayable(config, trainer, layer) == (
-        "the candidate (late5) trains with megatron-core's own stack; the replay drives the tool's "
-        "loop and transformers.Trainer only"
+    stored = replace(config.case("layer_bug"), baseline_dump=Path("a"), candidate_dump=Path("b"))
+    assert (
+        not_replayable(config, stored, layer)
+        == "the sides are stored runs, not models this process can train"
+    )
+
+
+def test_modules_a_test_built_are_not_replayed_and_say_why() -> None:
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    cand = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    cand.load_state_dict(base.state_dict())
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cand[2].bias.add_(1e-3)  # differs from step 0 on: no rebuild can give it back
+    run = check_modules(base, cand, {"input": x}, phases=("forward", "backward", "step"), steps=3, train=True)
+    assert run.training is not None and run.training.first is not None
+    assert run.training.replay.startswith(
+        "not replayed: the modules were built by the test, and the tool cannot rebuild them as "
+        "they were at step 0; to go further record step 0 in tensor mode"
     )
 
 
@@ -331,3 +372,63 @@ def test_a_trainer_side_is_replayed_through_its_own_trainer(tmp_path: Path) -> N
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(carrier.kept[f"{key}:{name}"], carrier.state[key][name]), (key, name)
         assert float(carrier.kept[f"step:{name}"]) == 2.0
+
+
+MEGATRON_CONFIG = """
+version: 1
+models:
+  mc: &mc
+    source: megatron
+    config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+             num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64,
+             tie_word_embeddings: false}
+  mc_bug: {<<: *mc, patch: "late_mlp:megatron_from_step_2"}
+inputs:
+  toks: {kind: tokens, batch: 4, seq_len: 16, vocab_size: 128, seed: 3, labels: true}
+cases:
+  - name: megatron_layer_bug
+    baseline: mc
+    candidate: mc_bug
+    inputs: toks
+    phases: [forward, backward, step]
+    steps: 3
+    training: {baseline: megatron, candidate: megatron}
+    optimizer: {lr: 1.0e-2, weight_decay: 0.1, clip_grad: 1.0, micro_batches: 2,
+                schedule: {warmup_steps: 1, decay: cosine, min_lr: 1.0e-3}}
+"""
+
+MEGATRON_LATE_MLP = """
+def megatron_from_step_2(model):
+    # decoder.layers.1.mlp scales its output by 1.01 from update 2 on (2 micro-batches a step)
+    mlp, calls = model.get_submodule("decoder.layers.1.mlp"), [0]
+    forward = mlp.forward
+
+    def late(*args, **kwargs):
+        calls[0] += 1
+        out, bias = forward(*args, **kwargs)
+        return (out * 1.01 if calls[0] > 4 else out), bias
+
+    mlp.forward = late
+"""
+
+
+def test_a_megatron_side_is_replayed_through_megatrons_own_stack(tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    (tmp_path / "late_mlp.py").write_text(MEGATRON_LATE_MLP)
+    config = load_config(MEGATRON_CONFIG, tmp_path / "align.yaml")
+    case = config.cases[0]
+    run = run_case(config, case)
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.step == 2
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["origin"], found["phase"]) == (2, "decoder.layers.1.mlp", "forward"), (
+        run.training.replay
+    )
+    # Megatron's FP32Optimizer steps torch's Adam on the model's own parameters: their state
+    # after step 1 is the baseline's, bitwise.
+    carrier = StateCarrier(case, lambda: "", keep=True)
+    replay_step(config, case, 2, carrier)
+    assert set(carrier.state) == {"exp_avg", "exp_avg_sq"}
+    for name, value in carrier.params.items():
+        assert torch.equal(carrier.kept[f"param:{name}"], value), name
+        assert torch.equal(carrier.kept[f"exp_avg:{name}"], carrier.state["exp_avg"][name]), name

@@ -166,13 +166,9 @@ def _trainer_side(
 
     if after_first_forward is not None:
         raise CaseError(f"case {case.name!r}: isolation is not available with training: {trainer}")
-    if boundary is not None and trainer == "megatron":
-        raise CaseError(f"case {case.name!r}: a step boundary drives the loop and the Trainer, not {trainer}")
+    train = train_with_megatron if trainer == "megatron" else train_with_trainer
     with recorder:
-        if trainer == "megatron":
-            extra = train_with_megatron(model, data, case, recorder, seed)
-        else:
-            extra = train_with_trainer(model, data, case, recorder, seed, boundary)
+        extra = train(model, data, case, recorder, seed, boundary)
     return recorder.trace({**manifest, **extra})
 
 

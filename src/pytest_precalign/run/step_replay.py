@@ -11,10 +11,11 @@ transforms the parameters. Step ``k`` then runs on both sides in tensor mode and
 judges it: a layer (forward or backward), the grad reduction, clipping, the schedule (the
 candidate's own scheduler gives another LR on equal state) or the optimizer update.
 
-Replayed: sides trained in this process by the tool's loop or a ``transformers.Trainer`` (a
-callback loads the state where step ``k`` begins). Not replayed (one line saying why and what
-to record instead): stored runs, launched sides, megatron-core's own stack, a divergence of
-the initial weights; ``replay: false`` turns the replay off.
+Replayed: sides trained in this process by the tool's loop, a ``transformers.Trainer`` (a
+callback loads the state where step ``k`` begins) or megatron-core's stack (the torch optimizer
+inside its ``FP32Optimizer``). Not replayed (one line saying why and what to record instead):
+stored runs, launched sides, an optimizer stepping on copies of the parameters, a divergence
+of the initial weights; ``replay: false`` turns the replay off.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .launch import is_launched
 from .live import live_case
 from .outcome import CaseRun, FinishInputs, finish
 from .replay_hint import not_replayed
-from .side import run_side, side_trainer
+from .side import run_side
 from .step_boundary import Boundary
 
 
@@ -75,7 +76,7 @@ def with_replay(config: AlignConfig, case: CaseSpec, run: CaseRun) -> CaseRun:
     try:
         with torch.random.fork_rng(devices=[]):  # the process's RNG as the run left it
             finding = replay_step(config, case, step)
-    except ReplayUnavailable as exc:
+    except (ReplayUnavailable, CaseError) as exc:
         return replace(run, training=not_replayed(verdict, str(exc)))
     except Exception as exc:  # noqa: BLE001 - the run's verdict stands; the replay says why it stopped
         return replace(run, training=not_replayed(verdict, f"the replay raised {type(exc).__name__}: {exc}"))
@@ -94,12 +95,6 @@ def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict
         spec = config.models[name]
         if is_launched(spec):
             return f"the {side} ({name}) runs launched under torchrun, not in this process"
-        trainer = side_trainer(case, {"side": side})
-        if trainer == "megatron" and "step" in case.phases:
-            return (
-                f"the {side} ({name}) trains with megatron-core's own stack; the replay drives the "
-                "tool's loop and transformers.Trainer only"
-            )
     return None
 
 
