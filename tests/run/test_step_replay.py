@@ -132,6 +132,7 @@ models:
   late5: {source: factory, factory: "nets:build", kwargs: {start: 5}}
   late3_renamed: {source: factory, factory: "nets:renamed", kwargs: {start: 3}}
   eps3: {source: factory, factory: "nets:eps_from", kwargs: {step: 3}}
+  eps0: {source: factory, factory: "nets:eps_from", kwargs: {step: 0}}
   other_init: {source: factory, factory: "nets:renamed"}
   behind: {source: factory, factory: "nets:lr_behind"}
 inputs:
@@ -150,6 +151,8 @@ cases:
      phases: [forward, backward, step], steps: 6, optimizer: {name: adamw, lr: 1.0e-2}}
   - {name: eps, baseline: ref, candidate: eps3, inputs: toks, phases: [forward, backward, step],
      steps: 5, optimizer: {name: adamw, lr: 1.0e-2}}
+  - {name: eps_at_0, baseline: ref, candidate: eps0, inputs: toks, phases: [forward, backward, step],
+     steps: 2, optimizer: {name: adamw, lr: 1.0e-2}}
   - {name: schedule, baseline: ref, candidate: behind, inputs: toks, phases: [forward, backward, step],
      steps: 4, optimizer: {name: adamw, lr: 1.0e-2, schedule: {warmup_steps: 3}}}
   - {name: init, baseline: ref, candidate: other_init, inputs: toks, phases: [forward, backward, step],
@@ -244,6 +247,33 @@ def test_an_optimizer_eps_planted_from_step_3_is_named_optimizer_update(config: 
     found = dict(run.training.replay_found)
     assert (found["step"], found["phase"]) == (3, "optimizer_update"), run.training.replay
     assert "its grad matched, the optimizer update made it differ" in str(found["evidence"])
+
+
+def test_a_divergence_at_step_0_is_replayed_from_the_synced_weights_in_tensor_mode(
+    config: AlignConfig,
+) -> None:
+    run = run_case(config, config.case("eps_at_0"))
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.step == 0
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["from_step"], found["phase"]) == (0, None, "optimizer_update")
+    assert "; replayed from the synced initial state in tensor mode: origin " in run.training.replay
+
+
+def test_the_replay_leaves_the_run_and_the_process_as_the_run_left_them(config: AlignConfig) -> None:
+    # The same failing case with and without the replay: the same verdict, bitwise the same
+    # curves and traces' scalars, the same torch RNG state and determinism flags afterwards.
+    flags = torch.are_deterministic_algorithms_enabled()
+    off = run_case(config, config.case("layer_bug_no_replay"))
+    rng_off = torch.get_rng_state()
+    on = run_case(config, replace(config.case("layer_bug_no_replay"), replay=True))
+    rng_on = torch.get_rng_state()
+    assert on.training is not None and off.training is not None and on.training.replay
+    assert on.training.first == off.training.first and on.training.curves == off.training.curves
+    assert on.baseline.manifest["scalars"] == off.baseline.manifest["scalars"]
+    assert on.candidate.manifest["scalars"] == off.candidate.manifest["scalars"]
+    assert torch.equal(rng_on, rng_off)
+    assert torch.are_deterministic_algorithms_enabled() == flags
 
 
 def test_a_scheduler_one_update_behind_is_named_schedule_on_equal_state(config: AlignConfig) -> None:
