@@ -189,7 +189,11 @@ def _finding(run: CaseRun, step: int, starts: Mapping[str, Mapping[str, str]]) -
     first = training.first if training is not None else None
     if first is not None:
         return ReplayFinding(step, first.origin, first.what, first.evidence, starts)
+    if training is not None and training.findings:
+        raise ReplayUnavailable(f"the replay's runs do not line up: {training.findings[0]}")
     compared = sum(v.compared for v in run.verdicts.values())
+    if not compared:
+        raise ReplayUnavailable(f"the replay of step {step} compared nothing")
     evidence = (
         f"step {step} matched on equal state ({compared} records compared): what differs is the "
         f"state the candidate carried into step {step} (its parameters or optimizer state after "
@@ -236,7 +240,12 @@ class StateCarrier:
 
     def load(self, module: torch.nn.Module, optimizer: Any) -> None:
         strict = self.case.strict_weights
-        sync_weights(self.params, module, self.case.mapping, strict=strict, context=self.where)
+        report = sync_weights(self.params, module, self.case.mapping, strict=strict, context=self.where)
+        if report.unsynced:  # weights: {strict: false}: the sides would not start equal
+            raise ReplayUnavailable(
+                f"{len(report.unsynced)} candidate parameter(s) have no baseline source "
+                f"({', '.join(report.unsynced[:3])}): the sides would not start from equal state"
+            )
         if optimizer is not None:
             self._load_state(module, optimizer)
         if self.rng is not None:
