@@ -68,3 +68,5 @@ def test_the_failing_item_tells_the_replays_story(pytester: pytest.Pytester, run
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     replays = [c["training"]["replay"] for c in report["cases"] if c.get("training")]
     assert replays and all(r["origin"] == "late" and r["from_step"] == 3 for r in replays)
+    html = (pytester.path / "out" / "report.html").read_text()
+    assert '<p class="replay">Step 4 diverged first (loss ' in html
