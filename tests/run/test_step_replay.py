@@ -462,3 +462,64 @@ def test_a_megatron_side_is_replayed_through_megatrons_own_stack(tmp_path: Path)
     for name, value in carrier.params.items():
         assert torch.equal(carrier.kept[f"param:{name}"], value), name
         assert torch.equal(carrier.kept[f"exp_avg:{name}"], carrier.state["exp_avg"][name]), name
+
+
+PORT_CONFIG = """
+version: 1
+defaults: {device: cpu, dtype: float32, seed: 0}
+models:
+  hf:
+    source: hf
+    class: transformers.Qwen2ForCausalLM
+    attn_implementation: eager
+    config: &c {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+              num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64,
+              tie_word_embeddings: false, rms_norm_eps: 1.0e-6}
+  mc_bug: {source: megatron, preset: qwen2.5, config: *c, patch: "late_mlp:megatron_from_step_2"}
+inputs:
+  toks: {kind: tokens, batch: 4, seq_len: 16, vocab_size: 128, seed: 3, labels: true}
+tolerances:
+  fp32:
+    - {match: "*", atol: 1.0e-5, rtol: 1.0e-4}
+cases:
+  - name: trainer_vs_megatron_bug
+    baseline: hf
+    candidate: mc_bug
+    mapping: "preset:megatron-qwen2.5"
+    inputs: toks
+    phases: [forward, backward, step]
+    steps: 3
+    tolerances: fp32
+    training: {baseline: hf_trainer, candidate: megatron}
+    record: {mode: tensor}
+    optimizer: {lr: 1.0e-3, weight_decay: 0.1, clip_grad: 1.0, micro_batches: 2,
+                schedule: {warmup_steps: 1, decay: cosine, min_lr: 1.0e-4}}
+"""
+
+
+def test_a_port_from_a_trainer_to_megatron_is_replayed_through_the_presets_fused_tensors(
+    tmp_path: Path,
+) -> None:
+    # The HF Trainer's state goes into Megatron's through the preset mapping: q, k, v fused
+    # into linear_qkv (interleaved per group), gate and up into linear_fc1; AdamW's exp_avg
+    # through the same transforms.
+    pytest.importorskip("megatron.core")
+    (tmp_path / "late_mlp.py").write_text(MEGATRON_LATE_MLP)
+    config = load_config(PORT_CONFIG, tmp_path / "align.yaml")
+    case = config.cases[0]
+    run = run_case(config, case)
+    assert run.training is not None and run.training.first is not None
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
+        run.training.replay
+    )
+    carrier = StateCarrier(case, lambda: "", keep=True)
+    replay_step(config, case, 2, carrier)
+    base = carrier.state["exp_avg"]
+    fused = carrier.kept["exp_avg:decoder.layers.0.self_attention.linear_qkv.weight"]
+    parts = [base[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
+    assert torch.equal(fused.flatten().sort().values, torch.cat([p.flatten() for p in parts]).sort().values)
+    assert not torch.equal(fused, torch.cat(parts))  # interleaved per group, not stacked
+    fc1 = carrier.kept["exp_avg:decoder.layers.1.mlp.linear_fc1.weight"]
+    gate_up = [base[f"model.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up")]
+    assert torch.equal(fc1, torch.cat(gate_up))
