@@ -380,6 +380,7 @@ def from_step_2(model):
 """
 
 
+@pytest.mark.slow  # a Trainer run and its replay (~15 s CPU); the port test below covers the Trainer's boundary
 def test_a_trainer_side_is_replayed_through_its_own_trainer(tmp_path: Path) -> None:
     # The candidate is a real transformers.Trainer: it reruns its steps 0-1 itself, a callback
     # loads the loop baseline's state (parameters, AdamW state, RNG) where step 2 begins.
@@ -442,6 +443,7 @@ def megatron_from_step_2(model):
 """
 
 
+@pytest.mark.slow  # two Megatron runs and replays (~15 s CPU); the port test below loads into Megatron
 def test_a_megatron_side_is_replayed_through_megatrons_own_stack(tmp_path: Path) -> None:
     pytest.importorskip("megatron.core")
     (tmp_path / "late_mlp.py").write_text(MEGATRON_LATE_MLP)
