@@ -276,8 +276,15 @@ def test_compare_names_the_step_a_warmup_one_step_behind_diverges_from_the_scala
     out = capsys.readouterr().out
     assert "Step 1 diverged first: schedule, origin lr[0] — lr at step 1: 5.000e-04 vs 0.000e+00" in out
     assert "steps 2-4 are downstream of it" in out
+    hint = (
+        "not replayed: the runs are recordings, not models to train; to go further record step 1 "
+        "in tensor mode on both sides from equal state: record: {mode: tensor} in a case, or "
+        'Recorder(root, mode="tensor", steps=[1])'
+    )
+    assert hint in out
     training = json.loads((tmp_path / "out" / "report.json").read_text())["training"]
     assert (training["first_divergent_step"], training["first_divergent"]) == (1, "schedule")
+    assert training["replay"]["story"].startswith(hint)
     assert training["lane"] == "approximate" and training["steps_compared"] == 5
 
 

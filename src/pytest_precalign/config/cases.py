@@ -67,6 +67,7 @@ CASE_KEYS = (
     "min_coverage",
     "training",
     "envelope",
+    "replay",
 )
 
 # Where a named mapping came from: (file, None) or (None, (value, source, key_path, line)).
@@ -96,8 +97,8 @@ def parse_case(
     _check_loaded_not_synced(reader, sync, sides)
     mapping = _case_mapping(reader, sides, mappings, base_dir)
     mapping = _with_layer_mapping(reader, mapping, base_dir)
-    baseline_rename = _baseline_rename(reader, base_dir)
-    optimizer, training = parse_optimizer(reader), parse_training(reader, *(sides or (None, None)))
+    optimizer = parse_optimizer(reader)
+    training = parse_training(reader, *(sides or (None, None)))
     record = _record(reader, base_dir)
     table = _table(reader, tables)
     loss = _loss(reader, phases, None if dumps else inputs[input_name])
@@ -126,10 +127,11 @@ def parse_case(
         search=_search(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
         ),
-        baseline_rename=baseline_rename,
+        baseline_rename=_baseline_rename(reader, base_dir),
         min_coverage=min_coverage(reader),
         training=training,
         envelope=parse_envelope(reader, phases, steps, bool(dumps)),
+        replay=reader.get_bool("replay", True),
     )
     reader.done()
     return case

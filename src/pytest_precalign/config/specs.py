@@ -104,6 +104,9 @@ class CaseSpec:
     training: SidesTraining = SidesTraining()
     # The run verdict's noise-envelope lane (``envelope:``); None: the table's lanes.
     envelope: EnvelopeSpec | None = None
+    # A failing training run's first divergent step replayed from the baseline's state
+    # (run/step_replay.py); ``replay: false`` turns it off.
+    replay: bool = True
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,11 @@ def training_section(training: Mapping[str, Any] | None) -> str:
     return (
         f'<div class="training" data-first-step="{esc(first if first is not None else "")}">'
         f"<h3>Training run</h3><p>{esc(_story(training))}</p>"
+        + (
+            f'<p class="replay">{esc(replay["story"])}</p>'
+            if isinstance(replay := training.get("replay"), Mapping)
+            else ""
+        )
         + "".join(f'<p class="finding">{esc(f)}</p>' for f in training.get("findings") or [])
         + f'<div class="training-charts">{"".join(panels)}</div></div>'
     )

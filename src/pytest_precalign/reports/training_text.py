@@ -19,12 +19,14 @@ def training_lines(v: TrainingVerdict) -> list[str]:
         lines.append(f"Known divergence not reproduced: expected {v.expected}, found {found}")
     first = v.first
     if first is not None:
-        lines.append(
-            f"Step {first.step} diverged first: {first.what}, origin {first.origin} — {first.evidence}"
-        )
+        own = f"{first.what}, origin {first.origin} — {first.evidence}"
+        if v.replay_found:  # the replay's story leads; the run's own records follow
+            lines += [v.replay, f"  the run's records at step {first.step}: {own}"]
+        else:
+            lines.append(f"Step {first.step} diverged first: {own}")
         if first.pattern:
             lines.append(f"  whole model: {first.pattern}")
-        if v.replay:
+        if v.replay and not v.replay_found:
             lines.append(f"  {v.replay}")
         if v.downstream:
             lines.append(f"  {v.downstream}")

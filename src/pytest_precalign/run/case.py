@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ from .envelope_runs import baseline_envelope
 from .isolation import isolate
 from .live import case_where, live_case
 from .outcome import CaseRun, FinishInputs, finish
+from .replay_hint import not_replayed
 from .side import run_side
+from .step_replay import with_replay
 
 
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
@@ -106,7 +109,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             seed=base_spec.seed,
         )
     del baseline, candidate  # refcounting frees them; a full gc.collect() costs ~0.25 s a case
-    return finish(
+    run = finish(
         FinishInputs(
             case.name,
             case.phases,
@@ -123,6 +126,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
             envelope=envelope,
         )
     )
+    return with_replay(config, case, run)  # a failing run's first divergent step drilled into
 
 
 def step_judge(case: CaseSpec, baseline: torch.nn.Module, *, synced: bool) -> Any:
@@ -225,11 +229,13 @@ def _run_modules(
             run_side(LoadedModel(side, module, None), data, case, {**env, "side": side}, seed)
             for side, module in zip(("baseline", "candidate"), modules, strict=True)
         )
-    return finish(
+    run = finish(
         FinishInputs(
             case.name, case.phases, a, b, table, started, case.mapping, None, sync, env, judge_steps=judge
         )
     )
+    why = "the modules were built by the test, and the tool cannot rebuild them as they were at step 0"
+    return replace(run, training=not_replayed(run.training, why))
 
 
 def _mode_of(baseline: torch.nn.Module, candidate: torch.nn.Module, train: bool | None, name: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from ..sources.inputs import CaseInputs
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..training.spec import OptimizerSpec
 from .loop_step import split_micro_batches
+from .step_boundary import Boundary
 
 _OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd"}
 
@@ -105,35 +106,29 @@ class _Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 def train_with_trainer(
-    model: LoadedModel, data: CaseInputs, case: CaseSpec, recorder: HookRecorder, seed: int
+    model: LoadedModel,
+    data: CaseInputs,
+    case: CaseSpec,
+    recorder: HookRecorder,
+    seed: int,
+    boundary: Boundary | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` with a ``transformers.Trainer`` through the case's steps while
-    ``recorder``'s hooks record it; returns the manifest's training evidence."""
-    from ..training.hf_callback import TrainerSteps
+    ``recorder``'s hooks record it; returns the manifest's training evidence. ``boundary``:
+    record only its step and stop after it (``step_boundary``)."""
 
     batches = [data.batch(s) for s in range(case.steps)]
     for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
         split_micro_batches(batch, case.optimizer.micro_batches, case)
     rows = next(v for v in batches[0].model_inputs.values() if isinstance(v, torch.Tensor)).shape[0]
-
-    class CaseSteps(TrainerSteps):
-        def _start(self, module: torch.nn.Module, step: int) -> None:
-            recorder.step = step
-            seed_everything(seed + step)  # dropout, if any, draws as in the loop
-
-        def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
-            recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
-
-        def _updated(self) -> None:
-            recorder.record_params()
-
-    steps = CaseSteps()
+    steps = _case_steps(recorder, seed, boundary)
     bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
     with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
         trainer, arguments = _trainer(model.module, case, rows, seed, out, _Rows(batches), [steps], bf16=bf16)
         plan = _plan(trainer, case, model.module)
         trainer.train()
-    _check_steps(steps.scalars, case)
+        steps.pause.close()
+    _check_steps(steps.scalars, case, boundary)
     training = _training_block(arguments, plan)
     if bf16:
         training["arguments"] |= MASTER_WEIGHTS
@@ -214,6 +209,55 @@ def trainer_plan(model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int
     return block
 
 
+def _case_steps(recorder: HookRecorder, seed: int, boundary: Boundary | None) -> Any:
+    """The Trainer callback that records each step with ``recorder`` (only ``boundary``'s
+    step when given: the steps before it run paused, the state is loaded where it starts, and
+    training stops after it)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from ..training.hf_callback import TrainerSteps
+
+    class CaseSteps(TrainerSteps):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pause = ExitStack()  # the recorder paused through a step before the boundary
+            self.quiet = False
+            self.optimizer: Any = None
+
+        def on_step_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        ) -> None:
+            self.optimizer = kwargs.get("optimizer")
+            super().on_step_begin(args, state, control, **kwargs)
+
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        ) -> None:
+            super().on_step_end(args, state, control, **kwargs)
+            if boundary is not None and boundary.past(state.global_step):
+                control.should_training_stop = True  # global_step counts the update just made
+
+        def _start(self, module: torch.nn.Module, step: int) -> None:
+            self.pause.close()
+            self.quiet = boundary is not None and boundary.quiet(step)
+            if self.quiet:
+                self.pause.enter_context(recorder.paused())
+            recorder.step = step
+            seed_everything(seed + step)  # dropout, if any, draws as in the loop
+            if boundary is not None and step == boundary.step:
+                boundary.at(module, self.optimizer)
+
+        def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
+            if not self.quiet:
+                recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
+
+        def _updated(self) -> None:
+            if not self.quiet:
+                recorder.record_params()
+
+    return CaseSteps()
+
+
 def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> dict[str, Any]:
     """The Trainer's own parameter groups, and the LRs its own scheduler gives each update
     (``transformers.get_scheduler``, as ``create_scheduler`` calls it, on a throwaway optimizer
@@ -264,9 +308,12 @@ def _training_block(arguments: Mapping[str, Any], plan: Mapping[str, Any]) -> di
     }
 
 
-def _check_steps(scalars: Mapping[int, StepScalars], case: CaseSpec) -> None:
-    if sorted(scalars) != list(range(case.steps)):
+def _check_steps(
+    scalars: Mapping[int, StepScalars], case: CaseSpec, boundary: Boundary | None = None
+) -> None:
+    last = case.steps if boundary is None else boundary.step + 1
+    if sorted(scalars) != list(range(last)):
         raise CaseError(
             f"case {case.name!r}: transformers.Trainer ran steps {sorted(scalars)}, the case has "
-            f"{case.steps} (0..{case.steps - 1})"
+            f"{last} (0..{last - 1})"
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ..sources.inputs import CaseInputs
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..training.megatron_stack import build_megatron_stack, plan_before_training
 from ..training.step_evidence import initial_params
+from .step_boundary import Boundary
 
 
 def micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[dict[str, torch.Tensor]]:
@@ -71,10 +73,17 @@ def megatron_plan_of(
 
 
 def train_with_megatron(
-    model: LoadedModel, data: CaseInputs, case: CaseSpec, recorder: HookRecorder, seed: int
+    model: LoadedModel,
+    data: CaseInputs,
+    case: CaseSpec,
+    recorder: HookRecorder,
+    seed: int,
+    boundary: Boundary | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` (a megatron-core module of this process) through the case's steps while
-    ``recorder`` (entered, ``param_grads="step"``) records; the manifest's training evidence."""
+    ``recorder`` (entered, ``param_grads="step"``) records; the manifest's training evidence.
+    ``boundary``: record only its step and stop after it (``step_boundary``; the torch
+    optimizer inside Megatron's ``FP32Optimizer`` is handed to it)."""
     if case.loss != "causal_lm":
         raise CaseError(
             f"case {case.name!r}: training: megatron (a Megatron model's default) computes loss "
@@ -100,20 +109,40 @@ def train_with_megatron(
         recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
 
     scalars: dict[int, StepScalars] = {}
-    for step in range(case.steps):
-        calls.clear()
-        recorder.step = step
-        seed_everything(seed + step)  # dropout, if any, draws as on the other side
-        parts = micro_batches(data.batch(step), spec.micro_batches, case)
-        _, scalars[step] = stack.train_step(
-            step,
-            parts,
-            forward,
-            on_output=on_output,
-            grads_ready=partial(recorder.record_param_grads, len(parts)),
-        )
-        recorder.record_params()
+    for step in range(case.steps if boundary is None else boundary.step + 1):
+        quiet = boundary is not None and boundary.quiet(step)
+        with recorder.paused() if quiet else nullcontext():
+            calls.clear()
+            recorder.step = step
+            seed_everything(seed + step)  # dropout, if any, draws as on the other side
+            if boundary is not None and step == boundary.step:
+                boundary.at(module, torch_optimizer(stack.optimizer, module))
+            parts = micro_batches(data.batch(step), spec.micro_batches, case)
+            _, scalars[step] = stack.train_step(
+                step,
+                parts,
+                forward,
+                on_output=None if quiet else on_output,
+                grads_ready=None if quiet else partial(recorder.record_param_grads, len(parts)),
+            )
+            if not quiet:
+                recorder.record_params()
     return {"training": training, SCALARS_KEY: scalars_manifest(scalars), "initial_params": initial}
+
+
+def torch_optimizer(optimizer: Any, module: torch.nn.Module) -> Any:
+    """The torch optimizer inside Megatron's ``FP32Optimizer`` when it steps on ``module``'s
+    own parameters; else a ``CaseError`` (a chained optimizer, fp32 main copies of bf16
+    parameters: their state is not the model's parameters')."""
+    inner = getattr(optimizer, "optimizer", None)
+    own = {id(p) for p in module.parameters()}
+    stepped = [p for g in getattr(inner, "param_groups", ()) for p in g["params"]]
+    if inner is None or not stepped or any(id(p) not in own for p in stepped):
+        raise CaseError(
+            f"megatron's {type(optimizer).__name__} does not step on the model's own parameters "
+            "(fp32 main copies, or chained optimizers): its state cannot be loaded by parameter"
+        )
+    return inner
 
 
 TRAINING_FILE = "training_rank{rank}.json"

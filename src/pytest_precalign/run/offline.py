@@ -22,6 +22,7 @@ from ..reports.text import PhaseReport
 from ..trace.records import Trace
 from ..vocabulary import PHASES
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
+from .replay_hint import not_replayed
 from .stored_runs import load_side, load_sides
 
 
@@ -170,6 +171,7 @@ def compare_runs(
         min_coverage=min_coverage,
     )
     run = finish(job)
+    run = replace(run, training=not_replayed(run.training, "the runs are recordings, not models to train"))
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run

@@ -4,6 +4,7 @@ optimizer step. Shared by live cases, tensor-parallel ranks, the search and cali
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from ..trace.records import Trace
 from ..training.spec import Trainer
 from .loop_step import LoopTraining, shifted_tokens, split_micro_batches
 from .loop_training import make_optimizer as make_optimizer
+from .step_boundary import Boundary
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -38,11 +40,13 @@ def run_side(
     seed: int,
     after_first_forward: Callable[[HookRecorder], None] | None = None,
     golden: Judge | None = None,
+    boundary: Boundary | None = None,
 ) -> Trace:
     """Record one model through the case's steps. ``after_first_forward`` runs once the
     forward of step 0 is recorded, before any backward or optimizer step (isolation mode
     calls the modules again there, with the weights they had). ``golden``: compare each
-    record with a golden run while recording (``live_compare``)."""
+    record with a golden run while recording (``live_compare``). ``boundary``: record only
+    its step, after the side's own machinery ran the steps before it (``step_boundary``)."""
     backward = "backward" in case.phases
     if backward and case.loss == "none":
         raise CaseError(f"case {case.name!r}: phase 'backward' needs a loss (loss: causal_lm or model)")
@@ -52,7 +56,7 @@ def run_side(
     modes = [(m, m.training) for m in module.modules()]  # the user's, restored after recording
     module.train(case.train)
     try:
-        return _record_steps(model, data, case, manifest, seed, after_first_forward, golden)
+        return _record_steps(model, data, case, manifest, seed, after_first_forward, golden, boundary)
     finally:
         for submodule, training in modes:
             submodule.training = training
@@ -66,6 +70,7 @@ def _record_steps(
     seed: int,
     after_first_forward: Callable[[HookRecorder], None] | None,
     golden: Judge | None = None,
+    boundary: Boundary | None = None,
 ) -> Trace:
     backward = "backward" in case.phases
     module = model.module
@@ -87,35 +92,60 @@ def _record_steps(
     )
     steps = case.steps if backward else 1
     if trainer != "loop":
-        return _trainer_side(model, data, case, manifest, seed, recorder, after_first_forward, trainer)
+        return _trainer_side(
+            model, data, case, manifest, seed, recorder, after_first_forward, trainer, boundary
+        )
     with recorder:
         for step in range(steps):
-            recorder.step = step
-            seed_everything(seed + step)  # dropout, if any, draws the same numbers on both sides
-            if training is not None:
-                training.begin()
-            micro = split_micro_batches(
-                data.batch(step), case.optimizer.micro_batches if backward else 1, case
-            )
-            tokens = shifted_tokens(micro) if case.loss == "causal_lm" else None
-            losses = []
-            for call, part in enumerate(micro):
-                loss = _forward(model, recorder, part, case, call, tokens if len(micro) > 1 else None)
-                if step == 0 and call == 0 and after_first_forward is not None:
-                    with recorder.paused():
-                        after_first_forward(recorder)
-                    recorder.calls.clear()
-                if backward:
-                    assert loss is not None
-                    with model.context():  # a recomputing model re-runs its forward here
-                        loss.backward()
-                losses.append(None if loss is None else loss.detach())
-                del loss
-            if training is not None:
-                training.update(step, losses, micro)
-                recorder.record_params()
+            if boundary is not None and boundary.past(step):
+                break
+            quiet = boundary is not None and boundary.quiet(step)
+            with recorder.paused() if quiet else nullcontext():
+                recorder.step = step
+                seed_everything(seed + step)  # dropout, if any, draws the same numbers on both sides
+                if boundary is not None and step == boundary.step:
+                    boundary.at(model.module, None if training is None else training.optimizer)
+                _loop_step(model, data, case, step, recorder, training, after_first_forward, quiet)
     extra = {} if training is None else training.manifest()
     return recorder.trace({**manifest, **extra})
+
+
+def _loop_step(
+    model: LoadedModel,
+    data: CaseInputs,
+    case: CaseSpec,
+    step: int,
+    recorder: HookRecorder,
+    training: LoopTraining | None,
+    after_first_forward: Callable[[HookRecorder], None] | None,
+    quiet: bool = False,
+) -> None:
+    """One step of the tool's loop: its micro-batches' forward and backward, then the update
+    (``quiet``: nothing recorded, the recorder paused by the caller)."""
+    backward = "backward" in case.phases
+    if training is not None:
+        training.begin()
+    micro = split_micro_batches(data.batch(step), case.optimizer.micro_batches if backward else 1, case)
+    tokens = shifted_tokens(micro) if case.loss == "causal_lm" else None
+    losses = []
+    for call, part in enumerate(micro):
+        loss = _forward(
+            model, None if quiet else recorder, part, case, call, tokens if len(micro) > 1 else None
+        )
+        if step == 0 and call == 0 and after_first_forward is not None:
+            with recorder.paused():
+                after_first_forward(recorder)
+            recorder.calls.clear()
+        if backward:
+            assert loss is not None
+            with model.context():  # a recomputing model re-runs its forward here
+                loss.backward()
+        losses.append(None if loss is None else loss.detach())
+        del loss
+    if training is not None:
+        training.update(step, losses, micro)
+        if not quiet:
+            recorder.record_params()
 
 
 def _trainer_side(
@@ -127,6 +157,7 @@ def _trainer_side(
     recorder: HookRecorder,
     after_first_forward: Callable[[HookRecorder], None] | None,
     trainer: Trainer,
+    boundary: Boundary | None = None,
 ) -> Trace:
     """The side trained by a ``transformers.Trainer`` or megatron-core's own stack
     (``run/megatron_training.py``) while ``recorder`` records it."""
@@ -140,7 +171,7 @@ def _trainer_side(
         )
     train = train_with_megatron if trainer == "megatron" else train_with_trainer
     with recorder:
-        extra = train(model, data, case, recorder, seed)
+        extra = train(model, data, case, recorder, seed, boundary)
     return recorder.trace({**manifest, **extra})
 
 
@@ -155,21 +186,22 @@ def side_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> Trainer:
 
 def _forward(
     model: LoadedModel,
-    recorder: HookRecorder,
+    recorder: HookRecorder | None,
     data: CaseInputs,
     case: CaseSpec,
     call: int,
     step_tokens: int | None,
 ) -> torch.Tensor | None:
-    """One micro-batch's forward and loss, recorded (call ``call`` of the step). With
-    ``step_tokens`` (micro-batches), the loss is normalised per token over the whole step."""
+    """One micro-batch's forward and loss, recorded (call ``call`` of the step; nothing
+    without ``recorder``). With ``step_tokens`` (micro-batches), the loss is normalised per
+    token over the whole step."""
     with torch.set_grad_enabled("backward" in case.phases):
         output = model(data.model_inputs)
         logits = model.logits(output)
-        logits_record = recorder.record_output("logits", logits, call=call)
+        logits_id = None if recorder is None else recorder.record_output("logits", logits, call=call).id
         loss = _loss(model, output, logits, data, case, step_tokens)
-        if loss is not None:
-            recorder.record_output("loss", loss, deps=(logits_record.id,), call=call)
+        if loss is not None and recorder is not None and logits_id is not None:
+            recorder.record_output("loss", loss, deps=(logits_id,), call=call)
     return loss
 
 

@@ -59,7 +59,8 @@ class TrainingVerdict:
     findings: tuple[str, ...] = ()  # what the run could not pair (fails the case)
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
-    replay: str = ""  # what the replay of the first divergent step found
+    replay: str = ""  # what the replay of the first divergent step found (run/step_replay.py)
+    replay_found: Mapping[str, Any] = field(default_factory=dict)  # its step, origin, phase, evidence
     expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
     met: bool | None = None  # None: no expectation
     expected_what: TrainingClass | None = None
@@ -89,7 +90,7 @@ class TrainingVerdict:
             "downstream": self.downstream or None,
             "lane": self.lane,
             "findings": list(self.findings),
-            "replay": self.replay or None,
+            "replay": {**self.replay_found, "story": self.replay} if self.replay else None,
             "envelope": self.envelope or None,
             "expectation": self.expected or None,
             "passed": self.passed,
