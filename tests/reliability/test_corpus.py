@@ -698,7 +698,7 @@ CORPUS: list[Bad] = [
         _write_bytes(
             "m/manifest.json", b"[" * 100_000 + b"]" * 100_000, ["env-diff", "{root}/m", "{root}/m"]
         ),
-        ("{root}/m/manifest.json: not a readable manifest (RecursionError)",),
+        ("{root}/m/manifest.json: not a readable manifest: nested too deeply",),
     ),
     # ---- msprobe dumps -------------------------------------------------------------------------
     Bad(

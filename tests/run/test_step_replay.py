@@ -110,7 +110,9 @@ def eps_from(step):
 
 
 def lr_behind():
-    # Net whose LambdaLR is one update behind (update s uses the LR of update s - 1)
+    # Net whose LambdaLR falls one update behind once its optimizer has stepped (update s uses
+    # the LR of update s - 1): the plan made before training (a scheduler over an optimizer
+    # that never steps) cannot see it, the run does
     model = Net()
     owned = {id(p) for p in model.parameters()}
     original = torch.optim.lr_scheduler.LambdaLR.__init__
@@ -118,7 +120,7 @@ def lr_behind():
     def init(self, optimizer, lr_lambda, *args, **kwargs):
         if any(id(p) in owned for g in optimizer.param_groups for p in g["params"]):
             inner = lr_lambda
-            lr_lambda = lambda s: inner(max(s - 1, 0))
+            lr_lambda = lambda s: inner(max(s - 1, 0) if optimizer.state else s)
         original(self, optimizer, lr_lambda, *args, **kwargs)
 
     torch.optim.lr_scheduler.LambdaLR.__init__ = init

@@ -231,7 +231,10 @@ def _step_first(
         ("contract", _split(step, rec) or _scalar_as(step, scalar, "contract")),
         ("forward", _layer(step, rec, "forward")),
         ("loss", _loss(step, rec, scalar)),
-        ("backward", _after_backward(step, rec, base, cand, scalar) or _backward(step, rec, scalar)),
+        (
+            "backward",
+            _after_backward(step, rec, base, cand, scalar, judge.lane) or _backward(step, rec, scalar),
+        ),
         ("clipping", _scalar_as(step, scalar, "clipping")),
         ("schedule", _scalar_as(step, scalar, "schedule")),
         ("optimizer_update", _update(step, rec, scalar)),
@@ -296,13 +299,19 @@ def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None
 
 
 def _after_backward(
-    step: int, rec: StepRecords, base: StepScalars | None, cand: StepScalars | None, scalar: Any
+    step: int,
+    rec: StepRecords,
+    base: StepScalars | None,
+    cand: StepScalars | None,
+    scalar: Any,
+    lane: Lane,
 ) -> FirstDivergent | None:
     """Grads that left the backward aligned and reached the optimizer otherwise: param grads of
     several modules differ while every activation grad matched (their accumulation, reduction or
     precision; clipping when only one side clipped at the update: the other clipped before
     accumulating), or the grad norm differs while every grad the optimizer was given matched
-    (clipping's norm, computed over other grads)."""
+    (clipping's norm, computed over other grads; not in the envelope lane, which judges the
+    grad norm closer than the table judges the grads it is computed from)."""
     if rec.grad_factor is not None or not rec.grads_compared:
         return None
     if rec.grads_changed:
@@ -322,6 +331,7 @@ def _after_backward(
         return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
     if (
         rec.backward is None
+        and lane != "envelope"
         and scalar is not None
         and scalar.what == "backward"
         and scalar.origin == "grad_norm"
