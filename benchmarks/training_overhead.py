@@ -63,6 +63,8 @@ class Run:
         self.optimizer = torch.optim.AdamW(groups, lr=1e-4)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 10))
         self.generator = torch.Generator().manual_seed(0)
+        # One StepEvidence for the run, as the trainers keep one (its snapshot buffers too).
+        self.evidence = StepEvidence(self.params)
 
     def batch(self) -> list[dict[str, torch.Tensor]]:
         rows = self.size.batch * MICRO
@@ -100,7 +102,7 @@ def _recorded(mode: str) -> Callable[[Run, Path, int], None]:
     def go(run: Run, root: Path, step: int) -> None:
         rec = Recorder(root / mode, mode=mode, params=False, overwrite=True)
         rec.seek(step)
-        evidence = StepEvidence(run.params)
+        evidence = run.evidence
         micro = run.batch()
         rec.start(run.model)
         fields = run.step(micro, evidence)
