@@ -13,7 +13,8 @@ drifts alike for all of them):
 - ``stats``: the same plus every layer's statistics (``Recorder(mode="stats")``).
 
 Printed: the median seconds per step of each variant (wall clock, and this process's CPU
-time, which a loaded machine disturbs less), their ratios to ``bare``, and the bytes
+time, which a loaded machine disturbs less), their ratios to ``bare``, the paired ratios
+(median, lowest and highest over rounds of variant / bare of the same round), and the bytes
 one step's folder takes on disk in scalars mode; the last line is one JSON object, also
 written to ``benchmarks/results/training_overhead_<size>.json``.
 
@@ -63,6 +64,8 @@ class Run:
         self.optimizer = torch.optim.AdamW(groups, lr=1e-4)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / 10))
         self.generator = torch.Generator().manual_seed(0)
+        # One StepEvidence for the run, as the trainers keep one (its snapshot buffers too).
+        self.evidence = StepEvidence(self.params)
 
     def batch(self) -> list[dict[str, torch.Tensor]]:
         rows = self.size.batch * MICRO
@@ -100,7 +103,7 @@ def _recorded(mode: str) -> Callable[[Run, Path, int], None]:
     def go(run: Run, root: Path, step: int) -> None:
         rec = Recorder(root / mode, mode=mode, params=False, overwrite=True)
         rec.seek(step)
-        evidence = StepEvidence(run.params)
+        evidence = run.evidence
         micro = run.batch()
         rec.start(run.model)
         fields = run.step(micro, evidence)
@@ -156,9 +159,21 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
         "ratio": {name: medians[name] / medians["bare"] for name in medians},
         "cpu_seconds": cpu_medians,
         "cpu_ratio": {name: cpu_medians[name] / cpu_medians["bare"] for name in cpu_medians},
+        "paired_ratio": _paired(times),
+        "paired_cpu_ratio": _paired(cpu),
         "scalars_bytes_per_step": disk,
         **run_facts(load_start, os.getloadavg()[0]),
     }
+
+
+def _paired(seconds: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per variant, [median, lowest, highest] over rounds of (variant / the bare step of the
+    same round): a load that drifts between rounds cancels out."""
+    out = {}
+    for name, values in seconds.items():
+        ratios = [v / b for v, b in zip(values, seconds["bare"], strict=True)]
+        out[name] = [statistics.median(ratios), min(ratios), max(ratios)]
+    return out
 
 
 def _folder_bytes(root: Path) -> int:
@@ -175,9 +190,12 @@ def main() -> None:
     args = parser.parse_args()
     result = measure(args.size, args.warmup, args.rounds)
     for name, seconds in result["seconds"].items():
+        paired, paired_cpu = result["paired_ratio"][name], result["paired_cpu_ratio"][name]
         print(
             f"{name:8s} {seconds * 1000:9.1f} ms/step  {result['ratio'][name]:.3f}x bare"
-            f"  (process CPU time {result['cpu_ratio'][name]:.3f}x)"
+            f"  (process CPU time {result['cpu_ratio'][name]:.3f}x); paired per round"
+            f" {paired[0]:.3f}x ({paired[1]:.3f}-{paired[2]:.3f}), CPU time {paired_cpu[0]:.3f}x"
+            f" ({paired_cpu[1]:.3f}-{paired_cpu[2]:.3f})"
         )
     print(f"scalars mode: {result['scalars_bytes_per_step']} bytes on disk per step")
     RESULTS.mkdir(exist_ok=True)

@@ -4,7 +4,9 @@ On a GPU or NPU every such conversion (``.tolist()``, ``.item()``, ``float(t)``)
 the device: a host synchronisation. The recorder, its statistics and the tensor summaries
 call ``to_host`` for every conversion, so the number per recorded step can be counted
 (``host_syncs()``) and kept constant: the recorder fetches a step's statistics in one call
-(see ``step_buffer.py``)."""
+(see ``step_buffer.py``). The one exception reads CPU tensors only, which are in host memory
+and wait for nothing: a CPU tensor's statistics read at capture to decide whether its NaN/Inf
+counts are needed (``tensor_summary._cpu_vector``)."""
 
 from __future__ import annotations
 

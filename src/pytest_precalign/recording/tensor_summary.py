@@ -41,11 +41,11 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     without a host sync: max, min, sum, L2 norm (each in the dtype ``tensor_stats`` uses, then
     widened exactly to float64) and, with ``counts``, the nan and inf counts (two more passes:
     only worth it once the values are known not to be finite). ``counts="if_nonfinite"``:
-    the six values too, the counts taken only when the statistics are not all finite --
-    decided by torch, not by Python (the tensor is selected by a mask of its non-finiteness:
-    a finite one selects nothing and its counts are two zeros, ~20 us in all), so that a CPU
-    tensor needs neither a host read now nor a reference kept until the step's end. ``t``
-    must not be empty.
+    the six values too, the counts taken only when the statistics are not all finite (zeros
+    when they are), so that no reference to the tensor is kept until the step's end: on a
+    device the tensor is selected by a mask of its non-finiteness, decided by torch without a
+    host sync (a finite one selects nothing); on the CPU the four values are read at once
+    (``_cpu_vector``). ``t`` must not be empty.
 
     A CPU tensor of at most ``SERIAL_NUMEL`` elements is reduced on one thread (the thread
     count is restored after): each parallel reduction is a barrier across torch's threads,
@@ -72,6 +72,8 @@ def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
     mn, mx = torch.aminmax(t)
     total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
     norm = torch.linalg.vector_norm(t, dtype=total.dtype)
+    if counts == "if_nonfinite" and t.device.type == "cpu":
+        return _cpu_vector(t, (mx.to(total.dtype), mn.to(total.dtype), total, norm))
     values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).to(torch.float64)
     if not counts:
         return values
@@ -80,6 +82,19 @@ def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
     # count_nonzero: a bool tensor's sum() is several times slower on CPU
     nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
     return torch.cat([values, torch.stack([nan, inf]).to(torch.float64)])
+
+
+def _cpu_vector(t: torch.Tensor, values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``counts="if_nonfinite"`` on the CPU: the four values are read at once -- they are in
+    host memory already, so reading them waits for nothing (not a host sync; not counted by
+    ``host_sync``) -- and the NaN/Inf counts are taken only when one is not finite. The same
+    six float64 values as torch's masked selection, without its dozen small operations (~45 us
+    a tensor, most of a small tensor's cost)."""
+    row = [v.item() for v in values]
+    if all_finite(row):
+        return torch.tensor([*row, 0.0, 0.0], dtype=torch.float64)
+    nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
+    return torch.tensor([*row, float(nan), float(inf)], dtype=torch.float64)
 
 
 def sum_vector(t: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..recording.host_sync import to_host
 from ..trace.step_scalars import StepScalars
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
@@ -36,12 +37,16 @@ def grad_norm(grads: Sequence[torch.Tensor]) -> float:
     """Global L2 norm of ``grads`` (as ``clip_grad_norm_`` computes it); 0.0 for none."""
     if not grads:
         return 0.0
-    return float(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0))
+    return float(to_host(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0)))
 
 
 def zero_count(grads: Sequence[torch.Tensor]) -> int:
-    """Grad elements exactly 0 (Megatron-LM's ``num-zeros``)."""
-    return int(sum(g.numel() - int(torch.count_nonzero(g)) for g in grads))
+    """Grad elements exactly 0 (Megatron-LM's ``num-zeros``), read in one host sync."""
+    if not grads:
+        return 0
+    device = grads[0].device
+    nonzero = torch.stack([torch.count_nonzero(g.detach()).to(device) for g in grads]).sum()
+    return sum(g.numel() for g in grads) - int(to_host(nonzero))
 
 
 def group_settings(optimizer: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -108,13 +113,25 @@ def initial_params(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, dict[
     return {name: tensor_summary(param) for name, param in named}
 
 
+def _fits(buffers: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
+    """Whether ``buffers`` can hold a copy of ``params`` (same count, shapes, strides, dtypes,
+    devices): a parameter replaced between steps gets new buffers."""
+    return len(buffers) == len(params) and all(
+        b.shape == p.shape and b.stride() == p.stride() and b.dtype == p.dtype and b.device == p.device
+        for b, p in zip(buffers, params, strict=True)
+    )
+
+
 class StepEvidence:
     """Measures one optimizer step of ``params`` (see the module doc for the call order)."""
 
     def __init__(self, params: Iterable[torch.Tensor], *, update_norm: bool = True) -> None:
         self.params = [p for p in params if isinstance(p, torch.Tensor)]
         self.update_norm = update_norm
+        # The parameters as they were at begin(), until the step's norms are taken: the same
+        # buffers every step (allocated once, like the parameters), so a step allocates nothing.
         self._before: list[torch.Tensor] | None = None
+        self._buffers: list[torch.Tensor] = []
         self._grad_norm: float | None = None
         self._zero_grads: int | None = None
         self._clip_coef: float | None = None
@@ -125,11 +142,19 @@ class StepEvidence:
         return [p.grad for p in self.params if p.grad is not None]
 
     def begin(self) -> None:
-        """Before the step: keep a copy of the parameters (for the update norm)."""
+        """Before the step: keep a copy of the parameters (for the update norm), copied into
+        buffers kept from the step before when the parameters still fit them."""
         self._grad_norm = self._zero_grads = self._clip_coef = None
+        self._before = None
         if self.update_norm and self.params:
             with torch.no_grad():
-                self._before = [p.detach().clone() for p in self.params]
+                if not _fits(self._buffers, self.params):
+                    self._buffers = []  # free the old ones before allocating
+                    self._buffers = [
+                        torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params
+                    ]
+                torch._foreach_copy_(self._buffers, [p.detach() for p in self.params])
+            self._before = self._buffers
 
     def grads_before_clip(
         self, grads: Sequence[torch.Tensor] | None = None, *, norm: float | None = None
@@ -151,18 +176,20 @@ class StepEvidence:
         return self._clip_coef
 
     def norms_after_update(self) -> tuple[float | None, float | None]:
-        """(update norm, parameter norm) after the optimizer step."""
+        """(update norm, parameter norm) after the optimizer step, read in one host sync.
+        The update is subtracted in place, in the snapshot's buffers (before - after: the
+        update negated, whose norm is the update's, bit for bit): no step-sized temporary."""
         if not self.params:
             return None, None
+        before, self._before = self._before, None
         with torch.no_grad():
             after = [p.detach() for p in self.params]
-            param = float(torch.nn.utils.get_total_norm(after, 2.0))
-            update = None
-            if self._before is not None:
-                deltas = torch._foreach_sub(after, self._before)
-                update = float(torch.nn.utils.get_total_norm(deltas, 2.0))
-        self._before = None
-        return update, param
+            norms = [torch.nn.utils.get_total_norm(after, 2.0)]
+            if before is not None:
+                torch._foreach_sub_(before, after)
+                norms.append(torch.nn.utils.get_total_norm(before, 2.0))
+            values = to_host(torch.stack([n.to(torch.float64) for n in norms]))
+        return (values[1] if before is not None else None), values[0]
 
     def finish(self, step: int, **fields: Any) -> StepScalars:
         """The step's scalars: what was measured, plus ``fields`` (loss, lr, weight_decay,
