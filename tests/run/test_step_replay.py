@@ -21,32 +21,11 @@ from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import check_modules, run_case
 from pytest_precalign.run.outcome import CaseRun, phase_outcome
 from pytest_precalign.run.step_replay import StateCarrier, not_replayable, replay_step
+from tests.helpers.late_nets import LATE_NET
 
-NETS = """
-import torch
-
-
-class Late(torch.nn.Module):
-    def __init__(self, start):
-        super().__init__()
-        self.start, self.calls = start, 0
-
-    def forward(self, x):
-        self.calls += 1
-        return x * 1.01 if self.calls > self.start else x
-
-
-class Net(torch.nn.Module):
-    def __init__(self, start=10**6):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Embedding(50, 16)
-        self.up = torch.nn.Linear(16, 16)
-        self.late = Late(start)
-        self.head = torch.nn.Linear(16, 50)
-
-    def forward(self, input_ids):
-        return self.head(self.late(torch.tanh(self.up(self.embed(input_ids)))))
+NETS = (
+    LATE_NET
+    + """
 
 
 class Transposed(torch.nn.Module):
@@ -126,6 +105,7 @@ def lr_behind():
     torch.optim.lr_scheduler.LambdaLR.__init__ = init
     return model
 """
+)
 
 CONFIG = """
 version: 1

@@ -12,37 +12,7 @@ from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.reports.training_text import training_lines
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import phase_outcome
-
-NETS = """
-import torch
-
-
-class Late(torch.nn.Module):
-    def __init__(self, start):
-        super().__init__()
-        self.start, self.calls = start, 0
-
-    def forward(self, x):
-        self.calls += 1
-        return x * 1.01 if self.calls > self.start else x
-
-
-class Net(torch.nn.Module):
-    def __init__(self, start=10**6):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Embedding(50, 16)
-        self.up = torch.nn.Linear(16, 16)
-        self.late = Late(start)
-        self.head = torch.nn.Linear(16, 50)
-
-    def forward(self, input_ids):
-        return self.head(self.late(torch.tanh(self.up(self.embed(input_ids)))))
-
-
-def build(**kwargs):
-    return Net(**kwargs)
-"""
+from tests.helpers.late_nets import NETS
 
 CONFIG = """
 version: 1
