@@ -15,6 +15,7 @@ import pytest
 
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
+from pytest_precalign.errors import CaseError
 from pytest_precalign.reports.document import report_document
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import run_case
@@ -83,6 +84,8 @@ cases:
   - {{name: lagging, baseline: ref, candidate: lagging, {CASE}}}
   - {{name: lagging_expected, baseline: ref, candidate: lagging, {CASE},
      expect: {{step: 1, diverged: contract, origin: lr}}}}
+  - {{name: dead_glob, baseline: ref, candidate: ref, inputs: toks, phases: [forward, backward, step],
+     steps: 2, optimizer: {{name: adamw, lr: 1.0e-2, weight_decay: 0.1, no_decay: ["*.bias", "*layernorm*"]}}}}
 """
 
 
@@ -167,3 +170,17 @@ def test_the_plan_before_training_is_the_one_each_trainer_writes(tmp_path: Path)
     assert before["baseline"] == json.loads(json.dumps(run.baseline.manifest["training"]))
     assert before["candidate"] == json.loads(json.dumps(run.candidate.manifest["training"]))
     assert before["baseline"]["trainer"] == "loop" and before["candidate"]["trainer"] == "hf_trainer"
+
+
+def test_a_no_decay_glob_that_matches_nothing_fails_before_training(
+    suite: tuple[AlignConfig, ModuleType],
+) -> None:
+    """Fail closed: a glob meant to exempt parameters from weight decay that exempts none (the
+    net has no layernorm) would let the run decay what the user meant to exempt."""
+    config, nets = suite
+    with pytest.raises(CaseError) as info:
+        _run(config, "dead_glob")
+    message = str(info.value)
+    assert "optimizer.no_decay: '*layernorm*' matches no parameter of either side" in message
+    assert "embed.weight" in message  # names the parameters it looked at
+    assert nets.CALLS == [0]  # nothing ran

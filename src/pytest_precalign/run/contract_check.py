@@ -16,12 +16,14 @@ before training for it.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..config.specs import CaseSpec, ModelSpec
+from ..errors import CaseError
 from ..mapping.spec import baseline_param_names
 from ..mapping.weights import SyncReport
 from ..sources import LoadedModel
@@ -74,6 +76,7 @@ def contract_before_training(
     the case trains no step, or a side has no plan)."""
     if "step" not in case.phases or "backward" not in case.phases:
         return None
+    _check_no_decay(case, sides)
     plans = []
     for side, (model, spec) in zip(("baseline", "candidate"), sides, strict=True):
         plans.append(planned_training(model, spec, data, case, side))
@@ -110,3 +113,21 @@ def stopped_before_training(run: CaseRun, training: TrainingVerdict) -> CaseRun:
         for phase, verdict in run.verdicts.items()
     }
     return replace(run, verdicts=verdicts, training=training)
+
+
+def _check_no_decay(
+    case: CaseSpec, sides: tuple[tuple[LoadedModel, ModelSpec], tuple[LoadedModel, ModelSpec]]
+) -> None:
+    """A ``no_decay`` glob that matches no parameter of either side is an error: it would
+    silently leave decayed what it was written to exempt (fail closed, as a mapping rule that
+    matches nothing)."""
+    globs = case.optimizer.no_decay or ()
+    names = [name for model, _ in sides for name, _ in model.module.named_parameters()]
+    dead = [glob for glob in globs if not any(fnmatch.fnmatchcase(name, glob) for name in names)]
+    if dead:
+        sample = ", ".join(names[:3])
+        raise CaseError(
+            f"case {case.name!r}: optimizer.no_decay: {dead[0]!r} matches no parameter of either "
+            f"side (their names look like {sample}, ...); each glob must exempt at least one "
+            "parameter from weight decay"
+        )
