@@ -120,7 +120,7 @@ def train_with_trainer(
     batches = [data.batch(s) for s in range(case.steps)]
     for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
         split_micro_batches(batch, case.optimizer.micro_batches, case)
-    rows = next(v for v in batches[0].model_inputs.values() if isinstance(v, torch.Tensor)).shape[0]
+    rows = batches[0].rows
     steps = _case_steps(recorder, seed, boundary)
     bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
     with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
@@ -198,8 +198,7 @@ def trainer_plan(model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int
     """The manifest's ``"training"`` block this side's Trainer will write, before it trains:
     its Trainer built as ``train_with_trainer`` builds it (the optimizer created, nothing
     trained) and its plan made by the same ``_plan``."""
-    batch = data.batch(0)
-    rows = next(v for v in batch.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0]
+    rows = data.rows
     bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
     with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
         trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)

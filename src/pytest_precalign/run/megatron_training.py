@@ -64,8 +64,7 @@ def megatron_plan_of(
 ) -> dict[str, Any]:
     """The ``"training"`` block this side's stack will write, before it is built
     (``megatron_stack.plan_before_training``; a launched side planned from its TP=1 twin)."""
-    first = data.batch(0)
-    rows = int(next(v for v in first.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    rows = data.rows
     spec = case.optimizer
     return plan_before_training(
         [model.module], spec, case.steps, rows, spec.micro_batches, data_parallel=data_parallel
@@ -93,8 +92,7 @@ def train_with_megatron(
         raise CaseError(f"case {case.name!r}: training: megatron records grads at param_grads='step'")
     module = model.module
     spec = case.optimizer
-    first = data.batch(0)
-    rows = int(next(v for v in first.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    rows = data.rows
     initial = initial_params(module.named_parameters())
     stack = build_megatron_stack([module], spec, case.steps, global_batch=rows)
     training = stack.training_manifest(case.steps, spec.micro_batches)
@@ -167,7 +165,7 @@ def train_rank_with_megatron(
     module.train(case.train)
     spec = case.optimizer
     offsets = layer_offsets(module)
-    rows = int(next(v for v in data.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+    rows = data.rows
     dp, dp_rank = data_parallel_rank()
     _check_split(case, spec.micro_batches, dp)
     stack = build_megatron_stack(

@@ -33,6 +33,11 @@ class CaseInputs:
         labels = self.labels.to(device) if self.labels is not None else None
         return CaseInputs(moved, labels, tuple(b.to(device) for b in self.later))
 
+    @property
+    def rows(self) -> int:
+        """The batch size: dim 0 of the first tensor the model is given."""
+        return int(next(v for v in self.model_inputs.values() if isinstance(v, torch.Tensor)).shape[0])
+
     def batch(self, step: int) -> CaseInputs:
         """The batch of optimizer step ``step`` (0-based)."""
         if step == 0 or not self.later:
