@@ -1,0 +1,88 @@
+"""The typed record of a training run: what writers build is what the reader gives back, and a
+malformed block is one TraceError naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_precalign.errors import TraceError
+from pytest_precalign.trace.step_scalars import StepScalars
+from pytest_precalign.trace.training_record import (
+    Adapter,
+    TrainingPlan,
+    TrainingSettings,
+    read_run_record,
+    run_record_keys,
+)
+
+PLAN = TrainingPlan(
+    optimizer="adamw",
+    lr=((0.0, 0.0), (1e-3, 1e-3)),
+    weight_decay=(0.1, 0.0),
+    groups=(("w",), ("b",)),
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    clip_grad=1.0,
+    micro_batches=2,
+    loss_normalisation="per_token_over_step",
+    autocast="off",
+    gradient_checkpointing=False,
+)
+SETTINGS = TrainingSettings(
+    "callback",
+    "transformers",
+    "5.0",
+    {"TrainingArguments": {"lr_scheduler_type": "cosine"}},
+    PLAN,
+    (Adapter("default", "LORA", 8, 16.0, 0.0, ("q_proj", "v_proj")),),
+    ("w",),
+)
+
+
+def test_round_trip_through_json() -> None:
+    keys = run_record_keys(
+        SETTINGS, {0: StepScalars(0, loss=1.5)}, {"w": {"max": 1, "min": 0, "mean": 0.5, "norm": 2}}
+    )
+    record = read_run_record(json.loads(json.dumps(keys)), "m.json")
+    assert record.settings == SETTINGS
+    assert record.plan is not None and record.plan.steps == 2
+    assert record.scalars[0].loss == 1.5
+    assert record.initial_params == {"w": {"max": 1.0, "min": 0.0, "mean": 0.5, "norm": 2.0}}
+
+
+def test_nothing_recorded_is_an_empty_record() -> None:
+    record = read_run_record({}, "m.json")
+    assert record.settings is None and not record.scalars and record.initial_params is None
+    assert not record.is_training
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"lr": [["a"]]}, "plan.lr[0][0]"),
+        ({"lr": 5}, "plan.lr"),
+        ({"groups": 7}, "plan.groups"),
+        ({"weight_decay": {"a": 1}}, "plan.weight_decay"),
+        ({"betas": [0.9]}, "plan.betas"),
+        ({"eps": float("inf")}, "plan.eps"),
+        ({"micro_batches": 0}, "plan.micro_batches"),
+        ({"autocast": "fp8"}, "plan.autocast"),
+        ({"surprise": 1}, "unknown key"),
+        ({"lr": [[1e-3]]}, "plan.lr[0]: 1 groups"),
+    ],
+)
+def test_a_malformed_plan_names_the_key(change: dict[str, object], key: str) -> None:
+    block = SETTINGS.as_dict()
+    block["plan"] = {**block["plan"], **change}
+    with pytest.raises(TraceError, match="m.json: training") as info:
+        read_run_record({"training": block}, "m.json")
+    assert key in str(info.value)
+
+
+def test_initial_params_must_be_summaries() -> None:
+    with pytest.raises(TraceError, match="initial_params: expected a mapping"):
+        read_run_record({"initial_params": [1, 2, 3]}, "m.json")
+    with pytest.raises(TraceError, match=r"missing \['min', 'mean', 'norm'\]"):
+        read_run_record({"initial_params": {"w": {"max": 1}}}, "m.json")
