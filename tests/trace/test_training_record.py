@@ -27,7 +27,8 @@ PLAN = TrainingPlan(
     clip_grad=1.0,
     micro_batches=2,
     loss_normalisation="per_token_over_step",
-    autocast="off",
+    precision="float32",
+    autocast=False,
     gradient_checkpointing=False,
 )
 SETTINGS = TrainingSettings(
@@ -68,7 +69,8 @@ def test_nothing_recorded_is_an_empty_record() -> None:
         ({"betas": [0.9]}, "plan.betas"),
         ({"eps": float("inf")}, "plan.eps"),
         ({"micro_batches": 0}, "plan.micro_batches"),
-        ({"autocast": "fp8"}, "plan.autocast"),
+        ({"precision": "fp8"}, "plan.precision"),
+        ({"autocast": "yes"}, "plan.autocast"),
         ({"surprise": 1}, "unknown key"),
         ({"lr": [[1e-3]]}, "plan.lr[0]: 1 groups"),
     ],

@@ -23,7 +23,8 @@ The JSON layout (``"training"``)::
      "plan": {"optimizer": "adamw", "lr": [[...per group], ...per step], "weight_decay": [...],
               "groups": [[names], ...], "betas": [0.9, 0.999], "eps": 1e-8, "momentum": null,
               "clip_grad": 1.0, "micro_batches": 2, "loss_normalisation": "per_token_over_step",
-              "autocast": "off", "gradient_checkpointing": false},
+              "precision": "float32", "autocast": false,
+              "gradient_checkpointing": false},
      "adapters": [{"name": "default", "r": 8, "alpha": 16, "dropout": 0.0,
                    "target_modules": ["q_proj", "v_proj"]}],
      "frozen": ["model.embed_tokens.weight", ...]}
@@ -49,8 +50,8 @@ LOSS_NORMALISATIONS = (
     "mean_of_micro_batch_means",  # each micro-batch's mean, averaged (Lightning, a plain loss / k)
     "sum_of_micro_batch_means",  # each micro-batch's mean, summed (no division by the count)
 )
-# What the forward ran in: "off" (the parameters' dtype), or the autocast dtype.
-AUTOCASTS = ("off", "bfloat16", "float16")
+# The dtype the forward computes in (by the parameters' dtype or by autocast).
+PRECISIONS = ("float32", "bfloat16", "float16", "float64")
 # The keys of a parameter's summary in ``initial_params``.
 SUMMARY_KEYS = ("max", "min", "mean", "norm")
 # Bounds of what a plan from a file may hold (a crafted manifest cannot make the reader allocate
@@ -72,7 +73,9 @@ class TrainingPlan:
     clip_grad: float | None = None  # max global grad norm; None: not clipped
     micro_batches: int | None = None  # micro-batches accumulated per optimizer step
     loss_normalisation: str | None = None  # one of LOSS_NORMALISATIONS
-    autocast: str | None = None  # one of AUTOCASTS
+    precision: str | None = None  # one of PRECISIONS: what the forward computes in
+    autocast: bool | None = None  # whether ``precision`` comes from autocast (not compared: a bf16
+    # autocast side and a bf16-parameter side with fp32 main params both compute in bf16)
     gradient_checkpointing: bool | None = None
 
     @property
@@ -95,6 +98,7 @@ class TrainingPlan:
             "clip_grad": self.clip_grad,
             "micro_batches": self.micro_batches,
             "loss_normalisation": self.loss_normalisation,
+            "precision": self.precision,
             "autocast": self.autocast,
             "gradient_checkpointing": self.gradient_checkpointing,
         }
@@ -110,7 +114,7 @@ PLAN_SETTINGS = (
     "clip_grad",
     "micro_batches",
     "loss_normalisation",
-    "autocast",
+    "precision",
     "gradient_checkpointing",
 )
 
@@ -234,7 +238,7 @@ def settings_from_dict(raw: Any, where: str) -> TrainingSettings:
 def plan_from_dict(raw: Any, where: str) -> TrainingPlan:
     """A plan from its JSON (see the module doc); every key is read, unknown keys refused."""
     data = _mapping(raw, where)
-    unknown = set(data) - {"lr", "weight_decay", "groups", *PLAN_SETTINGS}
+    unknown = set(data) - {"lr", "weight_decay", "groups", "autocast", *PLAN_SETTINGS}
     if unknown:
         raise TraceError(
             f"{where}: unknown key(s) {sorted(unknown)[:5]} (allowed: lr, weight_decay, "
@@ -282,7 +286,8 @@ def plan_from_dict(raw: Any, where: str) -> TrainingPlan:
         loss_normalisation=_choice(
             data.get("loss_normalisation"), LOSS_NORMALISATIONS, f"{where}.loss_normalisation"
         ),
-        autocast=_choice(data.get("autocast"), AUTOCASTS, f"{where}.autocast"),
+        precision=_choice(data.get("precision"), PRECISIONS, f"{where}.precision"),
+        autocast=_optional_bool(data.get("autocast"), f"{where}.autocast"),
         gradient_checkpointing=_optional_bool(
             data.get("gradient_checkpointing"), f"{where}.gradient_checkpointing"
         ),
