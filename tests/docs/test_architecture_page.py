@@ -5,8 +5,9 @@ name every module of each layer (so a layer added, moved or renamed changes the 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
