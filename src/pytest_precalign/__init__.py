@@ -4,7 +4,14 @@ The data flow, one package per stage: ``config`` -> ``sources`` -> ``recording``
 (``trace.native_io`` on disk) -> ``mapping`` -> ``compare`` (``compare.metrics`` x
 ``compare.tolerances``) -> ``verdict`` -> ``reports``; ``parallel`` reads stored runs and
 merges rank folders, ``run`` drives a case, ``training`` records a user's own training loop,
-``plugin`` and ``cli`` wire it up. Public: ``Recorder``, ``megatron_cpu``, the
+``plugin`` and ``cli`` wire it up (``__main__``: ``python -m pytest_precalign``). Beside the
+flow: ``checkpoints`` (checkpoints read from disk and compared), ``msprobe`` (msprobe dumps read
+and written), ``baseline`` (stored baselines, ``precalign record``), ``calibration``
+(``precalign calibrate``), ``search`` (the divergence search), ``align_runner`` (the fixture).
+Under every stage: ``vocabulary`` (the words as ``Literal`` types), ``errors`` (the error
+classes), ``yaml_reader`` (YAML with line numbers), ``_atomic`` (the one atomic writer),
+``untrusted`` (how files from elsewhere are read), ``case_scheduling`` (a case's items on one
+xdist worker). Public: ``Recorder``, ``megatron_cpu``, the
 ``align_runner`` fixture's ``AlignRunner`` (``check`` fails the test, ``compare`` returns the
 ``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors.
 Importing this package does not import torch.

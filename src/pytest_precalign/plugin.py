@@ -38,7 +38,7 @@ OPTIONS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "save-traces",
         "align_save_traces",
-        "save each case's baseline and candidate traces under DIR/<case>/ (never overwrites)",
+        "save each case's baseline and candidate traces under DIR/<config>/<case>/ (never overwrites)",
         {"metavar": "DIR"},
     ),
     (

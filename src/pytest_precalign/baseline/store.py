@@ -56,10 +56,6 @@ _SAME_NAMES = MappingSpec("same names")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.pid(?P<pid>\d+)\.[^.]+\.tmp$")
 
 
-def baseline_dir(root: Path, case: str) -> Path:
-    return root / case
-
-
 def obtained_dir(root: Path, case: str) -> Path:
     return root / f"{case}{OBTAINED_SUFFIX}"
 

@@ -6,7 +6,8 @@ mappings, cases), or one ``ConfigError`` naming the file, the line, the key and 
 ``loader`` (the file), ``cases`` (one case), ``specs`` (the dataclasses), ``model_sources``
 (which sources and keys exist), ``model_weights`` (``weights: {load:}``), ``launch`` (parallel
 sizes and launched ranks), ``presets`` (shipped mappings and the one ``preset:`` resolver),
-``search`` (the divergence search's parts).
+``search`` (the divergence search's parts), ``training`` (``optimizer:`` and ``training:``, and
+their checks against the case's models and inputs).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ msprobe dumps.
 >>> write_msprobe_dump(trace, "out")                      # out/step0/rank0/{dump,construct,stack}.json
 
 No torch import here: tensors of ``task: tensor`` dumps are loaded on access.
+
+``reader`` (a rank folder -> ``Trace``), ``writer`` (a trace -> an msprobe dump), ``layout``
+(where a dump's rank folders are), ``names`` (msprobe record names -> ours), ``tensors`` (the
+lazy view over ``dump_tensor_data/``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ In: a stored run's folder (and a layout where its files carry none). Out: one ``
 the rank folders are), ``rules`` (how Megatron shards each tensor, as data), ``merge`` (the
 one merge: ranks -> records, TP/PP/VPP/DP/EP), ``store`` (the lazy merged tensors), ``steps``
 (several steps as one trace), ``sides`` (loading a multi-rank side), ``msprobe_ranks``
-(msprobe dumps).
+(msprobe dumps), ``data_split`` (data-parallel replicas' micro-batches as one process's records).
 """
 
 from __future__ import annotations

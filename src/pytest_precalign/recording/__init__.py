@@ -6,7 +6,9 @@ op-level capture through a torch function mode (``ops``), and what each record k
 statistics, hashes or full tensors (``tensor_summary``, ``kept_tensors``, ``step_buffer``),
 spilled to disk by a background writer (``tensor_sink``) or compared live against a golden run
 (``live_golden``). ``determinism`` sets torch's deterministic switches; ``host_sync`` counts
-device-to-host reads; ``compiled`` and ``npu_backend`` adapt to ``torch.compile`` and torch_npu.
+device-to-host reads; ``compiled`` and ``npu_backend`` adapt to ``torch.compile`` and torch_npu. ``calls`` holds
+the module call being recorded (and isolation's kept calls); ``forward_guard`` the root hooks
+that give a step up when its forward raises or runs on another thread.
 The user-facing ``Recorder`` for a training loop is in ``training``, built on this engine.
 """
 

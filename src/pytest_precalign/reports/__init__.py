@@ -4,7 +4,9 @@ In: a ``CaseRun``'s verdicts. Out: message lines in torch.testing's wording, rep
 report.html, JUnit properties, ``compare_result.csv``.
 
 ``text`` (messages), ``document`` (report.json and its dicts), ``html``, ``chart``, ``tree`` and
-``tree_html`` (report.html), ``compare_csv`` (msprobe-style CSV).
+``tree_html`` (report.html), ``compare_csv`` (msprobe-style CSV), ``folder`` (a report folder published as one set),
+``training_text`` and ``training_chart`` (a training run's verdict in words and its per-step
+curves).
 """
 
 from __future__ import annotations

@@ -14,10 +14,7 @@ import csv
 import io
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
-
-from .._atomic import write_file_atomic
 
 CSV_FILE = "compare_result.csv"
 NA = "N/A"
@@ -89,11 +86,6 @@ def msprobe_header(mode: str) -> list[str]:
 
 def header(mode: str) -> list[str]:
     return msprobe_header(mode) + OURS
-
-
-def write_compare_csv(directory: str | Path, document: Mapping[str, Any]) -> Path:
-    """Write ``compare_result.csv`` atomically into ``directory``."""
-    return write_file_atomic(Path(directory) / CSV_FILE, compare_csv_text(document))
 
 
 def compare_csv_text(document: Mapping[str, Any]) -> str:

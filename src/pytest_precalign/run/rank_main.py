@@ -3,7 +3,7 @@ pytest_precalign.run.rank_main WORKDIR`` (``run/launch.py`` prepares WORKDIR and
 
 Each rank joins the gloo group torchrun set up, builds its part of the Megatron model (its
 pipeline stage and tensor-parallel shard, inside ``sources.runtime``), loads its shard of the
-full TP=1 weights the parent synced (``tensor_parallel.shard_state`` rules; layers renumbered
+full TP=1 weights the parent synced (``tensor_parallel.rank_shard``; layers renumbered
 to the stage's local indices), and runs the case's steps: with megatron-core's own stack
 (``megatron_training.train_rank_with_megatron``; a Megatron model's default trainer) or, with
 ``training: loop``, through megatron-core's pipeline schedule (``get_forward_backward_func``)
@@ -101,9 +101,9 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
     stage's layer offset), sharded over the tensor-parallel ranks by the layout rules."""
     from safetensors.torch import load_file
 
-    from ..checkpoints.sharding import rule_for_param, shard_tensor
     from ..parallel.merge import globalize, globalize_expert
     from ..training.layout_probe import layer_offsets
+    from .tensor_parallel import rank_shard
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -119,10 +119,7 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
             global_name = globalize_expert(globalize(name, offsets), ep_rank, local)
             if global_name not in full:
                 raise CaseError(f"rank {rank}: the TP=1 weights have no {global_name!r} (local {name!r})")
-            rule = rule_for_param(global_name, tuple(full[global_name].shape))
-            shard = full[global_name]
-            if rule is not None:
-                shard = shard_tensor(shard, rule.layout, rule.dim, tp, tp_rank)
+            shard = rank_shard(global_name, full[global_name], tp, tp_rank)
             if tuple(shard.shape) != tuple(param.shape):
                 raise CaseError(
                     f"rank {rank}: shard of {global_name} has shape {list(shard.shape)}, "

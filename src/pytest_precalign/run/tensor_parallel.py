@@ -1,8 +1,8 @@
 """Tensor parallelism (TP > 1) for the Megatron source: each rank's shard of the TP=1 weights.
 
 A megatron-core ``GPTModel`` with ``tensor_model_parallel_size = tp`` runs on ranks launched
-under torchrun (``run/launch.py``, ``run/rank_main.py``), each loading ``shard_state`` of the
-synced TP=1 weights. Each rank records its own trace, in which sharded tensors are that rank's
+under torchrun (``run/launch.py``, ``run/rank_main.py``), each loading its ``rank_shard`` of every
+synced TP=1 weight. Each rank records its own trace, in which sharded tensors are that rank's
 slice; the one merge of rank folders (``parallel/merge.py``) puts them back together in the
 TP=1 layout, so the merged trace compares with a TP=1 Megatron run (same names) or, through
 the usual mapping, with Hugging Face. How each tensor is sharded is data
@@ -40,6 +40,14 @@ if TYPE_CHECKING:
     import torch
 
 
+def rank_shard(
+    name: str, tensor: torch.Tensor, tp: int, rank: int, rules: Sequence[ShardRule] = MEGATRON_GPT_RULES
+) -> torch.Tensor:
+    """Rank ``rank``'s slice of the TP=1 parameter ``name`` (the tensor itself when replicated)."""
+    rule = rule_for_param(name, tuple(tensor.shape), rules)
+    return tensor if rule is None else shard_tensor(tensor, rule.layout, rule.dim, tp, rank)
+
+
 def shard_state(
     full: Mapping[str, torch.Tensor],
     tp: int,
@@ -49,11 +57,4 @@ def shard_state(
     """A TP=1 Megatron state (``named_parameters`` names) -> rank ``rank``'s shard of it."""
     if not 0 <= rank < tp:
         raise CaseError(f"rank {rank} is not in 0..{tp - 1}")
-    out = {}
-    for name, tensor in full.items():
-        rule = rule_for_param(name, tuple(tensor.shape), rules)
-        if rule is None:
-            out[name] = tensor.detach().clone()
-        else:
-            out[name] = shard_tensor(tensor.detach(), rule.layout, rule.dim, tp, rank).clone()
-    return out
+    return {name: rank_shard(name, tensor.detach(), tp, rank, rules).clone() for name, tensor in full.items()}

@@ -5,7 +5,9 @@ store).
 
 ``records`` (``Record``, ``Trace``), ``native_io`` (our on-disk format, the only reader and
 writer), ``tensor_files`` and ``pt_zip`` (tensor files read as numpy), ``arrays``,
-``op_names``, ``environment`` (what differs between two runs' environments).
+``op_names``, ``environment`` (what differs between two runs' environments), ``step_scalars``
+(what one training step did, as scalars), ``merged_stats`` (statistics of fused tensors'
+parts merged).
 """
 
 from __future__ import annotations

@@ -7,6 +7,16 @@
 - ``layout_probe``: where a rank sits in a parallel run (the manifest's ``parallel`` block),
   read from megatron-core's ``parallel_state``, torch.distributed or the user's ``layout=``.
 - ``megatron_cpu_patch``: ``megatron_cpu()``, megatron-core on a CPU-only torch (gloo).
+- ``hf_callback``: ``PrecalignCallback``, recording a ``transformers.Trainer`` run.
+- ``spec``: what a case's training does, as frozen specs (optimizer, schedule, clipping,
+  weight decay, accumulation, trainer).
+- ``step_evidence``: what one optimizer step did, measured on the live model and optimizer.
+- ``megatron_step``: ``megatron_train_step``, one megatron-core step with its ``StepScalars``.
+- ``megatron_stack``: the ``megatron`` trainer (megatron-core's DDP, optimizer, scheduler).
+- ``megatron_dp``: data parallelism with megatron-core's distributed optimizer.
+- ``model_checks``: what ``Recorder.start`` checks of the model before adding a hook.
+- ``run_facts``: the environment and model configuration a ``Recorder`` manifest holds.
+- ``unwrap``: the model inside a training wrapper (DDP, FSDP, ``torch.compile``, PEFT).
 
 Importing this package does not import torch; ``Recorder`` is loaded on first access.
 """

@@ -6,6 +6,11 @@ origin or propagated, NaN/Inf, coverage) and a case story.
 ``phase`` (the verdict), ``divergence_start`` (where the sides start to differ), ``evidence``
 (what an origin claim rests on), ``coverage``, ``overflow``, ``expectation`` (a known
 divergence a case expects), ``story`` (the case's origin across phases).
+
+Training runs: ``training_run`` (the first divergent step, what and where), ``training_contract``
+(the two sides' plans compared before step 0), ``training_scalars`` (one step's scalars),
+``training_records`` (each step's per-layer evidence), ``training_envelope`` (the noise
+envelope lane), ``training_traces`` (the verdict of two traces).
 """
 
 from __future__ import annotations

@@ -26,10 +26,6 @@ class InputEvidence:
     failed: tuple[str, ...] = ()
     differed: tuple[tuple[str, float], ...] = ()  # (record id, relative change) that still passed
 
-    @property
-    def all_matched(self) -> bool:
-        return not (self.unmatched or self.failed)
-
 
 def relative_change(pair: PairResult) -> float | None:
     """How much the candidate differs from the baseline, relative to the baseline's size: for
