@@ -171,7 +171,9 @@ def test_the_plan_before_training_is_the_one_each_trainer_writes(tmp_path: Path)
     for side, trace in (("baseline", run.baseline), ("candidate", run.candidate)):
         planned = before[side]
         assert planned is not None
-        assert json.loads(json.dumps(planned.as_dict())) == json.loads(json.dumps(trace.manifest[TRAINING_KEY]))
+        assert json.loads(json.dumps(planned.as_dict())) == json.loads(
+            json.dumps(trace.manifest[TRAINING_KEY])
+        )
     assert before["baseline"] is not None and before["baseline"].trainer == "loop"
     assert before["candidate"] is not None and before["candidate"].trainer == "hf_trainer"
 
