@@ -271,7 +271,7 @@ def train(m: Mutation, mode: str = "stats") -> Side:
     model = tiny_gpt(**dict(m.model))
     initial = snapshot(model)
     stack = build_megatron_stack([model], spec, STEPS, global_batch=4)
-    plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches)["plan"]
+    plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches).plan
     handles = m.hook(model) if m.hook is not None else []
     if m.plant is not None:
         m.plant(stack)

@@ -104,10 +104,6 @@ def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
             "transformers.Trainer cannot express no_decay globs",
         ),
         (
-            "    training: {baseline: hf_trainer}\n    optimizer: {name: adam}\n",
-            "transformers.Trainer cannot express optimizer 'adam'",
-        ),
-        (
             "    training: {baseline: hf_trainer}\n    optimizer: {schedule: {decay: cosine, decay_steps: 5}}\n",
             "transformers.Trainer cannot express this schedule: decay_steps 5 differs from steps 3",
         ),

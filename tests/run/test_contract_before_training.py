@@ -23,6 +23,7 @@ from pytest_precalign.run.contract_check import planned_training
 from pytest_precalign.run.outcome import CaseRun, phase_outcome
 from pytest_precalign.sources import build_model
 from pytest_precalign.sources.inputs import build_inputs
+from pytest_precalign.trace.training_record import TRAINING_KEY
 from tests.run.test_hf_trainer import CONFIG as HF_CONFIG
 
 NETS = """
@@ -167,9 +168,14 @@ def test_the_plan_before_training_is_the_one_each_trainer_writes(tmp_path: Path)
     }
     run = run_case(config, case)
     assert run.training is not None and run.training.passed
-    assert before["baseline"] == json.loads(json.dumps(run.baseline.manifest["training"]))
-    assert before["candidate"] == json.loads(json.dumps(run.candidate.manifest["training"]))
-    assert before["baseline"]["trainer"] == "loop" and before["candidate"]["trainer"] == "hf_trainer"
+    for side, trace in (("baseline", run.baseline), ("candidate", run.candidate)):
+        planned = before[side]
+        assert planned is not None
+        assert json.loads(json.dumps(planned.as_dict())) == json.loads(
+            json.dumps(trace.manifest[TRAINING_KEY])
+        )
+    assert before["baseline"] is not None and before["baseline"].trainer == "loop"
+    assert before["candidate"] is not None and before["candidate"].trainer == "hf_trainer"
 
 
 def test_a_no_decay_glob_that_matches_nothing_fails_before_training(

@@ -11,6 +11,7 @@ from pathlib import Path
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.run.case import run_case
 from pytest_precalign.trace.step_scalars import scalars_of
+from pytest_precalign.trace.training_record import read_run_record
 
 CONFIG = """\
 version: 1
@@ -68,3 +69,41 @@ def test_trainer_side_aligns_with_the_loop_and_writes_its_translation(tmp_path: 
         assert math.isclose(b.clip_coef or 0, c.clip_coef or 1, rel_tol=1e-5)
     assert cand[0].lr == (0.0, 0.0) and cand[0].update_norm == 0.0  # warmup from 0: no update at 0
     assert set(run.candidate.manifest["initial_params"]) == set(run.baseline.manifest["initial_params"])
+
+
+def test_sgd_with_momentum_and_plain_adam_train_as_the_loop_does(tmp_path: Path) -> None:
+    """SGD with momentum (``optim="sgd"``, ``optim_args="momentum=..."``) and plain Adam (the
+    Trainer's ``optimizer_cls_and_kwargs``): the Trainer's optimizer is the loop's, the plans
+    agree and the run aligns step after step."""
+    cases = (
+        CONFIG.split("cases:\n")[0]
+        + "cases:\n"
+        + "".join(
+            f"""  - name: {name}
+    baseline: a
+    candidate: a
+    inputs: toks
+    phases: [forward, backward, step]
+    steps: 3
+    tolerances: fp32
+    training: {{baseline: loop, candidate: hf_trainer}}
+    optimizer: {optimizer}
+"""
+            for name, optimizer in (
+                ("sgd_momentum", "{name: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.1, micro_batches: 2}"),
+                ("adam", "{name: adam, lr: 0.01, weight_decay: 0.1, betas: [0.9, 0.95]}"),
+            )
+        )
+    )
+    config = load_config(cases, tmp_path / "align.yaml")
+    for case, name in zip(config.cases, ("sgd", "adam"), strict=True):
+        run = run_case(config, case)
+        assert run.training is not None and run.training.passed, run.training
+        assert all(v.passed for v in run.verdicts.values()), case.name
+        plan = read_run_record(run.candidate.manifest).plan  # the optimizer the Trainer built
+        assert plan is not None and plan.optimizer == name
+        assert (plan.momentum, plan.betas) == ((0.9, None) if name == "sgd" else (None, (0.9, 0.95)))
+        base, cand = scalars_of(run.baseline.manifest), scalars_of(run.candidate.manifest)
+        assert cand[2].update_norm and math.isclose(
+            base[2].update_norm or 0, cand[2].update_norm, rel_tol=1e-4
+        )

@@ -22,9 +22,10 @@ def test_the_plan_before_training_is_the_built_stacks(
 ) -> None:
     spec = replace(SPEC, no_decay=no_decay)
     model = tiny_gpt()
-    before = plan_before_training([model], spec, 6, global_batch=4, micro_batches=2)
+    before = plan_before_training([model], spec, 6, global_batch=4, micro_batches=2).as_dict()
     assert not any(hasattr(p, "main_grad") for p in model.parameters())  # no stack was built on it
-    built = build_megatron_stack([model], spec, 6, global_batch=4).training_manifest(6, micro_batches=2)
+    stack = build_megatron_stack([model], spec, 6, global_batch=4)
+    built = stack.training_manifest(6, micro_batches=2).as_dict()
     for known_once_built in ("recorded_params", "optimizer_class"):
         del built["arguments"][known_once_built]
     assert json.loads(json.dumps(before)) == json.loads(json.dumps(built))

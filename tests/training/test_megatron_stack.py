@@ -62,7 +62,7 @@ def _train(
 def test_plan_is_megatrons_scheduler_and_the_steps_follow_it(megatron_world: None) -> None:
     steps = 10
     stack = build_megatron_stack([tiny_gpt()], SPEC, steps, global_batch=4)
-    manifest = stack.training_manifest(steps, micro_batches=2)
+    manifest = stack.training_manifest(steps, micro_batches=2).as_dict()
     plan = manifest["plan"]
     assert manifest["trainer"] == "megatron" and manifest["framework"]["name"] == "megatron-core"
     assert manifest["arguments"]["OptimizerParamScheduler"]["lr_decay_style"] == "cosine"
@@ -117,7 +117,7 @@ def test_per_token_loss_over_micro_batches_matches_one_batch(megatron_world: Non
 def test_no_decay_globs_become_megatron_param_groups(megatron_world: None) -> None:
     spec = OptimizerSpec(lr=1e-3, weight_decay=0.1, no_decay=("*layernorm*",))
     stack = build_megatron_stack([tiny_gpt()], spec, 2, 4)
-    decayed, plain = stack.plan(2)["groups"]
+    decayed, plain = stack.plan(2).groups
     assert "decoder.layers.0.self_attention.linear_qkv.bias" in decayed  # a bias decays now
     assert sorted(plain) == sorted(
         n for n, _ in stack.chunks[0].module.named_parameters() if "layernorm" in n
@@ -131,9 +131,9 @@ def test_a_bf16_model_sits_in_float16module_and_its_no_decay_globs_still_match(m
     spec = OptimizerSpec(lr=1e-3, weight_decay=0.1, no_decay=("decoder.final_layernorm.weight",))
     stack = build_megatron_stack([tiny_gpt(torch.bfloat16)], spec, 2, 4)
     assert type(stack.chunks[0].module).__name__ == "Float16Module"
-    decayed, plain = stack.plan(2)["groups"]
+    decayed, plain = stack.plan(2).groups
     assert (
-        plain == ["decoder.final_layernorm.weight"] and "decoder.layers.0.input_layernorm.weight" in decayed
+        plain == ("decoder.final_layernorm.weight",) and "decoder.layers.0.input_layernorm.weight" in decayed
     )
     assert stack.arguments.as_json()["wrappers"] == ["DistributedDataParallel", "Float16Module"]
 
@@ -182,7 +182,7 @@ def test_bf16_trains_with_fp32_main_params(megatron_world: None) -> None:
     assert type(inner).__name__ == "Float16OptimizerWithFloat16Params"
     assert stack.arguments.optimizer["bf16"] and stack.arguments.optimizer["main_params_dtype"] == "float32"
     assert all(p.dtype == torch.float32 for group in inner.fp32_from_float16_groups for p in group)
-    assert stack.plan(3)["groups"][0]  # main params named by their model params
+    assert stack.plan(3).groups[0]  # main params named by their model params
     assert all(s.loss is not None and math.isfinite(s.loss) and not s.skipped for s in scalars)
     assert scalars[2].update_norm > 0
 

@@ -30,7 +30,7 @@ def test_megatron_groups_match_globs_in_global_names_on_a_later_stage(megatron_w
     local = {n for n, p in model.named_parameters() if id(p) in exempt}
     assert local and all(n.startswith("decoder.layers.0.") for n in local)
     assert len(local) == sum(1 for n, _ in model.named_parameters() if n.startswith("decoder.layers.0."))
-    decayed, plain = stack.plan(2)["groups"]
+    decayed, plain = stack.plan(2).groups
     assert all(n.startswith("decoder.layers.1.") for n in plain)
     assert not any(n.startswith("decoder.layers.1.") for n in decayed)
 

@@ -29,7 +29,7 @@ SPEC = OptimizerSpec(
 
 def train(spec: OptimizerSpec = SPEC, plant: Any = None) -> RunSide:
     stack = build_megatron_stack([tiny_gpt()], spec, STEPS, global_batch=4)
-    plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches)["plan"]
+    plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches).plan
     if plant is not None:
         plant(stack)  # a bug in the side's machinery: its translated settings (the plan) still look right
     scalars = {}

@@ -12,6 +12,7 @@ from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
+from pytest_precalign.trace.training_record import TrainingPlan
 from pytest_precalign.verdict.training_records import step_records
 from pytest_precalign.verdict.training_run import RunSide, TrainingVerdict, judge_run
 
@@ -129,17 +130,21 @@ def test_a_run_that_does_not_line_up_fails_closed(cand: dict[int, StepScalars], 
     assert any(f.startswith(finding) for f in v.findings), v.findings
 
 
-def plan(lr: list[float], groups: list[list[str]], **kw: object) -> dict[str, object]:
-    return {
-        "lr": [[x] * len(groups) for x in lr],
-        "weight_decay": kw.pop("weight_decay", [0.01, 0.0][: len(groups)]),
-        "groups": groups,
-        "clip_grad": kw.pop("clip_grad", 1.0),
+def plan(lr: list[float], groups: list[list[str]], **kw: object) -> TrainingPlan:
+    settings: dict[str, object] = {
+        "clip_grad": 1.0,
         "micro_batches": 1,
-        "betas": [0.9, 0.999],
+        "betas": (0.9, 0.999),
         "eps": 1e-8,
+        "optimizer": "adamw",
         **kw,
     }
+    return TrainingPlan(
+        lr=tuple((x,) * len(groups) for x in lr),
+        weight_decay=(0.01, 0.0)[: len(groups)],
+        groups=tuple(tuple(g) for g in groups),
+        **settings,  # type: ignore[arg-type]
+    )
 
 
 def cosine(steps: int, horizon: int, peak: float = 1e-3) -> list[float]:
@@ -151,7 +156,7 @@ def cosine(steps: int, horizon: int, peak: float = 1e-3) -> list[float]:
 GROUPS = [["w", "layer.weight"], ["norm.weight", "layer.bias"]]
 
 
-def contract(base: dict[str, object], cand: dict[str, object]) -> TrainingVerdict:
+def contract(base: TrainingPlan, cand: TrainingPlan) -> TrainingVerdict:
     return judge_run(RunSide(run(), base), RunSide(run(), cand), {}, default_table())
 
 
@@ -185,6 +190,35 @@ def test_weight_decay_on_norms_is_named_with_a_parameter() -> None:
 def test_clipping_configured_on_one_side_only_is_a_contract_difference() -> None:
     v = contract(plan([1e-3] * 3, GROUPS), plan([1e-3] * 3, GROUPS, clip_grad=None))
     assert first(v) == (0, "contract", "clip_grad")
+
+
+def test_an_sgd_plan_and_an_adam_plan_differ_in_their_optimizer_not_in_betas() -> None:
+    sgd = plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0)
+    v = contract(plan([1e-3] * 3, GROUPS, momentum=None), sgd)
+    assert first(v) == (0, "contract", "optimizer")
+    assert v.first is not None and "optimizer: 'adamw' vs 'sgd'" in v.first.evidence
+
+
+def test_a_setting_one_side_does_not_say_is_not_compared_and_is_listed() -> None:
+    """The None rule: both say -> compared; neither -> equal; one side only -> unsaid."""
+    sgd = plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.9)
+    unsaid = plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=None)
+    v = contract(sgd, unsaid)
+    assert v.passed, v.first
+    assert v.unsaid == ("momentum (only the baseline says: 0.9)",)
+    assert v.as_dict()["unsaid_settings"] == ["momentum (only the baseline says: 0.9)"]
+    assert contract(sgd, sgd).unsaid == ()  # neither says betas / eps: equal, nothing listed
+    other = contract(sgd, plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0))
+    assert first(other) == (0, "contract", "momentum")
+
+
+def test_precision_is_compared_and_autocast_is_not() -> None:
+    autocast = plan([1e-3] * 3, GROUPS, precision="bfloat16", autocast=True)
+    bf16_params = plan([1e-3] * 3, GROUPS, precision="bfloat16", autocast=False)
+    assert contract(autocast, bf16_params).passed
+    v = contract(autocast, plan([1e-3] * 3, GROUPS, precision="float32", autocast=False))
+    assert first(v) == (0, "contract", "precision")
+    assert v.first is not None and "precision: 'bfloat16' vs 'float32'" in v.first.evidence
 
 
 def test_different_initial_weights_are_weights() -> None:

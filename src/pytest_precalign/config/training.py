@@ -205,8 +205,6 @@ def check_training(
 
 def hf_trainer_problem(optimizer: OptimizerSpec, steps: int) -> str | None:
     """What of ``optimizer`` ``TrainingArguments`` cannot express (None: all of it)."""
-    if optimizer.name == "adam" or (optimizer.name == "sgd" and optimizer.momentum):
-        return f"optimizer {optimizer.name!r}{' with momentum' if optimizer.name == 'sgd' else ''} (allowed: adamw, sgd)"
     if optimizer.no_decay is not None:
         return "no_decay globs: it decides by Trainer.get_decay_parameter_names (biases and norms); leave no_decay out"
     if optimizer.schedule is not None:

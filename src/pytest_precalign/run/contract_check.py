@@ -29,6 +29,7 @@ from ..mapping.weights import SyncReport
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
+from ..trace.training_record import TrainingSettings, run_record_keys
 from ..verdict.training_contract import check_contract
 from ..verdict.training_run import TrainingVerdict
 from ..verdict.training_traces import judge_traces
@@ -41,9 +42,9 @@ NOT_TRAINED = "nothing trained: the sides' training contract differs before step
 
 def planned_training(
     model: LoadedModel, spec: ModelSpec, data: CaseInputs, case: CaseSpec, side: str
-) -> dict[str, Any] | None:
-    """The ``"training"`` block (arguments and plan) this side's trainer will write, made
-    before it trains (None: a launched side without a plan of its own, see the module doc)."""
+) -> TrainingSettings | None:
+    """The settings (arguments and plan) this side's trainer will write, made before it
+    trains (None: a launched side without a plan of its own, see the module doc)."""
     trainer = side_trainer(case, {"side": side})
     if is_launched(spec) and trainer != "megatron":
         return None
@@ -56,11 +57,10 @@ def planned_training(
         from .megatron_training import megatron_plan_of
 
         return megatron_plan_of(model, data, case, data_parallel(spec))
-    from .loop_training import loop_plan, param_groups
+    from .loop_training import gradient_checkpointing, loop_plan, param_groups
 
-    return loop_plan(
-        case.optimizer, param_groups(model.module.named_parameters(), case.optimizer), case.steps
-    )
+    groups = param_groups(model.module.named_parameters(), case.optimizer)
+    return loop_plan(case.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module))
 
 
 def contract_before_training(
@@ -80,21 +80,28 @@ def contract_before_training(
     plans = []
     for side, (model, spec) in zip(("baseline", "candidate"), sides, strict=True):
         plans.append(planned_training(model, spec, data, case, side))
-    if plans[0] is None or plans[1] is None:
+    base, cand = plans
+    if base is None or cand is None or base.plan is None or cand.plan is None:
         return None
     mapping = case.mapping
 
     def rename(name: str) -> tuple[str, ...]:
         return tuple(baseline_param_names(mapping, name))
 
-    if check_contract(plans[0]["plan"], plans[1]["plan"], rename) is None:
+    if check_contract(base.plan, cand.plan, rename) is None:
         return None
     traces = [
         Trace(
-            {**environment, "side": side, "model": spec.name, "training": plan, "not_trained": NOT_TRAINED},
+            {
+                **environment,
+                "side": side,
+                "model": spec.name,
+                **run_record_keys(settings),
+                "not_trained": NOT_TRAINED,
+            },
             (),
         )
-        for side, (_, spec), plan in zip(("baseline", "candidate"), sides, plans, strict=True)
+        for side, (_, spec), settings in zip(("baseline", "candidate"), sides, (base, cand), strict=True)
     ]
     inputs = FinishInputs(
         case.name, case.phases, traces[0], traces[1], table, started, mapping, case, sync, dict(environment)

@@ -1,7 +1,9 @@
 """A side trained by a real ``transformers.Trainer`` (``training: hf_trainer``, the
 LLaMA-Factory path): the case's ``OptimizerSpec`` translated into ``TrainingArguments``
-(learning_rate, adam betas/epsilon, weight_decay, lr_scheduler_type + warmup_steps,
-max_grad_norm, gradient_accumulation_steps, max_steps), the case's batches fed in order
+(learning_rate, optim ``adamw_torch`` with adam betas/epsilon, or ``sgd`` with its momentum in
+``optim_args``, weight_decay, lr_scheduler_type + warmup_steps, max_grad_norm,
+gradient_accumulation_steps, max_steps; plain Adam, which ``optim`` has not, as the Trainer's
+``optimizer_cls_and_kwargs=(torch.optim.Adam, ...)``), the case's batches fed in order
 (sequential sampling, ``batch / micro_batches`` rows per micro-batch), every layer recorded
 by the case's hooks and every step's scalars by a Trainer callback. The translation and the
 plan (the LRs the Trainer's own scheduler gives, its parameter groups) go into the manifest.
@@ -23,12 +25,15 @@ from ..recording import HookRecorder
 from ..recording.determinism import seed_everything
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
-from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
 from ..training.spec import OptimizerSpec
 from .loop_step import split_micro_batches
+from .loop_training import gradient_checkpointing, optimizer_settings, params_precision
 from .step_boundary import Boundary
 
-_OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd"}
+# TrainingArguments.optim of each optimizer (plain Adam: none; see ``optimizer_override``).
+_OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd", "adam": "adamw_torch"}
 
 
 def scheduler_arguments(spec: OptimizerSpec) -> dict[str, Any]:
@@ -54,10 +59,10 @@ def training_arguments(
     """The ``TrainingArguments`` fields the case's optimizer spec becomes (``bf16``: a bf16
     model, trained as HF mixed precision: ``bf16=True``, fp32 master weights)."""
     spec = case.optimizer
-    if spec.name not in _OPTIMIZERS or (spec.name == "sgd" and spec.momentum):
+    if spec.name not in _OPTIMIZERS:
         raise CaseError(
-            f"case {case.name!r}: transformers.Trainer has no optimizer for {spec.name!r}"
-            f"{' with momentum' if spec.name == 'sgd' else ''} (allowed: adamw, sgd without momentum)"
+            f"case {case.name!r}: transformers.Trainer has no optimizer for {spec.name!r} "
+            f"(allowed: {', '.join(_OPTIMIZERS)})"
         )
     return {
         "output_dir": output_dir,
@@ -66,6 +71,7 @@ def training_arguments(
         "gradient_accumulation_steps": spec.micro_batches,
         "learning_rate": spec.lr,
         "optim": _OPTIMIZERS[spec.name],
+        "optim_args": f"momentum={spec.momentum!r}" if spec.name == "sgd" else None,
         "adam_beta1": spec.betas[0],
         "adam_beta2": spec.betas[1],
         "adam_epsilon": spec.eps,
@@ -84,6 +90,15 @@ def training_arguments(
         "remove_unused_columns": False,
         "bf16": bf16,
     }
+
+
+def optimizer_override(spec: OptimizerSpec) -> tuple[type[torch.optim.Optimizer], dict[str, Any]] | None:
+    """The Trainer's ``optimizer_cls_and_kwargs`` for an optimizer ``optim`` has not (plain
+    Adam: ``torch.optim.Adam``, the Trainer's own groups carrying the weight decay); None:
+    ``TrainingArguments.optim`` says it."""
+    if spec.name != "adam":
+        return None
+    return torch.optim.Adam, {"lr": spec.lr, "betas": spec.betas, "eps": spec.eps}
 
 
 class _Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -129,14 +144,9 @@ def train_with_trainer(
         trainer.train()
         steps.pause.close()
     _check_steps(steps.scalars, case, boundary)
-    training = _training_block(arguments, plan)
-    if bf16:
-        training["arguments"] |= MASTER_WEIGHTS
-    return {
-        "training": training,
-        SCALARS_KEY: scalars_manifest(steps.scalars),
-        "initial_params": steps.initial or {},
-    }
+    return run_record_keys(
+        _training_block(arguments, plan, case.optimizer, bf16), steps.scalars, steps.initial or {}
+    )
 
 
 MASTER_WEIGHTS = {
@@ -187,25 +197,26 @@ def _trainer(
     cpu = all(p.device.type == "cpu" for p in module.parameters())
     arguments = training_arguments(case, rows, seed, out, cpu, bf16)
     trainer = Trainer(
-        model=module, args=TrainingArguments(**arguments), train_dataset=dataset, callbacks=list(callbacks)
+        model=module,
+        args=TrainingArguments(**arguments),
+        train_dataset=dataset,
+        callbacks=list(callbacks),
+        optimizer_cls_and_kwargs=optimizer_override(case.optimizer),
     )
     trainer.remove_callback(PrinterCallback)  # the case's report says what happened
     trainer.create_optimizer()
     return trainer, arguments
 
 
-def trainer_plan(model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int) -> dict[str, Any]:
-    """The manifest's ``"training"`` block this side's Trainer will write, before it trains:
+def trainer_plan(model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int) -> TrainingSettings:
+    """The settings (``"training"`` block) this side's Trainer will write, before it trains:
     its Trainer built as ``train_with_trainer`` builds it (the optimizer created, nothing
     trained) and its plan made by the same ``_plan``."""
     rows = data.rows
     bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
     with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
         trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
-        block = _training_block(arguments, _plan(trainer, case, model.module))
-    if bf16:
-        block["arguments"] |= MASTER_WEIGHTS
-    return block
+        return _training_block(arguments, _plan(trainer, case, model.module), case.optimizer, bf16)
 
 
 def _case_steps(recorder: HookRecorder, seed: int, boundary: Boundary | None) -> Any:
@@ -257,7 +268,7 @@ def _case_steps(recorder: HookRecorder, seed: int, boundary: Boundary | None) ->
     return CaseSteps()
 
 
-def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> dict[str, Any]:
+def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> TrainingPlan:
     """The Trainer's own parameter groups, and the LRs its own scheduler gives each update
     (``transformers.get_scheduler``, as ``create_scheduler`` calls it, on a throwaway optimizer
     over the side's own parameters in the Trainer's groups: what a user's patch of the
@@ -281,30 +292,46 @@ def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> dict[str, An
         for _ in range(case.steps):
             lrs.append([float(g["lr"]) for g in throwaway.param_groups])
             scheduler.step()
-    spec = case.optimizer
-    return {
-        "lr": lrs,
-        "weight_decay": [float(g.get("weight_decay", 0.0)) for g in groups],
-        "groups": [[names[id(p)] for p in g["params"]] for g in groups],
-        "clip_grad": spec.clip_grad,
-        "micro_batches": spec.micro_batches,
-        "loss_normalisation": "per_token_over_step",  # num_items_in_batch over the step's micro-batches
-        "betas": list(spec.betas),
-        "eps": spec.eps,
-        "optimizer": spec.name,
-    }
+    clip = args.max_grad_norm
+    return TrainingPlan(
+        lr=tuple(tuple(step) for step in lrs),
+        weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in groups),
+        groups=tuple(tuple(names[id(p)] for p in g["params"]) for g in groups),
+        clip_grad=float(clip) if clip is not None and clip > 0 else None,  # the Trainer clips when > 0
+        micro_batches=args.gradient_accumulation_steps,
+        loss_normalisation="per_token_over_step",  # num_items_in_batch over the step's micro-batches
+        precision="bfloat16"
+        if args.bf16
+        else "float16"
+        if args.fp16
+        else params_precision(module.parameters()),
+        autocast=bool(args.bf16 or args.fp16),  # the Trainer's mixed precision autocasts the forward
+        gradient_checkpointing=bool(args.gradient_checkpointing) or gradient_checkpointing(module),
+        **optimizer_settings(trainer.optimizer),
+    )
 
 
-def _training_block(arguments: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def _training_block(
+    arguments: Mapping[str, Any], plan: TrainingPlan, spec: OptimizerSpec, bf16: bool
+) -> TrainingSettings:
     import transformers
 
     kept = {k: v for k, v in arguments.items() if k not in ("output_dir", "report_to", "disable_tqdm")}
-    return {
-        "trainer": "hf_trainer",
-        "framework": {"name": "transformers", "version": transformers.__version__},
-        "arguments": {"TrainingArguments": kept, "decay_parameters": "Trainer.get_decay_parameter_names"},
-        "plan": dict(plan),
+    given: dict[str, Any] = {
+        "TrainingArguments": kept,
+        "decay_parameters": "Trainer.get_decay_parameter_names",
     }
+    override = optimizer_override(spec)
+    if override is not None:
+        cls, kwargs = override
+        given["optimizer_cls_and_kwargs"] = {
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "kwargs": {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()},
+            "note": "overrides TrainingArguments.optim",
+        }
+    if bf16:
+        given |= MASTER_WEIGHTS
+    return TrainingSettings("hf_trainer", "transformers", transformers.__version__, given, plan)
 
 
 def _check_steps(

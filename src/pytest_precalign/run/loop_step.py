@@ -13,9 +13,10 @@ import torch
 from ..config.specs import CaseSpec
 from ..errors import CaseError
 from ..sources.inputs import CaseInputs
-from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import run_record_keys
 from ..training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
-from .loop_training import grouped_optimizer, loop_plan, make_scheduler, param_groups
+from .loop_training import gradient_checkpointing, grouped_optimizer, loop_plan, make_scheduler, param_groups
 
 
 def split_micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[CaseInputs]:
@@ -49,7 +50,14 @@ def shifted_tokens(micro: Sequence[CaseInputs]) -> int:
 
 
 def _batch_views(micro: Sequence[CaseInputs]) -> list[dict[str, Any]]:
-    return [{"input_ids": m.model_inputs.get("input_ids"), "labels": m.labels} for m in micro]
+    return [
+        {
+            "input_ids": m.model_inputs.get("input_ids"),
+            "attention_mask": m.model_inputs.get("attention_mask"),
+            "labels": m.labels,
+        }
+        for m in micro
+    ]
 
 
 class LoopTraining:
@@ -62,7 +70,7 @@ class LoopTraining:
         self.params = [p for _, params, _ in self.groups for p in params]
         self.optimizer = grouped_optimizer(spec, self.groups)
         self.scheduler = make_scheduler(spec, self.optimizer, case.steps)
-        self.plan = loop_plan(spec, self.groups, case.steps)
+        self.settings = loop_plan(spec, self.groups, case.steps, checkpointing=gradient_checkpointing(module))
         self.initial = initial_params(module.named_parameters())
         self.evidence = StepEvidence(self.params)
         self.scalars: dict[int, StepScalars] = {}
@@ -104,9 +112,5 @@ class LoopTraining:
         )
 
     def manifest(self) -> dict[str, Any]:
-        """The trace manifest's ``training``, ``scalars`` and ``initial_params``."""
-        return {
-            "training": self.plan,
-            SCALARS_KEY: scalars_manifest(self.scalars),
-            "initial_params": self.initial,
-        }
+        """The trace manifest's run record: settings, scalars and initial parameters."""
+        return run_record_keys(self.settings, self.scalars, self.initial)

@@ -1,6 +1,6 @@
 """The tool's own training loop (``training: loop``): a case's ``OptimizerSpec`` as
 ``torch.optim`` + ``torch.optim.lr_scheduler.LambdaLR``, with parameter groups for weight
-decay, and the loop's translated settings for the side's manifest (``"training"``).
+decay, and the loop's translated settings for the side's manifest (``TrainingSettings``).
 
 The LR multiplier follows ``training/spec.py``'s semantics, written in the arithmetic
 transformers' schedulers use (so a loop and a ``transformers.Trainer`` run of one spec get
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..trace.training_record import TrainingPlan, TrainingSettings
 from ..training.spec import OptimizerSpec, ScheduleSpec
 
 Group = tuple[list[str], list[torch.nn.Parameter], float]  # names, params, weight decay
@@ -91,14 +92,47 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(schedule, spec.lr, steps, s))
 
 
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A torch optimizer's own settings for a plan: its name (the class's, in lower case),
+    ``betas`` and ``eps`` (Adam, AdamW), ``momentum`` (SGD), as it holds them; None for a
+    setting it does not have."""
+    defaults = optimizer.defaults
+    betas = defaults.get("betas")
+    eps, momentum = defaults.get("eps"), defaults.get("momentum")
+    return {
+        "optimizer": type(optimizer).__name__.lower(),
+        "betas": None if betas is None else (float(betas[0]), float(betas[1])),
+        "eps": None if eps is None else float(eps),
+        "momentum": None if momentum is None else float(momentum),
+    }
+
+
+def params_precision(params: Iterable[torch.Tensor]) -> str | None:
+    """The dtype the forward computes in when nothing autocasts: its floating parameters'
+    (the first one's; None: no floating parameter)."""
+    dtype = next((p.dtype for p in params if p.is_floating_point()), None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def gradient_checkpointing(module: torch.nn.Module) -> bool:
+    """Whether the model recomputes activations in its backward (transformers'
+    ``gradient_checkpointing_enable``: ``is_activation_checkpointing``, before v5
+    ``is_gradient_checkpointing``)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(module), name):
+            return bool(getattr(module, name))
+    return False
+
+
 def planned_lrs(
     spec: OptimizerSpec, groups: Sequence[Group], steps: int
-) -> tuple[list[list[float]], list[float]]:
-    """Per update, the LR of each group as the loop's own optimizer and scheduler give it, and
-    each group's weight decay as that optimizer holds it: both built as the loop builds them
-    (``grouped_optimizer``, ``make_scheduler``) over the side's own parameters, so what a
-    user's patch of those classes does to this model shows, and only the scheduler is
-    stepped (the throwaway optimizer never steps: no parameter changes)."""
+) -> tuple[list[list[float]], list[float], dict[str, Any]]:
+    """Per update, the LR of each group as the loop's own optimizer and scheduler give it,
+    each group's weight decay and the optimizer's settings (``optimizer_settings``) as that
+    optimizer holds them: both built as the loop builds them (``grouped_optimizer``,
+    ``make_scheduler``) over the side's own parameters, so what a user's patch of those
+    classes does to this model shows, and only the scheduler is stepped (the throwaway
+    optimizer never steps: no parameter changes)."""
     optimizer = grouped_optimizer(spec, groups)
     decay = [float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups]
     with warnings.catch_warnings():
@@ -109,14 +143,17 @@ def planned_lrs(
             plan.append([float(g["lr"]) for g in optimizer.param_groups])
             if scheduler is not None:
                 scheduler.step()
-    return plan, decay
+    return plan, decay, optimizer_settings(optimizer)
 
 
-def loop_plan(spec: OptimizerSpec, groups: Sequence[Group], steps: int) -> dict[str, Any]:
-    """The manifest's ``"training"`` block of a side trained by the tool's own loop: written
+def loop_plan(
+    spec: OptimizerSpec, groups: Sequence[Group], steps: int, *, checkpointing: bool = False
+) -> TrainingSettings:
+    """The settings (``"training"`` block) of a side trained by the tool's own loop: written
     by the loop when it starts, and computed before any side trains for the contract check
-    (``run.contract_check``); ``groups``: ``param_groups`` of the side's model."""
-    lrs, decay = planned_lrs(spec, groups, steps)
+    (``run.contract_check``); ``groups``: ``param_groups`` of the side's model;
+    ``checkpointing``: its ``gradient_checkpointing``."""
+    lrs, decay, settings = planned_lrs(spec, groups, steps)
     schedule = spec.schedule
     scheduler = None
     if schedule is not None:
@@ -129,29 +166,28 @@ def loop_plan(spec: OptimizerSpec, groups: Sequence[Group], steps: int) -> dict[
             "stepped": "after each optimizer.step()",
         }
     optimizer_cls = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[spec.name]
-    return {
-        "trainer": "loop",
-        "framework": {"name": "torch", "version": torch.__version__},
-        "arguments": {
-            "optimizer": f"torch.optim.{optimizer_cls}",
-            "lr": spec.lr,
-            "betas": list(spec.betas),
-            "eps": spec.eps,
-            "momentum": spec.momentum,
-            "param_groups": [{"weight_decay": wd, "params": len(names)} for names, _, wd in groups],
-            "lr_scheduler": scheduler,
-            "clip_grad_norm": spec.clip_grad,
-            "gradient_accumulation": spec.micro_batches,
-        },
-        "plan": {
-            "lr": lrs,
-            "weight_decay": decay,
-            "groups": [list(names) for names, _, _ in groups],
-            "clip_grad": spec.clip_grad,
-            "micro_batches": spec.micro_batches,
-            "loss_normalisation": "per_token_over_step",
-            "betas": list(spec.betas),
-            "eps": spec.eps,
-            "optimizer": spec.name,
-        },
+    own: dict[str, Any] = (
+        {"momentum": spec.momentum} if spec.name == "sgd" else {"betas": list(spec.betas), "eps": spec.eps}
+    )
+    plan = TrainingPlan(
+        lr=tuple(tuple(step) for step in lrs),
+        weight_decay=tuple(decay),
+        groups=tuple(tuple(names) for names, _, _ in groups),
+        clip_grad=spec.clip_grad,
+        micro_batches=spec.micro_batches,
+        loss_normalisation="per_token_over_step",
+        precision=params_precision(p for _, params, _ in groups for p in params),
+        autocast=False,
+        gradient_checkpointing=checkpointing,
+        **settings,
+    )
+    arguments = {
+        "optimizer": f"torch.optim.{optimizer_cls}",
+        "lr": spec.lr,
+        **own,
+        "param_groups": [{"weight_decay": wd, "params": len(names)} for names, _, wd in groups],
+        "lr_scheduler": scheduler,
+        "clip_grad_norm": spec.clip_grad,
+        "gradient_accumulation": spec.micro_batches,
     }
+    return TrainingSettings("loop", "torch", torch.__version__, arguments, plan)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from ..recording import HookRecorder
 from ..recording.determinism import seed_everything
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
-from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingSettings, read_run_record, run_record_keys
 from ..training.megatron_stack import build_megatron_stack, plan_before_training
 from ..training.step_evidence import initial_params
 from .step_boundary import Boundary
@@ -61,8 +63,8 @@ def chunk_forward(model: LoadedModel) -> Callable[[torch.nn.Module, Mapping[str,
 
 def megatron_plan_of(
     model: LoadedModel, data: CaseInputs, case: CaseSpec, data_parallel: int = 1
-) -> dict[str, Any]:
-    """The ``"training"`` block this side's stack will write, before it is built
+) -> TrainingSettings:
+    """The settings (``"training"`` block) this side's stack will write, before it is built
     (``megatron_stack.plan_before_training``; a launched side planned from its TP=1 twin)."""
     rows = data.rows
     spec = case.optimizer
@@ -125,7 +127,7 @@ def train_with_megatron(
             )
             if not quiet:
                 recorder.record_params()
-    return {"training": training, SCALARS_KEY: scalars_manifest(scalars), "initial_params": initial}
+    return run_record_keys(training, scalars, initial)
 
 
 def torch_optimizer(optimizer: Any, module: torch.nn.Module) -> Any:
@@ -172,7 +174,7 @@ def train_rank_with_megatron(
         [module], spec, case.steps, global_batch=rows, names=lambda _, name: globalize(name, offsets),
         data_parallel=dp,
     )  # fmt: skip
-    evidence: dict[str, Any] = {"training": stack.training_manifest(case.steps, spec.micro_batches)}
+    settings = stack.training_manifest(case.steps, spec.micro_batches)
     rec = Recorder(
         out, mode=case.record.mode, level=case.record.level, inputs=case.record.inputs, grads=True,
         include=case.record.include, exclude=case.record.exclude, params=True, param_grads="step",
@@ -199,9 +201,9 @@ def train_rank_with_megatron(
         )  # fmt: skip
         rec.stop()
         rec.step()
-    evidence[SCALARS_KEY] = scalars_manifest(scalars)
     out.mkdir(parents=True, exist_ok=True)
-    (out / TRAINING_FILE.format(rank=rank)).write_text(json.dumps(evidence), encoding="utf-8")
+    evidence = json.dumps(run_record_keys(settings, scalars))
+    (out / TRAINING_FILE.format(rank=rank)).write_text(evidence, encoding="utf-8")
 
 
 def _check_split(case: CaseSpec, micro: int, dp: int) -> None:
@@ -225,16 +227,17 @@ def launched_evidence(
         path = out / TRAINING_FILE.format(rank=rank)
         if not path.exists():
             raise CaseError(f"launched rank {rank} wrote no training evidence ({path.name})")
-        ranks.append(json.loads(path.read_text(encoding="utf-8")))
-    training = ranks[0]["training"]
-    groups: list[list[str]] = [[] for _ in training["plan"]["groups"]]
-    for evidence in ranks:
-        for index, names in enumerate(evidence["training"]["plan"]["groups"]):
+        record = read_run_record(json.loads(path.read_text(encoding="utf-8")), path.name)
+        if record.plan is None or record.settings is None:
+            raise CaseError(f"launched rank {rank} wrote no training plan ({path.name})")
+        ranks.append((record.settings, record.plan, record.scalars))
+    settings, plan, _ = ranks[0]
+    groups: list[list[str]] = [[] for _ in plan.groups]
+    for _, own, _ in ranks:
+        for index, names in enumerate(own.groups):
             groups[index] += [n for n in names if n not in groups[index]]
-    training["plan"]["groups"] = groups
-    with_loss = [e for e in ranks if all(s.get("loss") is not None for s in e[SCALARS_KEY].values())]
-    chosen = (with_loss or ranks)[-1]
-    out_evidence: dict[str, Any] = {"training": training, SCALARS_KEY: chosen[SCALARS_KEY]}
-    if full_weights is not None:
-        out_evidence["initial_params"] = initial_params(full_weights.items())
-    return out_evidence
+    united = replace(settings, plan=replace(plan, groups=tuple(tuple(names) for names in groups)))
+    with_loss = [s for _, _, s in ranks if all(step.loss is not None for step in s.values())]
+    chosen = (with_loss or [s for _, _, s in ranks])[-1]
+    initial = None if full_weights is None else initial_params(full_weights.items())
+    return run_record_keys(united, chosen, initial)

@@ -49,6 +49,7 @@ from ..compare.pairs import Check, Comparison, PairResult
 from ..config.specs import OptimizerSpec
 from ..trace.records import Record, Trace, record_id
 from ..trace.step_scalars import scalars_of
+from ..trace.training_record import read_run_record
 from ..vocabulary import OPTIMIZER_UPDATE
 from .loop_training import decays
 from .side import make_optimizer
@@ -199,9 +200,8 @@ def judge_updates(
 
 
 def _mixed_precision(trace: Trace) -> bool:
-    training = trace.manifest.get("training")
-    arguments = training.get("arguments") if isinstance(training, Mapping) else None
-    recorded = arguments.get("recorded_params") if isinstance(arguments, Mapping) else None
+    settings = read_run_record(trace.manifest, "a side's trace").settings
+    recorded = settings.arguments.get("recorded_params") if settings is not None else None
     return isinstance(recorded, str) and recorded.startswith("main_param")
 
 

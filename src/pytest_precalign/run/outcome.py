@@ -174,8 +174,10 @@ def finish(job: FinishInputs) -> CaseRun:
         verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
         verdict = with_missing_grads(verdict, _grads_missing(job))
         verdicts[phase] = with_incomplete_steps(verdict, _incomplete_steps(job))
-    verdicts = tell_case(verdicts, phases)
     training = _training(job, base_trace, cand_trace, comparison)
+    first = training.first if training is not None else None
+    data = (first.step, first.evidence) if first is not None and first.what == "data" else None
+    verdicts = tell_case(verdicts, phases, data)  # no module origin where the data differs
     return CaseRun(
         name=job.name,
         phases=phases,

@@ -31,6 +31,8 @@ from ..compare.tolerances import ToleranceTable, default_table
 from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.weights import sync_weights
+from ..trace.step_scalars import SCALARS_KEY
+from ..trace.training_record import INITIAL_PARAMS_KEY, read_run_record, run_record_keys
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case
@@ -176,11 +178,10 @@ def _table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
 def _only_step(trace: Any, step: int) -> Any:
     """The trace's manifest with the scalars of ``step`` only, and no initial parameters (the
     replay's sides start from the loaded state, not from step 0's)."""
-    manifest = dict(trace.manifest)
-    scalars = manifest.get("scalars")
-    if isinstance(scalars, Mapping):
-        manifest["scalars"] = {k: v for k, v in scalars.items() if str(k) == str(step)}
-    manifest.pop("initial_params", None)
+    record = read_run_record(trace.manifest, f"the {trace.manifest.get('side', 'side')}'s trace")
+    manifest = {k: v for k, v in trace.manifest.items() if k not in (SCALARS_KEY, INITIAL_PARAMS_KEY)}
+    if SCALARS_KEY in trace.manifest:
+        manifest |= run_record_keys(scalars={s: v for s, v in record.scalars.items() if s == step})
     return replace(trace, manifest=manifest)
 
 

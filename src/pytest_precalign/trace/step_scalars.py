@@ -15,7 +15,8 @@ Fields are None when the side's framework does not have the quantity (never 0 fo
 - ``zero_grads``: number of grad elements exactly 0; ``loss_scale`` (mixed precision);
   ``skipped``: the optimizer skipped the update (overflow).
 - ``tokens``: tokens in the step's batch (labels not ignored); ``batch_hash``: sha256 of the
-  step's batch (input ids and labels), so differing data is seen as differing data.
+  step's batch (each row's input ids and labels at its attended positions, whatever the
+  padding and the micro-batch split), so differing data is seen as differing data.
 - ``micro_batches``: how many micro-batches the step was split into.
 """
 

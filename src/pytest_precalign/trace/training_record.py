@@ -14,7 +14,8 @@ side's framework has no such setting (SGD has no betas, Adam no momentum) or the
 know it (a hand-written loop's loss normalisation). The rule for comparing two plans
 (``verdict.training_contract``): a field both sides say is compared; a field neither says is
 equal; a field one side does not say is not compared and the contract lists it
-(``unsaid_settings``), so a report says what one side lacks.
+(``unsaid_settings``), so a report says what one side lacks. Except ``clip_grad``, whose None
+says "not clipped" (``NONE_IS_A_VALUE``): it is always compared.
 
 The JSON layout (``"training"``)::
 
@@ -117,6 +118,9 @@ PLAN_SETTINGS = (
     "precision",
     "gradient_checkpointing",
 )
+# The settings whose None is itself a value, compared like any other: ``clip_grad`` None says
+# "not clipped" (a side that clips and one that does not differ in their contract).
+NONE_IS_A_VALUE = ("clip_grad",)
 
 
 @dataclass(frozen=True)

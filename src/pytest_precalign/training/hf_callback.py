@@ -170,7 +170,7 @@ class TrainerSteps(TrainerCallback):
     def _see_batch(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._pending is not None and torch.is_grad_enabled():
             ids = kwargs.get("input_ids", args[0] if args else None)
-            self._views.append({"input_ids": ids, "labels": kwargs.get("labels")})
+            self._views.append({"input_ids": ids, **{k: kwargs.get(k) for k in ("labels", "attention_mask")}})
 
     def _see_output(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self._pending is None or not torch.is_grad_enabled():

@@ -4,7 +4,7 @@
 ``OptimizerParamScheduler``, ``finalize_model_grads`` and the pipeline schedule, stepped by
 ``megatron_step.megatron_train_step``. No optimizer or scheduler of ours: the case's
 ``OptimizerSpec`` (``training/spec.py``'s semantics) is translated into megatron-core's own
-arguments, and that translation is written into the side's manifest (``"training"``):
+arguments, and that translation is written into the side's manifest (``TrainingSettings``):
 
 - ``OptimizerConfig``: ``optimizer`` ``adam`` (``decoupled_weight_decay`` True for adamw,
   False for adam) or ``sgd`` (``sgd_momentum``); ``lr``; ``min_lr`` (the schedule's; the LR
@@ -41,7 +41,7 @@ from __future__ import annotations
 import fnmatch
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -49,6 +49,7 @@ import torch
 
 from ..errors import CaseError
 from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingPlan, TrainingSettings
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import replica_grad_scale
 from .megatron_step import megatron_train_step
@@ -67,6 +68,7 @@ class MegatronArguments:
     increment: int  # scheduler.step(increment=...) after each successful update
     no_decay: tuple[str, ...] | None  # config_overrides' ParamKey names (None: Megatron's default)
     ddp: dict[str, Any] = field(default_factory=lambda: {"grad_reduce_in_fp32": True})
+    recompute: str | None = None  # the model's TransformerConfig.recompute_granularity
 
     def as_json(self) -> dict[str, Any]:
         overrides = None
@@ -78,7 +80,7 @@ class MegatronArguments:
             "scheduler_increment": self.increment,
             "config_overrides": overrides,
             "DistributedDataParallelConfig": dict(self.ddp),
-            "TransformerConfig": {"calculate_per_token_loss": False},
+            "TransformerConfig": {"calculate_per_token_loss": False, "recompute_granularity": self.recompute},
             "wrappers": ["DistributedDataParallel", "Float16Module"]
             if self.optimizer["bf16"]
             else ["DistributedDataParallel"],
@@ -87,10 +89,16 @@ class MegatronArguments:
 
 
 def megatron_arguments(
-    spec: OptimizerSpec, steps: int, global_batch: int, dtype: str, data_parallel: int = 1
+    spec: OptimizerSpec,
+    steps: int,
+    global_batch: int,
+    dtype: str,
+    data_parallel: int = 1,
+    recompute: str | None = None,
 ) -> MegatronArguments:
     """The case's optimizer spec as megatron-core's arguments (``dtype``: the model's params
-    dtype name, ``float32`` or ``bfloat16``; ``data_parallel`` > 1: the distributed optimizer)."""
+    dtype name, ``float32`` or ``bfloat16``; ``data_parallel`` > 1: the distributed optimizer;
+    ``recompute``: the model's ``recompute_granularity``, kept for the plan)."""
     schedule = spec.schedule
     warmup = schedule.warmup_steps if schedule is not None else 0
     decay = schedule.decay if schedule is not None else "constant"
@@ -140,7 +148,7 @@ def megatron_arguments(
     ddp: dict[str, Any] = {"grad_reduce_in_fp32": True}
     if data_parallel > 1:  # megatron-core's DistributedOptimizer: grads reduce-scattered, params all-gathered
         optimizer["use_distributed_optimizer"] = ddp["use_distributed_optimizer"] = True
-    return MegatronArguments(optimizer, scheduler, global_batch, no_decay, ddp)
+    return MegatronArguments(optimizer, scheduler, global_batch, no_decay, ddp, recompute)
 
 
 def _megatron() -> dict[str, Any]:
@@ -202,7 +210,7 @@ class MegatronStack:
     arguments: MegatronArguments
     group_names: list[list[str]]  # parameter names of each optimizer group (the side's names)
 
-    def plan(self, steps: int) -> dict[str, Any]:
+    def plan(self, steps: int) -> TrainingPlan:
         """The LR of each group at each update and each group's weight decay, as megatron-core's
         OptimizerParamScheduler sets them (``megatron_plan`` over the optimizer's groups)."""
         return megatron_plan(self.optimizer.param_groups, self.group_names, self.arguments, steps)
@@ -213,16 +221,16 @@ class MegatronStack:
             return "main_param (the float32 main params Float16OptimizerWithFloat16Params steps)"
         return "model params (float32, stepped by FP32Optimizer)"
 
-    def training_manifest(self, steps: int, micro_batches: int) -> dict[str, Any]:
-        """The manifest's ``"training"`` block of this side."""
+    def training_manifest(self, steps: int, micro_batches: int) -> TrainingSettings:
+        """The settings (manifest's ``"training"`` block) of this side."""
         block = training_block(self.arguments, self.plan(steps), micro_batches)
         inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
         classes = [type(self.optimizer).__name__] + [
             type(o).__name__ for o in inner if o is not self.optimizer
         ]
         # known once the stack is built (not in the plan made before training)
-        block["arguments"] |= {"recorded_params": self.recorded_params(), "optimizer_class": classes}
-        return block
+        built = {"recorded_params": self.recorded_params(), "optimizer_class": classes}
+        return replace(block, arguments={**block.arguments, **built})
 
     def train_step(
         self,
@@ -286,7 +294,7 @@ def megatron_plan(
     group_names: list[list[str]],
     arguments: MegatronArguments,
     steps: int,
-) -> dict[str, Any]:
+) -> TrainingPlan:
     """The plan of a side trained by megatron-core's stack: each group's LR at each update and
     its weight decay, as megatron-core's own OptimizerParamScheduler sets them, run on copies
     of ``groups`` (the optimizer's, or ``_get_param_groups``' before training: the optimizer's
@@ -300,33 +308,37 @@ def megatron_plan(
         lrs.append([float(g["lr"]) for g in holder.param_groups])
         scheduler.step(increment=arguments.increment)
     opt = arguments.optimizer
-    return {
-        "lr": lrs,
-        "weight_decay": decays,
-        "groups": group_names,
-        "clip_grad": opt["clip_grad"] or None,
-        "micro_batches": None,  # set by the caller, who splits the batches
-        "loss_normalisation": "per_token_over_step",
-        "optimizer": "sgd"
-        if opt["optimizer"] == "sgd"
-        else ("adamw" if opt.get("decoupled_weight_decay") else "adam"),
-        "betas": [opt.get("adam_beta1"), opt.get("adam_beta2")] if opt["optimizer"] == "adam" else None,
-        "eps": opt.get("adam_eps"),
-    }
+    adam = opt["optimizer"] == "adam"
+    return TrainingPlan(
+        optimizer=("adamw" if opt.get("decoupled_weight_decay") else "adam")
+        if adam
+        else str(opt["optimizer"]),
+        lr=tuple(tuple(step) for step in lrs),
+        weight_decay=tuple(decays),
+        groups=tuple(tuple(names) for names in group_names),
+        betas=(float(opt["adam_beta1"]), float(opt["adam_beta2"])) if adam else None,
+        eps=float(opt["adam_eps"]) if adam else None,
+        momentum=float(opt["sgd_momentum"]) if opt["optimizer"] == "sgd" else None,
+        clip_grad=float(opt["clip_grad"]) if opt["clip_grad"] else None,  # 0.0: off
+        micro_batches=None,  # set by the caller, who splits the batches (training_block)
+        loss_normalisation="per_token_over_step",
+        precision=str(opt["params_dtype"]),  # bf16 params: the forward computes in bf16
+        autocast=False,
+        gradient_checkpointing=arguments.recompute is not None,
+    )
 
 
-def training_block(
-    arguments: MegatronArguments, plan: Mapping[str, Any], micro_batches: int
-) -> dict[str, Any]:
-    """The manifest's ``"training"`` block of a megatron side."""
+def training_block(arguments: MegatronArguments, plan: TrainingPlan, micro_batches: int) -> TrainingSettings:
+    """The settings (manifest's ``"training"`` block) of a megatron side."""
     from importlib.metadata import version
 
-    return {
-        "trainer": "megatron",
-        "framework": {"name": "megatron-core", "version": version("megatron-core")},
-        "arguments": arguments.as_json(),
-        "plan": {**plan, "micro_batches": micro_batches},
-    }
+    return TrainingSettings(
+        "megatron",
+        "megatron-core",
+        version("megatron-core"),
+        arguments.as_json(),
+        replace(plan, micro_batches=micro_batches),
+    )
 
 
 class _Chunk(torch.nn.Module):
@@ -346,8 +358,8 @@ def plan_before_training(
     micro_batches: int,
     names: Callable[[int, str], str] | None = None,
     data_parallel: int = 1,
-) -> dict[str, Any]:
-    """The ``"training"`` block ``build_megatron_stack(...).training_manifest`` will write
+) -> TrainingSettings:
+    """The settings ``build_megatron_stack(...).training_manifest`` will write
     (but the keys known once the stack is built: ``recorded_params``, ``optimizer_class``),
     without building the stack: the groups from megatron-core's own ``_get_param_groups``
     (which ``get_megatron_optimizer`` makes the optimizer's from) over ``chunks`` as DDP names
@@ -356,7 +368,9 @@ def plan_before_training(
     mc = _megatron()
     config: Any = getattr(chunks[0], "config")  # noqa: B009  # megatron's TransformerConfig
     dtype = str(config.params_dtype).removeprefix("torch.")
-    args = megatron_arguments(spec, steps, global_batch, dtype, data_parallel)
+    args = megatron_arguments(
+        spec, steps, global_batch, dtype, data_parallel, getattr(config, "recompute_granularity", None)
+    )
     overrides = None
     if args.no_decay is not None:
         overrides = {mc["ParamKey"](name=_no_decay_names(chunks, args.no_decay, names)): {"wd_mult": 0.0}}
@@ -393,7 +407,9 @@ def build_megatron_stack(
     mc = _megatron()
     config: Any = getattr(chunks[0], "config")  # noqa: B009  # megatron's TransformerConfig
     dtype = str(config.params_dtype).removeprefix("torch.")
-    args = megatron_arguments(spec, steps, global_batch, dtype, data_parallel)
+    args = megatron_arguments(
+        spec, steps, global_batch, dtype, data_parallel, getattr(config, "recompute_granularity", None)
+    )
     ddp_config = mc["DistributedDataParallelConfig"](**args.ddp)
     # Read when DDP is built (its grad scaling factor) and by every schedule run.
     config.calculate_per_token_loss = False  # the loss function normalises per token over the step

@@ -59,19 +59,26 @@ def group_settings(optimizer: Any) -> tuple[tuple[float, ...], tuple[float, ...]
 
 
 def batch_hash(batches: Iterable[Mapping[str, Any]]) -> str:
-    """sha256 of the step's input ids and labels, row by row over its micro-batches in order:
-    two sides fed the same rows have the same hash however they split them into micro-batches
-    and whatever else their batches carry."""
+    """sha256 of the tokens the step's loss sees, row by row in order over its micro-batches:
+    each row's ``input_ids`` and ``labels`` at its attended positions (``attention_mask`` 1,
+    when the batch has a mask of their shape; every position when it has none). Labels -100
+    at attended positions are kept as values (which tokens the loss ignores is part of the
+    data); padding (mask 0) is not hashed. So the same rows hash the same however they are
+    padded (right or left, to any length) and split into micro-batches, and a row with other
+    ids or labels, or the rows in another order, hash differently. Other keys of a batch
+    (position ids, pixel values, ...) are not hashed."""
     whole = hashlib.sha256()
     for batch in batches:
-        tensors = [(key, _rows(batch.get(key))) for key in ("input_ids", "labels")]
-        present = [(key, rows) for key, rows in tensors if rows is not None]
+        mask = _rows(batch.get("attention_mask"))
+        present = [
+            (key, rows) for key in ("input_ids", "labels") if (rows := _rows(batch.get(key))) is not None
+        ]
         for r in range(max((len(rows) for _, rows in present), default=0)):
             for key, rows in present:
                 if r < len(rows):
-                    row = rows[r]
-                    whole.update(f"{key}{tuple(row.shape)}".encode())
-                    whole.update(row.reshape(-1).numpy().tobytes())
+                    row = _attended(rows, mask, r)
+                    whole.update(f"{key}({row.numel()})".encode())
+                    whole.update(row.numpy().tobytes())
     return whole.hexdigest()
 
 
@@ -82,16 +89,28 @@ def _rows(value: Any) -> torch.Tensor | None:
     return tensor.reshape(1, -1) if tensor.ndim < 2 else tensor
 
 
+def _attended(rows: torch.Tensor, mask: torch.Tensor | None, r: int) -> torch.Tensor:
+    """Row ``r`` of ``rows`` at the positions ``mask`` attends (all of it without a mask of
+    the rows' shape, e.g. none or a 4-d one)."""
+    row = rows[r].reshape(-1)
+    if mask is None or mask.shape != rows.shape:
+        return row
+    return row[mask[r].reshape(-1) != 0]
+
+
 def token_count(batches: Iterable[Mapping[str, Any]]) -> int:
-    """Label positions that are not ignored (-100), over the step's micro-batches; the input
-    ids' count when a batch has no labels."""
+    """Label positions that are not ignored (-100), over the step's micro-batches (what the
+    loss counts, padding labelled -100); without labels, the input ids at attended positions
+    (``attention_mask`` 1; all of them without a mask)."""
     total = 0
     for batch in batches:
         labels = batch.get("labels")
+        ids = _rows(batch.get("input_ids"))
         if isinstance(labels, torch.Tensor):
             total += int((labels != IGNORE_INDEX).sum())
-        elif isinstance(batch.get("input_ids"), torch.Tensor):
-            total += int(batch["input_ids"].numel())
+        elif ids is not None:
+            mask = _rows(batch.get("attention_mask"))
+            total += sum(int(_attended(ids, mask, r).numel()) for r in range(len(ids)))
     return total
 
 

@@ -3,6 +3,11 @@ execution order (step k's forward, backward and optimizer step before step k+1's
 later failing phase is downstream of it, keeps its own table and gets no origin of its own.
 A phase that fails while every earlier one is aligned (a backward-only fault) has its own
 origin, which is then the case's.
+
+A training run whose data differs (the run verdict's ``data``: the batch of step ``d`` hashes
+differently) has no module origin from step ``d`` on: a module fed those ids did not have
+matching inputs, so no divergence at or after ``d`` is told as "its inputs matched"; it is the
+first divergent paired record, unproven, and the story names the data.
 """
 
 from __future__ import annotations
@@ -56,8 +61,28 @@ def _position(verdict: PhaseVerdict, phases: Sequence[str]) -> tuple[int, int]:
     return first.step, phases.index(verdict.phase)
 
 
-def tell_case(verdicts: Mapping[P, PhaseVerdict], phases: Sequence[Phase]) -> dict[P, PhaseVerdict]:
-    """Each phase's verdict with the case's origin; the phases after it are downstream."""
+def other_data(first: Divergence, step: int, evidence: str) -> Divergence:
+    """``first`` when the batch of ``step`` differs (``evidence``, the run verdict's): not an
+    origin at or after that step, its inputs not said to match (no enclosing module named)."""
+    if first.step < step:
+        return first
+    where = "" if first.step == step else f"downstream of step {step}'s data: "
+    proof = (
+        f"origin unproven: {where}{evidence}; the step's inputs were other data (the run verdict says data)"
+    )
+    return replace(first, origin=False, origin_module="", proof=proof, proven=False)
+
+
+def tell_case(
+    verdicts: Mapping[P, PhaseVerdict], phases: Sequence[Phase], data: tuple[int, str] | None = None
+) -> dict[P, PhaseVerdict]:
+    """Each phase's verdict with the case's origin; the phases after it are downstream.
+    ``data``: the step whose batch differs and the evidence (``other_data``)."""
+    if data is not None:
+        verdicts = {
+            phase: v if v.first is None else replace(v, first=other_data(v.first, *data), matched_children=())
+            for phase, v in verdicts.items()
+        }
     failing = [v for v in verdicts.values() if v.first is not None]
     if not failing:
         return dict(verdicts)

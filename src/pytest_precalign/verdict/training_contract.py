@@ -1,12 +1,18 @@
 """The contract check: what each side WILL do, compared before step 0 from the two sides'
-translated settings (the ``"plan"`` of each manifest's ``"training"``, made by running each
-framework's own scheduler; see TRAINING.md).
+typed plans (``trace.training_record.TrainingPlan``, the ``"plan"`` of each manifest's
+``"training"``, made by running each framework's own scheduler; see TRAINING.md).
 
 Per parameter (the candidate's names mapped to the baseline's by the case's mapping), the LR
-and weight decay at every planned step; then clipping, Adam's betas and eps, the optimizer,
-the micro-batches and the loss normalisation over them. The first difference is named with
-its step and parameter group, and what the LR sequences suggest (one side lagging by a step,
-a shorter decay horizon).
+and weight decay at every planned step; then the plan's settings in ``PLAN_SETTINGS`` order
+(the optimizer, Adam's betas and eps, SGD's momentum, clipping, the micro-batches, the loss
+normalisation over them, the forward's precision, gradient checkpointing). The first
+difference is named with its step and parameter group, and what the LR sequences suggest (one
+side lagging by a step, a shorter decay horizon).
+
+The None rule (``training_record``): a setting both plans say is compared; a setting neither
+says is equal; a setting one plan does not say (None: its framework has no such setting, or its
+writer cannot know it) is not compared, and ``unsaid_settings`` lists it for the report. A
+``clip_grad`` of None says "not clipped" (``NONE_IS_A_VALUE``): it is always compared.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..trace.training_record import NONE_IS_A_VALUE, PLAN_SETTINGS, TrainingPlan
 
 Rename = Callable[[str], Sequence[str]]  # a candidate parameter name -> the baseline's names
 
@@ -23,7 +31,6 @@ def same_names(name: str) -> Sequence[str]:
 
 
 LR_RTOL = 1e-6  # two schedulers computing one formula in float64, stored as float32 at worst
-SETTINGS = ("optimizer", "betas", "eps", "clip_grad", "micro_batches", "loss_normalisation")
 
 
 @dataclass(frozen=True)
@@ -35,9 +42,9 @@ class ContractDiff:
     setting: bool = False  # a training setting other than the schedule (micro-batches, clipping)
 
 
-def _groups_of(plan: Mapping[str, Any], rename: Rename) -> dict[str, int]:
+def _groups_of(plan: TrainingPlan, rename: Rename) -> dict[str, int]:
     out: dict[str, int] = {}
-    for index, names in enumerate(plan.get("groups") or ()):
+    for index, names in enumerate(plan.groups):
         for name in names:
             for mapped in rename(str(name)):
                 out.setdefault(mapped, index)
@@ -49,16 +56,17 @@ def _close(a: float, b: float) -> bool:
 
 
 def check_contract(
-    baseline: Mapping[str, Any], candidate: Mapping[str, Any], rename: Rename = same_names
+    baseline: TrainingPlan, candidate: TrainingPlan, rename: Rename = same_names
 ) -> ContractDiff | None:
-    """The first difference between two plans, or None when they agree; ``rename`` gives
-    the baseline's names of a candidate parameter (``mapping.spec.baseline_param_names``)."""
+    """The first difference between two plans, or None when they agree (under the None rule:
+    see the module doc and ``unsaid_settings``); ``rename`` gives the baseline's names of a
+    candidate parameter (``mapping.spec.baseline_param_names``)."""
     base_groups = _groups_of(baseline, same_names)
     cand_groups = _groups_of(candidate, rename)
     pairs = sorted({(base_groups[n], cand_groups[n]) for n in base_groups if n in cand_groups})
     note = ""
     if not pairs:
-        count = min(len(baseline.get("groups") or ()), len(candidate.get("groups") or ()))
+        count = min(len(baseline.groups), len(candidate.groups))
         pairs = [(g, g) for g in range(max(count, 1))]
         note = " (parameter names did not pair through the mapping: groups compared by position)"
     example = {pair: n for n, g in base_groups.items() if (pair := (g, cand_groups.get(n, g))) in pairs}
@@ -67,14 +75,14 @@ def check_contract(
 
 
 def _schedule_diff(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: TrainingPlan,
+    candidate: TrainingPlan,
     pairs: Sequence[tuple[int, int]],
     example: Mapping[tuple[int, int], str],
     note: str,
 ) -> ContractDiff | None:
-    lr_b, lr_c = baseline.get("lr") or [], candidate.get("lr") or []
-    wd_b, wd_c = baseline.get("weight_decay") or [], candidate.get("weight_decay") or []
+    lr_b, lr_c = baseline.lr, candidate.lr
+    wd_b, wd_c = baseline.weight_decay, candidate.weight_decay
     for gb, gc in pairs:
         if gb < len(wd_b) and gc < len(wd_c) and not _close(float(wd_b[gb]), float(wd_c[gc])):
             who = example.get((gb, gc), f"group {gb}")
@@ -150,18 +158,36 @@ def _reaches_floor(seq: Sequence[float]) -> int | None:
     return step if len(seq) - step >= 2 else None
 
 
-def _settings_diff(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> ContractDiff | None:
-    for key in SETTINGS:
-        if key not in baseline or key not in candidate:
-            continue  # a side that does not say: nothing to compare
-        a, b = baseline[key], candidate[key]
+def unsaid_settings(baseline: TrainingPlan, candidate: TrainingPlan) -> tuple[str, ...]:
+    """The settings of ``PLAN_SETTINGS`` one plan says and the other does not (None): not
+    compared, listed so a report says what one side lacks (``side: setting``)."""
+    out = []
+    for key in PLAN_SETTINGS:
+        if key in NONE_IS_A_VALUE:
+            continue
+        a, b = getattr(baseline, key), getattr(candidate, key)
+        if (a is None) != (b is None):
+            side, value = ("baseline", a) if b is None else ("candidate", b)
+            out.append(f"{key} (only the {side} says: {_show(value)})")
+    return tuple(out)
+
+
+def _settings_diff(baseline: TrainingPlan, candidate: TrainingPlan) -> ContractDiff | None:
+    for key in PLAN_SETTINGS:
+        a, b = getattr(baseline, key), getattr(candidate, key)
+        if (a is None or b is None) and key not in NONE_IS_A_VALUE:
+            continue  # neither says (equal), or one side does not say (unsaid_settings)
         if _same(a, b):
             continue
         pattern = ""
         if key == "micro_batches":
             pattern = f"the sides split each step into {a} and {b} micro-batches"
-        return ContractDiff(0, key, f"{key}: {a!r} vs {b!r}", pattern, setting=True)
+        return ContractDiff(0, key, f"{key}: {_show(a)} vs {_show(b)}", pattern, setting=True)
     return None
+
+
+def _show(value: Any) -> str:
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
 
 
 def _same(a: Any, b: Any) -> bool:

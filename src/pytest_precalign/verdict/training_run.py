@@ -25,9 +25,10 @@ from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingPlan, TrainingSettings
 from ..vocabulary import Lane, Phase, TrainingClass
 from .story import origin_of
-from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names
+from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names, unsaid_settings
 from .training_envelope import Envelope
 from .training_records import StepRecords
 from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, over_envelope
@@ -38,8 +39,9 @@ class RunSide:
     """What one side of a training run recorded."""
 
     scalars: Mapping[int, StepScalars]
-    plan: Mapping[str, Any] | None = None  # the manifest's training.plan
+    plan: TrainingPlan | None = None  # the manifest's training.plan
     initial_params: Mapping[str, Mapping[str, float]] | None = None
+    settings: TrainingSettings | None = None  # the manifest's training block (arguments, adapters)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class TrainingVerdict:
     met: bool | None = None  # None: no expectation
     expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
+    unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
 
     @property
     def passed(self) -> bool:
@@ -92,6 +95,7 @@ class TrainingVerdict:
             "findings": list(self.findings),
             "replay": {**self.replay_found, "story": self.replay} if self.replay else None,
             "envelope": self.envelope or None,
+            "unsaid_settings": list(self.unsaid),
             "expectation": self.expected or None,
             "passed": self.passed,
             "curves": dict(self.curves),
@@ -141,6 +145,7 @@ def judge_run(
         last_step=max(common, default=0),
         curves=curves(baseline.scalars, candidate.scalars),
         envelope=told,
+        unsaid=_unsaid(baseline, candidate),
     )
 
 
@@ -184,6 +189,12 @@ def _before_training(
         return None
     diff = check_contract(baseline.plan, candidate.plan, rename)
     return _contract(diff) if diff is not None else None
+
+
+def _unsaid(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+    if baseline.plan is None or candidate.plan is None:
+        return ()
+    return unsaid_settings(baseline.plan, candidate.plan)
 
 
 def _contract(diff: ContractDiff) -> FirstDivergent:

@@ -1,7 +1,7 @@
-"""The training-run verdict of two traces: each side's per-step scalars (the manifest's
-``"scalars"``; a trace without them gives its loss curve from its loss records), its plan
-(``"training"."plan"``) and initial parameters (``"initial_params"``), and the per-step
-record evidence of their comparison."""
+"""The training-run verdict of two traces: each side's run record (``read_run_record``: its
+per-step scalars, a trace without them giving its loss curve from its loss records; its
+settings and plan; its initial parameters), and the per-step record evidence of their
+comparison."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
-from ..trace.step_scalars import StepScalars, scalars_of
+from ..trace.step_scalars import SCALARS_KEY, StepScalars
+from ..trace.training_record import TRAINING_KEY, read_run_record
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
@@ -22,7 +23,7 @@ def is_training_run(baseline: Trace, candidate: Trace) -> bool:
     """Two traces of a training run: scalars or a plan on either side, or records of more
     than one optimizer step."""
     for trace in (baseline, candidate):
-        if trace.manifest.get("scalars") or trace.manifest.get("training"):
+        if trace.manifest.get(SCALARS_KEY) or trace.manifest.get(TRAINING_KEY):
             return True
     steps = {r.step for r in baseline.records if r.kind == "param"}
     return len(steps) > 1
@@ -31,17 +32,10 @@ def is_training_run(baseline: Trace, candidate: Trace) -> bool:
 def run_side(trace: Trace, where: str, recorded: bool = True) -> RunSide:
     """One side of the run; ``recorded`` False: its loss curve from its loss records even
     where the manifest has scalars (the other side recorded none)."""
-    manifest = trace.manifest
-    own = scalars_of(manifest, where) if recorded else {}
+    record = read_run_record(trace.manifest, where)
+    own = record.scalars if recorded else {}
     scalars: Mapping[int, StepScalars] = own or losses_from_records(trace)
-    training = manifest.get("training")
-    plan = training.get("plan") if isinstance(training, Mapping) else None
-    initial = manifest.get("initial_params")
-    return RunSide(
-        scalars,
-        plan if isinstance(plan, Mapping) else None,
-        initial if isinstance(initial, Mapping) else None,
-    )
+    return RunSide(scalars, record.plan, record.initial_params, record.settings)
 
 
 def judge_traces(
@@ -59,7 +53,7 @@ def judge_traces(
     # an msprobe dump) is compared on both sides' loss records: its missing scalars are what
     # its machinery does not record, not a step it skipped. One scalar missing of several stays
     # a finding (training_scalars).
-    both = bool(baseline.manifest.get("scalars")) == bool(candidate.manifest.get("scalars"))
+    both = bool(baseline.manifest.get(SCALARS_KEY)) == bool(candidate.manifest.get(SCALARS_KEY))
     return judge_run(
         run_side(baseline, "the baseline's manifest", both),
         run_side(candidate, "the candidate's manifest", both),

@@ -1,0 +1,125 @@
+"""Every trainer's plan of one clean case agrees with every other's: the tool's loop, a real
+``transformers.Trainer`` and megatron-core's stack, each planning the same spec (SGD with
+momentum, Adam, AdamW; a warmup + cosine schedule, clipping, weight decay, 2 micro-batches)
+over the same tiny megatron-core model, with their own plan functions, in process. Each plan
+fills every field its optimizer has (SGD: momentum, no betas / eps; Adam and AdamW: betas and
+eps, no momentum), so the contract compares them all and lists nothing as unsaid."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_precalign.config.specs import CaseSpec, RecordSpec
+from pytest_precalign.run.hf_trainer import trainer_plan
+from pytest_precalign.run.loop_training import gradient_checkpointing, loop_plan, param_groups
+from pytest_precalign.run.megatron_training import megatron_plan_of
+from pytest_precalign.sources import LoadedModel
+from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.trace.training_record import TrainingPlan, TrainingSettings
+from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
+from pytest_precalign.verdict.training_contract import check_contract, unsaid_settings
+
+from .megatron_tiny import SEQ, VOCAB, tiny_gpt
+
+STEPS = 6
+SCHEDULE = ScheduleSpec(warmup_steps=2, decay="cosine", min_lr=1e-3)
+SPECS = {
+    "sgd": OptimizerSpec(name="sgd", lr=1e-2, momentum=0.9, weight_decay=0.1, schedule=SCHEDULE,
+                         clip_grad=1.0, micro_batches=2),
+    "adam": OptimizerSpec(name="adam", lr=1e-2, betas=(0.9, 0.95), eps=1e-7, weight_decay=0.1,
+                          schedule=SCHEDULE, clip_grad=1.0, micro_batches=2),
+    "adamw": OptimizerSpec(name="adamw", lr=1e-2, betas=(0.9, 0.95), eps=1e-7, weight_decay=0.1,
+                           schedule=SCHEDULE, clip_grad=1.0, micro_batches=2),
+}  # fmt: skip
+PAIRS = [("loop", "hf_trainer"), ("loop", "megatron"), ("hf_trainer", "megatron")]
+
+
+def _case(spec: OptimizerSpec) -> CaseSpec:
+    return CaseSpec(
+        name="plans", baseline="a", candidate="b", inputs="toks", phases=("forward", "backward", "step"),
+        steps=STEPS, sync_weights=False, strict_weights=True, mapping=None, optimizer=spec,
+        record=RecordSpec(), tolerances=None, expect=None, loss="causal_lm", train=True, where="plans",
+    )  # fmt: skip
+
+
+def _plans(spec: OptimizerSpec) -> dict[str, TrainingSettings]:
+    case = _case(spec)
+    ids = torch.randint(0, VOCAB, (4, SEQ), generator=torch.Generator().manual_seed(0))
+    data = CaseInputs({"input_ids": ids}, ids.clone())
+    out: dict[str, TrainingSettings] = {}
+    for trainer in ("loop", "hf_trainer", "megatron"):
+        module = tiny_gpt()
+        model = LoadedModel("tiny", module, None)
+        if trainer == "loop":
+            groups = param_groups(module.named_parameters(), spec)
+            out[trainer] = loop_plan(spec, groups, STEPS, checkpointing=gradient_checkpointing(module))
+        elif trainer == "hf_trainer":
+            out[trainer] = trainer_plan(model, data, case, seed=0)
+        else:
+            out[trainer] = megatron_plan_of(model, data, case)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plans() -> Any:
+    """Each optimizer's three plans (one megatron world for the module's tests)."""
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("accelerate")
+    from .megatron_tiny import megatron_world
+
+    world = megatron_world()
+    next(world)
+    try:
+        yield {name: _plans(spec) for name, spec in SPECS.items()}
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize("optimizer", list(SPECS))
+@pytest.mark.parametrize(("baseline", "candidate"), PAIRS)
+def test_a_clean_case_plans_the_same_on_every_pair_of_trainers(
+    plans: dict[str, dict[str, TrainingSettings]], optimizer: str, baseline: str, candidate: str
+) -> None:
+    base, cand = plans[optimizer][baseline].plan, plans[optimizer][candidate].plan
+    assert base is not None and cand is not None
+    assert check_contract(base, cand) is None, check_contract(base, cand)
+    assert unsaid_settings(base, cand) == ()
+
+
+@pytest.mark.parametrize("optimizer", list(SPECS))
+def test_every_trainer_fills_every_field_its_optimizer_has(
+    plans: dict[str, dict[str, TrainingSettings]], optimizer: str
+) -> None:
+    sgd = optimizer == "sgd"
+    for trainer, settings in plans[optimizer].items():
+        plan = settings.plan
+        assert plan is not None, trainer
+        unset = {f.name for f in fields(TrainingPlan) if getattr(plan, f.name) is None}
+        assert unset == ({"betas", "eps"} if sgd else {"momentum"}), (trainer, unset)
+        assert plan.optimizer == optimizer and plan.steps == STEPS, trainer
+        assert plan.momentum == (0.9 if sgd else None) and plan.betas == (None if sgd else (0.9, 0.95))
+        assert (plan.precision, plan.autocast, plan.gradient_checkpointing) == ("float32", False, False)
+        assert (plan.clip_grad, plan.micro_batches) == (1.0, 2)
+        assert plan.loss_normalisation == "per_token_over_step"
+        assert len(plan.groups) == 2 and sorted(plan.weight_decay) == [0.0, 0.1], trainer
+
+
+def test_a_real_difference_between_trainers_is_still_found(
+    plans: dict[str, dict[str, TrainingSettings]],
+) -> None:
+    """The agreement above is not a contract that compares nothing: another momentum, another
+    optimizer, another precision each fail it."""
+    loop, megatron = plans["sgd"]["loop"].plan, plans["sgd"]["megatron"].plan
+    assert loop is not None and megatron is not None
+    found = check_contract(loop, replace(megatron, momentum=0.0))
+    assert found is not None and found.origin == "momentum"
+    adamw = plans["adamw"]["megatron"].plan
+    assert adamw is not None
+    found = check_contract(loop, adamw)
+    assert found is not None and found.origin == "optimizer"
+    found = check_contract(loop, replace(megatron, precision="bfloat16"))
+    assert found is not None and found.origin == "precision"
