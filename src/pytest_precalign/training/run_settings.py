@@ -303,8 +303,13 @@ def trainer_settings(
     precision, autocast = trainer_precision(args, model)
     clip = getattr(args, "max_grad_norm", None)
     inner, _ = unwrap(model)
+    # transformers 5 names it is_activation_checkpointing (the older name warns)
+    known = next(
+        (k for k in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(inner), k)),
+        None,
+    )
     checkpointing = bool(getattr(args, "gradient_checkpointing", False)) or bool(
-        getattr(inner, "is_gradient_checkpointing", False)
+        known is not None and getattr(inner, known)
     )
     made = None
     if lrs is not None:
