@@ -10,8 +10,10 @@ from typing import Any
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
+from ..errors import TraceError
 from ..trace.records import Trace
 from ..trace.step_scalars import StepScalars, scalars_of
+from ..trace.training_record import TrainingSettings, settings_from_dict
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
@@ -41,7 +43,20 @@ def run_side(trace: Trace, where: str, recorded: bool = True) -> RunSide:
         scalars,
         plan if isinstance(plan, Mapping) else None,
         initial if isinstance(initial, Mapping) else None,
+        _settings(training, where),
     )
+
+
+def _settings(training: Any, where: str) -> TrainingSettings | None:
+    """The typed settings of the manifest's training block. Until every writer writes the one
+    typed record (the "writers" branch), a block the typed reader refuses is read as no
+    settings here; its plan is still read as the dict above."""
+    if not isinstance(training, Mapping):
+        return None
+    try:
+        return settings_from_dict(training, f"{where}: training")
+    except TraceError:
+        return None
 
 
 def judge_traces(
