@@ -29,6 +29,7 @@ from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
+from ..verdict.frozen_params import frozen_of, without_frozen
 from ..verdict.phase import (
     PhaseVerdict,
     phase_verdict,
@@ -163,6 +164,8 @@ def finish(job: FinishInputs) -> CaseRun:
         base_trace, cand_trace, job.table, reasons, job.progress, job.workers or compare_workers()
     )
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
+    # parameters both runs freeze (a LoRA run's base weights) are checked unchanged, not judged
+    comparison = without_frozen(comparison, frozen_of(base_trace) & frozen_of(cand_trace))
     if job.judge_steps is not None and "step" in phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
     expect = job.case.expect if job.case is not None else None
