@@ -62,10 +62,8 @@ def frozen_parameters(model: torch.nn.Module) -> tuple[str, ...]:
 def adapters_of(model: torch.nn.Module) -> tuple[Adapter, ...]:
     """Each PEFT adapter of the model (``peft_config[name]`` of the outermost module that has
     one), by name; none for a model without PEFT."""
-    configs = next(
-        (m.peft_config for m in model.modules() if isinstance(getattr(m, "peft_config", None), Mapping)),
-        None,
-    )
+    found = (getattr(m, "peft_config", None) for m in model.modules())
+    configs: Mapping[str, Any] | None = next((c for c in found if isinstance(c, Mapping)), None)
     if configs is None:
         return ()
     out = []
