@@ -187,6 +187,9 @@ def test_recording_changes_no_loss_lr_or_grad_norm(tmp_path: Path) -> None:
     keys = ("loss", "learning_rate", "grad_norm")
     assert [[e[k] for k in keys] for e in bare] == [[e[k] for k in keys] for e in recorded]
     assert [[e[k] for k in keys] for e in bare] == [[e[k] for k in keys] for e in scalars_only]
+    for root in ("rec", "sc"):  # both computed the plan from the run's own scheduler, in the run
+        first = json.loads((tmp_path / root / "step0" / "rank0" / "manifest.json").read_text())
+        assert len(first["training"]["plan"]["lr"]) == STEPS
     manifest = json.loads((tmp_path / "sc" / "step1" / "rank0" / "manifest.json").read_text())
     assert manifest["record_mode"] == "scalars" and manifest["scalars"]["1"]["loss"] == bare[1]["loss"]
     assert manifest["scalars"]["1"]["grad_norm"] == bare[1]["grad_norm"]
