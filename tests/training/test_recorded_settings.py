@@ -125,7 +125,7 @@ def test_another_scheduler_is_named_as_a_contract_difference(
 ) -> None:
     code, out = _compare(runs["hf"], runs["hf_linear"], capsys)
     assert code == 1
-    assert "diverged first: contract, origin lr_scheduler_type" in out
+    assert "Step 2 diverged first: contract, origin lr " in out
     assert "lr_scheduler_type cosine vs linear: LR differs from step 2 (" in out
 
 

@@ -173,3 +173,14 @@ def test_a_lora_model_pairs_with_the_plain_one_through_base_layer(
     assert "model.layers.0.self_attn.q_proj.base_layer" in names  # the wrapper's inner layer
     assert "model.layers.0.self_attn.q_proj.base_layer.weight" not in names  # paired with q_proj.weight
     assert "model.layers.0.self_attn.q_proj.lora_A.default" in names
+
+
+def test_a_scheduler_that_cannot_step_through_the_plan_is_one_message_and_left_as_it_was() -> None:
+    from pytest_precalign.errors import RecorderError
+
+    optimizer = _optimizer(_net())
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=2)
+    before = ([dict(g, params=None) for g in optimizer.param_groups], scheduler.state_dict())
+    with pytest.raises(RecorderError, match=r"OneCycleLR.step\(\) raised at planned step 3 .*plan=False"):
+        planned_lrs(optimizer, scheduler, 5)
+    assert ([dict(g, params=None) for g in optimizer.param_groups], scheduler.state_dict()) == before

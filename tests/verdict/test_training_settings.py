@@ -46,7 +46,7 @@ def test_a_learning_rate_argument_names_the_lr_difference() -> None:
     step, what, origin, evidence = _first(
         _side(_plan([0.01, 0.01, 0.01])), _side(_plan([0.01, 0.01, 0.02]), learning_rate=0.02)
     )
-    assert (step, what, origin) == (2, "contract", "learning_rate")
+    assert (step, what, origin) == (2, "contract", "lr")  # the plan's field, one name across frameworks
     assert evidence.endswith("learning_rate 0.01 vs 0.02: LR differs from step 2 (1.000e-02 vs 2.000e-02)")
 
 

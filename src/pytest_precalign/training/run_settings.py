@@ -168,24 +168,35 @@ def planned_lrs(optimizer: Any, scheduler: Any, steps: int) -> tuple[tuple[float
         getattr(scheduler, "state_dict", None)
     ):
         return None
-    state = _copied(scheduler.state_dict())
+    name = type(scheduler).__name__
+    try:
+        state = _copied(scheduler.state_dict())
+    except Exception as exc:  # a state that cannot be copied cannot be put back: not stepped
+        raise RecorderError(
+            f"the LR plan: {name}'s state_dict cannot be copied ({exc}); {_WITHOUT}"
+        ) from None
     saved = _group_scalars(groups)
-    lrs = []
+    lrs: list[tuple[float, ...]] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
-            for _ in range(steps):
+            for step in range(steps):
                 lrs.append(tuple(float(g["lr"]) for g in groups))
-                scheduler.step()
+                if step + 1 < steps:  # the LR after the last planned step is not needed
+                    scheduler.step()
+    except Exception as exc:
+        raise RecorderError(
+            f"the LR plan: {name}.step() raised at planned step {len(lrs)} ({exc}); {_WITHOUT}"
+        ) from None
     finally:
         scheduler.load_state_dict(_copied(state))
         _restore_groups(groups, saved)
     if not _same_groups(groups, saved) or not _same_state(scheduler.state_dict(), state):
-        raise RecorderError(
-            f"the LR plan: {type(scheduler).__name__} could not be put back exactly after reading its "
-            "planned LRs; record without a plan (PrecalignCallback(..., plan=False))"
-        )
+        raise RecorderError(f"the LR plan: {name} could not be put back exactly after reading it; {_WITHOUT}")
     return tuple(lrs)
+
+
+_WITHOUT = "record without a plan: PrecalignCallback(..., plan=False), or no Recorder.record_settings"
 
 
 def _copied(state: Mapping[str, Any]) -> dict[str, Any]:

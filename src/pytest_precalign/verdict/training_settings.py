@@ -115,7 +115,8 @@ def _precision_diff(baseline: TrainingSettings, candidate: TrainingSettings) -> 
 
 
 def explained(diff: ContractDiff, baseline: TrainingSettings, candidate: TrainingSettings) -> ContractDiff:
-    """``diff`` told by the framework arguments that set it and differ (same framework only)."""
+    """``diff`` told by the framework arguments that set it and differ (same framework only);
+    its origin stays the plan's field (``lr``, ``clip_grad``...), one name across frameworks."""
     keys = TRAINER_ARGUMENTS.get(diff.origin)
     if keys is None or baseline.framework != candidate.framework:
         return diff
@@ -123,7 +124,6 @@ def explained(diff: ContractDiff, baseline: TrainingSettings, candidate: Trainin
     if base_args is None or cand_args is None:
         return diff
     words = _differing(baseline, candidate, keys)
-    differing = [k for k in keys if k in base_args and k in cand_args and base_args[k] != cand_args[k]]
     if diff.origin == "lr":
         told = _lr_words(diff, baseline.plan, candidate.plan)
         if not words:
@@ -132,10 +132,10 @@ def explained(diff: ContractDiff, baseline: TrainingSettings, candidate: Trainin
                 f"({', '.join(k for k in keys if k in base_args)}): the scheduler object itself differs"
             )
             return replace(diff, evidence=told)
-        return replace(diff, origin=differing[0], evidence=f"{words}: {told}")
+        return replace(diff, evidence=f"{words}: {told}")
     if not words:
         return diff
-    return replace(diff, origin=differing[0], evidence=f"{words}: {diff.evidence}")
+    return replace(diff, evidence=f"{words}: {diff.evidence}")
 
 
 def _lr_words(diff: ContractDiff, baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> str:
