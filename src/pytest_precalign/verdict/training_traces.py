@@ -79,7 +79,9 @@ def judge_traces(
     both = bool(baseline.manifest.get("scalars")) == bool(candidate.manifest.get("scalars"))
     frozen = frozen_of(baseline), frozen_of(candidate)
     comparison = without_frozen(comparison, frozen[0] & frozen[1])  # checked unchanged instead
-    changed = frozen_changes(baseline, frozen[0], "baseline") + frozen_changes(candidate, frozen[1], "candidate")
+    changed = frozen_changes(baseline, frozen[0], "baseline") + frozen_changes(
+        candidate, frozen[1], "candidate"
+    )
     verdict = judge_run(
         run_side(baseline, "the baseline's manifest", both),
         run_side(candidate, "the candidate's manifest", both),
