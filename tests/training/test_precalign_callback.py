@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 import torch
 from transformers import (
-    Qwen2Config,
-    Qwen2ForCausalLM,
     Trainer,
     TrainerControl,
     TrainerState,
@@ -28,22 +26,9 @@ from pytest_precalign.trace.native_io import read_trace
 from pytest_precalign.trace.step_scalars import scalars_of
 from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
+from .hf_user_run import model as _model  # the tiny Qwen2 of the user-run script
+
 STEPS, ROWS, MICRO = 3, 4, 2
-
-
-def _model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    config._attn_implementation = "eager"
-    return Qwen2ForCausalLM(config)
 
 
 def _rows() -> list[dict[str, torch.Tensor]]:
@@ -187,6 +172,9 @@ def test_recording_changes_no_loss_lr_or_grad_norm(tmp_path: Path) -> None:
     keys = ("loss", "learning_rate", "grad_norm")
     assert [[e[k] for k in keys] for e in bare] == [[e[k] for k in keys] for e in recorded]
     assert [[e[k] for k in keys] for e in bare] == [[e[k] for k in keys] for e in scalars_only]
+    for root in ("rec", "sc"):  # both computed the plan from the run's own scheduler, in the run
+        first = json.loads((tmp_path / root / "step0" / "rank0" / "manifest.json").read_text())
+        assert len(first["training"]["plan"]["lr"]) == STEPS
     manifest = json.loads((tmp_path / "sc" / "step1" / "rank0" / "manifest.json").read_text())
     assert manifest["record_mode"] == "scalars" and manifest["scalars"]["1"]["loss"] == bare[1]["loss"]
     assert manifest["scalars"]["1"]["grad_norm"] == bare[1]["grad_norm"]

@@ -114,9 +114,24 @@ def determinism_flags(enabled: bool) -> dict[str, Any]:
     }
 
 
+# The distributions whose versions every manifest records (None: not installed).
+VERSIONED = (
+    "transformers",
+    "megatron-core",
+    "torch_npu",
+    "safetensors",
+    "trl",
+    "peft",
+    "accelerate",
+    "lightning",
+    "deepspeed",
+    "pytest-precalign",
+)
+
+
 def package_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
-    for dist in ("transformers", "megatron-core", "torch_npu", "safetensors", "pytest-precalign"):
+    for dist in VERSIONED:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -22,6 +22,7 @@ from ..compare.tolerances import ToleranceTable
 from ..config.specs import CaseSpec
 from ..errors import ConfigError, PrecalignError
 from ..mapping.apply import map_trace
+from ..mapping.peft_names import peft_aligned
 from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
 from ..reports.document import junit_properties, phase_dict, report_document
@@ -29,6 +30,7 @@ from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
+from ..verdict.frozen_params import frozen_of, without_frozen
 from ..verdict.phase import (
     PhaseVerdict,
     phase_verdict,
@@ -145,12 +147,13 @@ def finish(job: FinishInputs) -> CaseRun:
     """Map the candidate to the baseline's names, compare, and judge each phase. A mapping
     rule that applied to no record (nor, with weight sync, parameter) is a ``ConfigError``."""
     base_trace, phases = job.baseline, job.phases
-    mapped = map_trace(job.candidate, base_trace, job.mapping)
+    candidate, peft_reasons = peft_aligned(base_trace, job.candidate)  # a LoRA run vs a plain one
+    mapped = map_trace(candidate, base_trace, job.mapping)
     synced = job.sync.applied if job.sync is not None else frozenset()
     use = MappingUse.of(job.mapping, job.candidate, mapped.applied | synced, params_seen=job.sync is not None)
     if job.check_mapping:
         check_applied(use)
-    reasons = {**_not_recordable(base_trace, mapped.trace), **mapped.reasons}
+    reasons = {**peft_reasons, **_not_recordable(base_trace, mapped.trace), **mapped.reasons}
     reasons.update(_partial_step_reasons(base_trace, mapped.trace))
     moe = job.case.record.moe if job.case is not None else None
     cand_trace = mapped.trace
@@ -163,6 +166,8 @@ def finish(job: FinishInputs) -> CaseRun:
         base_trace, cand_trace, job.table, reasons, job.progress, job.workers or compare_workers()
     )
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
+    # parameters both runs freeze (a LoRA run's base weights) are checked unchanged, not judged
+    comparison = without_frozen(comparison, frozen_of(base_trace) & frozen_of(cand_trace))
     if job.judge_steps is not None and "step" in phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
     expect = job.case.expect if job.case is not None else None

@@ -8,6 +8,8 @@
   read from megatron-core's ``parallel_state``, torch.distributed or the user's ``layout=``.
 - ``megatron_cpu_patch``: ``megatron_cpu()``, megatron-core on a CPU-only torch (gloo).
 - ``hf_callback``: ``PrecalignCallback``, recording a ``transformers.Trainer`` run.
+- ``run_settings``: the settings and plan of a user's own run (the run's own scheduler, put
+  back bitwise), as the callback and ``Recorder.record_settings`` write them.
 - ``spec``: what a case's training does, as frozen specs (optimizer, schedule, clipping,
   weight decay, accumulation, trainer).
 - ``step_evidence``: what one optimizer step did, measured on the live model and optimizer.

@@ -4,7 +4,21 @@
 Each optimizer step ``s`` (``state.global_step`` before the update) is written as
 ``ROOT/step<s>/rank<R>/`` by a ``Recorder`` (the same layout as recording a loop by hand),
 with the model's loss and logits per micro-batch and, in the manifest, the step's
-``StepScalars``; the step-0 manifest also has ``initial_params`` (before any update).
+``StepScalars``; the step-0 manifest also has ``initial_params`` (before any update) and the
+run's settings (``"training"``, ``training.run_settings``): the Trainer's own arguments (the
+``TrainingArguments`` or TRL config class and its fields), each PEFT adapter, the frozen
+parameters and the plan -- every group's LR at every step up to ``max_steps`` from the run's
+own ``lr_scheduler`` (stepped and put back exactly before step 0; ``plan=False`` skips it), the
+groups' weight decay, clipping (``max_grad_norm``), accumulation, the loss normalisation (per
+token over the step when the model takes ``num_items_in_batch``, as the Trainer decides), the
+precision the forward really ran in (autocast seen inside the model's first forward: TRL's
+``SFTConfig`` has ``bf16=True`` by default, and accelerate autocasts on CPU too), gradient
+checkpointing and the attention implementation. Every manifest's ``dtype`` is that precision.
+Parameter names are the records' (a PEFT model's ``base_model.model.`` is not part of them).
+
+TRL's trainers compute the loss with a fused LM head that never builds the logits: the model
+returns the per-token ``log_probs`` of the labels, recorded under that name (a ``logits``-kind
+record, the forward's output before the loss).
 ``mode="scalars"`` adds no hooks at all and writes only the scalars (a few hundred bytes a
 step); ``stats``/``tensor``/``hash`` record every layer on the steps ``steps=`` selects.
 
@@ -31,6 +45,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from ..errors import ConfigError
 from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingSettings
 from ..training.step_evidence import (
     StepEvidence,
     batch_hash,
@@ -41,6 +56,8 @@ from ..training.step_evidence import (
     zero_count,
 )
 from .recorder import Recorder
+from .run_settings import forward_precision, named_parameters, trainer_settings, with_precision
+from .unwrap import unwrap
 
 
 class TrainerUsageError(ConfigError):
@@ -76,7 +93,7 @@ class TrainerSteps(TrainerCallback):
         if not isinstance(model, torch.nn.Module):
             raise _outside("on_train_begin got no model")
         self._model = model
-        self.initial = initial_params(model.named_parameters())
+        self.initial = initial_params(named_parameters(model))
         self._handles = [
             model.register_forward_pre_hook(self._see_batch, with_kwargs=True),
             model.register_forward_hook(self._see_output),
@@ -180,6 +197,8 @@ class TrainerSteps(TrainerCallback):
         loss = getattr(output, "loss", None)
         if isinstance(logits, torch.Tensor):
             self._output("logits", logits, call)
+        elif isinstance(getattr(output, "log_probs", None), torch.Tensor):  # TRL's fused LM head
+            self._output("log_probs", output.log_probs, call)
         if isinstance(loss, torch.Tensor):
             self._output("loss", loss, call)
 
@@ -188,7 +207,7 @@ class TrainerSteps(TrainerCallback):
         """A step begins (before its first micro-batch)."""
 
     def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
-        """The model's logits or loss of micro-batch ``call``."""
+        """The model's logits (or TRL's ``log_probs``) or loss of micro-batch ``call``."""
 
     def _updated(self) -> None:
         """The optimizer updated the parameters (before the scheduler steps)."""
@@ -201,27 +220,81 @@ class PrecalignCallback(TrainerSteps):
     """Record a ``transformers.Trainer`` run in the ``Recorder``'s layout (see module doc).
     ``mode``: ``"scalars"`` (default: per-step scalars only) or a ``Recorder`` mode (``stats``,
     ``tensor``, ``hash``: every layer too, on the ``steps`` selected); other keyword arguments
-    go to the ``Recorder``."""
+    go to the ``Recorder``; ``plan=False``: write the settings without the LR plan (the
+    scheduler is then never touched)."""
 
     def __init__(
-        self, root: str | Path, *, mode: str = "scalars", steps: Iterable[int] | None = None, **recorder: Any
+        self,
+        root: str | Path,
+        *,
+        mode: str = "scalars",
+        steps: Iterable[int] | None = None,
+        plan: bool = True,
+        **recorder: Any,
     ) -> None:
         super().__init__()
         self.recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        self.plan = plan
+        self.settings: TrainingSettings | None = None  # the run's, known at on_train_begin
+        self.precision: tuple[str, bool] | None = None  # (dtype, autocast) the first forward ran in
+        self._probes: list[Any] = []
 
     @property
     def written(self) -> list[Path]:
         """The folders written so far, in order."""
         return self.recorder.written
 
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        super().on_train_begin(args, state, control, **kwargs)
+        model = kwargs["model"]
+        if state.global_step == 0:  # a resumed run has no step 0 to write them in
+            import transformers
+
+            self.settings = trainer_settings(
+                args,
+                model,
+                kwargs.get("optimizer"),
+                kwargs.get("lr_scheduler"),
+                int(state.max_steps),
+                framework=("transformers", transformers.__version__),
+                plan=self.plan,
+            )
+        # accelerate autocasts inside the model's (patched) forward: seen from its submodules
+        unwrapped, _ = unwrap(model)
+        self._probes = [c.register_forward_pre_hook(self._see_precision) for c in unwrapped.children()]
+
+    def _see_precision(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self.precision is not None or self._pending is None or not torch.is_grad_enabled():
+            return
+        param = next(module.parameters(), None)
+        device = param.device.type if param is not None else "cpu"
+        if torch.is_autocast_enabled(device):
+            dtype = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+            self.precision = (dtype, True)
+        elif self._model is not None:
+            self.precision = (forward_precision(self._model), False)
+        for probe in self._probes:
+            probe.remove()
+        self._probes = []
+
     def _start(self, model: torch.nn.Module, step: int) -> None:
         self.recorder.seek(step)
         self.recorder.start(model)
 
     def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
-        self.recorder.record_output(kind, tensor)
+        if kind == "log_probs":
+            self.recorder.record_output("logits", tensor, name="log_probs")
+        else:
+            self.recorder.record_output(kind, tensor)
 
     def _finish(self, scalars: StepScalars) -> None:
+        if scalars.step == 0 and self.settings is not None:
+            settings = self.settings
+            if self.precision is not None:
+                settings = with_precision(settings, *self.precision)
+            self.recorder.write_settings(settings)
         if scalars.step == 0 and self.initial is not None:
             self.recorder.record_initial_params(self.initial)
         self.recorder.record_scalars(scalars)
@@ -232,4 +305,7 @@ class PrecalignCallback(TrainerSteps):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         super().on_train_end(args, state, control, **kwargs)
+        for probe in self._probes:
+            probe.remove()
+        self._probes = []
         self.recorder.close()

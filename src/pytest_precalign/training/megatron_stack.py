@@ -140,13 +140,12 @@ def megatron_arguments(
         "lr_decay_style": decay,
         "start_wd": spec.weight_decay,
         "end_wd": spec.weight_decay,
-        "wd_incr_steps": horizon * global_batch,
-        "wd_incr_style": "constant",
+        **{"wd_incr_steps": horizon * global_batch, "wd_incr_style": "constant"},
     }
     prefix = "module.module." if dtype == "bfloat16" else "module."  # DDP(Float16Module(model))
-    no_decay = None if spec.no_decay is None else tuple(f"{prefix}{glob}" for glob in spec.no_decay)
+    no_decay = None if spec.no_decay is None else tuple(prefix + glob for glob in spec.no_decay)
     ddp: dict[str, Any] = {"grad_reduce_in_fp32": True}
-    if data_parallel > 1:  # megatron-core's DistributedOptimizer: grads reduce-scattered, params all-gathered
+    if data_parallel > 1:  # DistributedOptimizer: grads reduce-scattered, params all-gathered
         optimizer["use_distributed_optimizer"] = ddp["use_distributed_optimizer"] = True
     return MegatronArguments(optimizer, scheduler, global_batch, no_decay, ddp, recompute)
 

@@ -38,7 +38,18 @@ coefficient, update/param norms, zero grads, tokens, batch hash...; measured wit
 ``training.step_evidence``) go into the step's manifest with ``rec.record_scalars(...)``
 before ``stop()``, on every step of a selected rank (a step ``steps=`` does not select gets a
 folder holding only its manifest); ``rec.record_initial_params(model)`` before step 0 writes
-the parameters' summaries before any update. ``mode="scalars"`` adds no hooks at all: each
+the parameters' summaries before any update.
+
+The run's settings and plan (``trace.training_record.TrainingSettings``; what ``precalign
+compare`` checks before the numbers) go into the next folder's manifest with
+``rec.record_settings(model, optimizer, scheduler, steps=N, clip_grad=1.0, micro_batches=2,
+loss_normalisation="per_token_over_step", precision="bfloat16", autocast=True,
+arguments={...})`` before step 0: the LR of every group at each of the ``N`` planned steps from
+the loop's own scheduler (stepped and put back exactly, ``training.run_settings``), the
+groups' weight decay and parameter names, the optimizer's betas / eps / momentum, the PEFT
+adapters and the frozen parameters; ``arguments`` are the loop's own settings, as JSON. With a
+``precision`` (or an autocast run), every later manifest's ``dtype`` says it. Parameter names
+(``initial_params``, the plan, ``frozen``) are the records': inside the model's wrappers. ``mode="scalars"`` adds no hooks at all: each
 step's folder is its manifest alone (a few hundred bytes), for runs of thousands of steps.
 ``PrecalignCallback`` (``hf_callback``) does all this for a ``transformers.Trainer`` run.
 
@@ -66,6 +77,7 @@ from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
+from ..trace.training_record import TrainingSettings, run_record_keys
 from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
 from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
@@ -196,6 +208,8 @@ class Recorder:
         self._output_calls: dict[str, int] = {}
         self._scalars: StepScalars | None = None  # this step's, written at stop()
         self._initial: dict[str, Any] | None = None  # initial_params, written with the next folder
+        self._settings: TrainingSettings | None = None  # the run's settings, written with the next folder
+        self._precision: str | None = None  # what the forward computes in (the settings'), every manifest
         self.written: list[Path] = []  # the folders this process wrote, in order
 
     # -- where we are -------------------------------------------------------------------
@@ -273,10 +287,13 @@ class Recorder:
         self._grads_done = False
         self._output_calls.clear()
 
-    def record_output(self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = ()) -> Record | None:
+    def record_output(
+        self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None
+    ) -> Record | None:
         """Record the loss or the logits of this step (nothing while not recording); ``deps``:
-        the ids of the records it was computed from (the loss's logits). Called once per
-        micro-batch, the records are calls 0, 1, ... like a module's."""
+        the ids of the records it was computed from (the loss's logits); ``name``: the record's
+        name when it is not the kind's (TRL's fused LM head gives ``log_probs``, not logits).
+        Called once per micro-batch, the records are calls 0, 1, ... like a module's."""
         if kind not in MODEL_OUTPUT_KINDS:
             raise ConfigError(
                 f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(MODEL_OUTPUT_KINDS)})"
@@ -284,11 +301,12 @@ class Recorder:
         hooks = self._hooks
         if hooks is None:
             return None
-        call = self._output_calls.get(kind, 0)
-        self._output_calls[kind] = call + 1
+        name = name or kind
+        call = self._output_calls.get(name, 0)
+        self._output_calls[name] = call + 1
         cls = type(hooks.model).__name__
         return hooks.capture(
-            tensor, name=kind, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
+            tensor, name=name, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
         )
 
     def grads_ready(self, micro_batches: int | None = None) -> None:
@@ -340,6 +358,7 @@ class Recorder:
             "rank": self.rank,
             "torch_version": torch.__version__,
             **self._facts,
+            **({"dtype": self._precision} if self._precision else {}),
             "parallel": self._parallel,
             **self._step_evidence(),
         }
@@ -399,10 +418,71 @@ class Recorder:
         """The parameters before any update (a model, or ``step_evidence.initial_params``),
         written into the next folder's manifest (``initial_params``)."""
         if isinstance(summary, torch.nn.Module):
+            from .run_settings import named_parameters
             from .step_evidence import initial_params
 
-            summary = initial_params(summary.named_parameters())
+            summary = initial_params(named_parameters(summary))
         self._initial = dict(summary)
+
+    def record_settings(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+        *,
+        steps: int,
+        clip_grad: float | None = None,
+        micro_batches: int = 1,
+        loss_normalisation: str | None = None,
+        precision: str | None = None,
+        autocast: bool = False,
+        gradient_checkpointing: bool | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> TrainingSettings:
+        """The run's settings and plan (see the module doc), written into the next folder's
+        manifest; call it before step 0, before the scheduler first steps. ``steps``: the
+        optimizer steps the loop will take; ``precision``: what the forward computes in
+        (default: the parameters' dtype); ``loss_normalisation``: how the loss of a step's
+        micro-batches is normalised (``trace.training_record.LOSS_NORMALISATIONS``)."""
+        from ..trace.training_record import LOSS_NORMALISATIONS, PRECISIONS
+        from .run_settings import loop_settings
+
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ConfigError(f"Recorder.record_settings: steps must be an integer >= 1, got {steps!r}")
+        if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
+            raise ConfigError(
+                f"Recorder.record_settings: micro_batches must be an integer >= 1, got {micro_batches!r}"
+            )
+        for key, value, allowed in (
+            ("loss_normalisation", loss_normalisation, LOSS_NORMALISATIONS),
+            ("precision", precision, PRECISIONS),
+        ):
+            if value is not None and value not in allowed:
+                raise ConfigError(
+                    f"Recorder.record_settings: unknown {key} {value!r} (allowed: {', '.join(allowed)})"
+                )
+        settings = loop_settings(
+            model,
+            optimizer,
+            scheduler,
+            steps=steps,
+            clip_grad=clip_grad if clip_grad else None,
+            micro_batches=micro_batches,
+            loss_normalisation=loss_normalisation,
+            precision=precision,
+            autocast=autocast,
+            gradient_checkpointing=gradient_checkpointing,
+            arguments=arguments or {},
+        )
+        self.write_settings(settings)
+        return settings
+
+    def write_settings(self, settings: TrainingSettings) -> None:
+        """Typed settings (``PrecalignCallback`` builds them from the Trainer's), written into
+        the next folder's manifest; their plan's precision becomes every later ``dtype``."""
+        self._settings = settings
+        if settings.plan is not None and settings.plan.precision is not None:
+            self._precision = settings.plan.precision
 
     def _step_evidence(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -410,7 +490,11 @@ class Recorder:
             out[SCALARS_KEY] = scalars_manifest({self._scalars.step: self._scalars})
             self._scalars = None
         if self._initial is not None:
-            out["initial_params"], self._initial = self._initial, None
+            out.update(run_record_keys(initial_params=self._initial))
+            self._initial = None
+        if self._settings is not None:
+            out.update(run_record_keys(settings=self._settings))
+            self._settings = None
         return out
 
     def _write_scalars_only(self) -> Path | None:
@@ -422,6 +506,7 @@ class Recorder:
             "step": self._step,
             "rank": self.rank,
             "record_mode": "scalars",
+            **({"dtype": self._precision} if self._precision else {}),
             **self._step_evidence(),
         }
         path = write_trace(

@@ -32,6 +32,7 @@ from .training_contract import ContractDiff, Rename, check_contract, lr_pattern,
 from .training_envelope import Envelope
 from .training_records import StepRecords
 from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, over_envelope
+from .training_settings import settings_contract
 
 
 @dataclass(frozen=True)
@@ -185,9 +186,10 @@ def _before_training(
     weights = _weights(baseline.initial_params, candidate.initial_params, judge, rename)
     if weights is not None:
         return weights
-    if baseline.plan is None or candidate.plan is None:
-        return None
-    diff = check_contract(baseline.plan, candidate.plan, rename)
+    diff = None
+    if baseline.plan is not None and candidate.plan is not None:
+        diff = check_contract(baseline.plan, candidate.plan, rename)
+    diff = settings_contract(baseline.settings, candidate.settings, diff)  # adapters, precision, words
     return _contract(diff) if diff is not None else None
 
 

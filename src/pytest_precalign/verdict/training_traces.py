@@ -6,6 +6,7 @@ comparison."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..compare.pairs import Comparison
@@ -13,6 +14,7 @@ from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
 from ..trace.step_scalars import SCALARS_KEY, StepScalars
 from ..trace.training_record import TRAINING_KEY, read_run_record
+from .frozen_params import frozen_changes, frozen_of, without_frozen
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
@@ -54,7 +56,12 @@ def judge_traces(
     # its machinery does not record, not a step it skipped. One scalar missing of several stays
     # a finding (training_scalars).
     both = bool(baseline.manifest.get(SCALARS_KEY)) == bool(candidate.manifest.get(SCALARS_KEY))
-    return judge_run(
+    frozen = frozen_of(baseline), frozen_of(candidate)
+    comparison = without_frozen(comparison, frozen[0] & frozen[1])  # checked unchanged instead
+    changed = frozen_changes(baseline, frozen[0], "baseline") + frozen_changes(
+        candidate, frozen[1], "candidate"
+    )
+    verdict = judge_run(
         run_side(baseline, "the baseline's manifest", both),
         run_side(candidate, "the candidate's manifest", both),
         step_records(comparison, {str(k): str(v) for k, v in parents.items()}),
@@ -63,3 +70,4 @@ def judge_traces(
         dtype=str(baseline.manifest.get("dtype") or "float32"),
         envelope=envelope,
     )
+    return replace(verdict, findings=(*verdict.findings, *changed)) if changed else verdict

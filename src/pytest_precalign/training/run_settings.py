@@ -1,0 +1,397 @@
+"""The settings and plan of a user's own training run, as ``PrecalignCallback`` and the
+``Recorder`` write them (``trace.training_record``: ``TrainingSettings``, ``TrainingPlan``).
+
+The plan's LRs come from the run's OWN scheduler -- the object that will step the run, a
+user's custom one too: ``planned_lrs`` reads every group's LR, steps the scheduler through the
+planned steps, and puts everything back exactly (the scheduler's ``state_dict`` and every
+scalar of every parameter group: ``lr``, ``initial_lr``, ``momentum``, ``betas`` ... that
+OneCycleLR-style schedulers move), then checks the groups are bitwise what they were (a
+``RecorderError`` if not, before the run takes a step). A ``ReduceLROnPlateau`` decides from
+metrics the plan cannot know: no plan then (the arguments and adapters are still written).
+
+Names are the ones the records use: the parameters of the model inside its wrappers
+(``unwrap``: a PEFT model's ``base_model.model.<name>`` is ``<name>``), for the plan's groups,
+``frozen`` (parameters with ``requires_grad`` False) and ``initial_params``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import RecorderError
+from ..trace.training_record import Adapter, TrainingPlan, TrainingSettings
+from .unwrap import unwrap
+
+# TrainingArguments fields that say where and how a run reports, not what it trains.
+RUN_LOCAL_ARGUMENTS = frozenset(
+    {
+        "output_dir",
+        "logging_dir",
+        "run_name",
+        "report_to",
+        "disable_tqdm",
+        "hub_token",
+        "hub_model_id",
+        "push_to_hub",
+        "overwrite_output_dir",
+        "project",
+        "trackio_space_id",
+    }
+)
+
+
+def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The model's parameters named as its records are: inside its wrappers (``unwrap``)."""
+    inner, _ = unwrap(model)
+    return list(inner.named_parameters())
+
+
+def frozen_parameters(model: torch.nn.Module) -> tuple[str, ...]:
+    """The names of the parameters that do not train (``requires_grad`` False)."""
+    return tuple(name for name, p in named_parameters(model) if not p.requires_grad)
+
+
+def adapters_of(model: torch.nn.Module) -> tuple[Adapter, ...]:
+    """Each PEFT adapter of the model (``peft_config[name]`` of the outermost module that has
+    one), by name; none for a model without PEFT."""
+    found = (getattr(m, "peft_config", None) for m in model.modules())
+    configs: Mapping[str, Any] | None = next((c for c in found if isinstance(c, Mapping)), None)
+    if configs is None:
+        return ()
+    out = []
+    for name in sorted(configs):
+        config = configs[name]
+        kind = getattr(config, "peft_type", "")
+        targets = getattr(config, "target_modules", None)
+        if isinstance(targets, str):
+            targets = (targets,)  # a regular expression, as given
+        r, alpha, dropout = (getattr(config, k, None) for k in ("r", "lora_alpha", "lora_dropout"))
+        out.append(
+            Adapter(
+                name=str(name),
+                kind=str(kind.value if isinstance(kind, enum.Enum) else kind),
+                r=int(r) if isinstance(r, int) else None,
+                alpha=float(alpha) if isinstance(alpha, (int, float)) else None,
+                dropout=float(dropout) if isinstance(dropout, (int, float)) else None,
+                target_modules=tuple(sorted(str(t) for t in targets or ())),
+            )
+        )
+    return tuple(out)
+
+
+def attn_implementation(model: torch.nn.Module) -> str | None:
+    """The attention implementation the model's config selects (Hugging Face models)."""
+    inner, _ = unwrap(model)
+    value = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    return value if isinstance(value, str) else None
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON: mappings and sequences kept, enums by value, a non-finite float or
+    any other object by its text."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [json_safe(v) for v in items]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return str(value)
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+def _torch_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (and the like)."""
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
+def _group_scalars(groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every group's settings but its parameters: the objects, and a copy of each tensor's value."""
+    return [
+        {
+            k: (v, v.detach().clone() if isinstance(v, torch.Tensor) else None)
+            for k, v in g.items()
+            if k != "params"
+        }
+        for g in groups
+    ]
+
+
+def _restore_groups(groups: Sequence[dict[str, Any]], saved: Sequence[dict[str, Any]]) -> None:
+    for group, before in zip(groups, saved, strict=True):
+        for key in [k for k in group if k != "params" and k not in before]:
+            del group[key]
+        for key, (obj, copy) in before.items():
+            if copy is not None:
+                with torch.no_grad():
+                    obj.copy_(copy)  # the same tensor object, its value put back in place
+            group[key] = obj
+
+
+def _same_groups(groups: Sequence[dict[str, Any]], saved: Sequence[dict[str, Any]]) -> bool:
+    for group, before in zip(groups, saved, strict=True):
+        if set(group) - {"params"} != set(before):
+            return False
+        for key, (obj, copy) in before.items():
+            if group[key] is not obj:
+                return False
+            if copy is not None and not torch.equal(obj, copy):
+                return False
+    return True
+
+
+def planned_lrs(optimizer: Any, scheduler: Any, steps: int) -> tuple[tuple[float, ...], ...] | None:
+    """Every group's LR at each of the next ``steps`` optimizer steps, from the run's own
+    ``scheduler`` (None: the LRs stay as they are), which is left exactly as it was (see the
+    module doc); None when the scheduler decides from metrics (``ReduceLROnPlateau``)."""
+    groups = _torch_optimizer(optimizer).param_groups
+    if scheduler is None:
+        return tuple(tuple(float(g["lr"]) for g in groups) for _ in range(steps))
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or not callable(
+        getattr(scheduler, "state_dict", None)
+    ):
+        return None
+    name = type(scheduler).__name__
+    try:
+        state = _copied(scheduler.state_dict())
+    except Exception as exc:  # a state that cannot be copied cannot be put back: not stepped
+        raise RecorderError(
+            f"the LR plan: {name}'s state_dict cannot be copied ({exc}); {_WITHOUT}"
+        ) from None
+    saved = _group_scalars(groups)
+    lrs: list[tuple[float, ...]] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
+            for step in range(steps):
+                lrs.append(tuple(float(g["lr"]) for g in groups))
+                if step + 1 < steps:  # the LR after the last planned step is not needed
+                    scheduler.step()
+    except Exception as exc:
+        raise RecorderError(
+            f"the LR plan: {name}.step() raised at planned step {len(lrs)} ({exc}); {_WITHOUT}"
+        ) from None
+    finally:
+        scheduler.load_state_dict(_copied(state))
+        _restore_groups(groups, saved)
+    if not _same_groups(groups, saved) or not _same_state(scheduler.state_dict(), state):
+        raise RecorderError(f"the LR plan: {name} could not be put back exactly after reading it; {_WITHOUT}")
+    return tuple(lrs)
+
+
+_WITHOUT = "record without a plan: PrecalignCallback(..., plan=False), or no Recorder.record_settings"
+
+
+def _copied(state: Mapping[str, Any]) -> dict[str, Any]:
+    import copy
+
+    return copy.deepcopy(dict(state))
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Two scheduler states equal value for value (tensors by ``torch.equal``)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b) or (a != a and b != b)  # NaN == NaN here
+    except Exception:
+        return a is b
+
+
+def optimizer_plan(
+    model: torch.nn.Module,
+    optimizer: Any,
+    lrs: Sequence[Sequence[float]],
+    **settings: Any,
+) -> TrainingPlan:
+    """The plan of ``optimizer`` over ``model``'s parameters (named as the records are) with
+    the planned ``lrs``; ``settings``: the plan's other fields (clip_grad, micro_batches...)."""
+    torch_optimizer = _torch_optimizer(optimizer)
+    groups = torch_optimizer.param_groups
+    names = {id(p): name for name, p in named_parameters(model)}
+    first = groups[0] if groups else {}
+    betas = first.get("betas")
+    momentum = first.get("momentum")
+    return TrainingPlan(
+        optimizer=type(torch_optimizer).__name__.lower(),
+        lr=tuple(tuple(float(v) for v in step) for step in lrs),
+        weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in groups),
+        groups=tuple(
+            tuple(names.get(id(p), f"<unnamed {i}.{j}>") for j, p in enumerate(g["params"]))
+            for i, g in enumerate(groups)
+        ),
+        betas=None if betas is None else (float(betas[0]), float(betas[1])),
+        eps=None if first.get("eps") is None else float(first["eps"]),
+        momentum=None if momentum is None else float(momentum),
+        **settings,
+    )
+
+
+def forward_precision(model: torch.nn.Module) -> str:
+    """The dtype of the model's first floating parameter (what it computes in without autocast)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return str(dtype).removeprefix("torch.")
+
+
+# -- a Trainer's run ----------------------------------------------------------------------------
+
+
+def accepts_loss_kwargs(model: torch.nn.Module) -> bool:
+    """Whether the Trainer passes ``num_items_in_batch`` to the model's forward (transformers'
+    ``Trainer.__init__``: the model's ``accepts_loss_kwargs``, else a ``**kwargs`` forward)."""
+    inner, _ = unwrap(model)
+    known = getattr(inner, "accepts_loss_kwargs", None)
+    if isinstance(known, bool):
+        return known
+    try:
+        parameters = inspect.signature(inner.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def trainer_arguments(args: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """The Trainer's own arguments (``TrainingArguments`` or a subclass such as TRL's
+    ``SFTConfig``: its class and every field but the run-local ones) and the model's attention
+    implementation."""
+    fields = json_safe(args.to_dict()) if callable(getattr(args, "to_dict", None)) else {}
+    if not isinstance(fields, dict):
+        fields = {}
+    cls = type(args)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "TrainingArguments": {k: v for k, v in fields.items() if k not in RUN_LOCAL_ARGUMENTS},
+        "attn_implementation": attn_implementation(model),
+    }
+
+
+def trainer_precision(args: Any, model: torch.nn.Module) -> tuple[str, bool]:
+    """``(precision, autocast)`` the Trainer's arguments ask for: bf16 / fp16 mixed precision
+    is autocast to that dtype; else the parameters' own dtype."""
+    if getattr(args, "bf16", False):
+        return "bfloat16", True
+    if getattr(args, "fp16", False):
+        return "float16", True
+    return forward_precision(model), False
+
+
+def trainer_settings(
+    args: Any,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    steps: int,
+    *,
+    framework: tuple[str, str],
+    plan: bool = True,
+) -> TrainingSettings:
+    """The settings of a ``transformers.Trainer`` run (TRL's trainers subclass it) about to take
+    ``steps`` optimizer steps: its arguments, adapters, frozen parameters and plan."""
+    lrs = planned_lrs(optimizer, scheduler, steps) if plan and optimizer is not None else None
+    precision, autocast = trainer_precision(args, model)
+    clip = getattr(args, "max_grad_norm", None)
+    inner, _ = unwrap(model)
+    # transformers 5 names it is_activation_checkpointing (the older name warns)
+    known = next(
+        (k for k in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(inner), k)),
+        None,
+    )
+    checkpointing = bool(getattr(args, "gradient_checkpointing", False)) or bool(
+        known is not None and getattr(inner, known)
+    )
+    made = None
+    if lrs is not None:
+        made = optimizer_plan(
+            model,
+            optimizer,
+            lrs,
+            clip_grad=float(clip) if clip else None,
+            micro_batches=int(getattr(args, "gradient_accumulation_steps", 1)),
+            loss_normalisation=(
+                "per_token_over_step" if accepts_loss_kwargs(model) else "mean_of_micro_batch_means"
+            ),
+            precision=precision,
+            autocast=autocast,
+            gradient_checkpointing=checkpointing,
+        )
+    return TrainingSettings(
+        trainer="hf_trainer",
+        framework=framework[0],
+        framework_version=framework[1],
+        arguments=trainer_arguments(args, model),
+        plan=made,
+        adapters=adapters_of(model),
+        frozen=frozen_parameters(model),
+    )
+
+
+def with_precision(settings: TrainingSettings, precision: str, autocast: bool) -> TrainingSettings:
+    """``settings`` whose plan says the forward computed in ``precision`` (as observed)."""
+    if settings.plan is None:
+        return settings
+    plan = dataclasses.replace(settings.plan, precision=precision, autocast=autocast)
+    return dataclasses.replace(settings, plan=plan)
+
+
+# -- a hand-written loop (the Recorder) ---------------------------------------------------------
+
+
+def loop_settings(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    *,
+    steps: int,
+    clip_grad: float | None,
+    micro_batches: int,
+    loss_normalisation: str | None,
+    precision: str | None,
+    autocast: bool,
+    gradient_checkpointing: bool | None,
+    arguments: Mapping[str, Any],
+) -> TrainingSettings:
+    """The settings of a loop recorded with the ``Recorder`` (``Recorder.record_settings``)."""
+    lrs = planned_lrs(optimizer, scheduler, steps)
+    plan = None
+    if lrs is not None:
+        plan = optimizer_plan(
+            model,
+            optimizer,
+            lrs,
+            clip_grad=clip_grad,
+            micro_batches=micro_batches,
+            loss_normalisation=loss_normalisation,
+            precision=precision or forward_precision(model),
+            autocast=autocast,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+    return TrainingSettings(
+        trainer="recorder",
+        framework="torch",
+        framework_version=torch.__version__,
+        arguments=json_safe(dict(arguments)),
+        plan=plan,
+        adapters=adapters_of(model),
+        frozen=frozen_parameters(model),
+    )

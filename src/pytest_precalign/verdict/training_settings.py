@@ -1,0 +1,186 @@
+"""The two sides' training settings (``TrainingSettings``, the manifest's ``"training"``) judged
+before step 0, with the plans' contract (``training_contract``).
+
+Two kinds of difference are contract findings of their own, since no plan field carries them:
+the PEFT adapters (by adapter name: ``peft_type``, ``r``, ``lora_alpha``, ``lora_dropout``,
+``target_modules``; an adapter one side lacks) and the precision the forward computes in
+(``bf16 autocast off vs on``). A plan difference the contract found is then told in the
+framework's own words when both sides ran the same framework: the arguments that set the
+differing plan field and differ between the sides (``lr_scheduler_type cosine vs linear: LR
+differs from step 3 (4.810e-03 vs 4.375e-03)``); run-local arguments (output and logging
+folders, run name, seed) are never read. Same arguments and another LR plan: the scheduler
+object itself differs (a custom or patched scheduler), and the finding says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..trace.training_record import Adapter, TrainingPlan, TrainingSettings
+from .training_contract import ContractDiff
+
+# An adapter's fields, in PEFT's words (``LoraConfig``).
+ADAPTER_WORDS: tuple[tuple[str, str], ...] = (
+    ("kind", "peft_type"),
+    ("r", "r"),
+    ("alpha", "lora_alpha"),
+    ("dropout", "lora_dropout"),
+    ("target_modules", "target_modules"),
+)
+
+# A plan field -> the transformers ``TrainingArguments`` that set it.
+TRAINER_ARGUMENTS: Mapping[str, tuple[str, ...]] = {
+    "lr": (
+        "lr_scheduler_type",
+        "learning_rate",
+        "warmup_steps",
+        "warmup_ratio",
+        "lr_scheduler_kwargs",
+        "max_steps",
+        "num_train_epochs",
+    ),
+    "weight_decay": ("weight_decay",),
+    "groups": ("weight_decay",),
+    "clip_grad": ("max_grad_norm",),
+    "micro_batches": ("gradient_accumulation_steps", "per_device_train_batch_size"),
+    "betas": ("adam_beta1", "adam_beta2"),
+    "eps": ("adam_epsilon",),
+    "optimizer": ("optim", "optim_args"),
+    "momentum": ("optim_args",),
+    "loss_normalisation": ("average_tokens_across_devices",),
+    "precision": ("bf16", "fp16"),
+    "gradient_checkpointing": ("gradient_checkpointing",),
+}
+ARGUMENTS_KEY = "TrainingArguments"  # where a Trainer's settings keep its arguments' fields
+
+
+def settings_contract(
+    baseline: TrainingSettings | None,
+    candidate: TrainingSettings | None,
+    plan_diff: ContractDiff | None,
+) -> ContractDiff | None:
+    """The first settings difference before training: the adapters, the precision, then the
+    plans' contract difference ``plan_diff`` told in the framework's words (None: none)."""
+    if baseline is not None and candidate is not None:
+        found = adapter_diff(baseline.adapters, candidate.adapters) or _precision_diff(baseline, candidate)
+        if found is not None:
+            return found
+    if plan_diff is None or baseline is None or candidate is None:
+        return plan_diff
+    return explained(plan_diff, baseline, candidate)
+
+
+def adapter_diff(baseline: Sequence[Adapter], candidate: Sequence[Adapter]) -> ContractDiff | None:
+    """The first difference between the sides' PEFT adapters (by name), in PEFT's words."""
+    base = {a.name: a for a in baseline}
+    cand = {a.name: a for a in candidate}
+    for name in sorted(set(base) | set(cand)):
+        a, b = base.get(name), cand.get(name)
+        if a is None or b is None:
+            side, only = ("candidate", b) if a is None else ("baseline", a)
+            assert only is not None
+            evidence = f"PEFT adapter {name!r} ({_adapter_words(only)}) only on the {side}"
+            return ContractDiff(0, "adapters", evidence, "one side trains an adapter the other has not", True)
+        for field, word in ADAPTER_WORDS:
+            x, y = getattr(a, field), getattr(b, field)
+            if x != y:
+                evidence = f"{word} {_word(x)} vs {_word(y)} (PEFT adapter {name!r})"
+                return ContractDiff(0, word, evidence, "", setting=True)
+    return None
+
+
+def _adapter_words(adapter: Adapter) -> str:
+    return ", ".join(
+        f"{word} {_word(getattr(adapter, field))}"
+        for field, word in ADAPTER_WORDS
+        if getattr(adapter, field) not in (None, ())
+    )
+
+
+def _precision_diff(baseline: TrainingSettings, candidate: TrainingSettings) -> ContractDiff | None:
+    a, b = baseline.plan, candidate.plan
+    if a is None or b is None or a.precision is None or b.precision is None or a.precision == b.precision:
+        return None
+    words = _differing(baseline, candidate, TRAINER_ARGUMENTS["precision"])
+    if words:
+        evidence = f"{words}: the forward computes in {a.precision} vs {b.precision}"
+    else:
+        evidence = f"precision {a.precision} vs {b.precision}"
+        if a.autocast is not None and b.autocast is not None and a.autocast != b.autocast:
+            evidence += f" (autocast {_on(a.autocast)} vs {_on(b.autocast)})"
+    return ContractDiff(0, "precision", evidence, "", setting=True)
+
+
+def explained(diff: ContractDiff, baseline: TrainingSettings, candidate: TrainingSettings) -> ContractDiff:
+    """``diff`` told by the framework arguments that set it and differ (same framework only);
+    its origin stays the plan's field (``lr``, ``clip_grad``...), one name across frameworks."""
+    keys = TRAINER_ARGUMENTS.get(diff.origin)
+    if keys is None or baseline.framework != candidate.framework:
+        return diff
+    base_args, cand_args = _arguments(baseline), _arguments(candidate)
+    if base_args is None or cand_args is None:
+        return diff
+    words = _differing(baseline, candidate, keys)
+    if diff.origin == "lr":
+        told = _lr_words(diff, baseline.plan, candidate.plan)
+        if not words:
+            told += (
+                f"; the {baseline.framework} arguments that set the LR agree "
+                f"({', '.join(k for k in keys if k in base_args)}): the scheduler object itself differs"
+            )
+            return replace(diff, evidence=told)
+        return replace(diff, evidence=f"{words}: {told}")
+    if not words:
+        return diff
+    return replace(diff, evidence=f"{words}: {diff.evidence}")
+
+
+def _lr_words(diff: ContractDiff, baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> str:
+    """``LR differs from step s (a vs b)`` from the plans (the contract's evidence otherwise)."""
+    if baseline is None or candidate is None:
+        return diff.evidence
+    s = diff.step
+    if s >= baseline.steps or s >= candidate.steps:
+        return diff.evidence
+    for a, b in zip(baseline.lr[s], candidate.lr[s], strict=False):
+        if a != b:
+            return f"LR differs from step {s} ({a:.3e} vs {b:.3e})"
+    return diff.evidence
+
+
+def _arguments(settings: TrainingSettings) -> Mapping[str, Any] | None:
+    fields = settings.arguments.get(ARGUMENTS_KEY)
+    return fields if isinstance(fields, Mapping) else None
+
+
+def _differing(baseline: TrainingSettings, candidate: TrainingSettings, keys: Sequence[str]) -> str:
+    """``key a vs b`` for each of ``keys`` both sides' arguments have and differ in."""
+    if baseline.framework != candidate.framework:
+        return ""
+    a, b = _arguments(baseline), _arguments(candidate)
+    if a is None or b is None:
+        return ""
+    out = []
+    for key in keys:
+        if key in a and key in b and a[key] != b[key]:
+            x, y = a[key], b[key]
+            if key in ("bf16", "fp16") and isinstance(x, bool) and isinstance(y, bool):
+                out.append(f"{key} autocast {_on(x)} vs {_on(y)}")
+            else:
+                out.append(f"{key} {_word(x)} vs {_word(y)}")
+    return ", ".join(out)
+
+
+def _on(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{int(value)}" if value.is_integer() and math.isfinite(value) else f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_word(v) for v in value) + "]"
+    return str(value)
