@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from .compare.tolerances import ToleranceTable
     from .mapping.spec import MappingSpec
     from .run.outcome import CaseRun
+    from .training.accelerate_steps import AccelerateSteps
     from .training.hf_callback import PrecalignCallback
+    from .training.lightning_callback import PrecalignLightningCallback
     from .training.megatron_step import megatron_train_step
     from .training.recorder import Recorder
 
@@ -34,10 +36,12 @@ if TYPE_CHECKING:
 # stays cheap: the Recorder, the callback and the Megatron step import torch; the types the
 # align_runner fixture takes and returns pull in the compare and run stages.
 _LAZY = {
+    "AccelerateSteps": "training.accelerate_steps",
     "AlignRunner": "align_runner",
     "CaseRun": "run.outcome",
     "MappingSpec": "mapping.spec",
     "PrecalignCallback": "training.hf_callback",
+    "PrecalignLightningCallback": "training.lightning_callback",
     "Recorder": "training.recorder",
     "ToleranceTable": "compare.tolerances",
     "megatron_train_step": "training.megatron_step",
@@ -56,6 +60,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AccelerateSteps",
     "AlignRunner",
     "AlignmentMismatch",
     "CaseError",
@@ -64,6 +69,7 @@ __all__ = [
     "MappingSpec",
     "PrecalignCallback",
     "PrecalignError",
+    "PrecalignLightningCallback",
     "Recorder",
     "ToleranceTable",
     "SourceError",
