@@ -135,3 +135,32 @@ def test_arguments_are_checked(tmp_path: Path) -> None:
         AccelerateSteps(tmp_path, accelerator, model, optimizer, total_steps=-1)
     with pytest.raises(ConfigError, match="optimizer must be a torch optimizer .* got str"):
         AccelerateSteps(tmp_path, accelerator, model, "adam")
+
+
+def test_a_loss_the_recording_did_not_see_is_named(tmp_path: Path) -> None:
+    """A backward before ``steps.micro_batch``, and a step whose loss went through
+    ``accelerator.backward`` instead of ``steps.backward``, each fail in one message rather
+    than record a step without its loss."""
+    import torch
+    from accelerate import Accelerator
+
+    from pytest_precalign import AccelerateSteps
+    from pytest_precalign.errors import ConfigError
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x = torch.ones(2, 3)
+    steps = AccelerateSteps(tmp_path / "a", accelerator, model, optimizer, mode="scalars")
+    with pytest.raises(ConfigError, match=r"no micro-batch is open: call steps.micro_batch\(batch\)"):
+        steps.backward(model(x).sum())
+    steps.close()
+    steps = AccelerateSteps(tmp_path / "b", accelerator, model, optimizer, mode="scalars")
+    with accelerator.accumulate(model):
+        steps.micro_batch(x)
+        accelerator.backward(model(x).sum())
+        with pytest.raises(ConfigError, match=r"step 0 updated the model, but no loss went through"):
+            optimizer.step()
+    steps.close()
+    assert not (tmp_path / "b").exists()

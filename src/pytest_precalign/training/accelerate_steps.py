@@ -135,6 +135,11 @@ class AccelerateSteps:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> Any:
         """``accelerator.backward(loss, **kwargs)``, the loss it runs on recorded."""
+        if self._steps.open_step is None:
+            raise ConfigError(
+                "AccelerateSteps.backward: no micro-batch is open: call steps.micro_batch(batch) "
+                "first, inside `with accelerator.accumulate(model):`"
+            )
         self._steps.loss(loss.detach() / self.accelerator.gradient_accumulation_steps)
         return self.accelerator.backward(loss, **kwargs)
 
@@ -166,6 +171,13 @@ class AccelerateSteps:
             self._close()
 
     def _close(self) -> None:
+        if not self._steps.micro_batches:
+            step = self._steps.open_step
+            self._steps.remove()
+            raise ConfigError(
+                f"AccelerateSteps: step {step} updated the model, but no loss went through "
+                "steps.backward(loss): call it instead of accelerator.backward(loss)"
+            )
         if self._steps.settings is None:
             self._steps.settings = self._settings()
         self._steps.close()

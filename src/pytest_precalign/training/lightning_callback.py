@@ -30,8 +30,9 @@ The plan (``TrainingPlan``) comes from the run's own optimizer and LR schedulers
 ``trainer.estimated_stepping_batches`` steps and put back exactly (``planned_lrs``);
 ``gradient_clip_val`` -> ``clip_grad`` (norm clipping), ``accumulate_grad_batches`` ->
 ``micro_batches``, ``loss_normalisation`` ``mean_of_micro_batch_means``, ``precision`` from
-``trainer.precision``. No plan (``None``) with a ``ReduceLROnPlateau`` scheduler (its LR
-depends on a metric) or an endless run. Automatic optimization with one optimizer only (a
+``trainer.precision``. No plan (``None``, the reason in ``arguments["plan"]``) with a
+``ReduceLROnPlateau`` scheduler (its LR depends on a metric), an endless run or a run resumed
+from a checkpoint. Automatic optimization with one optimizer only (a
 manual-optimization module: record its steps with ``AccelerateSteps``'s pieces or a
 ``Recorder``).
 """
@@ -199,7 +200,6 @@ def lightning_settings(
     clip = trainer.gradient_clip_val
     algorithm = trainer.gradient_clip_algorithm or "norm"
     precision, autocast = PRECISIONS.get(str(trainer.precision), (None, None))
-    stepping = trainer.estimated_stepping_batches
     arguments: dict[str, Any] = {
         "Trainer": {key: _plain(getattr(trainer, key, None)) for key in TRAINER_ARGUMENTS},
         "optimizer": optimizer_arguments(optimizer),
@@ -214,10 +214,14 @@ def lightning_settings(
         ],
     }
     plan = None
-    if not any(c.reduce_on_plateau for c in configs) and math.isfinite(stepping):
+    why = _no_plan(trainer)
+    if why is None:
         names = parameter_names(optimizer, model, pl_module)
         plan = TrainingPlan(
-            lr=tuple(tuple(row) for row in _lightning_lrs(trainer, pl_module, int(stepping))),
+            lr=tuple(
+                tuple(row)
+                for row in _lightning_lrs(trainer, pl_module, int(trainer.estimated_stepping_batches))
+            ),
             weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups),
             groups=tuple(tuple(names[id(p)] for p in g["params"]) for g in optimizer.param_groups),
             clip_grad=float(clip) if clip and algorithm == "norm" else None,
@@ -229,7 +233,7 @@ def lightning_settings(
             **optimizer_settings(optimizer),
         )
     else:
-        arguments["plan"] = "not made: a ReduceLROnPlateau scheduler or an endless run"
+        arguments["plan"] = f"not made: {why}"
     return TrainingSettings(
         trainer="lightning",
         framework="lightning",
@@ -239,6 +243,17 @@ def lightning_settings(
         adapters=adapters_of(model),
         frozen=frozen_names(model),
     )
+
+
+def _no_plan(trainer: Trainer) -> str | None:
+    """Why the run's LR at every step cannot be planned before it trains (None: it can)."""
+    if any(c.reduce_on_plateau for c in trainer.lr_scheduler_configs):
+        return "a ReduceLROnPlateau scheduler's LR depends on a metric"
+    if not math.isfinite(trainer.estimated_stepping_batches):
+        return "the run has no end (max_steps=-1 over an endless dataset)"
+    if trainer.global_step > 0:
+        return f"the run resumed at step {trainer.global_step}"
+    return None
 
 
 def _lightning_lrs(trainer: Trainer, pl_module: LightningModule, steps: int) -> list[list[float]]:

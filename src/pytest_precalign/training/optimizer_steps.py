@@ -295,6 +295,11 @@ class OptimizerSteps:
         return self._step
 
     @property
+    def micro_batches(self) -> int:
+        """The open step's micro-batches whose loss was seen so far."""
+        return len(self._losses)
+
+    @property
     def stepped(self) -> bool:
         """Whether the open step reached its optimizer step (the grads were read)."""
         return self._step is not None and "grad_norm" in self._pending
@@ -328,8 +333,8 @@ class OptimizerSteps:
         if step is None:
             return None
         pending, self._pending = self._pending, {}
-        if "lr" not in pending:
-            self.evidence.norms_after_update()  # drop the snapshot
+        if "lr" not in pending:  # no update (skipped): drop the parameters' snapshot
+            self.evidence.norms_after_update()
         loss = None
         if self._losses:
             loss = float(sum(float(v.to(torch.float64)) for v in self._losses))
