@@ -7,6 +7,11 @@
 - ``layout_probe``: where a rank sits in a parallel run (the manifest's ``parallel`` block),
   read from megatron-core's ``parallel_state``, torch.distributed or the user's ``layout=``.
 - ``megatron_cpu_patch``: ``megatron_cpu()``, megatron-core on a CPU-only torch (gloo).
+- ``lightning_callback``: ``PrecalignLightningCallback``, a PyTorch Lightning run recorded.
+- ``accelerate_steps``: ``AccelerateSteps``, a custom Accelerate loop recorded.
+- ``optimizer_steps``: what both share: each optimizer step measured around the torch
+  optimizer's step hooks (after the framework's clipping), the plan from the run's own
+  schedulers.
 
 Importing this package does not import torch; ``Recorder`` is loaded on first access.
 """
