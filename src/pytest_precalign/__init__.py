@@ -6,9 +6,8 @@ The data flow, one package per stage: ``config`` -> ``sources`` -> ``recording``
 merges rank folders, ``run`` drives a case, ``training`` records a user's own training loop,
 ``plugin`` and ``cli`` wire it up. Public: ``Recorder``, the recorders of a framework's own
 run (``PrecalignCallback``, ``PrecalignLightningCallback``, ``AccelerateSteps``),
-``megatron_cpu``, the
-``align_runner`` fixture's ``AlignRunner`` (``check`` fails the test, ``compare`` returns the
-``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors.
+``megatron_cpu``, the ``align_runner`` fixture's ``AlignRunner`` (``check`` fails the test,
+``compare`` returns the ``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors.
 Importing this package does not import torch.
 """
 

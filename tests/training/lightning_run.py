@@ -3,6 +3,7 @@
 
     python lightning_run.py OUT.json [--root ROOT] [--mode stats] [--model mlp|llm]
         [--clip 0.05] [--accumulate 2] [--steps 4] [--lr 0.05] [--swap-from K]
+        [--schedule warmup_cosine|constant]
 
 OUT.json gets what the run itself saw (no recording involved): every micro-batch's loss as
 ``training_step`` returned it, every step's LR and pre-clip grad norm (the module's own
@@ -25,12 +26,17 @@ from torch.utils.data import DataLoader, Dataset
 ROWS = 2  # rows per micro-batch
 
 
+def token_ids(count: int) -> torch.Tensor:
+    """The token rows of the ``llm`` runs (also ``trainer_run.py``'s)."""
+    return torch.randint(0, 64, (count, 8), generator=torch.Generator().manual_seed(1))
+
+
 class Rows(Dataset[Any]):
     def __init__(self, kind: str, count: int, swap_from: int | None, per_step: int) -> None:
         g = torch.Generator().manual_seed(1)
         self.kind = kind
         if kind == "llm":
-            self.ids = torch.randint(0, 64, (count, 8), generator=g)
+            self.ids = token_ids(count)
         else:
             self.x = torch.randn(count, 6, generator=g)
             self.y = torch.randn(count, 3, generator=g)
@@ -69,12 +75,13 @@ def tiny_model(kind: str) -> torch.nn.Module:
 
 
 class Module(L.LightningModule):
-    def __init__(self, kind: str, lr: float, steps: int) -> None:
+    def __init__(self, kind: str, lr: float, steps: int, schedule: str = "warmup_cosine") -> None:
         super().__init__()
         self.kind = kind
         self.model = tiny_model(kind)
         self.lr = lr
         self.steps = steps
+        self.schedule = schedule
         self.seen: dict[str, list[Any]] = {"micro_losses": [], "lr": [], "grad_norm": []}
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -97,6 +104,8 @@ class Module(L.LightningModule):
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=self.lr
         )
+        if self.schedule == "constant":
+            return optimizer
         warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=2)
         decay_after = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.steps)
         scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [warmup, decay_after], milestones=[2])
@@ -114,6 +123,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--swap-from", type=int)
+    parser.add_argument("--schedule", default="warmup_cosine", choices=["warmup_cosine", "constant"])
     args = parser.parse_args()
 
     callbacks = []
@@ -123,7 +133,7 @@ def main() -> None:
         callbacks.append(PrecalignLightningCallback(args.root, mode=args.mode, module="model"))
     per_step = ROWS * args.accumulate
     data = Rows(args.model, args.steps * per_step, args.swap_from, per_step)
-    module = Module(args.model, args.lr, args.steps)
+    module = Module(args.model, args.lr, args.steps, args.schedule)
     trainer = L.Trainer(
         max_steps=args.steps,
         accumulate_grad_batches=args.accumulate,

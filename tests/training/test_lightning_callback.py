@@ -123,6 +123,41 @@ def test_two_identical_lightning_runs_with_clipping_pass_compare(runs: tuple[Pat
     assert '"passed": true' in report and '"steps_compared": 4' in report
 
 
+@pytest.fixture(scope="module")
+def trainer_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same causal LM, rows and settings trained by a ``transformers.Trainer``
+    (``PrecalignCallback``) and by Lightning (this callback, ``module="model"``), one
+    micro-batch a step."""
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("pair")
+    common = ["--accumulate", "1", "--steps", "3"]
+    run_scripts("trainer_run.py", {"trainer": ["trainer", *common]}, out)
+    llm = ["--model", "llm", "--clip", "1.0", "--lr", "0.01", "--schedule", "constant"]
+    run_scripts("lightning_run.py", {"lightning": [*common, *llm, "--root", "lightning"]}, out)
+    return out
+
+
+def test_a_clean_lightning_vs_trainer_pair_passes(trainer_pair: Path) -> None:
+    """Same scalars where both say them (batch hash, tokens, grad norm, clipping, LR, weight
+    decay per group), and the layers compared by ``precalign compare`` under the same names."""
+    trainer, lightning = manifests(trainer_pair / "trainer"), manifests(trainer_pair / "lightning")
+    assert sorted(trainer) == sorted(lightning) == [0, 1, 2]
+    for s in trainer:
+        a = read_run_record(trainer[s]).scalars[s]
+        b = read_run_record(lightning[s]).scalars[s]
+        assert (a.batch_hash, a.tokens, a.lr, a.weight_decay) == (
+            b.batch_hash,
+            b.tokens,
+            b.lr,
+            b.weight_decay,
+        )
+        assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5)
+        assert a.clip_coef == pytest.approx(b.clip_coef, rel=1e-5) and b.clip_coef is not None
+    result = compare(trainer_pair / "trainer", trainer_pair / "lightning")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASSED trainer_vs_lightning[forward]" in result.stdout
+
+
 def test_token_batches_hashed_as_the_trainer_hashes_them(runs: tuple[Path, dict[str, Any]]) -> None:
     """A causal LM on dict batches, scalars mode: each step's folder holds no layer records, and
     the batch hash and tokens are ``step_evidence``'s of the rows training_step received."""
