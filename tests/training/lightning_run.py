@@ -24,6 +24,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 ROWS = 2  # rows per micro-batch
+# A CPU run that writes nothing of its own (no logger, checkpoint, progress bar or summary).
+QUIET = {
+    "accelerator": "cpu",
+    "devices": 1,
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
 
 
 def token_ids(count: int) -> torch.Tensor:
@@ -138,13 +147,8 @@ def main() -> None:
         max_steps=args.steps,
         accumulate_grad_batches=args.accumulate,
         gradient_clip_val=args.clip or None,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
+        **QUIET,
     )
     trainer.fit(module, DataLoader(data, batch_size=ROWS, shuffle=False))
     digest = hashlib.sha256()

@@ -26,6 +26,7 @@ from pytest_precalign.training.optimizer_steps import planned_lrs  # noqa: E402
 from pytest_precalign.training.step_evidence import batch_hash, token_count  # noqa: E402
 
 from .framework_runs import compare, manifests, run_scripts  # noqa: E402
+from .lightning_run import QUIET  # noqa: E402
 
 STEPS, MICRO, CLIP = 4, 2, 0.05
 # Lightning 2.6 on torch 2.13 warns about torch's own pytree API, and about a CPU DataLoader
@@ -38,8 +39,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
-    """Two identical recorded runs (a, b), the same run without the callback (plain), and a
-    tiny causal LM on token batches recorded in scalars mode (llm)."""
+    """Two identical recorded runs (a, b), the same run without the callback (plain), one
+    clipping at 0.1 instead (clip_0.1), and a tiny causal LM on token batches recorded in
+    scalars mode (llm)."""
     out = tmp_path_factory.mktemp("lightning")
     common = ["--clip", str(CLIP), "--accumulate", str(MICRO), "--steps", str(STEPS)]
     seen = run_scripts(
@@ -48,6 +50,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict
             "a": [*common, "--root", "a"],
             "b": [*common, "--root", "b"],
             "plain": common,
+            "clip_0.1": [
+                "--clip",
+                "0.1",
+                "--accumulate",
+                str(MICRO),
+                "--steps",
+                str(STEPS),
+                "--root",
+                "clip_0.1",
+            ],
             "llm": [*common, "--root", "llm", "--model", "llm", "--mode", "scalars", "--lr", "0.01"],
         },
         out,
@@ -158,6 +170,14 @@ def test_a_clean_lightning_vs_trainer_pair_passes(trainer_pair: Path) -> None:
     assert "PASSED trainer_vs_lightning[forward]" in result.stdout
 
 
+def test_another_clip_norm_is_named_from_the_plan_before_step_0(runs: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = runs
+    result = compare(out / "a", out / "clip_0.1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Step 0 diverged first: contract, origin clip_grad" in result.stdout
+    assert "clip_grad: 0.05 vs 0.1" in result.stdout
+
+
 def test_token_batches_hashed_as_the_trainer_hashes_them(runs: tuple[Path, dict[str, Any]]) -> None:
     """A causal LM on dict batches, scalars mode: each step's folder holds no layer records, and
     the batch hash and tokens are ``step_evidence``'s of the rows training_step received."""
@@ -204,16 +224,7 @@ class _Net(L.LightningModule):
 
 def _fit(module: L.LightningModule, callback: PrecalignLightningCallback, **trainer: Any) -> None:
     data = TensorDataset(torch.randn(10, 3, generator=torch.Generator().manual_seed(2)), torch.randn(10, 1))
-    L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-        **trainer,
-    ).fit(module, DataLoader(data, batch_size=2))
+    L.Trainer(callbacks=[callback], **QUIET, **trainer).fit(module, DataLoader(data, batch_size=2))
 
 
 class _TwoSchedulers(_Net):
