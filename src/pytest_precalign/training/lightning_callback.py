@@ -18,7 +18,7 @@ Where each scalar comes from (``optimizer_steps`` for the hooks):
 - ``grad_norm`` (before clipping): the grads at ``on_before_optimizer_step``, which Lightning
   calls after the last backward and before it clips; ``clip_coef``: the grads' norm after
   Lightning's clipping (read when Lightning's optimizer closure returns, just before the
-  update) over that one; ``zero_grads`` after clipping; ``lr`` / ``weight_decay`` per group as
+  update) over that one; ``zero_grads`` before clipping; ``lr`` / ``weight_decay`` per group as
   the update uses them; ``update_norm`` / ``param_norm`` after the update.
 - ``batch_hash`` / ``tokens``: the batches ``training_step`` received (``on_train_batch_start``):
   ``step_evidence.batch_hash`` of ``input_ids``/``labels``/``attention_mask`` for a dict batch

@@ -14,8 +14,9 @@ The rest is read from the torch optimizer's step hooks, which every framework go
 a step pre-hook runs just before the update -- after the framework's clipping, or, when the
 framework passes a closure that does the last backward and the clipping (Lightning), the
 closure is wrapped and the grads are read when it returns -- for the grads after clipping
-(the clip coefficient, zero grads) and each group's LR and weight decay as the update uses
-them; a step post-hook for the update and parameter norms. Only reads: the closure's result is
+(the clip coefficient) and each group's LR and weight decay as the update uses them; the
+update and parameter norms at ``close()``, after the update. The grad norm and zero grads are
+those before clipping (``StepEvidence``). Only reads: the closure's result is
 returned as is, no grad, parameter or optimizer state is written (recording is bitwise
 neutral).
 """
@@ -38,7 +39,6 @@ from .step_evidence import (
     group_settings,
     initial_params,
     token_count,
-    zero_count,
 )
 
 TOKEN_KEYS = ("input_ids", "labels", "attention_mask")
@@ -283,10 +283,7 @@ class OptimizerSteps:
         self._batches: list[Any] = []  # the micro-batches whose backward ran
         self._losses: list[torch.Tensor] = []
         self._pending: dict[str, Any] = {}
-        self._handles = [
-            optimizer.register_step_pre_hook(self._pre_step),
-            optimizer.register_step_post_hook(self._post_step),
-        ]
+        self._handles = [optimizer.register_step_pre_hook(self._pre_step)]
         if recorder.mode != "scalars":
             self._handles.append(model.register_forward_hook(self._see_output))
 
@@ -328,28 +325,22 @@ class OptimizerSteps:
             self._pending["grad_norm"] = self.evidence.grads_before_clip(norm=norm)
 
     def close(self) -> StepScalars | None:
-        """The open step is over (its update done or skipped): write its scalars and folder."""
+        """The open step is over (its update done or skipped): write its scalars and folder.
+        Call it after the update: the update and parameter norms are taken here."""
         step, self._step = self._step, None
         if step is None:
             return None
         pending, self._pending = self._pending, {}
-        if "lr" not in pending:  # no update (skipped): drop the parameters' snapshot
-            self.evidence.norms_after_update()
         loss = None
         if self._losses:
             loss = float(sum(float(v.to(torch.float64)) for v in self._losses))
         digest, tokens = step_batch(self._batches)
-        scalars = StepScalars(
-            step=step,
+        scalars = self.evidence.finish(  # the grad norms, update and parameter norms
+            step,
             loss=loss,
             lr=pending.get("lr"),
             weight_decay=pending.get("weight_decay"),
-            grad_norm=pending.get("grad_norm"),
-            clip_coef=pending.get("clip_coef"),
-            update_norm=pending.get("update_norm"),
-            param_norm=pending.get("param_norm"),
-            zero_grads=pending.get("zero_grads"),
-            skipped="update_norm" not in pending and "param_norm" not in pending,
+            skipped="lr" not in pending,  # the optimizer's step never ran (an overflow)
             tokens=tokens,
             batch_hash=digest,
             micro_batches=len(self._losses),
@@ -407,13 +398,8 @@ class OptimizerSteps:
         pending, evidence = self._pending, self.evidence
         if "grad_norm" not in pending:  # the framework said nothing: nothing was clipped
             pending["grad_norm"] = evidence.grads_before_clip()
-        pending["clip_coef"] = evidence.grads_after_clip()
-        pending["zero_grads"] = zero_count([p.grad for p in evidence.params if p.grad is not None])
+        evidence.grads_after_clip()
         pending["lr"], pending["weight_decay"] = group_settings(self.optimizer)
-
-    def _post_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._step is not None and "lr" in self._pending:
-            self._pending["update_norm"], self._pending["param_norm"] = self.evidence.norms_after_update()
 
     def _see_output(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self._step is None or not torch.is_grad_enabled():
