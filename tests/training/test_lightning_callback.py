@@ -253,6 +253,7 @@ def test_plan_steps_schedulers_as_lightning_does_across_epochs(tmp_path: Path) -
     assert [scalars[s].micro_batches for s in range(6)] == [2, 2, 1, 2, 2, 1]
     assert (settings.plan.optimizer, settings.plan.momentum, settings.plan.betas) == ("sgd", 0.9, None)
     assert settings.plan.clip_grad is None and settings.plan.micro_batches == 2
+    assert not module.trainer.optimizers[0]._optimizer_step_pre_hooks  # the run's hooks are gone
 
 
 def test_planning_puts_the_scheduler_and_every_group_back_exactly() -> None:
