@@ -106,7 +106,14 @@ class AccelerateSteps:
         self.total_steps = total_steps
         self.model = accelerator.unwrap_model(model)
         self.recorder = SettingsRecorder(root, mode=mode, steps=steps, **recorder)
-        self._steps = OptimizerSteps(self.recorder, self.model, inner, None, owner="AccelerateSteps")
+        self._steps = OptimizerSteps(
+            self.recorder,
+            self.model,
+            inner,
+            None,
+            owner="AccelerateSteps",
+            scaler=getattr(accelerator, "scaler", None),
+        )
         self._next = start_step
         self._max_norm: float | None = None
         self._sync = False  # the last micro-batch was the step's last (accelerator.sync_gradients)

@@ -12,9 +12,12 @@ selects. ``module="model"`` records that attribute of the LightningModule (names
 
 Where each scalar comes from (``optimizer_steps`` for the hooks):
 
-- ``loss``: the sum over the step's micro-batches of the loss each backward ran on --
-  Lightning divides each micro-batch's loss by ``accumulate_grad_batches``, so this is the
-  mean of micro-batch means the step trained on; ``micro_batches``: how many there were.
+- ``loss``: the sum over the step's micro-batches of the loss each backward ran on (the
+  ``"loss"`` of ``on_train_batch_end``'s outputs, before any AMP loss scaling) -- Lightning
+  divides each micro-batch's loss by ``accumulate_grad_batches``, so this is the mean of
+  micro-batch means the step trained on; ``micro_batches``: how many there were (a
+  ``training_step`` returning None trains nothing and is not counted); ``loss_scale``: the
+  AMP ``GradScaler``'s scale of the step, if the run has one.
 - ``grad_norm`` (before clipping): the grads at ``on_before_optimizer_step``, which Lightning
   calls after the last backward and before it clips; ``clip_coef``: the grads' norm after
   Lightning's clipping (read when Lightning's optimizer closure returns, just before the
@@ -40,7 +43,7 @@ manual-optimization module: record its steps with ``AccelerateSteps``'s pieces o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +142,12 @@ class PrecalignLightningCallback(Callback):
         optimizer = trainer.optimizers[0]
         self.settings = lightning_settings(trainer, pl_module, model)
         self._steps = OptimizerSteps(
-            self.recorder, model, optimizer, self.settings, owner="PrecalignLightningCallback"
+            self.recorder,
+            model,
+            optimizer,
+            self.settings,
+            owner="PrecalignLightningCallback",
+            scaler=getattr(trainer.precision_plugin, "scaler", None),
         )
 
     def on_train_batch_start(
@@ -147,10 +155,6 @@ class PrecalignLightningCallback(Callback):
     ) -> None:
         if self._steps is not None:
             self._steps.micro_batch(batch, trainer.global_step)
-
-    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if self._steps is not None:
-            self._steps.loss(loss)
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
@@ -161,7 +165,12 @@ class PrecalignLightningCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._steps is not None and self._steps.stepped:
+        if self._steps is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else None
+        if isinstance(loss, torch.Tensor):  # the loss the backward ran on, not scaled by AMP
+            self._steps.loss(loss)
+        if self._steps.stepped:
             self._steps.close()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

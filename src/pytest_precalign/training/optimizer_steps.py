@@ -268,11 +268,14 @@ class OptimizerSteps:
         settings: TrainingSettings | None,
         *,
         owner: str,
+        scaler: Any = None,
     ) -> None:
         self.recorder = recorder
         self.model = model
         self.optimizer = optimizer
         self.owner = owner
+        self.scaler = scaler  # a mixed-precision GradScaler, if the run has one
+        self._scale: float | None = None  # the loss scale of the open step's backwards
         self.evidence = StepEvidence(optimizer_params(optimizer))
         self.scalars: dict[int, StepScalars] = {}
         self._first = True
@@ -344,6 +347,7 @@ class OptimizerSteps:
             tokens=tokens,
             batch_hash=digest,
             micro_batches=len(self._losses),
+            loss_scale=self._scale,
         )
         self._batch, self._batches, self._losses = None, [], []
         if self._first:
@@ -373,6 +377,8 @@ class OptimizerSteps:
         self.recorder.seek(step)
         self.recorder.start(self.model)
         self.evidence.begin()
+        enabled = self.scaler is not None and self.scaler.is_enabled()
+        self._scale = float(self.scaler.get_scale()) if enabled else None
 
     def _pre_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._step is None:
