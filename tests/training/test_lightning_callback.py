@@ -7,7 +7,6 @@ LR, grad norm or parameter."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,14 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from pytest_precalign import PrecalignLightningCallback  # noqa: E402
+from pytest_precalign.trace.native_io import read_trace  # noqa: E402
 from pytest_precalign.trace.training_record import read_run_record  # noqa: E402
 from pytest_precalign.training.lightning_callback import LightningUsageError  # noqa: E402
 from pytest_precalign.training.optimizer_steps import planned_lrs  # noqa: E402
 from pytest_precalign.training.step_evidence import batch_hash, token_count  # noqa: E402
 
 from .framework_runs import compare, manifests, run_scripts  # noqa: E402
-from .lightning_run import QUIET  # noqa: E402
+from .lightning_run import QUIET, ROWS, token_ids  # noqa: E402
 
 STEPS, MICRO, CLIP = 4, 2, 0.05
 # Lightning 2.6 on torch 2.13 warns about torch's own pytree API, and about a CPU DataLoader
@@ -39,9 +39,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
-    """Two identical recorded runs (a, b), the same run without the callback (plain), one
-    clipping at 0.1 instead (clip_0.1), and a tiny causal LM on token batches recorded in
-    scalars mode (llm)."""
+    """Two identical recorded runs (a, b), the same run without the callback (plain) and one
+    clipping at 0.1 instead (clip_0.1)."""
     out = tmp_path_factory.mktemp("lightning")
     common = ["--clip", str(CLIP), "--accumulate", str(MICRO), "--steps", str(STEPS)]
     seen = run_scripts(
@@ -60,7 +59,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict
                 "--root",
                 "clip_0.1",
             ],
-            "llm": [*common, "--root", "llm", "--model", "llm", "--mode", "scalars", "--lr", "0.01"],
         },
         out,
     )
@@ -150,13 +148,18 @@ def trainer_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_clean_lightning_vs_trainer_pair_passes(trainer_pair: Path) -> None:
-    """Same scalars where both say them (batch hash, tokens, grad norm, clipping, LR, weight
-    decay per group), and the layers compared by ``precalign compare`` under the same names."""
+    """Same scalars where both say them (batch hash and tokens of the token batches, grad norm,
+    clipping, LR, weight decay per group), and the layers compared by ``precalign compare``
+    under the same names (``module="model"``)."""
     trainer, lightning = manifests(trainer_pair / "trainer"), manifests(trainer_pair / "lightning")
     assert sorted(trainer) == sorted(lightning) == [0, 1, 2]
+    ids = token_ids(3 * ROWS)
     for s in trainer:
         a = read_run_record(trainer[s]).scalars[s]
         b = read_run_record(lightning[s]).scalars[s]
+        # the rows training_step received (dict batches), hashed as step_evidence hashes them
+        rows = [{"input_ids": ids[s * ROWS : (s + 1) * ROWS], "labels": ids[s * ROWS : (s + 1) * ROWS]}]
+        assert (b.batch_hash, b.tokens, b.micro_batches) == (batch_hash(rows), token_count(rows), 1)
         assert (a.batch_hash, a.tokens, a.lr, a.weight_decay) == (
             b.batch_hash,
             b.tokens,
@@ -176,28 +179,6 @@ def test_another_clip_norm_is_named_from_the_plan_before_step_0(runs: tuple[Path
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Step 0 diverged first: contract, origin clip_grad" in result.stdout
     assert "clip_grad: 0.05 vs 0.1" in result.stdout
-
-
-def test_token_batches_hashed_as_the_trainer_hashes_them(runs: tuple[Path, dict[str, Any]]) -> None:
-    """A causal LM on dict batches, scalars mode: each step's folder holds no layer records, and
-    the batch hash and tokens are ``step_evidence``'s of the rows training_step received."""
-    out, seen = runs
-    steps = manifests(out / "llm")
-    assert sorted(steps) == list(range(STEPS))
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 64, (STEPS * MICRO * 2, 8), generator=generator)  # lightning_run.Rows
-    for s, manifest in steps.items():
-        assert manifest["record_mode"] == "scalars"
-        files = {p.name for p in (out / "llm" / f"step{s}" / "rank0").iterdir()}
-        assert files <= {"manifest.json", "index.json"}  # no layer records
-        rows = ids[s * MICRO * 2 : (s + 1) * MICRO * 2]
-        micro = [{"input_ids": m, "labels": m} for m in rows.split(2)]
-        scalars = read_run_record(manifest).scalars[s]
-        assert scalars.batch_hash == batch_hash(micro)
-        assert scalars.tokens == token_count(micro) == 4 * 8
-        assert scalars.micro_batches == MICRO
-        assert scalars.loss is not None and math.isfinite(scalars.loss)
-    assert seen["llm"]["micro_losses"]
 
 
 # -- in process: what the plan and the usage rules do ---------------------------------------------
@@ -254,6 +235,8 @@ def test_plan_steps_schedulers_as_lightning_does_across_epochs(tmp_path: Path) -
     assert (settings.plan.optimizer, settings.plan.momentum, settings.plan.betas) == ("sgd", 0.9, None)
     assert settings.plan.clip_grad is None and settings.plan.micro_batches == 2
     assert not module.trainer.optimizers[0]._optimizer_step_pre_hooks  # the run's hooks are gone
+    for s in range(6):  # scalars mode: each step's folder holds no layer record
+        assert read_trace(tmp_path / "run" / f"step{s}" / "rank0").records == ()
 
 
 def test_planning_puts_the_scheduler_and_every_group_back_exactly() -> None:
