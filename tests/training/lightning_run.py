@@ -2,14 +2,13 @@
 ``PrecalignLightningCallback`` (run as a script in a subprocess by the tests):
 
     python lightning_run.py OUT.json [--root ROOT] [--mode stats] [--model mlp|llm]
-        [--clip 0.05] [--accumulate 2] [--steps 4] [--lr 0.05] [--swap-from K]
+        [--clip 0.05] [--accumulate 2] [--steps 4] [--lr 0.05]
         [--schedule warmup_cosine|constant]
 
 OUT.json gets what the run itself saw (no recording involved): every micro-batch's loss as
 ``training_step`` returned it, every step's LR and pre-clip grad norm (the module's own
 ``on_before_optimizer_step``) and a digest of the trained parameters, so the tests can check
-that recording changed nothing. ``--swap-from K`` feeds other rows from step K on (a data
-fault).
+that recording changed nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def token_ids(count: int) -> torch.Tensor:
 
 
 class Rows(Dataset[Any]):
-    def __init__(self, kind: str, count: int, swap_from: int | None, per_step: int) -> None:
+    def __init__(self, kind: str, count: int) -> None:
         g = torch.Generator().manual_seed(1)
         self.kind = kind
         if kind == "llm":
@@ -49,16 +48,12 @@ class Rows(Dataset[Any]):
         else:
             self.x = torch.randn(count, 6, generator=g)
             self.y = torch.randn(count, 3, generator=g)
-        self.order = list(range(count))
-        if swap_from is not None:
-            start = swap_from * per_step
-            self.order[start:] = reversed(self.order[start:])
+        self.count = count
 
     def __len__(self) -> int:
-        return len(self.order)
+        return self.count
 
-    def __getitem__(self, i: int) -> Any:
-        j = self.order[i]
+    def __getitem__(self, j: int) -> Any:
         if self.kind == "llm":
             return {"input_ids": self.ids[j], "labels": self.ids[j].clone()}
         return self.x[j], self.y[j]
@@ -131,7 +126,6 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--swap-from", type=int)
     parser.add_argument("--schedule", default="warmup_cosine", choices=["warmup_cosine", "constant"])
     args = parser.parse_args()
 
@@ -141,7 +135,7 @@ def main() -> None:
 
         callbacks.append(PrecalignLightningCallback(args.root, mode=args.mode, module="model"))
     per_step = ROWS * args.accumulate
-    data = Rows(args.model, args.steps * per_step, args.swap_from, per_step)
+    data = Rows(args.model, args.steps * per_step)
     module = Module(args.model, args.lr, args.steps, args.schedule)
     trainer = L.Trainer(
         max_steps=args.steps,
