@@ -11,7 +11,8 @@ and written), ``baseline`` (stored baselines, ``precalign record``), ``calibrati
 Under every stage: ``vocabulary`` (the words as ``Literal`` types), ``errors`` (the error
 classes), ``yaml_reader`` (YAML with line numbers), ``_atomic`` (the one atomic writer),
 ``untrusted`` (how files from elsewhere are read), ``case_scheduling`` (a case's items on one
-xdist worker). Public: ``Recorder``, ``megatron_cpu``, the
+xdist worker). Public: ``Recorder``, the recorders of a framework's own run
+(``PrecalignCallback``, ``PrecalignLightningCallback``, ``AccelerateSteps``), ``megatron_cpu``, the
 ``align_runner`` fixture's ``AlignRunner`` (``check`` fails the test, ``compare`` returns the
 ``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors.
 Importing this package does not import torch.
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from .compare.tolerances import ToleranceTable
     from .mapping.spec import MappingSpec
     from .run.outcome import CaseRun
+    from .training.accelerate_steps import AccelerateSteps
     from .training.hf_callback import PrecalignCallback
+    from .training.lightning_callback import PrecalignLightningCallback
     from .training.megatron_step import megatron_train_step
     from .training.recorder import Recorder
 
@@ -41,10 +44,12 @@ if TYPE_CHECKING:
 # stays cheap: the Recorder, the callback and the Megatron step import torch; the types the
 # align_runner fixture takes and returns pull in the compare and run stages.
 _LAZY = {
+    "AccelerateSteps": "training.accelerate_steps",
     "AlignRunner": "align_runner",
     "CaseRun": "run.outcome",
     "MappingSpec": "mapping.spec",
     "PrecalignCallback": "training.hf_callback",
+    "PrecalignLightningCallback": "training.lightning_callback",
     "Recorder": "training.recorder",
     "ToleranceTable": "compare.tolerances",
     "megatron_train_step": "training.megatron_step",
@@ -63,6 +68,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AccelerateSteps",
     "AlignRunner",
     "AlignmentMismatch",
     "CaseError",
@@ -71,6 +77,7 @@ __all__ = [
     "MappingSpec",
     "PrecalignCallback",
     "PrecalignError",
+    "PrecalignLightningCallback",
     "Recorder",
     "ToleranceTable",
     "SourceError",

@@ -123,3 +123,25 @@ def test_a_real_difference_between_trainers_is_still_found(
     assert found is not None and found.origin == "optimizer"
     found = check_contract(loop, replace(megatron, precision="bfloat16"))
     assert found is not None and found.origin == "precision"
+
+
+def test_loss_normalisation_matters_only_over_several_micro_batches() -> None:
+    from dataclasses import replace
+
+    from pytest_precalign.trace.training_record import TrainingPlan
+    from pytest_precalign.verdict.training_contract import check_contract
+
+    one = TrainingPlan(
+        optimizer="adamw",
+        lr=((1e-3,),),
+        weight_decay=(0.0,),
+        groups=(("w",),),
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        micro_batches=1,
+        loss_normalisation="per_token_over_step",
+    )
+    lightning = replace(one, loss_normalisation="mean_of_micro_batch_means")
+    assert check_contract(one, lightning) is None  # one micro-batch: the same loss either way
+    diff = check_contract(replace(one, micro_batches=2), replace(lightning, micro_batches=2))
+    assert diff is not None and diff.origin == "loss_normalisation"

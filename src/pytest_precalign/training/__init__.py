@@ -19,6 +19,11 @@
 - ``model_checks``: what ``Recorder.start`` checks of the model before adding a hook.
 - ``run_facts``: the environment and model configuration a ``Recorder`` manifest holds.
 - ``unwrap``: the model inside a training wrapper (DDP, FSDP, ``torch.compile``, PEFT).
+- ``lightning_callback``: ``PrecalignLightningCallback``, a PyTorch Lightning run recorded.
+- ``accelerate_steps``: ``AccelerateSteps``, a custom Accelerate loop recorded.
+- ``optimizer_steps``: what both share: each optimizer step measured around the torch
+  optimizer's step hooks (after the framework's clipping), the plan from the run's own
+  schedulers.
 
 Importing this package does not import torch; ``Recorder`` is loaded on first access.
 """

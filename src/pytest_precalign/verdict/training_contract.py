@@ -177,13 +177,19 @@ def _settings_diff(baseline: TrainingPlan, candidate: TrainingPlan) -> ContractD
         a, b = getattr(baseline, key), getattr(candidate, key)
         if (a is None or b is None) and key not in NONE_IS_A_VALUE:
             continue  # neither says (equal), or one side does not say (unsaid_settings)
-        if _same(a, b):
+        if _same(a, b) or (key == "loss_normalisation" and _one_micro_batch(baseline, candidate)):
             continue
         pattern = ""
         if key == "micro_batches":
             pattern = f"the sides split each step into {a} and {b} micro-batches"
         return ContractDiff(0, key, f"{key}: {_show(a)} vs {_show(b)}", pattern, setting=True)
     return None
+
+
+def _one_micro_batch(baseline: TrainingPlan, candidate: TrainingPlan) -> bool:
+    """Both sides step on one micro-batch: every loss normalisation over micro-batches is the
+    same loss (per token over the step = the micro-batch's mean = their mean of means)."""
+    return baseline.micro_batches == candidate.micro_batches == 1
 
 
 def _show(value: Any) -> str:
