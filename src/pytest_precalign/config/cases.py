@@ -379,6 +379,8 @@ def _token_count(spec: InputSpec) -> int | None:
     """Tokens per row of token inputs (None for an input factory's)."""
     if spec.kind == "tokens":
         return spec.seq_len
+    if spec.kind == "dataset" and spec.path is not None:
+        return spec.seq_len  # every row read has the first row's length
     if spec.kind in ("ids", "dataset") and spec.input_ids:
         return min(len(row) for row in spec.input_ids)
     return None

@@ -7,9 +7,9 @@ Torch-free; the semantics are ``training/spec.py``'s.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..training.spec import (
     DECAY_STYLES,
     OPTIMIZERS,
@@ -21,6 +21,7 @@ from ..training.spec import (
 )
 from ..verdict.training_envelope import EnvelopeSpec
 from ..yaml_reader import Reader
+from .dataset_rows import Rows, read_rows
 from .specs import InputSpec, ModelSpec
 
 OPTIMIZER_KEYS = (
@@ -189,12 +190,13 @@ def check_training(
             f"{spec.batch}: each step's batch is split into equal micro-batches",
             key,
         )
-    if spec is not None and spec.kind == "dataset" and spec.input_ids is not None:
-        available = len(spec.input_ids) // spec.batch
-        if steps > available:
+    if spec is not None and spec.kind == "dataset" and spec.path is not None:
+        # The rows the case's steps use, read (and checked) now: only those are ever held.
+        rows = _rows(reader, spec.path, steps * spec.batch, "inputs")
+        if len(rows) < steps * spec.batch:
             reader.fail(
-                f"steps {steps} is beyond inputs.{spec.name}'s data: {len(spec.input_ids)} rows make "
-                f"{available} batch(es) of {spec.batch}",
+                f"steps {steps} is beyond inputs.{spec.name}'s data: {len(rows)} rows make "
+                f"{len(rows) // spec.batch} batch(es) of {spec.batch}",
                 "steps",
             )
     if "hf_trainer" in (training.baseline, training.candidate):
@@ -230,15 +232,14 @@ def hf_schedule_problem(schedule: ScheduleSpec, steps: int) -> str | None:
 
 def parse_dataset(name: str, reader: Reader, base_dir: Path) -> InputSpec:
     """``kind: dataset``: token rows read from a file (``.jsonl``: a JSON list of ids per line;
-    else whitespace-separated ids per line), ``batch`` rows per step, in file order."""
+    else whitespace-separated ids per line), ``batch`` rows per step, in file order. Only the
+    first batch is read here; each case reads the rows its steps need (``check_training``)."""
     reader.check_keys(DATASET_KEYS)
     reader.raw("kind")
     given = reader.get_str("path", required=True)
     path = (base_dir / given).resolve()
-    if not path.is_file():
-        reader.fail(f"file not found: {path}", "path")
-    rows = _token_rows(reader, path)
     batch = reader.get_int("batch", 1, minimum=1)
+    rows = _rows(reader, path, batch, "path")
     if len(rows) < batch:
         reader.fail(f"{path} has {len(rows)} row(s), fewer than one batch of {batch}", "batch")
     spec = InputSpec(
@@ -248,35 +249,19 @@ def parse_dataset(name: str, reader: Reader, base_dir: Path) -> InputSpec:
         seq_len=len(rows[0]),
         labels=reader.get_bool("labels", True),
         where=reader.where(),
-        input_ids=rows,
+        path=path,
     )
     reader.done()
     return spec
 
 
-def _token_rows(reader: Reader, path: Path) -> tuple[tuple[int, ...], ...]:
-    rows: list[tuple[int, ...]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            values = json.loads(line) if path.suffix == ".jsonl" else [int(v) for v in line.split()]
-        except ValueError:
-            values = None
-        if (
-            not isinstance(values, list)
-            or not values
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
-        ):
-            reader.fail(f"{path}:{number}: expected a row of token ids >= 0", "path")
-        if rows and len(values) != len(rows[0]):
-            reader.fail(
-                f"{path}:{number}: row of {len(values)} ids, the first row has {len(rows[0])}", "path"
-            )
-        rows.append(tuple(values))
-    if not rows:
-        reader.fail(f"{path} has no rows of token ids", "path")
-    return tuple(rows)
+def _rows(reader: Reader, path: Path, count: int, key: str) -> Rows:
+    """The first ``count`` rows of a dataset file; a bad file or row is one message naming the
+    YAML key and the file's line."""
+    try:
+        return read_rows(path, count, ConfigError)
+    except ConfigError as exc:
+        reader.fail(str(exc), key)
 
 
 ENVELOPE_KEYS = ("reruns", "factor", "steps_over", "floor")
