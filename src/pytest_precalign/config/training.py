@@ -7,6 +7,7 @@ Torch-free; the semantics are ``training/spec.py``'s.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -18,6 +19,7 @@ from ..training.spec import (
     ScheduleSpec,
     SidesTraining,
     Trainer,
+    megatron_schedule_problem,
 )
 from ..verdict.training_envelope import EnvelopeSpec
 from ..yaml_reader import Reader
@@ -59,17 +61,19 @@ def parse_optimizer(reader: Reader) -> OptimizerSpec:
         or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
     ):
         opt.fail(f"expected two numbers, got {betas!r}", "betas")
-    lr = opt.get_float("lr", 1e-3, non_negative=True)
+    if not all(0 <= b < 1 for b in betas):  # False for NaN too
+        opt.fail(f"each beta must be in [0, 1) (Adam's running averages), got {betas!r}", "betas")
+    lr = _finite(opt, "lr", 1e-3)
     clip = opt.get_float("clip_grad", None, non_negative=True)
-    if clip is not None and clip <= 0:
-        opt.fail(f"must be > 0 (or leave it out: no clipping), got {clip}", "clip_grad")
+    if clip is not None and not 0 < clip < math.inf:
+        opt.fail(f"must be > 0 and finite (or leave it out: no clipping), got {clip}", "clip_grad")
     optimizer = OptimizerSpec(
         name=opt.get_choice("name", OPTIMIZERS, "adamw"),
         lr=lr,
         betas=(float(betas[0]), float(betas[1])),
-        eps=opt.get_float("eps", 1e-8, non_negative=True),
-        weight_decay=opt.get_float("weight_decay", 0.0, non_negative=True),
-        momentum=opt.get_float("momentum", 0.0, non_negative=True),
+        eps=_finite(opt, "eps", 1e-8),
+        weight_decay=_finite(opt, "weight_decay", 0.0),
+        momentum=_finite(opt, "momentum", 0.0),
         schedule=_schedule(opt, lr),
         clip_grad=clip,
         no_decay=_no_decay(opt),
@@ -77,6 +81,15 @@ def parse_optimizer(reader: Reader) -> OptimizerSpec:
     )
     opt.done()
     return optimizer
+
+
+def _finite(reader: Reader, key: str, default: float) -> float:
+    """A finite number >= 0 (``.inf`` trains NaN: an LR or weight decay of inf on both sides
+    once compared "equal" as NaN vs NaN)."""
+    value = reader.get_float(key, default, non_negative=True)
+    if not math.isfinite(value):
+        reader.fail(f"must be a finite number >= 0, got {value}", key)
+    return value
 
 
 def _schedule(opt: Reader, lr: float) -> ScheduleSpec | None:
@@ -91,7 +104,7 @@ def _schedule(opt: Reader, lr: float) -> ScheduleSpec | None:
             f"must be >= warmup_steps ({warmup}): it counts from update 0 and includes the warmup",
             "decay_steps",
         )
-    min_lr = sub.get_float("min_lr", 0.0, non_negative=True)
+    min_lr = _finite(sub, "min_lr", 0.0)
     if min_lr > lr:
         sub.fail(f"must be <= the optimizer's lr ({lr}), got {min_lr}", "min_lr")
     spec = ScheduleSpec(
@@ -199,10 +212,33 @@ def check_training(
                 f"{len(rows) // spec.batch} batch(es) of {spec.batch}",
                 "steps",
             )
+    _check_schedule(reader, optimizer, training, steps)
     if "hf_trainer" in (training.baseline, training.candidate):
         problem = hf_trainer_problem(optimizer, steps)
         if problem is not None:
             reader.fail(f"transformers.Trainer cannot express {problem}", "optimizer")
+
+
+def _check_schedule(reader: Reader, optimizer: OptimizerSpec, training: SidesTraining, steps: int) -> None:
+    """A warmup no longer than the run, and what a megatron-core side's scheduler needs, named
+    at ``optimizer.schedule``'s keys (``run`` refused them only once training started)."""
+    schedule = optimizer.schedule
+    opt = reader.get_mapping("optimizer")
+    sub = opt.get_mapping("schedule") if opt is not None else None
+    if schedule is None or sub is None:
+        return
+    if schedule.warmup_steps > steps:
+        sub.fail(
+            f"warmup_steps {schedule.warmup_steps} is longer than the run (steps {steps}): "
+            "the LR would never reach lr",
+            "warmup_steps",
+        )
+    for side in ("baseline", "candidate"):
+        if getattr(training, side) == "megatron":
+            problem = megatron_schedule_problem(schedule, steps)
+            if problem is not None:
+                key = "decay_steps" if schedule.decay_steps else "warmup_steps"
+                sub.fail(f"the {side} side trains with megatron-core: {problem}", key)
 
 
 def hf_trainer_problem(optimizer: OptimizerSpec, steps: int) -> str | None:
