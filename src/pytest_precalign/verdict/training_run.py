@@ -30,7 +30,13 @@ from .story import origin_of
 from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names
 from .training_envelope import Envelope
 from .training_records import StepRecords
-from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, over_envelope
+from .training_scalars import (
+    ScalarJudge,
+    findings_of,
+    first_scalar_difference,
+    nonfinite_on_both,
+    over_envelope,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class RunSide:
     scalars: Mapping[int, StepScalars]
     plan: Mapping[str, Any] | None = None  # the manifest's training.plan
     initial_params: Mapping[str, Mapping[str, float]] | None = None
+    unusable: tuple[str, ...] = ()  # evidence the manifest holds in a shape no check can use
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class TrainingVerdict:
     met: bool | None = None  # None: no expectation
     expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
+    warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
 
     @property
     def passed(self) -> bool:
@@ -90,6 +98,7 @@ class TrainingVerdict:
             "downstream": self.downstream or None,
             "lane": self.lane,
             "findings": list(self.findings),
+            "warnings": list(self.warnings),
             "replay": {**self.replay_found, "story": self.replay} if self.replay else None,
             "envelope": self.envelope or None,
             "expectation": self.expected or None,
@@ -119,7 +128,10 @@ def judge_run(
     lane: Lane = "envelope" if envelope is not None else lane_of(table)
     judge, told = _judge(ScalarJudge(table, lane, dtype, envelope), baseline, candidate)
     steps = sorted(set(baseline.scalars) | set(candidate.scalars) | set(records))
-    findings = findings_of(baseline.scalars, candidate.scalars)
+    broken, warnings = nonfinite_on_both(baseline.scalars, candidate.scalars, judge)
+    findings = (
+        findings_of(baseline.scalars, candidate.scalars) + one_sided_evidence(baseline, candidate) + broken
+    )
     common = [s for s in steps if _on_both(s, baseline, candidate, records)]
     first = _before_training(baseline, candidate, judge, rename)
     for step in common:
@@ -141,7 +153,33 @@ def judge_run(
         last_step=max(common, default=0),
         curves=curves(baseline.scalars, candidate.scalars),
         envelope=told,
+        warnings=warnings,
     )
+
+
+# Evidence checked before step 0, and the check that needs it on both sides.
+_BEFORE_TRAINING = (
+    ("initial_params", "initial parameters", "the initial weights are not compared"),
+    ("plan", "training plan", "the settings (contract) are not checked before step 0"),
+)
+
+
+def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+    """Evidence one side recorded and the other did not (or not in a usable shape): each a
+    finding that says so, never a check skipped in silence."""
+    out = [
+        f"the {side}'s {note}"
+        for side, run in (("baseline", baseline), ("candidate", candidate))
+        for note in run.unusable
+    ]
+    for key, what, skipped in _BEFORE_TRAINING:
+        held = {
+            side: bool(getattr(run, key)) for side, run in (("baseline", baseline), ("candidate", candidate))
+        }
+        if held["baseline"] != held["candidate"]:
+            side = "baseline" if held["baseline"] else "candidate"
+            out.append(f"{what} recorded by the {side} only: {skipped}")
+    return tuple(out)
 
 
 def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:

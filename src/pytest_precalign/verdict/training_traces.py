@@ -12,6 +12,7 @@ from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
 from ..trace.step_scalars import StepScalars, scalars_of
+from ..untrusted import bounded_repr
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
@@ -37,10 +38,19 @@ def run_side(trace: Trace, where: str, recorded: bool = True) -> RunSide:
     training = manifest.get("training")
     plan = training.get("plan") if isinstance(training, Mapping) else None
     initial = manifest.get("initial_params")
+    unusable = tuple(
+        f"{key} is {bounded_repr(value)}, not an object: {what} cannot use it"
+        for key, value, what in (
+            ("initial_params", initial, "the initial weights check"),
+            ("training.plan", plan, "the contract check"),
+        )
+        if value is not None and not isinstance(value, Mapping)
+    )
     return RunSide(
         scalars,
         plan if isinstance(plan, Mapping) else None,
         initial if isinstance(initial, Mapping) else None,
+        unusable,
     )
 
 
