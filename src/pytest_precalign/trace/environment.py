@@ -107,9 +107,18 @@ def _manifest_file(root: Path) -> Path:
 
 
 def _read_manifest_file(file: Path) -> dict[str, Any]:
+    data = _environment_of(file)
+    if data is None:
+        raise TraceError(f"{file}: not a pytest-precalign manifest (no 'versions')")
+    return data
+
+
+def _environment_of(file: Path) -> dict[str, Any] | None:
+    """The manifest, None when it records no environment (a Recorder's scalars-only step);
+    ``TraceError`` when it is unreadable or its environment blocks have the wrong type."""
     data = read_json(file, TraceError, what="a manifest", bad="not a readable manifest", unique_keys=True)
     if not isinstance(data, dict) or "versions" not in data:
-        raise TraceError(f"{file}: not a pytest-precalign manifest (no 'versions')")
+        return None
     check_environment(data, file)
     return data
 
@@ -195,5 +204,8 @@ def compare_heading(first: str | Path, second: str | Path) -> list[str]:
         files = _manifest_file(Path(first)), _manifest_file(Path(second))
     except TraceError as exc:
         return [f"environment: not compared ({str(exc).partition(': ')[2] or exc})"]
-    a, b = (_read_manifest_file(file) for file in files)  # a malformed manifest is refused
+    a, b = (_environment_of(file) for file in files)  # a malformed manifest is refused
+    if a is None or b is None:
+        file = files[0] if a is None else files[1]
+        return [f"environment: not compared ({file}: not a pytest-precalign manifest (no 'versions'))"]
     return diff_lines(a, b, str(first), str(second))[0]
