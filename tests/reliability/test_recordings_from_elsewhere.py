@@ -157,3 +157,30 @@ def test_a_world_size_of_a_billion_is_one_message_in_bounded_memory(recorded: Pa
     )
     peak_mb = int(done.stdout.split()[-1]) / 1024
     assert peak_mb < 400, f"peak RSS {peak_mb:.0f} MB"
+
+
+@pytest.mark.parametrize(
+    ("header", "says"),
+    [
+        (None, "header runs past the end"),
+        (b'{"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 4000000000000]}}', "inside the file's"),
+        (b'{"t": [1, 2]}', "inside the file's"),
+        (b"[1, 2]", "header is not an object"),
+    ],
+    ids=["length", "offsets", "entry", "list"],
+)
+def test_a_rank_shard_header_sizes_nothing_from_its_numbers(
+    tmp_path: Path, header: bytes | None, says: str
+) -> None:
+    """The rank merge's shard reader (parallel/store.py) checks a header's length and each
+    tensor's byte range against the file before reading or allocating by them."""
+    from pytest_precalign.parallel.store import _Header
+
+    shard = tmp_path / "tensors-00000.safetensors"
+    if header is None:
+        shard.write_bytes((1 << 62).to_bytes(8, "little") + b"{}")
+    else:
+        shard.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 16)
+    with pytest.raises(TraceError, match=says) as caught:
+        _Header(shard)
+    assert str(caught.value).startswith(f"{shard}: ")
