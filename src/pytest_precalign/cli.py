@@ -269,9 +269,6 @@ def _compare(args: argparse.Namespace) -> int:
     args.golden, args.target, layouts = compare_sides(
         args.golden, args.target, args.parallel, args.msprobe_config
     )
-    from .trace.environment import compare_heading
-
-    heading = compare_heading(args.golden, args.target)  # a malformed manifest: refused before any work
     runs = compare_run_sets(
         args.golden,
         args.target,
@@ -286,7 +283,9 @@ def _compare(args: argparse.Namespace) -> int:
         min_coverage=_min_coverage(args.min_coverage),
     )
     outcomes = compare_outcomes(args.golden, args.target, runs)
-    print("\n".join(heading))
+    from .trace.environment import compare_heading
+
+    print("\n".join(compare_heading(args.golden, args.target)))
     _print_outcomes(outcomes)
     if args.report:
         entries = [o.entry for o in outcomes if o.entry is not None]

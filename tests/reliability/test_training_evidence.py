@@ -84,7 +84,10 @@ def test_evidence_on_one_side_only_is_a_finding(
     edit: Callable[[dict[str, Any]], Any],
     finding: str,
 ) -> None:
-    code, out = _compare(_side(recorded, tmp_path / "a"), _side(recorded, tmp_path / "b", edit), capsys)
+    a = _side(recorded, tmp_path / "a")
+    code, out = _compare(a, _side(recorded, tmp_path / "same"), capsys)
+    assert code == 0 and "Runs do not line up" not in out, out  # untouched, the runs pass
+    code, out = _compare(a, _side(recorded, tmp_path / "b", edit), capsys)
     assert code == 1, out
     assert f"Runs do not line up: {finding}" in out, out
 

@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from ..compare.tolerances import ToleranceTable, load_table
-from ..errors import ConfigError, RecorderError, TraceError
+from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
@@ -384,17 +384,11 @@ class Recorder:
         folder = self.folder()
         made = tuple(p for p in (folder.parent, *folder.parent.parents) if not p.exists())
         note = open_write_note(folder)
-        sink_failed = "cannot write the trace's tensors: "  # the background writer's TraceError
         try:
             path = write()
         except OSError as exc:
             reason = write_failure_reason(exc)
-        except TraceError as exc:
-            if sink_failed not in str(exc):
-                close_write_note(note)
-                raise
-            reason = str(exc).partition(sink_failed)[2].partition(" (background writer")[0]
-        except BaseException:
+        except BaseException:  # the background writer's TraceError says it all, and leaves nothing
             close_write_note(note)
             raise
         else:
