@@ -7,13 +7,10 @@ On a real run recorded by ``precalign record``, edited the way a damaged or craf
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ import pytest_precalign
 from pytest_precalign.baseline.variants import choose
 from pytest_precalign.cli import main
 from pytest_precalign.errors import TraceError
+from tests.helpers.files import copy_trace
 from tests.helpers.nets import write_mlp_suite
 
 SRC = Path(pytest_precalign.__file__).resolve().parents[1]
@@ -37,15 +35,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "rec" / "port"
 
 
-def _copy(recorded: Path, to: Path, edit: Callable[[dict[str, Any]], Any] | None = None) -> Path:
-    shutil.copytree(recorded, to)
-    if edit is not None:
-        manifest = json.loads((to / "manifest.json").read_text())
-        edit(manifest)
-        (to / "manifest.json").write_text(json.dumps(manifest))
-    return to
-
-
 def _one_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -56,8 +45,8 @@ def _one_error(capsys: pytest.CaptureFixture[str]) -> str:
 def test_an_integer_of_5000_digits_is_one_message(
     recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = _copy(recorded, tmp_path / "a")
-    b = _copy(recorded, tmp_path / "b")
+    a = copy_trace(recorded, tmp_path / "a")
+    b = copy_trace(recorded, tmp_path / "b")
     text = (b / "manifest.json").read_text()
     (b / "manifest.json").write_text(text.replace('"seed": ', '"seed": ' + "9" * 5000 + ', "x": ', 1))
     for command in (["compare", str(a), str(b)], ["env-diff", str(a), str(b)]):
@@ -69,8 +58,8 @@ def test_an_integer_of_5000_digits_is_one_message(
 def test_a_key_twice_in_a_manifest_is_refused(
     recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = _copy(recorded, tmp_path / "a")
-    b = _copy(recorded, tmp_path / "b")
+    a = copy_trace(recorded, tmp_path / "a")
+    b = copy_trace(recorded, tmp_path / "b")
     text = (b / "manifest.json").read_text()
     (b / "manifest.json").write_text(text.replace('"scalars": ', '"scalars": {}, "scalars": ', 1))
     assert main(["compare", str(a), str(b)]) == 2
@@ -97,8 +86,8 @@ def test_an_environment_block_of_the_wrong_type_is_one_message(
     says: str,
     command: str,
 ) -> None:
-    a = _copy(recorded, tmp_path / "a")
-    b = _copy(recorded, tmp_path / "b", lambda m: m.__setitem__(key, value))
+    a = copy_trace(recorded, tmp_path / "a")
+    b = copy_trace(recorded, tmp_path / "b", lambda m: m.__setitem__(key, value))
     assert main([command, str(a), str(b)]) == 2
     line = _one_error(capsys)
     assert f"{b / 'manifest.json'}: {says}" in line, line
@@ -107,8 +96,8 @@ def test_an_environment_block_of_the_wrong_type_is_one_message(
 def test_a_crafted_variant_manifest_is_one_message(recorded: Path, tmp_path: Path) -> None:
     """The baseline store chooses among variants by their manifests: a crafted one is named."""
     store = tmp_path / "baselines"
-    _copy(recorded, store / "port")
-    _copy(recorded, store / "port@other", lambda m: m.__setitem__("versions", "torch 2"))
+    copy_trace(recorded, store / "port")
+    copy_trace(recorded, store / "port@other", lambda m: m.__setitem__("versions", "torch 2"))
     with pytest.raises(TraceError) as caught:
         choose(store, "port", {"versions": {}, "device": "cpu", "dtype": "float32"})
     assert str(caught.value) == (
@@ -132,7 +121,7 @@ def test_a_world_size_of_a_billion_is_one_message_in_bounded_memory(recorded: Pa
         def claim(m: dict[str, Any]) -> None:
             m["parallel"] = {"tp": 1, "pp": 1, "dp": 10**9, "world_size": 10**9, "rank": 0}
 
-        _copy(recorded, tmp_path / side / "step0" / "rank0", claim)
+        copy_trace(recorded, tmp_path / side / "step0" / "rank0", claim)
     code = (
         "import resource, sys\n"
         "from pytest_precalign.cli import main\n"

@@ -14,8 +14,6 @@ a user's would be.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_precalign.cli import main
+from tests.helpers.files import copy_trace
 from tests.helpers.nets import write_mlp_suite
 
 
@@ -34,15 +33,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config.write_text(config.read_text().replace("record: {mode: stats}", "steps: 3, record: {mode: stats}"))
     assert main(["record", str(config), "--out", str(folder / "rec")]) == 0
     return folder / "rec" / "port"
-
-
-def _side(recorded: Path, to: Path, edit: Callable[[dict[str, Any]], Any] | None = None) -> Path:
-    shutil.copytree(recorded, to)
-    if edit is not None:
-        manifest = json.loads((to / "manifest.json").read_text())
-        edit(manifest)
-        (to / "manifest.json").write_text(json.dumps(manifest))
-    return to
 
 
 def _compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -77,10 +67,10 @@ def test_evidence_on_one_side_only_is_a_finding(
     edit: Callable[[dict[str, Any]], Any],
     finding: str,
 ) -> None:
-    a = _side(recorded, tmp_path / "a")
-    code, out = _compare(a, _side(recorded, tmp_path / "same"), capsys)
+    a = copy_trace(recorded, tmp_path / "a")
+    code, out = _compare(a, copy_trace(recorded, tmp_path / "same"), capsys)
     assert code == 0 and "Runs do not line up" not in out, out  # untouched, the runs pass
-    code, out = _compare(a, _side(recorded, tmp_path / "b", edit), capsys)
+    code, out = _compare(a, copy_trace(recorded, tmp_path / "b", edit), capsys)
     assert code == 1, out
     assert f"Runs do not line up: {finding}" in out, out
 
