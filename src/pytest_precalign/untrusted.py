@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -158,7 +159,7 @@ def read_json(
 ) -> Any:
     """A JSON file's contents; one error naming the file when it is missing (``why`` says why
     it is needed), not a regular file, bigger than ``MAX_JSON_BYTES``, binary, not JSON, or
-    (``unique_keys``) holds a key twice in one object."""
+    (``unique_keys``) holds a key twice in one object, or an integer too long to convert."""
     try:
         with open_regular(path, error, what) as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -179,3 +180,10 @@ def read_json(
         raise error(f"{path}: {bad}: nested too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise error(f"{path}: {bad}: {exc}") from None
+    except ValueError as exc:  # an integer of more digits than int() converts (4300 by default)
+        if "digits" not in str(exc):
+            raise
+        raise error(
+            f"{path}: {bad}: an integer of more than {sys.get_int_max_str_digits()} digits "
+            "(no number the tool reads is that long)"
+        ) from None

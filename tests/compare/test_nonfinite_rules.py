@@ -6,6 +6,7 @@ comparable, never a pass. Statistics follow the same rule as far as they tell.""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -72,16 +73,34 @@ def test_nonfinite_at_other_positions_fails(rule: ToleranceRule | None) -> None:
     assert _tensor_pair([1.0, INF, 3.0, 4.0], [1.0, -INF, 3.0, 4.0], rule).status == "fail"
 
 
+def _equal_nan(rule: ToleranceRule | None) -> ToleranceRule:
+    return replace(rule or ToleranceRule(), equal_nan=True)
+
+
 @pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
-def test_the_same_nonfinite_values_at_the_same_positions_pass(rule: ToleranceRule | None) -> None:
+def test_the_same_nonfinite_values_at_the_same_positions_fail_unless_the_rule_says_equal_nan(
+    rule: ToleranceRule | None,
+) -> None:
+    """NaN is not a value (torch.testing.assert_close's equal_nan=False, issue #34 item 6):
+    two sides broken alike are not aligned; ``equal_nan: true`` accepts it, and says so."""
     pair = _tensor_pair([1.0, NAN, INF, 4.0], [1.0, NAN, INF, 4.0], rule)
-    assert pair.status == "ok", pair.checks
+    assert pair.status == "fail" and pair.failing is not None, pair.checks
+    assert (pair.failing.metric, pair.failing.value) == ("nonfinite_shared", 2.0)
+    assert describe_check(pair.failing, pair).startswith(
+        "2 NaN/Inf element(s) at the same places on both sides: NaN is not a value"
+    )
+    accepted = _tensor_pair([1.0, NAN, INF, 4.0], [1.0, NAN, INF, 4.0], _equal_nan(rule))
+    assert accepted.status == "ok", accepted.checks
+    assert describe_check(accepted.checks[0], accepted) == (
+        "2 NaN/Inf element(s) at the same places on both sides, accepted by equal_nan: true"
+    )
 
 
 @pytest.mark.parametrize("metric", list(BOUND_METRICS))
 def test_metrics_over_no_finite_element_are_not_comparable(metric: str) -> None:
     bound = 1e-3 if BOUND_METRICS[metric] else 0.99
-    pair = _tensor_pair([NAN, NAN], [NAN, NAN], ToleranceRule(bounds=((metric, bound),)))
+    # equal_nan accepts the shared NaNs; metrics over nothing still say nothing.
+    pair = _tensor_pair([NAN, NAN], [NAN, NAN], ToleranceRule(bounds=((metric, bound),), equal_nan=True))
     assert pair.status == "fail"
     assert pair.failing is not None and pair.failing.metric == metric and math.isnan(pair.failing.value)
     assert (
@@ -134,9 +153,13 @@ def test_a_nonfinite_statistic_is_described() -> None:
 
 
 @pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
-def test_the_same_nonfinite_statistics_pass(rule: ToleranceRule | None) -> None:
+def test_the_same_nonfinite_statistics_fail_unless_the_rule_says_equal_nan(
+    rule: ToleranceRule | None,
+) -> None:
     same = Stats(max=INF, min=1.0, mean=INF, norm=INF, inf=1)
-    assert _stats_pair(same, same, rule).status == "ok"
+    pair = _stats_pair(same, same, rule)
+    assert pair.status == "fail" and pair.failing is not None and pair.failing.metric == "nonfinite_shared"
+    assert _stats_pair(same, same, _equal_nan(rule)).status == "ok"
 
 
 def test_an_all_nan_candidate_fails_its_phase_under_atol_inf() -> None:

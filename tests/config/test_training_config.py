@@ -136,7 +136,7 @@ def test_dataset_rows_are_read_and_steps_beyond_them_rejected(tmp_path: Path) ->
     config = _load(tmp_path, "    steps: 2\n", DATASET)
     spec = config.inputs["rows"]
     assert spec.kind == "dataset" and spec.batch == 2 and spec.seq_len == 3 and spec.labels
-    assert spec.input_ids is not None and spec.input_ids[3] == (1, 1, 1)
+    assert spec.input_ids is None and spec.path == tmp_path / "rows.jsonl"  # rows read per case
     message = _error(tmp_path, "    steps: 3\n", DATASET)
     assert "cases[0].steps: steps 3 is beyond inputs.rows's data: 5 rows make 2 batch(es) of 2" in message
 
@@ -144,8 +144,8 @@ def test_dataset_rows_are_read_and_steps_beyond_them_rejected(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ("[1, 2]\n[1]\n", "rows.jsonl:2: row of 1 ids, the first row has 2"),
-        ("[1, -2]\n", "rows.jsonl:1: expected a row of token ids >= 0"),
+        ("[1, 2]\n[1]\n", "rows.jsonl:2: row 2: a row of 1 ids, the first row has 2"),
+        ("[1, -2]\n", "rows.jsonl:1: row 1: expected a row of token ids >= 0"),
         ("", "has no rows of token ids"),
     ],
 )
@@ -155,4 +155,4 @@ def test_bad_dataset_file_is_named(tmp_path: Path, content: str, expected: str) 
 
 
 def test_missing_dataset_file_is_named(tmp_path: Path) -> None:
-    assert "inputs.rows.path: file not found" in _error(tmp_path, "", DATASET)
+    assert f"inputs.rows.path: {tmp_path / 'rows.jsonl'}: file not found" in _error(tmp_path, "", DATASET)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -11,3 +15,15 @@ def digest(folder: Path) -> dict[str, str]:
     return {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
     }
+
+
+def copy_trace(source: Path, to: Path, edit: Callable[[dict[str, Any]], Any] | None = None) -> Path:
+    """A copy of trace folder ``source`` at ``to``, its manifest changed by ``edit`` (which
+    changes the dict it is given): a recording damaged or crafted the way a file from
+    elsewhere can be."""
+    shutil.copytree(source, to)
+    if edit is not None:
+        manifest = json.loads((to / "manifest.json").read_text())
+        edit(manifest)
+        (to / "manifest.json").write_text(json.dumps(manifest))
+    return to

@@ -42,7 +42,9 @@ def test_translation_counts_samples_and_turns_clipping_off_explicitly() -> None:
         megatron_arguments(OptimizerSpec(name="adam"), 3, 2, "float32").optimizer["decoupled_weight_decay"]
         is False
     )
-    with pytest.raises(CaseError, match=r"decay_steps \(2\) must be > warmup_steps \(2\)"):
+    with pytest.raises(
+        CaseError, match=r"the case.s steps \(no decay_steps given\) \(2\) must be > warmup_steps \(2\)"
+    ):
         megatron_arguments(
             OptimizerSpec(schedule=ScheduleSpec(warmup_steps=2, decay="linear")), 2, 1, "float32"
         )

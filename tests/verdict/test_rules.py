@@ -349,10 +349,12 @@ def test_first_nan_or_inf_of_each_side_is_reported_and_fails() -> None:
         ("c", "critical"),
     ]
     assert not v.passed
-    # The same NaN on both sides: reported for each side, and not a failure.
+    # The same NaN on both sides: reported for each side, and a failure (NaN is not a value,
+    # torch.testing's equal_nan=False; a rule's equal_nan: true accepts it -- issue #34).
     same = verdict(cand, cand)
     assert same.nonfinite == (NonFinite("baseline", cand[3]), NonFinite("candidate", cand[3]))
-    assert same.overflow == () and same.passed
+    assert same.overflow == () and not same.passed
+    assert {p.failing.metric for p in same.failures if p.failing} == {"nonfinite_shared"}
 
 
 # -- nothing compared --------------------------------------------------------------------------

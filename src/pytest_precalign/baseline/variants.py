@@ -6,14 +6,15 @@ closest to its own, and says which one it used and how the environments differ."
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TraceError
+from ..trace.environment import check_environment
+from ..untrusted import read_json
 
 SEPARATOR = "@"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -82,11 +83,16 @@ def choose(root: Path, case: str, current: Mapping[str, Any]) -> Chosen:
 
 
 def _manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """A variant's manifest, read as any recording is (untrusted): a crafted one is one
+    ``TraceError`` naming the file, not a traceback while choosing."""
+    file = path / "manifest.json"
+    data = read_json(
+        file, TraceError, what="a baseline manifest", bad="not a readable manifest", unique_keys=True
+    )
+    if not isinstance(data, dict):
+        raise TraceError(f"{file}: not a pytest-precalign manifest (expected an object)")
+    check_environment(data, file)
+    return data
 
 
 def _minor(version: Any) -> str | None:

@@ -165,7 +165,7 @@ def _measure(
     summary = None
     if sums is not None:
         values = {n: metrics._FROM_SUMS[n](sums) if sums.n or not sums.total else math.nan for n in names}
-        summary = MetricSummary(values, sums.total, sums.n, sums.nonfinite_mismatch)
+        summary = MetricSummary(values, sums.total, sums.n, sums.nonfinite_mismatch, sums.nonfinite_shared)
     return PairMeasure(close, summary)
 
 
@@ -214,7 +214,7 @@ def _full(
     """``metrics._closeness_full`` with reused buffers, the sums alongside."""
     worst, greatest, greatest_rel = metrics._Best(), metrics._Best(), metrics._Best()
     worst_abs = worst_allowed = 0.0
-    mismatched = nonfinite_mismatch = 0
+    mismatched = nonfinite_mismatch = nonfinite_shared = 0
     inf, rtol_t, atol_t = np.array(math.inf, dtype=dtype), dtype.type(rtol), dtype.type(atol)
     floor_needed = not (atol_t >= dtype.type(_TINY) and rtol_t >= 0)  # see _ratio
     for start in range(0, a.size, CHUNK):
@@ -231,8 +231,9 @@ def _full(
         allowed = np.multiply(absa, rtol_t, out=buf.allowed[:n])
         allowed += atol_t
         if not finite:
-            d, allowed, count = _mask_nonfinite(ca, cb, d, allowed, inf)
+            d, allowed, count, shared = _mask_nonfinite(ca, cb, d, allowed, inf)
             nonfinite_mismatch += count
+            nonfinite_shared += shared
         ratio = _ratio(d, allowed, buf.ratio[:n], buf.tiny[:n] if floor_needed or not finite else None)
         kw = int(ratio.argmax())
         if _offer(worst, ratio, start, kw):
@@ -258,6 +259,7 @@ def _full(
         greatest_rel=rel,
         greatest_rel_index=rel_index,
         nonfinite_mismatch=nonfinite_mismatch,
+        nonfinite_shared=nonfinite_shared,
     )
 
 
@@ -288,15 +290,15 @@ def _offer(best: metrics._Best, values: np.ndarray, start: int, k: int | None) -
 
 def _mask_nonfinite(
     ca: np.ndarray, cb: np.ndarray, d: np.ndarray, allowed: np.ndarray, inf: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int]:
+) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Elements not finite on both sides take no part in the allclose view (difference 0,
-    allowance inf); they are counted when they differ (NaN == NaN, like equal_nan=True)."""
+    allowance inf); they are counted: differing, or the same on both sides (shared)."""
     fa_ok, fb_ok = np.isfinite(ca), np.isfinite(cb)
     if fa_ok.all() and fb_ok.all():
-        return d, allowed, 0
+        return d, allowed, 0, 0
     both = fa_ok & fb_ok
-    count = metrics._nonfinite_mismatch(ca, cb, fa_ok, fb_ok)
-    return np.where(both, d, 0), np.where(both, allowed, inf), count
+    count, shared = metrics.nonfinite_counts(ca, cb, fa_ok, fb_ok)
+    return np.where(both, d, 0), np.where(both, allowed, inf), count, shared
 
 
 def _add_sums(s: metrics._Sums, ca: np.ndarray, cb: np.ndarray, buf: _Buffers, d: np.ndarray | None) -> None:
@@ -307,7 +309,9 @@ def _add_sums(s: metrics._Sums, ca: np.ndarray, cb: np.ndarray, buf: _Buffers, d
         ok_a, ok_b = np.isfinite(ca), np.isfinite(cb)
         both = ok_a & ok_b
         if not both.all():
-            s.nonfinite_mismatch += metrics._nonfinite_mismatch(ca, cb, ok_a, ok_b)
+            mismatch, shared = metrics.nonfinite_counts(ca, cb, ok_a, ok_b)
+            s.nonfinite_mismatch += mismatch
+            s.nonfinite_shared += shared
             ca, cb = ca[both], cb[both]
         if not ca.size:
             return

@@ -66,14 +66,18 @@ class _Sums:
     within_5e3: int = 0
     total: int = 0  # every element, finite or not
     nonfinite_mismatch: int = 0  # NaN/Inf on one side only, or different ones on each side
+    nonfinite_shared: int = 0  # the same NaN/Inf on both sides at the same place
 
 
-def _nonfinite_mismatch(ca: np.ndarray, cb: np.ndarray, ok_a: np.ndarray, ok_b: np.ndarray) -> int:
-    """Elements non-finite on one side only, or non-finite on both but not the same value (two
-    NaNs are the same, as with equal_nan=True)."""
+def nonfinite_counts(ca: np.ndarray, cb: np.ndarray, ok_a: np.ndarray, ok_b: np.ndarray) -> tuple[int, int]:
+    """``(mismatched, shared)``: elements non-finite on one side only or non-finite on both but
+    not the same value; and elements with the same NaN/Inf on both sides. Shared ones are
+    neither a match nor a mismatch here: the tolerance rule says (``equal_nan``, as
+    torch.testing.assert_close, off by default) -- ``compare.pairs``."""
     neither = ~ok_a & ~ok_b
     same = neither & ((ca == cb) | (np.isnan(ca) & np.isnan(cb)))
-    return int(np.count_nonzero((ok_a != ok_b) | (neither & ~same)))
+    shared = int(np.count_nonzero(same))
+    return int(np.count_nonzero((ok_a != ok_b) | neither)) - shared, shared
 
 
 def _sums(a: Any, b: Any) -> _Sums:
@@ -91,7 +95,9 @@ def _sums_quiet(a: Any, b: Any) -> _Sums:
         ok_a, ok_b = np.isfinite(ca), np.isfinite(cb)
         both = ok_a & ok_b
         if not both.all():
-            s.nonfinite_mismatch += _nonfinite_mismatch(ca, cb, ok_a, ok_b)
+            mismatch, shared = nonfinite_counts(ca, cb, ok_a, ok_b)
+            s.nonfinite_mismatch += mismatch
+            s.nonfinite_shared += shared
             ca, cb = ca[both], cb[both]
         if not ca.size:
             continue
@@ -152,6 +158,7 @@ class MetricSummary:
     total: int  # elements
     finite: int  # elements finite on both sides: what the metrics are computed over
     nonfinite_mismatch: int  # NaN/Inf on one side only, or different ones on each side
+    nonfinite_shared: int = 0  # the same NaN/Inf on both sides at the same place
 
     @property
     def comparable(self) -> bool:
@@ -163,7 +170,7 @@ def metric_summary(a: Any, b: Any, names: tuple[str, ...]) -> MetricSummary:
     """``metric_values`` and the NaN/Inf positions that differ, in a single pass."""
     s = _sums(a, b)
     values = {name: _FROM_SUMS[name](s) if s.n or not s.total else math.nan for name in names}
-    return MetricSummary(values, s.total, s.n, s.nonfinite_mismatch)
+    return MetricSummary(values, s.total, s.n, s.nonfinite_mismatch, s.nonfinite_shared)
 
 
 def _named(name: str) -> Metric:
@@ -202,6 +209,7 @@ class Closeness:
     greatest_rel: float
     greatest_rel_index: tuple[int, ...]
     nonfinite_mismatch: int
+    nonfinite_shared: int = 0  # the same NaN/Inf on both sides at the same place (not in mismatched)
 
 
 def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -271,7 +279,7 @@ def _closeness_full(
 ) -> Closeness:
     worst, greatest, greatest_rel = _Best(), _Best(), _Best()
     worst_abs = worst_allowed = 0.0
-    mismatched = nonfinite_mismatch = 0
+    mismatched = nonfinite_mismatch = nonfinite_shared = 0
     inf = np.array(math.inf, dtype=fa.dtype)
     for start, ca, cb in _chunks(fa, fb):
         d = np.subtract(cb, ca)
@@ -283,10 +291,10 @@ def _closeness_full(
             fa_ok, fb_ok = np.isfinite(ca), np.isfinite(cb)
             if not (fa_ok.all() and fb_ok.all()):
                 both = fa_ok & fb_ok
-                # Non-finite values match only when equal (NaN == NaN here, like equal_nan=True).
-                neither = ~fa_ok & ~fb_ok
-                same = neither & ((ca == cb) | (np.isnan(ca) & np.isnan(cb)))
-                nonfinite_mismatch += int(np.count_nonzero((fa_ok != fb_ok) | (neither & ~same)))
+                # Non-finite values differ unless equal; equal ones are counted apart (shared).
+                mismatch, shared = nonfinite_counts(ca, cb, fa_ok, fb_ok)
+                nonfinite_mismatch += mismatch
+                nonfinite_shared += shared
                 d = np.where(both, d, 0)
                 allowed = np.where(both, allowed, inf)
         # The worst element is the one using the largest share of its allowance.
@@ -314,4 +322,5 @@ def _closeness_full(
         greatest_rel=rel,
         greatest_rel_index=rel_index,
         nonfinite_mismatch=nonfinite_mismatch,
+        nonfinite_shared=nonfinite_shared,
     )

@@ -346,6 +346,9 @@ def _tensor_pair(
             upper = BOUND_METRICS[name]
             ok = summary.comparable and (value <= bound if upper else value >= bound)
             checks.append(Check(name, value, bound, ok, upper))
+    shared = close.nonfinite_shared if close is not None else summary.nonfinite_shared if summary else 0
+    if shared:  # first: it explains the record when the rule does not accept it
+        checks.insert(0, shared_nonfinite(shared, tol))
     status: Status = "ok" if all(c.passed for c in checks) else "fail"
     return PairResult(a, b, status, "tensor", tuple(checks), tol, close)
 
@@ -356,6 +359,8 @@ def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
     if (a.stats.nan, a.stats.inf) != (b.stats.nan, b.stats.inf):
         mismatch = abs(a.stats.nan - b.stats.nan) + abs(a.stats.inf - b.stats.inf)
         checks.append(Check("nonfinite", float(mismatch), 0.0, False))
+    elif a.stats.nan or a.stats.inf:  # as many NaN/Inf on each side: as far as statistics tell
+        checks.append(shared_nonfinite(a.stats.nan + a.stats.inf, tol))
     inf = float("inf")
     if tol.atol == inf and (tol.rule is None or tol.rule.atol is None):
         # A rule of metric bounds only (cosine, ...), which statistics cannot evaluate: they
@@ -390,6 +395,23 @@ def _stats_checks(a: Record, b: Record, tol: Tolerance) -> tuple[Check, ...]:
         diff = abs(vb - va)
         checks.append(Check(f"stats.{key}", diff, allowed, diff <= allowed))
     return tuple(checks)
+
+
+SHARED_NONFINITE = "nonfinite_shared"
+
+
+def shared_nonfinite(count: int, tol: Tolerance) -> Check:
+    """The same NaN/Inf on both sides (``count`` elements): a failure, as with
+    torch.testing.assert_close's default ``equal_nan=False`` -- two runs broken alike are not
+    aligned -- unless the rule says ``equal_nan: true`` (then it passes, and the report says so)."""
+    return Check(SHARED_NONFINITE, float(count), math.inf if tol.equal_nan else 0.0, tol.equal_nan)
+
+
+def broken_alike(pair: PairResult) -> bool:
+    """The pair fails only for the same NaN/Inf on both sides: both runs broke alike there; no
+    difference between them (the NaN policy fails it; a run's divergence is elsewhere)."""
+    bad = [c for c in pair.checks if not c.passed]
+    return bool(bad) and all(c.metric == SHARED_NONFINITE for c in bad)
 
 
 def _allowed(atol: float, rtol: float, size: float) -> float:

@@ -73,6 +73,9 @@ class ToleranceRule:
     bounds: tuple[tuple[str, float], ...] = ()
     why: str = ""
     where: str = ""
+    # NaN/Inf at the same place on both sides passes, with a stated warning (torch.testing's
+    # equal_nan); off by default: a run that is NaN on both sides is not green.
+    equal_nan: bool = False
 
     def applies(self, name: str, kind: str, phase: str, dtype: str, step: int) -> bool:
         return (
@@ -111,6 +114,11 @@ class Tolerance:
     @property
     def why(self) -> str:
         return self.rule.why if self.rule is not None else self.source
+
+    @property
+    def equal_nan(self) -> bool:
+        """The rule accepts the same NaN/Inf on both sides (``equal_nan: true``)."""
+        return self.rule is not None and self.rule.equal_nan
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,7 @@ def _as_tuple(reader: Reader, key: str, allowed: tuple[str, ...] | None) -> tupl
     return tuple(out)
 
 
-RULE_KEYS = ("match", "kind", "phase", "dtype", "step", "atol", "rtol", *BOUND_METRICS, "why")
+RULE_KEYS = ("match", "kind", "phase", "dtype", "step", "atol", "rtol", *BOUND_METRICS, "equal_nan", "why")
 
 
 def parse_rule(reader: Reader) -> ToleranceRule:
@@ -192,8 +200,9 @@ def parse_rule(reader: Reader) -> ToleranceRule:
             reader.fail(f"must be between 0 and 1, got {value}", metric)
         bounds.append((metric, value))
     why = reader.get_str("why", "")
-    if atol is None and not bounds:
-        allowed = ", ".join(["atol+rtol", *BOUND_METRICS])
+    equal_nan = reader.get_bool("equal_nan", False)
+    if atol is None and not bounds and not equal_nan:
+        allowed = ", ".join(["atol+rtol", *BOUND_METRICS, "equal_nan"])
         reader.fail(f"a rule must set at least one bound ({allowed})")
     reader.done()
     return ToleranceRule(
@@ -207,6 +216,7 @@ def parse_rule(reader: Reader) -> ToleranceRule:
         bounds=tuple(bounds),
         why=why,
         where=reader.where(),
+        equal_nan=equal_nan,
     )
 
 

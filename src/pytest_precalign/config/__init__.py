@@ -7,7 +7,8 @@ mappings, cases), or one ``ConfigError`` naming the file, the line, the key and 
 (which sources and keys exist), ``model_weights`` (``weights: {load:}``), ``launch`` (parallel
 sizes and launched ranks), ``presets`` (shipped mappings and the one ``preset:`` resolver),
 ``search`` (the divergence search's parts), ``training`` (``optimizer:`` and ``training:``, and
-their checks against the case's models and inputs).
+their checks against the case's models and inputs), ``dataset_rows`` (a ``kind: dataset``
+file's token rows, read as bytes, bounded, only the rows a case needs).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def parse_case(
         optimizer=optimizer,
         record=record,
         tolerances=table,
-        expect=_expect(reader, phases),
+        expect=_expect(reader, phases, steps),
         loss=loss,
         train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),
@@ -319,13 +319,15 @@ def _moe(rec: Reader) -> MoeSpec | None:
     return spec
 
 
-def _expect(reader: Reader, phases: tuple[Phase, ...]) -> Expectation | None:
+def _expect(reader: Reader, phases: tuple[Phase, ...], steps: int) -> Expectation | None:
     exp = reader.get_mapping("expect")
     if exp is None:
         return None
     exp.check_keys(("phase", "first_divergence", "origin", "kind", "step", "diverged"))
     diverged = exp.get_choice("diverged", TRAINING_CLASSES, None)
     step = exp.get_int("step", None, minimum=0)
+    if step is not None and step >= steps:
+        exp.fail(f"step {step} is beyond the case's steps ({steps}: steps 0..{steps - 1})", "step")
     if (step is None) != (diverged is None):
         exp.fail(
             "a training run's expectation needs both step and diverged",
@@ -379,6 +381,8 @@ def _token_count(spec: InputSpec) -> int | None:
     """Tokens per row of token inputs (None for an input factory's)."""
     if spec.kind == "tokens":
         return spec.seq_len
+    if spec.kind == "dataset" and spec.path is not None:
+        return spec.seq_len  # every row read has the first row's length
     if spec.kind in ("ids", "dataset") and spec.input_ids:
         return min(len(row) for row in spec.input_ids)
     return None

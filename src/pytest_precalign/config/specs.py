@@ -58,6 +58,8 @@ class InputSpec:
     # kind: ids -- explicit token ids (rows) and an optional 0/1 attention mask
     input_ids: tuple[tuple[int, ...], ...] | None = None
     mask: tuple[tuple[int, ...], ...] | None = None
+    # kind: dataset -- the file its rows are read from, as many as a case needs (or input_ids)
+    path: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ Torch-free; the semantics are ``training/spec.py``'s.
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..training.spec import (
     DECAY_STYLES,
     OPTIMIZERS,
@@ -18,9 +19,11 @@ from ..training.spec import (
     ScheduleSpec,
     SidesTraining,
     Trainer,
+    megatron_schedule_problem,
 )
 from ..verdict.training_envelope import EnvelopeSpec
 from ..yaml_reader import Reader
+from .dataset_rows import Rows, read_rows
 from .specs import InputSpec, ModelSpec
 
 OPTIMIZER_KEYS = (
@@ -58,17 +61,19 @@ def parse_optimizer(reader: Reader) -> OptimizerSpec:
         or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
     ):
         opt.fail(f"expected two numbers, got {betas!r}", "betas")
-    lr = opt.get_float("lr", 1e-3, non_negative=True)
+    if not all(0 <= b < 1 for b in betas):  # False for NaN too
+        opt.fail(f"each beta must be in [0, 1) (Adam's running averages), got {betas!r}", "betas")
+    lr = _finite(opt, "lr", 1e-3)
     clip = opt.get_float("clip_grad", None, non_negative=True)
-    if clip is not None and clip <= 0:
-        opt.fail(f"must be > 0 (or leave it out: no clipping), got {clip}", "clip_grad")
+    if clip is not None and not 0 < clip < math.inf:
+        opt.fail(f"must be > 0 and finite (or leave it out: no clipping), got {clip}", "clip_grad")
     optimizer = OptimizerSpec(
         name=opt.get_choice("name", OPTIMIZERS, "adamw"),
         lr=lr,
         betas=(float(betas[0]), float(betas[1])),
-        eps=opt.get_float("eps", 1e-8, non_negative=True),
-        weight_decay=opt.get_float("weight_decay", 0.0, non_negative=True),
-        momentum=opt.get_float("momentum", 0.0, non_negative=True),
+        eps=_finite(opt, "eps", 1e-8),
+        weight_decay=_finite(opt, "weight_decay", 0.0),
+        momentum=_finite(opt, "momentum", 0.0),
         schedule=_schedule(opt, lr),
         clip_grad=clip,
         no_decay=_no_decay(opt),
@@ -76,6 +81,15 @@ def parse_optimizer(reader: Reader) -> OptimizerSpec:
     )
     opt.done()
     return optimizer
+
+
+def _finite(reader: Reader, key: str, default: float) -> float:
+    """A finite number >= 0 (``.inf`` trains NaN: an LR or weight decay of inf on both sides
+    once compared "equal" as NaN vs NaN)."""
+    value = reader.get_float(key, default, non_negative=True)
+    if not math.isfinite(value):
+        reader.fail(f"must be a finite number >= 0, got {value}", key)
+    return value
 
 
 def _schedule(opt: Reader, lr: float) -> ScheduleSpec | None:
@@ -90,7 +104,7 @@ def _schedule(opt: Reader, lr: float) -> ScheduleSpec | None:
             f"must be >= warmup_steps ({warmup}): it counts from update 0 and includes the warmup",
             "decay_steps",
         )
-    min_lr = sub.get_float("min_lr", 0.0, non_negative=True)
+    min_lr = _finite(sub, "min_lr", 0.0)
     if min_lr > lr:
         sub.fail(f"must be <= the optimizer's lr ({lr}), got {min_lr}", "min_lr")
     spec = ScheduleSpec(
@@ -189,18 +203,42 @@ def check_training(
             f"{spec.batch}: each step's batch is split into equal micro-batches",
             key,
         )
-    if spec is not None and spec.kind == "dataset" and spec.input_ids is not None:
-        available = len(spec.input_ids) // spec.batch
-        if steps > available:
+    if spec is not None and spec.kind == "dataset" and spec.path is not None:
+        # The rows the case's steps use, read (and checked) now: only those are ever held.
+        rows = _rows(reader, spec.path, steps * spec.batch, "inputs")
+        if len(rows) < steps * spec.batch:
             reader.fail(
-                f"steps {steps} is beyond inputs.{spec.name}'s data: {len(spec.input_ids)} rows make "
-                f"{available} batch(es) of {spec.batch}",
+                f"steps {steps} is beyond inputs.{spec.name}'s data: {len(rows)} rows make "
+                f"{len(rows) // spec.batch} batch(es) of {spec.batch}",
                 "steps",
             )
+    _check_schedule(reader, optimizer, training, steps)
     if "hf_trainer" in (training.baseline, training.candidate):
         problem = hf_trainer_problem(optimizer, steps)
         if problem is not None:
             reader.fail(f"transformers.Trainer cannot express {problem}", "optimizer")
+
+
+def _check_schedule(reader: Reader, optimizer: OptimizerSpec, training: SidesTraining, steps: int) -> None:
+    """A warmup no longer than the run, and what a megatron-core side's scheduler needs, named
+    at ``optimizer.schedule``'s keys (``run`` refused them only once training started)."""
+    schedule = optimizer.schedule
+    opt = reader.get_mapping("optimizer")
+    sub = opt.get_mapping("schedule") if opt is not None else None
+    if schedule is None or sub is None:
+        return
+    if schedule.warmup_steps > steps:
+        sub.fail(
+            f"warmup_steps {schedule.warmup_steps} is longer than the run (steps {steps}): "
+            "the LR would never reach lr",
+            "warmup_steps",
+        )
+    for side in ("baseline", "candidate"):
+        if getattr(training, side) == "megatron":
+            problem = megatron_schedule_problem(schedule, steps)
+            if problem is not None:
+                key = "decay_steps" if schedule.decay_steps else "warmup_steps"
+                sub.fail(f"the {side} side trains with megatron-core: {problem}", key)
 
 
 def hf_trainer_problem(optimizer: OptimizerSpec, steps: int) -> str | None:
@@ -228,15 +266,14 @@ def hf_schedule_problem(schedule: ScheduleSpec, steps: int) -> str | None:
 
 def parse_dataset(name: str, reader: Reader, base_dir: Path) -> InputSpec:
     """``kind: dataset``: token rows read from a file (``.jsonl``: a JSON list of ids per line;
-    else whitespace-separated ids per line), ``batch`` rows per step, in file order."""
+    else whitespace-separated ids per line), ``batch`` rows per step, in file order. Only the
+    first batch is read here; each case reads the rows its steps need (``check_training``)."""
     reader.check_keys(DATASET_KEYS)
     reader.raw("kind")
     given = reader.get_str("path", required=True)
     path = (base_dir / given).resolve()
-    if not path.is_file():
-        reader.fail(f"file not found: {path}", "path")
-    rows = _token_rows(reader, path)
     batch = reader.get_int("batch", 1, minimum=1)
+    rows = _rows(reader, path, batch, "path")
     if len(rows) < batch:
         reader.fail(f"{path} has {len(rows)} row(s), fewer than one batch of {batch}", "batch")
     spec = InputSpec(
@@ -246,35 +283,19 @@ def parse_dataset(name: str, reader: Reader, base_dir: Path) -> InputSpec:
         seq_len=len(rows[0]),
         labels=reader.get_bool("labels", True),
         where=reader.where(),
-        input_ids=rows,
+        path=path,
     )
     reader.done()
     return spec
 
 
-def _token_rows(reader: Reader, path: Path) -> tuple[tuple[int, ...], ...]:
-    rows: list[tuple[int, ...]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            values = json.loads(line) if path.suffix == ".jsonl" else [int(v) for v in line.split()]
-        except ValueError:
-            values = None
-        if (
-            not isinstance(values, list)
-            or not values
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
-        ):
-            reader.fail(f"{path}:{number}: expected a row of token ids >= 0", "path")
-        if rows and len(values) != len(rows[0]):
-            reader.fail(
-                f"{path}:{number}: row of {len(values)} ids, the first row has {len(rows[0])}", "path"
-            )
-        rows.append(tuple(values))
-    if not rows:
-        reader.fail(f"{path} has no rows of token ids", "path")
-    return tuple(rows)
+def _rows(reader: Reader, path: Path, count: int, key: str) -> Rows:
+    """The first ``count`` rows of a dataset file; a bad file or row is one message naming the
+    YAML key and the file's line."""
+    try:
+        return read_rows(path, count, ConfigError)
+    except ConfigError as exc:
+        reader.fail(str(exc), key)
 
 
 ENVELOPE_KEYS = ("reruns", "factor", "steps_over", "floor")

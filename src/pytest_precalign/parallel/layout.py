@@ -253,7 +253,7 @@ def _children(path: Path, kind: re.Pattern[str]) -> dict[int, Path]:
 
 def _has_parallel_manifest(folder: Path) -> bool:
     try:
-        data = read_json(folder / "manifest.json", TraceError)
+        data = read_json(folder / "manifest.json", TraceError, unique_keys=True)
     except TraceError:
         return False
     return isinstance(data, dict) and "parallel" in data

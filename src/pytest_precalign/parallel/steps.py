@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.records import Record, Trace
+from ..trace.write_failures import read_write_failure_note
 from .store import MergedTensors, Plan
 
 
@@ -72,10 +73,17 @@ def _missing(folder: Path, ranks: list[int]) -> str:
     parts = []
     for rank in ranks:
         temp = sorted(p.name for p in folder.glob(f".rank{rank}.*.tmp"))
-        if temp:
+        failed = read_write_failure_note(folder / f"rank{rank}")
+        if failed:
+            parts.append(f"rank{rank}/ was not written: the Recorder could not write it: {failed}")
+        elif temp:
             parts.append(
                 f"rank{rank}/ was never published: the writer's temporary folder {temp[0]} is there, "
                 "the run was interrupted mid-step"
+            )
+        elif failed is not None:
+            parts.append(
+                f"rank{rank}/ was not written: the Recorder could not write it (no reason recorded: a full disk?)"
             )
         else:
             parts.append(f"rank{rank}/ is missing")

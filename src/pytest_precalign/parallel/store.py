@@ -23,6 +23,7 @@ from ..errors import TraceError
 from ..trace.arrays import as_numpy
 from ..trace.records import Trace
 from ..trace.tensor_files import bf16_to_float32
+from ..untrusted import bounded_repr
 
 _DTYPES = {
     "F64": "<f8",
@@ -61,6 +62,25 @@ class Plan:
     name: str  # a record id, for messages
 
 
+def _check_entry(path: Path, key: str, item: Any, data_bytes: int) -> None:
+    """A header entry whose byte range lies inside the file: nothing is allocated from a
+    range the file does not hold."""
+    offsets = item.get("data_offsets") if isinstance(item, dict) else None
+    shape = item.get("shape") if isinstance(item, dict) else None
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+        and isinstance(shape, list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise TraceError(
+            f"{path}: tensor {key!r}: expected {{dtype, shape: [ints], data_offsets: [begin, end]}} inside "
+            f"the file's {data_bytes} data bytes, got {bounded_repr(item)}"
+        )
+
+
 class _Header:
     """A safetensors file's header, read once: key -> (numpy dtype, shape, byte range)."""
 
@@ -68,15 +88,21 @@ class _Header:
         self.path = path
         try:
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 (length,) = struct.unpack("<Q", f.read(8))
+                if length > size - 8:  # checked before anything is sized by it
+                    raise TraceError(f"{path}: not a safetensors file (header runs past the end; truncated?)")
                 header = json.loads(f.read(length))
         except (OSError, struct.error, ValueError, RecursionError) as exc:
             raise TraceError(f"{path}: not a readable safetensors file: {exc}") from None
+        if not isinstance(header, dict):
+            raise TraceError(f"{path}: not a safetensors file (header is not an object)")
         self.base = 8 + length
         self.entries: dict[str, tuple[str, str, tuple[int, ...], int, int]] = {}
         for key, item in header.items():
             if key == "__metadata__":
                 continue
+            _check_entry(path, key, item, size - self.base)
             dtype = _DTYPES.get(str(item.get("dtype")))
             if dtype is None:
                 raise TraceError(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..compare.pairs import Check, PairResult
+from ..compare.pairs import SHARED_NONFINITE, Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
@@ -156,6 +156,13 @@ def describe_check(check: Check, pair: PairResult) -> str:
         )
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
+    if check.metric == SHARED_NONFINITE:
+        if check.passed:
+            return f"{int(check.value)} NaN/Inf element(s) at the same places on both sides, accepted by equal_nan: true"
+        return (
+            f"{int(check.value)} NaN/Inf element(s) at the same places on both sides: NaN is not a value "
+            "(as torch.testing.assert_close, equal_nan=False); set equal_nan: true on the rule to accept it"
+        )
     if check.metric == "crc32":
         other = pair.candidate
         return f"CRC-32 {other.crc32 if other else '?'} (candidate) != {pair.record.crc32} (baseline)"
@@ -516,6 +523,9 @@ def summary_line(report: PhaseReport) -> str:
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
     else:
         detail = "aligned"
+    accepted = sum(any(c.metric == SHARED_NONFINITE and c.passed for c in p.checks) for p in v.records)
+    if accepted:
+        detail += f"; warning: {accepted} record(s) NaN/Inf on both sides, accepted by equal_nan: true"
     if v.replica_mismatches:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
     if v.incomplete_steps:
@@ -527,7 +537,8 @@ def summary_line(report: PhaseReport) -> str:
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
-    story = training_summary(report.training) if report.training is not None and not report.passed else ""
+    run = report.training
+    story = training_summary(run) if run is not None and (not report.passed or run.warnings) else ""
     if _not_trained(report):  # the contract check stopped the case before step 0
         detail, story = "nothing trained" + (training_summary(report.training) if report.training else ""), ""
         detail += "; the expected divergence" if report.training and report.training.met else ""

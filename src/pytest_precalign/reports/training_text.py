@@ -11,8 +11,9 @@ LAYER_CLASSES = ("forward", "backward")
 
 def training_lines(v: TrainingVerdict) -> list[str]:
     """The run's story, first lines of a failing item's message."""
+    warned = [f"Warning: {warning}" for warning in v.warnings]
     if v.first is None and not v.findings and v.met is None:
-        return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)"]
+        return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)", *warned]
     lines: list[str] = []
     if v.met is False:
         found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
@@ -36,7 +37,7 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     if v.met:
         lines.append(f"  the expected divergence: {v.expected}")
     lines.extend(f"Runs do not line up: {finding}" for finding in v.findings)
-    return lines
+    return lines + warned
 
 
 def training_summary(v: TrainingVerdict) -> str:
@@ -45,6 +46,10 @@ def training_summary(v: TrainingVerdict) -> str:
         return f"; step {v.first.step} diverged first: {v.first.what} ({v.first.origin})"
     if v.findings:
         return f"; runs do not line up ({len(v.findings)} finding(s))"
+    if v.warnings:
+        return f"; warning: {v.warnings[0]}" + (
+            f" (+{len(v.warnings) - 1} more)" if len(v.warnings) > 1 else ""
+        )
     return ""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..config.dataset_rows import read_rows
 from ..config.specs import InputSpec
 from ..errors import CaseError, PrecalignError, SourceError
 from .imports import import_object, one_line
@@ -96,8 +97,15 @@ def _token_batch(spec: InputSpec, generator: torch.Generator) -> CaseInputs:
 
 
 def _dataset_batches(spec: InputSpec, steps: int) -> CaseInputs:
-    assert spec.input_ids is not None
-    rows = torch.tensor(spec.input_ids, dtype=torch.long)
+    """``steps`` batches of rows in file order: only the rows they need are read."""
+    if spec.path is not None:
+        ids = read_rows(
+            spec.path, steps * spec.batch, lambda m: CaseError(f"{spec.where}: inputs.{spec.name}: {m}")
+        )
+    else:
+        assert spec.input_ids is not None
+        ids = spec.input_ids
+    rows = torch.tensor(ids, dtype=torch.long)
     if rows.shape[0] < steps * spec.batch:
         raise CaseError(
             f"{spec.where}: inputs.{spec.name}: {steps} step(s) of batch {spec.batch} need "

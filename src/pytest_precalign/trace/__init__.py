@@ -8,7 +8,8 @@ writer), ``tensor_files`` and ``pt_zip`` (tensor files read as numpy), ``arrays`
 ``op_names``, ``environment`` (what differs between two runs' environments), ``step_scalars``
 (what one training step did, as scalars), ``merged_stats`` (statistics of fused tensors'
 parts merged), ``training_record`` (the one typed record of a training run: settings, plan,
-step scalars, initial parameters; its only writer and reader).
+step scalars, initial parameters; its only writer and reader), ``write_failures`` (the note a
+step that could not be written leaves for a later compare).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
-from ..untrusted import read_json
+from ..untrusted import bounded_repr, read_json
 
 # Versions first, in this order; any other package a manifest names follows, sorted.
 VERSION_ORDER = ("python", "torch", "torch_npu", "transformers", "megatron-core", "safetensors")
@@ -23,6 +23,32 @@ _PLAIN = (
     ("seed", "seed"),
     ("torch_threads", "torch threads"),
 )
+
+
+# Blocks of a manifest that are read as objects (a list there once crashed compare).
+_OBJECTS = ("versions", "determinism", "numerics", "case_settings", "weights")
+
+
+def check_environment(manifest: Mapping[str, Any], file: str | Path) -> None:
+    """Refuse a manifest whose environment blocks have the wrong type: one ``TraceError``
+    naming the file, the key and what is allowed (``versions: [1, 2]`` once crashed
+    ``compare`` and ``env-diff``)."""
+    for key in _OBJECTS:
+        value = manifest.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise TraceError(f"{file}: {key!r} must be an object, got {bounded_repr(value)}")
+    for name, version in (manifest.get("versions") or {}).items():
+        if not isinstance(version, (str, type(None))):
+            raise TraceError(
+                f"{file}: versions.{bounded_repr(name)} must be a version string or null, got {bounded_repr(version)}"
+            )
+    weights = manifest.get("weights") or {}
+    if not isinstance(weights.get("sha256"), (str, type(None))) or not isinstance(
+        weights.get("params"), (dict, type(None))
+    ):
+        raise TraceError(
+            f"{file}: 'weights' must be {{sha256: string, params: {{name: checksum}}}}, got {bounded_repr(weights)}"
+        )
 
 
 def environment_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -65,8 +91,11 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     """The manifest of a recorded run: a trace or baseline folder, or its manifest.json, or a
     ``Recorder`` root (``step<N>/rank<R>/``, or a step folder): its first step's rank 0 (the
     lowest rank). ``TraceError`` naming the path when there is none (an msprobe dump carries
-    no manifest)."""
-    root = Path(path)
+    no manifest) or when it is malformed."""
+    return _read_manifest_file(_manifest_file(Path(path)))
+
+
+def _manifest_file(root: Path) -> Path:
     file = root / "manifest.json" if root.is_dir() else root
     if root.is_dir() and not file.is_file():
         file = _first_rank_manifest(root) or file
@@ -74,9 +103,23 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         if root.is_dir() and _looks_like_msprobe(root):
             raise TraceError(f"{root}: an msprobe dump carries no manifest: its environment was not recorded")
         raise TraceError(f"{root}: no recorded run there (expected a trace folder or its manifest.json)")
-    data = read_json(file, TraceError, what="a manifest", bad="not a readable manifest")
-    if not isinstance(data, dict) or "versions" not in data:
+    return file
+
+
+def _read_manifest_file(file: Path) -> dict[str, Any]:
+    data = _environment_of(file)
+    if data is None:
         raise TraceError(f"{file}: not a pytest-precalign manifest (no 'versions')")
+    return data
+
+
+def _environment_of(file: Path) -> dict[str, Any] | None:
+    """The manifest, None when it records no environment (a Recorder's scalars-only step);
+    ``TraceError`` when it is unreadable or its environment blocks have the wrong type."""
+    data = read_json(file, TraceError, what="a manifest", bad="not a readable manifest", unique_keys=True)
+    if not isinstance(data, dict) or "versions" not in data:
+        return None
+    check_environment(data, file)
     return data
 
 
@@ -155,9 +198,14 @@ def diff_lines(a: Mapping[str, Any], b: Mapping[str, Any], first: str, second: s
 
 def compare_heading(first: str | Path, second: str | Path) -> list[str]:
     """The environment lines that head ``precalign compare``: the diff of the two sides'
-    manifests, or why there is none (an msprobe dump, a rank folder)."""
+    manifests, or why there is none (an msprobe dump, a rank folder); ``TraceError`` when
+    a manifest is there but malformed."""
     try:
-        a, b = read_manifest(first), read_manifest(second)
+        files = _manifest_file(Path(first)), _manifest_file(Path(second))
     except TraceError as exc:
         return [f"environment: not compared ({str(exc).partition(': ')[2] or exc})"]
+    a, b = (_environment_of(file) for file in files)  # a malformed manifest is refused
+    if a is None or b is None:
+        file = files[0] if a is None else files[1]
+        return [f"environment: not compared ({file}: not a pytest-precalign manifest (no 'versions'))"]
     return diff_lines(a, b, str(first), str(second))[0]

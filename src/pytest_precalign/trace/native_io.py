@@ -20,6 +20,7 @@ from typing import Any
 from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
 from ..untrusted import bounded_repr, check_regular, read_json
+from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 
 FORMAT = "pytest-precalign-trace"
@@ -217,6 +218,7 @@ def read_trace(path: str | Path) -> Trace:
             f"{root / 'manifest.json'}: format_version {bounded_repr(manifest.get('format_version'))} "
             f"is not supported (expected {FORMAT_VERSION})"
         )
+    check_environment(manifest, root / "manifest.json")
     index = _read_json(root / "index.json")
     if not isinstance(index, dict) or not isinstance(index.get("records"), list):
         raise TraceError(f"{root / 'index.json'}: expected {{'records': [...], 'shards': {{...}}}}")
@@ -299,4 +301,4 @@ def _record(item: Any, where: str) -> Record:
 
 
 def _read_json(path: Path) -> Any:
-    return read_json(path, TraceError, bad="cannot read")
+    return read_json(path, TraceError, bad="cannot read", unique_keys=True)

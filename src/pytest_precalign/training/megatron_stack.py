@@ -53,7 +53,7 @@ from ..trace.training_record import TrainingPlan, TrainingSettings
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import replica_grad_scale
 from .megatron_step import megatron_train_step
-from .spec import OptimizerSpec
+from .spec import OptimizerSpec, megatron_schedule_problem
 
 IGNORE_INDEX = -100
 Forward = Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]  # (chunk, micro-batch) -> logits
@@ -104,12 +104,10 @@ def megatron_arguments(
     decay = schedule.decay if schedule is not None else "constant"
     horizon = (schedule.decay_steps if schedule is not None else None) or steps
     min_lr = schedule.min_lr if schedule is not None and schedule.decay != "constant" else spec.lr
+    problem = megatron_schedule_problem(schedule, steps)  # the config refuses it first
+    if problem is not None:
+        raise CaseError(problem)
     if warmup >= horizon:
-        if decay != "constant":
-            raise CaseError(
-                f"megatron-core's OptimizerParamScheduler decays after the warmup: decay_steps "
-                f"({horizon}) must be > warmup_steps ({warmup})"
-            )
         horizon = warmup + 1  # unused by a constant LR; the scheduler asserts warmup < decay
     optimizer: dict[str, Any] = {
         "optimizer": "sgd" if spec.name == "sgd" else "adam",

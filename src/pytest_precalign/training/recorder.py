@@ -63,7 +63,7 @@ keeps full tensors only where they are beyond tolerance (plus their module's inp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,12 @@ from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..trace.training_record import TrainingSettings, run_record_keys
+from ..trace.write_failures import (
+    close_write_note,
+    leave_write_failure_note,
+    open_write_note,
+    write_failure_reason,
+)
 from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
 from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
@@ -366,23 +372,53 @@ class Recorder:
             manifest["wrappers"] = self._wrappers
         if missing:
             manifest["grads_missing"] = [_grads_missing(self._step, self.rank, missing)]
-        shards = None
-        if sink is not None:
-            shards = sink.close()
-            manifest["writer"] = sink.report()
-        trace = hooks.trace(manifest)
-        if sink is not None:
-            path = finish_trace(trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite)
-        elif self.format == "msprobe":
-            from ..msprobe.writer import write_msprobe_dump
 
-            path = write_msprobe_dump(
-                trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite
-            )
-        else:
-            path = write_trace(trace, self.folder(), overwrite=self.overwrite)
+        def write() -> Path:
+            shards = None
+            if sink is not None:
+                shards = sink.close()
+                manifest["writer"] = sink.report()
+            trace = hooks.trace(manifest)
+            if sink is not None:
+                return finish_trace(
+                    trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite
+                )
+            if self.format == "msprobe":
+                from ..msprobe.writer import write_msprobe_dump
+
+                return write_msprobe_dump(
+                    trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite
+                )
+            return write_trace(trace, self.folder(), overwrite=self.overwrite)
+
+        path = self._published(write)
         self.written.append(path)
         return path
+
+    def _published(self, write: Callable[[], Path]) -> Path:
+        """``write()``'s folder. A write failure (a full disk, a permission, a quota) is one
+        ``RecorderError`` naming the step and the folder; nothing of the step is left half
+        written, only a note beside the rank's folder saying why it is missing, which a later
+        compare reports (``parallel.steps``)."""
+        folder = self.folder()
+        made = tuple(p for p in (folder.parent, *folder.parent.parents) if not p.exists())
+        note = open_write_note(folder)
+        try:
+            path = write()
+        except OSError as exc:
+            reason = write_failure_reason(exc)
+        except BaseException:  # the background writer's TraceError says it all, and leaves nothing
+            close_write_note(note)
+            raise
+        else:
+            close_write_note(note)
+            return path
+        left = leave_write_failure_note(note, self._step, reason, made)
+        told = f"; {left} says so to a later compare" if left is not None else ""
+        raise RecorderError(
+            f"Recorder: step {self._step} was not recorded: cannot write {folder}: {reason}; "
+            f"nothing of the step was kept{told}"
+        ) from None
 
     def step(self) -> None:
         """Advance the step counter (call once per training step, after ``stop``)."""
@@ -509,8 +545,10 @@ class Recorder:
             **({"dtype": self._precision} if self._precision else {}),
             **self._step_evidence(),
         }
-        path = write_trace(
-            Trace(manifest=manifest, records=(), tensors={}), self.folder(), overwrite=self.overwrite
+        path = self._published(
+            lambda: write_trace(
+                Trace(manifest=manifest, records=(), tensors={}), self.folder(), overwrite=self.overwrite
+            )
         )
         self.written.append(path)
         return path

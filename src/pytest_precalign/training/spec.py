@@ -73,3 +73,19 @@ class SidesTraining:
 
     baseline: Trainer | None = None
     candidate: Trainer | None = None
+
+
+def megatron_schedule_problem(schedule: ScheduleSpec | None, steps: int) -> str | None:
+    """Why megatron-core's ``OptimizerParamScheduler`` cannot run ``schedule`` over ``steps``
+    updates (None: it can): it decays after the warmup, so a decaying schedule needs its
+    horizon (``decay_steps``, or the case's steps) longer than ``warmup_steps``."""
+    if schedule is None or schedule.decay == "constant":
+        return None
+    horizon = schedule.decay_steps or steps
+    if schedule.warmup_steps < horizon:
+        return None
+    named = "decay_steps" if schedule.decay_steps else "the case's steps (no decay_steps given)"
+    return (
+        f"megatron-core's OptimizerParamScheduler decays after the warmup: {named} ({horizon}) "
+        f"must be > warmup_steps ({schedule.warmup_steps})"
+    )

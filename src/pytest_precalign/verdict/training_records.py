@@ -10,9 +10,9 @@ step k's origin is named from step k's records and never from a later step's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..compare.pairs import Comparison, PairResult
+from ..compare.pairs import Comparison, PairResult, broken_alike
 from ..trace.records import Record, Trace
 from ..trace.step_scalars import StepScalars
 from ..vocabulary import FAILED, Phase
@@ -46,7 +46,13 @@ class StepRecords:
 
 
 def step_records(comparison: Comparison, parents: Mapping[str, str] | None = None) -> dict[int, StepRecords]:
-    """Each step's record evidence, by step (only steps with records)."""
+    """Each step's record evidence, by step (only steps with records). A record that fails
+    only for the same NaN/Inf on both sides is no difference between the runs: the run's NaN
+    finding tells it (``training_scalars.nonfinite_on_both``), not a divergence."""
+    comparison = replace(
+        comparison,
+        pairs=tuple(replace(p, status="ok") if broken_alike(p) else p for p in comparison.pairs),
+    )
     all_pairs = {p.record.id: p for p in comparison.pairs if p.paired}
     every = {p.record.id: p for p in comparison.pairs if p.status != "only_candidate"}
     by_step: dict[int, list[PairResult]] = {}

@@ -31,7 +31,13 @@ from .story import origin_of
 from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names, unsaid_settings
 from .training_envelope import Envelope
 from .training_records import StepRecords
-from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, over_envelope
+from .training_scalars import (
+    ScalarJudge,
+    findings_of,
+    first_scalar_difference,
+    nonfinite_on_both,
+    over_envelope,
+)
 from .training_settings import settings_contract
 
 
@@ -69,6 +75,7 @@ class TrainingVerdict:
     expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
+    warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
 
     @property
     def passed(self) -> bool:
@@ -94,6 +101,7 @@ class TrainingVerdict:
             "downstream": self.downstream or None,
             "lane": self.lane,
             "findings": list(self.findings),
+            "warnings": list(self.warnings),
             "replay": {**self.replay_found, "story": self.replay} if self.replay else None,
             "envelope": self.envelope or None,
             "unsaid_settings": list(self.unsaid),
@@ -124,7 +132,10 @@ def judge_run(
     lane: Lane = "envelope" if envelope is not None else lane_of(table)
     judge, told = _judge(ScalarJudge(table, lane, dtype, envelope), baseline, candidate)
     steps = sorted(set(baseline.scalars) | set(candidate.scalars) | set(records))
-    findings = findings_of(baseline.scalars, candidate.scalars)
+    broken, warnings = nonfinite_on_both(baseline.scalars, candidate.scalars, judge)
+    findings = (
+        findings_of(baseline.scalars, candidate.scalars) + one_sided_evidence(baseline, candidate) + broken
+    )
     common = [s for s in steps if _on_both(s, baseline, candidate, records)]
     first = _before_training(baseline, candidate, judge, rename)
     for step in common:
@@ -147,7 +158,30 @@ def judge_run(
         curves=curves(baseline.scalars, candidate.scalars),
         envelope=told,
         unsaid=_unsaid(baseline, candidate),
+        warnings=warnings,
     )
+
+
+# Evidence checked before step 0, and the check that needs it on both sides.
+_BEFORE_TRAINING = (
+    ("initial_params", "initial parameters", "the initial weights are not compared"),
+    ("plan", "training plan", "the settings (contract) are not checked before step 0"),
+)
+
+
+def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+    """Evidence one side recorded and the other did not: each a finding that says so, never a
+    check skipped in silence (evidence of the wrong shape never gets here: ``read_run_record``
+    refuses it, naming the file and the key)."""
+    out: list[str] = []
+    for key, what, skipped in _BEFORE_TRAINING:
+        held = {
+            side: bool(getattr(run, key)) for side, run in (("baseline", baseline), ("candidate", candidate))
+        }
+        if held["baseline"] != held["candidate"]:
+            side = "baseline" if held["baseline"] else "candidate"
+            out.append(f"{what} recorded by the {side} only: {skipped}")
+    return tuple(out)
 
 
 def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:

@@ -56,6 +56,11 @@ class ScalarJudge:
             return abs(a - b) <= self.envelope.allowed(name, step, a, self.bound(name, a, step))
         return abs(a - b) <= self.bound(name, a, step)
 
+    def equal_nan(self, name: str, step: int) -> bool:
+        """Whether the table's rule for scalar ``name`` accepts NaN/Inf on both sides."""
+        kind, phase = AS_KIND.get(name, ("param", "step"))
+        return self.table.lookup(name, kind, phase, self.dtype, step).equal_nan
+
     def bound(self, name: str, a: float, step: int) -> float:
         """The table's largest |a - b| for scalar ``name`` (as a record of its kind)."""
         kind, phase = AS_KIND.get(name, ("param", "step"))
@@ -212,6 +217,48 @@ def _update(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarD
 
 
 _SCALAR_NAMES = tuple(f.name for f in fields(StepScalars) if f.name != "step")
+# The float scalars the verdict judges, in the order a step computes them.
+JUDGED = ("loss", "grad_norm", "clip_coef", "lr", "weight_decay", "param_norm", "update_norm")
+
+
+def nonfinite_on_both(
+    base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars], judge: ScalarJudge
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(findings, warnings)`` of the NaN policy: a scalar the verdict judges that is NaN (or
+    the same Inf) on both sides is a finding, "loss is nan on both sides from step 2" -- two
+    runs broken alike are not aligned, as torch.testing.assert_close's ``equal_nan=False`` --
+    unless the table's rule for it says ``equal_nan: true``: then a warning that says so.
+    (NaN on one side only is a difference: the step comparison finds it.)"""
+    findings: list[str] = []
+    warnings: list[str] = []
+    common = sorted(set(base) & set(cand))
+    for name in JUDGED:
+        steps: list[int] = []
+        shown = ""
+        for step in common:
+            a, b = getattr(base[step], name), getattr(cand[step], name)
+            if a is None or b is None:
+                continue
+            pairs = zip(a, b, strict=False) if isinstance(a, tuple) and isinstance(b, tuple) else [(a, b)]
+            both = [x for x, y in pairs if _broken_alike(float(x), float(y))]
+            if both:
+                steps.append(step)
+                shown = shown or _num(float(both[0]))
+        if not steps:
+            continue
+        told = f"{name} is {shown} on both sides from step {steps[0]} ({len(steps)} of {len(common)} step(s))"
+        if judge.equal_nan(name, steps[0]):
+            warnings.append(f"{told}: accepted by the table's equal_nan: true")
+        else:
+            findings.append(
+                f"{told}: NaN/Inf is not a value, two runs broken alike are not aligned "
+                "(equal_nan: true on the table's rule for it accepts it, with a warning)"
+            )
+    return tuple(findings), tuple(warnings)
+
+
+def _broken_alike(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or (math.isinf(a) and a == b)
 
 
 def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[str, ...]:
