@@ -12,6 +12,10 @@ from pathlib import Path
 from ..errors import TraceError
 
 DUMP_FILE = "dump.json"
+# Beside a rank folder's dump.json, written by our ``Recorder`` only: its trace manifest (the
+# step's scalars, the run's settings, initial parameters, the rank's ``parallel`` block), which
+# msprobe's files have no place for. msprobe's own tools ignore it.
+MANIFEST_SIDECAR = "precalign_manifest.json"
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank|proc)(\d+)$")
 
@@ -19,6 +23,14 @@ _RANK = re.compile(r"^(rank|proc)(\d+)$")
 def step_of(folder: Path) -> int | None:
     m = _STEP.match(folder.name)
     return int(m.group(1)) if m else None
+
+
+def recorded_by_us(folder: Path) -> bool:
+    """A rank folder our ``Recorder`` wrote in msprobe's layout (its manifest beside dump.json)."""
+    try:
+        return (folder / DUMP_FILE).is_file() and (folder / MANIFEST_SIDECAR).is_file()
+    except OSError:
+        return False
 
 
 def rank_of(folder: Path) -> int | None:

@@ -514,6 +514,8 @@ def summary_line(report: PhaseReport) -> str:
         check = worst.explaining_check
         assert check is not None  # worst.checks is not empty
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
+    elif v.compared == 0 and v.coverage is None and v.expectation:  # judged by the run's scalars
+        detail = v.expectation
     else:
         detail = "aligned"
     if v.replica_mismatches:

@@ -30,7 +30,7 @@ from .story import origin_of
 from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names
 from .training_envelope import Envelope
 from .training_records import StepRecords
-from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, over_envelope
+from .training_scalars import ScalarJudge, findings_of, first_scalar_difference, one_sided, over_envelope
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ class TrainingVerdict:
     met: bool | None = None  # None: no expectation
     expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
+    # What one side recorded and the other did not: ``layers`` (steps whose layers only that
+    # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
+    one_side_only: Mapping[str, Any] = field(default_factory=dict)
+    not_compared: tuple[str, ...] = ()  # what was not compared because one side lacks it, in words
 
     @property
     def passed(self) -> bool:
@@ -94,6 +98,8 @@ class TrainingVerdict:
             "envelope": self.envelope or None,
             "expectation": self.expected or None,
             "passed": self.passed,
+            "not_compared": list(self.not_compared),
+            "one_side_only": dict(self.one_side_only),
             "curves": dict(self.curves),
         }
 
@@ -141,6 +147,7 @@ def judge_run(
         last_step=max(common, default=0),
         curves=curves(baseline.scalars, candidate.scalars),
         envelope=told,
+        one_side_only=one_sided(baseline.scalars, candidate.scalars),
     )
 
 

@@ -1,19 +1,29 @@
 """The training-run verdict of two traces: each side's per-step scalars (the manifest's
 ``"scalars"``; a trace without them gives its loss curve from its loss records), its plan
 (``"training"."plan"``) and initial parameters (``"initial_params"``), and the per-step
-record evidence of their comparison."""
+record evidence of their comparison.
+
+Two recordings of a run made in different modes or on different steps (a ``Recorder`` or
+``PrecalignCallback`` recording every step's scalars, and layers on all steps, some or none)
+are compared on what both hold: the layers of a step that one side recorded as scalars only
+are not compared (``on_both``; the verdict says so: ``not_compared``, ``one_side_only``), and a
+phase neither side has a record of is judged by the run's scalars (``judged_by_scalars``). A
+step one side did not record at all, or a scalar one side lacks, stays a finding."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
-from ..trace.step_scalars import StepScalars, scalars_of
+from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_of
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
+from ..vocabulary import Phase
+from .phase import PhaseVerdict
 from .training_records import losses_from_records, step_records
 from .training_run import RunSide, TrainingVerdict, judge_run
 
@@ -26,6 +36,64 @@ def is_training_run(baseline: Trace, candidate: Trace) -> bool:
             return True
     steps = {r.step for r in baseline.records if r.kind == "param"}
     return len(steps) > 1
+
+
+def layer_steps(trace: Trace) -> set[int]:
+    """The steps a trace holds records (layers) of."""
+    return {r.step for r in trace.records}
+
+
+def one_side_only(baseline: Trace, candidate: Trace) -> dict[str, list[int]]:
+    """Per side, the steps whose layers only it recorded while the other side recorded the
+    step's scalars (that step in scalars mode, or outside its ``steps=``): not compared."""
+    out: dict[str, list[int]] = {}
+    for side, mine, other in (("baseline", baseline, candidate), ("candidate", candidate, baseline)):
+        alone = sorted(layer_steps(mine) - layer_steps(other))
+        recorded = other.scalars
+        steps = [s for s in alone if s in recorded]
+        if steps:
+            out[side] = steps
+    return out
+
+
+def on_both(baseline: Trace, candidate: Trace) -> tuple[Trace, Trace, dict[str, list[int]]]:
+    """The two traces without the records of steps whose layers one side only recorded (see
+    ``one_side_only``), and those steps by side."""
+    alone = one_side_only(baseline, candidate)
+    if not alone:
+        return baseline, candidate, alone
+    drop = {s for steps in alone.values() for s in steps}
+
+    def kept(trace: Trace) -> Trace:
+        return replace(trace, records=tuple(r for r in trace.records if r.step not in drop))
+
+    return kept(baseline), kept(candidate), alone
+
+
+def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
+    """A phase of a run both sides recorded per-step scalars of, of which neither side holds a
+    record (scalars mode, or layers on other steps only): the run's verdict judges it (carried
+    by the item of its class's phase); nothing compared is no failure of the phase here."""
+    return replace(
+        verdict,
+        passed=True,
+        coverage=None,
+        expectation=f"no {phase} records on either side: judged by the run's per-step scalars",
+    )
+
+
+def scalars_on_both(baseline: Trace, candidate: Trace) -> bool:
+    """Both sides recorded per-step scalars (a ``Recorder`` / callback run, a training case)."""
+    return bool(baseline.manifest.get(SCALARS_KEY)) and bool(candidate.manifest.get(SCALARS_KEY))
+
+
+def not_compared_lines(alone: Mapping[str, list[int]]) -> tuple[str, ...]:
+    """What was not compared because one side lacks it, in words."""
+    return tuple(
+        f"layers of step(s) {', '.join(map(str, steps))} recorded by the {side} only (the other side "
+        "recorded those steps' scalars only): not compared"
+        for side, steps in alone.items()
+    )
 
 
 def run_side(trace: Trace, where: str, recorded: bool = True) -> RunSide:
@@ -51,16 +119,18 @@ def judge_traces(
     table: ToleranceTable,
     rename: Rename = same_names,
     envelope: Envelope | None = None,
+    alone: Mapping[str, list[int]] | None = None,
 ) -> TrainingVerdict:
     """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own);
-    ``envelope``: judged in the envelope lane."""
+    ``envelope``: judged in the envelope lane; ``alone``: the steps whose layers one side only
+    recorded (``on_both``), told as not compared."""
     parents: Mapping[str, Any] = baseline.manifest.get("parents") or {}
     # A side that records no per-step scalars at all (a launched side stepping with torch.optim,
     # an msprobe dump) is compared on both sides' loss records: its missing scalars are what
     # its machinery does not record, not a step it skipped. One scalar missing of several stays
     # a finding (training_scalars).
-    both = bool(baseline.manifest.get("scalars")) == bool(candidate.manifest.get("scalars"))
-    return judge_run(
+    both = bool(baseline.manifest.get(SCALARS_KEY)) == bool(candidate.manifest.get(SCALARS_KEY))
+    verdict = judge_run(
         run_side(baseline, "the baseline's manifest", both),
         run_side(candidate, "the candidate's manifest", both),
         step_records(comparison, {str(k): str(v) for k, v in parents.items()}),
@@ -69,3 +139,6 @@ def judge_traces(
         dtype=str(baseline.manifest.get("dtype") or "float32"),
         envelope=envelope,
     )
+    if not alone:
+        return verdict
+    return replace(verdict, not_compared=not_compared_lines(alone), one_side_only={"layers": dict(alone)})
