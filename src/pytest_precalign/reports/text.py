@@ -530,6 +530,9 @@ def summary_line(report: PhaseReport) -> str:
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
     story = training_summary(report.training) if report.training is not None and not report.passed else ""
+    run = report.training
+    if run is not None and run.not_compared and (report.carries_training or run.passed):
+        story += "; not compared: " + "; ".join(run.not_compared)
     if _not_trained(report):  # the contract check stopped the case before step 0
         detail, story = "nothing trained" + (training_summary(report.training) if report.training else ""), ""
         detail += "; the expected divergence" if report.training and report.training.met else ""

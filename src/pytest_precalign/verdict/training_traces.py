@@ -89,9 +89,10 @@ def scalars_on_both(baseline: Trace, candidate: Trace) -> bool:
 
 def not_compared_lines(alone: Mapping[str, list[int]]) -> tuple[str, ...]:
     """What was not compared because one side lacks it, in words."""
+    other = {"baseline": "candidate", "candidate": "baseline"}
     return tuple(
-        f"layers of step(s) {', '.join(map(str, steps))} recorded by the {side} only (the other side "
-        "recorded those steps' scalars only): not compared"
+        f"the layers of step(s) {', '.join(map(str, steps))}: the {side} recorded them, the "
+        f"{other[side]} those steps' scalars only"
         for side, steps in alone.items()
     )
 
