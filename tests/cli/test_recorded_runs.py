@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,12 @@ LOOP_FAULTS = {
 LOOP_FAULTS_SCALARS_ONLY = {**LOOP_FAULTS, "layer": (3, "loss", "loss")}
 # Pairs of recordings in other modes: (baseline, candidate, expected, layers one side only).
 MIXED = [
-    ("base-every-native", "linear-scalars-native", (3, "schedule", "lr[0]"), {"baseline": [0, 1, 2, 3, 4, 5]}),
+    (
+        "base-every-native",
+        "linear-scalars-native",
+        (3, "schedule", "lr[0]"),
+        {"baseline": [0, 1, 2, 3, 4, 5]},
+    ),
     ("base-step3-native", "rerun-every-native", None, {"candidate": [0, 1, 2, 4, 5]}),
     ("base-scalars-msprobe", "layer-step3-msprobe", (3, "loss", "loss"), {"candidate": [3]}),
 ]
@@ -70,7 +74,9 @@ def _verdict(training: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _compare(root: Path, base: str, cand: str, out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def _compare(
+    root: Path, base: str, cand: str, out: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
     """``precalign compare`` of two recordings: its report.json's training block."""
     code = main(["compare", str(root / base), str(root / cand), "--report", str(out)])
     text = capsys.readouterr().out
@@ -122,7 +128,11 @@ def test_a_recorded_loop_is_one_run_in_every_mode_and_format(
     for variant in LOOP_FAULTS:
         for recording in RECORDINGS:
             training = _compare(
-                loop_runs, f"base-{recording}", f"{variant}-{recording}", tmp_path / f"{variant}-{recording}", capsys
+                loop_runs,
+                f"base-{recording}",
+                f"{variant}-{recording}",
+                tmp_path / f"{variant}-{recording}",
+                capsys,
             )
             expected = _expected(variant, recording)
             found = _verdict(training)
@@ -153,7 +163,11 @@ def test_recordings_in_other_modes_are_compared_on_what_both_hold(
 def test_a_dump_case_gives_the_same_run_verdict_as_the_cli(
     loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pairs = [(f"base-{r}", f"{v}-{r}") for v in ("rerun", "linear", "layer") for r in ("scalars-native", "step3-msprobe")]
+    pairs = [
+        (f"base-{r}", f"{v}-{r}")
+        for v in ("rerun", "linear", "layer")
+        for r in ("scalars-native", "step3-msprobe")
+    ]
     pairs += [(base, cand) for base, cand, _, _ in MIXED]
     cases = _dump_cases(loop_runs, pairs, tmp_path / "suite")
     for base, cand in pairs:
@@ -188,22 +202,28 @@ def test_a_step_one_side_did_not_record_fails_closed(
     run = tmp_path / "run"
     shutil.copytree(loop_runs / "rerun-step3-native", run)
     shutil.rmtree(run / "step5")
-    code = main(["compare", str(loop_runs / "base-step3-native"), str(run), "--report", str(tmp_path / "out")])
+    code = main(
+        ["compare", str(loop_runs / "base-step3-native"), str(run), "--report", str(tmp_path / "out")]
+    )
     training = json.loads((tmp_path / "out" / "report.json").read_text())["training"]
     assert code == 1 and training["one_side_only"]["steps"] == {"baseline": [5]}
     assert "steps 5 recorded by the baseline only" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("recording", ["scalars-native", "step3-native", "step3-msprobe", "every-native"])
-def test_a_trainer_run_recorded_by_the_callback(
-    trainer_runs: Path, tmp_path: Path, recording: str
-) -> None:
+def test_a_trainer_run_recorded_by_the_callback(trainer_runs: Path, tmp_path: Path, recording: str) -> None:
     """``precalign compare`` (a subprocess, as CI runs it) of the callback's recordings: a
     cosine vs linear decay is the schedule at step 3 (the first step where the LRs differ)."""
     out = tmp_path / "report"
     argv = [sys.executable, "-m", "pytest_precalign", "compare"]
     done = subprocess.run(
-        argv + [str(trainer_runs / f"base-{recording}"), str(trainer_runs / f"linear-{recording}"), "--report", str(out)],
+        argv
+        + [
+            str(trainer_runs / f"base-{recording}"),
+            str(trainer_runs / f"linear-{recording}"),
+            "--report",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

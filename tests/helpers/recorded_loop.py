@@ -89,7 +89,9 @@ def train(root: Path, variant: str, recording: dict[str, Any], fmt: str) -> None
             total = torch.tensor(0.0)
             for part in micro:
                 logits = model(part["input_ids"])
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), part["labels"].reshape(-1))
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, VOCAB), part["labels"].reshape(-1)
+                )
                 rec.record_output("logits", logits)
                 rec.record_output("loss", loss)
                 (loss / MICRO).backward()

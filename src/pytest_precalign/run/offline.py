@@ -26,7 +26,6 @@ from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .replay_hint import not_replayed
 from .stored_runs import load_side, load_sides
 
-
 # The item of a run recorded as per-step scalars only (no layer records on the golden side).
 RUN_PHASE: Phase = "step"
 

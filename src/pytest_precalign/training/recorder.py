@@ -358,7 +358,12 @@ class Recorder:
             from ..msprobe.writer import write_msprobe_dump
 
             path = write_msprobe_dump(
-                trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite, keep_manifest=True
+                trace,
+                self.root,
+                step=self._step,
+                rank=self.rank,
+                overwrite=self.overwrite,
+                keep_manifest=True,
             )
         else:
             path = write_trace(trace, self.folder(), overwrite=self.overwrite)

@@ -242,7 +242,9 @@ def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]
         out.append(f"steps {_ranges(alone)} recorded by the {side} only: the runs' steps do not line up")
     for name, sides in lacking.get("scalars", {}).items():
         for side, alone in sides.items():
-            out.append(f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with")
+            out.append(
+                f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
+            )
     common = sorted(set(base) & set(cand))
     for s in common:
         a, b = bool(base[s].skipped), bool(cand[s].skipped)

@@ -20,10 +20,10 @@ from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_of
-from .training_contract import Rename, same_names
-from .training_envelope import Envelope
 from ..vocabulary import Phase
 from .phase import PhaseVerdict
+from .training_contract import Rename, same_names
+from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
 from .training_run import RunSide, TrainingVerdict, judge_run
 
