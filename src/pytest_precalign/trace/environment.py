@@ -81,21 +81,35 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 
 
 def _first_rank_manifest(root: Path) -> Path | None:
-    """``step<N>/rank<R>/manifest.json`` (or ``rank<R>/manifest.json``) with the lowest N, R."""
+    """``step<N>/rank<R>/manifest.json`` (or ``rank<R>/manifest.json``, or the manifest our
+    ``Recorder`` keeps beside an msprobe dump.json) with the lowest N, R that records the
+    environment (a step recorded as scalars only does not), else the first of them."""
+    from ..msprobe.layout import MANIFEST_SIDECAR
 
     def number(p: Path, prefix: str) -> int:
         tail = p.name.removeprefix(prefix)
         return int(tail) if p.name.startswith(prefix) and tail.isdigit() else -1
 
+    def manifest(rank: Path) -> Path | None:
+        return next((f for f in (rank / "manifest.json", rank / MANIFEST_SIDECAR) if f.is_file()), None)
+
+    first: Path | None = None
     steps = sorted((s for s in root.iterdir() if number(s, "step") >= 0), key=lambda s: number(s, "step"))
     for folder in steps or [root]:
         ranks = sorted(
-            (r for r in folder.iterdir() if number(r, "rank") >= 0 and (r / "manifest.json").is_file()),
-            key=lambda r: number(r, "rank"),
+            (r for r in folder.iterdir() if number(r, "rank") >= 0), key=lambda r: number(r, "rank")
         )
-        if ranks:
-            return ranks[0] / "manifest.json"
-    return None
+        found = next((f for r in ranks if (f := manifest(r)) is not None), None)
+        if found is None:
+            continue
+        first = first or found
+        try:
+            data = read_json(found, TraceError, what="a manifest")
+        except TraceError:
+            return found  # read_manifest says what is wrong with it
+        if isinstance(data, dict) and "versions" in data:
+            return found
+    return first
 
 
 def _looks_like_msprobe(root: Path) -> bool:
