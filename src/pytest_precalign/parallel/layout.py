@@ -18,6 +18,7 @@ from ..errors import ConfigError, TraceError
 from ..untrusted import read_json
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+RECORDER_KEY = "recorder"  # the mark of a manifest our ``Recorder`` (or the callback) wrote
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
@@ -262,7 +263,7 @@ def _recorded_rank(folder: Path) -> bool:
         data = read_json(file, TraceError)
     except TraceError:
         return False
-    return isinstance(data, dict) and ("parallel" in data or "recorder" in data)
+    return isinstance(data, dict) and ("parallel" in data or RECORDER_KEY in data)
 
 
 def parallel_rank_folders(path: str | Path) -> dict[int, dict[int, Path]] | None:

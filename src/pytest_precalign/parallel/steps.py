@@ -26,10 +26,8 @@ def combine_steps(
     and the manifest's other keys from the first step with records. ``sources``: where each
     step's manifest was read (for messages); ``step<N>/`` of ``root`` when not given."""
     where = {step: (sources or {}).get(step, str(root / f"step{step}")) for step, _ in steps}
-    layered = [step for step, trace in steps if trace.records]
     if len(steps) == 1:
-        trace = steps[0][1]
-        return _with_path(replace(trace, manifest={**trace.manifest, LAYER_STEPS_KEY: layered}), root)
+        return _with_path(steps[0][1], root)
     records: list[Record] = []
     plans: dict[str, Plan] = {}
     owner: dict[str, int] = {}
@@ -49,7 +47,6 @@ def combine_steps(
     manifest = {k: v for k, v in first.manifest.items() if k not in _RUN_KEYS}
     manifest.update(_run_record(steps, where))
     manifest["steps"] = [s for s, _ in steps]
-    manifest[LAYER_STEPS_KEY] = layered
     mismatches = [m for _, t in steps for m in t.manifest.get("replica_mismatches", ())]
     if mismatches:
         manifest["replica_mismatches"] = mismatches
@@ -59,9 +56,6 @@ def combine_steps(
     return _with_path(Trace(manifest, tuple(records), MergedTensors(plans)), root)
 
 
-# The manifest key listing the steps of a combined run that hold records (layers); the others
-# were recorded as scalars only.
-LAYER_STEPS_KEY = "layer_steps"
 _RUN_KEYS = (SCALARS_KEY, TRAINING_KEY, INITIAL_PARAMS_KEY)
 
 

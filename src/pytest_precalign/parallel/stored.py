@@ -75,7 +75,6 @@ def load_rank(path: str | Path, step: int, rank: int) -> Trace:
     root = Path(path)
     if not root.exists():
         raise TraceError(f"{root}: no such file or directory")
-
     folder = root / f"step{step}" / f"rank{rank}"
     if not (root / "manifest.json").is_file() and (
         (folder / "manifest.json").is_file() or recorded_by_us(folder)

@@ -44,7 +44,7 @@ from ..verdict.training_traces import (
     judge_traces,
     judged_by_scalars,
     on_both,
-    scalars_on_both,
+    recorded_runs,
 )
 from ..vocabulary import Phase
 
@@ -175,7 +175,7 @@ def finish(job: FinishInputs) -> CaseRun:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
     expect = job.case.expect if job.case is not None else None
     verdicts = {}
-    by_scalars = is_training_run(base_trace, cand_trace) and scalars_on_both(base_trace, cand_trace)
+    by_scalars = recorded_runs(base_trace, cand_trace)
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
+from ..parallel.layout import RECORDER_KEY
 from ..trace.records import Trace
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_of
 from ..vocabulary import Phase
@@ -56,10 +57,17 @@ def one_side_only(baseline: Trace, candidate: Trace) -> dict[str, list[int]]:
     return out
 
 
+def recorded_runs(baseline: Trace, candidate: Trace) -> bool:
+    """Both sides are runs our ``Recorder`` (or ``PrecalignCallback``) recorded with per-step
+    scalars, which may hold layers on some steps only (a case records the same on both)."""
+    return all(RECORDER_KEY in t.manifest and t.manifest.get(SCALARS_KEY) for t in (baseline, candidate))
+
+
 def on_both(baseline: Trace, candidate: Trace) -> tuple[Trace, Trace, dict[str, list[int]]]:
-    """The two traces without the records of steps whose layers one side only recorded (see
-    ``one_side_only``), and those steps by side."""
-    alone = one_side_only(baseline, candidate)
+    """Two recorded runs (``recorded_runs``) without the records of steps whose layers one
+    side only recorded (see ``one_side_only``), and those steps by side; other traces as they
+    are (a record without a partner fails its phase)."""
+    alone = one_side_only(baseline, candidate) if recorded_runs(baseline, candidate) else {}
     if not alone:
         return baseline, candidate, alone
     drop = {s for steps in alone.values() for s in steps}
@@ -71,20 +79,15 @@ def on_both(baseline: Trace, candidate: Trace) -> tuple[Trace, Trace, dict[str, 
 
 
 def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
-    """A phase of a run both sides recorded per-step scalars of, of which neither side holds a
-    record (scalars mode, or layers on other steps only): the run's verdict judges it (carried
-    by the item of its class's phase); nothing compared is no failure of the phase here."""
+    """A phase of two recorded runs (``recorded_runs``) of which neither side holds a record
+    (scalars mode, or layers on other steps only): the run's verdict judges it (carried by the
+    item of its class's phase); nothing compared is no failure of the phase here."""
     return replace(
         verdict,
         passed=True,
         coverage=None,
         expectation=f"no {phase} records on either side: judged by the run's per-step scalars",
     )
-
-
-def scalars_on_both(baseline: Trace, candidate: Trace) -> bool:
-    """Both sides recorded per-step scalars (a ``Recorder`` / callback run, a training case)."""
-    return bool(baseline.manifest.get(SCALARS_KEY)) and bool(candidate.manifest.get(SCALARS_KEY))
 
 
 def not_compared_lines(alone: Mapping[str, list[int]]) -> tuple[str, ...]:
