@@ -196,18 +196,27 @@ def test_a_step_recorded_twice_with_other_scalars_is_an_error_naming_both_files(
     assert main(["compare", str(run), str(loop_runs / "base-scalars-native")]) == 0
 
 
-def test_a_step_one_side_did_not_record_fails_closed(
+def test_a_step_or_a_scalar_one_side_did_not_record_fails_closed(
     loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(loop_runs / "rerun-step3-native", run)
     shutil.rmtree(run / "step5")
+    manifest_file = run / "step2" / "rank0" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["scalars"]["2"]["grad_norm"] = None
+    manifest_file.write_text(json.dumps(manifest))
     code = main(
         ["compare", str(loop_runs / "base-step3-native"), str(run), "--report", str(tmp_path / "out")]
     )
     training = json.loads((tmp_path / "out" / "report.json").read_text())["training"]
-    assert code == 1 and training["one_side_only"]["steps"] == {"baseline": [5]}
-    assert "steps 5 recorded by the baseline only" in capsys.readouterr().out
+    assert code == 1 and training["one_side_only"] == {
+        "steps": {"baseline": [5]},
+        "scalars": {"grad_norm": {"baseline": [2]}},
+    }
+    out = capsys.readouterr().out
+    assert "Runs do not line up: steps 5 recorded by the baseline only" in out
+    assert "Runs do not line up: grad_norm recorded by the baseline only (steps 2)" in out
 
 
 @pytest.mark.parametrize("recording", ["scalars-native", "step3-native", "step3-msprobe", "every-native"])
