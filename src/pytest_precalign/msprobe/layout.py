@@ -10,12 +10,10 @@ import re
 from pathlib import Path
 
 from ..errors import TraceError
+from ..trace.native_io import MSPROBE_MANIFEST
 
 DUMP_FILE = "dump.json"
-# Beside a rank folder's dump.json, written by our ``Recorder`` only: its trace manifest (the
-# step's scalars, the run's settings, initial parameters, the rank's ``parallel`` block), which
-# msprobe's files have no place for. msprobe's own tools ignore it.
-MANIFEST_SIDECAR = "precalign_manifest.json"
+MANIFEST_SIDECAR = MSPROBE_MANIFEST  # our Recorder's manifest beside dump.json (trace.native_io)
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank|proc)(\d+)$")
 

@@ -84,14 +84,14 @@ def _first_rank_manifest(root: Path) -> Path | None:
     """``step<N>/rank<R>/manifest.json`` (or ``rank<R>/manifest.json``, or the manifest our
     ``Recorder`` keeps beside an msprobe dump.json) with the lowest N, R that records the
     environment (a step recorded as scalars only does not), else the first of them."""
-    from ..msprobe.layout import MANIFEST_SIDECAR
+    from .native_io import MSPROBE_MANIFEST
 
     def number(p: Path, prefix: str) -> int:
         tail = p.name.removeprefix(prefix)
         return int(tail) if p.name.startswith(prefix) and tail.isdigit() else -1
 
     def manifest(rank: Path) -> Path | None:
-        return next((f for f in (rank / "manifest.json", rank / MANIFEST_SIDECAR) if f.is_file()), None)
+        return next((f for f in (rank / "manifest.json", rank / MSPROBE_MANIFEST) if f.is_file()), None)
 
     first: Path | None = None
     steps = sorted((s for s in root.iterdir() if number(s, "step") >= 0), key=lambda s: number(s, "step"))

@@ -25,6 +25,10 @@ from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_di
 FORMAT = "pytest-precalign-trace"
 FORMAT_VERSION = 1
 SHARD_BYTES = 1 << 30  # 1 GiB per safetensors file
+# Beside an msprobe rank folder's dump.json, written by our ``Recorder`` only: its trace
+# manifest (the step's scalars, the run's settings, initial parameters, the rank's ``parallel``
+# block), which msprobe's files have no place for. msprobe's own tools ignore it.
+MSPROBE_MANIFEST = "precalign_manifest.json"
 
 
 def write_trace(trace: Trace, path: str | Path, *, overwrite: bool = False) -> Path:
