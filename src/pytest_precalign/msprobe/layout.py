@@ -10,8 +10,10 @@ import re
 from pathlib import Path
 
 from ..errors import TraceError
+from ..trace.environment import MSPROBE_MANIFEST
 
 DUMP_FILE = "dump.json"
+MANIFEST_SIDECAR = MSPROBE_MANIFEST  # our Recorder's manifest beside dump.json (trace.native_io)
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank|proc)(\d+)$")
 
@@ -19,6 +21,14 @@ _RANK = re.compile(r"^(rank|proc)(\d+)$")
 def step_of(folder: Path) -> int | None:
     m = _STEP.match(folder.name)
     return int(m.group(1)) if m else None
+
+
+def recorded_by_us(folder: Path) -> bool:
+    """A rank folder our ``Recorder`` wrote in msprobe's layout (its manifest beside dump.json)."""
+    try:
+        return (folder / DUMP_FILE).is_file() and (folder / MANIFEST_SIDECAR).is_file()
+    except OSError:
+        return False
 
 
 def rank_of(folder: Path) -> int | None:

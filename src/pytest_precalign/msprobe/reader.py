@@ -29,7 +29,7 @@ from ..errors import TraceError
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
 from ..untrusted import bounded_repr, plain_name, read_json
 from ..vocabulary import Kind
-from .layout import DUMP_FILE, rank_folders, rank_of, single_rank_folder, step_of
+from .layout import DUMP_FILE, MANIFEST_SIDECAR, rank_folders, rank_of, single_rank_folder, step_of
 from .names import ParsedName, forward_name, parse_name
 from .tensors import TENSOR_DIR, PtTensors
 
@@ -99,10 +99,24 @@ def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool)
     }
     if stack:
         manifest["stack"] = _read_stack(folder / STACK_FILE, dump["data"])
+    manifest = {**_kept_manifest(folder), **manifest}
     tensors: Mapping[str, Any] = {}
     if build.shapes:
         tensors = PtTensors(tensor_dir, build.shapes)
     return Trace(manifest=manifest, records=tuple(records), tensors=tensors)
+
+
+def _kept_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest our ``Recorder`` kept beside dump.json (``MANIFEST_SIDECAR``: the step's
+    scalars, the run's settings, the rank's parallel block); {} for msprobe's own dumps.
+    What dump.json itself says (the records' mode, step, rank) wins over it."""
+    file = folder / MANIFEST_SIDECAR
+    if not file.is_file():
+        return {}
+    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json")
+    if not isinstance(data, dict):
+        raise TraceError(f"{file}: expected a JSON object (the Recorder's trace manifest)")
+    return data
 
 
 def _header(dump: Mapping[str, Any], dump_file: Path) -> tuple[str, str, str]:

@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import TraceError
 from ..trace.op_names import API_CLASS, PER_MODULE_CALL, split_op_name
 from ..trace.records import Record, Trace
+from .layout import MANIFEST_SIDECAR
 
 TASKS = {"tensor": "tensor", "stats": "statistics", "hash": "statistics"}
 _SKIP = ("logits", "loss", "param")  # msprobe has no such records; they stay in our trace
@@ -209,9 +210,17 @@ def _enclosing(first: Mapping[tuple[str, str], str], path: str, direction: str) 
 
 
 def write_msprobe_dump(
-    trace: Trace, path: str | Path, *, step: int = 0, rank: int = 0, overwrite: bool = False
+    trace: Trace,
+    path: str | Path,
+    *,
+    step: int = 0,
+    rank: int = 0,
+    overwrite: bool = False,
+    keep_manifest: bool = False,
 ) -> Path:
-    """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically."""
+    """Write ``<path>/step<step>/rank<rank>/`` in msprobe's layout, atomically.
+    ``keep_manifest``: the trace's manifest too, beside dump.json (``MANIFEST_SIDECAR``: the
+    ``Recorder``'s step scalars, run settings and parallel block, which msprobe has no place for)."""
     import torch
 
     from .._atomic import publish_dir, temp_dir_beside
@@ -230,11 +239,10 @@ def write_msprobe_dump(
                 tensor = trace.tensor(rec)
                 torch.save(tensor.detach().cpu().contiguous(), tmp / "dump_tensor_data" / name)
         dump["dump_data_dir"] = str(target / "dump_tensor_data") if files else None
-        for name, content in (
-            ("dump.json", dump),
-            ("construct.json", construct),
-            ("stack.json", _stack(dump)),
-        ):
+        written = [("dump.json", dump), ("construct.json", construct), ("stack.json", _stack(dump))]
+        if keep_manifest:
+            written.append((MANIFEST_SIDECAR, dict(trace.manifest)))
+        for name, content in written:
             with open(tmp / name, "w", encoding="utf-8") as f:
                 json.dump(content, f, indent=1)
         publish_dir(tmp, target)

@@ -18,6 +18,7 @@ from ..errors import ConfigError, TraceError
 from ..untrusted import read_json
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+RECORDER_KEY = "recorder"  # the mark of a manifest our ``Recorder`` (or the callback) wrote
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
@@ -251,17 +252,26 @@ def _children(path: Path, kind: re.Pattern[str]) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def _has_parallel_manifest(folder: Path) -> bool:
+def _recorded_rank(folder: Path) -> bool:
+    """A rank folder our ``Recorder`` (or a launched rank) wrote: a trace manifest with a
+    ``parallel`` block or the Recorder's mark (a step recorded as scalars only), or an msprobe
+    dump with the Recorder's manifest beside it."""
+    from ..msprobe.layout import MANIFEST_SIDECAR, recorded_by_us
+
+    file = folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
     try:
-        data = read_json(folder / "manifest.json", TraceError, unique_keys=True)
+        data = read_json(file, TraceError, unique_keys=True)
     except TraceError:
         return False
-    return isinstance(data, dict) and "parallel" in data
+    return isinstance(data, dict) and ("parallel" in data or RECORDER_KEY in data)
 
 
 def parallel_rank_folders(path: str | Path) -> dict[int, dict[int, Path]] | None:
-    """step -> rank -> folder when ``path`` is a step folder (``rank<R>/`` holding trace
-    manifests with a ``parallel`` block) or a run root of such step folders; else None."""
+    """step -> rank -> folder when ``path`` is a step folder (``rank<R>/`` folders our
+    ``Recorder`` or launched ranks wrote: trace manifests with a ``parallel`` block, steps
+    recorded as scalars only, msprobe dumps with the Recorder's manifest beside them) or a run
+    root of such step folders; else None. A run root is one multi-step run
+    (``parallel.sides.load_parallel_side``)."""
     root = Path(path)
     try:
         if not root.is_dir() or (root / "manifest.json").exists():
@@ -273,7 +283,7 @@ def parallel_rank_folders(path: str | Path) -> dict[int, dict[int, Path]] | None
             found = {_step_number(root): _children(root, _RANK)}
     except OSError:
         return None
-    if not any(_has_parallel_manifest(folder) for ranks in found.values() for folder in ranks.values()):
+    if not any(_recorded_rank(folder) for ranks in found.values() for folder in ranks.values()):
         return None
     return found
 

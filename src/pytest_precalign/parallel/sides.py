@@ -35,7 +35,8 @@ def load_parallel_side(
             (step, _merge_step(root, step, ranks, flag, rules, data_split))
             for step, ranks in complete.items()
         ]
-        merged = combine_steps(steps, root)
+        sources = {step: str(manifest_file(ranks[min(ranks)])) for step, ranks in complete.items() if ranks}
+        merged = combine_steps(steps, root, sources)
         if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
             merged = replace(merged, manifest={**merged.manifest, "incomplete_steps": incomplete})
         return merged
@@ -63,12 +64,12 @@ def _merge_step(
     rules: Sequence[ShardRule],
     data_split: bool = False,
 ) -> Trace:
-    from ..trace.native_io import read_trace
-
     folder = root / f"step{step}" if (root / f"step{step}").is_dir() else root
     if not ranks:
         raise TraceError(f"{folder}: no rank<R>/ folders in this step folder")
-    traces = {r: read_trace(p) for r, p in ranks.items()}
+    traces = {r: read_rank_folder(p) for r, p in ranks.items()}
+    if not any(t.records for t in traces.values()):  # a step recorded as scalars only
+        return traces[min(traces)]
     layouts = {r: _layout(traces[r], p) for r, p in ranks.items()}
     first = min(layouts)
     layout = layouts[first]
@@ -97,13 +98,32 @@ def _merge_step(
     )
 
 
+def read_rank_folder(folder: Path) -> Trace:
+    """One rank folder of a run: our trace, or an msprobe dump our ``Recorder`` wrote (its
+    manifest kept beside dump.json)."""
+    if (folder / "manifest.json").is_file():
+        from ..trace.native_io import read_trace
+
+        return read_trace(folder)
+    from ..msprobe import read_msprobe_dump
+
+    return read_msprobe_dump(folder)
+
+
+def manifest_file(folder: Path) -> Path:
+    """Where a rank folder's manifest is: ``manifest.json``, or the one our ``Recorder`` kept
+    beside an msprobe dump.json."""
+    from ..msprobe.layout import MANIFEST_SIDECAR, recorded_by_us
+
+    return folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
+
+
 def _layout(trace: Trace, folder: Path) -> ParallelLayout:
     block = trace.manifest.get("parallel")
+    where = str(manifest_file(folder))
     if block is None:
-        raise TraceError(
-            f"{folder / 'manifest.json'}: no 'parallel' block (its sibling rank folders have one)"
-        )
-    return layout_from_manifest(block, str(folder / "manifest.json"))
+        raise TraceError(f"{where}: no 'parallel' block (its sibling rank folders have one)")
+    return layout_from_manifest(block, where)
 
 
 def _check_flag(flag: ParallelLayout, layout: ParallelLayout, folder: Path) -> None:
@@ -131,7 +151,7 @@ def _check_steps(folder: Path, traces: Mapping[int, Trace]) -> None:
 
 def _rank_trace(rank: int, folder: Path, trace: Trace, layout: ParallelLayout) -> RankTrace:
     block = trace.manifest["parallel"]
-    where = str(folder / "manifest.json")
+    where = str(manifest_file(folder))
     if block.get("rank", rank) != rank:
         raise TraceError(f"{where}: 'parallel.rank' is {block.get('rank')!r}, but the folder is rank{rank}/")
     for dim, value in layout.coords(rank).items():

@@ -1,5 +1,6 @@
-"""Several steps of a merged run as one trace (records in step order), and the steps a run
-interrupted mid-step left partial (compared without them; the verdict says which)."""
+"""Several steps of a merged run as one trace (records in step order, every step's scalars,
+the run's settings), and the steps a run interrupted mid-step left partial (compared without
+them; the verdict says which)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,22 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.records import Record, Trace
+from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_of
+from ..trace.training_record import INITIAL_PARAMS_KEY, TRAINING_KEY, run_record_keys
 from ..trace.write_failures import read_write_failure_note
 from .store import MergedTensors, Plan
 
 
-def combine_steps(steps: Sequence[tuple[int, Trace]], root: Path) -> Trace:
-    """Merged traces of several steps -> one trace (records in step order)."""
+def combine_steps(
+    steps: Sequence[tuple[int, Trace]], root: Path, sources: Mapping[int, str] | None = None
+) -> Trace:
+    """Merged traces of several steps -> one multi-step run (records in step order). Steps
+    recorded as scalars only (no records) are steps of the run too: every step's scalars are
+    merged (a step's scalars held twice with other values is an error naming both files),
+    the run's settings and initial parameters come from the step that carries them (step 0),
+    and the manifest's other keys from the first step with records. ``sources``: where each
+    step's manifest was read (for messages); ``step<N>/`` of ``root`` when not given."""
+    where = {step: (sources or {}).get(step, str(root / f"step{step}")) for step, _ in steps}
     if len(steps) == 1:
         return _with_path(steps[0][1], root)
     records: list[Record] = []
@@ -33,7 +44,9 @@ def combine_steps(steps: Sequence[tuple[int, Trace]], root: Path) -> Trace:
         store = trace.tensors
         if isinstance(store, MergedTensors):
             plans.update({k: store.plan(k) for k in store})
-    manifest = dict(steps[0][1].manifest)
+    first = next((trace for _, trace in steps if trace.records), steps[0][1])
+    manifest = {k: v for k, v in first.manifest.items() if k not in _RUN_KEYS}
+    manifest.update(_run_record(steps, where))
     manifest["steps"] = [s for s, _ in steps]
     mismatches = [m for _, t in steps for m in t.manifest.get("replica_mismatches", ())]
     if mismatches:
@@ -42,6 +55,31 @@ def combine_steps(steps: Sequence[tuple[int, Trace]], root: Path) -> Trace:
     if missing:
         manifest["grads_missing"] = missing
     return _with_path(Trace(manifest, tuple(records), MergedTensors(plans)), root)
+
+
+_RUN_KEYS = (SCALARS_KEY, TRAINING_KEY, INITIAL_PARAMS_KEY)
+
+
+def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) -> dict[str, Any]:
+    """The run record of several steps' manifests: every step's scalars, merged; the settings
+    and initial parameters of the first step that carries them."""
+    scalars: dict[int, StepScalars] = {}
+    held: dict[int, int] = {}  # step of the scalars -> step folder they were read from
+    out: dict[str, Any] = {}
+    for step, trace in steps:
+        for key in (TRAINING_KEY, INITIAL_PARAMS_KEY):
+            if key not in out and trace.manifest.get(key) is not None:
+                out[key] = trace.manifest[key]
+        for at, value in scalars_of(trace.manifest, where[step]).items():
+            if at in scalars and scalars[at] != value:
+                raise TraceError(
+                    f"the scalars of step {at} differ between {where[held[at]]} and {where[step]}: "
+                    "a run's step is recorded once (two runs in one folder?)"
+                )
+            scalars[at], held[at] = value, step
+    if scalars:
+        out.update(run_record_keys(scalars=scalars))
+    return out
 
 
 def _with_path(trace: Trace, root: Path) -> Trace:

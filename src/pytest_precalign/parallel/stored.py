@@ -67,16 +67,19 @@ def load_sides(path: str | Path) -> dict[tuple[int, int], Trace]:
 
 def load_rank(path: str | Path, step: int, rank: int) -> Trace:
     """The trace of ``step`` on ``rank``: a trace folder (all its steps), a ``Recorder`` root
-    (``PATH/step<N>/rank<R>``), an msprobe rank folder, or an msprobe step folder or dump root
-    holding ``(step, rank)``."""
-    from ..trace.native_io import read_trace
+    (``PATH/step<N>/rank<R>``, native or msprobe), an msprobe rank folder, or an msprobe step
+    folder or dump root holding ``(step, rank)``."""
+    from ..msprobe.layout import recorded_by_us
+    from .sides import read_rank_folder
 
     root = Path(path)
     if not root.exists():
         raise TraceError(f"{root}: no such file or directory")
     folder = root / f"step{step}" / f"rank{rank}"
-    if not (root / "manifest.json").is_file() and (folder / "manifest.json").is_file():
-        return read_trace(folder)
+    if not (root / "manifest.json").is_file() and (
+        (folder / "manifest.json").is_file() or recorded_by_us(folder)
+    ):
+        return read_rank_folder(folder)
     if (root / "manifest.json").is_file() or (root / "dump.json").is_file():
         return load_side(root)
     from ..msprobe import is_msprobe_dump

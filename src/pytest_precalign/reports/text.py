@@ -497,6 +497,18 @@ def _not_trained(report: PhaseReport) -> bool:
     )
 
 
+def _run_story(report: PhaseReport) -> str:
+    """The training run's part of a summary line: its story when it failed or warned, and
+    what one side lacked (not compared)."""
+    run = report.training
+    if run is None:
+        return ""
+    story = training_summary(run) if not report.passed or run.warnings else ""
+    if run.not_compared and (report.carries_training or run.passed):
+        story += "; not compared: " + "; ".join(run.not_compared)
+    return story
+
+
 def summary_line(report: PhaseReport) -> str:
     v = report.verdict
     status = "PASSED" if report.passed else "FAILED"
@@ -521,6 +533,8 @@ def summary_line(report: PhaseReport) -> str:
         check = worst.explaining_check
         assert check is not None  # worst.checks is not empty
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
+    elif v.compared == 0 and v.coverage is None and v.expectation:  # judged by the run's scalars
+        detail = v.expectation
     else:
         detail = "aligned"
     accepted = sum(any(c.metric == SHARED_NONFINITE and c.passed for c in p.checks) for p in v.records)
@@ -537,8 +551,7 @@ def summary_line(report: PhaseReport) -> str:
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
         detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
-    run = report.training
-    story = training_summary(run) if run is not None and (not report.passed or run.warnings) else ""
+    story = _run_story(report)
     if _not_trained(report):  # the contract check stopped the case before step 0
         detail, story = "nothing trained" + (training_summary(report.training) if report.training else ""), ""
         detail += "; the expected divergence" if report.training and report.training.met else ""

@@ -37,6 +37,7 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     if v.met:
         lines.append(f"  the expected divergence: {v.expected}")
     lines.extend(f"Runs do not line up: {finding}" for finding in v.findings)
+    lines.extend(f"Not compared: {what}" for what in v.not_compared)
     return lines + warned
 
 

@@ -20,10 +20,14 @@ from ..mapping.usage import check_applied
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
-from ..vocabulary import PHASES
+from ..verdict.training_traces import is_training_run
+from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .replay_hint import not_replayed
 from .stored_runs import load_side, load_sides
+
+# The item of a run recorded as per-step scalars only (no layer records on the golden side).
+RUN_PHASE: Phase = "step"
 
 
 def load_tolerances(value: str | None) -> ToleranceTable:
@@ -152,6 +156,8 @@ def compare_runs(
     known = {**manifest_variables(base.manifest, cand.manifest), **(variables or {})}
     spec = _with_layer_mapping(load_mapping(mapping, known), layer_mapping)
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
+    if not phases and is_training_run(base, cand):
+        phases = (RUN_PHASE,)  # per-step scalars only: the run's verdict is the step item's
     if not phases:
         raise TraceError(f"{golden}: the golden side has no records")
     custom = [load_metric(m) for m in metrics]

@@ -41,7 +41,13 @@ from ..verdict.phase import (
 from ..verdict.story import tell_case
 from ..verdict.training_envelope import Envelope
 from ..verdict.training_run import TrainingVerdict, lane_of, with_expectation
-from ..verdict.training_traces import is_training_run, judge_traces
+from ..verdict.training_traces import (
+    is_training_run,
+    judge_traces,
+    judged_by_scalars,
+    on_both,
+    recorded_runs,
+)
 from ..vocabulary import Phase
 
 if TYPE_CHECKING:
@@ -146,11 +152,13 @@ def free_cores(cores: int, load: float) -> int:
 def finish(job: FinishInputs) -> CaseRun:
     """Map the candidate to the baseline's names, compare, and judge each phase. A mapping
     rule that applied to no record (nor, with weight sync, parameter) is a ``ConfigError``."""
-    base_trace, phases = job.baseline, job.phases
-    candidate, peft_reasons = peft_aligned(base_trace, job.candidate)  # a LoRA run vs a plain one
-    mapped = map_trace(candidate, base_trace, job.mapping)
+    phases = job.phases
+    # Two recordings of a run in other modes or on other steps: compared on what both hold.
+    base_trace, cand_in, alone = on_both(job.baseline, job.candidate)
+    cand_in, peft_reasons = peft_aligned(base_trace, cand_in)  # a LoRA run vs a plain one
+    mapped = map_trace(cand_in, base_trace, job.mapping)
     synced = job.sync.applied if job.sync is not None else frozenset()
-    use = MappingUse.of(job.mapping, job.candidate, mapped.applied | synced, params_seen=job.sync is not None)
+    use = MappingUse.of(job.mapping, cand_in, mapped.applied | synced, params_seen=job.sync is not None)
     if job.check_mapping:
         check_applied(use)
     reasons = {**peft_reasons, **_not_recordable(base_trace, mapped.trace), **mapped.reasons}
@@ -172,14 +180,17 @@ def finish(job: FinishInputs) -> CaseRun:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
     expect = job.case.expect if job.case is not None else None
     verdicts = {}
+    by_scalars = recorded_runs(base_trace, cand_trace)
     for phase in phases:
         earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
         parents = base_trace.manifest.get("parents") or {}
         verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
+        if by_scalars and not comparison.by_phase(phase):  # neither side recorded this phase
+            verdict = judged_by_scalars(verdict, phase)
         verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
         verdict = with_missing_grads(verdict, _grads_missing(job))
         verdicts[phase] = with_incomplete_steps(verdict, _incomplete_steps(job))
-    training = _training(job, base_trace, cand_trace, comparison)
+    training = _training(job, base_trace, cand_trace, comparison, alone)
     first = training.first if training is not None else None
     data = (first.step, first.evidence) if first is not None and first.what == "data" else None
     verdicts = tell_case(verdicts, phases, data)  # no module origin where the data differs
@@ -201,7 +212,11 @@ def finish(job: FinishInputs) -> CaseRun:
 
 
 def _training(
-    job: FinishInputs, baseline: Trace, candidate: Trace, comparison: Comparison
+    job: FinishInputs,
+    baseline: Trace,
+    candidate: Trace,
+    comparison: Comparison,
+    alone: Mapping[str, list[int]] | None = None,
 ) -> TrainingVerdict | None:
     """The run verdict of a training run (None for a one-step case), checked against the
     case's expected run divergence (``expect: {step, diverged}``) when it has one."""
@@ -218,6 +233,7 @@ def _training(
             job.table,
             lambda n: baseline_param_names(mapping, n),
             job.envelope,
+            alone,
         )
     if expect is None or expect.diverged is None or expect.step is None:
         return training

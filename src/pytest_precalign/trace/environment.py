@@ -12,6 +12,12 @@ from typing import Any
 from ..errors import TraceError
 from ..untrusted import bounded_repr, read_json
 
+# Beside an msprobe rank folder's dump.json, written by our ``Recorder`` only: its trace
+# manifest (the step's scalars, the run's settings, initial parameters, the rank's ``parallel``
+# block, the environment), which msprobe's files have no place for. msprobe's own tools ignore
+# it. (Read here for the environment, and by ``native_io`` / ``msprobe.layout``.)
+MSPROBE_MANIFEST = "precalign_manifest.json"
+
 # Versions first, in this order; any other package a manifest names follows, sorted.
 VERSION_ORDER = ("python", "torch", "torch_npu", "transformers", "megatron-core", "safetensors")
 
@@ -124,21 +130,34 @@ def _environment_of(file: Path) -> dict[str, Any] | None:
 
 
 def _first_rank_manifest(root: Path) -> Path | None:
-    """``step<N>/rank<R>/manifest.json`` (or ``rank<R>/manifest.json``) with the lowest N, R."""
+    """``step<N>/rank<R>/manifest.json`` (or ``rank<R>/manifest.json``, or the manifest our
+    ``Recorder`` keeps beside an msprobe dump.json) with the lowest N, R that records the
+    environment (a step recorded as scalars only does not), else the first of them."""
 
     def number(p: Path, prefix: str) -> int:
         tail = p.name.removeprefix(prefix)
         return int(tail) if p.name.startswith(prefix) and tail.isdigit() else -1
 
+    def manifest(rank: Path) -> Path | None:
+        return next((f for f in (rank / "manifest.json", rank / MSPROBE_MANIFEST) if f.is_file()), None)
+
+    first: Path | None = None
     steps = sorted((s for s in root.iterdir() if number(s, "step") >= 0), key=lambda s: number(s, "step"))
     for folder in steps or [root]:
         ranks = sorted(
-            (r for r in folder.iterdir() if number(r, "rank") >= 0 and (r / "manifest.json").is_file()),
-            key=lambda r: number(r, "rank"),
+            (r for r in folder.iterdir() if number(r, "rank") >= 0), key=lambda r: number(r, "rank")
         )
-        if ranks:
-            return ranks[0] / "manifest.json"
-    return None
+        found = next((f for r in ranks if (f := manifest(r)) is not None), None)
+        if found is None:
+            continue
+        first = first or found
+        try:
+            data = read_json(found, TraceError, what="a manifest")
+        except TraceError:
+            return found  # read_manifest says what is wrong with it
+        if isinstance(data, dict) and "versions" in data:
+            return found
+    return first
 
 
 def _looks_like_msprobe(root: Path) -> bool:

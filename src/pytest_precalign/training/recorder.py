@@ -251,6 +251,8 @@ class Recorder:
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
         if not self.selected() or self.mode == "scalars":
+            if not self.written and not self._facts:  # the environment, in the first folder
+                self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])
             return
         unwrapped = [unwrap(c) for c in chunks_of(model)]  # DDP, FSDP, Float16Module, compile, PEFT
         chunks = [inner for inner, _ in unwrapped]
@@ -387,7 +389,12 @@ class Recorder:
                 from ..msprobe.writer import write_msprobe_dump
 
                 return write_msprobe_dump(
-                    trace, self.root, step=self._step, rank=self.rank, overwrite=self.overwrite
+                    trace,
+                    self.root,
+                    step=self._step,
+                    rank=self.rank,
+                    overwrite=self.overwrite,
+                    keep_manifest=True,
                 )
             return write_trace(trace, self.folder(), overwrite=self.overwrite)
 
@@ -480,23 +487,8 @@ class Recorder:
         optimizer steps the loop will take; ``precision``: what the forward computes in
         (default: the parameters' dtype); ``loss_normalisation``: how the loss of a step's
         micro-batches is normalised (``trace.training_record.LOSS_NORMALISATIONS``)."""
-        from ..trace.training_record import LOSS_NORMALISATIONS, PRECISIONS
         from .run_settings import loop_settings
 
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ConfigError(f"Recorder.record_settings: steps must be an integer >= 1, got {steps!r}")
-        if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
-            raise ConfigError(
-                f"Recorder.record_settings: micro_batches must be an integer >= 1, got {micro_batches!r}"
-            )
-        for key, value, allowed in (
-            ("loss_normalisation", loss_normalisation, LOSS_NORMALISATIONS),
-            ("precision", precision, PRECISIONS),
-        ):
-            if value is not None and value not in allowed:
-                raise ConfigError(
-                    f"Recorder.record_settings: unknown {key} {value!r} (allowed: {', '.join(allowed)})"
-                )
         settings = loop_settings(
             model,
             optimizer,
@@ -542,6 +534,7 @@ class Recorder:
             "step": self._step,
             "rank": self.rank,
             "record_mode": "scalars",
+            **(self._facts if not self.written else {}),  # versions etc.: once, for env-diff
             **({"dtype": self._precision} if self._precision else {}),
             **self._step_evidence(),
         }

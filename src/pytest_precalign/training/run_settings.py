@@ -26,8 +26,14 @@ from typing import Any
 
 import torch
 
-from ..errors import RecorderError
-from ..trace.training_record import Adapter, TrainingPlan, TrainingSettings
+from ..errors import ConfigError, RecorderError
+from ..trace.training_record import (
+    LOSS_NORMALISATIONS,
+    PRECISIONS,
+    Adapter,
+    TrainingPlan,
+    TrainingSettings,
+)
 from .unwrap import unwrap
 
 # TrainingArguments fields that say where and how a run reports, not what it trains.
@@ -357,6 +363,22 @@ def with_precision(settings: TrainingSettings, precision: str, autocast: bool) -
 # -- a hand-written loop (the Recorder) ---------------------------------------------------------
 
 
+def _check_loop_settings(
+    steps: int, micro_batches: int, loss_normalisation: str | None, precision: str | None
+) -> None:
+    for key, number in (("steps", steps), ("micro_batches", micro_batches)):
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            raise ConfigError(f"Recorder.record_settings: {key} must be an integer >= 1, got {number!r}")
+    for key, value, allowed in (
+        ("loss_normalisation", loss_normalisation, LOSS_NORMALISATIONS),
+        ("precision", precision, PRECISIONS),
+    ):
+        if value is not None and value not in allowed:
+            raise ConfigError(
+                f"Recorder.record_settings: unknown {key} {value!r} (allowed: {', '.join(allowed)})"
+            )
+
+
 def loop_settings(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -371,7 +393,9 @@ def loop_settings(
     gradient_checkpointing: bool | None,
     arguments: Mapping[str, Any],
 ) -> TrainingSettings:
-    """The settings of a loop recorded with the ``Recorder`` (``Recorder.record_settings``)."""
+    """The settings of a loop recorded with the ``Recorder`` (``Recorder.record_settings``;
+    its arguments checked here: one ``ConfigError`` each)."""
+    _check_loop_settings(steps, micro_batches, loss_normalisation, precision)
     lrs = planned_lrs(optimizer, scheduler, steps)
     plan = None
     if lrs is not None:

@@ -36,6 +36,7 @@ from .training_scalars import (
     findings_of,
     first_scalar_difference,
     nonfinite_on_both,
+    one_sided,
     over_envelope,
 )
 from .training_settings import settings_contract
@@ -76,6 +77,10 @@ class TrainingVerdict:
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
     warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
+    # What one side recorded and the other did not: ``layers`` (steps whose layers only that
+    # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
+    one_side_only: Mapping[str, Any] = field(default_factory=dict)
+    not_compared: tuple[str, ...] = ()  # what was not compared because one side lacks it, in words
 
     @property
     def passed(self) -> bool:
@@ -107,6 +112,8 @@ class TrainingVerdict:
             "unsaid_settings": list(self.unsaid),
             "expectation": self.expected or None,
             "passed": self.passed,
+            "not_compared": list(self.not_compared),
+            "one_side_only": dict(self.one_side_only),
             "curves": dict(self.curves),
         }
 
@@ -159,6 +166,7 @@ def judge_run(
         envelope=told,
         unsaid=_unsaid(baseline, candidate),
         warnings=warnings,
+        one_side_only=one_sided(baseline.scalars, candidate.scalars),
     )
 
 

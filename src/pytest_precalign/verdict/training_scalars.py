@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
@@ -261,24 +262,37 @@ def _broken_alike(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or (math.isinf(a) and a == b)
 
 
-def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[str, ...]:
-    """What the two runs' scalars cannot pair: each is a failure of the run, never skipped over."""
-    out: list[str] = []
-    if base or cand:
-        for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
-            alone = sorted(set(mine) - set(other))
-            if alone:
-                out.append(
-                    f"steps {_ranges(alone)} recorded by the {side} only: the runs' steps do not line up"
-                )
+def one_sided(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> dict[str, Any]:
+    """What one side's scalars hold and the other's do not: ``steps`` (by side, the steps only
+    it recorded) and ``scalars`` (by scalar name, then side: the common steps where only that
+    side recorded it); empty parts left out."""
+    steps = {
+        side: sorted(set(mine) - set(other))
+        for side, mine, other in (("baseline", base, cand), ("candidate", cand, base))
+        if set(mine) - set(other)
+    }
     common = sorted(set(base) & set(cand))
+    scalars: dict[str, dict[str, list[int]]] = {}
     for name in _SCALAR_NAMES:
         for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
             alone = [s for s in common if _one_sided(name, getattr(mine[s], name), getattr(other[s], name))]
             if alone:
-                out.append(
-                    f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
-                )
+                scalars.setdefault(name, {})[side] = alone
+    return {k: v for k, v in (("steps", steps), ("scalars", scalars)) if v}
+
+
+def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[str, ...]:
+    """What the two runs' scalars cannot pair: each is a failure of the run, never skipped over."""
+    out: list[str] = []
+    lacking = one_sided(base, cand)
+    for side, alone in lacking.get("steps", {}).items():
+        out.append(f"steps {_ranges(alone)} recorded by the {side} only: the runs' steps do not line up")
+    for name, sides in lacking.get("scalars", {}).items():
+        for side, alone in sides.items():
+            out.append(
+                f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
+            )
+    common = sorted(set(base) & set(cand))
     for s in common:
         a, b = bool(base[s].skipped), bool(cand[s].skipped)
         if a != b:

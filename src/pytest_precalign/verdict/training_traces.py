@@ -1,7 +1,14 @@
 """The training-run verdict of two traces: each side's run record (``read_run_record``: its
 per-step scalars, a trace without them giving its loss curve from its loss records; its
 settings and plan; its initial parameters), and the per-step record evidence of their
-comparison."""
+comparison.
+
+Two recordings of a run made in different modes or on different steps (a ``Recorder`` or
+``PrecalignCallback`` recording every step's scalars, and layers on all steps, some or none)
+are compared on what both hold: the layers of a step that one side recorded as scalars only
+are not compared (``on_both``; the verdict says so: ``not_compared``, ``one_side_only``), and a
+phase neither side has a record of is judged by the run's scalars (``judged_by_scalars``). A
+step one side did not record at all, or a scalar one side lacks, stays a finding."""
 
 from __future__ import annotations
 
@@ -11,10 +18,13 @@ from typing import Any
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
+from ..parallel.layout import RECORDER_KEY
 from ..trace.records import Trace
 from ..trace.step_scalars import SCALARS_KEY, StepScalars
 from ..trace.training_record import TRAINING_KEY, read_run_record
+from ..vocabulary import Phase
 from .frozen_params import frozen_changes, frozen_of, without_frozen
+from .phase import PhaseVerdict
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
@@ -29,6 +39,67 @@ def is_training_run(baseline: Trace, candidate: Trace) -> bool:
             return True
     steps = {r.step for r in baseline.records if r.kind == "param"}
     return len(steps) > 1
+
+
+def layer_steps(trace: Trace) -> set[int]:
+    """The steps a trace holds records (layers) of."""
+    return {r.step for r in trace.records}
+
+
+def one_side_only(baseline: Trace, candidate: Trace) -> dict[str, list[int]]:
+    """Per side, the steps whose layers only it recorded while the other side recorded the
+    step's scalars (that step in scalars mode, or outside its ``steps=``): not compared."""
+    out: dict[str, list[int]] = {}
+    for side, mine, other in (("baseline", baseline, candidate), ("candidate", candidate, baseline)):
+        alone = sorted(layer_steps(mine) - layer_steps(other))
+        recorded = other.scalars
+        steps = [s for s in alone if s in recorded]
+        if steps:
+            out[side] = steps
+    return out
+
+
+def recorded_runs(baseline: Trace, candidate: Trace) -> bool:
+    """Both sides are runs our ``Recorder`` (or ``PrecalignCallback``) recorded with per-step
+    scalars, which may hold layers on some steps only (a case records the same on both)."""
+    return all(RECORDER_KEY in t.manifest and t.manifest.get(SCALARS_KEY) for t in (baseline, candidate))
+
+
+def on_both(baseline: Trace, candidate: Trace) -> tuple[Trace, Trace, dict[str, list[int]]]:
+    """Two recorded runs (``recorded_runs``) without the records of steps whose layers one
+    side only recorded (see ``one_side_only``), and those steps by side; other traces as they
+    are (a record without a partner fails its phase)."""
+    alone = one_side_only(baseline, candidate) if recorded_runs(baseline, candidate) else {}
+    if not alone:
+        return baseline, candidate, alone
+    drop = {s for steps in alone.values() for s in steps}
+
+    def kept(trace: Trace) -> Trace:
+        return replace(trace, records=tuple(r for r in trace.records if r.step not in drop))
+
+    return kept(baseline), kept(candidate), alone
+
+
+def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
+    """A phase of two recorded runs (``recorded_runs``) of which neither side holds a record
+    (scalars mode, or layers on other steps only): the run's verdict judges it (carried by the
+    item of its class's phase); nothing compared is no failure of the phase here."""
+    return replace(
+        verdict,
+        passed=True,
+        coverage=None,
+        expectation=f"no {phase} records on either side: judged by the run's per-step scalars",
+    )
+
+
+def not_compared_lines(alone: Mapping[str, list[int]]) -> tuple[str, ...]:
+    """What was not compared because one side lacks it, in words."""
+    other = {"baseline": "candidate", "candidate": "baseline"}
+    return tuple(
+        f"the layers of step(s) {', '.join(map(str, steps))}: the {side} recorded them, the "
+        f"{other[side]} those steps' scalars only"
+        for side, steps in alone.items()
+    )
 
 
 def run_side(trace: Trace, where: str, recorded: bool = True) -> RunSide:
@@ -47,9 +118,11 @@ def judge_traces(
     table: ToleranceTable,
     rename: Rename = same_names,
     envelope: Envelope | None = None,
+    alone: Mapping[str, list[int]] | None = None,
 ) -> TrainingVerdict:
     """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own);
-    ``envelope``: judged in the envelope lane."""
+    ``envelope``: judged in the envelope lane; ``alone``: the steps whose layers one side only
+    recorded (``on_both``), told as not compared."""
     parents: Mapping[str, Any] = baseline.manifest.get("parents") or {}
     # A side that records no per-step scalars at all (a launched side stepping with torch.optim,
     # an msprobe dump) is compared on both sides' loss records: its missing scalars are what
@@ -70,4 +143,8 @@ def judge_traces(
         dtype=str(baseline.manifest.get("dtype") or "float32"),
         envelope=envelope,
     )
-    return replace(verdict, findings=(*verdict.findings, *changed)) if changed else verdict
+    if changed:
+        verdict = replace(verdict, findings=(*verdict.findings, *changed))
+    if not alone:
+        return verdict
+    return replace(verdict, not_compared=not_compared_lines(alone), one_side_only={"layers": dict(alone)})

@@ -1,0 +1,267 @@
+"""A user's own training run, recorded any way, compared one way (issue #32, items 1-2).
+
+Real scripts in a subprocess record a hand-written torch loop with ``pytest_precalign.Recorder``
+(``tests/helpers/recorded_loop.py``) and a tiny ``transformers.Trainer`` with
+``PrecalignCallback`` (``tests/helpers/recorded_trainer.py``), in every mode (per-step scalars
+only, layers on step 3 only, layers on every step) and format (native, msprobe); then
+``precalign compare`` and a ``dump:`` case in an inner pytest judge them. Both give the same run
+verdict (step, class, origin, evidence), the same in every mode and format where the mode
+holds the evidence: faults from step 3 are found at step 3 (an LR schedule: ``schedule``;
+another batch: ``data``; a layer: ``forward`` at its module where layers were recorded, the
+``loss`` where only scalars were); clean reruns pass; every step is judged and drawn."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_precalign.cli import main
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+RECORDINGS = [f"{mode}-{fmt}" for mode in ("scalars", "step3", "every") for fmt in ("native", "msprobe")]
+# What each fault of the loop is found as, by whether the recording holds step 3's layers.
+LOOP_FAULTS = {
+    "rerun": None,
+    "linear": (3, "schedule", "lr[0]"),
+    "data": (3, "data", "batch"),
+    "layer": (3, "forward", "proj"),
+}
+LOOP_FAULTS_SCALARS_ONLY = {**LOOP_FAULTS, "layer": (3, "loss", "loss")}
+# Pairs of recordings in other modes: (baseline, candidate, expected, layers one side only).
+MIXED = [
+    (
+        "base-every-native",
+        "linear-scalars-native",
+        (3, "schedule", "lr[0]"),
+        {"baseline": [0, 1, 2, 3, 4, 5]},
+    ),
+    ("base-step3-native", "rerun-every-native", None, {"candidate": [0, 1, 2, 4, 5]}),
+    ("base-scalars-msprobe", "layer-step3-msprobe", (3, "loss", "loss"), {"candidate": [3]}),
+]
+
+
+def _record(script: str, out: Path) -> Path:
+    done = subprocess.run(
+        [sys.executable, str(HELPERS / script), str(out)], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record("recorded_loop.py", tmp_path_factory.mktemp("loop") / "runs")
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record("recorded_trainer.py", tmp_path_factory.mktemp("trainer") / "runs")
+
+
+def _verdict(training: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        training["first_divergent_step"],
+        training["first_divergent"],
+        training["origin"],
+        training["evidence"],
+    )
+
+
+def _compare(
+    root: Path, base: str, cand: str, out: Path, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
+    """``precalign compare`` of two recordings: its report.json's training block."""
+    code = main(["compare", str(root / base), str(root / cand), "--report", str(out)])
+    text = capsys.readouterr().out
+    training: dict[str, Any] = json.loads((out / "report.json").read_text())["training"]
+    assert code == (0 if training["passed"] else 1), text
+    training["text"] = text
+    return training
+
+
+def _dump_cases(root: Path, pairs: list[tuple[str, str]], work: Path) -> dict[str, dict[str, Any]]:
+    """The same pairs as ``dump:`` cases of one config, run by an inner pytest: each case's
+    training block of report.json, by case name."""
+    cases = "".join(
+        f"  - name: {base}__{cand}\n"
+        f"    baseline: {{dump: {root / base}}}\n"
+        f"    candidate: {{dump: {root / cand}}}\n"
+        f"    phases: [forward, backward, step]\n"
+        for base, cand in pairs
+    )
+    work.mkdir()
+    (work / "align.yaml").write_text(f"version: 1\ncases:\n{cases}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--align-config", "align.yaml"]
+        + ["--align-report", "report"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((work / "report" / "report.json").read_text())
+    out: dict[str, dict[str, Any]] = {}
+    for case in report["cases"]:
+        if case.get("training") is not None:
+            out.setdefault(case["name"], case["training"])
+    return out
+
+
+def _expected(variant: str, recording: str) -> tuple[int, str, str] | None:
+    return (LOOP_FAULTS_SCALARS_ONLY if recording.startswith("scalars") else LOOP_FAULTS)[variant]
+
+
+def test_a_recorded_loop_is_one_run_in_every_mode_and_format(
+    loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``precalign compare`` of the loop's recordings: every fault at step 3 and its class, the
+    same verdict in both formats; every step judged and drawn; reruns pass."""
+    seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+    for variant in LOOP_FAULTS:
+        for recording in RECORDINGS:
+            training = _compare(
+                loop_runs,
+                f"base-{recording}",
+                f"{variant}-{recording}",
+                tmp_path / f"{variant}-{recording}",
+                capsys,
+            )
+            expected = _expected(variant, recording)
+            found = _verdict(training)
+            assert found[:3] == (expected or (None, None, None)), (variant, recording, training["text"])
+            assert training["steps_compared"] == 6 and training["curves"]["steps"] == [0, 1, 2, 3, 4, 5]
+            assert len(training["curves"]["lr"]["candidate"]) == 6 and not training["findings"]
+            assert training["not_compared"] == [] and training["one_side_only"] == {}
+            mode = recording.split("-")[0]
+            other = seen.setdefault((variant, mode), found)
+            assert other == found, f"{variant}: native and msprobe {mode} recordings disagree"
+    # An LR schedule that differs from step 3 is the schedule at step 3 whatever was recorded.
+    assert {seen[("linear", m)] for m in ("scalars", "step3", "every")} == {seen[("linear", "scalars")]}
+    assert "lr at step 3: 6.113e-03 vs 5.714e-03 (group 0)" in seen[("linear", "scalars")][3]
+
+
+def test_recordings_in_other_modes_are_compared_on_what_both_hold(
+    loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for base, cand, expected, alone in MIXED:
+        training = _compare(loop_runs, base, cand, tmp_path / f"{base}-{cand}", capsys)
+        assert _verdict(training)[:3] == (expected or (None, None, None)), training["text"]
+        assert training["one_side_only"] == {"layers": alone} and not training["findings"]
+        (told,) = training["not_compared"]
+        side = next(iter(alone))
+        assert f"the {side} recorded them" in told and f"not compared: {told}" in training["text"]
+
+
+def test_a_dump_case_gives_the_same_run_verdict_as_the_cli(
+    loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pairs = [
+        (f"base-{r}", f"{v}-{r}")
+        for v in ("rerun", "linear", "layer")
+        for r in ("scalars-native", "step3-msprobe")
+    ]
+    pairs += [(base, cand) for base, cand, _, _ in MIXED]
+    cases = _dump_cases(loop_runs, pairs, tmp_path / "suite")
+    for base, cand in pairs:
+        cli = _compare(loop_runs, base, cand, tmp_path / f"{base}-{cand}", capsys)
+        case = cases[f"{base}__{cand}"]
+        assert _verdict(case) == _verdict(cli), (base, cand)
+        assert case["passed"] == cli["passed"] and case["one_side_only"] == cli["one_side_only"]
+        assert case["curves"]["steps"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_step_recorded_twice_with_other_scalars_is_an_error_naming_both_files(
+    loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(loop_runs / "base-scalars-native", run)
+    first, second = (run / f"step{s}" / "rank0" / "manifest.json" for s in (0, 1))
+    manifest = json.loads(second.read_text())
+    own = json.loads(first.read_text())["scalars"]["0"]
+    manifest["scalars"]["0"] = {**own, "loss": own["loss"] + 1.0}
+    second.write_text(json.dumps(manifest))
+    assert main(["compare", str(run), str(loop_runs / "base-scalars-native")]) == 2
+    err = capsys.readouterr().err
+    assert f"the scalars of step 0 differ between {first} and {second}" in err
+    manifest["scalars"]["0"] = own  # the same values twice: one step
+    second.write_text(json.dumps(manifest))
+    assert main(["compare", str(run), str(loop_runs / "base-scalars-native")]) == 0
+
+
+def test_a_step_or_a_scalar_one_side_did_not_record_fails_closed(
+    loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(loop_runs / "rerun-step3-native", run)
+    shutil.rmtree(run / "step5")
+    manifest_file = run / "step2" / "rank0" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["scalars"]["2"]["grad_norm"] = None
+    manifest_file.write_text(json.dumps(manifest))
+    code = main(
+        ["compare", str(loop_runs / "base-step3-native"), str(run), "--report", str(tmp_path / "out")]
+    )
+    training = json.loads((tmp_path / "out" / "report.json").read_text())["training"]
+    assert code == 1 and training["one_side_only"] == {
+        "steps": {"baseline": [5]},
+        "scalars": {"grad_norm": {"baseline": [2]}},
+    }
+    out = capsys.readouterr().out
+    assert "Runs do not line up: steps 5 recorded by the baseline only" in out
+    assert "Runs do not line up: grad_norm recorded by the baseline only (steps 2)" in out
+
+
+@pytest.mark.parametrize("recording", ["scalars-native", "step3-native", "step3-msprobe", "every-native"])
+def test_a_trainer_run_recorded_by_the_callback(trainer_runs: Path, tmp_path: Path, recording: str) -> None:
+    """``precalign compare`` (a subprocess, as CI runs it) of the callback's recordings: a
+    cosine vs linear decay is found from the two plans the callback wrote (the contract), told
+    in the Trainer's own words, at step 3 (the first step where the LRs differ)."""
+    out = tmp_path / "report"
+    argv = [sys.executable, "-m", "pytest_precalign", "compare"]
+    done = subprocess.run(
+        argv
+        + [
+            str(trainer_runs / f"base-{recording}"),
+            str(trainer_runs / f"linear-{recording}"),
+            "--report",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    training = json.loads((out / "report.json").read_text())["training"]
+    assert _verdict(training)[:3] == (3, "contract", "lr"), done.stdout
+    assert (
+        "Step 3 diverged first: contract, origin lr — the sides' settings differ before training: "
+        "lr_scheduler_type cosine vs linear: LR differs from step 3"
+    ) in done.stdout
+    assert training["curves"]["steps"] == [0, 1, 2, 3, 4, 5]
+    html = (out / "report.html").read_text()
+    assert html.count('data-curve="lr"') == 1 and "step 5</text>" in html
+
+
+def test_a_trainer_rerun_passes_and_a_dump_case_agrees(trainer_runs: Path, tmp_path: Path) -> None:
+    pairs = [("base-scalars-native", "rerun-scalars-native"), ("base-step3-msprobe", "linear-step3-msprobe")]
+    cases = _dump_cases(trainer_runs, pairs, tmp_path / "suite")
+    rerun, linear = (cases[f"{b}__{c}"] for b, c in pairs)
+    assert rerun["passed"] and rerun["first_divergent"] is None and rerun["steps_compared"] == 6
+    assert _verdict(linear)[:3] == (3, "contract", "lr")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_precalign", "compare", *(str(trainer_runs / p) for p in pairs[0])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "judged by the run's per-step scalars" in done.stdout
