@@ -28,6 +28,8 @@ The last line of stdout is one JSON object; ``--out FILE`` writes it too
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -41,6 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SCRIPTS = REPO / "example_suites" / "recorded_runs"
+sys.path.insert(0, str(REPO / "src"))  # this checkout's package, as the recording scripts get it
 LAYER_STEPS = (3, 5)  # the steps whose layers the *_steps / *_msprobe variants record
 
 
@@ -119,7 +122,10 @@ def record(variant: Variant, out: Path, mutations: list[Mutation]) -> float:
     runs = [_spec("baseline", variant.record), *(_spec(m.name, variant.record, m.knobs) for m in mutations)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / variant.script), str(out), *runs], env=env, capture_output=True, text=True
+        [sys.executable, str(SCRIPTS / variant.script), str(out), *runs],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         raise SystemExit(f"recorded_runs.py: {variant.script} failed:\n{done.stderr[-3000:]}")
@@ -127,18 +133,29 @@ def record(variant: Variant, out: Path, mutations: list[Mutation]) -> float:
 
 
 def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
-    """``precalign compare BASE CAND --report REPORT`` in a subprocess: exit code, verdict."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "pytest_precalign", "compare", str(base), str(cand), "--report", str(report)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    """``precalign compare BASE CAND --report REPORT`` (the CLI's ``main``, in this process):
+    its exit code and the run verdict of report.json; a crash is exit ``"crash"``."""
+    from pytest_precalign.cli import main as precalign
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code: int | str = precalign(["compare", str(base), str(cand), "--report", str(report)])
+    except Exception as exc:  # a traceback is a finding of the benchmark, not its end
+        code = "crash"
+        out.write(f"{type(exc).__name__}: {exc}")
     file = report / "report.json"
-    training = json.loads(file.read_text())["training"] if file.is_file() else None
+    training = json.loads(file.read_text()).get("training") if file.is_file() else None
     training = training if isinstance(training, dict) else {}
-    said = (done.stdout + done.stderr).strip().splitlines()
+    said = out.getvalue().strip().splitlines()
     return {
-        "exit": done.returncode,
-        "found": [training.get("first_divergent_step"), training.get("first_divergent"), training.get("origin")],
-        "said": next((line.strip() for line in said if "diverged first" in line or "error" in line), said[-1:]),
+        "exit": code,
+        "found": [
+            training.get("first_divergent_step"),
+            training.get("first_divergent"),
+            training.get("origin"),
+        ],
+        "said": next((line.strip()[:300] for line in said if "diverged first" in line or "rror" in line), ""),
     }
 
 
@@ -176,12 +193,31 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "right_origin": sum(r["right_origin"] for r in origins),
         "false_alarms": sum(r["false_alarm"] for r in clean),
         "refused": sum(r["exit"] == 2 for r in rows),
+        "crashed": sum(r["exit"] == "crash" for r in rows),
     }
+
+
+def _shown(found: list[Any] | None) -> str:
+    return (
+        "-" if not found or found[0] is None and found[1] is None else ", ".join(str(v) for v in found if v)
+    )
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """One markdown row per judged pair (benchmarks/results/detection_rates.md)."""
+    print("| variant | run | expected (step, class, origin) | exit | found (step, class, origin) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['variant']} | {r['name']} | {_shown(r['expected'])} | {r['exit']} | {_shown(r['found'])} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", action="append", choices=sorted(VARIANTS), help="repeatable; default all")
+    parser.add_argument(
+        "--variant", action="append", choices=sorted(VARIANTS), help="repeatable; default all"
+    )
     parser.add_argument("--only", help="comma-separated mutation names")
     parser.add_argument("--keep", help="record into this directory (kept)")
     parser.add_argument("--judge-only", help="judge the recordings a --keep run left in this directory")
@@ -191,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {n.strip() for n in (args.only or "").split(",") if n.strip()}
     known = {m.name for ms in CATALOGUE.values() for m in ms}
     if wanted - known:
-        parser.error(f"--only: unknown mutation(s) {', '.join(sorted(wanted - known))} (allowed: {', '.join(sorted(known))})")
+        parser.error(
+            f"--only: unknown mutation(s) {', '.join(sorted(wanted - known))} (allowed: {', '.join(sorted(known))})"
+        )
     started = time.perf_counter()
     rows, seconds = [], {}
     with tempfile.TemporaryDirectory(prefix="precalign-recorded-") as tmp:
@@ -202,10 +240,18 @@ def main(argv: list[str] | None = None) -> int:
             if not args.judge_only:
                 seconds[name] = round(record(variant, work / name, mutations), 1)
             for m in mutations:
-                judged = judge(work / name / "baseline", work / name / m.name, work / "reports" / name / m.name)
+                judged = judge(
+                    work / name / "baseline", work / name / m.name, work / "reports" / name / m.name
+                )
                 rows.append(score(name, m, judged))
-                print(f"{name} {m.name}: expected {rows[-1]['expected']}, exit {judged['exit']}, found {judged['found']}", flush=True)
-    figures = {**summary(rows), "per_variant": {v: summary([r for r in rows if r["variant"] == v]) for v in chosen}}
+                print(
+                    f"{name} {m.name}: expected {rows[-1]['expected']}, exit {judged['exit']}, found {judged['found']}",
+                    flush=True,
+                )
+    figures = {
+        **summary(rows),
+        "per_variant": {v: summary([r for r in rows if r["variant"] == v]) for v in chosen},
+    }
     figures["seconds"] = round(time.perf_counter() - started, 1)
     figures["recording_seconds"] = seconds
     n = figures["mutations"]
@@ -215,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         f"false alarms {figures['false_alarms']}/{figures['clean_pairs']}, refused (exit 2) "
         f"{figures['refused']}/{len(rows)}; {figures['seconds']} s"
     )
+    print_table(rows)
     document = {**figures, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""A user's path for training runs: their own script (``tests/user_runs/scripts/``) run in a
+"""A user's path for training runs: their own script (``example_suites/recorded_runs/``) run in a
 subprocess records runs; ``precalign compare`` (the CLI's ``main``) or a ``dump:`` case of an
 inner pytest judges them; report.json's ``training`` object is what the tests read."""
 
@@ -14,9 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "tests" / "user_runs" / "scripts"
+
+# What issue #32 adds, named by the strict xfails of tests/user_runs (remove a mark when it lands).
+SCALARS_REFUSED = "#32: precalign compare refuses a scalars-only recording (no manifest.json at its root)"
+SUBSET_REFUSED = "#32: a steps= subset is refused (its scalars-only steps have no 'parallel' block)"
+MSPROBE_ROOT = "#32: an msprobe recording's root is refused ('one rank folder ... is needed here')"
+STEP0_ONLY = "#32: a recording of every step is judged on step 0's scalars only"
+NO_PLAN = "#32: the callback writes no plan (TrainingArguments, the LR of every step): no contract check"
+NO_SETTINGS = "#32: the callback records no PEFT config and no autocast state: no contract check"
+PADDED_HASH = "#32: batch_hash hashes padded rows: another micro-batch split is told as data"
+NO_VERSIONS = (
+    "#32: a scalars-only manifest has no 'versions' (nor trl / peft / accelerate): env-diff refuses it"
+)
+SCRIPTS = REPO / "example_suites" / "recorded_runs"
 
 
 def _env() -> dict[str, str]:
@@ -24,7 +35,7 @@ def _env() -> dict[str, str]:
 
 
 def record(script: str, out: Path, *runs: str) -> Path:
-    """``python scripts/<script> OUT RUN...`` (each RUN ``NAME:key=value,...``); ``out``."""
+    """``python example_suites/recorded_runs/<script> OUT RUN...`` (each RUN ``NAME:key=value,...``); ``out``."""
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / script), str(out), *runs],
         env=_env(),
@@ -66,6 +77,16 @@ def compare(base: Path, cand: Path, report: Path, *options: str) -> Judged:
     file = report / "report.json"
     document = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
     return Judged(code, out.getvalue() + err.getvalue(), document)
+
+
+def env_diff(first: Path, second: Path) -> tuple[int, str]:
+    """``precalign env-diff FIRST SECOND`` in this process: exit code and output."""
+    from pytest_precalign.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["env-diff", str(first), str(second)])
+    return code, out.getvalue()
 
 
 def dump_suite(folder: Path, cases: dict[str, tuple[Path, Path, dict[str, Any] | None]]) -> Path:

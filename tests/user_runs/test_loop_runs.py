@@ -1,5 +1,5 @@
 """A user's own training loop recorded with ``Recorder`` + ``record_scalars`` + ``StepEvidence``
-as docs/training.md shows (``scripts/torch_loop.py``, run in a subprocess), saved in both
+as docs/training.md shows (``example_suites/recorded_runs/torch_loop.py``, run in a subprocess), saved in both
 formats, judged by ``precalign compare``: the same run verdict whatever the format; a fault
 from step k at step k; a rerun passes. The loop writes no plan, so another peak LR is found in
 the run (``schedule`` at step 1: step 0 has LR 0 under the warmup)."""
@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.user_runs import compare, record
+from tests.helpers.user_runs import (
+    MSPROBE_ROOT,
+    SCALARS_REFUSED,
+    SUBSET_REFUSED,
+    compare,
+    record,
+)
 
 pytest.importorskip("transformers")
 
 SCRIPT = "torch_loop.py"
-SCALARS_REFUSED = "#32: precalign compare refuses a scalars-only recording (no manifest.json at its root)"
-SUBSET_REFUSED = "#32: a steps= subset is refused (its scalars-only steps have no 'parallel' block)"
-MSPROBE_PAIRS = "#32: an msprobe Recorder root gets no run verdict (refused: 'one rank folder ... is needed here')"
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,15 @@ def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "lr:lr=6e-3",
         "clip3:clip_from=3",
         "shuffle3:shuffle_from=3",
+    )
+
+
+@pytest.fixture(scope="module")
+def layer_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Layers recorded on step 5, in both formats."""
+    return record(
+        SCRIPT,
+        tmp_path_factory.mktemp("loop_layers"),
         "s5_base:mode=stats,steps=5",
         "s5_bug5:mode=stats,steps=5,layer_bug_from=5",
         "ms_base:mode=stats,steps=5,format=msprobe",
@@ -59,24 +71,28 @@ def test_a_fault_in_the_loop_is_named_at_its_step(
     assert f"Step {step} diverged first: {diverged}" in judged.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fmt",
     [
         pytest.param("s5", id="native", marks=pytest.mark.xfail(strict=True, reason=SUBSET_REFUSED)),
-        pytest.param("ms", id="msprobe", marks=pytest.mark.xfail(strict=True, reason=MSPROBE_PAIRS)),
+        pytest.param("ms", id="msprobe", marks=pytest.mark.xfail(strict=True, reason=MSPROBE_ROOT)),
     ],
 )
-def test_layers_on_step_5_name_the_module_in_either_format(loop_runs: Path, tmp_path: Path, fmt: str) -> None:
-    judged = compare(loop_runs / f"{fmt}_base", loop_runs / f"{fmt}_bug5", tmp_path / "report")
+def test_layers_on_step_5_name_the_module_in_either_format(
+    layer_runs: Path, tmp_path: Path, fmt: str
+) -> None:
+    judged = compare(layer_runs / f"{fmt}_base", layer_runs / f"{fmt}_bug5", tmp_path / "report")
     assert judged.exit_code == 1
     assert judged.verdict() == (5, "forward")
     assert judged.training["origin"] == "model.layers.1.mlp"
     assert "Step 5 diverged first: forward, origin model.layers.1.mlp" in judged.output
 
 
-@pytest.mark.xfail(strict=True, reason=MSPROBE_PAIRS)
-def test_an_msprobe_rerun_passes_with_one_run_verdict(loop_runs: Path, tmp_path: Path) -> None:
-    judged = compare(loop_runs / "ms_base", loop_runs / "ms_rerun", tmp_path / "report")
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=MSPROBE_ROOT)
+def test_an_msprobe_rerun_passes_with_one_run_verdict(layer_runs: Path, tmp_path: Path) -> None:
+    judged = compare(layer_runs / "ms_base", layer_runs / "ms_rerun", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
     assert judged.verdict() == (None, None)
     assert judged.training["steps_compared"] == 10

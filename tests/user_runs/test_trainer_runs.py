@@ -1,7 +1,7 @@
 """A user's ``transformers.Trainer`` fine-tune (tiny Qwen2, variable-length rows with dynamic
 padding, warmup + cosine, clipping, weight decay, 2 micro-batches, 10 optimizer steps)
 recorded with ``PrecalignCallback`` by the user's own script in a subprocess
-(``scripts/trainer_finetune.py``), then judged as CI would: ``precalign compare`` and a
+(``example_suites/recorded_runs/trainer_finetune.py``), then judged as CI would: ``precalign compare`` and a
 ``dump:`` case of an inner pytest. Each fault after step 0 is named at its step (0-based
 optimizer steps) and class; a rerun, eager vs sdpa attention (fp32) and the same rows in
 another micro-batch split pass.
@@ -17,16 +17,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.user_runs import compare, dump_suite, record, run_dump_suite
+from tests.helpers.user_runs import (
+    MSPROBE_ROOT,
+    NO_PLAN,
+    NO_VERSIONS,
+    PADDED_HASH,
+    SCALARS_REFUSED,
+    STEP0_ONLY,
+    SUBSET_REFUSED,
+    compare,
+    dump_suite,
+    env_diff,
+    record,
+    run_dump_suite,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 SCRIPT = "trainer_finetune.py"
-SCALARS_REFUSED = "#32: precalign compare refuses a scalars-only recording (no manifest.json at its root)"
-NO_PLAN = "#32: the callback writes no plan (TrainingArguments, the LR of every step): no contract check"
-PADDED_HASH = "#32: batch_hash hashes padded rows: another micro-batch split is told as data"
-STEP0_ONLY = "#32: a recording of every step is judged on step 0's scalars only"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +67,7 @@ def more_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "s5_base:mode=stats,steps=5",
         "s5_bug5:mode=stats,steps=5,layer_bug_from=5",
         "s_base:mode=stats",
+        "s_bug5:mode=stats,layer_bug_from=5",
         "s_clip3:mode=stats,clip_from=3",
         "ms_base:mode=stats,steps=5,format=msprobe",
         "ms_bug5:mode=stats,steps=5,format=msprobe,layer_bug_from=5",
@@ -102,11 +112,22 @@ def test_the_micro_batch_split_changes_no_recorded_batch_hash(scalars_runs: Path
     def hashes(run: str) -> list[str]:
         out = []
         for step in range(10):
-            manifest = json.loads((scalars_runs / run / f"step{step}" / "rank0" / "manifest.json").read_text())
+            manifest = json.loads(
+                (scalars_runs / run / f"step{step}" / "rank0" / "manifest.json").read_text()
+            )
             out.append(manifest["scalars"][str(step)]["batch_hash"])
         return out
 
     assert hashes("base") == hashes("micro41")
+
+
+@pytest.mark.xfail(strict=True, reason=NO_VERSIONS)
+def test_env_diff_reads_a_scalars_recording(scalars_runs: Path) -> None:
+    code, out = env_diff(
+        scalars_runs / "base" / "step0" / "rank0", scalars_runs / "rerun" / "step0" / "rank0"
+    )
+    assert code == 0, out
+    assert "environment: the same" in out
 
 
 # -- a dump: case in pytest (what CI runs) -----------------------------------------------------
@@ -160,23 +181,34 @@ def test_a_layer_bug_in_a_scalars_run_is_the_loss_at_its_step(more_runs: Path, t
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "pair",
+    "side",
     [
-        pytest.param(
-            ("s5_base", "s5_bug5"),
-            id="steps=[5]",
-            marks=pytest.mark.xfail(strict=True, reason="#32: a steps= subset is refused (no 'parallel' block)"),
-        ),
-        pytest.param(("ms_base", "ms_bug5"), id="msprobe"),
-        pytest.param(("s_base", "s_clip3"), id="every-step"),
+        pytest.param("s5", id="native", marks=pytest.mark.xfail(strict=True, reason=SUBSET_REFUSED)),
+        pytest.param("ms", id="msprobe", marks=pytest.mark.xfail(strict=True, reason=MSPROBE_ROOT)),
     ],
 )
-def test_layers_on_the_step_name_the_module(more_runs: Path, tmp_path: Path, pair: tuple[str, str]) -> None:
-    base, cand = pair
-    judged = compare(more_runs / base, more_runs / cand, tmp_path / "report")
+def test_layers_on_the_chosen_step_name_the_module(more_runs: Path, tmp_path: Path, side: str) -> None:
+    """``PrecalignCallback(root, mode="stats", steps=[5])``: step 5 drills down to the module;
+    the other steps are judged on their scalars."""
+    judged = compare(more_runs / f"{side}_base", more_runs / f"{side}_bug5", tmp_path / "report")
     assert judged.exit_code == 1
-    if cand.endswith("clip3"):
-        assert judged.verdict() == (3, "clipping")
-    else:
-        assert judged.verdict() == (5, "forward")
-        assert judged.training["origin"] == "model.layers.1.mlp"
+    assert judged.verdict() == (5, "forward")
+    assert judged.training["origin"] == "model.layers.1.mlp"
+    assert judged.training["steps_compared"] == 10
+
+
+@pytest.mark.slow
+def test_layers_on_every_step_name_the_module(more_runs: Path, tmp_path: Path) -> None:
+    judged = compare(more_runs / "s_base", more_runs / "s_bug5", tmp_path / "report")
+    assert judged.exit_code == 1
+    assert judged.verdict() == (5, "forward")
+    assert judged.training["origin"] == "model.layers.1.mlp"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=STEP0_ONLY)
+def test_clipping_from_step_3_with_layers_on_every_step_is_clipping(more_runs: Path, tmp_path: Path) -> None:
+    judged = compare(more_runs / "s_base", more_runs / "s_clip3", tmp_path / "report")
+    assert judged.exit_code == 1
+    assert judged.verdict() == (3, "clipping")
+    assert judged.training["curves"]["steps"] == list(range(10))

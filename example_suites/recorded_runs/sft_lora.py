@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from datasets import Dataset
 from peft import LoraConfig
+from tiny_setup import EOS, PAD, VOCAB, parse_run, tiny_qwen2, token_rows
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from tiny_setup import EOS, PAD, VOCAB, parse_run, tiny_qwen2, token_rows
 from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 

@@ -8,7 +8,7 @@ Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Key
 (scalars | stats | tensor | hash; default scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``), ``format`` (native | msprobe), ``lr`` (peak LR), faults from optimizer
 step k: ``clip_from=k`` (clip norm 0.05), ``shuffle_from=k`` (rows of steps k.. permuted),
-``layer_bug_from=k`` (model.layers.1.mlp's output x 1.01).
+``layer_bug_from=k`` (model.layers.1.mlp's output x 1.2).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
     if run["layer_bug_from"] is not None:
         k = run["layer_bug_from"]
         model.model.layers[1].mlp.register_forward_hook(
-            lambda module, args, output: output * 1.01 if step_now[0] >= k else None
+            lambda module, args, output: output * 1.2 if step_now[0] >= k else None
         )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]

@@ -14,8 +14,8 @@ Keys (a run is the baseline unless one of them changes it):
   micro-batches: ``2x2`` default, ``4x1``)
 - faults from an optimizer step k (0-based, the Trainer logs it as step k + 1):
   ``clip_from=k`` (max_grad_norm set to 0.05 from step k), ``shuffle_from=k`` (the rows of
-  steps k.. in another order), ``layer_bug_from=k`` (model.layers.1.mlp's output x 1.01),
-  ``attn_bug_from=k`` (model.layers.0.self_attn's output x 1.01), ``lr_bump_from=k`` (the
+  steps k.. in another order), ``layer_bug_from=k`` (model.layers.1.mlp's output x 1.2),
+  ``attn_bug_from=k`` (model.layers.0.self_attn's output x 1.2), ``lr_bump_from=k`` (the
   optimizer's LR x 1.1 from step k, behind the scheduler's back)
 """
 
@@ -85,14 +85,14 @@ class LrBumpFrom(TrainerCallback):
 
 
 def layer_bug(module: torch.nn.Module, counter: StepCounter, k: int) -> None:
-    """A fault: ``module``'s output (its first output, for attention) x 1.01 from step k."""
+    """A fault: ``module``'s output (its first output, for attention) x 1.2 from step k."""
 
     def scale(module: torch.nn.Module, args: Any, output: Any) -> Any:
         if counter.step < k:
             return None
         if isinstance(output, tuple):
-            return (output[0] * 1.01, *output[1:])
-        return output * 1.01
+            return (output[0] * 1.2, *output[1:])
+        return output * 1.2
 
     module.register_forward_hook(scale)
 
