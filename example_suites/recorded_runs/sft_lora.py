@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from datasets import Dataset
 from peft import LoraConfig
-from tiny_setup import EOS, PAD, VOCAB, parse_run, tiny_qwen2, token_rows
+from tiny_setup import EOS, PAD, QUIET_CPU_RUN, VOCAB, sweep, tiny_qwen2, token_rows
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
@@ -67,13 +66,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
         weight_decay=0.1,
         max_grad_norm=1.0,
         bf16=run["bf16"] == "on",
-        train_sampling_strategy="sequential",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-        seed=0,
+        **QUIET_CPU_RUN,
     )
     lora = LoraConfig(
         r=4,
@@ -93,16 +86,5 @@ def train(out: Path, run: dict[str, Any]) -> None:
     trainer.train()
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    torch.use_deterministic_algorithms(True)
-    out = Path(argv[0])
-    for spec in argv[1:]:
-        name, run = parse_run(spec, BASELINE)
-        train(out / name, run)
-        print(f"recorded {out / name}", flush=True)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sweep(sys.argv[1:], BASELINE, train, __doc__ or "")

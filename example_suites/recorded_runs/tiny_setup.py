@@ -5,12 +5,25 @@ dynamic-padding collator, and the scripts' ``NAME:key=value,...`` run specs."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 VOCAB, PAD, EOS = 256, 0, 1
+# The TrainingArguments every run here shares: the rows in order, a log line every step, no
+# checkpoints or trackers, CPU, one seed.
+QUIET_CPU_RUN: dict[str, Any] = {
+    "train_sampling_strategy": "sequential",
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": [],
+    "disable_tqdm": True,
+    "use_cpu": True,
+    "seed": 0,
+}
 
 
 def tiny_qwen2(attn: str = "eager") -> Qwen2ForCausalLM:
@@ -74,3 +87,17 @@ def parse_run(spec: str, defaults: dict[str, Any]) -> tuple[str, dict[str, Any]]
         else:
             run[key] = value
     return name, run
+
+
+def sweep(
+    argv: list[str], defaults: dict[str, Any], train: Callable[[Path, dict[str, Any]], None], usage: str
+) -> None:
+    """``OUT RUN [RUN ...]``: train and record each run under ``OUT/NAME``, deterministically."""
+    if len(argv) < 2:
+        sys.exit(usage)
+    torch.use_deterministic_algorithms(True)
+    out = Path(argv[0])
+    for spec in argv[1:]:
+        name, run = parse_run(spec, defaults)
+        train(out / name, run)
+        print(f"recorded {out / name}", flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tiny_setup import pad_batch, parse_run, tiny_qwen2, token_rows
+from tiny_setup import pad_batch, sweep, tiny_qwen2, token_rows
 
 from pytest_precalign import Recorder
 from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
@@ -104,16 +104,5 @@ def train(out: Path, run: dict[str, Any]) -> None:
     rec.close()
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    torch.use_deterministic_algorithms(True)
-    out = Path(argv[0])
-    for spec in argv[1:]:
-        name, run = parse_run(spec, BASELINE)
-        train(out / name, run)
-        print(f"recorded {out / name}", flush=True)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sweep(sys.argv[1:], BASELINE, train, __doc__ or "")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tiny_setup import pad_batch, parse_run, tiny_qwen2, token_rows
+from tiny_setup import QUIET_CPU_RUN, pad_batch, sweep, tiny_qwen2, token_rows
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from pytest_precalign import PrecalignCallback
@@ -122,13 +122,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
         warmup_steps=run["warmup"],
         weight_decay=run["weight_decay"],
         max_grad_norm=1.0,
-        train_sampling_strategy="sequential",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-        seed=0,
+        **QUIET_CPU_RUN,
     )
     trainer = Trainer(
         model=model,
@@ -140,16 +134,5 @@ def train(out: Path, run: dict[str, Any]) -> None:
     trainer.train()
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) < 2:
-        sys.exit(__doc__)
-    torch.use_deterministic_algorithms(True)
-    out = Path(argv[0])
-    for spec in argv[1:]:
-        name, run = parse_run(spec, BASELINE)
-        train(out / name, run)
-        print(f"recorded {out / name}", flush=True)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sweep(sys.argv[1:], BASELINE, train, __doc__ or "")
