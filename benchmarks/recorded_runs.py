@@ -159,6 +159,28 @@ def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
     }
 
 
+def step_scalars(root: Path) -> dict[int, dict[str, Any]]:
+    """Each step's scalars as the native manifests of a recording hold them (rank 0)."""
+    out: dict[int, dict[str, Any]] = {}
+    for manifest in root.glob("step*/rank0/manifest.json"):
+        out.update({int(k): v for k, v in json.loads(manifest.read_text()).get("scalars", {}).items()})
+    return out
+
+
+def spread(base: Path, cand: Path) -> dict[str, float] | None:
+    """A fault-free pair's largest |difference| over the steps of each float scalar (what a
+    tolerance table must allow), from the recordings themselves; None without scalars."""
+    one, two = step_scalars(base), step_scalars(cand)
+    if not one or set(one) != set(two):
+        return None
+    keys = ("loss", "grad_norm", "clip_coef", "update_norm", "param_norm")
+    return {
+        k: max(abs(one[s][k] - two[s][k]) for s in one)
+        for k in keys
+        if all(isinstance(one[s].get(k), float) and isinstance(two[s].get(k), float) for s in one)
+    }
+
+
 def score(variant_name: str, m: Mutation, judged: dict[str, Any]) -> dict[str, Any]:
     expected = m.expected(VARIANTS[variant_name])
     step, what, origin = judged["found"]
@@ -244,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                     work / name / "baseline", work / name / m.name, work / "reports" / name / m.name
                 )
                 rows.append(score(name, m, judged))
+                if m.step is None:
+                    rows[-1]["spread"] = spread(work / name / "baseline", work / name / m.name)
                 print(
                     f"{name} {m.name}: expected {rows[-1]['expected']}, exit {judged['exit']}, found {judged['found']}",
                     flush=True,
