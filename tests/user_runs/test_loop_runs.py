@@ -1,8 +1,8 @@
 """A user's own training loop recorded with ``Recorder`` + ``record_scalars`` + ``StepEvidence``
-as docs/training.md shows (``example_suites/recorded_runs/torch_loop.py``, run in a subprocess), saved in both
-formats, judged by ``precalign compare``: the same run verdict whatever the format; a fault
-from step k at step k; a rerun passes. The loop writes no plan, so another peak LR is found in
-the run (``schedule`` at step 1: step 0 has LR 0 under the warmup)."""
+as docs/training.md shows (``example_suites/recorded_runs/torch_loop.py``, run in a subprocess),
+saved in both formats, judged by ``precalign compare``: the same run verdict whatever the format;
+a fault from step k at step k; a rerun passes. The loop writes no plan, so another peak LR is
+found in the run (``schedule`` at step 1: step 0 has LR 0 under the warmup)."""
 
 from __future__ import annotations
 

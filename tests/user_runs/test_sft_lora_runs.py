@@ -1,7 +1,7 @@
 """A user's TRL ``SFTTrainer`` + PEFT LoRA fine-tune recorded with ``PrecalignCallback``
-(``example_suites/recorded_runs/sft_lora.py`` in a subprocess) and judged by ``precalign compare``: another
-``lora_alpha`` or bf16 autocast on one side is a settings (``contract``) difference named
-before step 0; a rerun and the same rows in another micro-batch split pass."""
+(``example_suites/recorded_runs/sft_lora.py`` in a subprocess) and judged by ``precalign
+compare``: another ``lora_alpha`` or bf16 autocast on one side is a settings (``contract``)
+difference named before step 0; a rerun and the same rows in another micro-batch split pass."""
 
 from __future__ import annotations
 

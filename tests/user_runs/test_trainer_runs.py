@@ -1,9 +1,9 @@
 """A user's ``transformers.Trainer`` fine-tune (tiny Qwen2, variable-length rows with dynamic
-padding, warmup + cosine, clipping, weight decay, 2 micro-batches, 10 optimizer steps)
-recorded with ``PrecalignCallback`` by the user's own script in a subprocess
-(``example_suites/recorded_runs/trainer_finetune.py``), then judged as CI would: ``precalign compare`` and a
-``dump:`` case of an inner pytest. Each fault after step 0 is named at its step (0-based
-optimizer steps) and class; a rerun, eager vs sdpa attention (fp32) and the same rows in
+padding, warmup + cosine, clipping, weight decay, 2 micro-batches, 10 optimizer steps) recorded
+with ``PrecalignCallback`` by the user's own script in a subprocess
+(``example_suites/recorded_runs/trainer_finetune.py``), then judged as CI would: ``precalign
+compare`` and a ``dump:`` case of an inner pytest. Each fault after step 0 is named at its step
+(0-based optimizer steps) and class; a rerun, eager vs sdpa attention (fp32) and the same rows in
 another micro-batch split pass.
 
 Issue #32: most of this fails on the code before it (a scalars-only recording is refused,
