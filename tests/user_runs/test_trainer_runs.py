@@ -220,3 +220,23 @@ def test_clipping_from_step_3_with_layers_on_every_step_is_clipping(more_runs: P
     assert judged.exit_code == 1
     assert judged.verdict() == (3, "clipping")
     assert judged.training["curves"]["steps"] == list(range(10))
+
+
+@pytest.mark.slow
+def test_a_dump_case_expects_the_layer_bug_of_a_run_with_layers_on_every_step(
+    more_runs: Path, tmp_path: Path
+) -> None:
+    """A known divergence declared in the case: it passes only while exactly that is found."""
+    expect = {"step": 5, "diverged": "forward", "origin": "model.layers.1.mlp"}
+    config = dump_suite(
+        tmp_path / "suite",
+        {
+            "known_bug": (more_runs / "s_base", more_runs / "s_bug5", expect),
+            "wrong_step": (more_runs / "s_base", more_runs / "s_bug5", {**expect, "step": 4}),
+        },
+    )
+    done = run_dump_suite(config, tmp_path / "report")
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "PASSED known_bug[forward]" in out
+    assert "FAILED wrong_step[forward]" in out
