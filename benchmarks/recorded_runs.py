@@ -181,6 +181,30 @@ def spread(base: Path, cand: Path) -> dict[str, float] | None:
     }
 
 
+# A step's scalars in the order the step makes them; floats within torch.testing's fp32 default
+# (atol 1e-5, rtol 1.3e-6), LRs and weight decays to a relative 1e-6, the rest exactly.
+STEP_ORDER = ("batch_hash", "tokens", "loss", "grad_norm", "clip_coef", "lr", "weight_decay", "update_norm")
+
+
+def _differ(key: str, a: Any, b: Any) -> bool:
+    if key in ("lr", "weight_decay") and isinstance(a, list) and isinstance(b, list):
+        return len(a) != len(b) or any(abs(x - y) > 1e-6 * abs(x) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) > 1e-5 + 1.3e-6 * abs(b)
+    return bool(a != b)
+
+
+def first_scalar_difference(base: Path, cand: Path) -> list[Any] | None:
+    """[step, scalar] of the first recorded scalar that differs, read from the recordings alone
+    (the catalogue's check, independent of the verdict); None when none does."""
+    one, two = step_scalars(base), step_scalars(cand)
+    for step in sorted(one):
+        for key in STEP_ORDER:
+            if _differ(key, one[step].get(key), two.get(step, {}).get(key)):
+                return [step, key]
+    return None
+
+
 def score(variant_name: str, m: Mutation, judged: dict[str, Any]) -> dict[str, Any]:
     expected = m.expected(VARIANTS[variant_name])
     step, what, origin = judged["found"]
@@ -266,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                     work / name / "baseline", work / name / m.name, work / "reports" / name / m.name
                 )
                 rows.append(score(name, m, judged))
+                pair = (work / name / "baseline", work / name / m.name)
+                rows[-1]["recorded_first"] = first_scalar_difference(*pair)
                 if m.step is None:
-                    rows[-1]["spread"] = spread(work / name / "baseline", work / name / m.name)
+                    rows[-1]["spread"] = spread(*pair)
                 print(
                     f"{name} {m.name}: expected {rows[-1]['expected']}, exit {judged['exit']}, found {judged['found']}",
                     flush=True,
