@@ -48,7 +48,11 @@ def test_a_clean_lora_pair_passes(sft_runs: Path, tmp_path: Path, clean: str) ->
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=f"{SCALARS_REFUSED}; {NO_SETTINGS}")
-@pytest.mark.parametrize(("cand", "named"), [("alpha8", ("lora_alpha", "16", "8")), ("bf16", ("autocast",))])
+@pytest.mark.parametrize(
+    ("cand", "named"),
+    [("alpha8", ("lora_alpha", "16", "8")), ("bf16", ("autocast",))],
+    ids=["lora_alpha", "bf16"],
+)
 def test_a_settings_difference_is_named_before_step_0(
     sft_runs: Path, tmp_path: Path, cand: str, named: tuple[str, ...]
 ) -> None:
