@@ -13,6 +13,8 @@ object.
     python benchmarks/mutations.py --only hf_attn_scale,clean_eager_vs_sdpa
     python benchmarks/mutations.py --training      # the training-level mutations instead
                                                    # (benchmarks/training_mutations.py)
+    python benchmarks/mutations.py --training --recorded   # ... on a user's recorded runs
+                                                   # (benchmarks/recorded_runs.py)
 """
 
 from __future__ import annotations
@@ -154,9 +156,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     if "--training" in sys.argv[1:]:  # the training-level benchmark takes the rest of the line
+        argv = [a for a in sys.argv[1:] if a != "--training"]
+        if "--recorded" in argv:  # a user's runs, recorded by the callback / Recorder (recorded_runs.py)
+            import recorded_runs
+
+            raise SystemExit(recorded_runs.main([a for a in argv if a != "--recorded"]))
         import training_mutations
 
-        argv = [a for a in sys.argv[1:] if a != "--training"]
         raise SystemExit(training_mutations.main(argv))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
