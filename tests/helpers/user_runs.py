@@ -16,17 +16,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-# What issue #32 adds, named by the strict xfails of tests/user_runs (remove a mark when it lands).
-SCALARS_REFUSED = "#32: precalign compare refuses a scalars-only recording (no manifest.json at its root)"
-SUBSET_REFUSED = "#32: a steps= subset is refused (its scalars-only steps have no 'parallel' block)"
-MSPROBE_ROOT = "#32: an msprobe recording's root is refused ('one rank folder ... is needed here')"
-STEP0_ONLY = "#32: a recording of every step is judged on step 0's scalars only"
-NO_PLAN = "#32: the callback writes no plan (TrainingArguments, the LR of every step): no contract check"
-NO_SETTINGS = "#32: the callback records no PEFT config and no autocast state: no contract check"
-PADDED_HASH = "#32: batch_hash hashes padded rows: another micro-batch split is told as data"
-NO_VERSIONS = (
-    "#32: a scalars-only manifest has no 'versions' (nor trl / peft / accelerate): env-diff refuses it"
-)
 SCRIPTS = REPO / "example_suites" / "recorded_runs"
 
 

@@ -177,3 +177,38 @@ def test_recordings_nan_on_both_sides_fail_compare(
     code, out = _compare(tmp_path / "a" / "nan_run", tmp_path / "b" / "nan_run", capsys)
     assert code == 1
     assert f"Runs do not line up: {LOSS_NAN}" in out, out
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m["scalars"]["0"].__setitem__("loss", [1.0, 2.0]), "scalars['0'].loss: expected a number"),
+        (
+            lambda m: m["scalars"]["0"].__setitem__("grad_norm", "abc"),
+            "scalars['0'].grad_norm: expected a number",
+        ),
+        (lambda m: m["scalars"]["0"].__setitem__("batch_hash", 12345), "batch_hash: expected a string"),
+        (lambda m: m["training"]["plan"].__setitem__("lr", ["a"]), "training.plan.lr[0]: expected a list"),
+        (lambda m: m["training"]["plan"].__setitem__("groups", 7), "training.plan.groups: expected a list"),
+        (
+            lambda m: m["training"]["plan"].__setitem__("weight_decay", {"a": 1}),
+            "plan.weight_decay: expected a list",
+        ),
+    ],
+    ids=["loss-list", "grad-norm-text", "hash-number", "lr-text", "groups-number", "decay-mapping"],
+)
+def test_crafted_run_files_are_one_message(
+    recorded: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    edit: Callable[[dict[str, Any]], Any],
+    message: str,
+) -> None:
+    """Per-step scalars and plans of the wrong type: one message naming the file and the key,
+    exit 2 (they were TypeError / ValueError / KeyError tracebacks)."""
+    a = copy_trace(recorded, tmp_path / "a")
+    b = copy_trace(recorded, tmp_path / "b", edit)
+    code = main(["compare", str(a), str(b)])
+    _, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    assert "manifest.json" in err and message in err, err

@@ -88,3 +88,26 @@ def test_initial_params_must_be_summaries() -> None:
         read_run_record({"initial_params": [1, 2, 3]}, "m.json")
     with pytest.raises(TraceError, match=r"missing \['min', 'mean', 'norm'\]"):
         read_run_record({"initial_params": {"w": {"max": 1}}}, "m.json")
+
+
+@pytest.mark.parametrize(
+    ("scalars", "key"),
+    [
+        ({"step": 0, "loss": [1.0, 2.0]}, "loss: expected a number or null, got list"),
+        ({"step": 0, "grad_norm": "abc"}, "grad_norm: expected a number or null, got str"),
+        ({"step": 0, "batch_hash": 12345}, "batch_hash: expected a string or null, got int"),
+        ({"step": "0"}, "step: expected an integer >= 0, got str"),
+        ({"step": 0, "lr": ["a"]}, "lr: expected a list of numbers"),
+        ({"step": 0, "skipped": 1}, "skipped: expected true, false or null"),
+        ({"loss": 1.0}, "no 'step'"),
+    ],
+)
+def test_malformed_step_scalars_name_the_key(scalars: dict[str, object], key: str) -> None:
+    with pytest.raises(TraceError, match="m.json: scalars") as info:
+        read_run_record({"scalars": {"0": scalars}}, "m.json")
+    assert key in str(info.value)
+
+
+def test_step_scalars_keep_nan_for_the_verdict_to_judge() -> None:
+    record = read_run_record({"scalars": {"2": {"step": 2, "loss": float("nan")}}}, "m.json")
+    assert record.scalars[2].loss != record.scalars[2].loss

@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.user_runs import (
-    MSPROBE_ROOT,
-    SCALARS_REFUSED,
-    SUBSET_REFUSED,
     compare,
     record,
 )
@@ -50,7 +47,6 @@ def layer_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 def test_a_rerun_of_the_loop_passes(loop_runs: Path, tmp_path: Path) -> None:
     judged = compare(loop_runs / "base", loop_runs / "rerun", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
@@ -58,7 +54,6 @@ def test_a_rerun_of_the_loop_passes(loop_runs: Path, tmp_path: Path) -> None:
     assert judged.training["steps_compared"] == 10
 
 
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 @pytest.mark.parametrize(
     ("fault", "step", "diverged"), [("lr", 1, "schedule"), ("clip3", 3, "clipping"), ("shuffle3", 3, "data")]
 )
@@ -75,8 +70,8 @@ def test_a_fault_in_the_loop_is_named_at_its_step(
 @pytest.mark.parametrize(
     "fmt",
     [
-        pytest.param("s5", id="native", marks=pytest.mark.xfail(strict=True, reason=SUBSET_REFUSED)),
-        pytest.param("ms", id="msprobe", marks=pytest.mark.xfail(strict=True, reason=MSPROBE_ROOT)),
+        pytest.param("s5", id="native"),
+        pytest.param("ms", id="msprobe"),
     ],
 )
 def test_layers_on_step_5_name_the_module_in_either_format(
@@ -90,7 +85,6 @@ def test_layers_on_step_5_name_the_module_in_either_format(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=MSPROBE_ROOT)
 def test_an_msprobe_rerun_passes_with_one_run_verdict(layer_runs: Path, tmp_path: Path) -> None:
     judged = compare(layer_runs / "ms_base", layer_runs / "ms_rerun", tmp_path / "report")
     assert judged.exit_code == 0, judged.output

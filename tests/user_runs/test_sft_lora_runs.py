@@ -10,9 +10,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.user_runs import (
-    NO_SETTINGS,
-    NO_VERSIONS,
-    SCALARS_REFUSED,
     compare,
     env_diff,
     record,
@@ -38,7 +35,6 @@ def sft_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 @pytest.mark.parametrize("clean", ["rerun", "micro41"])
 def test_a_clean_lora_pair_passes(sft_runs: Path, tmp_path: Path, clean: str) -> None:
     judged = compare(sft_runs / "base", sft_runs / clean, tmp_path / "report")
@@ -47,7 +43,6 @@ def test_a_clean_lora_pair_passes(sft_runs: Path, tmp_path: Path, clean: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{SCALARS_REFUSED}; {NO_SETTINGS}")
 @pytest.mark.parametrize(
     ("cand", "named"),
     [("alpha8", ("lora_alpha", "16", "8")), ("bf16", ("autocast",))],
@@ -64,7 +59,6 @@ def test_a_settings_difference_is_named_before_step_0(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=NO_VERSIONS)
 def test_env_diff_names_trl_and_peft_of_a_recorded_run(sft_runs: Path) -> None:
     code, out = env_diff(sft_runs / "base" / "step0" / "rank0", sft_runs / "rerun" / "step0" / "rank0")
     assert code == 0, out

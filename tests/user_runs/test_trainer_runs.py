@@ -6,9 +6,9 @@ compare`` and a ``dump:`` case of an inner pytest. Each fault after step 0 is na
 (0-based optimizer steps) and class; a rerun, eager vs sdpa attention (fp32) and the same rows in
 another micro-batch split pass.
 
-Issue #32: most of this fails on the code before it (a scalars-only recording is refused,
-recordings are judged on step 0's scalars, the callback writes no plan, the batch hash hashes
-padded rows); those tests are strict xfails naming what is missing."""
+Issue #32: most of this failed on the code before it (a scalars-only recording was refused,
+recordings were judged on step 0's scalars, the callback wrote no plan, the batch hash hashed
+padded rows)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.user_runs import (
-    MSPROBE_ROOT,
-    NO_PLAN,
-    NO_VERSIONS,
-    PADDED_HASH,
-    SCALARS_REFUSED,
-    STEP0_ONLY,
-    SUBSET_REFUSED,
     compare,
     dump_suite,
     env_diff,
@@ -75,7 +68,6 @@ def more_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # -- precalign compare, scalars mode (the callback's default) ------------------------------------
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 def test_a_rerun_passes(scalars_runs: Path, tmp_path: Path) -> None:
     judged = compare(scalars_runs / "base", scalars_runs / "rerun", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
@@ -84,7 +76,6 @@ def test_a_rerun_passes(scalars_runs: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{SCALARS_REFUSED}; {NO_PLAN}")
 def test_another_scheduler_is_a_contract_difference_from_step_3(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "sched", tmp_path / "report")
     assert judged.exit_code == 1
@@ -92,7 +83,6 @@ def test_another_scheduler_is_a_contract_difference_from_step_3(more_runs: Path,
     assert "lr_scheduler_type cosine vs linear" in judged.output
 
 
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 @pytest.mark.parametrize(("fault", "step", "diverged"), [("clip3", 3, "clipping"), ("shuffle3", 3, "data")])
 def test_a_fault_from_step_k_is_named_at_k(
     scalars_runs: Path, tmp_path: Path, fault: str, step: int, diverged: str
@@ -105,7 +95,6 @@ def test_a_fault_from_step_k_is_named_at_k(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{SCALARS_REFUSED}; {PADDED_HASH}")
 def test_the_same_rows_in_another_micro_batch_split_pass(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "micro41", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
@@ -113,7 +102,6 @@ def test_the_same_rows_in_another_micro_batch_split_pass(more_runs: Path, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=PADDED_HASH)
 def test_the_micro_batch_split_changes_no_recorded_batch_hash(more_runs: Path) -> None:
     """The same rows as 2 micro-batches of 2 and 1 of 4 (dynamic padding): the callback's
     ``batch_hash`` of every step is the same (the tokens the loss sees, not the padding)."""
@@ -128,7 +116,6 @@ def test_the_micro_batch_split_changes_no_recorded_batch_hash(more_runs: Path) -
     assert hashes("base") == hashes("micro41")
 
 
-@pytest.mark.xfail(strict=True, reason=NO_VERSIONS)
 def test_env_diff_reads_a_scalars_recording(scalars_runs: Path) -> None:
     code, out = env_diff(
         scalars_runs / "base" / "step0" / "rank0", scalars_runs / "rerun" / "step0" / "rank0"
@@ -139,7 +126,6 @@ def test_env_diff_reads_a_scalars_recording(scalars_runs: Path) -> None:
 
 # -- a dump: case in pytest (what CI runs) -----------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 def test_dump_cases_gate_the_recorded_runs(scalars_runs: Path, tmp_path: Path) -> None:
     config = dump_suite(
         tmp_path / "suite",
@@ -162,7 +148,6 @@ def test_dump_cases_gate_the_recorded_runs(scalars_runs: Path, tmp_path: Path) -
 
 # -- the slower matrix ---------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 def test_eager_vs_sdpa_attention_passes(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "sdpa", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
@@ -170,7 +155,6 @@ def test_eager_vs_sdpa_attention_passes(more_runs: Path, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{SCALARS_REFUSED}; {NO_PLAN}")
 def test_another_peak_lr_is_a_contract_difference(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "lr", tmp_path / "report")
     assert judged.exit_code == 1
@@ -179,7 +163,6 @@ def test_another_peak_lr_is_a_contract_difference(more_runs: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SCALARS_REFUSED)
 def test_a_layer_bug_in_a_scalars_run_is_the_loss_at_its_step(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "bug5", tmp_path / "report")
     assert judged.exit_code == 1
@@ -191,8 +174,8 @@ def test_a_layer_bug_in_a_scalars_run_is_the_loss_at_its_step(more_runs: Path, t
 @pytest.mark.parametrize(
     "side",
     [
-        pytest.param("s5", id="native", marks=pytest.mark.xfail(strict=True, reason=SUBSET_REFUSED)),
-        pytest.param("ms", id="msprobe", marks=pytest.mark.xfail(strict=True, reason=MSPROBE_ROOT)),
+        pytest.param("s5", id="native"),
+        pytest.param("ms", id="msprobe"),
     ],
 )
 def test_layers_on_the_chosen_step_name_the_module(more_runs: Path, tmp_path: Path, side: str) -> None:
@@ -214,7 +197,6 @@ def test_layers_on_every_step_name_the_module(more_runs: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=STEP0_ONLY)
 def test_clipping_from_step_3_with_layers_on_every_step_is_clipping(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "s_base", more_runs / "s_clip3", tmp_path / "report")
     assert judged.exit_code == 1

@@ -13,7 +13,7 @@ from ..errors import TraceError
 from ..trace.environment import MSPROBE_MANIFEST
 
 DUMP_FILE = "dump.json"
-MANIFEST_SIDECAR = MSPROBE_MANIFEST  # our Recorder's manifest beside dump.json (trace.native_io)
+MANIFEST_SIDECAR = MSPROBE_MANIFEST  # our Recorder's manifest beside dump.json (trace.environment)
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank|proc)(\d+)$")
 

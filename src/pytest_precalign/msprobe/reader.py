@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import TraceError
+from ..trace.environment import check_environment
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
+from ..trace.training_record import read_run_record
 from ..untrusted import bounded_repr, plain_name, read_json
 from ..vocabulary import Kind
 from .layout import DUMP_FILE, MANIFEST_SIDECAR, rank_folders, rank_of, single_rank_folder, step_of
@@ -113,9 +115,11 @@ def _kept_manifest(folder: Path) -> dict[str, Any]:
     file = folder / MANIFEST_SIDECAR
     if not file.is_file():
         return {}
-    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json")
+    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json", unique_keys=True)
     if not isinstance(data, dict):
         raise TraceError(f"{file}: expected a JSON object (the Recorder's trace manifest)")
+    check_environment(data, file)
+    read_run_record(data, str(file))  # its run record typed here, naming the file
     return data
 
 

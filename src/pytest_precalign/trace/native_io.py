@@ -22,6 +22,7 @@ from ..errors import TraceError
 from ..untrusted import bounded_repr, check_regular, read_json
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
+from .training_record import read_run_record
 
 FORMAT = "pytest-precalign-trace"
 FORMAT_VERSION = 1
@@ -219,6 +220,7 @@ def read_trace(path: str | Path) -> Trace:
             f"is not supported (expected {FORMAT_VERSION})"
         )
     check_environment(manifest, root / "manifest.json")
+    read_run_record(manifest, str(root / "manifest.json"))  # its run record typed here, naming the file
     index = _read_json(root / "index.json")
     if not isinstance(index, dict) or not isinstance(index.get("records"), list):
         raise TraceError(f"{root / 'index.json'}: expected {{'records': [...], 'shards': {{...}}}}")

@@ -22,6 +22,7 @@ Fields are None when the side's framework does not have the quantity (never 0 fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -59,6 +60,41 @@ class StepScalars:
 _FIELDS = {f.name for f in fields(StepScalars)}
 
 
+# Each field's JSON type: a number (NaN / Inf allowed: the verdict judges them), a list of
+# numbers, a count, a flag or a text; every field may be null.
+_NUMBERS = ("loss", "grad_norm", "clip_coef", "update_norm", "param_norm", "loss_scale")
+_COUNTS = ("step", "zero_grads", "tokens", "micro_batches")
+_LISTS = ("lr", "weight_decay")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _field(key: str, value: Any, where: str) -> Any:
+    """One field's value from JSON, typed; a TraceError naming the key and what is allowed."""
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    if key in _NUMBERS:
+        if not _is_number(value):
+            raise TraceError(f"{where}.{key}: expected a number or null, got {type(value).__name__} {shown}")
+        return float(value) if not isinstance(value, int) or abs(value) < 1 << 1023 else math.inf
+    if key in _COUNTS:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TraceError(f"{where}.{key}: expected an integer >= 0, got {type(value).__name__} {shown}")
+        return value
+    if key in _LISTS:
+        if not isinstance(value, list) or not all(_is_number(v) for v in value):
+            raise TraceError(f"{where}.{key}: expected a list of numbers (one per group), got {shown}")
+        return tuple(float(v) for v in value)
+    if key == "skipped":
+        if not isinstance(value, bool):
+            raise TraceError(f"{where}.skipped: expected true, false or null, got {shown}")
+        return value
+    if not isinstance(value, str):  # batch_hash
+        raise TraceError(f"{where}.{key}: expected a string or null, got {type(value).__name__} {shown}")
+    return value
+
+
 def scalars_from_dict(data: Mapping[str, Any], where: str) -> StepScalars:
     """One step's scalars from JSON; TraceError naming ``where`` and the key otherwise."""
     unknown = set(data) - _FIELDS
@@ -66,14 +102,12 @@ def scalars_from_dict(data: Mapping[str, Any], where: str) -> StepScalars:
         raise TraceError(
             f"{where}: unknown step scalar(s) {sorted(unknown)[:5]} (allowed: {sorted(_FIELDS)})"
         )
-    try:
-        values = dict(data)
-        for key in ("lr", "weight_decay"):
-            if values.get(key) is not None:
-                values[key] = tuple(float(v) for v in values[key])
-        return StepScalars(**values)
-    except (TypeError, ValueError) as exc:
-        raise TraceError(f"{where}: step scalars are malformed: {exc}") from None
+    if "step" not in data or data["step"] is None:
+        raise TraceError(f"{where}: no 'step' (the optimizer step, an integer >= 0)")
+    values: dict[str, Any] = {
+        key: None if value is None else _field(key, value, where) for key, value in data.items()
+    }
+    return StepScalars(**values)
 
 
 def scalars_of(manifest: Mapping[str, Any], where: str = "manifest") -> dict[int, StepScalars]:
