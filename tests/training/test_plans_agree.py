@@ -145,3 +145,33 @@ def test_loss_normalisation_matters_only_over_several_micro_batches() -> None:
     assert check_contract(one, lightning) is None  # one micro-batch: the same loss either way
     diff = check_contract(replace(one, micro_batches=2), replace(lightning, micro_batches=2))
     assert diff is not None and diff.origin == "loss_normalisation"
+
+
+def test_another_micro_batch_split_under_per_token_normalisation_is_no_difference() -> None:
+    """The same rows as 2 micro-batches of 2 or 1 of 4: with the loss per token over the step
+    (the Trainer's rule) loss and grads are the same, in the plans and in each step's scalars."""
+    from dataclasses import replace
+
+    from pytest_precalign.compare.tolerances import default_table
+    from pytest_precalign.trace.step_scalars import StepScalars
+    from pytest_precalign.trace.training_record import TrainingPlan
+    from pytest_precalign.verdict.training_contract import check_contract
+    from pytest_precalign.verdict.training_run import RunSide, judge_run
+
+    two = TrainingPlan(
+        optimizer="sgd",
+        lr=((1e-3,),),
+        weight_decay=(0.0,),
+        groups=(("w",),),
+        momentum=0.0,
+        micro_batches=2,
+        loss_normalisation="per_token_over_step",
+    )
+    one = replace(two, micro_batches=1)
+    assert check_contract(two, one) is None
+    scalars = {0: StepScalars(0, loss=1.0, micro_batches=2)}
+    split = {0: StepScalars(0, loss=1.0, micro_batches=1)}
+    assert judge_run(RunSide(scalars, two), RunSide(split, one), {}, default_table()).first is None
+    means = replace(two, loss_normalisation="mean_of_micro_batch_means")
+    diff = check_contract(means, replace(means, micro_batches=1))
+    assert diff is not None and diff.origin == "micro_batches"  # there the split changes the loss

@@ -116,7 +116,7 @@ def parse_case(
         optimizer=optimizer,
         record=record,
         tolerances=table,
-        expect=_expect(reader, phases, steps),
+        expect=_expect(reader, phases, None if dumps else steps),
         loss=loss,
         train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),
@@ -319,14 +319,15 @@ def _moe(rec: Reader) -> MoeSpec | None:
     return spec
 
 
-def _expect(reader: Reader, phases: tuple[Phase, ...], steps: int) -> Expectation | None:
+def _expect(reader: Reader, phases: tuple[Phase, ...], steps: int | None) -> Expectation | None:
+    """``expect:``; ``steps``: the case's (None for stored runs, whose steps are the recordings')."""
     exp = reader.get_mapping("expect")
     if exp is None:
         return None
     exp.check_keys(("phase", "first_divergence", "origin", "kind", "step", "diverged"))
     diverged = exp.get_choice("diverged", TRAINING_CLASSES, None)
     step = exp.get_int("step", None, minimum=0)
-    if step is not None and step >= steps:
+    if step is not None and steps is not None and step >= steps:
         exp.fail(f"step {step} is beyond the case's steps ({steps}: steps 0..{steps - 1})", "step")
     if (step is None) != (diverged is None):
         exp.fail(

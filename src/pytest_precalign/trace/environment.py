@@ -19,7 +19,20 @@ from ..untrusted import bounded_repr, read_json
 MSPROBE_MANIFEST = "precalign_manifest.json"
 
 # Versions first, in this order; any other package a manifest names follows, sorted.
-VERSION_ORDER = ("python", "torch", "torch_npu", "transformers", "megatron-core", "safetensors")
+VERSION_ORDER = (
+    "python",
+    "torch",
+    "torch_npu",
+    "transformers",
+    "megatron-core",
+    "safetensors",
+    # the training frameworks a user's run goes through (recorded where installed)
+    "accelerate",
+    "trl",
+    "peft",
+    "lightning",
+    "deepspeed",
+)
 
 # Top-level manifest keys compared as plain values, with how a line names them.
 _PLAIN = (

@@ -179,11 +179,24 @@ def _settings_diff(baseline: TrainingPlan, candidate: TrainingPlan) -> ContractD
             continue  # neither says (equal), or one side does not say (unsaid_settings)
         if _same(a, b) or (key == "loss_normalisation" and _one_micro_batch(baseline, candidate)):
             continue
+        if key == "micro_batches" and split_free(baseline, candidate):
+            continue
         pattern = ""
         if key == "micro_batches":
             pattern = f"the sides split each step into {a} and {b} micro-batches"
         return ContractDiff(0, key, f"{key}: {_show(a)} vs {_show(b)}", pattern, setting=True)
     return None
+
+
+def split_free(baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> bool:
+    """Both sides normalise the loss per token over the whole step: the same rows split into
+    other micro-batches give the same loss and grads, so the split is not a difference."""
+    per_token = "per_token_over_step"
+    return (
+        baseline is not None
+        and candidate is not None
+        and baseline.loss_normalisation == candidate.loss_normalisation == per_token
+    )
 
 
 def _one_micro_batch(baseline: TrainingPlan, candidate: TrainingPlan) -> bool:

@@ -28,7 +28,15 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingPlan, TrainingSettings
 from ..vocabulary import Lane, Phase, TrainingClass
 from .story import origin_of
-from .training_contract import ContractDiff, Rename, check_contract, lr_pattern, same_names, unsaid_settings
+from .training_contract import (
+    ContractDiff,
+    Rename,
+    check_contract,
+    lr_pattern,
+    same_names,
+    split_free,
+    unsaid_settings,
+)
 from .training_envelope import Envelope
 from .training_records import StepRecords
 from .training_scalars import (
@@ -137,7 +145,8 @@ def judge_run(
     """The run's verdict (see the module docstring); ``dtype``: the runs' (for the table);
     ``envelope``: judge in the envelope lane."""
     lane: Lane = "envelope" if envelope is not None else lane_of(table)
-    judge, told = _judge(ScalarJudge(table, lane, dtype, envelope), baseline, candidate)
+    free = split_free(baseline.plan, candidate.plan)
+    judge, told = _judge(ScalarJudge(table, lane, dtype, envelope, split_free=free), baseline, candidate)
     steps = sorted(set(baseline.scalars) | set(candidate.scalars) | set(records))
     broken, warnings = nonfinite_on_both(baseline.scalars, candidate.scalars, judge)
     findings = (

@@ -43,6 +43,9 @@ class ScalarJudge:
     dtype: str = "float32"
     envelope: Envelope | None = None  # the envelope lane's (training_envelope)
     forgiven: frozenset[int] = frozenset()  # steps over the envelope that ``steps_over`` allows
+    # Both plans normalise the loss per token over the step: another micro-batch split of the
+    # same rows is the same loss and grads (not a difference; ``split_free`` in the contract).
+    split_free: bool = False
 
     def same(self, name: str, a: float, b: float, step: int = 0) -> bool:
         if a == b or (math.isnan(a) and math.isnan(b)):
@@ -110,6 +113,7 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         base.micro_batches is not None
         and cand.micro_batches is not None
         and base.micro_batches != cand.micro_batches
+        and not judge.split_free
     ):
         pattern = f"the sides split the step into {base.micro_batches} and {cand.micro_batches} micro-batches"
         return ScalarDiff("contract", "micro_batches", f"micro_batches in step {step}: {pattern}", pattern)
