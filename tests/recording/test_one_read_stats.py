@@ -121,3 +121,52 @@ def test_equal_tensors_equal_statistics_whatever_the_thread_count() -> None:
     finally:
         torch.set_num_threads(before)
     assert _bits(on_two) == _bits(on_one)
+
+
+def _fused_cases() -> Iterator[tuple[str, torch.Tensor]]:
+    yield from _large()
+    g = torch.Generator().manual_seed(5)
+    bad = torch.randn(1000, generator=g)
+    bad[[1, 2]] = float("nan")
+    bad[3] = float("inf")
+    yield "non_finite", bad
+    yield "non_contiguous", torch.randn(300, 500, generator=g).t()
+    yield "one_element", torch.tensor([2.5])
+
+
+def _check_fused(t: torch.Tensor, got: list[float]) -> None:
+    ref = _reference(t.cpu())
+    assert got[4:] == ref[4:]
+    assert [v if v == v else "nan" for v in got[:2]] == [
+        v if v == v else "nan" for v in ref[:2]
+    ]  # NaN's sign may differ
+    if not all(map(math.isfinite, ref[:4])):
+        assert [math.isfinite(v) for v in got[:4]] == [math.isfinite(v) for v in ref[:4]]
+        return
+    total, norm, magnitude = _exact(t.cpu())
+    eps = torch.finfo(torch.float64 if t.dtype == torch.float64 else torch.float32).eps
+    underflow = math.sqrt(t.numel() * torch.finfo(torch.float32).smallest_normal * eps)
+    assert abs(got[2] - total) <= SUM_ULPS * eps * magnitude
+    assert abs(got[3] - norm) <= SUM_ULPS * eps * norm + underflow
+
+
+@pytest.mark.parametrize(("name", "t"), list(_fused_cases()))
+def test_the_fused_kernels_values_eager_on_the_cpu(name: str, t: torch.Tensor) -> None:
+    # The function the device compiles, run eagerly: its values meet the same bounds.
+    from pytest_precalign.recording.fused_stats import _six
+
+    got = _six(t).tolist()
+    assert len(got) == 6
+    _check_fused(t, got)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize(("name", "t"), list(_fused_cases()))
+def test_the_fused_path_on_a_device(name: str, t: torch.Tensor) -> None:
+    from pytest_precalign.recording.fused_stats import fused_for
+
+    device = t.cuda()
+    assert fused_for(device)
+    got = stats_vector(device, counts=True).tolist()
+    assert _bits(got) == _bits(stats_vector(device.clone(), counts=True).tolist())  # equal -> equal
+    _check_fused(t, got)

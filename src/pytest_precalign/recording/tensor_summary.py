@@ -13,6 +13,7 @@ import torch
 
 from ..trace.records import Stats
 from .chunked_stats import CHUNKED_NUMEL, chunked_values
+from .fused_stats import fused_for, fused_vector
 from .host_sync import to_host
 
 
@@ -53,8 +54,12 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     ``CHUNKED_NUMEL`` elements (larger than the caches) is read from memory once, in pieces
     (``chunked_stats.py``: max and min exact, sum and norm within its stated bound of the
     one-call reductions); a smaller one gets the one-call reductions, which read it from
-    cache."""
+    cache. A CUDA tensor's full statistics (``counts=True``, what the step buffer queues for a
+    device tensor) come from one fused compiled kernel where Triton is installed
+    (``fused_stats.py``)."""
     if t.device.type != "cpu":
+        if counts is True and fused_for(t):  # one read, the counts with it (fused_stats.py)
+            return fused_vector(t)
         return _stats_vector(t, counts)
     threads = torch.get_num_threads()
     if threads == 1:
