@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_precalign.training.step_norms import param_and_update_norms
+from pytest_precalign.training.step_norms import grad_norm_and_zeros, param_and_update_norms
 
 
 def _params() -> list[torch.Tensor]:
@@ -39,3 +39,18 @@ def test_without_a_snapshot_the_parameter_norm_only() -> None:
     after = _params()
     param, update = param_and_update_norms(after, None)
     assert update is None and param.item() == torch.nn.utils.get_total_norm(after, 2.0).item()
+
+
+def test_grad_norm_and_zeros_bitwise_the_two_reads_in_one_host_sync() -> None:
+    from pytest_precalign.recording.host_sync import host_syncs
+    from pytest_precalign.training.step_evidence import grad_norm, zero_count
+
+    grads = _params()
+    for g in grads:
+        g.view(-1)[::3] = 0.0
+    expected = (grad_norm(grads), zero_count(grads))
+    before = host_syncs()
+    got = grad_norm_and_zeros(grads)
+    assert host_syncs() - before == 1
+    assert got == expected and got[1] > 0
+    assert grad_norm_and_zeros([]) == (0.0, 0)

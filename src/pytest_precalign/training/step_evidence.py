@@ -29,7 +29,7 @@ import torch
 
 from ..recording.host_sync import to_host
 from ..trace.step_scalars import StepScalars
-from .step_norms import param_and_update_norms
+from .step_norms import grad_norm_and_zeros, param_and_update_norms
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
@@ -163,8 +163,10 @@ class StepEvidence:
         """The step's grads after accumulation, before clipping: their global norm (``norm``:
         the one the framework reported, used as is) and the count of exact zeros."""
         found = self._grads(grads)
-        self._grad_norm = float(norm) if norm is not None else grad_norm(found)
-        self._zero_grads = zero_count(found)
+        if norm is None:  # both from one read of each grad, one host sync (step_norms.py)
+            self._grad_norm, self._zero_grads = grad_norm_and_zeros(found)
+        else:
+            self._grad_norm, self._zero_grads = float(norm), zero_count(found)
         return self._grad_norm
 
     def grads_after_clip(self, grads: Sequence[torch.Tensor] | None = None) -> float:

@@ -1,5 +1,5 @@
 """The parameter norm and the update norm of an optimizer step, each parameter and its
-snapshot read once while hot in cache.
+snapshot read once while hot in cache; the grads' norm and zero count, each grad read once.
 
 ``torch.nn.utils.get_total_norm`` over the parameters, then ``_foreach_sub_`` of the snapshot,
 then ``get_total_norm`` over the snapshot: three sweeps over the whole model, each reading
@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+from ..recording.host_sync import to_host
 
 
 def param_and_update_norms(
@@ -48,3 +50,29 @@ def param_and_update_norms(
         torch.linalg.vector_norm(torch.stack([n.to(first) for n in param_norms]), 2.0),
         torch.linalg.vector_norm(torch.stack([n.to(first) for n in update_norms]), 2.0),
     )
+
+
+def grad_norm_and_zeros(grads: Sequence[torch.Tensor]) -> tuple[float, int]:
+    """(global L2 norm, count of exact zeros) of ``grads`` in one host sync, each grad read
+    once on the CPU (its norm, then its nonzero count while it is in cache): bit for bit
+    ``step_evidence.grad_norm`` and ``zero_count``, which read every grad twice and sync
+    twice. (0.0, 0) for no grads."""
+    if not grads:
+        return 0.0, 0
+    groups = _group_tensors_by_device_and_dtype([[g.detach() for g in grads]])
+    norms: list[torch.Tensor] = []
+    nonzero: list[torch.Tensor] = []
+    for (device, _), ([maybe], _) in groups.items():
+        tensors = [t for t in maybe if t is not None]
+        if device.type == "cpu":
+            for g in tensors:
+                norms.append(torch.linalg.vector_norm(g, 2.0))
+                nonzero.append(torch.count_nonzero(g))
+        else:
+            norms.extend(torch._foreach_norm(tensors, 2.0))
+            nonzero.extend(torch.count_nonzero(g) for g in tensors)
+    first = grads[0].device
+    total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
+    count = torch.stack([c.to(first) for c in nonzero]).sum()
+    norm, nonzeros = to_host(torch.stack([total.to(torch.float64), count.to(torch.float64)]))
+    return norm, sum(g.numel() for g in grads) - int(nonzeros)
