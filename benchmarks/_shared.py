@@ -49,6 +49,20 @@ SIZES: dict[str, Size] = {
         batch=1,
         seq=128,
     ),
+    # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads / 2 KV heads, intermediate 4864) with 4
+    # of its 24 layers and the mid vocabulary (its own 151,936 would make the logits alone
+    # 311 MB per step): what a layer of the real model costs to record.
+    "qwen05": Size(
+        vocab=32000,
+        hidden=896,
+        intermediate=4864,
+        layers=4,
+        heads=14,
+        kv_heads=2,
+        max_positions=512,
+        batch=2,
+        seq=256,
+    ),
     "tiny": Size(
         vocab=1000,
         hidden=64,

@@ -1,4 +1,4 @@
-"""Statistics of CPU tensors up to ``SERIAL_NUMEL`` elements are reduced on one thread
+"""Statistics of CPU tensors are reduced on one thread
 (``tensor_summary.stats_vector``): their values do not depend on torch's thread count, and the
 user's thread count is what the model's own code runs with, before, during and after recording."""
 
@@ -24,7 +24,7 @@ def two_threads() -> Iterator[None]:
 
 
 def test_statistics_do_not_depend_on_the_thread_count(two_threads: None) -> None:
-    # 1M elements (<= SERIAL_NUMEL): a parallel fp32 sum on 2 threads rounds differently from
+    # 1M elements: a parallel fp32 sum on 2 threads rounds differently from
     # one thread (main: mean 0.99645865 on 2 threads, 0.99645853 on 1).
     t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0)) * 3 + 1
     on_two = tensor_stats(t)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_precalign.recording.tensor_summary import SERIAL_NUMEL, all_finite, stats_vector
+from pytest_precalign.recording.chunked_stats import CHUNKED_NUMEL
+from pytest_precalign.recording.tensor_summary import all_finite, stats_vector
 
 
 def _reference(t: torch.Tensor) -> list[float]:
@@ -42,7 +43,7 @@ def _tensors() -> dict[str, torch.Tensor]:
         "only_inf": torch.tensor([float("inf"), float("-inf"), 1.0]),
         "bf16_nan": bad.bfloat16(),
         "overflowing_norm": torch.full((4,), 3e38),
-        "parallel_sized": torch.randn(SERIAL_NUMEL + 1, generator=g),
+        "read_in_pieces": torch.randn(CHUNKED_NUMEL + 1, generator=g),
     }
 
 

@@ -12,6 +12,8 @@ from typing import Any, Literal, cast
 import torch
 
 from ..trace.records import Stats
+from .chunked_stats import CHUNKED_NUMEL, chunked_values
+from .fused_stats import fused_for, fused_vector
 from .host_sync import to_host
 
 
@@ -32,9 +34,6 @@ def tensor_stats(t: torch.Tensor) -> Stats:
 # NaN/Inf counts in a statistics vector: never, always, or only when the statistics are not finite.
 Counts = Literal[False, True, "if_nonfinite"]
 
-# CPU tensors up to this many elements get their statistics on one thread (see stats_vector).
-SERIAL_NUMEL = 1 << 21
-
 
 def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     """The values of ``tensor_stats(t)`` as a float64 tensor on ``t``'s device, computed
@@ -47,12 +46,20 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     host sync (a finite one selects nothing); on the CPU the four values are read at once
     (``_cpu_vector``). ``t`` must not be empty.
 
-    A CPU tensor of at most ``SERIAL_NUMEL`` elements is reduced on one thread (the thread
-    count is restored after): each parallel reduction is a barrier across torch's threads,
-    which on a loaded machine waits for a descheduled thread (~30 ms instead of ~30 us for a
-    262K-element ``aminmax`` at load 13 on 2 cores), while one thread reads 8 MB in
-    about a millisecond. The values then do not depend on the thread count either."""
-    if t.device.type != "cpu" or t.numel() > SERIAL_NUMEL:
+    A CPU tensor is reduced on one thread (the thread count is restored after): each parallel
+    reduction is a barrier across torch's threads, which on a loaded machine waits for a
+    descheduled thread (~30 ms instead of ~30 us for a 262K-element ``aminmax`` at load 13 on
+    2 cores), while one thread reads 8 MB in about a millisecond. The values then do not
+    depend on the thread count either. A contiguous CPU tensor of more than
+    ``CHUNKED_NUMEL`` elements (larger than the caches) is read from memory once, in pieces
+    (``chunked_stats.py``: max and min exact, sum and norm within its stated bound of the
+    one-call reductions); a smaller one gets the one-call reductions, which read it from
+    cache. A CUDA tensor's full statistics (``counts=True``, what the step buffer queues for a
+    device tensor) come from one fused compiled kernel where Triton is installed
+    (``fused_stats.py``)."""
+    if t.device.type != "cpu":
+        if counts is True and fused_for(t):  # one read, the counts with it (fused_stats.py)
+            return fused_vector(t)
         return _stats_vector(t, counts)
     threads = torch.get_num_threads()
     if threads == 1:
@@ -69,12 +76,17 @@ def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
         t = t.double()
     if t.is_complex():
         t = t.abs()
-    mn, mx = torch.aminmax(t)
-    total = t.sum(dtype=torch.float32) if t.dtype != torch.float64 else t.sum()
-    norm = torch.linalg.vector_norm(t, dtype=total.dtype)
+    acc = torch.float32 if t.dtype != torch.float64 else torch.float64
+    if t.device.type == "cpu" and t.numel() > CHUNKED_NUMEL and t.is_contiguous():
+        mx, mn, total, norm = chunked_values(t, acc)
+    else:
+        mn, mx = torch.aminmax(t)
+        total = t.sum(dtype=acc)
+        norm = torch.linalg.vector_norm(t, dtype=acc)
+        mx, mn = mx.to(acc), mn.to(acc)
     if counts == "if_nonfinite" and t.device.type == "cpu":
-        return _cpu_vector(t, (mx.to(total.dtype), mn.to(total.dtype), total, norm))
-    values = torch.stack([mx.to(total.dtype), mn.to(total.dtype), total, norm]).to(torch.float64)
+        return _cpu_vector(t, (mx, mn, total, norm))
+    values = torch.stack([mx, mn, total, norm]).to(torch.float64)
     if not counts:
         return values
     if counts == "if_nonfinite":
@@ -90,7 +102,7 @@ def _cpu_vector(t: torch.Tensor, values: tuple[torch.Tensor, ...]) -> torch.Tens
     ``host_sync``) -- and the NaN/Inf counts are taken only when one is not finite. The same
     six float64 values as torch's masked selection, without its dozen small operations (~45 us
     a tensor, most of a small tensor's cost)."""
-    row = [v.item() for v in values]
+    row = torch.stack(values).tolist()  # one conversion, not one per value
     if all_finite(row):
         return torch.tensor([*row, 0.0, 0.0], dtype=torch.float64)
     nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))

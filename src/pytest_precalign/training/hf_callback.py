@@ -49,12 +49,11 @@ from ..trace.training_record import TrainingSettings
 from ..training.step_evidence import (
     StepEvidence,
     batch_hash,
-    grad_norm,
     group_settings,
     initial_params,
     token_count,
-    zero_count,
 )
+from ..training.step_norms import grad_norm_and_zeros
 from .recorder import Recorder
 from .run_settings import forward_precision, named_parameters, trainer_settings, with_precision
 from .unwrap import unwrap
@@ -117,8 +116,7 @@ class TrainerSteps(TrainerCallback):
         if pending is None or evidence is None:
             raise _outside("on_pre_optimizer_step outside a step")
         grads = [p.grad for p in evidence.params if p.grad is not None]
-        pending["after_clip"] = grad_norm(grads)
-        pending["zero_grads"] = zero_count(grads)
+        pending["after_clip"], pending["zero_grads"] = grad_norm_and_zeros(grads)
         pending["clipped"] = bool(args.max_grad_norm and args.max_grad_norm > 0)
         optimizer = kwargs.get("optimizer")
         if optimizer is not None:

@@ -29,6 +29,7 @@ import torch
 
 from ..recording.host_sync import to_host
 from ..trace.step_scalars import StepScalars
+from .step_norms import grad_norm_and_zeros, param_and_update_norms
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
@@ -181,8 +182,10 @@ class StepEvidence:
         """The step's grads after accumulation, before clipping: their global norm (``norm``:
         the one the framework reported, used as is) and the count of exact zeros."""
         found = self._grads(grads)
-        self._grad_norm = float(norm) if norm is not None else grad_norm(found)
-        self._zero_grads = zero_count(found)
+        if norm is None:  # both from one read of each grad, one host sync (step_norms.py)
+            self._grad_norm, self._zero_grads = grad_norm_and_zeros(found)
+        else:
+            self._grad_norm, self._zero_grads = float(norm), zero_count(found)
         return self._grad_norm
 
     def grads_after_clip(self, grads: Sequence[torch.Tensor] | None = None) -> float:
@@ -197,16 +200,14 @@ class StepEvidence:
     def norms_after_update(self) -> tuple[float | None, float | None]:
         """(update norm, parameter norm) after the optimizer step, read in one host sync.
         The update is subtracted in place, in the snapshot's buffers (before - after: the
-        update negated, whose norm is the update's, bit for bit): no step-sized temporary."""
+        update negated, whose norm is the update's, bit for bit): no step-sized temporary; on
+        the CPU parameter by parameter, each read once (``step_norms.py``)."""
         if not self.params:
             return None, None
         before, self._before = self._before, None
         with torch.no_grad():
-            after = [p.detach() for p in self.params]
-            norms = [torch.nn.utils.get_total_norm(after, 2.0)]
-            if before is not None:
-                torch._foreach_sub_(before, after)
-                norms.append(torch.nn.utils.get_total_norm(before, 2.0))
+            param, update = param_and_update_norms([p.detach() for p in self.params], before)
+            norms = [param] if update is None else [param, update]
             values = to_host(torch.stack([n.to(torch.float64) for n in norms]))
         return (values[1] if before is not None else None), values[0]
 
