@@ -13,6 +13,8 @@
 - ``spec``: what a case's training does, as frozen specs (optimizer, schedule, clipping,
   weight decay, accumulation, trainer).
 - ``step_evidence``: what one optimizer step did, measured on the live model and optimizer.
+- ``step_norms``: the parameter and update norms, the grads' norm and zero count, each tensor
+  read once.
 - ``megatron_step``: ``megatron_train_step``, one megatron-core step with its ``StepScalars``.
 - ``megatron_stack``: the ``megatron`` trainer (megatron-core's DDP, optimizer, scheduler).
 - ``megatron_dp``: data parallelism with megatron-core's distributed optimizer.
