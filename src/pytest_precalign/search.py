@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .compare.pairs import SHARED_NONFINITE
 from .config.search import SearchSpec, ids_block
 from .config.specs import AlignConfig, CaseSpec
 from .errors import CaseError
@@ -121,7 +122,7 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
         def diverges(example: Example) -> bool:
             nonlocal tried
             tried += 1
-            return not align(example).verdicts["forward"].passed
+            return _sides_differ(align(example))
 
         try:
             minimal: Example | None = find(examples(spec), diverges, settings=_settings(spec))
@@ -134,6 +135,17 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
         mask = minimal.mask() if spec.padding or spec.attention_mask else None
         block = ids_block(name, [list(r) for r in minimal.ids], mask, spec.labels)
     return SearchResult(case.name, tried, time.perf_counter() - started, minimal, run, block, name)
+
+
+def _sides_differ(run: CaseRun) -> bool:
+    """The forward failed because the two sides differ: an input that makes both sides NaN at
+    the same places (a degenerate example, e.g. no label left to average) fails the case's own
+    check, but is no difference between the sides for the search to shrink towards."""
+    verdict = run.verdicts["forward"]
+    if verdict.passed:
+        return False
+    failing = [c for p in verdict.records for c in p.checks if not c.passed]
+    return not failing or any(c.metric != SHARED_NONFINITE for c in failing)
 
 
 def _check_vocabulary(loaded: LoadedModel, spec: SearchSpec, where: str) -> None:

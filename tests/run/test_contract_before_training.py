@@ -95,6 +95,7 @@ def suite(tmp_path: Path) -> Iterator[tuple[AlignConfig, ModuleType]]:
     (tmp_path / "nets.py").write_text(NETS)
     config = load_config(CONFIG, tmp_path / "align.yaml")
     sys.path.insert(0, str(tmp_path))
+    sys.modules.pop("nets", None)  # another test's nets.py, imported earlier in this worker
     import nets  # type: ignore[import-not-found]
 
     try:

@@ -15,11 +15,12 @@ import torch
 
 from pytest_precalign.config.specs import CaseSpec, RecordSpec
 from pytest_precalign.run.hf_trainer import trainer_plan
-from pytest_precalign.run.loop_training import gradient_checkpointing, loop_plan, param_groups
+from pytest_precalign.run.loop_training import loop_plan, param_groups
 from pytest_precalign.run.megatron_training import megatron_plan_of
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
 from pytest_precalign.trace.training_record import TrainingPlan, TrainingSettings
+from pytest_precalign.training.run_settings import gradient_checkpointing
 from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.verdict.training_contract import check_contract, unsaid_settings
 

@@ -59,6 +59,7 @@ def more_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "sdpa:attn=sdpa",
         "s5_base:mode=stats,steps=5",
         "s5_bug5:mode=stats,steps=5,layer_bug_from=5",
+        "s5_micro41:mode=stats,steps=5,micro=4x1",
         "s_base:mode=stats",
         "s_bug5:mode=stats,layer_bug_from=5",
         "s_clip3:mode=stats,clip_from=3",
@@ -99,6 +100,19 @@ def test_the_same_rows_in_another_micro_batch_split_pass(more_runs: Path, tmp_pa
     judged = compare(more_runs / "base", more_runs / "micro41", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
     assert judged.verdict() == (None, None)
+
+
+@pytest.mark.slow
+def test_another_split_with_layers_recorded_passes_and_says_what_was_not_compared(
+    more_runs: Path, tmp_path: Path
+) -> None:
+    """Layers on step 5 under 2 x 2 and 4 x 1 micro-batches: the module calls cannot be paired
+    call by call, so they are not compared (and the report says so); the step's scalars and
+    parameters are, and the pair passes."""
+    judged = compare(more_runs / "s5_base", more_runs / "s5_micro41", tmp_path / "report")
+    assert judged.exit_code == 0, judged.output
+    assert judged.verdict() == (None, None)
+    assert any("split them into other micro-batches" in line for line in judged.training["not_compared"])
 
 
 @pytest.mark.slow

@@ -57,7 +57,8 @@ def planned_training(
         from .megatron_training import megatron_plan_of
 
         return megatron_plan_of(model, data, case, data_parallel(spec))
-    from .loop_training import gradient_checkpointing, loop_plan, param_groups
+    from ..training.run_settings import gradient_checkpointing
+    from .loop_training import loop_plan, param_groups
 
     groups = param_groups(model.module.named_parameters(), case.optimizer)
     return loop_plan(case.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module))

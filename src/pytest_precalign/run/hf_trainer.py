@@ -27,9 +27,10 @@ from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
+from ..training.run_settings import gradient_checkpointing, optimizer_settings
 from ..training.spec import OptimizerSpec
 from .loop_step import split_micro_batches
-from .loop_training import gradient_checkpointing, optimizer_settings, params_precision
+from .loop_training import params_precision
 from .step_boundary import Boundary
 
 # TrainingArguments.optim of each optimizer (plain Adam: none; see ``optimizer_override``).

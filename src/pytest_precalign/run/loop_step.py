@@ -15,8 +15,9 @@ from ..errors import CaseError
 from ..sources.inputs import CaseInputs
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import run_record_keys
+from ..training.run_settings import gradient_checkpointing
 from ..training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
-from .loop_training import gradient_checkpointing, grouped_optimizer, loop_plan, make_scheduler, param_groups
+from .loop_training import grouped_optimizer, loop_plan, make_scheduler, param_groups
 
 
 def split_micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[CaseInputs]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..trace.training_record import TrainingPlan, TrainingSettings
+from ..training.run_settings import optimizer_settings
 from ..training.spec import OptimizerSpec, ScheduleSpec
 
 Group = tuple[list[str], list[torch.nn.Parameter], float]  # names, params, weight decay
@@ -92,36 +93,11 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(schedule, spec.lr, steps, s))
 
 
-def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """A torch optimizer's own settings for a plan: its name (the class's, in lower case),
-    ``betas`` and ``eps`` (Adam, AdamW), ``momentum`` (SGD), as it holds them; None for a
-    setting it does not have."""
-    defaults = optimizer.defaults
-    betas = defaults.get("betas")
-    eps, momentum = defaults.get("eps"), defaults.get("momentum")
-    return {
-        "optimizer": type(optimizer).__name__.lower(),
-        "betas": None if betas is None else (float(betas[0]), float(betas[1])),
-        "eps": None if eps is None else float(eps),
-        "momentum": None if momentum is None else float(momentum),
-    }
-
-
 def params_precision(params: Iterable[torch.Tensor]) -> str | None:
     """The dtype the forward computes in when nothing autocasts: its floating parameters'
     (the first one's; None: no floating parameter)."""
     dtype = next((p.dtype for p in params if p.is_floating_point()), None)
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def gradient_checkpointing(module: torch.nn.Module) -> bool:
-    """Whether the model recomputes activations in its backward (transformers'
-    ``gradient_checkpointing_enable``: ``is_activation_checkpointing``, before v5
-    ``is_gradient_checkpointing``)."""
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(module), name):
-            return bool(getattr(module, name))
-    return False
 
 
 def planned_lrs(

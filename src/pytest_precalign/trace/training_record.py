@@ -116,8 +116,10 @@ PLAN_SETTINGS = (
     "micro_batches",
     "loss_normalisation",
     "precision",
-    "gradient_checkpointing",
 )
+# Recorded, not compared: how the forward got its precision (``autocast``) and whether
+# activations are recomputed (``gradient_checkpointing``) do not change what a step computes.
+RECORDED_ONLY = ("autocast", "gradient_checkpointing")
 # The settings whose None is itself a value, compared like any other: ``clip_grad`` None says
 # "not clipped" (a side that clips and one that does not differ in their contract).
 NONE_IS_A_VALUE = ("clip_grad",)
@@ -242,11 +244,11 @@ def settings_from_dict(raw: Any, where: str) -> TrainingSettings:
 def plan_from_dict(raw: Any, where: str) -> TrainingPlan:
     """A plan from its JSON (see the module doc); every key is read, unknown keys refused."""
     data = _mapping(raw, where)
-    unknown = set(data) - {"lr", "weight_decay", "groups", "autocast", *PLAN_SETTINGS}
+    unknown = set(data) - {"lr", "weight_decay", "groups", *RECORDED_ONLY, *PLAN_SETTINGS}
     if unknown:
         raise TraceError(
             f"{where}: unknown key(s) {sorted(unknown)[:5]} (allowed: lr, weight_decay, "
-            f"groups, {', '.join(PLAN_SETTINGS)})"
+            f"groups, {', '.join((*PLAN_SETTINGS, *RECORDED_ONLY))})"
         )
     steps = _sequence(data.get("lr", []), f"{where}.lr")
     if len(steps) > MAX_PLAN_STEPS:

@@ -51,15 +51,12 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingPlan, TrainingSettings
 from .optimizer_steps import (
     OptimizerSteps,
-    adapters_of,
-    frozen_names,
-    gradient_checkpointing,
     optimizer_arguments,
-    optimizer_settings,
     parameter_names,
     planned_lrs,
 )
 from .recorder import Recorder
+from .run_settings import adapters_of, frozen_parameters, gradient_checkpointing, optimizer_settings
 
 # accelerator.mixed_precision -> (what the forward computes in, by autocast); "no": the params'
 MIXED_PRECISION = {"bf16": ("bfloat16", True), "fp16": ("float16", True)}
@@ -235,7 +232,7 @@ class AccelerateSteps:
             arguments=arguments,
             plan=plan,
             adapters=adapters_of(self.model),
-            frozen=frozen_names(self.model),
+            frozen=frozen_parameters(self.model),
         )
 
     def _planned_lrs(self) -> list[list[float]]:

@@ -56,15 +56,12 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingPlan, TrainingSettings
 from .optimizer_steps import (
     OptimizerSteps,
-    adapters_of,
-    frozen_names,
-    gradient_checkpointing,
     optimizer_arguments,
-    optimizer_settings,
     parameter_names,
     planned_lrs,
 )
 from .recorder import Recorder
+from .run_settings import adapters_of, frozen_parameters, gradient_checkpointing, optimizer_settings
 
 # trainer.precision -> (what the forward computes in, whether by autocast)
 PRECISIONS = {
@@ -250,7 +247,7 @@ def lightning_settings(
         arguments=arguments,
         plan=plan,
         adapters=adapters_of(model),
-        frozen=frozen_names(model),
+        frozen=frozen_parameters(model),
     )
 
 

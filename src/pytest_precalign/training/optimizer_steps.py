@@ -31,8 +31,9 @@ import torch
 
 from ..errors import ConfigError
 from ..trace.step_scalars import StepScalars
-from ..trace.training_record import Adapter, TrainingSettings
+from ..trace.training_record import TrainingSettings
 from .recorder import Recorder
+from .run_settings import json_safe
 from .step_evidence import (
     StepEvidence,
     batch_hash,
@@ -61,79 +62,18 @@ def parameter_names(optimizer: torch.optim.Optimizer, *modules: torch.nn.Module)
     return out
 
 
-def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The plan's optimizer fields: its name, betas, eps and momentum (None where it has none)."""
-    defaults = optimizer.defaults
-    betas = defaults.get("betas")
-    momentum = defaults.get("momentum")
-    eps = defaults.get("eps")
-    return {
-        "optimizer": type(optimizer).__name__.lower(),
-        "betas": None if betas is None else (float(betas[0]), float(betas[1])),
-        "eps": None if eps is None else float(eps),
-        "momentum": None if momentum is None else float(momentum),
-    }
-
-
 def optimizer_arguments(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer as the user built it, JSON-safe (its class and defaults, its groups' sizes
     and weight decay)."""
     cls = type(optimizer)
     return {
         "class": f"{cls.__module__}.{cls.__qualname__}",
-        "defaults": {k: _json(v) for k, v in optimizer.defaults.items()},
+        "defaults": {k: json_safe(v) for k, v in optimizer.defaults.items()},
         "param_groups": [
-            {"params": len(g["params"]), "weight_decay": _json(g.get("weight_decay"))}
+            {"params": len(g["params"]), "weight_decay": json_safe(g.get("weight_decay"))}
             for g in optimizer.param_groups
         ],
     }
-
-
-def frozen_names(model: torch.nn.Module) -> tuple[str, ...]:
-    """The model's parameters that do not train (``requires_grad`` false)."""
-    return tuple(n for n, p in model.named_parameters() if not p.requires_grad)
-
-
-def gradient_checkpointing(model: torch.nn.Module) -> bool | None:
-    """Whether a transformers model recomputes activations (None: not a model that says)."""
-    value = getattr(model, "is_gradient_checkpointing", None)
-    return value if isinstance(value, bool) else None
-
-
-def adapters_of(model: torch.nn.Module) -> tuple[Adapter, ...]:
-    """The PEFT adapters of ``model`` (``model.peft_config``), if any."""
-    configs = getattr(model, "peft_config", None)
-    if not isinstance(configs, Mapping):
-        return ()
-    out = []
-    for name, config in configs.items():
-        targets = getattr(config, "target_modules", None) or ()
-        alpha = getattr(config, "lora_alpha", None)
-        dropout = getattr(config, "lora_dropout", None)
-        r = getattr(config, "r", None)
-        out.append(
-            Adapter(
-                name=str(name),
-                kind=str(getattr(config, "peft_type", "")).split(".")[-1],
-                r=r if isinstance(r, int) else None,
-                alpha=None if alpha is None else float(alpha),
-                dropout=None if dropout is None else float(dropout),
-                target_modules=tuple(
-                    sorted(str(t) for t in ([targets] if isinstance(targets, str) else targets))
-                ),
-            )
-        )
-    return tuple(out)
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else repr(value)
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 # -- the plan's LRs, from the run's own scheduler -----------------------------------------------

@@ -225,6 +225,34 @@ def _same_state(a: Any, b: Any) -> bool:
         return a is b
 
 
+def optimizer_settings(optimizer: Any) -> dict[str, Any]:
+    """A torch optimizer's own settings for a plan: its name (the class's, in lower case),
+    ``betas`` and ``eps`` (Adam, AdamW), ``momentum`` (SGD), as its first group holds them
+    (its defaults where it has no group); None for a setting it does not have."""
+    torch_optimizer = _torch_optimizer(optimizer)
+    groups = torch_optimizer.param_groups
+    first = groups[0] if groups else torch_optimizer.defaults
+    betas, eps, momentum = first.get("betas"), first.get("eps"), first.get("momentum")
+    return {
+        "optimizer": type(torch_optimizer).__name__.lower(),
+        "betas": None if betas is None else (float(betas[0]), float(betas[1])),
+        "eps": None if eps is None else float(eps),
+        "momentum": None if momentum is None else float(momentum),
+    }
+
+
+def gradient_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether the model recomputes activations in its backward (transformers'
+    ``gradient_checkpointing_enable``: ``is_activation_checkpointing``, before v5
+    ``is_gradient_checkpointing``; the older name warns in v5, so it is read only without the
+    newer one)."""
+    inner, _ = unwrap(model)
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(inner), name):
+            return bool(getattr(inner, name))
+    return False
+
+
 def optimizer_plan(
     model: torch.nn.Module,
     optimizer: Any,
@@ -236,20 +264,14 @@ def optimizer_plan(
     torch_optimizer = _torch_optimizer(optimizer)
     groups = torch_optimizer.param_groups
     names = {id(p): name for name, p in named_parameters(model)}
-    first = groups[0] if groups else {}
-    betas = first.get("betas")
-    momentum = first.get("momentum")
     return TrainingPlan(
-        optimizer=type(torch_optimizer).__name__.lower(),
         lr=tuple(tuple(float(v) for v in step) for step in lrs),
         weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in groups),
         groups=tuple(
             tuple(names.get(id(p), f"<unnamed {i}.{j}>") for j, p in enumerate(g["params"]))
             for i, g in enumerate(groups)
         ),
-        betas=None if betas is None else (float(betas[0]), float(betas[1])),
-        eps=None if first.get("eps") is None else float(first["eps"]),
-        momentum=None if momentum is None else float(momentum),
+        **optimizer_settings(torch_optimizer),
         **settings,
     )
 
@@ -317,15 +339,7 @@ def trainer_settings(
     lrs = planned_lrs(optimizer, scheduler, steps) if plan and optimizer is not None else None
     precision, autocast = trainer_precision(args, model)
     clip = getattr(args, "max_grad_norm", None)
-    inner, _ = unwrap(model)
-    # transformers 5 names it is_activation_checkpointing (the older name warns)
-    known = next(
-        (k for k in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(inner), k)),
-        None,
-    )
-    checkpointing = bool(getattr(args, "gradient_checkpointing", False)) or bool(
-        known is not None and getattr(inner, known)
-    )
+    checkpointing = bool(getattr(args, "gradient_checkpointing", False)) or gradient_checkpointing(model)
     made = None
     if lrs is not None:
         made = optimizer_plan(

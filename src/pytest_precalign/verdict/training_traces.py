@@ -25,7 +25,7 @@ from ..trace.training_record import TRAINING_KEY, read_run_record
 from ..vocabulary import Phase
 from .frozen_params import frozen_changes, frozen_of, without_frozen
 from .phase import PhaseVerdict
-from .training_contract import Rename, same_names
+from .training_contract import Rename, same_names, split_free
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
 from .training_run import RunSide, TrainingVerdict, judge_run
@@ -59,6 +59,24 @@ def one_side_only(baseline: Trace, candidate: Trace) -> dict[str, list[int]]:
     return out
 
 
+SPLIT = "split"  # ``on_both``'s key of the steps the sides split into other micro-batches
+
+
+def split_steps(baseline: Trace, candidate: Trace) -> list[int]:
+    """The steps both sides recorded layers of, split into other micro-batch counts, where
+    both plans normalise the loss per token over the step (``split_free``): the same rows, so
+    the step's loss, grads and update are the same, but its module calls cannot be paired call
+    by call."""
+    plans = (read_run_record(baseline.manifest).plan, read_run_record(candidate.manifest).plan)
+    if not split_free(*plans):
+        return []
+    base, cand = baseline.scalars, candidate.scalars
+    both = layer_steps(baseline) & layer_steps(candidate)
+    return sorted(
+        s for s in both if s in base and s in cand and base[s].micro_batches != cand[s].micro_batches
+    )
+
+
 def recorded_runs(baseline: Trace, candidate: Trace) -> bool:
     """Both sides are runs our ``Recorder`` (or ``PrecalignCallback``) recorded with per-step
     scalars, which may hold layers on some steps only (a case records the same on both)."""
@@ -69,13 +87,23 @@ def on_both(baseline: Trace, candidate: Trace) -> tuple[Trace, Trace, dict[str, 
     """Two recorded runs (``recorded_runs``) without the records of steps whose layers one
     side only recorded (see ``one_side_only``), and those steps by side; other traces as they
     are (a record without a partner fails its phase)."""
-    alone = one_side_only(baseline, candidate) if recorded_runs(baseline, candidate) else {}
+    recorded = recorded_runs(baseline, candidate)
+    alone = one_side_only(baseline, candidate) if recorded else {}
+    split = split_steps(baseline, candidate) if recorded else []
+    if split:
+        alone[SPLIT] = split
     if not alone:
         return baseline, candidate, alone
-    drop = {s for steps in alone.values() for s in steps}
+    drop = {s for side, steps in alone.items() if side != SPLIT for s in steps}
+    calls = set(split)  # their parameters after the step stay compared
 
     def kept(trace: Trace) -> Trace:
-        return replace(trace, records=tuple(r for r in trace.records if r.step not in drop))
+        return replace(
+            trace,
+            records=tuple(
+                r for r in trace.records if r.step not in drop and (r.step not in calls or r.kind == "param")
+            ),
+        )
 
     return kept(baseline), kept(candidate), alone
 
@@ -96,8 +124,14 @@ def not_compared_lines(alone: Mapping[str, list[int]]) -> tuple[str, ...]:
     """What was not compared because one side lacks it, in words."""
     other = {"baseline": "candidate", "candidate": "baseline"}
     return tuple(
-        f"the layers of step(s) {', '.join(map(str, steps))}: the {side} recorded them, the "
-        f"{other[side]} those steps' scalars only"
+        f"the layers of step(s) {', '.join(map(str, steps))}: "
+        + (
+            "the sides split them into other micro-batches (module calls cannot be paired call "
+            "by call; with the loss per token over the step the split is no difference: the "
+            "steps' scalars and parameters are judged)"
+            if side == SPLIT
+            else f"the {side} recorded them, the {other[side]} those steps' scalars only"
+        )
         for side, steps in alone.items()
     )
 
@@ -147,4 +181,5 @@ def judge_traces(
         verdict = replace(verdict, findings=(*verdict.findings, *changed))
     if not alone:
         return verdict
-    return replace(verdict, not_compared=not_compared_lines(alone), one_side_only={"layers": dict(alone)})
+    layers = {side: steps for side, steps in alone.items() if side != SPLIT}
+    return replace(verdict, not_compared=not_compared_lines(alone), one_side_only={"layers": layers})
