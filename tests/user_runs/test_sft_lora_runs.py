@@ -54,7 +54,9 @@ def test_a_settings_difference_is_named_before_step_0(
     judged = compare(sft_runs / "base", sft_runs / cand, tmp_path / "report")
     assert judged.exit_code == 1
     assert judged.training["first_divergent"] == "contract"
-    story = next(line for line in judged.output.splitlines() if "diverged first" in line)
+    story = next(
+        line for line in judged.output.splitlines() if line.strip().startswith("Step 0 diverged first")
+    )
     assert all(word in story for word in named), story
 
 
