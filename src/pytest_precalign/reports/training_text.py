@@ -7,6 +7,8 @@ from __future__ import annotations
 from ..verdict.training_run import TrainingVerdict
 
 LAYER_CLASSES = ("forward", "backward")
+# How steps are counted, said with every run story (the Trainer's own logs count from 1).
+STEPS_ARE = "(0-based optimizer steps; a Trainer logs step k as k+1)"
 
 
 def training_lines(v: TrainingVerdict) -> list[str]:
@@ -31,7 +33,7 @@ def training_lines(v: TrainingVerdict) -> list[str]:
             lines.append(f"  {v.replay}")
         if v.downstream:
             lines.append(f"  {v.downstream}")
-        lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane")
+        lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane {STEPS_ARE}")
         if v.envelope:
             lines.append(f"  {v.envelope}")
     if v.met:
