@@ -49,8 +49,11 @@ the loop's own scheduler (stepped and put back exactly, ``training.run_settings`
 groups' weight decay and parameter names, the optimizer's betas / eps / momentum, the PEFT
 adapters and the frozen parameters; ``arguments`` are the loop's own settings, as JSON. With a
 ``precision`` (or an autocast run), every later manifest's ``dtype`` says it. Parameter names
-(``initial_params``, the plan, ``frozen``) are the records': inside the model's wrappers. ``mode="scalars"`` adds no hooks at all: each
-step's folder is its manifest alone (a few hundred bytes), for runs of thousands of steps.
+(``initial_params``, the plan, ``frozen``) are the records': inside the model's wrappers.
+
+``mode="scalars"`` adds no hooks at all: each step's folder is its manifest alone (a few
+hundred bytes; the first also holds the run's environment, for ``precalign env-diff``), for
+runs of thousands of steps.
 ``PrecalignCallback`` (``hf_callback``) does all this for a ``transformers.Trainer`` run.
 
 ``golden=PATH`` compares each record while recording against a golden run (a trace folder,
