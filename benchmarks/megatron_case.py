@@ -19,7 +19,7 @@ What it measures
 
     The bare models are built once, before the rounds, with ``sources.build_model`` from the
     same config (so the same classes, eager attention, fp32), and the Megatron weights are
-    synced from the HF model. The bare timed region is forward .. ``run.side.causal_lm_loss``
+    synced from the HF model. The bare timed region is forward .. ``run.trainers.loop_step.causal_lm_loss``
     (the case's own loss: shifted next-token cross-entropy in fp32) .. ``loss.backward()``;
     it runs inside ``determinism.deterministic(True)`` like the case (the config's default).
     Entering and leaving Megatron's ``runtime`` (a gloo process group) is outside the bare
@@ -100,6 +100,7 @@ from pytest_precalign.recording import HookRecorder as Recorder
 from pytest_precalign.recording.determinism import deterministic, environment
 from pytest_precalign.run import case as runner
 from pytest_precalign.run import live, outcome, side
+from pytest_precalign.run.trainers.loop_step import causal_lm_loss
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 from pytest_precalign.sources import megatron as megatron_source
 from pytest_precalign.sources.inputs import build_inputs
@@ -316,7 +317,7 @@ def build_bare(config: AlignConfig, size: Size) -> BareModels:
 def bare_step(model: LoadedModel, ids: torch.Tensor) -> float:
     start = time.perf_counter()
     output = model({"input_ids": ids})
-    loss = side.causal_lm_loss(model.logits(output), ids)
+    loss = causal_lm_loss(model.logits(output), ids)
     loss.backward()
     return time.perf_counter() - start
 

@@ -296,7 +296,7 @@ def train(m: Mutation, mode: str = "stats") -> Side:
 
 
 def _step(stack: Any, recorder: HookRecorder, step: int, parts: list[Any]) -> Any:
-    """One step recorded as ``run/megatron_training.py`` records it: each micro-batch's logits
+    """One step recorded as ``run/trainers/megatron.py`` records it: each micro-batch's logits
     and loss, the grads the optimizer is given (``main_grad`` after the reduction), the
     parameters after the update."""
     calls: dict[str, int] = {}

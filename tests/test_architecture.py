@@ -36,6 +36,7 @@ TORCH_FREE = (
     "pytest_precalign.run.offline",
     "pytest_precalign.run.stored_runs",
     "pytest_precalign.run.devices",
+    "pytest_precalign.training.trainer_registry",
 )
 
 PROBE = """

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.run.case import run_case
-from pytest_precalign.run.loop_training import lr_factor
+from pytest_precalign.run.trainers.loop_optimizer import lr_factor
 from pytest_precalign.trace.step_scalars import scalars_of
 from pytest_precalign.training.spec import ScheduleSpec
 

@@ -13,7 +13,8 @@ import torch
 
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.recording import HookRecorder
-from pytest_precalign.run.megatron_training import train_with_megatron
+from pytest_precalign.run.trainers.megatron import TRAINER as MEGATRON
+from pytest_precalign.run.trainers.skeleton import StepSkeleton
 from pytest_precalign.sources import build_model, runtime
 from pytest_precalign.sources.inputs import build_inputs
 
@@ -46,7 +47,7 @@ cases:
 @pytest.mark.slow  # torchrun with 2 ranks; tox -e slow
 def test_dp2_with_the_distributed_optimizer_trains_as_one_process(tmp_path: Path) -> None:
     from pytest_precalign.run.launch import launch_ranks, merge_launched
-    from pytest_precalign.run.megatron_training import launched_evidence
+    from pytest_precalign.run.trainers.megatron import launched_evidence
 
     config = load_config(CONFIG, tmp_path / "align.yaml")
     case = config.cases[0]
@@ -58,7 +59,7 @@ def test_dp2_with_the_distributed_optimizer_trains_as_one_process(tmp_path: Path
         full = {n: p.detach().clone() for n, p in model.module.named_parameters()}
         recorder = HookRecorder(model.module, mode="tensor", param_grads="step")
         with recorder:
-            local = train_with_megatron(model, data, case, recorder, seed=0)
+            local = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0))
         one = recorder.trace({})
     out = launch_ranks(config.models["mc_dp2"], tmp_path, case, data, full, 0, tmp_path, trainer="megatron")
     launched = launched_evidence(out, 2, full)

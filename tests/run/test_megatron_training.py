@@ -12,7 +12,8 @@ import torch
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import CaseError
 from pytest_precalign.recording import HookRecorder
-from pytest_precalign.run.megatron_training import train_with_megatron
+from pytest_precalign.run.trainers.megatron import TRAINER as MEGATRON
+from pytest_precalign.run.trainers.skeleton import StepSkeleton
 from pytest_precalign.sources import build_model, runtime
 from pytest_precalign.sources.inputs import build_inputs
 from pytest_precalign.trace.step_scalars import scalars_of
@@ -52,7 +53,7 @@ def _run(tmp_path: Path, param_grads: str = "step") -> tuple[dict, object]:
         model = build_model(spec, tmp_path)
         recorder = HookRecorder(model.module, mode="stats", param_grads=param_grads)
         with recorder:
-            extra = train_with_megatron(model, data, case, recorder, seed=0)
+            extra = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0))
         return extra, recorder.trace({})
 
 
@@ -88,7 +89,7 @@ def test_launched_tp2_pp2_trains_as_in_process(tmp_path: Path) -> None:
     scheduler, finalize_model_grads, the 1F1B schedule) give the in-process stack's losses, grad
     norms, LRs and update norms step by step; the plan's groups are united over the stages."""
     from pytest_precalign.run.launch import launch_ranks
-    from pytest_precalign.run.megatron_training import launched_evidence
+    from pytest_precalign.run.trainers.megatron import launched_evidence
 
     config = load_config(CONFIG, tmp_path / "align.yaml")
     case = config.cases[0]
@@ -99,7 +100,7 @@ def test_launched_tp2_pp2_trains_as_in_process(tmp_path: Path) -> None:
         full = {n: p.detach().clone() for n, p in model.module.named_parameters()}
         recorder = HookRecorder(model.module, mode="stats", param_grads="step")
         with recorder:
-            local = train_with_megatron(model, data, case, recorder, seed=0)
+            local = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0))
     out = launch_ranks(config.models["mc_tp"], tmp_path, case, data, full, 0, tmp_path, trainer="megatron")
     launched = launched_evidence(out, 4, full)
     assert launched["training"]["plan"]["lr"] == local["training"]["plan"]["lr"]

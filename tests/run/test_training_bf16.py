@@ -16,7 +16,8 @@ import torch
 from pytest_precalign.config.loader import load_config_file
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.case import run_case
-from pytest_precalign.run.hf_trainer import train_with_trainer
+from pytest_precalign.run.trainers.hf_trainer import TRAINER as HF_TRAINER
+from pytest_precalign.run.trainers.skeleton import StepSkeleton
 from pytest_precalign.sources import build_model, runtime
 from pytest_precalign.sources.inputs import build_inputs
 from tests.helpers.paths import EXAMPLES
@@ -80,7 +81,7 @@ def test_the_trainer_leaves_the_users_bf16_model_bf16_with_its_own_forward(tmp_p
         before = {n: p.detach().clone() for n, p in module.named_parameters()}
         recorder = HookRecorder(module, mode="stats")
         with recorder:
-            extra = train_with_trainer(model, data, case, recorder, seed=0)  # type: ignore[arg-type]
+            extra = HF_TRAINER.train(model, data, case, StepSkeleton(recorder, 0))  # type: ignore[arg-type]
     assert extra["training"]["arguments"]["TrainingArguments"]["bf16"] is True
     assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
     assert "forward" not in vars(module) and "_original_forward" not in vars(module)

@@ -36,7 +36,7 @@ def test_megatron_groups_match_globs_in_global_names_on_a_later_stage(megatron_w
 
 
 def test_the_launched_loop_groups_match_globs_in_global_names(megatron_world: None) -> None:
-    from pytest_precalign.run.rank_main import stage_param_groups
+    from pytest_precalign.run.trainers.loop_ranks import stage_param_groups
 
     model = tiny_gpt()
     _second_stage(model)

@@ -13,14 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_precalign.config.specs import CaseSpec, RecordSpec
-from pytest_precalign.run.hf_trainer import trainer_plan
-from pytest_precalign.run.loop_training import loop_plan, param_groups
-from pytest_precalign.run.megatron_training import megatron_plan_of
+from pytest_precalign.config.specs import CaseSpec, ModelSpec, RecordSpec
+from pytest_precalign.run.trainers import case_trainer
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
 from pytest_precalign.trace.training_record import TrainingPlan, TrainingSettings
-from pytest_precalign.training.run_settings import gradient_checkpointing
 from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.verdict.training_contract import check_contract, unsaid_settings
 
@@ -51,17 +48,13 @@ def _plans(spec: OptimizerSpec) -> dict[str, TrainingSettings]:
     case = _case(spec)
     ids = torch.randint(0, VOCAB, (4, SEQ), generator=torch.Generator().manual_seed(0))
     data = CaseInputs({"input_ids": ids}, ids.clone())
+    side = ModelSpec("tiny", "megatron", {}, "cpu", "float32", 0, None, "plans")
     out: dict[str, TrainingSettings] = {}
     for trainer in ("loop", "hf_trainer", "megatron"):
-        module = tiny_gpt()
-        model = LoadedModel("tiny", module, None)
-        if trainer == "loop":
-            groups = param_groups(module.named_parameters(), spec)
-            out[trainer] = loop_plan(spec, groups, STEPS, checkpointing=gradient_checkpointing(module))
-        elif trainer == "hf_trainer":
-            out[trainer] = trainer_plan(model, data, case, seed=0)
-        else:
-            out[trainer] = megatron_plan_of(model, data, case)
+        model = LoadedModel("tiny", tiny_gpt(), None)
+        plan = case_trainer(trainer).plan(model, side, data, case, 0)  # each trainer's own plan
+        assert plan is not None
+        out[trainer] = plan
     return out
 
 

@@ -11,16 +11,8 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..training.spec import (
-    DECAY_STYLES,
-    OPTIMIZERS,
-    TRAINERS,
-    OptimizerSpec,
-    ScheduleSpec,
-    SidesTraining,
-    Trainer,
-    megatron_schedule_problem,
-)
+from ..training.spec import DECAY_STYLES, OPTIMIZERS, OptimizerSpec, ScheduleSpec, SidesTraining
+from ..training.trainer_registry import default_trainer, trainer_info, trainer_names
 from ..verdict.training_envelope import EnvelopeSpec
 from ..yaml_reader import Reader
 from .dataset_rows import Rows, read_rows
@@ -40,12 +32,6 @@ OPTIMIZER_KEYS = (
 )
 SCHEDULE_KEYS = ("warmup_steps", "decay", "decay_steps", "min_lr")
 DATASET_KEYS = ("kind", "path", "batch", "labels")
-# Which trainers can drive a model of each source (None: the source's default trainer).
-TRAINERS_OF_SOURCE: dict[str, tuple[Trainer, ...]] = {
-    "hf": ("loop", "hf_trainer"),
-    "factory": ("loop",),
-    "megatron": ("megatron", "loop"),
-}
 
 
 def parse_optimizer(reader: Reader) -> OptimizerSpec:
@@ -130,20 +116,17 @@ def _no_decay(opt: Reader) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-# A side without ``training:`` trains with its model's default: megatron-core's own stack for a
-# Megatron model (in process and launched), the tool's loop otherwise (None).
-DEFAULT_TRAINER: dict[str, Trainer] = {"megatron": "megatron"}
-
-
-def _defaulted(side: Trainer | None, model: ModelSpec | None) -> Trainer | None:
+def _defaulted(side: str | None, model: ModelSpec | None) -> str | None:
+    """A side without ``training:`` trains with its model source's default trainer
+    (``trainer_registry.default_trainer``)."""
     if side is not None or model is None:
         return side
-    return DEFAULT_TRAINER.get(model.source)
+    return default_trainer(model.source)
 
 
 def parse_training(reader: Reader, baseline: ModelSpec | None, candidate: ModelSpec | None) -> SidesTraining:
     """``training:`` one trainer for both sides, or ``{baseline: ..., candidate: ...}``; a side
-    left out gets its model's default (``DEFAULT_TRAINER``)."""
+    left out gets its model's default (``trainer_registry.default_trainer``)."""
     given = _given_training(reader, baseline, candidate)
     return SidesTraining(
         baseline=_defaulted(given.baseline, baseline), candidate=_defaulted(given.candidate, candidate)
@@ -168,19 +151,19 @@ def _given_training(reader: Reader, baseline: ModelSpec | None, candidate: Model
     for side, trainer in chosen.items():
         if trainer is None:
             continue
-        if trainer not in TRAINERS:
-            sub.fail(f"unknown trainer {trainer!r} (allowed: {', '.join(TRAINERS)})", keys[side])
+        if not isinstance(trainer, str) or trainer not in trainer_names():
+            sub.fail(f"unknown trainer {trainer!r} (allowed: {', '.join(trainer_names())})", keys[side])
         model = models[side]
         if model is None:
             sub.fail("a trainer trains a model: not with {dump: path} sides", keys[side])
-        allowed = TRAINERS_OF_SOURCE.get(model.source, ("loop",))
+        allowed = tuple(name for name in trainer_names() if model.source in trainer_info(name).sources)
         if trainer not in allowed:
             sub.fail(
                 f"trainer {trainer!r} cannot train model {model.name!r} (source {model.source!r}; "
                 f"allowed: {', '.join(allowed)})",
                 keys[side],
             )
-    return SidesTraining(baseline=chosen["baseline"], candidate=chosen["candidate"])  # type: ignore[arg-type]
+    return SidesTraining(baseline=chosen["baseline"], candidate=chosen["candidate"])
 
 
 def check_training(
@@ -212,56 +195,40 @@ def check_training(
                 f"{len(rows) // spec.batch} batch(es) of {spec.batch}",
                 "steps",
             )
-    _check_schedule(reader, optimizer, training, steps)
-    if "hf_trainer" in (training.baseline, training.candidate):
-        problem = hf_trainer_problem(optimizer, steps)
-        if problem is not None:
-            reader.fail(f"transformers.Trainer cannot express {problem}", "optimizer")
+    _check_warmup(reader, optimizer, steps)
+    _check_trainers_can_express(reader, optimizer, training, steps)
 
 
-def _check_schedule(reader: Reader, optimizer: OptimizerSpec, training: SidesTraining, steps: int) -> None:
-    """A warmup no longer than the run, and what a megatron-core side's scheduler needs, named
-    at ``optimizer.schedule``'s keys (``run`` refused them only once training started)."""
+def _check_warmup(reader: Reader, optimizer: OptimizerSpec, steps: int) -> None:
+    """A warmup no longer than the run."""
     schedule = optimizer.schedule
     opt = reader.get_mapping("optimizer")
     sub = opt.get_mapping("schedule") if opt is not None else None
-    if schedule is None or sub is None:
-        return
-    if schedule.warmup_steps > steps:
+    if schedule is not None and sub is not None and schedule.warmup_steps > steps:
         sub.fail(
             f"warmup_steps {schedule.warmup_steps} is longer than the run (steps {steps}): "
             "the LR would never reach lr",
             "warmup_steps",
         )
+
+
+def _check_trainers_can_express(
+    reader: Reader, optimizer: OptimizerSpec, training: SidesTraining, steps: int
+) -> None:
+    """What of the optimizer spec a side's framework cannot express (its trainer's
+    ``problem``), named at the key under ``optimizer:`` that says it (``run`` would refuse it
+    only once training started)."""
     for side in ("baseline", "candidate"):
-        if getattr(training, side) == "megatron":
-            problem = megatron_schedule_problem(schedule, steps)
-            if problem is not None:
-                key = "decay_steps" if schedule.decay_steps else "warmup_steps"
-                sub.fail(f"the {side} side trains with megatron-core: {problem}", key)
-
-
-def hf_trainer_problem(optimizer: OptimizerSpec, steps: int) -> str | None:
-    """What of ``optimizer`` ``TrainingArguments`` cannot express (None: all of it)."""
-    if optimizer.no_decay is not None:
-        return "no_decay globs: it decides by Trainer.get_decay_parameter_names (biases and norms); leave no_decay out"
-    if optimizer.schedule is not None:
-        problem = hf_schedule_problem(optimizer.schedule, steps)
-        return None if problem is None else f"this schedule: {problem}"
-    return None
-
-
-def hf_schedule_problem(schedule: ScheduleSpec, steps: int) -> str | None:
-    """Why ``TrainingArguments`` cannot express ``schedule`` (None: it can). Its schedulers
-    decay over ``max_steps`` (the case's steps) and only cosine has a floor (``min_lr``)."""
-    if schedule.decay_steps is not None and schedule.decay_steps != steps and schedule.decay != "constant":
-        return (
-            f"decay_steps {schedule.decay_steps} differs from steps {steps} (its schedulers decay "
-            "over max_steps)"
-        )
-    if schedule.min_lr > 0 and schedule.decay == "linear":
-        return "decay 'linear' to a min_lr > 0 (its linear schedule decays to 0; cosine has min_lr)"
-    return None
+        name = getattr(training, side)
+        info = None if name is None else trainer_info(name)
+        found = None if info is None or info.problem is None else info.problem(optimizer, steps)
+        if found is None or info is None:
+            continue
+        *path, key = ("optimizer." + found.key).strip(".").split(".")
+        sub = reader
+        for part in path:
+            sub = sub.get_mapping(part) or sub
+        sub.fail(f"the {side} side trains with {info.framework}: {found.message}", key)
 
 
 def parse_dataset(name: str, reader: Reader, base_dir: Path) -> InputSpec:

@@ -9,10 +9,9 @@ torchrun, merged by ``parallel.merge``), ``grad_sync``, ``tensor_parallel`` (eac
 weight shard), ``devices``, ``offline`` (``precalign compare``), ``stored_runs`` (writing
 sides), ``outcome`` (map, compare, judge).
 
-Training runs: ``contract_check`` (both sides' plans compared before step 0), the trainers
-``loop_training`` and ``loop_step`` (the tool's own loop and its one step), ``hf_trainer`` (a
-real ``transformers.Trainer``), ``megatron_training`` (megatron-core's own stack),
-``envelope_runs`` (the noise envelope's clean reruns), ``optimizer_replay`` (each optimizer
+Training runs: ``contract_check`` (both sides' plans compared before step 0), ``trainers``
+(the case trainers, one module each: the tool's loop, a real ``transformers.Trainer``,
+megatron-core's own stack; the step skeleton they share), ``envelope_runs`` (the noise envelope's clean reruns), ``optimizer_replay`` (each optimizer
 step judged on its inputs), ``step_replay`` (the first divergent step replayed from the
 baseline's state), ``step_boundary`` (stopping a trainer where a step starts), ``replay_hint``
 (what a run that was not replayed says instead).

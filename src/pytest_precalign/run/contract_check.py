@@ -4,10 +4,9 @@ difference stops the case there: nothing is trained or recorded, and the run ver
 ``first_divergent: contract`` with the first differing step, the parameter group and both
 values.
 
-Each side's plan is its trainer's own plan function, the one the trainer writes into the
-side's manifest while training (``loop_training.loop_plan``, ``hf_trainer.trainer_plan``,
-``megatron_training.megatron_plan_of``), made from the side's built model, so a user's patch
-of its optimizer or scheduler classes shows in it. A launched side (torchrun) is planned in
+Each side's plan is its case trainer's own ``plan`` (``run.trainers``), the settings the
+trainer writes into the side's manifest while training, made from the side's built model, so
+a user's patch of its optimizer or scheduler classes shows in it. A launched side (torchrun) is planned in
 this process from its TP=1 twin: a ``megatron`` side with the same megatron-core functions
 and spec (its ranks unite their stages' groups into the same parameter names); a launched
 side stepping with ``torch.optim`` has no plan (its ranks write none), so nothing is checked
@@ -33,9 +32,8 @@ from ..trace.training_record import TrainingSettings, run_record_keys
 from ..verdict.training_contract import check_contract
 from ..verdict.training_run import TrainingVerdict
 from ..verdict.training_traces import judge_traces
-from .launch import is_launched
 from .outcome import CaseRun, FinishInputs, finish
-from .side import side_trainer
+from .trainers import case_trainer, side_trainer
 
 NOT_TRAINED = "nothing trained: the sides' training contract differs before step 0"
 
@@ -44,24 +42,8 @@ def planned_training(
     model: LoadedModel, spec: ModelSpec, data: CaseInputs, case: CaseSpec, side: str
 ) -> TrainingSettings | None:
     """The settings (arguments and plan) this side's trainer will write, made before it
-    trains (None: a launched side without a plan of its own, see the module doc)."""
-    trainer = side_trainer(case, {"side": side})
-    if is_launched(spec) and trainer != "megatron":
-        return None
-    if trainer == "hf_trainer":
-        from .hf_trainer import trainer_plan
-
-        return trainer_plan(model, data, case, spec.seed)
-    if trainer == "megatron":
-        from ..sources.megatron import data_parallel
-        from .megatron_training import megatron_plan_of
-
-        return megatron_plan_of(model, data, case, data_parallel(spec))
-    from ..training.run_settings import gradient_checkpointing
-    from .loop_training import loop_plan, param_groups
-
-    groups = param_groups(model.module.named_parameters(), case.optimizer)
-    return loop_plan(case.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module))
+    trains (None: a side without a plan of its own, see the module doc)."""
+    return case_trainer(side_trainer(case, side)).plan(model, spec, data, case, spec.seed)
 
 
 def contract_before_training(

@@ -32,7 +32,9 @@ from ..config.launch import launch_timeout, launched, world_size
 from ..errors import CaseError
 from ..parallel.rules import MEGATRON_GPT_RULES, ShardRule
 from ..trace.records import Trace
+from ..training.trainer_registry import PLAIN, trainer_info, trainer_names
 from .rank_main import INPUTS_FILE, JOB_FILE, OUT_DIR, WEIGHTS_FILE
+from .trainers import launched_trainer, side_trainer
 
 if TYPE_CHECKING:
     import torch
@@ -85,21 +87,27 @@ def run_launched(
     timeout: float | None = None,
 ) -> Trace:
     """Run ``spec`` on its ranks through the case's steps; the merged TP=1 trace."""
-    trainer = launched_trainer(case, manifest)
+    name = side_trainer(case, manifest.get("side"))
+    info = trainer_info(name)
+    if not info.launchable:
+        able = ", ".join(n for n in trainer_names() if trainer_info(n).launchable)
+        raise CaseError(
+            f"{spec.where}: models.{spec.name}: a side launched under torchrun cannot train with "
+            f"training: {name} ({info.framework}); launchable: {able}"
+        )
     split = int(spec.options.get("data_parallel", 1)) > 1
-    if split and trainer != "megatron":
+    if split and not info.data_parallel:
+        able = ", ".join(n for n in trainer_names() if trainer_info(n).data_parallel)
         raise CaseError(
             f"{spec.where}: models.{spec.name}.data_parallel: the replicas split each step's batch "
-            "when megatron-core's stack trains them: needs phase step and training: megatron (the default)"
+            f"when the side's trainer splits it: needs phase step and training: {able}"
         )
     with tempfile.TemporaryDirectory(prefix="precalign-launch-") as tmp:
         out = launch_ranks(
-            spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout, trainer=trainer
+            spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout, trainer=name
         )
-        if trainer == "megatron":
-            from .megatron_training import launched_evidence
-
-            manifest = {**manifest, **launched_evidence(out, world_size(spec.options), full_weights)}
+        evidence = launched_trainer(name).launched_evidence(out, world_size(spec.options), full_weights)
+        manifest = {**manifest, **evidence}
         return merge_launched(out, manifest, params="step" in case.phases, data_split=split)
 
 
@@ -129,16 +137,6 @@ def merge_launched(
     return Trace(manifest=out, records=records, tensors=tensors)
 
 
-def launched_trainer(case: CaseSpec, manifest: Mapping[str, Any]) -> str | None:
-    """``megatron`` when the case trains this side (``manifest["side"]``) with ``training:
-    megatron`` (a Megatron model's default, filled in by the config): its ranks step with
-    megatron-core's own stack; else (None, ``training: loop``) the case's torch optimizer, as
-    the in-process twin does."""
-    side = manifest.get("side")
-    chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
-    return "megatron" if chosen == "megatron" and "step" in case.phases else None
-
-
 def launch_ranks(
     spec: ModelSpec,
     base_dir: Path,
@@ -149,7 +147,7 @@ def launch_ranks(
     work: Path,
     *,
     timeout: float | None = None,
-    trainer: str | None = None,
+    trainer: str = PLAIN,
 ) -> Path:
     """Run the ranks with ``work`` as their folder; the root of their ``step<N>/rank<R>``
     folders. ``full_weights``: a TP=1 state (``named_parameters``) each rank loads its part
@@ -177,7 +175,7 @@ def launch_ranks(
         # The parent runs inside determinism(); the ranks repeat what it set.
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "timeout": timeout,
-        "trainer": trainer,  # megatron: megatron-core's own stack (else the case's torch optimizer)
+        "trainer": trainer,  # the side's launchable trainer (``run.trainers``), run by each rank
     }
     (work / JOB_FILE).write_bytes(pickle.dumps(job))
     run_torchrun(nproc, work, timeout, what)

@@ -8,7 +8,7 @@ that on every CPU, and a looser one would hide a real optimizer bug. So a parame
 step is judged by its inputs:
 
 * each side's step is **replayed**: the case's optimizer (``torch.optim``'s own AdamW, Adam or
-  SGD, built by ``side.make_optimizer`` on a copy of the parameter) is given that side's
+  SGD, built by ``trainers.loop_optimizer.make_optimizer`` on a copy of the parameter) is given that side's
   parameter before the step (the synced initial weights at step 0, the side's own parameter
   after step ``k - 1`` later), that side's recorded grad, and the state its replay carried
   from the earlier steps (``exp_avg``, ``exp_avg_sq``, the step counter; momentum buffers);
@@ -51,8 +51,7 @@ from ..trace.records import Record, Trace, record_id
 from ..trace.step_scalars import scalars_of
 from ..trace.training_record import read_run_record
 from ..vocabulary import OPTIMIZER_UPDATE
-from .loop_training import decays
-from .side import make_optimizer
+from .trainers.loop_optimizer import decays, make_optimizer
 
 # The rounding an update may carry: elementwise float arithmetic of another but equivalent
 # implementation (fused, foreach, sharded) differs by a few units in the last place of the
@@ -94,7 +93,7 @@ class _Replay:
         if name not in self._copies:
             copy = torch.nn.Parameter(before.clone())
             # The side's own groups: no weight decay where the spec exempts the parameter
-            # (biases and norm weights by default), as ``loop_training.param_groups`` builds them.
+            # (biases and norm weights by default), as ``trainers.loop_optimizer.param_groups`` builds them.
             wd = self.spec.weight_decay if decays(name, before, self.spec.no_decay) else 0.0
             self._copies[name] = copy, make_optimizer(self.spec, [{"params": [copy], "weight_decay": wd}])
         copy, optimizer = self._copies[name]

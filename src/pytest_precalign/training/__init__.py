@@ -11,7 +11,10 @@
 - ``run_settings``: the settings and plan of a user's own run (the run's own scheduler, put
   back bitwise), as the callback and ``Recorder.record_settings`` write them.
 - ``spec``: what a case's training does, as frozen specs (optimizer, schedule, clipping,
-  weight decay, accumulation, trainer).
+  weight decay, accumulation, each side's trainer), and what of it a framework cannot express.
+- ``trainer_registry``: the case trainers, one line each (the sources each trains and by
+  default, launchable, isolation, where grads are taken, its ``run.trainers`` module);
+  torch-free, ``config`` validates ``training:`` from it.
 - ``step_evidence``: what one optimizer step did, measured on the live model and optimizer.
 - ``step_norms``: the parameter and update norms, the grads' norm and zero count, each tensor
   read once.

@@ -33,15 +33,8 @@ from typing import Final, Literal, get_args
 
 OptimizerName = Literal["adamw", "adam", "sgd"]
 DecayStyle = Literal["constant", "linear", "cosine"]
-# How a side trains: the tool's own loop (torch.optim + torch.optim.lr_scheduler), a
-# transformers.Trainer, or megatron-core's own stack (DDP, get_megatron_optimizer,
-# OptimizerParamScheduler, finalize_model_grads). None in a case: the model's default
-# (megatron for a megatron-core model, loop otherwise).
-Trainer = Literal["loop", "hf_trainer", "megatron"]
-
 OPTIMIZERS: Final[tuple[OptimizerName, ...]] = get_args(OptimizerName)
 DECAY_STYLES: Final[tuple[DecayStyle, ...]] = get_args(DecayStyle)
-TRAINERS: Final[tuple[Trainer, ...]] = get_args(Trainer)
 
 
 @dataclass(frozen=True)
@@ -68,11 +61,21 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class SidesTraining:
-    """Which machinery trains each side of a case (None: the tool's loop; the config fills in
-    a model's default: ``megatron`` for a ``source: megatron`` model)."""
+    """Which machinery trains each side of a case: a name of ``training.trainer_registry``
+    (the config fills in a model's default, ``default_trainer``; None: that default for no
+    model source, the tool's loop)."""
 
-    baseline: Trainer | None = None
-    candidate: Trainer | None = None
+    baseline: str | None = None
+    candidate: str | None = None
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """What of a case's optimizer spec a side's framework cannot express (a trainer's
+    ``problem``), and the key under ``optimizer:`` that says it ("": ``optimizer`` itself)."""
+
+    message: str
+    key: str = ""
 
 
 def megatron_schedule_problem(schedule: ScheduleSpec | None, steps: int) -> str | None:
@@ -89,3 +92,43 @@ def megatron_schedule_problem(schedule: ScheduleSpec | None, steps: int) -> str 
         f"megatron-core's OptimizerParamScheduler decays after the warmup: {named} ({horizon}) "
         f"must be > warmup_steps ({schedule.warmup_steps})"
     )
+
+
+def megatron_problem(optimizer: OptimizerSpec, steps: int) -> SpecProblem | None:
+    """What of ``optimizer`` megatron-core's stack cannot run (None: all of it), at the
+    schedule key to change."""
+    problem = megatron_schedule_problem(optimizer.schedule, steps)
+    if problem is None or optimizer.schedule is None:
+        return None
+    return SpecProblem(
+        problem, "schedule.decay_steps" if optimizer.schedule.decay_steps else "schedule.warmup_steps"
+    )
+
+
+def hf_trainer_problem(optimizer: OptimizerSpec, steps: int) -> SpecProblem | None:
+    """What of ``optimizer`` ``TrainingArguments`` cannot express (None: all of it)."""
+    if optimizer.no_decay is not None:
+        return SpecProblem(
+            "transformers.Trainer cannot express no_decay globs: it decides by Trainer.get_decay_parameter_names (biases and norms); leave no_decay out"
+        )
+    if optimizer.schedule is not None:
+        problem = hf_schedule_problem(optimizer.schedule, steps)
+        return (
+            None
+            if problem is None
+            else SpecProblem(f"transformers.Trainer cannot express this schedule: {problem}")
+        )
+    return None
+
+
+def hf_schedule_problem(schedule: ScheduleSpec, steps: int) -> str | None:
+    """Why ``TrainingArguments`` cannot express ``schedule`` (None: it can). Its schedulers
+    decay over ``max_steps`` (the case's steps) and only cosine has a floor (``min_lr``)."""
+    if schedule.decay_steps is not None and schedule.decay_steps != steps and schedule.decay != "constant":
+        return (
+            f"decay_steps {schedule.decay_steps} differs from steps {steps} (its schedulers decay "
+            "over max_steps)"
+        )
+    if schedule.min_lr > 0 and schedule.decay == "linear":
+        return "decay 'linear' to a min_lr > 0 (its linear schedule decays to 0; cosine has min_lr)"
+    return None

@@ -14,24 +14,23 @@ from __future__ import annotations
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from ..config.specs import CaseSpec
-from ..errors import CaseError
-from ..recording import HookRecorder
-from ..recording.determinism import seed_everything
-from ..sources import LoadedModel
-from ..sources.inputs import CaseInputs
-from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
-from ..training.run_settings import gradient_checkpointing, optimizer_settings
-from ..training.spec import OptimizerSpec
+from ...config.specs import CaseSpec, ModelSpec
+from ...errors import CaseError
+from ...recording import HookRecorder
+from ...sources import LoadedModel
+from ...sources.inputs import CaseInputs
+from ...trace.step_scalars import StepScalars
+from ...trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
+from ...training.run_settings import gradient_checkpointing, optimizer_settings
+from ...training.spec import OptimizerSpec
+from .loop_optimizer import params_precision
 from .loop_step import split_micro_batches
-from .loop_training import params_precision
-from .step_boundary import Boundary
+from .skeleton import StepSkeleton
 
 # TrainingArguments.optim of each optimizer (plain Adam: none; see ``optimizer_override``).
 _OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd", "adam": "adamw_torch"}
@@ -39,7 +38,7 @@ _OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd", "adam": "adamw_torch"}
 
 def scheduler_arguments(spec: OptimizerSpec) -> dict[str, Any]:
     """``lr_scheduler_type``, ``warmup_steps`` and ``lr_scheduler_kwargs`` for the schedule
-    (``config.training.hf_schedule_problem`` rejected what they cannot express)."""
+    (``training.spec.hf_trainer_problem``: the config rejected what they cannot express)."""
     schedule = spec.schedule
     if schedule is None:
         return {"lr_scheduler_type": "constant", "warmup_steps": 0, "lr_scheduler_kwargs": {}}
@@ -121,33 +120,56 @@ class _Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return self.rows[index]
 
 
-def train_with_trainer(
-    model: LoadedModel,
-    data: CaseInputs,
-    case: CaseSpec,
-    recorder: HookRecorder,
-    seed: int,
-    boundary: Boundary | None = None,
-) -> dict[str, Any]:
-    """Train ``model`` with a ``transformers.Trainer`` through the case's steps while
-    ``recorder``'s hooks record it; returns the manifest's training evidence. ``boundary``:
-    record only its step and stop after it (``step_boundary``)."""
+class HfTrainer:
+    """``training: hf_trainer`` (``CaseTrainer``)."""
 
-    batches = [data.batch(s) for s in range(case.steps)]
-    for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
-        split_micro_batches(batch, case.optimizer.micro_batches, case)
-    rows = batches[0].rows
-    steps = _case_steps(recorder, seed, boundary)
-    bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
-    with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
-        trainer, arguments = _trainer(model.module, case, rows, seed, out, _Rows(batches), [steps], bf16=bf16)
-        plan = _plan(trainer, case, model.module)
-        trainer.train()
-        steps.pause.close()
-    _check_steps(steps.scalars, case, boundary)
-    return run_record_keys(
-        _training_block(arguments, plan, case.optimizer, bf16), steps.scalars, steps.initial or {}
-    )
+    def plan(
+        self, model: LoadedModel, spec: ModelSpec, data: CaseInputs, case: CaseSpec, seed: int
+    ) -> TrainingSettings:
+        """The settings (``"training"`` block) this side's Trainer will write, before it
+        trains: its Trainer built as ``train`` builds it (the optimizer created, nothing
+        trained) and its plan made by the same ``_plan``."""
+        rows = data.rows
+        bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
+        with (
+            tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out,
+            fp32_master_weights(model.module),
+        ):
+            trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
+            return _training_block(arguments, _plan(trainer, case, model.module), case.optimizer, bf16)
+
+    def train(
+        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
+    ) -> dict[str, Any]:
+        """Train ``model`` with a ``transformers.Trainer`` through the case's steps while the
+        recorder's hooks record it (only the boundary's step, when given: training stops
+        after it); returns the manifest's training evidence."""
+        batches = [data.batch(s) for s in range(case.steps)]
+        for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
+            split_micro_batches(batch, case.optimizer.micro_batches, case)
+        rows = batches[0].rows
+        callback = _case_steps(steps)
+        bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
+        seed = steps.seed
+        with (
+            tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out,
+            fp32_master_weights(model.module),
+        ):
+            trainer, arguments = _trainer(
+                model.module, case, rows, seed, out, _Rows(batches), [callback], bf16=bf16
+            )
+            plan = _plan(trainer, case, model.module)
+            try:
+                trainer.train()
+            finally:
+                steps.end()
+        _check_steps(callback.scalars, case, steps.count(case.steps))
+        return run_record_keys(
+            _training_block(arguments, plan, case.optimizer, bf16), callback.scalars, callback.initial or {}
+        )
+
+
+TRAINER = HfTrainer()
 
 
 MASTER_WEIGHTS = {
@@ -209,30 +231,21 @@ def _trainer(
     return trainer, arguments
 
 
-def trainer_plan(model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int) -> TrainingSettings:
-    """The settings (``"training"`` block) this side's Trainer will write, before it trains:
-    its Trainer built as ``train_with_trainer`` builds it (the optimizer created, nothing
-    trained) and its plan made by the same ``_plan``."""
-    rows = data.rows
-    bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
-    with tempfile.TemporaryDirectory(prefix="precalign-trainer-") as out, fp32_master_weights(model.module):
-        trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
-        return _training_block(arguments, _plan(trainer, case, model.module), case.optimizer, bf16)
-
-
-def _case_steps(recorder: HookRecorder, seed: int, boundary: Boundary | None) -> Any:
-    """The Trainer callback that records each step with ``recorder`` (only ``boundary``'s
-    step when given: the steps before it run paused, the state is loaded where it starts, and
-    training stops after it)."""
+def _case_steps(steps: StepSkeleton) -> Any:
+    """The Trainer callback that records each step with the skeleton's recorder, each step
+    through the skeleton (only the boundary's step when given: the steps before it run
+    paused, the state is loaded where it starts, and training stops after it)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from ..training.hf_callback import TrainerSteps
+    from ...training.hf_callback import TrainerSteps
+
+    own = steps.recorder
+    assert own is not None
+    recorder: HookRecorder = own  # typed for the class below
 
     class CaseSteps(TrainerSteps):
         def __init__(self) -> None:
             super().__init__()
-            self.pause = ExitStack()  # the recorder paused through a step before the boundary
-            self.quiet = False
             self.optimizer: Any = None
 
         def on_step_begin(
@@ -245,26 +258,18 @@ def _case_steps(recorder: HookRecorder, seed: int, boundary: Boundary | None) ->
             self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
         ) -> None:
             super().on_step_end(args, state, control, **kwargs)
-            if boundary is not None and boundary.past(state.global_step):
+            if steps.past(state.global_step):
                 control.should_training_stop = True  # global_step counts the update just made
 
         def _start(self, module: torch.nn.Module, step: int) -> None:
-            self.pause.close()
-            self.quiet = boundary is not None and boundary.quiet(step)
-            if self.quiet:
-                self.pause.enter_context(recorder.paused())
-            recorder.step = step
-            seed_everything(seed + step)  # dropout, if any, draws as in the loop
-            if boundary is not None and step == boundary.step:
-                boundary.at(module, self.optimizer)
+            steps.begin(step, module, self.optimizer)
 
         def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
-            if not self.quiet:
+            if not steps.quiet:
                 recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
 
         def _updated(self) -> None:
-            if not self.quiet:
-                recorder.record_params()
+            steps.updated()
 
     return CaseSteps()
 
@@ -335,10 +340,7 @@ def _training_block(
     return TrainingSettings("hf_trainer", "transformers", transformers.__version__, given, plan)
 
 
-def _check_steps(
-    scalars: Mapping[int, StepScalars], case: CaseSpec, boundary: Boundary | None = None
-) -> None:
-    last = case.steps if boundary is None else boundary.step + 1
+def _check_steps(scalars: Mapping[int, StepScalars], case: CaseSpec, last: int) -> None:
     if sorted(scalars) != list(range(last)):
         raise CaseError(
             f"case {case.name!r}: transformers.Trainer ran steps {sorted(scalars)}, the case has "

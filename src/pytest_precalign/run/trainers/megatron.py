@@ -6,7 +6,7 @@ recorded by the case's hooks and every step's ``StepScalars`` kept. Returns what
 manifest gains: ``training`` (megatron-core's arguments and plan), ``scalars``,
 ``initial_params``.
 
-The recorder must be made with ``param_grads="step"``: Megatron's DDP accumulates each
+The recorder must be made with ``param_grads="step"`` (the registry entry's): Megatron's DDP accumulates each
 micro-batch's grad into ``main_grad`` and ``finalize_model_grads`` divides the sum by the step's
 tokens, so the grads the optimizer steps on exist only after the schedule; they are recorded
 then (``main_grad``), as the other frameworks' accumulated grads are.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -24,17 +23,15 @@ from typing import Any
 
 import torch
 
-from ..config.specs import CaseSpec
-from ..errors import CaseError
-from ..recording import HookRecorder
-from ..recording.determinism import seed_everything
-from ..sources import LoadedModel
-from ..sources.inputs import CaseInputs
-from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingSettings, read_run_record, run_record_keys
-from ..training.megatron_stack import build_megatron_stack, plan_before_training
-from ..training.step_evidence import initial_params
-from .step_boundary import Boundary
+from ...config.specs import CaseSpec, ModelSpec
+from ...errors import CaseError
+from ...sources import LoadedModel
+from ...sources.inputs import CaseInputs
+from ...trace.step_scalars import StepScalars
+from ...trace.training_record import TrainingSettings, read_run_record, run_record_keys
+from ...training.megatron_stack import build_megatron_stack, plan_before_training
+from ...training.step_evidence import initial_params
+from .skeleton import StepSkeleton
 
 
 def micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[dict[str, torch.Tensor]]:
@@ -61,73 +58,78 @@ def chunk_forward(model: LoadedModel) -> Callable[[torch.nn.Module, Mapping[str,
     return forward
 
 
-def megatron_plan_of(
-    model: LoadedModel, data: CaseInputs, case: CaseSpec, data_parallel: int = 1
-) -> TrainingSettings:
-    """The settings (``"training"`` block) this side's stack will write, before it is built
-    (``megatron_stack.plan_before_training``; a launched side planned from its TP=1 twin)."""
-    rows = data.rows
-    spec = case.optimizer
-    return plan_before_training(
-        [model.module], spec, case.steps, rows, spec.micro_batches, data_parallel=data_parallel
-    )
+class MegatronTrainer:
+    """``training: megatron`` (``LaunchedTrainer``)."""
 
+    def plan(
+        self, model: LoadedModel, spec: ModelSpec, data: CaseInputs, case: CaseSpec, seed: int
+    ) -> TrainingSettings:
+        """The settings (``"training"`` block) this side's stack will write, before it is
+        built (``megatron_stack.plan_before_training``; a launched side planned from its TP=1
+        twin over its data-parallel replicas)."""
+        from ...sources.megatron import data_parallel
 
-def train_with_megatron(
-    model: LoadedModel,
-    data: CaseInputs,
-    case: CaseSpec,
-    recorder: HookRecorder,
-    seed: int,
-    boundary: Boundary | None = None,
-) -> dict[str, Any]:
-    """Train ``model`` (a megatron-core module of this process) through the case's steps while
-    ``recorder`` (entered, ``param_grads="step"``) records; the manifest's training evidence.
-    ``boundary``: record only its step and stop after it (``step_boundary``; the torch
-    optimizer inside Megatron's ``FP32Optimizer`` is handed to it)."""
-    if case.loss != "causal_lm":
-        raise CaseError(
-            f"case {case.name!r}: training: megatron (a Megatron model's default) computes loss "
-            f"causal_lm, not {case.loss!r}; set training: loop for the tool's loop"
-        )
-    if recorder.param_grads != "step":
-        raise CaseError(f"case {case.name!r}: training: megatron records grads at param_grads='step'")
-    module = model.module
-    spec = case.optimizer
-    rows = data.rows
-    initial = initial_params(module.named_parameters())
-    stack = build_megatron_stack([module], spec, case.steps, global_batch=rows)
-    training = stack.training_manifest(case.steps, spec.micro_batches)
+        optimizer = case.optimizer
+        return plan_before_training(
+            [model.module], optimizer, case.steps, data.rows, optimizer.micro_batches,
+            data_parallel=data_parallel(spec),
+        )  # fmt: skip
 
-    forward = chunk_forward(model)
+    def train(
+        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
+    ) -> dict[str, Any]:
+        """Train ``model`` (a megatron-core module of this process) through the case's steps
+        while the recorder (entered, ``param_grads="step"``) records; the manifest's training
+        evidence. At the step replay's boundary the torch optimizer inside Megatron's
+        ``FP32Optimizer`` is handed over."""
+        recorder = steps.recorder
+        assert recorder is not None
+        if case.loss != "causal_lm":
+            raise CaseError(
+                f"case {case.name!r}: training: megatron (a Megatron model's default) computes loss "
+                f"causal_lm, not {case.loss!r}; set training: loop for the tool's loop"
+            )
+        if recorder.param_grads != "step":
+            raise CaseError(f"case {case.name!r}: training: megatron records grads at param_grads='step'")
+        module = model.module
+        spec = case.optimizer
+        initial = initial_params(module.named_parameters())
+        stack = build_megatron_stack([module], spec, case.steps, global_batch=data.rows)
+        training = stack.training_manifest(case.steps, spec.micro_batches)
+        forward = chunk_forward(model)
+        calls: dict[str, int] = {}
 
-    calls: dict[str, int] = {}
+        def on_output(kind: str, tensor: torch.Tensor) -> None:  # call k: the step's micro-batch k
+            call = calls.get(kind, 0)
+            calls[kind] = call + 1
+            recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
 
-    def on_output(kind: str, tensor: torch.Tensor) -> None:  # call k: the step's micro-batch k
-        call = calls.get(kind, 0)
-        calls[kind] = call + 1
-        recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
-
-    scalars: dict[int, StepScalars] = {}
-    for step in range(case.steps if boundary is None else boundary.step + 1):
-        quiet = boundary is not None and boundary.quiet(step)
-        with recorder.paused() if quiet else nullcontext():
+        scalars: dict[int, StepScalars] = {}
+        for step in steps.steps(case.steps, module, lambda: torch_optimizer(stack.optimizer, module)):
             calls.clear()
-            recorder.step = step
-            seed_everything(seed + step)  # dropout, if any, draws as on the other side
-            if boundary is not None and step == boundary.step:
-                boundary.at(module, torch_optimizer(stack.optimizer, module))
             parts = micro_batches(data.batch(step), spec.micro_batches, case)
             _, scalars[step] = stack.train_step(
                 step,
                 parts,
                 forward,
-                on_output=None if quiet else on_output,
-                grads_ready=None if quiet else partial(recorder.record_param_grads, len(parts)),
+                on_output=None if steps.quiet else on_output,
+                grads_ready=None if steps.quiet else partial(recorder.record_param_grads, len(parts)),
             )
-            if not quiet:
-                recorder.record_params()
-    return run_record_keys(training, scalars, initial)
+            steps.updated()
+        return run_record_keys(training, scalars, initial)
+
+    def train_rank(
+        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path, rank: int
+    ) -> None:
+        train_rank_with_megatron(model, data, case, steps, out, rank)
+
+    def launched_evidence(
+        self, out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
+    ) -> dict[str, Any]:
+        return launched_evidence(out, nproc, full_weights)
+
+
+TRAINER = MegatronTrainer()
 
 
 def torch_optimizer(optimizer: Any, module: torch.nn.Module) -> Any:
@@ -149,17 +151,17 @@ TRAINING_FILE = "training_rank{rank}.json"
 
 
 def train_rank_with_megatron(
-    model: LoadedModel, data: CaseInputs, case: CaseSpec, seed: int, out: Path, rank: int
+    model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path, rank: int
 ) -> None:
     """One launched rank of a ``training: megatron`` side (``rank_main``): its stage and shard
     trained by megatron-core's stack through the case's steps, recorded with the public
     ``Recorder`` into ``out/step<N>/rank<R>`` (grads as ``main_grad`` after
     ``finalize_model_grads``), and its plan and scalars written to ``out/training_rank<R>.json``
     (parameter names global: the stage's layer offset added)."""
-    from ..parallel.merge import globalize
-    from ..training import Recorder
-    from ..training.layout_probe import layer_offsets
-    from ..training.megatron_dp import data_parallel_rank, reduced_main_grads, replica_share
+    from ...parallel.merge import globalize
+    from ...training import Recorder
+    from ...training.layout_probe import layer_offsets
+    from ...training.megatron_dp import data_parallel_rank, reduced_main_grads, replica_share
 
     if case.loss != "causal_lm":
         raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
@@ -190,8 +192,7 @@ def train_rank_with_megatron(
             rec.grads_ready(spec.micro_batches)
 
     scalars: dict[int, StepScalars] = {}
-    for step in range(case.steps):
-        seed_everything(seed + step)
+    for step in steps.steps(case.steps, module):
         rec.start(module)
         every = micro_batches(data.batch(step), spec.micro_batches, case)
         parts = replica_share(every, dp, dp_rank)  # this replica's share of the step's micro-batches

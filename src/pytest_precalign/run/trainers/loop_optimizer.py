@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..trace.training_record import TrainingPlan, TrainingSettings
-from ..training.run_settings import optimizer_settings
-from ..training.spec import OptimizerSpec, ScheduleSpec
+from ...trace.training_record import TrainingPlan, TrainingSettings
+from ...training.run_settings import optimizer_settings
+from ...training.spec import OptimizerSpec, ScheduleSpec
 
 Group = tuple[list[str], list[torch.nn.Parameter], float]  # names, params, weight decay
 

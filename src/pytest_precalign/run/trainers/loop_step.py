@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
-from ..config.specs import CaseSpec
-from ..errors import CaseError
-from ..sources.inputs import CaseInputs
-from ..trace.step_scalars import StepScalars
-from ..trace.training_record import run_record_keys
-from ..training.run_settings import gradient_checkpointing
-from ..training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
-from .loop_training import grouped_optimizer, loop_plan, make_scheduler, param_groups
+from ...config.specs import CaseSpec
+from ...errors import CaseError
+from ...sources.inputs import CaseInputs
+from ...trace.step_scalars import StepScalars
+from ...trace.training_record import run_record_keys
+from ...training.run_settings import gradient_checkpointing
+from ...training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
+from .loop_optimizer import grouped_optimizer, loop_plan, make_scheduler, param_groups
 
 
 def split_micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[CaseInputs]:
@@ -48,6 +48,15 @@ def split_micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[C
 def shifted_tokens(micro: Sequence[CaseInputs]) -> int:
     """The causal-LM loss's tokens over the step: label positions 1.. that are not -100."""
     return sum(int((m.labels[..., 1:] != -100).sum()) for m in micro if m.labels is not None)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy in float32, the same code on both sides."""
+    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
+    shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
+    return torch.nn.functional.cross_entropy(
+        shift_logits, shift_labels, ignore_index=-100, reduction=reduction
+    )
 
 
 def _batch_views(micro: Sequence[CaseInputs]) -> list[dict[str, Any]]:

@@ -1,0 +1,89 @@
+"""The case trainers: what trains one side of a case through its steps, one module each,
+every one implementing ``CaseTrainer`` (``LaunchedTrainer`` too when its registry entry is
+``launchable``) as its module-level ``TRAINER``; which exist, and what each can do, is
+``training.trainer_registry``.
+
+``loop`` (the tool's own loop; ``loop_optimizer``: its ``torch.optim`` optimizer, scheduler
+and plan; ``loop_step``: one step's update and evidence; ``loop_ranks``: its launched
+ranks), ``hf_trainer`` (a real ``transformers.Trainer``), ``megatron`` (megatron-core's own
+stack, in process and on launched ranks), ``skeleton`` (``StepSkeleton``: what every trainer
+does at each step: the recorder's step, the seed, the step replay's boundary, the parameter
+records after the update).
+
+Adding a trainer: one module here exposing ``TRAINER`` and one line in
+``training.trainer_registry.TRAINERS`` naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from ...training.trainer_registry import PLAIN, default_trainer, trainer_info
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...config.specs import CaseSpec, ModelSpec
+    from ...sources import LoadedModel
+    from ...sources.inputs import CaseInputs
+    from ...trace.training_record import TrainingSettings
+    from .skeleton import StepSkeleton
+
+
+class CaseTrainer(Protocol):
+    def plan(
+        self, model: LoadedModel, spec: ModelSpec, data: CaseInputs, case: CaseSpec, seed: int
+    ) -> TrainingSettings | None:
+        """The settings (arguments + plan) this side's trainer will write, made before it
+        trains, for the contract check (None: no plan, nothing checked before training)."""
+        ...
+
+    def train(
+        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
+    ) -> dict[str, Any]:
+        """Train the side through ``case.steps`` with ``steps.recorder`` on (entered by the
+        caller), each step through ``steps``; the manifest's extra keys (its training block,
+        ``trace.training_record.run_record_keys``)."""
+        ...
+
+
+class LaunchedTrainer(CaseTrainer, Protocol):
+    def train_rank(
+        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path, rank: int
+    ) -> None:
+        """One launched rank's part of the side (``run.rank_main``): its steps through
+        ``steps`` (no recorder: the rank records with the public ``Recorder`` into
+        ``out/step<N>/rank<R>``) and whatever evidence ``launched_evidence`` reads back."""
+        ...
+
+    def launched_evidence(
+        self, out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
+    ) -> dict[str, Any]:
+        """In the parent, once the ranks finished: the manifest's extra keys from what they
+        wrote under ``out`` (``full_weights``: the TP=1 weights they loaded)."""
+        ...
+
+
+def case_trainer(name: str) -> CaseTrainer:
+    """The ``TRAINER`` of the registry entry ``name``'s driver module (imported now)."""
+    return cast("CaseTrainer", importlib.import_module(trainer_info(name).driver).TRAINER)
+
+
+def launched_trainer(name: str) -> LaunchedTrainer:
+    """``case_trainer(name)`` of a ``launchable`` registry entry."""
+    if not trainer_info(name).launchable:
+        raise ValueError(f"trainer {name!r} cannot train a launched side (its registry entry)")
+    return cast("LaunchedTrainer", case_trainer(name))
+
+
+def side_trainer(case: CaseSpec, side: object) -> str:
+    """The trainer of ``side`` (``"baseline"``/``"candidate"``): its ``training:`` (the config
+    fills in its model's default), the registry's default when the case was built without one;
+    the tool's loop when the case takes no optimizer step (its forward and backward recorded)."""
+    if "step" not in case.phases:
+        return PLAIN
+    chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
+    return chosen if isinstance(chosen, str) else default_trainer(None)
