@@ -15,6 +15,7 @@ from pytest_precalign.errors import ConfigError
 from pytest_precalign.training import trainer_registry
 from pytest_precalign.training.spec import OptimizerSpec, SpecProblem
 from pytest_precalign.training.trainer_registry import (
+    PLAIN,
     TRAINERS,
     TrainerInfo,
     default_trainer,
@@ -60,8 +61,8 @@ def test_each_source_defaults_to_the_entry_that_claims_it() -> None:
     for info in TRAINERS:
         for source in info.default_for:
             assert default_trainer(source) == info.name and source in info.sources
-    plain = default_trainer("factory")  # no entry claims it: the tool's loop, which trains every source
-    assert {"hf", "factory", "megatron"} <= set(trainer_info(plain).sources)
+    assert default_trainer("factory") is None  # no entry claims it: the tool's loop (PLAIN)
+    assert {"hf", "factory", "megatron"} <= set(trainer_info(PLAIN).sources)
 
 
 def test_an_unknown_trainer_lists_the_registrys_names(tmp_path: Path) -> None:

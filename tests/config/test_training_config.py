@@ -66,7 +66,7 @@ def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
     )
     case = _load(tmp_path, "    training: hf_trainer\n", text).cases[0]
     assert case.training == SidesTraining("hf_trainer", "hf_trainer")
-    assert _load(tmp_path, "").cases[0].training == SidesTraining("loop", "loop")  # the registry's default for hf and factory models
+    assert _load(tmp_path, "").cases[0].training == SidesTraining()
     assert _load(tmp_path, "").cases[0].optimizer == OptimizerSpec()
 
 

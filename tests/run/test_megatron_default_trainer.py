@@ -45,7 +45,7 @@ def _load(tmp_path: Path, text: str = CONFIG) -> object:
 def test_a_megatron_side_without_training_defaults_to_megatrons_stack(tmp_path: Path) -> None:
     config = _load(tmp_path)
     default, loop = config.cases  # type: ignore[attr-defined]
-    assert (default.training.baseline, default.training.candidate) == ("loop", "megatron")  # each model source's default (the registry's)
+    assert (default.training.baseline, default.training.candidate) == (None, "megatron")
     assert (loop.training.baseline, loop.training.candidate) == ("loop", "loop")
 
 

@@ -118,7 +118,7 @@ def _no_decay(opt: Reader) -> tuple[str, ...] | None:
 
 def _defaulted(side: str | None, model: ModelSpec | None) -> str | None:
     """A side without ``training:`` trains with its model source's default trainer
-    (``trainer_registry.default_trainer``)."""
+    (``trainer_registry.default_trainer``; None: the tool's loop)."""
     if side is not None or model is None:
         return side
     return default_trainer(model.source)

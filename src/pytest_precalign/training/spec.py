@@ -62,8 +62,7 @@ class OptimizerSpec:
 @dataclass(frozen=True)
 class SidesTraining:
     """Which machinery trains each side of a case: a name of ``training.trainer_registry``
-    (the config fills in a model's default, ``default_trainer``; None: that default for no
-    model source, the tool's loop)."""
+    (the config fills in a model's default, ``default_trainer``; None: the tool's loop)."""
 
     baseline: str | None = None
     candidate: str | None = None

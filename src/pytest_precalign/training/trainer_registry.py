@@ -61,6 +61,7 @@ def trainer_info(name: str) -> TrainerInfo:
     raise KeyError(f"unknown trainer {name!r} (allowed: {', '.join(trainer_names())})")
 
 
-def default_trainer(source: str | None) -> str:
-    """The trainer of a side of ``source`` whose ``training:`` is left out."""
-    return next((info.name for info in TRAINERS if source in info.default_for), PLAIN)
+def default_trainer(source: str | None) -> str | None:
+    """The trainer whose entry claims the sides of ``source`` left without ``training:``
+    (None: no entry claims it, such a side trains with ``PLAIN``, the tool's loop)."""
+    return next((info.name for info in TRAINERS if source in info.default_for), None)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ...training.trainer_registry import PLAIN, default_trainer, trainer_info
+from ...training.trainer_registry import PLAIN, trainer_info
 
 if TYPE_CHECKING:
     import torch
@@ -81,9 +81,9 @@ def launched_trainer(name: str) -> LaunchedTrainer:
 
 def side_trainer(case: CaseSpec, side: object) -> str:
     """The trainer of ``side`` (``"baseline"``/``"candidate"``): its ``training:`` (the config
-    fills in its model's default), the registry's default when the case was built without one;
-    the tool's loop when the case takes no optimizer step (its forward and backward recorded)."""
+    fills in its model's default, ``trainer_registry.default_trainer``), else the tool's loop
+    (``PLAIN``), which also records a case that takes no optimizer step."""
     if "step" not in case.phases:
         return PLAIN
     chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
-    return chosen if isinstance(chosen, str) else default_trainer(None)
+    return chosen if isinstance(chosen, str) else PLAIN
