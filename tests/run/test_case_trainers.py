@@ -14,11 +14,18 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_precalign.config.specs import CaseSpec, RecordSpec
+from pytest_precalign.errors import CaseError
 from pytest_precalign.recording import HookRecorder
+from pytest_precalign.run.side import run_side
 from pytest_precalign.run.step_boundary import Boundary
 from pytest_precalign.run.trainers import CaseTrainer, LaunchedTrainer, case_trainer, launched_trainer
 from pytest_precalign.run.trainers.skeleton import StepSkeleton
-from pytest_precalign.training.trainer_registry import trainer_info, trainer_names
+from pytest_precalign.sources import LoadedModel
+from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.training import trainer_registry
+from pytest_precalign.training.spec import OptimizerSpec, SidesTraining
+from pytest_precalign.training.trainer_registry import TRAINERS, TrainerInfo, trainer_info, trainer_names
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "pytest_precalign"
 REGISTRY = SRC / "training" / "trainer_registry.py"
@@ -121,6 +128,47 @@ def test_the_optimizer_is_asked_for_only_at_the_boundarys_step() -> None:
     for _ in StepSkeleton(None, 0, Boundary(1, lambda m, o: None)).steps(3, module, optimizer):
         pass
     assert asked == [True]
+
+
+class _Forgetful:
+    """A trainer that trains but writes no run record (a plan key left out, e.g.)."""
+
+    def plan(self, model: Any, spec: Any, data: Any, case: Any, seed: int) -> None:
+        return None
+
+    def train(
+        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
+    ) -> dict[str, Any]:
+        optimizer = torch.optim.SGD(model.module.parameters(), lr=0.1)
+        for _ in steps.steps(case.steps, model.module, lambda: optimizer):
+            optimizer.zero_grad()
+            model.module(torch.ones(1, 3)).sum().backward()
+            optimizer.step()
+            steps.updated()
+        return {}
+
+
+TRAINER = _Forgetful()  # this module as a registered trainer's driver
+
+
+def test_a_trainer_returning_no_run_record_fails_the_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Added as one module (this one's ``TRAINER``) and one registry line, a trainer runs; the
+    run record it forgot is a ``CaseError``, not a run judged without a plan."""
+    info = TrainerInfo("forgetful", "a forgetful loop", ("factory",), __name__)
+    monkeypatch.setattr(trainer_registry, "TRAINERS", (*TRAINERS, info))
+    case = CaseSpec(
+        name="c", baseline="a", candidate="b", inputs="x", phases=("forward", "backward", "step"),
+        steps=2, sync_weights=False, strict_weights=True, mapping=None, optimizer=OptimizerSpec(), record=RecordSpec(),
+        tolerances=None, expect=None, loss="mean", train=True, where="c",
+        training=SidesTraining(baseline="forgetful"),
+    )  # fmt: skip
+    model = LoadedModel("tiny", _Net(), None)
+    with pytest.raises(
+        CaseError,
+        match=r"forgetful trained 2 step\(s\) but its run record lacks its settings and plan and the scalars of step\(s\) \[0, 1\]",
+    ):
+        run_side(model, CaseInputs({"x": torch.ones(1, 3)}, None), case, {"side": "baseline"}, seed=0)
+    assert trainer_info("forgetful").driver == "tests.run.test_case_trainers"
 
 
 # A trainer name compared as a string (``x == "megatron"``, ``"hf_trainer" in (...)``,

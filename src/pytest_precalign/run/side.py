@@ -19,7 +19,7 @@ from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
 from ..training.trainer_registry import trainer_info, trainer_names
 from .step_boundary import Boundary
-from .trainers import case_trainer, side_trainer
+from .trainers import case_trainer, checked_run_record, side_trainer
 from .trainers.skeleton import StepSkeleton
 
 
@@ -87,4 +87,6 @@ def _record_steps(
     steps = StepSkeleton(recorder, seed, boundary, after_first_forward)
     with recorder:
         extra = case_trainer(name).train(model, data, case, steps)
+    if "step" in case.phases and "backward" in case.phases:
+        extra = checked_run_record(name, case, extra, steps.count(case.steps))
     return recorder.trace({**manifest, **extra})

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from ...errors import CaseError
+from ...trace.training_record import read_run_record
 from ...training.trainer_registry import PLAIN, trainer_info
 
 if TYPE_CHECKING:
@@ -87,3 +89,20 @@ def side_trainer(case: CaseSpec, side: object) -> str:
         return PLAIN
     chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
     return chosen if isinstance(chosen, str) else PLAIN
+
+
+def checked_run_record(name: str, case: CaseSpec, extra: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    """``extra``, what trainer ``name`` returned for the manifest, when it is the run record of
+    the ``steps`` it trained: settings with a plan and every step's scalars; else a
+    ``CaseError`` naming what is missing (fail closed: a run is never judged on less)."""
+    record = read_run_record(extra, f"case {case.name!r}: training: {name}")
+    missing = [] if record.plan is not None else ["its settings and plan"]
+    absent = [step for step in range(steps) if step not in record.scalars]
+    if absent:
+        missing.append(f"the scalars of step(s) {absent}")
+    if missing:
+        raise CaseError(
+            f"case {case.name!r}: training: {name} trained {steps} step(s) but its run record lacks "
+            f"{' and '.join(missing)} (a trainer returns run_record_keys(settings, scalars, initial))"
+        )
+    return dict(extra)
