@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import inspect
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from pytest_precalign.config.specs import CaseSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, ModelSpec, RecordSpec
 from pytest_precalign.errors import CaseError
 from pytest_precalign.recording import HookRecorder
+from pytest_precalign.run.launch import run_launched
 from pytest_precalign.run.side import run_side
 from pytest_precalign.run.step_boundary import Boundary
 from pytest_precalign.run.trainers import CaseTrainer, LaunchedTrainer, case_trainer, launched_trainer
@@ -151,17 +153,24 @@ class _Forgetful:
 TRAINER = _Forgetful()  # this module as a registered trainer's driver
 
 
-def test_a_trainer_returning_no_run_record_fails_the_side(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Added as one module (this one's ``TRAINER``) and one registry line, a trainer runs; the
-    run record it forgot is a ``CaseError``, not a run judged without a plan."""
+@pytest.fixture
+def forgetful(monkeypatch: pytest.MonkeyPatch) -> CaseSpec:
+    """This module's ``TRAINER`` registered by one registry line (not launchable, no
+    isolation), and a case whose baseline it trains."""
     info = TrainerInfo("forgetful", "a forgetful loop", ("factory",), __name__)
     monkeypatch.setattr(trainer_registry, "TRAINERS", (*TRAINERS, info))
-    case = CaseSpec(
+    return CaseSpec(
         name="c", baseline="a", candidate="b", inputs="x", phases=("forward", "backward", "step"),
         steps=2, sync_weights=False, strict_weights=True, mapping=None, optimizer=OptimizerSpec(), record=RecordSpec(),
         tolerances=None, expect=None, loss="mean", train=True, where="c",
-        training=SidesTraining(baseline="forgetful"),
+        training=SidesTraining(baseline="forgetful", candidate="forgetful"),
     )  # fmt: skip
+
+
+def test_a_trainer_returning_no_run_record_fails_the_side(forgetful: CaseSpec) -> None:
+    """Added as one module (this one's ``TRAINER``) and one registry line, a trainer runs; the
+    run record it forgot is a ``CaseError``, not a run judged without a plan."""
+    case = forgetful
     model = LoadedModel("tiny", _Net(), None)
     with pytest.raises(
         CaseError,
@@ -169,6 +178,32 @@ def test_a_trainer_returning_no_run_record_fails_the_side(monkeypatch: pytest.Mo
     ):
         run_side(model, CaseInputs({"x": torch.ones(1, 3)}, None), case, {"side": "baseline"}, seed=0)
     assert trainer_info("forgetful").driver == "tests.run.test_case_trainers"
+
+
+def test_what_a_trainer_cannot_do_is_asked_of_its_registry_entry(forgetful: CaseSpec, tmp_path: Path) -> None:
+    """Isolation, a launched side and data-parallel replicas: each refused from the entry's
+    flags, naming the trainers that can."""
+    model = LoadedModel("tiny", _Net(), None)
+    data = CaseInputs({"x": torch.ones(1, 3)}, None)
+    with pytest.raises(
+        CaseError,
+        match=r"isolation is not available with training: forgetful \(a forgetful loop\); set training: loop$",
+    ):
+        run_side(
+            model, data, forgetful, {"side": "baseline"}, seed=0, after_first_forward=lambda recorder: None
+        )
+    spec = ModelSpec("mc", "megatron", {"launch": {"nproc": 2}}, "cpu", "float32", 0, None, "align.yaml:3")
+    with pytest.raises(
+        CaseError,
+        match=r"models.mc: a side launched under torchrun cannot train with training: forgetful \(a forgetful loop\); launchable: loop, megatron$",
+    ):
+        run_launched(spec, tmp_path, forgetful, data, None, {"side": "candidate"}, 0)
+    replicas = replace(spec, options={"launch": {"nproc": 2}, "data_parallel": 2})
+    looped = replace(forgetful, training=SidesTraining(candidate="loop"))
+    with pytest.raises(
+        CaseError, match=r"models.mc.data_parallel: .* needs phase step and training: megatron$"
+    ):
+        run_launched(replicas, tmp_path, looped, data, None, {"side": "candidate"}, 0)
 
 
 # A trainer name compared as a string (``x == "megatron"``, ``"hf_trainer" in (...)``,
