@@ -44,6 +44,7 @@ TRAINERS: Final[tuple[TrainerInfo, ...]] = (
     TrainerInfo(PLAIN, "the tool's torch.optim loop", ("hf", "factory", "megatron"), _RUN + "loop", launchable=True, isolation=True),
     TrainerInfo("hf_trainer", "transformers.Trainer", ("hf",), _RUN + "hf_trainer", problem=hf_trainer_problem),
     TrainerInfo("megatron", "megatron-core", ("megatron",), _RUN + "megatron", default_for=("megatron",), launchable=True, data_parallel=True, param_grads="step", problem=megatron_problem),
+    TrainerInfo("lightning", "PyTorch Lightning", ("hf", "factory"), _RUN + "lightning"),
 )
 # fmt: on
 
