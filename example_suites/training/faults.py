@@ -2,8 +2,10 @@
 faulty cases). The first three change what the side's optimizer or scheduler classes do over
 this model's parameters: the side's plan (made by its own trainer's optimizer and scheduler
 over its parameters, before anything trains) shows them, so the contract check stops those
-cases before step 0. The last is a layer bug the run verdict finds in the run. Only this
-model's optimizer, scheduler or layer change."""
+cases before step 0. The layer bugs are found in the run. The two Lightning faults make a
+``training: lightning`` side behave as a plain user's Lightning: AdamW built with torch's
+defaults (weight decay 0.01), the loss a mean of micro-batch means; each shows in that side's
+plan. Only this model's optimizer, scheduler, layer or LightningModule change."""
 
 from __future__ import annotations
 
@@ -124,3 +126,42 @@ def dp_grads_summed(model: torch.nn.Module) -> None:
                 bucket.gradient_scaling_factor = 1.0
 
     buffers._ParamAndGradBuffer.__init__ = init  # type: ignore[method-assign]
+
+
+def torch_adamw_defaults(model: torch.nn.Module) -> None:
+    """The AdamW over this model's parameters built with torch's defaults, as a plain user's
+    Lightning ``configure_optimizers`` writes it (``torch.optim.AdamW(params, lr=...)``): the
+    weight decay it was given is dropped, so torch's default 0.01 applies to every group."""
+    owned = {id(p): weakref.ref(p) for p in model.parameters()}
+    original = torch.optim.AdamW.__init__
+
+    def init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+        params = list(params)
+        groups = [g for g in params if isinstance(g, dict)]
+        mine = [
+            p for g in groups for p in g["params"] if (ref := owned.get(id(p))) is not None and ref() is p
+        ]
+        if mine:
+            params = [{k: v for k, v in g.items() if k != "weight_decay"} for g in groups]
+            kwargs.pop("weight_decay", None)
+        original(self, params, *args, **kwargs)
+
+    torch.optim.AdamW.__init__ = init  # type: ignore[method-assign]
+
+
+def lightning_mean_of_micro_batch_means(model: torch.nn.Module) -> None:
+    """The ``training: lightning`` side's LightningModule around this model returns each
+    micro-batch's mean loss, as a plain user's ``training_step`` does
+    (``return model(**batch).loss``): Lightning divides it by ``accumulate_grad_batches``, so
+    the step trains on the mean of its micro-batch means, not on the loss per token over the
+    step (they differ when the micro-batches hold different numbers of tokens)."""
+    from pytest_precalign.run.trainers.lightning import MEAN_OF_MEANS, CaseModule
+
+    original = CaseModule.__init__
+
+    def init(self: Any, loaded: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, loaded, *args, **kwargs)
+        if loaded.module is model:
+            self.loss_normalisation = MEAN_OF_MEANS
+
+    CaseModule.__init__ = init  # type: ignore[method-assign]

@@ -89,7 +89,7 @@ def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
             "min_lr: must be <= the optimizer's lr (0.1)",
         ),
         ("    optimizer: {no_decay: [1]}\n", "optimizer.no_decay: expected a glob or a list of globs"),
-        ("    training: keras\n", "unknown trainer 'keras' (allowed: loop, hf_trainer, megatron)"),
+        ("    training: keras\n", "unknown trainer 'keras' (allowed: loop, hf_trainer, megatron, lightning)"),
         (
             "    training: {candidate: hf_trainer}\n",
             "trainer 'hf_trainer' cannot train model 'cand' (source 'factory'",

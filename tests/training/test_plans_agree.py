@@ -1,5 +1,5 @@
 """Every trainer's plan of one clean case agrees with every other's: the tool's loop, a real
-``transformers.Trainer`` and megatron-core's stack, each planning the same spec (SGD with
+``transformers.Trainer``, megatron-core's stack and PyTorch Lightning's loop, each planning the same spec (SGD with
 momentum, Adam, AdamW; a warmup + cosine schedule, clipping, weight decay, 2 micro-batches)
 over the same tiny megatron-core model, with their own plan functions, in process. Each plan
 fills every field its optimizer has (SGD: momentum, no betas / eps; Adam and AdamW: betas and
@@ -8,6 +8,7 @@ eps, no momentum), so the contract compares them all and lists nothing as unsaid
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from itertools import combinations
 from typing import Any
 
 import pytest
@@ -33,7 +34,8 @@ SPECS = {
     "adamw": OptimizerSpec(name="adamw", lr=1e-2, betas=(0.9, 0.95), eps=1e-7, weight_decay=0.1,
                            schedule=SCHEDULE, clip_grad=1.0, micro_batches=2),
 }  # fmt: skip
-PAIRS = [("loop", "hf_trainer"), ("loop", "megatron"), ("hf_trainer", "megatron")]
+TRAINERS = ("loop", "hf_trainer", "megatron", "lightning")
+PAIRS = list(combinations(TRAINERS, 2))
 
 
 def _case(spec: OptimizerSpec) -> CaseSpec:
@@ -50,7 +52,7 @@ def _plans(spec: OptimizerSpec) -> dict[str, TrainingSettings]:
     data = CaseInputs({"input_ids": ids}, ids.clone())
     side = ModelSpec("tiny", "megatron", {}, "cpu", "float32", 0, None, "plans")
     out: dict[str, TrainingSettings] = {}
-    for trainer in ("loop", "hf_trainer", "megatron"):
+    for trainer in TRAINERS:
         model = LoadedModel("tiny", tiny_gpt(), None)
         plan = case_trainer(trainer).plan(model, side, data, case, 0)  # each trainer's own plan
         assert plan is not None
@@ -60,9 +62,10 @@ def _plans(spec: OptimizerSpec) -> dict[str, TrainingSettings]:
 
 @pytest.fixture(scope="module")
 def plans() -> Any:
-    """Each optimizer's three plans (one megatron world for the module's tests)."""
+    """Each optimizer's four plans (one megatron world for the module's tests)."""
     pytest.importorskip("megatron.core")
     pytest.importorskip("accelerate")
+    pytest.importorskip("lightning")
     from .megatron_tiny import megatron_world
 
     world = megatron_world()

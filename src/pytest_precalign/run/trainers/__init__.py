@@ -6,7 +6,9 @@ every one implementing ``CaseTrainer`` (``LaunchedTrainer`` too when its registr
 ``loop`` (the tool's own loop; ``loop_optimizer``: its ``torch.optim`` optimizer, scheduler
 and plan; ``loop_step``: one step's update and evidence; ``loop_ranks``: its launched
 ranks), ``hf_trainer`` (a real ``transformers.Trainer``), ``megatron`` (megatron-core's own
-stack, in process and on launched ranks), ``skeleton`` (``StepSkeleton``: what every trainer
+stack, in process and on launched ranks), ``lightning`` (PyTorch Lightning's own loop: a
+``LightningModule`` around the model, recorded by ``PrecalignLightningCallback``'s machinery),
+``skeleton`` (``StepSkeleton``: what every trainer
 does at each step: the recorder's step, the seed, the step replay's boundary, the parameter
 records after the update).
 
