@@ -66,23 +66,34 @@ def decay_horizon_shortened(model: torch.nn.Module) -> None:
     )
 
 
-def weight_decay_on_norms(model: torch.nn.Module) -> None:
-    """Every parameter group of this model's AdamW gets the weight decay, norms and biases too."""
+Groups = list[dict[str, Any]]
+
+
+def _wrap_adamw(
+    model: torch.nn.Module, change: Callable[[Groups, dict[str, Any]], tuple[Groups, dict[str, Any]]]
+) -> None:
+    """An AdamW built over this model's parameter groups is built from ``change(groups, kwargs)``."""
     owned = {id(p): weakref.ref(p) for p in model.parameters()}  # ids are reused once it is freed
     original = torch.optim.AdamW.__init__
 
     def init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
         params = list(params)
         groups = [g for g in params if isinstance(g, dict)]
-        mine = [
-            p for g in groups for p in g["params"] if (ref := owned.get(id(p))) is not None and ref() is p
-        ]
-        if mine:
-            decay = max(float(g.get("weight_decay", 0.0)) for g in groups)
-            params = [{**g, "weight_decay": decay} for g in groups]
+        if any((ref := owned.get(id(p))) is not None and ref() is p for g in groups for p in g["params"]):
+            params, kwargs = change(groups, kwargs)
         original(self, params, *args, **kwargs)
 
     torch.optim.AdamW.__init__ = init  # type: ignore[method-assign]
+
+
+def weight_decay_on_norms(model: torch.nn.Module) -> None:
+    """Every parameter group of this model's AdamW gets the weight decay, norms and biases too."""
+
+    def change(groups: Groups, kwargs: dict[str, Any]) -> tuple[Groups, dict[str, Any]]:
+        decay = max(float(g.get("weight_decay", 0.0)) for g in groups)
+        return [{**g, "weight_decay": decay} for g in groups], kwargs
+
+    _wrap_adamw(model, change)
 
 
 def layer1_mlp_from_step_5(model: torch.nn.Module) -> None:
@@ -132,21 +143,12 @@ def torch_adamw_defaults(model: torch.nn.Module) -> None:
     """The AdamW over this model's parameters built with torch's defaults, as a plain user's
     Lightning ``configure_optimizers`` writes it (``torch.optim.AdamW(params, lr=...)``): the
     weight decay it was given is dropped, so torch's default 0.01 applies to every group."""
-    owned = {id(p): weakref.ref(p) for p in model.parameters()}
-    original = torch.optim.AdamW.__init__
 
-    def init(self: Any, params: Any, *args: Any, **kwargs: Any) -> None:
-        params = list(params)
-        groups = [g for g in params if isinstance(g, dict)]
-        mine = [
-            p for g in groups for p in g["params"] if (ref := owned.get(id(p))) is not None and ref() is p
-        ]
-        if mine:
-            params = [{k: v for k, v in g.items() if k != "weight_decay"} for g in groups]
-            kwargs.pop("weight_decay", None)
-        original(self, params, *args, **kwargs)
+    def change(groups: Groups, kwargs: dict[str, Any]) -> tuple[Groups, dict[str, Any]]:
+        kept = {k: v for k, v in kwargs.items() if k != "weight_decay"}
+        return [{k: v for k, v in g.items() if k != "weight_decay"} for g in groups], kept
 
-    torch.optim.AdamW.__init__ = init  # type: ignore[method-assign]
+    _wrap_adamw(model, change)
 
 
 def lightning_mean_of_micro_batch_means(model: torch.nn.Module) -> None:

@@ -13,10 +13,6 @@ from .test_training_suite_faults import _run
 
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
-]
 
 
 @pytest.mark.parametrize(

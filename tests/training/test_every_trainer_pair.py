@@ -18,11 +18,6 @@ from pytest_precalign.run.case import run_case
 from pytest_precalign.trace.training_record import read_run_record
 from pytest_precalign.verdict.training_contract import check_contract
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
-]
-
 HEAD = """\
 version: 1
 defaults: {device: cpu, dtype: float32, seed: 0, deterministic: true}

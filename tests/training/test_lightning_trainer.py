@@ -31,11 +31,6 @@ from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
 from pytest_precalign.trace.step_scalars import scalars_of  # noqa: E402
 from pytest_precalign.trace.training_record import read_run_record  # noqa: E402
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
-]
-
 HEAD = """\
 version: 1
 defaults: {device: cpu, dtype: float32, seed: 0, deterministic: true}
