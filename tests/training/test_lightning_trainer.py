@@ -9,6 +9,7 @@ model it cannot train are handled."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,38 @@ def test_lightning_vs_another_trainer_passes_step_after_step(tmp_path: Path, oth
     # every layer of every micro-batch, forward and backward, and the parameters compared
     kinds = {r.kind for r in run.candidate.records}
     assert {"activation", "grad_output", "param", "param_grad", "logits", "loss"} <= kinds
+
+
+FACTORY = """
+version: 1
+models:
+  net: {source: factory, factory: "lightning_nets:build"}
+inputs:
+  toks: {kind: tokens, batch: 2, seq_len: 6, vocab_size: 50, seed: 3, labels: true}
+cases:
+  - {name: f, baseline: net, candidate: net, inputs: toks, phases: [forward, backward, step],
+     training: {baseline: loop, candidate: lightning}, steps: 3,
+     optimizer: {name: sgd, lr: 0.05, momentum: 0.9, clip_grad: 1.0, micro_batches: 2, schedule: {warmup_steps: 2}}}
+"""
+
+
+def test_a_factory_model_trains_as_the_loop_under_the_default_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tolerances (the default table: equal): every record and every step's scalars of the
+    Lightning side, the loss summed over the micro-batches included, are the loop's."""
+    from tests.helpers.late_nets import LATE_NET
+
+    (tmp_path / "lightning_nets.py").write_text(
+        LATE_NET + "\n\ndef build(**kwargs):\n    return Net(**kwargs)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lightning_nets", raising=False)
+    config = load_config(FACTORY, tmp_path / "align.yaml")
+    run = run_case(config, config.cases[0])
+    assert run.training is not None and run.training.passed and run.training.first is None
+    assert all(v.passed for v in run.verdicts.values()), run.verdicts
+    assert scalars_of(run.baseline.manifest) == scalars_of(run.candidate.manifest)
 
 
 def _trained(
