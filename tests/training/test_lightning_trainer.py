@@ -40,7 +40,7 @@ models:
     source: hf
     class: transformers.Qwen2ForCausalLM
     attn_implementation: eager
-    config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+    config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
               num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64}
   a16: {source: hf, class: transformers.Qwen2ForCausalLM, attn_implementation: eager, dtype: bfloat16,
         config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
@@ -107,7 +107,8 @@ def test_lightning_on_both_sides_passes_and_writes_its_translation(tmp_path: Pat
     assert not any(n.startswith("model.model.") for n in run.candidate.manifest["initial_params"])
 
 
-@pytest.mark.parametrize("other", ["hf_trainer", "loop"])
+# vs the loop by default: test_a_factory_model_trains_as_the_loop_under_the_default_table
+@pytest.mark.parametrize("other", ["hf_trainer", pytest.param("loop", marks=pytest.mark.slow)])
 def test_lightning_vs_another_trainer_passes_step_after_step(tmp_path: Path, other: str) -> None:
     config = _config(tmp_path, _case("pair", f"{{baseline: {other}, candidate: lightning}}"))
     run = run_case(config, config.cases[0])
