@@ -192,6 +192,24 @@ def test_uneven_micro_batches_train_bit_for_bit_as_the_loop(tmp_path: Path) -> N
     assert [s.update_norm for s in ours.values()] == [s.update_norm for s in theirs.values()]
 
 
+def test_a_mean_of_micro_batch_means_is_what_its_plan_says_and_trains_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain user's Lightning the example suite plants (each micro-batch's mean loss,
+    Lightning's mean of them): its plan says so, and on micro-batches of 14 and 4 tokens its
+    step-0 grads are not the loop's -- the contract names a real difference, not a label."""
+    from pytest_precalign.run.trainers.lightning import MEAN_OF_MEANS, CaseModule
+
+    loop, loop_extra = _trained(tmp_path, "loop")
+    monkeypatch.setattr(CaseModule, "loss_normalisation", MEAN_OF_MEANS)
+    _, extra = _trained(tmp_path, "lightning")
+    plan = read_run_record(extra).plan
+    assert plan is not None and plan.loss_normalisation == MEAN_OF_MEANS
+    ours, theirs = scalars_of(extra)[0], scalars_of(loop_extra)[0]
+    assert ours.grad_norm is not None and theirs.grad_norm is not None
+    assert abs(ours.grad_norm - theirs.grad_norm) > 1e-3 * theirs.grad_norm
+
+
 def test_the_step_replay_boundary_runs_through_lightnings_loop(tmp_path: Path) -> None:
     """Boundary at step 1: step 0 runs unrecorded, ``at`` gets the module and Lightning's
     torch optimizer where step 1 starts, step 1 is recorded and the fit stops after it."""
