@@ -39,7 +39,7 @@ class PhaseReport:
     """What one test item (a case and a phase) knows, ready to format. Build it with
     ``of_run``."""
 
-    # Where the case is defined: the alignment config file of a configured case, the golden
+    # Where the case is defined: the alignment config file of a configured case, the baseline
     # side of ``precalign compare``, the test's node id for ``align_runner``. Its last part
     # is named in failure messages; report.json calls it "config".
     defined_in: str
