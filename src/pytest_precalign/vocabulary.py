@@ -30,12 +30,14 @@ UpdatePolicy = Literal["none", "mismatched", "all"]  # --align-update / --align-
 # by another xdist worker earlier in this run.
 Action = Literal["compared", "written", "updated", "rewritten", "written-earlier"]
 # What diverged first in a training run, in the order a step executes: the initial parameters,
-# the settings the two sides translated (before step 0), the step's batch, the forward, the
-# loss, the backward, the reduction of grads (ranks, micro-batches), clipping, the LR / weight
-# decay as applied, the optimizer's update.
+# the settings (what the two sides' plans say, found by the contract check before step 0 and
+# named at the step they first apply, or a step split into other micro-batches), the step's
+# batch, the forward, the loss, the backward, the reduction of grads (ranks, micro-batches),
+# clipping, the LR / weight decay as applied, the optimizer's update. ``contract`` names only the
+# check before step 0 (``run.contract_check``, ``verdict.training_contract``), never a class.
 TrainingClass = Literal[
     "weights",
-    "contract",
+    "settings",
     "data",
     "forward",
     "loss",
