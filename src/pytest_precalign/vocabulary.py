@@ -83,8 +83,9 @@ GATE_KINDS: Final[Mapping[Phase, tuple[Kind, ...]]] = {
     "backward": ("grad_output", "grad_input", "param_grad"),
     "step": ("param",),
 }
-# The check of a parameter after an optimizer step against the case's optimizer replayed on
-# that side's own inputs (``run/optimizer_replay``); failing, it names the optimizer step.
+# The update check: a parameter after an optimizer step against the case's optimizer
+# recomputing the step on that side's own inputs (``run/update_check``); failing, it names the
+# optimizer step.
 OPTIMIZER_UPDATE: Final = "optimizer_update"
 CHECKED: Final[tuple[Status, ...]] = ("ok", "fail", "shape")
 FAILED: Final[tuple[Status, ...]] = ("fail", "shape")

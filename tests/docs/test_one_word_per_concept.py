@@ -23,3 +23,23 @@ def test_contract_is_the_check_before_step_0_not_a_class() -> None:
     # No "contract" string literal stands for a class anywhere (the one left refuses it in a config).
     found = {name for name, text in _sources().items() if re.search(r"""["']contract["']""", text)}
     assert found == {"config/cases.py"}
+
+
+# The step replay's own modules: the first divergent step re-run from the baseline's state, and
+# what a run that was not replayed says instead.
+STEP_REPLAY = {"run/step_replay.py", "run/replay_hint.py"}
+
+
+def test_replay_is_only_the_step_replay() -> None:
+    """The optimizer's per-update check is the update check and isolation is isolation: no
+    other module is named a replay, and no line elsewhere calls them one."""
+    sources = _sources()
+    assert {name for name in sources if "replay" in name} == STEP_REPLAY
+    other = [
+        f"{name}: {line.strip()}"
+        for name, text in sources.items()
+        if name not in STEP_REPLAY
+        for line in text.splitlines()
+        if "replay" in line.lower() and re.search(r"optimi|update|isolat|per-module", line, re.I)
+    ]
+    assert other == []

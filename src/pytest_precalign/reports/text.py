@@ -151,8 +151,8 @@ def describe_check(check: Check, pair: PairResult) -> str:
     if check.metric == OPTIMIZER_UPDATE:
         relation = "<=" if check.passed else ">"
         return (
-            f"|after - replay| = {fmt_number(check.value)} {relation} {fmt_number(check.allowed)} allowed "
-            "(the case's optimizer replayed on the side's own parameter, grad and state)"
+            f"|after - recomputed| = {fmt_number(check.value)} {relation} {fmt_number(check.allowed)} allowed "
+            "(the case's optimizer recomputing the step on the side's own parameter, grad and state)"
         )
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"
