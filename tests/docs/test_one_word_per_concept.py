@@ -25,6 +25,50 @@ def test_contract_is_the_check_before_step_0_not_a_class() -> None:
     assert found == {"config/cases.py"}
 
 
+ROOT = SRC.parents[1]
+# The default record mode and its one exception, in the same words wherever a default is told.
+DEFAULT_MODE = (
+    "Every recorder defaults to stats; PrecalignCallback alone defaults to scalars (per-step "
+    "scalars only, no hooks: cheap enough to leave on for a whole run)."
+)
+TOLD_IN = (
+    "docs/reference/python_api.md",
+    "docs/gate_ci_training.md",
+    "docs/training.md",
+    "src/pytest_precalign/config/specs.py",
+    "src/pytest_precalign/training/recorder.py",
+    "src/pytest_precalign/training/hf_callback.py",
+    "src/pytest_precalign/training/lightning_callback.py",
+    "src/pytest_precalign/training/accelerate_steps.py",
+)
+
+
+def _flat(text: str) -> str:
+    """Text without markup (backticks, comment marks) and line breaks."""
+    return " ".join(text.replace("`", "").replace("#", " ").split())
+
+
+def test_the_default_record_mode_and_its_exception_are_told_where_defaults_are() -> None:
+    import inspect
+
+    from pytest_precalign import AccelerateSteps, PrecalignCallback, PrecalignLightningCallback, Recorder
+    from pytest_precalign.config.specs import RecordSpec
+    from pytest_precalign.recording import HookRecorder
+
+    recorders = (Recorder, HookRecorder, PrecalignLightningCallback, AccelerateSteps, PrecalignCallback)
+    defaults = {r.__name__: inspect.signature(r).parameters["mode"].default for r in recorders}
+    assert defaults == {
+        "Recorder": "stats",
+        "HookRecorder": "stats",
+        "PrecalignLightningCallback": "stats",
+        "AccelerateSteps": "stats",
+        "PrecalignCallback": "scalars",
+    }
+    assert RecordSpec().mode == "stats"
+    untold = [p for p in TOLD_IN if DEFAULT_MODE not in _flat((ROOT / p).read_text(encoding="utf-8"))]
+    assert untold == []
+
+
 # The step replay's own modules: the first divergent step re-run from the baseline's state, and
 # what a run that was not replayed says instead.
 STEP_REPLAY = {"run/step_replay.py", "run/replay_hint.py"}
