@@ -8,9 +8,10 @@ What it measures
 
     * ``table``: the worst element of ``|candidate - baseline| / (atol + rtol*|baseline|)``
       under the case's table (> 1: beyond the table; this is what judged the step before);
-    * ``replay``: the ``optimizer_update`` check (``run/optimizer_replay.py``): the case's
-      optimizer (torch.optim) replayed on each side's own parameter before the step, grad and
-      state; ``|after - replay|`` of the side nearer its bound, and that bound (16 ulps).
+    * ``update_check``: the ``optimizer_update`` check (``run/update_check.py``): the case's
+      optimizer (torch.optim) recomputing the step on each side's own parameter before the
+      step, grad and state; ``|after - recomputed|`` of the side nearer its bound, and that
+      bound (16 ulps).
 
     At the element furthest past the table, the two sides' grads (what the difference came
     from).
@@ -18,7 +19,7 @@ What it measures
 Output
     One line per parameter beyond the table (or the 5 nearest to it), then one JSON object:
     ``case``, ``params``, ``beyond_table``, ``worst_table`` (name, step, index, abs difference,
-    allowed, ratio, both grads there), ``worst_replay`` (name, step, |after - replay|, bound),
+    allowed, ratio, both grads there), ``worst_update_check`` (name, step, |after - recomputed|, bound),
     ``step_passed``, ``first_divergence`` (name, metric) and the load average.
 
 Reproduce (from the repository root)::
@@ -83,8 +84,8 @@ def measure(config_path: Path, case_name: str) -> dict[str, Any]:
     run = run_case(config, case)
     params = [p for p in run.comparison.pairs if p.record.kind == "param" and p.evidence == "tensor"]
     rows = sorted((table_excess(run, p) for p in params), key=lambda r: -r["ratio"])
-    replays = [(p, c) for p in params for c in p.checks if c.metric == OPTIMIZER_UPDATE]
-    worst = max(replays, key=lambda t: t[1].value / t[1].allowed, default=None)
+    checks = [(p, c) for p in params for c in p.checks if c.metric == OPTIMIZER_UPDATE]
+    worst = max(checks, key=lambda t: t[1].value / t[1].allowed, default=None)
     shown = [r for r in rows if r["ratio"] > 1] or rows[:5]
     for r in shown:
         print(
@@ -97,10 +98,10 @@ def measure(config_path: Path, case_name: str) -> dict[str, Any]:
     return {
         "case": case_name,
         "params": len(params),
-        "judged_by_replay": len(replays),
+        "judged_by_update_check": len(checks),
         "beyond_table": sum(r["ratio"] > 1 for r in rows),
         "worst_table": rows[0] if rows else None,
-        "worst_replay": None
+        "worst_update_check": None
         if worst is None
         else {
             "name": worst[0].record.name,

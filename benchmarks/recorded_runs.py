@@ -90,10 +90,10 @@ COMMON = [
 ]
 TRAINER = [
     # settings in TrainingArguments: in the plan, caught before step 0 at the first planned step that differs
-    Mutation("scheduler_linear_not_cosine", "scheduler=linear", 3, "contract"),
-    Mutation("peak_lr_other", "lr=6e-3", 1, "contract"),
-    Mutation("warmup_longer", "warmup=3", 1, "contract"),
-    Mutation("weight_decay_other", "weight_decay=0.05", 0, "contract"),
+    Mutation("scheduler_linear_not_cosine", "scheduler=linear", 3, "settings"),
+    Mutation("peak_lr_other", "lr=6e-3", 1, "settings"),
+    Mutation("warmup_longer", "warmup=3", 1, "settings"),
+    Mutation("weight_decay_other", "weight_decay=0.05", 0, "settings"),
     *COMMON,
     Mutation("attn_bug_from_step_3", "attn_bug_from=3", 3, "loss", ATTN),
     Mutation("attn_bug_from_step_7", "attn_bug_from=7", 7, "loss", ATTN),

@@ -11,7 +11,7 @@ Run through ``python benchmarks/mutations.py --training`` or directly:
 
     python benchmarks/training_mutations.py
     python benchmarks/training_mutations.py --only adam_eps_planted,clean_rerun
-    python benchmarks/training_mutations.py --tensor   # tensors: every update replayed
+    python benchmarks/training_mutations.py --tensor   # tensors: every update checked on its inputs
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from training_faults import (  # noqa: E402
 from pytest_precalign.compare.pairs import compare_traces  # noqa: E402
 from pytest_precalign.compare.tolerances import default_table  # noqa: E402
 from pytest_precalign.recording import HookRecorder  # noqa: E402
-from pytest_precalign.run.optimizer_replay import judge_updates, snapshot  # noqa: E402
+from pytest_precalign.run.update_check import judge_updates, snapshot  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
 from pytest_precalign.trace.step_scalars import SCALARS_KEY, scalars_manifest  # noqa: E402
 from pytest_precalign.training.megatron_stack import build_megatron_stack  # noqa: E402
@@ -189,19 +189,19 @@ ATTN = "decoder.layers.0.self_attention"
 def mutations() -> list[Mutation]:
     return [
         # the contract: translated settings that differ, named before step 0
-        Mutation("horizon_shortened_by_warmup", 3, "contract", _schedule(decay_steps=STEPS - 2)),
-        Mutation("warmup_longer", 1, "contract", _schedule(warmup_steps=3)),
-        Mutation("min_lr_other", 3, "contract", _schedule(min_lr=0.0)),
-        Mutation("decay_linear_not_cosine", 3, "contract", _schedule(decay="linear")),
-        Mutation("peak_lr_other", 1, "contract", _spec(lr=1.1e-2)),
-        Mutation("wd_on_norms", 0, "contract", _spec(no_decay=("*.bias",)), origin="layernorm"),
-        Mutation("wd_on_everything", 0, "contract", _spec(no_decay=()), origin="bias|layernorm"),
-        Mutation("wd_other_value", 0, "contract", _spec(weight_decay=0.01)),
-        Mutation("clipping_off", 0, "contract", _spec(clip_grad=None), origin="clip_grad"),
-        Mutation("clip_threshold_other", 0, "contract", _spec(clip_grad=1.0), origin="clip_grad"),
-        Mutation("adam_eps_config", 0, "contract", _spec(eps=1e-6), origin="eps"),
-        Mutation("adam_betas_config", 0, "contract", _spec(betas=(0.9, 0.95)), origin="betas"),
-        Mutation("micro_batches_2_vs_1", 0, "contract", _spec(micro_batches=2), origin="micro_batches"),
+        Mutation("horizon_shortened_by_warmup", 3, "settings", _schedule(decay_steps=STEPS - 2)),
+        Mutation("warmup_longer", 1, "settings", _schedule(warmup_steps=3)),
+        Mutation("min_lr_other", 3, "settings", _schedule(min_lr=0.0)),
+        Mutation("decay_linear_not_cosine", 3, "settings", _schedule(decay="linear")),
+        Mutation("peak_lr_other", 1, "settings", _spec(lr=1.1e-2)),
+        Mutation("wd_on_norms", 0, "settings", _spec(no_decay=("*.bias",)), origin="layernorm"),
+        Mutation("wd_on_everything", 0, "settings", _spec(no_decay=()), origin="bias|layernorm"),
+        Mutation("wd_other_value", 0, "settings", _spec(weight_decay=0.01)),
+        Mutation("clipping_off", 0, "settings", _spec(clip_grad=None), origin="clip_grad"),
+        Mutation("clip_threshold_other", 0, "settings", _spec(clip_grad=1.0), origin="clip_grad"),
+        Mutation("adam_eps_config", 0, "settings", _spec(eps=1e-6), origin="eps"),
+        Mutation("adam_betas_config", 0, "settings", _spec(betas=(0.9, 0.95)), origin="betas"),
+        Mutation("micro_batches_2_vs_1", 0, "settings", _spec(micro_batches=2), origin="micro_batches"),
         # the machinery: the plan looks right, the run does something else
         Mutation("warmup_one_step_behind", 1, "schedule", plant=_scheduler(lost=1), origin="lr"),
         Mutation("warmup_two_steps_behind", 1, "schedule", plant=_scheduler(lost=2), origin="lr"),
@@ -316,12 +316,12 @@ def _step(stack: Any, recorder: HookRecorder, step: int, parts: list[Any]) -> An
     return scalars
 
 
-def judge(base: Side, cand: Side, spec: OptimizerSpec, replay: bool = False) -> TrainingVerdict:
-    """The run verdict; ``replay`` (tensors recorded): each parameter after each update first
-    judged on its inputs by ``run/optimizer_replay.py`` (the baseline's spec, each side's LR
+def judge(base: Side, cand: Side, spec: OptimizerSpec, check_updates: bool = False) -> TrainingVerdict:
+    """The run verdict; ``check_updates`` (tensors recorded): each parameter after each update first
+    judged on its inputs by ``run/update_check.py`` (the baseline's spec, each side's LR
     and clip factor of the step)."""
     comparison = compare_traces(base[1], cand[1], default_table())
-    if replay:
+    if check_updates:
         initial = {"baseline": base[2], "candidate": cand[2]}
         comparison = judge_updates(comparison, base[1], cand[1], spec, initial)
     return judge_run(base[0], cand[0], step_records(comparison), default_table())
@@ -359,7 +359,9 @@ def run(selected: list[Mutation], mode: str = "stats") -> dict[str, Any]:
             if m.base not in bases:
                 bases[m.base] = train(BASELINES[m.base], mode)
             base_spec = BASELINES[m.base].spec
-            rows.append(score(m, judge(bases[m.base], train(m, mode), base_spec, replay=mode == "tensor")))
+            rows.append(
+                score(m, judge(bases[m.base], train(m, mode), base_spec, check_updates=mode == "tensor"))
+            )
             print(f"{m.name}: expected {rows[-1]['expected']}, found {rows[-1]['found']}", flush=True)
     finally:
         next(world, None)
@@ -384,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated mutation names")
     parser.add_argument(
-        "--tensor", action="store_true", help="record tensors: each update judged on its inputs (replay)"
+        "--tensor",
+        action="store_true",
+        help="record tensors: each update judged on its inputs (the update check)",
     )
     args = parser.parse_args(argv)
     cases = mutations() + clean_pairs()

@@ -120,10 +120,10 @@ def _check_weights(args: argparse.Namespace) -> int:
 
 def _compare_parser(compare: argparse.ArgumentParser) -> None:
     compare.add_argument(
-        "golden", nargs="?", metavar="BASELINE", help="the baseline side (msprobe: golden, bench)"
+        "baseline", nargs="?", metavar="BASELINE", help="the baseline side (msprobe: golden, bench)"
     )
     compare.add_argument(
-        "target", nargs="?", metavar="CANDIDATE", help="the candidate side (msprobe: target, npu)"
+        "candidate", nargs="?", metavar="CANDIDATE", help="the candidate side (msprobe: target, npu)"
     )
     compare.add_argument(
         "--parallel",
@@ -266,12 +266,12 @@ def _compare(args: argparse.Namespace) -> int:
     from .reports.document import write_reports
     from .run.offline import compare_outcomes, compare_run_sets
 
-    args.golden, args.target, layouts = compare_sides(
-        args.golden, args.target, args.parallel, args.msprobe_config
+    args.baseline, args.candidate, layouts = compare_sides(
+        args.baseline, args.candidate, args.parallel, args.msprobe_config
     )
     runs = compare_run_sets(
-        args.golden,
-        args.target,
+        args.baseline,
+        args.candidate,
         parallel=layouts,
         tolerances=args.tolerances,
         mapping=args.mapping,
@@ -282,14 +282,16 @@ def _compare(args: argparse.Namespace) -> int:
         progress=_progress_bar(),
         min_coverage=_min_coverage(args.min_coverage),
     )
-    outcomes = compare_outcomes(args.golden, args.target, runs)
+    outcomes = compare_outcomes(args.baseline, args.candidate, runs)
     from .trace.environment import compare_heading
 
-    print("\n".join(compare_heading(args.golden, args.target)))
+    print("\n".join(compare_heading(args.baseline, args.candidate)))
     _print_outcomes(outcomes)
     if args.report:
         entries = [o.entry for o in outcomes if o.entry is not None]
-        write_reports(args.report, entries, {"golden": str(args.golden), "target": str(args.target)})
+        write_reports(
+            args.report, entries, {"baseline": str(args.baseline), "candidate": str(args.candidate)}
+        )
     return _exit_code(outcomes)
 
 

@@ -30,12 +30,14 @@ UpdatePolicy = Literal["none", "mismatched", "all"]  # --align-update / --align-
 # by another xdist worker earlier in this run.
 Action = Literal["compared", "written", "updated", "rewritten", "written-earlier"]
 # What diverged first in a training run, in the order a step executes: the initial parameters,
-# the settings the two sides translated (before step 0), the step's batch, the forward, the
-# loss, the backward, the reduction of grads (ranks, micro-batches), clipping, the LR / weight
-# decay as applied, the optimizer's update.
+# the settings (what the two sides' plans say, found by the contract check before step 0 and
+# named at the step they first apply, or a step split into other micro-batches), the step's
+# batch, the forward, the loss, the backward, the reduction of grads (ranks, micro-batches),
+# clipping, the LR / weight decay as applied, the optimizer's update. ``contract`` names only the
+# check before step 0 (``run.contract_check``, ``verdict.training_contract``), never a class.
 TrainingClass = Literal[
     "weights",
-    "contract",
+    "settings",
     "data",
     "forward",
     "loss",
@@ -81,8 +83,9 @@ GATE_KINDS: Final[Mapping[Phase, tuple[Kind, ...]]] = {
     "backward": ("grad_output", "grad_input", "param_grad"),
     "step": ("param",),
 }
-# The check of a parameter after an optimizer step against the case's optimizer replayed on
-# that side's own inputs (``run/optimizer_replay``); failing, it names the optimizer step.
+# The update check: a parameter after an optimizer step against the case's optimizer
+# recomputing the step on that side's own inputs (``run/update_check``); failing, it names the
+# optimizer step.
 OPTIMIZER_UPDATE: Final = "optimizer_update"
 CHECKED: Final[tuple[Status, ...]] = ("ok", "fail", "shape")
 FAILED: Final[tuple[Status, ...]] = ("fail", "shape")

@@ -1,4 +1,4 @@
-"""A stored baseline's optimizer steps are judged on their inputs too (run/optimizer_replay.py):
+"""A stored baseline's optimizer steps are judged on their inputs too (run/update_check.py):
 a run whose grads moved within tolerance (another CPU's sum order, planted) passes where AdamW
 amplifies that past the step table; an eps changed since the baseline was recorded is named at
 the optimizer step."""

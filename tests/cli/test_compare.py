@@ -36,6 +36,26 @@ def test_compare_identical_runs_exit_0(tmp_path, capsys):
     assert all(c["first_divergence"] is None for c in report["cases"])
 
 
+def _keys(value):
+    """Every key of a JSON document, at any depth."""
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def test_compare_report_names_the_sides_baseline_and_candidate(tmp_path, capsys):
+    """One word per side: report.json says baseline/candidate, as the CLI does (never msprobe's
+    golden/target); report.html is titled by the baseline."""
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b", bump=0.01)
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (report["baseline"], report["candidate"]) == (str(a), str(b))
+    assert not {"golden", "target"} & _keys(report)
+    assert "<title>precalign report: a</title>" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_compare_finds_the_first_divergence_exit_1(tmp_path, capsys):
     a, b = _record(tmp_path, "a"), _record(tmp_path, "b", bump=0.01)
     tol = tmp_path / "tol.yaml"
@@ -146,10 +166,10 @@ def test_compare_refuses_a_dump_root_against_a_step_folder(tmp_path, capsys):
     assert main(["compare", str(gold), str(targ / "step0")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert f"golden {gold} is a dump root, target {targ / 'step0'} is a step folder" in err
+    assert f"baseline {gold} is a dump root, candidate {targ / 'step0'} is a step folder" in err
     assert "give both at the same level" in err
     assert main(["compare", str(gold / "step0" / "rank0"), str(targ / "step0")]) == 2
-    assert "is a rank folder, target" in capsys.readouterr().err
+    assert "is a rank folder, candidate" in capsys.readouterr().err
 
 
 def test_compare_names_the_dumps_below_a_folder_that_holds_several(tmp_path, capsys):

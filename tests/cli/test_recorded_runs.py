@@ -241,9 +241,9 @@ def test_a_trainer_run_recorded_by_the_callback(trainer_runs: Path, tmp_path: Pa
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     training = json.loads((out / "report.json").read_text())["training"]
-    assert _verdict(training)[:3] == (3, "contract", "lr"), done.stdout
+    assert _verdict(training)[:3] == (3, "settings", "lr"), done.stdout
     assert (
-        "Step 3 diverged first: contract, origin lr — the sides' settings differ before training: "
+        "Step 3 diverged first: settings, origin lr — the sides' settings differ before training: "
         "lr_scheduler_type cosine vs linear: LR differs from step 3"
     ) in done.stdout
     assert training["curves"]["steps"] == [0, 1, 2, 3, 4, 5]
@@ -256,7 +256,7 @@ def test_a_trainer_rerun_passes_and_a_dump_case_agrees(trainer_runs: Path, tmp_p
     cases = _dump_cases(trainer_runs, pairs, tmp_path / "suite")
     rerun, linear = (cases[f"{b}__{c}"] for b, c in pairs)
     assert rerun["passed"] and rerun["first_divergent"] is None and rerun["steps_compared"] == 6
-    assert _verdict(linear)[:3] == (3, "contract", "lr")
+    assert _verdict(linear)[:3] == (3, "settings", "lr")
     done = subprocess.run(
         [sys.executable, "-m", "pytest_precalign", "compare", *(str(trainer_runs / p) for p in pairs[0])],
         capture_output=True,

@@ -114,3 +114,14 @@ def test_an_expected_step_beyond_the_run_is_refused(
 ) -> None:
     message = _validate(tmp_path, capsys, "lr: 0.01", tail="    expect: {step: 50, diverged: weights}\n")
     assert message == "19: cases[0].expect.step: step 50 is beyond the case's steps (4: steps 0..3)"
+
+
+def test_an_expected_contract_class_names_the_settings_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``contract`` is the check before step 0; the class it names is ``settings`` (#33 item 6)."""
+    message = _validate(tmp_path, capsys, "lr: 0.01", tail="    expect: {step: 1, diverged: contract}\n")
+    assert message == (
+        "19: cases[0].expect.diverged: 'contract' names the check before step 0, not a class: a "
+        "settings difference it finds is diverged: settings"
+    )

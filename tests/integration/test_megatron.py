@@ -41,7 +41,7 @@ def test_example_suite_passes_with_reasons_for_every_unmatched_record(
 
 def _launched_steps_judged_on_their_inputs(report: dict[str, Any]) -> None:
     """The default suite's launched step cases (TP=2 on 2 torchrun ranks): every parameter
-    after the AdamW step is judged on its inputs (the optimizer replayed on each side's own
+    after the AdamW step is judged on its inputs (the optimizer recomputing the step on each side's own
     param, grad and state), and an eps changed on the Megatron side is named at the step."""
     steps = {c["name"]: c for c in report["cases"] if c["phase"] == "step"}
     aligned = steps["fp32_tp2"]

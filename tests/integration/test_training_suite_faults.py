@@ -44,7 +44,7 @@ def test_optimizer_faults_are_stopped_by_the_contract_before_step_0(
     first = run.training.first
     assert (first.step, first.what, first.origin, run.training.steps_compared) == (
         step,
-        "contract",
+        "settings",
         origin,
         0,
     )

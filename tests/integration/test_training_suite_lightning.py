@@ -34,7 +34,7 @@ def test_a_plain_users_lightning_is_named_as_a_setting_at_step_0(
     training = run.training
     assert training is not None and training.met and training.first is not None
     first = training.first
-    assert (first.step, first.what, first.origin, training.steps_compared) == (0, "contract", origin, 0)
+    assert (first.step, first.what, first.origin, training.steps_compared) == (0, "settings", origin, 0)
     assert evidence in first.evidence
     assert run.baseline.records == () and run.candidate.records == ()  # nothing trained, no layer
 

@@ -40,7 +40,7 @@ def test_a_deep_module_path_builds_its_tree(depth: int) -> None:
 
 def test_a_deep_module_path_writes_the_whole_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    write_reports(out, [_entry(_deep(DEPTH))], {"golden": "a", "target": "b"})
+    write_reports(out, [_entry(_deep(DEPTH))], {"baseline": "a", "candidate": "b"})
     assert json.loads((out / "report.json").read_text())["cases"][0]["records"][0]["name"] == _deep(DEPTH)
     html = (out / "report.html").read_text()
     assert "m1999" in html and (out / "compare_result.csv").is_file()
@@ -48,7 +48,7 @@ def test_a_deep_module_path_writes_the_whole_report(tmp_path: Path) -> None:
 
 def test_a_deep_tree_opens_in_chromium(tmp_path: Path, browser: Any) -> None:
     out = tmp_path / "report"
-    write_reports(out, [_entry(_deep(DEPTH), value=3.0)], {"golden": "a", "target": "b"})
+    write_reports(out, [_entry(_deep(DEPTH), value=3.0)], {"baseline": "a", "candidate": "b"})
     page = browser.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -64,7 +64,7 @@ def test_a_6000_deep_tree_is_drawn_without_a_stack_overflow(tmp_path: Path, brow
     layout of 6,000 nested lists takes a while)."""
     depth = 6000
     out = tmp_path / "report"
-    write_reports(out, [_entry(_deep(depth), value=3.0)], {"golden": "a", "target": "b"})
+    write_reports(out, [_entry(_deep(depth), value=3.0)], {"baseline": "a", "candidate": "b"})
     page = browser.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))

@@ -41,7 +41,7 @@ while count < 0 or k < first + count:
                 "checks": [check]} for i in range(size)]
     entry = {"case": f"run{k}", "nodeid": f"run{k}[forward]", "phase": "forward", "passed": True,
              "records": records, "unmatched": {"baseline": [], "candidate": []}, "nonfinite": []}
-    write_reports(out, [entry], {"golden": f"run{k}", "target": f"run{k}"})
+    write_reports(out, [entry], {"baseline": f"run{k}", "candidate": f"run{k}"})
     k += 1
 """
 
@@ -62,7 +62,7 @@ def _write(out: Path, first: int, size: int) -> subprocess.CompletedProcess[str]
 def _runs(texts: dict[str, str]) -> set[int]:
     """The run ids the files hold (one id: one run's set)."""
     found = {int(m) for text in texts.values() for m in _RUN.findall(text)}
-    meta = json.loads(texts["report.json"])["golden"]
+    meta = json.loads(texts["report.json"])["baseline"]
     return found | {int(meta.removeprefix("run"))}
 
 
@@ -122,7 +122,7 @@ def test_a_writer_killed_mid_write_leaves_one_runs_report(tmp_path: Path, sig: i
         writer.send_signal(sig)
         writer.communicate()
     _assert_one_run(out)
-    write_reports(out, [], {"golden": "run0", "target": "run0"})  # the next writer clears up
+    write_reports(out, [], {"baseline": "run0", "candidate": "run0"})  # the next writer clears up
     assert _leftovers(out) == [] and _assert_one_run(out) == 0
 
 
@@ -196,7 +196,7 @@ def test_a_full_disk_keeps_the_previous_report(small_disk: Path) -> None:
         {"name": f"run2.l{i}", "kind": "activation", "slot": "out", "checks": [check]} for i in range(2000)
     ]
     with pytest.raises(ReportError) as excinfo:
-        write_reports(out, [{"case": "run2", "phase": "forward", "records": records}], {"golden": "run2"})
+        write_reports(out, [{"case": "run2", "phase": "forward", "records": records}], {"baseline": "run2"})
     message = str(excinfo.value)
     assert message.startswith(f"--report: {out}: cannot write the report: No space left on device")
     assert message.endswith("; the previous report is kept") and "\n" not in message

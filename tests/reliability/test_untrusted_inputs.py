@@ -215,9 +215,9 @@ def test_missing_ranks_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
             shutil.copytree(rank, tmp_path / side / "step0" / f"rank{r}")
     assert main(["compare", str(tmp_path / "golden"), str(tmp_path / "target")]) == 2
     line = _one_error(capsys)
-    assert "20 in golden" in line and "7 in target" in line
-    assert "not in target: step0/rank7, step0/rank8" in line and "and 5 more" in line
-    assert "not in golden: none" in line and len(line) < 700
+    assert "20 in baseline" in line and "7 in candidate" in line
+    assert "not in candidate: step0/rank7, step0/rank8" in line and "and 5 more" in line
+    assert "not in baseline: none" in line and len(line) < 700
 
 
 def test_a_tensor_file_swapped_after_its_check_is_not_followed(

@@ -84,7 +84,7 @@ inputs:
 cases:
   - {{name: lagging, baseline: ref, candidate: lagging, {CASE}}}
   - {{name: lagging_expected, baseline: ref, candidate: lagging, {CASE},
-     expect: {{step: 1, diverged: contract, origin: lr}}}}
+     expect: {{step: 1, diverged: settings, origin: lr}}}}
   - {{name: dead_glob, baseline: ref, candidate: ref, inputs: toks, phases: [forward, backward, step],
      steps: 2, optimizer: {{name: adamw, lr: 1.0e-2, weight_decay: 0.1, no_decay: ["*.bias", "*layernorm*"]}}}}
 """
@@ -123,25 +123,25 @@ def test_a_contract_difference_fails_before_anything_trains(suite: tuple[AlignCo
     training = run.training
     assert training is not None and training.first is not None and not training.passed
     first = training.first
-    assert (first.step, first.what, first.origin, training.steps_compared) == (1, "contract", "lr", 0)
+    assert (first.step, first.what, first.origin, training.steps_compared) == (1, "settings", "lr", 0)
     assert "lr at step 1: 5.000e-04 vs 0.000e+00" in first.evidence
     assert "baseline group 0, candidate group 0" in first.evidence
     assert first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
     for phase in run.phases:
         outcome = phase_outcome(_report(run, phase))
         assert not outcome.passed
-        assert outcome.message.startswith("Step 1 diverged first: contract, origin lr — the sides'"), (
+        assert outcome.message.startswith("Step 1 diverged first: settings, origin lr — the sides'"), (
             outcome.message
         )
         assert "Nothing was trained or recorded" in outcome.message
         assert outcome.summary == (
-            f"FAILED lagging[{phase}]: 0 compared; nothing trained; step 1 diverged first: contract (lr)"
+            f"FAILED lagging[{phase}]: 0 compared; nothing trained; step 1 diverged first: settings (lr)"
         )
     entry = phase_outcome(_report(run, "forward")).entry
     assert entry is not None
     document = json.loads(json.dumps(report_document([entry], {})))
     assert document["training"]["steps_compared"] == 0
-    assert document["training"]["first_divergent"] == "contract"
+    assert document["training"]["first_divergent"] == "settings"
     assert document["training"]["lane"] == "approximate"
     assert "lr at step 1" in document["training"]["evidence"]
 
@@ -154,7 +154,7 @@ def test_an_expected_contract_difference_passes_every_phase(suite: tuple[AlignCo
     assert all(o.passed for o in outcomes)
     assert outcomes[0].summary == (
         "PASSED lagging_expected[forward]: 0 compared; nothing trained; step 1 diverged first: "
-        "contract (lr); the expected divergence"
+        "settings (lr); the expected divergence"
     )
 
 

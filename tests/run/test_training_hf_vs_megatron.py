@@ -81,7 +81,7 @@ def test_the_clean_10_step_hf_vs_megatron_run_is_aligned() -> None:
     assert run.training.steps_compared == 10 and run.training.lane == "approximate"
     assert all(v.passed for v in run.verdicts.values())
     # Every parameter after every update judged on its inputs (#28 item 3): each side's step
-    # replayed with its LR and clip factor of that step, and within rounding of its replay.
+    # recomputed with its LR and clip factor of that step, and within rounding of it.
     params = [p for p in run.comparison.pairs if p.record.kind == "param" and p.paired]
     assert {p.record.step for p in params} == set(range(10))
     assert all(any(c.metric == OPTIMIZER_UPDATE and c.passed for c in p.checks) for p in params)

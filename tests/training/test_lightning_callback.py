@@ -177,7 +177,7 @@ def test_another_clip_norm_is_named_from_the_plan_before_step_0(runs: tuple[Path
     out, _ = runs
     result = compare(out / "a", out / "clip_0.1")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "Step 0 diverged first: contract, origin clip_grad" in result.stdout
+    assert "Step 0 diverged first: settings, origin clip_grad" in result.stdout
     assert "clip_grad: 0.05 vs 0.1" in result.stdout
 
 

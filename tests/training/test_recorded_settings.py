@@ -117,22 +117,22 @@ def test_computing_the_plan_changes_no_loss_lr_or_grad_norm(runs: dict[str, Path
 def test_a_rerun_passes(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _compare(runs["hf"], runs["hf_rerun"], capsys)
     assert code == 0, out
-    assert "contract" not in out
+    assert "settings" not in out
 
 
-def test_another_scheduler_is_named_as_a_contract_difference(
+def test_another_scheduler_is_named_as_a_settings_difference(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = _compare(runs["hf"], runs["hf_linear"], capsys)
     assert code == 1
-    assert "Step 2 diverged first: contract, origin lr " in out
+    assert "Step 2 diverged first: settings, origin lr " in out
     assert "lr_scheduler_type cosine vs linear: LR differs from step 2 (" in out
 
 
 def test_bf16_on_one_side_is_named(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _compare(runs["hf"], runs["hf_bf16"], capsys)
     assert code == 1
-    assert "Step 0 diverged first: contract, origin precision" in out
+    assert "Step 0 diverged first: settings, origin precision" in out
     assert "bf16 autocast off vs on: the forward computes in float32 vs bfloat16" in out
 
 
@@ -167,7 +167,7 @@ def test_an_sft_lora_recording_holds_adapters_frozen_weights_and_log_probs(runs:
 def test_lora_alpha_is_named(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _compare(runs["sft"], runs["sft_alpha16"], capsys)
     assert code == 1
-    assert "Step 0 diverged first: contract, origin lora_alpha" in out
+    assert "Step 0 diverged first: settings, origin lora_alpha" in out
     assert "lora_alpha 8 vs 16 (PEFT adapter 'default')" in out
 
 

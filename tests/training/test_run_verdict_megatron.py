@@ -98,7 +98,7 @@ def test_a_decay_horizon_shortened_by_the_warmup_is_a_contract_difference(
     short = OptimizerSpec(**{**SPEC.__dict__, "schedule": ScheduleSpec(2, "cosine", STEPS - 2, 1e-3)})
     v = verdict(baseline, train(short))
     step, what, origin = found(v)
-    assert (what, origin) == ("contract", "lr") and step == 3
+    assert (what, origin) == ("settings", "lr") and step == 3
     assert (
         v.first is not None and "the decay ends at step 8 vs after the last planned step" in v.first.pattern
     )
@@ -108,5 +108,5 @@ def test_weight_decay_on_the_norms_is_a_contract_difference_naming_a_norm(
     baseline: RunSide, megatron_world: None
 ) -> None:
     v = verdict(baseline, train(OptimizerSpec(**{**SPEC.__dict__, "no_decay": ("*.bias",)})))
-    assert found(v)[:2] == (0, "contract")
+    assert found(v)[:2] == (0, "settings")
     assert v.first is not None and "layernorm" in v.first.evidence and ": 0 vs 0.1" in v.first.evidence

@@ -1,6 +1,6 @@
 """A user's TRL ``SFTTrainer`` + PEFT LoRA fine-tune recorded with ``PrecalignCallback``
 (``example_suites/recorded_runs/sft_lora.py`` in a subprocess) and judged by ``precalign
-compare``: another ``lora_alpha`` or bf16 autocast on one side is a settings (``contract``)
+compare``: another ``lora_alpha`` or bf16 autocast on one side is a ``settings``
 difference named before step 0; a rerun and the same rows in another micro-batch split pass."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_a_settings_difference_is_named_before_step_0(
 ) -> None:
     judged = compare(sft_runs / "base", sft_runs / cand, tmp_path / "report")
     assert judged.exit_code == 1
-    assert judged.training["first_divergent"] == "contract"
+    assert judged.training["first_divergent"] == "settings"
     story = next(
         line for line in judged.output.splitlines() if line.strip().startswith("Step 0 diverged first")
     )

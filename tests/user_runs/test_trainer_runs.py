@@ -77,10 +77,10 @@ def test_a_rerun_passes(scalars_runs: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_another_scheduler_is_a_contract_difference_from_step_3(more_runs: Path, tmp_path: Path) -> None:
+def test_another_scheduler_is_a_settings_difference_from_step_3(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "sched", tmp_path / "report")
     assert judged.exit_code == 1
-    assert judged.verdict() == (3, "contract")
+    assert judged.verdict() == (3, "settings")
     assert "lr_scheduler_type cosine vs linear" in judged.output
 
 
@@ -169,10 +169,10 @@ def test_eager_vs_sdpa_attention_passes(more_runs: Path, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_another_peak_lr_is_a_contract_difference(more_runs: Path, tmp_path: Path) -> None:
+def test_another_peak_lr_is_a_settings_difference(more_runs: Path, tmp_path: Path) -> None:
     judged = compare(more_runs / "base", more_runs / "lr", tmp_path / "report")
     assert judged.exit_code == 1
-    assert judged.verdict() == (1, "contract")
+    assert judged.verdict() == (1, "settings")
     assert "learning_rate" in judged.output
 
 

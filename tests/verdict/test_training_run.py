@@ -81,7 +81,7 @@ def test_clipping_on_one_side_only_is_clipping() -> None:
 
 def test_a_different_micro_batch_split_is_said_as_such() -> None:
     v = judge(run(), run(micro_batches=lambda s: 2))
-    assert first(v) == (0, "contract", "micro_batches")
+    assert first(v) == (0, "settings", "micro_batches")
     assert v.first is not None and v.first.pattern == "the sides split the step into 1 and 2 micro-batches"
 
 
@@ -162,7 +162,7 @@ def contract(base: TrainingPlan, cand: TrainingPlan) -> TrainingVerdict:
 
 def test_a_shorter_decay_horizon_fails_the_contract_at_its_first_step() -> None:
     v = contract(plan(cosine(10, 10), GROUPS), plan(cosine(10, 8), GROUPS))
-    assert first(v) == (1, "contract", "lr")
+    assert first(v) == (1, "settings", "lr")
     assert v.first is not None
     assert "lr at step 1: 9.755e-04 vs 9.619e-04" in v.first.evidence
     assert (
@@ -173,7 +173,7 @@ def test_a_shorter_decay_horizon_fails_the_contract_at_its_first_step() -> None:
 
 def test_a_warmup_one_step_behind_in_the_plans() -> None:
     v = contract(plan([0, 5e-4, 1e-3, 1e-3, 1e-3], GROUPS), plan([0, 0, 5e-4, 1e-3, 1e-3], GROUPS))
-    assert first(v) == (1, "contract", "lr")
+    assert first(v) == (1, "settings", "lr")
     assert (
         v.first is not None
         and v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
@@ -183,19 +183,19 @@ def test_a_warmup_one_step_behind_in_the_plans() -> None:
 def test_weight_decay_on_norms_is_named_with_a_parameter() -> None:
     cand_groups = [["w", "layer.weight", "norm.weight"], ["layer.bias"]]
     v = contract(plan([1e-3] * 3, GROUPS), plan([1e-3] * 3, cand_groups))
-    assert first(v) == (0, "contract", "weight_decay")
+    assert first(v) == (0, "settings", "weight_decay")
     assert v.first is not None and "weight_decay of norm.weight: 0 vs 0.01" in v.first.evidence
 
 
 def test_clipping_configured_on_one_side_only_is_a_contract_difference() -> None:
     v = contract(plan([1e-3] * 3, GROUPS), plan([1e-3] * 3, GROUPS, clip_grad=None))
-    assert first(v) == (0, "contract", "clip_grad")
+    assert first(v) == (0, "settings", "clip_grad")
 
 
 def test_an_sgd_plan_and_an_adam_plan_differ_in_their_optimizer_not_in_betas() -> None:
     sgd = plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0)
     v = contract(plan([1e-3] * 3, GROUPS, momentum=None), sgd)
-    assert first(v) == (0, "contract", "optimizer")
+    assert first(v) == (0, "settings", "optimizer")
     assert v.first is not None and "optimizer: 'adamw' vs 'sgd'" in v.first.evidence
 
 
@@ -209,7 +209,7 @@ def test_a_setting_one_side_does_not_say_is_not_compared_and_is_listed() -> None
     assert v.as_dict()["unsaid_settings"] == ["momentum (only the baseline says: 0.9)"]
     assert contract(sgd, sgd).unsaid == ()  # neither says betas / eps: equal, nothing listed
     other = contract(sgd, plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0))
-    assert first(other) == (0, "contract", "momentum")
+    assert first(other) == (0, "settings", "momentum")
 
 
 def test_precision_is_compared_and_autocast_is_not() -> None:
@@ -217,7 +217,7 @@ def test_precision_is_compared_and_autocast_is_not() -> None:
     bf16_params = plan([1e-3] * 3, GROUPS, precision="bfloat16", autocast=False)
     assert contract(autocast, bf16_params).passed
     v = contract(autocast, plan([1e-3] * 3, GROUPS, precision="float32", autocast=False))
-    assert first(v) == (0, "contract", "precision")
+    assert first(v) == (0, "settings", "precision")
     assert v.first is not None and "precision: 'bfloat16' vs 'float32'" in v.first.evidence
 
 
@@ -318,7 +318,7 @@ def test_modules_called_twice_as_often_are_a_micro_batch_split() -> None:
     once = [rec(0, "a", "activation")]
     twice = [rec(0, "a", "activation"), rec(1, "a", "activation", call=1)]
     v = judge_run(RunSide({}), RunSide({}), records_run([once], [twice]), default_table())
-    assert first(v) == (0, "contract", "micro_batches")
+    assert first(v) == (0, "settings", "micro_batches")
 
 
 def test_an_expected_run_divergence_passes_only_when_found_exactly() -> None:
@@ -363,7 +363,7 @@ def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset(
         default_table(),
         lambda n: baseline_param_names(mapping, n),
     )
-    assert first(v) == (0, "contract", "weight_decay")
+    assert first(v) == (0, "settings", "weight_decay")
     assert v.first is not None and "weight_decay of model.norm.weight: 0 vs 0.01" in v.first.evidence
     meg[0].remove("decoder.final_layernorm.weight")
     meg[1].append("decoder.final_layernorm.weight")

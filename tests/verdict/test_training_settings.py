@@ -46,13 +46,13 @@ def test_a_learning_rate_argument_names_the_lr_difference() -> None:
     step, what, origin, evidence = _first(
         _side(_plan([0.01, 0.01, 0.01])), _side(_plan([0.01, 0.01, 0.02]), learning_rate=0.02)
     )
-    assert (step, what, origin) == (2, "contract", "lr")  # the plan's field, one name across frameworks
+    assert (step, what, origin) == (2, "settings", "lr")  # the plan's field, one name across frameworks
     assert evidence.endswith("learning_rate 0.01 vs 0.02: LR differs from step 2 (1.000e-02 vs 2.000e-02)")
 
 
 def test_the_same_arguments_and_another_plan_is_the_scheduler_itself() -> None:
     step, what, origin, evidence = _first(_side(_plan([0.01, 0.01])), _side(_plan([0.01, 0.005])))
-    assert (step, what, origin) == (1, "contract", "lr")
+    assert (step, what, origin) == (1, "settings", "lr")
     assert "the transformers arguments that set the LR agree (lr_scheduler_type, learning_rate)" in evidence
     assert evidence.endswith("the scheduler object itself differs")
 
@@ -60,7 +60,7 @@ def test_the_same_arguments_and_another_plan_is_the_scheduler_itself() -> None:
 def test_an_adapter_on_one_side_only_is_named() -> None:
     lora = Adapter("default", "LORA", r=8, alpha=16.0, dropout=0.0, target_modules=("q_proj",))
     step, what, origin, evidence = _first(_side(_plan([0.01])), _side(_plan([0.01]), (lora,)))
-    assert (step, what, origin) == (0, "contract", "adapters")
+    assert (step, what, origin) == (0, "settings", "adapters")
     assert (
         "PEFT adapter 'default' (peft_type LORA, r 8, lora_alpha 16, lora_dropout 0, target_modules [q_proj])"
         in (evidence)
@@ -72,5 +72,5 @@ def test_a_precision_without_framework_arguments_is_told_by_the_plans() -> None:
     base = _side(_plan([0.01]))
     cand = _side(_plan([0.01], precision="bfloat16", autocast=True))
     step, what, origin, evidence = _first(base, cand)
-    assert (step, what, origin) == (0, "contract", "precision")
+    assert (step, what, origin) == (0, "settings", "precision")
     assert evidence.endswith("precision float32 vs bfloat16 (autocast off vs on)")

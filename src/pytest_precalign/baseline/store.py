@@ -343,7 +343,7 @@ def _compare(
 def _step_judge(
     case: CaseSpec, stored_weights: Mapping[str, Any] | None, rec: SideRecording, stored_side: str
 ) -> Any:
-    """Each optimizer step judged on its inputs (``run/optimizer_replay``) when both sides'
+    """Each optimizer step judged on its inputs (``run/update_check``) when both sides'
     parameters before step 0 are known in the stored trace's names: the stored ones, and the
     live candidate's (its own, under stored names, against a stored candidate; the stored
     baseline's when every parameter was loaded from them). None: by the table."""
@@ -355,9 +355,9 @@ def _step_judge(
         live = stored_weights
     else:
         return None
-    from ..run.optimizer_replay import replay_judge
+    from ..run.update_check import update_judge
 
-    return replay_judge(case.optimizer, {"baseline": stored_weights, "candidate": live})
+    return update_judge(case.optimizer, {"baseline": stored_weights, "candidate": live})
 
 
 def _settle(

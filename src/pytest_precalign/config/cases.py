@@ -325,6 +325,12 @@ def _expect(reader: Reader, phases: tuple[Phase, ...], steps: int | None) -> Exp
     if exp is None:
         return None
     exp.check_keys(("phase", "first_divergence", "origin", "kind", "step", "diverged"))
+    if exp.raw("diverged") == "contract":
+        exp.fail(
+            "'contract' names the check before step 0, not a class: a settings difference it finds "
+            "is diverged: settings",
+            "diverged",
+        )
     diverged = exp.get_choice("diverged", TRAINING_CLASSES, None)
     step = exp.get_int("step", None, minimum=0)
     if step is not None and steps is not None and step >= steps:

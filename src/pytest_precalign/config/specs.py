@@ -64,6 +64,9 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class RecordSpec:
+    # The one default record mode. Every recorder defaults to ``stats``; ``PrecalignCallback``
+    # alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap enough to leave on
+    # for a whole run).
     mode: Mode = "stats"
     inputs: bool = True
     include: tuple[str, ...] = ()

@@ -156,7 +156,7 @@ def apply_inverse(
     sizes and reshapes)."""
     import torch
 
-    # Replay the forward chain on meta tensors to learn each op's input shapes.
+    # Run the forward chain on meta tensors to learn each op's input shapes.
     metas: Tensors = [torch.empty(tuple(s), device="meta") for s in source_shapes]
     shapes_before: list[list[torch.Size]] = []
     for op in ops:

@@ -159,14 +159,14 @@ def layout_from_manifest(block: Any, where: str) -> ParallelLayout:
         raise TraceError(str(exc)) from None
 
 
-# ``--parallel`` sides: baseline/candidate, and msprobe's golden/target (bench/npu) for them.
-_SIDE_WORDS = {"baseline": "golden", "candidate": "target", "golden": "golden", "target": "target"}
+# ``--parallel`` sides: baseline/candidate; msprobe's words for them (golden/target) are read too.
+_SIDE_WORDS = {"baseline": "baseline", "candidate": "candidate", "golden": "baseline", "target": "candidate"}
 
 
 def parse_parallel_option(text: str) -> tuple[str, ParallelLayout]:
     """``candidate:tp=2,pp=2[,vpp=2][,dp=1][,order=tp-cp-ep-dp-pp][,sp=1]`` -> (side, layout);
-    the side is ``golden`` (baseline) or ``target`` (candidate), msprobe's words, which are
-    accepted too."""
+    the side is ``baseline`` or ``candidate`` (msprobe's ``golden`` and ``target`` are read as
+    them)."""
     where = f"--parallel {text!r}"
     word, sep, body = text.partition(":")
     side = _SIDE_WORDS.get(word)
@@ -213,8 +213,8 @@ def layout_from_msprobe_block(block: Any, where: str) -> ParallelLayout:
 
 
 def read_msprobe_compare_config(path: str | Path) -> dict[str, Any]:
-    """msprobe's compare.json: ``npu_path`` (target), ``bench_path`` (golden) and optional
-    ``parallel_merge: {npu: {...}, bench: {...}}``; returns golden, target and layouts."""
+    """msprobe's compare.json: ``npu_path`` (candidate), ``bench_path`` (baseline) and optional
+    ``parallel_merge: {npu: {...}, bench: {...}}``; returns baseline, candidate and layouts."""
     file = Path(path)
     try:
         data = read_json(file, ConfigError, what="an msprobe compare.json")
@@ -230,12 +230,12 @@ def read_msprobe_compare_config(path: str | Path) -> dict[str, Any]:
     if merge is not None:
         if not isinstance(merge, dict) or not set(merge) <= {"npu", "bench"}:
             raise ConfigError(f"{file}: parallel_merge: expected {{'npu': {{...}}, 'bench': {{...}}}}")
-        for key, side in (("npu", "target"), ("bench", "golden")):
+        for key, side in (("npu", "candidate"), ("bench", "baseline")):
             if key in merge:
                 layouts[side] = layout_from_msprobe_block(merge[key], f"{file}: parallel_merge.{key}")
     return {
-        "golden": str(base / data["bench_path"]),
-        "target": str(base / data["npu_path"]),
+        "baseline": str(base / data["bench_path"]),
+        "candidate": str(base / data["npu_path"]),
         "layouts": layouts,
     }
 
@@ -294,23 +294,23 @@ def _step_number(folder: Path) -> int:
 
 
 def compare_sides(
-    golden: str | None, target: str | None, options: list[str], msprobe_config: str | None
+    baseline: str | None, candidate: str | None, options: list[str], msprobe_config: str | None
 ) -> tuple[str, str, dict[str, ParallelLayout]]:
     """``precalign compare``'s sides and layouts from its arguments: BASELINE CANDIDATE, or
     ``--msprobe-config`` (its parallel_merge), with ``--parallel`` options on top."""
     layouts: dict[str, ParallelLayout] = {}
     if msprobe_config is not None:
-        if golden is not None or target is not None:
+        if baseline is not None or candidate is not None:
             raise ConfigError(
                 "--msprobe-config names both sides (bench_path, npu_path): give no BASELINE CANDIDATE"
             )
         config = read_msprobe_compare_config(msprobe_config)
-        golden, target, layouts = config["golden"], config["target"], dict(config["layouts"])
-    if golden is None or target is None:
+        baseline, candidate, layouts = config["baseline"], config["candidate"], dict(config["layouts"])
+    if baseline is None or candidate is None:
         raise ConfigError("compare needs BASELINE and CANDIDATE (or --msprobe-config compare.json)")
     for text in options:
         side, layout = parse_parallel_option(text)
         if side in layouts and msprobe_config is None:
             raise ConfigError(f"--parallel {text!r}: {side} is given twice")
         layouts[side] = layout
-    return golden, target, layouts
+    return baseline, candidate, layouts

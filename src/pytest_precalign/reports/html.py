@@ -355,7 +355,7 @@ def render_html(document: Mapping[str, Any]) -> str:
         )
     env_doc: Mapping[str, Any] = next((e["environment"] for e in entries if e.get("environment")), {})
     summary = " · ".join(f"{n} {word}" for word, n in counts.items() if n)
-    source = document.get("config") or document.get("golden") or ""
+    source = document.get("config") or document.get("baseline") or ""
     overall, summary_text = _overall(document, len(entries), counts, summary)
     return PAGE.format(
         title=esc(f"precalign report: {Path(str(source)).name}" if source else "precalign report"),

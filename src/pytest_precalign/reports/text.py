@@ -39,7 +39,7 @@ class PhaseReport:
     """What one test item (a case and a phase) knows, ready to format. Build it with
     ``of_run``."""
 
-    # Where the case is defined: the alignment config file of a configured case, the golden
+    # Where the case is defined: the alignment config file of a configured case, the baseline
     # side of ``precalign compare``, the test's node id for ``align_runner``. Its last part
     # is named in failure messages; report.json calls it "config".
     defined_in: str
@@ -151,8 +151,8 @@ def describe_check(check: Check, pair: PairResult) -> str:
     if check.metric == OPTIMIZER_UPDATE:
         relation = "<=" if check.passed else ">"
         return (
-            f"|after - replay| = {fmt_number(check.value)} {relation} {fmt_number(check.allowed)} allowed "
-            "(the case's optimizer replayed on the side's own parameter, grad and state)"
+            f"|after - recomputed| = {fmt_number(check.value)} {relation} {fmt_number(check.allowed)} allowed "
+            "(the case's optimizer recomputing the step on the side's own parameter, grad and state)"
         )
     if check.metric == "nonfinite":
         return f"{int(check.value)} NaN/Inf element(s) differ between the sides"

@@ -58,7 +58,7 @@ def training_summary(v: TrainingVerdict) -> str:
 
 def blames_layer(v: TrainingVerdict | None) -> bool:
     """Whether a layer origin may be told for the case: no training verdict, or one whose
-    first divergence is in a layer (not the data, the contract, the schedule, ...)."""
+    first divergence is in a layer (not the data, the settings, the schedule, ...)."""
     if v is None or v.first is None:
         return True
     return v.first.what in LAYER_CLASSES

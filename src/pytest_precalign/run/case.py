@@ -130,16 +130,16 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
 
 
 def step_judge(case: CaseSpec, baseline: torch.nn.Module, *, synced: bool) -> Any:
-    """The judge of each optimizer step on its inputs (``optimizer_replay``), for a case with a
+    """The judge of each optimizer step on its inputs (``update_check``), for a case with a
     step phase recorded in tensor mode: the baseline's parameters before step 0 are kept now
     (before it runs), the candidate's are the same when the weights were synced into it.
     None otherwise (parameters judged by the table)."""
     if "step" not in case.phases or case.record.mode != "tensor":
         return None
-    from .optimizer_replay import replay_judge, snapshot
+    from .update_check import snapshot, update_judge
 
     initial = snapshot(baseline)
-    return replay_judge(case.optimizer, {"baseline": initial, **({"candidate": initial} if synced else {})})
+    return update_judge(case.optimizer, {"baseline": initial, **({"candidate": initial} if synced else {})})
 
 
 def case_table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:

@@ -1,7 +1,7 @@
 """The contract check before step 0: what each side WILL do, from its own trainer's plan
 made before anything trains, compared by ``verdict.training_contract.check_contract``. A
 difference stops the case there: nothing is trained or recorded, and the run verdict says
-``first_divergent: contract`` with the first differing step, the parameter group and both
+``first_divergent: settings`` with the first differing step, the parameter group and both
 values.
 
 Each side's plan is its case trainer's own ``plan`` (``run.trainers``), the settings the

@@ -26,7 +26,7 @@ from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .replay_hint import not_replayed
 from .stored_runs import load_side, load_sides
 
-# The item of a run recorded as per-step scalars only (no layer records on the golden side).
+# The item of a run recorded as per-step scalars only (no layer records on the baseline side).
 RUN_PHASE: Phase = "step"
 
 
@@ -57,8 +57,8 @@ def _shown(keys: set[tuple[int, int]], at_most: int = 8) -> str:
 
 
 def compare_run_sets(
-    golden: str | Path,
-    target: str | Path,
+    baseline: str | Path,
+    candidate: str | Path,
     parallel: Mapping[str, ParallelLayout] | None = None,
     **options: Any,
 ) -> list[tuple[tuple[int, int], CaseRun]]:
@@ -67,24 +67,25 @@ def compare_run_sets(
     parallel = parallel or {}
     if any(
         parallel.get(side) is not None or parallel_rank_folders(path) is not None
-        for side, path in (("golden", golden), ("target", target))
+        for side, path in (("baseline", baseline), ("candidate", candidate))
     ):
-        return [((0, 0), compare_runs(golden, target, parallel=parallel, **options))]
-    _same_level(golden, target)
-    gold, targ = load_sides(golden), load_sides(target)
-    if len(gold) == 1 and len(targ) == 1:
-        (key, base), (cand,) = next(iter(gold.items())), targ.values()
-        return [(key, compare_runs(golden, target, **options, loaded=(base, cand)))]
-    if set(gold) != set(targ):
+        return [((0, 0), compare_runs(baseline, candidate, parallel=parallel, **options))]
+    _same_level(baseline, candidate)
+    base_keys, cand_keys = load_sides(baseline), load_sides(candidate)
+    if len(base_keys) == 1 and len(cand_keys) == 1:
+        (key, base), (cand,) = next(iter(base_keys.items())), cand_keys.values()
+        return [(key, compare_runs(baseline, candidate, **options, loaded=(base, cand)))]
+    if set(base_keys) != set(cand_keys):
         raise TraceError(
-            f"the sides hold different steps/ranks ({len(gold)} in golden {golden}, {len(targ)} in "
-            f"target {target}): not in target: {_shown(set(gold) - set(targ))}; "
-            f"not in golden: {_shown(set(targ) - set(gold))}"
+            f"the sides hold different steps/ranks ({len(base_keys)} in baseline {baseline}, "
+            f"{len(cand_keys)} in candidate {candidate}): not in candidate: "
+            f"{_shown(set(base_keys) - set(cand_keys))}; "
+            f"not in baseline: {_shown(set(cand_keys) - set(base_keys))}"
         )
     out = []
-    for key in sorted(gold):
-        pair = (gold[key].manifest["path"], targ[key].manifest["path"])
-        loaded = (gold[key], targ[key])
+    for key in sorted(base_keys):
+        pair = (base_keys[key].manifest["path"], cand_keys[key].manifest["path"])
+        loaded = (base_keys[key], cand_keys[key])
         out.append((key, compare_runs(*pair, **options, check_mapping=False, loaded=loaded)))
     # The mapping's rules must apply somewhere in the run, not on each step and rank.
     uses = [run.mapping_use for _, run in out if run.mapping_use is not None]
@@ -105,25 +106,25 @@ def _with_layer_mapping(spec: MappingSpec | None, layer_mapping: str | None) -> 
     return replace(spec, layer_mapping=layers) if spec else MappingSpec(layer_mapping, layer_mapping=layers)
 
 
-def _same_level(golden: str | Path, target: str | Path) -> None:
+def _same_level(baseline: str | Path, candidate: str | Path) -> None:
     """Both sides must be the same kind of msprobe folder: a dump root on one side and a step
     or rank folder on the other pairs the wrong things (msprobe compare takes step folders)."""
     from ..msprobe.layout import LEVEL_NAMES, dump_level
 
-    levels = dump_level(golden), dump_level(target)
+    levels = dump_level(baseline), dump_level(candidate)
     if None in levels or levels[0] == levels[1]:
         return
     raise TraceError(
-        f"the sides are different kinds of msprobe folder: golden {golden} is "
-        f"{LEVEL_NAMES[str(levels[0])]}, target {target} is {LEVEL_NAMES[str(levels[1])]}; "
+        f"the sides are different kinds of msprobe folder: baseline {baseline} is "
+        f"{LEVEL_NAMES[str(levels[0])]}, candidate {candidate} is {LEVEL_NAMES[str(levels[1])]}; "
         "give both at the same level: two rank folders (one pair), two step folders (every "
         "rank), or two dump roots (every step and rank)"
     )
 
 
 def compare_runs(
-    golden: str | Path,
-    target: str | Path,
+    baseline: str | Path,
+    candidate: str | Path,
     *,
     tolerances: str | None = None,
     mapping: str | None = None,
@@ -137,7 +138,7 @@ def compare_runs(
     min_coverage: float | None = None,
     loaded: tuple[Trace, Trace] | None = None,
 ) -> CaseRun:
-    """``loaded``: the two sides, already read from ``golden`` and ``target`` (by
+    """``loaded``: the two sides, already read from ``baseline`` and ``candidate`` (by
     ``compare_run_sets``, which reads them to pair their steps and ranks)."""
     import time
 
@@ -146,7 +147,10 @@ def compare_runs(
     if loaded is not None:
         base, cand = loaded
     else:
-        base, cand = load_side(golden, layouts.get("golden")), load_side(target, layouts.get("target"))
+        base, cand = (
+            load_side(baseline, layouts.get("baseline")),
+            load_side(candidate, layouts.get("candidate")),
+        )
     if fuzzy_match:
         from ..mapping.fuzzy_api_calls import fuzzy_api_calls
 
@@ -159,9 +163,9 @@ def compare_runs(
     if not phases and is_training_run(base, cand):
         phases = (RUN_PHASE,)  # per-step scalars only: the run's verdict is the step item's
     if not phases:
-        raise TraceError(f"{golden}: the golden side has no records")
+        raise TraceError(f"{baseline}: the baseline side has no records")
     custom = [load_metric(m) for m in metrics]
-    name = f"{Path(golden).name}_vs_{Path(target).name}"
+    name = f"{Path(baseline).name}_vs_{Path(candidate).name}"
     job = FinishInputs(
         name,
         phases,
@@ -184,7 +188,7 @@ def compare_runs(
 
 
 def compare_outcomes(
-    golden: str | Path, target: str | Path, runs: Sequence[tuple[tuple[int, int], CaseRun]]
+    baseline: str | Path, candidate: str | Path, runs: Sequence[tuple[tuple[int, int], CaseRun]]
 ) -> list[ItemOutcome]:
     """Each compared (step, rank) pair's phases as item outcomes (``precalign compare``)."""
     out = []
@@ -193,10 +197,10 @@ def compare_outcomes(
             report = PhaseReport.of_run(
                 run,
                 phase,
-                defined_in=str(golden),
-                baseline=str(golden),
-                candidate=str(target),
-                reproduce=f"precalign compare {golden} {target}",
+                defined_in=str(baseline),
+                baseline=str(baseline),
+                candidate=str(candidate),
+                reproduce=f"precalign compare {baseline} {candidate}",
                 case=run.name if len(runs) == 1 else f"{run.name}@step{step}_rank{rank}",
             )
             extra: dict[str, Any] = {"step": step, "rank": rank}
@@ -217,7 +221,7 @@ def custom_metric_entries(run: CaseRun, phase: str) -> list[dict[str, Any]]:
 
 
 def load_metric(spec: str) -> tuple[str, Callable[[Any, Any], float]]:
-    """``file.py:function`` (msit's custom algorithm plug-in): f(golden, target) -> float."""
+    """``file.py:function`` (msit's custom algorithm plug-in): f(baseline, candidate) -> float."""
     import importlib.util
 
     file, sep, func = spec.rpartition(":")
@@ -248,11 +252,11 @@ def custom_metric_values(
     for pair in run.comparison.pairs:
         if pair.evidence != "tensor" or pair.candidate is None:
             continue
-        golden, target = run.baseline.tensor(pair.record), run.candidate.tensor(pair.candidate)
+        baseline, candidate = run.baseline.tensor(pair.record), run.candidate.tensor(pair.candidate)
         values = {}
         for name, fn in metrics:
             try:
-                values[name] = float(fn(golden, target))
+                values[name] = float(fn(baseline, candidate))
             except Exception as exc:
                 raise ConfigError(
                     f"--metric {name}: raised {type(exc).__name__} on {pair.record.id}: {exc}"

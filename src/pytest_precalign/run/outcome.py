@@ -93,7 +93,7 @@ class FinishInputs:
     workers: int | None = None  # compare threads (None: compare_workers())
     check_mapping: bool = True  # False: the caller checks the rules applied over several finishes
     min_coverage: float | None = None  # the coverage floor (None: the case's, else the default)
-    # The parameters after each step judged on their inputs (``optimizer_replay``), given the
+    # The parameters after each step judged on their inputs (``update_check``), given the
     # comparison and both traces (the candidate in the baseline's names); None: by the table.
     judge_steps: Callable[[Comparison, Trace, Trace], Comparison] | None = None
     envelope: Envelope | None = None  # the run verdict's envelope lane (None: the table's lanes)

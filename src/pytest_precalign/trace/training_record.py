@@ -3,7 +3,7 @@ reader of the manifest's ``"training"`` block (the run's settings and plan), ``"
 (what each step did, ``StepScalars``) and ``"initial_params"`` (each parameter before any
 update). Every writer -- the tool's loop, the Trainer and megatron-core case trainers,
 launched ranks, the ``Recorder``, ``PrecalignCallback`` -- builds these types and writes them
-with ``run_record_keys``; the verdict, the curves, the replay and the contract read them with
+with ``run_record_keys``; the verdict, the curves, the step replay and the contract read them with
 ``read_run_record``.
 
 A plan (``TrainingPlan``) is what a side WILL do at every optimizer step, made by running its

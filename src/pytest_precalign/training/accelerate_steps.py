@@ -21,7 +21,8 @@ written as ``ROOT/step<s>/rank<R>/`` by a ``Recorder`` when the optimizer has st
 layout and with the scalars of ``PrecalignCallback`` (``optimizer_steps`` says how each is
 measured); the first folder also holds the run's settings and plan (``"training"``) and, from
 step 0, ``initial_params``. ``mode`` is a ``Recorder`` mode (``stats`` by default) or
-``"scalars"``.
+``"scalars"``. Every recorder defaults to ``stats``; ``PrecalignCallback`` alone defaults to
+``scalars`` (per-step scalars only, no hooks: cheap enough to leave on for a whole run).
 
 - ``loss``: the sum over the step's micro-batches of ``loss / gradient_accumulation_steps`` --
   what ``accelerator.backward`` runs the backward on (a mean of micro-batch means);

@@ -219,7 +219,9 @@ class PrecalignCallback(TrainerSteps):
     ``mode``: ``"scalars"`` (default: per-step scalars only) or a ``Recorder`` mode (``stats``,
     ``tensor``, ``hash``: every layer too, on the ``steps`` selected); other keyword arguments
     go to the ``Recorder``; ``plan=False``: write the settings without the LR plan (the
-    scheduler is then never touched)."""
+    scheduler is then never touched). Every recorder defaults to ``stats``;
+    ``PrecalignCallback`` alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap
+    enough to leave on for a whole run)."""
 
     def __init__(
         self,

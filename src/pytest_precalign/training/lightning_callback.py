@@ -95,7 +95,9 @@ class PrecalignLightningCallback(Callback):
     """Record every optimizer step of a Lightning run in the ``Recorder``'s layout (see the
     module doc). ``mode``: a ``Recorder`` mode (``stats`` default, ``tensor``, ``hash``) or
     ``"scalars"``; ``module``: the LightningModule's attribute to record (dotted); other
-    keyword arguments go to the ``Recorder``."""
+    keyword arguments go to the ``Recorder``. Every recorder defaults to ``stats``;
+    ``PrecalignCallback`` alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap
+    enough to leave on for a whole run)."""
 
     def __init__(
         self,

@@ -53,8 +53,9 @@ adapters and the frozen parameters; ``arguments`` are the loop's own settings, a
 
 ``mode="scalars"`` adds no hooks at all: each step's folder is its manifest alone (a few
 hundred bytes; the first also holds the run's environment, for ``precalign env-diff``), for
-runs of thousands of steps.
-``PrecalignCallback`` (``hf_callback``) does all this for a ``transformers.Trainer`` run.
+runs of thousands of steps. Every recorder defaults to ``stats``; ``PrecalignCallback`` alone
+defaults to ``scalars`` (per-step scalars only, no hooks: cheap enough to leave on for a whole
+run). ``PrecalignCallback`` (``hf_callback``) does all this for a ``transformers.Trainer`` run.
 
 ``golden=PATH`` compares each record while recording against a golden run (a trace folder,
 a Recorder root whose ``step<N>/rank<R>`` is picked for the current step and rank, or an

@@ -290,7 +290,7 @@ def _origin(
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
     failing = pair.failing
     if failing is not None and failing.metric == OPTIMIZER_UPDATE:
-        # The step itself is wrong on its own inputs (its replay says so), whatever its grad did.
+        # The step itself is wrong on its own inputs (its update check says so), whatever its grad did.
         return True, owner, pair.note, True
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by

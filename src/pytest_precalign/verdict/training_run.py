@@ -252,7 +252,7 @@ def _unsaid(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
 
 def _contract(diff: ContractDiff) -> FirstDivergent:
     evidence = f"the sides' settings differ before training: {diff.evidence}"
-    return FirstDivergent(diff.step, "contract", diff.origin, evidence, diff.pattern)
+    return FirstDivergent(diff.step, "settings", diff.origin, evidence, diff.pattern)
 
 
 def _weights(
@@ -292,7 +292,7 @@ def _step_first(
     scalar = first_scalar_difference(base, cand, judge) if base and cand else None
     order: list[tuple[TrainingClass, FirstDivergent | None]] = [
         ("data", _scalar_as(step, scalar, "data")),
-        ("contract", _split(step, rec) or _scalar_as(step, scalar, "contract")),
+        ("settings", _split(step, rec) or _scalar_as(step, scalar, "settings")),
         ("forward", _layer(step, rec, "forward")),
         ("loss", _loss(step, rec, scalar)),
         (
@@ -318,7 +318,7 @@ def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
     base, cand = rec.calls
     pattern = f"the sides split the step into {base} and {cand} micro-batches"
     evidence = f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
-    return FirstDivergent(step, "contract", "micro_batches", evidence, pattern)
+    return FirstDivergent(step, "settings", "micro_batches", evidence, pattern)
 
 
 def _layer(step: int, rec: StepRecords, phase: str) -> FirstDivergent | None:
@@ -450,7 +450,7 @@ def _curve_value(s: StepScalars | None, name: str) -> float | None:
 # The phase whose test item a training verdict fails: where its class happens in a step.
 PHASE_OF_CLASS: Mapping[TrainingClass, Phase] = {
     "weights": "forward",
-    "contract": "forward",
+    "settings": "forward",
     "data": "forward",
     "forward": "forward",
     "loss": "forward",

@@ -116,7 +116,7 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         and not judge.split_free
     ):
         pattern = f"the sides split the step into {base.micro_batches} and {cand.micro_batches} micro-batches"
-        return ScalarDiff("contract", "micro_batches", f"micro_batches in step {step}: {pattern}", pattern)
+        return ScalarDiff("settings", "micro_batches", f"micro_batches in step {step}: {pattern}", pattern)
     for diff in (_loss(base, cand, judge), _grads(base, cand, judge), _clip(base, cand, judge)):
         if diff is not None:
             return _quoted(diff, base, judge)

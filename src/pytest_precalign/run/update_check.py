@@ -1,5 +1,5 @@
-"""Each optimizer step judged on its inputs: the parameters after a step against the case's
-optimizer replayed on what that side's optimizer was given.
+"""The update check: each optimizer step judged on its inputs, the parameters after a step
+against the case's optimizer recomputing the step on what that side's optimizer was given.
 
 AdamW turns tiny differences of near-zero grads into large update differences (at its first
 step the update of an element is ``g / (|g| + eps)``: two grads of 1e-9 and 3e-9, both well
@@ -7,29 +7,29 @@ within a grad tolerance, move the weight by 0.09 lr and 0.23 lr). No tolerance t
 that on every CPU, and a looser one would hide a real optimizer bug. So a parameter after a
 step is judged by its inputs:
 
-* each side's step is **replayed**: the case's optimizer (``torch.optim``'s own AdamW, Adam or
+* each side's step is **recomputed**: the case's optimizer (``torch.optim``'s own AdamW, Adam or
   SGD, built by ``trainers.loop_optimizer.make_optimizer`` on a copy of the parameter) is given that side's
   parameter before the step (the synced initial weights at step 0, the side's own parameter
-  after step ``k - 1`` later), that side's recorded grad, and the state its replay carried
+  after step ``k - 1`` later), that side's recorded grad, and the state its recomputation carried
   from the earlier steps (``exp_avg``, ``exp_avg_sq``, the step counter; momentum buffers);
-* the side's parameter after the step must equal its replay to rounding:
-  ``|after - replay| <= ULPS * eps(dtype) * (|before| + |replay - before|)`` per element. A
+* the side's parameter after the step must equal its recomputed step to rounding:
+  ``|after - recomputed| <= ULPS * eps(dtype) * (|before| + |recomputed - before|)`` per element. A
   side whose optimizer is not the configured one (another eps, betas, step counter, weight
   decay on other parameters) fails there, **whatever the table says**: check
   ``optimizer_update``, named as the origin at its first step;
-* when both replays hold and every grad of the parameter up to that step was within
+* when both recomputed steps hold and every grad of the parameter up to that step was within
   tolerance, the parameters' difference is what those grads explain, and the pair passes even
   where it is beyond the table (its passing ``optimizer_update`` check comes first, and a note
   says so). A parameter whose grads differed beyond tolerance keeps the table's verdict: it
   follows from the backward divergence. Every parameter judged this way carries the check
   (after the table's checks when these decide), valued at the side nearer its bound.
 
-Over a training run with an LR schedule or grad clipping, each side's step is replayed with
+Over a training run with an LR schedule or grad clipping, each side's step is recomputed with
 the LR its update used and the factor its clipping scaled the grads by, from that side's own
 per-step scalars (``run_settings``: ``lr``, one for every group, and ``clip_coef``); a side's
 wrong schedule or clipping shows in those scalars (the run verdict's ``schedule`` and
-``clipping``), its optimizer in the replay. Replaying needs that (or a constant LR and no
-clipping: ``replayable``), full tensors on both sides (record mode ``tensor``), every step's
+``clipping``), its optimizer in the update check. Recomputing needs that (or a constant LR and no
+clipping: ``recomputable``), full tensors on both sides (record mode ``tensor``), every step's
 grads from step 0 on (before clipping, as the optimizer was given them), and the parameters
 before step 0 (``snapshot`` of the baseline before it runs, the candidate's too when the
 weights were synced into it). Where any of that is missing, a parameter keeps the table's
@@ -67,18 +67,18 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @dataclass(frozen=True)
-class Replayed:
-    """One side's parameter after a step against its replay, at the element furthest past
+class Recomputed:
+    """One side's parameter after a step against its recomputed step, at the element furthest past
     (or closest to) its rounding bound."""
 
-    worst: float  # |after - replay| there
+    worst: float  # |after - recomputed| there
     allowed: float  # the bound there
     index: tuple[int, ...]
     passed: bool
 
 
-class _Replay:
-    """One side's parameters replayed step after step, each by its own optimizer on a copy."""
+class _Recompute:
+    """One side's parameters stepped again, step after step, each by its own optimizer on a copy."""
 
     def __init__(self, spec: OptimizerSpec) -> None:
         self.spec = spec
@@ -108,10 +108,10 @@ class _Replay:
         return copy.detach().clone()
 
 
-def measure(after: torch.Tensor, replay: torch.Tensor, before: torch.Tensor) -> Replayed:
-    """``after`` against ``replay`` under the rounding bound of an update from ``before``."""
-    eps = torch.finfo(replay.dtype).eps if replay.dtype.is_floating_point else 0.0
-    a, r, b = (t.detach().double().reshape(after.shape) for t in (after, replay, before))
+def measure(after: torch.Tensor, recomputed: torch.Tensor, before: torch.Tensor) -> Recomputed:
+    """``after`` against ``recomputed`` under the rounding bound of an update from ``before``."""
+    eps = torch.finfo(recomputed.dtype).eps if recomputed.dtype.is_floating_point else 0.0
+    a, r, b = (t.detach().double().reshape(after.shape) for t in (after, recomputed, before))
     diff = (a - r).abs()
     bound = ULPS * eps * (b.abs() + (r - b).abs()) + torch.finfo(torch.float64).tiny
     same_nonfinite = ~torch.isfinite(a) & ((a == r) | (torch.isnan(a) & torch.isnan(r)))
@@ -122,7 +122,7 @@ def measure(after: torch.Tensor, replay: torch.Tensor, before: torch.Tensor) -> 
     index = tuple(int(i) for i in np.unravel_index(flat, tuple(after.shape))) if after.dim() else ()
     worst = float(diff.reshape(-1)[flat]) if diff.numel() else 0.0
     allowed = float(bound.reshape(-1)[flat]) if bound.numel() else 0.0
-    return Replayed(worst, allowed, index, bool((diff <= bound).all()))
+    return Recomputed(worst, allowed, index, bool((diff <= bound).all()))
 
 
 @dataclass
@@ -140,7 +140,7 @@ class _Sides:
         if found is None:
             return None
         # Back to the recorded dtype: arrays come widened (bfloat16 as float32), and the
-        # replay must round as the side's own step did.
+        # recomputed step must round as the side's own step did.
         dtype = getattr(torch, rec.dtype, None)
         tensor = torch.from_numpy(np.array(found, copy=True))
         return tensor.to(dtype) if isinstance(dtype, torch.dtype) else tensor
@@ -160,14 +160,14 @@ def judge_updates(
 ) -> Comparison:
     """``comparison`` with each parameter after a step judged on its inputs (module doc).
     ``initial``: each side's (``"baseline"``, ``"candidate"``) parameters before step 0, in
-    the baseline's names; a side without them is not replayed. A side that steps fp32 main
+    the baseline's names; a side without them is not checked. A side that steps fp32 main
     copies of lower-precision parameters (megatron-core's ``Float16OptimizerWithFloat16Params``)
-    is not replayed either: its copies' updates are not yet reproduced to the bit, so the table
+    is not checked either: its copies' updates are not yet reproduced to the bit, so the table
     judges them (docs/limitations.md)."""
     if any(_mixed_precision(trace) for trace in (baseline, candidate)):
         return comparison
     applied = None
-    if not replayable(spec):
+    if not recomputable(spec):
         applied = run_settings(spec, baseline, candidate)
         if applied is None:
             return comparison
@@ -182,7 +182,7 @@ def judge_updates(
     grads = _last_grads(pairs)
     for name, steps in _param_pairs(pairs).items():
         # One parameter at a time: its copies and optimizer state are freed before the next.
-        replays = {"baseline": _Replay(spec), "candidate": _Replay(spec)}
+        recomputes = {"baseline": _Recompute(spec), "candidate": _Recompute(spec)}
         grads_ok = True
         for position, (i, pair) in enumerate(steps):
             if pair.record.step != position:
@@ -191,7 +191,7 @@ def judge_updates(
             if grad is None:
                 break
             grads_ok = grads_ok and grad.passed
-            found = _replay_both(sides, replays, pair, grad)
+            found = _recompute_both(sides, recomputes, pair, grad)
             if found is None:
                 break
             pairs[i] = judged(pair, found, grads_ok, spec)
@@ -204,8 +204,8 @@ def _mixed_precision(trace: Trace) -> bool:
     return isinstance(recorded, str) and recorded.startswith("main_param")
 
 
-def replayable(spec: OptimizerSpec) -> bool:
-    """The replay models a constant LR and the recorded grads as the optimizer's without the
+def recomputable(spec: OptimizerSpec) -> bool:
+    """The recomputation models a constant LR and the recorded grads as the optimizer's without the
     run's scalars: an LR schedule or grad clipping (which scale the update by the step's LR or
     global grad norm) need each step's LR and clip coefficient (``run_settings``)."""
     return spec.schedule is None and spec.clip_grad is None
@@ -217,7 +217,7 @@ def run_settings(
     """Each side's (LR, clip coefficient) at each step, from its run's per-step scalars: the
     LR its update used (one for every group) and the factor its clipping scaled the grads by
     (``_clip_factor``; 1 when ``spec`` does not clip). A step without them ends that side's settings there (the
-    replay stops at it); None when neither side has any."""
+    recomputation stops at it); None when neither side has any."""
     out: dict[str, dict[int, tuple[float, float]]] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
         settings: dict[int, tuple[float, float]] = {}
@@ -268,12 +268,12 @@ def _param_pairs(pairs: Sequence[PairResult]) -> dict[str, list[tuple[int, PairR
     return {name: sorted(found, key=lambda t: t[1].record.step) for name, found in out.items()}
 
 
-def _replay_both(
-    sides: _Sides, replays: Mapping[str, _Replay], pair: PairResult, grad: PairResult
-) -> dict[str, Replayed] | None:
-    """Each side's parameter after the step against its replay; None when an input is missing."""
+def _recompute_both(
+    sides: _Sides, recomputes: Mapping[str, _Recompute], pair: PairResult, grad: PairResult
+) -> dict[str, Recomputed] | None:
+    """Each side's parameter after the step against its recomputed step; None when an input is missing."""
     name, step = pair.record.name, pair.record.step
-    found: dict[str, Replayed] = {}
+    found: dict[str, Recomputed] = {}
     for side, after_rec, grad_rec in (
         ("baseline", pair.record, grad.record),
         ("candidate", pair.candidate, grad.candidate),
@@ -285,23 +285,23 @@ def _replay_both(
         applied = None if sides.applied is None else sides.applied[side].get(step)
         if sides.applied is not None and applied is None:
             return None  # the side's LR or clip coefficient of the step is unknown
-        found[side] = measure(after, replays[side].step(name, before, g, applied), before)
+        found[side] = measure(after, recomputes[side].step(name, before, g, applied), before)
     return found
 
 
 def judged(
-    pair: PairResult, found: Mapping[str, Replayed], grads_ok: bool, spec: OptimizerSpec
+    pair: PairResult, found: Mapping[str, Recomputed], grads_ok: bool, spec: OptimizerSpec
 ) -> PairResult:
-    """The pair judged on its replays: failed at the optimizer update when a side's step is not
-    its replay; passed when both are and its grads matched; else the table's verdict."""
+    """The pair judged on its recomputed steps: failed at the optimizer update when a side's
+    step is not its recomputed one; passed when both are and its grads matched; else the table's verdict."""
     wrong = next((side for side in ("candidate", "baseline") if not found[side].passed), None)
     if wrong is not None:
         r = found[wrong]
         check = Check(METRIC, r.worst, r.allowed, False)
         note = (
             f"the {wrong}'s optimizer step is not {describe(spec)} on its own inputs: "
-            f"|{wrong} - replay| = {r.worst:.3e} > {r.allowed:.3e} allowed ({ULPS} ulps of the "
-            f"parameter and its update) at index {r.index}; the replay is torch.optim's "
+            f"|{wrong} - recomputed| = {r.worst:.3e} > {r.allowed:.3e} allowed ({ULPS} ulps of the "
+            f"parameter and its update) at index {r.index}; the recomputed step is torch.optim's "
             f"{spec.name} run on the {wrong}'s parameter before the step, its grad and its state"
         )
         return replace(pair, status="fail", checks=(check, *pair.checks), note=note)
@@ -309,14 +309,14 @@ def judged(
     check = Check(METRIC, mine.worst, mine.allowed, True)
     if pair.passed or not grads_ok:
         # Within the table, or beyond it after grads that were not: the table's verdict, with
-        # the replay as evidence.
+        # the update check as evidence.
         return replace(pair, checks=(*pair.checks, check))
     table = pair.failing
     beyond = f"{table.metric} {table.value:.3e} > {table.allowed:.3e}" if table is not None else "the table"
     note = (
         f"beyond the table ({beyond}) only as its grads' differences, all within tolerance, "
         f"explain: both sides' updates are {describe(spec)} on their own inputs (within "
-        f"{mine.worst:.3e} of their replays, {ULPS} ulps allowed)"
+        f"{mine.worst:.3e} of their recomputed steps, {ULPS} ulps allowed)"
     )
     kept = tuple(c for c in pair.checks if c.passed)
     return replace(pair, status="ok", checks=(check, *kept), note=note)
@@ -329,7 +329,7 @@ def describe(spec: OptimizerSpec) -> str:
     return f"{spec.name}(lr={spec.lr}, betas={tuple(spec.betas)}, eps={spec.eps}, weight_decay={spec.weight_decay})"
 
 
-def replay_judge(spec: OptimizerSpec, initial: Mapping[str, Mapping[str, torch.Tensor]]) -> Any:
+def update_judge(spec: OptimizerSpec, initial: Mapping[str, Mapping[str, torch.Tensor]]) -> Any:
     """``FinishInputs.judge_steps`` for a case run with ``spec``: ``judge_updates`` bound."""
 
     def judge(comparison: Comparison, baseline: Trace, candidate: Trace) -> Comparison:

@@ -16,9 +16,9 @@ from pytest_precalign.compare.pairs import PairResult
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from pytest_precalign.run.case import CaseRun, check_modules, step_judge
-from pytest_precalign.run.optimizer_replay import run_settings
 from pytest_precalign.run.outcome import FinishInputs, finish
 from pytest_precalign.run.side import run_side
+from pytest_precalign.run.update_check import run_settings
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
 from pytest_precalign.trace.records import Trace, record_id
@@ -151,7 +151,7 @@ def test_weight_decay_on_the_candidate_only_is_named_and_on_the_baseline_only_to
     no_decay = replace(ADAMW, weight_decay=0.0)
     for base_opt, cand_opt, side in ((no_decay, ADAMW, "candidate"), (no_decay, ADAMW, "baseline")):
         # The case says no weight decay; first the candidate decays, then the baseline does:
-        # the baseline's step is replayed too, not taken as the reference.
+        # the baseline's step is recomputed too, not taken as the reference.
         sides = (base_opt, cand_opt) if side == "candidate" else (cand_opt, base_opt)
         first = _run_with(*sides, case_opt=no_decay).verdicts["step"].first
         assert first is not None and first.metric == OPTIMIZER_UPDATE, first
@@ -173,8 +173,8 @@ def test_betas_that_only_change_later_steps_are_named_at_the_first_step_they_cha
 SCHEDULED = replace(ADAMW, clip_grad=0.01, schedule=ScheduleSpec(warmup_steps=1, decay="cosine", min_lr=1e-4))
 
 
-def test_a_schedule_and_clipping_are_replayed_with_each_steps_lr_and_clip_coefficient() -> None:
-    """Over a run (#28 item 3): each side's step replayed with the LR its update used and the
+def test_a_schedule_and_clipping_are_recomputed_with_each_steps_lr_and_clip_coefficient() -> None:
+    """Over a run (#28 item 3): each side's step recomputed with the LR its update used and the
     factor its clipping scaled the grads by, from its own per-step scalars."""
     run = _run_with(SCHEDULED, SCHEDULED, steps=4)
     params = [p for p in run.comparison.pairs if p.record.kind == "param"]
@@ -235,8 +235,8 @@ def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
     assert "the candidate's optimizer step" in first.proof
 
 
-def test_bfloat16_sides_are_replayed_in_bfloat16() -> None:
-    """The trace widens bfloat16 to float32; the replay rounds as the side's own step did."""
+def test_bfloat16_sides_are_recomputed_in_bfloat16() -> None:
+    """The trace widens bfloat16 to float32; the recomputed step rounds as the side's own step did."""
     baseline, candidate = Net().to(torch.bfloat16), Net().to(torch.bfloat16)
     inputs = {"x": _inputs()["x"].to(torch.bfloat16)}
     run = check_modules(
@@ -251,5 +251,5 @@ def test_bfloat16_sides_are_replayed_in_bfloat16() -> None:
     )
     params = [p for p in run.comparison.pairs if p.record.kind == "param"]
     assert params and all(p.record.dtype == "bfloat16" for p in params)
-    replays = [c for p in params for c in p.checks if c.metric == OPTIMIZER_UPDATE]
-    assert len(replays) == len(params) and all(c.passed and c.value == 0.0 for c in replays), replays
+    checks = [c for p in params for c in p.checks if c.metric == OPTIMIZER_UPDATE]
+    assert len(checks) == len(params) and all(c.passed and c.value == 0.0 for c in checks), checks
