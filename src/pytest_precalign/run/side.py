@@ -1,7 +1,7 @@
 """Drive one model through a case's steps with the recorder on: the side's case trainer
 (``run.trainers``, chosen by the case's ``training:``) runs forward, loss, backward and
-optimizer step through the shared step skeleton. Shared by live cases, the step replay, the
-search and calibration."""
+optimizer step through the shared step skeleton.
+Shared by live cases, the step replay, the search and calibration."""
 
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ class MegatronTrainer:
     ) -> dict[str, Any]:
         """Train ``model`` (a megatron-core module of this process) through the case's steps
         while the recorder (entered, ``param_grads="step"``) records; the manifest's training
-        evidence. At the step replay's boundary the torch optimizer inside Megatron's
-        ``FP32Optimizer`` is handed over."""
+        evidence. The torch optimizer inside Megatron's ``FP32Optimizer`` is what is handed
+        over at the step replay's boundary."""
         recorder = steps.recorder
         assert recorder is not None
         if case.loss != "causal_lm":
