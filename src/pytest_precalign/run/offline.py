@@ -20,10 +20,9 @@ from ..mapping.usage import check_applied
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
-from ..verdict.training_traces import is_training_run
+from ..trace.training_record import is_training_run
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
-from .replay_hint import not_replayed
 from .stored_runs import load_side, load_sides
 
 # The item of a run recorded as per-step scalars only (no layer records on the golden side).
@@ -175,9 +174,9 @@ def compare_runs(
         workers=_merged_compare_workers(base, cand),
         check_mapping=check_mapping,
         min_coverage=min_coverage,
+        replay="the runs are recordings, not models to train",
     )
     run = finish(job)
-    run = replace(run, training=not_replayed(run.training, "the runs are recordings, not models to train"))
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run
