@@ -7,15 +7,16 @@ verdicts) and the ``ItemOutcome`` each test item comes to.
 the steps), ``isolation`` (per-module replay), ``launch`` and ``rank_main`` (ranks under
 torchrun, merged by ``parallel.merge``), ``grad_sync``, ``tensor_parallel`` (each rank's
 weight shard), ``devices``, ``offline`` (``precalign compare``), ``stored_runs`` (writing
-sides), ``outcome`` (map, compare, judge).
+sides), ``outcome`` (map, compare, then one call of ``verdict.case_verdict.judge_case``: ``run``
+never finishes a verdict itself), ``both_recorded`` (two recordings compared on what both hold).
 
 Training runs: ``contract_check`` (both sides' plans compared before step 0), the trainers
 ``loop_training`` and ``loop_step`` (the tool's own loop and its one step), ``hf_trainer`` (a
 real ``transformers.Trainer``), ``megatron_training`` (megatron-core's own stack),
 ``envelope_runs`` (the noise envelope's clean reruns), ``optimizer_replay`` (each optimizer
 step judged on its inputs), ``step_replay`` (the first divergent step replayed from the
-baseline's state), ``step_boundary`` (stopping a trainer where a step starts), ``replay_hint``
-(what a run that was not replayed says instead).
+baseline's state, the case then judged again with what it found), ``step_boundary`` (stopping a
+trainer where a step starts).
 """
 
 from __future__ import annotations

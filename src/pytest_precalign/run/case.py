@@ -90,7 +90,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         base_trace = live.record(
             baseline, base_spec, live.manifest(base_spec, side="baseline", model=base_spec.name)
         )
-        envelope = baseline_envelope(live, base_spec, case, base_trace)
+        envelope = baseline_envelope(live, base_spec, case)
         isolated: list[Comparison] = []
         call_context = candidate.context
 

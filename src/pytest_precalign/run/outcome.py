@@ -36,10 +36,10 @@ from ..verdict.case_verdict import CaseJudging, judge_case
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict
 from ..verdict.replay_story import Replay
-from ..verdict.training_envelope import Envelope
+from ..verdict.training_envelope import CleanReruns
 from ..verdict.training_run import TrainingVerdict
 from ..vocabulary import Phase
-from .both_recorded import on_both
+from .both_recorded import OnBoth, on_both
 
 if TYPE_CHECKING:
     from ..mapping.weights import SyncReport
@@ -90,7 +90,7 @@ class FinishInputs:
     # The parameters after each step judged on their inputs (``optimizer_replay``), given the
     # comparison and both traces (the candidate in the baseline's names); None: by the table.
     judge_steps: Callable[[Comparison, Trace, Trace], Comparison] | None = None
-    envelope: Envelope | None = None  # the run verdict's envelope lane (None: the table's lanes)
+    envelope: CleanReruns | None = None  # the envelope lane's clean reruns (None: the table's lanes)
     replay: Replay = None  # why the case's steps are not replayed (None: nothing to say)
 
 
@@ -172,22 +172,7 @@ def finish(job: FinishInputs) -> CaseRun:
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
     if job.judge_steps is not None and "step" in job.phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
-    judging = CaseJudging(
-        job.phases,
-        base_trace,
-        cand_trace,
-        comparison,
-        job.table,
-        job.case.expect if job.case is not None else None,
-        functools.partial(baseline_param_names, job.mapping),
-        job.isolated,
-        _floor(job),
-        job.envelope,
-        both.recorded,
-        both.alone,
-        both.split,
-        job.replay,
-    )
+    judging = _judging(job, both, base_trace, cand_trace, comparison)
     verdicts = judge_case(judging)
     return CaseRun(
         name=job.name,
@@ -206,6 +191,28 @@ def finish(job: FinishInputs) -> CaseRun:
         stopped=verdicts.stopped,
         to_replay=verdicts.to_replay,
         judging=judging,
+    )
+
+
+def _judging(
+    job: FinishInputs, both: OnBoth, baseline: Trace, candidate: Trace, comparison: Comparison
+) -> CaseJudging:
+    """What ``judge_case`` judges of ``job``: the traces compared and their comparison."""
+    return CaseJudging(
+        job.phases,
+        baseline,
+        candidate,
+        comparison,
+        job.table,
+        job.case.expect if job.case is not None else None,
+        functools.partial(baseline_param_names, job.mapping),
+        job.isolated,
+        _floor(job),
+        job.envelope,
+        both.recorded,
+        both.alone,
+        both.split,
+        job.replay,
     )
 
 

@@ -38,7 +38,7 @@ from .phase import (
 from .replay_story import Replay, with_replay
 from .story import tell_case
 from .training_contract import Rename, check_contract, same_names
-from .training_envelope import Envelope
+from .training_envelope import CleanReruns, measure_envelope
 from .training_run import TrainingVerdict, lane_of, with_expectation
 from .training_traces import judge_traces, judged_by_scalars
 
@@ -56,7 +56,7 @@ class CaseJudging:
     rename: Rename = same_names  # a candidate parameter name -> the baseline's names
     isolated: Comparison | None = None  # isolation mode's per-module compare
     min_coverage: float = DEFAULT_MIN_COVERAGE
-    envelope: Envelope | None = None  # the run verdict's envelope lane (None: the table's lanes)
+    envelope: CleanReruns | None = None  # the envelope lane's clean reruns (None: the table's lanes)
     recorded: bool = False  # two recorded runs: a phase neither side recorded is judged by the scalars
     # side -> the steps whose layers only it recorded (not compared)
     alone: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -126,6 +126,10 @@ def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) ->
 
 
 def _judge_run(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) -> TrainingVerdict:
+    reruns = judging.envelope
+    envelope = None
+    if reruns is not None:  # each scalar's spread over the baseline's clean reruns
+        envelope = measure_envelope(facts.baseline.run.scalars, reruns.scalars, reruns.spec)
     return judge_traces(
         facts,
         judging.baseline,
@@ -133,7 +137,7 @@ def _judge_run(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) -
         comparison,
         judging.table,
         judging.rename,
-        judging.envelope,
+        envelope,
         judging.alone,
         judging.split,
     )
