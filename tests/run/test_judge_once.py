@@ -10,6 +10,9 @@ judged."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import os
 import sys
 from collections.abc import Iterator
@@ -161,3 +164,16 @@ def test_a_replayed_case_is_judged_again_with_what_the_replay_found(config: Alig
     )
     # its plans, its run, the replayed step, its run with the replay's finding
     assert (entries, returns) == ([JUDGE, JUDGE, JUDGE, "outcome.judged_again -> case_verdict.judge_case"], 4)
+
+
+def test_run_imports_no_verdict_function_but_judge_case() -> None:
+    """Types and constants of ``verdict/`` are ``run/``'s to use; its only function is ``judge_case``."""
+    called = set()
+    for path in sorted((PACKAGE / "run").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("verdict"):
+                module = importlib.import_module(f"pytest_precalign.{node.module}")
+                for alias in node.names:
+                    if inspect.isfunction(getattr(module, alias.name)):
+                        called.add(f"{path.stem}: {node.module}.{alias.name}")
+    assert called == {"outcome: verdict.case_verdict.judge_case"}
