@@ -29,35 +29,20 @@ from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
 from tests.helpers.late_nets import LATE_NET
+from tests.run.test_contract_before_training import NETS as CONTRACT_NETS
 
 PACKAGE = Path(pytest_precalign.__file__).parent
 RUN, VERDICT = f"{PACKAGE / 'run'}{os.sep}", f"{PACKAGE / 'verdict'}{os.sep}"
 
-NETS = (
+NETS = (  # nets:lagging, a Net whose LambdaLR is one step behind
     LATE_NET
+    + CONTRACT_NETS[CONTRACT_NETS.index("def build_lagging") :].replace("build_lagging", "lagging")
     + """
 import weakref
 
 
 def build(**kwargs):
     return Net(**kwargs)
-
-
-def lagging():
-    # a Net whose LambdaLR (over its own parameters only) is one step behind
-    net = Net()
-    owned = {id(p): weakref.ref(p) for p in net.parameters()}
-    original = torch.optim.lr_scheduler.LambdaLR.__init__
-
-    def init(self, optimizer, lr_lambda, *args, **kwargs):
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        if any((ref := owned.get(id(p))) is not None and ref() is p for p in params):
-            inner = lr_lambda
-            lr_lambda = lambda s: inner(max(s - 1, 0))
-        original(self, optimizer, lr_lambda, *args, **kwargs)
-
-    torch.optim.lr_scheduler.LambdaLR.__init__ = init
-    return net
 """
 )
 
@@ -78,7 +63,7 @@ cases:
   - {{name: replay, baseline: ref, candidate: late2, {TRAIN}, optimizer: {{name: adamw, lr: 1.0e-2}}}}
 """
 
-JUDGE = "outcome.finish -> case_verdict.judge_case"
+JUDGE = "outcome._judged -> case_verdict.judge_case"  # from finish, or judged_again
 
 
 @pytest.fixture
@@ -163,7 +148,7 @@ def test_a_replayed_case_is_judged_again_with_what_the_replay_found(config: Alig
         "its inputs matched, its output did not (activation of late)"
     )
     # its plans, its run, the replayed step, its run with the replay's finding
-    assert (entries, returns) == ([JUDGE, JUDGE, JUDGE, "outcome.judged_again -> case_verdict.judge_case"], 4)
+    assert (entries, returns) == ([JUDGE] * 4, 4)
 
 
 def test_run_imports_no_verdict_function_but_judge_case() -> None:

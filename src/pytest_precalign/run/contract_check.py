@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
@@ -81,6 +82,7 @@ def contract_before_training(
     base, cand = plans
     if base is None or cand is None or base.plan is None or cand.plan is None:
         return None
+    mapping = case.mapping
     traces = [
         Trace(
             {
@@ -94,21 +96,10 @@ def contract_before_training(
         )
         for side, (_, spec), settings in zip(("baseline", "candidate"), sides, (base, cand), strict=True)
     ]
-    run = finish(
-        FinishInputs(
-            case.name,
-            case.phases,
-            traces[0],
-            traces[1],
-            table,
-            started,
-            case.mapping,
-            case,
-            sync,
-            dict(environment),
-            check_mapping=False,
-        )
+    inputs = FinishInputs(
+        case.name, case.phases, traces[0], traces[1], table, started, mapping, case, sync, dict(environment)
     )
+    run = finish(replace(inputs, check_mapping=False))
     return run if run.stopped else None
 
 

@@ -173,12 +173,9 @@ def finish(job: FinishInputs) -> CaseRun:
     if job.judge_steps is not None and "step" in job.phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
     judging = _judging(job, both, base_trace, cand_trace, comparison)
-    verdicts = judge_case(judging)
     return CaseRun(
         name=job.name,
         phases=job.phases,
-        comparison=verdicts.comparison,
-        verdicts=verdicts.phases,
         baseline=base_trace,
         candidate=cand_trace,
         sync=job.sync,
@@ -187,10 +184,7 @@ def finish(job: FinishInputs) -> CaseRun:
         environment=job.environment,
         mapping_use=use,
         candidate_names=mapped.candidate_names,
-        training=verdicts.training,
-        stopped=verdicts.stopped,
-        to_replay=verdicts.to_replay,
-        judging=judging,
+        **_judged(judging),
     )
 
 
@@ -220,17 +214,20 @@ def judged_again(run: CaseRun, replay: Replay) -> CaseRun:
     """``run`` judged again with what the replay of its first divergent step found, or why it
     was not replayed (its traces and comparison as they were)."""
     assert run.judging is not None
-    judging = replace(run.judging, replay=replay)
+    return replace(run, **_judged(replace(run.judging, replay=replay)))
+
+
+def _judged(judging: CaseJudging) -> dict[str, Any]:
+    """A ``CaseRun``'s fields of its verdicts: ``judging`` judged (one call of ``judge_case``)."""
     verdicts = judge_case(judging)
-    return replace(
-        run,
-        comparison=verdicts.comparison,
-        verdicts=verdicts.phases,
-        training=verdicts.training,
-        stopped=verdicts.stopped,
-        to_replay=verdicts.to_replay,
-        judging=judging,
-    )
+    return {
+        "comparison": verdicts.comparison,
+        "verdicts": verdicts.phases,
+        "training": verdicts.training,
+        "stopped": verdicts.stopped,
+        "to_replay": verdicts.to_replay,
+        "judging": judging,
+    }
 
 
 def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
