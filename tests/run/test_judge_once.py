@@ -63,7 +63,8 @@ cases:
   - {{name: replay, baseline: ref, candidate: late2, {TRAIN}, optimizer: {{name: adamw, lr: 1.0e-2}}}}
 """
 
-JUDGE = "outcome._judged -> case_verdict.judge_case"  # from finish, or judged_again
+JUDGE = "outcome.finish > outcome._judged -> case_verdict.judge_case"
+AGAIN = "outcome.judged_again > outcome._judged -> case_verdict.judge_case"
 
 
 @pytest.fixture
@@ -90,8 +91,8 @@ def _named(frame: FrameType) -> str:
 
 
 def traced(config: AlignConfig, name: str) -> tuple[CaseRun, list[str], int]:
-    """The case run, each entry from ``run/`` into ``verdict/`` (``caller -> callee``), and the
-    returns from ``verdict/`` into ``run/``."""
+    """The case run, each entry from ``run/`` into ``verdict/`` (``caller's caller > caller ->
+    callee``), and the returns from ``verdict/`` into ``run/``."""
     entries: list[str] = []
     returns = [0]
 
@@ -103,7 +104,8 @@ def traced(config: AlignConfig, name: str) -> tuple[CaseRun, list[str], int]:
             return
         assert back is not None
         if event == "call":
-            entries.append(f"{_named(back)} -> {_named(frame)}")
+            caller = back.f_back
+            entries.append(f"{_named(caller) + ' > ' if caller else ''}{_named(back)} -> {_named(frame)}")
         else:
             returns[0] += 1
 
@@ -148,7 +150,7 @@ def test_a_replayed_case_is_judged_again_with_what_the_replay_found(config: Alig
         "its inputs matched, its output did not (activation of late)"
     )
     # its plans, its run, the replayed step, its run with the replay's finding
-    assert (entries, returns) == ([JUDGE] * 4, 4)
+    assert (entries, returns) == ([JUDGE, JUDGE, JUDGE, AGAIN], 4)
 
 
 def test_run_imports_no_verdict_function_but_judge_case() -> None:
