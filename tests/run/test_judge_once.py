@@ -132,7 +132,7 @@ def test_a_training_run_is_judged_once_on_its_plans_and_once_on_its_run(config: 
 def test_a_case_stopped_before_step_0_is_judged_by_one_call(config: AlignConfig) -> None:
     run, entries, returns = traced(config, "contract")
     assert run.stopped and run.training is not None and run.training.first is not None
-    assert (run.training.first.step, run.training.first.what) == (1, "contract")
+    assert (run.training.first.step, run.training.first.origin, run.training.steps_compared) == (1, "lr", 0)
     assert not any(v.passed for v in run.verdicts.values())  # every phase carries the run verdict
     assert (entries, returns) == ([JUDGE], 1)
 
