@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from .envelope_runs import baseline_envelope
 from .isolation import isolate
 from .live import case_where, live_case
 from .outcome import CaseRun, FinishInputs, finish
-from .replay_hint import not_replayed
 from .side import run_side
 from .step_replay import with_replay
 
@@ -92,7 +90,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         base_trace = live.record(
             baseline, base_spec, live.manifest(base_spec, side="baseline", model=base_spec.name)
         )
-        envelope = baseline_envelope(live, base_spec, case, base_trace)
+        envelope = baseline_envelope(live, base_spec, case)
         isolated: list[Comparison] = []
         call_context = candidate.context
 
@@ -229,13 +227,23 @@ def _run_modules(
             run_side(LoadedModel(side, module, None), data, case, {**env, "side": side}, seed)
             for side, module in zip(("baseline", "candidate"), modules, strict=True)
         )
-    run = finish(
+    why = "the modules were built by the test, and the tool cannot rebuild them as they were at step 0"
+    return finish(
         FinishInputs(
-            case.name, case.phases, a, b, table, started, case.mapping, None, sync, env, judge_steps=judge
+            case.name,
+            case.phases,
+            a,
+            b,
+            table,
+            started,
+            case.mapping,
+            None,
+            sync,
+            env,
+            judge_steps=judge,
+            replay=why,
         )
     )
-    why = "the modules were built by the test, and the tool cannot rebuild them as they were at step 0"
-    return replace(run, training=not_replayed(run.training, why))
 
 
 def _mode_of(baseline: torch.nn.Module, candidate: torch.nn.Module, train: bool | None, name: str) -> bool:

@@ -1,6 +1,7 @@
 """The contract check before step 0: what each side WILL do, from its own trainer's plan
-made before anything trains, compared by ``verdict.training_contract.check_contract``. A
-difference stops the case there: nothing is trained or recorded, and the run verdict says
+made before anything trains, judged by ``verdict.case_verdict.judge_case`` (``finish``) on
+traces holding nothing but them. A difference (``verdict.training_contract.check_contract``)
+stops the case there: nothing is trained or recorded, and the run verdict says
 ``first_divergent: settings`` with the first differing step, the parameter group and both
 values.
 
@@ -23,18 +24,15 @@ from typing import Any
 from ..compare.tolerances import ToleranceTable
 from ..config.specs import CaseSpec, ModelSpec
 from ..errors import CaseError
-from ..mapping.spec import baseline_param_names
 from ..mapping.weights import SyncReport
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
 from ..trace.training_record import TrainingSettings, run_record_keys
-from ..verdict.training_contract import check_contract
-from ..verdict.training_run import TrainingVerdict
-from ..verdict.training_traces import judge_traces
 from .outcome import CaseRun, FinishInputs, finish
 from .trainers import case_trainer, side_trainer
 
+# The mark of a side's plan-only trace: judged before step 0, kept only when the plans differ.
 NOT_TRAINED = "nothing trained: the sides' training contract differs before step 0"
 
 
@@ -67,12 +65,6 @@ def contract_before_training(
     if base is None or cand is None or base.plan is None or cand.plan is None:
         return None
     mapping = case.mapping
-
-    def rename(name: str) -> tuple[str, ...]:
-        return tuple(baseline_param_names(mapping, name))
-
-    if check_contract(base.plan, cand.plan, rename) is None:
-        return None
     traces = [
         Trace(
             {
@@ -90,19 +82,7 @@ def contract_before_training(
         case.name, case.phases, traces[0], traces[1], table, started, mapping, case, sync, dict(environment)
     )
     run = finish(replace(inputs, check_mapping=False))
-    return stopped_before_training(
-        run, run.training or judge_traces(traces[0], traces[1], run.comparison, table, rename)
-    )
-
-
-def stopped_before_training(run: CaseRun, training: TrainingVerdict) -> CaseRun:
-    """A case judged on its plans alone: every phase carries the run verdict (nothing was
-    recorded, so no phase is judged on records nor on coverage)."""
-    verdicts = {
-        phase: replace(verdict, passed=training.passed, coverage=None, expectation=verdict.expectation)
-        for phase, verdict in run.verdicts.items()
-    }
-    return replace(run, verdicts=verdicts, training=training)
+    return run if run.stopped else None
 
 
 def _check_no_decay(

@@ -1,7 +1,7 @@
 """The noise-envelope lane's clean reruns: a case's baseline run again ``envelope.reruns``
 times in this process, each from a fresh build of its model, with deterministic algorithms
 off (what a clean rerun of the same stack may differ by), and the spread of each per-step
-scalar over them measured (``verdict.training_envelope``)."""
+scalar over them is what the verdict measures (``verdict.training_envelope``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from contextlib import contextmanager
 import torch
 
 from ..config.specs import CaseSpec, ModelSpec
-from ..trace.records import Trace
-from ..verdict.training_envelope import Envelope, measure_envelope
+from ..verdict.training_envelope import CleanReruns
 from .live import LiveCase
 
 
@@ -33,8 +32,8 @@ def nondeterministic() -> Iterator[None]:
         torch.backends.cudnn.deterministic = cudnn
 
 
-def baseline_envelope(live: LiveCase, spec: ModelSpec, case: CaseSpec, baseline: Trace) -> Envelope | None:
-    """The envelope of the case's baseline run (None: the case has no ``envelope:``)."""
+def baseline_envelope(live: LiveCase, spec: ModelSpec, case: CaseSpec) -> CleanReruns | None:
+    """The clean reruns of the case's baseline run (None: the case has no ``envelope:``)."""
     if case.envelope is None:
         return None
     reruns = []
@@ -44,4 +43,4 @@ def baseline_envelope(live: LiveCase, spec: ModelSpec, case: CaseSpec, baseline:
             manifest = live.manifest(spec, side="baseline", model=spec.name, rerun=rerun + 1)
             reruns.append(live.record(model, spec, manifest).scalars)
         del model
-    return measure_envelope(baseline.scalars, reruns, case.envelope)
+    return CleanReruns(case.envelope, tuple(reruns))

@@ -20,10 +20,9 @@ from ..mapping.usage import check_applied
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
-from ..verdict.training_traces import is_training_run
+from ..trace.training_record import is_training_run
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
-from .replay_hint import not_replayed
 from .stored_runs import load_side, load_sides
 
 # The item of a run recorded as per-step scalars only (no layer records on the baseline side).
@@ -122,6 +121,12 @@ def _same_level(baseline: str | Path, candidate: str | Path) -> None:
     )
 
 
+def _read_sides(
+    baseline: str | Path, candidate: str | Path, layouts: Mapping[str, ParallelLayout]
+) -> tuple[Trace, Trace]:
+    return load_side(baseline, layouts.get("baseline")), load_side(candidate, layouts.get("candidate"))
+
+
 def compare_runs(
     baseline: str | Path,
     candidate: str | Path,
@@ -143,14 +148,7 @@ def compare_runs(
     import time
 
     started = time.perf_counter()
-    layouts = parallel or {}
-    if loaded is not None:
-        base, cand = loaded
-    else:
-        base, cand = (
-            load_side(baseline, layouts.get("baseline")),
-            load_side(candidate, layouts.get("candidate")),
-        )
+    base, cand = loaded or _read_sides(baseline, candidate, parallel or {})
     if fuzzy_match:
         from ..mapping.fuzzy_api_calls import fuzzy_api_calls
 
@@ -179,9 +177,9 @@ def compare_runs(
         workers=_merged_compare_workers(base, cand),
         check_mapping=check_mapping,
         min_coverage=min_coverage,
+        replay="the runs are recordings, not models to train",
     )
     run = finish(job)
-    run = replace(run, training=not_replayed(run.training, "the runs are recordings, not models to train"))
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run

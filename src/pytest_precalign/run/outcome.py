@@ -2,17 +2,20 @@
 (``ItemOutcome``). No models, no torch import, no pytest: the plugin records an item's
 outcome and raises its failure, the CLI prints it and picks the exit code.
 
-``finish`` (map, compare, judge two traces) is shared by live cases, stored baselines, dump
-cases, the search and offline compares; ``PerCase`` is the "run a case once for all its phase
-items, free it after the last" bookkeeping.
+``finish`` (map, compare, then one call of ``verdict.case_verdict.judge_case``) is shared by
+live cases, stored baselines, dump cases, the search and offline compares; ``judged_again``
+judges a finished case again with what the replay of its first divergent step found. ``run``
+never finishes a verdict itself. ``PerCase`` is the "run a case once for all its phase items,
+free it after the last" bookkeeping.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..compare.moe_tokens import by_token
@@ -29,26 +32,14 @@ from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
+from ..verdict.case_verdict import CaseJudging, judge_case
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.frozen_params import frozen_of, without_frozen
-from ..verdict.phase import (
-    PhaseVerdict,
-    phase_verdict,
-    with_incomplete_steps,
-    with_missing_grads,
-    with_replica_mismatches,
-)
-from ..verdict.story import tell_case
-from ..verdict.training_envelope import Envelope
-from ..verdict.training_run import TrainingVerdict, lane_of, with_expectation
-from ..verdict.training_traces import (
-    is_training_run,
-    judge_traces,
-    judged_by_scalars,
-    on_both,
-    recorded_runs,
-)
+from ..verdict.phase import PhaseVerdict
+from ..verdict.replay_story import Replay
+from ..verdict.training_envelope import CleanReruns
+from ..verdict.training_run import TrainingVerdict
 from ..vocabulary import Phase
+from .both_recorded import OnBoth, on_both
 
 if TYPE_CHECKING:
     from ..mapping.weights import SyncReport
@@ -72,6 +63,9 @@ class CaseRun:
     mapping_use: MappingUse | None = None  # what the mapping's rules applied to
     candidate_names: Mapping[str, str] = field(default_factory=dict)  # baseline name -> candidate's
     training: TrainingVerdict | None = None  # a training run's verdict over its steps
+    stopped: bool = False  # stopped before step 0 (the sides' plans differ): nothing trained
+    to_replay: int | None = None  # a failing run's first divergent step (``step_replay``)
+    judging: CaseJudging | None = None  # what was judged (``judged_again``)
 
 
 @dataclass(frozen=True)
@@ -96,7 +90,8 @@ class FinishInputs:
     # The parameters after each step judged on their inputs (``update_check``), given the
     # comparison and both traces (the candidate in the baseline's names); None: by the table.
     judge_steps: Callable[[Comparison, Trace, Trace], Comparison] | None = None
-    envelope: Envelope | None = None  # the run verdict's envelope lane (None: the table's lanes)
+    envelope: CleanReruns | None = None  # the envelope lane's clean reruns (None: the table's lanes)
+    replay: Replay = None  # why the case's steps are not replayed (None: nothing to say)
 
 
 def compare_workers() -> int:
@@ -150,12 +145,13 @@ def free_cores(cores: int, load: float) -> int:
 
 
 def finish(job: FinishInputs) -> CaseRun:
-    """Map the candidate to the baseline's names, compare, and judge each phase. A mapping
-    rule that applied to no record (nor, with weight sync, parameter) is a ``ConfigError``."""
-    phases = job.phases
+    """Map the candidate to the baseline's names, compare, and judge the case (one call of
+    ``judge_case``). A mapping rule that applied to no record (nor, with weight sync,
+    parameter) is a ``ConfigError``."""
     # Two recordings of a run in other modes or on other steps: compared on what both hold.
-    base_trace, cand_in, alone = on_both(job.baseline, job.candidate)
-    cand_in, peft_reasons = peft_aligned(base_trace, cand_in)  # a LoRA run vs a plain one
+    both = on_both(job.baseline, job.candidate)
+    base_trace = both.baseline
+    cand_in, peft_reasons = peft_aligned(base_trace, both.candidate)  # a LoRA run vs a plain one
     mapped = map_trace(cand_in, base_trace, job.mapping)
     synced = job.sync.applied if job.sync is not None else frozenset()
     use = MappingUse.of(job.mapping, cand_in, mapped.applied | synced, params_seen=job.sync is not None)
@@ -174,31 +170,12 @@ def finish(job: FinishInputs) -> CaseRun:
         base_trace, cand_trace, job.table, reasons, job.progress, job.workers or compare_workers()
     )
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
-    # parameters both runs freeze (a LoRA run's base weights) are checked unchanged, not judged
-    comparison = without_frozen(comparison, frozen_of(base_trace) & frozen_of(cand_trace))
-    if job.judge_steps is not None and "step" in phases:
+    if job.judge_steps is not None and "step" in job.phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
-    expect = job.case.expect if job.case is not None else None
-    verdicts = {}
-    by_scalars = recorded_runs(base_trace, cand_trace)
-    for phase in phases:
-        earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
-        parents = base_trace.manifest.get("parents") or {}
-        verdict = phase_verdict(comparison, phase, expect, earlier, job.isolated, parents, _floor(job))
-        if by_scalars and not comparison.by_phase(phase):  # neither side recorded this phase
-            verdict = judged_by_scalars(verdict, phase)
-        verdict = with_replica_mismatches(verdict, _replica_mismatches(job))
-        verdict = with_missing_grads(verdict, _grads_missing(job))
-        verdicts[phase] = with_incomplete_steps(verdict, _incomplete_steps(job))
-    training = _training(job, base_trace, cand_trace, comparison, alone)
-    first = training.first if training is not None else None
-    data = (first.step, first.evidence) if first is not None and first.what == "data" else None
-    verdicts = tell_case(verdicts, phases, data)  # no module origin where the data differs
+    judging = _judging(job, both, base_trace, cand_trace, comparison)
     return CaseRun(
         name=job.name,
-        phases=phases,
-        comparison=comparison,
-        verdicts=verdicts,
+        phases=job.phases,
         baseline=base_trace,
         candidate=cand_trace,
         sync=job.sync,
@@ -207,39 +184,50 @@ def finish(job: FinishInputs) -> CaseRun:
         environment=job.environment,
         mapping_use=use,
         candidate_names=mapped.candidate_names,
-        training=training,
+        **_judged(judging),
     )
 
 
-def _training(
-    job: FinishInputs,
-    baseline: Trace,
-    candidate: Trace,
-    comparison: Comparison,
-    alone: Mapping[str, list[int]] | None = None,
-) -> TrainingVerdict | None:
-    """The run verdict of a training run (None for a one-step case), checked against the
-    case's expected run divergence (``expect: {step, diverged}``) when it has one."""
-    expect = job.case.expect if job.case is not None else None
-    training = None
-    if expect is not None and expect.diverged is None:
-        return None  # a phase's known divergence (expect: {phase, first_divergence}) gates the case
-    if is_training_run(baseline, candidate):
-        mapping = job.mapping
-        training = judge_traces(
-            baseline,
-            candidate,
-            comparison,
-            job.table,
-            lambda n: baseline_param_names(mapping, n),
-            job.envelope,
-            alone,
-        )
-    if expect is None or expect.diverged is None or expect.step is None:
-        return training
-    if training is None:
-        training = TrainingVerdict(0, lane_of(job.table), None, ("the case is not a training run",))
-    return with_expectation(training, expect.step, expect.diverged, expect.run_origin)
+def _judging(
+    job: FinishInputs, both: OnBoth, baseline: Trace, candidate: Trace, comparison: Comparison
+) -> CaseJudging:
+    """What ``judge_case`` judges of ``job``: the traces compared and their comparison."""
+    return CaseJudging(
+        job.phases,
+        baseline,
+        candidate,
+        comparison,
+        job.table,
+        job.case.expect if job.case is not None else None,
+        functools.partial(baseline_param_names, job.mapping),
+        job.isolated,
+        _floor(job),
+        job.envelope,
+        both.recorded,
+        both.alone,
+        both.split,
+        job.replay,
+    )
+
+
+def judged_again(run: CaseRun, replay: Replay) -> CaseRun:
+    """``run`` judged again with what the replay of its first divergent step found, or why it
+    was not replayed (its traces and comparison as they were)."""
+    assert run.judging is not None
+    return replace(run, **_judged(replace(run.judging, replay=replay)))
+
+
+def _judged(judging: CaseJudging) -> dict[str, Any]:
+    """A ``CaseRun``'s fields of its verdicts: ``judging`` judged (one call of ``judge_case``)."""
+    verdicts = judge_case(judging)
+    return {
+        "comparison": verdicts.comparison,
+        "verdicts": verdicts.phases,
+        "training": verdicts.training,
+        "stopped": verdicts.stopped,
+        "to_replay": verdicts.to_replay,
+        "judging": judging,
+    }
 
 
 def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
@@ -320,27 +308,6 @@ def _floor(job: FinishInputs) -> float:
     if job.min_coverage is not None:
         return job.min_coverage
     return job.case.min_coverage if job.case is not None else DEFAULT_MIN_COVERAGE
-
-
-def _grads_missing(job: FinishInputs) -> dict[str, list[Mapping[str, Any]]]:
-    """Each side's ``Recorder`` notes of steps whose parameter grads were gone at ``stop()``."""
-    sides = (("baseline", job.baseline), ("candidate", job.candidate))
-    return {side: list(t.manifest.get("grads_missing", ())) for side, t in sides}
-
-
-def _replica_mismatches(job: FinishInputs) -> list[Mapping[str, Any]]:
-    """What the merge of a multi-rank side found its ranks disagreeing on (both sides)."""
-    return [m for t in (job.baseline, job.candidate) for m in t.manifest.get("replica_mismatches", ())]
-
-
-def _incomplete_steps(job: FinishInputs) -> list[str]:
-    """The partial steps of a side's run interrupted mid-step (both sides), with what was compared."""
-    out = []
-    for trace in (job.baseline, job.candidate):
-        steps = ", ".join(str(s) for s in trace.manifest.get("steps", ()))
-        for m in trace.manifest.get("incomplete_steps", ()):
-            out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
-    return out
 
 
 def _partial_step_reasons(baseline: Trace, candidate: Trace) -> dict[str, str]:

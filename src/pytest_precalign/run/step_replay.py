@@ -9,7 +9,9 @@ optimizer's per-parameter state, the RNG) and loaded into both sides: into the c
 through the case's mapping, each per-parameter state tensor transformed as ``sync_weights``
 transforms the parameters. Step ``k`` then runs on both sides in tensor mode and ``finish``
 judges it: a layer (forward or backward), the grad reduction, clipping, the schedule (the
-candidate's own scheduler gives another LR on equal state) or the optimizer update.
+candidate's own scheduler gives another LR on equal state) or the optimizer update. The case
+is then judged again with what the replay found (``outcome.judged_again``; the story is the
+verdict's, ``verdict.replay_story``).
 
 Replayed: sides trained in this process by the tool's loop, a ``transformers.Trainer`` (a
 callback loads the state where step ``k`` begins) or megatron-core's stack (the torch optimizer
@@ -33,33 +35,13 @@ from ..errors import CaseError
 from ..mapping.weights import sync_weights
 from ..trace.step_scalars import SCALARS_KEY
 from ..trace.training_record import INITIAL_PARAMS_KEY, read_run_record, run_record_keys
+from ..verdict.replay_story import Replay, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case
-from .outcome import CaseRun, FinishInputs, finish
-from .replay_hint import not_replayed
+from .outcome import CaseRun, FinishInputs, finish, judged_again
 from .side import run_side
 from .step_boundary import Boundary
-
-
-@dataclass(frozen=True)
-class ReplayFinding:
-    """What replaying step ``step`` from the baseline's state found (``origin`` "" : nothing)."""
-
-    step: int
-    origin: str
-    what: str  # a TrainingClass, or "none"
-    evidence: str
-    starts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # side -> param -> sha1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "from_step": self.step - 1 if self.step > 0 else None,
-            "origin": self.origin or None,
-            "phase": self.what,
-            "evidence": self.evidence,
-        }
 
 
 class ReplayUnavailable(Exception):
@@ -67,23 +49,26 @@ class ReplayUnavailable(Exception):
 
 
 def with_replay(config: AlignConfig, case: CaseSpec, run: CaseRun) -> CaseRun:
-    """``run`` with its training verdict's ``replay`` told (unchanged when nothing to replay)."""
-    verdict = run.training
-    if not case.replay or verdict is None or verdict.first is None or verdict.passed:
+    """``run`` judged again with the replay of its first divergent step told (unchanged when
+    nothing to replay)."""
+    step = run.to_replay
+    if not case.replay or step is None or run.training is None:
         return run
-    step = verdict.first.step
+    return judged_again(run, _replayed(config, case, run.training, step))
+
+
+def _replayed(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict, step: int) -> Replay:
+    """What replaying ``step`` found, or why it was not replayed."""
     why = not_replayable(config, case, verdict)
     if why is not None:
-        return replace(run, training=not_replayed(verdict, why))
+        return why
     try:
         with torch.random.fork_rng(devices=[]):  # the process's RNG as the run left it
-            finding = replay_step(config, case, step)
+            return replay_step(config, case, step)
     except (ReplayUnavailable, CaseError) as exc:
-        return replace(run, training=not_replayed(verdict, str(exc)))
+        return str(exc)
     except Exception as exc:  # noqa: BLE001 - the run's verdict stands; the replay says why it stopped
-        return replace(run, training=not_replayed(verdict, f"the replay raised {type(exc).__name__}: {exc}"))
-    found = replace(verdict, replay=story(verdict, finding), replay_found=finding.as_dict())
-    return replace(run, training=found)
+        return f"the replay raised {type(exc).__name__}: {exc}"
 
 
 def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict) -> str | None:
@@ -98,36 +83,6 @@ def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict
         if is_launched(spec):
             return f"the {side} ({name}) runs launched under torchrun, not in this process"
     return None
-
-
-def story(verdict: TrainingVerdict, finding: ReplayFinding) -> str:
-    """``Step 5 diverged first (loss 5.57444 vs 5.57446); replayed from the baseline's state
-    after step 4: origin model.layers.1.mlp (forward) — its inputs matched, its output did not``."""
-    k = finding.step
-    head = f"Step {k} diverged first ({_scalars_at(verdict, k)})"
-    start = (
-        f"replayed from the baseline's state after step {k - 1}"
-        if k > 0
-        else "replayed from the synced initial state in tensor mode"
-    )
-    if not finding.origin:
-        return f"{head}; {start}: {finding.evidence}"
-    return f"{head}; {start}: origin {finding.origin} ({finding.what}) — {finding.evidence}"
-
-
-def _scalars_at(verdict: TrainingVerdict, step: int) -> str:
-    """``loss a vs b`` at ``step`` from the run's curves, else what diverged."""
-    curves = verdict.curves
-    steps = list(curves.get("steps", ()))
-    for name in ("loss", "lr", "grad_norm"):
-        sides = curves.get(name) or {}
-        base, cand = sides.get("baseline"), sides.get("candidate")
-        if step in steps and base is not None and cand is not None:
-            a, b = base[steps.index(step)], cand[steps.index(step)]
-            if a is not None and b is not None and a != b:
-                return f"{name} {a:.6g} vs {b:.6g}"
-    assert verdict.first is not None
-    return verdict.first.what
 
 
 def replay_step(

@@ -36,10 +36,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TraceError
 from .step_scalars import SCALARS_KEY, StepScalars, scalars_manifest, scalars_of
+
+if TYPE_CHECKING:
+    from .records import Trace
 
 TRAINING_KEY = "training"
 INITIAL_PARAMS_KEY = "initial_params"
@@ -388,3 +391,27 @@ def _choice(value: Any, allowed: Sequence[str], where: str) -> str | None:
     if value is not None and value not in allowed:
         raise TraceError(f"{where}: {_show(value)} is not one of {', '.join(allowed)} (or null)")
     return value if value is None else str(value)
+
+
+# -- two runs' records --------------------------------------------------------------------------
+
+
+def is_training_run(baseline: Trace, candidate: Trace) -> bool:
+    """Two traces of a training run: scalars or a plan on either side, or records of more
+    than one optimizer step."""
+    for trace in (baseline, candidate):
+        if trace.manifest.get(SCALARS_KEY) or trace.manifest.get(TRAINING_KEY):
+            return True
+    steps = {r.step for r in baseline.records if r.kind == "param"}
+    return len(steps) > 1
+
+
+def split_free(baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> bool:
+    """Both sides normalise the loss per token over the whole step: the same rows split into
+    other micro-batches give the same loss and grads, so the split is not a difference."""
+    per_token = "per_token_over_step"
+    return (
+        baseline is not None
+        and candidate is not None
+        and baseline.loss_normalisation == candidate.loss_normalisation == per_token
+    )

@@ -1,5 +1,5 @@
-"""Frozen parameters (a LoRA run's base weights: the manifest's ``training.frozen``) are checked
-to stay unchanged instead of being judged at every step.
+"""Frozen parameters (a LoRA run's base weights: the manifest's ``training.frozen``, read by
+``case_facts``) are checked to stay unchanged instead of being judged at every step.
 
 A parameter both sides freeze cannot tell the sides apart while it stays as it was: its
 records are taken out of the comparison (``without_frozen``: they are not judged evidence of a
@@ -21,15 +21,8 @@ import numpy as np
 
 from ..compare.pairs import Comparison
 from ..trace.records import Record, Trace
-from ..trace.training_record import read_run_record
 
 SUMMARY_RTOL = 1e-5  # a float32 reduction against the same one in float64
-
-
-def frozen_of(trace: Trace) -> frozenset[str]:
-    """The parameters the trace's run froze (none when its manifest does not say)."""
-    settings = read_run_record(trace.manifest).settings
-    return frozenset(settings.frozen or ()) if settings is not None else frozenset()
 
 
 def without_frozen(comparison: Comparison, frozen: Iterable[str]) -> Comparison:
@@ -41,18 +34,20 @@ def without_frozen(comparison: Comparison, frozen: Iterable[str]) -> Comparison:
     return replace(comparison, pairs=kept)
 
 
-def frozen_changes(trace: Trace, frozen: Iterable[str], side: str) -> list[str]:
-    """A finding for each frozen parameter whose records change (see the module doc)."""
+def frozen_changes(
+    trace: Trace, frozen: Iterable[str], side: str, initial: Mapping[str, Mapping[str, float]] | None
+) -> list[str]:
+    """A finding for each frozen parameter whose records change (see the module doc);
+    ``initial``: the side's ``initial_params`` summaries."""
     names = frozenset(frozen)
     records: dict[str, list[Record]] = {}
     for rec in trace.records:
         if rec.kind == "param" and rec.name in names:
             records.setdefault(rec.name, []).append(rec)
-    initial = read_run_record(trace.manifest).initial_params or {}
     out = []
     for name in sorted(records):
         seen = sorted(records[name], key=lambda r: (r.step, r.call))
-        summary = initial.get(name)
+        summary = (initial or {}).get(name)
         if isinstance(summary, Mapping) and seen[0].stats is not None and not _like_initial(seen[0], summary):
             out.append(
                 f"frozen parameter {name} changed on the {side}: after step {seen[0].step} it is not "

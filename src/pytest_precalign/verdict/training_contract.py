@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..trace.training_record import NONE_IS_A_VALUE, PLAN_SETTINGS, TrainingPlan
+from ..trace.training_record import NONE_IS_A_VALUE, PLAN_SETTINGS, TrainingPlan, split_free
 
 Rename = Callable[[str], Sequence[str]]  # a candidate parameter name -> the baseline's names
 
@@ -186,17 +186,6 @@ def _settings_diff(baseline: TrainingPlan, candidate: TrainingPlan) -> ContractD
             pattern = f"the sides split each step into {a} and {b} micro-batches"
         return ContractDiff(0, key, f"{key}: {_show(a)} vs {_show(b)}", pattern, setting=True)
     return None
-
-
-def split_free(baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> bool:
-    """Both sides normalise the loss per token over the whole step: the same rows split into
-    other micro-batches give the same loss and grads, so the split is not a difference."""
-    per_token = "per_token_over_step"
-    return (
-        baseline is not None
-        and candidate is not None
-        and baseline.loss_normalisation == candidate.loss_normalisation == per_token
-    )
 
 
 def _one_micro_batch(baseline: TrainingPlan, candidate: TrainingPlan) -> bool:

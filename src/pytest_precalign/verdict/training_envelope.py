@@ -33,6 +33,15 @@ class EnvelopeSpec:
 
 
 @dataclass(frozen=True)
+class CleanReruns:
+    """The per-step scalars of a case's clean reruns of its baseline (``run.envelope_runs``),
+    measured into its ``Envelope`` by the verdict."""
+
+    spec: EnvelopeSpec
+    scalars: tuple[Mapping[int, StepScalars], ...] = ()
+
+
+@dataclass(frozen=True)
 class Envelope:
     spec: EnvelopeSpec
     spreads: Mapping[str, Mapping[int, float]] = field(default_factory=dict)  # scalar -> step -> spread

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingPlan, TrainingSettings
+from ..trace.training_record import TrainingPlan, TrainingSettings, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .story import origin_of
 from .training_contract import (
@@ -34,7 +34,6 @@ from .training_contract import (
     check_contract,
     lr_pattern,
     same_names,
-    split_free,
     unsaid_settings,
 )
 from .training_envelope import Envelope

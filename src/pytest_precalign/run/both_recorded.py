@@ -1,0 +1,92 @@
+"""Two recordings of a run made in different modes or on different steps (a ``Recorder`` or
+``PrecalignCallback`` recording every step's scalars, and layers on all steps, some or none)
+are compared on what both hold (``on_both``): the layers of a step that one side recorded as
+scalars only are not compared, nor the module calls of a step the sides split into other
+micro-batches; the verdict says so (``not_compared``, ``one_side_only``) and judges a phase
+neither side has a record of by the run's scalars. A step one side did not record at all, or a
+scalar one side lacks, stays a finding. No torch import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..parallel.layout import RECORDER_KEY
+from ..trace.records import Trace
+from ..trace.step_scalars import SCALARS_KEY
+from ..trace.training_record import read_run_record, split_free
+
+
+@dataclass(frozen=True)
+class OnBoth:
+    """Two traces without the records of steps not compared (``on_both``)."""
+
+    baseline: Trace
+    candidate: Trace
+    recorded: bool = False  # both are recorded runs (``recorded_runs``)
+    alone: dict[str, list[int]] = field(default_factory=dict)  # side -> steps whose layers only it recorded
+    split: list[int] = field(default_factory=list)  # steps the sides split into other micro-batches
+
+
+def layer_steps(trace: Trace) -> set[int]:
+    """The steps a trace holds records (layers) of."""
+    return {r.step for r in trace.records}
+
+
+def one_side_only(baseline: Trace, candidate: Trace) -> dict[str, list[int]]:
+    """Per side, the steps whose layers only it recorded while the other side recorded the
+    step's scalars (that step in scalars mode, or outside its ``steps=``): not compared."""
+    out: dict[str, list[int]] = {}
+    for side, mine, other in (("baseline", baseline, candidate), ("candidate", candidate, baseline)):
+        alone = sorted(layer_steps(mine) - layer_steps(other))
+        recorded = other.scalars
+        steps = [s for s in alone if s in recorded]
+        if steps:
+            out[side] = steps
+    return out
+
+
+def split_steps(baseline: Trace, candidate: Trace) -> list[int]:
+    """The steps both sides recorded layers of, split into other micro-batch counts, where
+    both plans normalise the loss per token over the step (``split_free``): the same rows, so
+    the step's loss, grads and update are the same, but its module calls cannot be paired call
+    by call."""
+    plans = (read_run_record(baseline.manifest).plan, read_run_record(candidate.manifest).plan)
+    if not split_free(*plans):
+        return []
+    base, cand = baseline.scalars, candidate.scalars
+    both = layer_steps(baseline) & layer_steps(candidate)
+    return sorted(
+        s for s in both if s in base and s in cand and base[s].micro_batches != cand[s].micro_batches
+    )
+
+
+def recorded_runs(baseline: Trace, candidate: Trace) -> bool:
+    """Both sides are runs our ``Recorder`` (or ``PrecalignCallback``) recorded with per-step
+    scalars, which may hold layers on some steps only (a case records the same on both)."""
+    return all(RECORDER_KEY in t.manifest and t.manifest.get(SCALARS_KEY) for t in (baseline, candidate))
+
+
+def on_both(baseline: Trace, candidate: Trace) -> OnBoth:
+    """Two recorded runs (``recorded_runs``) without the records of steps whose layers one
+    side only recorded (see ``one_side_only``) and the module calls of split steps (their
+    parameters after the step stay compared); other traces as they are (a record without a
+    partner fails its phase)."""
+    recorded = recorded_runs(baseline, candidate)
+    if not recorded:
+        return OnBoth(baseline, candidate)
+    alone = one_side_only(baseline, candidate)
+    split = split_steps(baseline, candidate)
+    if not alone and not split:
+        return OnBoth(baseline, candidate, recorded)
+    drop = {s for steps in alone.values() for s in steps}
+    calls = set(split)
+
+    def kept(trace: Trace) -> Trace:
+        return replace(
+            trace,
+            records=tuple(
+                r for r in trace.records if r.step not in drop and (r.step not in calls or r.kind == "param")
+            ),
+        )
+
+    return OnBoth(kept(baseline), kept(candidate), recorded, alone, split)

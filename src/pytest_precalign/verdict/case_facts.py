@@ -1,0 +1,82 @@
+"""The manifest facts a case's verdict needs, read once from its two traces (``case_facts``):
+each side's run record (``trace.training_record.read_run_record``: per-step scalars, settings
+and plan, initial parameters, frozen parameters), the notes its recorder or merge wrote (steps
+whose parameter grads were gone, ranks that disagreed on a replicated record, steps left
+incomplete by an interrupted run), and whether the case was stopped before step 0 (``not_trained``,
+written by ``run.contract_check``). The verdict reads these, never the manifests again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..trace.records import Trace
+from ..trace.step_scalars import SCALARS_KEY
+from ..trace.training_record import RunRecord, is_training_run, read_run_record
+
+SIDES = ("baseline", "candidate")
+
+
+@dataclass(frozen=True)
+class SideFacts:
+    """What one side's manifest says, as the verdict reads it."""
+
+    side: str  # "baseline" or "candidate"
+    run: RunRecord  # its training run's record (empty for a one-step case)
+    own_scalars: bool  # its manifest holds per-step scalars (not only loss records)
+    frozen: frozenset[str]  # the parameters its run froze
+    steps: tuple[Any, ...]  # the steps it recorded (the manifest's ``steps``)
+    incomplete_steps: tuple[Mapping[str, Any], ...]  # steps its interrupted run left partial
+    grads_missing: tuple[Mapping[str, Any], ...]  # steps whose parameter grads were gone
+    replica_mismatches: tuple[Mapping[str, Any], ...]  # replicated records its ranks disagreed on
+    not_trained: str  # why nothing was trained ("": it was)
+
+
+@dataclass(frozen=True)
+class CaseFacts:
+    """Both sides' facts and what the case's verdict takes from the baseline's manifest."""
+
+    baseline: SideFacts
+    candidate: SideFacts
+    parents: Mapping[str, str]  # the baseline's module tree: module -> its parent
+    dtype: str  # the runs' dtype (the table's rules by dtype)
+    training_run: bool  # a training run (``trace.training_record.is_training_run``)
+
+    @property
+    def sides(self) -> tuple[SideFacts, SideFacts]:
+        return self.baseline, self.candidate
+
+    @property
+    def not_trained(self) -> bool:
+        """Stopped before step 0: nothing was trained or recorded, the plans are judged."""
+        return bool(self.baseline.not_trained or self.candidate.not_trained)
+
+
+def side_facts(trace: Trace, side: str) -> SideFacts:
+    manifest = trace.manifest
+    run = read_run_record(manifest)
+    settings = run.settings
+    return SideFacts(
+        side=side,
+        run=run,
+        own_scalars=bool(manifest.get(SCALARS_KEY)),
+        frozen=frozenset(settings.frozen or ()) if settings is not None else frozenset(),
+        steps=tuple(manifest.get("steps", ())),
+        incomplete_steps=tuple(manifest.get("incomplete_steps", ())),
+        grads_missing=tuple(manifest.get("grads_missing", ())),
+        replica_mismatches=tuple(manifest.get("replica_mismatches", ())),
+        not_trained=str(manifest.get("not_trained") or ""),
+    )
+
+
+def case_facts(baseline: Trace, candidate: Trace) -> CaseFacts:
+    """The facts of two traces of a case (the candidate's manifest its own)."""
+    parents = baseline.manifest.get("parents") or {}
+    return CaseFacts(
+        baseline=side_facts(baseline, "baseline"),
+        candidate=side_facts(candidate, "candidate"),
+        parents={str(k): str(v) for k, v in parents.items()},
+        dtype=str(baseline.manifest.get("dtype") or "float32"),
+        training_run=is_training_run(baseline, candidate),
+    )

@@ -1,0 +1,94 @@
+"""What the run verdict says of the replay of its first divergent step (``run.step_replay``):
+what the replay found (``ReplayFinding``, told by ``story``), or why the step was not replayed
+and what to record to drill into it by hand (``not_replayed``). No torch import."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .training_run import TrainingVerdict
+
+
+@dataclass(frozen=True)
+class ReplayFinding:
+    """What replaying step ``step`` from the baseline's state found (``origin`` "" : nothing)."""
+
+    step: int
+    origin: str
+    what: str  # a TrainingClass, or "none"
+    evidence: str
+    starts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # side -> param -> sha1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "from_step": self.step - 1 if self.step > 0 else None,
+            "origin": self.origin or None,
+            "phase": self.what,
+            "evidence": self.evidence,
+        }
+
+
+# What the run verdict is told of the replay: what it found, why it did not replay (a reason),
+# or nothing (None: the case does not replay, or was not asked).
+Replay = ReplayFinding | str | None
+
+
+def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerdict | None:
+    """``verdict`` telling the replay of its first divergent step (unchanged when it passed or
+    names no step, or there is nothing to tell)."""
+    if replay is None or verdict is None or verdict.first is None or verdict.passed:
+        return verdict
+    if isinstance(replay, str):
+        return not_replayed(verdict, replay)
+    return replace(verdict, replay=story(verdict, replay), replay_found=replay.as_dict())
+
+
+def story(verdict: TrainingVerdict, finding: ReplayFinding) -> str:
+    """``Step 5 diverged first (loss 5.57444 vs 5.57446); replayed from the baseline's state
+    after step 4: origin model.layers.1.mlp (forward) — its inputs matched, its output did not``."""
+    k = finding.step
+    head = f"Step {k} diverged first ({_scalars_at(verdict, k)})"
+    start = (
+        f"replayed from the baseline's state after step {k - 1}"
+        if k > 0
+        else "replayed from the synced initial state in tensor mode"
+    )
+    if not finding.origin:
+        return f"{head}; {start}: {finding.evidence}"
+    return f"{head}; {start}: origin {finding.origin} ({finding.what}) — {finding.evidence}"
+
+
+def _scalars_at(verdict: TrainingVerdict, step: int) -> str:
+    """``loss a vs b`` at ``step`` from the run's curves, else what diverged."""
+    curves = verdict.curves
+    steps = list(curves.get("steps", ()))
+    for name in ("loss", "lr", "grad_norm"):
+        sides = curves.get(name) or {}
+        base, cand = sides.get("baseline"), sides.get("candidate")
+        if step in steps and base is not None and cand is not None:
+            a, b = base[steps.index(step)], cand[steps.index(step)]
+            if a is not None and b is not None and a != b:
+                return f"{name} {a:.6g} vs {b:.6g}"
+    assert verdict.first is not None
+    return verdict.first.what
+
+
+def to_record(step: int) -> str:
+    """What to record to drill into ``step`` by hand."""
+    return (
+        f"record step {step} in tensor mode on both sides from equal state: "
+        f'record: {{mode: tensor}} in a case, or Recorder(root, mode="tensor", steps=[{step}]) / '
+        f'PrecalignCallback(root, mode="tensor", steps=[{step}]) in your own run, with the same '
+        "parameters and optimizer state loaded on both sides"
+    )
+
+
+def not_replayed(verdict: TrainingVerdict | None, why: str) -> TrainingVerdict | None:
+    """``verdict`` telling why its first divergent step was not replayed (unchanged when it
+    passed, names no step, or already tells a replay)."""
+    if verdict is None or verdict.first is None or verdict.passed or verdict.replay:
+        return verdict
+    return replace(verdict, replay=f"not replayed: {why}; to go further {to_record(verdict.first.step)}")
