@@ -3,8 +3,8 @@ of the case comes out complete.
 
 In (``CaseJudging``): the two traces (the candidate in the baseline's names), their
 comparison, the table, the case's expectation, and what the run found beside the comparison
-(isolation, the envelope, the steps not compared because one side lacks them, the replay of
-the first divergent step). Out (``CaseVerdicts``): each phase's verdict with every fail-closed
+(isolation, the envelope, the steps not compared because one side lacks them, and the
+replay of the first divergent step). Out (``CaseVerdicts``): each phase's verdict with every fail-closed
 finding (coverage, a phase judged by the run's scalars, ranks that disagreed, parameter grads
 that were gone, a run interrupted mid-step) and the case's story, and the training run's
 verdict (frozen parameters checked unchanged, the expected divergence checked, the replay
