@@ -362,6 +362,16 @@ def from_step_2(model):
 """
 
 
+def assert_replay_names_late_mlp(run: CaseRun) -> None:
+    """The run diverged first at step 2 and its replay named LATE_MLP's layer in the forward."""
+    assert run.training is not None and run.training.first is not None
+    assert run.training.first.step == 2
+    found = dict(run.training.replay_found)
+    assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
+        run.training.replay
+    )
+
+
 @pytest.mark.slow  # a Trainer run and its replay (~15 s CPU); the port test below covers the Trainer's boundary
 def test_a_trainer_side_is_replayed_through_its_own_trainer(tmp_path: Path) -> None:
     # The candidate is a real transformers.Trainer: it reruns its steps 0-1 itself, a callback
@@ -369,12 +379,7 @@ def test_a_trainer_side_is_replayed_through_its_own_trainer(tmp_path: Path) -> N
     (tmp_path / "late_mlp.py").write_text(LATE_MLP)
     config = load_config(TRAINER_CONFIG, tmp_path / "align.yaml")
     run = run_case(config, config.cases[0])
-    assert run.training is not None and run.training.first is not None
-    assert run.training.first.step == 2
-    found = dict(run.training.replay_found)
-    assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
-        run.training.replay
-    )
+    assert_replay_names_late_mlp(run)
     # The Trainer's own AdamW got the loop's state: every parameter and state tensor bitwise.
     case = config.cases[0]
     carrier = StateCarrier(case, lambda: "", keep=True)

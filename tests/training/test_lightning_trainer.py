@@ -231,15 +231,9 @@ def test_a_lightning_side_is_replayed_through_lightnings_own_loop(tmp_path: Path
     """A layer bug from step 2 in the Lightning candidate: its fit reruns steps 0-1 unrecorded,
     the loop baseline's state (parameters, AdamW state, RNG) is loaded into Lightning's own
     optimizer where step 2 begins, and the replay names the layer."""
-    from tests.run.test_step_replay import LATE_MLP, TRAINER_CONFIG
+    from tests.run.test_step_replay import LATE_MLP, TRAINER_CONFIG, assert_replay_names_late_mlp
 
     (tmp_path / "late_mlp.py").write_text(LATE_MLP)
     text = TRAINER_CONFIG.replace("candidate: hf_trainer}", "candidate: lightning}")
     config = load_config(text, tmp_path / "align.yaml")
-    run = run_case(config, config.cases[0])
-    assert run.training is not None and run.training.first is not None
-    assert run.training.first.step == 2
-    found = dict(run.training.replay_found)
-    assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
-        run.training.replay
-    )
+    assert_replay_names_late_mlp(run_case(config, config.cases[0]))
