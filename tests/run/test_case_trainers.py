@@ -256,3 +256,22 @@ def test_the_comparison_check_finds_one(tmp_path: Path) -> None:
     )
     found = [line.split(":")[0] for line in _comparisons(tmp_path)]
     assert found == ["a.py", "b.py", "c.py", "c2.py", "c3.py"]  # e.py compares model sources
+
+
+def test_a_trainer_whose_framework_is_not_installed_is_one_case_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``training: lightning`` without Lightning installed: one message naming the trainer
+    and the framework, not an ImportError traceback."""
+    import sys
+
+    from pytest_precalign.errors import CaseError
+    from pytest_precalign.run.trainers import case_trainer
+
+    monkeypatch.setitem(sys.modules, "lightning", None)  # what Python does for a missing package
+    monkeypatch.delitem(sys.modules, "lightning.pytorch", raising=False)
+    monkeypatch.delitem(sys.modules, "pytest_precalign.run.trainers.lightning", raising=False)
+    with pytest.raises(
+        CaseError, match=r"training: lightning trains with PyTorch Lightning, which cannot be imported"
+    ):
+        case_trainer("lightning")

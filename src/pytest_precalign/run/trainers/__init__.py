@@ -72,8 +72,18 @@ class LaunchedTrainer(CaseTrainer, Protocol):
 
 
 def case_trainer(name: str) -> CaseTrainer:
-    """The ``TRAINER`` of the registry entry ``name``'s driver module (imported now)."""
-    return cast("CaseTrainer", importlib.import_module(trainer_info(name).driver).TRAINER)
+    """The ``TRAINER`` of the registry entry ``name``'s driver module (imported now; a
+    framework that is not installed is one ``CaseError`` naming it)."""
+    info = trainer_info(name)
+    try:
+        driver = importlib.import_module(info.driver)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or str(exc)
+        raise CaseError(
+            f"training: {name} trains with {info.framework}, which cannot be imported here "
+            f"({missing!r}: {exc}); install it in this environment or choose another trainer"
+        ) from None
+    return cast("CaseTrainer", driver.TRAINER)
 
 
 def launched_trainer(name: str) -> LaunchedTrainer:
