@@ -22,7 +22,7 @@ from pytest_precalign import PrecalignLightningCallback  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace  # noqa: E402
 from pytest_precalign.trace.training_record import read_run_record  # noqa: E402
 from pytest_precalign.training.lightning_callback import LightningUsageError  # noqa: E402
-from pytest_precalign.training.optimizer_steps import planned_lrs  # noqa: E402
+from pytest_precalign.training.run_settings import planned_lrs  # noqa: E402
 from pytest_precalign.training.step_evidence import batch_hash, token_count  # noqa: E402
 
 from .framework_runs import compare, manifests, run_scripts  # noqa: E402
@@ -252,6 +252,7 @@ def test_planning_puts_the_scheduler_and_every_group_back_exactly() -> None:
         for g in optimizer.param_groups
     ]
     lrs = planned_lrs([optimizer], [scheduler], 5, lambda s: scheduler.step())
+    assert lrs is not None
     assert len(lrs) == 5 and lrs[0] != lrs[3]
     assert scheduler.state_dict() == before_state
     assert optimizer.param_groups[1]["lr"] is lr_tensor
@@ -268,7 +269,7 @@ def test_planning_puts_the_scheduler_and_every_group_back_exactly() -> None:
         seen.append([float(g["lr"]) for g in optimizer.param_groups])
         optimizer.step()
         scheduler.step()
-    assert seen == lrs
+    assert seen == [list(row) for row in lrs]
 
 
 def test_manual_optimization_is_refused_in_one_message(tmp_path: Path) -> None:
