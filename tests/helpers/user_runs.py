@@ -5,6 +5,7 @@ inner pytest judges them; report.json's ``training`` object is what the tests re
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -33,6 +34,32 @@ def record(script: str, out: Path, *runs: str) -> Path:
         timeout=1800,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def record_shared(tmp_path_factory: Any, script: str, folder: str, *runs: str) -> Path:
+    """``record`` once per test session: the runs of ``script`` go to ``folder`` of the session's
+    common temp folder (the same for every xdist worker); a run some test, in this module or
+    another, on this worker or another, already recorded there is reused (its RUN spec must be
+    the same), the others are recorded, under a lock file; ``folder``'s path."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the xdist workers' common folder
+    out, done = shared / folder, shared / f"{folder}.done"
+    done.mkdir(parents=True, exist_ok=True)
+    with open(shared / f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = []
+        for run in runs:
+            marker = done / run.partition(":")[0]
+            if not marker.exists():
+                missing.append(run)
+            elif marker.read_text() != run:
+                raise AssertionError(f"{folder}: {run!r} was recorded as {marker.read_text()!r}")
+        if missing:
+            record(script, out, *missing)
+            for run in missing:
+                (done / run.partition(":")[0]).write_text(run)
     return out
 
 
