@@ -50,6 +50,16 @@ LOOP_FAULTS = {
     "layer3": (3, "forward", "model.layers.1.mlp"),
 }
 LOOP_FAULTS_SCALARS_ONLY = {**LOOP_FAULTS, "layer3": (3, "loss", "loss")}
+# Which recordings of each variant the default tests compare: every one where the verdict
+# depends on what was recorded (a layer bug) or must be none (a rerun); the scalar faults in
+# both formats (their scalars-native runs are tests/user_runs' own).
+LOOP_MATRIX = {
+    "base": RECORDINGS,
+    "rerun": RECORDINGS,
+    "layer3": RECORDINGS,
+    "lr": ["scalars-native", "step3-msprobe"],
+    "shuffle3": ["scalars-native", "step3-msprobe"],
+}
 # Pairs of recordings in other modes: (baseline, candidate, expected, layers one side only).
 MIXED = [
     ("base-every-native", "lr", (1, "schedule", "lr[0]"), {"baseline": STEPS}),
@@ -71,14 +81,14 @@ def _spec(variant: str, settings: str, recording: str) -> str:
     return f"{name}:{','.join(keys)}" if keys else name
 
 
-def _loop(tmp_path_factory: pytest.TempPathFactory, recordings: list[str]) -> Path:
-    specs = [_spec(v, keys, r) for v, keys in LOOP_VARIANTS.items() for r in recordings]
+def _loop(tmp_path_factory: pytest.TempPathFactory, matrix: dict[str, list[str]]) -> Path:
+    specs = [_spec(v, LOOP_VARIANTS[v], r) for v, recordings in matrix.items() for r in recordings]
     return record_shared(tmp_path_factory, "torch_loop.py", "torch_loop", *specs)
 
 
 @pytest.fixture(scope="module")
 def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _loop(tmp_path_factory, RECORDINGS)
+    return _loop(tmp_path_factory, LOOP_MATRIX)
 
 
 @pytest.fixture(scope="module")
@@ -144,13 +154,14 @@ def _expected(variant: str, recording: str) -> tuple[int, str, str] | None:
 
 
 def _every_recording_one_verdict(
-    loop_runs: Path, recordings: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    loop_runs: Path, matrix: dict[str, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``precalign compare`` of the loop's ``recordings``: every fault at its step and its
-    class, the same verdict in both formats; every step judged and drawn; reruns pass."""
+    """``precalign compare`` of each variant's recordings of ``matrix`` with the base's: every
+    fault at its step and its class, the same verdict in both formats; every step judged and
+    drawn; reruns pass."""
     seen: dict[tuple[str, str], tuple[Any, ...]] = {}
     for variant in LOOP_FAULTS:
-        for recording in recordings:
+        for recording in matrix[variant]:
             training = _compare(
                 loop_runs,
                 run("base", recording),
@@ -168,24 +179,24 @@ def _every_recording_one_verdict(
             other = seen.setdefault((variant, mode), found)
             assert other == found, f"{variant}: native and msprobe {mode} recordings disagree"
     # Another peak LR is the schedule at step 1 whatever was recorded.
-    assert {seen[("lr", m)] for m in ("scalars", "step3", "every")} == {seen[("lr", "scalars")]}
+    assert {found for (variant, _), found in seen.items() if variant == "lr"} == {seen[("lr", "scalars")]}
     assert "lr at step 1: 2.500e-03 vs 3.000e-03 (group 0)" in seen[("lr", "scalars")][3]
 
 
 def test_a_recorded_loop_is_one_run_in_every_mode_and_format(
     loop_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _every_recording_one_verdict(loop_runs, RECORDINGS, tmp_path, capsys)
+    _every_recording_one_verdict(loop_runs, LOOP_MATRIX, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_scalars_and_every_step_in_msprobe_format_give_the_same_verdicts(
+def test_every_variant_in_every_mode_and_format_gives_one_verdict(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The default test's matrix in the other formats (slow: 10 more runs; msprobe layers are
-    covered by the step-3 recordings of the default test)."""
-    loop_runs = _loop(tmp_path_factory, RECORDINGS + MORE_RECORDINGS)
-    _every_recording_one_verdict(loop_runs, RECORDINGS + MORE_RECORDINGS, tmp_path, capsys)
+    """Every variant in every mode and format (slow: 16 more runs; the default test covers
+    each mode, the msprobe format on step 3 and the scalar faults in both formats)."""
+    matrix = dict.fromkeys(LOOP_VARIANTS, RECORDINGS + MORE_RECORDINGS)
+    _every_recording_one_verdict(_loop(tmp_path_factory, matrix), matrix, tmp_path, capsys)
 
 
 def test_recordings_in_other_modes_are_compared_on_what_both_hold(
