@@ -5,7 +5,6 @@ inner pytest judges them; report.json's ``training`` object is what the tests re
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import os
@@ -14,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.helpers.session_once import locked
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,16 +40,12 @@ def record(script: str, out: Path, *runs: str) -> Path:
 
 def record_shared(tmp_path_factory: Any, script: str, folder: str, *runs: str) -> Path:
     """``record`` once per test session: the runs of ``script`` go to ``folder`` of the session's
-    common temp folder (the same for every xdist worker); a run some test, in this module or
-    another, on this worker or another, already recorded there is reused (its RUN spec must be
-    the same), the others are recorded, under a lock file; ``folder``'s path."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the xdist workers' common folder
-    out, done = shared / folder, shared / f"{folder}.done"
-    done.mkdir(parents=True, exist_ok=True)
-    with open(shared / f"{folder}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    common temp folder (``session_once``); a run some test, in this module or another, on this
+    xdist worker or another, already recorded there is reused (its RUN spec must be the same),
+    the others are recorded; ``folder``'s path."""
+    with locked(tmp_path_factory, folder) as out:
+        done = out.with_name(f"{folder}.done")
+        done.mkdir(parents=True, exist_ok=True)
         missing = []
         for run in runs:
             marker = done / run.partition(":")[0]

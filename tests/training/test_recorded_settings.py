@@ -24,6 +24,7 @@ import pytest_precalign
 from pytest_precalign.cli import main
 from pytest_precalign.trace.native_io import read_trace
 from pytest_precalign.trace.training_record import read_run_record
+from tests.helpers.session_once import made_once
 
 from .hf_user_run import FROZEN_TOUCHED, STEPS
 
@@ -49,8 +50,13 @@ RUNS: dict[str, dict[str, str]] = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every run of ``RUNS`` (the two processes at once: the machine has two cores)."""
-    root = tmp_path_factory.mktemp("user_runs")
+    """Every run of ``RUNS`` (the two processes at once: the machine has two cores), once per
+    session (``made_once``: whichever xdist worker asks first)."""
+    root = made_once(tmp_path_factory, "hf_user_runs", _record)
+    return {name: root / name for specs in RUNS.values() for name in specs}
+
+
+def _record(root: Path) -> None:
     src = str(Path(pytest_precalign.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(SCRIPT.parents[2])])}
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -62,7 +68,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for group, proc in procs.items():
         if proc.wait(timeout=900) != 0:
             raise AssertionError(f"{group}: {(root / f'{group}.log').read_text()[-3000:]}")
-    return {name: root / name for specs in RUNS.values() for name in specs}
 
 
 def _compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
