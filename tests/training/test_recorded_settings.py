@@ -38,6 +38,7 @@ RUNS: dict[str, dict[str, str]] = {
         "hf_linear": "--scheduler linear",
         "hf_bf16": "--scheduler cosine --bf16 1",
         "hf_bare": "--scheduler cosine --no-callback",
+        "hf_scalars": "--scheduler cosine --mode scalars",  # the callback's default mode
     },
     "sft": {
         "sft": "--trainer sft",
@@ -114,9 +115,15 @@ def test_the_bf16_run_says_what_its_forward_ran_in(runs: dict[str, Path]) -> Non
 
 
 def test_computing_the_plan_changes_no_loss_lr_or_grad_norm(runs: dict[str, Path]) -> None:
-    for recorded, bare in (("hf", "hf_bare"), ("sft", "sft_bare")):
+    for recorded, bare in (("hf", "hf_bare"), ("hf_scalars", "hf_bare"), ("sft", "sft_bare")):
         logs = [json.loads((runs[n] / "logs.json").read_text()) for n in (recorded, bare)]
         assert len(logs[0]) == STEPS and logs[0] == logs[1], recorded  # bitwise: JSON of the floats
+        plan = read_run_record(_manifest(runs[recorded])).plan  # computed in the run, from its scheduler
+        assert plan is not None and len(plan.lr) == STEPS
+    manifest = _manifest(runs["hf_scalars"], 1)
+    (loss, _, grad_norm) = json.loads((runs["hf_bare"] / "logs.json").read_text())[1]
+    assert manifest["record_mode"] == "scalars" and manifest["scalars"]["1"]["loss"] == loss
+    assert manifest["scalars"]["1"]["grad_norm"] == grad_norm
 
 
 def test_a_rerun_passes(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
