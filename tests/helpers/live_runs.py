@@ -9,29 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 from pytest_precalign import Recorder
 from pytest_precalign.run.offline import compare_runs
+from tests.helpers.tiny_lm import tiny_causal_lm
 
 FAULTY = "model.layers.1.mlp.down_proj"
 
 
 def tiny_qwen2() -> torch.nn.Module:
-    config = transformers.Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model: torch.nn.Module = transformers.Qwen2ForCausalLM._from_config(  # type: ignore[no-untyped-call]
-        config, attn_implementation="eager", dtype=torch.float32
-    )
+    model: torch.nn.Module = tiny_causal_lm(vocab=100, hidden=32, layers=3, tie_word_embeddings=False)
     return model
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.session_once import locked
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPTS = REPO / "example_suites" / "recorded_runs"
@@ -33,6 +35,28 @@ def record(script: str, out: Path, *runs: str) -> Path:
         timeout=1800,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def record_shared(tmp_path_factory: Any, script: str, folder: str, *runs: str) -> Path:
+    """``record`` once per test session: the runs of ``script`` go to ``folder`` of the session's
+    common temp folder (``session_once``); a run some test, in this module or another, on this
+    xdist worker or another, already recorded there is reused (its RUN spec must be the same),
+    the others are recorded; ``folder``'s path."""
+    with locked(tmp_path_factory, folder) as out:
+        done = out.with_name(f"{folder}.done")
+        done.mkdir(parents=True, exist_ok=True)
+        missing = []
+        for run in runs:
+            marker = done / run.partition(":")[0]
+            if not marker.exists():
+                missing.append(run)
+            elif marker.read_text() != run:
+                raise AssertionError(f"{folder}: {run!r} was recorded as {marker.read_text()!r}")
+        if missing:
+            record(script, out, *missing)
+            for run in missing:
+                (done / run.partition(":")[0]).write_text(run)
     return out
 
 

@@ -11,21 +11,11 @@ from pytest_precalign.errors import TraceError
 from pytest_precalign.msprobe import read_msprobe_dump, write_msprobe_dump
 from pytest_precalign.recording import HookRecorder
 from tests.helpers.msprobe_cli import msprobe_compare, needs_msprobe
+from tests.helpers.tiny_lm import tiny_causal_lm
 
 
 def _tiny_qwen2(perturb: bool):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=128,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = Qwen2ForCausalLM(config)
+    model = tiny_causal_lm(vocab=128, hidden=16, layers=1)
     if perturb:
         with torch.no_grad():
             weight = model.model.layers[0].mlp.down_proj.weight

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.paths import SRC
+from tests.helpers.paths import REPO, SRC
 
 HERE = Path(__file__).resolve().parent
 
@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 def _env() -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(SRC), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "PYTHONWARNINGS": "ignore",
     }
 

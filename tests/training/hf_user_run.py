@@ -18,27 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from pytest_precalign import PrecalignCallback
+from tests.helpers.tiny_lm import tiny_causal_lm
 
 STEPS, ROWS, MICRO, LENGTH = 5, 4, 2, 8
 FROZEN_TOUCHED = "model.layers.0.self_attn.k_proj.weight"
 
 
-def model() -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    config._attn_implementation = "eager"
-    return Qwen2ForCausalLM(config)
+def model() -> Any:
+    return tiny_causal_lm(vocab=128, hidden=32, layers=2)
 
 
 def rows() -> list[list[int]]:

@@ -22,6 +22,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from tests.helpers.tiny_lm import tiny_causal_lm
+
 ROWS = 2  # rows per micro-batch
 # A CPU run that writes nothing of its own (no logger, checkpoint, progress bar or summary).
 QUIET = {
@@ -60,21 +62,9 @@ class Rows(Dataset[Any]):
 
 
 def tiny_model(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
     if kind == "llm":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=16,
-        )
-        config._attn_implementation = "eager"
-        return LlamaForCausalLM(config)
+        return tiny_causal_lm("llama", vocab=64, hidden=16, layers=1, positions=16)  # type: ignore[no-any-return]
+    torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
 
 

@@ -7,6 +7,7 @@ LR, grad norm or parameter."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ from pytest_precalign import PrecalignLightningCallback  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace  # noqa: E402
 from pytest_precalign.trace.training_record import read_run_record  # noqa: E402
 from pytest_precalign.training.lightning_callback import LightningUsageError  # noqa: E402
-from pytest_precalign.training.optimizer_steps import planned_lrs  # noqa: E402
+from pytest_precalign.training.run_settings import planned_lrs  # noqa: E402
 from pytest_precalign.training.step_evidence import batch_hash, token_count  # noqa: E402
+from tests.helpers.session_once import made_once  # noqa: E402
 
 from .framework_runs import compare, manifests, run_scripts  # noqa: E402
 from .lightning_run import QUIET, ROWS, token_ids  # noqa: E402
@@ -40,29 +42,17 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
     """Two identical recorded runs (a, b), the same run without the callback (plain) and one
-    clipping at 0.1 instead (clip_0.1)."""
-    out = tmp_path_factory.mktemp("lightning")
+    clipping at 0.1 instead (clip_0.1); once per session (``made_once``)."""
     common = ["--clip", str(CLIP), "--accumulate", str(MICRO), "--steps", str(STEPS)]
-    seen = run_scripts(
-        "lightning_run.py",
-        {
-            "a": [*common, "--root", "a"],
-            "b": [*common, "--root", "b"],
-            "plain": common,
-            "clip_0.1": [
-                "--clip",
-                "0.1",
-                "--accumulate",
-                str(MICRO),
-                "--steps",
-                str(STEPS),
-                "--root",
-                "clip_0.1",
-            ],
-        },
-        out,
-    )
-    return out, seen
+    clip = ["--clip", "0.1", "--accumulate", str(MICRO), "--steps", str(STEPS)]
+    scripts = {"a": [*common, "--root", "a"], "b": [*common, "--root", "b"], "plain": common}
+    scripts["clip_0.1"] = [*clip, "--root", "clip_0.1"]
+
+    def record(out: Path) -> None:
+        run_scripts("lightning_run.py", scripts, out)
+
+    out = made_once(tmp_path_factory, "lightning_runs", record)
+    return out, {name: json.loads((out / f"{name}.json").read_text()) for name in scripts}
 
 
 def test_recording_changes_no_loss_lr_grad_norm_or_parameter(runs: tuple[Path, dict[str, Any]]) -> None:
@@ -139,12 +129,14 @@ def trainer_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (``PrecalignCallback``) and by Lightning (this callback, ``module="model"``), one
     micro-batch a step."""
     pytest.importorskip("transformers")
-    out = tmp_path_factory.mktemp("pair")
+    return made_once(tmp_path_factory, "lightning_trainer_pair", _record_pair)
+
+
+def _record_pair(out: Path) -> None:
     common = ["--accumulate", "1", "--steps", "3"]
     run_scripts("trainer_run.py", {"trainer": ["trainer", *common]}, out)
     llm = ["--model", "llm", "--clip", "1.0", "--lr", "0.01", "--schedule", "constant"]
     run_scripts("lightning_run.py", {"lightning": [*common, *llm, "--root", "lightning"]}, out)
-    return out
 
 
 def test_a_clean_lightning_vs_trainer_pair_passes(trainer_pair: Path) -> None:
@@ -252,6 +244,7 @@ def test_planning_puts_the_scheduler_and_every_group_back_exactly() -> None:
         for g in optimizer.param_groups
     ]
     lrs = planned_lrs([optimizer], [scheduler], 5, lambda s: scheduler.step())
+    assert lrs is not None
     assert len(lrs) == 5 and lrs[0] != lrs[3]
     assert scheduler.state_dict() == before_state
     assert optimizer.param_groups[1]["lr"] is lr_tensor
@@ -268,7 +261,7 @@ def test_planning_puts_the_scheduler_and_every_group_back_exactly() -> None:
         seen.append([float(g["lr"]) for g in optimizer.param_groups])
         optimizer.step()
         scheduler.step()
-    assert seen == lrs
+    assert seen == [list(row) for row in lrs]
 
 
 def test_manual_optimization_is_refused_in_one_message(tmp_path: Path) -> None:

@@ -159,6 +159,7 @@ def test_callback_and_recorder_by_hand_give_the_same_records(tmp_path: Path) -> 
     assert hf["step0/rank0"][1][0].lr == (0.0, 0.0)  # warmup from 0: the first update used LR 0
 
 
+@pytest.mark.slow  # the user's path covers it: test_recorded_settings' hf / hf_scalars vs hf_bare
 def test_recording_changes_no_loss_lr_or_grad_norm(tmp_path: Path) -> None:
     torch.use_deterministic_algorithms(True)
     try:

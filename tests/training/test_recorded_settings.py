@@ -24,6 +24,7 @@ import pytest_precalign
 from pytest_precalign.cli import main
 from pytest_precalign.trace.native_io import read_trace
 from pytest_precalign.trace.training_record import read_run_record
+from tests.helpers.session_once import made_once
 
 from .hf_user_run import FROZEN_TOUCHED, STEPS
 
@@ -37,6 +38,7 @@ RUNS: dict[str, dict[str, str]] = {
         "hf_linear": "--scheduler linear",
         "hf_bf16": "--scheduler cosine --bf16 1",
         "hf_bare": "--scheduler cosine --no-callback",
+        "hf_scalars": "--scheduler cosine --mode scalars",  # the callback's default mode
     },
     "sft": {
         "sft": "--trainer sft",
@@ -49,8 +51,13 @@ RUNS: dict[str, dict[str, str]] = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every run of ``RUNS`` (the two processes at once: the machine has two cores)."""
-    root = tmp_path_factory.mktemp("user_runs")
+    """Every run of ``RUNS`` (the two processes at once: the machine has two cores), once per
+    session (``made_once``: whichever xdist worker asks first)."""
+    root = made_once(tmp_path_factory, "hf_user_runs", _record)
+    return {name: root / name for specs in RUNS.values() for name in specs}
+
+
+def _record(root: Path) -> None:
     src = str(Path(pytest_precalign.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(SCRIPT.parents[2])])}
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -62,7 +69,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for group, proc in procs.items():
         if proc.wait(timeout=900) != 0:
             raise AssertionError(f"{group}: {(root / f'{group}.log').read_text()[-3000:]}")
-    return {name: root / name for specs in RUNS.values() for name in specs}
 
 
 def _compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -109,9 +115,15 @@ def test_the_bf16_run_says_what_its_forward_ran_in(runs: dict[str, Path]) -> Non
 
 
 def test_computing_the_plan_changes_no_loss_lr_or_grad_norm(runs: dict[str, Path]) -> None:
-    for recorded, bare in (("hf", "hf_bare"), ("sft", "sft_bare")):
+    for recorded, bare in (("hf", "hf_bare"), ("hf_scalars", "hf_bare"), ("sft", "sft_bare")):
         logs = [json.loads((runs[n] / "logs.json").read_text()) for n in (recorded, bare)]
         assert len(logs[0]) == STEPS and logs[0] == logs[1], recorded  # bitwise: JSON of the floats
+        plan = read_run_record(_manifest(runs[recorded])).plan  # computed in the run, from its scheduler
+        assert plan is not None and len(plan.lr) == STEPS
+    manifest = _manifest(runs["hf_scalars"], 1)
+    (loss, _, grad_norm) = json.loads((runs["hf_bare"] / "logs.json").read_text())[1]
+    assert manifest["record_mode"] == "scalars" and manifest["scalars"]["1"]["loss"] == loss
+    assert manifest["scalars"]["1"]["grad_norm"] == grad_norm
 
 
 def test_a_rerun_passes(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,7 +56,7 @@ def _train(make: Make, plan: bool) -> tuple[list[list[float]], list[Any], list[t
     net = _net()
     optimizer = _optimizer(net)
     scheduler = make(optimizer)
-    planned = planned_lrs(optimizer, scheduler, STEPS) if plan else None
+    planned = planned_lrs([optimizer], [scheduler], STEPS) if plan else None
     used, betas, losses = [], [], []
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
     for _ in range(STEPS):
@@ -84,8 +84,8 @@ def test_the_plan_is_the_runs_own_schedule_and_leaves_it_unchanged(kind: str) ->
 def test_a_plateau_scheduler_has_no_plan() -> None:
     optimizer = _optimizer(_net())
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
-    assert planned_lrs(optimizer, scheduler, 3) is None
-    assert planned_lrs(optimizer, None, 2) == ((0.01, 0.01), (0.01, 0.01))
+    assert planned_lrs([optimizer], [scheduler], 3) is None
+    assert planned_lrs([optimizer], [], 2) == ((0.01, 0.01), (0.01, 0.01))
 
 
 def test_recorder_record_settings_writes_the_loops_plan(tmp_path: Path) -> None:
@@ -182,5 +182,5 @@ def test_a_scheduler_that_cannot_step_through_the_plan_is_one_message_and_left_a
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=2)
     before = ([dict(g, params=None) for g in optimizer.param_groups], scheduler.state_dict())
     with pytest.raises(RecorderError, match=r"OneCycleLR.step\(\) raised at planned step 3 .*plan=False"):
-        planned_lrs(optimizer, scheduler, 5)
+        planned_lrs([optimizer], [scheduler], 5)
     assert ([dict(g, params=None) for g in optimizer.param_groups], scheduler.state_dict()) == before

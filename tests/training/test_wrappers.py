@@ -17,18 +17,11 @@ from pytest_precalign.cli import main
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.helpers.tiny_lm import tiny_causal_lm  # noqa: E402
+
 
 def tiny_qwen2() -> Any:
-    config = transformers.Qwen2Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(config).eval()
+    return tiny_causal_lm(vocab=128, hidden=32, layers=2).eval()
 
 
 def record_two_steps(model: Any, inner: Any, root: Path) -> None:

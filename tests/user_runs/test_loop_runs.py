@@ -13,6 +13,7 @@ import pytest
 from tests.helpers.user_runs import (
     compare,
     record,
+    record_shared,
 )
 
 pytest.importorskip("transformers")
@@ -22,9 +23,11 @@ SCRIPT = "torch_loop.py"
 
 @pytest.fixture(scope="module")
 def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return record(
+    """The runs in scalars mode, shared with tests/cli/test_recorded_runs.py."""
+    return record_shared(
+        tmp_path_factory,
         SCRIPT,
-        tmp_path_factory.mktemp("loop"),
+        "torch_loop",
         "base",
         "rerun",
         "lr:lr=6e-3",

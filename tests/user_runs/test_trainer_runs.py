@@ -22,6 +22,7 @@ from tests.helpers.user_runs import (
     dump_suite,
     env_diff,
     record,
+    record_shared,
     run_dump_suite,
 )
 
@@ -33,10 +34,12 @@ SCRIPT = "trainer_finetune.py"
 
 @pytest.fixture(scope="module")
 def scalars_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default recording (``mode="scalars"``): the baseline and the runs of the fast tests."""
-    return record(
+    """The default recording (``mode="scalars"``): the baseline and the runs of the fast tests
+    (shared with tests/cli/test_recorded_runs.py)."""
+    return record_shared(
+        tmp_path_factory,
         SCRIPT,
-        tmp_path_factory.mktemp("trainer_scalars"),
+        "trainer_finetune",
         "base",
         "rerun",
         "clip3:clip_from=3",

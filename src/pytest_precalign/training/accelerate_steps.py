@@ -49,15 +49,16 @@ import torch
 
 from ..errors import ConfigError
 from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingPlan, TrainingSettings
-from .optimizer_steps import (
-    OptimizerSteps,
-    optimizer_arguments,
-    parameter_names,
+from ..trace.training_record import TrainingSettings
+from .optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
+from .recorder import Recorder
+from .run_settings import (
+    adapters_of,
+    frozen_parameters,
+    gradient_checkpointing,
+    optimizer_plan,
     planned_lrs,
 )
-from .recorder import Recorder
-from .run_settings import adapters_of, frozen_parameters, gradient_checkpointing, optimizer_settings
 
 # accelerator.mixed_precision -> (what the forward computes in, by autocast); "no": the params'
 MIXED_PRECISION = {"bf16": ("bfloat16", True), "fp16": ("float16", True)}
@@ -115,7 +116,8 @@ class AccelerateSteps:
         self._next = start_step
         self._max_norm: float | None = None
         self._sync = False  # the last micro-batch was the step's last (accelerator.sync_gradients)
-        self._lrs: list[list[float]] | None = None  # the plan's LRs, made before the first update
+        self._planned = False  # the plan's LRs are made before the first update
+        self._lrs: tuple[tuple[float, ...], ...] | None = None  # None: no plan
         self._post = inner.register_step_post_hook(self._updated)  # after the norms are taken
 
     @property
@@ -133,8 +135,8 @@ class AccelerateSteps:
         """A micro-batch is about to run (call it inside ``accelerator.accumulate``)."""
         if self._sync and self._steps.open_step is not None:
             self._close()  # the step before did not update (skipped)
-        if self._lrs is None:
-            self._lrs = self._planned_lrs()
+        if not self._planned:
+            self._lrs, self._planned = self._planned_lrs(), True
         self._steps.micro_batch(batch, self._next)
         self._sync = bool(self.accelerator.sync_gradients)
 
@@ -212,19 +214,18 @@ class AccelerateSteps:
             "total_steps": self.total_steps,
         }
         plan = None
-        if self._lrs:
-            names = parameter_names(optimizer, self.model)
-            plan = TrainingPlan(
-                lr=tuple(tuple(row) for row in self._lrs),
-                weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups),
-                groups=tuple(tuple(names[id(p)] for p in g["params"]) for g in optimizer.param_groups),
+        if self._lrs is not None:
+            plan = optimizer_plan(
+                self.model,
+                optimizer,
+                self._lrs,
+                names=parameter_names(optimizer, self.model),
                 clip_grad=self._max_norm,
                 micro_batches=int(acc.gradient_accumulation_steps),
                 loss_normalisation="mean_of_micro_batch_means",
                 precision=precision,
                 autocast=autocast,
                 gradient_checkpointing=gradient_checkpointing(self.model),
-                **optimizer_settings(optimizer),
             )
         return TrainingSettings(
             trainer="accelerate",
@@ -236,13 +237,12 @@ class AccelerateSteps:
             frozen=frozen_parameters(self.model),
         )
 
-    def _planned_lrs(self) -> list[list[float]]:
+    def _planned_lrs(self) -> tuple[tuple[float, ...], ...] | None:
         """Each group's LR at each of ``total_steps`` updates from the run's own scheduler,
-        stepped as Accelerate steps it (empty: no plan)."""
+        stepped as Accelerate steps it (None: no plan)."""
         inner, repeat = _scheduler_of(self.scheduler, self.accelerator)
-        plateau = isinstance(inner, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        if self.total_steps is None or plateau:
-            return []
+        if not self.total_steps:
+            return None
 
         def advance(step: int) -> None:
             for _ in range(repeat):
@@ -251,7 +251,9 @@ class AccelerateSteps:
                     inner.step()
 
         optimizer = self._steps.optimizer
-        return planned_lrs([optimizer], [] if inner is None else [inner], self.total_steps, advance)
+        schedulers = [] if inner is None else [inner]
+        without = "pass AccelerateSteps(..., total_steps=None) to record without a plan"
+        return planned_lrs([optimizer], schedulers, self.total_steps, advance, without=without)
 
 
 def _scheduler_of(scheduler: Any, accelerator: Any) -> tuple[Any, int]:

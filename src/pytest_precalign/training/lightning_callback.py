@@ -53,15 +53,17 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from ..errors import ConfigError
 from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingPlan, TrainingSettings
-from .optimizer_steps import (
-    OptimizerSteps,
-    optimizer_arguments,
-    parameter_names,
+from ..trace.training_record import TrainingSettings
+from .optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
+from .recorder import Recorder
+from .run_settings import (
+    adapters_of,
+    frozen_parameters,
+    gradient_checkpointing,
+    json_safe,
+    optimizer_plan,
     planned_lrs,
 )
-from .recorder import Recorder
-from .run_settings import adapters_of, frozen_parameters, gradient_checkpointing, optimizer_settings
 
 # trainer.precision -> (what the forward computes in, whether by autocast)
 PRECISIONS = {
@@ -209,7 +211,7 @@ def lightning_settings(
     algorithm = trainer.gradient_clip_algorithm or "norm"
     precision, autocast = PRECISIONS.get(str(trainer.precision), (None, None))
     arguments: dict[str, Any] = {
-        "Trainer": {key: _plain(getattr(trainer, key, None)) for key in TRAINER_ARGUMENTS},
+        "Trainer": {key: json_safe(getattr(trainer, key, None)) for key in TRAINER_ARGUMENTS},
         "optimizer": optimizer_arguments(optimizer),
         "lr_schedulers": [
             {
@@ -223,24 +225,23 @@ def lightning_settings(
     }
     plan = None
     why = _no_plan(trainer)
-    if why is None:
-        names = parameter_names(optimizer, model, pl_module)
-        plan = TrainingPlan(
-            lr=tuple(
-                tuple(row)
-                for row in _lightning_lrs(trainer, pl_module, int(trainer.estimated_stepping_batches))
-            ),
-            weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups),
-            groups=tuple(tuple(names[id(p)] for p in g["params"]) for g in optimizer.param_groups),
+    lrs = None if why else _lightning_lrs(trainer, pl_module, int(trainer.estimated_stepping_batches))
+    if why is None and lrs is None:
+        why = "an LR scheduler without a state_dict cannot be stepped and put back"
+    if lrs is not None:
+        plan = optimizer_plan(
+            model,
+            optimizer,
+            lrs,
+            names=parameter_names(optimizer, model, pl_module),
             clip_grad=float(clip) if clip and algorithm == "norm" else None,
             micro_batches=int(trainer.accumulate_grad_batches),
             loss_normalisation="mean_of_micro_batch_means",
             precision=precision,
             autocast=autocast,
             gradient_checkpointing=gradient_checkpointing(model),
-            **optimizer_settings(optimizer),
         )
-    else:
+    if why is not None:
         arguments["plan"] = f"not made: {why}"
     return TrainingSettings(
         trainer="lightning",
@@ -264,7 +265,9 @@ def _no_plan(trainer: Trainer) -> str | None:
     return None
 
 
-def _lightning_lrs(trainer: Trainer, pl_module: LightningModule, steps: int) -> list[list[float]]:
+def _lightning_lrs(
+    trainer: Trainer, pl_module: LightningModule, steps: int
+) -> tuple[tuple[float, ...], ...] | None:
     """Each group's LR at each optimizer step: after update ``s``, the schedulers step as
     Lightning's loops step them -- an ``interval="step"`` one when its ``frequency`` divides
     the epoch's batch index + 1 of the update's last micro-batch, an ``interval="epoch"``
@@ -285,12 +288,8 @@ def _lightning_lrs(trainer: Trainer, pl_module: LightningModule, steps: int) -> 
                 if config.interval == "epoch" and (epoch + 1) % config.frequency == 0:
                     pl_module.lr_scheduler_step(config.scheduler, None)
 
-    return planned_lrs(trainer.optimizers, [c.scheduler for c in configs], steps, advance)
+    schedulers = [c.scheduler for c in configs]
+    return planned_lrs(trainer.optimizers, schedulers, steps, advance, without=_WITHOUT)
 
 
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    return str(value)
+_WITHOUT = "the plan steps the run's LR schedulers as Lightning would over trainer.estimated_stepping_batches"

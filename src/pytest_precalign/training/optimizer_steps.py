@@ -24,7 +24,7 @@ neutral).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -74,54 +74,6 @@ def optimizer_arguments(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
             for g in optimizer.param_groups
         ],
     }
-
-
-# -- the plan's LRs, from the run's own scheduler -----------------------------------------------
-
-
-def planned_lrs(
-    optimizers: Sequence[torch.optim.Optimizer],
-    schedulers: Sequence[Any],
-    steps: int,
-    advance: Callable[[int], None],
-) -> list[list[float]]:
-    """Each group's LR at each of ``steps`` optimizer steps, as the run's own schedulers give
-    them: ``advance(s)`` does what the run does to its schedulers after update ``s``. The real
-    schedulers are stepped and put back exactly: their ``state_dict`` and every key of every
-    parameter group of ``optimizers`` (an LR tensor is written back into the same tensor), so
-    the run goes on as if nothing had been planned."""
-    import copy
-    import warnings
-
-    kept_groups = [[dict(g) for g in o.param_groups] for o in optimizers]
-    saved_groups = [
-        [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in o.param_groups]
-        for o in optimizers
-    ]
-    saved_states = [copy.deepcopy(s.state_dict()) for s in schedulers]
-    lrs: list[list[float]] = []
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
-            for s in range(steps):
-                lrs.append([lr for o in optimizers for lr in group_settings(o)[0]])
-                advance(s)
-    finally:
-        for scheduler, state in zip(schedulers, saved_states, strict=True):
-            scheduler.load_state_dict(state)
-        for optimizer, kept, saved in zip(optimizers, kept_groups, saved_groups, strict=True):
-            for group, original, values in zip(optimizer.param_groups, kept, saved, strict=True):
-                for key in [k for k in group if k not in original]:
-                    del group[key]
-                for key, value in values.items():
-                    before = original[key]
-                    if isinstance(before, torch.Tensor):
-                        with torch.no_grad():
-                            before.copy_(value)
-                        group[key] = before
-                    else:
-                        group[key] = value
-    return lrs
 
 
 # -- what a step's batches were -----------------------------------------------------------------

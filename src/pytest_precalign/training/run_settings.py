@@ -1,9 +1,10 @@
 """The settings and plan of a user's own training run, as ``PrecalignCallback`` and the
 ``Recorder`` write them (``trace.training_record``: ``TrainingSettings``, ``TrainingPlan``).
 
-The plan's LRs come from the run's OWN scheduler -- the object that will step the run, a
-user's custom one too: ``planned_lrs`` reads every group's LR, steps the scheduler through the
-planned steps, and puts everything back exactly (the scheduler's ``state_dict`` and every
+The plan's LRs come from the run's OWN schedulers -- the objects that will step the run, a
+user's custom one too, as a Trainer, a loop, Lightning or Accelerate steps them:
+``planned_lrs`` reads every group's LR, steps the schedulers through the planned steps, and
+puts everything back exactly (each scheduler's ``state_dict`` and every
 scalar of every parameter group: ``lr``, ``initial_lr``, ``momentum``, ``betas`` ... that
 OneCycleLR-style schedulers move), then checks the groups are bitwise what they were (a
 ``RecorderError`` if not, before the run takes a step). A ``ReduceLROnPlateau`` decides from
@@ -21,7 +22,7 @@ import enum
 import inspect
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -163,25 +164,44 @@ def _same_groups(groups: Sequence[dict[str, Any]], saved: Sequence[dict[str, Any
     return True
 
 
-def planned_lrs(optimizer: Any, scheduler: Any, steps: int) -> tuple[tuple[float, ...], ...] | None:
-    """Every group's LR at each of the next ``steps`` optimizer steps, from the run's own
-    ``scheduler`` (None: the LRs stay as they are), which is left exactly as it was (see the
-    module doc); None when the scheduler decides from metrics (``ReduceLROnPlateau``)."""
-    groups = _torch_optimizer(optimizer).param_groups
-    if scheduler is None:
+_WITHOUT = "record without a plan: PrecalignCallback(..., plan=False), or no Recorder.record_settings"
+
+
+def planned_lrs(
+    optimizers: Sequence[Any],
+    schedulers: Sequence[Any],
+    steps: int,
+    advance: Callable[[int], None] | None = None,
+    *,
+    without: str = _WITHOUT,
+) -> tuple[tuple[float, ...], ...] | None:
+    """Every group's LR (the groups of ``optimizers`` in order) at each of the next ``steps``
+    optimizer steps, from the run's own ``schedulers`` (none: the LRs stay as they are), left
+    exactly as they were (see the module doc). ``advance(s)`` does what the run does to its
+    schedulers after update ``s`` (default: ``step()`` each). None when a scheduler decides from
+    metrics (``ReduceLROnPlateau``) or cannot be put back (no ``state_dict``). A scheduler that
+    raises or is not put back exactly: a ``RecorderError`` ending with ``without`` (how to record
+    without a plan)."""
+    groups = [g for optimizer in optimizers for g in _torch_optimizer(optimizer).param_groups]
+    if not schedulers:
         return tuple(tuple(float(g["lr"]) for g in groups) for _ in range(steps))
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or not callable(
-        getattr(scheduler, "state_dict", None)
+    if any(
+        isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        or not callable(getattr(s, "state_dict", None))
+        for s in schedulers
     ):
         return None
-    name = type(scheduler).__name__
+    name = "+".join(type(s).__name__ for s in schedulers)
     try:
-        state = _copied(scheduler.state_dict())
+        states = [_copied(s.state_dict()) for s in schedulers]
     except Exception as exc:  # a state that cannot be copied cannot be put back: not stepped
-        raise RecorderError(
-            f"the LR plan: {name}'s state_dict cannot be copied ({exc}); {_WITHOUT}"
-        ) from None
+        raise RecorderError(f"the LR plan: {name}'s state_dict cannot be copied ({exc}); {without}") from None
     saved = _group_scalars(groups)
+
+    def step_each(_: int) -> None:
+        for scheduler in schedulers:
+            scheduler.step()
+
     lrs: list[tuple[float, ...]] = []
     try:
         with warnings.catch_warnings():
@@ -189,20 +209,20 @@ def planned_lrs(optimizer: Any, scheduler: Any, steps: int) -> tuple[tuple[float
             for step in range(steps):
                 lrs.append(tuple(float(g["lr"]) for g in groups))
                 if step + 1 < steps:  # the LR after the last planned step is not needed
-                    scheduler.step()
+                    (advance or step_each)(step)
     except Exception as exc:
         raise RecorderError(
-            f"the LR plan: {name}.step() raised at planned step {len(lrs)} ({exc}); {_WITHOUT}"
+            f"the LR plan: {name}.step() raised at planned step {len(lrs)} ({exc}); {without}"
         ) from None
     finally:
-        scheduler.load_state_dict(_copied(state))
+        for scheduler, state in zip(schedulers, states, strict=True):
+            scheduler.load_state_dict(_copied(state))
         _restore_groups(groups, saved)
-    if not _same_groups(groups, saved) or not _same_state(scheduler.state_dict(), state):
-        raise RecorderError(f"the LR plan: {name} could not be put back exactly after reading it; {_WITHOUT}")
+    if not _same_groups(groups, saved) or not all(
+        _same_state(s.state_dict(), state) for s, state in zip(schedulers, states, strict=True)
+    ):
+        raise RecorderError(f"the LR plan: {name} could not be put back exactly after reading it; {without}")
     return tuple(lrs)
-
-
-_WITHOUT = "record without a plan: PrecalignCallback(..., plan=False), or no Recorder.record_settings"
 
 
 def _copied(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,13 +277,17 @@ def optimizer_plan(
     model: torch.nn.Module,
     optimizer: Any,
     lrs: Sequence[Sequence[float]],
+    *,
+    names: Mapping[int, str] | None = None,
     **settings: Any,
 ) -> TrainingPlan:
-    """The plan of ``optimizer`` over ``model``'s parameters (named as the records are) with
-    the planned ``lrs``; ``settings``: the plan's other fields (clip_grad, micro_batches...)."""
+    """The plan of ``optimizer`` over ``model``'s parameters (named as the records are, or by
+    ``names``: ``id(parameter)`` -> name) with the planned ``lrs``; ``settings``: the plan's
+    other fields (clip_grad, micro_batches...)."""
     torch_optimizer = _torch_optimizer(optimizer)
     groups = torch_optimizer.param_groups
-    names = {id(p): name for name, p in named_parameters(model)}
+    if names is None:
+        names = {id(p): name for name, p in named_parameters(model)}
     return TrainingPlan(
         lr=tuple(tuple(float(v) for v in step) for step in lrs),
         weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in groups),
@@ -336,7 +360,9 @@ def trainer_settings(
 ) -> TrainingSettings:
     """The settings of a ``transformers.Trainer`` run (TRL's trainers subclass it) about to take
     ``steps`` optimizer steps: its arguments, adapters, frozen parameters and plan."""
-    lrs = planned_lrs(optimizer, scheduler, steps) if plan and optimizer is not None else None
+    lrs = None
+    if plan and optimizer is not None:
+        lrs = planned_lrs([optimizer], [] if scheduler is None else [scheduler], steps)
     precision, autocast = trainer_precision(args, model)
     clip = getattr(args, "max_grad_norm", None)
     checkpointing = bool(getattr(args, "gradient_checkpointing", False)) or gradient_checkpointing(model)
@@ -410,7 +436,7 @@ def loop_settings(
     """The settings of a loop recorded with the ``Recorder`` (``Recorder.record_settings``;
     its arguments checked here: one ``ConfigError`` each)."""
     _check_loop_settings(steps, micro_batches, loss_normalisation, precision)
-    lrs = planned_lrs(optimizer, scheduler, steps)
+    lrs = planned_lrs([optimizer], [] if scheduler is None else [scheduler], steps)
     plan = None
     if lrs is not None:
         plan = optimizer_plan(
