@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Literal, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 
@@ -16,6 +15,8 @@ from ..trace.records import Stats
 from .chunked_stats import CHUNKED_NUMEL, chunked_values
 from .fused_stats import fused_for, fused_vector
 from .host_sync import to_host
+
+_T = TypeVar("_T")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -64,38 +65,38 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
         return _stats_vector(t, counts)
     if counts == "if_nonfinite":
         return torch.tensor(stats_row(t), dtype=torch.float64)
-    with _one_thread():
-        return _stats_vector(t, counts)
+    return _on_one_thread(lambda: _stats_vector(t, counts))
 
 
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """torch on one thread while the statistics of a CPU tensor are taken (see ``stats_vector``)."""
+def _on_one_thread(reduce: Callable[[], _T]) -> _T:
+    """``reduce()`` with torch on one thread, the thread count restored after (see
+    ``stats_vector``); a plain call, not a context manager: it runs for every recorded tensor."""
     threads = torch.get_num_threads()
     if threads == 1:
-        yield
-        return
+        return reduce()
     torch.set_num_threads(1)
     try:
-        yield
+        return reduce()
     finally:
         torch.set_num_threads(threads)
 
 
 def stats_row(t: torch.Tensor) -> list[float]:
-    """``stats_vector(t, counts="if_nonfinite")`` of a non-empty CPU tensor as a host list,
-    without building the tensor (what the step buffer keeps of a CPU tensor): the four values
-    are read at once -- they are in host memory already, so reading them waits for nothing
-    (not a host sync; not counted by ``host_sync``) -- and the NaN/Inf counts are taken only
-    when one is not finite. The same six float64 values as torch's masked selection, without
-    its dozen small operations (~45 us a tensor, most of a small tensor's cost)."""
-    with _one_thread():
-        t = _widened(t)
-        row = torch.stack(_values(t)).tolist()  # one conversion, not one per value
-        if all_finite(row):
-            return [*row, 0.0, 0.0]
-        nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
-        return [*row, float(nan), float(inf)]
+    """``stats_vector(t, counts="if_nonfinite")`` of a non-empty CPU tensor as a host list:
+    the four values are read at once -- they are in host memory already, so reading them waits
+    for nothing (not a host sync; not counted by ``host_sync``) -- and the NaN/Inf counts are
+    taken only when one is not finite. The same six float64 values as torch's masked
+    selection, without its dozen small operations (~45 us a tensor, most of a small tensor's
+    cost)."""
+    return _on_one_thread(lambda: _row(_widened(t)))
+
+
+def _row(t: torch.Tensor) -> list[float]:
+    row = torch.stack(_values(t)).tolist()  # one conversion, not one per value
+    if all_finite(row):
+        return [*row, 0.0, 0.0]
+    nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
+    return [*row, float(nan), float(inf)]
 
 
 def _widened(t: torch.Tensor) -> torch.Tensor:
