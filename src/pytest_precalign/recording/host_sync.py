@@ -6,7 +6,7 @@ call ``to_host`` for every conversion, so the number per recorded step can be co
 (``host_syncs()``) and kept constant: the recorder fetches a step's statistics in one call
 (see ``step_buffer.py``). The one exception reads CPU tensors only, which are in host memory
 and wait for nothing: a CPU tensor's statistics read at capture to decide whether its NaN/Inf
-counts are needed (``tensor_summary._cpu_vector``)."""
+counts are needed (``tensor_summary.stats_row``)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,6 @@ import fnmatch
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -66,6 +65,15 @@ def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str
             raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
     if golden is not None and mode == "tensor":
         raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
+
+
+def _summarised(record: Record, stats: Stats | None, crc: str | None) -> Record:
+    """``dataclasses.replace(record, stats=stats, crc32=crc)`` without its per-field
+    ``__init__`` (a frozen dataclass sets each of its 15 fields through ``object.__setattr__``):
+    run for every record of a step at its end."""
+    new = object.__new__(Record)
+    new.__dict__.update(record.__dict__, stats=stats, crc32=crc)
+    return new
 
 
 class HookRecorder:
@@ -204,7 +212,7 @@ class HookRecorder:
         for seq, (sh, ch) in pending.items():
             value = None if sh is None else stats[sh]  # hash mode: None unless NaN/Inf evidence
             crc = None if ch is None else crcs[ch]
-            self._records[seq] = replace(self._records[seq], stats=value, crc32=crc)
+            self._records[seq] = _summarised(self._records[seq], value, crc)
 
     def _remove(self) -> None:
         if self._mode is not None:
@@ -335,8 +343,9 @@ class HookRecorder:
         call = calls.get(key, 0)
         calls[key] = call + 1
         inputs: dict[int, Record] = {}
+        tensors = (*flatten(args, "in"), *flatten(kwargs, "in"))
         if self.record_inputs and self._modules_on and not recomputed:
-            for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+            for slot, t in tensors:
                 inputs[id(t)] = self.capture(
                     t, name=name, module_class=cls, kind="input", slot=slot, call=call
                 )
@@ -356,7 +365,7 @@ class HookRecorder:
         if grads:
             # A tensor hook observes the input's gradient without adding autograd nodes, so
             # the summation order of the backward (and its bits) stay as they were.
-            for slot, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
+            for slot, t in tensors:
                 if t.requires_grad:
                     t.register_hook(self._grad_hook(t, self._grad_input, state, "grad_input", slot))
         return None

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 
@@ -15,6 +15,8 @@ from ..trace.records import Stats
 from .chunked_stats import CHUNKED_NUMEL, chunked_values
 from .fused_stats import fused_for, fused_vector
 from .host_sync import to_host
+
+_T = TypeVar("_T")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -44,7 +46,7 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     when they are), so that no reference to the tensor is kept until the step's end: on a
     device the tensor is selected by a mask of its non-finiteness, decided by torch without a
     host sync (a finite one selects nothing); on the CPU the four values are read at once
-    (``_cpu_vector``). ``t`` must not be empty.
+    (``stats_row``). ``t`` must not be empty.
 
     A CPU tensor is reduced on one thread (the thread count is restored after): each parallel
     reduction is a barrier across torch's threads, which on a loaded machine waits for a
@@ -61,32 +63,66 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
         if counts is True and fused_for(t):  # one read, the counts with it (fused_stats.py)
             return fused_vector(t)
         return _stats_vector(t, counts)
+    if counts == "if_nonfinite":
+        return torch.tensor(stats_row(t), dtype=torch.float64)
+    return _on_one_thread(lambda: _stats_vector(t, counts))
+
+
+def _on_one_thread(reduce: Callable[[], _T]) -> _T:
+    """``reduce()`` with torch on one thread, the thread count restored after (see
+    ``stats_vector``); a plain call, not a context manager: it runs for every recorded tensor."""
     threads = torch.get_num_threads()
     if threads == 1:
-        return _stats_vector(t, counts)
+        return reduce()
     torch.set_num_threads(1)
     try:
-        return _stats_vector(t, counts)
+        return reduce()
     finally:
         torch.set_num_threads(threads)
 
 
-def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
+def stats_row(t: torch.Tensor) -> list[float]:
+    """``stats_vector(t, counts="if_nonfinite")`` of a non-empty CPU tensor as a host list:
+    the four values are read at once -- they are in host memory already, so reading them waits
+    for nothing (not a host sync; not counted by ``host_sync``) -- and the NaN/Inf counts are
+    taken only when one is not finite. The same six float64 values as torch's masked
+    selection, without its dozen small operations (~45 us a tensor, most of a small tensor's
+    cost)."""
+    return _on_one_thread(lambda: _row(_widened(t)))
+
+
+def _row(t: torch.Tensor) -> list[float]:
+    row = torch.stack(_values(t)).tolist()  # one conversion, not one per value
+    if all_finite(row):
+        return [*row, 0.0, 0.0]
+    nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
+    return [*row, float(nan), float(inf)]
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    """A floating tensor whose statistics are ``t``'s: integers as float64, complex as |t|."""
     if not (t.is_floating_point() or t.is_complex()):
         t = t.double()
-    if t.is_complex():
-        t = t.abs()
+    return t.abs() if t.is_complex() else t
+
+
+def _values(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(max, min, sum, L2 norm) of a floating tensor, each a 0-d tensor in the accumulation
+    dtype (float32, float64 for float64)."""
     acc = torch.float32 if t.dtype != torch.float64 else torch.float64
-    if t.device.type == "cpu" and t.numel() > CHUNKED_NUMEL and t.is_contiguous():
-        mx, mn, total, norm = chunked_values(t, acc)
-    else:
-        mn, mx = torch.aminmax(t)
-        total = t.sum(dtype=acc)
-        norm = torch.linalg.vector_norm(t, dtype=acc)
+    if t.numel() > CHUNKED_NUMEL and t.device.type == "cpu" and t.is_contiguous():
+        return chunked_values(t, acc)
+    mn, mx = torch.aminmax(t)
+    total = t.sum(dtype=acc)
+    norm = torch.linalg.vector_norm(t, dtype=acc)
+    if t.dtype != acc:  # an fp32 / fp64 tensor's max and min are in acc already
         mx, mn = mx.to(acc), mn.to(acc)
-    if counts == "if_nonfinite" and t.device.type == "cpu":
-        return _cpu_vector(t, (mx, mn, total, norm))
-    values = torch.stack([mx, mn, total, norm]).to(torch.float64)
+    return mx, mn, total, norm
+
+
+def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
+    t = _widened(t)
+    values = torch.stack(_values(t)).to(torch.float64)
     if not counts:
         return values
     if counts == "if_nonfinite":
@@ -94,19 +130,6 @@ def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
     # count_nonzero: a bool tensor's sum() is several times slower on CPU
     nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
     return torch.cat([values, torch.stack([nan, inf]).to(torch.float64)])
-
-
-def _cpu_vector(t: torch.Tensor, values: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """``counts="if_nonfinite"`` on the CPU: the four values are read at once -- they are in
-    host memory already, so reading them waits for nothing (not a host sync; not counted by
-    ``host_sync``) -- and the NaN/Inf counts are taken only when one is not finite. The same
-    six float64 values as torch's masked selection, without its dozen small operations (~45 us
-    a tensor, most of a small tensor's cost)."""
-    row = torch.stack(values).tolist()  # one conversion, not one per value
-    if all_finite(row):
-        return torch.tensor([*row, 0.0, 0.0], dtype=torch.float64)
-    nan, inf = torch.count_nonzero(torch.isnan(t)), torch.count_nonzero(torch.isinf(t))
-    return torch.tensor([*row, float(nan), float(inf)], dtype=torch.float64)
 
 
 def sum_vector(t: torch.Tensor) -> torch.Tensor:
