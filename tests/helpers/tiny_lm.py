@@ -39,3 +39,37 @@ def tiny_causal_lm(
     )
     made._attn_implementation = "eager"
     return model_class(made)
+
+
+def tiny_qwen2_yaml(
+    name: str, *, layers: int = 1, positions: int = 64, anchor: str = "", **fields: Any
+) -> str:
+    """A case file's ``models:`` entry (indented under ``models:``) of the same tiny Qwen2 as
+    ``tiny_causal_lm``'s defaults: vocab 128, hidden 32, 4 heads / 2 KV heads, MLP 64;
+    ``anchor``: a YAML anchor on its config (``&anchor``, for a Megatron twin's ``*anchor``);
+    ``fields``: other config fields."""
+    config = {
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": positions,
+        **fields,
+    }
+    flow = ", ".join(f"{k}: {_yaml_scalar(v)}" for k, v in config.items())
+    mark = f"&{anchor} " if anchor else ""
+    return (
+        f"  {name}:\n    source: hf\n    class: transformers.Qwen2ForCausalLM\n"
+        f"    attn_implementation: eager\n    config: {mark}{{{flow}}}\n"
+    )
+
+
+def _yaml_scalar(value: Any) -> str:
+    """``value`` as YAML reads it back: ``false``, ``1.0e-06`` (YAML 1.1 reads ``1e-06`` as a
+    string)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = repr(value)
+    return text.replace("e", ".0e", 1) if isinstance(value, float) and "." not in text else text

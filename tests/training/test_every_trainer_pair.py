@@ -17,18 +17,12 @@ from pytest_precalign.config.loader import load_config
 from pytest_precalign.run.case import run_case
 from pytest_precalign.trace.training_record import read_run_record
 from pytest_precalign.verdict.training_contract import check_contract
+from tests.helpers.tiny_lm import tiny_qwen2_yaml
 
-HEAD = """\
-version: 1
-defaults: {device: cpu, dtype: float32, seed: 0, deterministic: true}
-models:
-  hf:
-    source: hf
-    class: transformers.Qwen2ForCausalLM
-    attn_implementation: eager
-    config: &q {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
-                num_attention_heads: 4, num_key_value_heads: 2, rms_norm_eps: 1.0e-6,
-                max_position_embeddings: 32, tie_word_embeddings: false}
+HEAD = (
+    "version: 1\ndefaults: {device: cpu, dtype: float32, seed: 0, deterministic: true}\nmodels:\n"
+    + tiny_qwen2_yaml("hf", positions=32, anchor="q", rms_norm_eps=1.0e-6, tie_word_embeddings=False)
+    + """\
   megatron: {source: megatron, preset: qwen2.5, config: *q}
 inputs:
   toks: {kind: tokens, batch: 4, seq_len: 8, vocab_size: 128, seed: 1, labels: true}
@@ -38,6 +32,7 @@ tolerances:
     - {match: "*", atol: 1.0e-4, rtol: 1.0e-3}
 cases:
 """
+)
 COMMON = "clip_grad: 1.0, micro_batches: 2, weight_decay: 0.1, schedule: {warmup_steps: 1, decay: cosine, min_lr: 1.0e-3}"
 OPTIMIZERS = {
     "sgd": f"{{name: sgd, lr: 0.05, momentum: 0.9, {COMMON}}}",

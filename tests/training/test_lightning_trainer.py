@@ -31,17 +31,12 @@ from pytest_precalign.sources import LoadedModel, build_model  # noqa: E402
 from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
 from pytest_precalign.trace.step_scalars import scalars_of  # noqa: E402
 from pytest_precalign.trace.training_record import read_run_record  # noqa: E402
+from tests.helpers.tiny_lm import tiny_qwen2_yaml  # noqa: E402
 
-HEAD = """\
-version: 1
-defaults: {device: cpu, dtype: float32, seed: 0, deterministic: true}
-models:
-  a:
-    source: hf
-    class: transformers.Qwen2ForCausalLM
-    attn_implementation: eager
-    config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
-              num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64}
+HEAD = (
+    "version: 1\ndefaults: {device: cpu, dtype: float32, seed: 0, deterministic: true}\nmodels:\n"
+    + tiny_qwen2_yaml("a")
+    + """\
   a16: {source: hf, class: transformers.Qwen2ForCausalLM, attn_implementation: eager, dtype: bfloat16,
         config: {vocab_size: 128, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
                  num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64}}
@@ -60,6 +55,7 @@ tolerances:
     - {match: "*", atol: 1.0e-5, rtol: 1.0e-4}
 cases:
 """
+)
 OPTIMIZER = (
     "{lr: 0.01, weight_decay: 0.1, micro_batches: 2, clip_grad: 0.05, "
     "schedule: {warmup_steps: 1, decay: cosine, min_lr: 0.001}}"
