@@ -29,9 +29,13 @@ FILES = ("report.json", "report.html", "compare_result.csv")
 _RUN = re.compile(r"\brun(\d+)\.l\d")
 
 # A writer process: report after report into argv[1], run ids argv[2], argv[2]+1, ... (argv[3] of
-# them, or forever), each of argv[4] records named run<k>.l<i>.
+# them, or forever), each of argv[4] records named run<k>.l<i>. Ctrl-C interrupts it as it does a
+# user's Python (a process started in the background by a shell without job control inherits
+# SIGINT ignored, and Python then keeps it ignored: such a writer would never stop).
 WRITER = """
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pytest_precalign.reports.document import write_reports
 out, first, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 k = first
@@ -120,7 +124,12 @@ def test_a_writer_killed_mid_write_leaves_one_runs_report(tmp_path: Path, sig: i
         time.sleep(delay)  # several reports are being written over each other
     finally:
         writer.send_signal(sig)
-        writer.communicate()
+        try:
+            writer.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            writer.kill()
+            writer.communicate()
+            raise AssertionError(f"the writer did not stop on signal {sig}") from None
     _assert_one_run(out)
     write_reports(out, [], {"baseline": "run0", "candidate": "run0"})  # the next writer clears up
     assert _leftovers(out) == [] and _assert_one_run(out) == 0
