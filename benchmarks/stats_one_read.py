@@ -6,6 +6,9 @@
 * ``pieces`` -- ``chunked_stats.chunked_values``: the tensor read once from memory in
   L2-sized pieces, three reductions per piece while it is in cache (what ``stats_vector``
   uses above ``CHUNKED_NUMEL`` elements);
+* ``native`` -- ``native_kernels.stats``: the C kernel the platform's compiler builds (one
+  read; what ``stats_vector`` uses on the CPU where one is built); its build time from a cold
+  cache (a temporary ``PRECALIGN_CACHE_DIR``) is printed apart (``native_build_s``);
 * ``compiled`` (``--compile``) -- one fused ``torch.compile`` kernel (inductor, C++ on the
   CPU); its compile time is printed apart.
 
@@ -23,13 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 from _shared import SIZES, build_qwen2, run_facts
 
-from pytest_precalign.recording import HookRecorder
+from pytest_precalign.recording import HookRecorder, native_kernels
 from pytest_precalign.recording.chunked_stats import chunked_values
 from pytest_precalign.recording.step_buffer import StepBuffer
 
@@ -97,12 +101,19 @@ def main() -> None:
     logits = [torch.randn(2048, 32000, generator=gen)]
     step = [torch.randn(n, generator=gen) for n in sizes]
     large = [t for t in step if t.numel() > (1 << 21)]
-    paths: dict[str, Path] = {"reference": reference, "dot": dot, "pieces": pieces}
+    paths: dict[str, Path] = {"reference": reference, "dot": dot, "pieces": pieces, "native": native_kernels.stats}
     out: dict[str, object] = {
         "step_tensors": len(step),
         "step_elements": sum(sizes),
         "large_in_step": len(large),
     }
+    with tempfile.TemporaryDirectory() as cold:
+        os.environ["PRECALIGN_CACHE_DIR"] = cold
+        start = time.perf_counter()
+        assert native_kernels.kernel_state() == "native", native_kernels.kernel_state()
+        out["native_build_s"] = round(time.perf_counter() - start, 2)
+        native_kernels.stats(logits[0])  # loaded now: the cache may go
+    print(f"native kernel built from a cold cache in {out['native_build_s']} s", flush=True)
     if args.compile:
         from pytest_precalign.recording.fused_stats import _six
 

@@ -1,13 +1,15 @@
-"""Statistics of a large CPU tensor read once from memory, in pieces (``chunked_stats.py``),
-against the one-call reductions (``aminmax``, ``sum``, ``vector_norm``: the reference path):
-max, min and the NaN/Inf counts equal bit for bit; sum and norm within the stated bound
-(``SUM_ULPS`` epsilon) of the exact values, where the reference's norm is not; the same values
-for equal tensors whatever the thread count; small, non-contiguous and 1-element tensors keep
-the reference path, bit for bit."""
+"""Statistics of a CPU tensor read once from memory -- by the C kernels (``native_kernels.py``)
+and, where none is built, in pieces (``chunked_stats.py``, large tensors) -- against the
+one-call reductions (``aminmax``, ``sum``, ``vector_norm``: the reference path): max, min and
+the NaN/Inf counts equal bit for bit; sum and norm within the stated bound (``SUM_ULPS``
+epsilon) of the exact values, where the reference's norm is not; the same values for equal
+tensors whatever the thread count; without the C kernels, small, non-contiguous and 1-element
+tensors keep the reference path, bit for bit."""
 
 from __future__ import annotations
 
 import math
+import os
 import struct
 from collections.abc import Iterator
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 import pytest_precalign.recording.tensor_summary as summary
+from pytest_precalign.recording import native_kernels
 from pytest_precalign.recording.chunked_stats import CHUNKED_NUMEL, SUM_ULPS
 from pytest_precalign.recording.tensor_summary import stats_vector
 
@@ -22,13 +25,28 @@ N = CHUNKED_NUMEL + 12_345  # a partial last piece
 
 
 def _reference(t: torch.Tensor) -> list[float]:
-    """The one-call reductions' values for ``t`` (the chunked path switched off)."""
-    before = summary.CHUNKED_NUMEL
+    """The one-call reductions' values for ``t`` (the C kernels and the chunked path off)."""
+    before, env = summary.CHUNKED_NUMEL, os.environ.get("PRECALIGN_FUSED_STATS")
     summary.CHUNKED_NUMEL = 1 << 62
+    os.environ["PRECALIGN_FUSED_STATS"] = "0"
     try:
         return list(stats_vector(t, counts="if_nonfinite").tolist())
     finally:
         summary.CHUNKED_NUMEL = before
+        if env is None:
+            del os.environ["PRECALIGN_FUSED_STATS"]
+        else:
+            os.environ["PRECALIGN_FUSED_STATS"] = env
+
+
+@pytest.fixture(params=["native", "chunked"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The one-read path under test: the C kernels, or (turned off) the pieces."""
+    if request.param == "native":
+        assert native_kernels.kernel_state() == "native", "this machine builds the C kernels"
+    else:
+        monkeypatch.setenv("PRECALIGN_FUSED_STATS", "0")
+    return str(request.param)
 
 
 def _bits(values: list[float]) -> list[bytes]:
@@ -56,7 +74,7 @@ def _large() -> Iterator[tuple[str, torch.Tensor]]:
 
 @pytest.mark.parametrize(("name", "t"), list(_large()))
 def test_max_min_exact_and_sum_norm_within_the_stated_bound_of_the_exact_values(
-    name: str, t: torch.Tensor
+    name: str, t: torch.Tensor, path: str
 ) -> None:
     got, ref = stats_vector(t, counts="if_nonfinite").tolist(), _reference(t)
     assert _bits(got[:2]) == _bits(ref[:2]) and got[4:] == ref[4:] == [0.0, 0.0]
@@ -72,7 +90,7 @@ def test_max_min_exact_and_sum_norm_within_the_stated_bound_of_the_exact_values(
     assert abs(got[3] - norm) <= max(abs(ref[3] - norm), SUM_ULPS * eps * norm + underflow)
 
 
-def test_the_reference_fp32_norm_is_outside_the_bound_that_the_pieces_meet() -> None:
+def test_the_reference_fp32_norm_is_outside_the_bound_that_the_pieces_meet(path: str) -> None:
     # Why the bits differ from the one-call path: its norm accumulates nearly serially.
     t = torch.full((N,), 0.1)
     _, norm, _ = _exact(t)
@@ -81,7 +99,7 @@ def test_the_reference_fp32_norm_is_outside_the_bound_that_the_pieces_meet() -> 
     assert abs(stats_vector(t).tolist()[3] - norm) <= SUM_ULPS * eps * norm
 
 
-def test_non_finite_values_give_the_same_counts_and_non_finite_statistics() -> None:
+def test_non_finite_values_give_the_same_counts_and_non_finite_statistics(path: str) -> None:
     t = torch.randn(N, generator=torch.Generator().manual_seed(1))
     t[[5, N - 3]] = float("nan")
     t[CHUNKED_NUMEL // 2] = float("inf")
@@ -105,14 +123,18 @@ def test_non_finite_values_give_the_same_counts_and_non_finite_statistics() -> N
     ],
     ids=["non_contiguous", "at_the_bound", "one_element", "one_denormal"],
 )
-def test_small_and_non_contiguous_tensors_keep_the_reference_bits(t: torch.Tensor) -> None:
+def test_without_the_c_kernels_small_and_non_contiguous_tensors_keep_the_reference_bits(
+    t: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRECALIGN_FUSED_STATS", "0")
     assert t.numel() <= CHUNKED_NUMEL or not t.is_contiguous()
     assert _bits(stats_vector(t, counts="if_nonfinite").tolist()) == _bits(_reference(t))
 
 
-def test_equal_tensors_equal_statistics_whatever_the_thread_count() -> None:
+@pytest.mark.parametrize("numel", [N, 100_003])
+def test_equal_tensors_equal_statistics_whatever_the_thread_count(numel: int, path: str) -> None:
     before = torch.get_num_threads()
-    t = torch.randn(N, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    t = torch.randn(numel, generator=torch.Generator().manual_seed(4)) * 2 - 1
     try:
         torch.set_num_threads(2)
         on_two = stats_vector(t.clone()).tolist()

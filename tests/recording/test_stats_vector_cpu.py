@@ -65,7 +65,19 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_finite_cpu_tensor_costs_its_three_reductions_and_reads_of_their_values() -> None:
+def test_a_finite_cpu_tensor_costs_one_read_by_the_c_kernel_and_no_torch_reduction() -> None:
+    t = torch.randn(512, generator=torch.Generator().manual_seed(1))
+    ops = _Ops()
+    with ops:
+        got = stats_vector(t, counts="if_nonfinite")
+    assert got.shape == (6,) and got[4:].tolist() == [0.0, 0.0]
+    assert ops.seen == ["aten.lift_fresh.default"], ops.seen  # the six values' tensor; no reduction
+
+
+def test_without_the_c_kernels_a_finite_cpu_tensor_costs_its_three_reductions_and_reads_of_their_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PRECALIGN_FUSED_STATS", "0")
     t = torch.randn(512, generator=torch.Generator().manual_seed(1))
     ops = _Ops()
     with ops:

@@ -4,8 +4,9 @@
 backward hooks, parameter-grad hooks, grads read around in-place ops (``inplace_grads``),
 op-level capture through a torch function mode (``ops``), and what each record keeps:
 statistics, hashes or full tensors (``tensor_summary``, ``kept_tensors``, ``step_buffer``;
-a large CPU tensor's statistics from one read in cache-sized pieces: ``chunked_stats``; a device
-tensor's in one compiled kernel: ``fused_stats``),
+a CPU tensor's statistics, zero count and an optimizer step's norms from one read by C kernels
+the platform builds: ``native_kernels``; without them, a large CPU tensor's from one read in
+cache-sized pieces: ``chunked_stats``; a device tensor's in one compiled kernel: ``fused_stats``),
 spilled to disk by a background writer (``tensor_sink``) or compared live against a golden run
 (``live_golden``). ``determinism`` sets torch's deterministic switches; ``host_sync`` counts
 device-to-host reads; ``compiled`` and ``npu_backend`` adapt to ``torch.compile`` and torch_npu. ``calls`` holds

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import SourceError
+from .native_kernels import kernel_state
 from .npu_backend import npu_problem
 
 DETERMINISM_ENV = {
@@ -163,15 +164,18 @@ NUMERICS_ENV = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "TORCH_CUDNN_V8_API_ENABLED",
+    "PRECALIGN_FUSED_STATS",
 )
 
 
 def numerics() -> dict[str, Any]:
     """Settings outside the determinism flags that change results: matmul precision (TF32 on
-    Ampere and later) and the numerics environment variables."""
+    Ampere and later), the numerics environment variables, and what computes a CPU tensor's
+    statistics (``native_kernels.kernel_state``: the C kernels' sums are not torch's bits)."""
     return {
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "env": {k: os.environ.get(k) for k in NUMERICS_ENV},
+        "stats_kernel": kernel_state(),
     }
 
 

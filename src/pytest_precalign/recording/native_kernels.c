@@ -1,0 +1,266 @@
+/* One read of a CPU tensor for its statistics, its zero count, or an optimizer step's norms.
+ *
+ * Built on first use by the platform's C compiler, one entry point at a time (-DWANT_<name>,
+ * or -DWANT_ALL), and loaded with ctypes (native_kernels.py); every entry point is plain C
+ * on raw, contiguous memory.
+ *
+ * The order of every addition is fixed by this source, not by the CPU: LANES independent
+ * accumulators, each summing BLOCK / LANES elements, their per-block sums added into double
+ * lanes, and the lanes' totals added pairwise (a binary counter over superblocks) in double.
+ * A tensor's sum and sum of squares are accumulated in double from the first element (each
+ * square of a float exact): two tensors one ulp apart in one element get different sums,
+ * which merging replicated ranks relies on. An optimizer step's norms (NORMS) accumulate
+ * squares in the tensor's accumulation type per block, as torch does. Compiled with -ffp-contract=off (no fused multiply-add) and without
+ * -ffast-math, so the compiler may widen the lanes into whatever vectors the CPU has
+ * (target_clones: AVX-512, AVX2, SSE2) but never reorders an addition: the bits are the same
+ * on every x86-64 CPU, whatever its vector width or thread count.
+ *
+ * Values: max and min exact; the sum and the sum of squares within SUM_ULPS epsilon of the
+ * exact values (native_kernels.py); a zero count exact. A NaN is never picked by max/min here:
+ * a tensor that is not finite has a sum or sum of squares that is not finite either, and the
+ * caller takes torch's reductions for it.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#define LANES 32
+#define BLOCK 256
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && !defined(PRECALIGN_NO_CLONES)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+/* Half types widened exactly to float. */
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    float f;
+    if (exp == 0x1fu) { /* inf / nan */
+        uint32_t u = sign | 0x7f800000u | (man << 13);
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    if (exp == 0) { /* zero / subnormal: man * 2^-24, exact in float */
+        f = (float)man * 5.9604644775390625e-08f;
+        return sign ? -f : f;
+    }
+    uint32_t u = sign | ((exp + 112u) << 23) | (man << 13);
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float from_f32(float v) { return v; }
+static inline double from_f64(double v) { return v; }
+
+/* Pairwise sum of superblock totals: a binary counter of partial sums, so the total of n
+ * superblocks carries log2(n) roundings, not n. */
+typedef struct {
+    double level[64];
+    int top;
+    int64_t count;
+} cascade;
+
+static inline void cascade_push(cascade *c, double v) {
+    int64_t k = c->count++;
+    while (k & 1) {
+        v = c->level[--c->top] + v;
+        k >>= 1;
+    }
+    c->level[c->top++] = v;
+}
+
+static inline double cascade_total(const cascade *c) {
+    double total = 0.0;
+    for (int i = c->top - 1; i >= 0; i--) total = c->level[i] + total;
+    return total;
+}
+
+/* The lanes' totals added in a fixed pairwise tree. */
+static inline double lanes_total(double *lane) {
+    for (int width = LANES / 2; width >= 1; width /= 2)
+        for (int j = 0; j < width; j++) lane[j] = lane[j] + lane[j + width];
+    return lane[0];
+}
+
+/* Elements per superblock: the double lanes hold SUPER blocks before they are pushed. */
+#define SUPER_NARROW 64 /* float accumulation: 64 block sums in a double lane lose nothing */
+#define SUPER_WIDE 1    /* double accumulation: every block's lane sums go to the cascade */
+
+/* out[0] max, out[1] min, out[2] sum, out[3] L2 norm, the sum and the norm in double (not
+ * rounded to float: two tensors a few ulps apart in one element keep different sums, which a
+ * merge of replicated ranks relies on); returns 1 when all four are finite, else 0 (the
+ * caller then takes torch's reductions, which also count the NaNs and Infs). */
+#define STATS(NAME, T, ACC, LOAD, SUPER)                                                     \
+    CLONES int NAME(const T *x, int64_t n, double *out) {                                    \
+        ACC mx[LANES], mn[LANES];                                                            \
+        double ds[LANES], dq[LANES];                                                         \
+        cascade cs = {{0}, 0, 0}, cq = {{0}, 0, 0};                                          \
+        for (int j = 0; j < LANES; j++) {                                                    \
+            mx[j] = -INFINITY;                                                               \
+            mn[j] = INFINITY;                                                                \
+            ds[j] = 0.0;                                                                     \
+            dq[j] = 0.0;                                                                     \
+        }                                                                                    \
+        int64_t i = 0;                                                                       \
+        int blocks = 0;                                                                      \
+        for (; i + BLOCK <= n; i += BLOCK) {                                                 \
+            double s[LANES], q[LANES];                                                          \
+            for (int j = 0; j < LANES; j++) {                                                \
+                s[j] = 0;                                                                    \
+                q[j] = 0;                                                                    \
+            }                                                                                \
+            for (int k = 0; k < BLOCK; k += LANES) {                                         \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    ACC v = LOAD(x[i + k + j]);                                              \
+                    s[j] = s[j] + (double)v;                                                 \
+                    q[j] = q[j] + (double)v * (double)v;                                                     \
+                    mx[j] = v > mx[j] ? v : mx[j];                                           \
+                    mn[j] = v < mn[j] ? v : mn[j];                                           \
+                }                                                                            \
+            }                                                                                \
+            for (int j = 0; j < LANES; j++) {                                                \
+                ds[j] = ds[j] + s[j];                                                        \
+                dq[j] = dq[j] + q[j];                                                        \
+            }                                                                                \
+            if (++blocks == SUPER) {                                                         \
+                cascade_push(&cs, lanes_total(ds));                                          \
+                cascade_push(&cq, lanes_total(dq));                                          \
+                for (int j = 0; j < LANES; j++) ds[j] = dq[j] = 0.0;                         \
+                blocks = 0;                                                                  \
+            }                                                                                \
+        }                                                                                    \
+        ACC tmx = -INFINITY, tmn = INFINITY;                                                 \
+        double ts = 0.0, tq = 0.0;                                                           \
+        for (; i < n; i++) { /* the tail, in order */                                        \
+            ACC v = LOAD(x[i]);                                                              \
+            ts = ts + (double)v;                                                             \
+            tq = tq + (double)v * (double)v;                                                 \
+            tmx = v > tmx ? v : tmx;                                                         \
+            tmn = v < tmn ? v : tmn;                                                         \
+        }                                                                                    \
+        cascade_push(&cs, lanes_total(ds));                                                  \
+        cascade_push(&cq, lanes_total(dq));                                                  \
+        cascade_push(&cs, ts);                                                               \
+        cascade_push(&cq, tq);                                                               \
+        for (int j = 0; j < LANES; j++) {                                                    \
+            tmx = mx[j] > tmx ? mx[j] : tmx;                                                 \
+            tmn = mn[j] < tmn ? mn[j] : tmn;                                                 \
+        }                                                                                    \
+        out[0] = (double)tmx;                                                                \
+        out[1] = (double)tmn;                                                                \
+        out[2] = cascade_total(&cs);                                                         \
+        out[3] = sqrt(cascade_total(&cq));                                                   \
+        return isfinite(out[0]) && isfinite(out[1]) && isfinite(out[2]) && isfinite(out[3]); \
+    }
+
+#if defined(WANT_ALL) || defined(WANT_precalign_stats_f32)
+STATS(precalign_stats_f32, float, float, from_f32, SUPER_NARROW)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_stats_bf16)
+STATS(precalign_stats_bf16, uint16_t, float, from_bf16, SUPER_NARROW)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_stats_f16)
+STATS(precalign_stats_f16, uint16_t, float, from_f16, SUPER_NARROW)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_stats_f64)
+STATS(precalign_stats_f64, double, double, from_f64, SUPER_WIDE)
+#endif
+
+/* Elements whose value is zero (+0 or -0), from their bits: NaN is not zero. */
+#define ZEROS(NAME, U, MASK)                                                                 \
+    CLONES int64_t NAME(const U *x, int64_t n) {                                             \
+        int64_t total = 0;                                                                   \
+        int64_t i = 0;                                                                       \
+        for (; i + BLOCK <= n; i += BLOCK) {                                                 \
+            uint32_t c[LANES];                                                               \
+            for (int j = 0; j < LANES; j++) c[j] = 0;                                        \
+            for (int k = 0; k < BLOCK; k += LANES)                                           \
+                for (int j = 0; j < LANES; j++) c[j] += (x[i + k + j] & (MASK)) == 0;        \
+            for (int j = 0; j < LANES; j++) total += c[j];                                   \
+        }                                                                                    \
+        for (; i < n; i++) total += (x[i] & (MASK)) == 0;                                    \
+        return total;                                                                        \
+    }
+
+#if defined(WANT_ALL) || defined(WANT_precalign_zeros_32)
+ZEROS(precalign_zeros_32, uint32_t, 0x7fffffffu)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_zeros_16)
+ZEROS(precalign_zeros_16, uint16_t, 0x7fffu)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_zeros_64)
+ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
+#endif
+
+/* An optimizer step's two norms from one read of the parameters and their snapshot:
+ * out[0] the sum of squares of `after`, out[1] of `before - after`. */
+#define NORMS(NAME, T, ACC, LOAD, SUPER)                                                     \
+    CLONES void NAME(const T *after, const T *before, int64_t n, double *out) {              \
+        double dp[LANES], du[LANES];                                                         \
+        cascade cp = {{0}, 0, 0}, cu = {{0}, 0, 0};                                          \
+        for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                                 \
+        int64_t i = 0;                                                                       \
+        int blocks = 0;                                                                      \
+        for (; i + BLOCK <= n; i += BLOCK) {                                                 \
+            ACC p[LANES], u[LANES];                                                          \
+            for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                                 \
+            for (int k = 0; k < BLOCK; k += LANES) {                                         \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    ACC a = LOAD(after[i + k + j]);                                          \
+                    ACC d = LOAD(before[i + k + j]) - a;                                     \
+                    p[j] = p[j] + a * a;                                                     \
+                    u[j] = u[j] + d * d;                                                     \
+                }                                                                            \
+            }                                                                                \
+            for (int j = 0; j < LANES; j++) {                                                \
+                dp[j] = dp[j] + (double)p[j];                                                \
+                du[j] = du[j] + (double)u[j];                                                \
+            }                                                                                \
+            if (++blocks == SUPER) {                                                         \
+                cascade_push(&cp, lanes_total(dp));                                          \
+                cascade_push(&cu, lanes_total(du));                                          \
+                for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                         \
+                blocks = 0;                                                                  \
+            }                                                                                \
+        }                                                                                    \
+        double tp = 0.0, tu = 0.0;                                                           \
+        for (; i < n; i++) {                                                                 \
+            ACC a = LOAD(after[i]);                                                          \
+            ACC d = LOAD(before[i]) - a;                                                     \
+            tp = tp + (double)(a * a);                                                       \
+            tu = tu + (double)(d * d);                                                       \
+        }                                                                                    \
+        cascade_push(&cp, lanes_total(dp));                                                  \
+        cascade_push(&cu, lanes_total(du));                                                  \
+        cascade_push(&cp, tp);                                                               \
+        cascade_push(&cu, tu);                                                               \
+        out[0] = cascade_total(&cp);                                                         \
+        out[1] = cascade_total(&cu);                                                         \
+    }
+
+#if defined(WANT_ALL) || defined(WANT_precalign_norms_f32)
+NORMS(precalign_norms_f32, float, float, from_f32, SUPER_NARROW)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_norms_bf16)
+NORMS(precalign_norms_bf16, uint16_t, float, from_bf16, SUPER_NARROW)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_norms_f16)
+NORMS(precalign_norms_f16, uint16_t, float, from_f16, SUPER_NARROW)
+#endif
+#if defined(WANT_ALL) || defined(WANT_precalign_norms_f64)
+NORMS(precalign_norms_f64, double, double, from_f64, SUPER_WIDE)
+#endif
+
+/* The version of this source's interface, checked by the loader. */
+int precalign_kernels_version(void) { return 2; }

@@ -1,0 +1,228 @@
+"""A CPU tensor's statistics, zero count, and an optimizer step's norms, each from ONE read
+of its memory, by small C kernels (``native_kernels.c``) the platform's C compiler builds on
+first use.
+
+Why C: torch's eager CPU reductions read a tensor once per statistic (``aminmax``, ``sum``,
+``vector_norm``: three reads, 200 us for a 721K-element fp32 tensor hot in cache, where one
+``sum`` takes 33 us), and ``torch.compile``'s fused kernel costs ~30 s to compile the first
+time and was slower than the eager reductions on such a tensor. The C kernels compute max,
+min, sum and sum of squares in one pass (70 us there) and count zeros 8x faster than
+``count_nonzero``; each entry point compiles in ~0.4 s, once per machine: the library is kept
+in a cache folder (``PRECALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-precalign``, else
+``~/.cache/pytest-precalign``) under a name that hashes the source, the compiler and its
+flags. Figures: ``python benchmarks/stats_one_read.py``.
+
+Chosen automatically: where no C compiler works (none installed, ``CC`` naming a missing
+one, a read-only cache and temp folder), or with ``PRECALIGN_FUSED_STATS=0``, every function
+here returns None and the callers keep torch's reductions (``tensor_summary.py``); why is
+said by ``kernel_state()``, which every recording's manifest carries (``stats_kernel``).
+
+Values (``tests/recording/test_native_kernels.py``): max, min and zero counts exact; sums and
+sums of squares accumulated in a fixed order (32 lanes, blocks of 256, then double lanes and a
+pairwise cascade), within ``chunked_stats.SUM_ULPS`` epsilon of the exact values -- closer than torch's
+fp32 ``vector_norm``, which accumulates nearly serially -- and the same bits on every x86-64
+CPU: the order of additions is the source's, not the vector width's or the thread count's
+(no fused multiply-add). Equal tensors get equal statistics on both sides of a comparison.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Entry = Callable[..., Any]  # a loaded C entry point (ctypes)
+
+SOURCE = Path(__file__).with_name("native_kernels.c")
+
+_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
+_BITS = {torch.float32: "32", torch.bfloat16: "16", torch.float16: "16", torch.float64: "64"}
+
+_lock = threading.Lock()
+_loaded: dict[str, Entry | None] = {}  # symbol -> entry point (None: unavailable)
+_problems: dict[str, str] = {}  # symbol -> why it could not be built or loaded
+
+
+def kernel_state() -> str:
+    """What computes a CPU tensor's statistics in this process: ``"native"`` (the C kernels),
+    or ``"torch: <why>"`` (turned off, or no compiler: its reason)."""
+    if not _enabled():
+        return "torch: PRECALIGN_FUSED_STATS=0"
+    first = "precalign_stats_f32"
+    if _entry(first) is None:  # builds (or finds) one kernel to learn whether they work
+        return f"torch: {_problems[first]}"
+    if _problems:
+        return "native; torch for " + "; ".join(f"{s[10:]}: {why}" for s, why in sorted(_problems.items()))
+    return "native"
+
+
+def stats(t: torch.Tensor) -> list[float] | None:
+    """(max, min, sum, L2 norm) of a non-empty floating CPU tensor from one read, as Python
+    floats: max and min the tensor's own values, the sum and the norm accumulated as the
+    module's doc says and kept in float64 (not rounded to float32: tensors a few ulps apart
+    in one element keep different sums, as merging replicated ranks needs); None where the
+    kernels are unavailable or the dtype has none, and where a value is not finite (a NaN, an
+    Inf, a sum that overflowed): torch's reductions apply then, counts and all."""
+    entry = _for(t, "stats")
+    if entry is None:
+        return None
+    flat = _contiguous(t)
+    out = (ctypes.c_double * 4)()
+    return list(out) if entry(flat.data_ptr(), flat.numel(), out) else None
+
+
+def zeros(t: torch.Tensor) -> int | None:
+    """How many elements of a floating CPU tensor are zero (+0 or -0; NaN is not), from one
+    read; None where the kernels are unavailable or the dtype has none."""
+    if t.device.type != "cpu" or t.dtype not in _BITS or not _enabled():
+        return None
+    entry = _entry(f"precalign_zeros_{_BITS[t.dtype]}")
+    if entry is None:
+        return None
+    if not t.numel():
+        return 0
+    flat = _contiguous(t)
+    return int(entry(flat.data_ptr(), flat.numel()))
+
+
+def norms(after: torch.Tensor, before: torch.Tensor) -> tuple[float, float] | None:
+    """(sum of squares of ``after``, of ``before - after``) of two CPU tensors of one shape
+    and floating dtype, in float64 from one read of each; None where the kernels are
+    unavailable or the dtype has none."""
+    entry = _for(after, "norms")
+    if entry is None or before.dtype != after.dtype or before.shape != after.shape:
+        return None
+    if not after.numel():
+        return 0.0, 0.0
+    a, b = _contiguous(after), _contiguous(before)
+    out = (ctypes.c_double * 2)()
+    entry(a.data_ptr(), b.data_ptr(), a.numel(), out)
+    return out[0], out[1]
+
+
+def _for(t: torch.Tensor, family: str) -> Entry | None:
+    if t.device.type != "cpu" or t.dtype not in _SUFFIX or not _enabled():
+        return None
+    return _entry(f"precalign_{family}_{_SUFFIX[t.dtype]}")
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in row-major order (a copy for a non-contiguous tensor: equal values
+    get equal statistics whatever their layout); read as raw memory, never through autograd."""
+    return t if t.is_contiguous() else t.detach().contiguous()
+
+
+def _enabled() -> bool:
+    return os.environ.get("PRECALIGN_FUSED_STATS", "1") != "0"
+
+
+def _entry(symbol: str) -> Entry | None:
+    if symbol in _loaded:
+        return _loaded[symbol]
+    with _lock:
+        if symbol not in _loaded:
+            _loaded[symbol] = _load(symbol)
+    return _loaded[symbol]
+
+
+def _load(symbol: str) -> Entry | None:
+    """The entry point ``symbol``, built into the cache folder unless it is there already."""
+    try:
+        path = _built(symbol)
+        loaded = getattr(ctypes.CDLL(str(path)), symbol)
+    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+        _problems[symbol] = _reason(exc)
+        return None
+    pointers = 2 if "_norms_" in symbol else 1
+    if "_zeros_" in symbol:
+        loaded.restype, loaded.argtypes = ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64]
+    else:
+        loaded.restype = ctypes.c_int if "_stats_" in symbol else None
+        loaded.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64, ctypes.c_void_p]
+    entry: Entry = loaded
+    return entry
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"the C kernels could not be built ({type(exc).__name__}: {text[0] if text else ''})"
+
+
+def _built(symbol: str) -> Path:
+    compiler = _compiler()
+    flags = (*_FLAGS, f"-DWANT_{symbol}")
+    key = hashlib.sha256()
+    for part in (
+        SOURCE.read_bytes(),
+        _identity(tuple(compiler)).encode(),
+        " ".join(flags).encode(),
+        platform.machine().encode(),
+    ):
+        key.update(part)
+        key.update(b"\0")
+    folder = _cache_folder()
+    path = folder / f"{symbol}-{key.hexdigest()[:16]}.so"
+    if path.is_file():
+        return path
+    fd, tmp = tempfile.mkstemp(prefix=f".{symbol}-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [*compiler, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise OSError(f"{shlex.join(compiler)} exited {done.returncode}: {done.stderr.strip()[:300]}")
+        os.replace(tmp, path)  # atomic: a concurrent build (another xdist worker) loads either
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _compiler() -> list[str]:
+    """The C compiler: ``CC``, else the one Python was built with, else ``cc``."""
+    named = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    command = shlex.split(str(named))
+    if not command or shutil.which(command[0]) is None:
+        if os.environ.get("CC"):
+            raise OSError(f"CC={os.environ['CC']!r} is not an executable")
+        command = ["cc"]
+        if shutil.which("cc") is None:
+            raise OSError("no C compiler found (set CC)")
+    return command
+
+
+@functools.cache
+def _identity(compiler: tuple[str, ...]) -> str:
+    done = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30)
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else shlex.join(compiler)
+
+
+def _cache_folder() -> Path:
+    named = os.environ.get("PRECALIGN_CACHE_DIR")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    candidates = [Path(named)] if named else []
+    candidates.append((Path(xdg) if xdg else Path.home() / ".cache") / "pytest-precalign")
+    candidates.append(Path(tempfile.gettempdir()) / f"pytest-precalign-{getattr(os, 'getuid', int)()}")
+    for folder in candidates:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    raise OSError("no writable cache folder for the C kernels (set PRECALIGN_CACHE_DIR)")

@@ -1,0 +1,218 @@
+"""The C kernels (``recording/native_kernels.py``): a CPU tensor's statistics from one read
+against torch's reductions (max, min and NaN/Inf counts bit for bit, sum and norm within the
+stated bound of the exact values) on the tensors a recording meets; the same bits whatever
+vector instructions the compiler used; exact zero counts; an optimizer step's two norms
+without writing ``before - after``; and, where no compiler works, torch's reductions with the
+reason in the manifest."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import platform
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_precalign.recording import native_kernels
+from pytest_precalign.recording.chunked_stats import SUM_ULPS
+from pytest_precalign.recording.tensor_summary import stats_vector
+
+pytestmark = pytest.mark.skipif(
+    native_kernels.kernel_state() != "native", reason=f"no C kernels here: {native_kernels.kernel_state()}"
+)
+
+
+def _bits(values: list[float]) -> list[bytes]:
+    return [struct.pack("<d", v) for v in values]
+
+
+def _reference(t: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    with monkeypatch.context() as m:
+        m.setenv("PRECALIGN_FUSED_STATS", "0")
+        return list(stats_vector(t, counts="if_nonfinite").tolist())
+
+
+def _exact(t: torch.Tensor) -> tuple[float, float, float]:
+    values = t.double().reshape(-1).tolist()
+    return math.fsum(values), math.sqrt(math.fsum(v * v for v in values)), math.fsum(map(abs, values))
+
+
+def _cases() -> Iterator[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100_003, generator=g) * 3 + 1  # not a multiple of a block: a tail
+    yield "random", x
+    yield "constant", torch.full((70_001,), 0.1)
+    yield "all_zero", torch.zeros(4_097)
+    yield "denormal", torch.full((5_000,), 1e-40)
+    yield "bfloat16", x.bfloat16()
+    yield "float16", x.half()
+    yield "float16_subnormal", torch.full((300,), 3e-6).half()
+    yield "float64", x.double()
+    yield "non_contiguous", torch.randn(300, 701, generator=g).t()
+    yield "one_element", torch.tensor([2.5])
+    yield "negative_zero", torch.tensor([-0.0, 0.0, -0.0])
+    yield "large_values", torch.full((1000,), 1e18)
+    nan_inf = x.clone()
+    nan_inf[[3, 7]] = float("nan")
+    nan_inf[11] = float("inf")
+    yield "nan_and_inf", nan_inf
+    yield "only_inf", torch.tensor([float("inf"), float("-inf"), 1.0])
+    yield "bf16_nan", nan_inf.bfloat16()
+    yield "overflowing_norm", torch.full((4,), 3e38)
+
+
+@pytest.mark.parametrize(("name", "t"), list(_cases()))
+def test_one_read_gives_torchs_max_min_and_counts_and_the_exact_sum_and_norm_within_the_bound(
+    name: str, t: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got, ref = stats_vector(t, counts="if_nonfinite").tolist(), _reference(t, monkeypatch)
+    assert got[4:] == ref[4:]
+    total, norm, magnitude = _exact(t) if bool(torch.isfinite(t).all()) else (math.nan,) * 3
+    if not (math.isfinite(total) and math.isfinite(norm)):
+        assert _bits(got) == _bits(ref)  # not finite: torch's reductions take it, counts and all
+        return
+    if not all(map(math.isfinite, ref[:4])):  # torch's fp32 sum or norm overflowed; the exact did not
+        assert name in ("large_values", "overflowing_norm")
+    assert got[:2] == ref[:2]  # exact (-0.0 and 0.0 are one value)
+    eps = torch.finfo(torch.float64 if t.dtype == torch.float64 else torch.float32).eps
+    underflow = math.sqrt(t.numel() * torch.finfo(torch.float32).smallest_normal * eps)
+    assert abs(got[2] - total) <= SUM_ULPS * eps * magnitude
+    assert abs(got[3] - norm) <= SUM_ULPS * eps * norm + underflow
+    assert _bits(stats_vector(t.clone(), counts="if_nonfinite").tolist()) == _bits(got)  # equal -> equal
+
+
+def test_the_kernel_is_used_and_closer_than_torchs_fp32_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = torch.full((1 << 20,), 0.1)
+    _, norm, _ = _exact(t)
+    eps = torch.finfo(torch.float32).eps
+    assert abs(_reference(t, monkeypatch)[3] - norm) > 10 * SUM_ULPS * eps * norm  # torch's: far off
+    assert abs(stats_vector(t).tolist()[3] - norm) <= eps * norm  # here: about the rounding
+
+
+# -- the same bits whatever vector instructions the compiler used ---------------------------
+
+
+def _build(tmp: Path, march: str | None, symbol: str) -> ctypes.CDLL:
+    flags = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", f"-DWANT_{symbol}"]
+    if march:
+        flags += [f"-march={march}", "-DPRECALIGN_NO_CLONES"]
+    out = tmp / f"{symbol}-{march or 'clones'}.so"
+    subprocess.run(["cc", *flags, "-o", str(out), str(native_kernels.SOURCE)], check=True)
+    return ctypes.CDLL(str(out))
+
+
+def _supported(march: str) -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    need = {"x86-64": [], "x86-64-v3": ["avx2", "fma"], "x86-64-v4": ["avx512f", "avx512bw"]}[march]
+    return all(f" {n}" in flags for n in need)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the vector paths compared are x86-64's")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_sse2_avx2_and_avx512_builds_give_the_same_bits(dtype: torch.dtype, tmp_path: Path) -> None:
+    suffix = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}[dtype]
+    symbol = f"precalign_stats_{suffix}"
+    marches = [m for m in ("x86-64", "x86-64-v3", "x86-64-v4") if _supported(m)]
+    assert marches[0] == "x86-64" and len(marches) >= 2, "this machine runs at least two vector widths"
+    g = torch.Generator().manual_seed(1)
+    tensors = [
+        (torch.randn(n, generator=g) * 10 ** (n % 5)).to(dtype) for n in (1, 31, 257, 16_385, 1_000_003)
+    ]
+    results: dict[str | None, list[list[float]]] = {}
+    for march in [None, *marches]:
+        entry = getattr(_build(tmp_path, march, symbol), symbol)
+        entry.restype, entry.argtypes = None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        rows = []
+        for t in tensors:
+            out = (ctypes.c_double * 4)()
+            entry(t.data_ptr(), t.numel(), out)
+            rows.append(list(out))
+        results[march] = rows
+    first = _bits([v for row in results[None] for v in row])
+    for march, rows in results.items():
+        assert _bits([v for row in rows for v in row]) == first, march
+
+
+# -- zero counts and an optimizer step's norms -----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_zero_counts_are_count_nonzeros_exactly(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(2)
+    t = torch.randn(10_007, generator=g)
+    t[t.abs() < 0.5] = 0.0
+    t[::7] = -0.0
+    t[[1, 2]] = float("nan")
+    t = t.to(dtype)
+    for view in (t, t[1:].reshape(-1, 2)[:, 0], t[:1], t[:0]):
+        assert native_kernels.zeros(view) == view.numel() - int(torch.count_nonzero(view))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_step_norms_are_the_exact_ones_within_the_bound_from_one_read(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    before = torch.randn(70_001, generator=g).to(dtype)
+    after = (before.float() - 1e-3 * torch.randn(70_001, generator=g)).to(dtype)
+    kept = before.clone()
+    got = native_kernels.norms(after, before)
+    assert got is not None and torch.equal(before, kept)  # nothing written
+    exact_p = math.fsum(v * v for v in after.double().tolist())
+    exact_u = math.fsum(v * v for v in (before.double() - after.double()).tolist())
+    eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    assert abs(got[0] - exact_p) <= SUM_ULPS * eps * exact_p
+    assert abs(got[1] - exact_u) <= SUM_ULPS * eps * exact_u
+
+
+def test_no_kernel_for_a_device_integer_or_mismatched_tensor() -> None:
+    assert native_kernels.stats(torch.arange(5)) is None
+    assert native_kernels.zeros(torch.arange(5)) is None
+    assert native_kernels.norms(torch.zeros(3), torch.zeros(4)) is None
+    assert native_kernels.norms(torch.zeros(3), torch.zeros(3, dtype=torch.float64)) is None
+
+
+# -- no compiler, a fresh cache: torch's reductions, and why ---------------------------------
+
+_PROBE = """
+import json, torch
+from pytest_precalign.recording import native_kernels
+from pytest_precalign.recording.determinism import numerics
+from pytest_precalign.recording.tensor_summary import stats_vector
+t = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+print(json.dumps({"state": native_kernels.kernel_state(), "numerics": numerics()["stats_kernel"],
+                  "stats": stats_vector(t).tolist()}))
+"""
+
+
+def _probe(tmp_path: Path, **env: str) -> dict[str, object]:
+    run_env = {**os.environ, "PRECALIGN_CACHE_DIR": str(tmp_path / "cache"), **env}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=run_env, capture_output=True, text=True, check=True
+    )
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_without_a_compiler_torch_reduces_and_the_manifest_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = _probe(tmp_path, CC=str(tmp_path / "no-such-cc"))
+    assert missing["state"] == missing["numerics"]
+    assert str(missing["state"]).startswith("torch: the C kernels could not be built")
+    assert "no-such-cc" in str(missing["state"])
+    t = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    with monkeypatch.context() as m:
+        m.setenv("PRECALIGN_FUSED_STATS", "0")
+        assert _bits(list(missing["stats"])) == _bits(stats_vector(t).tolist())  # type: ignore[call-overload]
+    built = _probe(tmp_path)
+    assert built["state"] == "native" and list((tmp_path / "cache").glob("precalign_stats_f32-*.so"))
+    assert _bits(list(built["stats"])) == _bits(stats_vector(t).tolist())  # type: ignore[call-overload]
+    off = _probe(tmp_path, PRECALIGN_FUSED_STATS="0")
+    assert off["state"] == "torch: PRECALIGN_FUSED_STATS=0"
