@@ -101,7 +101,12 @@ def main() -> None:
     logits = [torch.randn(2048, 32000, generator=gen)]
     step = [torch.randn(n, generator=gen) for n in sizes]
     large = [t for t in step if t.numel() > (1 << 21)]
-    paths: dict[str, Path] = {"reference": reference, "dot": dot, "pieces": pieces, "native": native_kernels.stats}
+    paths: dict[str, Path] = {
+        "reference": reference,
+        "dot": dot,
+        "pieces": pieces,
+        "native": native_kernels.stats,
+    }
     out: dict[str, object] = {
         "step_tensors": len(step),
         "step_elements": sum(sizes),
