@@ -67,6 +67,7 @@ def _cases() -> Iterator[tuple[str, torch.Tensor]]:
     yield "only_inf", torch.tensor([float("inf"), float("-inf"), 1.0])
     yield "bf16_nan", nan_inf.bfloat16()
     yield "overflowing_norm", torch.full((4,), 3e38)
+    yield "in_pieces", torch.randn(native_kernels.PART + 1001, generator=g) - 0.5  # two threads
 
 
 @pytest.mark.parametrize(("name", "t"), list(_cases()))

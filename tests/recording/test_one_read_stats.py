@@ -131,7 +131,7 @@ def test_without_the_c_kernels_small_and_non_contiguous_tensors_keep_the_referen
     assert _bits(stats_vector(t, counts="if_nonfinite").tolist()) == _bits(_reference(t))
 
 
-@pytest.mark.parametrize("numel", [N, 100_003])
+@pytest.mark.parametrize("numel", [N, 100_003, 2 * native_kernels.PART + 7])
 def test_equal_tensors_equal_statistics_whatever_the_thread_count(numel: int, path: str) -> None:
     before = torch.get_num_threads()
     t = torch.randn(numel, generator=torch.Generator().manual_seed(4)) * 2 - 1

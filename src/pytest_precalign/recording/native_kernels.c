@@ -33,6 +33,15 @@
 #define CLONES
 #endif
 
+/* A float's square in double is exact (24-bit significands, 48 bits of product), so
+ * q + (double)v * (double)v rounds once whether or not the compiler fuses it into an FMA:
+ * the float kernels let it (on the CPUs that have one), the others never. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define EXACT_PRODUCTS __attribute__((optimize("fp-contract=fast")))
+#else
+#define EXACT_PRODUCTS
+#endif
+
 /* Half types widened exactly to float. */
 static inline float from_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -97,12 +106,12 @@ static inline double lanes_total(double *lane) {
 #define SUPER_NARROW 64 /* float accumulation: 64 block sums in a double lane lose nothing */
 #define SUPER_WIDE 1    /* double accumulation: every block's lane sums go to the cascade */
 
-/* out[0] max, out[1] min, out[2] sum, out[3] L2 norm, the sum and the norm in double (not
- * rounded to float: two tensors a few ulps apart in one element keep different sums, which a
- * merge of replicated ranks relies on); returns 1 when all four are finite, else 0 (the
- * caller then takes torch's reductions, which also count the NaNs and Infs). */
-#define STATS(NAME, T, ACC, LOAD, SUPER)                                                     \
-    CLONES int NAME(const T *x, int64_t n, double *out) {                                    \
+/* out[0] max, out[1] min, out[2] sum, out[3] sum of squares, the sums in double (not rounded
+ * to float: two tensors a few ulps apart in one element keep different sums, which a merge of
+ * replicated ranks relies on); returns 1 when all four are finite, else 0 (the caller then
+ * takes torch's reductions, which also count the NaNs and Infs). */
+#define STATS(NAME, T, ACC, LOAD, SUPER, CONTRACT)                                           \
+    CLONES CONTRACT int NAME(const T *x, int64_t n, double *out) {                           \
         ACC mx[LANES], mn[LANES];                                                            \
         double ds[LANES], dq[LANES];                                                         \
         cascade cs = {{0}, 0, 0}, cq = {{0}, 0, 0};                                          \
@@ -160,21 +169,21 @@ static inline double lanes_total(double *lane) {
         out[0] = (double)tmx;                                                                \
         out[1] = (double)tmn;                                                                \
         out[2] = cascade_total(&cs);                                                         \
-        out[3] = sqrt(cascade_total(&cq));                                                   \
+        out[3] = cascade_total(&cq);                                                         \
         return isfinite(out[0]) && isfinite(out[1]) && isfinite(out[2]) && isfinite(out[3]); \
     }
 
 #if defined(WANT_ALL) || defined(WANT_precalign_stats_f32)
-STATS(precalign_stats_f32, float, float, from_f32, SUPER_NARROW)
+STATS(precalign_stats_f32, float, float, from_f32, SUPER_NARROW, EXACT_PRODUCTS)
 #endif
 #if defined(WANT_ALL) || defined(WANT_precalign_stats_bf16)
-STATS(precalign_stats_bf16, uint16_t, float, from_bf16, SUPER_NARROW)
+STATS(precalign_stats_bf16, uint16_t, float, from_bf16, SUPER_NARROW, EXACT_PRODUCTS)
 #endif
 #if defined(WANT_ALL) || defined(WANT_precalign_stats_f16)
-STATS(precalign_stats_f16, uint16_t, float, from_f16, SUPER_NARROW)
+STATS(precalign_stats_f16, uint16_t, float, from_f16, SUPER_NARROW, EXACT_PRODUCTS)
 #endif
 #if defined(WANT_ALL) || defined(WANT_precalign_stats_f64)
-STATS(precalign_stats_f64, double, double, from_f64, SUPER_WIDE)
+STATS(precalign_stats_f64, double, double, from_f64, SUPER_WIDE, )
 #endif
 
 /* Elements whose value is zero (+0 or -0), from their bits: NaN is not zero. */
