@@ -23,8 +23,10 @@ What it measures
     ``Recorder.__exit__``. ``rec.trace()`` (which, in tensor mode, computes the stats of
     every kept tensor) is timed separately and reported as ``trace_finalize_<mode>_s``.
     Runs are interleaved round-robin over the variants (``--warmup`` rounds discarded, then
-    ``--rounds`` measured rounds); grads are set to ``None`` and a fresh ``Recorder`` is
-    built before every run, and ``gc.collect()`` runs outside the timed region. Every run
+    ``--rounds`` measured rounds), the order rotated by one each round; grads are set to
+    ``None`` and a fresh ``Recorder`` is built before every run, and ``gc.collect()`` (and,
+    after ``tensor_disk``, ``os.sync()``: its files written back before the next timed step)
+    runs outside the timed region. Every run
     counts its tensor-to-Python conversions (``recording/host_sync.py``) from
     ``Recorder.__enter__`` to ``trace()``: the host synchronisations of one recorded step.
 
@@ -173,6 +175,7 @@ VARIANTS: dict[str, Runner] = {
     "tensor_disk": run_disk,
 }
 KEEPS_IN_MEMORY: frozenset[str] = frozenset({"tensor"})
+WRITES_TO_DISK: frozenset[str] = frozenset({"tensor_disk"})
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -189,7 +192,19 @@ def _itemsize(dtype: str) -> int:
 def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResult:
     model.zero_grad(set_to_none=True)
     gc.collect()
-    return VARIANTS[variant](model, ids)
+    result = VARIANTS[variant](model, ids)
+    if variant in WRITES_TO_DISK:
+        os.sync()  # its 637 MB reach the disk now, not during the next variant's timed step
+    return result
+
+
+def round_order(rnd: int) -> list[str]:
+    """The variants of round ``rnd``, rotated by one each round: what one variant leaves
+    behind (freed memory to fault in again, a cache another's tensors evicted) falls on each
+    other variant in turn, not always on the same one."""
+    names = list(VARIANTS)
+    k = rnd % len(names)
+    return names[k:] + names[:k]
 
 
 def available_bytes() -> int:
@@ -234,7 +249,7 @@ def measure_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
     first: dict[str, float] = {}  # each variant's first run in this process (setup included)
     for rnd in range(warmup + rounds):
         line = []
-        for variant in VARIANTS:
+        for variant in round_order(rnd):
             if variant in skipped:
                 continue
             if variant in KEEPS_IN_MEMORY:
