@@ -12,6 +12,9 @@ drifts alike for all of them):
   its manifest.
 - ``stats``: the same plus every layer's statistics (``Recorder(mode="stats")``).
 
+The order of the variants is rotated by one each round, so what one variant leaves behind
+(memory to fault in again, caches another's reads evicted) falls on each of the others in turn.
+
 Printed: the median seconds per step of each variant (wall clock, and this process's CPU
 time, which a loaded machine disturbs less), their ratios to ``bare``, the paired ratios
 (median, lowest and highest over rounds of variant / bare of the same round), and the bytes
@@ -89,7 +92,7 @@ class Run:
             total = total + loss.detach()
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], 2.0)
         if evidence is not None:
-            evidence.grads_before_clip(norm=float(norm))
+            evidence.grads_before_clip(norm=float(norm), zeros_after_clip=True)
         torch.nn.utils.clip_grads_with_norm_(self.params, 1.0, norm)
         if evidence is not None:
             evidence.grads_after_clip()
@@ -143,7 +146,9 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
     try:
         step = 0
         for r in range(warmup + rounds):
-            for name, variant in VARIANTS.items():
+            names = list(VARIANTS)
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated each round
+                variant = VARIANTS[name]
                 gc.collect()
                 start, start_cpu = time.perf_counter(), time.process_time()
                 variant(run, root, step)

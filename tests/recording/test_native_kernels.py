@@ -172,7 +172,11 @@ def test_the_step_norms_are_the_exact_ones_within_the_bound_from_one_read(dtype:
     assert abs(got[1] - exact_u) <= SUM_ULPS * eps * exact_u
 
 
-def test_no_kernel_for_a_device_integer_or_mismatched_tensor() -> None:
+def test_no_kernel_for_a_sparse_meta_integer_or_mismatched_tensor() -> None:
+    sparse = torch.eye(4).to_sparse()
+    assert native_kernels.stats(sparse) is None and native_kernels.zeros(sparse) is None
+    assert native_kernels.stats(torch.empty(4, device="meta")) is None
+    assert native_kernels.norms(torch.zeros(4), torch.empty(4, device="meta")) is None
     assert native_kernels.stats(torch.arange(5)) is None
     assert native_kernels.zeros(torch.arange(5)) is None
     assert native_kernels.norms(torch.zeros(3), torch.zeros(4)) is None
@@ -217,3 +221,21 @@ def test_without_a_compiler_torch_reduces_and_the_manifest_says_why(
     assert _bits(list(built["stats"])) == _bits(stats_vector(t).tolist())  # type: ignore[call-overload]
     off = _probe(tmp_path, PRECALIGN_FUSED_STATS="0")
     assert off["state"] == "torch: PRECALIGN_FUSED_STATS=0"
+
+
+def test_a_steps_norms_and_zeros_on_two_threads_are_the_one_threads_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(4)
+    after = [torch.randn(n, generator=g) for n in (70_001, 5, 300_000, 1, 4096)]
+    before = [a + 1e-3 * torch.randn(a.shape, generator=g) for a in after]
+    for a in after:
+        a[::3] = 0.0
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = native_kernels.norms_of(list(zip(after, before, strict=True))), native_kernels.zeros_of(after)
+        torch.set_num_threads(1)
+        one = native_kernels.norms_of(list(zip(after, before, strict=True))), native_kernels.zeros_of(after)
+    finally:
+        torch.set_num_threads(threads)
+    assert two == one and one[1] == sum(a.numel() - int(torch.count_nonzero(a)) for a in after)
+    assert one[0] == [native_kernels.norms(a, b) for a, b in zip(after, before, strict=True)]

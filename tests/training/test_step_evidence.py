@@ -93,3 +93,54 @@ def test_group_settings_per_group_in_order() -> None:
         lr=1e-3,
     )
     assert group_settings(optimizer) == ((1e-3, 1e-3), (0.1, 0.0))
+
+
+def _reads_of_grads(
+    evidence: StepEvidence, model: torch.nn.Module, zeros_after_clip: bool
+) -> tuple[int, int]:
+    """(zero grads, how many times the C kernels and torch's reductions read a grad) of one
+    clipped step whose pre-clip norm the framework reported."""
+    from pytest_precalign.recording import native_kernels
+
+    reads = [0]
+    counted = native_kernels.zeros
+
+    def counting(t: torch.Tensor) -> int | None:
+        reads[0] += 1
+        return counted(t)
+
+    evidence.begin()
+    _grads(model)
+    model[0].bias.grad[0] = 0.0
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()], 2.0)
+    native_kernels.zeros = counting  # type: ignore[assignment]
+    try:
+        evidence.grads_before_clip(norm=float(norm), zeros_after_clip=zeros_after_clip)
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), 0.5, norm)
+        evidence.grads_after_clip()
+    finally:
+        native_kernels.zeros = counted  # type: ignore[assignment]
+    scalars = evidence.finish(0)
+    assert scalars.zero_grads is not None
+    return scalars.zero_grads, reads[0]
+
+
+def test_zeros_after_clip_are_counted_in_the_clipped_norms_read_and_are_the_same_zeros() -> None:
+    model = _model()
+    before = _reads_of_grads(StepEvidence(model.parameters()), model, zeros_after_clip=False)
+    model.zero_grad(set_to_none=True)
+    after = _reads_of_grads(StepEvidence(model.parameters()), model, zeros_after_clip=True)
+    assert before[0] == after[0] == 1
+    # counted once either way; with zeros_after_clip inside grads_after_clip's pass (per grad,
+    # right after its norm), so no separate pass of the grads before clipping
+    assert before[1] == after[1] == 3
+
+
+def test_zeros_left_for_a_clipping_that_never_came_are_counted_at_finish() -> None:
+    model = _model()
+    evidence = StepEvidence(model.parameters())
+    evidence.begin()
+    _grads(model)
+    model[1].weight.grad[0, 0] = 0.0
+    evidence.grads_before_clip(norm=1.0, zeros_after_clip=True)  # a skipped update: no clipping
+    assert evidence.finish(0).zero_grads == 1

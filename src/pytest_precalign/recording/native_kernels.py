@@ -6,7 +6,7 @@ Why C: torch's eager CPU reductions read a tensor once per statistic (``aminmax`
 ``vector_norm``: three reads, 200 us for a 721K-element fp32 tensor hot in cache, where one
 ``sum`` takes 33 us), and ``torch.compile``'s fused kernel costs ~30 s to compile the first
 time and was slower than the eager reductions on such a tensor. The C kernels compute max,
-min, sum and sum of squares in one pass (70 us there) and count zeros 8x faster than
+min, sum and sum of squares in one pass (~95 us there) and count zeros 8x faster than
 ``count_nonzero``; each entry point compiles in ~0.4 s, once per machine: the library is kept
 in a cache folder (``PRECALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-precalign``, else
 ``~/.cache/pytest-precalign``) under a name that hashes the source, the compiler and its
@@ -17,12 +17,15 @@ one, a read-only cache and temp folder), or with ``PRECALIGN_FUSED_STATS=0``, ev
 here returns None and the callers keep torch's reductions (``tensor_summary.py``); why is
 said by ``kernel_state()``, which every recording's manifest carries (``stats_kernel``).
 
-Values (``tests/recording/test_native_kernels.py``): max, min and zero counts exact; sums and
-sums of squares accumulated in a fixed order (32 lanes, blocks of 256, then double lanes and a
-pairwise cascade), within ``chunked_stats.SUM_ULPS`` epsilon of the exact values -- closer than torch's
+Values (``tests/recording/test_native_kernels.py``): max, min and zero counts exact; a
+tensor's sum and sum of squares accumulated in float64 (each square of a float exact) in a
+fixed order (32 lanes, then a pairwise cascade; a tensor above ``PART`` elements in fixed
+pieces added exactly), an optimizer step's norms per block in the tensor's accumulation
+dtype: within ``chunked_stats.SUM_ULPS`` epsilon of the exact values -- closer than torch's
 fp32 ``vector_norm``, which accumulates nearly serially -- and the same bits on every x86-64
-CPU: the order of additions is the source's, not the vector width's or the thread count's
-(no fused multiply-add). Equal tensors get equal statistics on both sides of a comparison.
+CPU: the order of additions is the source's, not the vector width's or the thread count's (a
+multiply-add is fused only where the product is exact, so fusing rounds nothing). Equal
+tensors get equal statistics on both sides of a comparison.
 """
 
 from __future__ import annotations
@@ -39,14 +42,15 @@ import subprocess
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 Entry = Callable[..., Any]  # a loaded C entry point (ctypes)
+_T = TypeVar("_T")
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
 
@@ -131,9 +135,10 @@ def _in_parts(entry: Entry, flat: torch.Tensor) -> list[float] | None:
 def _worker() -> ThreadPoolExecutor:
     """This process's one helper thread for ``_in_parts`` (made anew in a forked child)."""
     pid = os.getpid()
-    if _pool[0] is None or _pool[1] != pid:
-        _pool[:] = [ThreadPoolExecutor(1, thread_name_prefix="precalign-stats"), pid]
-    pool = _pool[0]
+    with _lock:
+        if _pool[0] is None or _pool[1] != pid:
+            _pool[:] = [ThreadPoolExecutor(1, thread_name_prefix="precalign-stats"), pid]
+        pool = _pool[0]
     assert isinstance(pool, ThreadPoolExecutor)
     return pool
 
@@ -141,7 +146,7 @@ def _worker() -> ThreadPoolExecutor:
 def zeros(t: torch.Tensor) -> int | None:
     """How many elements of a floating CPU tensor are zero (+0 or -0; NaN is not), from one
     read; None where the kernels are unavailable or the dtype has none."""
-    if t.device.type != "cpu" or t.dtype not in _BITS or not _enabled():
+    if not _dense_cpu(t) or t.dtype not in _BITS or not _enabled():
         return None
     entry = _entry(f"precalign_zeros_{_BITS[t.dtype]}")
     if entry is None:
@@ -157,7 +162,7 @@ def norms(after: torch.Tensor, before: torch.Tensor) -> tuple[float, float] | No
     and floating dtype, in float64 from one read of each; None where the kernels are
     unavailable or the dtype has none."""
     entry = _for(after, "norms")
-    if entry is None or before.dtype != after.dtype or before.shape != after.shape:
+    if entry is None or not _dense_cpu(before) or before.dtype != after.dtype or before.shape != after.shape:
         return None
     if not after.numel():
         return 0.0, 0.0
@@ -167,8 +172,51 @@ def norms(after: torch.Tensor, before: torch.Tensor) -> tuple[float, float] | No
     return out[0], out[1]
 
 
+def norms_of(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float]] | None:
+    """``norms(after, before)`` of every pair, the pairs shared between this thread and the
+    helper thread when torch may use two (a step's parameters are read from memory: a second
+    core reads them faster); None unless every pair has a kernel. Each pair's values are its
+    own, whichever thread took it."""
+    if not all(_for(a, "norms") is not None and _dense_cpu(b) for a, b in pairs):
+        return None
+    got = _on_two_threads([a.numel() for a, _ in pairs], lambda i: norms(*pairs[i]))
+    return None if any(g is None for g in got) else [g for g in got if g is not None]
+
+
+def zeros_of(tensors: Sequence[torch.Tensor]) -> int | None:
+    """``zeros`` of every tensor, added; shared between two threads as ``norms_of``; None
+    unless every tensor has a kernel."""
+    if not all(_dense_cpu(t) and t.dtype in _BITS for t in tensors) or not _enabled():
+        return None
+    got = _on_two_threads([t.numel() for t in tensors], lambda i: zeros(tensors[i]))
+    return None if any(g is None for g in got) else sum(g for g in got if g is not None)
+
+
+def _on_two_threads(sizes: Sequence[int], work: Callable[[int], _T]) -> list[_T]:
+    """``[work(i) for i in range(len(sizes))]``, the items shared by size between this thread
+    and the helper thread when torch may use two threads (the C kernels release the GIL)."""
+    if torch.get_num_threads() < 2 or len(sizes) < 2:
+        return [work(i) for i in range(len(sizes))]
+    mine: list[int] = []
+    theirs: list[int] = []
+    load = [0, 0]
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):  # largest first, to the lighter side
+        side = 0 if load[0] <= load[1] else 1
+        (mine if side == 0 else theirs).append(i)
+        load[side] += sizes[i]
+    later = _worker().submit(lambda: [(i, work(i)) for i in theirs])
+    done = {i: work(i) for i in mine}
+    done.update(later.result())
+    return [done[i] for i in range(len(sizes))]
+
+
+def _dense_cpu(t: torch.Tensor) -> bool:
+    """A strided tensor in host memory (not sparse, not on a device, not a meta tensor)."""
+    return t.device.type == "cpu" and t.layout == torch.strided
+
+
 def _for(t: torch.Tensor, family: str) -> Entry | None:
-    if t.device.type != "cpu" or t.dtype not in _SUFFIX or not _enabled():
+    if not _dense_cpu(t) or t.dtype not in _SUFFIX or not _enabled():
         return None
     return _entry(f"precalign_{family}_{_SUFFIX[t.dtype]}")
 

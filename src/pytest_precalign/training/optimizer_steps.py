@@ -199,7 +199,8 @@ class OptimizerSteps:
         """The grads are accumulated and not clipped yet (``norm``: the pre-clip norm the
         framework reported, used as is)."""
         if self._step is not None:
-            self._pending["grad_norm"] = self.evidence.grads_before_clip(norm=norm)
+            # the clipped grads' norm is measured at the update (_after_clip), the zeros with it
+            self._pending["grad_norm"] = self.evidence.grads_before_clip(norm=norm, zeros_after_clip=True)
 
     def close(self) -> StepScalars | None:
         """The open step is over (its update done or skipped): write its scalars and folder.

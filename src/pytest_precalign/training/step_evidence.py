@@ -6,9 +6,9 @@ quantity is computed the same way on both sides of a case.
 >>> evidence = StepEvidence(model.parameters())
 >>> evidence.begin()                     # before the step's first forward (params snapshot)
 >>> ...forward/backward of every micro-batch...
->>> evidence.grads_before_clip()         # global grad norm + zero grads, before clipping
+>>> evidence.grads_before_clip()         # global grad norm (+ zero grads), before clipping
 >>> clip_grad_norm_(...)                 # the framework's own clipping
->>> evidence.grads_after_clip()          # the clip coefficient as measured
+>>> evidence.grads_after_clip()          # the clip coefficient as measured (+ zero grads)
 >>> lr, wd = group_settings(optimizer)   # the LR the update is about to use
 >>> optimizer.step()
 >>> scalars = evidence.finish(step, loss=..., lr=lr, weight_decay=wd, ...)
@@ -158,6 +158,7 @@ class StepEvidence:
         self._grad_norm: float | None = None
         self._zero_grads: int | None = None
         self._clip_coef: float | None = None
+        self._uncounted: list[torch.Tensor] | None = None  # grads whose zeros are counted later
 
     def _grads(self, grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
         if grads is not None:
@@ -168,7 +169,7 @@ class StepEvidence:
         """Before the step: keep a copy of the parameters (for the update norm), copied into
         buffers kept from the step before when the parameters still fit them."""
         self._grad_norm = self._zero_grads = self._clip_coef = None
-        self._before = None
+        self._before = self._uncounted = None
         if self.update_norm and self.params:
             with torch.no_grad():
                 if not _fits(self._buffers, self.params):
@@ -180,15 +181,25 @@ class StepEvidence:
             self._before = self._buffers
 
     def grads_before_clip(
-        self, grads: Sequence[torch.Tensor] | None = None, *, norm: float | None = None
+        self,
+        grads: Sequence[torch.Tensor] | None = None,
+        *,
+        norm: float | None = None,
+        zeros_after_clip: bool = False,
     ) -> float:
         """The step's grads after accumulation, before clipping: their global norm (``norm``:
-        the one the framework reported, used as is) and the count of exact zeros."""
+        the one the framework reported, used as is) and the count of exact zeros.
+        ``zeros_after_clip``: the caller clips and then calls ``grads_after_clip``, which
+        counts the zeros in the same read of each grad as the norm after clipping (one read
+        of the grads fewer; clipping multiplies by a coefficient in (0, 1], so the zeros are
+        the same ones, as Megatron-LM and the Trainer callback count them: after clipping)."""
         found = self._grads(grads)
         if norm is None:  # both from one read of each grad, one host sync (step_norms.py)
             self._grad_norm, self._zero_grads = grad_norm_and_zeros(found)
         else:
-            self._grad_norm, self._zero_grads = float(norm), zero_count(found)
+            self._grad_norm = float(norm)
+            self._zero_grads = None if zeros_after_clip else zero_count(found)
+        self._uncounted = found if self._zero_grads is None else None
         return self._grad_norm
 
     def grads_after_clip(self, grads: Sequence[torch.Tensor] | None = None) -> float:
@@ -196,7 +207,11 @@ class StepEvidence:
         as (norm after) / (norm before); 1.0 when the norm before was 0."""
         if self._grad_norm is None:
             raise RuntimeError("StepEvidence.grads_after_clip: call grads_before_clip first")
-        after = grad_norm(self._grads(grads))
+        if self._uncounted is not None:  # counted here: grads_before_clip(zeros_after_clip=True)
+            after, self._zero_grads = grad_norm_and_zeros(self._grads(grads))
+            self._uncounted = None
+        else:
+            after = grad_norm(self._grads(grads))
         self._clip_coef = after / self._grad_norm if self._grad_norm > 0 else 1.0
         return self._clip_coef
 
@@ -217,6 +232,8 @@ class StepEvidence:
     def finish(self, step: int, **fields: Any) -> StepScalars:
         """The step's scalars: what was measured, plus ``fields`` (loss, lr, weight_decay,
         tokens, batch_hash, micro_batches, loss_scale, skipped, or overrides)."""
+        if self._uncounted is not None:  # zeros left for a clipping that never came (a skipped step)
+            self._zero_grads, self._uncounted = zero_count(self._uncounted), None
         update, param = self.norms_after_update()
         measured: dict[str, Any] = {
             "grad_norm": self._grad_norm,

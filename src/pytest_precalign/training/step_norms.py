@@ -65,12 +65,10 @@ def _native_norms(
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """The two norms from the C kernels, as float64 0-d tensors; None unless every parameter
     has one (one definition for the whole model)."""
-    squares: list[tuple[float, float]] = []
-    for i, p in enumerate(params):
-        got = native_kernels.norms(p, p if before is None else before[i])
-        if got is None:
-            return None
-        squares.append(got)
+    pairs = [(p, p if before is None else before[i]) for i, p in enumerate(params)]
+    squares = native_kernels.norms_of(pairs)
+    if squares is None:
+        return None
     param = math.sqrt(math.fsum(s for s, _ in squares))
     update = math.sqrt(math.fsum(u for _, u in squares))
     return torch.tensor(param, dtype=torch.float64), (
@@ -81,40 +79,39 @@ def _native_norms(
 def zeros_of(grads: Sequence[torch.Tensor]) -> int | None:
     """How many elements of ``grads`` are exactly zero, counted on the host by the C kernels
     (no host sync: they are CPU tensors); None unless every grad has one."""
-    total = 0
-    for g in grads:
-        count = native_kernels.zeros(g)
-        if count is None:
-            return None
-        total += count
-    return total
+    return native_kernels.zeros_of(grads)
 
 
 def grad_norm_and_zeros(grads: Sequence[torch.Tensor]) -> tuple[float, int]:
     """(global L2 norm, count of exact zeros) of ``grads`` in one host sync, each grad read
-    once on the CPU (its norm, then its nonzero count while it is in cache): bit for bit
+    once on the CPU (its norm, then its zeros -- from their bits by the C kernels where they
+    are built, else ``count_nonzero`` -- while it is in cache): bit for bit
     ``step_evidence.grad_norm`` and ``zero_count``, which read every grad twice and sync
     twice. (0.0, 0) for no grads."""
     if not grads:
         return 0.0, 0
-    zeros = zeros_of(grads)
-    if zeros is not None:  # the zeros from their bits, the norm torch's (get_total_norm)
-        norm = to_host(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0))
-        return float(norm), zeros
     groups = _group_tensors_by_device_and_dtype([[g.detach() for g in grads]])
     norms: list[torch.Tensor] = []
     nonzero: list[torch.Tensor] = []
+    zeros = 0  # counted on the host by the C kernels
+    counted_by_torch = 0  # elements of the grads whose nonzeros torch counts
     for (device, _), ([maybe], _) in groups.items():
         tensors = [t for t in maybe if t is not None]
         if device.type == "cpu":
             for g in tensors:
                 norms.append(torch.linalg.vector_norm(g, 2.0))
-                nonzero.append(torch.count_nonzero(g))
+                counted = native_kernels.zeros(g)
+                if counted is None:
+                    nonzero.append(torch.count_nonzero(g))
+                    counted_by_torch += g.numel()
+                else:
+                    zeros += counted
         else:
             norms.extend(torch._foreach_norm(tensors, 2.0))
             nonzero.extend(torch.count_nonzero(g) for g in tensors)
+            counted_by_torch += sum(g.numel() for g in tensors)
     first = grads[0].device
     total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
-    count = torch.stack([c.to(first) for c in nonzero]).sum()
+    count = torch.stack([c.to(first) for c in nonzero]).sum() if nonzero else torch.zeros((), device=first)
     norm, nonzeros = to_host(torch.stack([total.to(torch.float64), count.to(torch.float64)]))
-    return norm, sum(g.numel() for g in grads) - int(nonzeros)
+    return norm, zeros + counted_by_torch - int(nonzeros)

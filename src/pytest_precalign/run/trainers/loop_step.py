@@ -97,9 +97,10 @@ class LoopTraining:
         """Clip (when asked), step the optimizer and the scheduler, keep the step's scalars."""
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, 2.0) if grads else torch.tensor(0.0)
-        self.evidence.grads_before_clip(grads, norm=float(norm))
-        if self.spec.clip_grad is not None and grads:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.spec.clip_grad, norm)
+        clip = self.spec.clip_grad if grads else None
+        self.evidence.grads_before_clip(grads, norm=float(norm), zeros_after_clip=clip is not None)
+        if clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
             self.evidence.grads_after_clip()
         lr, wd = group_settings(self.optimizer)
         self.optimizer.step()
