@@ -93,33 +93,18 @@ class LightningUsageError(ConfigError):
     """The callback used where it cannot record (manual optimization, several optimizers)."""
 
 
-class PrecalignLightningCallback(Callback):
-    """Record every optimizer step of a Lightning run in the ``Recorder``'s layout (see the
-    module doc). ``mode``: a ``Recorder`` mode (``stats`` default, ``tensor``, ``hash``) or
-    ``"scalars"``; ``module``: the LightningModule's attribute to record (dotted); other
-    keyword arguments go to the ``Recorder``. Every recorder defaults to ``stats``;
-    ``PrecalignCallback`` alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap
-    enough to leave on for a whole run)."""
+class LightningSteps(Callback):
+    """A Lightning run's optimizer steps measured and written into ``recorder`` (see the
+    module doc): a ``Recorder`` (``PrecalignLightningCallback`` makes one), or what the tool's
+    own Lightning case writes into (``run/trainers/lightning.py``; None there: the run's
+    settings only). ``module``: the LightningModule's attribute to record (dotted)."""
 
-    def __init__(
-        self,
-        root: str | Path,
-        *,
-        mode: str = "stats",
-        steps: Iterable[int] | None = None,
-        module: str | None = None,
-        **recorder: Any,
-    ) -> None:
+    def __init__(self, recorder: Any, module: str | None = None) -> None:
         super().__init__()
-        self.recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        self.recorder = recorder
         self.module = module
         self.settings: TrainingSettings | None = None
         self._steps: OptimizerSteps | None = None
-
-    @property
-    def written(self) -> list[Path]:
-        """The folders written so far, in order."""
-        return self.recorder.written
 
     @property
     def scalars(self) -> dict[int, StepScalars]:
@@ -199,6 +184,32 @@ class PrecalignLightningCallback(Callback):
                 f"{type(pl_module).__name__} has no such submodule"
             )
         return found
+
+
+class PrecalignLightningCallback(LightningSteps):
+    """Record every optimizer step of a Lightning run in the ``Recorder``'s layout (see the
+    module doc). ``mode``: a ``Recorder`` mode (``stats`` default, ``tensor``, ``hash``) or
+    ``"scalars"``; ``module``: the LightningModule's attribute to record (dotted); other
+    keyword arguments go to the ``Recorder``. Every recorder defaults to ``stats``;
+    ``PrecalignCallback`` alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap
+    enough to leave on for a whole run)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        mode: str = "stats",
+        steps: Iterable[int] | None = None,
+        module: str | None = None,
+        **recorder: Any,
+    ) -> None:
+        super().__init__(Recorder(root, mode=mode, steps=steps, **recorder), module)
+
+    @property
+    def written(self) -> list[Path]:
+        """The folders written so far, in order."""
+        written: list[Path] = self.recorder.written
+        return written
 
 
 def lightning_settings(

@@ -17,7 +17,8 @@ does; ``"mean_of_micro_batch_means"`` is a plain user's Lightning (the micro-bat
 returned as is: Lightning's mean of micro-batch means), which the example suite's fault
 ``faults:lightning_mean_of_micro_batch_means`` plants.
 
-Recording is ``PrecalignLightningCallback``'s (``training/lightning_callback.py``): the plan
+Recording is ``PrecalignLightningCallback``'s events (``LightningSteps``, the base it builds a
+``Recorder`` for, ``training/lightning_callback.py``): the plan
 from Lightning's own optimizer and scheduler (``lightning_settings``), every step's scalars
 measured after Lightning's clipping and accumulation (``OptimizerSteps``), written here into
 the case's ``HookRecorder`` (``_CaseSink``) instead of a folder: the step skeleton opens each
@@ -37,7 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 
 from ...config.specs import CaseSpec, ModelSpec
 from ...errors import CaseError
@@ -46,7 +47,7 @@ from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import TrainingSettings, run_record_keys
-from ...training.lightning_callback import PrecalignLightningCallback, lightning_settings
+from ...training.lightning_callback import LightningSteps, lightning_settings
 from .loop import _forward
 from .loop_optimizer import grouped_optimizer, make_scheduler, param_groups
 from .loop_step import shifted_tokens, split_micro_batches
@@ -160,17 +161,13 @@ class _CaseSink:
         self.steps.end()
 
 
-class _CaseCallback(PrecalignLightningCallback):
-    """``PrecalignLightningCallback`` writing into the case (``_CaseSink``; None: make the plan
-    and stop before the first step), its plan saying the module's loss normalisation;
+class _CaseCallback(LightningSteps):
+    """The Lightning callback's steps written into the case (``_CaseSink``; None: make the
+    plan and stop before the first step), its plan saying the module's loss normalisation;
     ``stop_after``: stop the fit once that step's update is done (None: at ``max_steps``)."""
 
     def __init__(self, sink: _CaseSink | None, stop_after: int | None = None) -> None:
-        Callback.__init__(self)
-        self.recorder: Any = sink
-        self.module = "model"
-        self.settings = None
-        self._steps = None
+        super().__init__(sink, "model")
         self.stop_after = stop_after
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
