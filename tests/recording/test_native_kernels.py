@@ -239,3 +239,21 @@ def test_a_steps_norms_and_zeros_on_two_threads_are_the_one_threads_bit_for_bit(
         torch.set_num_threads(threads)
     assert two == one and one[1] == sum(a.numel() - int(torch.count_nonzero(a)) for a in after)
     assert one[0] == [native_kernels.norms(a, b) for a, b in zip(after, before, strict=True)]
+
+
+def test_a_library_or_cache_folder_others_could_write_is_never_loaded(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # like a folder in /tmp anyone may write into
+    private = tmp_path / "private"
+    run = _probe(tmp_path, PRECALIGN_CACHE_DIR=str(shared), XDG_CACHE_HOME=str(private))
+    assert run["state"] == "native"
+    assert not list(shared.glob("*.so")) and list(
+        (private / "pytest-precalign").glob("precalign_stats_f32-*.so")
+    )
+    for built in (private / "pytest-precalign").glob("*.so"):
+        assert built.stat().st_mode & 0o077 == 0  # private whatever the umask
+        built.chmod(0o666)  # now someone else could have replaced it
+    again = _probe(tmp_path, PRECALIGN_CACHE_DIR=str(shared), XDG_CACHE_HOME=str(private))
+    assert str(again["state"]).startswith("torch: the C kernels could not be built")
+    assert "is writable by others: not loaded" in str(again["state"])

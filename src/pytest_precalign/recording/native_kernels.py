@@ -88,7 +88,7 @@ def stats(t: torch.Tensor) -> list[float] | None:
     kernels are unavailable or the dtype has none, and where a value is not finite (a NaN, an
     Inf, a sum that overflowed): torch's reductions apply then, counts and all."""
     entry = _for(t, "stats")
-    if entry is None:
+    if entry is None or not t.numel():
         return None
     flat = _contiguous(t)
     if flat.numel() <= PART:
@@ -114,8 +114,11 @@ def _in_parts(entry: Entry, flat: torch.Tensor) -> list[float] | None:
         out = (ctypes.c_double * 4)()
         return list(out) if entry(piece[0], piece[1], out) else None
 
+    def theirs(kept: torch.Tensor) -> list[list[float] | None]:  # ``kept``: the memory read
+        return [reduce(p) for p in pieces[1::2]]
+
     if torch.get_num_threads() > 1:
-        later = _worker().submit(lambda: [reduce(p) for p in pieces[1::2]])
+        later = _worker().submit(theirs, flat)  # holds ``flat`` until it is done, whatever happens here
         rows = [reduce(p) for p in pieces[0::2]]
         rows += later.result()
     else:
@@ -278,7 +281,10 @@ def _built(symbol: str) -> Path:
     folder = _cache_folder()
     path = folder / f"{symbol}-{key.hexdigest()[:16]}.so"
     if path.is_file():
-        return path
+        why = _not_ours(path)
+        if why is None:
+            return path
+        raise OSError(f"{path} {why}: not loaded")
     fd, tmp = tempfile.mkstemp(prefix=f".{symbol}-", suffix=".so", dir=folder)
     os.close(fd)
     try:
@@ -287,6 +293,7 @@ def _built(symbol: str) -> Path:
         )
         if done.returncode != 0:
             raise OSError(f"{shlex.join(compiler)} exited {done.returncode}: {done.stderr.strip()[:300]}")
+        os.chmod(tmp, 0o700)  # this user's alone, whatever the umask (see _not_ours)
         os.replace(tmp, path)  # atomic: a concurrent build (another xdist worker) loads either
     finally:
         if os.path.exists(tmp):
@@ -319,11 +326,31 @@ def _cache_folder() -> Path:
     candidates = [Path(named)] if named else []
     candidates.append((Path(xdg) if xdg else Path.home() / ".cache") / "pytest-precalign")
     candidates.append(Path(tempfile.gettempdir()) / f"pytest-precalign-{getattr(os, 'getuid', int)()}")
+    refused: list[str] = []
     for folder in candidates:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError:
             continue
-        if os.access(folder, os.W_OK):
+        why = _not_ours(folder)
+        if why is None and os.access(folder, os.W_OK):
             return folder
-    raise OSError("no writable cache folder for the C kernels (set PRECALIGN_CACHE_DIR)")
+        if why is not None:
+            refused.append(f"{folder} {why}")
+    said = f" ({'; '.join(refused)})" if refused else ""
+    raise OSError(f"no private writable cache folder for the C kernels{said} (set PRECALIGN_CACHE_DIR)")
+
+
+def _not_ours(path: Path) -> str | None:
+    """Why a library there could be another user's (None: it is this user's alone): a
+    library is loaded into the process, so neither it nor its folder may be owned or
+    writable by anyone else (``/tmp`` is shared)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # no owners to check (Windows)
+        return None
+    st = path.stat()
+    if st.st_uid != getuid():
+        return f"is owned by uid {st.st_uid}, not this user"
+    if st.st_mode & 0o022:
+        return "is writable by others"
+    return None
