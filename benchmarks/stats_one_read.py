@@ -9,6 +9,8 @@
 * ``native`` -- ``native_kernels.stats``: the C kernel the platform's compiler builds (one
   read; what ``stats_vector`` uses on the CPU where one is built); its build time from a cold
   cache (a temporary ``PRECALIGN_CACHE_DIR``) is printed apart (``native_build_s``);
+* zero counts of the same tensors (the scalars mode's ``zero_grads``): ``count_nonzero``
+  against ``native_kernels.zeros`` (printed as ``zeros``);
 * ``compiled`` (``--compile``) -- one fused ``torch.compile`` kernel (inductor, C++ on the
   CPU); its compile time is printed apart.
 
@@ -139,6 +141,14 @@ def main() -> None:
             f"{out[f'{name}_step_large_ms']:8.2f} ms, {len(small)} others: {out[f'{name}_step_rest_ms']:8.2f} ms",
             flush=True,
         )
+    small = [t for t in step if t.numel() <= (1 << 21)]
+    for name, count in (("count_nonzero", torch.count_nonzero), ("native_zeros", native_kernels.zeros)):
+        out[f"{name}_step_ms"] = best_ms(count, large + small, args.rounds)
+    print(
+        f"zeros      mid step, all {len(step)}: count_nonzero {out['count_nonzero_step_ms']:8.2f} ms, "
+        f"native {out['native_zeros_step_ms']:8.2f} ms",
+        flush=True,
+    )
     torch.set_num_threads(threads)
     out.update(run_facts(load_start, os.getloadavg()[0]))
     print(json.dumps(out, sort_keys=True))

@@ -95,18 +95,18 @@ def test_group_settings_per_group_in_order() -> None:
     assert group_settings(optimizer) == ((1e-3, 1e-3), (0.1, 0.0))
 
 
-def _reads_of_grads(
+def _zero_count_reads(
     evidence: StepEvidence, model: torch.nn.Module, zeros_after_clip: bool
-) -> tuple[int, int]:
-    """(zero grads, how many times the C kernels and torch's reductions read a grad) of one
-    clipped step whose pre-clip norm the framework reported."""
+) -> tuple[int, list[str]]:
+    """(zero grads, the phase of each read of a grad's zeros by the C kernels) of one clipped
+    step whose pre-clip norm the framework reported."""
     from pytest_precalign.recording import native_kernels
 
-    reads = [0]
+    phase, reads = ["before_clip"], list[str]()
     counted = native_kernels.zeros
 
     def counting(t: torch.Tensor) -> int | None:
-        reads[0] += 1
+        reads.append(phase[0])
         return counted(t)
 
     evidence.begin()
@@ -117,23 +117,23 @@ def _reads_of_grads(
     try:
         evidence.grads_before_clip(norm=float(norm), zeros_after_clip=zeros_after_clip)
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), 0.5, norm)
+        phase[0] = "after_clip"
         evidence.grads_after_clip()
+        phase[0] = "finish"
+        scalars = evidence.finish(0)
     finally:
         native_kernels.zeros = counted  # type: ignore[assignment]
-    scalars = evidence.finish(0)
     assert scalars.zero_grads is not None
-    return scalars.zero_grads, reads[0]
+    return scalars.zero_grads, reads
 
 
 def test_zeros_after_clip_are_counted_in_the_clipped_norms_read_and_are_the_same_zeros() -> None:
     model = _model()
-    before = _reads_of_grads(StepEvidence(model.parameters()), model, zeros_after_clip=False)
+    zeros, reads = _zero_count_reads(StepEvidence(model.parameters()), model, zeros_after_clip=False)
+    assert zeros == 1 and reads == ["before_clip"] * 3  # a pass of its own, before clipping
     model.zero_grad(set_to_none=True)
-    after = _reads_of_grads(StepEvidence(model.parameters()), model, zeros_after_clip=True)
-    assert before[0] == after[0] == 1
-    # counted once either way; with zeros_after_clip inside grads_after_clip's pass (per grad,
-    # right after its norm), so no separate pass of the grads before clipping
-    assert before[1] == after[1] == 3
+    zeros, reads = _zero_count_reads(StepEvidence(model.parameters()), model, zeros_after_clip=True)
+    assert zeros == 1 and reads == ["after_clip"] * 3  # in grads_after_clip's read of each grad
 
 
 def test_zeros_left_for_a_clipping_that_never_came_are_counted_at_finish() -> None:

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from ..recording import native_kernels
 from ..recording.host_sync import to_host
 from ..trace.step_scalars import StepScalars
-from .step_norms import grad_norm_and_zeros, param_and_update_norms, zeros_of
+from .step_norms import grad_norm_and_zeros, param_and_update_norms
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
@@ -45,7 +46,7 @@ def zero_count(grads: Sequence[torch.Tensor]) -> int:
     """Grad elements exactly 0 (Megatron-LM's ``num-zeros``), read in one host sync."""
     if not grads:
         return 0
-    counted = zeros_of(grads)  # the C kernels: one pass of each grad's bits, no host sync
+    counted = native_kernels.zeros_of(grads)  # one pass of each grad's bits, no host sync
     if counted is not None:
         return counted
     device = grads[0].device
@@ -192,7 +193,8 @@ class StepEvidence:
         ``zeros_after_clip``: the caller clips and then calls ``grads_after_clip``, which
         counts the zeros in the same read of each grad as the norm after clipping (one read
         of the grads fewer; clipping multiplies by a coefficient in (0, 1], so the zeros are
-        the same ones, as Megatron-LM and the Trainer callback count them: after clipping)."""
+        the same ones unless a product underflows to zero; Megatron-LM and the Trainer
+        callback count them after clipping too)."""
         found = self._grads(grads)
         if norm is None:  # both from one read of each grad, one host sync (step_norms.py)
             self._grad_norm, self._zero_grads = grad_norm_and_zeros(found)

@@ -6,7 +6,7 @@ each parameter and its snapshot gives both sums of squares (``before - after`` i
 written), added exactly (``math.fsum``) over the parameters: the norms in float64, within
 ``SUM_ULPS`` epsilon of the exact values, the same on every x86-64 CPU and thread count; and
 each grad's zeros are counted by one pass of their bits (exact: ``count_nonzero``'s count,
-8x faster). The grad norm stays torch's (``get_total_norm``: the number ``clip_grad_norm_``
+2.7x faster: ``python benchmarks/stats_one_read.py``). The grad norm stays torch's (``get_total_norm``: the number ``clip_grad_norm_``
 returns, so a framework's reported norm and ours agree bit for bit).
 
 Elsewhere (a device; no C compiler; ``PRECALIGN_FUSED_STATS=0``): ``get_total_norm`` over the
@@ -74,12 +74,6 @@ def _native_norms(
     return torch.tensor(param, dtype=torch.float64), (
         None if before is None else torch.tensor(update, dtype=torch.float64)
     )
-
-
-def zeros_of(grads: Sequence[torch.Tensor]) -> int | None:
-    """How many elements of ``grads`` are exactly zero, counted on the host by the C kernels
-    (no host sync: they are CPU tensors); None unless every grad has one."""
-    return native_kernels.zeros_of(grads)
 
 
 def grad_norm_and_zeros(grads: Sequence[torch.Tensor]) -> tuple[float, int]:
