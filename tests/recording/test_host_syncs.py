@@ -85,8 +85,9 @@ def test_host_syncs_per_step_do_not_grow_with_depth(mode: str, blowup: int) -> N
     assert records[2] < records[4] < records[8]  # deeper models record more tensors ...
     assert counts[2] == counts[4] == counts[8]  # ... with the same number of host syncs
     # one; in hash mode a second when some sum is not finite (the statistics are taken then);
-    # stats and tensor modes take NaN/Inf counts at capture, where torch decides they are needed
-    assert counts[2] == (2 if blowup >= 0 and mode == "hash" else 1), counts
+    # stats and tensor modes take NaN/Inf counts at capture, where torch decides they are needed;
+    # stats mode reads a CPU tensor's statistics at capture from host memory: no sync at all
+    assert counts[2] == (2 if blowup >= 0 and mode == "hash" else 0 if mode == "stats" else 1), counts
 
 
 @pytest.mark.parametrize("mode", ["stats", "hash", "tensor"])
@@ -94,8 +95,9 @@ def test_one_host_sync_per_step(mode: str) -> None:
     _, one = _record(_Net(4), mode, steps=1)
     trace, three = _record(_Net(4), mode, steps=3)
     # tensor mode on the CPU: the statistics of the kept copies are computed by trace(), with
-    # one host sync for all the steps (kept_tensors.py)
-    assert three == (one if mode == "tensor" else 3 * one) and one == 1
+    # one host sync for all the steps (kept_tensors.py); stats mode reads a CPU tensor's at
+    # capture, from host memory (none; the device path's one per step: below)
+    assert three == (one if mode == "tensor" else 3 * one) and one == (0 if mode == "stats" else 1)
     assert {r.step for r in trace.records} == {0, 1, 2}
     assert all(r.stats is not None for r in trace.records if mode != "hash")
 
@@ -163,6 +165,22 @@ def counted_at_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_precalign.recording import step_buffer
 
     monkeypatch.setattr(step_buffer, "counts_at_capture", lambda device: True)
+    monkeypatch.setattr(step_buffer, "read_at_capture", lambda t: False)  # queued to the step's end
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_device_path_of_stats_mode_one_sync_per_step(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
+    """What a device tensor takes in stats mode: queued, fetched at the step's end, one sync
+    per step; the records the same bits as the ones read at capture."""
+    at_capture, _ = _record(_Net(4), "stats", steps=steps)
+    from pytest_precalign.recording import step_buffer
+
+    monkeypatch.setattr(step_buffer, "read_at_capture", lambda t: False)
+    queued, syncs = _record(_Net(4), "stats", steps=steps)
+    assert syncs == steps
+    assert [(r.id, _bits(r.stats)) for r in queued.records] == [
+        (r.id, _bits(r.stats)) for r in at_capture.records
+    ]
 
 
 @pytest.mark.usefixtures("counted_at_capture")

@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_precalign.recording import HookRecorder
+from pytest_precalign.recording import HookRecorder, recorder
 from pytest_precalign.recording.step_buffer import StepBuffer
 from pytest_precalign.recording.tensor_summary import tensor_stats
+from pytest_precalign.trace.records import Stats
 
 
 class _Scale(nn.Module):
@@ -37,14 +38,21 @@ class _Chain(nn.Module):
 
 
 def _summaries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the tensors the recorder reduces: queued to the step's end (a device
+    tensor) or read at capture (a CPU tensor)."""
     sizes: list[int] = []
-    add = StepBuffer.add_stats
+    add, read = StepBuffer.add_stats, recorder.cpu_stats
 
     def counting(self: StepBuffer, data: torch.Tensor) -> int:
         sizes.append(data.numel())
         return add(self, data)
 
+    def reading(data: torch.Tensor) -> Stats:
+        sizes.append(data.numel())
+        return read(data)
+
     monkeypatch.setattr(StepBuffer, "add_stats", counting)
+    monkeypatch.setattr(recorder, "cpu_stats", reading)
     return sizes
 
 

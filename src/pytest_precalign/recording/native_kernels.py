@@ -59,6 +59,7 @@ SOURCE = Path(__file__).with_name("native_kernels.c")
 _FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 _BITS = {torch.float32: "32", torch.bfloat16: "16", torch.float16: "16", torch.float64: "64"}
+_STATS = {dtype: f"precalign_stats_{suffix}" for dtype, suffix in _SUFFIX.items()}
 
 # Tensors above this many elements are reduced in pieces of this size (see ``_in_parts``).
 PART = 1 << 22
@@ -88,17 +89,20 @@ def stats(t: torch.Tensor) -> list[float] | None:
     module's doc says and kept in float64 (not rounded to float32: tensors a few ulps apart
     in one element keep different sums, as merging replicated ranks needs); None where the
     kernels are unavailable or the dtype has none, and where a value is not finite (a NaN, an
-    Inf, a sum that overflowed): torch's reductions apply then, counts and all."""
-    entry = _for(t, "stats")
-    if entry is None or not t.numel():
+    Inf, a sum that overflowed): torch's reductions apply then, counts and all. Called for
+    every tensor a recorder summarises, so it checks what it must and no more."""
+    symbol = _STATS.get(t.dtype)
+    if symbol is None or not t.is_cpu or t.layout != torch.strided or not _enabled():
         return None
-    flat = _contiguous(t)
-    if flat.numel() <= PART:
-        out = (ctypes.c_double * 4)()
-        return (
-            [out[0], out[1], out[2], math.sqrt(out[3])] if entry(flat.data_ptr(), flat.numel(), out) else None
-        )
-    return _in_parts(entry, flat)
+    entry = _loaded[symbol] if symbol in _loaded else _entry(symbol)
+    n = t.numel()
+    if entry is None or not n:
+        return None
+    flat = t if t.is_contiguous() else t.detach().contiguous()
+    if n > PART:
+        return _in_parts(entry, flat)
+    out = (ctypes.c_double * 4)()
+    return [out[0], out[1], out[2], math.sqrt(out[3])] if entry(flat.data_ptr(), n, out) else None
 
 
 def _in_parts(entry: Entry, flat: torch.Tensor) -> list[float] | None:

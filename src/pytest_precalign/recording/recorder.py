@@ -18,6 +18,8 @@ One host synchronisation per step: statistics (and, in hash mode, the NaN/Inf ev
 are computed as device tensors at capture and fetched together when the step ends (``step``
 is set to another value, the recorder exits, or ``trace()``), see ``step_buffer.py``. Until
 then a record returned by ``capture`` has no ``stats``/``crc32`` yet; ``trace()`` has them.
+A CPU tensor's statistics are in host memory as soon as they are computed: stats mode reads
+them at capture (none: no host sync at all), its record complete at once.
 
 Live compare (``golden=``, a judge from ``live_compare``): each record is compared with a
 golden run's at capture (its statistics fetched at once: one host sync per record) and keeps
@@ -31,6 +33,7 @@ the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -43,6 +46,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
+from . import step_buffer
 from .calls import ModuleCall, _Call, _version
 from .compiled import hook_wrapper
 from .forward_guard import ForwardGuard, in_backward
@@ -52,7 +56,7 @@ from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
-from .tensor_summary import dtype_name, flatten
+from .tensor_summary import cpu_stats, dtype_name, flatten
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
@@ -67,10 +71,20 @@ def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str
         raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Record) if f.default is not dataclasses.MISSING}
+
+
+def _record(**fields: Any) -> Record:
+    """``Record(**fields)`` without the frozen dataclass's ``__init__`` (it sets each of its 15
+    fields through ``object.__setattr__``): run for every tensor a step records."""
+    new = object.__new__(Record)
+    new.__dict__.update(_DEFAULTS, **fields)
+    return new
+
+
 def _summarised(record: Record, stats: Stats | None, crc: str | None) -> Record:
-    """``dataclasses.replace(record, stats=stats, crc32=crc)`` without its per-field
-    ``__init__`` (a frozen dataclass sets each of its 15 fields through ``object.__setattr__``):
-    run for every record of a step at its end."""
+    """``dataclasses.replace(record, stats=stats, crc32=crc)``, as ``_record``: run for every
+    record whose statistics a step's end fetched."""
     new = object.__new__(Record)
     new.__dict__.update(record.__dict__, stats=stats, crc32=crc)
     return new
@@ -137,6 +151,9 @@ class HookRecorder:
         self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
         # Live compare (``live_golden.py``): records judged against a golden run at capture.
         self._live = None if golden is None else LiveKeeper(golden, self._records, self._tensors)
+        # Stats mode's CPU tensors are summarised at capture: their values are in host memory,
+        # reading them waits for nothing, and nothing is left to fill in at the step's end.
+        self._stats_now = mode == "stats" and golden is None
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> HookRecorder:
@@ -259,22 +276,32 @@ class HookRecorder:
         step: int | None = None,
     ) -> Record:
         """Record one tensor; identical tensor objects seen before are not copied again."""
-        step = self.step if step is None else step
+        step = self._step if step is None else step
         seq = len(self._records)
         stats: Stats | None = None
         crc: str | None = None
         key: str | None = None
         same_as: int | None = None
+        version = _version(tensor)
         seen = self._seen.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1] == _version(tensor):
+        if seen is not None and seen[0]() is tensor and seen[1] == version:
             earlier = self._records[same_as := seen[2].seq]
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
             if earlier.seq in self._pending:
                 self._pending[seq] = self._pending[earlier.seq]
+        elif self._stats_now and step_buffer.read_at_capture(tensor):  # a CPU tensor: read at once
+            busy, self._busy = (
+                self._busy,
+                True,
+            )  # torch's reductions, where they are taken: not the model's ops
+            try:
+                stats = cpu_stats(tensor)
+            finally:
+                self._busy = busy
         else:
             rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
             stats, crc, key = self._summarize(tensor.detach(), seq, rid)
-        record = Record(
+        record = _record(
             seq=seq,
             name=name,
             module_class=module_class,
@@ -291,7 +318,7 @@ class HookRecorder:
             deps=deps,
         )
         self._records.append(record)
-        self._remember(tensor, record)
+        self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
         if self._live is not None:
             busy, self._busy = self._busy, True
             try:
@@ -326,9 +353,6 @@ class HookRecorder:
             return None, None, None
         finally:
             self._busy = busy
-
-    def _remember(self, tensor: torch.Tensor, record: Record) -> None:
-        self._seen[id(tensor)] = (weakref.ref(tensor), _version(tensor), record)
 
     def _pre_hook(
         self, name: str, cls: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -434,10 +458,13 @@ class HookRecorder:
         kind: str,
         slot: str,
     ) -> Callable[[torch.Tensor], None]:
-        """The tensor hook that records ``t``'s grad; for a view, one that hands over to its base's
-        autograd node if the view is modified in place later (see ``inplace_grads.py``)."""
+        """What records ``t``'s grad; for a view, what hands over to its base's autograd node
+        if the view is modified in place later (see ``inplace_grads.py``)."""
+        deliver = partial(on_grad, state, slot)
+        if not t._is_view():
+            return deliver
         refuse = partial(self._refuse_grad, record_id(state.name, kind, slot, state.step, state.call))
-        return self._views.hook(t, partial(on_grad, state, slot), refuse)
+        return self._views.hook(t, deliver, refuse)
 
     def _refuse_grad(self, rid: str, reason: str) -> None:
         if self._active:

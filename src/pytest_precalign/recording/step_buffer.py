@@ -1,6 +1,7 @@
 """A recorded step's statistics and hashes, kept on the device until the step ends.
 
-``add_stats`` queues a tensor's max/min/sum/norm as a small device tensor (no host sync);
+``add_stats`` queues a tensor's max/min/sum/norm as a small device tensor (no host sync; stats
+mode reads a CPU tensor's at capture instead, ``read_at_capture``);
 ``add_evidence`` queues only its sum (hash mode's NaN/Inf check); ``add_crc`` hashes a CPU
 tensor at once (its bytes are already on the host: zlib, no device sync) and, for a device
 tensor, starts a non-blocking copy to the host (pinned memory on CUDA) that is hashed at the
@@ -45,6 +46,13 @@ class _Queued:
     evidence: bool  # statistics are wanted only if the sum is not finite
     numel: int
     counted: bool = False  # the vector holds the NaN/Inf counts too (a device tensor)
+
+
+def read_at_capture(t: torch.Tensor) -> bool:
+    """Whether stats mode reads a tensor's statistics at capture rather than queueing them
+    here: a CPU tensor's values are in host memory, so reading them waits for nothing (no
+    host sync) and nothing is left for the step's end (``tensor_summary.cpu_stats``)."""
+    return bool(t.is_cpu)
 
 
 def counts_at_capture(device: torch.device) -> bool:

@@ -103,7 +103,26 @@ def stats_row(t: torch.Tensor) -> list[float]:
     row = _native_row(t)
     if row is not None:
         return [*row, 0.0, 0.0]
-    return _on_one_thread(lambda: _row(_widened(t)))
+    return _torch_row(t)
+
+
+def _torch_row(t: torch.Tensor) -> list[float]:
+    """``stats_row`` by torch's reductions (no kernel, or a value not finite)."""
+    return _on_one_thread(lambda: _row(_widened(t.detach())))
+
+
+def cpu_stats(t: torch.Tensor) -> Stats:
+    """``tensor_stats(t)`` of a CPU tensor, read at once (its values are in host memory: no
+    host sync), the same bits as ``stats_from_vector(stats_row(t), numel)``: what a recorder
+    keeps of each CPU tensor in stats mode, so the fewest calls between the tensor and its
+    ``Stats``."""
+    n = t.numel()
+    if not n:
+        return Stats(0.0, 0.0, 0.0, 0.0)
+    row = native_kernels.stats(t) if t.is_floating_point() else None
+    if row is None:
+        return stats_from_vector(_torch_row(t), n)
+    return Stats(row[0], row[1], row[2] / n, row[3])
 
 
 def _row(t: torch.Tensor) -> list[float]:
