@@ -257,3 +257,70 @@ def test_a_library_or_cache_folder_others_could_write_is_never_loaded(tmp_path: 
     again = _probe(tmp_path, PRECALIGN_CACHE_DIR=str(shared), XDG_CACHE_HOME=str(private))
     assert str(again["state"]).startswith("torch: the C kernels could not be built")
     assert "is writable by others: not loaded" in str(again["state"])
+
+
+# -- shared with torch's own threads ---------------------------------------------------------
+
+
+def _sizes() -> list[int]:
+    """Around the superblock (16384 elements), the smallest shared read (4 superblocks) and
+    a share boundary of odd superblock counts, with tails."""
+    sb = 64 * 256
+    return [
+        1,
+        255,
+        sb - 1,
+        sb,
+        3 * sb + 5,
+        4 * sb - 1,
+        4 * sb,
+        4 * sb + 1,
+        7 * sb + 300,
+        45 * sb + 777,
+        200 * sb + 3,
+    ]  # at most PART: one call
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_a_read_shared_by_torchs_threads_gives_one_threads_bits(dtype: torch.dtype, tmp_path: Path) -> None:
+    """The library the recorder loads (on torch's OpenMP threads where it can be: see
+    ``_shared_threads``) against a build without threads, at torch's thread counts 1 and 2:
+    the same bits, -0 before +0 kept as the first of equal values."""
+    suffix = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}[dtype]
+    symbol = f"precalign_stats_{suffix}"
+    alone = getattr(_build(tmp_path, "x86-64" if platform.machine() == "x86_64" else None, symbol), symbol)
+    alone.restype, alone.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    g = torch.Generator().manual_seed(7)
+    tensors = [(torch.randn(n, generator=g) * 4).to(dtype) for n in _sizes()]
+    zeros = torch.zeros(5 * 64 * 256, dtype=dtype)
+    zeros[::2] = -0.0  # max/min among equal values: the first one read, whoever read it
+    tensors.append(zeros)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for t in tensors:
+                out = (ctypes.c_double * 4)()
+                assert alone(t.data_ptr(), t.numel(), out)
+                expected = [out[0], out[1], out[2], math.sqrt(out[3])]
+                assert _bits(native_kernels.stats(t) or []) == _bits(expected), (n, t.numel())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_where_torch_runs_on_gccs_openmp_the_statistics_share_its_threads() -> None:
+    """torch's own libgomp, not a second runtime with threads of its own: one libgomp mapped,
+    no thread started by a shared read."""
+    if not native_kernels._torch_gomp():
+        pytest.skip("torch does not run on GCC's OpenMP runtime here")
+    t = torch.randn(64 * 64 * 256)
+    assert native_kernels.stats(t) is not None
+    assert "precalign_stats_f32" in native_kernels._threaded  # GCC builds it with -fopenmp
+    maps = [
+        line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line
+    ]
+    assert len(set(maps)) == 1, set(maps)
+    tasks = len(os.listdir("/proc/self/task"))
+    for _ in range(5):
+        native_kernels.stats(t)
+    assert len(os.listdir("/proc/self/task")) == tasks

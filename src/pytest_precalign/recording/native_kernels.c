@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 
 #define LANES 32
 #define BLOCK 256
@@ -106,11 +107,89 @@ static inline double lanes_total(double *lane) {
 #define SUPER_NARROW 64 /* float accumulation: 64 block sums in a double lane lose nothing */
 #define SUPER_WIDE 1    /* double accumulation: every block's lane sums go to the cascade */
 
+/* Sharing a tensor's full superblocks between threads: built with -fopenmp (native_kernels.py
+ * does so only where torch itself runs on GCC's OpenMP runtime, so these are torch's own
+ * intra-op threads, as many as torch.get_num_threads()), a tensor of at least MIN_SHARED
+ * superblocks is read in contiguous shares, one per thread; elsewhere by the calling thread. */
+#define MAX_THREADS 64
+#define MIN_SHARED 4
+#define MAX_SHARED_LEAVES 512
+#ifdef _OPENMP
+#include <omp.h>
+static int shares_for(int64_t supers) {
+    if (supers < MIN_SHARED || omp_in_parallel()) return 1;
+    int threads = omp_get_max_threads();
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > supers) threads = (int)supers;
+    return threads < 1 ? 1 : threads;
+}
+#define SHARE_SUPERBLOCKS(CALL, MX, MN)                                                      \
+    _Pragma("omp parallel num_threads(threads)") {                                           \
+        int t = omp_get_thread_num();                                                        \
+        int64_t first = supers * t / threads, count = supers * (t + 1) / threads - first;    \
+        for (int j = 0; j < LANES; j++) {                                                    \
+            (MX)[j] = -INFINITY;                                                             \
+            (MN)[j] = INFINITY;                                                              \
+        }                                                                                    \
+        CALL;                                                                                \
+    }
+#else
+static int shares_for(int64_t supers) { (void)supers; return 1; }
+#define SHARE_SUPERBLOCKS(CALL, MX, MN)
+#endif
+
+/* Superblocks [first, first + count) of x, each SUPER blocks of BLOCK elements: every
+ * superblock's sum and sum of squares (its lanes' totals, pairwise) into ls[sb], lq[sb],
+ * and every element into the LANES running max/min (a lane keeps the first of equal values:
+ * -0 and +0 are equal). Whichever thread reads a superblock, its sums are the same. */
+#define STATS_RANGE(NAME, T, ACC, LOAD, SUPER, CONTRACT)                                     \
+    CLONES CONTRACT void NAME##_range(const T *x, int64_t first, int64_t count, ACC *lmx,    \
+                                      ACC *lmn, double *ls, double *lq) {                    \
+        ACC mx[LANES], mn[LANES]; /* local: stores the reads of x cannot alias */            \
+        for (int j = 0; j < LANES; j++) {                                                    \
+            mx[j] = lmx[j];                                                                  \
+            mn[j] = lmn[j];                                                                  \
+        }                                                                                    \
+        for (int64_t sb = first; sb < first + count; sb++) {                                 \
+            const T *p = x + sb * (int64_t)(SUPER * BLOCK);                                  \
+            double ds[LANES], dq[LANES];                                                     \
+            for (int j = 0; j < LANES; j++) ds[j] = dq[j] = 0.0;                             \
+            for (int b = 0; b < SUPER; b++, p += BLOCK) {                                    \
+                double s[LANES], q[LANES];                                                   \
+                for (int j = 0; j < LANES; j++) s[j] = q[j] = 0;                             \
+                for (int k = 0; k < BLOCK; k += LANES) {                                     \
+                    for (int j = 0; j < LANES; j++) {                                        \
+                        ACC v = LOAD(p[k + j]);                                              \
+                        s[j] = s[j] + (double)v;                                             \
+                        q[j] = q[j] + (double)v * (double)v;                                 \
+                        mx[j] = v > mx[j] ? v : mx[j];                                       \
+                        mn[j] = v < mn[j] ? v : mn[j];                                       \
+                    }                                                                        \
+                }                                                                            \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    ds[j] = ds[j] + s[j];                                                    \
+                    dq[j] = dq[j] + q[j];                                                    \
+                }                                                                            \
+            }                                                                                \
+            ls[sb] = lanes_total(ds);                                                        \
+            lq[sb] = lanes_total(dq);                                                        \
+        }                                                                                    \
+        for (int j = 0; j < LANES; j++) {                                                    \
+            lmx[j] = mx[j];                                                                  \
+            lmn[j] = mn[j];                                                                  \
+        }                                                                                    \
+    }
+
 /* out[0] max, out[1] min, out[2] sum, out[3] sum of squares, the sums in double (not rounded
  * to float: two tensors a few ulps apart in one element keep different sums, which a merge of
  * replicated ranks relies on); returns 1 when all four are finite, else 0 (the caller then
- * takes torch's reductions, which also count the NaNs and Infs). */
+ * takes torch's reductions, which also count the NaNs and Infs). The full superblocks are
+ * read by NAME_range, on the threads of the OpenMP runtime torch uses where the kernel was
+ * built with it (contiguous shares, one per thread); their sums are then added in index order
+ * (the cascade), the lanes' max/min in thread order, then the last, partial superblock and
+ * the tail, here: the bits do not depend on the thread count. */
 #define STATS(NAME, T, ACC, LOAD, SUPER, CONTRACT)                                           \
+    STATS_RANGE(NAME, T, ACC, LOAD, SUPER, CONTRACT)                                         \
     CLONES CONTRACT int NAME(const T *x, int64_t n, double *out) {                           \
         ACC mx[LANES], mn[LANES];                                                            \
         double ds[LANES], dq[LANES];                                                         \
@@ -121,19 +200,41 @@ static inline double lanes_total(double *lane) {
             ds[j] = 0.0;                                                                     \
             dq[j] = 0.0;                                                                     \
         }                                                                                    \
-        int64_t i = 0;                                                                       \
-        int blocks = 0;                                                                      \
-        for (; i + BLOCK <= n; i += BLOCK) {                                                 \
-            double s[LANES], q[LANES];                                                          \
-            for (int j = 0; j < LANES; j++) {                                                \
-                s[j] = 0;                                                                    \
-                q[j] = 0;                                                                    \
-            }                                                                                \
+        int64_t supers = n / (SUPER * BLOCK);                                                \
+        double small_s[MAX_SHARED_LEAVES], small_q[MAX_SHARED_LEAVES];                       \
+        double *ls = small_s, *lq = small_q;                                                 \
+        if (supers > MAX_SHARED_LEAVES) {                                                    \
+            ls = (double *)malloc(sizeof(double) * 2 * (size_t)supers);                      \
+            if (!ls) return 0;                                                               \
+            lq = ls + supers;                                                                \
+        }                                                                                    \
+        int threads = shares_for(supers);                                                    \
+        if (threads > 1) {                                                                   \
+            ACC tmx[MAX_THREADS][LANES], tmn[MAX_THREADS][LANES];                            \
+            SHARE_SUPERBLOCKS(NAME##_range(x, first, count, tmx[t], tmn[t], ls, lq),         \
+                              tmx[t], tmn[t]);                                               \
+            for (int t = 0; t < threads; t++)                                                \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    mx[j] = tmx[t][j] > mx[j] ? tmx[t][j] : mx[j];                           \
+                    mn[j] = tmn[t][j] < mn[j] ? tmn[t][j] : mn[j];                           \
+                }                                                                            \
+        } else {                                                                             \
+            NAME##_range(x, 0, supers, mx, mn, ls, lq);                                      \
+        }                                                                                    \
+        for (int64_t sb = 0; sb < supers; sb++) {                                            \
+            cascade_push(&cs, ls[sb]);                                                       \
+            cascade_push(&cq, lq[sb]);                                                       \
+        }                                                                                    \
+        if (ls != small_s) free(ls);                                                         \
+        int64_t i = supers * (int64_t)(SUPER * BLOCK);                                       \
+        for (; i + BLOCK <= n; i += BLOCK) { /* the last superblock's blocks */              \
+            double s[LANES], q[LANES];                                                       \
+            for (int j = 0; j < LANES; j++) s[j] = q[j] = 0;                                 \
             for (int k = 0; k < BLOCK; k += LANES) {                                         \
                 for (int j = 0; j < LANES; j++) {                                            \
                     ACC v = LOAD(x[i + k + j]);                                              \
                     s[j] = s[j] + (double)v;                                                 \
-                    q[j] = q[j] + (double)v * (double)v;                                                     \
+                    q[j] = q[j] + (double)v * (double)v;                                     \
                     mx[j] = v > mx[j] ? v : mx[j];                                           \
                     mn[j] = v < mn[j] ? v : mn[j];                                           \
                 }                                                                            \
@@ -141,12 +242,6 @@ static inline double lanes_total(double *lane) {
             for (int j = 0; j < LANES; j++) {                                                \
                 ds[j] = ds[j] + s[j];                                                        \
                 dq[j] = dq[j] + q[j];                                                        \
-            }                                                                                \
-            if (++blocks == SUPER) {                                                         \
-                cascade_push(&cs, lanes_total(ds));                                          \
-                cascade_push(&cq, lanes_total(dq));                                          \
-                for (int j = 0; j < LANES; j++) ds[j] = dq[j] = 0.0;                         \
-                blocks = 0;                                                                  \
             }                                                                                \
         }                                                                                    \
         ACC tmx = -INFINITY, tmn = INFINITY;                                                 \
@@ -271,5 +366,14 @@ NORMS(precalign_norms_f16, uint16_t, float, from_f16, SUPER_NARROW)
 NORMS(precalign_norms_f64, double, double, from_f64, SUPER_WIDE)
 #endif
 
-/* The version of this source's interface, checked by the loader. */
-int precalign_kernels_version(void) { return 2; }
+/* The version of this source's interface. */
+int precalign_kernels_version(void) { return 3; }
+
+/* 1 when this library shares its reads with the threads of the OpenMP runtime (-fopenmp). */
+int precalign_shared_threads(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -14,6 +14,14 @@ in a cache folder (``PRECALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-precal
 ``~/.cache/pytest-precalign``) under a name that hashes the source, the compiler and its
 flags.
 
+Threads: where torch runs on GCC's OpenMP runtime (its Linux wheels) and the compiler is GCC,
+the statistics kernels are built with ``-fopenmp`` and read a tensor of four superblocks or
+more on torch's own intra-op threads (the loader hands the library the runtime torch loaded,
+so no thread is started: the ones torch's last operation left waiting take the shares), a
+mid step's statistics in about two thirds of one thread's time; elsewhere on the calling
+thread. Each superblock's sums are the same whichever thread reads it and they are added in
+index order: the bits do not depend on the thread count.
+
 Chosen automatically: where no C compiler works (none installed, ``CC`` naming a missing
 one, a read-only cache and temp folder), or with ``PRECALIGN_FUSED_STATS=0``, every function
 here returns None and the callers keep torch's reductions (``tensor_summary.py``); why is
@@ -68,6 +76,7 @@ _pool: list[ThreadPoolExecutor | int | None] = [None, 0]  # the helper thread, a
 _lock = threading.Lock()
 _loaded: dict[str, Entry | None] = {}  # symbol -> entry point (None: unavailable)
 _problems: dict[str, str] = {}  # symbol -> why it could not be built or loaded
+_threaded: set[str] = set()  # symbols whose library reads on torch's own threads (-fopenmp)
 
 
 def kernel_state() -> str:
@@ -100,16 +109,17 @@ def stats(t: torch.Tensor) -> list[float] | None:
         return None
     flat = t if t.is_contiguous() else t.detach().contiguous()
     if n > PART:
-        return _in_parts(entry, flat)
+        return _in_parts(entry, flat, symbol in _threaded)
     out = (ctypes.c_double * 4)()
     return [out[0], out[1], out[2], math.sqrt(out[3])] if entry(flat.data_ptr(), n, out) else None
 
 
-def _in_parts(entry: Entry, flat: torch.Tensor) -> list[float] | None:
+def _in_parts(entry: Entry, flat: torch.Tensor, threaded: bool) -> list[float] | None:
     """The statistics of a tensor larger than ``PART``: its ``PART``-element pieces reduced
-    (on two threads when torch may use two: such a tensor is read from memory, and a second
-    core reads it ~1.6x faster), their sums added exactly (``math.fsum``). The pieces are cut
-    by the size alone, so the values do not depend on the thread count."""
+    (each on torch's threads where the kernel is ``threaded``, else the pieces shared with the
+    helper thread when torch may use two: such a tensor is read from memory, and a second core
+    reads it ~1.6x faster), their sums added exactly (``math.fsum``). The pieces are cut by
+    the size alone, so the values do not depend on the thread count."""
     step, item = PART, flat.element_size()
     pieces = [
         (flat.data_ptr() + start * item, min(step, flat.numel() - start))
@@ -123,7 +133,7 @@ def _in_parts(entry: Entry, flat: torch.Tensor) -> list[float] | None:
     def theirs(kept: torch.Tensor) -> list[list[float] | None]:  # ``kept``: the memory read
         return [reduce(p) for p in pieces[1::2]]
 
-    if torch.get_num_threads() > 1:
+    if torch.get_num_threads() > 1 and not threaded:
         later = _worker().submit(theirs, flat)  # holds ``flat`` until it is done, whatever happens here
         rows = [reduce(p) for p in pieces[0::2]]
         rows += later.result()
@@ -253,7 +263,10 @@ def _load(symbol: str) -> Entry | None:
     """The entry point ``symbol``, built into the cache folder unless it is there already."""
     try:
         path = _built(symbol)
-        loaded = getattr(ctypes.CDLL(str(path)), symbol)
+        library = ctypes.CDLL(str(path))
+        loaded = getattr(library, symbol)
+        if library.precalign_shared_threads():
+            _threaded.add(symbol)
     except (OSError, subprocess.SubprocessError, AttributeError) as exc:
         _problems[symbol] = _reason(exc)
         return None
@@ -273,8 +286,24 @@ def _reason(exc: BaseException) -> str:
 
 
 def _built(symbol: str) -> Path:
+    """The library of ``symbol`` in the cache folder, built unless it is there: with the
+    threads of torch's OpenMP runtime where that can be shared (``_shared_threads``), else
+    (or if that build fails) for the calling thread alone."""
     compiler = _compiler()
-    flags = (*_FLAGS, f"-DWANT_{symbol}")
+    shared = _shared_threads(tuple(compiler)) if "_stats_" in symbol else ()
+    try:
+        return _build(compiler, (*_FLAGS, *shared, f"-DWANT_{symbol}"), symbol)
+    except BuildFailed:
+        if not shared:
+            raise
+    return _build(compiler, (*_FLAGS, f"-DWANT_{symbol}"), symbol)
+
+
+class BuildFailed(OSError):
+    """The compiler exited with an error."""
+
+
+def _build(compiler: list[str], flags: tuple[str, ...], symbol: str) -> Path:
     key = hashlib.sha256()
     for part in (
         SOURCE.read_bytes(),
@@ -298,13 +327,42 @@ def _built(symbol: str) -> Path:
             [*compiler, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
         )
         if done.returncode != 0:
-            raise OSError(f"{shlex.join(compiler)} exited {done.returncode}: {done.stderr.strip()[:300]}")
+            raise BuildFailed(f"{shlex.join(compiler)} exited {done.returncode}: {done.stderr.strip()[:300]}")
         os.chmod(tmp, 0o700)  # this user's alone, whatever the umask (see _not_ours)
         os.replace(tmp, path)  # atomic: a concurrent build (another xdist worker) loads either
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+@functools.cache
+def _shared_threads(compiler: tuple[str, ...]) -> tuple[str, ...]:
+    """``("-fopenmp",)`` where a kernel built with it runs on torch's own intra-op threads:
+    torch has GCC's OpenMP runtime loaded under its usual name (``libgomp.so.1``, which a
+    library built by GCC with ``-fopenmp`` asks for, so the loader hands it the same runtime
+    and its thread pool, the one torch's threads already wait in) and the compiler is GCC. Else
+    nothing: a second OpenMP runtime would start threads of its own beside torch's."""
+    if not _torch_gomp():
+        return ()
+    try:
+        done = subprocess.run(
+            [*compiler, "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    macros = done.stdout
+    gcc = "__GNUC__" in macros and not any(m in macros for m in ("__clang__", "__INTEL_COMPILER", "__INTEL_LLVM_COMPILER"))
+    return ("-fopenmp",) if gcc else ()
+
+
+def _torch_gomp() -> bool:
+    """Whether GCC's OpenMP runtime is loaded in this process as ``libgomp.so.1`` (torch's)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    return any(line.endswith("/libgomp.so.1") for line in maps.splitlines())
 
 
 def _compiler() -> list[str]:
