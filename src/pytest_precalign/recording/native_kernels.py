@@ -352,7 +352,9 @@ def _shared_threads(compiler: tuple[str, ...]) -> tuple[str, ...]:
     except (OSError, subprocess.SubprocessError):
         return ()
     macros = done.stdout
-    gcc = "__GNUC__" in macros and not any(m in macros for m in ("__clang__", "__INTEL_COMPILER", "__INTEL_LLVM_COMPILER"))
+    gcc = "__GNUC__" in macros and not any(
+        m in macros for m in ("__clang__", "__INTEL_COMPILER", "__INTEL_LLVM_COMPILER")
+    )
     return ("-fopenmp",) if gcc else ()
 
 
