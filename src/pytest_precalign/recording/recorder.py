@@ -74,12 +74,48 @@ def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Record) if f.default is not dataclasses.MISSING}
 
 
-def _record(**fields: Any) -> Record:
-    """``Record(**fields)`` without the frozen dataclass's ``__init__`` (it sets each of its 15
-    fields through ``object.__setattr__``): run for every tensor a step records."""
+def _record(
+    seq: int,
+    name: str,
+    module_class: str,
+    kind: Kind,
+    step: int,
+    call: int,
+    slot: str,
+    tensor: torch.Tensor,
+    stats: Stats | None,
+    crc32: str | None,
+    tensor_key: str | None,
+    deps: tuple[str, ...],
+) -> Record:
+    """The ``Record`` of ``tensor``, built without the frozen dataclass's ``__init__`` (it sets
+    each of its 15 fields through ``object.__setattr__``): run for every tensor a step records."""
+    dtype = tensor.dtype
     new = object.__new__(Record)
-    new.__dict__.update(_DEFAULTS, **fields)
+    fields = {
+        **_DEFAULTS,
+        "seq": seq,
+        "name": name,
+        "module_class": module_class,
+        "phase": PHASE_OF_KIND[kind],
+        "step": step,
+        "call": call,
+        "kind": kind,
+        "slot": slot,
+        "dtype": _DTYPES.get(dtype) or dtype_name(dtype),
+        "shape": tuple(tensor.shape),
+        "stats": stats,
+        "crc32": crc32,
+        "tensor_key": tensor_key,
+        "deps": deps,
+    }
+    object.__setattr__(new, "__dict__", fields)
     return new
+
+
+_DTYPES = {
+    d: dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
+}
 
 
 def _summarised(record: Record, stats: Stats | None, crc: str | None) -> Record:
@@ -301,22 +337,7 @@ class HookRecorder:
         else:
             rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
             stats, crc, key = self._summarize(tensor.detach(), seq, rid)
-        record = _record(
-            seq=seq,
-            name=name,
-            module_class=module_class,
-            phase=PHASE_OF_KIND[kind],
-            step=step,
-            call=call,
-            kind=kind,
-            slot=slot,
-            dtype=dtype_name(tensor.dtype),
-            shape=tuple(tensor.shape),
-            stats=stats,
-            crc32=crc,
-            tensor_key=key,
-            deps=deps,
-        )
+        record = _record(seq, name, module_class, kind, step, call, slot, tensor, stats, crc, key, deps)
         self._records.append(record)
         self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
         if self._live is not None:
@@ -359,7 +380,7 @@ class HookRecorder:
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if not self._active:
             return None
-        key = (name, self.step)
+        key = (name, self._step)
         # A forward inside a backward is activation recomputation: it repeats call n of the
         # forward (whose tensors are recorded), so only its grads are recorded, as call n's.
         recomputed = in_backward()
@@ -367,14 +388,17 @@ class HookRecorder:
         call = calls.get(key, 0)
         calls[key] = call + 1
         inputs: dict[int, Record] = {}
-        tensors = (*flatten(args, "in"), *flatten(kwargs, "in"))
+        tensors = flatten(args, "in")
+        if kwargs:
+            tensors += flatten(kwargs, "in")
         if self.record_inputs and self._modules_on and not recomputed:
             for slot, t in tensors:
                 inputs[id(t)] = self.capture(
                     t, name=name, module_class=cls, kind="input", slot=slot, call=call
                 )
         grads = self._hooks_grads(name, call, recomputed)
-        state = _Call(name, cls, call, self.step, tuple(r.id for r in inputs.values()), [], recomputed, grads)
+        ids = tuple([r.id for r in inputs.values()])
+        state = _Call(name, cls, call, self._step, ids, [], recomputed, grads)
         self._stack.setdefault(id(module), []).append(state)
         if self._ops_on and not recomputed:
             # A recomputation is not a frame: non-reentrant checkpointing stops it early (its

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, cast
 
 import torch
@@ -214,29 +214,43 @@ def _crc32(t: torch.Tensor) -> str:
 _crc32_eager = torch.compiler.disable(_crc32)
 
 
-def flatten(
-    value: Any, prefix: str, _seen: frozenset[int] = frozenset()
-) -> Iterator[tuple[str, torch.Tensor]]:
+def flatten(value: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
     """(slot, tensor) pairs of a nested output: tensors, tuples/lists, mappings (ModelOutput)
     and dataclasses (their fields, as a mapping's keys). Other objects (a KV cache) are not
     looked into. Slot names are
     unambiguous: a key that is not a plain name (``"0"`` beside ``0``, ``"a.b"`` beside
-    ``{"a": {"b": ...}}``) is written quoted (``out.'0'``, ``out.'a.b'``)."""
+    ``{"a": {"b": ...}}``) is written quoted (``out.'0'``, ``out.'a.b'``). Run on every
+    module call's inputs and outputs: a list, built without a generator per level."""
     if isinstance(value, torch.Tensor):
-        yield prefix, value
+        return [(prefix, value)]
+    found: list[tuple[str, torch.Tensor]] = []
+    _flatten_into(found, value, prefix, set())
+    return found
+
+
+def _flatten_into(found: list[tuple[str, torch.Tensor]], value: Any, prefix: str, path: set[int]) -> None:
+    """``flatten``'s walk; ``path``: the containers being walked (a container inside itself
+    is not walked again)."""
+    if isinstance(value, torch.Tensor):
+        found.append((prefix, value))
         return
-    if id(value) in _seen or isinstance(value, (str, bytes, torch.nn.Module, type)):
+    if (
+        value is None
+        or isinstance(value, (str, bytes, int, float, torch.nn.Module, type))
+        or id(value) in path
+    ):
         return
-    seen = _seen | {id(value)}
+    path.add(id(value))
     if isinstance(value, (tuple, list)):
         for i, item in enumerate(value):
-            yield from flatten(item, f"{prefix}.{i}", seen)
+            _flatten_into(found, item, f"{prefix}.{i}", path)
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from flatten(item, f"{prefix}.{slot_key(key)}", seen)
+            _flatten_into(found, item, f"{prefix}.{slot_key(key)}", path)
     elif dataclasses.is_dataclass(value):
         for f in dataclasses.fields(value):
-            yield from flatten(getattr(value, f.name, None), f"{prefix}.{slot_key(f.name)}", seen)
+            _flatten_into(found, getattr(value, f.name, None), f"{prefix}.{slot_key(f.name)}", path)
+    path.discard(id(value))
 
 
 def slot_key(key: Any) -> str:
