@@ -114,6 +114,11 @@ static inline double lanes_total(double *lane) {
 #define MAX_THREADS 64
 #define MIN_SHARED 4
 #define MAX_SHARED_LEAVES 512
+#define lanes_reset(MX, MN)                                                                  \
+    for (int j = 0; j < LANES; j++) {                                                        \
+        (MX)[j] = -INFINITY;                                                                 \
+        (MN)[j] = INFINITY;                                                                  \
+    }
 #ifdef _OPENMP
 #include <omp.h>
 static int shares_for(int64_t supers) {
@@ -123,19 +128,16 @@ static int shares_for(int64_t supers) {
     if (threads > supers) threads = (int)supers;
     return threads < 1 ? 1 : threads;
 }
-#define SHARE_SUPERBLOCKS(CALL, MX, MN)                                                      \
+#define SHARE_SUPERBLOCKS(CALL, INIT)                                                        \
     _Pragma("omp parallel num_threads(threads)") {                                           \
         int t = omp_get_thread_num();                                                        \
         int64_t first = supers * t / threads, count = supers * (t + 1) / threads - first;    \
-        for (int j = 0; j < LANES; j++) {                                                    \
-            (MX)[j] = -INFINITY;                                                             \
-            (MN)[j] = INFINITY;                                                              \
-        }                                                                                    \
+        INIT;                                                                                \
         CALL;                                                                                \
     }
 #else
 static int shares_for(int64_t supers) { (void)supers; return 1; }
-#define SHARE_SUPERBLOCKS(CALL, MX, MN)
+#define SHARE_SUPERBLOCKS(CALL, INIT)
 #endif
 
 /* Superblocks [first, first + count) of x, each SUPER blocks of BLOCK elements: every
@@ -212,7 +214,7 @@ static int shares_for(int64_t supers) { (void)supers; return 1; }
         if (threads > 1) {                                                                   \
             ACC tmx[MAX_THREADS][LANES], tmn[MAX_THREADS][LANES];                            \
             SHARE_SUPERBLOCKS(NAME##_range(x, first, count, tmx[t], tmn[t], ls, lq),         \
-                              tmx[t], tmn[t]);                                               \
+                              lanes_reset(tmx[t], tmn[t]));                                  \
             for (int t = 0; t < threads; t++)                                                \
                 for (int j = 0; j < LANES; j++) {                                            \
                     mx[j] = tmx[t][j] > mx[j] ? tmx[t][j] : mx[j];                           \
@@ -281,21 +283,35 @@ STATS(precalign_stats_f16, uint16_t, float, from_f16, SUPER_NARROW, EXACT_PRODUC
 STATS(precalign_stats_f64, double, double, from_f64, SUPER_WIDE, )
 #endif
 
-/* Elements whose value is zero (+0 or -0), from their bits: NaN is not zero. */
+/* Elements whose value is zero (+0 or -0), from their bits: NaN is not zero. Superblocks
+ * of 64 blocks are counted on torch's threads, as the statistics are. */
 #define ZEROS(NAME, U, MASK)                                                                 \
-    CLONES int64_t NAME(const U *x, int64_t n) {                                             \
+    CLONES int64_t NAME##_range(const U *x, int64_t first, int64_t count) {                  \
         int64_t total = 0;                                                                   \
-        int64_t i = 0;                                                                       \
-        for (; i + BLOCK <= n; i += BLOCK) {                                                 \
+        const U *p = x + first * (int64_t)(SUPER_NARROW * BLOCK);                            \
+        for (int64_t b = 0; b < count * SUPER_NARROW; b++, p += BLOCK) {                     \
             uint32_t c[LANES];                                                               \
             for (int j = 0; j < LANES; j++) c[j] = 0;                                        \
             for (int k = 0; k < BLOCK; k += LANES)                                           \
-                for (int j = 0; j < LANES; j++) c[j] += (x[i + k + j] & (MASK)) == 0;        \
+                for (int j = 0; j < LANES; j++) c[j] += (p[k + j] & (MASK)) == 0;            \
             for (int j = 0; j < LANES; j++) total += c[j];                                   \
         }                                                                                    \
-        for (; i < n; i++) total += (x[i] & (MASK)) == 0;                                    \
         return total;                                                                        \
-    }
+    }                                                                                        \
+    CLONES int64_t NAME(const U *x, int64_t n) {                                             \
+        int64_t supers = n / (SUPER_NARROW * BLOCK), total = 0;                              \
+        int threads = shares_for(supers);                                                    \
+        if (threads > 1) {                                                                   \
+            int64_t part[MAX_THREADS];                                                       \
+            SHARE_SUPERBLOCKS(part[t] = NAME##_range(x, first, count), (void)0);             \
+            for (int t = 0; t < threads; t++) total += part[t];                              \
+        } else {                                                                             \
+            total = NAME##_range(x, 0, supers);                                              \
+        }                                                                                    \
+        for (int64_t i = supers * (int64_t)(SUPER_NARROW * BLOCK); i < n; i++)               \
+            total += (x[i] & (MASK)) == 0;                                                   \
+        return total;                                                                        \
+    }                                                                                        \
 
 #if defined(WANT_ALL) || defined(WANT_precalign_zeros_32)
 ZEROS(precalign_zeros_32, uint32_t, 0x7fffffffu)
@@ -310,13 +326,60 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
 /* An optimizer step's two norms from one read of the parameters and their snapshot:
  * out[0] the sum of squares of `after`, out[1] of `before - after`. */
 #define NORMS(NAME, T, ACC, LOAD, SUPER)                                                     \
+    CLONES void NAME##_range(const T *after, const T *before, int64_t first, int64_t count,  \
+                             double *lp, double *lu) {                                       \
+        for (int64_t sb = first; sb < first + count; sb++) {                                 \
+            int64_t i = sb * (int64_t)(SUPER * BLOCK);                                       \
+            double dp[LANES], du[LANES];                                                     \
+            for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                             \
+            for (int b = 0; b < SUPER; b++, i += BLOCK) {                                    \
+                ACC p[LANES], u[LANES];                                                      \
+                for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                             \
+                for (int k = 0; k < BLOCK; k += LANES) {                                     \
+                    for (int j = 0; j < LANES; j++) {                                        \
+                        ACC a = LOAD(after[i + k + j]);                                      \
+                        ACC d = LOAD(before[i + k + j]) - a;                                 \
+                        p[j] = p[j] + a * a;                                                 \
+                        u[j] = u[j] + d * d;                                                 \
+                    }                                                                        \
+                }                                                                            \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    dp[j] = dp[j] + (double)p[j];                                            \
+                    du[j] = du[j] + (double)u[j];                                            \
+                }                                                                            \
+            }                                                                                \
+            lp[sb] = lanes_total(dp);                                                        \
+            lu[sb] = lanes_total(du);                                                        \
+        }                                                                                    \
+    }                                                                                        \
     CLONES void NAME(const T *after, const T *before, int64_t n, double *out) {              \
         double dp[LANES], du[LANES];                                                         \
         cascade cp = {{0}, 0, 0}, cu = {{0}, 0, 0};                                          \
         for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                                 \
-        int64_t i = 0;                                                                       \
-        int blocks = 0;                                                                      \
-        for (; i + BLOCK <= n; i += BLOCK) {                                                 \
+        int64_t supers = n / (SUPER * BLOCK);                                                \
+        double small_p[MAX_SHARED_LEAVES], small_u[MAX_SHARED_LEAVES];                       \
+        double *lp = small_p, *lu = small_u;                                                 \
+        if (supers > MAX_SHARED_LEAVES) {                                                    \
+            lp = (double *)malloc(sizeof(double) * 2 * (size_t)supers);                      \
+            if (!lp) {                                                                       \
+                out[0] = out[1] = NAN;                                                       \
+                return;                                                                      \
+            }                                                                                \
+            lu = lp + supers;                                                                \
+        }                                                                                    \
+        int threads = shares_for(supers);                                                    \
+        if (threads > 1) {                                                                   \
+            SHARE_SUPERBLOCKS(NAME##_range(after, before, first, count, lp, lu), (void)0);   \
+        } else {                                                                             \
+            NAME##_range(after, before, 0, supers, lp, lu);                                  \
+        }                                                                                    \
+        for (int64_t sb = 0; sb < supers; sb++) {                                            \
+            cascade_push(&cp, lp[sb]);                                                       \
+            cascade_push(&cu, lu[sb]);                                                       \
+        }                                                                                    \
+        if (lp != small_p) free(lp);                                                         \
+        int64_t i = supers * (int64_t)(SUPER * BLOCK);                                       \
+        for (; i + BLOCK <= n; i += BLOCK) { /* the last superblock's blocks */              \
             ACC p[LANES], u[LANES];                                                          \
             for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                                 \
             for (int k = 0; k < BLOCK; k += LANES) {                                         \
@@ -330,12 +393,6 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
             for (int j = 0; j < LANES; j++) {                                                \
                 dp[j] = dp[j] + (double)p[j];                                                \
                 du[j] = du[j] + (double)u[j];                                                \
-            }                                                                                \
-            if (++blocks == SUPER) {                                                         \
-                cascade_push(&cp, lanes_total(dp));                                          \
-                cascade_push(&cu, lanes_total(du));                                          \
-                for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                         \
-                blocks = 0;                                                                  \
             }                                                                                \
         }                                                                                    \
         double tp = 0.0, tu = 0.0;                                                           \
@@ -351,7 +408,7 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
         cascade_push(&cu, tu);                                                               \
         out[0] = cascade_total(&cp);                                                         \
         out[1] = cascade_total(&cu);                                                         \
-    }
+    }                                                                                        \
 
 #if defined(WANT_ALL) || defined(WANT_precalign_norms_f32)
 NORMS(precalign_norms_f32, float, float, from_f32, SUPER_NARROW)

@@ -198,7 +198,8 @@ def norms_of(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[f
     own, whichever thread took it."""
     if not all(_for(a, "norms") is not None and _dense_cpu(b) for a, b in pairs):
         return None
-    got = _on_two_threads([a.numel() for a, _ in pairs], lambda i: norms(*pairs[i]))
+    threaded = all(f"precalign_norms_{_SUFFIX[a.dtype]}" in _threaded for a, _ in pairs)
+    got = _on_two_threads([a.numel() for a, _ in pairs], lambda i: norms(*pairs[i]), threaded)
     return None if any(g is None for g in got) else [g for g in got if g is not None]
 
 
@@ -207,14 +208,19 @@ def zeros_of(tensors: Sequence[torch.Tensor]) -> int | None:
     unless every tensor has a kernel."""
     if not all(_dense_cpu(t) and t.dtype in _BITS for t in tensors) or not _enabled():
         return None
-    got = _on_two_threads([t.numel() for t in tensors], lambda i: zeros(tensors[i]))
+    for t in tensors:  # built (and known to share torch's threads or not) before they are shared
+        _entry(f"precalign_zeros_{_BITS[t.dtype]}")
+    threaded = all(f"precalign_zeros_{_BITS[t.dtype]}" in _threaded for t in tensors)
+    got = _on_two_threads([t.numel() for t in tensors], lambda i: zeros(tensors[i]), threaded)
     return None if any(g is None for g in got) else sum(g for g in got if g is not None)
 
 
-def _on_two_threads(sizes: Sequence[int], work: Callable[[int], _T]) -> list[_T]:
+def _on_two_threads(sizes: Sequence[int], work: Callable[[int], _T], threaded: bool = False) -> list[_T]:
     """``[work(i) for i in range(len(sizes))]``, the items shared by size between this thread
-    and the helper thread when torch may use two threads (the C kernels release the GIL)."""
-    if torch.get_num_threads() < 2 or len(sizes) < 2:
+    and the helper thread when torch may use two threads (the C kernels release the GIL) and
+    the kernels do not share each item with torch's own threads already (``threaded``: a
+    helper thread would only compete with them)."""
+    if threaded or torch.get_num_threads() < 2 or len(sizes) < 2:
         return [work(i) for i in range(len(sizes))]
     mine: list[int] = []
     theirs: list[int] = []
@@ -290,7 +296,7 @@ def _built(symbol: str) -> Path:
     threads of torch's OpenMP runtime where that can be shared (``_shared_threads``), else
     (or if that build fails) for the calling thread alone."""
     compiler = _compiler()
-    shared = _shared_threads(tuple(compiler)) if "_stats_" in symbol else ()
+    shared = _shared_threads(tuple(compiler))
     try:
         return _build(compiler, (*_FLAGS, *shared, f"-DWANT_{symbol}"), symbol)
     except BuildFailed:
