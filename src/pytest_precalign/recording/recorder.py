@@ -33,7 +33,6 @@ the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -44,7 +43,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, record_id
+from ..trace.records import Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
 from . import step_buffer
 from .calls import ModuleCall, _Call, _version
@@ -54,9 +53,10 @@ from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
+from .record_factory import new_record, with_summary
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
-from .tensor_summary import cpu_stats, dtype_name, flatten
+from .tensor_summary import cpu_stats, flatten
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
@@ -69,61 +69,6 @@ def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str
             raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
     if golden is not None and mode == "tensor":
         raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Record) if f.default is not dataclasses.MISSING}
-
-
-def _record(
-    seq: int,
-    name: str,
-    module_class: str,
-    kind: Kind,
-    step: int,
-    call: int,
-    slot: str,
-    tensor: torch.Tensor,
-    stats: Stats | None,
-    crc32: str | None,
-    tensor_key: str | None,
-    deps: tuple[str, ...],
-) -> Record:
-    """The ``Record`` of ``tensor``, built without the frozen dataclass's ``__init__`` (it sets
-    each of its 15 fields through ``object.__setattr__``): run for every tensor a step records."""
-    dtype = tensor.dtype
-    new = object.__new__(Record)
-    fields = {
-        **_DEFAULTS,
-        "seq": seq,
-        "name": name,
-        "module_class": module_class,
-        "phase": PHASE_OF_KIND[kind],
-        "step": step,
-        "call": call,
-        "kind": kind,
-        "slot": slot,
-        "dtype": _DTYPES.get(dtype) or dtype_name(dtype),
-        "shape": tuple(tensor.shape),
-        "stats": stats,
-        "crc32": crc32,
-        "tensor_key": tensor_key,
-        "deps": deps,
-    }
-    object.__setattr__(new, "__dict__", fields)
-    return new
-
-
-_DTYPES = {
-    d: dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
-}
-
-
-def _summarised(record: Record, stats: Stats | None, crc: str | None) -> Record:
-    """``dataclasses.replace(record, stats=stats, crc32=crc)``, as ``_record``: run for every
-    record whose statistics a step's end fetched."""
-    new = object.__new__(Record)
-    new.__dict__.update(record.__dict__, stats=stats, crc32=crc)
-    return new
 
 
 class HookRecorder:
@@ -265,7 +210,7 @@ class HookRecorder:
         for seq, (sh, ch) in pending.items():
             value = None if sh is None else stats[sh]  # hash mode: None unless NaN/Inf evidence
             crc = None if ch is None else crcs[ch]
-            self._records[seq] = _summarised(self._records[seq], value, crc)
+            self._records[seq] = with_summary(self._records[seq], value, crc)
 
     def _remove(self) -> None:
         if self._mode is not None:
@@ -337,7 +282,7 @@ class HookRecorder:
         else:
             rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
             stats, crc, key = self._summarize(tensor.detach(), seq, rid)
-        record = _record(seq, name, module_class, kind, step, call, slot, tensor, stats, crc, key, deps)
+        record = new_record(seq, name, module_class, kind, step, call, slot, tensor, stats, crc, key, deps)
         self._records.append(record)
         self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
         if self._live is not None:
