@@ -5,7 +5,8 @@ recorded step's wall time (mid size unless ``--size``; interleaved rounds, the f
     .venv/bin/python benchmarks/recorder_split.py --size mid --rounds 6
 
 Printed: the bare and recorded step's median wall time, the hooks' time per step (forward
-hooks, grad hooks, parameter-grad hooks) and the statistics' (``step_buffer.stats_vector``),
+hooks, grad hooks, parameter-grad hooks) and the statistics' (``tensor_summary.cpu_stats``, a device
+tensor's ``step_buffer.stats_vector``),
 in ms; the difference between the recorded step and the bare one beyond the hooks is the
 step's own kernels running slower after the reductions (caches) and noise.
 """
@@ -66,7 +67,7 @@ def main() -> None:
     for label, names in HOOKS.items():
         for name in names:
             setattr(recorder.HookRecorder, name, timed(label, getattr(recorder.HookRecorder, name)))
-    queued, at_capture = tensor_summary.stats_vector, recorder.cpu_stats
+    queued, at_capture = tensor_summary.stats_vector, tensor_summary.cpu_stats
 
     def stats(t: torch.Tensor, counts: Any = False) -> torch.Tensor:
         start = time.perf_counter()

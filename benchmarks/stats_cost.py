@@ -3,17 +3,18 @@
 What it measures
     One forward+backward of the mid (or ``--size``) ``transformers.Qwen2ForCausalLM`` from
     ``_shared.py`` (fp32, CPU, seed 0, ``labels=input_ids``) recorded with ``Recorder(model,
-    mode="stats", inputs=True, grads=True)``, ``--rounds`` times after one warm-up. Every call
-    of the step buffer's ``stats_vector`` (the statistics of one distinct recorded tensor:
-    ``aminmax``, ``sum`` and ``vector_norm``, and the NaN/Inf counts when torch finds them
-    needed) is timed with ``time.perf_counter`` around it; the step itself is timed as in
-    ``recorder_overhead.py`` (enter .. forward .. backward .. exit).
+    mode="stats", inputs=True, grads=True)``, ``--rounds`` times after one warm-up. Every
+    statistics read of a distinct recorded CPU tensor (``tensor_summary.cpu_stats``, as the
+    recorder calls it: the C kernel's one read, or torch's reductions without one; reported
+    under the key ``stats_vector``, its name when the step buffer computed them) is timed with
+    ``time.perf_counter`` around it; the step itself is timed as in ``recorder_overhead.py``
+    (enter .. forward .. backward .. exit).
 
 Output
     Interleaved in each round: the step without a recorder (``bare``), recorded with every
-    ``stats_vector`` replaced by a constant (``hooks_only``: the hooks and bookkeeping without
+    statistics read replaced by a constant (``hooks_only``: the hooks and bookkeeping without
     the reductions), and recorded as is (``stats``). Per round those seconds, the seconds
-    inside ``stats_vector``, the tensors and their MB; the medians; for the last round the time
+    inside the statistics reads, the tensors and their MB; the medians; for the last round the time
     per tensor size (numel, count, ms in all, us each), largest first; and as the last line one
     JSON object (``bare_s``, ``hooks_only_s``, ``stats_s``, ``stats_vector_s`` (medians),
     ``tensors``, ``tensor_mb``, ``by_numel`` of the last round, the load average).
@@ -34,13 +35,13 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from _shared import SIZES, build_qwen2
 
 from pytest_precalign.recording import HookRecorder as Recorder
-from pytest_precalign.recording import step_buffer
+from pytest_precalign.recording import recorder, tensor_summary
+from pytest_precalign.trace.records import Stats
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,25 +53,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     by_numel: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    original = step_buffer.stats_vector
+    original = tensor_summary.cpu_stats  # what the recorder reads a CPU tensor's statistics with
 
-    def timed(t: torch.Tensor, counts: Any = False) -> torch.Tensor:
+    def timed(t: torch.Tensor) -> Stats:
         start = time.perf_counter()
-        out = original(t, counts)
+        out = original(t)
         entry = by_numel[t.numel()]
         entry[0] += 1
         entry[1] += time.perf_counter() - start
         return out
 
-    def constant(t: torch.Tensor, counts: Any = False) -> torch.Tensor:
-        return torch.zeros(6 if counts else 4, dtype=torch.float64)
+    def constant(t: torch.Tensor) -> Stats:
+        return Stats(0.0, 0.0, 0.0, 0.0)
 
     def step(variant: str) -> float:
         model.zero_grad(set_to_none=True)
         gc.collect()
         rec = None
         if variant != "bare":
-            step_buffer.stats_vector = timed if variant == "stats" else constant  # type: ignore[assignment]
+            setattr(recorder, "cpu_stats", timed if variant == "stats" else constant)  # noqa: B010
             rec = Recorder(model, mode="stats", inputs=True, grads=True)
         start = time.perf_counter()
         if rec is None:
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows[variant].append(value)
                 rows["stats_vector"].append(inside)
     finally:
-        step_buffer.stats_vector = original
+        setattr(recorder, "cpu_stats", original)  # noqa: B010
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(
         f"\nmedians: bare {med['bare']:.3f} s; hooks only +{(med['hooks_only'] - med['bare']) * 1e3:.0f} ms; "

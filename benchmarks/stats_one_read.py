@@ -35,9 +35,9 @@ from collections.abc import Callable
 import torch
 from _shared import SIZES, build_qwen2, run_facts
 
-from pytest_precalign.recording import HookRecorder, native_kernels
+from pytest_precalign.recording import HookRecorder, native_kernels, recorder, tensor_summary
 from pytest_precalign.recording.chunked_stats import chunked_values
-from pytest_precalign.recording.step_buffer import StepBuffer
+from pytest_precalign.trace.records import Stats
 
 Path = Callable[[torch.Tensor], object]
 
@@ -63,18 +63,19 @@ def step_sizes() -> list[int]:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     seen: list[int] = []
-    add = StepBuffer.add_stats
+    read = tensor_summary.cpu_stats  # what the recorder reads a CPU tensor's statistics with
 
-    def counting(self: StepBuffer, data: torch.Tensor) -> int:
+    def counting(data: torch.Tensor) -> Stats:
         seen.append(data.numel())
-        return add(self, data)
+        return read(data)
 
-    StepBuffer.add_stats = counting  # type: ignore[method-assign]
+    setattr(recorder, "cpu_stats", counting)  # noqa: B010
     try:
         with HookRecorder(model, mode="stats", inputs=True, grads=True):
             model(input_ids=ids, labels=ids).loss.backward()
     finally:
-        StepBuffer.add_stats = add  # type: ignore[method-assign]
+        setattr(recorder, "cpu_stats", read)  # noqa: B010
+    assert seen, "no tensor summarised: the recorder's statistics seam moved"
     return seen
 
 
