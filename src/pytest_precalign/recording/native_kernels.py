@@ -6,9 +6,9 @@ Why C: torch's eager CPU reductions read a tensor once per statistic (``aminmax`
 ``vector_norm``: three reads), and ``torch.compile``'s fused kernel costs ~30 s to compile
 the first time and was slower than the eager reductions on a step's small tensors. The C
 kernels compute max, min, sum and sum of squares in one pass (a mid step's 314 small tensors
-in 18.4 ms of CPU against torch's 35.3 ms, the 2048x32000 logits in 11.2 ms against 31.7 ms)
+in 17.1 ms of CPU against torch's 35.4 ms, the 2048x32000 logits in 10.5 ms against 32.3 ms)
 and count zeros 2.7x faster than ``count_nonzero``; the float32 statistics kernel builds in
-0.4 s, once per machine (``python benchmarks/stats_one_read.py --rounds 5`` prints all of
+0.6 s, once per machine (``python benchmarks/stats_one_read.py --rounds 5`` prints all of
 these): the library is kept
 in a cache folder (``PRECALIGN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-precalign``, else
 ``~/.cache/pytest-precalign``) under a name that hashes the source, the compiler and its
@@ -18,7 +18,8 @@ Threads: where torch runs on GCC's OpenMP runtime (its Linux wheels) and the com
 the statistics kernels are built with ``-fopenmp`` and read a tensor of four superblocks or
 more on torch's own intra-op threads (the loader hands the library the runtime torch loaded,
 so no thread is started: the ones torch's last operation left waiting take the shares), a
-mid step's statistics in about two thirds of one thread's time; elsewhere on the calling
+mid step's statistics in 25 ms of wall time, hooks' statistics 46 ms on one thread before
+(``python benchmarks/recorder_split.py --size mid --rounds 6``); elsewhere on the calling
 thread. Each superblock's sums are the same whichever thread reads it and they are added in
 index order: the bits do not depend on the thread count.
 
