@@ -140,39 +140,48 @@ static int shares_for(int64_t supers) { (void)supers; return 1; }
 #define SHARE_SUPERBLOCKS(CALL, INIT)
 #endif
 
-/* Superblocks [first, first + count) of x, each SUPER blocks of BLOCK elements: every
- * superblock's sum and sum of squares (its lanes' totals, pairwise) into ls[sb], lq[sb],
- * and every element into the LANES running max/min (a lane keeps the first of equal values:
- * -0 and +0 are equal). Whichever thread reads a superblock, its sums are the same. */
+/* Blocks [0, count) of x, BLOCK elements each: every block's LANES sums and sums of squares
+ * (one element in LANES to each, in order) added into ds and dq, and every element into the
+ * LANES running max/min (a lane keeps the first of equal values: -0 and +0 are equal). */
+#define STATS_BLOCKS(NAME, T, ACC, LOAD, CONTRACT)                                           \
+    static inline CONTRACT void NAME##_blocks(const T *restrict x, int64_t count,            \
+                                              ACC *restrict mx, ACC *restrict mn,            \
+                                              double *restrict ds, double *restrict dq) {    \
+        for (int64_t b = 0; b < count; b++, x += BLOCK) {                                    \
+            double s[LANES], q[LANES];                                                       \
+            for (int j = 0; j < LANES; j++) s[j] = q[j] = 0;                                 \
+            for (int k = 0; k < BLOCK; k += LANES) {                                         \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    ACC v = LOAD(x[k + j]);                                                  \
+                    s[j] = s[j] + (double)v;                                                 \
+                    q[j] = q[j] + (double)v * (double)v;                                     \
+                    mx[j] = v > mx[j] ? v : mx[j];                                           \
+                    mn[j] = v < mn[j] ? v : mn[j];                                           \
+                }                                                                            \
+            }                                                                                \
+            for (int j = 0; j < LANES; j++) {                                                \
+                ds[j] = ds[j] + s[j];                                                        \
+                dq[j] = dq[j] + q[j];                                                        \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
+
+/* Superblocks [first, first + count) of x, each SUPER blocks: every superblock's sum and sum
+ * of squares (its lanes' totals, pairwise) into ls[sb], lq[sb], the elements into the lanes'
+ * max/min. Whichever thread reads a superblock, its sums are the same. */
 #define STATS_RANGE(NAME, T, ACC, LOAD, SUPER, CONTRACT)                                     \
+    STATS_BLOCKS(NAME, T, ACC, LOAD, CONTRACT)                                               \
     CLONES CONTRACT void NAME##_range(const T *x, int64_t first, int64_t count, ACC *lmx,    \
                                       ACC *lmn, double *ls, double *lq) {                    \
-        ACC mx[LANES], mn[LANES]; /* local: stores the reads of x cannot alias */            \
+        ACC mx[LANES], mn[LANES];                                                            \
         for (int j = 0; j < LANES; j++) {                                                    \
             mx[j] = lmx[j];                                                                  \
             mn[j] = lmn[j];                                                                  \
         }                                                                                    \
         for (int64_t sb = first; sb < first + count; sb++) {                                 \
-            const T *p = x + sb * (int64_t)(SUPER * BLOCK);                                  \
             double ds[LANES], dq[LANES];                                                     \
             for (int j = 0; j < LANES; j++) ds[j] = dq[j] = 0.0;                             \
-            for (int b = 0; b < SUPER; b++, p += BLOCK) {                                    \
-                double s[LANES], q[LANES];                                                   \
-                for (int j = 0; j < LANES; j++) s[j] = q[j] = 0;                             \
-                for (int k = 0; k < BLOCK; k += LANES) {                                     \
-                    for (int j = 0; j < LANES; j++) {                                        \
-                        ACC v = LOAD(p[k + j]);                                              \
-                        s[j] = s[j] + (double)v;                                             \
-                        q[j] = q[j] + (double)v * (double)v;                                 \
-                        mx[j] = v > mx[j] ? v : mx[j];                                       \
-                        mn[j] = v < mn[j] ? v : mn[j];                                       \
-                    }                                                                        \
-                }                                                                            \
-                for (int j = 0; j < LANES; j++) {                                            \
-                    ds[j] = ds[j] + s[j];                                                    \
-                    dq[j] = dq[j] + q[j];                                                    \
-                }                                                                            \
-            }                                                                                \
+            NAME##_blocks(x + sb * (int64_t)(SUPER * BLOCK), SUPER, mx, mn, ds, dq);         \
             ls[sb] = lanes_total(ds);                                                        \
             lq[sb] = lanes_total(dq);                                                        \
         }                                                                                    \
@@ -180,7 +189,7 @@ static int shares_for(int64_t supers) { (void)supers; return 1; }
             lmx[j] = mx[j];                                                                  \
             lmn[j] = mn[j];                                                                  \
         }                                                                                    \
-    }
+    }                                                                                        \
 
 /* out[0] max, out[1] min, out[2] sum, out[3] sum of squares, the sums in double (not rounded
  * to float: two tensors a few ulps apart in one element keep different sums, which a merge of
@@ -229,23 +238,8 @@ static int shares_for(int64_t supers) { (void)supers; return 1; }
         }                                                                                    \
         if (ls != small_s) free(ls);                                                         \
         int64_t i = supers * (int64_t)(SUPER * BLOCK);                                       \
-        for (; i + BLOCK <= n; i += BLOCK) { /* the last superblock's blocks */              \
-            double s[LANES], q[LANES];                                                       \
-            for (int j = 0; j < LANES; j++) s[j] = q[j] = 0;                                 \
-            for (int k = 0; k < BLOCK; k += LANES) {                                         \
-                for (int j = 0; j < LANES; j++) {                                            \
-                    ACC v = LOAD(x[i + k + j]);                                              \
-                    s[j] = s[j] + (double)v;                                                 \
-                    q[j] = q[j] + (double)v * (double)v;                                     \
-                    mx[j] = v > mx[j] ? v : mx[j];                                           \
-                    mn[j] = v < mn[j] ? v : mn[j];                                           \
-                }                                                                            \
-            }                                                                                \
-            for (int j = 0; j < LANES; j++) {                                                \
-                ds[j] = ds[j] + s[j];                                                        \
-                dq[j] = dq[j] + q[j];                                                        \
-            }                                                                                \
-        }                                                                                    \
+        NAME##_blocks(x + i, (n - i) / BLOCK, mx, mn, ds, dq); /* the last superblock's blocks */\
+        i += (n - i) / BLOCK * BLOCK;                                                        \
         ACC tmx = -INFINITY, tmn = INFINITY;                                                 \
         double ts = 0.0, tq = 0.0;                                                           \
         for (; i < n; i++) { /* the tail, in order */                                        \
@@ -326,28 +320,32 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
 /* An optimizer step's two norms from one read of the parameters and their snapshot:
  * out[0] the sum of squares of `after`, out[1] of `before - after`. */
 #define NORMS(NAME, T, ACC, LOAD, SUPER)                                                     \
+    static inline void NAME##_blocks(const T *restrict after, const T *restrict before,      \
+                                     int64_t count, double *restrict dp, double *restrict du) {\
+        for (int64_t b = 0; b < count; b++, after += BLOCK, before += BLOCK) {               \
+            ACC p[LANES], u[LANES];                                                          \
+            for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                                 \
+            for (int k = 0; k < BLOCK; k += LANES) {                                         \
+                for (int j = 0; j < LANES; j++) {                                            \
+                    ACC a = LOAD(after[k + j]);                                              \
+                    ACC d = LOAD(before[k + j]) - a;                                         \
+                    p[j] = p[j] + a * a;                                                     \
+                    u[j] = u[j] + d * d;                                                     \
+                }                                                                            \
+            }                                                                                \
+            for (int j = 0; j < LANES; j++) {                                                \
+                dp[j] = dp[j] + (double)p[j];                                                \
+                du[j] = du[j] + (double)u[j];                                                \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
     CLONES void NAME##_range(const T *after, const T *before, int64_t first, int64_t count,  \
                              double *lp, double *lu) {                                       \
         for (int64_t sb = first; sb < first + count; sb++) {                                 \
             int64_t i = sb * (int64_t)(SUPER * BLOCK);                                       \
             double dp[LANES], du[LANES];                                                     \
             for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                             \
-            for (int b = 0; b < SUPER; b++, i += BLOCK) {                                    \
-                ACC p[LANES], u[LANES];                                                      \
-                for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                             \
-                for (int k = 0; k < BLOCK; k += LANES) {                                     \
-                    for (int j = 0; j < LANES; j++) {                                        \
-                        ACC a = LOAD(after[i + k + j]);                                      \
-                        ACC d = LOAD(before[i + k + j]) - a;                                 \
-                        p[j] = p[j] + a * a;                                                 \
-                        u[j] = u[j] + d * d;                                                 \
-                    }                                                                        \
-                }                                                                            \
-                for (int j = 0; j < LANES; j++) {                                            \
-                    dp[j] = dp[j] + (double)p[j];                                            \
-                    du[j] = du[j] + (double)u[j];                                            \
-                }                                                                            \
-            }                                                                                \
+            NAME##_blocks(after + i, before + i, SUPER, dp, du);                             \
             lp[sb] = lanes_total(dp);                                                        \
             lu[sb] = lanes_total(du);                                                        \
         }                                                                                    \
@@ -379,22 +377,8 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
         }                                                                                    \
         if (lp != small_p) free(lp);                                                         \
         int64_t i = supers * (int64_t)(SUPER * BLOCK);                                       \
-        for (; i + BLOCK <= n; i += BLOCK) { /* the last superblock's blocks */              \
-            ACC p[LANES], u[LANES];                                                          \
-            for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                                 \
-            for (int k = 0; k < BLOCK; k += LANES) {                                         \
-                for (int j = 0; j < LANES; j++) {                                            \
-                    ACC a = LOAD(after[i + k + j]);                                          \
-                    ACC d = LOAD(before[i + k + j]) - a;                                     \
-                    p[j] = p[j] + a * a;                                                     \
-                    u[j] = u[j] + d * d;                                                     \
-                }                                                                            \
-            }                                                                                \
-            for (int j = 0; j < LANES; j++) {                                                \
-                dp[j] = dp[j] + (double)p[j];                                                \
-                du[j] = du[j] + (double)u[j];                                                \
-            }                                                                                \
-        }                                                                                    \
+        NAME##_blocks(after + i, before + i, (n - i) / BLOCK, dp, du); /* the last superblock's */\
+        i += (n - i) / BLOCK * BLOCK;                                                        \
         double tp = 0.0, tu = 0.0;                                                           \
         for (; i < n; i++) {                                                                 \
             ACC a = LOAD(after[i]);                                                          \
