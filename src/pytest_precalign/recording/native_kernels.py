@@ -68,7 +68,10 @@ SOURCE = Path(__file__).with_name("native_kernels.c")
 _FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared")
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
 _BITS = {torch.float32: "32", torch.bfloat16: "16", torch.float16: "16", torch.float64: "64"}
-_STATS = {dtype: f"precalign_stats_{suffix}" for dtype, suffix in _SUFFIX.items()}
+_SYMBOLS = {
+    family: {dtype: f"precalign_{family}_{suffix}" for dtype, suffix in _SUFFIX.items()}
+    for family in ("stats", "norms")
+}
 
 # Tensors above this many elements are reduced in pieces of this size (see ``_in_parts``).
 PART = 1 << 22
@@ -101,16 +104,13 @@ def stats(t: torch.Tensor) -> list[float] | None:
     kernels are unavailable or the dtype has none, and where a value is not finite (a NaN, an
     Inf, a sum that overflowed): torch's reductions apply then, counts and all. Called for
     every tensor a recorder summarises, so it checks what it must and no more."""
-    symbol = _STATS.get(t.dtype)
-    if symbol is None or not t.is_cpu or t.layout != torch.strided or not _enabled():
-        return None
-    entry = _loaded[symbol] if symbol in _loaded else _entry(symbol)
+    entry = _for(t, "stats")
     n = t.numel()
     if entry is None or not n:
         return None
-    flat = t if t.is_contiguous() else t.detach().contiguous()
+    flat = _contiguous(t)
     if n > PART:
-        return _in_parts(entry, flat, symbol in _threaded)
+        return _in_parts(entry, flat, _SYMBOLS["stats"][t.dtype] in _threaded)
     out = (ctypes.c_double * 4)()
     return [out[0], out[1], out[2], math.sqrt(out[3])] if entry(flat.data_ptr(), n, out) else None
 
@@ -199,7 +199,7 @@ def norms_of(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[f
     own, whichever thread took it."""
     if not all(_for(a, "norms") is not None and _dense_cpu(b) for a, b in pairs):
         return None
-    threaded = all(f"precalign_norms_{_SUFFIX[a.dtype]}" in _threaded for a, _ in pairs)
+    threaded = all(_SYMBOLS["norms"][a.dtype] in _threaded for a, _ in pairs)
     got = _on_two_threads([a.numel() for a, _ in pairs], lambda i: norms(*pairs[i]), threaded)
     return None if any(g is None for g in got) else [g for g in got if g is not None]
 
@@ -238,13 +238,17 @@ def _on_two_threads(sizes: Sequence[int], work: Callable[[int], _T], threaded: b
 
 def _dense_cpu(t: torch.Tensor) -> bool:
     """A strided tensor in host memory (not sparse, not on a device, not a meta tensor)."""
-    return t.device.type == "cpu" and t.layout == torch.strided
+    return bool(t.is_cpu) and t.layout == torch.strided
 
 
 def _for(t: torch.Tensor, family: str) -> Entry | None:
-    if not _dense_cpu(t) or t.dtype not in _SUFFIX or not _enabled():
+    """The entry point of ``family`` ("stats", "norms") for ``t``'s dtype (built on first use);
+    None where ``t`` is not a dense CPU tensor of a dtype with one, or the kernels are off.
+    Run for every tensor a recorder summarises: a lookup, no string built."""
+    symbol = _SYMBOLS[family].get(t.dtype)
+    if symbol is None or not _dense_cpu(t) or not _enabled():
         return None
-    return _entry(f"precalign_{family}_{_SUFFIX[t.dtype]}")
+    return _loaded[symbol] if symbol in _loaded else _entry(symbol)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:

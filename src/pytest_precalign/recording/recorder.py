@@ -132,9 +132,6 @@ class HookRecorder:
         self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
         # Live compare (``live_golden.py``): records judged against a golden run at capture.
         self._live = None if golden is None else LiveKeeper(golden, self._records, self._tensors)
-        # Stats mode's CPU tensors are summarised at capture: their values are in host memory,
-        # reading them waits for nothing, and nothing is left to fill in at the step's end.
-        self._stats_now = mode == "stats" and golden is None
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> HookRecorder:
@@ -270,15 +267,6 @@ class HookRecorder:
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
             if earlier.seq in self._pending:
                 self._pending[seq] = self._pending[earlier.seq]
-        elif self._stats_now and step_buffer.read_at_capture(tensor):  # a CPU tensor: read at once
-            busy, self._busy = (
-                self._busy,
-                True,
-            )  # torch's reductions, where they are taken: not the model's ops
-            try:
-                stats = cpu_stats(tensor)
-            finally:
-                self._busy = busy
         else:
             rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
             stats, crc, key = self._summarize(tensor.detach(), seq, rid)
@@ -297,14 +285,17 @@ class HookRecorder:
     def _summarize(
         self, data: torch.Tensor, seq: int, rid: str
     ) -> tuple[Stats | None, str | None, str | None]:
-        """(stats, crc, tensor key) of a tensor not seen before, as the mode says; stats and
-        hash modes queue theirs for the step's end (``_flush``). ``rid``: the record's id, for
+        """(stats, crc, tensor key) of a tensor not seen before, as the mode says; stats mode
+        reads a CPU tensor's at once (``step_buffer.read_at_capture``), stats and hash modes
+        queue the rest for the step's end (``_flush``). ``rid``: the record's id, for
         live compare only (not built otherwise: this runs for every record)."""
         busy, self._busy = self._busy, True
         try:
             if self._live is not None:  # one host sync per record: see live_golden.py
                 return (*self._live.summarize(data, rid, crc=self.mode == "hash"), None)
             if self.mode == "stats":
+                if step_buffer.read_at_capture(data):  # in host memory: read now, nothing left to fetch
+                    return cpu_stats(data), None, None
                 self._pending[seq] = (self._buffer.add_stats(data), None)
             elif self.mode == "hash":
                 # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
@@ -427,13 +418,10 @@ class HookRecorder:
         kind: str,
         slot: str,
     ) -> Callable[[torch.Tensor], None]:
-        """What records ``t``'s grad; for a view, what hands over to its base's autograd node
-        if the view is modified in place later (see ``inplace_grads.py``)."""
-        deliver = partial(on_grad, state, slot)
-        if not t._is_view():
-            return deliver
+        """The tensor hook that records ``t``'s grad; for a view, one that hands over to its base's
+        autograd node if the view is modified in place later (see ``inplace_grads.py``)."""
         refuse = partial(self._refuse_grad, record_id(state.name, kind, slot, state.step, state.call))
-        return self._views.hook(t, deliver, refuse)
+        return self._views.hook(t, partial(on_grad, state, slot), refuse)
 
     def _refuse_grad(self, rid: str, reason: str) -> None:
         if self._active:

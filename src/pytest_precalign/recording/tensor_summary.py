@@ -119,7 +119,7 @@ def cpu_stats(t: torch.Tensor) -> Stats:
     n = t.numel()
     if not n:
         return Stats(0.0, 0.0, 0.0, 0.0)
-    row = native_kernels.stats(t) if t.is_floating_point() else None
+    row = _native_row(t)
     if row is None:
         return stats_from_vector(_torch_row(t), n)
     return Stats(row[0], row[1], row[2] / n, row[3])
