@@ -43,13 +43,13 @@ def main() -> None:
     torch.set_num_threads(1)
     model = build_qwen2(SHAPE, "sdpa")
     ids = torch.randint(0, SHAPE.vocab, (SHAPE.batch, SHAPE.seq), generator=torch.Generator().manual_seed(0))
-    read = tensor_summary.cpu_stats
+    read = tensor_summary.stats_reader
 
-    def constant(t: torch.Tensor) -> Stats:
-        return Stats(0.0, 0.0, 0.0, 0.0)
+    def constant() -> Callable[[torch.Tensor], Stats]:
+        return lambda t: Stats(0.0, 0.0, 0.0, 0.0)
 
-    def recorded(options: dict[str, Any], stats: Callable[[torch.Tensor], Stats], active: bool) -> None:
-        setattr(recorder, "cpu_stats", stats)  # noqa: B010
+    def recorded(options: dict[str, Any], stats: Callable[[], Callable[[torch.Tensor], Stats]], active: bool) -> None:
+        setattr(recorder, "stats_reader", stats)  # noqa: B010
         try:
             with HookRecorder(model, mode="stats", **options) as rec:
                 if active:
@@ -58,7 +58,7 @@ def main() -> None:
                     with rec.paused():
                         model(input_ids=ids, labels=ids).loss.backward()
         finally:
-            setattr(recorder, "cpu_stats", read)  # noqa: B010
+            setattr(recorder, "stats_reader", read)  # noqa: B010
 
     variants: dict[str, Callable[[], None]] = {
         "bare": lambda: model(input_ids=ids, labels=ids).loss.backward(),

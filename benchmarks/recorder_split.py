@@ -5,7 +5,7 @@ recorded step's wall time (mid size unless ``--size``; interleaved rounds, the f
     .venv/bin/python benchmarks/recorder_split.py --size mid --rounds 6
 
 Printed: the bare and recorded step's median wall time, the hooks' time per step (forward
-hooks, grad hooks, parameter-grad hooks) and the statistics' (``tensor_summary.cpu_stats``, a device
+hooks, grad hooks, parameter-grad hooks) and the statistics' (``tensor_summary.stats_reader``, a device
 tensor's ``step_buffer.stats_vector``),
 in ms; the difference between the recorded step and the bare one beyond the hooks is the
 step's own kernels running slower after the reductions (caches) and noise.
@@ -67,7 +67,7 @@ def main() -> None:
     for label, names in HOOKS.items():
         for name in names:
             setattr(recorder.HookRecorder, name, timed(label, getattr(recorder.HookRecorder, name)))
-    queued, at_capture = tensor_summary.stats_vector, tensor_summary.cpu_stats
+    queued, reader = tensor_summary.stats_vector, tensor_summary.stats_reader
 
     def stats(t: torch.Tensor, counts: Any = False) -> torch.Tensor:
         start = time.perf_counter()
@@ -76,15 +76,20 @@ def main() -> None:
         finally:
             spent["statistics"] += time.perf_counter() - start
 
-    def cpu_stats(t: torch.Tensor) -> Any:
-        start = time.perf_counter()
-        try:
-            return at_capture(t)
-        finally:
-            spent["statistics"] += time.perf_counter() - start
+    def stats_reader() -> Callable[[torch.Tensor], Any]:
+        at_capture = reader()
+
+        def read(t: torch.Tensor) -> Any:
+            start = time.perf_counter()
+            try:
+                return at_capture(t)
+            finally:
+                spent["statistics"] += time.perf_counter() - start
+
+        return read
 
     setattr(step_buffer, "stats_vector", stats)  # what the step buffer calls (a device)  # noqa: B010
-    setattr(recorder, "cpu_stats", cpu_stats)  # what the recorder calls for a CPU tensor  # noqa: B010
+    setattr(recorder, "stats_reader", stats_reader)  # what the recorder reads a CPU tensor with  # noqa: B010
     bare: list[float] = []
     recorded: list[float] = []
     per_step: dict[str, list[float]] = collections.defaultdict(list)

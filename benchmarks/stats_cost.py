@@ -4,7 +4,7 @@ What it measures
     One forward+backward of the mid (or ``--size``) ``transformers.Qwen2ForCausalLM`` from
     ``_shared.py`` (fp32, CPU, seed 0, ``labels=input_ids``) recorded with ``Recorder(model,
     mode="stats", inputs=True, grads=True)``, ``--rounds`` times after one warm-up. Every
-    statistics read of a distinct recorded CPU tensor (``tensor_summary.cpu_stats``, as the
+    statistics read of a distinct recorded CPU tensor (``tensor_summary.stats_reader``, as the
     recorder calls it: the C kernel's one read, or torch's reductions without one; reported
     under the key ``stats_vector``, its name when the step buffer computed them) is timed with
     ``time.perf_counter`` around it; the step itself is timed as in ``recorder_overhead.py``
@@ -53,11 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     by_numel: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    original = tensor_summary.cpu_stats  # what the recorder reads a CPU tensor's statistics with
+    original = tensor_summary.stats_reader  # what the recorder reads a CPU tensor's statistics with
+    read = original()
 
     def timed(t: torch.Tensor) -> Stats:
         start = time.perf_counter()
-        out = original(t)
+        out = read(t)
         entry = by_numel[t.numel()]
         entry[0] += 1
         entry[1] += time.perf_counter() - start
@@ -71,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.collect()
         rec = None
         if variant != "bare":
-            setattr(recorder, "cpu_stats", timed if variant == "stats" else constant)  # noqa: B010
+            reader = timed if variant == "stats" else constant
+            setattr(recorder, "stats_reader", lambda: reader)  # noqa: B010
             rec = Recorder(model, mode="stats", inputs=True, grads=True)
         start = time.perf_counter()
         if rec is None:
@@ -100,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows[variant].append(value)
                 rows["stats_vector"].append(inside)
     finally:
-        setattr(recorder, "cpu_stats", original)  # noqa: B010
+        setattr(recorder, "stats_reader", original)  # noqa: B010
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(
         f"\nmedians: bare {med['bare']:.3f} s; hooks only +{(med['hooks_only'] - med['bare']) * 1e3:.0f} ms; "

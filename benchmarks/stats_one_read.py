@@ -63,18 +63,23 @@ def step_sizes() -> list[int]:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     seen: list[int] = []
-    read = tensor_summary.cpu_stats  # what the recorder reads a CPU tensor's statistics with
+    reader = tensor_summary.stats_reader  # what the recorder reads a CPU tensor's statistics with
 
-    def counting(data: torch.Tensor) -> Stats:
-        seen.append(data.numel())
-        return read(data)
+    def counting() -> Callable[[torch.Tensor], Stats]:
+        read = reader()
 
-    setattr(recorder, "cpu_stats", counting)  # noqa: B010
+        def count(data: torch.Tensor) -> Stats:
+            seen.append(data.numel())
+            return read(data)
+
+        return count
+
+    setattr(recorder, "stats_reader", counting)  # noqa: B010
     try:
         with HookRecorder(model, mode="stats", inputs=True, grads=True):
             model(input_ids=ids, labels=ids).loss.backward()
     finally:
-        setattr(recorder, "cpu_stats", read)  # noqa: B010
+        setattr(recorder, "stats_reader", reader)  # noqa: B010
     assert seen, "no tensor summarised: the recorder's statistics seam moved"
     return seen
 

@@ -56,6 +56,13 @@ def test_slots_of_a_dataclass_and_of_colliding_keys_are_distinct() -> None:
     assert [s for s, _ in flatten(Out(h, (h, h)), "out")] == ["out.hidden", "out.extra.0", "out.extra.1"]
 
 
+def test_a_flat_tuple_of_tensors_takes_the_nested_walks_slots() -> None:
+    a, b = torch.zeros(1), torch.nn.Parameter(torch.ones(1))
+    assert flatten((a, b), "in") == [("in.0", a), ("in.1", b)]
+    assert flatten((a, [b]), "in") == [("in.0", a), ("in.1.0", b)]  # not flat: walked
+    assert flatten((), "in") == [] and flatten((a, None), "in") == [("in.0", a)]
+
+
 def test_a_model_with_such_outputs_is_recorded_and_compares_with_itself() -> None:
     torch.manual_seed(0)
     net = Net()

@@ -5,6 +5,8 @@ summarised again, with the values it has then."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -41,18 +43,23 @@ def _summaries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the tensors the recorder reduces: queued to the step's end (a device
     tensor) or read at capture (a CPU tensor)."""
     sizes: list[int] = []
-    add, read = StepBuffer.add_stats, recorder.cpu_stats
+    add, reader = StepBuffer.add_stats, recorder.stats_reader
 
     def counting(self: StepBuffer, data: torch.Tensor) -> int:
         sizes.append(data.numel())
         return add(self, data)
 
-    def reading(data: torch.Tensor) -> Stats:
-        sizes.append(data.numel())
-        return read(data)
+    def reading() -> Callable[[torch.Tensor], Stats]:
+        read = reader()
+
+        def count(data: torch.Tensor) -> Stats:
+            sizes.append(data.numel())
+            return read(data)
+
+        return count
 
     monkeypatch.setattr(StepBuffer, "add_stats", counting)
-    monkeypatch.setattr(recorder, "cpu_stats", reading)
+    monkeypatch.setattr(recorder, "stats_reader", reading)
     return sizes
 
 

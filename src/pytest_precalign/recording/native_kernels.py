@@ -115,6 +115,31 @@ def stats(t: torch.Tensor) -> list[float] | None:
     return [out[0], out[1], out[2], math.sqrt(out[3])] if entry(flat.data_ptr(), n, out) else None
 
 
+class _StatsEntries(dict[torch.dtype, "Entry | None"]):
+    """dtype -> its statistics kernel's entry point, built (or found) on first use; None for a
+    dtype without one or whose kernel could not be built."""
+
+    def __missing__(self, dtype: torch.dtype) -> Entry | None:
+        symbol = _SYMBOLS["stats"].get(dtype)
+        entry = None if symbol is None else _entry(symbol)
+        self[dtype] = entry
+        return entry
+
+
+_STATS_ENTRIES = _StatsEntries()
+
+
+def stats_entries() -> dict[torch.dtype, Entry | None] | None:
+    """The statistics kernels by dtype (``entries[t.dtype]``: built on first use, None where a
+    dtype has none), for a caller that reads a step's many tensors
+    (``tensor_summary.stats_reader``): ``PRECALIGN_FUSED_STATS`` is read here, once, not per
+    tensor; None where the kernels are turned off. Their contract is ``stats``'s: a dense,
+    contiguous, non-empty CPU tensor of at most ``PART`` elements, ``entry(data_ptr, numel,
+    out)`` filling ``out[0:4]`` (max, min, sum, sum of squares) and returning 0 when one is not
+    finite."""
+    return _STATS_ENTRIES if _enabled() else None
+
+
 def _in_parts(entry: Entry, flat: torch.Tensor, threaded: bool) -> list[float] | None:
     """The statistics of a tensor larger than ``PART``: its ``PART``-element pieces reduced
     (each on torch's threads where the kernel is ``threaded``, else the pieces shared with the

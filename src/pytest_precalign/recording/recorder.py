@@ -46,7 +46,7 @@ from torch.utils.hooks import RemovableHandle
 from ..trace.records import Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
 from . import step_buffer
-from .calls import ModuleCall, _Call, _version
+from .calls import ModuleCall, _Call
 from .compiled import hook_wrapper
 from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
@@ -56,7 +56,7 @@ from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .record_factory import new_record, with_summary
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
-from .tensor_summary import cpu_stats, flatten
+from .tensor_summary import flatten, stats_reader
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
@@ -128,6 +128,10 @@ class HookRecorder:
         self._hooked_calls: set[tuple[str, int, int]] = set()  # (name, step, call) with grad hooks
         self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
         self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
+        # Stats mode reads a CPU tensor's statistics at capture (``step_buffer.read_at_capture``:
+        # in host memory, nothing to fetch at the step's end), with one reader made here.
+        self._read_cpu = stats_reader() if mode == "stats" and golden is None else None
+        self._at_capture = step_buffer.read_at_capture
         self._active = False
         self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
         # Live compare (``live_golden.py``): records judged against a golden run at capture.
@@ -151,8 +155,9 @@ class HookRecorder:
                 self._handles.append(
                     module.register_forward_hook(eager(partial(self._post_hook, name)), with_kwargs=True)
                 )
-                for pname, _ in module.named_parameters(recurse=False):
-                    self._param_owner[f"{name}.{pname}"] = (name, cls)
+                for pname, param in module._parameters.items():  # named_parameters(recurse=False), cheaper
+                    if param is not None:
+                        self._param_owner[f"{name}.{pname}"] = (name, cls)
             # The root is not recorded, but ops in its own forward are (parent ""), and its end
             # is where views modified in place are looked for.
             root = _Call("", type(self.model).__name__, 0, 0, (), [])
@@ -260,13 +265,22 @@ class HookRecorder:
         crc: str | None = None
         key: str | None = None
         same_as: int | None = None
-        version = _version(tensor)
+        try:
+            version = tensor._version
+        except RuntimeError:  # inference tensors have no version counter
+            version = -1
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == version:
             earlier = self._records[same_as := seen[2].seq]
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
             if earlier.seq in self._pending:
                 self._pending[seq] = self._pending[earlier.seq]
+        elif self._read_cpu is not None and self._at_capture(tensor):
+            busy, self._busy = self._busy, True
+            try:
+                stats = self._read_cpu(tensor)
+            finally:
+                self._busy = busy
         else:
             rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
             stats, crc, key = self._summarize(tensor.detach(), seq, rid)
@@ -285,17 +299,14 @@ class HookRecorder:
     def _summarize(
         self, data: torch.Tensor, seq: int, rid: str
     ) -> tuple[Stats | None, str | None, str | None]:
-        """(stats, crc, tensor key) of a tensor not seen before, as the mode says; stats mode
-        reads a CPU tensor's at once (``step_buffer.read_at_capture``), stats and hash modes
-        queue the rest for the step's end (``_flush``). ``rid``: the record's id, for
-        live compare only (not built otherwise: this runs for every record)."""
+        """(stats, crc, tensor key) of a tensor not seen before and not read at capture, as the
+        mode says; stats and hash modes queue it for the step's end (``_flush``). ``rid``: the
+        record's id, for live compare only (not built otherwise: this runs for every record)."""
         busy, self._busy = self._busy, True
         try:
             if self._live is not None:  # one host sync per record: see live_golden.py
                 return (*self._live.summarize(data, rid, crc=self.mode == "hash"), None)
             if self.mode == "stats":
-                if step_buffer.read_at_capture(data):  # in host memory: read now, nothing left to fetch
-                    return cpu_stats(data), None, None
                 self._pending[seq] = (self._buffer.add_stats(data), None)
             elif self.mode == "hash":
                 # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
@@ -361,7 +372,7 @@ class HookRecorder:
         (reentrant checkpointing: the backward runs the recomputed graph) does."""
         if not (self.record_grads and self._modules_on and torch.is_grad_enabled()):
             return False
-        key = (name, self.step, call)
+        key = (name, self._step, call)
         if recomputed:
             return key not in self._hooked_calls
         self._hooked_calls.add(key)
@@ -420,12 +431,14 @@ class HookRecorder:
     ) -> Callable[[torch.Tensor], None]:
         """The tensor hook that records ``t``'s grad; for a view, one that hands over to its base's
         autograd node if the view is modified in place later (see ``inplace_grads.py``)."""
-        refuse = partial(self._refuse_grad, record_id(state.name, kind, slot, state.step, state.call))
-        return self._views.hook(t, partial(on_grad, state, slot), refuse)
+        deliver = partial(on_grad, state, slot)
+        if not t._is_view():  # the common case, without a frame more: run for every hooked tensor
+            return deliver
+        return self._views.hook(t, deliver, partial(self._refuse_grad, state, kind, slot))
 
-    def _refuse_grad(self, rid: str, reason: str) -> None:
+    def _refuse_grad(self, state: _Call, kind: str, slot: str, reason: str) -> None:
         if self._active:
-            self._not_recordable[rid] = reason
+            self._not_recordable[record_id(state.name, kind, slot, state.step, state.call)] = reason
 
     def _on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if not self._frames or self._busy or not self._active or in_backward():
@@ -437,7 +450,7 @@ class HookRecorder:
         if not outputs:
             return
         parent = self._frames[-1]
-        key = (parent.name, parent.call, self.step, api)
+        key = (parent.name, parent.call, self._step, api)
         n = self._op_calls.get(key, 0)
         self._op_calls[key] = n + 1
         name = f"{parent.name}.{api}" if parent.name else api
@@ -453,7 +466,7 @@ class HookRecorder:
                 ref = seen[0]()
                 if ref is t or (ref is not None and ref is t._base):
                     deps.append(seen[2].id)
-        state = _Call(name, "api", call, self.step, tuple(deps), [])
+        state = _Call(name, "api", call, self._step, tuple(deps), [])
         grads = self.record_grads and torch.is_grad_enabled()
         for slot, t in outputs:
             self.capture(
@@ -532,8 +545,8 @@ class HookRecorder:
         if state is not None:
             deps = (*state.grad_output_ids, *state.input_ids)
         if call is None:
-            call = self._grad_calls.get((pname, self.step), 0)  # call k: after k + 1 micro-batches
-        self._grad_calls[(pname, self.step)] = call + 1
+            call = self._grad_calls.get((pname, self._step), 0)  # call k: after k + 1 micro-batches
+        self._grad_calls[(pname, self._step)] = call + 1
         self.capture(grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call)
 
     # -- explicit records ---------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""``stats_reader()``, what a stats-mode recorder reads each CPU tensor's statistics with: the
+same ``Stats``, bit for bit, as ``cpu_stats`` and ``tensor_stats`` on every tensor a recording
+meets (the C kernel's, torch's for what it does not take: empty, integer, complex, not finite,
+non-contiguous, larger than a piece); ``PRECALIGN_FUSED_STATS=0`` read when the reader
+is made; and a recorder reads with it."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from pytest_precalign.recording import HookRecorder, native_kernels, recorder
+from pytest_precalign.recording.tensor_summary import _new_stats, cpu_stats, stats_reader, tensor_stats
+from pytest_precalign.trace.records import Stats
+
+
+def _bits(s: Stats) -> tuple[bytes, ...]:
+    return (*(struct.pack("<d", v) for v in (s.max, s.min, s.mean, s.norm)), struct.pack("<qq", s.nan, s.inf))
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100_003, generator=g) * 3 + 1
+    bad = x.clone()
+    bad[[3, 7]] = float("nan")
+    bad[11] = float("inf")
+    return {
+        "float32": x,
+        "bfloat16": x.bfloat16(),
+        "float16": x.half(),
+        "float64": x.double(),
+        "constant": torch.full((70_001,), 0.1),
+        "all_zero": torch.zeros(4_097),
+        "denormal": torch.full((5_000,), 1e-40),
+        "one_element": torch.tensor([2.5]),
+        "negative_zero": torch.tensor([-0.0, 0.0, -0.0]),
+        "empty": torch.zeros(0, 3),
+        "int64": torch.arange(-5, 50),
+        "bool": torch.arange(7) % 2 == 0,
+        "complex64": torch.complex(x[:100], -x[:100]),
+        "nan_inf": bad,
+        "bf16_nan": bad.bfloat16(),
+        "overflowing_norm": torch.full((4,), 3e38),
+        "non_contiguous": torch.randn(300, 701, generator=g).t(),
+        "in_pieces": torch.randn(native_kernels.PART + 1001, generator=g) - 0.5,
+        "requires_grad": torch.randn(4, 8, generator=g).requires_grad_(),
+    }
+
+
+@pytest.mark.parametrize("name", list(_tensors()))
+def test_the_reader_gives_cpu_stats_and_tensor_stats_bit_for_bit(name: str) -> None:
+    t = _tensors()[name]
+    read = stats_reader()
+    got = read(t)
+    assert _bits(got) == _bits(cpu_stats(t))
+    assert _bits(got) == _bits(tensor_stats(t.detach()))
+
+
+def test_turned_off_the_reader_is_torchs_and_the_setting_is_read_when_it_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PRECALIGN_FUSED_STATS", "0")
+    assert stats_reader() is cpu_stats
+    monkeypatch.delenv("PRECALIGN_FUSED_STATS")
+    made = stats_reader()
+    if native_kernels.kernel_state() == "native":
+        assert made is not cpu_stats
+
+
+def test_a_fast_built_stats_is_the_dataclasss() -> None:
+    fast, plain = _new_stats(1.0, -2.0, 0.25, 3.0), Stats(1.0, -2.0, 0.25, 3.0)
+    assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
+    assert fast.finite and fast.as_dict() == plain.as_dict()
+    with pytest.raises(AttributeError):
+        fast.max = 2.0  # type: ignore[misc]
+
+
+def _record(model: torch.nn.Module, x: torch.Tensor) -> list[tuple[str, tuple[bytes, ...]]]:
+    model.zero_grad(set_to_none=True)
+    with HookRecorder(model, mode="stats") as rec:
+        model(x).sum().backward()
+    return [(r.id, _bits(r.stats)) for r in rec.trace().records if r.stats is not None]
+
+
+def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_one_reader_made_at_enter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = (
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
+        torch.randn(3, 4),
+    )
+    monkeypatch.setattr(recorder, "stats_reader", lambda: cpu_stats)
+    expected = _record(model, x)
+    made: list[int] = []
+    reads: list[int] = []
+    real = stats_reader
+
+    def reader() -> Callable[[torch.Tensor], Stats]:
+        made.append(1)
+        read = real()
+
+        def counted(t: torch.Tensor) -> Stats:
+            reads.append(t.numel())
+            return read(t)
+
+        return counted
+
+    monkeypatch.setattr(recorder, "stats_reader", reader)
+    got = _record(model, x)
+    assert made == [1] and len(reads) >= 8  # x, 3 outputs, their grads, 4 parameter grads
+    assert got == expected and len(got) > len(reads)  # inputs that are outputs: read once
