@@ -172,3 +172,28 @@ def test_params_after_step_and_include_exclude():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="allowed: stats, tensor, hash"):
         HookRecorder(torch.nn.Linear(2, 2), mode="full")
+
+
+def _embedding_net(sparse: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=sparse), torch.nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize("mode", ["stats", "hash", "tensor"])
+def test_a_sparse_grad_is_recorded_as_the_dense_one_it_stands_for(mode: str) -> None:
+    """``Embedding(sparse=True)`` gives its weight a sparse grad: recorded (torch's reductions
+    do not take one) with the statistics, CRC and tensor of the dense grad a dense run records."""
+    ids = torch.tensor([[1, 2, 3]])  # no index twice: the dense grad's additions are the same
+    recorded = {}
+    for sparse in (True, False):
+        net = _embedding_net(sparse)
+        with HookRecorder(net, mode=mode) as rec:
+            net(ids).sum().backward()
+        assert net[0].weight.grad is not None and net[0].weight.grad.is_sparse == sparse
+        trace = rec.trace()
+        (grad,) = [r for r in trace.records if r.name == "0.weight" and r.kind == "param_grad"]
+        assert grad.shape == (10, 4) and grad.dtype == "float32"
+        kept = trace.tensors[grad.tensor_key] if grad.tensor_key else None
+        recorded[sparse] = (grad.stats, grad.crc32, None if kept is None else kept.tolist())
+    assert recorded[True] == recorded[False]
+    assert recorded[True][0] is not None or recorded[True][1] is not None

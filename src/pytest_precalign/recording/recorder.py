@@ -275,15 +275,19 @@ class HookRecorder:
             stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
             if earlier.seq in self._pending:
                 self._pending[seq] = self._pending[earlier.seq]
-        elif self._read_cpu is not None and self._at_capture(tensor):
+        else:
             busy, self._busy = self._busy, True
             try:
-                stats = self._read_cpu(tensor)
+                # A sparse tensor (an ``Embedding(sparse=True)``'s grad) is summarised as the
+                # dense one it stands for: what a dense run records beside it.
+                data = tensor if tensor.layout is torch.strided else tensor.detach().to_dense()
+                if self._read_cpu is not None and self._at_capture(data):
+                    stats = self._read_cpu(data)
+                else:
+                    rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
+                    stats, crc, key = self._summarize(data.detach(), seq, rid)
             finally:
                 self._busy = busy
-        else:
-            rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
-            stats, crc, key = self._summarize(tensor.detach(), seq, rid)
         record = new_record(seq, name, module_class, kind, step, call, slot, tensor, stats, crc, key, deps)
         self._records.append(record)
         self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
