@@ -278,8 +278,7 @@ class HookRecorder:
         else:
             busy, self._busy = self._busy, True
             try:
-                # A sparse tensor (an ``Embedding(sparse=True)``'s grad) is summarised as the
-                # dense one it stands for: what a dense run records beside it.
+                # A sparse tensor (an Embedding(sparse=True)'s grad): as the dense one it stands for
                 data = tensor if tensor.layout is torch.strided else tensor.detach().to_dense()
                 if self._read_cpu is not None and self._at_capture(data):
                     stats = self._read_cpu(data)
