@@ -144,3 +144,25 @@ def test_zeros_left_for_a_clipping_that_never_came_are_counted_at_finish() -> No
     model[1].weight.grad[0, 0] = 0.0
     evidence.grads_before_clip(norm=1.0, zeros_after_clip=True)  # a skipped update: no clipping
     assert evidence.finish(0).zero_grads == 1
+
+
+def test_a_sparse_grad_is_measured_as_the_dense_grad_it_stands_for() -> None:
+    """``Embedding(sparse=True)``: torch's norms (``clip_grad_norm_`` too) take no sparse grad;
+    the step's evidence is the dense run's, bit for bit, and nothing of the run is changed."""
+    measured = {}
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=sparse), torch.nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        evidence = StepEvidence(model.parameters())
+        evidence.begin()
+        model(torch.tensor([[1, 2, 3]])).sum().backward()  # no index twice: the same additions
+        grad = model[0].weight.grad
+        assert grad is not None and grad.is_sparse == sparse
+        evidence.grads_before_clip()
+        opt.step()
+        scalars = evidence.finish(0, loss=1.0)
+        assert model[0].weight.grad is grad  # the user's grad left as it was
+        measured[sparse] = (scalars.grad_norm, scalars.zero_grads, scalars.update_norm, scalars.param_norm)
+    assert measured[True] == measured[False]
+    assert measured[True][1] == 7 * 4  # the rows no index touched: zeros of the dense grad

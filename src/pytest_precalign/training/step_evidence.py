@@ -162,9 +162,10 @@ class StepEvidence:
         self._uncounted: list[torch.Tensor] | None = None  # grads whose zeros are counted later
 
     def _grads(self, grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
-        if grads is not None:
-            return list(grads)
-        return [p.grad for p in self.params if p.grad is not None]
+        """The step's grads; a sparse one (an ``Embedding(sparse=True)``'s) as the dense grad it
+        stands for: torch's norms take no sparse tensor, and a dense run's grads are dense."""
+        found = list(grads) if grads is not None else [p.grad for p in self.params if p.grad is not None]
+        return [g if g.layout == torch.strided else g.detach().to_dense() for g in found]
 
     def begin(self) -> None:
         """Before the step: keep a copy of the parameters (for the update norm), copied into
