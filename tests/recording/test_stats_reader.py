@@ -15,6 +15,7 @@ import torch
 from pytest_precalign.recording import HookRecorder, native_kernels, recorder
 from pytest_precalign.recording.tensor_summary import _new_stats, cpu_stats, stats_reader, tensor_stats
 from pytest_precalign.trace.records import Stats
+from tests.helpers.stats_cases import counting_reader, stats_cases
 
 
 def _bits(s: Stats) -> tuple[bytes, ...]:
@@ -22,30 +23,11 @@ def _bits(s: Stats) -> tuple[bytes, ...]:
 
 
 def _tensors() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(100_003, generator=g) * 3 + 1
-    bad = x.clone()
-    bad[[3, 7]] = float("nan")
-    bad[11] = float("inf")
+    g = torch.Generator().manual_seed(1)
     return {
-        "float32": x,
-        "bfloat16": x.bfloat16(),
-        "float16": x.half(),
-        "float64": x.double(),
-        "constant": torch.full((70_001,), 0.1),
-        "all_zero": torch.zeros(4_097),
-        "denormal": torch.full((5_000,), 1e-40),
-        "one_element": torch.tensor([2.5]),
-        "negative_zero": torch.tensor([-0.0, 0.0, -0.0]),
+        **stats_cases(),
         "empty": torch.zeros(0, 3),
-        "int64": torch.arange(-5, 50),
         "bool": torch.arange(7) % 2 == 0,
-        "complex64": torch.complex(x[:100], -x[:100]),
-        "nan_inf": bad,
-        "bf16_nan": bad.bfloat16(),
-        "overflowing_norm": torch.full((4,), 3e38),
-        "non_contiguous": torch.randn(300, 701, generator=g).t(),
-        "in_pieces": torch.randn(native_kernels.PART + 1001, generator=g) - 0.5,
         "requires_grad": torch.randn(4, 8, generator=g).requires_grad_(),
     }
 
@@ -97,17 +79,11 @@ def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_one_reader_made_at_ent
     expected = _record(model, x)
     made: list[int] = []
     reads: list[int] = []
-    real = stats_reader
+    counting = counting_reader(reads)
 
     def reader() -> Callable[[torch.Tensor], Stats]:
         made.append(1)
-        read = real()
-
-        def counted(t: torch.Tensor) -> Stats:
-            reads.append(t.numel())
-            return read(t)
-
-        return counted
+        return counting()
 
     monkeypatch.setattr(recorder, "stats_reader", reader)
     got = _record(model, x)

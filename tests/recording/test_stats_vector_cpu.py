@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pytest_precalign.recording.chunked_stats import CHUNKED_NUMEL
 from pytest_precalign.recording.tensor_summary import all_finite, stats_vector
+from tests.helpers.stats_cases import stats_cases
 
 
 def _reference(t: torch.Tensor) -> list[float]:
@@ -25,31 +25,9 @@ def _bits(values: list[float]) -> list[bytes]:
     return [struct.pack("<d", v) for v in values]  # NaN equal to NaN, -0.0 not equal to 0.0
 
 
-def _tensors() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1000, generator=g) * 3 + 1
-    bad = x.clone()
-    bad[[3, 7]] = float("nan")
-    bad[11] = float("inf")
-    return {
-        "float32": x,
-        "bfloat16": x.bfloat16(),
-        "float16": x.half(),
-        "float64": x.double(),
-        "int64": torch.arange(-5, 50),
-        "complex64": torch.complex(x, -x),
-        "negative_zero": torch.tensor([-0.0, -0.0]),
-        "nan_inf": bad,
-        "only_inf": torch.tensor([float("inf"), float("-inf"), 1.0]),
-        "bf16_nan": bad.bfloat16(),
-        "overflowing_norm": torch.full((4,), 3e38),
-        "read_in_pieces": torch.randn(CHUNKED_NUMEL + 1, generator=g),
-    }
-
-
-@pytest.mark.parametrize("name", list(_tensors()))
+@pytest.mark.parametrize("name", list(stats_cases()))
 def test_the_values_are_bitwise_the_plain_paths(name: str) -> None:
-    t = _tensors()[name]
+    t = stats_cases()[name]
     got = stats_vector(t, counts="if_nonfinite")
     assert got.dtype == torch.float64 and got.shape == (6,)
     assert _bits(got.tolist()) == _bits(_reference(t))

@@ -5,8 +5,6 @@ summarised again, with the values it has then."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 from torch import nn
@@ -14,7 +12,7 @@ from torch import nn
 from pytest_precalign.recording import HookRecorder, recorder
 from pytest_precalign.recording.step_buffer import StepBuffer
 from pytest_precalign.recording.tensor_summary import tensor_stats
-from pytest_precalign.trace.records import Stats
+from tests.helpers.stats_cases import counting_reader
 
 
 class _Scale(nn.Module):
@@ -43,23 +41,14 @@ def _summaries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the tensors the recorder reduces: queued to the step's end (a device
     tensor) or read at capture (a CPU tensor)."""
     sizes: list[int] = []
-    add, reader = StepBuffer.add_stats, recorder.stats_reader
+    add = StepBuffer.add_stats
 
     def counting(self: StepBuffer, data: torch.Tensor) -> int:
         sizes.append(data.numel())
         return add(self, data)
 
-    def reading() -> Callable[[torch.Tensor], Stats]:
-        read = reader()
-
-        def count(data: torch.Tensor) -> Stats:
-            sizes.append(data.numel())
-            return read(data)
-
-        return count
-
     monkeypatch.setattr(StepBuffer, "add_stats", counting)
-    monkeypatch.setattr(recorder, "stats_reader", reading)
+    monkeypatch.setattr(recorder, "stats_reader", counting_reader(sizes))
     return sizes
 
 
