@@ -12,7 +12,11 @@
 * zero counts of the same tensors (the scalars mode's ``zero_grads``): ``count_nonzero``
   against ``native_kernels.zeros`` (printed as ``zeros``);
 * ``compiled`` (``--compile``) -- one fused ``torch.compile`` kernel (inductor, C++ on the
-  CPU); its compile time is printed apart.
+  CPU); its compile time is printed apart;
+* after a large operation (``after_matmul``): a 512-element tensor's statistics right after a
+  512x512 @ 512x1408 matmul, as a hook meets them (the interpreter's own data pushed out of the
+  caches), by ``cpu_stats`` and by a recorder's ``stats_reader``, and a second call at once
+  (warm); the median of 400 wall times, in us, at torch's own thread count.
 
 On a 2048 x 32000 fp32 tensor (the logits of a 32K vocabulary, 262 MB) and on the distinct
 tensors one recorded mid Qwen2 step summarises (their sizes, random values: copies are cold
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -96,6 +101,28 @@ def best_ms(path: Path, tensors: list[torch.Tensor], rounds: int) -> float:
     return round(min(times) * 1e3, 2)
 
 
+def after_matmul() -> dict[str, float]:
+    """A small tensor's statistics right after a matmul (cold) and again at once (warm)."""
+    a, b, small = torch.randn(512, 512), torch.randn(512, 1408), torch.randn(512)
+    out: dict[str, float] = {}
+    for name, read in (
+        ("cpu_stats", tensor_summary.cpu_stats),
+        ("stats_reader", tensor_summary.stats_reader()),
+    ):
+        cold, warm = [], []
+        for _ in range(400):
+            a @ b
+            start = time.perf_counter()
+            read(small)
+            middle = time.perf_counter()
+            read(small)
+            cold.append(middle - start)
+            warm.append(time.perf_counter() - middle)
+        out[f"after_matmul_{name}_us"] = round(statistics.median(cold) * 1e6, 1)
+        out[f"warm_{name}_us"] = round(statistics.median(warm) * 1e6, 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -111,6 +138,14 @@ def main() -> None:
         native_kernels.stats(torch.ones(4))  # loaded now: the cache may go
     del os.environ["PRECALIGN_CACHE_DIR"]
     print(f"native kernel (float32 statistics) built from a cold cache in {build_s} s", flush=True)
+    cold = after_matmul()
+    print(
+        "512 elements right after a matmul: cpu_stats {after_matmul_cpu_stats_us} us, stats_reader "
+        "{after_matmul_stats_reader_us} us (at once again: {warm_cpu_stats_us} / {warm_stats_reader_us} us)".format(
+            **cold
+        ),
+        flush=True,
+    )
     sizes = step_sizes()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -128,6 +163,7 @@ def main() -> None:
         "step_elements": sum(sizes),
         "large_in_step": len(large),
         "native_build_s": build_s,
+        **cold,
     }
     if args.compile:
         from pytest_precalign.recording.fused_stats import _six

@@ -197,3 +197,39 @@ def test_a_sparse_grad_is_recorded_as_the_dense_one_it_stands_for(mode: str) -> 
         recorded[sparse] = (grad.stats, grad.crc32, None if kept is None else kept.tolist())
     assert recorded[True] == recorded[False]
     assert recorded[True][0] is not None or recorded[True][1] is not None
+
+
+class _Cast(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+
+
+@pytest.mark.parametrize("mode", ["stats", "hash", "tensor"])
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+def test_an_8_bit_float_is_summarised_as_the_float32_tensor_it_widens_to(
+    dtype: torch.dtype, mode: str
+) -> None:
+    """torch's reductions take no float8 tensor (FP8 training casts to them): recording such an
+    output raised; its statistics are now those of its exact float32 widening, a NaN or Inf
+    counted as in any tensor."""
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    x[0, 0] = float("nan")
+    for values in (x[1:], x):  # finite, then with a NaN
+        net = torch.nn.Sequential(_Cast(dtype))
+        with torch.no_grad(), HookRecorder(net, mode=mode) as rec:
+            out = net(values)
+        (record,) = [r for r in rec.trace().records if r.kind == "activation"]
+        assert record.dtype == str(dtype).removeprefix("torch.")
+        if mode == "hash":
+            assert record.crc32 == tensor_crc32(out)
+        else:
+            assert record.stats == tensor_stats(out.float()) or (
+                record.stats is not None and not record.stats.finite and record.stats.nan == 1
+            )

@@ -20,8 +20,8 @@ more on torch's own intra-op threads (the loader hands the library the runtime t
 so no thread is started: the ones torch's last operation left waiting take the shares), a
 mid step's statistics in 21-23 ms of wall time through a recorder's ``stats_reader`` (25 ms
 through ``cpu_stats``, 46 ms on one thread; ``python benchmarks/recorder_split.py --size mid
---rounds 6``); elsewhere on the calling thread. Each superblock's sums are the same whichever thread reads it and they are added in
-index order: the bits do not depend on the thread count.
+--rounds 6``); elsewhere on the calling thread. Each superblock's sums are the same whichever
+thread reads it and they are added in index order: the bits do not depend on the thread count.
 
 Chosen automatically: where no C compiler works (none installed, ``CC`` naming a missing
 one, a read-only cache and temp folder), or with ``PRECALIGN_FUSED_STATS=0``, every function

@@ -78,8 +78,11 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
 
 
 def _native_row(t: torch.Tensor) -> list[float] | None:
-    """The four values of a CPU tensor from the C kernel, when it has one and they are finite."""
-    return native_kernels.stats(t) if t.is_floating_point() else None
+    """The four values of a CPU tensor from the C kernel, when it has one and they are finite
+    (an 8-bit float's: the float32 tensor it widens to exactly, see ``_widened``)."""
+    if not t.is_floating_point():
+        return None
+    return native_kernels.stats(t.float() if t.element_size() == 1 else t)
 
 
 def _on_one_thread(reduce: Callable[[], _T]) -> _T:
@@ -178,9 +181,12 @@ def _row(t: torch.Tensor) -> list[float]:
 
 
 def _widened(t: torch.Tensor) -> torch.Tensor:
-    """A floating tensor whose statistics are ``t``'s: integers as float64, complex as |t|."""
+    """A floating tensor whose statistics are ``t``'s: integers as float64, complex as |t|,
+    8-bit floats (which torch's reductions do not take) as float32, exactly."""
     if not (t.is_floating_point() or t.is_complex()):
         t = t.double()
+    elif t.element_size() == 1:  # float8_e4m3fn, float8_e5m2, ... (each value exact in float32)
+        t = t.float()
     return t.abs() if t.is_complex() else t
 
 
