@@ -135,8 +135,9 @@ def stats_reader() -> Callable[[torch.Tensor], Stats]:
     looked up once (``native_kernels.stats_entries``: ``PRECALIGN_FUSED_STATS`` is read when
     the reader is made, not per tensor) and a tensor the kernel takes read in one call frame.
     Each frame and lookup counts: a hook runs right after a large torch operation has pushed
-    the interpreter's own data out of the caches, and there ``cpu_stats`` took 25-30 us a small
-    tensor where this takes 9-11 us (4.3 / 2.2 us with warm caches)."""
+    the interpreter's own data out of the caches, and there ``cpu_stats`` takes 42 us a small
+    tensor where this takes 21 us (5.0 / 2.9 us at once again; ``python
+    benchmarks/stats_one_read.py``, ``after_matmul``)."""
     entries = native_kernels.stats_entries()
     if entries is None:
         return cpu_stats
