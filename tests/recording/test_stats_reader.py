@@ -67,7 +67,7 @@ def _record(model: torch.nn.Module, x: torch.Tensor) -> list[tuple[str, tuple[by
     return [(r.id, _bits(r.stats)) for r in rec.trace().records if r.stats is not None]
 
 
-def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_one_reader_made_at_enter(
+def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_the_one_reader_it_made(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch.manual_seed(0)
