@@ -233,3 +233,29 @@ def test_an_8_bit_float_is_summarised_as_the_float32_tensor_it_widens_to(
             assert record.stats == tensor_stats(out.float()) or (
                 record.stats is not None and not record.stats.finite and record.stats.nan == 1
             )
+
+
+class _Odd(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "meta":
+            return torch.empty(2, 2, device="meta")
+        return torch.nested.nested_tensor([x[0], x[1, :2]], layout=torch.jagged)
+
+
+@pytest.mark.parametrize("mode", ["stats", "hash", "tensor"])
+@pytest.mark.parametrize("kind", ["meta", "nested"])
+def test_a_meta_or_nested_output_is_refused_in_one_message_naming_the_record(kind: str, mode: str) -> None:
+    """torch's reductions raise an internal error on both ("NestedTensorImpl doesn't support
+    sizes", "Cannot copy out of meta tensor"): the recorder says which record and what to do."""
+    from pytest_precalign.errors import RecorderError
+
+    net = torch.nn.Sequential(_Odd(kind))
+    with pytest.raises(RecorderError) as raised, torch.no_grad(), HookRecorder(net, mode=mode):
+        net(torch.randn(2, 4))
+    what = "on the meta device" if kind == "meta" else "a nested tensor"
+    assert str(raised.value).startswith(f"recorder: 0|activation|out|0|0 is {what}")
+    assert "exclude=" in str(raised.value)

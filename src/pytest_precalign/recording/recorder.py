@@ -56,7 +56,7 @@ from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
 from .record_factory import new_record, with_summary
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
-from .tensor_summary import flatten, stats_reader
+from .tensor_summary import flatten, stats_reader, summarisable
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
@@ -128,8 +128,7 @@ class HookRecorder:
         self._hooked_calls: set[tuple[str, int, int]] = set()  # (name, step, call) with grad hooks
         self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
         self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
-        # Stats mode reads a CPU tensor's statistics at capture (``step_buffer.read_at_capture``:
-        # in host memory, nothing to fetch at the step's end), with one reader made here.
+        # Stats mode reads a CPU tensor's statistics at capture (in host memory: ``read_at_capture``)
         self._read_cpu = stats_reader() if mode == "stats" and golden is None else None
         self._at_capture = step_buffer.read_at_capture
         self._active = False
@@ -278,8 +277,9 @@ class HookRecorder:
         else:
             busy, self._busy = self._busy, True
             try:
-                # A sparse tensor (an Embedding(sparse=True)'s grad): as the dense one it stands for
-                data = tensor if tensor.layout is torch.strided else tensor.detach().to_dense()
+                data = tensor
+                if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_nested:
+                    data = summarisable(tensor, record_id(name, kind, slot, step, call))
                 if self._read_cpu is not None and self._at_capture(data):
                     stats = self._read_cpu(data)
                 else:

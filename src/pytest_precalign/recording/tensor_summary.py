@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import torch
 
+from ..errors import RecorderError
 from ..trace.records import Stats
 from . import native_kernels
 from .chunked_stats import CHUNKED_NUMEL, chunked_values
@@ -128,6 +129,22 @@ def cpu_stats(t: torch.Tensor) -> Stats:
     if row is None:
         return stats_from_vector(_torch_row(t), n)
     return Stats(row[0], row[1], row[2] / n, row[3])
+
+
+def summarisable(t: torch.Tensor, rid: str) -> torch.Tensor:
+    """``t`` as the recorder summarises it: a sparse tensor (an ``Embedding(sparse=True)``'s
+    grad) as the dense one it stands for, what a dense run records beside it; a meta or nested
+    tensor refused with one message naming the record ``rid`` (torch's reductions raise an
+    internal error on both)."""
+    if t.layout is torch.strided and not (t.is_meta or t.is_nested):
+        return t
+    if t.is_meta or t.is_nested:
+        what = "on the meta device (it holds no values)" if t.is_meta else "a nested tensor"
+        raise RecorderError(
+            f"recorder: {rid} is {what}: its statistics cannot be taken; leave its module out of "
+            "the recording (exclude=) or record another level"
+        )
+    return t.detach().to_dense()
 
 
 def stats_reader() -> Callable[[torch.Tensor], Stats]:
