@@ -131,20 +131,23 @@ def cpu_stats(t: torch.Tensor) -> Stats:
     return Stats(row[0], row[1], row[2] / n, row[3])
 
 
+def as_dense(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or for a sparse tensor (an ``Embedding(sparse=True)``'s grad) the dense one it
+    stands for: what a dense run holds beside it (torch's reductions and norms take no sparse
+    tensor). Used by the recorder and by ``StepEvidence``'s grads."""
+    return t if t.layout is torch.strided else t.detach().to_dense()
+
+
 def summarisable(t: torch.Tensor, rid: str) -> torch.Tensor:
-    """``t`` as the recorder summarises it: a sparse tensor (an ``Embedding(sparse=True)``'s
-    grad) as the dense one it stands for, what a dense run records beside it; a meta or nested
-    tensor refused with one message naming the record ``rid`` (torch's reductions raise an
-    internal error on both)."""
-    if t.layout is torch.strided and not (t.is_meta or t.is_nested):
-        return t
+    """``t`` as the recorder summarises it (``as_dense``); a meta or nested tensor refused with
+    one message naming the record ``rid`` (torch's reductions raise an internal error on both)."""
     if t.is_meta or t.is_nested:
         what = "on the meta device (it holds no values)" if t.is_meta else "a nested tensor"
         raise RecorderError(
             f"recorder: {rid} is {what}: its statistics cannot be taken; leave its module out of "
             "the recording (exclude=) or record another level"
         )
-    return t.detach().to_dense()
+    return as_dense(t)
 
 
 def stats_reader() -> Callable[[torch.Tensor], Stats]:

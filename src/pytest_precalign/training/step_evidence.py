@@ -29,6 +29,7 @@ import torch
 
 from ..recording import native_kernels
 from ..recording.host_sync import to_host
+from ..recording.tensor_summary import as_dense
 from ..trace.step_scalars import StepScalars
 from .step_norms import grad_norm_and_zeros, param_and_update_norms
 
@@ -162,10 +163,9 @@ class StepEvidence:
         self._uncounted: list[torch.Tensor] | None = None  # grads whose zeros are counted later
 
     def _grads(self, grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
-        """The step's grads; a sparse one (an ``Embedding(sparse=True)``'s) as the dense grad it
-        stands for: torch's norms take no sparse tensor, and a dense run's grads are dense."""
+        """The step's grads, a sparse one as the dense grad it stands for (``as_dense``)."""
         found = list(grads) if grads is not None else [p.grad for p in self.params if p.grad is not None]
-        return [g if g.layout == torch.strided else g.detach().to_dense() for g in found]
+        return [as_dense(g) for g in found]
 
     def begin(self) -> None:
         """Before the step: keep a copy of the parameters (for the update norm), copied into
