@@ -172,6 +172,36 @@ def test_the_step_norms_are_the_exact_ones_within_the_bound_from_one_read(dtype:
     assert abs(got[1] - exact_u) <= SUM_ULPS * eps * exact_u
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_keeping_writes_after_over_before_and_changes_no_norm(dtype: torch.dtype, threads: int) -> None:
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 255, 257, 70_001, 1_000_003):  # a tail, a block, superblocks shared by threads
+        before = torch.randn(n, generator=g).to(dtype)
+        after = (before.double() - 1e-2 * torch.randn(n, generator=g, dtype=torch.float64)).to(dtype)
+        copy, after_bits = before.clone(), after.clone()
+        saved = torch.get_num_threads()
+        try:
+            torch.set_num_threads(threads)
+            plain = native_kernels.norms(after, copy)
+            kept = native_kernels.norms(after, before, keep=True)
+        finally:
+            torch.set_num_threads(saved)
+        assert plain is not None and kept == plain, n
+        assert torch.equal(before.view(torch.uint8), after.view(torch.uint8)), n  # the bits, -0 and NaN too
+        assert torch.equal(after.view(torch.uint8), after_bits.view(torch.uint8)), n  # after not written
+
+
+def test_keeping_needs_contiguous_memory_and_a_refused_pair_writes_nothing() -> None:
+    after, before = torch.randn(8, 4), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="contiguous"):
+        native_kernels.norms(after, before.t(), keep=True)
+    fine, kept = torch.randn(300), torch.randn(300)
+    pairs = [(fine, kept.clone()), (torch.randn(3), torch.randn(4))]  # the second has no kernel
+    assert native_kernels.norms_of(pairs, keep=True) is None
+    assert torch.equal(pairs[0][1], kept)
+
+
 def test_no_kernel_for_a_sparse_meta_integer_or_mismatched_tensor() -> None:
     sparse = torch.eye(4).to_sparse()
     assert native_kernels.stats(sparse) is None and native_kernels.zeros(sparse) is None

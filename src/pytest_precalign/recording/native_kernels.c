@@ -318,10 +318,13 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
 #endif
 
 /* An optimizer step's two norms from one read of the parameters and their snapshot:
- * out[0] the sum of squares of `after`, out[1] of `before - after`. */
+ * out[0] the sum of squares of `after`, out[1] of `before - after`. With `keep`, each block
+ * of `after` is then copied over its block of `before` while both are in cache: the snapshot
+ * of the next step, without another read of the parameters. */
 #define NORMS(NAME, T, ACC, LOAD, SUPER)                                                     \
-    static inline void NAME##_blocks(const T *restrict after, const T *restrict before,      \
-                                     int64_t count, double *restrict dp, double *restrict du) {\
+    static inline void NAME##_blocks(const T *restrict after, T *restrict before,            \
+                                     int64_t count, int keep, double *restrict dp,           \
+                                     double *restrict du) {                                  \
         for (int64_t b = 0; b < count; b++, after += BLOCK, before += BLOCK) {               \
             ACC p[LANES], u[LANES];                                                          \
             for (int j = 0; j < LANES; j++) p[j] = u[j] = 0;                                 \
@@ -337,20 +340,21 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
                 dp[j] = dp[j] + (double)p[j];                                                \
                 du[j] = du[j] + (double)u[j];                                                \
             }                                                                                \
+            if (keep) memcpy(before, after, sizeof(T) * BLOCK);                              \
         }                                                                                    \
     }                                                                                        \
-    CLONES void NAME##_range(const T *after, const T *before, int64_t first, int64_t count,  \
-                             double *lp, double *lu) {                                       \
+    CLONES void NAME##_range(const T *after, T *before, int64_t first, int64_t count,        \
+                             int keep, double *lp, double *lu) {                             \
         for (int64_t sb = first; sb < first + count; sb++) {                                 \
             int64_t i = sb * (int64_t)(SUPER * BLOCK);                                       \
             double dp[LANES], du[LANES];                                                     \
             for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                             \
-            NAME##_blocks(after + i, before + i, SUPER, dp, du);                             \
+            NAME##_blocks(after + i, before + i, SUPER, keep, dp, du);                       \
             lp[sb] = lanes_total(dp);                                                        \
             lu[sb] = lanes_total(du);                                                        \
         }                                                                                    \
     }                                                                                        \
-    CLONES void NAME(const T *after, const T *before, int64_t n, double *out) {              \
+    CLONES void NAME(const T *after, T *before, int64_t n, int keep, double *out) {          \
         double dp[LANES], du[LANES];                                                         \
         cascade cp = {{0}, 0, 0}, cu = {{0}, 0, 0};                                          \
         for (int j = 0; j < LANES; j++) dp[j] = du[j] = 0.0;                                 \
@@ -367,9 +371,10 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
         }                                                                                    \
         int threads = shares_for(supers);                                                    \
         if (threads > 1) {                                                                   \
-            SHARE_SUPERBLOCKS(NAME##_range(after, before, first, count, lp, lu), (void)0);   \
+            SHARE_SUPERBLOCKS(NAME##_range(after, before, first, count, keep, lp, lu),       \
+                              (void)0);                                                      \
         } else {                                                                             \
-            NAME##_range(after, before, 0, supers, lp, lu);                                  \
+            NAME##_range(after, before, 0, supers, keep, lp, lu);                            \
         }                                                                                    \
         for (int64_t sb = 0; sb < supers; sb++) {                                            \
             cascade_push(&cp, lp[sb]);                                                       \
@@ -377,15 +382,16 @@ ZEROS(precalign_zeros_64, uint64_t, 0x7fffffffffffffffull)
         }                                                                                    \
         if (lp != small_p) free(lp);                                                         \
         int64_t i = supers * (int64_t)(SUPER * BLOCK);                                       \
-        NAME##_blocks(after + i, before + i, (n - i) / BLOCK, dp, du); /* the last superblock's */\
+        NAME##_blocks(after + i, before + i, (n - i) / BLOCK, keep, dp, du); /* the last */  \
         i += (n - i) / BLOCK * BLOCK;                                                        \
         double tp = 0.0, tu = 0.0;                                                           \
-        for (; i < n; i++) {                                                                 \
-            ACC a = LOAD(after[i]);                                                          \
-            ACC d = LOAD(before[i]) - a;                                                     \
+        for (int64_t t = i; t < n; t++) {                                                    \
+            ACC a = LOAD(after[t]);                                                          \
+            ACC d = LOAD(before[t]) - a;                                                     \
             tp = tp + (double)(a * a);                                                       \
             tu = tu + (double)(d * d);                                                       \
         }                                                                                    \
+        if (keep && n > i) memcpy(before + i, after + i, sizeof(T) * (size_t)(n - i));       \
         cascade_push(&cp, lanes_total(dp));                                                  \
         cascade_push(&cu, lanes_total(du));                                                  \
         cascade_push(&cp, tp);                                                               \
@@ -408,7 +414,7 @@ NORMS(precalign_norms_f64, double, double, from_f64, SUPER_WIDE)
 #endif
 
 /* The version of this source's interface. */
-int precalign_kernels_version(void) { return 3; }
+int precalign_kernels_version(void) { return 4; }
 
 /* 1 when this library shares its reads with the threads of the OpenMP runtime (-fopenmp). */
 int precalign_shared_threads(void) {

@@ -202,30 +202,39 @@ def zeros(t: torch.Tensor) -> int | None:
     return int(entry(flat.data_ptr(), flat.numel()))
 
 
-def norms(after: torch.Tensor, before: torch.Tensor) -> tuple[float, float] | None:
+def norms(after: torch.Tensor, before: torch.Tensor, *, keep: bool = False) -> tuple[float, float] | None:
     """(sum of squares of ``after``, of ``before - after``) of two CPU tensors of one shape
     and floating dtype, in float64 from one read of each; None where the kernels are
-    unavailable or the dtype has none."""
+    unavailable or the dtype has none. ``keep``: ``after`` is also copied into ``before``
+    (both contiguous) block by block as it is read, so ``before`` is the next step's snapshot
+    without another read of ``after``; nothing is written when None is returned."""
     entry = _for(after, "norms")
     if entry is None or not _dense_cpu(before) or before.dtype != after.dtype or before.shape != after.shape:
         return None
+    if keep and not (after.is_contiguous() and before.is_contiguous()):
+        raise ValueError("norms(keep=True) copies raw memory: both tensors must be contiguous")
     if not after.numel():
         return 0.0, 0.0
     a, b = _contiguous(after), _contiguous(before)
     out = (ctypes.c_double * 2)()
-    entry(a.data_ptr(), b.data_ptr(), a.numel(), out)
+    entry(a.data_ptr(), b.data_ptr(), a.numel(), int(keep), out)
     return out[0], out[1]
 
 
-def norms_of(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[float, float]] | None:
-    """``norms(after, before)`` of every pair, the pairs shared between this thread and the
-    helper thread when torch may use two (a step's parameters are read from memory: a second
-    core reads them faster); None unless every pair has a kernel. Each pair's values are its
-    own, whichever thread took it."""
-    if not all(_for(a, "norms") is not None and _dense_cpu(b) for a, b in pairs):
+def norms_of(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, keep: bool = False
+) -> list[tuple[float, float]] | None:
+    """``norms(after, before, keep=keep)`` of every pair, the pairs shared between this thread
+    and the helper thread when torch may use two (a step's parameters are read from memory: a
+    second core reads them faster); None, having written nothing, unless every pair has a
+    kernel. Each pair's values are its own, whichever thread took it."""
+    if not all(
+        _for(a, "norms") is not None and _dense_cpu(b) and b.dtype == a.dtype and b.shape == a.shape
+        for a, b in pairs
+    ):
         return None
     threaded = all(_SYMBOLS["norms"][a.dtype] in _threaded for a, _ in pairs)
-    got = _on_two_threads([a.numel() for a, _ in pairs], lambda i: norms(*pairs[i]), threaded)
+    got = _on_two_threads([a.numel() for a, _ in pairs], lambda i: norms(*pairs[i], keep=keep), threaded)
     return None if any(g is None for g in got) else [g for g in got if g is not None]
 
 
@@ -306,12 +315,13 @@ def _load(symbol: str) -> Entry | None:
     except (OSError, subprocess.SubprocessError, AttributeError) as exc:
         _problems[symbol] = _reason(exc)
         return None
-    pointers = 2 if "_norms_" in symbol else 1
     if "_zeros_" in symbol:
         loaded.restype, loaded.argtypes = ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64]
+    elif "_norms_" in symbol:  # (after, before, n, keep, out)
+        loaded.restype = None
+        loaded.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     else:
-        loaded.restype = ctypes.c_int if "_stats_" in symbol else None
-        loaded.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64, ctypes.c_void_p]
+        loaded.restype, loaded.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     entry: Entry = loaded
     return entry
 

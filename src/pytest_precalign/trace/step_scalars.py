@@ -10,7 +10,9 @@ Fields are None when the side's framework does not have the quantity (never 0 fo
 - ``lr`` / ``weight_decay``: per parameter group, in the framework's group order.
 - ``grad_norm``: global L2 norm of the grads before clipping; ``clip_coef``: the factor the
   grads were multiplied by (1.0 when not clipped).
-- ``update_norm``: L2 norm of (params after - params before) of the step; ``param_norm``:
+- ``update_norm``: L2 norm of (params after - params before) of the step, "before" being
+  the params at the last step's end when they were not written in place since (a write
+  through ``.data`` between steps counts in it; ``StepEvidence.begin``); ``param_norm``:
   L2 norm of the params after the step.
 - ``zero_grads``: number of grad elements exactly 0; ``loss_scale`` (mixed precision);
   ``skipped``: the optimizer skipped the update (overflow).

@@ -31,7 +31,7 @@ from ..recording import native_kernels
 from ..recording.host_sync import to_host
 from ..recording.tensor_summary import as_dense
 from ..trace.step_scalars import StepScalars
-from .step_norms import grad_norm_and_zeros, param_and_update_norms
+from .step_norms import grad_norm_and_zeros, norms_keeping_snapshot, param_and_update_norms
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
@@ -138,6 +138,15 @@ def initial_params(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, dict[
     return {name: tensor_summary(param) for name, param in named}
 
 
+def _versions(params: Sequence[torch.Tensor]) -> tuple[int, ...] | None:
+    """The parameters' version counters (each in-place write moves its tensor's); None when
+    one has none (an inference tensor)."""
+    try:
+        return tuple(p._version for p in params)
+    except RuntimeError:
+        return None
+
+
 def _fits(buffers: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
     """Whether ``buffers`` can hold a copy of ``params`` (same count, shapes, strides, dtypes,
     devices): a parameter replaced between steps gets new buffers."""
@@ -157,6 +166,9 @@ class StepEvidence:
         # buffers every step (allocated once, like the parameters), so a step allocates nothing.
         self._before: list[torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] = []
+        # The parameters' version counters when the last step's norms left its parameters in
+        # the buffers (``norms_keeping_snapshot``); None when they did not.
+        self._kept: tuple[int, ...] | None = None
         self._grad_norm: float | None = None
         self._zero_grads: int | None = None
         self._clip_coef: float | None = None
@@ -169,17 +181,26 @@ class StepEvidence:
 
     def begin(self) -> None:
         """Before the step: keep a copy of the parameters (for the update norm), copied into
-        buffers kept from the step before when the parameters still fit them."""
+        buffers kept from the step before when the parameters still fit them. Where the last
+        step's norms were read by the C kernels, they left the parameters in the buffers as
+        they read them (``norms_keeping_snapshot``): no copy then, unless a parameter was
+        modified in place since (its version counter moved: a ``load_state_dict``, a second
+        ``optimizer.step()``) or replaced. A write through ``.data``, which moves no counter,
+        counts in this step's update norm: the norm of how far the parameters moved since
+        the last step's end."""
         self._grad_norm = self._zero_grads = self._clip_coef = None
         self._before = self._uncounted = None
+        kept, self._kept = self._kept, None
         if self.update_norm and self.params:
-            with torch.no_grad():
-                if not _fits(self._buffers, self.params):
-                    self._buffers = []  # free the old ones before allocating
-                    self._buffers = [
-                        torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params
-                    ]
-                torch._foreach_copy_(self._buffers, [p.detach() for p in self.params])
+            fits = _fits(self._buffers, self.params)
+            if not (fits and kept is not None and kept == _versions(self.params)):
+                with torch.no_grad():
+                    if not fits:
+                        self._buffers = []  # free the old ones before allocating
+                        self._buffers = [
+                            torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params
+                        ]
+                    torch._foreach_copy_(self._buffers, [p.detach() for p in self.params])
             self._before = self._buffers
 
     def grads_before_clip(
@@ -220,14 +241,20 @@ class StepEvidence:
 
     def norms_after_update(self) -> tuple[float | None, float | None]:
         """(update norm, parameter norm) after the optimizer step, read in one host sync.
-        The update is subtracted in place, in the snapshot's buffers (before - after: the
-        update negated, whose norm is the update's, bit for bit): no step-sized temporary; on
-        the CPU parameter by parameter, each read once (``step_norms.py``)."""
+        On the CPU by the C kernels, each parameter and its snapshot read once, the parameter
+        copied over its snapshot in the same read (the next step's, see ``begin``); elsewhere
+        the update subtracted in place, in the snapshot's buffers (before - after: the update
+        negated, whose norm is the update's, bit for bit): no step-sized temporary
+        (``step_norms.py``)."""
         if not self.params:
             return None, None
         before, self._before = self._before, None
+        params = [p.detach() for p in self.params]
         with torch.no_grad():
-            param, update = param_and_update_norms([p.detach() for p in self.params], before)
+            kept = None if before is None else norms_keeping_snapshot(params, before)
+            if kept is not None:  # the buffers hold the parameters now: the next snapshot
+                self._kept = _versions(self.params)
+            param, update = kept if kept is not None else param_and_update_norms(params, before)
             norms = [param] if update is None else [param, update]
             values = to_host(torch.stack([n.to(torch.float64) for n in norms]))
         return (values[1] if before is not None else None), values[0]

@@ -1,5 +1,6 @@
 """The parameter norm and the update norm of an optimizer step, each parameter and its
-snapshot read once; the grads' norm and zero count, each grad read once.
+snapshot read once (and, where the C kernels run, the next step's snapshot written in the same
+read); the grads' norm and zero count, each grad read once.
 
 On the CPU, where the C kernels are built (``recording/native_kernels.py``), one pass over
 each parameter and its snapshot gives both sums of squares (``before - after`` is never
@@ -60,13 +61,31 @@ def param_and_update_norms(
     )
 
 
+def norms_keeping_snapshot(
+    params: Sequence[torch.Tensor], before: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``param_and_update_norms(params, before)`` from the C kernels, which also copy each
+    parameter into its snapshot buffer block by block as they read it: ``before`` then holds
+    the parameters as they are now, the next step's snapshot, without the copy's own read of
+    every parameter (``StepEvidence.begin``). None, nothing written, where the kernels cannot
+    (a dtype without one, a device, a non-contiguous parameter, ``PRECALIGN_FUSED_STATS=0``)."""
+    if not all(p.is_contiguous() and b.is_contiguous() for p, b in zip(params, before, strict=True)):
+        return None
+    norms = _native_norms(params, before, keep=True)
+    if norms is None:
+        return None
+    param, update = norms
+    assert update is not None
+    return param, update
+
+
 def _native_norms(
-    params: Sequence[torch.Tensor], before: Sequence[torch.Tensor] | None
+    params: Sequence[torch.Tensor], before: Sequence[torch.Tensor] | None, *, keep: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """The two norms from the C kernels, as float64 0-d tensors; None unless every parameter
     has one (one definition for the whole model)."""
     pairs = [(p, p if before is None else before[i]) for i, p in enumerate(params)]
-    squares = native_kernels.norms_of(pairs)
+    squares = native_kernels.norms_of(pairs, keep=keep and before is not None)
     if squares is None:
         return None
     param = math.sqrt(math.fsum(s for s, _ in squares))
