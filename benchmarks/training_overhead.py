@@ -12,11 +12,13 @@ drifts alike for all of them):
   its manifest.
 - ``stats``: the same plus every layer's statistics (``Recorder(mode="stats")``).
 
-Each variant trains its own copy of the model (same seed, same batches, its own optimizer
-and ``StepEvidence``), as a run recorded at every step does: a variant's steps follow each
-other, not another variant's optimizer step on a shared model. The order of the variants is
-rotated by one each round, so what one variant leaves behind (memory to fault in again,
-caches another's reads evicted) falls on each of the others in turn.
+One model and optimizer serve every variant (separate copies of the model differ from each
+other by +-4 % in the same bare step on this machine: memory placement). A variant takes two
+steps in a row and only the second is timed: in a run recorded at every step, a step follows
+a recorded step (``StepEvidence`` takes the snapshot the last step's norms left), not another
+variant's. The order of the variants is rotated by one each round, so what one variant leaves
+behind (memory to fault in again, caches another's reads evicted) falls on each of the others
+in turn.
 
 Printed: the median seconds per step of each variant (wall clock, and this process's CPU
 time, which a loaded machine disturbs less), their ratios to ``bare``, the paired ratios
@@ -141,20 +143,25 @@ VARIANTS: dict[str, Callable[[Run, Path, int], None]] = {
 
 def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
     load_start = os.getloadavg()[0]
-    runs = {name: Run(SIZES[size_name]) for name in VARIANTS}
+    run = Run(SIZES[size_name])
     root = Path(tempfile.mkdtemp(prefix="precalign-training-overhead-"))
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     first: dict[str, float] = {}  # each variant's first step in this process (setup included)
     try:
+        step = 0
         for r in range(warmup + rounds):
             names = list(VARIANTS)
             for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated each round
                 variant = VARIANTS[name]
+                if r >= warmup:  # the step before, untimed: the variant's steps follow each other
+                    variant(run, root, step)
+                    step += 1
                 gc.collect()
                 start, start_cpu = time.perf_counter(), time.process_time()
-                variant(runs[name], root, r)
+                variant(run, root, step)
                 seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+                step += 1
                 first.setdefault(name, seconds)
                 if r >= warmup:
                     times[name].append(seconds)
