@@ -23,7 +23,7 @@ What it measures
     ``Recorder.__exit__``. ``rec.trace()`` (which, in tensor mode, computes the stats of
     every kept tensor) is timed separately and reported as ``trace_finalize_<mode>_s``.
     Runs are interleaved round-robin over the variants (``--warmup`` rounds discarded, then
-    ``--rounds`` measured rounds), the order rotated by one each round; grads are set to
+    ``--rounds`` measured rounds), the order shuffled each round (seeded); grads are set to
     ``None`` and a fresh ``Recorder`` is built before every run, and ``gc.collect()`` (and,
     after ``tensor_disk``, ``os.sync()``: its files written back before the next timed step)
     runs outside the timed region. Every run
@@ -72,6 +72,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -199,12 +200,14 @@ def run_once(model: torch.nn.Module, ids: torch.Tensor, variant: str) -> RunResu
 
 
 def round_order(rnd: int) -> list[str]:
-    """The variants of round ``rnd``, rotated by one each round: what one variant leaves
-    behind (freed memory to fault in again, a cache another's tensors evicted) falls on each
-    other variant in turn, not always on the same one."""
+    """The variants of round ``rnd`` in an order shuffled by the round's number: what one
+    variant leaves behind (freed memory to fault in again, a cache another's tensors evicted,
+    the disk variant's written pages) falls on a different variant from round to round. (A
+    rotation would not do: it keeps every variant's neighbours, so the bare run would always
+    follow the disk variant, and stats mode always the bare run.)"""
     names = list(VARIANTS)
-    k = rnd % len(names)
-    return names[k:] + names[:k]
+    random.Random(rnd).shuffle(names)
+    return names
 
 
 def available_bytes() -> int:

@@ -16,9 +16,8 @@ One model and optimizer serve every variant (separate copies of the model differ
 other by +-4 % in the same bare step on this machine: memory placement). A variant takes two
 steps in a row and only the second is timed: in a run recorded at every step, a step follows
 a recorded step (``StepEvidence`` takes the snapshot the last step's norms left), not another
-variant's. The order of the variants is rotated by one each round, so what one variant leaves
-behind (memory to fault in again, caches another's reads evicted) falls on each of the others
-in turn.
+variant's; what another variant left behind (memory to fault in again, caches its reads
+evicted) falls on the untimed step. The order of the variants is rotated by one each round.
 
 Printed: the median seconds per step of each variant (wall clock, and this process's CPU
 time, which a loaded machine disturbs less), their ratios to ``bare``, the paired ratios

@@ -41,3 +41,14 @@ def test_a_ratio_under_one_is_flagged_as_noise() -> None:
     keys = overhead().size_keys(results([2.0, 2.0, 2.0], [1.4, 1.4, 2.2]), {})
     assert keys["stats_ratio"] == pytest.approx(0.7)
     assert keys["noise"] == ["stats"]
+
+
+def test_rounds_change_every_variants_neighbour() -> None:
+    """A rotation keeps each variant's predecessor (the bare run always after the disk
+    variant): the rounds' orders must not."""
+    bench = overhead()
+    orders = [bench.round_order(r) for r in range(9)]  # mid's default: 2 warm-up + 7 rounds
+    assert all(sorted(o) == sorted(bench.VARIANTS) for o in orders)
+    for variant in bench.VARIANTS:
+        before = {o[o.index(variant) - 1] for o in orders if o.index(variant) > 0}
+        assert len(before) >= 2, variant
