@@ -304,26 +304,23 @@ class HookRecorder:
     ) -> tuple[Stats | None, str | None, str | None]:
         """(stats, crc, tensor key) of a tensor not seen before and not read at capture, as the
         mode says; stats and hash modes queue it for the step's end (``_flush``). ``rid``: the
-        record's id, for live compare only (not built otherwise: this runs for every record)."""
-        busy, self._busy = self._busy, True
-        try:
-            if self._live is not None:  # one host sync per record: see live_golden.py
-                return (*self._live.summarize(data, rid, crc=self.mode == "hash"), None)
-            if self.mode == "stats":
-                self._pending[seq] = (self._buffer.add_stats(data), None)
-            elif self.mode == "hash":
-                # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
-                # sum is not finite; hashes are still compared.
-                sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
-                self._pending[seq] = (sh, self._buffer.add_crc(data))
-            else:  # tensor mode: the stats of the copy when the trace is taken, or queued now
-                key = f"t{seq:07d}"
-                later = self._kept.keep(key, data)
-                self._pending[seq] = (None if later else self._buffer.add_stats(data), None)
-                return None, None, key
-            return None, None, None
-        finally:
-            self._busy = busy
+        record's id, for live compare only (not built otherwise: this runs for every record).
+        Called by ``capture`` only, inside its busy section (its torch calls are not ops)."""
+        if self._live is not None:  # one host sync per record: see live_golden.py
+            return (*self._live.summarize(data, rid, crc=self.mode == "hash"), None)
+        if self.mode == "stats":
+            self._pending[seq] = (self._buffer.add_stats(data), None)
+        elif self.mode == "hash":
+            # NaN/Inf evidence: statistics, at the step's end, of a float tensor whose
+            # sum is not finite; hashes are still compared.
+            sh = self._buffer.add_evidence(data) if data.is_floating_point() else None
+            self._pending[seq] = (sh, self._buffer.add_crc(data))
+        else:  # tensor mode: the stats of the copy when the trace is taken, or queued now
+            key = f"t{seq:07d}"
+            later = self._kept.keep(key, data)
+            self._pending[seq] = (None if later else self._buffer.add_stats(data), None)
+            return None, None, key
+        return None, None, None
 
     def _pre_hook(
         self, name: str, cls: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
