@@ -1,16 +1,22 @@
 """What the benchmark scripts share: the Qwen2 sizes they measure, how the model is built,
-medians, and the run facts every JSON line ends with (threads, load, versions)."""
+medians, the run facts every JSON line ends with (threads, load, versions), and the seam a
+benchmark reads a stats-mode recorder's CPU statistics through (``stats_reads``)."""
 
 from __future__ import annotations
 
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import transformers
+
+from pytest_precalign.recording import recorder
+
+Read = Callable[[torch.Tensor], Any]
 
 
 @dataclass(frozen=True)
@@ -111,3 +117,22 @@ def run_facts(load_start: float, load_end: float) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
     }
+
+
+@contextmanager
+def stats_reads(wrap: Callable[[Read], Read]) -> Iterator[None]:
+    """Within: each stats-mode ``HookRecorder`` made reads its CPU tensors' statistics through
+    ``wrap(read)``, ``read`` being its own (``recording.stats_slots.StatsSlots.read``, the
+    recorder's seam: a slot index, or ``Stats`` for what the kernels do not take)."""
+    original = recorder.StatsSlots
+
+    class Wrapped(original):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.read = wrap(self.read)
+
+    setattr(recorder, "StatsSlots", Wrapped)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(recorder, "StatsSlots", original)  # noqa: B010

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _shared import SIZES, build_qwen2
+from _shared import SIZES, Read, build_qwen2, stats_reads
 
-from pytest_precalign.recording import HookRecorder, recorder, tensor_summary
+from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.records import Stats
 
 SHAPE = dataclasses.replace(
@@ -43,29 +43,28 @@ def main() -> None:
     torch.set_num_threads(1)
     model = build_qwen2(SHAPE, "sdpa")
     ids = torch.randint(0, SHAPE.vocab, (SHAPE.batch, SHAPE.seq), generator=torch.Generator().manual_seed(0))
-    read = tensor_summary.stats_reader
 
-    def constant() -> Callable[[torch.Tensor], Stats]:
-        return lambda t: Stats(0.0, 0.0, 0.0, 0.0)
+    def own(read: Read) -> Read:
+        return read
 
-    def recorded(options: dict[str, Any], stats: Callable[[], Callable[[torch.Tensor], Stats]], active: bool) -> None:
-        setattr(recorder, "stats_reader", stats)  # noqa: B010
-        try:
-            with HookRecorder(model, mode="stats", **options) as rec:
-                if active:
+    def constant(read: Read) -> Read:
+        zero = Stats(0.0, 0.0, 0.0, 0.0)
+        return lambda t: zero
+
+    def recorded(options: dict[str, Any], stats: Callable[[Read], Read], active: bool) -> None:
+        with stats_reads(stats), HookRecorder(model, mode="stats", **options) as rec:
+            if active:
+                model(input_ids=ids, labels=ids).loss.backward()
+            else:
+                with rec.paused():
                     model(input_ids=ids, labels=ids).loss.backward()
-                else:
-                    with rec.paused():
-                        model(input_ids=ids, labels=ids).loss.backward()
-        finally:
-            setattr(recorder, "stats_reader", read)  # noqa: B010
 
     variants: dict[str, Callable[[], None]] = {
         "bare": lambda: model(input_ids=ids, labels=ids).loss.backward(),
-        "recorded": lambda: recorded({}, read, True),
+        "recorded": lambda: recorded({}, own, True),
         "constant_stats": lambda: recorded({}, constant, True),
-        "inactive": lambda: recorded({}, read, False),
-        "no_grads": lambda: recorded({"grads": False}, read, True),
+        "inactive": lambda: recorded({}, own, False),
+        "no_grads": lambda: recorded({"grads": False}, own, True),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.rounds + 3):

@@ -5,7 +5,7 @@ recorded step's wall time (mid size unless ``--size``; interleaved rounds, the f
     .venv/bin/python benchmarks/recorder_split.py --size mid --rounds 6
 
 Printed: the bare and recorded step's median wall time, the hooks' time per step (forward
-hooks, grad hooks, parameter-grad hooks) and the statistics' (``tensor_summary.stats_reader``, a device
+hooks, grad hooks, parameter-grad hooks) and the statistics' (``stats_slots.StatsSlots.read``, a device
 tensor's ``step_buffer.stats_vector``),
 in ms; the difference between the recorded step and the bare one beyond the hooks is the
 step's own kernels running slower after the reductions (caches) and noise.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _shared import SIZES, build_qwen2
+from _shared import SIZES, Read, build_qwen2, stats_reads
 
 import pytest_precalign.recording.recorder as recorder
 import pytest_precalign.recording.step_buffer as step_buffer
@@ -67,7 +67,7 @@ def main() -> None:
     for label, names in HOOKS.items():
         for name in names:
             setattr(recorder.HookRecorder, name, timed(label, getattr(recorder.HookRecorder, name)))
-    queued, reader = tensor_summary.stats_vector, tensor_summary.stats_reader
+    queued = tensor_summary.stats_vector
 
     def stats(t: torch.Tensor, counts: Any = False) -> torch.Tensor:
         start = time.perf_counter()
@@ -76,20 +76,17 @@ def main() -> None:
         finally:
             spent["statistics"] += time.perf_counter() - start
 
-    def stats_reader() -> Callable[[torch.Tensor], Any]:
-        at_capture = reader()
-
-        def read(t: torch.Tensor) -> Any:
+    def timed_read(read: Read) -> Read:
+        def timed_one(t: torch.Tensor) -> Any:
             start = time.perf_counter()
             try:
-                return at_capture(t)
+                return read(t)
             finally:
                 spent["statistics"] += time.perf_counter() - start
 
-        return read
+        return timed_one
 
     setattr(step_buffer, "stats_vector", stats)  # what the step buffer calls (a device)  # noqa: B010
-    setattr(recorder, "stats_reader", stats_reader)  # what the recorder reads a CPU tensor with  # noqa: B010
     bare: list[float] = []
     recorded: list[float] = []
     per_step: dict[str, list[float]] = collections.defaultdict(list)
@@ -102,7 +99,7 @@ def main() -> None:
             if variant == "bare":
                 model(input_ids=ids, labels=ids).loss.backward()
             else:
-                with HookRecorder(model, mode="stats"):
+                with stats_reads(timed_read), HookRecorder(model, mode="stats"):
                     model(input_ids=ids, labels=ids).loss.backward()
             seconds = time.perf_counter() - start
             if r == 0:

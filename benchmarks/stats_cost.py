@@ -4,7 +4,7 @@ What it measures
     One forward+backward of the mid (or ``--size``) ``transformers.Qwen2ForCausalLM`` from
     ``_shared.py`` (fp32, CPU, seed 0, ``labels=input_ids``) recorded with ``Recorder(model,
     mode="stats", inputs=True, grads=True)``, ``--rounds`` times after one warm-up. Every
-    statistics read of a distinct recorded CPU tensor (``tensor_summary.stats_reader``, as the
+    statistics read of a distinct recorded CPU tensor (``stats_slots.StatsSlots.read``, as the
     recorder calls it: the C kernel's one read, or torch's reductions without one; reported
     under the key ``stats_vector``, its name when the step buffer computed them) is timed with
     ``time.perf_counter`` around it; the step itself is timed as in ``recorder_overhead.py``
@@ -35,12 +35,12 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from _shared import SIZES, build_qwen2
+from _shared import SIZES, Read, build_qwen2, stats_reads
 
 from pytest_precalign.recording import HookRecorder as Recorder
-from pytest_precalign.recording import recorder, tensor_summary
 from pytest_precalign.trace.records import Stats
 
 
@@ -53,28 +53,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     by_numel: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    original = tensor_summary.stats_reader  # what the recorder reads a CPU tensor's statistics with
-    read = original()
 
-    def timed(t: torch.Tensor) -> Stats:
-        start = time.perf_counter()
-        out = read(t)
-        entry = by_numel[t.numel()]
-        entry[0] += 1
-        entry[1] += time.perf_counter() - start
-        return out
+    def timed(read: Read) -> Read:
+        def timed_read(t: torch.Tensor) -> Any:
+            start = time.perf_counter()
+            out = read(t)
+            entry = by_numel[t.numel()]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+            return out
 
-    def constant(t: torch.Tensor) -> Stats:
-        return Stats(0.0, 0.0, 0.0, 0.0)
+        return timed_read
+
+    def constant(read: Read) -> Read:
+        zero = Stats(0.0, 0.0, 0.0, 0.0)
+        return lambda t: zero
 
     def step(variant: str) -> float:
         model.zero_grad(set_to_none=True)
         gc.collect()
         rec = None
         if variant != "bare":
-            reader = timed if variant == "stats" else constant
-            setattr(recorder, "stats_reader", lambda: reader)  # noqa: B010
-            rec = Recorder(model, mode="stats", inputs=True, grads=True)
+            with stats_reads(timed if variant == "stats" else constant):
+                rec = Recorder(model, mode="stats", inputs=True, grads=True)
         start = time.perf_counter()
         if rec is None:
             model(input_ids=ids, labels=ids).loss.backward()
@@ -84,25 +85,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return time.perf_counter() - start
 
     rows: dict[str, list[float]] = {"bare": [], "hooks_only": [], "stats": [], "stats_vector": []}
-    try:
-        for round_ in range(args.rounds + 1):
-            by_numel.clear()
-            seconds = {variant: step(variant) for variant in ("bare", "hooks_only", "stats")}
-            inside = sum(s for _, s in by_numel.values())
-            count = int(sum(n for n, _ in by_numel.values()))
-            mb = sum(numel * n * 4 for numel, (n, _) in by_numel.items()) / 1e6
-            label = "warm-up" if round_ == 0 else f"round {round_}"
-            print(
-                f"{label:8s} bare {seconds['bare']:.3f} s, hooks only {seconds['hooks_only']:.3f} s, "
-                f"stats {seconds['stats']:.3f} s of which stats_vector {inside * 1e3:.1f} ms "
-                f"over {count} tensors ({mb:.0f} MB)"
-            )
-            if round_:
-                for variant, value in seconds.items():
-                    rows[variant].append(value)
-                rows["stats_vector"].append(inside)
-    finally:
-        setattr(recorder, "stats_reader", original)  # noqa: B010
+    for round_ in range(args.rounds + 1):
+        by_numel.clear()
+        seconds = {variant: step(variant) for variant in ("bare", "hooks_only", "stats")}
+        inside = sum(s for _, s in by_numel.values())
+        count = int(sum(n for n, _ in by_numel.values()))
+        mb = sum(numel * n * 4 for numel, (n, _) in by_numel.items()) / 1e6
+        label = "warm-up" if round_ == 0 else f"round {round_}"
+        print(
+            f"{label:8s} bare {seconds['bare']:.3f} s, hooks only {seconds['hooks_only']:.3f} s, "
+            f"stats {seconds['stats']:.3f} s of which stats_vector {inside * 1e3:.1f} ms "
+            f"over {count} tensors ({mb:.0f} MB)"
+        )
+        if round_:
+            for variant, value in seconds.items():
+                rows[variant].append(value)
+            rows["stats_vector"].append(inside)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(
         f"\nmedians: bare {med['bare']:.3f} s; hooks only +{(med['hooks_only'] - med['bare']) * 1e3:.0f} ms; "

@@ -36,13 +36,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from _shared import SIZES, build_qwen2, run_facts
+from _shared import SIZES, Read, build_qwen2, run_facts, stats_reads
 
-from pytest_precalign.recording import HookRecorder, native_kernels, recorder, tensor_summary
+from pytest_precalign.recording import HookRecorder, native_kernels, tensor_summary
 from pytest_precalign.recording.chunked_stats import chunked_values
-from pytest_precalign.trace.records import Stats
 
 Path = Callable[[torch.Tensor], object]
 
@@ -68,23 +68,16 @@ def step_sizes() -> list[int]:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     seen: list[int] = []
-    reader = tensor_summary.stats_reader  # what the recorder reads a CPU tensor's statistics with
 
-    def counting() -> Callable[[torch.Tensor], Stats]:
-        read = reader()
-
-        def count(data: torch.Tensor) -> Stats:
+    def counting(read: Read) -> Read:
+        def count(data: torch.Tensor) -> Any:
             seen.append(data.numel())
             return read(data)
 
         return count
 
-    setattr(recorder, "stats_reader", counting)  # noqa: B010
-    try:
-        with HookRecorder(model, mode="stats", inputs=True, grads=True):
-            model(input_ids=ids, labels=ids).loss.backward()
-    finally:
-        setattr(recorder, "stats_reader", reader)  # noqa: B010
+    with stats_reads(counting), HookRecorder(model, mode="stats", inputs=True, grads=True):
+        model(input_ids=ids, labels=ids).loss.backward()
     assert seen, "no tensor summarised: the recorder's statistics seam moved"
     return seen
 

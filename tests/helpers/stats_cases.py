@@ -2,7 +2,7 @@
 (``stats_vector``'s CPU path, ``stats_reader``): every dtype, constant, zero, denormal and
 one-element tensors, -0.0, NaN/Inf (also in bf16), a norm that overflows, non-contiguous,
 empty, integer, bool and complex ones, and the sizes read in pieces by torch and by the C
-kernels; and a stats reader that counts what it reads."""
+kernels; and a recorder's statistics slots that count what they read."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from pytest_precalign.recording import native_kernels
 from pytest_precalign.recording.chunked_stats import CHUNKED_NUMEL
-from pytest_precalign.recording.tensor_summary import stats_reader
+from pytest_precalign.recording.stats_slots import StatsSlots
 from pytest_precalign.trace.records import Stats
 
 Reader = Callable[[torch.Tensor], Stats]
@@ -46,17 +46,20 @@ def stats_cases() -> dict[str, torch.Tensor]:
     }
 
 
-def counting_reader(sizes: list[int], reader: Callable[[], Reader] = stats_reader) -> Callable[[], Reader]:
-    """A ``stats_reader`` that appends the element count of each tensor it reads to ``sizes``
-    (patched in as ``recording.recorder.stats_reader``)."""
+def counting_slots(sizes: list[int], read_with: Callable[[], Reader] | None = None) -> type[StatsSlots]:
+    """A ``StatsSlots`` that appends the element count of each tensor it reads to ``sizes``
+    (patched in as ``recording.recorder.StatsSlots``); ``read_with``: a reader made for each
+    recorder that reads instead of the slots (``Stats`` at once)."""
 
-    def make() -> Reader:
-        read = reader()
+    class Counting(StatsSlots):
+        def __init__(self) -> None:
+            super().__init__()
+            read = self.read if read_with is None else read_with()
 
-        def counted(t: torch.Tensor) -> Stats:
-            sizes.append(t.numel())
-            return read(t)
+            def counted(t: torch.Tensor) -> int | Stats:
+                sizes.append(t.numel())
+                return read(t)
 
-        return counted
+            self.read = counted
 
-    return make
+    return Counting

@@ -1,5 +1,5 @@
-"""``new_record`` / ``with_summary`` build the very ``Record`` the dataclass would: equal, every
-field (defaults included) set, frozen as before."""
+"""``new_record`` builds the very ``Record`` the dataclass would: equal, every field (defaults
+included) set, frozen as before; a draft's id is its record's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from pytest_precalign.recording.record_factory import new_record, with_summary
+from pytest_precalign.recording.record_factory import Draft, draft_id, new_record
 from pytest_precalign.trace.records import Record, Stats
 
 
@@ -17,7 +17,19 @@ def test_a_fast_record_is_the_dataclasses_record(dtype: torch.dtype) -> None:
     t = torch.zeros(2, 3, dtype=dtype)
     stats = Stats(1.0, -1.0, 0.5, 2.0)
     fast = new_record(
-        4, "layers.0.mlp", "MLP", "grad_output", 2, 1, "out.0", t, stats, None, "t0000004", ("a|b",)
+        4,
+        "layers.0.mlp",
+        "MLP",
+        "grad_output",
+        2,
+        1,
+        "out.0",
+        t.dtype,
+        t.shape,
+        stats,
+        None,
+        "t0000004",
+        ("a|b",),
     )
     slow = Record(
         seq=4,
@@ -39,5 +51,19 @@ def test_a_fast_record_is_the_dataclasses_record(dtype: torch.dtype) -> None:
     assert fast.id == slow.id and fast.merged == ()
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.seq = 5  # type: ignore[misc]
-    summarised = with_summary(fast, None, "deadbeef")
-    assert summarised == dataclasses.replace(slow, stats=None, crc32="deadbeef") and fast.crc32 is None
+    assert type(fast.shape) is tuple
+    draft: Draft = (
+        "layers.0.mlp",
+        "MLP",
+        "grad_output",
+        2,
+        1,
+        "out.0",
+        t.dtype,
+        t.shape,
+        (3,),
+        0,
+        None,
+        None,
+    )
+    assert draft_id(draft) == slow.id

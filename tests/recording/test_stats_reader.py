@@ -7,15 +7,15 @@ is made; and a recorder reads with it."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from pytest_precalign.recording import HookRecorder, native_kernels, recorder
-from pytest_precalign.recording.tensor_summary import _new_stats, cpu_stats, stats_reader, tensor_stats
+from pytest_precalign.recording.stats_slots import StatsSlots
+from pytest_precalign.recording.tensor_summary import cpu_stats, new_stats, stats_reader, tensor_stats
 from pytest_precalign.trace.records import Stats
-from tests.helpers.stats_cases import counting_reader, stats_cases
+from tests.helpers.stats_cases import counting_slots, stats_cases
 
 
 def _bits(s: Stats) -> tuple[bytes, ...]:
@@ -53,7 +53,7 @@ def test_turned_off_the_reader_is_torchs_and_the_setting_is_read_when_it_is_made
 
 
 def test_a_fast_built_stats_is_the_dataclasss() -> None:
-    fast, plain = _new_stats(1.0, -2.0, 0.25, 3.0), Stats(1.0, -2.0, 0.25, 3.0)
+    fast, plain = new_stats(1.0, -2.0, 0.25, 3.0), Stats(1.0, -2.0, 0.25, 3.0)
     assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
     assert fast.finite and fast.as_dict() == plain.as_dict()
     with pytest.raises(AttributeError):
@@ -75,17 +75,17 @@ def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_the_one_reader_it_made
         torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
         torch.randn(3, 4),
     )
-    monkeypatch.setattr(recorder, "stats_reader", lambda: cpu_stats)
+    monkeypatch.setattr(recorder, "StatsSlots", counting_slots([], lambda: cpu_stats))
     expected = _record(model, x)
     made: list[int] = []
     reads: list[int] = []
-    counting = counting_reader(reads)
+    counting = counting_slots(reads)
 
-    def reader() -> Callable[[torch.Tensor], Stats]:
+    def slots() -> StatsSlots:
         made.append(1)
         return counting()
 
-    monkeypatch.setattr(recorder, "stats_reader", reader)
+    monkeypatch.setattr(recorder, "StatsSlots", slots)
     got = _record(model, x)
     assert made == [1] and len(reads) >= 8  # x, 3 outputs, their grads, 4 parameter grads
     assert got == expected and len(got) > len(reads)  # inputs that are outputs: read once

@@ -4,7 +4,8 @@
 backward hooks, parameter-grad hooks, grads read around in-place ops (``inplace_grads``),
 op-level capture through a torch function mode (``ops``), and what each record keeps:
 statistics, hashes or full tensors (``tensor_summary``, ``kept_tensors``, ``step_buffer``; each
-record built at a step's speed by ``record_factory``;
+record kept as a draft during its step and built at the step's end by ``record_factory``, a CPU
+tensor's statistics read into ``stats_slots`` until then;
 a CPU tensor's statistics, zero count and an optimizer step's norms from one read by C kernels
 the platform builds: ``native_kernels``; without them, a large CPU tensor's from one read in
 cache-sized pieces: ``chunked_stats``; a device tensor's in one compiled kernel: ``fused_stats``),

@@ -33,7 +33,7 @@ class _Call:
     cls: str
     call: int
     step: int
-    input_ids: tuple[str, ...]
-    grad_output_ids: list[str]
+    input_seqs: tuple[int, ...]  # the records of its inputs (``HookRecorder._records``)
+    grad_output_seqs: list[int]
     recomputed: bool = False
     grads: bool = False  # grad hooks are registered for this call

@@ -99,12 +99,10 @@ class LiveKeeper:
             return False
         return not any(dep in self._beyond for dep in record.deps)
 
-    def release(self, ids: Iterable[str]) -> None:
-        """Drop the held copies of ``ids`` (a module call ended within tolerance)."""
-        for rid in ids:
-            seq = self._seq_of.get(rid)
-            if seq is not None:
-                self._held.pop(seq, None)
+    def release(self, seqs: Iterable[int]) -> None:
+        """Drop the held copies of records ``seqs`` (a module call ended within tolerance)."""
+        for seq in seqs:
+            self._held.pop(seq, None)
 
     def end_step(self) -> None:
         self._held.clear()

@@ -18,7 +18,7 @@ Threads: where torch runs on GCC's OpenMP runtime (its Linux wheels) and the com
 the statistics kernels are built with ``-fopenmp`` and read a tensor of four superblocks or
 more on torch's own intra-op threads (the loader hands the library the runtime torch loaded,
 so no thread is started: the ones torch's last operation left waiting take the shares), a
-mid step's statistics in 21-23 ms of wall time through a recorder's ``stats_reader`` (25 ms
+mid step's statistics in 21-23 ms of wall time through ``tensor_summary.stats_reader`` (25 ms
 through ``cpu_stats``, 46 ms on one thread; ``python benchmarks/recorder_split.py --size mid
 --rounds 6``); elsewhere on the calling thread. Each superblock's sums are the same whichever
 thread reads it and they are added in index order: the bits do not depend on the thread count.
@@ -131,12 +131,12 @@ _STATS_ENTRIES = _StatsEntries()
 
 def stats_entries() -> dict[torch.dtype, Entry | None] | None:
     """The statistics kernels by dtype (``entries[t.dtype]``: built on first use, None where a
-    dtype has none), for a caller that reads a step's many tensors
-    (``tensor_summary.stats_reader``): ``PRECALIGN_FUSED_STATS`` is read here, once, not per
-    tensor; None where the kernels are turned off. Their contract is ``stats``'s: a dense,
-    contiguous, non-empty CPU tensor of at most ``PART`` elements, ``entry(data_ptr, numel,
-    out)`` filling ``out[0:4]`` (max, min, sum, sum of squares) and returning 0 when one is not
-    finite."""
+    dtype has none), for a caller that reads a step's many tensors (``tensor_summary.stats_reader``,
+    ``stats_slots.StatsSlots``): ``PRECALIGN_FUSED_STATS`` is read here, once, not per tensor;
+    None where the kernels are turned off. Their contract is ``stats``'s: a dense, contiguous,
+    non-empty CPU tensor of at most ``PART`` elements, ``entry(data_ptr, numel, out)`` filling
+    ``out[0:4]`` (max, min, sum, sum of squares; ``out`` an array or an address) and returning
+    0 when one is not finite."""
     return _STATS_ENTRIES if _enabled() else None
 
 

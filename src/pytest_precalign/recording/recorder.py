@@ -38,7 +38,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -53,10 +53,11 @@ from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
-from .record_factory import new_record, with_summary
+from .record_factory import Draft, build_drafts, record_now
+from .stats_slots import StatsSlots
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
-from .tensor_summary import flatten, stats_reader, summarisable
+from .tensor_summary import flatten, summarisable
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
@@ -114,14 +115,15 @@ class HookRecorder:
         self._step = 0
         self.keep_calls = keep_calls
         self.calls: list[ModuleCall] = []
-        self._records: list[Record] = []
+        self._records: list[Record | Draft] = []  # by seq; a Draft until its step ends (``_flush``)
+        self._built = 0  # the records before this seq are Records
         self._tensors: dict[str, torch.Tensor] = {}
         self._kept = KeptTensors(self._tensors, sink)  # tensor mode: in the trace, or to ``sink``
         self._handles: list[RemovableHandle] = []
         self._calls: dict[tuple[str, int], int] = {}
         self._recomputed_calls: dict[tuple[str, int], int] = {}
         self._stack: dict[int, list[_Call]] = {}
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Record]] = {}
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}  # id -> (ref, version, seq)
         self._param_owner: dict[str, tuple[str, str]] = {}
         self._last_call: dict[str, _Call] = {}
         self._grad_calls: dict[tuple[str, int], int] = {}  # grads accumulated per micro-batch
@@ -129,12 +131,15 @@ class HookRecorder:
         self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
         self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
         # Stats mode reads a CPU tensor's statistics at capture (in host memory: ``read_at_capture``)
-        self._read_cpu = stats_reader() if mode == "stats" and golden is None else None
+        # into a slot, made ``Stats`` when the step ends (``stats_slots.py``).
+        self._slots = StatsSlots() if mode == "stats" and golden is None else None
+        self._read_cpu = None if self._slots is None else self._slots.read
         self._at_capture = step_buffer.read_at_capture
         self._active = False
         self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
-        # Live compare (``live_golden.py``): records judged against a golden run at capture.
-        self._live = None if golden is None else LiveKeeper(golden, self._records, self._tensors)
+        # Live compare (``live_golden.py``): records judged against a golden run at capture (built there).
+        built = cast(list[Record], self._records)
+        self._live = None if golden is None else LiveKeeper(golden, built, self._tensors)
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> HookRecorder:
@@ -203,15 +208,19 @@ class HookRecorder:
         self._step = value
 
     def _flush(self) -> None:
-        """Fill in the pending records' statistics and CRCs: one host sync per device."""
-        if not self._pending:
-            return
+        """The step's end: the pending statistics and CRCs (one host sync per device), and the
+        ``Record`` of each draft, built in one loop (``record_factory.build_drafts``)."""
         pending, self._pending = self._pending, {}
-        stats, crcs = self._buffer.flush()
-        for seq, (sh, ch) in pending.items():
-            value = None if sh is None else stats[sh]  # hash mode: None unless NaN/Inf evidence
-            crc = None if ch is None else crcs[ch]
-            self._records[seq] = with_summary(self._records[seq], value, crc)
+        fetched: dict[int, tuple[Stats | None, str | None]] = {}
+        if pending:
+            stats, crcs = self._buffer.flush()
+            for seq, (sh, ch) in pending.items():  # hash mode: no stats unless NaN/Inf evidence
+                fetched[seq] = (None if sh is None else stats[sh], None if ch is None else crcs[ch])
+        slots = self._slots
+        build_drafts(self._records, self._built, fetched, None if slots is None else slots.stats)
+        self._built = len(self._records)
+        if slots is not None:
+            slots.clear()
 
     def _remove(self) -> None:
         if self._mode is not None:
@@ -257,23 +266,41 @@ class HookRecorder:
         deps: tuple[str, ...] = (),
         step: int | None = None,
     ) -> Record:
-        """Record one tensor; identical tensor objects seen before are not copied again."""
+        """Record one tensor (an identical tensor object seen before is not read again); its
+        ``Record`` as known now (statistics fetched at the step's end are not in it yet)."""
+        return self._record_now(self._capture(tensor, name, module_class, kind, slot, call, deps, step))
+
+    def _capture(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        module_class: str,
+        kind: Kind,
+        slot: str,
+        call: int,
+        deps: tuple[str | int, ...],
+        step: int | None,
+    ) -> int:
+        """``capture``, its record kept as a draft until the step ends: its seq."""
         step = self._step if step is None else step
-        seq = len(self._records)
-        stats: Stats | None = None
-        crc: str | None = None
-        key: str | None = None
-        same_as: int | None = None
+        records = self._records
+        seq = len(records)
+        summary: int | Stats | None
         try:
             version = tensor._version
         except RuntimeError:  # inference tensors have no version counter
             version = -1
         seen = self._seen.get(id(tensor))
+        same_as: int | None = None
         if seen is not None and seen[0]() is tensor and seen[1] == version:
-            earlier = self._records[same_as := seen[2].seq]
-            stats, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
-            if earlier.seq in self._pending:
-                self._pending[seq] = self._pending[earlier.seq]
+            same_as = seen[2]
+            earlier = records[same_as]
+            if isinstance(earlier, Record):
+                summary, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
+            else:
+                summary, crc, key = earlier[9:]
+            if same_as in self._pending:
+                self._pending[seq] = self._pending[same_as]
         else:
             busy, self._busy = self._busy, True
             try:
@@ -281,23 +308,28 @@ class HookRecorder:
                 if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_nested:
                     data = summarisable(tensor, record_id(name, kind, slot, step, call))
                 if self._read_cpu is not None and self._at_capture(data):
-                    stats = self._read_cpu(data)
+                    summary, crc, key = self._read_cpu(data), None, None
                 else:
                     rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
-                    stats, crc, key = self._summarize(data.detach(), seq, rid)
+                    summary, crc, key = self._summarize(data.detach(), seq, rid)
             finally:
                 self._busy = busy
-        record = new_record(seq, name, module_class, kind, step, call, slot, tensor, stats, crc, key, deps)
-        self._records.append(record)
-        self._seen[id(tensor)] = (weakref.ref(tensor), version, record)
+        records.append(
+            (name, module_class, kind, step, call, slot, tensor.dtype, tensor.shape, deps, summary, crc, key)
+        )
+        self._seen[id(tensor)] = (weakref.ref(tensor), version, seq)
         if self._live is not None:
+            records[seq] = self._record_now(seq)
             busy, self._busy = self._busy, True
             try:
                 self._live.decide(seq, tensor, same_as)  # may keep its tensor (a new record)
             finally:
                 self._busy = busy
-            return self._records[seq]
-        return record
+        return seq
+
+    def _record_now(self, seq: int) -> Record:
+        """Record ``seq``: built already, or built from its draft as known now (not kept)."""
+        return record_now(self._records, seq, None if self._slots is None else self._slots.stats)
 
     def _summarize(
         self, data: torch.Tensor, seq: int, rid: str
@@ -334,18 +366,15 @@ class HookRecorder:
         calls = self._recomputed_calls if recomputed else self._calls
         call = calls.get(key, 0)
         calls[key] = call + 1
-        inputs: dict[int, Record] = {}
+        inputs: dict[int, int] = {}  # id(tensor) -> seq
         tensors = flatten(args, "in")
         if kwargs:
             tensors += flatten(kwargs, "in")
         if self.record_inputs and self._modules_on and not recomputed:
             for slot, t in tensors:
-                inputs[id(t)] = self.capture(
-                    t, name=name, module_class=cls, kind="input", slot=slot, call=call
-                )
+                inputs[id(t)] = self._capture(t, name, cls, "input", slot, call, (), None)
         grads = self._hooks_grads(name, call, recomputed)
-        ids = tuple([r.id for r in inputs.values()])
-        state = _Call(name, cls, call, self._step, ids, [], recomputed, grads)
+        state = _Call(name, cls, call, self._step, tuple(inputs.values()), [], recomputed, grads)
         self._stack.setdefault(id(module), []).append(state)
         if self._ops_on and not recomputed:
             # A recomputation is not a frame: non-reentrant checkpointing stops it early (its
@@ -392,19 +421,11 @@ class HookRecorder:
                 return
         for slot, t in flatten(output, "out"):
             if not state.recomputed:
-                self.capture(
-                    t,
-                    name=name,
-                    module_class=state.cls,
-                    kind="activation",
-                    slot=slot,
-                    call=state.call,
-                    deps=state.input_ids,
-                )
+                self._capture(t, name, state.cls, "activation", slot, state.call, state.input_seqs, None)
             if state.grads and t.requires_grad:
                 t.register_hook(self._grad_hook(t, self._grad_output, state, "grad_output", slot))
         if self._live is not None:  # its outputs are judged: inputs not kept are not needed
-            self._live.release(state.input_ids)
+            self._live.release(state.input_seqs)
 
     # -- ops (level op / mix) -------------------------------------------------------------
     def _root_enter(self, root: _Call, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -457,7 +478,7 @@ class HookRecorder:
         call = parent.call * PER_MODULE_CALL + n
         self._parents[f"{name}#{call}"] = f"{parent.name}#{parent.call}" if parent.name else ""
         # The op's inputs that were recorded before (by an earlier op or module) are its deps.
-        deps = []
+        deps: list[int] = []  # seqs
         inputs = set()
         for _, t in (*flatten(args, "in"), *flatten(kwargs, "in")):
             inputs.add(id(t))
@@ -465,19 +486,11 @@ class HookRecorder:
             if seen is not None:
                 ref = seen[0]()
                 if ref is t or (ref is not None and ref is t._base):
-                    deps.append(seen[2].id)
+                    deps.append(seen[2])
         state = _Call(name, "api", call, self._step, tuple(deps), [])
         grads = self.record_grads and torch.is_grad_enabled()
         for slot, t in outputs:
-            self.capture(
-                t,
-                name=name,
-                module_class="api",
-                kind="activation",
-                slot=slot,
-                call=call,
-                deps=state.input_ids,
-            )
+            self._capture(t, name, "api", "activation", slot, call, state.input_seqs, None)
             # No hook on an in-place result: its autograd history is about to change hands.
             if grads and t.requires_grad and id(t) not in inputs:
                 busy, self._busy = self._busy, True
@@ -489,30 +502,14 @@ class HookRecorder:
     def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
         if not self._active:  # a backward run after the recorder was closed
             return
-        record = self.capture(
-            grad,
-            name=state.name,
-            module_class=state.cls,
-            kind="grad_output",
-            slot=slot,
-            call=state.call,
-            step=state.step,
-        )
-        state.grad_output_ids.append(record.id)
+        seq = self._capture(grad, state.name, state.cls, "grad_output", slot, state.call, (), state.step)
+        state.grad_output_seqs.append(seq)
 
     def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
         if not self._active:
             return
-        self.capture(
-            grad,
-            name=state.name,
-            module_class=state.cls,
-            kind="grad_input",
-            slot=slot,
-            call=state.call,
-            deps=tuple(state.grad_output_ids),
-            step=state.step,
-        )
+        deps = tuple(state.grad_output_seqs)
+        self._capture(grad, state.name, state.cls, "grad_input", slot, state.call, deps, state.step)
 
     def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
         if param.grad is not None and self._active:
@@ -541,13 +538,13 @@ class HookRecorder:
     def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
         state = self._last_call.get(owner)
-        deps: tuple[str, ...] = ()
+        deps: tuple[int, ...] = ()
         if state is not None:
-            deps = (*state.grad_output_ids, *state.input_ids)
+            deps = (*state.grad_output_seqs, *state.input_seqs)
         if call is None:
             call = self._grad_calls.get((pname, self._step), 0)  # call k: after k + 1 micro-batches
         self._grad_calls[(pname, self._step)] = call + 1
-        self.capture(grad, name=pname, module_class=cls, kind="param_grad", slot="", deps=deps, call=call)
+        self._capture(grad, pname, cls, "param_grad", "", call, deps, None)
 
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:
@@ -562,7 +559,7 @@ class HookRecorder:
             deps = [record_id(pname, "param_grad", "", self.step, last)]
             if self.step > 0:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
-            self.capture(stepped, name=pname, module_class=cls, kind="param", slot="", deps=tuple(deps))
+            self._capture(stepped, pname, cls, "param", "", 0, tuple(deps), None)
 
     def record_output(
         self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0
@@ -582,8 +579,9 @@ class HookRecorder:
     # -- result -------------------------------------------------------------------------
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
         self._flush()
-        self._records[:] = self._kept.fill_stats(self._records)
-        records = tuple(self._records)
+        built = cast(list[Record], self._records)  # every record is built at a step's end
+        self._records[:] = self._kept.fill_stats(built)
+        records = tuple(built)
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
         if self._live is not None:

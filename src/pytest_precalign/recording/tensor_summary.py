@@ -166,7 +166,7 @@ def stats_reader() -> Callable[[torch.Tensor], Stats]:
         torch.strided,
         math.sqrt,
         ctypes.c_double * 4,
-        _new_stats,
+        new_stats,
     )
 
     def read(t: torch.Tensor) -> Stats:
@@ -183,7 +183,7 @@ def stats_reader() -> Callable[[torch.Tensor], Stats]:
     return read
 
 
-def _new_stats(vmax: float, vmin: float, mean: float, norm: float) -> Stats:
+def new_stats(vmax: float, vmin: float, mean: float, norm: float) -> Stats:
     """``Stats(vmax, vmin, mean, norm)`` without the frozen dataclass's ``__init__`` (which
     sets each field through ``object.__setattr__``): run for every tensor a step reads."""
     stats = object.__new__(Stats)
