@@ -5,9 +5,9 @@ recorded step's wall time (mid size unless ``--size``; interleaved rounds, the f
     .venv/bin/python benchmarks/recorder_split.py --size mid --rounds 6
 
 Printed: the bare and recorded step's median wall time, the hooks' time per step (forward
-hooks, grad hooks, parameter-grad hooks) and the statistics' (``stats_slots.StatsSlots.read``, a device
-tensor's ``step_buffer.stats_vector``),
-in ms; the difference between the recorded step and the bare one beyond the hooks is the
+hooks, grad hooks, parameter-grad hooks) and the statistics' (``stats_slots.StatsSlots.read``, a
+device tensor's ``step_buffer.stats_vector``), ``enter_exit`` (registering and removing the
+hooks, and the step's end: its records built) and ``recorder_ms`` (all of it), in ms; the difference between the recorded step and the bare one beyond the hooks is the
 step's own kernels running slower after the reductions (caches) and noise.
 """
 
@@ -36,6 +36,8 @@ HOOKS = {
     "grad_hooks": ("_grad_output", "_grad_input"),
     "param_grad_hooks": ("_param_grad_hook",),
 }
+# Outside the step's hooks: registering and removing them, and the step's end (its records built).
+ENDS = {"enter_exit": ("__enter__", "__exit__")}
 
 
 def main() -> None:
@@ -64,7 +66,7 @@ def main() -> None:
 
         return wrapper
 
-    for label, names in HOOKS.items():
+    for label, names in (*HOOKS.items(), *ENDS.items()):
         for name in names:
             setattr(recorder.HookRecorder, name, timed(label, getattr(recorder.HookRecorder, name)))
     queued = tensor_summary.stats_vector
@@ -106,7 +108,7 @@ def main() -> None:
                 continue
             (bare if variant == "bare" else recorded).append(seconds)
             if variant == "recorded":
-                for label in (*HOOKS, "statistics"):
+                for label in (*HOOKS, *ENDS, "statistics"):
                     per_step[label].append(spent[label])
     out = {
         "size": args.size,
@@ -117,6 +119,7 @@ def main() -> None:
     hooks = sum(out[f"{label}_ms"] for label in HOOKS)
     out["hooks_ms"] = round(hooks, 1)
     out["hooks_without_statistics_ms"] = round(hooks - out["statistics_ms"], 1)
+    out["recorder_ms"] = round(hooks + out["enter_exit_ms"], 1)  # all the recorder's own time
     print(json.dumps(out))
 
 
