@@ -124,6 +124,14 @@ def stats_reads(wrap: Callable[[Read], Read]) -> Iterator[None]:
     """Within: each stats-mode ``HookRecorder`` made reads its CPU tensors' statistics through
     ``wrap(read)``, ``read`` being its own (``recording.stats_slots.StatsSlots.read``, the
     recorder's seam: a slot index, or ``Stats`` for what the kernels do not take)."""
+    if not hasattr(recorder, "StatsSlots"):  # a recorder before session 17 (compared from a worktree)
+        reader = recorder.stats_reader
+        setattr(recorder, "stats_reader", lambda: wrap(reader()))  # noqa: B010
+        try:
+            yield
+        finally:
+            setattr(recorder, "stats_reader", reader)  # noqa: B010
+        return
     original = recorder.StatsSlots
 
     class Wrapped(original):  # type: ignore[misc, valid-type]
