@@ -16,21 +16,8 @@ from pytest_precalign.trace.records import Record, Stats
 def test_a_fast_record_is_the_dataclasses_record(dtype: torch.dtype) -> None:
     t = torch.zeros(2, 3, dtype=dtype)
     stats = Stats(1.0, -1.0, 0.5, 2.0)
-    fast = new_record(
-        4,
-        "layers.0.mlp",
-        "MLP",
-        "grad_output",
-        2,
-        1,
-        "out.0",
-        t.dtype,
-        t.shape,
-        stats,
-        None,
-        "t0000004",
-        ("a|b",),
-    )
+    fields = ("layers.0.mlp", "MLP", "grad_output", 2, 1, "out.0", t.dtype, t.shape)
+    fast = new_record(4, *fields, stats, None, "t0000004", ("a|b",))  # type: ignore[arg-type]
     slow = Record(
         seq=4,
         name="layers.0.mlp",
@@ -52,18 +39,5 @@ def test_a_fast_record_is_the_dataclasses_record(dtype: torch.dtype) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.seq = 5  # type: ignore[misc]
     assert type(fast.shape) is tuple
-    draft: Draft = (
-        "layers.0.mlp",
-        "MLP",
-        "grad_output",
-        2,
-        1,
-        "out.0",
-        t.dtype,
-        t.shape,
-        (3,),
-        0,
-        None,
-        None,
-    )
+    draft: Draft = (*fields, (3,), 0, None, None)  # type: ignore[assignment]
     assert draft_id(draft) == slow.id
