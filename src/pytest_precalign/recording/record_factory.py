@@ -101,7 +101,7 @@ def build_drafts(
     for seq in range(start, len(records)):
         d = records[seq]
         if isinstance(d, tuple):  # else built at capture (live compare)
-            records[seq] = _built(records, seq, d, fetched.get(seq), slot_stats, by_slot, ids)
+            records[seq] = _record_of(records, seq, d, fetched.get(seq), slot_stats, by_slot, ids)
 
 
 def record_now(
@@ -110,10 +110,10 @@ def record_now(
     """Record ``seq`` as known now: built already, or built from its draft (not kept; statistics
     still to be fetched are not in it)."""
     d = records[seq]
-    return d if isinstance(d, Record) else _built(records, seq, d, None, slot_stats, {}, {})
+    return d if isinstance(d, Record) else _record_of(records, seq, d, None, slot_stats, {}, {})
 
 
-def _built(
+def _record_of(
     records: list[Record | Draft],
     seq: int,
     d: Draft,
