@@ -21,8 +21,11 @@ evicted) falls on the untimed step. The order of the variants is rotated by one 
 
 Printed: the median seconds per step of each variant (wall clock, and this process's CPU
 time, which a loaded machine disturbs less), their ratios to ``bare``, the paired ratios
-(median, lowest and highest over rounds of variant / bare of the same round), and the bytes
-one step's folder takes on disk in scalars mode; the last line is one JSON object, also
+(median, lowest and highest over rounds of variant / bare of the same round), the wall time
+of the recording's own calls outside the model in a recorded step (``Recorder``,
+``StepEvidence``, token count, batch hash: timed directly, so not lost in the +-2 % by which
+one step's time varies here; the stats mode's hooks run inside the model and are not in it),
+and the bytes one step's folder takes on disk in scalars mode; the last line is one JSON object, also
 written to ``benchmarks/results/training_overhead_<size>.json``.
 
 Goals (issue #27): scalars <= 1.02x bare, stats every step <= 1.2x (mid), scalars-only disk
@@ -84,11 +87,14 @@ class Run:
         half = rows // MICRO
         return [{"input_ids": ids[k : k + half], "labels": ids[k : k + half]} for k in range(0, rows, half)]
 
-    def step(self, micro: list[dict[str, torch.Tensor]], evidence: StepEvidence | None) -> dict[str, Any]:
-        """One optimizer step; with ``evidence``, its scalars."""
+    def step(
+        self, micro: list[dict[str, torch.Tensor]], evidence: StepEvidence | None, own: OwnTime | None = None
+    ) -> dict[str, Any]:
+        """One optimizer step; with ``evidence``, its scalars (its calls timed by ``own``)."""
+        timed = own if own is not None else OwnTime()
         self.optimizer.zero_grad(set_to_none=True)
         if evidence is not None:
-            evidence.begin()
+            timed(evidence.begin)
         total = torch.zeros(())
         for part in micro:
             loss = self.model(**part).loss / MICRO
@@ -96,44 +102,64 @@ class Run:
             total = total + loss.detach()
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], 2.0)
         if evidence is not None:
-            evidence.grads_before_clip(norm=float(norm), zeros_after_clip=True)
+            timed(evidence.grads_before_clip, norm=float(norm), zeros_after_clip=True)
         torch.nn.utils.clip_grads_with_norm_(self.params, 1.0, norm)
         if evidence is not None:
-            evidence.grads_after_clip()
+            timed(evidence.grads_after_clip)
         lr, wd = group_settings(self.optimizer)
         self.optimizer.step()
         self.scheduler.step()
         return {"loss": float(total), "lr": lr, "weight_decay": wd}
 
 
-def _bare(run: Run, root: Path, step: int) -> None:
+class OwnTime:
+    """Wall seconds spent in the calls it makes: the recording's own calls in a step."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def _bare(run: Run, root: Path, step: int) -> float:
     run.step(run.batch(), None)
+    return 0.0
 
 
-def _recorded(mode: str) -> Callable[[Run, Path, int], None]:
-    def go(run: Run, root: Path, step: int) -> None:
-        rec = Recorder(root / mode, mode=mode, params=False, overwrite=True)
-        rec.seek(step)
+def _recorded(mode: str) -> Callable[[Run, Path, int], float]:
+    def go(run: Run, root: Path, step: int) -> float:
+        """The step; returns the wall seconds of the recording's own calls outside the model
+        (the ``Recorder``'s and ``StepEvidence``'s; in stats mode the hooks are not in it)."""
+        own = OwnTime()
+        rec = own(Recorder, root / mode, mode=mode, params=False, overwrite=True)
+        own(rec.seek, step)
         evidence = run.evidence
         micro = run.batch()
-        rec.start(run.model)
-        fields = run.step(micro, evidence)
-        rec.record_scalars(
-            evidence.finish(
-                step,
-                **fields,
-                tokens=token_count(micro),
-                batch_hash=batch_hash(micro),
-                micro_batches=MICRO,
-                skipped=False,
-            )
+        own(rec.start, run.model)
+        fields = run.step(micro, evidence, own)
+        tokens, hashed = own(token_count, micro), own(batch_hash, micro)
+        scalars = own(
+            evidence.finish,
+            step,
+            **fields,
+            tokens=tokens,
+            batch_hash=hashed,
+            micro_batches=MICRO,
+            skipped=False,
         )
-        rec.stop()
+        own(rec.record_scalars, scalars)
+        own(rec.stop)
+        return own.seconds
 
     return go
 
 
-VARIANTS: dict[str, Callable[[Run, Path, int], None]] = {
+VARIANTS: dict[str, Callable[[Run, Path, int], float]] = {
     "bare": _bare,
     "scalars": _recorded("scalars"),
     "stats": _recorded("stats"),
@@ -146,6 +172,7 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="precalign-training-overhead-"))
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    own: dict[str, list[float]] = {name: [] for name in VARIANTS}  # the recording's own calls
     first: dict[str, float] = {}  # each variant's first step in this process (setup included)
     try:
         step = 0
@@ -158,13 +185,14 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
                     step += 1
                 gc.collect()
                 start, start_cpu = time.perf_counter(), time.process_time()
-                variant(run, root, step)
+                own_seconds = variant(run, root, step)
                 seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
                 step += 1
                 first.setdefault(name, seconds)
                 if r >= warmup:
                     times[name].append(seconds)
                     cpu[name].append(cpu_seconds)
+                    own[name].append(own_seconds)
         disk = _folder_bytes(root / "scalars")
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -179,6 +207,16 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
         "cpu_ratio": {name: cpu_medians[name] / cpu_medians["bare"] for name in cpu_medians},
         "paired_ratio": _paired(times),
         "paired_cpu_ratio": _paired(cpu),
+        # The recording's own calls outside the model (Recorder, StepEvidence, token count,
+        # batch hash; wall seconds) over the bare step of the same round, median over rounds:
+        # what recording adds, timed directly (the whole-step ratios carry this machine's
+        # +-2 % per step; the hooks inside the model are not in it).
+        "own_over_bare": {
+            name: statistics.median(o / b for o, b in zip(own[name], times["bare"], strict=True))
+            for name in VARIANTS
+            if name != "bare"
+        },
+        "own_ms": {name: statistics.median(own[name]) * 1000 for name in VARIANTS if name != "bare"},
         # Setup paid once (issue #35: <= 2 s): the first recorded step over the median bare one.
         "first_step_over_bare_s": {
             name: round(first[name] - medians["bare"], 3) for name in first if name != "bare"
@@ -222,6 +260,11 @@ def main() -> None:
             f" {paired[0]:.3f}x ({paired[1]:.3f}-{paired[2]:.3f}), CPU time {paired_cpu[0]:.3f}x"
             f" ({paired_cpu[1]:.3f}-{paired_cpu[2]:.3f})"
         )
+    own = ", ".join(
+        f"{name} {result['own_ms'][name]:.1f} ms ({result['own_over_bare'][name]:.2%} of the bare step)"
+        for name in result["own_ms"]
+    )
+    print(f"recording's own calls outside the model (timed directly, median over rounds): {own}")
     print(f"scalars mode: {result['scalars_bytes_per_step']} bytes on disk per step")
     first = ", ".join(f"{name} {sec:+.3f}s" for name, sec in result["first_step_over_bare_s"].items())
     print(f"first step over the median bare step (setup included; goal <= 2 s): {first}")

@@ -52,3 +52,23 @@ def test_rounds_change_every_variants_neighbour() -> None:
     for variant in bench.VARIANTS:
         before = {o[o.index(variant) - 1] for o in orders if o.index(variant) > 0}
         assert len(before) >= 2, variant
+
+
+def test_training_overhead_times_only_the_recordings_own_calls() -> None:
+    """``training_overhead.py`` reports the recording's own calls timed directly: the timer
+    returns each call's value, passes its exception on, and counts only the calls it made."""
+    import time
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import training_overhead
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    own = training_overhead.OwnTime()
+    assert own(lambda x, *, y: x + y, 1, y=2) == 3
+    before = own.seconds
+    time.sleep(0.05)  # not through the timer: not counted
+    assert own.seconds == before
+    with pytest.raises(ZeroDivisionError):
+        own(lambda: (time.sleep(0.02), 1 / 0))
+    assert own.seconds >= before + 0.02
