@@ -24,7 +24,8 @@ time, which a loaded machine disturbs less), their ratios to ``bare``, the paire
 (median, lowest and highest over rounds of variant / bare of the same round), the wall time
 of the recording's own calls outside the model in a recorded step (``Recorder``,
 ``StepEvidence``, token count, batch hash: timed directly, so not lost in the +-2 % by which
-one step's time varies here; the stats mode's hooks run inside the model and are not in it),
+one step's time varies here; and each call's median; the stats mode's hooks run inside the
+model and are not in it), how much the bare step's wall time varies between rounds,
 and the bytes one step's folder takes on disk in scalars mode; the last line is one JSON object, also
 written to ``benchmarks/results/training_overhead_<size>.json``.
 
@@ -113,27 +114,32 @@ class Run:
 
 
 class OwnTime:
-    """Wall seconds spent in the calls it makes: the recording's own calls in a step."""
+    """Wall seconds spent in the calls it makes (the recording's own calls in a step), in all
+    and by call (``parts``, keyed by the callable's qualified name)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.parts: dict[str, float] = {}
 
     def __call__(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return call(*args, **kwargs)
         finally:
-            self.seconds += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.seconds += spent
+            name = getattr(call, "__qualname__", type(call).__name__)
+            self.parts[name] = self.parts.get(name, 0.0) + spent
 
 
-def _bare(run: Run, root: Path, step: int) -> float:
+def _bare(run: Run, root: Path, step: int) -> OwnTime:
     run.step(run.batch(), None)
-    return 0.0
+    return OwnTime()
 
 
-def _recorded(mode: str) -> Callable[[Run, Path, int], float]:
-    def go(run: Run, root: Path, step: int) -> float:
-        """The step; returns the wall seconds of the recording's own calls outside the model
+def _recorded(mode: str) -> Callable[[Run, Path, int], OwnTime]:
+    def go(run: Run, root: Path, step: int) -> OwnTime:
+        """The step; returns the wall time of the recording's own calls outside the model
         (the ``Recorder``'s and ``StepEvidence``'s; in stats mode the hooks are not in it)."""
         own = OwnTime()
         rec = own(Recorder, root / mode, mode=mode, params=False, overwrite=True)
@@ -154,12 +160,12 @@ def _recorded(mode: str) -> Callable[[Run, Path, int], float]:
         )
         own(rec.record_scalars, scalars)
         own(rec.stop)
-        return own.seconds
+        return own
 
     return go
 
 
-VARIANTS: dict[str, Callable[[Run, Path, int], float]] = {
+VARIANTS: dict[str, Callable[[Run, Path, int], OwnTime]] = {
     "bare": _bare,
     "scalars": _recorded("scalars"),
     "stats": _recorded("stats"),
@@ -172,7 +178,7 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="precalign-training-overhead-"))
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    own: dict[str, list[float]] = {name: [] for name in VARIANTS}  # the recording's own calls
+    own: dict[str, list[OwnTime]] = {name: [] for name in VARIANTS}  # the recording's own calls
     first: dict[str, float] = {}  # each variant's first step in this process (setup included)
     try:
         step = 0
@@ -185,14 +191,14 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
                     step += 1
                 gc.collect()
                 start, start_cpu = time.perf_counter(), time.process_time()
-                own_seconds = variant(run, root, step)
+                own_time = variant(run, root, step)
                 seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
                 step += 1
                 first.setdefault(name, seconds)
                 if r >= warmup:
                     times[name].append(seconds)
                     cpu[name].append(cpu_seconds)
-                    own[name].append(own_seconds)
+                    own[name].append(own_time)
         disk = _folder_bytes(root / "scalars")
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -212,11 +218,16 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
         # what recording adds, timed directly (the whole-step ratios carry this machine's
         # +-2 % per step; the hooks inside the model are not in it).
         "own_over_bare": {
-            name: statistics.median(o / b for o, b in zip(own[name], times["bare"], strict=True))
+            name: statistics.median(o.seconds / b for o, b in zip(own[name], times["bare"], strict=True))
             for name in VARIANTS
             if name != "bare"
         },
-        "own_ms": {name: statistics.median(own[name]) * 1000 for name in VARIANTS if name != "bare"},
+        "own_ms": {
+            name: statistics.median(o.seconds for o in own[name]) * 1000
+            for name in VARIANTS
+            if name != "bare"
+        },
+        "own_parts_ms": {name: _parts_ms(own[name]) for name in VARIANTS if name != "bare"},
         # Setup paid once (issue #35: <= 2 s): the first recorded step over the median bare one.
         "first_step_over_bare_s": {
             name: round(first[name] - medians["bare"], 3) for name in first if name != "bare"
@@ -224,6 +235,9 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
         # CPU seconds per wall second of the bare step: ~torch's threads when the cores are
         # busy with the step (no idle core for a statistics worker), ~1 when they idle.
         "bare_cores_busy": round(cpu_medians["bare"] / medians["bare"], 2),
+        # How much the same bare step's wall time varies from round to round (standard
+        # deviation over the median): the noise the paired ratios carry.
+        "bare_spread": statistics.stdev(times["bare"]) / medians["bare"] if rounds > 1 else None,
         "scalars_bytes_per_step": disk,
         **run_facts(load_start, os.getloadavg()[0]),
     }
@@ -237,6 +251,13 @@ def _paired(seconds: dict[str, list[float]]) -> dict[str, list[float]]:
         ratios = [v / b for v, b in zip(values, seconds["bare"], strict=True)]
         out[name] = [statistics.median(ratios), min(ratios), max(ratios)]
     return out
+
+
+def _parts_ms(steps: list[OwnTime]) -> dict[str, float]:
+    """Median milliseconds of each call over the timed steps, largest first."""
+    names = {part for step in steps for part in step.parts}
+    medians = {part: statistics.median(step.parts.get(part, 0.0) for step in steps) * 1000 for part in names}
+    return dict(sorted(medians.items(), key=lambda item: -item[1]))
 
 
 def _folder_bytes(root: Path) -> int:
@@ -265,11 +286,15 @@ def main() -> None:
         for name in result["own_ms"]
     )
     print(f"recording's own calls outside the model (timed directly, median over rounds): {own}")
+    for name, parts in result["own_parts_ms"].items():
+        print(f"  {name}: " + ", ".join(f"{part} {ms:.1f} ms" for part, ms in parts.items() if ms >= 0.05))
     print(f"scalars mode: {result['scalars_bytes_per_step']} bytes on disk per step")
     first = ", ".join(f"{name} {sec:+.3f}s" for name, sec in result["first_step_over_bare_s"].items())
     print(f"first step over the median bare step (setup included; goal <= 2 s): {first}")
+    spread = result["bare_spread"]
     print(
         f"bare step: {result['bare_cores_busy']} CPU s per wall s (torch threads {torch.get_num_threads()})"
+        + (f"; its wall time varies by {spread:.1%} (standard deviation over rounds)" if spread else "")
     )
     RESULTS.mkdir(exist_ok=True)
     line = json.dumps(result, sort_keys=True)

@@ -69,6 +69,15 @@ def test_training_overhead_times_only_the_recordings_own_calls() -> None:
     before = own.seconds
     time.sleep(0.05)  # not through the timer: not counted
     assert own.seconds == before
+    def fails() -> None:
+        time.sleep(0.02)
+        raise ZeroDivisionError
+
     with pytest.raises(ZeroDivisionError):
-        own(lambda: (time.sleep(0.02), 1 / 0))
+        own(fails)
     assert own.seconds >= before + 0.02
+    assert set(own.parts) == {
+        "test_training_overhead_times_only_the_recordings_own_calls.<locals>.<lambda>",
+        "test_training_overhead_times_only_the_recordings_own_calls.<locals>.fails",
+    }
+    assert sum(own.parts.values()) == pytest.approx(own.seconds)
