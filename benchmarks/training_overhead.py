@@ -23,10 +23,10 @@ Printed: the median seconds per step of each variant (wall clock, and this proce
 time, which a loaded machine disturbs less), their ratios to ``bare``, the paired ratios
 (median, lowest and highest over rounds of variant / bare of the same round), the wall time
 of the recording's own calls outside the model in a recorded step (``Recorder``,
-``StepEvidence``, token count, batch hash: timed directly, so not lost in the +-2 % by which
-one step's time varies here; and each call's median; the stats mode's hooks run inside the
-model and are not in it), how much the bare step's wall time varies between rounds,
-and the bytes one step's folder takes on disk in scalars mode; the last line is one JSON object, also
+``StepEvidence``, token count, batch hash: timed directly, so not lost in the 2-6 % by which
+the same step's time varies between rounds here; also each call's median; the stats mode's
+hooks run inside the model and are not in it), that variation of the bare step, and the bytes
+one step's folder takes on disk in scalars mode; the last line is one JSON object, also
 written to ``benchmarks/results/training_overhead_<size>.json``.
 
 Goals (issue #27): scalars <= 1.02x bare, stats every step <= 1.2x (mid), scalars-only disk
@@ -216,7 +216,7 @@ def measure(size_name: str, warmup: int, rounds: int) -> dict[str, Any]:
         # The recording's own calls outside the model (Recorder, StepEvidence, token count,
         # batch hash; wall seconds) over the bare step of the same round, median over rounds:
         # what recording adds, timed directly (the whole-step ratios carry this machine's
-        # +-2 % per step; the hooks inside the model are not in it).
+        # step-to-step noise, ``bare_spread``; the hooks inside the model are not in it).
         "own_over_bare": {
             name: statistics.median(o.seconds / b for o, b in zip(own[name], times["bare"], strict=True))
             for name in VARIANTS

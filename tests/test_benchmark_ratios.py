@@ -69,6 +69,7 @@ def test_training_overhead_times_only_the_recordings_own_calls() -> None:
     before = own.seconds
     time.sleep(0.05)  # not through the timer: not counted
     assert own.seconds == before
+
     def fails() -> None:
         time.sleep(0.02)
         raise ZeroDivisionError
