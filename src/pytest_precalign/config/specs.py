@@ -41,6 +41,12 @@ class ModelSpec:
     where: str
     patch: str | None = None  # "module:function" applied to the built module (fault injection)
 
+    @property
+    def megatron_core(self) -> bool:
+        """A megatron-core model: a preset's (``source: megatron``) or the user's own
+        (``source: factory`` with ``runtime: megatron``)."""
+        return self.source == "megatron" or self.options.get("runtime") == "megatron"
+
 
 @dataclass(frozen=True)
 class InputSpec:

@@ -145,13 +145,13 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
         module = module.to(device=device, dtype=torch_dtype(spec.dtype))
         cast = f"cast to {spec.dtype}" + ("" if before == spec.dtype else f" from {before}")
     source = _source_module(spec.source)
+    convention = getattr(source, "convention", None)
+    if convention is not None:  # decided per model (a factory's megatron-core module)
+        caller, context = convention(spec, module)
+    else:
+        caller, context = getattr(source, "call", None), getattr(source, "call_context", nullcontext)
     return LoadedModel(
-        cast=cast,
-        name=spec.name,
-        module=module,
-        output=spec.output,
-        caller=getattr(source, "call", None),
-        context=getattr(source, "call_context", nullcontext),
+        cast=cast, name=spec.name, module=module, output=spec.output, caller=caller, context=context
     )
 
 
@@ -190,8 +190,6 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     A source whose construction does not work on meta (data-dependent init) is retried for
     real on the CPU; only a failure there is reported.
     """
-    import torch
-
     from ..recording.determinism import resolve_device
 
     resolve_device(spec.device)
@@ -201,6 +199,14 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     if custom is not None:
         custom(spec, base_dir)
         return
+    build_on_meta(spec, base_dir)
+
+
+def build_on_meta(spec: ModelSpec, base_dir: Path) -> None:
+    """Build the model on the meta device; where its construction does not work there, for
+    real on the CPU, reporting only a failure of that."""
+    import torch
+
     build = builder(spec.source)
     try:
         with torch.device("meta"):

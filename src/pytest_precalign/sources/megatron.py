@@ -61,6 +61,11 @@ LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_m
 
 
 def _megatron() -> Any:
+    return available("source 'megatron'")
+
+
+def available(who: str) -> Any:
+    """megatron-core's ``parallel_state``, or one error saying ``who`` needs it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -68,7 +73,7 @@ def _megatron() -> Any:
             from megatron.core import parallel_state
     except ImportError as exc:
         raise SourceError(
-            f"source 'megatron' needs megatron-core, which is missing ({exc.name}): "
+            f"{who} needs megatron-core, which is missing ({exc.name}): "
             "pip install 'pytest-precalign[megatron]'"
         ) from None
     return parallel_state
