@@ -64,6 +64,8 @@ def test_own_gemma2_like_megatron_model_aligns_and_names_planted_bugs(
 MEGATRON_FACTORY = """
 import warnings
 
+import torch
+
 with warnings.catch_warnings():  # megatron-core's notices about apex and Transformer Engine
     warnings.simplefilter("ignore")
     from megatron.core.models.gpt import GPTModel
@@ -76,13 +78,29 @@ def build():
         warnings.simplefilter("ignore")
         config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, use_cpu_initialization=True)
         return GPTModel(config, get_gpt_layer_local_spec(), vocab_size=32, max_sequence_length=16)
+
+
+class Wrapper(torch.nn.Module):  # the user's own calling convention around a GPTModel
+    def __init__(self):
+        super().__init__()
+        self.gpt = build()
+
+    def forward(self, input_ids):
+        s = input_ids.shape[-1]
+        causal = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]
+        positions = torch.arange(s)[None].expand_as(input_ids)
+        return self.gpt(input_ids, positions, causal)
+
+
+def build_wrapped():
+    return Wrapper()
 """
 
 CONFIG = """\
 version: 1
 models:
-  base: {{source: factory, factory: "gpt_factory:build"{extra}}}
-  cand: {{source: factory, factory: "gpt_factory:build"{extra}}}
+  base: {{source: factory, factory: "gpt_factory:{build}"{extra}}}
+  cand: {{source: factory, factory: "gpt_factory:{build}"{extra}}}
 inputs:
   tokens: {{kind: tokens, batch: 1, seq_len: 8, vocab_size: 32}}
 cases:
@@ -104,7 +122,7 @@ def test_megatron_core_factory_without_its_runtime_is_one_message_naming_it(
     """The issue's first symptom: megatron-core's "data parallel group is not initialized",
     now with what to set; a runtime the tool does not have is refused with the allowed one."""
     pytester.makepyfile(gpt_factory=MEGATRON_FACTORY)
-    pytester.makefile(".yaml", align=CONFIG.format(extra=extra))
+    pytester.makefile(".yaml", align=CONFIG.format(build="build", extra=extra))
     result = run_pytest("--align-config", "align.yaml")
     text = result.stdout.str() + "\n" + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text
@@ -113,17 +131,22 @@ def test_megatron_core_factory_without_its_runtime_is_one_message_naming_it(
     assert "Traceback" not in text
 
 
+@pytest.mark.parametrize(
+    ("build", "prefix"), [("build", ""), ("build_wrapped", "gpt.")], ids=["gpt-model", "users-wrapper"]
+)
 def test_megatron_core_factory_with_its_runtime_is_called_as_gpt_model(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+    pytester: pytest.Pytester, run_pytest: RunPytest, build: str, prefix: str
 ) -> None:
     """A plain megatron-core GPTModel from the user's factory, ``runtime: megatron`` on both
-    sides: built inside the parallel state, called with position ids and the causal mask, the
-    same model twice aligned (the issue's second symptom: forward() missing position_ids and
-    attention_mask)."""
+    sides: built inside the parallel state, called with position ids and the causal mask (the
+    issue's second symptom: forward() missing position_ids and attention_mask); the same model
+    twice is aligned. The user's own module around one is called as ``model(**inputs)`` inside
+    the CPU workarounds (rotary embedding's torch.cuda.current_device)."""
     pytester.makepyfile(gpt_factory=MEGATRON_FACTORY)
-    pytester.makefile(".yaml", align=CONFIG.format(extra=", runtime: megatron"))
+    pytester.makefile(".yaml", align=CONFIG.format(build=build, extra=", runtime: megatron"))
     result = run_pytest("--align-config", "align.yaml", "--align-report", "out")
     assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
     (case,) = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
+    assert case["first_divergence"] is None and case["compared"] > 10, case
     names = {r["name"] for r in case["records"]}
-    assert {"decoder.layers.0.self_attention", "decoder.final_layernorm", "logits"} <= names, names
+    assert {f"{prefix}decoder.layers.0.self_attention", f"{prefix}decoder.final_layernorm", "logits"} <= names

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ..config.specs import ModelSpec
 
-Caller = Callable[["torch.nn.Module", Mapping[str, Any]], Any]
+Caller = Callable[["torch.nn.Module", Mapping[str, Any]], Any]  # LoadedModel.caller
 
 
 @contextmanager
@@ -112,23 +112,15 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
 
 
 def convention(spec: ModelSpec, module: torch.nn.Module) -> tuple[Caller | None, Callable[[], Any]]:
-    """How the built module is called: a megatron-core module (with ``runtime: megatron``) as a
-    preset's GPTModel, inside the CPU workarounds; anything else as ``model(**inputs)``."""
+    """How the built module is called: with ``runtime: megatron``, a megatron-core module as a
+    preset's GPTModel and the user's own module around one as ``model(**inputs)``, both inside
+    the CPU workarounds; without it, as ``model(**inputs)``."""
     if not spec.megatron_core:
         return None, nullcontext
     from megatron.core.transformer.module import MegatronModule
 
     from . import megatron
 
-    if not isinstance(module, MegatronModule):
-        return _call_in_context, megatron.call_context
+    if not isinstance(module, MegatronModule):  # the user's wrapper: model(**inputs), in context
+        return None, megatron.call_context
     return megatron.call, megatron.call_context
-
-
-def _call_in_context(module: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
-    """A user's own module around megatron-core ones: ``model(**inputs)``, with the CPU
-    workarounds in force during the call."""
-    from . import megatron
-
-    with megatron.call_context():
-        return module(**inputs)

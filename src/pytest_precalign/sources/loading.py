@@ -33,7 +33,8 @@ class LoadedModel:
         if self.caller is not None:  # a source with its own calling convention (Megatron)
             return self.caller(self.module, inputs)
         try:
-            return self.module(**inputs)
+            with self.context():  # nullcontext but for a wrapper around megatron-core modules
+                return self.module(**inputs)
         except TypeError as exc:
             text = str(exc)
             if not any(s in text for s in ("unexpected keyword argument", "required positional argument")):
