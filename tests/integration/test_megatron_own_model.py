@@ -142,10 +142,18 @@ def test_megatron_core_factory_with_its_runtime_is_called_as_gpt_model(
     issue's second symptom: forward() missing position_ids and attention_mask); the same model
     twice is aligned. The user's own module around one is called as ``model(**inputs)`` inside
     the CPU workarounds (rotary embedding's torch.cuda.current_device)."""
+    import torch
+    from megatron.core import parallel_state
+
+    current_device = torch.cuda.current_device
+    before = (parallel_state.model_parallel_is_initialized(), torch.distributed.is_initialized())
     pytester.makepyfile(gpt_factory=MEGATRON_FACTORY)
     pytester.makefile(".yaml", align=CONFIG.format(build=build, extra=", runtime: megatron"))
     result = run_pytest("--align-config", "align.yaml", "--align-report", "out")
     assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
+    # in process: the runtime the tool set up and the CPU workarounds are gone after the case
+    assert (parallel_state.model_parallel_is_initialized(), torch.distributed.is_initialized()) == before
+    assert torch.cuda.current_device is current_device
     (case,) = json.loads((pytester.path / "out" / "report.json").read_text())["cases"]
     assert case["first_divergence"] is None and case["compared"] > 10, case
     names = {r["name"] for r in case["records"]}

@@ -107,7 +107,7 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
         return
     from . import megatron
 
-    megatron.available(f"models.{spec.name}: runtime: megatron")
+    megatron.available(f"{spec.where}: models.{spec.name}.runtime: megatron")
     _function(spec, base_dir)
 
 
