@@ -9,7 +9,8 @@ workarounds during its calls. A returned megatron-core module (``MegatronModule`
 ``forward(input_ids, position_ids, attention_mask)`` with the causal mask (True = masked) and
 position ids made from the case's inputs; it returns logits ``[b, s, vocab]`` and the loss is the
 case's, computed from them as for any model. Its activations stay Megatron's ``[s, b, h]``: the
-user's mapping says so (``layouts``), as the preset mappings do.
+user's mapping says so (``layouts``), as the preset mappings do. Its steps are trained as a
+preset's model's (``config.training.trained_as``): megatron-core's trainer by default.
 """
 
 from __future__ import annotations
