@@ -11,7 +11,8 @@ COMMON_MODEL_KEYS = ("source", "dtype", "device", "seed", "output", "patch", "we
 # ``runtime:`` of a factory model: what the tool sets up around building and running it.
 # ``megatron``: torch.distributed and megatron-core's parallel state (one process), and the
 # model called as megatron-core's GPTModel (``sources/factory.py``).
-FACTORY_RUNTIMES = ("megatron",)
+MEGATRON_RUNTIME = "megatron"
+FACTORY_RUNTIMES = (MEGATRON_RUNTIME,)
 
 
 @dataclass(frozen=True)
