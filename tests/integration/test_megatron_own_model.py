@@ -6,9 +6,14 @@ gets."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import EXAMPLES
 from tests.helpers.runs import ExampleSuite, RunPytest
 
 pytest.importorskip("megatron.core")
@@ -158,3 +163,33 @@ def test_megatron_core_factory_with_its_runtime_is_called_as_gpt_model(
     assert case["first_divergence"] is None and case["compared"] > 10, case
     names = {r["name"] for r in case["records"]}
     assert {f"{prefix}decoder.layers.0.self_attention", f"{prefix}decoder.final_layernorm", "logits"} <= names
+
+
+@pytest.mark.slow  # two subprocesses importing torch, transformers and megatron-core; tox -e slow
+def test_own_megatron_model_from_the_command_line(tmp_path: Path) -> None:
+    """The user's path without pytest: ``precalign run`` on the example (a subprocess); the
+    aligned training case exits 0, the (1 + w) bug without its ``expect:`` exits 1 naming its
+    origin."""
+    folder = tmp_path / "megatron_own_model"
+    shutil.copytree(EXAMPLES / "megatron_own_model", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    config = folder / "align.yaml"
+    text = config.read_text()
+    expect = "    expect: {phase: forward, first_divergence: model.layers.0.post_feedforward_layernorm, origin: true}\n"
+    assert text.count(expect) == 1
+    config.write_text(text.replace(expect, ""))
+
+    def run(case: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_precalign", "run", "align.yaml", "--case", case],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+    aligned = run("fp32_train")
+    assert aligned.returncode == 0, aligned.stdout + aligned.stderr
+    assert all(f"PASSED fp32_train[{p}]" in aligned.stdout for p in ("forward", "backward", "step"))
+    bug = run("known_norm_bug")
+    assert bug.returncode == 1, bug.stdout + bug.stderr
+    assert "Origin: model.layers.0.post_feedforward_layernorm (forward, step 0)" in bug.stdout, bug.stdout
