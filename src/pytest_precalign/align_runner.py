@@ -193,7 +193,8 @@ def _mapping_file(wanted: Any, config: AlignConfig | None, base_dir: Path, where
 
 
 def _is_megatron(module: Any) -> bool:
-    return type(module).__module__.startswith("megatron")
+    """A megatron-core model: one of its classes (a user's subclass of ``GPTModel`` too)."""
+    return any(cls.__module__.startswith("megatron.") for cls in type(module).__mro__)
 
 
 def _module_variables(*modules: Any) -> dict[str, Any]:

@@ -134,7 +134,7 @@ BAD: list[tuple[str, str, int | None, tuple[str, ...]]] = [
         3,
         (
             "models.base.colour: unknown key 'colour'",
-            "allowed: device, dtype, factory, kwargs, output, patch, seed, source",
+            "allowed: device, dtype, factory, kwargs, output, patch, runtime, seed, source",
         ),
     ),
     (

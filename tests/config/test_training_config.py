@@ -70,6 +70,25 @@ def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
     assert _load(tmp_path, "").cases[0].optimizer == OptimizerSpec()
 
 
+def test_own_megatron_model_trains_as_a_presets_model(tmp_path: Path) -> None:
+    """``source: factory`` with ``runtime: megatron`` (a megatron-core model of the user's own):
+    megatron-core's trainer by default, as a preset's model, or the tool's loop; not a trainer
+    of HF or Lightning models."""
+    text = BASE.replace(
+        'cand: {source: factory, factory: "tiny_models:build"}',
+        'cand: {source: factory, factory: "tiny_models:build", runtime: megatron}',
+    )
+    assert _load(tmp_path, "", text).cases[0].training == SidesTraining(None, "megatron")
+    assert _load(tmp_path, "    training: {candidate: loop}\n", text).cases[0].training == SidesTraining(
+        None, "loop"
+    )
+    message = _error(tmp_path, "    training: {candidate: lightning}\n", text)
+    assert (
+        "trainer 'lightning' cannot train model 'cand' (runtime: megatron; allowed: loop, megatron)"
+        in message
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [

@@ -165,3 +165,30 @@ def test_preset_config_errors_are_one_line_naming_the_key(tmp_path, preset, extr
         preflight_case(config, config.cases[0])
     assert fragment in str(info.value) and "\n" not in str(info.value), str(info.value)
     assert "models.mc" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ("attn_logit_softcapping: 50.0", "unknown field 'attn_logit_softcapping' for preset 'llama'"),
+        ("attention_bias: true", "config.attention_bias: preset 'llama' builds without it"),
+        ("rope_scaling: {rope_type: yarn, factor: 4.0}", "'yarn' is not built by source megatron"),
+    ],
+)
+def test_a_family_no_preset_builds_is_pointed_to_your_own_megatron_model(tmp_path, extra, fragment):
+    """Gemma2's soft-capping against the Llama preset: the refusal says where such a model goes."""
+    text = (
+        "version: 1\nmodels:\n  a: {source: factory, factory: 'torch.nn:Identity'}\n"
+        f"  mc: {{source: megatron, preset: llama, config: {{num_attention_heads: 4, {extra}}}}}\n"
+        "inputs:\n  x: {kind: tokens, batch: 1, seq_len: 4, vocab_size: 10}\n"
+        "cases:\n  - {name: c, baseline: a, candidate: mc, inputs: x, weights: {sync: false}}\n"
+    )
+    config = load_config(text, tmp_path / "a.yaml")
+    with pytest.raises(PrecalignError) as info:
+        preflight_case(config, config.cases[0])
+    message = str(info.value)
+    assert fragment in message and "\n" not in message, message
+    assert message.endswith(
+        "; a family no preset builds is your own megatron-core model through source: factory with "
+        "runtime: megatron (docs/megatron_vs_hf.md, 'Your own Megatron model')"
+    ), message

@@ -17,7 +17,7 @@ from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
 from ..yaml_reader import LineList, Reader, describe, load_yaml, read_text_file
 from .cases import MappingSource, check_file, parse_case
 from .launch import parse_parallel
-from .model_sources import COMMON_MODEL_KEYS, SOURCES
+from .model_sources import COMMON_MODEL_KEYS, FACTORY_RUNTIMES, SOURCES
 from .model_weights import parse_model_weights
 from .presets import HEAD_FIELDS, MEGATRON_PRESET_FIELDS
 from .search import IDS_KEYS, parse_ids
@@ -214,6 +214,8 @@ def _parse_model(name: str, reader: Reader, defaults: Defaults) -> ModelSpec:
         kwargs = options.get("kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             reader.fail(f"expected a mapping of keyword arguments, got {describe(kwargs)}", "kwargs")
+        if reader.has("runtime"):
+            options["runtime"] = reader.get_choice("runtime", FACTORY_RUNTIMES)
     if source == "megatron":
         reader.get_choice("preset", tuple(MEGATRON_PRESET_FIELDS), "qwen2.5")
         options.setdefault("preset", "qwen2.5")

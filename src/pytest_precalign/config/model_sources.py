@@ -8,6 +8,13 @@ from dataclasses import dataclass
 COMMON_MODEL_KEYS = ("source", "dtype", "device", "seed", "output", "patch", "weights")
 
 
+# ``runtime:`` of a factory model: what the tool sets up around building and running it.
+# ``megatron``: torch.distributed and megatron-core's parallel state (one process), and the
+# model called as megatron-core's GPTModel (``sources/factory.py``).
+MEGATRON_RUNTIME = "megatron"
+FACTORY_RUNTIMES = (MEGATRON_RUNTIME,)
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     name: str
@@ -50,7 +57,7 @@ SOURCES: dict[str, SourceInfo] = {
         name="factory",
         builder="pytest_precalign.sources.factory:build",
         required=("factory",),
-        optional=("kwargs",),
-        summary="'module:function' returning an nn.Module",
+        optional=("kwargs", "runtime"),
+        summary="'module:function' returning an nn.Module (runtime: megatron for a megatron-core model)",
     ),
 }

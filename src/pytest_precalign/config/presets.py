@@ -155,7 +155,7 @@ def mapping_variables(*models: ModelSpec) -> dict[str, Any]:
     """``$variables`` a mapping may use, read from the models' configs (Megatron's first, as
     its layout is what the transforms describe)."""
     out: dict[str, Any] = {}
-    for model in sorted(models, key=lambda m: m.source != "megatron"):
+    for model in sorted(models, key=lambda m: not m.megatron_core):
         config = model.options.get("config")
         fields = dict(config) if isinstance(config, dict) else {}
         if model.source == "megatron":
@@ -227,7 +227,7 @@ def preset_mapping(
     reader: Reader, ref: str, variables: dict[str, Any], baseline: ModelSpec, candidate: ModelSpec
 ) -> MappingSpec:
     """A config case's ``mapping: preset:NAME`` (``resolve_preset``; errors at the key)."""
-    megatron_baseline = baseline.source == "megatron" and candidate.source != "megatron"
+    megatron_baseline = baseline.megatron_core and not candidate.megatron_core
     try:
         return resolve_preset(ref, variables, "mapping", megatron_baseline=megatron_baseline)
     except ConfigError as exc:

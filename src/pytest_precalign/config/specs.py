@@ -17,6 +17,7 @@ from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.expectation import Expectation
 from ..verdict.training_envelope import EnvelopeSpec
 from ..vocabulary import Level, Mode, Phase, RecordFormat
+from .model_sources import MEGATRON_RUNTIME
 from .search import SearchSpec
 
 
@@ -40,6 +41,12 @@ class ModelSpec:
     output: str | None
     where: str
     patch: str | None = None  # "module:function" applied to the built module (fault injection)
+
+    @property
+    def megatron_core(self) -> bool:
+        """A megatron-core model: a preset's (``source: megatron``) or the user's own
+        (``source: factory`` with ``runtime: megatron``)."""
+        return self.source == "megatron" or self.options.get("runtime") == MEGATRON_RUNTIME
 
 
 @dataclass(frozen=True)

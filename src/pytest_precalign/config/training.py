@@ -121,7 +121,13 @@ def _defaulted(side: str | None, model: ModelSpec | None) -> str | None:
     (``trainer_registry.default_trainer``; None: the tool's loop)."""
     if side is not None or model is None:
         return side
-    return default_trainer(model.source)
+    return default_trainer(trained_as(model))
+
+
+def trained_as(model: ModelSpec) -> str:
+    """The source whose trainers train ``model``: a megatron-core model of the user's own
+    (``source: factory``, ``runtime: megatron``) as a preset's."""
+    return "megatron" if model.megatron_core else model.source
 
 
 def parse_training(reader: Reader, baseline: ModelSpec | None, candidate: ModelSpec | None) -> SidesTraining:
@@ -156,11 +162,11 @@ def _given_training(reader: Reader, baseline: ModelSpec | None, candidate: Model
         model = models[side]
         if model is None:
             sub.fail("a trainer trains a model: not with {dump: path} sides", keys[side])
-        allowed = tuple(name for name in trainer_names() if model.source in trainer_info(name).sources)
+        allowed = tuple(name for name in trainer_names() if trained_as(model) in trainer_info(name).sources)
         if trainer not in allowed:
+            kind = "runtime: megatron" if model.source != trained_as(model) else f"source {model.source!r}"
             sub.fail(
-                f"trainer {trainer!r} cannot train model {model.name!r} (source {model.source!r}; "
-                f"allowed: {', '.join(allowed)})",
+                f"trainer {trainer!r} cannot train model {model.name!r} ({kind}; allowed: {', '.join(allowed)})",
                 keys[side],
             )
     return SidesTraining(baseline=chosen["baseline"], candidate=chosen["candidate"])

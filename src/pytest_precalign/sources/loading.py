@@ -33,7 +33,8 @@ class LoadedModel:
         if self.caller is not None:  # a source with its own calling convention (Megatron)
             return self.caller(self.module, inputs)
         try:
-            return self.module(**inputs)
+            with self.context():  # nullcontext but for a wrapper around megatron-core modules
+                return self.module(**inputs)
         except TypeError as exc:
             text = str(exc)
             if not any(s in text for s in ("unexpected keyword argument", "required positional argument")):
@@ -145,13 +146,13 @@ def build_model(spec: ModelSpec, base_dir: Path) -> LoadedModel:
         module = module.to(device=device, dtype=torch_dtype(spec.dtype))
         cast = f"cast to {spec.dtype}" + ("" if before == spec.dtype else f" from {before}")
     source = _source_module(spec.source)
+    convention = getattr(source, "convention", None)
+    if convention is not None:  # decided per model (a factory's megatron-core module)
+        caller, context = convention(spec, module)
+    else:
+        caller, context = getattr(source, "call", None), getattr(source, "call_context", nullcontext)
     return LoadedModel(
-        cast=cast,
-        name=spec.name,
-        module=module,
-        output=spec.output,
-        caller=getattr(source, "call", None),
-        context=getattr(source, "call_context", nullcontext),
+        cast=cast, name=spec.name, module=module, output=spec.output, caller=caller, context=context
     )
 
 
@@ -190,8 +191,6 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     A source whose construction does not work on meta (data-dependent init) is retried for
     real on the CPU; only a failure there is reported.
     """
-    import torch
-
     from ..recording.determinism import resolve_device
 
     resolve_device(spec.device)
@@ -201,6 +200,14 @@ def preflight(spec: ModelSpec, base_dir: Path) -> None:
     if custom is not None:
         custom(spec, base_dir)
         return
+    build_on_meta(spec, base_dir)
+
+
+def build_on_meta(spec: ModelSpec, base_dir: Path) -> None:
+    """Build the model on the meta device; where its construction does not work there, for
+    real on the CPU, reporting only a failure of that."""
+    import torch
+
     build = builder(spec.source)
     try:
         with torch.device("meta"):

@@ -57,10 +57,20 @@ FAMILIES = {
     "qwen3-moe": Family(qkv_bias=False, qk_layernorm=True, own_head_dim=True, moe=True),
 }
 ROPE_TYPES = ("default", "llama3")
+# What a refusal of a family's field adds: where a model no preset builds goes.
+OWN_MODEL = (
+    "; a family no preset builds is your own megatron-core model through source: factory with "
+    "runtime: megatron (docs/megatron_vs_hf.md, 'Your own Megatron model')"
+)
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _megatron() -> Any:
+    return available("source 'megatron'")
+
+
+def available(who: str) -> Any:
+    """megatron-core's ``parallel_state``, or one error saying ``who`` needs it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -68,7 +78,7 @@ def _megatron() -> Any:
             from megatron.core import parallel_state
     except ImportError as exc:
         raise SourceError(
-            f"source 'megatron' needs megatron-core, which is missing ({exc.name}): "
+            f"{who} needs megatron-core, which is missing ({exc.name}): "
             "pip install 'pytest-precalign[megatron]'"
         ) from None
     return parallel_state
@@ -94,11 +104,13 @@ def megatron_fields(spec: ModelSpec) -> dict[str, Any]:
     if unknown:
         raise SourceError(
             f"{what}: unknown field {unknown[0]!r} for preset {preset!r} (allowed: {', '.join(known)})"
+            + OWN_MODEL
         )
     for key, value in FIXED_FIELDS.items():
         if key in given and key in known and given[key] not in (value, None):
             raise SourceError(
                 f"{what}.{key}: preset {preset!r} builds without it (allowed: {str(value).lower()})"
+                + OWN_MODEL
             )
     fields = preset_fields(preset, given)
     rope(fields, what)
@@ -190,7 +202,7 @@ def rope(fields: Mapping[str, Any], what: str = "config") -> tuple[float, dict[s
     if kind not in ROPE_TYPES:
         raise SourceError(
             f"{what}.{key}.rope_type: {kind!r} is not built by source megatron "
-            f"(allowed: {', '.join(ROPE_TYPES)})"
+            f"(allowed: {', '.join(ROPE_TYPES)})" + OWN_MODEL
         )
     if kind == "default":
         return theta, None
