@@ -158,6 +158,7 @@ def finish(job: FinishInputs) -> CaseRun:
     if job.check_mapping:
         check_applied(use)
     reasons = {**peft_reasons, **_not_recordable(base_trace, mapped.trace), **mapped.reasons}
+    reasons.update(dp_unpaired(base_trace, mapped.trace))
     reasons.update(_partial_step_reasons(base_trace, mapped.trace))
     moe = job.case.record.moe if job.case is not None else None
     cand_trace = mapped.trace
@@ -228,6 +229,17 @@ def _judged(judging: CaseJudging) -> dict[str, Any]:
         "to_replay": verdicts.to_replay,
         "judging": judging,
     }
+
+
+def dp_unpaired(baseline: Trace, candidate: Trace) -> dict[str, str]:
+    """Why a record has no partner when a side's DP replicas could not be joined on it
+    (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch)."""
+    reasons: dict[str, str] = {}
+    for side, trace in (("baseline", baseline), ("candidate", candidate)):
+        for block in trace.manifest.get("dp_join", {}).values():
+            for rid, why in block.get("unpaired", {}).items():
+                reasons[str(rid)] = f"the {side}'s DP replicas are not joined on it: {why}"
+    return reasons
 
 
 def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:

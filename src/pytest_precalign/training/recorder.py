@@ -372,6 +372,7 @@ class Recorder:
             **self._facts,
             **({"dtype": self._precision} if self._precision else {}),
             "parallel": self._parallel,
+            "param_grads": self.param_grads,  # "step": reduced over DP (``parallel.dp_join``)
             **self._step_evidence(),
         }
         if self._wrappers:

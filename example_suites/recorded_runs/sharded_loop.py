@@ -1,0 +1,179 @@
+"""A user's own data-parallel training loop recorded with ``pytest_precalign.Recorder``: the
+same global batch (4 rows of 12 tokens a step) trained in one process, or split over the ranks
+of a torchrun job, each rank training its own rows (DDP, or ZeRO-1's
+``ZeroRedundancyOptimizer``); AdamW, warmup, clipping at 1.0, each step's scalars recorded
+with ``record_scalars``.
+
+    python sharded_loop.py OUT RUN [RUN ...]                                    # one process
+    python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_loop.py OUT RUN ...
+
+Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Keys: ``wrap``
+(ddp | zero1 | none; none in one process), ``micro`` (micro-batches per rank and step: gradient
+accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
+recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
+last rank only where said: ``scale_rank_from=k`` (the last rank's grads x 2 before the
+reduction: a wrong averaging), ``lr_from=k`` (the LR halved), ``local_norm_from=k`` (each rank
+clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard would: not the
+global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
+weight of the step before: a stale parameter after a missing re-gather).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tiny_setup import VOCAB, sweep, tiny_qwen2
+
+from pytest_precalign import Recorder
+from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+
+STEPS, ROWS, SEQ, WARMUP, CLIP = 6, 4, 12, 2, 1.0
+BASELINE: dict[str, Any] = {
+    "wrap": "none",
+    "micro": 1,
+    "mode": "stats",
+    "steps": None,
+    "param_grads": "backward",
+    "scale_rank_from": None,
+    "lr_from": None,
+    "local_norm_from": None,
+    "stale_from": None,
+}
+
+
+def global_rows() -> torch.Tensor:
+    """Every step's global batch: ``STEPS * ROWS`` rows of ``SEQ`` token ids, one seed."""
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(2, VOCAB, (STEPS * ROWS, SEQ), generator=gen)
+
+
+def _on(key: str, run: dict[str, Any], step: int) -> bool:
+    return run[key] is not None and step >= run[key]
+
+
+def plant_faults(model: torch.nn.Module, run: dict[str, Any], last: bool, step_now: list[int]) -> None:
+    """The run's faults that live in the model: on the last rank only."""
+    if run["scale_rank_from"] is not None and last:
+        for p in model.parameters():
+            p.register_hook(lambda g: g * 2 if step_now[0] >= run["scale_rank_from"] else g)
+    if run["stale_from"] is not None and last:
+        down = model.model.layers[1].mlp.down_proj  # type: ignore[union-attr, index]
+        stale: list[torch.Tensor] = []
+
+        def keep(module: Any, args: Any) -> None:
+            stale[:] = [*stale[-1:], module.weight.detach().clone()]
+
+        def use_stale(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor | None:
+            if step_now[0] < run["stale_from"]:
+                return None
+            return torch.nn.functional.linear(args[0], stale[0])
+
+        down.register_forward_pre_hook(keep)
+        down.register_forward_hook(use_stale)
+
+
+def optimizer_of(model: torch.nn.Module, run: dict[str, Any]) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    if run["wrap"] == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        zero = ZeroRedundancyOptimizer(decay, optimizer_class=torch.optim.AdamW, lr=5e-3, weight_decay=0.1)
+        zero.add_param_group({"params": no_decay, "weight_decay": 0.0})
+        return zero
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=5e-3)
+
+
+def clip(params: list[torch.nn.Parameter], owned: list[torch.nn.Parameter], local: bool) -> torch.Tensor:
+    """Clip at ``CLIP`` with the global grad norm (``local``: the norm of this rank's own
+    parameters' grads only -- the fault); the norm used."""
+    grads = [p.grad for p in (owned if local else params) if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    torch.nn.utils.clip_grads_with_norm_(params, CLIP, norm)
+    return norm
+
+
+def lr_times(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+
+
+def train(out: Path, run: dict[str, Any]) -> None:
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    model = tiny_qwen2()
+    step_now = [0]
+    plant_faults(model, run, rank == world - 1, step_now)
+    ddp = run["wrap"] == "ddp"
+    wrapped = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    optimizer = optimizer_of(model, run)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP))
+    params = list(model.parameters())
+    owned = [p for i, p in enumerate(params) if i % world == rank]  # a shard, for local_norm
+    rows = global_rows()
+    share = ROWS // world
+    rec = Recorder(out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"])
+    evidence = StepEvidence(params)
+    rec.record_initial_params(model)
+    for step in range(STEPS):
+        step_now[0] = step
+        mine = rows[step * ROWS + rank * share : step * ROWS + (rank + 1) * share]
+        size = share // run["micro"]
+        micro = [
+            {"input_ids": mine[i : i + size], "labels": mine[i : i + size]} for i in range(0, share, size)
+        ]
+        rec.start(wrapped)
+        evidence.begin()
+        loss = 0.0
+        for i, m in enumerate(micro):
+            last_micro = i == len(micro) - 1
+            with wrapped.no_sync() if ddp and not last_micro else contextlib.nullcontext():  # type: ignore[operator]
+                part = wrapped(**m).loss / len(micro)
+                rec.record_output("loss", part)
+                part.backward()
+            loss += part.item()
+        if run["wrap"] == "zero1" and world > 1:  # ZeRO-1 shards the optimizer only: grads reduced here
+            for p in params:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)  # type: ignore[arg-type]
+        if run["param_grads"] == "step":
+            rec.grads_ready()
+        evidence.grads_before_clip(norm=float(clip(params, owned, _on("local_norm_from", run, step))))
+        evidence.grads_after_clip()
+        lr_times(optimizer, 0.5 if _on("lr_from", run, step) else 1.0)
+        lr, wd = group_settings(optimizer)
+        optimizer.step()
+        lr_times(optimizer, 2.0 if _on("lr_from", run, step) else 1.0)
+        scheduler.step()
+        optimizer.zero_grad()
+        rec.record_scalars(
+            evidence.finish(
+                step,
+                loss=loss,
+                lr=lr,
+                weight_decay=wd,
+                tokens=token_count(micro),
+                batch_hash=batch_hash(micro),
+                micro_batches=run["micro"],
+                skipped=False,
+            )
+        )
+        rec.stop()
+        rec.step()
+    rec.close()
+
+
+if __name__ == "__main__":
+    if "LOCAL_RANK" in os.environ:
+        dist.init_process_group("gloo")
+    try:
+        sweep(sys.argv[1:], BASELINE, train, __doc__ or "")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
