@@ -72,7 +72,8 @@ def plant_faults(model: torch.nn.Module, run: dict[str, Any], last: bool, step_n
         def use_stale(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor | None:
             if step_now[0] < run["stale_from"]:
                 return None
-            return torch.nn.functional.linear(args[0], stale[0])
+            weight = stale[0] + (module.weight - module.weight.detach())  # old values, live grads
+            return torch.nn.functional.linear(args[0], weight)
 
         down.register_forward_pre_hook(keep)
         down.register_forward_hook(use_stale)

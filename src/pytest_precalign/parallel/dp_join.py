@@ -22,7 +22,9 @@ Replicas that saw different rows are joined (``join_replicas``), record by recor
   reduction (``param_grads="step"``): the same on every replica; checked equal, replica 0's
   kept, a replica that differs is a finding naming its rank.
 * parameter grads recorded in the backward (``param_grads="backward"``, the default): each
-  rank's partial grad before the reduction -- not joined, listed as unpaired with the reason.
+  rank's partial grad before the reduction -- not joined: kept per replica (slot ``dp<d>``),
+  paired only with another DP run's same replica (a rerun names the rank whose grads
+  differ), listed as unpaired with the reason against a run split otherwise.
 * what cannot be joined row by row -- hashes (the hash of a concatenation is not a function of
   the parts' hashes), replicas whose shapes differ beyond the batch (dynamic padding), a
   tensor of no batch dim that differs -- is listed as unpaired with the reason, never guessed.
@@ -39,7 +41,7 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.merged_stats import merge_stats
-from ..trace.records import Record, Stats
+from ..trace.records import Record, Stats, Trace
 from .store import Plan
 
 BACKWARD_KINDS = frozenset({"grad_output", "grad_input"})
@@ -163,6 +165,7 @@ def join_replicas(
             continue
         if rec.kind == "param_grad":
             out.unpaired[rec.id] = PARTIAL_GRADS
+            out.records += _per_replica(rec, peers, replicas, out, key_prefix)
             continue
         if all(same_record(rec, p) for p in peers[1:]) and (not rec.shape or rec.shape[0] == 1):
             out.records.append(rec)  # the same on every replica and no batch to join: kept once
@@ -172,6 +175,24 @@ def join_replicas(
             out.records.append(joined)
     out.records = [replace(r, seq=i) for i, r in enumerate(out.records)]
     return out
+
+
+def _per_replica(
+    rec: Record, peers: Sequence[Record], replicas: Sequence[Replica], out: Joined, key_prefix: str
+) -> list[Record]:
+    """A partial grad kept per replica, in slot ``dp<d>``: paired only with another DP run's
+    replica ``d`` (a rerun, or a run split the same way), where a rank that differs is named."""
+    kept = []
+    for d, (rep, p) in enumerate(zip(replicas, peers, strict=True)):
+        plan = rep.plans.get(p.tensor_key) if p.tensor_key is not None else None
+        key = None
+        if plan is not None:
+            key = f"{key_prefix}g{len(out.plans):07d}"
+            out.plans[key] = plan
+        mine = replace(p, slot=f"dp{d}", tensor_key=key)
+        out.unpaired[mine.id] = f"DP replica {d}'s ({rep.where}) partial grad: {PARTIAL_GRADS}"
+        kept.append(mine)
+    return kept
 
 
 def _joined(
@@ -252,3 +273,40 @@ def _joined_tensor(
     parts = tuple(plan.parts[0] for plan in plans)
     out.plans[key] = Plan("rows", 0, parts, shape, rec.id, rows=rows, scales=tuple(weights))
     return key
+
+
+# -- two sides that split the global batch differently ------------------------------------------
+
+
+def row_layout(trace: Trace, step: int) -> tuple[int, int]:
+    """(DP replicas joined, module calls per replica) of ``step``: how its records hold the
+    step's rows. Calls are those of the step's first record (the model's first micro-batch)."""
+    block = trace.manifest.get("dp_join", {}).get(str(step), {})
+    replicas = int(block.get("replicas", 1)) if block.get("joined") else 1
+    records = [r for r in trace.records if r.step == step and r.kind not in ("param", "param_grad")]
+    if not records:
+        return replicas, 0
+    head = min(records, key=lambda r: r.seq)
+    calls = sum(1 for r in records if (r.name, r.kind, r.slot) == (head.name, head.kind, head.slot))
+    return replicas, calls
+
+
+def _said(layout: tuple[int, int]) -> str:
+    replicas, calls = layout
+    ranks = f"{replicas} DP replicas joined" if replicas > 1 else "one replica"
+    return f"{ranks} x {calls} micro-batch{'es' if calls != 1 else ''}"
+
+
+def split_rows(baseline: Trace, candidate: Trace) -> dict[int, str]:
+    """The steps whose module calls hold other rows on the two sides, where one side joined DP
+    replicas (call ``c`` of a joined side is every replica's micro-batch ``c``; of one process,
+    the ``c``-th slice of the batch): step -> how each side split it. Only one micro-batch per
+    replica on both sides holds the same rows (the global batch in rank order)."""
+    out: dict[int, str] = {}
+    steps = {r.step for r in baseline.records} & {r.step for r in candidate.records}
+    for step in sorted(steps):
+        a, b = row_layout(baseline, step), row_layout(candidate, step)
+        if max(a[0], b[0]) == 1 or a == b or (a[1] == 1 and b[1] == 1):
+            continue
+        out[step] = f"the baseline's {_said(a)}, the candidate's {_said(b)}"
+    return out

@@ -119,7 +119,7 @@ def _with_dp_scalars(trace: Trace, leads: Sequence[tuple[int, Path, Trace]], joi
         return trace
     manifest = with_scalars(dict(trace.manifest), scalars)
     if findings:
-        manifest["replica_mismatches"] = [*manifest.get("replica_mismatches", ()), *findings]
+        manifest["replica_mismatches"] = [*findings, *manifest.get("replica_mismatches", ())]
     return replace(trace, manifest=manifest)
 
 
