@@ -76,6 +76,7 @@ import torch
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
+from ..recording.module_names import class_name
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
@@ -316,7 +317,7 @@ class Recorder:
         name = name or kind
         call = self._output_calls.get(name, 0)
         self._output_calls[name] = call + 1
-        cls = type(hooks.model).__name__
+        cls = class_name(hooks.model)
         return hooks.capture(
             tensor, name=name, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
         )

@@ -1,0 +1,139 @@
+"""A user's own loop on a sharded or replicated tiny Qwen2, recorded with ``Recorder``, run by
+torchrun (gloo, CPU): FSDP2 (``fully_shard`` on each decoder layer and the root), DDP, DTensor
+tensor parallelism (``parallelize_module``) or DDP with ``ZeroRedundancyOptimizer``.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_run.py OUT
+        [--wrap fsdp2|fsdp2-keep|fsdp2-mp|ddp|tp|zero1] [--mode stats|hash|tensor|off]
+        [--format native|msprobe] [--param-grads backward|step] [--steps 2]
+
+Each rank writes ``OUT/run.rank<R>.json``: the loss and the grad norm ``clip_grad_norm_``
+returned at each step (as ``float.hex``, to compare bitwise) and a sha256 of the rank's
+parameters after the last step; ``--mode off`` runs the same loop without a ``Recorder``.
+The recording (``OUT/rec``) holds each step's records and ``StepEvidence``'s scalars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pytest_precalign import Recorder  # noqa: E402
+from pytest_precalign.training.step_evidence import StepEvidence, group_settings  # noqa: E402
+from tests.helpers.tiny_lm import tiny_causal_lm  # noqa: E402
+
+ROWS, LENGTH = 4, 8  # rows per rank and step
+
+
+def wrapped(model: Any, wrap: str, world: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    if wrap.startswith("fsdp2"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if wrap == "fsdp2-keep":
+            kwargs["reshard_after_forward"] = False
+        if wrap == "fsdp2-mp":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+    if wrap == "tp":
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        for layer in model.model.layers:
+            plan = {
+                "gate_proj": ColwiseParallel(),
+                "up_proj": ColwiseParallel(),
+                "down_proj": RowwiseParallel(),
+            }
+            parallelize_module(layer.mlp, mesh, plan)
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model)  # ddp, zero1
+
+
+def params_sha(model: Any) -> str:
+    whole = hashlib.sha256()
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        whole.update(name.encode())
+        whole.update(local.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return whole.hexdigest()
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--wrap", default="fsdp2")
+    parser.add_argument("--mode", default="stats")
+    parser.add_argument("--format", default="native")
+    parser.add_argument("--param-grads", default="backward")
+    parser.add_argument("--steps", type=int, default=2)
+    options = parser.parse_args(argv)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = wrapped(tiny_causal_lm(vocab=128, hidden=32, layers=2), options.wrap, world)
+    if options.wrap == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer: Any = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=0.01)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    ids = torch.randint(
+        0, 128, (options.steps, world, ROWS, LENGTH), generator=torch.Generator().manual_seed(1)
+    )
+    rec = None
+    if options.mode != "off":
+        rec = Recorder(
+            options.out / "rec", mode=options.mode, format=options.format, param_grads=options.param_grads
+        )
+    evidence = StepEvidence(model.parameters())
+    losses, norms = [], []
+    for step in range(options.steps):
+        batch = ids[step, rank]
+        if rec is not None:
+            rec.start(model)
+            evidence.begin()
+        out = model(input_ids=batch, labels=batch)
+        if rec is not None:
+            rec.record_output("loss", out.loss)
+        out.loss.backward()
+        if rec is not None and options.param_grads == "step":
+            rec.grads_ready()
+        if rec is not None:
+            evidence.grads_before_clip()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if rec is not None:
+            evidence.grads_after_clip()
+            lr, wd = group_settings(optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(out.loss.detach()).hex())
+        norms.append(float(norm).hex())
+        if rec is not None:
+            rec.record_scalars(evidence.finish(step, loss=float(out.loss.detach()), lr=lr, weight_decay=wd))
+            rec.stop()
+            rec.step()
+    if rec is not None:
+        rec.close()
+    result = {"loss": losses, "grad_norm": norms, "params": params_sha(model)}
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / f"run.rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
