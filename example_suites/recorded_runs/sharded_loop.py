@@ -8,7 +8,7 @@ with ``record_scalars``.
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_loop.py OUT RUN ...
 
 Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Keys: ``wrap``
-(ddp | zero1 | none; none in one process), ``micro`` (micro-batches per rank and step: gradient
+(ddp | fsdp2 | zero1 | tp | none; none in one process), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
 last rank only where said: ``scale_rank_from=k`` (the last rank's grads x 2 before the
@@ -92,13 +92,67 @@ def optimizer_of(model: torch.nn.Module, run: dict[str, Any]) -> torch.optim.Opt
     return torch.optim.AdamW(groups, lr=5e-3)
 
 
-def clip(params: list[torch.nn.Parameter], owned: list[torch.nn.Parameter], local: bool) -> torch.Tensor:
-    """Clip at ``CLIP`` with the global grad norm (``local``: the norm of this rank's own
-    parameters' grads only -- the fault); the norm used."""
-    grads = [p.grad for p in (owned if local else params) if p.grad is not None]
+def wrap(model: torch.nn.Module, run: dict[str, Any], world: int) -> torch.nn.Module:
+    """The model as the run trains it: DDP, FSDP2 (``fully_shard`` on each decoder layer and
+    the root), DTensor tensor parallelism of each MLP, or itself (zero1: ZeRO-1 shards only the
+    optimizer; the grads are averaged by hand)."""
+    if run["wrap"] == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if run["wrap"] in ("fsdp2", "tp"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+        layers = model.model.layers  # type: ignore[union-attr]
+        if run["wrap"] == "tp":
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+            for layer in layers:  # type: ignore[union-attr]
+                plan = {
+                    "gate_proj": ColwiseParallel(),
+                    "up_proj": ColwiseParallel(),
+                    "down_proj": RowwiseParallel(),
+                }
+                parallelize_module(layer.mlp, mesh, plan)  # type: ignore[arg-type]
+            return model
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in layers:  # type: ignore[union-attr]
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
+
+
+def clip(params: list[torch.nn.Parameter], owned: list[torch.nn.Parameter], local: bool) -> float:
+    """Clip at ``CLIP`` with the global grad norm; the norm used. ``local`` (the fault): the
+    norm of this rank's shard of the grads only (FSDP2: each DTensor grad's local shard; else
+    the grads of the parameters the rank owns, as a ZeRO partition)."""
+    if not local:
+        norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    grads = [
+        _local(p.grad) for p in (params if hasattr(params[0], "to_local") else owned) if p.grad is not None
+    ]
     norm = torch.nn.utils.get_total_norm(grads)
-    torch.nn.utils.clip_grads_with_norm_(params, CLIP, norm)
-    return norm
+    coef = torch.clamp(CLIP / (norm + 1e-6), max=1.0)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef)
+    return float(norm)
+
+
+def micro_batches(
+    rows: torch.Tensor, step: int, rank: int, world: int, run: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """This rank's micro-batches of ``step``: its contiguous share of the global batch, in rank
+    order (tensor parallel: every rank the whole batch), cut into ``micro`` pieces."""
+    share, at = (ROWS, 0) if run["wrap"] == "tp" else (ROWS // world, rank)
+    mine = rows[step * ROWS + at * share : step * ROWS + (at + 1) * share]
+    size = share // run["micro"]
+    return [{"input_ids": mine[i : i + size], "labels": mine[i : i + size]} for i in range(0, share, size)]
 
 
 def lr_times(optimizer: torch.optim.Optimizer, factor: float) -> None:
@@ -113,23 +167,18 @@ def train(out: Path, run: dict[str, Any]) -> None:
     step_now = [0]
     plant_faults(model, run, rank == world - 1, step_now)
     ddp = run["wrap"] == "ddp"
-    wrapped = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    wrapped = wrap(model, run, world)
     optimizer = optimizer_of(model, run)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP))
     params = list(model.parameters())
     owned = [p for i, p in enumerate(params) if i % world == rank]  # a shard, for local_norm
     rows = global_rows()
-    share = ROWS // world
     rec = Recorder(out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"])
     evidence = StepEvidence(params)
     rec.record_initial_params(model)
     for step in range(STEPS):
         step_now[0] = step
-        mine = rows[step * ROWS + rank * share : step * ROWS + (rank + 1) * share]
-        size = share // run["micro"]
-        micro = [
-            {"input_ids": mine[i : i + size], "labels": mine[i : i + size]} for i in range(0, share, size)
-        ]
+        micro = micro_batches(rows, step, rank, world, run)
         rec.start(wrapped)
         evidence.begin()
         loss = 0.0
@@ -145,7 +194,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)  # type: ignore[arg-type]
         if run["param_grads"] == "step":
             rec.grads_ready()
-        evidence.grads_before_clip(norm=float(clip(params, owned, _on("local_norm_from", run, step))))
+        evidence.grads_before_clip(norm=clip(params, owned, _on("local_norm_from", run, step)))
         evidence.grads_after_clip()
         lr_times(optimizer, 0.5 if _on("lr_from", run, step) else 1.0)
         lr, wd = group_settings(optimizer)

@@ -21,8 +21,9 @@ Replicas that saw different rows are joined (``join_replicas``), record by recor
 * parameters (recorded after the optimizer step), and parameter grads recorded after the
   reduction (``param_grads="step"``): the same on every replica; checked equal, replica 0's
   kept, a replica that differs is a finding naming its rank.
-* parameter grads recorded in the backward (``param_grads="backward"``, the default): each
-  rank's partial grad before the reduction -- not joined: kept per replica (slot ``dp<d>``),
+* parameter grads recorded in the backward (``param_grads="backward"``, the default): with
+  DDP each rank's partial grad before the reduction (FSDP2's hooks see the reduced shard: the
+  same on every replica, so kept once as the reduced grad) -- partial ones are not joined: kept per replica (slot ``dp<d>``),
   paired only with another DP run's same replica (a rerun names the rank whose grads
   differ), listed as unpaired with the reason against a run split otherwise.
 * what cannot be joined row by row -- hashes (the hash of a concatenation is not a function of
@@ -156,7 +157,8 @@ def join_replicas(
     out = Joined()
     for rec in replicas[0].records:
         peers = [ids[rec.id] for ids in by_id]
-        if rec.kind == "param" or (rec.kind == "param_grad" and grads_reduced):
+        reduced = rec.kind == "param_grad" and (grads_reduced or all(same_record(rec, p) for p in peers[1:]))
+        if rec.kind == "param" or reduced:
             differ = [(rep.where, p) for rep, p in zip(replicas[1:], peers[1:], strict=True)]
             differ = [(w, p) for w, p in differ if not same_record(rec, p)]
             if differ:
