@@ -11,8 +11,9 @@ Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Key
 (ddp | fsdp2 | zero1 | tp | none; none in one process), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
-last rank only where said: ``scale_rank_from=k`` (the last rank's grads x 2 before the
-reduction: a wrong averaging), ``lr_from=k`` (the LR halved), ``local_norm_from=k`` (each rank
+last rank only where said: ``scale_rank_from=k`` (the last rank's parameter grads x 2 before
+the reduction: a wrong averaging), ``loss_rank_from=k`` (the last rank's backward of twice its
+loss: the same fault where the parameters' grad hooks do not run, FSDP2), ``lr_from=k`` (the LR halved), ``local_norm_from=k`` (each rank
 clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard would: not the
 global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
 weight of the step before: a stale parameter after a missing re-gather).
@@ -41,6 +42,7 @@ BASELINE: dict[str, Any] = {
     "steps": None,
     "param_grads": "backward",
     "scale_rank_from": None,
+    "loss_rank_from": None,
     "lr_from": None,
     "local_norm_from": None,
     "stale_from": None,
@@ -187,7 +189,8 @@ def train(out: Path, run: dict[str, Any]) -> None:
             with wrapped.no_sync() if ddp and not last_micro else contextlib.nullcontext():  # type: ignore[operator]
                 part = wrapped(**m).loss / len(micro)
                 rec.record_output("loss", part)
-                part.backward()
+                wrong = _on("loss_rank_from", run, step) and rank == world - 1
+                (part * 2 if wrong else part).backward()
             loss += part.item()
         if run["wrap"] == "zero1" and world > 1:  # ZeRO-1 shards the optimizer only: grads reduced here
             for p in params:

@@ -312,3 +312,23 @@ def split_rows(baseline: Trace, candidate: Trace) -> dict[int, str]:
             continue
         out[step] = f"the baseline's {_said(a)}, the candidate's {_said(b)}"
     return out
+
+
+def without_lone_replica_grads(baseline: Trace, candidate: Trace) -> tuple[Trace, Trace]:
+    """The two sides without the per-replica partial grads (slot ``dp<d>``) the other side has
+    no partner for (a run split otherwise): not compared, and not counted as unpaired -- the
+    other side's grads say why they have no partner (``dp_join``'s reasons)."""
+    ids = (baseline.by_id(), candidate.by_id())
+
+    def kept(trace: Trace, other: Mapping[str, Record]) -> Trace:
+        lone = {
+            rid
+            for block in trace.manifest.get("dp_join", {}).values()
+            for rid in block.get("unpaired", {})
+            if rid not in other and rid.split("|")[2].startswith("dp")
+        }
+        if not lone:
+            return trace
+        return replace(trace, records=tuple(r for r in trace.records if r.id not in lone))
+
+    return kept(baseline, ids[1]), kept(candidate, ids[0])

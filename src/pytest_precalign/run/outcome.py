@@ -28,6 +28,7 @@ from ..mapping.apply import map_trace
 from ..mapping.peft_names import peft_aligned
 from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
+from ..parallel.dp_join import without_lone_replica_grads
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.merged_stats import with_merged
@@ -161,7 +162,7 @@ def finish(job: FinishInputs) -> CaseRun:
     reasons.update(dp_unpaired(base_trace, mapped.trace))
     reasons.update(_partial_step_reasons(base_trace, mapped.trace))
     moe = job.case.record.moe if job.case is not None else None
-    cand_trace = mapped.trace
+    base_trace, cand_trace = without_lone_replica_grads(base_trace, mapped.trace)
     base_trace = with_merged(base_trace, mapped.baseline_merged)  # parts fused on the candidate's side
     if moe is not None:  # expert records keyed by token, not by dispatch order
         keyed = by_token(base_trace, cand_trace, moe)
