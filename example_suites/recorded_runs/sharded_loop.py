@@ -8,7 +8,7 @@ with ``record_scalars``.
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_loop.py OUT RUN ...
 
 Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Keys: ``wrap``
-(ddp | fsdp2 | zero1 | tp | none; none in one process), ``micro`` (micro-batches per rank and step: gradient
+(ddp | fsdp2 | zero1 | tp | none; none in one process), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
 last rank only where said: ``scale_rank_from=k`` (the last rank's parameter grads x 2 before
@@ -37,6 +37,7 @@ from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, gr
 STEPS, ROWS, SEQ, WARMUP, CLIP = 6, 4, 12, 2, 1.0
 BASELINE: dict[str, Any] = {
     "wrap": "none",
+    "total": STEPS,
     "micro": 1,
     "mode": "stats",
     "steps": None,
@@ -178,7 +179,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
     rec = Recorder(out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"])
     evidence = StepEvidence(params)
     rec.record_initial_params(model)
-    for step in range(STEPS):
+    for step in range(run["total"]):
         step_now[0] = step
         micro = micro_batches(rows, step, rank, world, run)
         rec.start(wrapped)
