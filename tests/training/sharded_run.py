@@ -4,12 +4,14 @@ tensor parallelism (``parallelize_module``) or DDP with ``ZeroRedundancyOptimize
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_run.py OUT
         [--wrap fsdp2|fsdp2-keep|fsdp2-mp|ddp|tp|zero1] [--mode stats|hash|tensor|off]
-        [--format native|msprobe] [--param-grads backward|step] [--steps 2]
+        [--format native|msprobe] [--param-grads backward|step] [--steps 2] [--neutral] [--check]
 
-Each rank writes ``OUT/run.rank<R>.json``: the loss and the grad norm ``clip_grad_norm_``
-returned at each step (as ``float.hex``, to compare bitwise) and a sha256 of the rank's
-parameters after the last step; ``--mode off`` runs the same loop without a ``Recorder``.
-The recording (``OUT/rec``) holds each step's records and ``StepEvidence``'s scalars.
+Each rank writes ``OUT/run.rank<R>.json``: under ``"run"`` the loss and the grad norm
+``clip_grad_norm_`` returned at each step (as ``float.hex``, to compare bitwise) and a sha256 of
+the rank's parameters after the last step (``--check``: also each parameter's full grad's
+statistics at step 0, gathered by torch); ``--neutral``: the same loop without a ``Recorder``
+first, in the same process, under ``"bare"``; ``--mode off`` records nothing. The recording
+(``OUT/rec``) holds each step's records and ``StepEvidence``'s scalars.
 """
 
 from __future__ import annotations
@@ -72,16 +74,21 @@ def params_sha(model: Any) -> str:
     return whole.hexdigest()
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--wrap", default="fsdp2")
-    parser.add_argument("--mode", default="stats")
-    parser.add_argument("--format", default="native")
-    parser.add_argument("--param-grads", default="backward")
-    parser.add_argument("--steps", type=int, default=2)
-    options = parser.parse_args(argv)
-    dist.init_process_group("gloo")
+def full(t: Any) -> Any:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_stats(model: Any) -> dict[str, list[float]]:
+    """(max, min, mean, norm) of each parameter's full grad, gathered by torch (the check)."""
+    found = {}
+    for name, p in model.named_parameters():
+        g = full(p.grad).detach().double()
+        found[name] = [float(g.max()), float(g.min()), float(g.mean()), float(torch.linalg.vector_norm(g))]
+    return found
+
+
+def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """The user's loop; ``mode`` "off": without a Recorder."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = wrapped(tiny_causal_lm(vocab=128, hidden=32, layers=2), options.wrap, world)
@@ -95,12 +102,12 @@ def main(argv: list[str]) -> None:
         0, 128, (options.steps, world, ROWS, LENGTH), generator=torch.Generator().manual_seed(1)
     )
     rec = None
-    if options.mode != "off":
-        rec = Recorder(
-            options.out / "rec", mode=options.mode, format=options.format, param_grads=options.param_grads
-        )
+    if mode != "off":
+        rec = Recorder(options.out / "rec", mode=mode, format=options.format, param_grads=options.param_grads)
     evidence = StepEvidence(model.parameters())
-    losses, norms = [], []
+    if rec is not None:
+        rec.record_initial_params(model)
+    losses, norms, full = [], [], {}
     for step in range(options.steps):
         batch = ids[step, rank]
         if rec is not None:
@@ -114,8 +121,13 @@ def main(argv: list[str]) -> None:
             rec.grads_ready()
         if rec is not None:
             evidence.grads_before_clip()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            if options.check and step == 0:
+                full = full_stats(model)
+        if options.wrap == "tp":  # DTensor and plain grads: torch's clipping takes no mix
+            norm = torch.nn.utils.get_total_norm([full(p.grad) for p in model.parameters()])
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            norm = full(norm)
         if rec is not None:
             evidence.grads_after_clip()
             lr, wd = group_settings(optimizer)
@@ -129,9 +141,27 @@ def main(argv: list[str]) -> None:
             rec.step()
     if rec is not None:
         rec.close()
-    result = {"loss": losses, "grad_norm": norms, "params": params_sha(model)}
+    return {"loss": losses, "grad_norm": norms, "params": params_sha(model), "full_grad_stats": full}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--wrap", default="fsdp2")
+    parser.add_argument("--mode", default="stats")
+    parser.add_argument("--format", default="native")
+    parser.add_argument("--param-grads", default="backward")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--neutral", action="store_true", help="the loop bare first, in the same process")
+    parser.add_argument("--check", action="store_true", help="also the full grads' statistics, by torch")
+    options = parser.parse_args(argv)
+    dist.init_process_group("gloo")
+    result = {}
+    if options.neutral:
+        result["bare"] = train(options, "off")
+    result["run"] = train(options, options.mode)
     options.out.mkdir(parents=True, exist_ok=True)
-    (options.out / f"run.rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    (options.out / f"run.rank{dist.get_rank()}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()
 
 

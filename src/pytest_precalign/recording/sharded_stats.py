@@ -53,7 +53,7 @@ class ShardedStats:
             vector = torch.cat([vector[:3], vector[3:4].square(), vector[4:6]])
         else:  # an empty shard (uneven sharding) adds nothing
             vector = torch.tensor([-math.inf, math.inf, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
-        check = torch.tensor([float(zlib.crc32(rid.split("@", 1)[0].encode()))], dtype=torch.float64)
+        check = torch.tensor([float(zlib.crc32(rid.encode()))], dtype=torch.float64)
         row = torch.cat([vector.to(torch.float64), check.to(vector.device)])
         self._rows[seq] = (row, t.numel(), groups, rid)
 

@@ -29,6 +29,7 @@ import torch
 
 from ..recording import native_kernels
 from ..recording.host_sync import to_host
+from ..recording.sharded import whole
 from ..recording.tensor_summary import as_dense
 from ..trace.step_scalars import StepScalars
 from . import sharded_norms
@@ -130,10 +131,8 @@ def token_count(batches: Iterable[Mapping[str, Any]]) -> int:
 
 def tensor_summary(tensor: torch.Tensor) -> dict[str, float]:
     """max, min, mean and L2 norm of a parameter, in float64 (the manifest's initial params);
-    a DTensor's (FSDP2, tensor parallel) of the full tensor it stands for, gathered once."""
-    from ..recording.sharded import is_dtensor, whole
-
-    values = (whole(tensor, "initial_params") if is_dtensor(tensor) else tensor).detach().to(torch.float64)
+    a DTensor's full tensor (gathered: once, before training)."""
+    values = whole(tensor.detach(), "a parameter").to(torch.float64)
     if values.numel() == 0:
         return {"max": 0.0, "min": 0.0, "mean": 0.0, "norm": 0.0}
     return {
