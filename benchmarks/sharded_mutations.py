@@ -119,7 +119,22 @@ def record(out: Path, names: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def score(pair: Pair, judged: dict[str, Any]) -> dict[str, Any]:
+def told(report: Path) -> str:
+    """What the verdict says names the origin: the run verdict's origin and evidence, and the
+    first divergent record of each phase (its name and slot: ``dp1`` is DP replica 1's)."""
+    file = report / "report.json"
+    if not file.is_file():
+        return ""
+    data = json.loads(file.read_text(encoding="utf-8"))
+    training = data.get("training") or {}
+    parts = [str(training.get("origin")), str(training.get("evidence"))]
+    for case in data.get("cases", ()):
+        first = case.get("first_divergence") or {}
+        parts.append(f"{first.get('name')} {first.get('slot')}")
+    return " ".join(parts)
+
+
+def score(pair: Pair, judged: dict[str, Any], report: Path) -> dict[str, Any]:
     step, what, origin = judged["found"]
     expected = None if pair.step is None else [pair.step, pair.what, pair.origin]
     row: dict[str, Any] = {"variant": pair.variant, "name": pair.name, "expected": expected, **judged}
@@ -130,7 +145,8 @@ def score(pair: Pair, judged: dict[str, Any]) -> dict[str, Any]:
     row["right_step"] = step == pair.step
     row["right_class"] = what == pair.what
     if pair.origin:
-        row["right_origin"] = pair.origin in f"{origin} {judged.get('evidence', '')} {judged['said']}"
+        row["told"] = told(report)
+        row["right_origin"] = pair.origin in row["told"]
     return row
 
 
@@ -150,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for pair in pairs():
             report = root / "reports" / pair.name.replace(" ", "_")
-            rows.append(score(pair, judge(root / pair.baseline, root / pair.candidate, report)))
+            rows.append(score(pair, judge(root / pair.baseline, root / pair.candidate, report), report))
             print(f"{pair.name}: expected {rows[-1]['expected']}, found {rows[-1]['found']}", flush=True)
     figures = {
         **summary(rows),

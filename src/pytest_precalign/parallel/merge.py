@@ -9,8 +9,11 @@ stripped, ``layer_offsets`` renumber the layers), and the stages are put in exec
 forward and optimizer-step records stage by stage, backward records in reverse. With expert
 parallelism (``ep`` ranks inside the data-parallel ones, as in megatron-core), expert-parallel
 rank r's ``local_experts.i`` is global expert ``r * n + i`` and the other records are EP rank
-0's. DP replicas must hold the same records with the same statistics; the first is kept
-(``data_split``: replicas that ran different micro-batches, ``data_split.py``).
+0's. DP replicas that saw different rows (DDP, FSDP2, ZeRO) are joined into the one-process
+run of the global batch (``dp_join.py``; their scalars: ``dp_scalars.py``); replicas that saw
+the same data are copies, checked record by record, the first kept, a rank that differs a
+finding (``data_split``: a launched side's replicas ran different micro-batches,
+``data_split.py``).
 
 Tensors are not read here: the merged trace's store (``store.MergedTensors``) reads and
 concatenates one record's shards when the compare asks for it. Statistics-only sides merge
