@@ -97,7 +97,11 @@ def test_sharding_schemes_reruns_and_faults_at_their_step_class_and_rank(tmp_pat
     )
     # Hashes cannot be joined: said, never guessed (the one-process side's records stay unpaired).
     judged = compare(tmp_path / "one", tmp_path / "hashed", tmp_path / "hashed_report")
-    assert judged.exit_code == 1 and "the hash of the joined batch is not a function" in judged.output
+    assert judged.exit_code == 1 and judged.report is not None, judged.output
+    forward = next(p for p in judged.report["cases"] if p["phase"] == "forward")
+    assert not forward["passed"]
+    reasons = {u["reason"] for u in forward["unmatched"]["baseline"]}
+    assert any("the hash of the joined batch is not a function" in r for r in reasons), reasons
     # A dump: case of an align.yaml compares the same sides.
     config = dump_suite(tmp_path / "suite", {"dp": (tmp_path / "one", tmp_path / "ddp", None)})
     done = run_dump_suite(config, tmp_path / "suite_report")
