@@ -104,15 +104,17 @@ SLOW_RUNS = {
     "fsdp2-hash": ("--wrap", "fsdp2", "--mode", "hash"),
     "fsdp2-tensor": ("--wrap", "fsdp2", "--mode", "tensor", "--check"),
     "fsdp2-msprobe": ("--wrap", "fsdp2", "--format", "msprobe"),
-    "ddp-stats": ("--wrap", "ddp", "--check"),
+    # DDP reduces the grads after the backward: the reduced ones are recorded at grads_ready()
+    "ddp-stats": ("--wrap", "ddp", "--param-grads", "step", "--check"),
+    "ddp-stats-backward": ("--wrap", "ddp"),
     "ddp-hash": ("--wrap", "ddp", "--mode", "hash"),
     "tp-stats": ("--wrap", "tp", "--check"),
     "tp-hash": ("--wrap", "tp", "--mode", "hash"),
-    "zero1-stats": ("--wrap", "zero1", "--check"),
+    "zero1-stats": ("--wrap", "zero1", "--param-grads", "step", "--check"),
 }
 
 
-@pytest.mark.slow  # 11 torchrun runs of ~40 s; tox -e slow
+@pytest.mark.slow  # 12 torchrun runs of ~40 s; tox -e slow
 @pytest.mark.parametrize("run", sorted(SLOW_RUNS))
 def test_every_sharding_and_mode_is_recorded_without_harm(tmp_path: Path, run: str) -> None:
     args = SLOW_RUNS[run]
