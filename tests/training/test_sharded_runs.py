@@ -148,3 +148,58 @@ def test_every_sharding_and_mode_is_recorded_without_harm(tmp_path: Path, run: s
             for k in range(2)
         ]
         assert crcs[0] == crcs[1]
+
+
+def torchrun_script(script: str, *args: str) -> None:
+    """A test user script under torchrun, 2 ranks (DDP over gloo), from the repository's root."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*cmd, str(Path(__file__).with_name(script)), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+
+
+def assert_ddp_manifests(root: Path) -> None:
+    for rank in range(2):
+        folders = sorted(root.glob(f"step*/rank{rank}"))
+        assert folders, f"rank {rank} recorded nothing"
+        manifest = json.loads((folders[0] / "manifest.json").read_text(encoding="utf-8"))
+        assert (manifest["parallel"]["dp"], manifest["parallel"]["dp_rank"]) == (2, rank)
+
+
+@pytest.mark.slow  # two torchrun runs; tox -e slow
+def test_accelerate_steps_records_a_ddp_loop_without_harm(tmp_path: Path) -> None:
+    """``AccelerateSteps`` in a custom Accelerate loop that Accelerate runs with DDP over gloo on
+    2 ranks (``accelerate_run.py`` under torchrun): the same losses, grad norms, LRs and
+    parameters as without it, on each rank, and each rank's recording."""
+    common = ["--clip", "0.05", "--accumulate", "2", "--steps", "3"]
+    torchrun_script("accelerate_run.py", str(tmp_path / "plain.json"), *common)
+    torchrun_script("accelerate_run.py", str(tmp_path / "rec.json"), *common, "--root", str(tmp_path / "rec"))
+    for rank in range(2):
+        plain = json.loads((tmp_path / f"plain.json.rank{rank}").read_text(encoding="utf-8"))
+        recorded = json.loads((tmp_path / f"rec.json.rank{rank}").read_text(encoding="utf-8"))
+        assert recorded == plain
+    assert_ddp_manifests(tmp_path / "rec")
+
+
+@pytest.mark.slow  # two torchrun runs of the Trainer; tox -e slow
+def test_precalign_callback_records_a_ddp_trainer_without_harm(tmp_path: Path) -> None:
+    """``PrecalignCallback`` on a ``transformers.Trainer`` that runs DDP over gloo on 2 CPU ranks
+    (``hf_user_run.py`` under torchrun; the Trainer's FSDP2 needs a CUDA/XPU/NPU device, see
+    docs/training.md): the same logged losses, LRs and grad norms with and without it."""
+    torchrun_script("hf_user_run.py", str(tmp_path), "rec=--trainer hf", "plain=--trainer hf --no-callback")
+    for rank in range(2):
+        recorded = json.loads((tmp_path / "rec" / f"logs.rank{rank}.json").read_text(encoding="utf-8"))
+        plain = json.loads((tmp_path / "plain" / f"logs.rank{rank}.json").read_text(encoding="utf-8"))
+        assert recorded == plain and recorded
+    assert_ddp_manifests(tmp_path / "rec" / "rec")
