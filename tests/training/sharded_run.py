@@ -108,7 +108,7 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
     evidence = StepEvidence(model.parameters())
     if rec is not None:
         rec.record_initial_params(model)
-    losses, norms, full_grads = [], [], {}
+    losses, norms, full_grads, param_norm = [], [], {}, None
     for step in range(options.steps):
         batch = ids[step, rank]
         if rec is not None:
@@ -133,6 +133,9 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
             evidence.grads_after_clip()
             lr, wd = group_settings(optimizer)
         optimizer.step()
+        if options.check and step == 0 and rec is not None:
+            squares = [full(p).detach().double().square().sum() for p in model.parameters()]
+            param_norm = float(torch.stack(squares).sum().sqrt())
         optimizer.zero_grad()
         losses.append(float(out.loss.detach()).hex())
         norms.append(float(norm).hex())
@@ -142,7 +145,13 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
             rec.step()
     if rec is not None:
         rec.close()
-    return {"loss": losses, "grad_norm": norms, "params": params_sha(model), "full_grad_stats": full_grads}
+    return {
+        "loss": losses,
+        "grad_norm": norms,
+        "params": params_sha(model),
+        "full_grad_stats": full_grads,
+        "param_norm": param_norm,
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -89,6 +89,7 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
         # the global grad norm (clip_grad_norm_'s, bit for bit), not one shard's
         scalars = manifest["scalars"]["0"]
         assert float.fromhex(results[rank]["run"]["grad_norm"][0]) == scalars["grad_norm"]
+        assert math.isclose(scalars["param_norm"], results[rank]["run"]["param_norm"], rel_tol=1e-6)
     # the params' records: the same full-tensor statistics on both ranks
     params = [
         {r.name: r.stats for r in trace(out / "rec" / "step1" / f"rank{k}").records if r.kind == "param"}
