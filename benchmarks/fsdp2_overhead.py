@@ -14,7 +14,9 @@ order swapped every round:
 Each variant takes two steps in a row and only the second is timed (wall clock between two
 barriers, so the slower rank's time), as in ``training_overhead.py``. Printed: the median
 seconds per step of each variant, the paired ratios stats / bare of the same round (median,
-lowest, highest); the last line is one JSON object. Goal (issue #45): stats <= 1.1x bare.
+lowest, highest), and the same of the CPU seconds both ranks' processes used in the step
+(which a loaded machine disturbs less than the wall clock); the last line is one JSON object.
+Goal (issue #45): stats <= 1.1x bare.
 
     .venv/bin/python benchmarks/fsdp2_overhead.py --size mid --rounds 5
 """
@@ -68,9 +70,9 @@ def run(options: argparse.Namespace) -> None:
     rec = Recorder(root / "rec", mode="stats")
     evidence = StepEvidence(model.parameters())
 
-    def step(recorded: bool) -> float:
+    def step(recorded: bool) -> tuple[float, float]:
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if recorded:
             rec.start(model)
             evidence.begin()
@@ -92,18 +94,25 @@ def run(options: argparse.Namespace) -> None:
             )
             rec.stop()
             rec.step()
+        used = torch.tensor([time.process_time() - cpu], dtype=torch.float64)
         dist.barrier()
-        return time.perf_counter() - start
+        wall = time.perf_counter() - start
+        dist.all_reduce(used)  # both ranks' CPU seconds (outside the timed wall clock)
+        return wall, float(used)
 
     times: dict[str, list[float]] = {"bare": [], "stats": []}
+    cpu: dict[str, list[float]] = {"bare": [], "stats": []}
     step(False)  # warm-up: first steps build kernels and allocate
     step(True)
     for r in range(options.rounds):
         order = ("bare", "stats") if r % 2 == 0 else ("stats", "bare")
         for variant in order:
             step(variant == "stats")  # untimed: what the other variant left behind falls here
-            times[variant].append(step(variant == "stats"))
+            wall, used = step(variant == "stats")
+            times[variant].append(wall)
+            cpu[variant].append(used)
     ratios = [s / b for s, b in zip(times["stats"], times["bare"], strict=True)]
+    cpu_ratios = [s / b for s, b in zip(cpu["stats"], cpu["bare"], strict=True)]
     if rank == 0:
         bare, stats = statistics.median(times["bare"]), statistics.median(times["stats"])
         print(f"size {options.size}, {options.rounds} rounds, 2 ranks (gloo, CPU), FSDP2 per layer + root")
@@ -111,6 +120,10 @@ def run(options: argparse.Namespace) -> None:
         print(
             f"paired stats/bare: median {statistics.median(ratios):.3f}x "
             f"(lowest {min(ratios):.3f}x, highest {max(ratios):.3f}x)"
+        )
+        print(
+            f"CPU seconds of both ranks, paired stats/bare: median {statistics.median(cpu_ratios):.3f}x "
+            f"(lowest {min(cpu_ratios):.3f}x, highest {max(cpu_ratios):.3f}x)"
         )
         result = {
             "benchmark": "fsdp2_overhead",
@@ -121,6 +134,11 @@ def run(options: argparse.Namespace) -> None:
             "paired_ratio_median": round(statistics.median(ratios), 4),
             "paired_ratio_min": round(min(ratios), 4),
             "paired_ratio_max": round(max(ratios), 4),
+            "bare_cpu_s": round(statistics.median(cpu["bare"]), 4),
+            "stats_cpu_s": round(statistics.median(cpu["stats"]), 4),
+            "paired_cpu_ratio_median": round(statistics.median(cpu_ratios), 4),
+            "paired_cpu_ratio_min": round(min(cpu_ratios), 4),
+            "paired_cpu_ratio_max": round(max(cpu_ratios), 4),
             **run_facts(load_start, os.getloadavg()[0]),
         }
         print(json.dumps(result))

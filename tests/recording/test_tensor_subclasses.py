@@ -217,3 +217,18 @@ def test_step_evidence_functions_take_dtensor_grads(mesh: Any) -> None:
     d = dtensor(mesh, plain)
     assert zero_count([d]) == zero_count([plain]) == 16
     assert math.isclose(grad_norm([d]), grad_norm([plain]), rel_tol=1e-6)
+
+
+def test_a_rank_selection_that_leaves_out_a_sharded_rank_is_refused(mesh: Any, tmp_path: Any) -> None:
+    """``Recorder(ranks=...)`` without every rank of a DTensor model would leave the recording
+    ranks waiting for the others' shards at the step's end: one ConfigError at ``start``."""
+    from pytest_precalign import Recorder
+    from pytest_precalign.errors import ConfigError
+
+    model = torch.nn.Linear(16, 8)
+    model.weight = torch.nn.Parameter(dtensor(mesh, model.weight.detach().clone()))
+    with pytest.raises(ConfigError, match=r"ranks=\[1\] leaves out ranks of a sharded model"):
+        Recorder(tmp_path / "rec", ranks=[1]).start(model)
+    rec = Recorder(tmp_path / "all", ranks=[0])  # every rank of this 1-rank world: recorded
+    rec.start(model)
+    rec.stop()

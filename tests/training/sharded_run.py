@@ -81,6 +81,7 @@ def full(t: Any) -> Any:
 def full_stats(model: Any) -> dict[str, list[float]]:
     """(max, min, mean, norm) of each parameter's full grad, gathered by torch (the check)."""
     found = {}
+    model = getattr(model, "module", model)  # DDP's: the records name the model inside it
     for name, p in model.named_parameters():
         g = full(p.grad).detach().double()
         found[name] = [float(g.max()), float(g.min()), float(g.mean()), float(torch.linalg.vector_norm(g))]
@@ -107,7 +108,7 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
     evidence = StepEvidence(model.parameters())
     if rec is not None:
         rec.record_initial_params(model)
-    losses, norms, full = [], [], {}
+    losses, norms, full_grads, param_norm = [], [], {}, None
     for step in range(options.steps):
         batch = ids[step, rank]
         if rec is not None:
@@ -122,7 +123,7 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
         if rec is not None:
             evidence.grads_before_clip()
             if options.check and step == 0:
-                full = full_stats(model)
+                full_grads = full_stats(model)
         if options.wrap == "tp":  # DTensor and plain grads: torch's clipping takes no mix
             norm = torch.nn.utils.get_total_norm([full(p.grad) for p in model.parameters()])
         else:
@@ -132,6 +133,9 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
             evidence.grads_after_clip()
             lr, wd = group_settings(optimizer)
         optimizer.step()
+        if options.check and step == 0 and rec is not None:
+            squares = [full(p).detach().double().square().sum() for p in model.parameters()]
+            param_norm = float(torch.stack(squares).sum().sqrt())
         optimizer.zero_grad()
         losses.append(float(out.loss.detach()).hex())
         norms.append(float(norm).hex())
@@ -141,7 +145,13 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
             rec.step()
     if rec is not None:
         rec.close()
-    return {"loss": losses, "grad_norm": norms, "params": params_sha(model), "full_grad_stats": full}
+    return {
+        "loss": losses,
+        "grad_norm": norms,
+        "params": params_sha(model),
+        "full_grad_stats": full_grads,
+        "param_norm": param_norm,
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -89,6 +89,7 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
         # the global grad norm (clip_grad_norm_'s, bit for bit), not one shard's
         scalars = manifest["scalars"]["0"]
         assert float.fromhex(results[rank]["run"]["grad_norm"][0]) == scalars["grad_norm"]
+        assert math.isclose(scalars["param_norm"], results[rank]["run"]["param_norm"], rel_tol=1e-6)
     # the params' records: the same full-tensor statistics on both ranks
     params = [
         {r.name: r.stats for r in trace(out / "rec" / "step1" / f"rank{k}").records if r.kind == "param"}
@@ -104,15 +105,17 @@ SLOW_RUNS = {
     "fsdp2-hash": ("--wrap", "fsdp2", "--mode", "hash"),
     "fsdp2-tensor": ("--wrap", "fsdp2", "--mode", "tensor", "--check"),
     "fsdp2-msprobe": ("--wrap", "fsdp2", "--format", "msprobe"),
-    "ddp-stats": ("--wrap", "ddp", "--check"),
+    # DDP reduces the grads after the backward: the reduced ones are recorded at grads_ready()
+    "ddp-stats": ("--wrap", "ddp", "--param-grads", "step", "--check"),
+    "ddp-stats-backward": ("--wrap", "ddp"),
     "ddp-hash": ("--wrap", "ddp", "--mode", "hash"),
     "tp-stats": ("--wrap", "tp", "--check"),
     "tp-hash": ("--wrap", "tp", "--mode", "hash"),
-    "zero1-stats": ("--wrap", "zero1", "--check"),
+    "zero1-stats": ("--wrap", "zero1", "--param-grads", "step", "--check"),
 }
 
 
-@pytest.mark.slow  # 11 torchrun runs of ~40 s; tox -e slow
+@pytest.mark.slow  # 12 torchrun runs of ~40 s; tox -e slow
 @pytest.mark.parametrize("run", sorted(SLOW_RUNS))
 def test_every_sharding_and_mode_is_recorded_without_harm(tmp_path: Path, run: str) -> None:
     args = SLOW_RUNS[run]
@@ -146,3 +149,58 @@ def test_every_sharding_and_mode_is_recorded_without_harm(tmp_path: Path, run: s
             for k in range(2)
         ]
         assert crcs[0] == crcs[1]
+
+
+def torchrun_script(script: str, *args: str) -> None:
+    """A test user script under torchrun, 2 ranks (DDP over gloo), from the repository's root."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*cmd, str(Path(__file__).with_name(script)), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+
+
+def assert_ddp_manifests(root: Path) -> None:
+    for rank in range(2):
+        folders = sorted(root.glob(f"step*/rank{rank}"))
+        assert folders, f"rank {rank} recorded nothing"
+        manifest = json.loads((folders[0] / "manifest.json").read_text(encoding="utf-8"))
+        assert (manifest["parallel"]["dp"], manifest["parallel"]["dp_rank"]) == (2, rank)
+
+
+@pytest.mark.slow  # two torchrun runs; tox -e slow
+def test_accelerate_steps_records_a_ddp_loop_without_harm(tmp_path: Path) -> None:
+    """``AccelerateSteps`` in a custom Accelerate loop that Accelerate runs with DDP over gloo on
+    2 ranks (``accelerate_run.py`` under torchrun): the same losses, grad norms, LRs and
+    parameters as without it, on each rank, and each rank's recording."""
+    common = ["--clip", "0.05", "--accumulate", "2", "--steps", "3"]
+    torchrun_script("accelerate_run.py", str(tmp_path / "plain.json"), *common)
+    torchrun_script("accelerate_run.py", str(tmp_path / "rec.json"), *common, "--root", str(tmp_path / "rec"))
+    for rank in range(2):
+        plain = json.loads((tmp_path / f"plain.json.rank{rank}").read_text(encoding="utf-8"))
+        recorded = json.loads((tmp_path / f"rec.json.rank{rank}").read_text(encoding="utf-8"))
+        assert recorded == plain
+    assert_ddp_manifests(tmp_path / "rec")
+
+
+@pytest.mark.slow  # two torchrun runs of the Trainer; tox -e slow
+def test_precalign_callback_records_a_ddp_trainer_without_harm(tmp_path: Path) -> None:
+    """``PrecalignCallback`` on a ``transformers.Trainer`` that runs DDP over gloo on 2 CPU ranks
+    (``hf_user_run.py`` under torchrun; the Trainer's FSDP2 needs a CUDA/XPU/NPU device, see
+    docs/training.md): the same logged losses, LRs and grad norms with and without it."""
+    torchrun_script("hf_user_run.py", str(tmp_path), "rec=--trainer hf", "plain=--trainer hf --no-callback")
+    for rank in range(2):
+        recorded = json.loads((tmp_path / "rec" / f"logs.rank{rank}.json").read_text(encoding="utf-8"))
+        plain = json.loads((tmp_path / "plain" / f"logs.rank{rank}.json").read_text(encoding="utf-8"))
+        assert recorded == plain and recorded
+    assert_ddp_manifests(tmp_path / "rec" / "rec")

@@ -11,6 +11,8 @@ A ``DTensor`` stands for the full (global) tensor its shards make up on its devi
   maxima, sums of the sums and of the squares) over the mesh dimensions that shard it
   (``shard_groups``; ``sharded_stats.py`` does it once per step for a recorder);
 - ``Replicate``: each rank holds all of it, the local tensor is the full one on those dims;
+- an ``AsyncCollectiveTensor`` (a tensor-parallel output whose collective is in flight) is the
+  plain tensor it will be: waited for;
 - ``Partial``: each rank holds a summand, so the full tensor is first reduced (a collective,
   ``redistribute`` to ``Replicate`` on those dims) -- rare where a recorder looks: outputs and
   grads reach the hooks reduced.
@@ -24,7 +26,7 @@ order, as SPMD training does.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -88,7 +90,20 @@ def whole(t: torch.Tensor, rid: str) -> torch.Tensor:
             full: torch.Tensor = _unpartial(t.detach()).full_tensor()
         if plain(full):
             return full
+    pending = _collective_result(t)
+    if pending is not None:
+        return pending
     raise refusal(t, rid)
+
+
+def _collective_result(t: torch.Tensor) -> torch.Tensor | None:
+    """The plain tensor of an ``AsyncCollectiveTensor`` (what a tensor-parallel module hands on
+    before its collective has finished: ``RowwiseParallel``'s output): waited for, as the next
+    operation on it would (only the moment of the wait moves); None for another subclass."""
+    if type(t).__name__ != "AsyncCollectiveTensor" or not callable(getattr(t, "trigger_wait", None)):
+        return None
+    done = cast(torch.Tensor, t.trigger_wait())  # type: ignore[attr-defined]
+    return done if plain(done) else None
 
 
 def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:

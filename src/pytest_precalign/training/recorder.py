@@ -94,6 +94,7 @@ from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
 from .run_facts import model_config, run_environment
+from .sharded_layout import check_rank_selection
 from .unwrap import unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
@@ -255,6 +256,7 @@ class Recorder:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
+        check_rank_selection(self.ranks, self.mode, model)  # on every rank: DTensors need them all
         if not self.selected() or self.mode == "scalars":
             if not self.written and not self._facts:  # the environment, in the first folder
                 self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])

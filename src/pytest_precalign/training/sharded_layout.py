@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..recording.sharded import is_dtensor
 from ..recording.tensor_summary import dtype_name
 
@@ -86,3 +87,23 @@ def tp_layout(block: dict[str, Any], world: int, rank: int) -> dict[str, int] | 
     if block.get("fsdp2") is not None or not params or params["mesh"] != [world] or world < 2:
         return None
     return {"tp": world, "dp": 1, "tp_rank": rank, "dp_rank": 0}
+
+
+def check_rank_selection(ranks: frozenset[int] | None, mode: str, model: Any) -> None:
+    """``Recorder(ranks=...)`` leaving out a rank of a model with DTensor parameters: the
+    DTensors' statistics are combined (hashes, tensors gathered) over every rank of their mesh,
+    so a rank not recording would leave the others waiting. One ``ConfigError`` on every rank."""
+    if ranks is None or mode == "scalars":
+        return
+    from .layout_probe import process_rank
+    from .model_checks import chunks_of
+
+    world, _ = process_rank()
+    if set(range(world)) <= ranks:
+        return
+    if any(is_dtensor(p) for chunk in chunks_of(model) for p in chunk.parameters()):
+        raise ConfigError(
+            f"Recorder: ranks={sorted(ranks)} leaves out ranks of a sharded model (DTensor parameters: "
+            "FSDP2, tensor parallelism), whose records are combined over every rank of their mesh; "
+            "record every rank (ranks=None) and compare the ranks you want"
+        )
