@@ -133,6 +133,19 @@ def clip(params: list[torch.nn.Parameter], owned: list[torch.nn.Parameter], loca
     """Clip at ``CLIP`` with the global grad norm; the norm used. ``local`` (the fault): the
     norm of this rank's shard of the grads only (FSDP2: each DTensor grad's local shard; else
     the grads of the parameters the rank owns, as a ZeRO partition)."""
+    sharded = [hasattr(p.grad, "to_local") for p in params if p.grad is not None]
+    if not local and any(sharded) and not all(sharded):  # tensor parallel: some grads DTensors
+        grads = [
+            p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            for p in params
+            if p.grad is not None
+        ]
+        total = torch.nn.utils.get_total_norm(grads)
+        coef = torch.clamp(CLIP / (total + 1e-6), max=1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+        return float(total)
     if not local:
         norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
