@@ -98,17 +98,8 @@ def merge_ranks(
     all_rules = rules_for_layout(
         rules, sequence_parallel=layout.sequence_parallel, parallel_output=layout.parallel_output
     )
-    replicas: list[tuple[list[Record], _Merged]] = []
-    n = layout.dp // layout.ep
-    for replica in range(n):
-        merged = _Merged(prefix=f"{key_prefix}d{replica}." if replica else key_prefix)
-        for ep_rank in range(layout.ep):
-            dp = replica * layout.ep + ep_rank
-            for pp in range(layout.pp):
-                group = [by_rank[g] for g in _group(layout, dp, pp)]
-                _merge_stage(group, pp, layout, all_rules, merged, ep_rank)
-        ordered = _ordered(merged, layout, where)
-        replicas.append((ordered, merged))
+    replicas = _replicas(by_rank, layout, all_rules, where, key_prefix)
+    n = len(replicas)
     first, merged = replicas[0]
     leads = [by_rank[r] for r in replica_leads(layout)]
     dp_join: dict[str, Any] = {}
@@ -126,11 +117,7 @@ def merge_ranks(
         merged.replica_mismatches += [m for _, state in replicas[1:] for m in state.replica_mismatches]
         merged.replica_mismatches += dp_join.pop("mismatches")
         merged.plans.update(dp_join.pop("plans"))
-    manifest = dict(ranks[0].trace.manifest)
-    manifest.pop("parallel", None)
-    missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
-    if missing:  # a rank whose parameter grads were gone when recorded (``Recorder``)
-        manifest["grads_missing"] = missing
+    manifest = _manifest(ranks)
     if merged.replica_mismatches:
         manifest["replica_mismatches"] = merged.replica_mismatches
     if dp_join:
@@ -144,6 +131,36 @@ def merge_ranks(
         **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
     return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+
+
+def _manifest(ranks: Sequence[RankTrace]) -> dict[str, Any]:
+    """The first rank's manifest without its rank's place, with every rank's missing grads."""
+    manifest = dict(ranks[0].trace.manifest)
+    manifest.pop("parallel", None)
+    missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
+    if missing:  # a rank whose parameter grads were gone when recorded (``Recorder``)
+        manifest["grads_missing"] = missing
+    return manifest
+
+
+def _replicas(
+    by_rank: Mapping[int, RankTrace],
+    layout: ParallelLayout,
+    rules: Sequence[ShardRule],
+    where: str,
+    key_prefix: str,
+) -> list[tuple[list[Record], _Merged]]:
+    """Each DP replica's records (its TP ranks, stages and expert ranks merged), in order."""
+    replicas: list[tuple[list[Record], _Merged]] = []
+    for replica in range(layout.dp // layout.ep):
+        merged = _Merged(prefix=f"{key_prefix}d{replica}." if replica else key_prefix)
+        for ep_rank in range(layout.ep):
+            dp = replica * layout.ep + ep_rank
+            for pp in range(layout.pp):
+                group = [by_rank[g] for g in _group(layout, dp, pp)]
+                _merge_stage(group, pp, layout, rules, merged, ep_rank)
+        replicas.append((_ordered(merged, layout, where), merged))
+    return replicas
 
 
 def _dp_replicas(
