@@ -58,7 +58,7 @@ def test_one_rank_and_two_ddp_ranks_of_the_same_global_batch_are_the_same_traini
 
 @pytest.mark.slow
 def test_sharding_schemes_reruns_and_faults_at_their_step_class_and_rank(tmp_path: Path) -> None:
-    record(tmp_path, 1, "one:total=4", "one_micro2:total=4,micro=2")
+    record(tmp_path, 1, "one:total=4", "one_micro2:total=4,micro=2", "one_tensors:total=2,mode=tensor")
     record(
         tmp_path,
         2,
@@ -71,7 +71,14 @@ def test_sharding_schemes_reruns_and_faults_at_their_step_class_and_rank(tmp_pat
         "scaled:wrap=ddp,total=4,scale_rank_from=1",
         "stale:wrap=ddp,total=4,stale_from=2",
         "hashed:wrap=ddp,total=4,mode=hash",
+        "fsdp2_tensors:wrap=fsdp2,total=2,mode=tensor",
+        "ddp_tensors:wrap=ddp,total=2,mode=tensor",
     )
+    # Tensors: the replicas' rows concatenated and their backward scaled, element by element.
+    for cand in ("ddp_tensors", "fsdp2_tensors"):
+        judged = compare(tmp_path / "one_tensors", tmp_path / cand, tmp_path / f"tensors_{cand}")
+        assert judged.exit_code == 0, judged.output
+        assert "(allclose)" in judged.output
     for base, cand in (("one", "fsdp2"), ("one", "zero1"), ("ddp", "fsdp2"), ("ddp", "ddp_again")):
         judged = compare(tmp_path / base, tmp_path / cand, tmp_path / f"{base}_{cand}")
         assert judged.exit_code == 0, judged.output
