@@ -129,8 +129,10 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
         "--parallel",
         action="append",
         default=[],
-        metavar="SIDE:tp=T,pp=P[,vpp=V][,order=...]",
-        help="merge that side's ranks (baseline or candidate; an msprobe dump's layout) before comparing",
+        metavar="SIDE:tp=T,pp=P[,vpp=V][,order=...][,replicas=auto|joined|same]",
+        help="merge that side's ranks (baseline or candidate; an msprobe dump's layout) before comparing; "
+        "replicas: DP replicas that saw different rows joined along the batch (auto: when they did), "
+        "or copies that must agree (same)",
     )
     compare.add_argument(
         "--msprobe-config",

@@ -7,7 +7,8 @@ decay), recorded with ``AccelerateSteps`` (run as a script in a subprocess by th
 OUT.json gets what the loop itself saw (no recording involved): every micro-batch's loss,
 the pre-clip norm ``clip_grad_norm_`` returned, each update's LR and a digest of the trained
 parameters, so the tests can check that recording changed nothing. Without ``--root`` the
-loop calls the accelerator directly (the loop before the three lines were added).
+loop calls the accelerator directly (the loop before the three lines were added). Under
+torchrun (DDP over gloo) each rank writes ``OUT.json.rank<R>``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 
 import torch
 from accelerate import Accelerator
@@ -80,7 +82,8 @@ def main() -> None:
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().numpy().tobytes())
-    with open(args.out, "w") as f:
+    rank = os.environ.get("RANK")  # under torchrun (DDP over gloo): one file per rank
+    with open(args.out if rank is None else f"{args.out}.rank{rank}", "w") as f:
         json.dump({**seen, "params": digest.hexdigest()}, f)
 
 

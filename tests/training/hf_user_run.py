@@ -6,7 +6,8 @@ a ``transformers.Trainer`` run (``--trainer hf``) or a TRL ``SFTTrainer`` + PEFT
         [--alpha 8] [--touch-frozen STEP] [--no-callback]" ...
 
 Each run NAME writes its recording to ``ROOT/NAME/rec`` and the Trainer's logged loss /
-learning_rate / grad_norm per step to ``ROOT/NAME/logs.json``. ``--touch-frozen STEP``: a bug that changes a frozen base weight
+learning_rate / grad_norm per step to ``ROOT/NAME/logs.json`` (under torchrun, DDP over gloo:
+``logs.rank<R>.json``). ``--touch-frozen STEP``: a bug that changes a frozen base weight
 after optimizer step STEP.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +135,8 @@ def main(argv: list[str]) -> None:
         trainer.train()
         keys = ("loss", "learning_rate", "grad_norm")
         logs = [[entry[k] for k in keys] for entry in trainer.state.log_history if "loss" in entry]
-        (out / "logs.json").write_text(json.dumps(logs))
+        rank = os.environ.get("RANK")  # under torchrun (DDP over gloo): one file per rank
+        (out / ("logs.json" if rank is None else f"logs.rank{rank}.json")).write_text(json.dumps(logs))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ from ..untrusted import read_json
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 RECORDER_KEY = "recorder"  # the mark of a manifest our ``Recorder`` (or the callback) wrote
 DIMS = ("tp", "cp", "ep", "dp", "pp")
+# What a run's DP replicas are: joined when they saw different rows (auto), always joined, or
+# copies that must agree (same); ``dp_join``.
+REPLICA_MODES = ("auto", "joined", "same")
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
 
@@ -42,6 +45,9 @@ class ParallelLayout:
     # vocabulary on the TP ranks (vocab-parallel cross entropy reads them so).
     parallel_output: bool = False
     source: str = ""
+    # What DP replicas are (``--parallel SIDE:replicas=...``; ``dp_join``): auto (joined along
+    # the batch when they saw different rows, else copies checked equal), joined, or same.
+    replicas: str = "auto"
 
     @property
     def world_size(self) -> int:
@@ -112,7 +118,11 @@ def check_layout_block(block: Any, where: str, *, user: bool = False) -> Paralle
         sequence_parallel=bool(block.get("sequence_parallel", False)),
         parallel_output=bool(block.get("parallel_output", False)),
         source=str(block.get("source", "")),
-        **sizes,
+        tp=sizes["tp"],
+        pp=sizes["pp"],
+        dp=sizes["dp"],
+        cp=sizes["cp"],
+        ep=sizes["ep"],
     )
     if (layout.dp * layout.cp) % layout.ep:
         raise ConfigError(
@@ -164,7 +174,8 @@ _SIDE_WORDS = {"baseline": "baseline", "candidate": "candidate", "golden": "base
 
 
 def parse_parallel_option(text: str) -> tuple[str, ParallelLayout]:
-    """``candidate:tp=2,pp=2[,vpp=2][,dp=1][,order=tp-cp-ep-dp-pp][,sp=1]`` -> (side, layout);
+    """``candidate:tp=2,pp=2[,vpp=2][,dp=1][,order=tp-cp-ep-dp-pp][,sp=1][,replicas=auto]`` ->
+    (side, layout); ``candidate:replicas=joined`` alone says only what its DP replicas are;
     the side is ``baseline`` or ``candidate`` (msprobe's ``golden`` and ``target`` are read as
     them)."""
     where = f"--parallel {text!r}"
@@ -177,11 +188,15 @@ def parse_parallel_option(text: str) -> tuple[str, ParallelLayout]:
     values: dict[str, Any] = {}
     for item in body.split(","):
         key, eq, value = item.strip().partition("=")
-        if not eq or key not in ("tp", "pp", "dp", "cp", "ep", "vpp", "order", "sp"):
+        if not eq or key not in ("tp", "pp", "dp", "cp", "ep", "vpp", "order", "sp", "replicas"):
             raise ConfigError(
-                f"{where}: {item!r}: expected KEY=VALUE with KEY one of tp, pp, dp, cp, ep, vpp, order, sp"
+                f"{where}: {item!r}: expected KEY=VALUE with KEY one of tp, pp, dp, cp, ep, vpp, order, sp, replicas"
             )
-        if key == "order":
+        if key == "replicas":
+            if value not in REPLICA_MODES:
+                raise ConfigError(f"{where}: replicas={value!r}: expected one of {', '.join(REPLICA_MODES)}")
+            values[key] = value
+        elif key == "order":
             values[key] = _check_order(value, where)
         elif not value.isdigit() or int(value) < (0 if key == "sp" else 1):
             raise ConfigError(f"{where}: {key}={value!r}: expected a whole number >= 1")

@@ -9,8 +9,11 @@ stripped, ``layer_offsets`` renumber the layers), and the stages are put in exec
 forward and optimizer-step records stage by stage, backward records in reverse. With expert
 parallelism (``ep`` ranks inside the data-parallel ones, as in megatron-core), expert-parallel
 rank r's ``local_experts.i`` is global expert ``r * n + i`` and the other records are EP rank
-0's. DP replicas must hold the same records with the same statistics; the first is kept
-(``data_split``: replicas that ran different micro-batches, ``data_split.py``).
+0's. DP replicas that saw different rows (DDP, FSDP2, ZeRO) are joined into the one-process
+run of the global batch (``dp_join.py``; their scalars: ``dp_scalars.py``); replicas that saw
+the same data are copies, checked record by record, the first kept, a rank that differs a
+finding (``data_split``: a launched side's replicas ran different micro-batches,
+``data_split.py``).
 
 Tensors are not read here: the merged trace's store (``store.MergedTensors``) reads and
 concatenates one record's shards when the compare asks for it. Statistics-only sides merge
@@ -30,8 +33,11 @@ from typing import Any
 from ..errors import TraceError
 from ..trace.merged_stats import merge_stats
 from ..trace.records import Record, Stats, Trace
+from ..trace.step_scalars import scalars_of
 from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
+from .dp_join import Replica, copies_differ, join_replicas, saw_different_data
+from .dp_scalars import loss_weights
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
@@ -76,10 +82,13 @@ def merge_ranks(
     rules: Sequence[ShardRule] = MEGATRON_GPT_RULES,
     key_prefix: str = "",
     data_split: bool = False,
+    replica_mode: str = "auto",
 ) -> Trace:
     """The ranks of one run (every rank of ``layout``, in any order) -> one trace; its tensor
     keys start with ``key_prefix``. ``data_split``: the DP replicas ran different micro-batches
-    of the step (``data_split.py``), not the same data."""
+    of the step (``data_split.py``), not the same data. ``replica_mode`` (``dp_join``): ``auto``
+    joins DP replicas that saw different rows along the batch and checks copies equal,
+    ``joined`` always joins, ``same`` refuses replicas that saw different data."""
     if layout.cp > 1 or (layout.ep > 1 and layout.pp > 1):
         raise TraceError(
             f"{where}: merging context-parallel ranks, or expert-parallel ranks over pipeline "
@@ -89,17 +98,11 @@ def merge_ranks(
     all_rules = rules_for_layout(
         rules, sequence_parallel=layout.sequence_parallel, parallel_output=layout.parallel_output
     )
-    replicas: list[tuple[list[Record], _Merged]] = []
-    for replica in range(layout.dp // layout.ep):
-        merged = _Merged(prefix=f"{key_prefix}d{replica}." if data_split and replica else key_prefix)
-        for ep_rank in range(layout.ep):
-            dp = replica * layout.ep + ep_rank
-            for pp in range(layout.pp):
-                group = [by_rank[g] for g in _group(layout, dp, pp)]
-                _merge_stage(group, pp, layout, all_rules, merged, ep_rank)
-        ordered = _ordered(merged, layout, where)
-        replicas.append((ordered, merged))
+    replicas = _replicas(by_rank, layout, all_rules, where, key_prefix)
+    n = len(replicas)
     first, merged = replicas[0]
+    leads = [by_rank[r] for r in replica_leads(layout)]
+    dp_join: dict[str, Any] = {}
 
     def check(a: Sequence[Record], b: Sequence[Record], dp: int) -> None:
         _check_replica(a, b, _group(layout, 0, 0)[0], _group(layout, dp * layout.ep, 0)[0], by_rank, where)
@@ -109,15 +112,16 @@ def merge_ranks(
         for _, state in replicas[1:]:
             merged.plans.update(state.plans)
             merged.replica_mismatches += state.replica_mismatches
-    for dp, (other, _) in enumerate(replicas[1:] if not data_split else [], 1):
-        check(first, other, dp)
-    manifest = dict(ranks[0].trace.manifest)
-    manifest.pop("parallel", None)
-    missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
-    if missing:  # a rank whose parameter grads were gone when recorded (``Recorder``)
-        manifest["grads_missing"] = missing
+    elif n > 1:
+        first, dp_join = _dp_replicas(replicas, leads, layout, where, key_prefix, replica_mode)
+        merged.replica_mismatches += [m for _, state in replicas[1:] for m in state.replica_mismatches]
+        merged.replica_mismatches += dp_join.pop("mismatches")
+        merged.plans.update(dp_join.pop("plans"))
+    manifest = _manifest(ranks)
     if merged.replica_mismatches:
         manifest["replica_mismatches"] = merged.replica_mismatches
+    if dp_join:
+        manifest["dp_join"] = {str(manifest.get("step", 0)): dp_join}
     manifest["parallel_merge"] = {
         "layout": layout.describe(),
         "world_size": layout.world_size,
@@ -127,6 +131,95 @@ def merge_ranks(
         **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
     return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+
+
+def _manifest(ranks: Sequence[RankTrace]) -> dict[str, Any]:
+    """The first rank's manifest without its rank's place, with every rank's missing grads."""
+    manifest = dict(ranks[0].trace.manifest)
+    manifest.pop("parallel", None)
+    missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
+    if missing:  # a rank whose parameter grads were gone when recorded (``Recorder``)
+        manifest["grads_missing"] = missing
+    return manifest
+
+
+def _replicas(
+    by_rank: Mapping[int, RankTrace],
+    layout: ParallelLayout,
+    rules: Sequence[ShardRule],
+    where: str,
+    key_prefix: str,
+) -> list[tuple[list[Record], _Merged]]:
+    """Each DP replica's records (its TP ranks, stages and expert ranks merged), in order."""
+    replicas: list[tuple[list[Record], _Merged]] = []
+    for replica in range(layout.dp // layout.ep):
+        merged = _Merged(prefix=f"{key_prefix}d{replica}." if replica else key_prefix)
+        for ep_rank in range(layout.ep):
+            dp = replica * layout.ep + ep_rank
+            for pp in range(layout.pp):
+                group = [by_rank[g] for g in _group(layout, dp, pp)]
+                _merge_stage(group, pp, layout, rules, merged, ep_rank)
+        replicas.append((_ordered(merged, layout, where), merged))
+    return replicas
+
+
+def _dp_replicas(
+    replicas: Sequence[tuple[list[Record], _Merged]],
+    leads: Sequence[RankTrace],
+    layout: ParallelLayout,
+    where: str,
+    key_prefix: str,
+    mode: str,
+) -> tuple[list[Record], dict[str, Any]]:
+    """DP replicas (not ``data_split``): joined along the batch when they saw different rows,
+    else checked as copies (``dp_join``); the kept records and the ``dp_join`` facts (with the
+    findings under ``mismatches`` and the joined tensors' ``plans``)."""
+    records = [r for r, _ in replicas]
+    manifests = [lead.trace.manifest for lead in leads]
+    step = manifests[0].get("step")
+    scalars = [
+        scalars_of(m, f"{lead.where}: manifest").get(step) if isinstance(step, int) else None
+        for m, lead in zip(manifests, leads, strict=True)
+    ]
+    different = saw_different_data(records, [s.batch_hash if s is not None else None for s in scalars])
+    if mode == "same" and different:
+        raise TraceError(
+            f"{where}: the DP replicas saw different data ({leads[1].where} vs {leads[0].where}), and "
+            "replicas=same refuses to join them: compare one replica's ranks, or drop replicas=same"
+        )
+    sides = [
+        Replica(lead.where, recs, state.plans) for lead, (recs, state) in zip(leads, replicas, strict=True)
+    ]
+    if not (different or mode == "joined"):
+        return records[0], {
+            "replicas": len(sides),
+            "joined": False,
+            "mismatches": copies_differ(sides, where),
+            "plans": {},
+        }
+    if layout.ep > 1:
+        raise TraceError(
+            f"{where}: DP replicas that saw different data cannot be joined with expert parallelism "
+            f"({layout.describe()}): compare one replica's ranks"
+        )
+    weights = loss_weights(scalars)
+    sides = [replace(side, weight=w) for side, w in zip(sides, weights, strict=True)]
+    reduced = all(m.get("param_grads") == "step" for m in manifests)
+    joined = join_replicas(sides, grads_reduced=reduced, where=where, key_prefix=key_prefix)
+    return joined.records, {
+        "replicas": len(sides),
+        "joined": True,
+        "weights": weights,
+        "records_joined": joined.joined,
+        "unpaired": joined.unpaired,
+        "mismatches": joined.mismatches,
+        "plans": joined.plans,
+    }
+
+
+def replica_leads(layout: ParallelLayout) -> list[int]:
+    """The first rank (tp 0, pp 0) of each DP replica, in replica order."""
+    return [_group(layout, d * layout.ep, 0)[0] for d in range(layout.dp // layout.ep)]
 
 
 def _group(layout: ParallelLayout, dp: int, pp: int) -> list[int]:

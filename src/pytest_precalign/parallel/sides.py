@@ -10,8 +10,10 @@ from typing import Any
 
 from ..errors import ConfigError, TraceError
 from ..trace.records import Trace
+from ..trace.step_scalars import scalars_of
+from .dp_scalars import join_scalars, with_scalars
 from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
-from .merge import Chunk, RankTrace, merge_ranks
+from .merge import Chunk, RankTrace, merge_ranks, replica_leads
 from .rules import MEGATRON_GPT_RULES, ShardRule
 from .steps import combine_steps, split_incomplete
 
@@ -69,7 +71,7 @@ def _merge_step(
         raise TraceError(f"{folder}: no rank<R>/ folders in this step folder")
     traces = {r: read_rank_folder(p) for r, p in ranks.items()}
     if not any(t.records for t in traces.values()):  # a step recorded as scalars only
-        return traces[min(traces)]
+        return _scalars_only(traces, ranks, flag, data_split)
     layouts = {r: _layout(traces[r], p) for r, p in ranks.items()}
     first = min(layouts)
     layout = layouts[first]
@@ -93,9 +95,57 @@ def _merge_step(
         )
     _check_steps(folder, traces)
     rank_traces = [_rank_trace(r, ranks[r], traces[r], layout) for r in sorted(ranks)]
-    return merge_ranks(
-        rank_traces, layout, where=str(folder), rules=rules, key_prefix=f"s{step}.", data_split=data_split
+    mode = flag.replicas if flag is not None else "auto"
+    merged = merge_ranks(
+        rank_traces,
+        layout,
+        where=str(folder),
+        rules=rules,
+        key_prefix=f"s{step}.",
+        data_split=data_split,
+        replica_mode=mode,
     )
+    if data_split or layout.dp // layout.ep < 2:
+        return merged
+    joined = any(block.get("joined") for block in merged.manifest.get("dp_join", {}).values())
+    return _with_dp_scalars(merged, [(r, ranks[r], traces[r]) for r in replica_leads(layout)], joined)
+
+
+def _with_dp_scalars(trace: Trace, leads: Sequence[tuple[int, Path, Trace]], joined: bool) -> Trace:
+    """``trace`` with its DP replicas' scalars joined (``dp_scalars``); the replicas that
+    disagree on what they must share are findings (``replica_mismatches``)."""
+    scalars, findings = join_scalars([(str(folder), t.manifest) for _, folder, t in leads], joined=joined)
+    if scalars is None and not findings:
+        return trace
+    manifest = with_scalars(dict(trace.manifest), scalars)
+    if findings:
+        manifest["replica_mismatches"] = [*findings, *manifest.get("replica_mismatches", ())]
+    return replace(trace, manifest=manifest)
+
+
+def _scalars_only(
+    traces: Mapping[int, Trace], ranks: Mapping[int, Path], flag: ParallelLayout | None, data_split: bool
+) -> Trace:
+    """A step every rank recorded as scalars only: rank 0's manifest, with the DP replicas'
+    scalars joined when the ranks are data-parallel replicas (their batch hashes say whether
+    they saw different rows)."""
+    first = traces[min(traces)]
+    block = first.manifest.get("parallel")
+    if data_split or not isinstance(block, Mapping) or len(traces) < 2:
+        return first
+    layout = _layout(first, ranks[min(ranks)])
+    if layout.dp // layout.ep < 2 or any(r not in traces for r in replica_leads(layout)):
+        return first
+    leads = [(r, ranks[r], traces[r]) for r in replica_leads(layout)]
+    held = [scalars_of(t.manifest, str(folder)) for _, folder, t in leads]
+    hashes = [s.batch_hash for h in held for s in h.values()]
+    joined = (flag is not None and flag.replicas == "joined") or len(set(hashes)) > 1
+    if joined and flag is not None and flag.replicas == "same":
+        raise TraceError(
+            f"{ranks[leads[1][0]]}: the DP replicas saw different data (their batch hashes differ), "
+            "and replicas=same refuses to join them"
+        )
+    return _with_dp_scalars(first, leads, joined)
 
 
 def read_rank_folder(folder: Path) -> Trace:

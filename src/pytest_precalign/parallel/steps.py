@@ -54,6 +54,9 @@ def combine_steps(
     missing = [m for _, t in steps for m in t.manifest.get("grads_missing", ())]
     if missing:
         manifest["grads_missing"] = missing
+    joined = {k: v for _, t in steps for k, v in t.manifest.get("dp_join", {}).items()}
+    if joined:
+        manifest["dp_join"] = joined
     return _with_path(Trace(manifest, tuple(records), MergedTensors(plans)), root)
 
 

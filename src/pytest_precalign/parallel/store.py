@@ -52,14 +52,17 @@ class Part:
 @dataclass(frozen=True)
 class Plan:
     """How a merged tensor is made: ``replicated`` (the first part; the others must equal it),
-    ``chunk`` (concatenated on ``dim``) or ``gated`` (every part's first half, then every
-    part's second half, on ``dim``)."""
+    ``chunk`` (concatenated on ``dim``), ``gated`` (every part's first half, then every
+    part's second half, on ``dim``) or ``rows`` (DP replicas joined along the batch: part
+    ``i`` holds ``rows[i]`` rows of dim 0, multiplied by ``scales[i]``; ``dp_join.py``)."""
 
     layout: str
     dim: int
     parts: tuple[Part, ...]
     shape: tuple[int, ...]
     name: str  # a record id, for messages
+    rows: tuple[int, ...] = ()
+    scales: tuple[float, ...] = ()
 
 
 def _check_entry(path: Path, key: str, item: Any, data_bytes: int) -> None:
@@ -189,6 +192,8 @@ class MergedTensors(Mapping[str, Any]):
         part_shape = _part_shape(plan)
         if plan.layout == "replicated":
             return self._replicated(plan, part_shape)
+        if plan.layout == "rows":
+            return self._rows(plan)
         first = self._readers.load(plan.parts[0], part_shape)
         out = np.empty(plan.shape, dtype=first.dtype)
         dim, n = plan.dim, len(plan.parts)
@@ -203,6 +208,13 @@ class MergedTensors(Mapping[str, Any]):
                 _place(out, up, dim, (n + r) * half)
             del shard
         return out
+
+    def _rows(self, plan: Plan) -> np.ndarray:
+        pieces = []
+        for part, rows, scale in zip(plan.parts, plan.rows, plan.scales, strict=True):
+            piece = self._readers.load(part, (rows, *plan.shape[1:]))
+            pieces.append(piece if scale == 1.0 else piece * np.asarray(scale, dtype=piece.dtype))
+        return np.concatenate(pieces, axis=0)
 
     def _replicated(self, plan: Plan, shape: tuple[int, ...]) -> np.ndarray:
         kept = self._readers.load(plan.parts[0], shape)

@@ -60,6 +60,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from .sharded import plain
+
 Entry = Callable[..., Any]  # a loaded C entry point (ctypes)
 _T = TypeVar("_T")
 
@@ -271,8 +273,10 @@ def _on_two_threads(sizes: Sequence[int], work: Callable[[int], _T], threaded: b
 
 
 def _dense_cpu(t: torch.Tensor) -> bool:
-    """A strided tensor in host memory (not sparse, not on a device, not a meta tensor)."""
-    return bool(t.is_cpu) and t.layout == torch.strided
+    """A strided tensor in host memory (not sparse, not on a device, not a meta tensor) that
+    holds its own values: a tensor subclass (a ``DTensor``: ``data_ptr()`` 0) never reaches
+    the kernels (``sharded.plain``)."""
+    return bool(t.is_cpu) and t.layout == torch.strided and plain(t)
 
 
 def _for(t: torch.Tensor, family: str) -> Entry | None:

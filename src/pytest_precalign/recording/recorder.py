@@ -52,8 +52,12 @@ from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
+from .module_names import class_name, clean, is_wrapper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
+from .param_records import ParamRecords
 from .record_factory import Draft, build_drafts, record_now
+from .sharded import is_dtensor, plain
+from .sharded_stats import ShardedStats
 from .stats_slots import StatsSlots
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
@@ -72,7 +76,7 @@ def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str
         raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
 
 
-class HookRecorder:
+class HookRecorder(ParamRecords):
     """Context manager that records a model's tensors into a ``Trace``.
 
     >>> with HookRecorder(model, mode="stats") as rec:
@@ -130,15 +134,15 @@ class HookRecorder:
         self._hooked_calls: set[tuple[str, int, int]] = set()  # (name, step, call) with grad hooks
         self._views = InPlaceViews()  # hooked views, in case their memory is modified in place
         self._not_recordable: dict[str, str] = {}  # record id -> why its grad cannot be recorded
-        # Stats mode reads a CPU tensor's statistics at capture (in host memory: ``read_at_capture``)
-        # into a slot, made ``Stats`` when the step ends (``stats_slots.py``).
+        # Stats mode: a CPU tensor's statistics read at capture into a slot (``stats_slots.py``);
+        # a DTensor's local shard's, combined over its mesh at the step's end (``sharded_stats.py``).
         self._slots = StatsSlots() if mode == "stats" and golden is None else None
         self._read_cpu = None if self._slots is None else self._slots.read
+        self._sharded = None if self._slots is None else ShardedStats()
         self._at_capture = step_buffer.read_at_capture
         self._active = False
         self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
-        # Live compare (``live_golden.py``): records judged against a golden run at capture (built there).
-        built = cast(list[Record], self._records)
+        built = cast(list[Record], self._records)  # live compare: see live_golden.py
         self._live = None if golden is None else LiveKeeper(golden, built, self._tensors)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -148,9 +152,10 @@ class HookRecorder:
         eager = hook_wrapper(self.model, self.compiled)
         try:
             for name, module in self.model.named_modules():
-                if not name or not self._selected(name):
+                name = clean(name)  # the model's own names and classes (module_names.py)
+                if not name or is_wrapper(module) or not self._selected(name):
                     continue
-                cls = type(module).__name__
+                cls = class_name(module)
                 self._handles.append(
                     module.register_forward_pre_hook(
                         eager(partial(self._pre_hook, name, cls)), with_kwargs=True
@@ -164,7 +169,7 @@ class HookRecorder:
                         self._param_owner[f"{name}.{pname}"] = (name, cls)
             # The root is not recorded, but ops in its own forward are (parent ""), and its end
             # is where views modified in place are looked for.
-            root = _Call("", type(self.model).__name__, 0, 0, (), [])
+            root = _Call("", class_name(self.model), 0, 0, (), [])
             self._handles.append(self.model.register_forward_pre_hook(eager(partial(self._root_enter, root))))
             self._handles.append(self.model.register_forward_hook(eager(self._root_exit)))
             if self._ops_on:
@@ -174,7 +179,9 @@ class HookRecorder:
                 for pname, param in self.model.named_parameters():
                     if param.requires_grad:
                         self._handles.append(
-                            param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
+                            param.register_post_accumulate_grad_hook(
+                                partial(self._param_grad_hook, clean(pname))
+                            )
                         )
             self._handles += self._guard.attach(self.model, eager)  # last: see forward_guard.py
         except BaseException:
@@ -216,6 +223,8 @@ class HookRecorder:
             stats, crcs = self._buffer.flush()
             for seq, (sh, ch) in pending.items():  # hash mode: no stats unless NaN/Inf evidence
                 fetched[seq] = (None if sh is None else stats[sh], None if ch is None else crcs[ch])
+        if self._sharded is not None:
+            fetched.update(self._sharded.combine(self._step))
         slots = self._slots
         build_drafts(self._records, self._built, fetched, None if slots is None else slots.stats)
         self._built = len(self._records)
@@ -299,15 +308,14 @@ class HookRecorder:
                 summary, crc, key = earlier.stats, earlier.crc32, earlier.tensor_key
             else:
                 summary, crc, key = earlier[9:]
-            if same_as in self._pending:
-                self._pending[seq] = self._pending[same_as]
+            self._share_pending(seq, same_as)
         else:
             busy, self._busy = self._busy, True
             try:
-                data = tensor
-                if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_nested:
-                    data = summarisable(tensor, record_id(name, kind, slot, step, call))
-                if self._read_cpu is not None and self._at_capture(data):
+                data = self._readable(tensor, seq, name, kind, slot, step, call)
+                if data is None:
+                    summary, crc, key = None, None, None
+                elif self._read_cpu is not None and self._at_capture(data):
                     summary, crc, key = self._read_cpu(data), None, None
                 else:
                     rid = record_id(name, kind, slot, step, call) if self._live is not None else ""
@@ -319,13 +327,41 @@ class HookRecorder:
         )
         self._seen[id(tensor)] = (weakref.ref(tensor), version, seq)
         if self._live is not None:
-            records[seq] = self._record_now(seq)
-            busy, self._busy = self._busy, True
-            try:
-                self._live.decide(seq, tensor, same_as)  # may keep its tensor (a new record)
-            finally:
-                self._busy = busy
+            self._decide_live(seq, tensor, same_as)
         return seq
+
+    def _decide_live(self, seq: int, tensor: torch.Tensor, same_as: int | None) -> None:
+        """Live compare judges record ``seq`` now (may keep its tensor: a subclass as the plain
+        tensor it stands for, a DTensor gathered again)."""
+        assert self._live is not None
+        record = self._records[seq] = self._record_now(seq)
+        busy, self._busy = self._busy, True
+        try:
+            self._live.decide(seq, tensor if plain(tensor) else summarisable(tensor, record.id), same_as)
+        finally:
+            self._busy = busy
+
+    def _share_pending(self, seq: int, same_as: int) -> None:
+        """Record ``seq`` is tensor ``same_as`` read again: it gets that one's pending values."""
+        if same_as in self._pending:
+            self._pending[seq] = self._pending[same_as]
+        if self._sharded is not None and same_as in self._sharded:
+            self._sharded.alias(seq, same_as)
+
+    def _readable(
+        self, tensor: torch.Tensor, seq: int, name: str, kind: Kind, slot: str, step: int, call: int
+    ) -> torch.Tensor | None:
+        """The tensor to summarise: a plain dense one as it is; a sparse, meta or nested tensor
+        or a tensor subclass as ``summarisable`` makes it (a DTensor's full tensor, gathered);
+        None for a DTensor in stats mode, whose local shard is read now and whose ``Stats`` are
+        combined over its mesh at the step's end (``sharded_stats.py``)."""
+        if plain(tensor) and tensor.layout is torch.strided and not tensor.is_meta and not tensor.is_nested:
+            return tensor
+        rid = record_id(name, kind, slot, step, call)
+        if self._sharded is not None and not tensor.is_meta and is_dtensor(tensor):
+            self._sharded.add(seq, tensor, rid)
+            return None
+        return summarisable(tensor, rid)
 
     def _record_now(self, seq: int) -> Record:
         """Record ``seq``: built already, or built from its draft as known now (not kept)."""
@@ -511,56 +547,7 @@ class HookRecorder:
         deps = tuple(state.grad_output_seqs)
         self._capture(grad, state.name, state.cls, "grad_input", slot, state.call, deps, state.step)
 
-    def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
-        if param.grad is not None and self._active:
-            self._capture_param_grad(pname, param.grad)
-
-    def record_param_grads(self, micro_batches: int | None = None) -> tuple[int, list[str]]:
-        """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
-        Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
-        loop's grad reduction, before the optimizer step). One record per parameter and step;
-        ``micro_batches``: the grads accumulated over that many micro-batches, recorded as the
-        call of the last one (``micro_batches - 1``), as a per-call recording names them.
-        Returns how many were recorded and the names of trainable parameters with no grad."""
-        found, missing = 0, list[str]()
-        if not self.record_grads:
-            return found, missing
-        for pname, param in self.model.named_parameters():
-            grad = getattr(param, "main_grad", None)
-            grad = param.grad if grad is None else grad
-            if param.requires_grad and isinstance(grad, torch.Tensor):
-                self._capture_param_grad(pname, grad, None if micro_batches is None else micro_batches - 1)
-                found += 1
-            elif param.requires_grad:
-                missing.append(pname)
-        return found, missing
-
-    def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
-        owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
-        state = self._last_call.get(owner)
-        deps: tuple[int, ...] = ()
-        if state is not None:
-            deps = (*state.grad_output_seqs, *state.input_seqs)
-        if call is None:
-            call = self._grad_calls.get((pname, self._step), 0)  # call k: after k + 1 micro-batches
-        self._grad_calls[(pname, self._step)] = call + 1
-        self._capture(grad, pname, cls, "param_grad", "", call, deps, None)
-
-    # -- explicit records ---------------------------------------------------------------
-    def record_params(self) -> None:
-        """Record every parameter (call after an optimizer step) as the optimizer steps it:
-        Megatron's fp32 ``main_param`` where the parameter has one (a bf16 model under
-        ``Float16OptimizerWithFloat16Params``), else the parameter, as grads are recorded."""
-        for pname, param in self.model.named_parameters():
-            main = getattr(param, "main_param", None)
-            stepped = main if isinstance(main, torch.Tensor) else param
-            owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
-            last = max(self._grad_calls.get((pname, self.step), 1) - 1, 0)
-            deps = [record_id(pname, "param_grad", "", self.step, last)]
-            if self.step > 0:
-                deps.append(record_id(pname, "param", "", self.step - 1, 0))
-            self._capture(stepped, pname, cls, "param", "", 0, tuple(deps), None)
-
+    # -- explicit records: the parameters' and their grads' (ParamRecords) ------------------
     def record_output(
         self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0
     ) -> Record:
@@ -569,7 +556,7 @@ class HookRecorder:
         return self.capture(
             tensor,
             name=kind,
-            module_class=type(self.model).__name__,
+            module_class=class_name(self.model),
             kind=kind,
             slot="",
             deps=deps,

@@ -45,11 +45,18 @@ class StatsSlots:
         if entries is None:
             return fallback
         part, strided, chunks, addresses = native_kernels.PART, torch.strided, self._chunks, self._addresses
+        tensor, parameter = torch.Tensor, torch.nn.Parameter  # no subclass reaches the kernels
         chunk_type, grow = ctypes.c_double * (4 * _SLOTS_PER_CHUNK), threading.Lock()
 
         def read(t: torch.Tensor) -> int | Stats:
-            n = t.numel()
-            if 0 < n <= part and t.layout is strided and t.is_cpu and t.is_contiguous():
+            n, cls = t.numel(), type(t)
+            if (
+                (cls is tensor or cls is parameter)
+                and 0 < n <= part
+                and t.layout is strided
+                and t.is_cpu
+                and t.is_contiguous()
+            ):
                 entry = entries[t.dtype]
                 if entry is not None:
                     index = next(self._next)

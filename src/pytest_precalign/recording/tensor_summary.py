@@ -19,6 +19,7 @@ from . import native_kernels
 from .chunked_stats import CHUNKED_NUMEL, chunked_values
 from .fused_stats import fused_for, fused_vector
 from .host_sync import to_host
+from .sharded import plain, whole
 
 _T = TypeVar("_T")
 
@@ -29,6 +30,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def tensor_stats(t: torch.Tensor) -> Stats:
     """max, min, mean, L2 norm in one sync; nan/inf counts only when something is non-finite."""
+    t = readable(t)
     if t.numel() == 0:
         return Stats(0.0, 0.0, 0.0, 0.0)
     values = to_host(stats_vector(t))
@@ -66,6 +68,7 @@ def stats_vector(t: torch.Tensor, counts: Counts = False) -> torch.Tensor:
     from cache. A CUDA tensor's full statistics (``counts=True``, what the step buffer queues
     for a device tensor) come from one fused compiled kernel where Triton is installed
     (``fused_stats.py``)."""
+    t = readable(t)
     if t.device.type != "cpu":
         if counts is True and fused_for(t):  # one read, the counts with it (fused_stats.py)
             return fused_vector(t)
@@ -106,7 +109,7 @@ def stats_row(t: torch.Tensor) -> list[float]:
     taken only when one is not finite. The same six float64 values as torch's masked
     selection, without its dozen small operations (~45 us a tensor, most of a small tensor's
     cost)."""
-    row = _native_row(t)
+    row = _native_row(readable(t))
     if row is not None:
         return [*row, 0.0, 0.0]
     return _torch_row(t)
@@ -122,6 +125,7 @@ def cpu_stats(t: torch.Tensor) -> Stats:
     host sync), the same bits as ``stats_from_vector(stats_row(t), numel)``: what a recorder
     keeps of each CPU tensor in stats mode, so the fewest calls between the tensor and its
     ``Stats``."""
+    t = readable(t)
     n = t.numel()
     if not n:
         return Stats(0.0, 0.0, 0.0, 0.0)
@@ -138,9 +142,24 @@ def as_dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.layout is torch.strided else t.detach().to_dense()
 
 
+def readable(t: torch.Tensor) -> torch.Tensor:
+    """``summarisable(t, ...)`` for the statistics functions here, which anyone may call: a
+    plain dense tensor at once (the common case: two type checks), else the plain tensor it
+    stands for or one ``RecorderError``. The one way into the reads below: no tensor subclass
+    reaches raw-pointer code or a host conversion (``sharded.py``)."""
+    cls = type(t)
+    if (cls is torch.Tensor or cls is torch.nn.Parameter) and t.layout is torch.strided and not t.is_meta:
+        return t
+    return summarisable(t, f"a {cls.__qualname__} of shape {tuple(t.shape)}")
+
+
 def summarisable(t: torch.Tensor, rid: str) -> torch.Tensor:
     """``t`` as the recorder summarises it (``as_dense``); a meta or nested tensor refused with
-    one message naming the record ``rid`` (torch's reductions raise an internal error on both)."""
+    one message naming the record ``rid`` (torch's reductions raise an internal error on both);
+    a tensor subclass as the plain tensor it stands for (a ``DTensor``: its full tensor, gathered
+    over its mesh), or refused likewise where the tool cannot read it (``sharded.whole``)."""
+    if not plain(t):
+        t = whole(t, rid)
     if t.is_meta or t.is_nested:
         what = "on the meta device (it holds no values)" if t.is_meta else "a nested tensor"
         raise RecorderError(
@@ -161,9 +180,11 @@ def stats_reader() -> Callable[[torch.Tensor], Stats]:
     entries = native_kernels.stats_entries()
     if entries is None:
         return cpu_stats
-    part, strided, sqrt, out_type, new = (
+    part, strided, tensor, parameter, sqrt, out_type, new = (
         native_kernels.PART,
         torch.strided,
+        torch.Tensor,
+        torch.nn.Parameter,
         math.sqrt,
         ctypes.c_double * 4,
         new_stats,
@@ -171,7 +192,14 @@ def stats_reader() -> Callable[[torch.Tensor], Stats]:
 
     def read(t: torch.Tensor) -> Stats:
         n = t.numel()
-        if 0 < n <= part and t.layout is strided and t.is_cpu and t.is_contiguous():
+        cls = type(t)
+        if (
+            (cls is tensor or cls is parameter)
+            and 0 < n <= part
+            and t.layout is strided
+            and t.is_cpu
+            and t.is_contiguous()
+        ):
             entry = entries[t.dtype]
             if entry is not None:
                 out = out_type()
@@ -239,6 +267,7 @@ def _stats_vector(t: torch.Tensor, counts: Counts) -> torch.Tensor:
 
 def sum_vector(t: torch.Tensor) -> torch.Tensor:
     """The sum ``finite_sum`` checks, as a 1-element float64 tensor on ``t``'s device."""
+    t = readable(t)
     return t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32).reshape(1).double()
 
 
@@ -258,6 +287,7 @@ def finite_sum(t: torch.Tensor) -> bool:
     """False when ``t`` may hold a NaN or Inf: its sum is then not finite. One read pass and
     no temporary, about twice as cheap as ``isfinite(t).all()``; a finite tensor whose fp32
     sum overflows only costs an extra statistics pass."""
+    t = readable(t)
     total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
     return _finite(float(to_host(total)))
 
@@ -269,7 +299,7 @@ def _finite(x: float) -> bool:
 def tensor_crc32(t: torch.Tensor) -> str:
     """CRC-32 of the tensor's bytes, as 8 hex digits (what msprobe calls md5); taken outside
     any compiled graph (traced into one, the bytes of a fake tensor cannot be read)."""
-    crc: str = _crc32_eager(t)
+    crc: str = _crc32_eager(readable(t))
     return crc
 
 

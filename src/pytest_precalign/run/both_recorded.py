@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..parallel.dp_join import split_rows
 from ..parallel.layout import RECORDER_KEY
-from ..trace.records import Trace
+from ..trace.records import Record, Trace
 from ..trace.step_scalars import SCALARS_KEY
 from ..trace.training_record import read_run_record, split_free
 
@@ -25,6 +26,12 @@ class OnBoth:
     recorded: bool = False  # both are recorded runs (``recorded_runs``)
     alone: dict[str, list[int]] = field(default_factory=dict)  # side -> steps whose layers only it recorded
     split: list[int] = field(default_factory=list)  # steps the sides split into other micro-batches
+
+
+def _reduced_grad(trace: Trace, rec: Record) -> bool:
+    """A parameter grad recorded once per step as the optimizer sees it (``param_grads="step"``):
+    the same however the step's rows were split."""
+    return rec.kind == "param_grad" and trace.manifest.get("param_grads") == "step"
 
 
 def layer_steps(trace: Trace) -> set[int]:
@@ -75,17 +82,23 @@ def on_both(baseline: Trace, candidate: Trace) -> OnBoth:
     if not recorded:
         return OnBoth(baseline, candidate)
     alone = one_side_only(baseline, candidate)
-    split = split_steps(baseline, candidate)
+    rows = split_rows(baseline, candidate)  # DP replicas joined on one side, split otherwise
+    split = sorted({*split_steps(baseline, candidate), *rows})
     if not alone and not split:
         return OnBoth(baseline, candidate, recorded)
     drop = {s for steps in alone.values() for s in steps}
     calls = set(split)
 
     def kept(trace: Trace) -> Trace:
+        manifest = {**trace.manifest, "dp_split": {str(s): why for s, why in rows.items()}} if rows else None
         return replace(
             trace,
+            manifest=manifest if manifest is not None else trace.manifest,
             records=tuple(
-                r for r in trace.records if r.step not in drop and (r.step not in calls or r.kind == "param")
+                r
+                for r in trace.records
+                if r.step not in drop
+                and (r.step not in calls or r.kind == "param" or _reduced_grad(trace, r))
             ),
         )
 

@@ -28,6 +28,7 @@ from ..mapping.apply import map_trace
 from ..mapping.peft_names import peft_aligned
 from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
+from ..parallel.dp_join import without_lone_replica_grads
 from ..reports.document import junit_properties, phase_dict, report_document
 from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.merged_stats import with_merged
@@ -158,9 +159,10 @@ def finish(job: FinishInputs) -> CaseRun:
     if job.check_mapping:
         check_applied(use)
     reasons = {**peft_reasons, **_not_recordable(base_trace, mapped.trace), **mapped.reasons}
+    reasons.update(dp_unpaired(base_trace, mapped.trace))
     reasons.update(_partial_step_reasons(base_trace, mapped.trace))
     moe = job.case.record.moe if job.case is not None else None
-    cand_trace = mapped.trace
+    base_trace, cand_trace = without_lone_replica_grads(base_trace, mapped.trace)
     base_trace = with_merged(base_trace, mapped.baseline_merged)  # parts fused on the candidate's side
     if moe is not None:  # expert records keyed by token, not by dispatch order
         keyed = by_token(base_trace, cand_trace, moe)
@@ -228,6 +230,17 @@ def _judged(judging: CaseJudging) -> dict[str, Any]:
         "to_replay": verdicts.to_replay,
         "judging": judging,
     }
+
+
+def dp_unpaired(baseline: Trace, candidate: Trace) -> dict[str, str]:
+    """Why a record has no partner when a side's DP replicas could not be joined on it
+    (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch)."""
+    reasons: dict[str, str] = {}
+    for side, trace in (("baseline", baseline), ("candidate", candidate)):
+        for block in trace.manifest.get("dp_join", {}).values():
+            for rid, why in block.get("unpaired", {}).items():
+                reasons[str(rid)] = f"the {side}'s DP replicas are not joined on it: {why}"
+    return reasons
 
 
 def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:

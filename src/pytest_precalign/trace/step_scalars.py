@@ -32,6 +32,15 @@ from typing import Any
 from ..errors import TraceError
 
 SCALARS_KEY = "scalars"
+# A data-parallel run's step whose replicas trained on different rows (``parallel.dp_scalars``):
+# its batch hash is its replicas' hashes in rank order, marked so -- the global batch's sha256
+# is not a function of its shards' -- and compared only with another such hash.
+JOINED_HASH = "dp-replicas:"
+
+
+def comparable_hashes(a: str | None, b: str | None) -> bool:
+    """Both batch hashes known and of one kind (both a global batch's, or both DP replicas')."""
+    return a is not None and b is not None and a.startswith(JOINED_HASH) == b.startswith(JOINED_HASH)
 
 
 @dataclass(frozen=True)

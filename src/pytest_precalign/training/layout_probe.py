@@ -161,6 +161,11 @@ def parallel_layout(
         layout = {**_megatron_coordinates(ps, world, rank), "source": "megatron"}
     elif world > 1 or process_group_exists():
         layout = {**_base(world, rank), "dp": world, "dp_rank": rank, "source": "torch.distributed"}
+        from .sharded_layout import dtensor_block, tp_layout  # imports torch
+
+        dtensors = dtensor_block(chunks)  # FSDP2, DTensor tensor parallelism (sharded_layout.py)
+        if dtensors is not None:
+            layout.update({**(tp_layout(dtensors, world, rank) or {}), "dtensors": dtensors})
     else:
         layout = {**_base(1, 0), "source": "single"}
     if "sequence_parallel" not in layout:
@@ -194,6 +199,7 @@ _KEY_ORDER = (
     "parallel_output",
     "chunks",
     "sharding",
+    "dtensors",
 )
 
 

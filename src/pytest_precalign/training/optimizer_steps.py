@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..recording import sharded
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from .recorder import Recorder
@@ -104,7 +105,7 @@ def tensors_hash(batches: Sequence[Any]) -> str:
     rows), so the same rows give the same hash however they were split into micro-batches."""
     whole = hashlib.sha256()
     for batch in batches:
-        leaves = [(path, t.detach().to("cpu")) for path, t in _leaves(batch)]
+        leaves = [(path, sharded.whole(t.detach(), path).to("cpu")) for path, t in _leaves(batch)]
         leaves = [(path, t.reshape(1) if t.ndim == 0 else t) for path, t in leaves]
         for r in range(max((len(t) for _, t in leaves), default=0)):
             for path, t in leaves:

@@ -76,6 +76,7 @@ import torch
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
+from ..recording.module_names import class_name
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
@@ -93,6 +94,7 @@ from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
 from .run_facts import model_config, run_environment
+from .sharded_layout import check_rank_selection
 from .unwrap import unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
@@ -254,6 +256,7 @@ class Recorder:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
+        check_rank_selection(self.ranks, self.mode, model)  # on every rank: DTensors need them all
         if not self.selected() or self.mode == "scalars":
             if not self.written and not self._facts:  # the environment, in the first folder
                 self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])
@@ -316,7 +319,7 @@ class Recorder:
         name = name or kind
         call = self._output_calls.get(name, 0)
         self._output_calls[name] = call + 1
-        cls = type(hooks.model).__name__
+        cls = class_name(hooks.model)
         return hooks.capture(
             tensor, name=name, module_class=cls, kind=as_kind(kind), slot="", call=call, deps=deps
         )
@@ -372,6 +375,7 @@ class Recorder:
             **self._facts,
             **({"dtype": self._precision} if self._precision else {}),
             "parallel": self._parallel,
+            "param_grads": self.param_grads,  # "step": reduced over DP (``parallel.dp_join``)
             **self._step_evidence(),
         }
         if self._wrappers:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, RecorderError
+from ..recording.module_names import clean
 from ..trace.training_record import (
     LOSS_NORMALISATIONS,
     PRECISIONS,
@@ -56,9 +57,10 @@ RUN_LOCAL_ARGUMENTS = frozenset(
 
 
 def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """The model's parameters named as its records are: inside its wrappers (``unwrap``)."""
+    """The model's parameters named as its records are: inside its wrappers (``unwrap``),
+    without the wrappers' segments inside it (``module_names.clean``)."""
     inner, _ = unwrap(model)
-    return list(inner.named_parameters())
+    return [(clean(name), p) for name, p in inner.named_parameters()]
 
 
 def frozen_parameters(model: torch.nn.Module) -> tuple[str, ...]:

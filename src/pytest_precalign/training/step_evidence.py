@@ -29,17 +29,23 @@ import torch
 
 from ..recording import native_kernels
 from ..recording.host_sync import to_host
+from ..recording.sharded import whole
 from ..recording.tensor_summary import as_dense
 from ..trace.step_scalars import StepScalars
+from . import sharded_norms
 from .step_norms import grad_norm_and_zeros, norms_keeping_snapshot, param_and_update_norms
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
 
 def grad_norm(grads: Sequence[torch.Tensor]) -> float:
-    """Global L2 norm of ``grads`` (as ``clip_grad_norm_`` computes it); 0.0 for none."""
+    """Global L2 norm of ``grads`` (as ``clip_grad_norm_`` computes it); 0.0 for none. Sharded
+    grads (DTensors): the norm of the full grads (``sharded_norms.py``)."""
     if not grads:
         return 0.0
+    parts = sharded_norms.split(grads)
+    if parts is not None:
+        return sharded_norms.grad_norm_and_zeros(grads, parts)[0]
     return float(to_host(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0)))
 
 
@@ -47,6 +53,9 @@ def zero_count(grads: Sequence[torch.Tensor]) -> int:
     """Grad elements exactly 0 (Megatron-LM's ``num-zeros``), read in one host sync."""
     if not grads:
         return 0
+    parts = sharded_norms.split(grads)
+    if parts is not None:
+        return sharded_norms.grad_norm_and_zeros(grads, parts)[1]
     counted = native_kernels.zeros_of(grads)  # one pass of each grad's bits, no host sync
     if counted is not None:
         return counted
@@ -121,8 +130,9 @@ def token_count(batches: Iterable[Mapping[str, Any]]) -> int:
 
 
 def tensor_summary(tensor: torch.Tensor) -> dict[str, float]:
-    """max, min, mean and L2 norm of a parameter, in float64 (the manifest's initial params)."""
-    values = tensor.detach().to(torch.float64)
+    """max, min, mean and L2 norm of a parameter, in float64 (the manifest's initial params);
+    a DTensor's full tensor (gathered: once, before training)."""
+    values = whole(tensor.detach(), "a parameter").to(torch.float64)
     if values.numel() == 0:
         return {"max": 0.0, "min": 0.0, "mean": 0.0, "norm": 0.0}
     return {
@@ -161,6 +171,9 @@ class StepEvidence:
 
     def __init__(self, params: Iterable[torch.Tensor], *, update_norm: bool = True) -> None:
         self.params = [p for p in params if isinstance(p, torch.Tensor)]
+        # DTensor parameters (FSDP2, tensor parallelism): their local shards are snapshot and
+        # read, and the norms summed over the ranks that shard them (``sharded_norms.py``).
+        self._sharded = sharded_norms.split(self.params) is not None
         self.update_norm = update_norm
         # The parameters as they were at begin(), until the step's norms are taken: the same
         # buffers every step (allocated once, like the parameters), so a step allocates nothing.
@@ -179,6 +192,14 @@ class StepEvidence:
         found = list(grads) if grads is not None else [p.grad for p in self.params if p.grad is not None]
         return [as_dense(g) for g in found]
 
+    def _targets(self) -> list[torch.Tensor]:
+        """The tensors whose copy ``begin`` keeps: the parameters, or their local shards (in the
+        order of ``sharded_norms.split``'s parts)."""
+        parts = sharded_norms.split(self.params) if self._sharded else None
+        if parts is None:
+            return self.params
+        return [local for _, _, locals_ in parts for local in locals_]
+
     def begin(self) -> None:
         """Before the step: keep a copy of the parameters (for the update norm), copied into
         buffers kept from the step before when the parameters still fit them. Where the last
@@ -192,15 +213,16 @@ class StepEvidence:
         self._before = self._uncounted = None
         kept, self._kept = self._kept, None
         if self.update_norm and self.params:
-            fits = _fits(self._buffers, self.params)
-            if not (fits and kept is not None and kept == _versions(self.params)):
+            targets = self._targets()
+            fits = _fits(self._buffers, targets)
+            if not (fits and kept is not None and kept == _versions(targets)):
                 with torch.no_grad():
                     if not fits:
                         self._buffers = []  # free the old ones before allocating
                         self._buffers = [
-                            torch.empty_like(p, memory_format=torch.preserve_format) for p in self.params
+                            torch.empty_like(p, memory_format=torch.preserve_format) for p in targets
                         ]
-                    torch._foreach_copy_(self._buffers, [p.detach() for p in self.params])
+                    torch._foreach_copy_(self._buffers, [p.detach() for p in targets])
             self._before = self._buffers
 
     def grads_before_clip(
@@ -218,7 +240,12 @@ class StepEvidence:
         the same ones unless a product underflows to zero; Megatron-LM and the Trainer
         callback count them after clipping too)."""
         found = self._grads(grads)
-        if norm is None:  # both from one read of each grad, one host sync (step_norms.py)
+        parts = sharded_norms.split(found)
+        if parts is not None:  # DTensor grads: the full grads' (sharded_norms.py)
+            self._grad_norm, self._zero_grads = sharded_norms.grad_norm_and_zeros(found, parts)
+            if norm is not None:
+                self._grad_norm = float(norm)
+        elif norm is None:  # both from one read of each grad, one host sync (step_norms.py)
             self._grad_norm, self._zero_grads = grad_norm_and_zeros(found)
         else:
             self._grad_norm = float(norm)
@@ -232,7 +259,12 @@ class StepEvidence:
         if self._grad_norm is None:
             raise RuntimeError("StepEvidence.grads_after_clip: call grads_before_clip first")
         if self._uncounted is not None:  # counted here: grads_before_clip(zeros_after_clip=True)
-            after, self._zero_grads = grad_norm_and_zeros(self._grads(grads))
+            found = self._grads(grads)
+            parts = sharded_norms.split(found)
+            if parts is not None:
+                after, self._zero_grads = sharded_norms.grad_norm_and_zeros(found, parts)
+            else:
+                after, self._zero_grads = grad_norm_and_zeros(found)
             self._uncounted = None
         else:
             after = grad_norm(self._grads(grads))
@@ -249,6 +281,8 @@ class StepEvidence:
         if not self.params:
             return None, None
         before, self._before = self._before, None
+        if self._sharded:
+            return self._sharded_norms(before)
         params = [p.detach() for p in self.params]
         with torch.no_grad():
             kept = None if before is None else norms_keeping_snapshot(params, before)
@@ -258,6 +292,28 @@ class StepEvidence:
             norms = [param] if update is None else [param, update]
             values = to_host(torch.stack([n.to(torch.float64) for n in norms]))
         return (values[1] if before is not None else None), values[0]
+
+    def _sharded_norms(self, before: list[torch.Tensor] | None) -> tuple[float | None, float | None]:
+        """``norms_after_update`` of DTensor parameters: each part's local norms (as above),
+        their squares summed over the ranks that shard them (``sharded_norms.global_norms``)."""
+        parts = sharded_norms.split(self.params) or []
+        squares: list[tuple[tuple[Any, ...], float, float]] = []
+        at, all_kept = 0, before is not None
+        with torch.no_grad():
+            for groups, _, local in parts:
+                mine = None if before is None else before[at : at + len(local)]
+                at += len(local)
+                kept = None if mine is None else norms_keeping_snapshot(local, mine)
+                all_kept = all_kept and kept is not None
+                param, update = kept if kept is not None else param_and_update_norms(local, mine)
+                p, u = float(to_host(param.to(torch.float64))), 0.0
+                if update is not None:
+                    u = float(to_host(update.to(torch.float64)))
+                squares.append((groups, p * p, u * u))
+        if all_kept:  # the buffers hold the local parameters now: the next snapshot
+            self._kept = _versions(self._targets())
+        param_norm, update_norm = sharded_norms.global_norms(squares, self.params[0].device)
+        return (update_norm if before is not None else None), param_norm
 
     def finish(self, step: int, **fields: Any) -> StepScalars:
         """The step's scalars: what was measured, plus ``fields`` (loss, lr, weight_decay,

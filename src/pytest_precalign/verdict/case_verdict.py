@@ -26,6 +26,7 @@ from ..trace.records import Trace
 from ..vocabulary import Phase
 from .case_facts import CaseFacts, case_facts
 from .coverage import DEFAULT_MIN_COVERAGE
+from .dp_replicas import with_replica_findings
 from .expectation import Expectation
 from .frozen_params import without_frozen
 from .phase import (
@@ -117,7 +118,8 @@ def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) ->
     if expect is not None and expect.diverged is None:
         return None  # a phase's known divergence (expect: {phase, first_divergence}) gates the case
     if facts.training_run:
-        training = _judge_run(judging, facts, comparison)
+        mismatches = [m for side in facts.sides for m in side.replica_mismatches]
+        training = with_replica_findings(_judge_run(judging, facts, comparison), mismatches)
     if expect is None or expect.diverged is None or expect.step is None:
         return training
     if training is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
-from ..trace.step_scalars import StepScalars
+from ..trace.step_scalars import StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
 from .training_contract import LR_RTOL
 from .training_envelope import ENVELOPE_SCALARS, Envelope
@@ -101,7 +101,8 @@ def _num(x: float) -> str:
 def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
     """The first scalar of the step that differs, in the order the step computes them."""
     step = base.step
-    if base.batch_hash is not None and cand.batch_hash is not None and base.batch_hash != cand.batch_hash:
+    if comparable_hashes(base.batch_hash, cand.batch_hash) and base.batch_hash != cand.batch_hash:
+        assert base.batch_hash is not None and cand.batch_hash is not None
         return ScalarDiff(
             "data",
             "batch",

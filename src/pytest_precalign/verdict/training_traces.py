@@ -40,15 +40,25 @@ def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
     )
 
 
-def not_compared_lines(alone: Mapping[str, Sequence[int]], split: Sequence[int] = ()) -> tuple[str, ...]:
+def not_compared_lines(
+    alone: Mapping[str, Sequence[int]], split: Sequence[int] = (), rows: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
     """What was not compared because one side lacks it (``alone``: side -> steps) or the
-    sides split it into other micro-batches (``split``), in words."""
+    sides split it into other micro-batches (``split``; ``rows``: step -> how each side split
+    it, where one side joined DP replicas), in words."""
     other = {"baseline": "candidate", "candidate": "baseline"}
     lines = [
         f"the layers of step(s) {', '.join(map(str, steps))}: "
         f"the {side} recorded them, the {other[side]} those steps' scalars only"
         for side, steps in alone.items()
     ]
+    rows = rows or {}
+    lines += [
+        f"the layers of step {step}: {why}: their module calls hold other rows, not paired row by row "
+        "(the step's parameters, reduced grads and scalars are judged)"
+        for step, why in rows.items()
+    ]
+    split = [s for s in split if str(s) not in rows]
     if split:
         lines.append(
             f"the layers of step(s) {', '.join(map(str, split))}: "
@@ -107,5 +117,7 @@ def judge_traces(
         return verdict
     layers = {side: list(steps) for side, steps in (alone or {}).items()}
     return replace(
-        verdict, not_compared=not_compared_lines(alone or {}, split), one_side_only={"layers": layers}
+        verdict,
+        not_compared=not_compared_lines(alone or {}, split, baseline.manifest.get("dp_split")),
+        one_side_only={"layers": layers},
     )

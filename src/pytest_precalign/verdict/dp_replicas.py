@@ -1,0 +1,85 @@
+"""What a data-parallel run's replicas disagreed on, in the training verdict.
+
+Replicas hold the same parameters after each step and the same reduced grads, LR, grad norm,
+clip coefficient and update (``parallel.dp_join``, ``parallel.dp_scalars``); where they do not,
+the merge noted each disagreement (``replica_mismatches``: the step, what, the ranks). The
+first step with one is where the run's ranks stopped being one training: when no earlier step
+diverged from the other side, it is the first divergent step, its class that of what the
+replicas disagree on first in the step's order -- a grad norm taken on one rank's shard is
+clipping, an LR changed on one rank the schedule, parameters that differ with nothing else the
+optimizer's update -- named with the ranks that differ. No torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..vocabulary import TrainingClass
+from .training_run import FirstDivergent, TrainingVerdict
+
+# A step's scalars in the order the step computes them, and the class each one's disagreement is.
+SCALAR_CLASSES: dict[str, TrainingClass] = {
+    "batch_hash": "data",
+    "tokens": "data",
+    "micro_batches": "settings",
+    "loss": "loss",
+    "zero_grads": "backward",
+    "grad_norm": "clipping",
+    "clip_coef": "clipping",
+    "lr": "schedule",
+    "weight_decay": "schedule",
+    "loss_scale": "optimizer_update",
+    "skipped": "optimizer_update",
+    "update_norm": "optimizer_update",
+    "param_norm": "optimizer_update",
+}
+_HINTS = {
+    "grad_norm": "; each rank took the norm of its own grads (a shard's norm is not the global norm)",
+    "clip_coef": "; the ranks clipped by other coefficients",
+}
+_PREFIX = "step scalar "
+
+
+def _said(m: Mapping[str, Any]) -> str:
+    return f"{', '.join(map(str, m.get('differ', ())))} recorded other values than {m.get('kept')} ({m.get('detail')})"
+
+
+def with_replica_findings(
+    training: TrainingVerdict, mismatches: Sequence[Mapping[str, Any]]
+) -> TrainingVerdict:
+    """``training`` with the replicas' first disagreement as its first divergence, where no
+    earlier step diverged (module doc)."""
+    steps = [m["step"] for m in mismatches if isinstance(m.get("step"), int)]
+    if not steps:
+        return training
+    k = min(steps)
+    first = training.first
+    if first is not None and first.step < k:
+        return training
+    at = [m for m in mismatches if m.get("step") == k]
+    order = list(SCALAR_CLASSES)
+    scalars = sorted(
+        (
+            m
+            for m in at
+            if m.get("kind") == "scalar" and str(m.get("name", ""))[len(_PREFIX) :] in SCALAR_CLASSES
+        ),
+        key=lambda m: order.index(str(m["name"])[len(_PREFIX) :]),
+    )
+    if scalars:
+        m = scalars[0]
+        name = str(m["name"])[len(_PREFIX) :]
+        evidence = f"the DP replicas disagree on {name} at step {k}: {_said(m)}{_HINTS.get(name, '')}"
+        found = FirstDivergent(k, SCALAR_CLASSES[name], name, evidence)
+    elif first is None or first.step > k:
+        m = at[0]
+        kinds: dict[str, TrainingClass] = {"param": "optimizer_update", "param_grad": "grad_reduction"}
+        fallback: TrainingClass = "backward" if m.get("phase") == "backward" else "forward"
+        what = kinds.get(str(m.get("kind")), fallback)
+        evidence = f"the DP replicas disagree on {m.get('name')} ({m.get('kind')}) at step {k}: {_said(m)}"
+        found = FirstDivergent(k, what, str(m.get("name")), evidence)
+    else:
+        return training
+    return replace(training, first=found)

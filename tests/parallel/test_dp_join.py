@@ -1,0 +1,201 @@
+"""Data-parallel replicas that trained on different rows join into the one-process run's
+records (``parallel/dp_join.py``, ``parallel/dp_scalars.py``); replicas that must agree and do
+not are findings naming the rank. Synthetic traces: numbers whose merge is known by hand."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_precalign.errors import ConfigError, TraceError
+from pytest_precalign.parallel.dp_join import split_rows
+from pytest_precalign.parallel.dp_scalars import join_scalars
+from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_option
+from pytest_precalign.parallel.merge import RankTrace, merge_ranks
+from pytest_precalign.trace.records import Record, Stats, Trace
+from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
+
+
+def _stats(a: np.ndarray) -> Stats:
+    return Stats(float(a.max()), float(a.min()), float(a.mean()), float(np.linalg.norm(a)))
+
+
+def _rec(seq: int, name: str, kind: str, a: np.ndarray | None, key: str | None, **kw: Any) -> Record:
+    phase = {"param": "step", "param_grad": "backward", "grad_output": "backward"}.get(kind, "forward")
+    shape = kw.pop("shape", tuple(a.shape) if a is not None else ())
+    stats = _stats(a) if a is not None and kw.pop("stats", True) else None
+    return Record(
+        seq,
+        name,
+        "M",
+        phase,
+        0,
+        0,
+        kind,
+        kw.pop("slot", "out"),
+        "float32",
+        shape,
+        stats,
+        tensor_key=key,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def _rank(
+    rank: int, rows: np.ndarray, *, tokens: int, hash_: str, grad_norm: float = 2.0, param: float = 1.0
+) -> RankTrace:
+    """One DP rank's step: model input (its rows), an activation, its grad, a broadcast
+    position table (the same on each rank), a hash-only record, its loss, a partial grad and the
+    parameter after the step."""
+    act = rows * 2.0
+    grad = rows + 0.5
+    pos = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
+    weight = np.full((2, 2), param, dtype=np.float32)
+    partial = np.full((2, 2), float(rank + 1), dtype=np.float32)
+    loss = np.array(rows.mean(), dtype=np.float32)
+    tensors = {"in": rows, "act": act, "grad": grad, "pos": pos, "w": weight, "pg": partial, "loss": loss}
+    records = (
+        _rec(0, "model", "input", rows, "in", slot="in.0"),
+        _rec(1, "model.pos", "activation", pos, "pos"),
+        _rec(2, "model.layer", "activation", act, "act"),
+        _rec(3, "model.hashed", "activation", act, None, stats=False, crc32=f"{rank:08x}"),
+        _rec(4, "loss", "loss", loss, "loss", slot=""),
+        _rec(5, "model.layer", "grad_output", grad, "grad"),
+        _rec(6, "w", "param_grad", partial, "pg", slot=""),
+        _rec(7, "w", "param", weight, "w", slot=""),
+    )
+    scalars = StepScalars(
+        0, loss=float(loss), lr=(0.1,), grad_norm=grad_norm, tokens=tokens, batch_hash=hash_
+    )
+    manifest = {
+        "step": 0,
+        "param_grads": "backward",
+        "record_mode": "tensor",
+        "parallel": {"dp": 2, "dp_rank": rank, "rank": rank, "world_size": 2},
+        "scalars": scalars_manifest({0: scalars}),
+    }
+    return RankTrace(rank, f"rank{rank}", Trace(manifest, records, tensors))
+
+
+def _rows(rank: int) -> np.ndarray:
+    return (np.arange(12, dtype=np.float32).reshape(2, 3, 2) + 12 * rank) / 10
+
+
+def _joined(**rank1: Any) -> Trace:
+    ranks = [
+        _rank(0, _rows(0), tokens=6, hash_="aa"),
+        _rank(1, _rows(1), tokens=rank1.pop("tokens", 6), hash_="bb", **rank1),
+    ]
+    return merge_ranks(ranks, ParallelLayout(dp=2), where="step0")
+
+
+def test_replicas_that_saw_other_rows_join_along_the_batch() -> None:
+    merged = _joined(tokens=18)  # rank 1's share of the global loss: 18 / 24
+    by_id = {r.id: r for r in merged.records}
+    whole = np.concatenate([_rows(0), _rows(1)])
+    layer = by_id["model.layer|activation|out|0|0"]
+    assert layer.shape == (4, 3, 2)
+    assert layer.stats is not None and math.isclose(
+        layer.stats.norm, float(np.linalg.norm(whole * 2)), rel_tol=1e-6
+    )
+    np.testing.assert_array_equal(merged.array(layer), whole * 2)
+    # The backward of each rank's loss, scaled by its share of the global loss (1/4 and 3/4).
+    grad = by_id["model.layer|grad_output|out|0|0"]
+    expected = np.concatenate([(_rows(0) + 0.5) * 0.25, (_rows(1) + 0.5) * 0.75])
+    np.testing.assert_allclose(merged.array(grad), expected, rtol=1e-6)
+    assert grad.stats is not None and math.isclose(grad.stats.max, float(expected.max()), rel_tol=1e-6)
+    loss = by_id["loss|loss||0|0"]
+    assert loss.stats is not None
+    assert math.isclose(
+        loss.stats.mean, 0.25 * float(_rows(0).mean()) + 0.75 * float(_rows(1).mean()), rel_tol=1e-6
+    )
+    assert by_id["model.pos|activation|out|0|0"].shape == (1, 3, 2)  # the same on each rank: kept once
+    # Partial grads: per replica, never joined, listed with the reason; the parameter kept once.
+    assert "w|param_grad||0|0" not in by_id
+    assert {"w|param_grad|dp0|0|0", "w|param_grad|dp1|0|0"} <= set(by_id)
+    np.testing.assert_array_equal(merged.array(by_id["w|param_grad|dp1|0|0"]), np.full((2, 2), 2.0))
+    block = merged.manifest["dp_join"]["0"]
+    assert block["joined"] is True and block["replicas"] == 2 and block["weights"] == [0.25, 0.75]
+    assert "partial grad" in block["unpaired"]["w|param_grad||0|0"]
+    assert "hash of the joined batch" in block["unpaired"]["model.hashed|activation|out|0|0"]
+    assert "replica_mismatches" not in merged.manifest
+
+
+def test_a_replica_whose_parameter_differs_is_a_finding_naming_its_rank() -> None:
+    merged = _joined(param=1.5)
+    (found,) = merged.manifest["replica_mismatches"]
+    assert (found["name"], found["kind"], found["kept"], found["differ"]) == (
+        "w",
+        "param",
+        "rank0",
+        ["rank1"],
+    )
+
+
+def test_replicas_that_saw_the_same_rows_are_copies_checked_record_by_record() -> None:
+    same = [_rank(r, _rows(0), tokens=6, hash_="aa", param=1.0 + r) for r in range(2)]
+    merged = merge_ranks(same, ParallelLayout(dp=2), where="step0")
+    assert merged.manifest["dp_join"]["0"]["joined"] is False
+    assert next(r for r in merged.records if r.kind == "input").shape == (2, 3, 2)  # not joined
+    noted = {(m["name"], m["kind"], tuple(m["differ"])) for m in merged.manifest["replica_mismatches"]}
+    # (this rank's hash and partial grad are made to differ from rank 0's, its parameter too)
+    assert noted == {
+        (n, k, ("rank1",)) for n, k in [("model.hashed", "activation"), ("w", "param_grad"), ("w", "param")]
+    }
+    different = [_rank(0, _rows(0), tokens=6, hash_="aa"), _rank(1, _rows(1), tokens=6, hash_="bb")]
+    with pytest.raises(TraceError, match="saw different data .* replicas=same refuses"):
+        merge_ranks(different, ParallelLayout(dp=2), where="step0", replica_mode="same")
+
+
+def test_shapes_that_differ_beyond_the_batch_are_listed_not_joined() -> None:
+    padded = _rank(1, np.ones((2, 4, 2), dtype=np.float32), tokens=8, hash_="bb")
+    merged = merge_ranks([_rank(0, _rows(0), tokens=6, hash_="aa"), padded], ParallelLayout(dp=2), where="s")
+    unpaired = merged.manifest["dp_join"]["0"]["unpaired"]
+    assert "shapes differ beyond the batch dim" in unpaired["model.layer|activation|out|0|0"]
+    assert "model.layer|activation|out|0|0" not in {r.id for r in merged.records}
+
+
+def test_scalars_are_the_global_steps_and_replicas_that_disagree_are_named() -> None:
+    manifests = [
+        ("rank0", _rank(0, _rows(0), tokens=6, hash_="aa" * 32).trace.manifest),
+        ("rank1", _rank(1, _rows(1), tokens=18, hash_="bb" * 32, grad_norm=3.0).trace.manifest),
+    ]
+    block, findings = join_scalars(manifests, joined=True)
+    assert block is not None
+    step = scalars_of({"scalars": block})[0]
+    assert step.tokens == 24
+    assert step.loss is not None
+    assert math.isclose(
+        step.loss, 0.25 * float(_rows(0).mean()) + 0.75 * float(_rows(1).mean()), rel_tol=1e-6
+    )
+    assert step.batch_hash is not None and step.batch_hash.startswith(JOINED_HASH)
+    assert step.grad_norm == 2.0  # replica 0's, kept
+    assert [(f["name"], f["step"], f["differ"]) for f in findings] == [
+        ("step scalar grad_norm", 0, ["rank1"])
+    ]
+    # Copies (same rows) must agree on the loss too.
+    _, findings = join_scalars([manifests[0], ("rank1", manifests[1][1])], joined=False)
+    assert {f["name"] for f in findings} >= {"step scalar loss", "step scalar grad_norm"}
+
+
+def test_sides_that_split_the_batch_otherwise_are_listed_by_step() -> None:
+    joined = _joined()
+    one = Trace({"step": 0}, tuple(r for r in joined.records if r.kind == "param"))
+    calls = [
+        Record(i, "model", "M", "forward", 0, i, "input", "in.0", "float32", (2, 3, 2)) for i in range(2)
+    ]
+    two_micro = Trace({"step": 0}, (*calls, *one.records))
+    assert split_rows(two_micro, joined) == {
+        0: "the baseline's one replica x 2 micro-batches, the candidate's 2 DP replicas joined x 1 micro-batch"
+    }
+    assert split_rows(Trace({"step": 0}, (calls[0], *one.records)), joined) == {}  # one call each: same rows
+
+
+def test_the_replicas_option_is_checked() -> None:
+    side, layout = parse_parallel_option("candidate:replicas=joined")
+    assert (side, layout.replicas) == ("candidate", "joined")
+    with pytest.raises(ConfigError, match="replicas='both': expected one of auto, joined, same"):
+        parse_parallel_option("candidate:replicas=both")

@@ -1,0 +1,116 @@
+"""A user's data-parallel runs compared across DP sizes and sharding schemes (issue #45): their
+own loop (``example_suites/recorded_runs/sharded_loop.py``, the documented ``Recorder`` calls)
+run in one process and under torchrun (2 gloo ranks, each training its own rows), compared by
+``precalign compare`` and by a ``dump:`` case. The default suite holds one pair (1 rank vs DDP
+on 2 ranks); the other wrappers, the faults and the suite case are ``slow``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.user_runs import REPO, SCRIPTS, compare, dump_suite, run_dump_suite
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def record(out: Path, nproc: int, *runs: str) -> Path:
+    """``sharded_loop.py OUT RUN...`` in one process or under torchrun with ``nproc`` ranks."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "false"}
+    launch = [sys.executable]
+    if nproc > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    done = subprocess.run(
+        [*launch, str(SCRIPTS / "sharded_loop.py"), str(out), *runs],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=SCRIPTS,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def test_one_rank_and_two_ddp_ranks_of_the_same_global_batch_are_the_same_training(tmp_path: Path) -> None:
+    record(tmp_path, 1, "one:total=3")
+    record(tmp_path, 2, "ddp:wrap=ddp,total=3")
+    judged = compare(tmp_path / "one", tmp_path / "ddp", tmp_path / "report")
+    assert judged.exit_code == 0, judged.output
+    assert judged.verdict() == (None, None)
+    assert judged.training["steps_compared"] == 3 and not judged.training["findings"]
+    # Every phase compared: the replicas' activations joined along the batch (4 rows, as the
+    # one-process run's), their backward scaled to the global loss, the parameters kept once.
+    for phase in ("forward", "backward", "step"):
+        assert f"PASSED one_vs_ddp[{phase}]" in judged.output, judged.output
+    assert "coverage 100%" in judged.output.split("[forward]")[1].splitlines()[0]
+    # The DDP ranks' partial grads have no partner in a one-process run: listed with the reason.
+    assert judged.report is not None
+    backward = next(p for p in judged.report["cases"] if p["phase"] == "backward")
+    unmatched = backward["unmatched"]["baseline"]
+    assert unmatched and all(u["kind"] == "param_grad" and "partial grad" in u["reason"] for u in unmatched)
+
+
+@pytest.mark.slow
+def test_sharding_schemes_reruns_and_faults_at_their_step_class_and_rank(tmp_path: Path) -> None:
+    record(tmp_path, 1, "one:total=4", "one_micro2:total=4,micro=2", "one_tensors:total=2,mode=tensor")
+    record(
+        tmp_path,
+        2,
+        "ddp:wrap=ddp,total=4",
+        "ddp_again:wrap=ddp,total=4",
+        "fsdp2:wrap=fsdp2,total=4",
+        "zero1:wrap=zero1,total=4",
+        "norm:wrap=fsdp2,total=4,local_norm_from=2",
+        "lr:wrap=zero1,total=4,lr_from=3",
+        "scaled:wrap=ddp,total=4,scale_rank_from=1",
+        "stale:wrap=ddp,total=4,stale_from=2",
+        "hashed:wrap=ddp,total=4,mode=hash",
+        "fsdp2_tensors:wrap=fsdp2,total=2,mode=tensor",
+        "ddp_tensors:wrap=ddp,total=2,mode=tensor",
+    )
+    # Tensors: the replicas' rows concatenated and their backward scaled, element by element.
+    for cand in ("ddp_tensors", "fsdp2_tensors"):
+        judged = compare(tmp_path / "one_tensors", tmp_path / cand, tmp_path / f"tensors_{cand}")
+        assert judged.exit_code == 0, judged.output
+        assert "(allclose)" in judged.output
+    for base, cand in (("one", "fsdp2"), ("one", "zero1"), ("ddp", "fsdp2"), ("ddp", "ddp_again")):
+        judged = compare(tmp_path / base, tmp_path / cand, tmp_path / f"{base}_{cand}")
+        assert judged.exit_code == 0, judged.output
+    found = {}
+    for base, cand in (("one", "norm"), ("one", "lr"), ("one", "stale"), ("ddp", "scaled")):
+        judged = compare(tmp_path / base, tmp_path / cand, tmp_path / f"{base}_{cand}")
+        assert judged.exit_code == 1, judged.output
+        found[cand] = (*judged.verdict(), judged.training["origin"], judged.training["evidence"])
+    assert found["norm"][:3] == (2, "clipping", "grad_norm")
+    assert "rank1 recorded other values than" in found["norm"][3]
+    assert found["lr"][:2] == (3, "schedule")
+    assert found["stale"][:3] == (2, "forward", "model.layers.1.mlp.down_proj")
+    assert found["scaled"][:2] == (1, "grad_reduction")
+    judged = compare(tmp_path / "ddp", tmp_path / "scaled", tmp_path / "named")
+    assert "(param_grad, dp1, step 1)" in judged.output  # the rank whose grads were scaled
+    # Sides that split the global batch otherwise: their layers listed as not paired row by row.
+    judged = compare(tmp_path / "one_micro2", tmp_path / "ddp", tmp_path / "split")
+    listed = judged.training["not_compared"]
+    assert listed and all("not paired row by row" in line for line in listed)
+    assert (
+        "the baseline's one replica x 2 micro-batches, the candidate's 2 DP replicas joined x 1 micro-batch"
+        in listed[0]
+    )
+    # Hashes cannot be joined: said, never guessed (the one-process side's records stay unpaired).
+    judged = compare(tmp_path / "one", tmp_path / "hashed", tmp_path / "hashed_report")
+    assert judged.exit_code == 1 and judged.report is not None, judged.output
+    forward = next(p for p in judged.report["cases"] if p["phase"] == "forward")
+    assert not forward["passed"]
+    reasons = {u["reason"] for u in forward["unmatched"]["baseline"]}
+    assert any("the hash of the joined batch is not a function" in r for r in reasons), reasons
+    # A dump: case of an align.yaml compares the same sides.
+    config = dump_suite(tmp_path / "suite", {"dp": (tmp_path / "one", tmp_path / "ddp", None)})
+    done = run_dump_suite(config, tmp_path / "suite_report")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "1 passed" in done.stdout and "aligned" in done.stdout
