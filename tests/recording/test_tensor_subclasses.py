@@ -232,3 +232,22 @@ def test_a_rank_selection_that_leaves_out_a_sharded_rank_is_refused(mesh: Any, t
     rec = Recorder(tmp_path / "all", ranks=[0])  # every rank of this 1-rank world: recorded
     rec.start(model)
     rec.stop()
+
+
+def test_a_partial_dtensor_is_reduced_first(mesh: Any) -> None:
+    """A ``Partial`` DTensor (each rank a summand) is reduced before it is read, in every mode."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    plain = values()
+    partial = DTensor.from_local(plain, mesh, [Partial()])
+    assert tensor_stats(partial) == tensor_stats(plain)
+    for mode in ("stats", "hash"):
+        model = torch.nn.Identity()
+        with HookRecorder(model, mode=mode, grads=False, inputs=False) as rec:
+            rec.capture(partial, name="x", module_class="Identity", kind="activation", slot="out")
+        (got,) = rec.trace().records
+        if mode == "hash":
+            assert got.crc32 == tensor_crc32(plain)
+        else:
+            assert got.stats is not None and (got.stats.max, got.stats.min) == (plain.max(), plain.min())
+            assert math.isclose(got.stats.norm, float(torch.linalg.vector_norm(plain.double())), rel_tol=1e-9)

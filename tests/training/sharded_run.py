@@ -110,7 +110,7 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
         rec.record_initial_params(model)
     losses, norms, full_grads, param_norm = [], [], {}, None
     for step in range(options.steps):
-        batch = ids[step, rank]
+        batch = ids[step, 0 if options.wrap == "tp" else rank]  # tensor-parallel ranks share the rows
         if rec is not None:
             rec.start(model)
             evidence.begin()

@@ -108,7 +108,7 @@ SLOW_RUNS = {
     # DDP reduces the grads after the backward: the reduced ones are recorded at grads_ready()
     "ddp-stats": ("--wrap", "ddp", "--param-grads", "step", "--check"),
     "ddp-stats-backward": ("--wrap", "ddp"),
-    "ddp-hash": ("--wrap", "ddp", "--mode", "hash"),
+    "ddp-hash": ("--wrap", "ddp", "--mode", "hash", "--param-grads", "step"),
     "tp-stats": ("--wrap", "tp", "--check"),
     "tp-hash": ("--wrap", "tp", "--mode", "hash"),
     "zero1-stats": ("--wrap", "zero1", "--param-grads", "step", "--check"),

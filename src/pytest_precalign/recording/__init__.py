@@ -13,7 +13,11 @@ spilled to disk by a background writer (``tensor_sink``) or compared live agains
 (``live_golden``). ``determinism`` sets torch's deterministic switches; ``host_sync`` counts
 device-to-host reads; ``compiled`` and ``npu_backend`` adapt to ``torch.compile`` and torch_npu. ``calls`` holds
 the module call being recorded (and isolation's kept calls); ``forward_guard`` the root hooks
-that give a step up when its forward raises or runs on another thread.
+that give a step up when its forward raises or runs on another thread. ``param_records``
+records the parameters and their grads; ``module_names`` the model's own names and classes
+inside wrappers (checkpointing, FSDP2). Tensor subclasses: ``sharded`` keeps every one from
+raw-pointer code (a ``DTensor`` read as the full tensor it stands for, others refused), and
+``sharded_stats`` combines a stats-mode step's DTensor shards over their mesh at its end.
 The user-facing ``Recorder`` for a training loop is in ``training``, built on this engine.
 """
 

@@ -158,15 +158,13 @@ def summarisable(t: torch.Tensor, rid: str) -> torch.Tensor:
     one message naming the record ``rid`` (torch's reductions raise an internal error on both);
     a tensor subclass as the plain tensor it stands for (a ``DTensor``: its full tensor, gathered
     over its mesh), or refused likewise where the tool cannot read it (``sharded.whole``)."""
-    if not plain(t):
-        t = whole(t, rid)
-    if t.is_meta or t.is_nested:
+    if t.is_meta or t.is_nested:  # a meta DTensor too; a jagged nested tensor is a subclass
         what = "on the meta device (it holds no values)" if t.is_meta else "a nested tensor"
         raise RecorderError(
             f"recorder: {rid} is {what}: its statistics cannot be taken; leave its module out of "
             "the recording (exclude=) or record another level"
         )
-    return as_dense(t)
+    return as_dense(t if plain(t) else whole(t, rid))
 
 
 def stats_reader() -> Callable[[torch.Tensor], Stats]:

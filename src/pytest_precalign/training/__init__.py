@@ -17,7 +17,10 @@
   torch-free, ``config`` validates ``training:`` from it.
 - ``step_evidence``: what one optimizer step did, measured on the live model and optimizer.
 - ``step_norms``: the parameter and update norms, the grads' norm and zero count, each tensor
-  read once.
+  read once; ``sharded_norms``: the same of DTensor parameters and grads (FSDP2, tensor
+  parallelism), summed over the ranks that shard them.
+- ``sharded_layout``: the manifest's ``parallel.dtensors`` block (FSDP2's mesh and settings,
+  DTensor placements, how DTensors were summarised).
 - ``megatron_step``: ``megatron_train_step``, one megatron-core step with its ``StepScalars``.
 - ``megatron_stack``: the ``megatron`` trainer (megatron-core's DDP, optimizer, scheduler).
 - ``megatron_dp``: data parallelism with megatron-core's distributed optimizer.
