@@ -95,10 +95,10 @@ def check_rank_selection(ranks: frozenset[int] | None, mode: str, model: Any) ->
     so a rank not recording would leave the others waiting. One ``ConfigError`` on every rank."""
     if ranks is None or mode == "scalars":
         return
-    from .layout_probe import process_rank
     from .model_checks import chunks_of
 
-    world, _ = process_rank()
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if set(range(world)) <= ranks:
         return
     if any(is_dtensor(p) for chunk in chunks_of(model) for p in chunk.parameters()):
