@@ -16,7 +16,8 @@ sources, expected verdicts) is ``real_bugs/__init__.py``.
 
 Scores, per bug: detected (``precalign compare fixed buggy`` exits 1), right step (the run
 verdict's ``first_divergent_step``), right class (``first_divergent``), right origin (the
-verdict's origin or evidence names the expected module or setting), false alarm (the twins'
+verdict's origin holds the expected module; for a settings bug, its origin or evidence names
+the setting or parameter), false alarm (the twins'
 compare does not exit 0). A wrong verdict is recorded as the tool gave it, never adjusted.
 
     python benchmarks/real_bugs.py                        # every bug; venvs in /work/venvs
@@ -132,7 +133,9 @@ def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
 
 def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     step, what, origin = fault["found"]
-    named = f"{origin or ''} {fault['evidence']} {fault['said']}"
+    # a settings difference is named in the evidence ("weight_decay of model.norm.weight"); any
+    # other origin by the verdict's origin itself (its evidence may name a downstream module)
+    named = f"{origin or ''} {fault['evidence']}" if "settings" in bug.what.split("|") else str(origin or "")
     return {
         "name": bug.name,
         "stack": bug.stack,
@@ -144,7 +147,7 @@ def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, An
         "twin": twin,
         "detected": fault["exit"] == 1,
         "right_step": fault["exit"] == 1 and step == bug.step,
-        "right_class": fault["exit"] == 1 and step == bug.step and what == bug.what,
+        "right_class": fault["exit"] == 1 and step == bug.step and what in bug.what.split("|"),
         "right_origin": fault["exit"] == 1 and any(o in named for o in bug.origin.split("|")),
         "false_alarm": twin["exit"] != 0,
     }
@@ -176,7 +179,7 @@ def markdown(rows: list[dict[str, Any]], figures: dict[str, Any], command: str) 
         "",
         f"Reproduce: `{command}` ({figures['seconds']} s on this machine; release venvs made once under "
         "`--venvs`). Catalogue, sources and expected verdicts: `benchmarks/real_bugs/__init__.py`; "
-        "each bug's reproduction: `benchmarks/real_bugs/NAME.py`; what each bug is: `docs/real_bugs.md`.",
+        "each bug's reproduction: `benchmarks/real_bugs/<name>.py`; what each bug is: `docs/real_bugs.md`.",
         "",
         f"**{figures['detected']}/{n} detected, right step {figures['right_step']}/{n}, right class "
         f"{figures['right_class']}/{n}, right origin {figures['right_origin']}/{n}, false alarms on the "
