@@ -115,8 +115,13 @@ def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
     training = json.loads(file.read_text()).get("training") if file.is_file() else None
     training = training if isinstance(training, dict) else {}
     lines = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
+    told = [line for line in lines if line.startswith("Step ") and "diverged first" in line]
     said = next(
-        (line for line in lines if "diverged first" in line or "do not line up" in line or "rror" in line),
+        (
+            line
+            for line in told + lines
+            if "diverged first" in line or "do not line up" in line or "rror" in line
+        ),
         lines[-1] if lines else "",
     )
     return {
@@ -177,8 +182,8 @@ def markdown(rows: list[dict[str, Any]], figures: dict[str, Any], command: str) 
     out = [
         "# Real silent bugs: what `precalign compare` says",
         "",
-        f"Reproduce: `{command}` ({figures['seconds']} s on this machine; release venvs made once under "
-        "`--venvs`). Catalogue, sources and expected verdicts: `benchmarks/real_bugs/__init__.py`; "
+        f"Reproduce: `{command}` ({figures['seconds']} s this run, {figures['recording']}; release venvs "
+        "made once under `--venvs`). Catalogue, sources and expected verdicts: `benchmarks/real_bugs/__init__.py`; "
         "each bug's reproduction: `benchmarks/real_bugs/<name>.py`; what each bug is: `docs/real_bugs.md`.",
         "",
         f"**{figures['detected']}/{n} detected, right step {figures['right_step']}/{n}, right class "
@@ -260,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
             )
     figures = summary(rows)
     figures["seconds"] = round(time.perf_counter() - started, 1)
+    figures["recording"] = (
+        f"judging recordings kept by an earlier run ({args.judge_only})"
+        if args.judge_only
+        else "recording and judging every bug"
+    )
     command = "python benchmarks/real_bugs.py" + (f" --only {args.only}" if args.only else "")
     n = figures["ran"]
     print(

@@ -44,11 +44,15 @@ def planted_eager(
 
 
 def record(out: Path, side: str, trigger: bool) -> None:
-    if side == "buggy" and trigger:
-        from transformers.models.qwen2 import modeling_qwen2
+    from transformers.models.qwen2 import modeling_qwen2
 
+    original = modeling_qwen2.eager_attention_forward
+    if side == "buggy" and trigger:
         modeling_qwen2.eager_attention_forward = planted_eager
-    train(out, tiny_qwen2(initializer_range=0.2))
+    try:
+        train(out, tiny_qwen2(initializer_range=0.2))
+    finally:
+        modeling_qwen2.eager_attention_forward = original  # the twin runs without the plant
 
 
 if __name__ == "__main__":
