@@ -115,7 +115,11 @@ def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
     training = json.loads(file.read_text()).get("training") if file.is_file() else None
     training = training if isinstance(training, dict) else {}
     lines = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
-    told = [line for line in lines if line.startswith("Step ") and "diverged first" in line]
+    told = [
+        line
+        for line in lines
+        if line.startswith("Step ") and "diverged first" in line or line.startswith("Runs do not line up")
+    ]
     said = next(
         (
             line
