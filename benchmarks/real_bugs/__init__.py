@@ -1,0 +1,233 @@
+"""The catalogue of ``benchmarks/real_bugs.py``: real, public silent bugs of the stacks users
+train and serve with, each a script here (``NAME.py``) that reproduces it at CPU scale on the
+path a user hitting it takes, with its source and the verdict a right answer gives.
+
+``step``/``what``/``origin``: the first optimizer step whose numbers the bug changes
+(0-based), the class of what it changes first (``vocabulary.TrainingClass``: ``settings``,
+``schedule``, ``forward``, ``loss``, ``backward``...) and a substring the verdict's origin or
+its evidence must hold (``a|b``: either). ``what`` may list accepted classes the same way.
+``fixed_release`` / ``buggy_release``: the pip requirements of a venv the side records in
+(None: the current interpreter)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    stack: str
+    source: str
+    path: str
+    step: int
+    what: str
+    origin: str
+    fixed_release: str | None = None
+    buggy_release: str | None = None
+
+
+TF_448 = "transformers==4.48.3 accelerate==1.3.0"
+TF_449 = "transformers==4.49.0 accelerate==1.3.0"
+
+BUGS: tuple[Bug, ...] = (
+    Bug(
+        "ga_loss_normalisation",
+        "transformers",
+        "transformers PR #34191",
+        "Trainer + PrecalignCallback",
+        0,
+        "settings|loss",
+        "loss_normalisation|loss",
+    ),
+    Bug(
+        "custom_model_no_loss_kwargs",
+        "transformers",
+        "transformers issue #37766",
+        "Trainer + PrecalignCallback",
+        0,
+        "settings|loss",
+        "loss_normalisation|loss",
+    ),
+    Bug(
+        "num_items_overcount",
+        "transformers",
+        "transformers PR #46204",
+        "Trainer + PrecalignCallback",
+        0,
+        "loss",
+        "loss",
+    ),
+    Bug(
+        "packing_cross_attention",
+        "transformers",
+        "transformers PR #39194",
+        "Trainer + PrecalignCallback(stats)",
+        0,
+        "forward",
+        "model.layers.0.self_attn",
+    ),
+    Bug(
+        "norm_named_norm_decayed",
+        "transformers",
+        "transformers PR #38922",
+        "Trainer + PrecalignCallback",
+        0,
+        "settings",
+        "model.norm.weight",
+    ),
+    Bug(
+        "trainer_decays_rmsnorm",
+        "transformers",
+        "transformers PR #35927 (4.48.3 -> 4.49.0)",
+        "Trainer + PrecalignCallback",
+        0,
+        "settings",
+        "weight_decay|layernorm",
+        fixed_release=TF_449,
+        buggy_release=TF_448,
+    ),
+    Bug(
+        "eager_softmax_upgrade",
+        "transformers",
+        "issue #46 (upgrade 4.49.0 -> 5.24.0, planted)",
+        "Recorder(stats) under each release",
+        0,
+        "forward",
+        "model.layers.0.self_attn",
+        fixed_release=TF_449,
+    ),
+    Bug(
+        "gemma_gelu_tanh",
+        "transformers",
+        "transformers PR #29402",
+        "Recorder(stats)",
+        0,
+        "forward",
+        "act_fn",
+    ),
+    Bug(
+        "gemma_rmsnorm_bf16",
+        "transformers",
+        "transformers PR #29402",
+        "Recorder(stats), bf16",
+        0,
+        "forward",
+        "model.layers.0.input_layernorm",
+    ),
+    Bug(
+        "gemma_normalizer_dtype",
+        "transformers",
+        "transformers PR #29402",
+        "Recorder(stats), bf16",
+        0,
+        "forward",
+        "model.embed_tokens",
+    ),
+    Bug(
+        "sliding_window_off_by_one",
+        "transformers",
+        "transformers PR #26792, issue #29623",
+        "Recorder(stats)",
+        0,
+        "forward",
+        "model.layers.0.self_attn",
+    ),
+    Bug(
+        "qwen2_use_sliding_window_ignored",
+        "transformers",
+        "transformers issue #38002",
+        "Recorder(stats)",
+        0,
+        "forward",
+        "model.layers.0.self_attn",
+    ),
+    Bug(
+        "llama3_rope_scaling_dropped",
+        "transformers / unsloth",
+        "unsloth PR #6197",
+        "Recorder(stats)",
+        0,
+        "forward",
+        "model.rotary_emb",
+    ),
+    Bug(
+        "sdpa_fully_masked_rows_nan",
+        "torch",
+        "pytorch PR #131060, PR #133882 (issues #41508, #103749)",
+        "Recorder(stats)",
+        0,
+        "forward",
+        "model.layers.0.self_attn",
+    ),
+    Bug(
+        "peft_set_scale_rslora",
+        "peft",
+        "peft issue #2733",
+        "Recorder(stats), LoRA",
+        0,
+        "forward",
+        "q_proj",
+    ),
+    Bug(
+        "grad_checkpointing_frozen_inputs",
+        "transformers / peft",
+        "transformers issue #21381, issue #42489, PR #42494",
+        "Recorder(stats), LoRA",
+        0,
+        "backward",
+        "lora",
+    ),
+    Bug(
+        "ipo_summed_logps",
+        "trl",
+        "trl PR #1265 (issues #1294, #1677)",
+        "Recorder(stats), own IPO loop",
+        0,
+        "loss",
+        "loss",
+    ),
+    Bug(
+        "accelerate_scheduler_every_micro_batch",
+        "accelerate",
+        "accelerate issue #963, PR #999",
+        "AccelerateSteps",
+        0,
+        "schedule",
+        "lr",
+    ),
+    Bug(
+        "lightning_partial_accumulation",
+        "lightning",
+        "Lightning issue #19987",
+        "PrecalignLightningCallback",
+        2,
+        "loss",
+        "loss",
+    ),
+    Bug(
+        "lightning_mean_of_micro_batch_means",
+        "lightning",
+        "Lightning issue #20350",
+        "PrecalignLightningCallback",
+        0,
+        "loss",
+        "loss",
+    ),
+)
+
+# Found while searching, not reproduced here yet (with their sources).
+CANDIDATES: tuple[str, ...] = (
+    "megatron-core: wrong embedding gradients with the distributed optimizer and shared "
+    "embeddings across PP x DP ranks (Megatron-LM issue #844): needs 4 ranks (PP 2 x DP 2).",
+    "megatron-core: learnable attention sinks (softmax_offset) left out of the clipping norm "
+    "under TP, and the other parallelism-composition bugs listed in Megatron-LM issue #7452.",
+    "transformers 4.47.0: the logged loss doubled with gradient_accumulation_steps=2 "
+    "(transformers PR #35438, 'Pass correct num_items_in_batch value into the training_step function'): "
+    "outside the callback's supported range (transformers >= 4.49).",
+    "Lightning: accumulate_grad_batches silently ignored when an epoch is shorter than it "
+    "(Lightning issue #21808).",
+    "transformers: Qwen2 sliding windows applied to the wrong layers with max_window_layers "
+    "(transformers issue #35896).",
+    "flash-attention window off by one in transformers (transformers issue #39408): needs flash-attn (GPU).",
+)

@@ -1,0 +1,60 @@
+"""benchmarks/real_bugs.py on three of its real bugs, the ones that need no second venv, so
+the benchmark cannot rot: each is recorded on its user's path (a PEFT LoRA loop with
+``Recorder``, a Lightning run with ``PrecalignLightningCallback``, a ``transformers.Trainer``
+run with ``PrecalignCallback``), judged by ``precalign compare`` and scored; its clean twin
+must pass. The full benchmark (20 bugs, two release venvs) is ``python benchmarks/real_bugs.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers.paths import REPO, SRC
+
+SUBSET = "peft_set_scale_rslora,lightning_partial_accumulation,num_items_overcount"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(SRC), os.environ.get("PYTHONPATH")))),
+    }
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "real_bugs.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+
+
+def test_subset_is_detected_at_its_step_and_twins_pass(tmp_path: Path) -> None:
+    proc = _run("--only", SUBSET, "--out", str(tmp_path / "real_bugs"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["ran"] == 3
+    assert figures["detected"] == 3
+    assert figures["right_step"] == 3
+    assert figures["false_alarms"] == 0
+    rows = {r["name"]: r for r in figures["rows"]}
+    assert rows["peft_set_scale_rslora"]["fault"]["found"] == [
+        0,
+        "forward",
+        "model.layers.0.self_attn.q_proj",
+    ]
+    assert rows["lightning_partial_accumulation"]["fault"]["found"][:2] == [2, "loss"]
+    assert rows["num_items_overcount"]["fault"]["found"][:2] == [0, "loss"]
+    table = (tmp_path / "real_bugs.md").read_text(encoding="utf-8")
+    assert "| peft_set_scale_rslora | peft | peft issue #2733 | re-implementation |" in table
+    assert "## Candidates found but not yet reproduced" in table
+
+
+def test_unknown_bug_is_one_clear_error() -> None:
+    proc = _run("--only", "no_such_bug")
+    assert proc.returncode == 2
+    assert "--only: unknown bug(s) no_such_bug (allowed:" in proc.stderr
+    assert "Traceback" not in proc.stderr
