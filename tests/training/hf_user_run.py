@@ -13,6 +13,7 @@ after optimizer step STEP.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,10 @@ class TouchFrozen(TrainerCallback):
 
 
 def common(out: Path, options: argparse.Namespace) -> dict[str, Any]:
-    return {
+    """The run's ``TrainingArguments``, those this transformers release knows (4.x has no
+    ``train_sampling_strategy``: its sampler is seeded, which a recording does not change)."""
+    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    given = {
         "output_dir": str(out / "trainer"),
         "max_steps": STEPS,
         "per_device_train_batch_size": ROWS // MICRO,
@@ -70,6 +74,7 @@ def common(out: Path, options: argparse.Namespace) -> dict[str, Any]:
         "use_cpu": True,
         "seed": 0,
     }
+    return {key: value for key, value in given.items() if key in known}
 
 
 def train(out: Path, options: argparse.Namespace) -> Trainer:

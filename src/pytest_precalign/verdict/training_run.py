@@ -173,7 +173,7 @@ def judge_run(
         curves=curves(baseline.scalars, candidate.scalars),
         envelope=told,
         unsaid=_unsaid(baseline, candidate),
-        warnings=warnings,
+        warnings=plan_missing(baseline, candidate) + warnings,
         one_side_only=one_sided(baseline.scalars, candidate.scalars),
     )
 
@@ -198,6 +198,16 @@ def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]
             side = "baseline" if held["baseline"] else "candidate"
             out.append(f"{what} recorded by the {side} only: {skipped}")
     return tuple(out)
+
+
+def plan_missing(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+    """A side whose recorder could not write its plan (``TrainingSettings.plan_missing``),
+    said in every compare of it, whatever the other side holds."""
+    return tuple(
+        f"the {side}'s recording has no training plan: {run.settings.plan_missing}"
+        for side, run in (("baseline", baseline), ("candidate", candidate))
+        if run.settings is not None and run.settings.plan_missing
+    )
 
 
 def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:
