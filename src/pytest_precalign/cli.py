@@ -286,6 +286,8 @@ def _compare(args: argparse.Namespace) -> int:
     from .trace.environment import compare_heading
 
     print("\n".join(compare_heading(args.baseline, args.candidate)))
+    for note in dict.fromkeys(note for _, run in runs for note in run.notes):
+        print(note)
     _print_outcomes(outcomes)
     if args.report:
         entries = [o.entry for o in outcomes if o.entry is not None]

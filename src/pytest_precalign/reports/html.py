@@ -147,7 +147,7 @@ def _origin_html(phases: Sequence[Mapping[str, Any]]) -> str:
     origin = next((p["origin"] for p in phases if isinstance(p.get("origin"), Mapping)), None)
     training = phases[0].get("training") if phases else None
     run_class = training.get("first_divergent") if isinstance(training, Mapping) else None
-    if origin is None or run_class not in (None, "forward", "backward"):
+    if origin is None or run_class not in (None, "forward", "backward", "forward_or_backward"):
         return ""  # a training-loop difference is not told as a layer origin
     word = "Origin" if origin.get("proven") else "Origin unproven"
     return (

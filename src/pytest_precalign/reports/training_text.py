@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..verdict.training_run import TrainingVerdict
 
-LAYER_CLASSES = ("forward", "backward")
+LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
 # How steps are counted, said with every run story (the Trainer's own logs count from 1).
 STEPS_ARE = "(0-based optimizer steps; a Trainer logs step k as k+1)"
 

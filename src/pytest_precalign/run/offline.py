@@ -17,6 +17,7 @@ from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
 from ..mapping.usage import check_applied
+from ..mapping.wrapper_prefix import prefix_mapping, prefix_note, wrapper_prefix
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
@@ -121,6 +122,21 @@ def _same_level(baseline: str | Path, candidate: str | Path) -> None:
     )
 
 
+def _wrapper_mapping(base: Trace, cand: Trace) -> tuple[MappingSpec | None, tuple[str, ...]]:
+    """Without ``--mapping``: a constant wrapper prefix between the sides' names, taken off
+    (``mapping.wrapper_prefix``), with the line that says so."""
+    names = [{r.name for r in side.records if r.module_class != "api"} for side in (base, cand)]
+    found = wrapper_prefix(*names)
+    if found is None:
+        return None, ()
+    side, prefix = found
+    manifest = (base if side == "baseline" else cand).manifest
+    training = manifest.get("training")
+    trainer = training.get("trainer") if isinstance(training, Mapping) else None
+    other = names[1] if side == "baseline" else names[0]
+    return prefix_mapping(side, prefix, other), (prefix_note(side, prefix, trainer),)
+
+
 def _read_sides(
     baseline: str | Path, candidate: str | Path, layouts: Mapping[str, ParallelLayout]
 ) -> tuple[Trace, Trace]:
@@ -157,6 +173,9 @@ def compare_runs(
     # A mapping's $variables: the runs' own model configs, then --var (which wins).
     known = {**manifest_variables(base.manifest, cand.manifest), **(variables or {})}
     spec = _with_layer_mapping(load_mapping(mapping, known), layer_mapping)
+    notes: tuple[str, ...] = ()
+    if spec is None:
+        spec, notes = _wrapper_mapping(base, cand)
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases and is_training_run(base, cand):
         phases = (RUN_PHASE,)  # per-step scalars only: the run's verdict is the step item's
@@ -180,6 +199,8 @@ def compare_runs(
         replay="the runs are recordings, not models to train",
     )
     run = finish(job)
+    if notes:
+        run = replace(run, notes=notes)
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run
