@@ -198,9 +198,7 @@ def compare_runs(
         min_coverage=min_coverage,
         replay="the runs are recordings, not models to train",
     )
-    run = finish(job)
-    if notes:
-        run = replace(run, notes=notes)
+    run = replace(finish(job), notes=notes)
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run
