@@ -83,6 +83,7 @@ class TrainingVerdict:
     expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
+    recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
     warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
     # What one side recorded and the other did not: ``layers`` (steps whose layers only that
     # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
@@ -176,6 +177,7 @@ def judge_run(
         envelope=told,
         unsaid=_unsaid(baseline, candidate),
         warnings=plan_missing(baseline, candidate) + warnings,
+        recorded_with=tuple(s.settings.trainer for s in (baseline, candidate) if s.settings is not None),
         one_side_only=one_sided(baseline.scalars, candidate.scalars),
     )
 
