@@ -311,11 +311,14 @@ def test_compare_names_the_step_a_warmup_one_step_behind_diverges_from_the_scala
     assert training["lane"] == "approximate" and training["steps_compared"] == 5
 
 
-def test_the_hint_names_the_api_the_runs_were_recorded_with(tmp_path, capsys):
+def test_the_hint_names_the_recording_api_and_the_overview_the_step(tmp_path, capsys):
     a = _trained(tmp_path, "a", lambda s: 1e-3 * min(s, 2) / 2, trainer="accelerate")
     b = _trained(tmp_path, "b", lambda s: 1e-3 * min(max(s - 1, 0), 2) / 2, trainer="accelerate")
-    assert main(["compare", str(a), str(b)]) == 1
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 1
     out = capsys.readouterr().out
+    # report.html's overview row of the failed item gives its step and class, not "-"
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<td>step 1: schedule (<code>lr[0]</code>)</td>" in html
     assert (
         "to go further record step 1 in tensor mode on both sides from equal state: "
         'AccelerateSteps(root, accelerator, model, optimizer, mode="tensor", steps=[1]) in your run'
