@@ -153,7 +153,7 @@ def test_attention_fault_across_releases_is_told_at_the_attention_with_masks_set
         [
             "*Origin: model.layers.0.self_attn (forward, step 0) — its inputs and children q_proj, k_proj, "
             "v_proj matched, o_proj's input did not*set aside (not data; their shape, dtype or presence "
-            "changed between the sides): attention_mask*"
+            "changed between the sides): attention_mask*",
         ]
     )
     report = json.loads((pytester.path / "out" / "report.json").read_text())
