@@ -78,3 +78,24 @@ def test_names_that_pair_already_or_share_no_prefix_are_left_alone() -> None:
     assert wrapper_prefix(names, ["encoder.block.0", "decoder.block.0"]) is None
     assert wrapper_prefix(names, ["model." + n for n in names]) == ("candidate", "model.")
     assert wrapper_prefix(["_orig_mod." + n for n in names], names) == ("baseline", "_orig_mod.")
+
+
+def _scalars_run(root: Path, model: torch.nn.Module, loss: float) -> Path:
+    """Per-step scalars and the initial parameters only (the callbacks' default scalars mode)."""
+    rec = Recorder(root, mode="scalars")
+    rec.record_initial_params(model)
+    rec.start(model)
+    rec.record_scalars(loss=loss, grad_norm=1.0)
+    rec.stop()
+    rec.step()
+    rec.close()
+    return root
+
+
+def test_scalars_only_recordings_pair_their_parameter_names_through_the_prefix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = _scalars_run(tmp_path / "plain", _net(), 2.0)
+    wrapped = _scalars_run(tmp_path / "wrapped", Wrapper("model", _net()), 2.0)
+    assert main(["compare", str(plain), str(wrapped)]) == 0, capsys.readouterr().out
+    assert "every candidate name is 'model.' + the baseline's" in capsys.readouterr().out

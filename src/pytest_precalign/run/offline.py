@@ -21,7 +21,7 @@ from ..mapping.wrapper_prefix import prefix_mapping, prefix_note, wrapper_prefix
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
-from ..trace.training_record import is_training_run
+from ..trace.training_record import INITIAL_PARAMS_KEY, is_training_run
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .stored_runs import load_side, load_sides
@@ -125,7 +125,10 @@ def _same_level(baseline: str | Path, candidate: str | Path) -> None:
 def _wrapper_mapping(base: Trace, cand: Trace) -> tuple[MappingSpec | None, tuple[str, ...]]:
     """Without ``--mapping``: a constant wrapper prefix between the sides' names, taken off
     (``mapping.wrapper_prefix``), with the line that says so."""
-    names = [{r.name for r in side.records if r.module_class != "api"} for side in (base, cand)]
+    names = [
+        {r.name for r in side.records if r.module_class != "api"} | set(_initial_params(side.manifest))
+        for side in (base, cand)
+    ]
     found = wrapper_prefix(*names)
     if found is None:
         return None, ()
@@ -135,6 +138,12 @@ def _wrapper_mapping(base: Trace, cand: Trace) -> tuple[MappingSpec | None, tupl
     trainer = training.get("trainer") if isinstance(training, Mapping) else None
     other = names[1] if side == "baseline" else names[0]
     return prefix_mapping(side, prefix, other), (prefix_note(side, prefix, trainer),)
+
+
+def _initial_params(manifest: Mapping[str, Any]) -> list[str]:
+    """The parameter names of a run's initial parameters (a scalars-only recording's names)."""
+    found = manifest.get(INITIAL_PARAMS_KEY)
+    return [str(name) for name in found] if isinstance(found, Mapping) else []
 
 
 def _read_sides(
