@@ -61,7 +61,7 @@ def common(out: Path, options: argparse.Namespace) -> dict[str, Any]:
         "per_device_train_batch_size": ROWS // MICRO,
         "gradient_accumulation_steps": MICRO,
         "learning_rate": 0.01,
-        "weight_decay": 0.1,
+        "weight_decay": options.weight_decay,
         "max_grad_norm": 1.0,
         "warmup_steps": 1,
         "lr_scheduler_type": options.scheduler,
@@ -119,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--bf16", type=int, default=None)
     parser.add_argument("--alpha", type=int, default=8)
     parser.add_argument("--mode", default="stats")
+    parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--touch-frozen", type=int, default=None)
     parser.add_argument("--no-callback", dest="callback", action="store_false")
     return parser
