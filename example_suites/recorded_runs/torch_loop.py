@@ -8,7 +8,8 @@ Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Key
 (scalars | stats | tensor | hash; default scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``), ``format`` (native | msprobe), ``lr`` (peak LR), faults from optimizer
 step k: ``clip_from=k`` (clip norm 0.05), ``shuffle_from=k`` (rows of steps k.. permuted),
-``layer_bug_from=k`` (model.layers.1.mlp's output x 1.2).
+``layer_bug_from=k`` (model.layers.1.mlp's output x ``layer_scale``, default 1.2); and
+``beta2`` (AdamW's, default 0.999: 0.99 is a silent optimizer change, with no plan recorded).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ BASELINE: dict[str, Any] = {
     "clip_from": None,
     "shuffle_from": None,
     "layer_bug_from": None,
+    "layer_scale": 1.2,
+    "beta2": 0.999,
 }
 
 
@@ -46,14 +49,16 @@ def train(out: Path, run: dict[str, Any]) -> None:
     model = tiny_qwen2()
     step_now = [0]
     if run["layer_bug_from"] is not None:
-        k = run["layer_bug_from"]
+        k, scale = run["layer_bug_from"], run["layer_scale"]
         model.model.layers[1].mlp.register_forward_hook(
-            lambda module, args, output: output * 1.2 if step_now[0] >= k else None
+            lambda module, args, output: output * scale if step_now[0] >= k else None
         )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=run["lr"]
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=run["lr"],
+        betas=(0.9, run["beta2"]),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup)
     shuffle = None if run["shuffle_from"] is None else run["shuffle_from"] * ROWS

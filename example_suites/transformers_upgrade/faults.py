@@ -15,3 +15,24 @@ def scale_first_mlp(model: torch.nn.Module) -> None:
         return forward(*args, **kwargs) * 1.01
 
     mlp.forward = scaled
+
+
+def soften_first_attention(model: torch.nn.Module) -> None:
+    """The first decoder layer's eager attention takes its softmax at temperature 1.02 (as an
+    upgrade that changes how attention's softmax is computed would)."""
+    decoder = model.get_decoder()
+    attention = decoder.layers[0].self_attn
+    forward = attention.forward
+    softmax = torch.nn.functional.softmax
+
+    def softened(*args: object, **kwargs: object) -> object:
+        def warm(scores: torch.Tensor, *more: object, **options: object) -> torch.Tensor:
+            return softmax(scores / 1.02, *more, **options)  # type: ignore[arg-type]
+
+        torch.nn.functional.softmax = warm  # type: ignore[assignment]
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            torch.nn.functional.softmax = softmax
+
+    attention.forward = softened

@@ -108,14 +108,36 @@ def _check_weights_parser(sub: Any) -> None:
 
 def _check_weights(args: argparse.Namespace) -> int:
     from .checkpoints.compare import compare_checkpoints, load_checkpoint
+    from .config.presets import manifest_variables
     from .run.offline import load_mapping
 
-    mapping = load_mapping(args.mapping, _variables(args.var))
+    # A mapping's $variables: the folders' own config.json (an HF checkpoint's), then --var.
+    configs = [_hf_config(Path(folder)) for folder in (args.first, args.second)]
+    known = manifest_variables(*({"model_config": {"source": "transformers", "fields": c}} for c in configs))
+    mapping = load_mapping(args.mapping, {**known, **_variables(args.var)})
     trust = args.trust_checkpoint
     first = load_checkpoint(Path(args.first), trust=trust)
     diff = compare_checkpoints(first, load_checkpoint(Path(args.second), trust=trust), mapping)
     print("\n".join(diff.lines()))
     return 0 if diff.aligned else 1
+
+
+def _hf_config(folder: Path) -> dict[str, Any]:
+    """An HF checkpoint folder's ``config.json`` (its text config for a multimodal one); {}
+    without one. Read as JSON only (nothing is executed)."""
+    import json
+
+    file = folder / "config.json"
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: not a readable JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    text = data.get("text_config")
+    return {**data, **text} if isinstance(text, dict) else data
 
 
 def _compare_parser(compare: argparse.ArgumentParser) -> None:
@@ -288,6 +310,8 @@ def _compare(args: argparse.Namespace) -> int:
     from .trace.environment import compare_heading
 
     print("\n".join(compare_heading(args.baseline, args.candidate)))
+    for note in dict.fromkeys(note for _, run in runs for note in run.notes):
+        print(note)
     _print_outcomes(outcomes)
     if args.report:
         entries = [o.entry for o in outcomes if o.entry is not None]

@@ -42,6 +42,9 @@ TrainingClass = Literal[
     "forward",
     "loss",
     "backward",
+    # The scalars alone cannot tell: the grad norm moved past its tolerance and the loss moved
+    # too, within its own (a per-step-scalars-only recording has no layer to say which).
+    "forward_or_backward",
     "grad_reduction",
     "clipping",
     "schedule",

@@ -78,3 +78,12 @@ def test_bad_input_is_one_message_exit_2(
     assert main(["check-weights", str(hf_dir), str(broken)]) == 2
     assert "model_optim_rng.pt: not a Megatron checkpoint" in capsys.readouterr().err
     assert os.listdir(empty) == []
+
+
+def test_the_hf_folders_config_json_gives_the_mappings_variables(
+    hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No ``--var``: the heads the preset's qkv rule needs come from the HF folder's config.json."""
+    good = _save_legacy(tmp_path / "good", _convert(load_checkpoint(hf_dir)))
+    assert main(["check-weights", str(hf_dir), str(good), "--mapping=preset:megatron-qwen2.5"]) == 0
+    assert "ALIGNED" in capsys.readouterr().out

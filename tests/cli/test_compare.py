@@ -276,7 +276,7 @@ def test_compare_min_coverage_sets_the_floor(tmp_path, capsys):
     assert ok["ratio"] == low["ratio"] and ok["floor"] == float(floor) and ok["passed"]
 
 
-def _trained(tmp_path, name, lr):
+def _trained(tmp_path, name, lr, trainer=None):
     """A user's run recorded with the Recorder's per-step scalars (5 steps) and layer stats."""
     from pytest_precalign.trace.step_scalars import StepScalars, scalars_manifest
 
@@ -286,7 +286,10 @@ def _trained(tmp_path, name, lr):
     with HookRecorder(model, mode="stats") as rec:
         model(x).sum().backward()
     steps = {s: StepScalars(step=s, loss=2.0 - 0.1 * s, lr=(lr(s),), grad_norm=1.0) for s in range(5)}
-    return write_trace(rec.trace({"side": name, "scalars": scalars_manifest(steps)}), tmp_path / name)
+    manifest = {"side": name, "scalars": scalars_manifest(steps)}
+    if trainer is not None:  # who recorded it, as a recorder writes it in the manifest
+        manifest["training"] = {"trainer": trainer, "framework": {"name": "accelerate", "version": "1.15.0"}}
+    return write_trace(rec.trace(manifest), tmp_path / name)
 
 
 def test_compare_names_the_step_a_warmup_one_step_behind_diverges_from_the_scalars(tmp_path, capsys):
@@ -306,6 +309,21 @@ def test_compare_names_the_step_a_warmup_one_step_behind_diverges_from_the_scala
     assert (training["first_divergent_step"], training["first_divergent"]) == (1, "schedule")
     assert training["replay"]["story"].startswith(hint)
     assert training["lane"] == "approximate" and training["steps_compared"] == 5
+
+
+def test_the_hint_names_the_recording_api_and_the_overview_the_step(tmp_path, capsys):
+    a = _trained(tmp_path, "a", lambda s: 1e-3 * min(s, 2) / 2, trainer="accelerate")
+    b = _trained(tmp_path, "b", lambda s: 1e-3 * min(max(s - 1, 0), 2) / 2, trainer="accelerate")
+    assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    # report.html's overview row of the failed item gives its step and class, not "-"
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<td>step 1: schedule (<code>lr[0]</code>)</td>" in html
+    assert (
+        "to go further record step 1 in tensor mode on both sides from equal state: "
+        'AccelerateSteps(root, accelerator, model, optimizer, mode="tensor", steps=[1]) in your run'
+    ) in out, out
+    assert "PrecalignCallback" not in out and "Recorder(" not in out
 
 
 def test_compare_fails_closed_on_a_step_one_side_skipped(tmp_path, capsys):

@@ -124,3 +124,40 @@ def test_injected_fault_fails_with_the_environment_diff_and_the_layer(
             "*First divergence: model.layers.0.mlp (activation, out, step 0), origin*",
         ]
     )
+
+
+def test_attention_fault_across_releases_is_told_at_the_attention_with_masks_set_aside(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, recorded: Path, run_pytest: RunPytest, xdist: bool
+) -> None:
+    """The attention mask and ``cache_position`` changed form between 4.49 and today's release:
+    they neither stop the walk at ``self_attn`` nor let a ModuleList that never runs
+    (``model.layers``) be named the origin."""
+    folder = _suite(recorded, example_suite)
+    config = folder / "align.yaml"
+    spec = 'qwen2_5: {source: factory, factory: "tiny_models:qwen2_5"}'
+    config.write_text(
+        config.read_text().replace(spec, spec[:-1] + ', patch: "faults:soften_first_attention"}')
+    )
+    result = run_pytest(
+        "--align-config",
+        f"{SUITE}/align.yaml",
+        "--align-baseline",
+        f"{SUITE}/baselines",
+        "--align-report",
+        "out",
+        "-k",
+        "qwen2_5 and forward and not vl",
+    )
+    result.assert_outcomes(failed=1, deselected=0 if xdist else 3)
+    result.stdout.fnmatch_lines(
+        [
+            "*Origin: model.layers.0.self_attn (forward, step 0) — its inputs and children q_proj, k_proj, "
+            "v_proj matched, o_proj's input did not*set aside (not data; their shape, dtype or presence "
+            "changed between the sides): attention_mask*",
+        ]
+    )
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    (entry,) = report["cases"]
+    assert entry["origin"]["module"] == "model.layers.0.self_attn"
+    assert entry["origin"]["proven"] is True
+    assert "attention_mask" in entry["first_divergence"]["set_aside"]

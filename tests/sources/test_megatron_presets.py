@@ -192,3 +192,27 @@ def test_a_family_no_preset_builds_is_pointed_to_your_own_megatron_model(tmp_pat
         "; a family no preset builds is your own megatron-core model through source: factory with "
         "runtime: megatron (docs/megatron_vs_hf.md, 'Your own Megatron model')"
     ), message
+
+
+@pytest.mark.parametrize(("window", "refused"), [("", True), (", sliding_window: null", False)])
+def test_an_hf_sliding_window_against_a_preset_without_one_is_refused_before_comparing(
+    tmp_path, window, refused
+):
+    """An HF Mistral (sliding_window 4096 by default) against ``preset: llama`` (full attention)."""
+    fields = "{vocab_size: 100, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2"
+    text = (
+        "version: 1\nmodels:\n"
+        f"  hf: {{source: hf, class: transformers.MistralForCausalLM, config: {fields}{window}}}}}\n"
+        f"  mc: {{source: megatron, preset: llama, config: {fields}}}}}\n"
+        "inputs:\n  x: {kind: tokens, batch: 1, seq_len: 4, vocab_size: 100}\n"
+        "cases:\n  - {name: c, baseline: hf, candidate: mc, inputs: x}\n"
+    )
+    config = load_config(text, tmp_path / "a.yaml")
+    if not refused:
+        preflight_case(config, config.cases[0])
+        return
+    with pytest.raises(PrecalignError) as info:
+        preflight_case(config, config.cases[0])
+    message = str(info.value)
+    assert "models.hf.config: sliding_window 4096" in message and "preset 'llama'" in message, message
+    assert "set sliding_window: null" in message and "\n" not in message

@@ -14,6 +14,7 @@ after optimizer step STEP.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -53,13 +54,16 @@ class TouchFrozen(TrainerCallback):
 
 
 def common(out: Path, options: argparse.Namespace) -> dict[str, Any]:
-    return {
+    """The run's ``TrainingArguments``, those this transformers release knows (4.x has no
+    ``train_sampling_strategy``: its sampler is seeded, which a recording does not change)."""
+    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    given = {
         "output_dir": str(out / "trainer"),
         "max_steps": STEPS,
         "per_device_train_batch_size": ROWS // MICRO,
         "gradient_accumulation_steps": MICRO,
         "learning_rate": 0.01,
-        "weight_decay": 0.1,
+        "weight_decay": options.weight_decay,
         "max_grad_norm": 1.0,
         "warmup_steps": 1,
         "lr_scheduler_type": options.scheduler,
@@ -72,6 +76,7 @@ def common(out: Path, options: argparse.Namespace) -> dict[str, Any]:
         "use_cpu": True,
         "seed": 0,
     }
+    return {key: value for key, value in given.items() if key in known}
 
 
 def train(out: Path, options: argparse.Namespace) -> Trainer:
@@ -116,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--bf16", type=int, default=None)
     parser.add_argument("--alpha", type=int, default=8)
     parser.add_argument("--mode", default="stats")
+    parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--touch-frozen", type=int, default=None)
     parser.add_argument("--no-callback", dest="callback", action="store_false")
     return parser

@@ -2,7 +2,8 @@
 as docs/training.md shows (``example_suites/recorded_runs/torch_loop.py``, run in a subprocess),
 saved in both formats, judged by ``precalign compare``: the same run verdict whatever the format;
 a fault from step k at step k; a rerun passes. The loop writes no plan, so another peak LR is
-found in the run (``schedule`` at step 1: step 0 has LR 0 under the warmup)."""
+found in the run (``schedule`` at step 1: step 0 has LR 0 under the warmup); a change too small
+for any tolerance at its step is told there when a later step exceeds one."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "lr:lr=6e-3",
         "clip3:clip_from=3",
         "shuffle3:shuffle_from=3",
+        "beta2:beta2=0.99",
+        "mlp5:layer_bug_from=5,layer_scale=1.01",
     )
 
 
@@ -58,7 +61,18 @@ def test_a_rerun_of_the_loop_passes(loop_runs: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "step", "diverged"), [("lr", 1, "schedule"), ("clip3", 3, "clipping"), ("shuffle3", 3, "data")]
+    ("fault", "step", "diverged"),
+    [
+        ("lr", 1, "schedule"),
+        ("clip3", 3, "clipping"),
+        ("shuffle3", 3, "data"),
+        # AdamW's beta2 0.99 (no plan recorded): step 1's update moves first, step 2's grad norm
+        # exceeds its tolerance after it.
+        ("beta2", 1, "optimizer_update"),
+        # layer 1's MLP x 1.01 from step 5: the loss moves at step 5 (inside its tolerance), the
+        # grad norm exceeds its own at step 6.
+        ("mlp5", 5, "forward"),
+    ],
 )
 def test_a_fault_in_the_loop_is_named_at_its_step(
     loop_runs: Path, tmp_path: Path, fault: str, step: int, diverged: str

@@ -8,12 +8,14 @@ The policy (pytest-regressions'): a baseline written now fails; ``updated``
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..config.specs import CaseSpec
 from ..reports.document import phase_dict
 from ..reports.text import PhaseReport, summary_line
 from ..run.outcome import ItemOutcome, plain_entry
+from ..trace.environment import summary_changes
 from ..vocabulary import Phase, UpdatePolicy
 from .messages import accept_command, baseline_dict, mismatch_message, updated_message, written_message
 from .store import BaselineOutcome
@@ -71,9 +73,10 @@ def baseline_outcome(
     updated = f"; baseline {outcome.action}" if outcome.action == "updated" else ""
     if outcome.variants > 1:
         updated += f"; baseline variant {outcome.variant or 'default'} (closest of {outcome.variants})"
-    if outcome.env_diff:  # an upgrade that passes says what it passed across
-        updated += f"; since the baseline: {', '.join(outcome.env_diff[:3])}"
-        updated += f" (+{len(outcome.env_diff) - 3} more)" if len(outcome.env_diff) > 3 else ""
+    changes = summary_changes(outcome.env_diff, sys.modules)
+    if changes:  # an upgrade that passes says what it passed across (all of it in the message)
+        updated += f"; since the baseline: {', '.join(changes[:3])}"
+        updated += f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
     return ItemOutcome(
         name,
         passed=passed,

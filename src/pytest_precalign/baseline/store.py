@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._atomic import fsync_file, publish_dir, share_file, temp_dir_beside
-from ..errors import TraceError
+from ..errors import CaseError, TraceError
 from ..mapping.spec import MappingSpec
 from ..trace.environment import environment_diff, weights_diff
 from ..vocabulary import UPDATE_POLICIES
@@ -239,7 +239,6 @@ class BaselineOutcome:
 def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run_id: str) -> BaselineOutcome:
     """Record the case's candidate and compare it with ``root/<case>``, writing or updating
     the baseline as ``update`` ("none", "mismatched", "all") allows."""
-    from .record_side import record_side
 
     if update not in UPDATE_POLICIES:
         raise ValueError(update)
@@ -259,7 +258,7 @@ def check_case(config: AlignConfig, case: CaseSpec, root: Path, update: str, run
             )
         stored_side = str(stored.manifest.get("side", "candidate")) if stored is not None else "candidate"
         stored_weights = read_weights(target) if stored is not None else None
-        rec = record_side(config, case, "candidate", stored_weights=stored_weights, stored_side=stored_side)
+        rec = _record_on_stored(config, case, target, root, stored_weights, stored_side)
         extra = {"run_id": run_id, "written_by": "pytest --align-baseline", "written_at": _now()}
         if stored is None:
             write_stored(rec.trace, rec.weights, target, extra=extra)
@@ -338,6 +337,35 @@ def _compare(
         stored_env=stored.manifest,
         recovered=recovered,
     )
+
+
+STALE_WEIGHTS = "weights.sync: shape mismatch"
+
+
+def _record_on_stored(
+    config: AlignConfig,
+    case: CaseSpec,
+    target: Path,
+    root: Path,
+    stored_weights: Mapping[str, Any] | None,
+    stored_side: str,
+) -> Any:
+    """The candidate recorded from the stored weights; weights that no longer fit the model
+    (another config since the baseline was recorded) are a stale baseline, with the command
+    that records it anew."""
+    from .record_side import record_side
+
+    try:
+        return record_side(config, case, "candidate", stored_weights=stored_weights, stored_side=stored_side)
+    except CaseError as exc:
+        if not str(exc).startswith(STALE_WEIGHTS) or stored_weights is None:
+            raise
+        shown = str(exc).removeprefix(STALE_WEIGHTS + ": ")
+        raise CaseError(
+            f"the stored baseline {target} is stale: its weights.safetensors no longer fits the model as "
+            f"configured now ({shown}); record it anew with: precalign record {config.path} --out {root} "
+            f"--case {case.name} --overwrite"
+        ) from None
 
 
 def _step_judge(

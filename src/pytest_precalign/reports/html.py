@@ -142,12 +142,26 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
     return text
 
 
+def _first_cell(first: Mapping[str, Any], training: Any) -> str:
+    """The overview's first divergence: the record, else a training run's first divergent step
+    and class (a run judged by its per-step scalars has no record), else ``-``."""
+    if first.get("name"):
+        return f"<code>{esc(first['name'])}</code>"
+    if isinstance(training, Mapping) and training.get("first_divergent_step") is not None:
+        origin = training.get("origin")
+        tail = f" (<code>{esc(origin)}</code>)" if origin else ""
+        return f"step {esc(training['first_divergent_step'])}: {esc(training.get('first_divergent'))}{tail}"
+    if isinstance(training, Mapping) and training.get("findings"):
+        return f"runs do not line up: {esc(training['findings'][0])}"
+    return "-"
+
+
 def _origin_html(phases: Sequence[Mapping[str, Any]]) -> str:
     """The case's origin (the same in each phase's entry), above its phases."""
     origin = next((p["origin"] for p in phases if isinstance(p.get("origin"), Mapping)), None)
     training = phases[0].get("training") if phases else None
     run_class = training.get("first_divergent") if isinstance(training, Mapping) else None
-    if origin is None or run_class not in (None, "forward", "backward"):
+    if origin is None or run_class not in (None, "forward", "backward", "forward_or_backward"):
         return ""  # a training-loop difference is not told as a layer origin
     word = "Origin" if origin.get("proven") else "Origin unproven"
     return (
@@ -331,11 +345,7 @@ def render_html(document: Mapping[str, Any]) -> str:
                 f'<tr><td><a href="#{esc(case_id)}-{esc(p.get("phase"))}">{esc(name)}</a></td>'
                 f"<td>{esc(p.get('phase'))}</td><td>{_badge(str(p.get('verdict') or ('passed' if p.get('passed') else 'failed')))}</td>"
                 f"<td>{esc(p.get('compared'))}</td><td>{esc(p.get('failed'))}</td>"
-                + (
-                    f"<td><code>{esc(first['name'])}</code></td></tr>"
-                    if first.get("name")
-                    else "<td>-</td></tr>"
-                )
+                + f"<td>{_first_cell(first, p.get('training'))}</td></tr>"
             )
         head = phases[0]
         sides = f"baseline <code>{esc(head.get('baseline'))}</code> → candidate <code>{esc(head.get('candidate'))}</code>"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..verdict.training_run import TrainingVerdict
 
-LAYER_CLASSES = ("forward", "backward")
+LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
 # How steps are counted, said with every run story (the Trainer's own logs count from 1).
 STEPS_ARE = "(0-based optimizer steps; a Trainer logs step k as k+1)"
 
@@ -16,7 +16,10 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     warned = [f"Warning: {warning}" for warning in v.warnings]
     if v.first is None and not v.findings and v.met is None:
         return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)", *warned]
-    lines: list[str] = []
+    # Evidence one side lacks comes first: any story after it was told without that evidence.
+    lines = [w for w in warned if "has no training plan" in w]
+    warned = [w for w in warned if w not in lines]
+    lines += [f"Runs do not line up: {finding}" for finding in v.findings]
     if v.met is False:
         found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
         lines.append(f"Known divergence not reproduced: expected {v.expected}, found {found}")
@@ -38,17 +41,17 @@ def training_lines(v: TrainingVerdict) -> list[str]:
             lines.append(f"  {v.envelope}")
     if v.met:
         lines.append(f"  the expected divergence: {v.expected}")
-    lines.extend(f"Runs do not line up: {finding}" for finding in v.findings)
     lines.extend(f"Not compared: {what}" for what in v.not_compared)
     return lines + warned
 
 
 def training_summary(v: TrainingVerdict) -> str:
     """``; step 3 diverged first: schedule (lr[0])`` for the summary line."""
+    lacking = f"; runs do not line up ({len(v.findings)} finding(s): {v.findings[0]})" if v.findings else ""
     if v.first is not None:
-        return f"; step {v.first.step} diverged first: {v.first.what} ({v.first.origin})"
+        return f"{lacking}; step {v.first.step} diverged first: {v.first.what} ({v.first.origin})"
     if v.findings:
-        return f"; runs do not line up ({len(v.findings)} finding(s))"
+        return lacking
     if v.warnings:
         return f"; warning: {v.warnings[0]}" + (
             f" (+{len(v.warnings) - 1} more)" if len(v.warnings) > 1 else ""

@@ -51,9 +51,29 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
 
             what = f"models.{spec.name}.weights"
             check_trusted(Path(weights["load"]), weights["format"], what, trust=bool(weights.get("trust")))
+    _same_attention_window(config, case)
     # The inputs resolve (a factory imports); they are built when the case runs: a seq_len of
     # 1e9 must not cost ``validate`` its memory.
     check_inputs(config.inputs[case.inputs], config.base_dir)
+
+
+def _same_attention_window(config: AlignConfig, case: CaseSpec) -> None:
+    """An HF model whose config sets a sliding attention window against a megatron preset
+    (none builds one: every token attends to all earlier ones) is refused before comparing."""
+    specs = (config.models[case.baseline], config.models[case.candidate])
+    for spec, other in (specs, specs[::-1]):
+        if spec.source != "hf" or other.source != "megatron":
+            continue
+        from ..sources.hf import sliding_window
+
+        window = sliding_window(spec, config.base_dir)
+        if window is not None:
+            raise SourceError(
+                f"{spec.where}: models.{spec.name}.config: sliding_window {window} (each token attends to "
+                f"the last {window} only), but models.{other.name} (preset {other.options.get('preset')!r}) "
+                "builds full causal attention: set sliding_window: null in its config, or compare it "
+                "against a model with the same window"
+            )
 
 
 def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:

@@ -17,10 +17,11 @@ from ..errors import ConfigError, TraceError
 from ..mapping.layer_mapping import read_layer_mapping
 from ..mapping.spec import MappingSpec, read_mapping_file
 from ..mapping.usage import check_applied
+from ..mapping.wrapper_prefix import prefix_mapping, prefix_note, wrapper_prefix
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
-from ..trace.training_record import is_training_run
+from ..trace.training_record import INITIAL_PARAMS_KEY, is_training_run
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .stored_runs import load_side, load_sides
@@ -121,6 +122,30 @@ def _same_level(baseline: str | Path, candidate: str | Path) -> None:
     )
 
 
+def _wrapper_mapping(base: Trace, cand: Trace) -> tuple[MappingSpec | None, tuple[str, ...]]:
+    """Without ``--mapping``: a constant wrapper prefix between the sides' names, taken off
+    (``mapping.wrapper_prefix``), with the line that says so."""
+    names = [
+        {r.name for r in side.records if r.module_class != "api"} | set(_initial_params(side.manifest))
+        for side in (base, cand)
+    ]
+    found = wrapper_prefix(*names)
+    if found is None:
+        return None, ()
+    side, prefix = found
+    manifest = (base if side == "baseline" else cand).manifest
+    training = manifest.get("training")
+    trainer = training.get("trainer") if isinstance(training, Mapping) else None
+    other = names[1] if side == "baseline" else names[0]
+    return prefix_mapping(side, prefix, other), (prefix_note(side, prefix, trainer),)
+
+
+def _initial_params(manifest: Mapping[str, Any]) -> list[str]:
+    """The parameter names of a run's initial parameters (a scalars-only recording's names)."""
+    found = manifest.get(INITIAL_PARAMS_KEY)
+    return [str(name) for name in found] if isinstance(found, Mapping) else []
+
+
 def _read_sides(
     baseline: str | Path, candidate: str | Path, layouts: Mapping[str, ParallelLayout]
 ) -> tuple[Trace, Trace]:
@@ -157,6 +182,9 @@ def compare_runs(
     # A mapping's $variables: the runs' own model configs, then --var (which wins).
     known = {**manifest_variables(base.manifest, cand.manifest), **(variables or {})}
     spec = _with_layer_mapping(load_mapping(mapping, known), layer_mapping)
+    notes: tuple[str, ...] = ()
+    if spec is None:
+        spec, notes = _wrapper_mapping(base, cand)
     phases = tuple(p for p in PHASES if any(r.phase == p for r in base.records))
     if not phases and is_training_run(base, cand):
         phases = (RUN_PHASE,)  # per-step scalars only: the run's verdict is the step item's
@@ -179,7 +207,7 @@ def compare_runs(
         min_coverage=min_coverage,
         replay="the runs are recordings, not models to train",
     )
-    run = finish(job)
+    run = replace(finish(job), notes=notes)
     if custom:
         run = replace(run, custom_metrics=custom_metric_values(run, custom))
     return run

@@ -67,6 +67,7 @@ class CaseRun:
     stopped: bool = False  # stopped before step 0 (the sides' plans differ): nothing trained
     to_replay: int | None = None  # a failing run's first divergent step (``step_replay``)
     judging: CaseJudging | None = None  # what was judged (``judged_again``)
+    notes: tuple[str, ...] = ()  # lines said once before the verdicts (a wrapper prefix taken off)
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,29 @@ def build(spec: ModelSpec, base_dir: Path) -> torch.nn.Module:
     if not isinstance(module, torch.nn.Module):
         raise SourceError(f"{what}: {options.get('class')} did not build a torch.nn.Module")
     return module
+
+
+def sliding_window(spec: ModelSpec, base_dir: Path) -> int | None:
+    """The attention window the HF model's config sets (``sliding_window`` while
+    ``use_sliding_window`` is not false), or None: read from its ``config:`` through its config
+    class, or from a ``pretrained:`` folder's config.json; nothing is built."""
+    import json
+
+    options = spec.options
+    if "pretrained" in options:
+        file = (base_dir / str(options["pretrained"])).resolve() / "config.json"
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        fields = data if isinstance(data, dict) else {}
+    else:
+        cls = import_object(str(options["class"]), base_dir, f"{spec.where}: models.{spec.name}.class")
+        config_cls = getattr(cls, "config_class", None)
+        try:
+            fields = vars(config_cls(**dict(options.get("config") or {}))) if config_cls else {}
+        except Exception:  # the build says why, in its own words
+            return None
+    window = fields.get("sliding_window")
+    active = fields.get("use_sliding_window", True) is not False
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) and active else None

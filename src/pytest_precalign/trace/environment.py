@@ -5,7 +5,7 @@ settings, the initial weights' and the inputs' checksums. Read from manifest.jso
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,39 @@ def environment_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         if a.get(key) != b.get(key):
             out.append(f"{label} {_short(a.get(key))} → {_short(b.get(key))}")
     return out
+
+
+# Each recorded distribution's top-level module (what a model imports when it uses it).
+MODULE_OF = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "megatron-core": "megatron",
+    "safetensors": "safetensors",
+    "accelerate": "accelerate",
+    "trl": "trl",
+    "peft": "peft",
+    "lightning": "lightning",
+    "deepspeed": "deepspeed",
+    "torch_npu": "torch_npu",
+    "torch-npu": "torch_npu",
+}
+
+
+def summary_changes(changes: Sequence[str], loaded: Collection[str]) -> list[str]:
+    """The environment changes a one-line summary gives, most telling first: the config and
+    inputs digests, then the versions of packages whose module is ``loaded`` (imported in this
+    run: the model could have used them), then the rest but versions of packages never imported."""
+    digests = [c for c in changes if c.startswith(("config digest", "inputs digest"))]
+    used, rest = [], []
+    for change in changes:
+        if change in digests:
+            continue
+        module = MODULE_OF.get(change.split(" ", 1)[0])
+        if module is None:
+            rest.append(change)
+        elif module in loaded:
+            used.append(change)
+    return digests + used + rest
 
 
 def weights_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

@@ -161,8 +161,12 @@ class TrainingSettings:
     plan: TrainingPlan | None = None  # None: the writer was given no optimizer / scheduler
     adapters: tuple[Adapter, ...] = ()
     frozen: tuple[str, ...] | None = None  # parameters that do not train; None: not known
+    # Why the writer could not write its plan ("" when it did, or was told not to): every
+    # compare of this recording says so.
+    plan_missing: str = ""
 
     def as_dict(self) -> dict[str, Any]:
+        missing = {"plan_missing": self.plan_missing} if self.plan_missing else {}
         return {
             "trainer": self.trainer,
             "framework": {"name": self.framework, "version": self.framework_version},
@@ -170,6 +174,7 @@ class TrainingSettings:
             PLAN_KEY: None if self.plan is None else self.plan.as_dict(),
             "adapters": [a.as_dict() for a in self.adapters],
             "frozen": None if self.frozen is None else list(self.frozen),
+            **missing,
         }
 
 
@@ -236,6 +241,7 @@ def settings_from_dict(raw: Any, where: str) -> TrainingSettings:
         framework_version=_text(framework.get("version", ""), f"{where}.framework.version", empty=True),
         arguments=_mapping(data.get("arguments", {}), f"{where}.arguments"),
         plan=None if plan is None else plan_from_dict(plan, f"{where}.{PLAN_KEY}"),
+        plan_missing=_text(data.get("plan_missing", ""), f"{where}.plan_missing", empty=True),
         adapters=tuple(
             _adapter(a, f"{where}.adapters[{i}]")
             for i, a in enumerate(_sequence(data.get("adapters", []), f"{where}.adapters"))

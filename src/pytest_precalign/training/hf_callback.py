@@ -32,12 +32,24 @@ Where each scalar comes from (the Trainer's own numbers where it hands them out)
   ``update_norm``/``param_norm``: at ``on_optimizer_step``.
 - ``tokens``, ``batch_hash``: the ``input_ids``/``labels`` of each micro-batch, read by a
   forward pre-hook on the model (which never changes them).
+
+Where the optimizer and scheduler come from: the Trainer hands them to callbacks up to
+transformers 4.48; from 4.49 on its callback handler keeps the ``None`` it was built with
+(transformers issue #38181) while the Trainer holds them as ``trainer.optimizer`` and
+``trainer.lr_scheduler``. The callback then takes them from the Trainer whose training loop
+called it (found on the call stack, read only). A run where neither gives an optimizer is
+recorded without plan, LR and weight decay, and says so: one warning at ``on_train_begin``,
+and the manifest's ``training.plan_missing``, which every compare repeats.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import sys
+import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -70,6 +82,39 @@ def _outside(what: str) -> TrainerUsageError:
     )
 
 
+# How far up the call stack the Trainer's training loop is looked for: the callback's own
+# method, CallbackHandler.call_event, CallbackHandler.on_<event>, then the loop (a subclass
+# or a wrapper adds a few).
+_STACK_DEPTH = 12
+
+
+def calling_trainer() -> Any:
+    """The ``transformers.Trainer`` (or subclass) whose method is on the call stack, or None."""
+    from transformers import Trainer
+
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_STACK_DEPTH):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def optimizer_and_scheduler(kwargs: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """The run's optimizer and scheduler as the event hands them out, else the calling
+    Trainer's (transformers >= 4.49 hands callbacks ``None``); and where they came from."""
+    optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
+    if optimizer is not None:
+        return optimizer, scheduler, "the event's arguments"
+    trainer = calling_trainer()
+    if trainer is None:
+        return None, None, "no Trainer on the call stack"
+    return getattr(trainer, "optimizer", None), getattr(trainer, "lr_scheduler", None), "the Trainer"
+
+
 class TrainerSteps(TrainerCallback):
     """What every optimizer step of a Trainer run did; subclasses say where it goes
     (``_start``, ``_output``, ``_finish``)."""
@@ -81,6 +126,8 @@ class TrainerSteps(TrainerCallback):
         self._views: list[dict[str, Any]] = []
         self._calls = 0
         self._pending: dict[str, Any] | None = None
+        self._optimizer: Any = None  # the run's, from on_train_begin (see the module doc)
+        self._scheduler: Any = None
         self.initial: dict[str, dict[str, float]] | None = None
         self.scalars: dict[int, StepScalars] = {}
 
@@ -92,6 +139,7 @@ class TrainerSteps(TrainerCallback):
         if not isinstance(model, torch.nn.Module):
             raise _outside("on_train_begin got no model")
         self._model = model
+        self._optimizer, self._scheduler, _ = optimizer_and_scheduler(kwargs)
         self.initial = initial_params(named_parameters(model))
         self._handles = [
             model.register_forward_pre_hook(self._see_batch, with_kwargs=True),
@@ -118,7 +166,7 @@ class TrainerSteps(TrainerCallback):
         grads = [p.grad for p in evidence.params if p.grad is not None]
         pending["after_clip"], pending["zero_grads"] = grad_norm_and_zeros(grads)
         pending["clipped"] = bool(args.max_grad_norm and args.max_grad_norm > 0)
-        optimizer = kwargs.get("optimizer")
+        optimizer = kwargs.get("optimizer") or self._optimizer
         if optimizer is not None:
             pending["lr"], pending["weight_decay"] = group_settings(optimizer)
 
@@ -255,15 +303,28 @@ class PrecalignCallback(TrainerSteps):
             self.settings = trainer_settings(
                 args,
                 model,
-                kwargs.get("optimizer"),
-                kwargs.get("lr_scheduler"),
+                self._optimizer,
+                self._scheduler,
                 int(state.max_steps),
                 framework=("transformers", transformers.__version__),
                 plan=self.plan,
             )
+            if self.plan and self._optimizer is None:
+                self.settings = self._without_plan(self.settings, transformers.__version__)
         # accelerate autocasts inside the model's (patched) forward: seen from its submodules
         unwrapped, _ = unwrap(model)
         self._probes = [c.register_forward_pre_hook(self._see_precision) for c in unwrapped.children()]
+
+    @staticmethod
+    def _without_plan(settings: TrainingSettings, version: str) -> TrainingSettings:
+        """The settings of a run whose optimizer the callback could not reach, saying so."""
+        why = (
+            f"PrecalignCallback got no optimizer from the Trainer (transformers {version}: neither "
+            "the event's arguments nor the calling Trainer had one), so no plan, LR or weight decay "
+            "was recorded"
+        )
+        warnings.warn(why, RuntimeWarning, stacklevel=3)
+        return dataclasses.replace(settings, plan_missing=why)
 
     def _see_precision(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if self.precision is not None or self._pending is None or not torch.is_grad_enabled():

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from ..compare.pairs import PairResult, lookup_dtype
 from ..trace.records import Record
 from ..vocabulary import FAILED
+from .non_data_inputs import set_aside
 
 
 def divergent_pair(
@@ -107,9 +108,10 @@ def same_tensor(a: Record, b: Record) -> bool:
 
 
 def deps_ok(rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
-    """True/False when every dependency was compared; None when some were not recorded."""
+    """True/False when every dependency was compared; None when some were not recorded.
+    A mask, position or cache input whose form changed between the sides is set aside."""
     results = [all_pairs.get(d) for d in rec.deps]
-    known = [r for r in results if r is not None and comparable(r)]
+    known = [r for r in results if r is not None and comparable(r) and not set_aside(r)]
     if not known:
         return None
     return all(r.passed for r in known)

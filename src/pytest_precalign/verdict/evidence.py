@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..compare.pairs import PairResult
 from ..trace.records import Record
 from ..vocabulary import FAILED
+from .non_data_inputs import set_aside, shown_slot
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class InputEvidence:
     unmatched: tuple[str, ...] = ()  # record ids of inputs with no partner (or never recorded)
     failed: tuple[str, ...] = ()
     differed: tuple[tuple[str, float], ...] = ()  # (record id, relative change) that still passed
+    aside: tuple[str, ...] = ()  # masks, positions, caches whose form changed (non_data_inputs)
 
 
 def relative_change(pair: PairResult) -> float | None:
@@ -51,10 +53,12 @@ def relative_change(pair: PairResult) -> float | None:
 def input_evidence(rec: Record, every: Mapping[str, PairResult]) -> InputEvidence:
     """The evidence of ``rec``'s inputs; ``every``: each record id of the comparison (paired
     or one-sided) to its pair."""
-    unmatched, failed, differed = [], [], []
+    unmatched, failed, differed, aside = [], [], [], []
     for dep in rec.deps:
         pair = every.get(dep)
-        if pair is None or not pair.paired:
+        if pair is not None and set_aside(pair):
+            aside.append(shown_slot(pair.record))
+        elif pair is None or not pair.paired:
             unmatched.append(dep)
         elif pair.status in FAILED:
             failed.append(dep)
@@ -62,7 +66,7 @@ def input_evidence(rec: Record, every: Mapping[str, PairResult]) -> InputEvidenc
             change = relative_change(pair)
             if change:
                 differed.append((dep, change))
-    return InputEvidence(tuple(unmatched), tuple(failed), tuple(differed))
+    return InputEvidence(tuple(unmatched), tuple(failed), tuple(differed), tuple(dict.fromkeys(aside)))
 
 
 def shown_id(record_id: str) -> str:
@@ -91,15 +95,35 @@ def within_tolerance_note(evidence: InputEvidence, output: PairResult) -> str:
 
 def module_inputs_matched(module: str, kind: str, step: int, every: Mapping[str, PairResult]) -> bool | None:
     """Every ``kind`` record (input, or grad_output in backward) of ``module`` at ``step`` was
-    compared and passed: True; some were not: False; none recorded: None."""
+    compared and passed: True; some were not: False; none recorded (or all set aside): None.
+    A mask, position or cache input whose form changed between the sides is set aside."""
     found = [
         p
         for p in every.values()
-        if p.record.name == module and p.record.kind == kind and p.record.step == step
+        if p.record.name == module and p.record.kind == kind and p.record.step == step and not set_aside(p)
     ]
     if not found:
         return None
     return all(p.passed for p in found)
+
+
+def inputs_set_aside(module: str, step: int, every: Mapping[str, PairResult]) -> tuple[str, ...]:
+    """The inputs of ``module`` at ``step`` set aside (``non_data_inputs``), by slot name."""
+    names = (
+        shown_slot(p.record)
+        for p in every.values()
+        if p.record.name == module and p.record.kind == "input" and p.record.step == step and set_aside(p)
+    )
+    return tuple(dict.fromkeys(names))
+
+
+def aside_note(slots: Sequence[str]) -> str:
+    """``set aside (not data, their form changed between the sides): attention_mask``."""
+    if not slots:
+        return ""
+    return "set aside (not data; their shape, dtype or presence changed between the sides): " + ", ".join(
+        slots
+    )
 
 
 @dataclass(frozen=True)

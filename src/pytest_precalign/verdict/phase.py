@@ -22,12 +22,14 @@ from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
     CaseOrigin,
     input_evidence,
+    inputs_set_aside,
     matched_children,
     module_inputs_matched,
     unproven_note,
     within_tolerance_note,
 )
 from .expectation import Expectation
+from .non_data_inputs import set_aside
 from .overflow import Overflow, overflow_levels
 
 
@@ -51,6 +53,9 @@ class Divergence:
     isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
     first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
     why: str = ""  # how the record was chosen, when it is not simply the first failing one
+    # Inputs of the origin module not taken as evidence: masks, positions, caches whose form
+    # changed between the sides (``non_data_inputs``), by slot name.
+    inputs_aside: tuple[str, ...] = ()
 
     @property
     def rule(self) -> str:
@@ -79,6 +84,7 @@ class Divergence:
             "why": self.why,
             "proof": self.proof,
             "proven": self.proven,
+            "set_aside": list(self.inputs_aside),
         }
 
 
@@ -177,7 +183,7 @@ def find_first(
     first_op = next((p.record for p in ordered if p.record.module_class == "api"), None)
     pair, why = divergent_pair(modules[0] if modules else ordered[0], pairs, all_pairs, kinds)
     rec = pair.record
-    origin, origin_module, proof, proven = _origin(pair, all_pairs, parents, every or all_pairs)
+    origin, origin_module, proof, proven, aside = _origin(pair, all_pairs, parents, every or all_pairs)
     name, call = rec.name, rec.call
     live_op = first_op is not None and parents.get(f"{first_op.name}#{first_op.call}", "") != ""
     if not modules and live_op:
@@ -211,6 +217,7 @@ def find_first(
         why=why,
         proof=proof,
         proven=proven,
+        inputs_aside=aside,
     )
 
 
@@ -239,18 +246,24 @@ def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
     return f"{api}.{rec.call % 1000}.{direction} in {where}"
 
 
-def _inputs_ok(module: str, rec: Record, all_pairs: Mapping[str, PairResult]) -> bool | None:
+def _inputs_ok(module: str, rec: Record, every: Mapping[str, PairResult]) -> bool | None:
+    """``module``'s inputs at ``rec``'s step: all compared and within tolerance (True), one
+    failed or a data input has no partner (False), none that can vouch was recorded (None).
+    Masks, positions and caches whose form changed between the sides are set aside."""
     found = [
         p
-        for p in all_pairs.values()
+        for p in every.values()
         if p.record.name == module
         and p.record.kind == "input"
         and p.record.step == rec.step
-        and comparable(p)
+        and not set_aside(p)
     ]
-    if not found:
+    if any(not p.paired for p in found):
+        return False
+    usable = [p for p in found if comparable(p)]
+    if not usable:
         return None
-    return all(p.passed for p in found)
+    return all(p.passed for p in usable)
 
 
 def _stats_change(pair: PairResult) -> float | None:
@@ -283,37 +296,46 @@ def _origin(
     all_pairs: Mapping[str, PairResult],
     parents: Mapping[str, str],
     every: Mapping[str, PairResult],
-) -> tuple[bool, str, str, bool]:
-    """(origin, origin module, the evidence in words, proven)."""
+) -> tuple[bool, str, str, bool, tuple[str, ...]]:
+    """(origin, origin module, the evidence in words, proven, the module's inputs set aside)."""
     rec = pair.record
     enclosing = next(_ancestors(rec, parents), "")
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
     failing = pair.failing
     if failing is not None and failing.metric == OPTIMIZER_UPDATE:
         # The step itself is wrong on its own inputs (its update check says so), whatever its grad did.
-        return True, owner, pair.note, True
+        return True, owner, pair.note, True, ()
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
         # the parent's code between its children.
-        return False, enclosing or ("" if rec.module_class == "api" else rec.name), "", True
+        return False, enclosing or ("" if rec.module_class == "api" else rec.name), "", True, ()
     inputs = input_evidence(rec, every)
     if inputs.unmatched and not inputs.failed:
-        return False, _matched_ancestor(rec, owner, parents, every), unproven_note(inputs), False
+        return (
+            False,
+            _matched_ancestor(rec, owner, parents, every),
+            unproven_note(inputs),
+            False,
+            inputs.aside,
+        )
     ok = deps_ok(rec, all_pairs)
     if ok and not _amplified(pair, all_pairs):
         ok = False
     if ok is None or ok:
         note = within_tolerance_note(inputs, pair) if inputs.differed else ""
-        return True, owner, note, True
+        return True, owner, note, True, inputs.aside
     if rec.kind in ("activation", "logits", "loss"):
-        # Inputs already differed: walk up to the innermost ancestor whose inputs matched.
-        module = ""
+        # Inputs already differed: walk up to the innermost ancestor whose inputs were compared
+        # and matched. A module with no input records (a ModuleList that never runs, inputs not
+        # recorded) is no evidence: the walk goes past it, and names no origin without one.
+        walked = False
         for module in _ancestors(rec, parents):
-            matched = _inputs_ok(module, rec, all_pairs)
-            if matched is None or matched:
-                return False, module, "", True
-        return False, module, "", False
-    return False, owner, "", True
+            walked = True
+            if _inputs_ok(module, rec, every):
+                return False, module, "", True, inputs_set_aside(module, rec.step, every)
+        unproven = "origin unproven: no enclosing module's inputs were compared and matched" if walked else ""
+        return False, "", unproven, False, ()
+    return False, owner, "", True, ()
 
 
 def _matched_ancestor(

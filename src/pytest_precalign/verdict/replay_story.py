@@ -76,12 +76,29 @@ def _scalars_at(verdict: TrainingVerdict, step: int) -> str:
     return verdict.first.what
 
 
-def to_record(step: int) -> str:
-    """What to record to drill into ``step`` by hand."""
+# The API each recorder's ``training.trainer`` names, to record a step's layers with.
+RECORDING_API = {
+    "hf_trainer": "PrecalignCallback(root, {args})",
+    "lightning": "PrecalignLightningCallback(root, {args})",
+    "accelerate": "AccelerateSteps(root, accelerator, model, optimizer, {args})",
+    "recorder": "Recorder(root, {args})",
+}
+
+
+def to_record(step: int, trainers: tuple[str, ...] = ()) -> str:
+    """What to record to drill into ``step`` by hand; ``trainers``: who recorded each side
+    (the manifests' ``training.trainer``), whose API the hint names."""
+    args = f'mode="tensor", steps=[{step}]'
+    known = [RECORDING_API[t].format(args=args) for t in dict.fromkeys(trainers) if t in RECORDING_API]
+    if known:
+        how = " / ".join(known) + " in your run"
+    else:
+        how = (
+            f"record: {{mode: tensor}} in a case, or Recorder(root, {args}) / "
+            f"PrecalignCallback(root, {args}) in your own run"
+        )
     return (
-        f"record step {step} in tensor mode on both sides from equal state: "
-        f'record: {{mode: tensor}} in a case, or Recorder(root, mode="tensor", steps=[{step}]) / '
-        f'PrecalignCallback(root, mode="tensor", steps=[{step}]) in your own run, with the same '
+        f"record step {step} in tensor mode on both sides from equal state: {how}, with the same "
         "parameters and optimizer state loaded on both sides"
     )
 
@@ -91,4 +108,5 @@ def not_replayed(verdict: TrainingVerdict | None, why: str) -> TrainingVerdict |
     passed, names no step, or already tells a replay)."""
     if verdict is None or verdict.first is None or verdict.passed or verdict.replay:
         return verdict
-    return replace(verdict, replay=f"not replayed: {why}; to go further {to_record(verdict.first.step)}")
+    hint = to_record(verdict.first.step, verdict.recorded_with)
+    return replace(verdict, replay=f"not replayed: {why}; to go further {hint}")

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..vocabulary import Phase
-from .evidence import CaseOrigin
+from .evidence import CaseOrigin, aside_note
 from .phase import Divergence, PhaseVerdict
 
 P = TypeVar("P", bound=str)
@@ -38,6 +38,8 @@ def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOr
         evidence = first.proof or _between_children(first, matched_children)
         proven = first.proven and bool(module)
     role = "innermost module whose inputs all matched"
+    if first.inputs_aside:
+        evidence = f"{evidence}; {aside_note(first.inputs_aside)}"
     if not module:
         module, role, proven = first.name, "first divergent paired module", False
     return CaseOrigin(module, first.phase, first.kind, first.step, first.name, evidence, proven, role)

@@ -83,6 +83,7 @@ class TrainingVerdict:
     expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
+    recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
     warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
     # What one side recorded and the other did not: ``layers`` (steps whose layers only that
     # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
@@ -164,6 +165,8 @@ def judge_run(
             break
     if first is not None and first.what == "schedule" and not first.pattern:
         first = _run_pattern(first, baseline.scalars, candidate.scalars)
+    if first is not None:
+        first = _moved_before(first, baseline.scalars, candidate.scalars, judge)
     return TrainingVerdict(
         steps_compared=len(common),
         lane=lane,
@@ -173,7 +176,8 @@ def judge_run(
         curves=curves(baseline.scalars, candidate.scalars),
         envelope=told,
         unsaid=_unsaid(baseline, candidate),
-        warnings=warnings,
+        warnings=plan_missing(baseline, candidate) + warnings,
+        recorded_with=tuple(s.settings.trainer for s in (baseline, candidate) if s.settings is not None),
         one_side_only=one_sided(baseline.scalars, candidate.scalars),
     )
 
@@ -200,6 +204,16 @@ def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]
     return tuple(out)
 
 
+def plan_missing(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+    """A side whose recorder could not write its plan (``TrainingSettings.plan_missing``),
+    said in every compare of it, whatever the other side holds."""
+    return tuple(
+        f"the {side}'s recording has no training plan: {run.settings.plan_missing}"
+        for side, run in (("baseline", baseline), ("candidate", candidate))
+        if run.settings is not None and run.settings.plan_missing
+    )
+
+
 def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:
     """In the envelope lane: the steps over the envelope forgiven when ``steps_over`` allows
     them all, and the envelope in words."""
@@ -221,6 +235,59 @@ def _run_pattern(
     seqs = [[s.lr[0] if s.lr else 0.0 for s in (side[k] for k in steps)] for side in (base, cand)]
     pattern = lr_pattern(seqs[0], seqs[1]) if first.origin.startswith("lr") else ""
     return replace(first, pattern=pattern) if pattern else first
+
+
+# Classes a smaller move of an earlier step can explain (not the data, settings, weights or
+# schedule, each found at its step by its own evidence).
+_AFTER_A_MOVE = ("forward", "loss", "backward", "forward_or_backward", "clipping", "grad_reduction")
+
+
+# The per-step scalars a step computes, in order, and the class a first move of each names.
+_MOVES: tuple[tuple[str, TrainingClass, str], ...] = (
+    ("loss", "forward", "the loss"),
+    ("grad_norm", "backward", "the grad norm (before clipping)"),
+    ("update_norm", "optimizer_update", "the norm of the update"),
+)
+
+
+def _moved_before(
+    first: FirstDivergent,
+    base: Mapping[int, StepScalars],
+    cand: Mapping[int, StepScalars],
+    judge: ScalarJudge,
+) -> FirstDivergent:
+    """Where the runs part, when that is before ``first``: in the approximate lane every scalar
+    has a tolerance, so a change smaller than it (a loss, or an update norm, which this lane does
+    not judge) may come steps before the first that exceeds one. Where the runs' first steps
+    were bitwise equal in loss, grad norm and update norm (the sides compute alike, as a rerun
+    on one stack does), the first step after them where one of those moved at all is where the
+    runs part: told at that step, by the first scalar that moved (the loss: the forward; the
+    grad norm: the backward; the update norm: the optimizer's update), ``first`` as what followed."""
+    if judge.lane != "approximate" or first.what not in _AFTER_A_MOVE:
+        return first
+    for step in range(first.step):
+        a, b = base.get(step), cand.get(step)
+        if a is None or b is None:
+            return first
+        moved = [
+            (name, what, words, getattr(a, name), getattr(b, name))
+            for name, what, words in _MOVES
+            if getattr(a, name) is not None
+            and getattr(b, name) is not None
+            and getattr(a, name) != getattr(b, name)
+        ]
+        if not moved:
+            continue
+        if step == 0:
+            return first  # nothing before it was bitwise equal: the sides may compute differently
+        name, what, words, x, y = moved[0]
+        evidence = (
+            f"{words} moved: {x!r} vs {y!r} at step {step} (not past a tolerance), after {step} step(s) whose "
+            f"loss, grad norm and update norm were bitwise equal; step {first.step} then diverged past a "
+            f"tolerance: {first.what} ({first.origin})"
+        )
+        return FirstDivergent(step, what, name, evidence)
+    return first
 
 
 def _on_both(step: int, baseline: RunSide, candidate: RunSide, records: Mapping[int, StepRecords]) -> bool:
@@ -356,7 +423,7 @@ def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None
     found = _layer(step, rec, "backward")
     if found is not None:
         return found
-    if scalar is not None and scalar.what in ("backward", "grad_reduction"):
+    if scalar is not None and scalar.what in ("backward", "forward_or_backward", "grad_reduction"):
         return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
     return None
 
@@ -454,6 +521,7 @@ PHASE_OF_CLASS: Mapping[TrainingClass, Phase] = {
     "forward": "forward",
     "loss": "forward",
     "backward": "backward",
+    "forward_or_backward": "forward",
     "grad_reduction": "backward",
     "clipping": "step",
     "schedule": "step",

@@ -154,13 +154,26 @@ def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDi
     if found is None:
         return None
     a, b = found
-    evidence = f"grad norm (before clipping) {_num(a)} vs {_num(b)} while the loss matched"
+    loss = (base.loss, cand.loss)
+    moved = loss[0] is not None and loss[1] is not None and loss[0] != loss[1]
+    head = f"grad norm (before clipping) {_num(a)} vs {_num(b)}"
     ratio = b / a if a > 0 and b > 0 else 0.0
     big = max(ratio, 1 / ratio) if ratio else 0.0
     if big >= 1.5 and abs(big - round(big)) < 1e-3 * big:
         pattern = f"the grad norm is x{ratio:.4g}: grads summed instead of averaged (ranks or micro-batches)"
-        return ScalarDiff("grad_reduction", "grad_norm", evidence, pattern)
-    return ScalarDiff("backward", "grad_norm", evidence + "; record layers to find where in the backward")
+        return ScalarDiff("grad_reduction", "grad_norm", f"{head} while the loss matched", pattern)
+    if moved:
+        # The loss moved too (within its tolerance): the forward may be where it starts.
+        assert loss[0] is not None and loss[1] is not None
+        return ScalarDiff(
+            "forward_or_backward",
+            "grad_norm",
+            f"{head}, and the loss moved too ({loss[0]!r} vs {loss[1]!r}, within its tolerance): the "
+            "forward or the backward; record layers to find where",
+        )
+    return ScalarDiff(
+        "backward", "grad_norm", f"{head} while the loss matched; record layers to find where in the backward"
+    )
 
 
 def _clip(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
