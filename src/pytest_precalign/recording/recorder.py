@@ -34,6 +34,7 @@ the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and
 from __future__ import annotations
 
 import fnmatch
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -47,7 +48,8 @@ from ..trace.records import Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
 from . import step_buffer
 from .calls import ModuleCall, _Call
-from .compiled import hook_wrapper
+from .compiled import SPLITS_GRAPH, hook_wrapper, is_compiled, runs_compiled
+from .compiled_stats import NOT_RECORDED, InGraphStats, fetch_vectors, in_graph_stats, vector_stats
 from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
@@ -58,6 +60,15 @@ from .stats_slots import StatsSlots
 from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
 from .tensor_summary import flatten, summarisable
+
+# A grad torch hands a tensor hook as None (a compiled backward that computed none for it).
+_NO_GRAD = "None: the compiled backward gave no grad for it (not recorded)"
+# A compiled model whose graph was traced before the in-graph hooks were added.
+_NOT_TRACED = (
+    "recorder: no module call of the compiled model was recorded: its graph was compiled before "
+    "the recorder's hooks were added (dynamo does not see hooks added later); start recording "
+    "(Recorder.start, or enter HookRecorder) before the model's first compiled forward"
+)
 
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
@@ -98,6 +109,8 @@ class HookRecorder:
         on_raise: Callable[[], None] | None = None,
     ) -> None:
         _check_options(mode, golden, level, param_grads)
+        if is_compiled(model):  # record the model inside (no ``_orig_mod.`` in the names)
+            model, compiled = cast(torch.nn.Module, model._orig_mod), True
         self.param_grads, self.level = param_grads, level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
@@ -107,13 +120,11 @@ class HookRecorder:
         self._busy = False  # the recorder's own torch calls are not ops of the model
         self._mode: OpMode | None = None
         self.model, self.mode = model, mode
-        self.compiled = compiled  # ``model`` was taken out of a torch.compile wrapper
         self.record_inputs, self.record_grads = inputs, grads
         self.include, self.exclude = include, exclude
         self._buffer = StepBuffer()  # this step's statistics / hashes, fetched at its end
         self._pending: dict[int, tuple[int | None, int | None]] = {}  # seq -> (stats, crc) handles
-        self._step = 0
-        self.keep_calls = keep_calls
+        self._step, self.keep_calls = 0, keep_calls
         self.calls: list[ModuleCall] = []
         self._records: list[Record | Draft] = []  # by seq; a Draft until its step ends (``_flush``)
         self._built = 0  # the records before this seq are Records
@@ -140,12 +151,23 @@ class HookRecorder:
         # Live compare (``live_golden.py``): records judged against a golden run at capture (built there).
         built = cast(list[Record], self._records)
         self._live = None if golden is None else LiveKeeper(golden, built, self._tensors)
+        # Under torch.compile: stats mode's statistics computed inside the compiled graph
+        # (``compiled_stats.py``), set at enter; the other modes' hooks split the graph.
+        self.compiled = compiled or runs_compiled(model)
+        self._in_graph = self.compiled and (mode, level, golden) == ("stats", "module", None)
+        self._graph: InGraphStats | None = None  # set at enter
+        self._graph_vectors: list[tuple[int, torch.Tensor]] = []  # (seq, statistics vector)
+        self._graph_open: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # name -> (call, input seqs)
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> HookRecorder:
+        if self._in_graph:
+            return self._enter_in_graph()
         # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
         # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
         eager = hook_wrapper(self.model, self.compiled)
+        if self.compiled:
+            warnings.warn(SPLITS_GRAPH.format(mode=self.mode, level=self.level), stacklevel=2)
         try:
             for name, module in self.model.named_modules():
                 if not name or not self._selected(name):
@@ -183,6 +205,29 @@ class HookRecorder:
         self._active = True
         return self
 
+    def _enter_in_graph(self) -> HookRecorder:
+        """Stats mode under torch.compile: the model's in-graph hooks (added once, see
+        ``compiled_stats.py``) turned on; parameter grads by their (eager) hooks."""
+        try:
+            for name, module in self.model.named_modules():
+                for pname, param in module._parameters.items():
+                    if name and param is not None and self._selected(name):
+                        self._param_owner[f"{name}.{pname}"] = (name, type(module).__name__)
+            if self.record_grads and self.param_grads == "backward":
+                for pname, param in self.model.named_parameters():
+                    if param.requires_grad:
+                        self._handles.append(
+                            param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
+                        )
+            self._graph = in_graph_stats(self.model)
+            self._graph.take()  # calls of a step recorded before and never taken
+            self._graph.on = True
+        except BaseException:
+            self._remove()
+            raise
+        self._active = True
+        return self
+
     def __exit__(self, *exc: object) -> None:
         try:
             self._flush()
@@ -210,8 +255,16 @@ class HookRecorder:
     def _flush(self) -> None:
         """The step's end: the pending statistics and CRCs (one host sync per device), and the
         ``Record`` of each draft, built in one loop (``record_factory.build_drafts``)."""
+        self._drain_in_graph()
         pending, self._pending = self._pending, {}
         fetched: dict[int, tuple[Stats | None, str | None]] = {}
+        if self._graph_vectors:  # one host sync per device (``compiled_stats.fetch_vectors``)
+            vectors, self._graph_vectors = self._graph_vectors, []
+            rows = fetch_vectors([v for _, v in vectors])
+            for (seq, _), row in zip(vectors, rows, strict=True):
+                draft = self._records[seq]
+                assert isinstance(draft, tuple)  # built at this step's end
+                fetched[seq] = (vector_stats(row, draft[7]), None)
         if pending:
             stats, crcs = self._buffer.flush()
             for seq, (sh, ch) in pending.items():  # hash mode: no stats unless NaN/Inf evidence
@@ -223,6 +276,8 @@ class HookRecorder:
             slots.clear()
 
     def _remove(self) -> None:
+        if self._graph is not None:
+            self._graph.on = False
         if self._mode is not None:
             self._mode.stop()
             self._mode = None
@@ -268,6 +323,7 @@ class HookRecorder:
     ) -> Record:
         """Record one tensor (an identical tensor object seen before is not read again); its
         ``Record`` as known now (statistics fetched at the step's end are not in it yet)."""
+        self._drain_in_graph()  # under compile: the forward's records come first
         return self._record_now(self._capture(tensor, name, module_class, kind, slot, call, deps, step))
 
     def _capture(
@@ -499,14 +555,20 @@ class HookRecorder:
                 finally:
                     self._busy = busy
 
-    def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+    def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor | None) -> None:
         if not self._active:  # a backward run after the recorder was closed
+            return
+        if grad is None:  # torch gives None where a compiled backward computed no grad for it
+            self._refuse_grad(state, "grad_output", slot, _NO_GRAD)
             return
         seq = self._capture(grad, state.name, state.cls, "grad_output", slot, state.call, (), state.step)
         state.grad_output_seqs.append(seq)
 
-    def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+    def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor | None) -> None:
         if not self._active:
+            return
+        if grad is None:
+            self._refuse_grad(state, "grad_input", slot, _NO_GRAD)
             return
         deps = tuple(state.grad_output_seqs)
         self._capture(grad, state.name, state.cls, "grad_input", slot, state.call, deps, state.step)
@@ -536,6 +598,7 @@ class HookRecorder:
         return found, missing
 
     def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
+        self._drain_in_graph()  # under compile: the forward's records come first
         owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
         state = self._last_call.get(owner)
         deps: tuple[int, ...] = ()
@@ -546,11 +609,76 @@ class HookRecorder:
         self._grad_calls[(pname, self._step)] = call + 1
         self._capture(grad, pname, cls, "param_grad", "", call, deps, None)
 
+    # -- stats mode under torch.compile ----------------------------------------------------
+    def _drain_in_graph(self) -> None:
+        """The module calls the compiled graph recorded since the last drain, as drafts whose
+        statistics are fetched when the step ends; the grads of their inputs and outputs,
+        which cannot be recorded under compile, listed as not recordable (``NOT_RECORDED``)."""
+        graph = self._graph
+        if graph is None or not graph.calls:
+            return
+        for name, kind, entries in graph.take():
+            if not self._selected(name):
+                continue
+            cls, key, open_calls = (
+                graph.names[name],
+                (name, self._step),
+                self._graph_open.setdefault(name, []),
+            )
+            if kind == "input":
+                call = self._calls.get(key, 0)
+                self._calls[key] = call + 1
+                seqs = tuple(
+                    self._in_graph_draft(name, cls, "input", call, e, ())
+                    for e in entries
+                    if self.record_inputs
+                )
+                open_calls.append((call, seqs))
+                self._last_call[name] = _Call(name, cls, call, self._step, seqs, [])  # param grads' deps
+                grad_kind: Kind = "grad_input"
+            else:
+                call, seqs = open_calls.pop() if open_calls else (max(self._calls.get(key, 1) - 1, 0), ())
+                for entry in entries:
+                    self._in_graph_draft(name, cls, "activation", call, entry, seqs)
+                grad_kind = "grad_output"
+            if self.record_grads:
+                for slot, _, _, requires_grad, _ in entries:
+                    if requires_grad:
+                        self._not_recordable[record_id(name, grad_kind, slot, self._step, call)] = (
+                            NOT_RECORDED
+                        )
+
+    def _in_graph_draft(
+        self, name: str, cls: str, kind: Kind, call: int, entry: tuple[Any, ...], deps: tuple[int, ...]
+    ) -> int:
+        slot, dtype, shape, _, vector = entry
+        seq = len(self._records)
+        self._records.append((name, cls, kind, self._step, call, slot, dtype, shape, deps, None, None, None))
+        self._graph_vectors.append((seq, vector))
+        return seq
+
+    def _compiled_manifest(self) -> dict[str, Any]:
+        """The manifest's ``"compiled"`` note: how this recording ran under torch.compile."""
+        if not self._in_graph:
+            return {
+                "stats": "outside the graph",
+                "note": SPLITS_GRAPH.format(mode=self.mode, level=self.level),
+            }
+        note: dict[str, Any] = {
+            "stats": "in the graph",
+            "not_recorded": {"grad_input": NOT_RECORDED, "grad_output": NOT_RECORDED},
+        }
+        if not self._graph_open and self._records:
+            note["forward"] = _NOT_TRACED
+            warnings.warn(_NOT_TRACED, stacklevel=3)
+        return note
+
     # -- explicit records ---------------------------------------------------------------
     def record_params(self) -> None:
         """Record every parameter (call after an optimizer step) as the optimizer steps it:
         Megatron's fp32 ``main_param`` where the parameter has one (a bf16 model under
         ``Float16OptimizerWithFloat16Params``), else the parameter, as grads are recorded."""
+        self._drain_in_graph()
         for pname, param in self.model.named_parameters():
             main = getattr(param, "main_param", None)
             stepped = main if isinstance(main, torch.Tensor) else param
@@ -589,6 +717,8 @@ class HookRecorder:
             self._live.end_step()
         if self._not_recordable:
             meta["not_recordable"] = dict(self._not_recordable)
+        if self.compiled:
+            meta["compiled"] = self._compiled_manifest()
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)
