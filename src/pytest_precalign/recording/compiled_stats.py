@@ -49,8 +49,8 @@ Entry = tuple[str, torch.dtype, Sequence[int], bool, torch.Tensor]
 Call = tuple[str, str, tuple[Entry, ...]]
 
 NOT_RECORDED = (
-    "not recorded under torch.compile: a module backward hook would split the compiled graph "
-    "(stats mode keeps it whole; the parameters' grads are recorded)"
+    "not recorded under torch.compile (a module backward hook would split the compiled graph; "
+    "the parameters' grads are recorded)"
 )
 
 

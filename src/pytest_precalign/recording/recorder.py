@@ -106,6 +106,7 @@ class HookRecorder:
         golden: Judge | None = None,
         sink: TensorSink | None = None,
         compiled: bool = False,
+        in_graph: bool = True,
         on_raise: Callable[[], None] | None = None,
     ) -> None:
         _check_options(mode, golden, level, param_grads)
@@ -154,7 +155,7 @@ class HookRecorder:
         # Under torch.compile: stats mode's statistics computed inside the compiled graph
         # (``compiled_stats.py``), set at enter; the other modes' hooks split the graph.
         self.compiled = compiled or runs_compiled(model)
-        self._in_graph = self.compiled and (mode, level, golden) == ("stats", "module", None)
+        self._in_graph = in_graph and self.compiled and (mode, level, golden) == ("stats", "module", None)
         self._graph: InGraphStats | None = None  # set at enter
         self._graph_vectors: list[tuple[int, torch.Tensor]] = []  # (seq, statistics vector)
         self._graph_open: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # name -> (call, input seqs)

@@ -207,6 +207,7 @@ def _judging(
         both.alone,
         both.split,
         job.replay,
+        both.not_recorded,
     )
 
 

@@ -76,6 +76,8 @@ import torch
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
+from ..recording.compiled import runs_compiled
+from ..recording.compiled_stats import in_graph_stats
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
@@ -255,6 +257,7 @@ class Recorder:
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
         if not self.selected() or self.mode == "scalars":
+            self._in_graph_before_compile(model)
             if not self.written and not self._facts:  # the environment, in the first folder
                 self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])
             return
@@ -286,6 +289,7 @@ class Recorder:
             golden=judge,
             sink=self._sink,
             compiled=any(w.endswith(".OptimizedModule") for w in self._wrappers),
+            in_graph=len(chunks) == 1,
             on_raise=self._discard,  # a forward that raised: the step is given up at once
             **self._options,
         )
@@ -298,6 +302,18 @@ class Recorder:
         self._hooks = hooks
         self._grads_done = False
         self._output_calls.clear()
+
+    def _in_graph_before_compile(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        """Stats mode on a compiled model: its in-graph hooks are there from its first forward
+        on, also on a step not recorded (dynamo does not see hooks added after it traced the
+        model; unrecorded, they add nothing to the graph: ``recording/compiled_stats.py``)."""
+        if self.mode != "stats" or self.level != "module" or self.golden is not None:
+            return
+        chunks = chunks_of(model)
+        if len(chunks) == 1:
+            inner, wrappers = unwrap(chunks[0])
+            if any(w.endswith(".OptimizedModule") for w in wrappers) or runs_compiled(inner):
+                in_graph_stats(inner)
 
     def record_output(
         self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None
