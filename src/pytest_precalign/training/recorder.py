@@ -213,6 +213,9 @@ class Recorder:
         self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
+        # The model runs under torch.compile where start() cannot see it (a Trainer's
+        # torch_compile: the model it is given is the bare one); a wrapper start() sees anyway.
+        self.compiled = False
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
         self._wrappers: list[str] = []  # the wrappers the recorded model was found in
@@ -288,7 +291,7 @@ class Recorder:
             level=self.level,
             golden=judge,
             sink=self._sink,
-            compiled=any(w.endswith(".OptimizedModule") for w in self._wrappers),
+            compiled=self.compiled or any(w.endswith(".OptimizedModule") for w in self._wrappers),
             in_graph=len(chunks) == 1,
             on_raise=self._discard,  # a forward that raised: the step is given up at once
             **self._options,
@@ -312,7 +315,7 @@ class Recorder:
         chunks = chunks_of(model)
         if len(chunks) == 1:
             inner, wrappers = unwrap(chunks[0])
-            if any(w.endswith(".OptimizedModule") for w in wrappers) or runs_compiled(inner):
+            if self.compiled or any(w.endswith(".OptimizedModule") for w in wrappers) or runs_compiled(inner):
                 in_graph_stats(inner)
 
     def record_output(
