@@ -25,6 +25,11 @@ Live compare (``golden=``, a judge from ``live_compare``): each record is compar
 golden run's at capture (its statistics fetched at once: one host sync per record) and keeps
 its full tensor only where a divergence enters, see ``live_golden.py``.
 
+Under ``torch.compile`` (the wrapper, ``model.compile()``, or ``compiled=True``) stats mode
+computes its statistics inside the compiled graph and records no module grads (parameter grads
+are recorded; the others are listed as not recordable): ``compiled_stats.py``; the other modes'
+hooks run outside the graph, which dynamo then splits at each module (one warning says so).
+
 Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
 the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
 (both). Op outputs are recorded like module outputs (kind ``activation``, module class
