@@ -84,3 +84,32 @@ def test_trainer_torch_compile_with_the_callback_trains_the_same_and_keeps_its_g
     assert manifest["compiled"]["stats"] == "in the graph"
     index = json.loads((tmp_path / "callback" / "run" / "step1" / "rank0" / "index.json").read_text())
     assert {r["kind"] for r in index["records"]} >= {"input", "activation", "param_grad", "loss"}
+
+
+def test_lightning_compiled_module_with_the_callback_trains_the_same_and_keeps_its_graphs(
+    tmp_path: Path,
+) -> None:
+    facts = {}
+    for variant in ("bare", "callback"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "lightning_compiled_run.py"),
+                str(tmp_path / variant),
+                "aot_eager",
+                variant,
+            ],
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+            capture_output=True,
+            text=True,
+            timeout=3000,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        facts[variant] = json.loads((tmp_path / variant / "facts.json").read_text(encoding="utf-8"))
+    assert facts["callback"]["losses"] == facts["bare"]["losses"]
+    # the module's own training_step breaks its graph (loss.item()); recording adds no break
+    assert facts["callback"]["breaks"] == facts["bare"]["breaks"]
+    folder = tmp_path / "callback" / "run" / "step1" / "rank0"
+    assert json.loads((folder / "manifest.json").read_text())["compiled"]["stats"] == "in the graph"
+    kinds = {r["kind"] for r in json.loads((folder / "index.json").read_text())["records"]}
+    assert kinds >= {"input", "activation", "param_grad"}
