@@ -7,7 +7,7 @@ eager models' hooks are used as they are."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -31,6 +31,14 @@ def runs_compiled(model: torch.nn.Module) -> bool:
         or getattr(model, "_compiled_call_impl", None) is not None
         or bool(getattr(model, "_compiler_ctx", None))
     )
+
+
+def compiled_model(model: torch.nn.Module, compiled: bool) -> tuple[torch.nn.Module, bool]:
+    """The model to record (the one inside a ``torch.compile`` wrapper: no ``_orig_mod.`` in
+    the names) and whether it runs compiled (``compiled``: the caller says so)."""
+    if is_compiled(model):
+        return cast(torch.nn.Module, model._orig_mod), True
+    return model, compiled or runs_compiled(model)
 
 
 def _as_is(hook: Callable[..., Any]) -> Callable[..., Any]:

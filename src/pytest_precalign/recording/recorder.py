@@ -53,13 +53,14 @@ from ..trace.records import Record, Stats, Trace, record_id
 from ..vocabulary import MODES, Kind
 from . import step_buffer
 from .calls import ModuleCall, _Call
-from .compiled import SPLITS_GRAPH, hook_wrapper, is_compiled, runs_compiled
-from .compiled_stats import NOT_RECORDED, InGraphStats, fetch_vectors, in_graph_stats, vector_stats
+from .compiled import SPLITS_GRAPH, compiled_model, hook_wrapper
+from .compiled_records import CompiledRecords, splits_note
 from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
 from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
+from .param_records import ParamRecords
 from .record_factory import Draft, build_drafts, record_now
 from .stats_slots import StatsSlots
 from .step_buffer import StepBuffer
@@ -68,13 +69,6 @@ from .tensor_summary import flatten, summarisable
 
 # A grad torch hands a tensor hook as None (a compiled backward that computed none for it).
 _NO_GRAD = "None: the compiled backward gave no grad for it (not recorded)"
-# A compiled model whose graph was traced before the in-graph hooks were added.
-_NOT_TRACED = (
-    "recorder: no module call of the compiled model was recorded: its graph was compiled before "
-    "the recorder's hooks were added (dynamo does not see hooks added later); start recording "
-    "(Recorder.start, or enter HookRecorder) before the model's first compiled forward"
-)
-
 # When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
 # hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
 PARAM_GRADS = ("backward", "step")
@@ -88,13 +82,15 @@ def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str
         raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
 
 
-class HookRecorder:
+class HookRecorder(ParamRecords):
     """Context manager that records a model's tensors into a ``Trace``.
 
     >>> with HookRecorder(model, mode="stats") as rec:
     ...     loss = model(x).sum(); loss.backward()
     >>> trace = rec.trace()
     """
+
+    _graph: CompiledRecords | None = None  # under torch.compile, stats mode: set at enter
 
     def __init__(
         self,
@@ -115,8 +111,7 @@ class HookRecorder:
         on_raise: Callable[[], None] | None = None,
     ) -> None:
         _check_options(mode, golden, level, param_grads)
-        if is_compiled(model):  # record the model inside (no ``_orig_mod.`` in the names)
-            model, compiled = cast(torch.nn.Module, model._orig_mod), True
+        model, compiled = compiled_model(model, compiled)  # the model inside a torch.compile wrapper
         self.param_grads, self.level = param_grads, level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
@@ -126,12 +121,10 @@ class HookRecorder:
         self._busy = False  # the recorder's own torch calls are not ops of the model
         self._mode: OpMode | None = None
         self.model, self.mode = model, mode
-        self.record_inputs, self.record_grads = inputs, grads
-        self.include, self.exclude = include, exclude
+        self.record_inputs, self.record_grads, self.include, self.exclude = inputs, grads, include, exclude
         self._buffer = StepBuffer()  # this step's statistics / hashes, fetched at its end
         self._pending: dict[int, tuple[int | None, int | None]] = {}  # seq -> (stats, crc) handles
-        self._step, self.keep_calls = 0, keep_calls
-        self.calls: list[ModuleCall] = []
+        self._step, self.keep_calls, self.calls = 0, keep_calls, list[ModuleCall]()
         self._records: list[Record | Draft] = []  # by seq; a Draft until its step ends (``_flush``)
         self._built = 0  # the records before this seq are Records
         self._tensors: dict[str, torch.Tensor] = {}
@@ -157,44 +150,41 @@ class HookRecorder:
         # Live compare (``live_golden.py``): records judged against a golden run at capture (built there).
         built = cast(list[Record], self._records)
         self._live = None if golden is None else LiveKeeper(golden, built, self._tensors)
-        # Under torch.compile: stats mode's statistics computed inside the compiled graph
-        # (``compiled_stats.py``), set at enter; the other modes' hooks split the graph.
-        self.compiled = compiled or runs_compiled(model)
+        self.compiled = compiled  # under torch.compile: stats mode in the graph, others split it
         self._in_graph = in_graph and self.compiled and (mode, level, golden) == ("stats", "module", None)
-        self._graph: InGraphStats | None = None  # set at enter
-        self._graph_vectors: list[tuple[int, torch.Tensor]] = []  # (seq, statistics vector)
-        self._graph_open: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # name -> (call, input seqs)
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> HookRecorder:
-        if self._in_graph:
-            return self._enter_in_graph()
-        # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
-        # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
-        eager = hook_wrapper(self.model, self.compiled)
-        if self.compiled:
+        # A torch.compile'd model: stats mode's hooks are in the graph (``compiled_records``, no
+        # module hook here); the other modes' run outside it, on real tensors (traced into it, a
+        # hash or a statistic would see fake ones). Eager models: no wrapper.
+        eager, graph = hook_wrapper(self.model, self.compiled), self._in_graph
+        if self.compiled and not graph:
             warnings.warn(SPLITS_GRAPH.format(mode=self.mode, level=self.level), stacklevel=2)
         try:
             for name, module in self.model.named_modules():
                 if not name or not self._selected(name):
                     continue
                 cls = type(module).__name__
-                self._handles.append(
-                    module.register_forward_pre_hook(
+                if not graph:
+                    pre = module.register_forward_pre_hook(
                         eager(partial(self._pre_hook, name, cls)), with_kwargs=True
                     )
-                )
-                self._handles.append(
-                    module.register_forward_hook(eager(partial(self._post_hook, name)), with_kwargs=True)
-                )
+                    post = module.register_forward_hook(
+                        eager(partial(self._post_hook, name)), with_kwargs=True
+                    )
+                    self._handles += (pre, post)
                 for pname, param in module._parameters.items():  # named_parameters(recurse=False), cheaper
                     if param is not None:
                         self._param_owner[f"{name}.{pname}"] = (name, cls)
             # The root is not recorded, but ops in its own forward are (parent ""), and its end
             # is where views modified in place are looked for.
             root = _Call("", type(self.model).__name__, 0, 0, (), [])
-            self._handles.append(self.model.register_forward_pre_hook(eager(partial(self._root_enter, root))))
-            self._handles.append(self.model.register_forward_hook(eager(self._root_exit)))
+            if not graph:
+                self._handles.append(
+                    self.model.register_forward_pre_hook(eager(partial(self._root_enter, root)))
+                )
+                self._handles.append(self.model.register_forward_hook(eager(self._root_exit)))
             if self._ops_on:
                 self._mode = OpMode(self._on_op)
                 self._mode.start()
@@ -204,30 +194,13 @@ class HookRecorder:
                         self._handles.append(
                             param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
                         )
-            self._handles += self._guard.attach(self.model, eager)  # last: see forward_guard.py
-        except BaseException:
-            self._remove()
-            raise
-        self._active = True
-        return self
-
-    def _enter_in_graph(self) -> HookRecorder:
-        """Stats mode under torch.compile: the model's in-graph hooks (added once, see
-        ``compiled_stats.py``) turned on; parameter grads by their (eager) hooks."""
-        try:
-            for name, module in self.model.named_modules():
-                for pname, param in module._parameters.items():
-                    if name and param is not None and self._selected(name):
-                        self._param_owner[f"{name}.{pname}"] = (name, type(module).__name__)
-            if self.record_grads and self.param_grads == "backward":
-                for pname, param in self.model.named_parameters():
-                    if param.requires_grad:
-                        self._handles.append(
-                            param.register_post_accumulate_grad_hook(partial(self._param_grad_hook, pname))
-                        )
-            self._graph = in_graph_stats(self.model)
-            self._graph.take()  # calls of a step recorded before and never taken
-            self._graph.on = True
+            if graph:
+                self._graph = CompiledRecords(
+                    self.model, self._selected, self.record_inputs, self.record_grads
+                )
+                self._graph.start()
+            else:
+                self._handles += self._guard.attach(self.model, eager)  # last: see forward_guard.py
         except BaseException:
             self._remove()
             raise
@@ -264,13 +237,8 @@ class HookRecorder:
         self._drain_in_graph()
         pending, self._pending = self._pending, {}
         fetched: dict[int, tuple[Stats | None, str | None]] = {}
-        if self._graph_vectors:  # one host sync per device (``compiled_stats.fetch_vectors``)
-            vectors, self._graph_vectors = self._graph_vectors, []
-            rows = fetch_vectors([v for _, v in vectors])
-            for (seq, _), row in zip(vectors, rows, strict=True):
-                draft = self._records[seq]
-                assert isinstance(draft, tuple)  # built at this step's end
-                fetched[seq] = (vector_stats(row, draft[7]), None)
+        if self._graph is not None:  # one host sync per device
+            fetched.update(self._graph.fetch(self._records))
         if pending:
             stats, crcs = self._buffer.flush()
             for seq, (sh, ch) in pending.items():  # hash mode: no stats unless NaN/Inf evidence
@@ -283,7 +251,7 @@ class HookRecorder:
 
     def _remove(self) -> None:
         if self._graph is not None:
-            self._graph.on = False
+            self._graph.stop()
         if self._mode is not None:
             self._mode.stop()
             self._mode = None
@@ -579,122 +547,12 @@ class HookRecorder:
         deps = tuple(state.grad_output_seqs)
         self._capture(grad, state.name, state.cls, "grad_input", slot, state.call, deps, state.step)
 
-    def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
-        if param.grad is not None and self._active:
-            self._capture_param_grad(pname, param.grad)
-
-    def record_param_grads(self, micro_batches: int | None = None) -> tuple[int, list[str]]:
-        """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
-        Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
-        loop's grad reduction, before the optimizer step). One record per parameter and step;
-        ``micro_batches``: the grads accumulated over that many micro-batches, recorded as the
-        call of the last one (``micro_batches - 1``), as a per-call recording names them.
-        Returns how many were recorded and the names of trainable parameters with no grad."""
-        found, missing = 0, list[str]()
-        if not self.record_grads:
-            return found, missing
-        for pname, param in self.model.named_parameters():
-            grad = getattr(param, "main_grad", None)
-            grad = param.grad if grad is None else grad
-            if param.requires_grad and isinstance(grad, torch.Tensor):
-                self._capture_param_grad(pname, grad, None if micro_batches is None else micro_batches - 1)
-                found += 1
-            elif param.requires_grad:
-                missing.append(pname)
-        return found, missing
-
-    def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
-        self._drain_in_graph()  # under compile: the forward's records come first
-        owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
-        state = self._last_call.get(owner)
-        deps: tuple[int, ...] = ()
-        if state is not None:
-            deps = (*state.grad_output_seqs, *state.input_seqs)
-        if call is None:
-            call = self._grad_calls.get((pname, self._step), 0)  # call k: after k + 1 micro-batches
-        self._grad_calls[(pname, self._step)] = call + 1
-        self._capture(grad, pname, cls, "param_grad", "", call, deps, None)
-
-    # -- stats mode under torch.compile ----------------------------------------------------
     def _drain_in_graph(self) -> None:
-        """The module calls the compiled graph recorded since the last drain, as drafts whose
-        statistics are fetched when the step ends; the grads of their inputs and outputs,
-        which cannot be recorded under compile, listed as not recordable (``NOT_RECORDED``)."""
-        graph = self._graph
-        if graph is None or not graph.calls:
-            return
-        for name, kind, entries in graph.take():
-            if not self._selected(name):
-                continue
-            cls, key, open_calls = (
-                graph.names[name],
-                (name, self._step),
-                self._graph_open.setdefault(name, []),
-            )
-            if kind == "input":
-                call = self._calls.get(key, 0)
-                self._calls[key] = call + 1
-                seqs = tuple(
-                    self._in_graph_draft(name, cls, "input", call, e, ())
-                    for e in entries
-                    if self.record_inputs
-                )
-                open_calls.append((call, seqs))
-                self._last_call[name] = _Call(name, cls, call, self._step, seqs, [])  # param grads' deps
-                grad_kind: Kind = "grad_input"
-            else:
-                call, seqs = open_calls.pop() if open_calls else (max(self._calls.get(key, 1) - 1, 0), ())
-                for entry in entries:
-                    self._in_graph_draft(name, cls, "activation", call, entry, seqs)
-                grad_kind = "grad_output"
-            if self.record_grads:
-                for slot, _, _, requires_grad, _ in entries:
-                    if requires_grad:
-                        self._not_recordable[record_id(name, grad_kind, slot, self._step, call)] = (
-                            NOT_RECORDED
-                        )
-
-    def _in_graph_draft(
-        self, name: str, cls: str, kind: Kind, call: int, entry: tuple[Any, ...], deps: tuple[int, ...]
-    ) -> int:
-        slot, dtype, shape, _, vector = entry
-        seq = len(self._records)
-        self._records.append((name, cls, kind, self._step, call, slot, dtype, shape, deps, None, None, None))
-        self._graph_vectors.append((seq, vector))
-        return seq
-
-    def _compiled_manifest(self) -> dict[str, Any]:
-        """The manifest's ``"compiled"`` note: how this recording ran under torch.compile."""
-        if not self._in_graph:
-            return {
-                "stats": "outside the graph",
-                "note": SPLITS_GRAPH.format(mode=self.mode, level=self.level),
-            }
-        note: dict[str, Any] = {
-            "stats": "in the graph",
-            "not_recorded": {"grad_input": NOT_RECORDED, "grad_output": NOT_RECORDED},
-        }
-        if not self._graph_open and self._records:
-            note["forward"] = _NOT_TRACED
-            warnings.warn(_NOT_TRACED, stacklevel=3)
-        return note
+        """Under compile: the module calls the compiled graph recorded, as drafts (``compiled_records``)."""
+        if self._graph is not None:
+            self._graph.drain(self._records, self._calls, self._last_call, self._not_recordable, self._step)
 
     # -- explicit records ---------------------------------------------------------------
-    def record_params(self) -> None:
-        """Record every parameter (call after an optimizer step) as the optimizer steps it:
-        Megatron's fp32 ``main_param`` where the parameter has one (a bf16 model under
-        ``Float16OptimizerWithFloat16Params``), else the parameter, as grads are recorded."""
-        self._drain_in_graph()
-        for pname, param in self.model.named_parameters():
-            main = getattr(param, "main_param", None)
-            stepped = main if isinstance(main, torch.Tensor) else param
-            owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
-            last = max(self._grad_calls.get((pname, self.step), 1) - 1, 0)
-            deps = [record_id(pname, "param_grad", "", self.step, last)]
-            if self.step > 0:
-                deps.append(record_id(pname, "param", "", self.step - 1, 0))
-            self._capture(stepped, pname, cls, "param", "", 0, tuple(deps), None)
-
     def record_output(
         self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0
     ) -> Record:
@@ -724,7 +582,10 @@ class HookRecorder:
         if self._not_recordable:
             meta["not_recordable"] = dict(self._not_recordable)
         if self.compiled:
-            meta["compiled"] = self._compiled_manifest()
+            graph = self._graph
+            meta["compiled"] = (
+                splits_note(self.mode, self.level) if graph is None else graph.note(bool(records))
+            )
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)

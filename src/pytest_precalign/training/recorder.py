@@ -76,8 +76,6 @@ import torch
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
-from ..recording.compiled import runs_compiled
-from ..recording.compiled_stats import in_graph_stats
 from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
@@ -95,7 +93,7 @@ from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
 from .run_facts import model_config, run_environment
-from .unwrap import unwrap
+from .unwrap import hooks_before_compile, unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
 # What the Recorder keeps: the hook engine's modes, or "scalars" (per-step scalars only).
@@ -213,9 +211,7 @@ class Recorder:
         self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
-        # The model runs under torch.compile where start() cannot see it (a Trainer's
-        # torch_compile: the model it is given is the bare one); a wrapper start() sees anyway.
-        self.compiled = False
+        self.compiled = False  # runs under torch.compile unseen by start() (a Trainer's torch_compile)
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
         self._wrappers: list[str] = []  # the wrappers the recorded model was found in
@@ -260,7 +256,8 @@ class Recorder:
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
         if not self.selected() or self.mode == "scalars":
-            self._in_graph_before_compile(model)
+            if self.mode == "stats" and self.level == "module" and self.golden is None:
+                hooks_before_compile(model, self.compiled)  # in the graph (recording/compiled_stats.py)
             if not self.written and not self._facts:  # the environment, in the first folder
                 self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])
             return
@@ -305,18 +302,6 @@ class Recorder:
         self._hooks = hooks
         self._grads_done = False
         self._output_calls.clear()
-
-    def _in_graph_before_compile(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
-        """Stats mode on a compiled model: its in-graph hooks are there from its first forward
-        on, also on a step not recorded (dynamo does not see hooks added after it traced the
-        model; unrecorded, they add nothing to the graph: ``recording/compiled_stats.py``)."""
-        if self.mode != "stats" or self.level != "module" or self.golden is not None:
-            return
-        chunks = chunks_of(model)
-        if len(chunks) == 1:
-            inner, wrappers = unwrap(chunks[0])
-            if self.compiled or any(w.endswith(".OptimizedModule") for w in wrappers) or runs_compiled(inner):
-                in_graph_stats(inner)
 
     def record_output(
         self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None

@@ -1,0 +1,90 @@
+"""The parameters' and their grads' records of a ``HookRecorder`` (its base class): parameter
+grads as each backward accumulates them or once per step, and the parameters after the
+optimizer step."""
+
+from __future__ import annotations
+
+import torch
+
+from ..trace.records import record_id
+from ..vocabulary import Kind
+from .calls import _Call
+
+
+class ParamRecords:
+    """``HookRecorder``'s parameter records; the attributes are the recorder's."""
+
+    model: torch.nn.Module
+    record_grads: bool
+    _active: bool
+    _step: int
+    _param_owner: dict[str, tuple[str, str]]
+    _last_call: dict[str, _Call]
+    _grad_calls: dict[tuple[str, int], int]
+
+    def _capture(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        module_class: str,
+        kind: Kind,
+        slot: str,
+        call: int,
+        deps: tuple[str | int, ...],
+        step: int | None,
+    ) -> int:
+        raise NotImplementedError
+
+    def _drain_in_graph(self) -> None:
+        raise NotImplementedError
+
+    def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
+        if param.grad is not None and self._active:
+            self._capture_param_grad(pname, param.grad)
+
+    def record_param_grads(self, micro_batches: int | None = None) -> tuple[int, list[str]]:
+        """``param_grads="step"``: record every parameter's grad as the optimizer sees it,
+        Megatron's ``main_grad`` where the parameter has one, else ``.grad`` (call after the
+        loop's grad reduction, before the optimizer step). One record per parameter and step;
+        ``micro_batches``: the grads accumulated over that many micro-batches, recorded as the
+        call of the last one (``micro_batches - 1``), as a per-call recording names them.
+        Returns how many were recorded and the names of trainable parameters with no grad."""
+        found, missing = 0, list[str]()
+        if not self.record_grads:
+            return found, missing
+        for pname, param in self.model.named_parameters():
+            grad = getattr(param, "main_grad", None)
+            grad = param.grad if grad is None else grad
+            if param.requires_grad and isinstance(grad, torch.Tensor):
+                self._capture_param_grad(pname, grad, None if micro_batches is None else micro_batches - 1)
+                found += 1
+            elif param.requires_grad:
+                missing.append(pname)
+        return found, missing
+
+    def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
+        self._drain_in_graph()  # under compile: the forward's records come first
+        owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
+        state = self._last_call.get(owner)
+        deps: tuple[int, ...] = ()
+        if state is not None:
+            deps = (*state.grad_output_seqs, *state.input_seqs)
+        if call is None:
+            call = self._grad_calls.get((pname, self._step), 0)  # call k: after k + 1 micro-batches
+        self._grad_calls[(pname, self._step)] = call + 1
+        self._capture(grad, pname, cls, "param_grad", "", call, deps, None)
+
+    def record_params(self) -> None:
+        """Record every parameter (call after an optimizer step) as the optimizer steps it:
+        Megatron's fp32 ``main_param`` where the parameter has one (a bf16 model under
+        ``Float16OptimizerWithFloat16Params``), else the parameter, as grads are recorded."""
+        self._drain_in_graph()
+        for pname, param in self.model.named_parameters():
+            main = getattr(param, "main_param", None)
+            stepped = main if isinstance(main, torch.Tensor) else param
+            owner, cls = self._param_owner.get(pname, ("", type(self.model).__name__))
+            last = max(self._grad_calls.get((pname, self._step), 1) - 1, 0)
+            deps = [record_id(pname, "param_grad", "", self._step, last)]
+            if self._step > 0:
+                deps.append(record_id(pname, "param", "", self._step - 1, 0))
+            self._capture(stepped, pname, cls, "param", "", 0, tuple(deps), None)
