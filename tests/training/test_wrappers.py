@@ -81,6 +81,8 @@ def test_ddp_wrapped_run_aligns_with_a_bare_one(tmp_path: Path, process_group: N
 
 
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+# tensor mode under compile says its hooks split the graph (tests/recording/test_compiled_hash.py)
+@pytest.mark.filterwarnings("ignore:the recorder's hooks run outside the compiled graph:UserWarning")
 def test_compiled_model_records_the_inner_names(tmp_path: Path) -> None:
     bare = tiny_qwen2()
     record_two_steps(bare, bare, tmp_path / "bare")

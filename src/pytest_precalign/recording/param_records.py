@@ -5,16 +5,37 @@ names (``module_names.clean``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from ..trace.records import record_id
-from ..vocabulary import Kind
+from ..trace.records import Record, record_id
+from ..vocabulary import MODES, Kind
 from .calls import _Call
+from .inplace_grads import InPlaceViews
 from .module_names import class_name, clean
+from .ops import LEVELS
+
+if TYPE_CHECKING:
+    from .live_golden import Judge
+
+
+# When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
+# hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
+PARAM_GRADS = ("backward", "step")
+
+
+def check_options(mode: str, golden: Judge | None, level: str, param_grads: str) -> None:
+    for what, value, allowed in (("record mode", mode, MODES), ("record level", level, LEVELS), ("param_grads", param_grads, PARAM_GRADS)):  # fmt: skip
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
+    if golden is not None and mode == "tensor":
+        raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
 
 
 class ParamRecords:
-    """The parameter records of a ``HookRecorder`` (which has the attributes declared here)."""
+    """The explicit records of a ``HookRecorder`` (which has the attributes declared here): the
+    parameters', their grads' and the model's output's (``record_output``)."""
 
     model: torch.nn.Module
     record_grads: bool
@@ -23,6 +44,7 @@ class ParamRecords:
     _param_owner: dict[str, tuple[str, str]]
     _last_call: dict[str, _Call]
     _grad_calls: dict[tuple[str, int], int]
+    _views: InPlaceViews
 
     @property
     def step(self) -> int:
@@ -39,6 +61,23 @@ class ParamRecords:
         deps: tuple[str | int, ...],
         step: int | None,
     ) -> int:
+        raise NotImplementedError  # HookRecorder's
+
+    def capture(
+        self,
+        tensor: torch.Tensor,
+        *,
+        name: str,
+        module_class: str,
+        kind: Kind,
+        slot: str,
+        call: int = 0,
+        deps: tuple[str, ...] = (),
+        step: int | None = None,
+    ) -> Record:
+        raise NotImplementedError  # HookRecorder's
+
+    def _drain_in_graph(self) -> None:
         raise NotImplementedError  # HookRecorder's
 
     def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
@@ -67,6 +106,7 @@ class ParamRecords:
         return found, missing
 
     def _capture_param_grad(self, pname: str, grad: torch.Tensor, call: int | None = None) -> None:
+        self._drain_in_graph()  # under compile: the forward's records come first
         owner, cls = self._param_owner.get(pname, ("", class_name(self.model)))
         state = self._last_call.get(owner)
         deps: tuple[int, ...] = ()
@@ -81,6 +121,7 @@ class ParamRecords:
         """Record every parameter (call after an optimizer step) as the optimizer steps it:
         Megatron's fp32 ``main_param`` where the parameter has one (a bf16 model under
         ``Float16OptimizerWithFloat16Params``), else the parameter, as grads are recorded."""
+        self._drain_in_graph()
         for pname, param in self.model.named_parameters():
             pname = clean(pname)
             main = getattr(param, "main_param", None)
@@ -91,3 +132,18 @@ class ParamRecords:
             if self.step > 0:
                 deps.append(record_id(pname, "param", "", self.step - 1, 0))
             self._capture(stepped, pname, cls, "param", "", 0, tuple(deps), None)
+
+    def record_output(
+        self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0
+    ) -> Record:
+        """Record the logits or the loss of the model as a whole (``call``: the micro-batch)."""
+        self._views.check([tensor])  # the loss's code may have modified a view in place
+        return self.capture(
+            tensor,
+            name=kind,
+            module_class=class_name(self.model),
+            kind=kind,
+            slot="",
+            deps=deps,
+            call=call,
+        )

@@ -25,6 +25,10 @@ Live compare (``golden=``, a judge from ``live_compare``): each record is compar
 golden run's at capture (its statistics fetched at once: one host sync per record) and keeps
 its full tensor only where a divergence enters, see ``live_golden.py``.
 
+Under ``torch.compile`` (the wrapper, ``model.compile()``, ``compiled=True``) stats mode takes its
+statistics in the compiled graph, module grads listed as not recordable (``compiled_stats.py``);
+the other modes' hooks run outside the graph, which dynamo splits at each module (one warning).
+
 Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
 the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and ``mix``
 (both). Op outputs are recorded like module outputs (kind ``activation``, module class
@@ -34,6 +38,7 @@ the modules, see ``ops.py``, instead of the modules' own inputs and outputs) and
 from __future__ import annotations
 
 import fnmatch
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -44,17 +49,18 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import Record, Stats, Trace, record_id
-from ..vocabulary import MODES, Kind
+from ..vocabulary import Kind
 from . import step_buffer
 from .calls import ModuleCall, _Call
-from .compiled import hook_wrapper
+from .compiled import SPLITS_GRAPH, compiled_model, hook_wrapper
+from .compiled_records import CompiledRecords, splits_note
 from .forward_guard import ForwardGuard, in_backward
 from .inplace_grads import InPlaceViews
 from .kept_tensors import KeptTensors
 from .live_golden import Judge, LiveKeeper
 from .module_names import class_name, clean, is_wrapper
-from .ops import LEVELS, PER_MODULE_CALL, OpMode, api_name
-from .param_records import ParamRecords
+from .ops import PER_MODULE_CALL, OpMode, api_name
+from .param_records import ParamRecords, check_options
 from .record_factory import Draft, build_drafts, record_now
 from .sharded import is_dtensor, plain
 from .sharded_stats import ShardedStats
@@ -63,17 +69,8 @@ from .step_buffer import StepBuffer
 from .tensor_sink import TensorSink
 from .tensor_summary import flatten, summarisable
 
-# When parameter grads are recorded: as each backward accumulates them (post-accumulate grad
-# hooks), or once per step at ``record_param_grads()``, after the loop reduced them.
-PARAM_GRADS = ("backward", "step")
-
-
-def _check_options(mode: str, golden: Judge | None, level: str, param_grads: str) -> None:
-    for what, value, allowed in (("record mode", mode, MODES), ("record level", level, LEVELS), ("param_grads", param_grads, PARAM_GRADS)):  # fmt: skip
-        if value not in allowed:
-            raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
-    if golden is not None and mode == "tensor":
-        raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
+# A grad torch hands a tensor hook as None (a compiled backward that computed none for it).
+_NO_GRAD = "None: the compiled backward gave no grad for it (not recorded)"
 
 
 class HookRecorder(ParamRecords):
@@ -83,6 +80,8 @@ class HookRecorder(ParamRecords):
     ...     loss = model(x).sum(); loss.backward()
     >>> trace = rec.trace()
     """
+
+    _graph: CompiledRecords | None = None  # under torch.compile, stats mode: set at enter
 
     def __init__(
         self,
@@ -99,9 +98,11 @@ class HookRecorder(ParamRecords):
         golden: Judge | None = None,
         sink: TensorSink | None = None,
         compiled: bool = False,
+        in_graph: bool = True,
         on_raise: Callable[[], None] | None = None,
     ) -> None:
-        _check_options(mode, golden, level, param_grads)
+        check_options(mode, golden, level, param_grads)
+        model, compiled = compiled_model(model, compiled)  # the model inside a torch.compile wrapper
         self.param_grads, self.level = param_grads, level
         self._modules_on = level in ("module", "mix")
         self._ops_on = level in ("op", "mix")
@@ -111,14 +112,10 @@ class HookRecorder(ParamRecords):
         self._busy = False  # the recorder's own torch calls are not ops of the model
         self._mode: OpMode | None = None
         self.model, self.mode = model, mode
-        self.compiled = compiled  # ``model`` was taken out of a torch.compile wrapper
-        self.record_inputs, self.record_grads = inputs, grads
-        self.include, self.exclude = include, exclude
+        self.record_inputs, self.record_grads, self.include, self.exclude = inputs, grads, include, exclude
         self._buffer = StepBuffer()  # this step's statistics / hashes, fetched at its end
         self._pending: dict[int, tuple[int | None, int | None]] = {}  # seq -> (stats, crc) handles
-        self._step = 0
-        self.keep_calls = keep_calls
-        self.calls: list[ModuleCall] = []
+        self._step, self.keep_calls, self.calls = 0, keep_calls, list[ModuleCall]()
         self._records: list[Record | Draft] = []  # by seq; a Draft until its step ends (``_flush``)
         self._built = 0  # the records before this seq are Records
         self._tensors: dict[str, torch.Tensor] = {}
@@ -144,34 +141,42 @@ class HookRecorder(ParamRecords):
         self._guard = ForwardGuard(level, self._ops_on, on_raise, self._make_inert)  # misuse
         built = cast(list[Record], self._records)  # live compare: see live_golden.py
         self._live = None if golden is None else LiveKeeper(golden, built, self._tensors)
+        self.compiled = compiled  # under torch.compile: stats mode in the graph, others split it
+        self._in_graph = in_graph and self.compiled and (mode, level, golden) == ("stats", "module", None)
 
     # -- lifecycle --------------------------------------------------------------------
     def __enter__(self) -> HookRecorder:
-        # A torch.compile'd model: its hooks run outside the compiled graph, on real tensors
-        # (traced into it, a hash or a statistic would see fake ones). Eager models: no wrapper.
-        eager = hook_wrapper(self.model, self.compiled)
+        # A torch.compile'd model: stats mode's hooks are in the graph (``compiled_records``, no
+        # module hook here); the other modes' run outside it, on real tensors (traced into it, a
+        # hash or a statistic would see fake ones). Eager models: no wrapper.
+        eager, graph = hook_wrapper(self.model, self.compiled), self._in_graph
+        if self.compiled and not graph:
+            warnings.warn(SPLITS_GRAPH.format(mode=self.mode, level=self.level), stacklevel=2)
         try:
             for name, module in self.model.named_modules():
                 name = clean(name)  # the model's own names and classes (module_names.py)
                 if not name or is_wrapper(module) or not self._selected(name):
                     continue
                 cls = class_name(module)
-                self._handles.append(
-                    module.register_forward_pre_hook(
+                if not graph:
+                    pre = module.register_forward_pre_hook(
                         eager(partial(self._pre_hook, name, cls)), with_kwargs=True
                     )
-                )
-                self._handles.append(
-                    module.register_forward_hook(eager(partial(self._post_hook, name)), with_kwargs=True)
-                )
+                    post = module.register_forward_hook(
+                        eager(partial(self._post_hook, name)), with_kwargs=True
+                    )
+                    self._handles += (pre, post)
                 for pname, param in module._parameters.items():  # named_parameters(recurse=False), cheaper
                     if param is not None:
                         self._param_owner[f"{name}.{pname}"] = (name, cls)
             # The root is not recorded, but ops in its own forward are (parent ""), and its end
             # is where views modified in place are looked for.
             root = _Call("", class_name(self.model), 0, 0, (), [])
-            self._handles.append(self.model.register_forward_pre_hook(eager(partial(self._root_enter, root))))
-            self._handles.append(self.model.register_forward_hook(eager(self._root_exit)))
+            if not graph:
+                self._handles.append(
+                    self.model.register_forward_pre_hook(eager(partial(self._root_enter, root)))
+                )
+                self._handles.append(self.model.register_forward_hook(eager(self._root_exit)))
             if self._ops_on:
                 self._mode = OpMode(self._on_op)
                 self._mode.start()
@@ -183,7 +188,13 @@ class HookRecorder(ParamRecords):
                                 partial(self._param_grad_hook, clean(pname))
                             )
                         )
-            self._handles += self._guard.attach(self.model, eager)  # last: see forward_guard.py
+            if graph:
+                self._graph = CompiledRecords(
+                    self.model, self._selected, self.record_inputs, self.record_grads
+                )
+                self._graph.start()
+            else:
+                self._handles += self._guard.attach(self.model, eager)  # last: see forward_guard.py
         except BaseException:
             self._remove()
             raise
@@ -217,8 +228,11 @@ class HookRecorder(ParamRecords):
     def _flush(self) -> None:
         """The step's end: the pending statistics and CRCs (one host sync per device), and the
         ``Record`` of each draft, built in one loop (``record_factory.build_drafts``)."""
+        self._drain_in_graph()
         pending, self._pending = self._pending, {}
         fetched: dict[int, tuple[Stats | None, str | None]] = {}
+        if self._graph is not None:  # one host sync per device
+            fetched.update(self._graph.fetch(self._records))
         if pending:
             stats, crcs = self._buffer.flush()
             for seq, (sh, ch) in pending.items():  # hash mode: no stats unless NaN/Inf evidence
@@ -232,6 +246,8 @@ class HookRecorder(ParamRecords):
             slots.clear()
 
     def _remove(self) -> None:
+        if self._graph is not None:
+            self._graph.stop()
         if self._mode is not None:
             self._mode.stop()
             self._mode = None
@@ -277,6 +293,7 @@ class HookRecorder(ParamRecords):
     ) -> Record:
         """Record one tensor (an identical tensor object seen before is not read again); its
         ``Record`` as known now (statistics fetched at the step's end are not in it yet)."""
+        self._drain_in_graph()  # under compile: the forward's records come first
         return self._record_now(self._capture(tensor, name, module_class, kind, slot, call, deps, step))
 
     def _capture(
@@ -535,34 +552,30 @@ class HookRecorder(ParamRecords):
                 finally:
                     self._busy = busy
 
-    def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+    def _grad_output(self, state: _Call, slot: str, grad: torch.Tensor | None) -> None:
         if not self._active:  # a backward run after the recorder was closed
+            return
+        if grad is None:  # torch gives None where a compiled backward computed no grad for it
+            self._refuse_grad(state, "grad_output", slot, _NO_GRAD)
             return
         seq = self._capture(grad, state.name, state.cls, "grad_output", slot, state.call, (), state.step)
         state.grad_output_seqs.append(seq)
 
-    def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor) -> None:
+    def _grad_input(self, state: _Call, slot: str, grad: torch.Tensor | None) -> None:
         if not self._active:
+            return
+        if grad is None:
+            self._refuse_grad(state, "grad_input", slot, _NO_GRAD)
             return
         deps = tuple(state.grad_output_seqs)
         self._capture(grad, state.name, state.cls, "grad_input", slot, state.call, deps, state.step)
 
-    # -- explicit records: the parameters' and their grads' (ParamRecords) ------------------
-    def record_output(
-        self, kind: Kind, tensor: torch.Tensor, deps: tuple[str, ...] = (), call: int = 0
-    ) -> Record:
-        """Record the logits or the loss of the model as a whole (``call``: the micro-batch)."""
-        self._views.check([tensor])  # the loss's code may have modified a view in place
-        return self.capture(
-            tensor,
-            name=kind,
-            module_class=class_name(self.model),
-            kind=kind,
-            slot="",
-            deps=deps,
-            call=call,
-        )
+    def _drain_in_graph(self) -> None:
+        """Under compile: the module calls the compiled graph recorded, as drafts (``compiled_records``)."""
+        if self._graph is not None:
+            self._graph.drain(self._records, self._calls, self._last_call, self._not_recordable, self._step)
 
+    # -- explicit records: the parameters' and their grads' (ParamRecords) ------------------
     # -- result -------------------------------------------------------------------------
     def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
         self._flush()
@@ -576,6 +589,11 @@ class HookRecorder(ParamRecords):
             self._live.end_step()
         if self._not_recordable:
             meta["not_recordable"] = dict(self._not_recordable)
+        if self.compiled:
+            graph = self._graph
+            meta["compiled"] = (
+                splits_note(self.mode, self.level) if graph is None else graph.note(bool(records))
+            )
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)

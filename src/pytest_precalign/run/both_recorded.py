@@ -4,10 +4,13 @@ are compared on what both hold (``on_both``): the layers of a step that one side
 scalars only are not compared, nor the module calls of a step the sides split into other
 micro-batches; the verdict says so (``not_compared``, ``one_side_only``) and judges a phase
 neither side has a record of by the run's scalars. A step one side did not record at all, or a
-scalar one side lacks, stays a finding. No torch import."""
+scalar one side lacks, stays a finding. The kinds of record a side could not take at all (under
+``torch.compile``, stats mode records no module grads: its manifest's ``"compiled"`` note) are
+compared on neither side (``not_recorded_kinds``), and the verdict says so. No torch import."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..parallel.dp_join import split_rows
@@ -26,6 +29,31 @@ class OnBoth:
     recorded: bool = False  # both are recorded runs (``recorded_runs``)
     alone: dict[str, list[int]] = field(default_factory=dict)  # side -> steps whose layers only it recorded
     split: list[int] = field(default_factory=list)  # steps the sides split into other micro-batches
+    not_recorded: dict[str, str] = field(default_factory=dict)  # kind -> why one side has none
+
+
+# The manifest note of a recording made under torch.compile (``recording/compiled.py``).
+COMPILED_KEY = "compiled"
+
+
+def not_recorded_kinds(baseline: Trace, candidate: Trace) -> dict[str, str]:
+    """The kinds of record a side could not take at all, each with why, in words: the module
+    grads of a stats-mode recording under ``torch.compile`` (its manifest's ``"compiled"``)."""
+    out: dict[str, str] = {}
+    for side, trace in (("baseline", baseline), ("candidate", candidate)):
+        note = trace.manifest.get(COMPILED_KEY)
+        kinds = note.get("not_recorded") if isinstance(note, Mapping) else None
+        by_why: dict[str, list[str]] = {}
+        for kind, why in (kinds if isinstance(kinds, Mapping) else {}).items():
+            by_why.setdefault(str(why), []).append(str(kind))
+        for why, named in by_why.items():
+            for kind in named:
+                out.setdefault(kind, f"the {' and '.join(named)} records: the {side}'s were {why}")
+    return out
+
+
+def _without_kinds(trace: Trace, kinds: Mapping[str, str]) -> Trace:
+    return replace(trace, records=tuple(r for r in trace.records if r.kind not in kinds))
 
 
 def _reduced_grad(trace: Trace, rec: Record) -> bool:
@@ -78,14 +106,17 @@ def on_both(baseline: Trace, candidate: Trace) -> OnBoth:
     side only recorded (see ``one_side_only``) and the module calls of split steps (their
     parameters after the step stay compared); other traces as they are (a record without a
     partner fails its phase)."""
+    missing = not_recorded_kinds(baseline, candidate)
+    if missing:
+        baseline, candidate = _without_kinds(baseline, missing), _without_kinds(candidate, missing)
     recorded = recorded_runs(baseline, candidate)
     if not recorded:
-        return OnBoth(baseline, candidate)
+        return OnBoth(baseline, candidate, not_recorded=missing)
     alone = one_side_only(baseline, candidate)
     rows = split_rows(baseline, candidate)  # DP replicas joined on one side, split otherwise
     split = sorted({*split_steps(baseline, candidate), *rows})
     if not alone and not split:
-        return OnBoth(baseline, candidate, recorded)
+        return OnBoth(baseline, candidate, recorded, not_recorded=missing)
     drop = {s for steps in alone.values() for s in steps}
     calls = set(split)
 
@@ -102,4 +133,4 @@ def on_both(baseline: Trace, candidate: Trace) -> OnBoth:
             ),
         )
 
-    return OnBoth(kept(baseline), kept(candidate), recorded, alone, split)
+    return OnBoth(kept(baseline), kept(candidate), recorded, alone, split, missing)

@@ -210,6 +210,7 @@ def _judging(
         both.alone,
         both.split,
         job.replay,
+        both.not_recorded,
     )
 
 

@@ -56,6 +56,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ..errors import ConfigError
+from ..recording.compiled import hook_wrapper
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from ..training.step_evidence import (
@@ -141,9 +142,13 @@ class TrainerSteps(TrainerCallback):
         self._model = model
         self._optimizer, self._scheduler, _ = optimizer_and_scheduler(kwargs)
         self.initial = initial_params(named_parameters(model))
+        # TrainingArguments(torch_compile=True): the Trainer compiles the model's call, root hooks
+        # included; these read real tensors (the batch's hash, the loss), so they run outside
+        # the compiled graph (at its two ends: the model's graph is not split)
+        wrap = hook_wrapper(model, compiled=bool(getattr(args, "torch_compile", False)))
         self._handles = [
-            model.register_forward_pre_hook(self._see_batch, with_kwargs=True),
-            model.register_forward_hook(self._see_output),
+            model.register_forward_pre_hook(wrap(self._see_batch), with_kwargs=True),
+            model.register_forward_hook(wrap(self._see_output)),
         ]
         self._evidence = StepEvidence([p for p in model.parameters() if p.requires_grad])
 
@@ -313,6 +318,12 @@ class PrecalignCallback(TrainerSteps):
                 self.settings = self._without_plan(self.settings, transformers.__version__)
         # accelerate autocasts inside the model's (patched) forward: seen from its submodules
         unwrapped, _ = unwrap(model)
+        compiled = bool(getattr(args, "torch_compile", False))
+        self.recorder.compiled = compiled  # the Trainer compiles a model the callback sees bare
+        if compiled:  # a probe inside the compiled graph would split it: the precision asked for
+            mixed = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
+            self.precision = (mixed, True) if mixed else (forward_precision(model), False)
+            return
         self._probes = [c.register_forward_pre_hook(self._see_precision) for c in unwrapped.children()]
 
     @staticmethod

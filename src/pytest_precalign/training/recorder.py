@@ -77,7 +77,7 @@ from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
 from ..recording.module_names import class_name
-from ..recording.recorder import PARAM_GRADS
+from ..recording.param_records import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
@@ -93,9 +93,9 @@ from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASE
 from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
-from .run_facts import model_config, run_environment
+from .run_facts import grads_missing_note, model_config, run_environment
 from .sharded_layout import check_rank_selection
-from .unwrap import unwrap
+from .unwrap import hooks_before_compile, unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
 # What the Recorder keeps: the hook engine's modes, or "scalars" (per-step scalars only).
@@ -151,20 +151,6 @@ def _queue_bytes(value: int) -> int:
     return value
 
 
-def _grads_missing(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
-    """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
-    return {
-        "step": step,
-        "rank": rank,
-        "count": len(names),
-        "names": list(names[:5]),
-        "why": (
-            'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
-            "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
-        ),
-    }
-
-
 class Recorder:
     """Record the selected steps of a training loop on each selected rank (see module doc)."""
 
@@ -213,6 +199,7 @@ class Recorder:
         self.params = params  # record parameters at stop() (after the optimizer step)
         self._step = 0
         self._hooks: HookRecorder | None = None
+        self.compiled = False  # runs under torch.compile unseen by start() (a Trainer's torch_compile)
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
         self._parallel: dict[str, Any] = {}
         self._wrappers: list[str] = []  # the wrappers the recorded model was found in
@@ -258,6 +245,8 @@ class Recorder:
         self._scalars = None
         check_rank_selection(self.ranks, self.mode, model)  # on every rank: DTensors need them all
         if not self.selected() or self.mode == "scalars":
+            if self.mode == "stats" and self.level == "module" and self.golden is None:
+                hooks_before_compile(model, self.compiled)  # in the graph (recording/compiled_stats.py)
             if not self.written and not self._facts:  # the environment, in the first folder
                 self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])
             return
@@ -288,7 +277,8 @@ class Recorder:
             level=self.level,
             golden=judge,
             sink=self._sink,
-            compiled=any(w.endswith(".OptimizedModule") for w in self._wrappers),
+            compiled=self.compiled or any(w.endswith(".OptimizedModule") for w in self._wrappers),
+            in_graph=len(chunks) == 1,
             on_raise=self._discard,  # a forward that raised: the step is given up at once
             **self._options,
         )
@@ -381,7 +371,7 @@ class Recorder:
         if self._wrappers:
             manifest["wrappers"] = self._wrappers
         if missing:
-            manifest["grads_missing"] = [_grads_missing(self._step, self.rank, missing)]
+            manifest["grads_missing"] = [grads_missing_note(self._step, self.rank, missing)]
 
         def write() -> Path:
             shards = None

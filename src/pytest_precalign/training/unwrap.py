@@ -50,3 +50,18 @@ def unwrap(model: Any) -> tuple[Any, tuple[str, ...]]:
             return model, tuple(seen)
         seen.append(f"{type(model).__module__}.{type(model).__qualname__}")
         model = inner
+
+
+def hooks_before_compile(model: Any, compiled: bool) -> None:
+    """Stats mode on a compiled model (``compiled``: the caller knows it is): its in-graph hooks
+    are there from its first forward on, also on a step not recorded (dynamo does not see hooks
+    added after it traced the model; unrecorded, they add nothing to the graph:
+    ``recording/compiled_stats.py``). Model chunks (a list) are not: see docs/limitations.md."""
+    if isinstance(model, (list, tuple)):
+        return
+    from ..recording.compiled import runs_compiled
+    from ..recording.compiled_stats import in_graph_stats
+
+    inner, wrappers = unwrap(model)
+    if compiled or any(w.endswith(".OptimizedModule") for w in wrappers) or runs_compiled(inner):
+        in_graph_stats(inner)

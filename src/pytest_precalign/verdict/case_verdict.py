@@ -63,6 +63,7 @@ class CaseJudging:
     alone: Mapping[str, Sequence[int]] = field(default_factory=dict)
     split: Sequence[int] = ()  # steps the sides split into other micro-batches (layers not compared)
     replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
+    not_recorded: Mapping[str, str] = field(default_factory=dict)  # kind -> why one side has none
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def _judge_run(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) -
         envelope,
         judging.alone,
         judging.split,
+        judging.not_recorded,
     )
 
 

@@ -41,11 +41,15 @@ def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
 
 
 def not_compared_lines(
-    alone: Mapping[str, Sequence[int]], split: Sequence[int] = (), rows: Mapping[str, str] | None = None
+    alone: Mapping[str, Sequence[int]],
+    split: Sequence[int] = (),
+    rows: Mapping[str, str] | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> tuple[str, ...]:
-    """What was not compared because one side lacks it (``alone``: side -> steps) or the
-    sides split it into other micro-batches (``split``; ``rows``: step -> how each side split
-    it, where one side joined DP replicas), in words."""
+    """What was not compared because one side lacks it (``alone``: side -> steps; ``kinds``:
+    kinds of record one side could not take, with why) or the sides split it into other
+    micro-batches (``split``; ``rows``: step -> how each side split it, where one side joined
+    DP replicas), in words."""
     other = {"baseline": "candidate", "candidate": "baseline"}
     lines = [
         f"the layers of step(s) {', '.join(map(str, steps))}: "
@@ -66,7 +70,7 @@ def not_compared_lines(
             "by call; with the loss per token over the step the split is no difference: the "
             "steps' scalars and parameters are judged)"
         )
-    return tuple(lines)
+    return (*lines, *dict.fromkeys((kinds or {}).values()))  # kinds with one reason: one line
 
 
 def run_side(facts: SideFacts, trace: Trace, recorded: bool = True) -> RunSide:
@@ -88,11 +92,13 @@ def judge_traces(
     envelope: Envelope | None = None,
     alone: Mapping[str, Sequence[int]] | None = None,
     split: Sequence[int] = (),
+    not_recorded: Mapping[str, str] | None = None,
 ) -> TrainingVerdict:
     """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own);
     ``comparison`` without the parameters both sides freeze (``frozen_params``);
     ``envelope``: judged in the envelope lane; ``alone`` and ``split``: the steps whose layers
-    one side only recorded or the sides split (``run.both_recorded``), told as not compared."""
+    one side only recorded or the sides split (``run.both_recorded``), and ``not_recorded``, the
+    kinds of record one side could not take, told as not compared."""
     # A side that records no per-step scalars at all (a launched side stepping with torch.optim,
     # an msprobe dump) is compared on both sides' loss records: its missing scalars are what
     # its machinery does not record, not a step it skipped. One scalar missing of several stays
@@ -113,11 +119,10 @@ def judge_traces(
     )
     if changed:
         verdict = replace(verdict, findings=(*verdict.findings, *changed))
-    if not alone and not split:
+    if not alone and not split and not not_recorded:
         return verdict
     layers = {side: list(steps) for side, steps in (alone or {}).items()}
-    return replace(
-        verdict,
-        not_compared=not_compared_lines(alone or {}, split, baseline.manifest.get("dp_split")),
-        one_side_only={"layers": layers},
-    )
+    lines = not_compared_lines(alone or {}, split, baseline.manifest.get("dp_split"), not_recorded)
+    if not alone and not split:  # kinds one side could not take only
+        return replace(verdict, not_compared=lines)
+    return replace(verdict, not_compared=lines, one_side_only={"layers": layers})

@@ -1,0 +1,149 @@
+"""Stats mode on a ``torch.compile``'d model: the statistics are computed inside the compiled
+graph, so recording keeps its graphs whole (dynamo's graph and break counts are those of the
+model unrecorded) and its numbers bitwise (the statistics are extra outputs of the graph; the
+model's own kernels are not changed by them).
+
+Each module of the model gets a forward pre-hook and a forward hook once, for the model's life
+(``in_graph_stats``): bodies of pure torch ops dynamo traces into the graph, each appending its
+module call's statistics to ``InGraphStats.calls`` (a side effect dynamo replays after the graph
+runs; the statistics tensors are outputs of the graph). Whether a step is recorded is
+``InGraphStats.on``, a Python attribute dynamo guards on: a recorded step runs a variant
+compiled with the statistics, an unrecorded one the variant without them (each compiled once,
+then kept in dynamo's cache). The hooks stay: dynamo does not see hooks added or removed after it
+traced a module (``torch._dynamo.config.skip_nnmodule_hook_guards``), and a graph traced with
+them keeps running their bodies after they were removed; so they must be there before the
+model's first compiled forward (``Recorder.start`` adds them also on the steps it does not
+record) and are never removed.
+
+The statistics of each tensor, as one float64 vector: max, min, sum, sum of squares, NaN count,
+Inf count, the tensor widened to float64 first (integers and booleans too; complex as ``|t|``):
+max, min and the counts exact, sum and norm within a few float64 epsilon of the exact values
+(inductor's reduction order is not the eager kernels': ``docs/training.md``, torch.compile).
+They are read when the step ends, all in one conversion (one host sync).
+
+Backward: module backward hooks cannot be traced into the compiled graph (a full backward hook
+splits it; a tensor hook on an intermediate needs compiled autograd), so under this path the
+grads w.r.t. module inputs and outputs are not recorded: the recorder lists each one it would
+have recorded as not recordable, with the reason (the compare pairs nothing with them and says
+why). Parameter grads are recorded by their post-accumulate hooks, which run in eager autograd
+after the compiled backward.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..trace.records import Stats
+from .host_sync import to_host
+from .module_names import class_name, clean, is_wrapper
+from .tensor_summary import flatten
+
+# One tensor of a module call: slot, dtype, shape, requires_grad, statistics vector (see above).
+Entry = tuple[str, torch.dtype, Sequence[int], bool, torch.Tensor]
+# One module call's inputs ("input", at its pre-hook) or outputs ("activation", at its hook).
+Call = tuple[str, str, tuple[Entry, ...]]
+
+NOT_RECORDED = (
+    "not recorded under torch.compile (a module backward hook would split the compiled graph; "
+    "the parameters' grads are recorded)"
+)
+
+
+def stats_vector_in_graph(t: torch.Tensor) -> torch.Tensor:
+    """max, min, sum, sum of squares, NaN and Inf counts of ``t`` as a float64 vector, in pure
+    torch ops dynamo traces (see the module's doc)."""
+    if t.numel() == 0:
+        return torch.zeros(6, dtype=torch.float64, device=t.device)
+    w = t.detach()
+    if w.is_complex():
+        w = w.abs()
+    w = w.to(torch.float64)
+    return torch.stack(
+        [
+            w.amax(),
+            w.amin(),
+            w.sum(),
+            (w * w).sum(),
+            w.isnan().sum().to(torch.float64),
+            w.isinf().sum().to(torch.float64),
+        ]
+    )
+
+
+def _entries(value: Any, prefix: str) -> tuple[Entry, ...]:
+    return tuple(
+        (slot, t.dtype, t.shape, t.requires_grad, stats_vector_in_graph(t))
+        for slot, t in flatten(value, prefix)
+    )
+
+
+class InGraphStats:
+    """The hooks of one model (see the module's doc); ``on``: this step is recorded."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.on = False
+        self.calls: list[Call] = []
+        self.names: dict[str, str] = {}  # module name -> class name
+        for name, module in model.named_modules():
+            name = clean(name)  # the model's own names and classes (module_names.py)
+            if not name or is_wrapper(module):
+                continue
+            self.names[name] = class_name(module)
+            module.register_forward_pre_hook(partial(self._entered, name), with_kwargs=True)
+            module.register_forward_hook(partial(self._left, name), with_kwargs=True)
+
+    def _entered(
+        self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        if self.on:
+            self.calls.append((name, "input", _entries(args, "in") + _entries(kwargs, "in")))
+
+    def _left(
+        self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        if self.on:
+            self.calls.append((name, "activation", _entries(output, "out")))
+
+    def take(self) -> list[Call]:
+        """The module calls recorded since the last ``take`` (and forgets them)."""
+        calls = self.calls[:]  # the list itself stays: the compiled graph appends to it
+        self.calls.clear()
+        return calls
+
+
+_STATES: weakref.WeakKeyDictionary[torch.nn.Module, InGraphStats] = weakref.WeakKeyDictionary()
+
+
+def in_graph_stats(model: torch.nn.Module) -> InGraphStats:
+    """``model``'s hooks, added the first time it is asked for (see the module's doc)."""
+    state = _STATES.get(model)
+    if state is None:
+        state = _STATES[model] = InGraphStats(model)
+    return state
+
+
+def fetch_vectors(vectors: Sequence[torch.Tensor]) -> list[list[float]]:
+    """The statistics vectors on the host, in order: one conversion per device (``to_host``)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(vectors):
+        by_device.setdefault(v.device, []).append(i)
+    rows: list[list[float]] = [[] for _ in vectors]
+    for index in by_device.values():
+        for i, row in zip(index, to_host(torch.stack([vectors[i] for i in index])), strict=True):
+            rows[i] = row
+    return rows
+
+
+def vector_stats(row: Sequence[float], shape: Sequence[int]) -> Stats:
+    """The ``Stats`` of a tensor of ``shape`` from its host statistics vector."""
+    numel = math.prod(shape)
+    if not numel:
+        return Stats(0.0, 0.0, 0.0, 0.0)
+    vmax, vmin, vsum, squares, nan, inf = row
+    return Stats(vmax, vmin, vsum / numel, math.sqrt(squares), int(nan), int(inf))

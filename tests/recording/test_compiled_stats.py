@@ -1,0 +1,131 @@
+"""Stats mode on a ``torch.compile``d model (``recording/compiled_stats.py``): the statistics are
+computed inside the compiled graph, so recording changes neither dynamo's graph and break
+counts nor the loss and grads (bitwise), and the statistics are the eager recorder's within
+the documented rule. The backend is ``aot_eager`` (dynamo and AOT autograd as inductor gets
+them, without inductor's minutes of compiling on 2 cores): the same tensors as eager, so the
+statistics can be held to the eager recorder's bits; inductor runs in the slow tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from pytest_precalign.recording import HookRecorder
+from pytest_precalign.recording.compiled_stats import in_graph_stats
+from pytest_precalign.trace.records import Record
+from tests.helpers.user_runs import compare
+from tests.recording.compiled_user_run import TinyLM
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+
+
+def _step(
+    model: torch.nn.Module, run: torch.nn.Module, ids: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(run(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _counts() -> tuple[int, int]:
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def _bitwise(
+    a: tuple[torch.Tensor, dict[str, torch.Tensor]], b: tuple[torch.Tensor, dict[str, torch.Tensor]]
+) -> bool:
+    return (
+        torch.equal(a[0], b[0])
+        and a[1].keys() == b[1].keys()
+        and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    )
+
+
+def _same_stats(eager: Record, compiled: Record) -> None:
+    """The documented rule: max, min and the counts exact; mean and norm within 1e-12 (the
+    compiled graph sums in float64, in its own order)."""
+    a, b = eager.stats, compiled.stats
+    assert a is not None and b is not None, eager.id
+    assert (eager.dtype, eager.shape, eager.deps) == (compiled.dtype, compiled.shape, compiled.deps) or (
+        eager.kind == "param_grad"  # its module's grad_output is not recorded under compile
+    ), eager.id
+    assert (a.max, a.min, a.nan, a.inf) == (b.max, b.min, b.nan, b.inf), eager.id
+    scale = max(abs(a.max), abs(a.min), 1e-30)
+    assert abs(a.mean - b.mean) <= 1e-12 * scale, (eager.id, a.mean, b.mean)
+    assert math.isclose(a.norm, b.norm, rel_tol=1e-12), (eager.id, a.norm, b.norm)
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_stats_mode_keeps_the_compiled_graph_whole_and_the_numbers_bitwise() -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = TinyLM()
+    ids = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(1))
+    run = torch.compile(model, backend="aot_eager")
+
+    with HookRecorder(run, mode="stats") as rec:  # the first compiled forward is a recorded one
+        recorded = _step(model, run, ids)
+    assert _counts() == (1, 0)  # one whole graph, the statistics in it
+    bare = _step(model, run, ids)  # unrecorded: the variant without them, compiled once
+    assert _counts() == (2, 0)
+    assert in_graph_stats(model).calls == []  # an unrecorded step keeps nothing
+    assert _bitwise(recorded, bare)
+    with HookRecorder(run, mode="stats") as again:  # both variants cached: nothing compiled
+        assert _bitwise(_step(model, run, ids), bare)
+    assert _counts() == (2, 0)
+
+    trace = rec.trace({})
+    assert [r.id for r in again.trace({}).records] == [r.id for r in trace.records]
+    with HookRecorder(model, mode="stats") as eager_rec:  # the eager model, eager hooks
+        assert _step(model, model, ids)[0].item() == pytest.approx(bare[0].item(), rel=1e-6)
+    eager = {r.id: r for r in eager_rec.trace({}).records}
+    compiled = {r.id: r for r in trace.records}
+    assert not any("_orig_mod" in rid for rid in compiled)
+    missing = set(eager) - set(compiled)
+    assert missing and {eager[rid].kind for rid in missing} == {"grad_input", "grad_output"}
+    # what was not recorded is said, record by record: the compare pairs nothing with them
+    assert missing <= set(trace.manifest["not_recordable"])
+    assert trace.manifest["compiled"]["stats"] == "in the graph"
+    assert set(compiled) <= set(eager)
+    kinds = {r.kind for r in trace.records}
+    assert kinds == {"input", "activation", "param_grad"}
+    for rid, record in compiled.items():
+        _same_stats(eager[rid], record)
+
+
+def test_compiled_user_run_records_what_the_eager_run_does_and_compares_aligned(tmp_path: Path) -> None:
+    """A user's loop on a compiled model (``compiled_user_run.py``, steps 1 and 2 recorded: the
+    model was compiled on a step ``Recorder.start`` did not record) against the same loop
+    eager: the same losses and grad norms bit for bit, one whole graph per variant, and
+    ``precalign compare`` aligned, saying which records the compiled side could not take."""
+    runs = {}
+    for backend in ("eager", "aot_eager"):
+        done = subprocess.run(
+            [sys.executable, str(HERE / "compiled_user_run.py"), str(tmp_path / backend), backend, "1+2"],
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[backend] = json.loads((tmp_path / backend / "facts.json").read_text(encoding="utf-8"))
+    assert runs["aot_eager"]["bits"] == runs["eager"]["bits"]
+    assert (runs["aot_eager"]["graphs"], runs["aot_eager"]["breaks"]) == (2, 0)  # unrecorded, recorded
+    judged = compare(tmp_path / "eager" / "run", tmp_path / "aot_eager" / "run", tmp_path / "report")
+    assert judged.exit_code == 0, judged.output
+    assert judged.training["first_divergent_step"] is None
+    not_compared = judged.training["not_compared"]
+    assert len(not_compared) == 1 and "grad_input and grad_output records" in not_compared[0], not_compared
+    assert "not recorded under torch.compile" in not_compared[0]
+    assert "PASSED run_vs_run[backward]" in judged.output
