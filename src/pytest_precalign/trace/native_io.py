@@ -19,6 +19,7 @@ from typing import Any
 
 from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
+from ..redaction import redacted
 from ..untrusted import bounded_repr, check_regular, read_json
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
@@ -114,9 +115,10 @@ def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] |
         if size >= SHARD_BYTES:
             flush()
     flush()
-    # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from.
+    # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from. Every
+    # value from the user's arguments, configs, environment and paths: no secret (redaction).
     manifest = {
-        **dict(trace.manifest),
+        **redacted(dict(trace.manifest)),
         "source_format": trace.manifest.get("format", FORMAT),
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

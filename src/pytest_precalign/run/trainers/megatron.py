@@ -25,6 +25,7 @@ import torch
 
 from ...config.specs import CaseSpec, ModelSpec
 from ...errors import CaseError
+from ...redaction import redacted
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
@@ -203,7 +204,7 @@ def train_rank_with_megatron(
         rec.stop()
         rec.step()
     out.mkdir(parents=True, exist_ok=True)
-    evidence = json.dumps(run_record_keys(settings, scalars))
+    evidence = json.dumps(redacted(run_record_keys(settings, scalars)))
     (out / TRAINING_FILE.format(rank=rank)).write_text(evidence, encoding="utf-8")
 
 
