@@ -115,7 +115,7 @@ def _kept_manifest(folder: Path) -> dict[str, Any]:
     file = folder / MANIFEST_SIDECAR
     if not file.is_file():
         return {}
-    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json", unique_keys=True)
+    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json")
     if not isinstance(data, dict):
         raise TraceError(f"{file}: expected a JSON object (the Recorder's trace manifest)")
     check_environment(data, file)
@@ -170,7 +170,7 @@ def _summary_mode(task: str, hashes: list[str]) -> str:
 def _load_json(file: Path, why: str = "") -> Any:
     """A dump folder's JSON file (size, first bytes and regular file checked before reading;
     dump.json may hold a record name only once)."""
-    return read_json(file, TraceError, why=why, unique_keys=file.name == DUMP_FILE)
+    return read_json(file, TraceError, why=why)
 
 
 # -- records ---------------------------------------------------------------------------------

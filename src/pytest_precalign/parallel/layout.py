@@ -260,7 +260,7 @@ def _recorded_rank(folder: Path) -> bool:
 
     file = folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
     try:
-        data = read_json(file, TraceError, unique_keys=True)
+        data = read_json(file, TraceError)
     except TraceError:
         return False
     return isinstance(data, dict) and ("parallel" in data or RECORDER_KEY in data)

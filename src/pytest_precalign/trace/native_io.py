@@ -305,4 +305,4 @@ def _record(item: Any, where: str) -> Record:
 
 
 def _read_json(path: Path) -> Any:
-    return read_json(path, TraceError, bad="cannot read", unique_keys=True)
+    return read_json(path, TraceError, bad="cannot read")

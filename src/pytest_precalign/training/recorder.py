@@ -80,6 +80,7 @@ from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
+from ..trace.step_markers import begin_step, end_step
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..trace.training_record import TrainingSettings, run_record_keys
 from ..trace.write_failures import (
@@ -93,6 +94,7 @@ from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
 from .run_facts import model_config, run_environment
+from .run_root import claim_root, release_root
 from .unwrap import unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
@@ -221,6 +223,9 @@ class Recorder:
         self._settings: TrainingSettings | None = None  # the run's settings, written with the next folder
         self._precision: str | None = None  # what the forward computes in (the settings'), every manifest
         self.written: list[Path] = []  # the folders this process wrote, in order
+        self._claimed = False  # the root holds this run (``run_root.claim_root``)
+        self._marker: Path | None = None  # the rank folder whose step began and has not ended
+        self._marker_made: tuple[Path, ...] = ()  # the folders made for its marker
 
     # -- where we are -------------------------------------------------------------------
     @property
@@ -242,6 +247,11 @@ class Recorder:
         )
 
     @property
+    def in_step(self) -> bool:
+        """Whether a step was started on this rank and has not ended yet."""
+        return self._marker is not None
+
+    @property
     def recording_now(self) -> bool:
         return self._hooks is not None
 
@@ -254,6 +264,18 @@ class Recorder:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
+        self._claim()
+        self._end_step()  # a step given up before (its error was caught): it did not stop the run
+        if self.ranks is None or self.rank in self.ranks:
+            self._marker = self.folder()
+            self._marker_made = begin_step(self._marker)
+        try:
+            self._start(model)
+        except BaseException:  # refused (misuse): the step never began
+            self._end_step()
+            raise
+
+    def _start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
         if not self.selected() or self.mode == "scalars":
             if not self.written and not self._facts:  # the environment, in the first folder
                 self._facts = run_environment([unwrap(c)[0] for c in chunks_of(model)])
@@ -339,20 +361,35 @@ class Recorder:
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this
         rank's folder; returns it (None when this step or rank is not recorded)."""
-        hooks = self._hooks
-        if hooks is None:
-            return self._write_scalars_only()
-        if hooks.gave_up:  # its forward raised
-            self._discard()
-            return None
-        self._hooks = None
-        sink, self._sink = self._sink, None
         try:
-            return self._write(hooks, sink)
-        except BaseException:
-            if sink is not None:
-                sink.abort()
-            raise
+            hooks = self._hooks
+            if hooks is None:
+                return self._write_scalars_only()
+            if hooks.gave_up:  # its forward raised
+                self._discard()
+                return None
+            self._hooks = None
+            sink, self._sink = self._sink, None
+            try:
+                return self._write(hooks, sink)
+            except BaseException:
+                if sink is not None:
+                    sink.abort()
+                raise
+        finally:
+            self._end_step()
+
+    def _claim(self) -> None:
+        """The root holds this run from the current step on (``run_root``: refused, replaced
+        or continued before the first step trains)."""
+        if not self._claimed:
+            claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
+            self._claimed = True
+
+    def _end_step(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            end_step(marker, self._marker_made)
 
     def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
         missing: list[str] = []
@@ -438,12 +475,15 @@ class Recorder:
                 f"Recorder.step: step {self._step} is still being recorded: call stop() first "
                 f"(it writes step{self._step}/), then step()"
             )
+        self._end_step()
         self._step += 1
 
     def seek(self, step: int) -> None:
         """Set the step the next ``start`` records (a run resumed at ``step``)."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"Recorder.seek: step must be an integer >= 0, got {step!r}")
+        if step != self._step:
+            self._end_step()
         self._step = step
 
     # -- per-step scalars -------------------------------------------------------------------
@@ -533,6 +573,7 @@ class Recorder:
         """A step without layer records: its scalars (if any) alone, on a selected rank."""
         if self._scalars is None or (self.ranks is not None and self.rank not in self.ranks):
             return None
+        self._claim()
         manifest: dict[str, Any] = {
             "recorder": "pytest_precalign.Recorder",
             "step": self._step,
@@ -586,11 +627,18 @@ class Recorder:
             hooks._active = False
 
     def close(self) -> None:
-        """Remove hooks a step left behind (its records are dropped)."""
+        """Remove hooks a step left behind (its records are dropped); the root is free for
+        another recorder."""
         self._discard()
+        self._end_step()
+        if self._claimed:
+            release_root(self.root, self.rank, self)
+            self._claimed = False
 
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # the run stopped inside this step: its marker says so
+            self._marker = None
         self.close()

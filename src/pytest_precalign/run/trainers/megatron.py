@@ -32,6 +32,7 @@ from ...trace.step_scalars import StepScalars
 from ...trace.training_record import TrainingSettings, read_run_record, run_record_keys
 from ...training.megatron_stack import build_megatron_stack, plan_before_training
 from ...training.step_evidence import initial_params
+from ...untrusted import read_json
 from .skeleton import StepSkeleton
 
 
@@ -229,7 +230,7 @@ def launched_evidence(
         path = out / TRAINING_FILE.format(rank=rank)
         if not path.exists():
             raise CaseError(f"launched rank {rank} wrote no training evidence ({path.name})")
-        record = read_run_record(json.loads(path.read_text(encoding="utf-8")), path.name)
+        record = read_run_record(read_json(path, CaseError), path.name)
         if record.plan is None or record.settings is None:
             raise CaseError(f"launched rank {rank} wrote no training plan ({path.name})")
         ranks.append((record.settings, record.plan, record.scalars))
