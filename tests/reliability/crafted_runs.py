@@ -4,6 +4,7 @@ milliseconds a step), and helpers that damage or craft them the way the tests sa
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import struct
@@ -28,9 +29,25 @@ def record(
     overwrite: bool = False,
     first: int = 0,
 ) -> Path:
-    """A loop of ``steps`` optimizer steps recorded into ``root`` (``stop_inside``: the run
-    ends inside that step, after its backward, as a killed run does; ``nan_at``: that step's
-    loss is NaN; ``first``: a run resumed at that step, ``Recorder.seek``)."""
+    """A loop of ``steps`` optimizer steps recorded into ``root``. ``stop_inside``: the run
+    ends inside that step, after its backward, as a killed run does (its recorder is dropped
+    unclosed); ``nan_at``: that step's loss is NaN; ``first``: a run resumed at that step from
+    a checkpoint (the steps before it trained unrecorded, then ``Recorder.seek``)."""
+    _loop(root, mode, fmt, steps, stop_inside, nan_at, overwrite, first)
+    gc.collect()  # a killed run's recorder is gone with its process
+    return root
+
+
+def _loop(
+    root: Path,
+    mode: str,
+    fmt: str,
+    steps: int,
+    stop_inside: int | None,
+    nan_at: int | None,
+    overwrite: bool,
+    first: int,
+) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -39,25 +56,26 @@ def record(
     if first == 0:
         rec.record_settings(model, optimizer, steps=steps)
     rec.seek(first)
-    try:
-        for step in range(first, steps):
-            rec.start(model)
-            loss = model(xs[step]).square().mean()
-            if nan_at == step:
-                loss = loss * float("nan")
-            loss.backward()
-            if stop_inside == step:
-                return root
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    for step in range(steps):
+        if step < first:  # the checkpoint's steps: trained before, not recorded now
+            model(xs[step]).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()
-            rec.record_scalars(loss=loss.item(), grad_norm=float(norm), lr=[0.1])
-            rec.stop()
-            rec.step()
-    finally:
-        if stop_inside is None:
-            rec.close()
-    return root
+            continue
+        rec.start(model)
+        loss = model(xs[step]).square().mean()
+        if nan_at == step:
+            loss = loss * float("nan")
+        loss.backward()
+        if stop_inside == step:
+            return
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        optimizer.step()
+        optimizer.zero_grad()
+        rec.record_scalars(loss=loss.item(), grad_norm=float(norm), lr=[0.1])
+        rec.stop()
+        rec.step()
+    rec.close()
 
 
 def copied(source: Path, target: Path) -> Path:

@@ -14,8 +14,9 @@ starts a step:
   resumes after its checkpoint (the work the resume repeats): they are removed first, the
   steps before ``k`` are kept, and the root compares as one run;
 * two recorders of one process recording one root and rank at once (a callback added twice:
-  the first is inside its step when the second starts it) are refused: the second one's
-  first step raises, before it trains.
+  the first is inside the very step the second starts) are refused: the second one's first
+  step raises, before it trains. (A recorder left inside a later step by a run that raised
+  in this process, a notebook's, does not stop a resumed run.)
 
 Folders are removed by renaming them to a ``.tmp`` name first (readers skip those), so a
 compare that runs meanwhile sees each step whole or not at all.
@@ -89,7 +90,12 @@ def claim_root(root: Path, rank: int, first: int, *, overwrite: bool, owner: obj
     key = _key(root, rank)
     held = _HOLDERS.get(key)
     other = held() if held is not None else None
-    if other is not None and other is not owner and getattr(other, "in_step", False):
+    if (
+        other is not None
+        and other is not owner
+        and getattr(other, "in_step", False)
+        and getattr(other, "current_step", None) == first
+    ):
         raise RecorderError(
             f"Recorder: {root} (rank {rank}) is already being recorded by another recorder in this "
             "process (a PrecalignCallback added twice?): one recorder per root; keep one, or give "

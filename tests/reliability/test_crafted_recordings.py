@@ -1,0 +1,240 @@
+"""Crafted and partial recordings of a user's own run, told plainly (issue #47 item 2).
+
+Small real recordings (a loop recorded with the ``Recorder`` in this process: milliseconds a
+step), then crafted or cut the way a damaged, killed or hostile recording is, and compared with
+``precalign compare`` (the CLI's ``main``): one message naming the file and the key (exit 2),
+or the right verdict naming what happened (exit 1), never a traceback, never a clean pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_precalign.cli import main
+from pytest_precalign.errors import RecorderError
+
+from .crafted_runs import (
+    copied,
+    duplicate_in_safetensors_header,
+    edit_text,
+    manifest,
+    record,
+    shard,
+)
+
+MODES = ("scalars", "stats", "tensor", "hash")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A full run recorded in each mode and in msprobe's format."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {mode: record(base / mode, mode=mode) for mode in MODES}
+    out["msprobe"] = record(base / "msprobe", mode="stats", fmt="msprobe")
+    return out
+
+
+def _compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    code = main(["compare", str(a), str(b), *extra])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return code, captured.out, captured.err
+
+
+def _one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# -- a key twice, at any depth, in any JSON file of a recording ------------------------------------
+
+DUPLICATES: dict[str, tuple[str, str, str, Callable[[Path], Path]]] = {
+    # name: (run, old text, new text, the file)
+    "manifest top level": ("scalars", '"step": 1,', '"step": 1, "step": 1,', lambda r: manifest(r, 1)),
+    "manifest scalars": (
+        "scalars",
+        '"scalars": {\n  "1": {',
+        '"scalars": {\n  "1": {"step": 1, "loss": 1.0},\n  "1": {',
+        lambda r: manifest(r, 1),
+    ),
+    "manifest scalars field": ("scalars", '"loss": ', '"loss": 1.0, "loss": ', lambda r: manifest(r, 1)),
+    "manifest plan": ("scalars", '"optimizer": "sgd"', '"optimizer": "adamw", "optimizer": "sgd"', manifest),
+    "manifest versions": ("stats", '"versions": {', '"versions": {"torch": "0", ', manifest),
+    "index record": ("stats", '"seq": 0,', '"seq": 0, "seq": 0,', lambda r: manifest(r, 0, "index.json")),
+    "index stats": ("stats", '"max": ', '"max": 0.0, "max": ', lambda r: manifest(r, 0, "index.json")),
+    "msprobe dump.json": ("msprobe", '"Max": ', '"Max": 0.0, "Max": ', lambda r: manifest(r, 0, "dump.json")),
+    "msprobe sidecar manifest": (
+        "msprobe",
+        '"step": 0,',
+        '"step": 0, "step": 0,',
+        lambda r: manifest(r, 0, "precalign_manifest.json"),
+    ),
+    "msprobe construct.json": (
+        "msprobe",
+        "{",
+        '{"a": null, "a": null, ',
+        lambda r: manifest(r, 0, "construct.json"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(DUPLICATES))
+def test_a_key_twice_anywhere_is_refused_naming_the_file(
+    name: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, old, new, file_of = DUPLICATES[name]
+    crafted = copied(runs[run], tmp_path / "crafted")
+    file = file_of(crafted)
+    edit_text(file, old, new)
+    code, _, err = _compare(runs[run], crafted, capsys)
+    line = _one_error(err)
+    assert code == 2 and f"{file}: key " in line and "appears twice in one object" in line, line
+
+
+def test_a_key_twice_in_a_safetensors_header_is_refused(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crafted = copied(runs["tensor"], tmp_path / "crafted")
+    duplicate_in_safetensors_header(shard(crafted))
+    code, _, err = _compare(runs["tensor"], crafted, capsys)
+    line = _one_error(err)
+    assert code == 2 and f"{shard(crafted)}: key " in line and "appears twice" in line, line
+
+
+def test_env_diff_reads_json_the_same_way(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crafted = copied(runs["stats"], tmp_path / "crafted")
+    edit_text(manifest(crafted), '"seed": ', '"seed": 1, "seed": ')
+    code = main(["env-diff", str(runs["stats"]), str(crafted)])
+    line = _one_error(capsys.readouterr().err)
+    assert code == 2 and f"{manifest(crafted)}: key 'seed' appears twice in one object" in line, line
+
+
+# -- a run that stopped inside step k ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_a_run_that_stopped_inside_step_k_is_told_so_in_every_mode(
+    mode: str, at: int, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    killed = record(tmp_path / "killed", mode=mode, stop_inside=at)
+    assert (killed / f"step{at}" / ".rank0.in-step").exists()
+    code, out, _ = _compare(runs[mode], killed, capsys)
+    assert code == 1 and "PASSED" not in out, out
+    assert f"{killed}: step{at}/ is incomplete" in out and f"the run stopped inside step {at}" in out, out
+
+
+def test_a_run_that_stopped_inside_step_k_in_msprobe_format_is_told_so(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    killed = record(tmp_path / "killed", mode="stats", fmt="msprobe", stop_inside=2)
+    code, out, err = _compare(runs["msprobe"], killed, capsys)
+    assert code in (1, 2) and "PASSED" not in out
+    assert "stopped inside step 2" in out + err or "step2" in out + err, out + err
+
+
+def test_a_run_that_ended_normally_leaves_no_marker(runs: dict[str, Path]) -> None:
+    for root in runs.values():
+        assert not list(root.rglob("*.in-step")), root
+
+
+def test_a_step_given_up_and_caught_by_the_loop_leaves_no_marker(tmp_path: Path) -> None:
+    import torch
+
+    from pytest_precalign import Recorder
+
+    model = torch.nn.Linear(2, 2)
+    with Recorder(tmp_path / "run", mode="stats") as rec:
+        with pytest.raises(ZeroDivisionError), rec.recording(model):
+            model(torch.ones(1, 2))
+            raise ZeroDivisionError
+        with rec.recording(model):
+            model(torch.ones(1, 2)).sum().backward()
+    assert not list((tmp_path / "run").rglob("*.in-step"))
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["step0"]
+
+
+# -- a root holds one run ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["scalars", "stats"])
+def test_a_rerun_into_a_recorded_root_is_refused_before_its_first_step(mode: str, tmp_path: Path) -> None:
+    root = record(tmp_path / "run", mode=mode)
+    before = sorted(p.name for p in root.iterdir())
+    with pytest.raises(
+        RecorderError, match=r"already holds a recorded run \(step0, step1, step2, step3 of rank 0\)"
+    ):
+        record(root, mode=mode)
+    assert sorted(p.name for p in root.iterdir()) == before
+
+
+@pytest.mark.parametrize("mode", ["scalars", "stats", "tensor"])
+def test_a_rerun_with_overwrite_and_fewer_steps_leaves_no_old_step(
+    mode: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = record(tmp_path / "run", mode=mode, steps=6)
+    record(root, mode=mode, overwrite=True)
+    assert sorted(p.name for p in root.iterdir()) == ["step0", "step1", "step2", "step3"]
+    code, out, _ = _compare(runs[mode], root, capsys)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_resumed_run_continues_its_recording_and_compares_as_one_run(
+    mode: str, at: int, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed inside step 3 after a checkpoint at step ``at``, resumed there into the same
+    root: the steps the resume repeats are replaced, the run compares as the full one."""
+    root = record(tmp_path / "run", mode=mode, stop_inside=3)
+    record(root, mode=mode, first=at)
+    assert not list(root.rglob("*.in-step"))
+    code, out, _ = _compare(runs[mode], root, capsys)
+    assert code == 0, out
+
+
+def test_a_resumed_run_into_a_new_root_compares_with_its_first_part(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = record(tmp_path / "first", mode="scalars", stop_inside=2)
+    second = record(tmp_path / "second", mode="scalars", first=2)
+    assert sorted(p.name for p in second.iterdir()) == ["step2", "step3"]
+    code, out, _ = _compare(runs["scalars"], first, capsys)
+    assert code == 1 and "the run stopped inside step 2" in out
+
+
+def test_two_recorders_on_one_root_at_once_are_refused_before_the_second_trains(tmp_path: Path) -> None:
+    import torch
+
+    from pytest_precalign import Recorder
+
+    model = torch.nn.Linear(2, 2)
+    first, second = Recorder(tmp_path / "run", mode="scalars"), Recorder(tmp_path / "run", mode="scalars")
+    first.start(model)
+    with pytest.raises(RecorderError, match="already being recorded by another recorder in this process"):
+        second.start(model)
+    first.record_scalars(loss=1.0)
+    first.stop()
+    first.close()
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["step0"]
+
+
+# -- what the step computed -------------------------------------------------------------------------
+
+
+def test_a_nan_loss_is_recorded_as_nan_and_fails_the_compare(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = record(tmp_path / "nan", mode="scalars", nan_at=2)
+    scalars = json.loads(manifest(root, 2).read_text())["scalars"]["2"]
+    assert math.isnan(scalars["loss"])
+    code, out, _ = _compare(runs["scalars"], root, capsys)
+    assert code == 1 and "PASSED" not in out, out
