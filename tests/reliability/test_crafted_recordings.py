@@ -120,8 +120,15 @@ def test_env_diff_reads_json_the_same_way(
 # -- a run that stopped inside step k ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("at", [1, 2, 3])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("mode", "at"),
+    [(mode, 2) for mode in MODES]
+    + [("scalars", 1), ("scalars", 3)]
+    + [pytest.param(mode, at, marks=SLOW) for mode in MODES[1:] for at in (1, 3)],
+)
 def test_a_run_that_stopped_inside_step_k_is_told_so_in_every_mode(
     mode: str, at: int, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,7 +183,7 @@ def test_a_rerun_into_a_recorded_root_is_refused_before_its_first_step(mode: str
     assert sorted(p.name for p in root.iterdir()) == before
 
 
-@pytest.mark.parametrize("mode", ["scalars", "stats", "tensor"])
+@pytest.mark.parametrize("mode", ["scalars", "stats", pytest.param("tensor", marks=SLOW)])
 def test_a_rerun_with_overwrite_and_fewer_steps_leaves_no_old_step(
     mode: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -187,8 +194,10 @@ def test_a_rerun_with_overwrite_and_fewer_steps_leaves_no_old_step(
     assert code == 0, out
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("at", [1, 2])
+@pytest.mark.parametrize(
+    ("mode", "at"),
+    [(mode, 2) for mode in MODES] + [("scalars", 1)] + [pytest.param(m, 1, marks=SLOW) for m in MODES[1:]],
+)
 def test_a_resumed_run_continues_its_recording_and_compares_as_one_run(
     mode: str, at: int, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
