@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable
@@ -132,6 +133,10 @@ def check_regular(path: Path, error: ErrorType, what: str = "a file") -> None:
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISREG(mode):
+        return "a regular file"
     return "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
 
 
@@ -195,3 +200,48 @@ def loads_json(data: bytes | str, error: ErrorType, where: Path | str, *, bad: s
             f"{where}: {bad}: an integer of more than {sys.get_int_max_str_digits()} digits "
             "(no number the tool reads is that long)"
         ) from None
+
+
+def numbered_folders(
+    path: Path, pattern: re.Pattern[str], error: ErrorType, what: str = "a recording"
+) -> dict[tuple[str, int], Path]:
+    """The entries of ``path`` whose names ``pattern`` matches (``step<N>``, ``rank<R>``...;
+    its last group the number), by (name without the number, number). A folder of a recording
+    is a real folder: a symbolic link (never followed: it could point anywhere), a FIFO or a
+    file under such a name is refused, and so are two names of one number (``step05/`` beside
+    ``step5/``, ``rank00/`` beside ``rank0/``), which would otherwise be read as one."""
+    out: dict[tuple[str, int], Path] = {}
+    for entry in sorted(path.iterdir()):
+        m = pattern.match(entry.name)
+        if not m:
+            continue
+        mode = os.lstat(entry).st_mode
+        if stat.S_ISLNK(mode):
+            raise error(
+                f"{entry}: a symbolic link inside {what}; its folders are read only as real folders "
+                "(a link is never followed)"
+            )
+        if not stat.S_ISDIR(mode):
+            raise error(f"{entry}: is {_kind(mode)}, expected a folder of {what}")
+        number = m.group(m.lastindex or 0)
+        key = (entry.name[: m.start(m.lastindex or 0)], int(number))
+        if key in out:
+            raise error(
+                f"{path}: {out[key].name}/ and {entry.name}/ name the same {key[0]} {key[1]}; "
+                f"{what} has one folder for each (rename or remove one)"
+            )
+        out[key] = entry
+    return out
+
+
+def refuse_link(path: Path, error: ErrorType, what: str = "a recording") -> None:
+    """Refuse ``path`` when it is a symbolic link: a file of ``what`` is read only as itself,
+    never through a link (which could point at any file of the reader's machine)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return  # missing or unreadable: the reader that opens it says so
+    if stat.S_ISLNK(mode):
+        raise error(
+            f"{path}: a symbolic link inside {what}; its files are read only as real files (never followed)"
+        )

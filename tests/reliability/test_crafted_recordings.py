@@ -247,3 +247,128 @@ def test_a_nan_loss_is_recorded_as_nan_and_fails_the_compare(
     assert math.isnan(scalars["loss"])
     code, out, _ = _compare(runs["scalars"], root, capsys)
     assert code == 1 and "PASSED" not in out, out
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+
+
+def test_an_interrupted_compare_is_one_line_and_exit_130(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interrupt (raised asynchronously, as SIGINT's handler raises it) while comparing."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for delay in (0.05, 0.02, 0.01, 0.005, 0.001):
+            signal.setitimer(signal.ITIMER_REAL, delay)
+            try:
+                code = main(["compare", str(runs["tensor"]), str(runs["tensor"])])
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            captured = capsys.readouterr()
+            if code == 130:
+                break
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert code == 130
+    assert _one_error(captured.err) == "precalign: interrupted (SIGINT); nothing more was done"
+
+
+# -- look-alike folders, links and FIFOs inside a recording ----------------------------------------
+
+
+def _lookalike_step(root: Path) -> str:
+    copied(root / "step1", root / "step01")
+    return "step01/ and step1/ name the same step 1"
+
+
+def _lookalike_rank(root: Path) -> str:
+    copied(root / "step1" / "rank0", root / "step1" / "rank00")
+    return "rank0/ and rank00/ name the same rank 0"
+
+
+def _linked_step(root: Path) -> str:
+    (root / "step3").rename(root.parent / "elsewhere")
+    (root / "step3").symlink_to(root.parent / "elsewhere")
+    return f"{root / 'step3'}: a symbolic link inside"
+
+
+def _linked_rank(root: Path) -> str:
+    (root / "step2" / "rank0").rename(root.parent / "elsewhere")
+    (root / "step2" / "rank0").symlink_to(root.parent / "elsewhere")
+    return f"{root / 'step2' / 'rank0'}: a symbolic link inside"
+
+
+def _linked_manifest(root: Path) -> str:
+    file = manifest(root, 2)
+    file.rename(root.parent / "elsewhere.json")
+    file.symlink_to(root.parent / "elsewhere.json")
+    return f"{file}: a symbolic link inside"
+
+
+def _fifo_step(root: Path) -> str:
+    import os
+
+    os.mkfifo(root / "step4")
+    return f"{root / 'step4'}: is a FIFO, expected a folder"
+
+
+def _fifo_rank(root: Path) -> str:
+    import os
+
+    os.mkfifo(root / "step1" / "rank1")
+    return f"{root / 'step1' / 'rank1'}: is a FIFO, expected a folder"
+
+
+def _fifo_manifest(root: Path) -> str:
+    import os
+
+    manifest(root, 2).unlink()
+    os.mkfifo(manifest(root, 2))
+    return f"{manifest(root, 2)}: is a FIFO"
+
+
+def _file_as_rank(root: Path) -> str:
+    (root / "step1" / "rank1").write_text("")
+    return f"{root / 'step1' / 'rank1'}: is a regular file, expected a folder"
+
+
+FOLDERS: dict[str, Callable[[Path], str]] = {
+    "step01 beside step1": _lookalike_step,
+    "rank00 beside rank0": _lookalike_rank,
+    "a step folder that is a link": _linked_step,
+    "a rank folder that is a link": _linked_rank,
+    "a manifest that is a link": _linked_manifest,
+    "a FIFO named like a step": _fifo_step,
+    "a FIFO named like a rank": _fifo_rank,
+    "a FIFO as a manifest": _fifo_manifest,
+    "a file named like a rank": _file_as_rank,
+}
+
+
+@pytest.mark.parametrize("mode", ["scalars", "stats"])
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_a_crafted_folder_is_refused_never_followed(
+    name: str, mode: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crafted = copied(runs[mode], tmp_path / "crafted")
+    says = FOLDERS[name](crafted)
+    code, out, err = _compare(runs[mode], crafted, capsys)
+    assert code == 2 and "PASSED" not in out, out + err
+    line = _one_error(err)
+    assert says in line, line
+
+
+@pytest.mark.parametrize("name", ["step01 beside step1", "rank00 beside rank0", "a rank folder that is a link"])
+def test_a_crafted_folder_in_msprobe_format_is_refused(
+    name: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crafted = copied(runs["msprobe"], tmp_path / "crafted")
+    says = FOLDERS[name](crafted)
+    code, out, err = _compare(runs["msprobe"], crafted, capsys)
+    assert code == 2 and "PASSED" not in out, out + err
+    assert says in _one_error(err)
