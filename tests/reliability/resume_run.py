@@ -2,7 +2,7 @@
 ``test_run_roots.py``:
 
     python resume_run.py ROOT [--resume CHECKPOINT] [--twice] [--steps 4] [--overwrite]
-        [--nan-at STEP]
+        [--nan-at STEP] [--select STEP...]
 
 A tiny causal LM (fixed seed, nothing downloaded), 4 optimizer steps of 2 rows, a checkpoint
 every 2 steps into ``ROOT.out``. ``--resume``: resumed from that checkpoint (the usual way:
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--nan-at", type=int)
+    parser.add_argument("--select", type=int, nargs="*", help="PrecalignCallback(steps=...), mode stats")
     options = parser.parse_args()
 
     torch.manual_seed(0)
@@ -61,7 +62,8 @@ def main() -> None:
         seed=0,
         data_seed=0,
     )
-    callbacks = [PrecalignCallback(options.root, overwrite=options.overwrite)]
+    selected: dict[str, Any] = {"mode": "stats", "steps": options.select} if options.select else {}
+    callbacks = [PrecalignCallback(options.root, overwrite=options.overwrite, **selected)]
     if options.twice:
         callbacks.append(PrecalignCallback(options.root))
     trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks)

@@ -363,7 +363,9 @@ def test_a_crafted_folder_is_refused_never_followed(
     assert says in line, line
 
 
-@pytest.mark.parametrize("name", ["step01 beside step1", "rank00 beside rank0", "a rank folder that is a link"])
+@pytest.mark.parametrize(
+    "name", ["step01 beside step1", "rank00 beside rank0", "a rank folder that is a link"]
+)
 def test_a_crafted_folder_in_msprobe_format_is_refused(
     name: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -372,3 +374,26 @@ def test_a_crafted_folder_in_msprobe_format_is_refused(
     code, out, err = _compare(runs["msprobe"], crafted, capsys)
     assert code == 2 and "PASSED" not in out, out + err
     assert says in _one_error(err)
+
+
+# -- a request the run cannot meet -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "said"), [([5, 7], "5, 7"), ([0, 4], "4"), (list(range(4, 20)), "4, 5, 6, 7")]
+)
+def test_steps_beyond_the_planned_ones_are_refused_before_step_0(
+    steps: list[int], said: str, tmp_path: Path
+) -> None:
+    import torch
+
+    from pytest_precalign import Recorder
+    from pytest_precalign.errors import ConfigError
+
+    model = torch.nn.Linear(2, 2)
+    rec = Recorder(tmp_path / "run", steps=steps)
+    with pytest.raises(
+        ConfigError, match=rf"Recorder: steps= {said}.* beyond the run's 4 optimizer steps \(0..3\)"
+    ):
+        rec.record_settings(model, torch.optim.SGD(model.parameters(), lr=0.1), steps=4)
+    assert not (tmp_path / "run").exists()

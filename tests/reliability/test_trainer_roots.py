@@ -47,7 +47,9 @@ def test_a_trainer_resumed_into_the_same_root_continues_and_compares_as_one_run(
 def test_the_callback_added_twice_is_refused_before_the_first_step_trains(tmp_path: Path) -> None:
     done = _run(tmp_path, "twice", "--twice")
     assert done.returncode == 1
-    assert "RecorderError: Recorder: twice (rank 0) is already being recorded by another recorder" in done.stderr
+    assert (
+        "RecorderError: Recorder: twice (rank 0) is already being recorded by another recorder" in done.stderr
+    )
     assert not (tmp_path / "twice" / "step0" / "rank0").exists()  # no step trained
 
 
@@ -56,3 +58,13 @@ def test_a_nan_loss_is_recorded_as_the_step_computed_it(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     scalars = json.loads((tmp_path / "nan" / "step2" / "rank0" / "manifest.json").read_text())["scalars"]
     assert math.isnan(scalars["2"]["loss"])  # today: 0.0, the Trainer's logging_nan_inf_filter stand-in
+
+
+def test_steps_beyond_max_steps_are_said_before_training(tmp_path: Path) -> None:
+    done = _run(tmp_path, "beyond", "--select", "2", "5", "7")
+    assert done.returncode == 1
+    assert (
+        "ConfigError: PrecalignCallback: steps= 5, 7 beyond the run's 4 optimizer steps (0..3): "
+        "they would record nothing" in done.stderr
+    )
+    assert not (tmp_path / "beyond").exists()  # today: steps 5 and 7 silently never recorded

@@ -57,6 +57,7 @@ from ..training.step_evidence import (
 )
 from ..training.step_norms import grad_norm_and_zeros
 from .recorder import Recorder
+from .run_root import check_selected_steps
 from .run_settings import forward_precision, named_parameters, trainer_settings, with_precision
 from .unwrap import unwrap
 
@@ -267,6 +268,9 @@ class PrecalignCallback(TrainerSteps):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        check_selected_steps(
+            self.recorder.steps, int(state.max_steps), "PrecalignCallback"
+        )  # before training
         super().on_train_begin(args, state, control, **kwargs)
         model = kwargs["model"]
         if state.global_step == 0:  # a resumed run has no step 0 to write them in

@@ -94,7 +94,7 @@ from .golden import GoldenError, golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
 from .run_facts import model_config, run_environment
-from .run_root import claim_root, release_root
+from .run_root import check_selected_steps, claim_root, release_root
 from .unwrap import unwrap
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
@@ -552,6 +552,8 @@ class Recorder:
     def write_settings(self, settings: TrainingSettings) -> None:
         """Typed settings (``PrecalignCallback`` builds them from the Trainer's), written into
         the next folder's manifest; their plan's precision becomes every later ``dtype``."""
+        if settings.plan is not None and self._step == 0 and not self.written:
+            check_selected_steps(self.steps, len(settings.plan.lr), "Recorder")
         self._settings = settings
         if settings.plan is not None and settings.plan.precision is not None:
             self._precision = settings.plan.precision

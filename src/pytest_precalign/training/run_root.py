@@ -36,7 +36,7 @@ import shutil
 import weakref
 from pathlib import Path
 
-from ..errors import RecorderError
+from ..errors import ConfigError, RecorderError
 from ..trace.step_markers import IN_STEP_SUFFIX
 
 _STEP = re.compile(r"step(0|[1-9][0-9]*)")
@@ -120,3 +120,17 @@ def release_root(root: Path, rank: int, owner: object) -> None:
     held = _HOLDERS.get(key)
     if held is not None and held() in (owner, None):
         del _HOLDERS[key]
+
+
+def check_selected_steps(selected: frozenset[int] | None, planned: int, who: str) -> None:
+    """Refuse, before the run trains, a ``steps=`` selection holding steps the run will not
+    take (``planned`` optimizer steps: 0 .. planned-1): they would record nothing."""
+    if selected is None:
+        return
+    beyond = sorted(s for s in selected if s >= planned)
+    if beyond:
+        shown = ", ".join(str(s) for s in beyond[:8]) + (" ..." if len(beyond) > 8 else "")
+        raise ConfigError(
+            f"{who}: steps= {shown} beyond the run's {planned} optimizer steps (0..{planned - 1}): "
+            "they would record nothing; select steps the run takes"
+        )
