@@ -245,3 +245,14 @@ def refuse_link(path: Path, error: ErrorType, what: str = "a recording") -> None
         raise error(
             f"{path}: a symbolic link inside {what}; its files are read only as real files (never followed)"
         )
+
+
+SHOWN_CHARS = 2000  # a value from a file shown in a verdict or report: at most this much of it
+
+
+def cut_text(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` when it is at most ``limit`` characters; else its head, saying how much was cut
+    (a 50 MB string in a crafted plan once made 50 MB of output and a 15 MB report)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters cut)"

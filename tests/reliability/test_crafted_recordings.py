@@ -397,3 +397,31 @@ def test_steps_beyond_the_planned_ones_are_refused_before_step_0(
     ):
         rec.record_settings(model, torch.optim.SGD(model.parameters(), lr=0.1), steps=4)
     assert not (tmp_path / "run").exists()
+
+
+# -- output and reports bounded ----------------------------------------------------------------------
+
+HUGE = 5_000_000
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('"optimizer": "sgd"', '"optimizer": "' + "x" * HUGE + '"'),
+        ('"loss_normalisation": null', '"loss_normalisation": "' + "y" * HUGE + '"'),
+    ],
+    ids=["optimizer", "loss_normalisation"],
+)
+def test_a_huge_string_in_a_plan_is_cut_in_the_output_and_the_report(
+    old: str, new: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crafted = copied(runs["scalars"], tmp_path / "crafted")
+    edit_text(manifest(crafted), old, new)
+    code, out, err = _compare(runs["scalars"], crafted, capsys, "--report", str(tmp_path / "report"))
+    assert code in (1, 2) and "PASSED" not in out
+    assert len(out) + len(err) < 20_000, len(out) + len(err)
+    assert "more characters cut" in out or (code == 2 and "..." in _one_error(err))  # a bad value: refused
+    files = (
+        [p for p in (tmp_path / "report").rglob("*") if p.is_file()] if (tmp_path / "report").exists() else []
+    )
+    assert sum(p.stat().st_size for p in files) < 500_000
