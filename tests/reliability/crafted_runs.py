@@ -53,9 +53,8 @@ def _loop(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     xs = torch.randn(steps, 3, 4, generator=torch.Generator().manual_seed(1))
     rec = Recorder(root, mode=mode, format=fmt, overwrite=overwrite)
-    if first == 0:
-        rec.record_settings(model, optimizer, steps=steps)
     rec.seek(first)
+    rec.record_settings(model, optimizer, steps=steps)  # a resumed loop too, as a callback does
     for step in range(steps):
         if step < first:  # the checkpoint's steps: trained before, not recorded now
             model(xs[step]).square().mean().backward()

@@ -425,3 +425,27 @@ def test_a_huge_string_in_a_plan_is_cut_in_the_output_and_the_report(
         [p for p in (tmp_path / "report").rglob("*") if p.is_file()] if (tmp_path / "report").exists() else []
     )
     assert sum(p.stat().st_size for p in files) < 500_000
+
+
+# -- one run's settings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_a_second_contradicting_settings_block_is_refused(
+    step: int, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crafted = copied(runs["scalars"], tmp_path / "crafted")
+    training = json.loads(manifest(crafted, 0).read_text())["training"]
+    training["plan"]["lr"][0] = [0.5]  # another run's plan
+    data = json.loads(manifest(crafted, step).read_text())
+    manifest(crafted, step).write_text(json.dumps({**data, "training": training}))
+    code, _, err = _compare(runs["scalars"], crafted, capsys)
+    line = _one_error(err)
+    assert code == 2 and f"step{step}/rank0/manifest.json: a second 'training' block" in line, line
+
+
+def test_a_resumed_run_writes_no_second_settings_block(tmp_path: Path) -> None:
+    root = record(tmp_path / "run", mode="scalars", stop_inside=3)
+    record(root, mode="scalars", first=2)  # a loop that writes its settings again on resuming
+    blocks = [s for s in range(4) if "training" in json.loads(manifest(root, s).read_text())]
+    assert blocks == [0]

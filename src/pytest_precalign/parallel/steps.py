@@ -67,10 +67,19 @@ def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) ->
     scalars: dict[int, StepScalars] = {}
     held: dict[int, int] = {}  # step of the scalars -> step folder they were read from
     out: dict[str, Any] = {}
+    first: dict[str, int] = {}  # key -> the step folder that holds it
     for step, trace in steps:
         for key in (TRAINING_KEY, INITIAL_PARAMS_KEY):
-            if key not in out and trace.manifest.get(key) is not None:
-                out[key] = trace.manifest[key]
+            value = trace.manifest.get(key)
+            if value is None:
+                continue
+            if key not in out:
+                out[key], first[key] = value, step
+            elif value != out[key]:
+                raise TraceError(
+                    f"{where[step]}: a second '{key}' block, not the one of {where[first[key]]}: a run "
+                    "root holds one run's (two runs in one folder?)"
+                )
         for at, value in scalars_of(trace.manifest, where[step]).items():
             if at in scalars and scalars[at] != value:
                 raise TraceError(

@@ -224,6 +224,7 @@ class Recorder:
         self._precision: str | None = None  # what the forward computes in (the settings'), every manifest
         self.written: list[Path] = []  # the folders this process wrote, in order
         self._claimed = False  # the root holds this run (``run_root.claim_root``)
+        self._continues = False  # a resumed run continuing the steps the root holds
         self._marker: Path | None = None  # the rank folder whose step began and has not ended
         self._marker_made: tuple[Path, ...] = ()  # the folders made for its marker
 
@@ -383,8 +384,9 @@ class Recorder:
         """The root holds this run from the current step on (``run_root``: refused, replaced
         or continued before the first step trains)."""
         if not self._claimed:
-            claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
+            kept = claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
             self._claimed = True
+            self._continues = bool(kept)
 
     def _end_step(self) -> None:
         marker, self._marker = self._marker, None
@@ -566,9 +568,9 @@ class Recorder:
         if self._initial is not None:
             out.update(run_record_keys(initial_params=self._initial))
             self._initial = None
-        if self._settings is not None:
+        if self._settings is not None and not self._continues:  # a resumed run's: the root has them
             out.update(run_record_keys(settings=self._settings))
-            self._settings = None
+        self._settings = None
         return out
 
     def _write_scalars_only(self) -> Path | None:

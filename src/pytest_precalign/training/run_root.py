@@ -84,9 +84,10 @@ def _span(steps: list[int]) -> str:
     return shown + (f" ... ({len(steps)} steps)" if len(steps) > 5 else "")
 
 
-def claim_root(root: Path, rank: int, first: int, *, overwrite: bool, owner: object) -> None:
+def claim_root(root: Path, rank: int, first: int, *, overwrite: bool, owner: object) -> list[int]:
     """Make ``root`` hold the run that ``owner`` records from step ``first`` on this rank (see
-    the module doc); one ``RecorderError`` when it cannot."""
+    the module doc); one ``RecorderError`` when it cannot. Returns the steps kept (those a
+    resumed run recorded before its checkpoint)."""
     key = _key(root, rank)
     held = _HOLDERS.get(key)
     other = held() if held is not None else None
@@ -112,6 +113,7 @@ def claim_root(root: Path, rank: int, first: int, *, overwrite: bool, owner: obj
     for step in found if first == 0 else later:
         _remove(root, rank, step)
     _HOLDERS[key] = weakref.ref(owner)
+    return [s for s in found if s < first]
 
 
 def release_root(root: Path, rank: int, owner: object) -> None:
