@@ -508,3 +508,22 @@ def test_lightning_steps_beyond_the_run_are_refused_before_it_trains(tmp_path: P
     ):
         trainer.fit(module, DataLoader(data, batch_size=2))
     assert module.steps == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_long_plan_is_parsed_once_per_side(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3,000-step plan (a 300,000-step one was parsed 8 times per compare, seconds each)."""
+    import pytest_precalign.trace.training_record as training_record
+
+    sides = [copied(runs["scalars"], tmp_path / name) for name in ("a", "b")]
+    for side in sides:
+        data = json.loads(manifest(side).read_text())
+        data["training"]["plan"]["lr"] = [[0.1]] * 3_000
+        manifest(side).write_text(json.dumps(data))
+    parsed = []
+    real = training_record.plan_from_dict
+    monkeypatch.setattr(training_record, "plan_from_dict", lambda *a: parsed.append(1) or real(*a))
+    code, out, _ = _compare(sides[0], sides[1], capsys)
+    assert code == 0, out
+    assert len(parsed) == 2  # once for each side
