@@ -76,7 +76,6 @@ import torch
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
-from ..recording.recorder import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
@@ -89,17 +88,21 @@ from ..trace.write_failures import (
     open_write_note,
     write_failure_reason,
 )
-from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
-from .golden import GoldenError, golden_judge
+from ..vocabulary import MODEL_OUTPUT_KINDS, RECORD_FORMAT_ALIASES, as_kind
+from .golden import golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
 from .model_checks import check_recordable, chunks_of
+from .recorder_options import (
+    check_choices,
+    checked_queue_bytes,
+    golden_path,
+    grads_missing_note,
+    selection,
+    tuples,
+)
 from .run_facts import model_config, run_environment
 from .run_root import check_selected_steps, claim_root, release_root
 from .unwrap import unwrap
-
-FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
-# What the Recorder keeps: the hook engine's modes, or "scalars" (per-step scalars only).
-RECORDER_MODES = (*MODES, "scalars")
 
 
 class _Chunks(torch.nn.Module):
@@ -110,59 +113,6 @@ class _Chunks(torch.nn.Module):
         super().__init__()
         for k, chunk in enumerate(chunks):
             self.add_module(f"chunk{k}", chunk)
-
-
-def _selection(values: Iterable[int] | None, what: str) -> frozenset[int] | None:
-    if values is None:
-        return None
-    if isinstance(values, int):
-        values = [values]
-    chosen = frozenset(values)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in chosen):
-        raise ConfigError(f"Recorder: {what}= must be integers >= 0, got {sorted(chosen, key=str)!r}")
-    return chosen
-
-
-def _golden(golden: str | Path | None, mode: str) -> Path | None:
-    if golden is None:
-        return None
-    if mode == "tensor":
-        raise ConfigError("Recorder: golden= keeps tensors only where needed: use mode stats or hash")
-    if not Path(golden).exists():
-        raise GoldenError(f"Recorder: golden {golden}: no such file or directory")
-    return Path(golden)
-
-
-def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: tuple(v) if k in ("lr", "weight_decay") and v is not None else v for k, v in fields.items()}
-
-
-def _check_choices(**given: str) -> None:
-    """The constructor's word-valued arguments, each one of its allowed values."""
-    allowed = {"mode": RECORDER_MODES, "level": LEVELS, "format": FORMATS, "param_grads": PARAM_GRADS}
-    for key, value in given.items():
-        if value not in allowed[key]:
-            raise ConfigError(f"Recorder: unknown {key} {value!r} (allowed: {', '.join(allowed[key])})")
-
-
-def _queue_bytes(value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _grads_missing(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
-    """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
-    return {
-        "step": step,
-        "rank": rank,
-        "count": len(names),
-        "names": list(names[:5]),
-        "why": (
-            'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
-            "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
-        ),
-    }
 
 
 class Recorder:
@@ -189,9 +139,9 @@ class Recorder:
         tolerances: str | Path | ToleranceTable | None = None,
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
-        _check_choices(mode=mode, level=level, format=format, param_grads=param_grads)
-        self.golden = _golden(golden, mode)
-        self.queue_bytes = _queue_bytes(queue_bytes)
+        check_choices(mode=mode, level=level, format=format, param_grads=param_grads)
+        self.golden = golden_path(golden, mode)
+        self.queue_bytes = checked_queue_bytes(queue_bytes)
         self.tolerances = load_table(tolerances, "Recorder: tolerances")
         self.root = Path(root)
         self.mode = mode
@@ -199,8 +149,8 @@ class Recorder:
         self.format = RECORD_FORMAT_ALIASES.get(format, format)
         self.layout = check_layout(layout) if layout is not None else None
         self.overwrite = overwrite
-        self.steps = _selection(steps, "steps")
-        self.ranks = _selection(ranks, "ranks")
+        self.steps = selection(steps, "steps")
+        self.ranks = selection(ranks, "ranks")
         self._options: dict[str, Any] = {
             "inputs": inputs,
             "grads": grads,
@@ -416,7 +366,7 @@ class Recorder:
         if self._wrappers:
             manifest["wrappers"] = self._wrappers
         if missing:
-            manifest["grads_missing"] = [_grads_missing(self._step, self.rank, missing)]
+            manifest["grads_missing"] = [grads_missing_note(self._step, self.rank, missing)]
 
         def write() -> Path:
             shards = None
@@ -495,7 +445,7 @@ class Recorder:
         step's manifest at ``stop()`` -- on every step of a selected rank, also where ``steps=``
         selects no layers (then the folder holds the manifest alone)."""
         if scalars is None:
-            scalars = StepScalars(step=self._step, **_tuples(fields))
+            scalars = StepScalars(step=self._step, **tuples(fields))
         elif fields:
             raise ConfigError("Recorder.record_scalars: pass a StepScalars or its fields, not both")
         if scalars.step != self._step:
