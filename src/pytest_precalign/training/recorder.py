@@ -554,6 +554,7 @@ class Recorder:
             yield self
         except BaseException:
             self._discard()
+            self._end_step()  # a step given up by its own block: nothing of it is left
             raise
         self.stop()
         self.step()
@@ -574,6 +575,7 @@ class Recorder:
         nothing more. Module hooks are removed at once; an op mode cannot leave torch's mode
         stack from inside its own handler, so at level op/mix the hooks are made inert here and
         removed when the error leaves the forward (``forward_guard``)."""
+        self._end_step()  # the step is given up with one error: nothing of it is left
         hooks = self._hooks
         if hooks is not None and hooks.level == "module":
             self._discard()

@@ -48,8 +48,9 @@ def _key(root: Path, rank: int) -> tuple[str, int]:
     return os.path.realpath(root), rank
 
 
-def this_ranks_steps(root: Path, rank: int) -> list[int]:
-    """The steps of ``root`` that hold a folder (or a marker) of ``rank``, in order."""
+def this_ranks_steps(root: Path, rank: int, *, markers: bool = False) -> list[int]:
+    """The steps of ``root`` that hold a folder of ``rank`` (``markers``: or only the marker
+    of a step it began and never finished), in order."""
     try:
         entries = list(root.iterdir())
     except OSError:
@@ -58,7 +59,8 @@ def this_ranks_steps(root: Path, rank: int) -> list[int]:
     for entry in entries:
         if not _STEP.fullmatch(entry.name):
             continue
-        if os.path.lexists(entry / f"rank{rank}") or os.path.lexists(entry / f".rank{rank}{IN_STEP_SUFFIX}"):
+        marked = markers and os.path.lexists(entry / f".rank{rank}{IN_STEP_SUFFIX}")
+        if os.path.lexists(entry / f"rank{rank}") or marked:
             out.append(int(entry.name[4:]))
     return sorted(out)
 
@@ -103,14 +105,14 @@ def claim_root(root: Path, rank: int, first: int, *, overwrite: bool, owner: obj
             "each its own root"
         )
     found = this_ranks_steps(root, rank)
-    later = [s for s in found if s >= first]
     if first == 0 and found and not overwrite:
         raise RecorderError(
             f"Recorder: {root} already holds a recorded run ({_span(found)} of rank {rank}); "
             "refusing to mix a new run into it: pass overwrite=True to replace it whole, "
             "record into another root, or resume the run (a checkpoint, Recorder.seek)"
         )
-    for step in found if first == 0 else later:
+    begun = this_ranks_steps(root, rank, markers=True)  # and the steps a killed run only began
+    for step in begun if first == 0 else [s for s in begun if s >= first]:
         _remove(root, rank, step)
     _HOLDERS[key] = weakref.ref(owner)
     return [s for s in found if s < first]
