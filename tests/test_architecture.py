@@ -22,6 +22,7 @@ TORCH_FREE = (
     "pytest_precalign.vocabulary",
     "pytest_precalign._atomic",
     "pytest_precalign.untrusted",
+    "pytest_precalign.redaction",
     "pytest_precalign.trace.records",
     "pytest_precalign.trace.native_io",
     "pytest_precalign.trace.tensor_files",

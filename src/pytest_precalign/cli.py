@@ -205,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PrecalignError as exc:
         print(f"precalign: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (SIGINT): one line, the shell's code for it
+        print("precalign: interrupted (SIGINT); nothing more was done", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # stdout closed early (``| head``): no traceback, no flush error at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print("precalign: error: output closed before it was all written (broken pipe)", file=sys.stderr)

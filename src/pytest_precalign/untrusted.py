@@ -6,7 +6,10 @@
 * ``open_regular``: a user file is opened without blocking and read only when it is a regular
   file (a FIFO or a device would hang the tool or never end).
 * ``read_json``: a JSON file is refused after its size and first bytes, before it is read
-  whole, like the YAML reader does; duplicate keys in one object can be refused.
+  whole, like the YAML reader does; ``loads_json`` reads JSON already in memory (a
+  safetensors header, a JSON line). Both are the one way the tool reads JSON: a key twice in
+  one object, at any depth, is refused (Python's ``json`` keeps the last value silently, so a
+  crafted file could say two things and be read as the second).
 * ``bounded_repr``: a value from a file shown in a message is cut to a bounded excerpt (a
   YAML alias bomb once made a 722 MB message).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable
@@ -129,10 +133,14 @@ def check_regular(path: Path, error: ErrorType, what: str = "a file") -> None:
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISREG(mode):
+        return "a regular file"
     return "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
 
 
-def _no_duplicates(error: ErrorType, path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+def _no_duplicates(error: ErrorType, path: Path | str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(pairs)
         if len(out) != len(pairs):
@@ -155,11 +163,10 @@ def read_json(
     what: str = "a JSON file",
     why: str = "",
     bad: str = "not valid JSON",
-    unique_keys: bool = False,
 ) -> Any:
     """A JSON file's contents; one error naming the file when it is missing (``why`` says why
-    it is needed), not a regular file, bigger than ``MAX_JSON_BYTES``, binary, not JSON, or
-    (``unique_keys``) holds a key twice in one object, or an integer too long to convert."""
+    it is needed), not a regular file, bigger than ``MAX_JSON_BYTES``, binary, not JSON, holds
+    a key twice in one object, or an integer too long to convert."""
     try:
         with open_regular(path, error, what) as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -173,17 +180,79 @@ def read_json(
         raise error(f"{path}: missing" + (f" ({why})" if why else "")) from None
     if len(data) > MAX_JSON_BYTES:
         raise error(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB; expected {what}")
-    hook = _no_duplicates(error, path) if unique_keys else None
+    return loads_json(data, error, path, bad=bad)
+
+
+def loads_json(data: bytes | str, error: ErrorType, where: Path | str, *, bad: str = "not valid JSON") -> Any:
+    """JSON text from ``where`` (a file, or a part of one), read as ``read_json`` reads a file:
+    one error naming ``where`` when it is not JSON, holds a key twice in one object (at any
+    depth), nests too deeply or holds an integer too long to convert."""
     try:
-        return json.loads(data, object_pairs_hook=hook)
+        return json.loads(data, object_pairs_hook=_no_duplicates(error, where))
     except RecursionError:
-        raise error(f"{path}: {bad}: nested too deeply") from None
+        raise error(f"{where}: {bad}: nested too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: {bad}: {exc}") from None
+        raise error(f"{where}: {bad}: {exc}") from None
     except ValueError as exc:  # an integer of more digits than int() converts (4300 by default)
         if "digits" not in str(exc):
             raise
         raise error(
-            f"{path}: {bad}: an integer of more than {sys.get_int_max_str_digits()} digits "
+            f"{where}: {bad}: an integer of more than {sys.get_int_max_str_digits()} digits "
             "(no number the tool reads is that long)"
         ) from None
+
+
+def numbered_folders(
+    path: Path, pattern: re.Pattern[str], error: ErrorType, what: str = "a recording"
+) -> dict[tuple[str, int], Path]:
+    """The entries of ``path`` whose names ``pattern`` matches (``step<N>``, ``rank<R>``...;
+    its last group the number), by (name without the number, number). A folder of a recording
+    is a real folder: a symbolic link (never followed: it could point anywhere), a FIFO or a
+    file under such a name is refused, and so are two names of one number (``step05/`` beside
+    ``step5/``, ``rank00/`` beside ``rank0/``), which would otherwise be read as one."""
+    out: dict[tuple[str, int], Path] = {}
+    for entry in sorted(path.iterdir()):
+        m = pattern.match(entry.name)
+        if not m:
+            continue
+        mode = os.lstat(entry).st_mode
+        if stat.S_ISLNK(mode):
+            raise error(
+                f"{entry}: a symbolic link inside {what}; its folders are read only as real folders "
+                "(a link is never followed)"
+            )
+        if not stat.S_ISDIR(mode):
+            raise error(f"{entry}: is {_kind(mode)}, expected a folder of {what}")
+        number = m.group(m.lastindex or 0)
+        key = (entry.name[: m.start(m.lastindex or 0)], int(number))
+        if key in out:
+            raise error(
+                f"{path}: {out[key].name}/ and {entry.name}/ name the same {key[0]} {key[1]}; "
+                f"{what} has one folder for each (rename or remove one)"
+            )
+        out[key] = entry
+    return out
+
+
+def refuse_link(path: Path, error: ErrorType, what: str = "a recording") -> None:
+    """Refuse ``path`` when it is a symbolic link: a file of ``what`` is read only as itself,
+    never through a link (which could point at any file of the reader's machine)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return  # missing or unreadable: the reader that opens it says so
+    if stat.S_ISLNK(mode):
+        raise error(
+            f"{path}: a symbolic link inside {what}; its files are read only as real files (never followed)"
+        )
+
+
+SHOWN_CHARS = 2000  # a value from a file shown in a verdict or report: at most this much of it
+
+
+def cut_text(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` when it is at most ``limit`` characters; else its head, saying how much was cut
+    (a 50 MB string in a crafted plan once made 50 MB of output and a 15 MB report)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters cut)"

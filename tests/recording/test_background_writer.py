@@ -236,7 +236,8 @@ def test_kill_9_mid_write_leaves_no_trace_and_the_next_run_succeeds(tmp_path: Pa
         if child.stdout is not None:
             child.stdout.close()
     assert not (step / "rank0").exists()  # only the dead writer's temporary folder
-    (stale,) = list(step.iterdir())
+    assert (step / ".rank0.in-step").exists()  # the marker of the step the run stopped inside
+    (stale,) = [p for p in step.iterdir() if p.name != ".rank0.in-step"]
     assert stale.name.startswith(prefix) and stale.name.endswith(".tmp")
 
     model = _Net()

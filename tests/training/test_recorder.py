@@ -74,7 +74,7 @@ def train_step(model: torch.nn.Module, optimizer: Any, fail: bool = False) -> An
 # -- one process -----------------------------------------------------------------------------
 def test_one_process_writes_step_rank0_folders(tmp_path: Path) -> None:
     from pytest_precalign import Recorder
-    from pytest_precalign.errors import TraceError
+    from pytest_precalign.errors import RecorderError
     from pytest_precalign.trace.native_io import read_trace
 
     model = Tiny()
@@ -104,10 +104,8 @@ def test_one_process_writes_step_rank0_folders(tmp_path: Path) -> None:
     )
     assert hook_count(model) == 0
     again = Recorder(tmp_path / "run")
-    again.start(model)
-    train_step(model, optimizer)
-    with pytest.raises(TraceError, match="step0/rank0"):  # an existing folder is never replaced
-        again.stop()
+    with pytest.raises(RecorderError, match="already holds a recorded run"):  # before it trains
+        again.start(model)
     assert hook_count(model) == 0
 
 

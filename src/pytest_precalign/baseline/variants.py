@@ -86,9 +86,7 @@ def _manifest(path: Path) -> dict[str, Any]:
     """A variant's manifest, read as any recording is (untrusted): a crafted one is one
     ``TraceError`` naming the file, not a traceback while choosing."""
     file = path / "manifest.json"
-    data = read_json(
-        file, TraceError, what="a baseline manifest", bad="not a readable manifest", unique_keys=True
-    )
+    data = read_json(file, TraceError, what="a baseline manifest", bad="not a readable manifest")
     if not isinstance(data, dict):
         raise TraceError(f"{file}: not a pytest-precalign manifest (expected an object)")
     check_environment(data, file)

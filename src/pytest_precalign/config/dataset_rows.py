@@ -10,11 +10,11 @@ line. Blank lines are skipped (a row is a non-blank line).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from ..untrusted import ErrorType, bounded_repr, open_regular
+from ..errors import PrecalignError
+from ..untrusted import ErrorType, bounded_repr, loads_json, open_regular
 
 MAX_ROW_BYTES = 1 << 24  # one row of ~2 million ids; a longer line is not a row of tokens
 MAX_TOKEN_ID = (1 << 63) - 1  # token ids become int64 tensors
@@ -72,8 +72,8 @@ def _row(raw: bytes, jsonl: bool, where: str, error: ErrorType) -> tuple[int, ..
     values: object
     if jsonl:
         try:
-            values = json.loads(text)
-        except ValueError:
+            values = loads_json(text, error, where)
+        except PrecalignError:
             values = None
     else:
         fields = text.split()

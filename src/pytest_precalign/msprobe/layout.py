@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import TraceError
 from ..trace.environment import MSPROBE_MANIFEST
+from ..untrusted import numbered_folders
 
 DUMP_FILE = "dump.json"
 MANIFEST_SIDECAR = MSPROBE_MANIFEST  # our Recorder's manifest beside dump.json (trace.environment)
@@ -39,7 +40,7 @@ def rank_of(folder: Path) -> int | None:
 
 
 def _children(path: Path, kind: re.Pattern[str]) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.is_dir() and kind.match(p.name))
+    return sorted(numbered_folders(path, kind, TraceError, "a dump").values())  # no link, no look-alike
 
 
 def rank_folders(path: str | Path) -> dict[tuple[int, int], Path]:

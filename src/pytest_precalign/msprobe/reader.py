@@ -29,7 +29,7 @@ from ..errors import TraceError
 from ..trace.environment import check_environment
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
 from ..trace.training_record import read_run_record
-from ..untrusted import bounded_repr, plain_name, read_json
+from ..untrusted import bounded_repr, plain_name, read_json, refuse_link
 from ..vocabulary import Kind
 from .layout import DUMP_FILE, MANIFEST_SIDECAR, rank_folders, rank_of, single_rank_folder, step_of
 from .names import ParsedName, forward_name, parse_name
@@ -115,7 +115,7 @@ def _kept_manifest(folder: Path) -> dict[str, Any]:
     file = folder / MANIFEST_SIDECAR
     if not file.is_file():
         return {}
-    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json", unique_keys=True)
+    data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json")
     if not isinstance(data, dict):
         raise TraceError(f"{file}: expected a JSON object (the Recorder's trace manifest)")
     check_environment(data, file)
@@ -170,7 +170,8 @@ def _summary_mode(task: str, hashes: list[str]) -> str:
 def _load_json(file: Path, why: str = "") -> Any:
     """A dump folder's JSON file (size, first bytes and regular file checked before reading;
     dump.json may hold a record name only once)."""
-    return read_json(file, TraceError, why=why, unique_keys=file.name == DUMP_FILE)
+    refuse_link(file, TraceError, "a dump folder")
+    return read_json(file, TraceError, why=why)
 
 
 # -- records ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..redaction import redacted
 from ..trace.op_names import API_CLASS, PER_MODULE_CALL, split_op_name
 from ..trace.records import Record, Trace
 from .layout import MANIFEST_SIDECAR
@@ -241,7 +242,7 @@ def write_msprobe_dump(
         dump["dump_data_dir"] = str(target / "dump_tensor_data") if files else None
         written = [("dump.json", dump), ("construct.json", construct), ("stack.json", _stack(dump))]
         if keep_manifest:
-            written.append((MANIFEST_SIDECAR, dict(trace.manifest)))
+            written.append((MANIFEST_SIDECAR, redacted(dict(trace.manifest))))  # no secret in it
         for name, content in written:
             with open(tmp / name, "w", encoding="utf-8") as f:
                 json.dump(content, f, indent=1)

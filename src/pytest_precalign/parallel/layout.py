@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TraceError
-from ..untrusted import read_json
+from ..untrusted import numbered_folders, read_json
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 RECORDER_KEY = "recorder"  # the mark of a manifest our ``Recorder`` (or the callback) wrote
@@ -259,12 +259,8 @@ def read_msprobe_compare_config(path: str | Path) -> dict[str, Any]:
 
 
 def _children(path: Path, kind: re.Pattern[str]) -> dict[int, Path]:
-    out = {}
-    for p in path.iterdir():
-        m = kind.match(p.name)
-        if m and p.is_dir():
-            out[int(m.group(1))] = p
-    return dict(sorted(out.items()))
+    found = numbered_folders(path, kind, TraceError, "a recorded run")  # no link, no look-alike
+    return dict(sorted((number, p) for (_, number), p in found.items()))
 
 
 def _recorded_rank(folder: Path) -> bool:
@@ -275,7 +271,7 @@ def _recorded_rank(folder: Path) -> bool:
 
     file = folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
     try:
-        data = read_json(file, TraceError, unique_keys=True)
+        data = read_json(file, TraceError)
     except TraceError:
         return False
     return isinstance(data, dict) and ("parallel" in data or RECORDER_KEY in data)

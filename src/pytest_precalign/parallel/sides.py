@@ -3,6 +3,7 @@ with a layout given, an msprobe dump; one step folder or a run root (all its ste
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -150,8 +151,9 @@ def _scalars_only(
 
 def read_rank_folder(folder: Path) -> Trace:
     """One rank folder of a run: our trace, or an msprobe dump our ``Recorder`` wrote (its
-    manifest kept beside dump.json)."""
-    if (folder / "manifest.json").is_file():
+    manifest kept beside dump.json). A ``manifest.json`` that is there but not a regular file
+    (a link, a FIFO) is refused by the trace reader, naming it."""
+    if os.path.lexists(folder / "manifest.json"):
         from ..trace.native_io import read_trace
 
         return read_trace(folder)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.records import Record, Trace
+from ..trace.step_markers import IN_STEP_SUFFIX, stopped_inside
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_of
 from ..trace.training_record import INITIAL_PARAMS_KEY, TRAINING_KEY, run_record_keys
 from ..trace.write_failures import read_write_failure_note
@@ -69,10 +70,19 @@ def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) ->
     scalars: dict[int, StepScalars] = {}
     held: dict[int, int] = {}  # step of the scalars -> step folder they were read from
     out: dict[str, Any] = {}
+    first: dict[str, int] = {}  # key -> the step folder that holds it
     for step, trace in steps:
         for key in (TRAINING_KEY, INITIAL_PARAMS_KEY):
-            if key not in out and trace.manifest.get(key) is not None:
-                out[key] = trace.manifest[key]
+            value = trace.manifest.get(key)
+            if value is None:
+                continue
+            if key not in out:
+                out[key], first[key] = value, step
+            elif value != out[key]:
+                raise TraceError(
+                    f"{where[step]}: a second '{key}' block, not the one of {where[first[key]]}: a run "
+                    "root holds one run's (two runs in one folder?)"
+                )
         for at, value in scalars_of(trace.manifest, where[step]).items():
             if at in scalars and scalars[at] != value:
                 raise TraceError(
@@ -126,19 +136,28 @@ def _missing(folder: Path, ranks: list[int]) -> str:
             parts.append(
                 f"rank{rank}/ was not written: the Recorder could not write it (no reason recorded: a full disk?)"
             )
+        elif stopped_inside(folder / f"rank{rank}"):
+            parts.append(
+                f"rank{rank}/ was begun and never finished: killed or crashed (its marker "
+                f".rank{rank}{IN_STEP_SUFFIX} is there)"
+            )
         else:
             parts.append(f"rank{rank}/ is missing")
-    return f"{folder.parent}: {folder.name}/ is incomplete ({'; '.join(parts)})"
+    told = f"{folder.parent}: {folder.name}/ is incomplete ({'; '.join(parts)})"
+    if any(stopped_inside(folder / f"rank{rank}") for rank in ranks):
+        told += f": the run stopped inside step {folder.name[4:]}"
+    return told
 
 
 def interrupted_steps(root: Path) -> list[str]:
-    """``step<N>/`` folders of ``root`` holding nothing but writers' temporary folders."""
+    """``step<N>/`` folders of ``root`` holding nothing but writers' temporary folders (and
+    the markers of steps that began, ``trace.step_markers``)."""
     try:
         steps = sorted(p for p in root.glob("step*") if p.is_dir())
         return [
             p.name
             for p in steps
-            if (kids := list(p.iterdir())) and all(k.name.endswith(".tmp") for k in kids)
+            if (kids := list(p.iterdir())) and all(k.name.endswith((".tmp", IN_STEP_SUFFIX)) for k in kids)
         ]
     except OSError:
         return []

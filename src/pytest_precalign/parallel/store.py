@@ -9,7 +9,6 @@ Replicated tensors are checked bitwise across TP ranks as they are read, in slic
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -23,7 +22,7 @@ from ..errors import TraceError
 from ..trace.arrays import as_numpy
 from ..trace.records import Trace
 from ..trace.tensor_files import bf16_to_float32
-from ..untrusted import bounded_repr
+from ..untrusted import bounded_repr, loads_json
 
 _DTYPES = {
     "F64": "<f8",
@@ -95,9 +94,10 @@ class _Header:
                 (length,) = struct.unpack("<Q", f.read(8))
                 if length > size - 8:  # checked before anything is sized by it
                     raise TraceError(f"{path}: not a safetensors file (header runs past the end; truncated?)")
-                header = json.loads(f.read(length))
-        except (OSError, struct.error, ValueError, RecursionError) as exc:
+                raw = f.read(length)
+        except (OSError, struct.error, ValueError) as exc:
             raise TraceError(f"{path}: not a readable safetensors file: {exc}") from None
+        header = loads_json(raw, TraceError, path, bad="not a readable safetensors file")
         if not isinstance(header, dict):
             raise TraceError(f"{path}: not a safetensors file (header is not an object)")
         self.base = 8 + length

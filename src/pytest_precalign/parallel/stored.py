@@ -4,6 +4,7 @@ one step (the golden run of a live compare). ``run.stored_runs`` writes them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import TraceError
@@ -24,7 +25,7 @@ def load_side(path: str | Path, parallel: ParallelLayout | None = None) -> Trace
     merged = load_parallel_side(root, parallel)
     if merged is not None:
         return merged
-    if (root / "manifest.json").is_file():
+    if os.path.lexists(root / "manifest.json"):  # a link or a FIFO: the reader refuses it, naming it
         return read_trace(root)
     from ..msprobe import is_msprobe_dump, read_msprobe_dump
 

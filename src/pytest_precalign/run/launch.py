@@ -16,7 +16,6 @@ killed: a stuck collective never hangs pytest.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import signal
@@ -33,6 +32,7 @@ from ..errors import CaseError
 from ..parallel.rules import MEGATRON_GPT_RULES, ShardRule
 from ..trace.records import Trace
 from ..training.trainer_registry import PLAIN, trainer_info, trainer_names
+from ..untrusted import read_json
 from .rank_main import INPUTS_FILE, JOB_FILE, OUT_DIR, WEIGHTS_FILE
 from .trainers import launched_trainer, side_trainer
 
@@ -236,8 +236,8 @@ def first_rank_error(work: Path) -> tuple[int, dict[str, Any]] | None:
     found = []
     for file in work.glob("error*.json"):
         try:
-            found.append((int(file.stem[5:]), json.loads(file.read_text(encoding="utf-8"))))
-        except (ValueError, json.JSONDecodeError):
+            found.append((int(file.stem[5:]), read_json(file, CaseError)))
+        except (ValueError, CaseError):
             continue
     if not found:
         return None

@@ -168,7 +168,7 @@ def _read_manifest_file(file: Path) -> dict[str, Any]:
 def _environment_of(file: Path) -> dict[str, Any] | None:
     """The manifest, None when it records no environment (a Recorder's scalars-only step);
     ``TraceError`` when it is unreadable or its environment blocks have the wrong type."""
-    data = read_json(file, TraceError, what="a manifest", bad="not a readable manifest", unique_keys=True)
+    data = read_json(file, TraceError, what="a manifest", bad="not a readable manifest")
     if not isinstance(data, dict) or "versions" not in data:
         return None
     check_environment(data, file)

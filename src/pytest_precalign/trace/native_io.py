@@ -19,7 +19,8 @@ from typing import Any
 
 from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
-from ..untrusted import bounded_repr, check_regular, read_json
+from ..redaction import redacted
+from ..untrusted import bounded_repr, check_regular, read_json, refuse_link
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 from .training_record import read_run_record
@@ -114,9 +115,10 @@ def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] |
         if size >= SHARD_BYTES:
             flush()
     flush()
-    # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from.
+    # Ours last: a trace read from elsewhere (e.g. msprobe) keeps where it came from. Every
+    # value from the user's arguments, configs, environment and paths: no secret (redaction).
     manifest = {
-        **dict(trace.manifest),
+        **redacted(dict(trace.manifest)),
         "source_format": trace.manifest.get("format", FORMAT),
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -154,6 +156,7 @@ class _ShardedTensors(Mapping[str, Any]):
         try:
             handle = self._open.get(file)
             if handle is None:
+                refuse_link(self._root / file, TraceError, "a trace folder")
                 check_regular(self._root / file, TraceError, "a safetensors shard")
                 handle = safe_open(str(self._root / file), framework="pt")
                 self._open[file] = handle
@@ -176,6 +179,7 @@ class _ShardedTensors(Mapping[str, Any]):
         try:
             reader = self._arrays.get(file)
             if reader is None:
+                refuse_link(path, TraceError, "a trace folder")
                 if not path.is_file():
                     raise TraceError(f"{self._root}: index.json names {file}, which is missing")
                 reader = self._arrays[file] = SafetensorsFile(path)
@@ -303,4 +307,5 @@ def _record(item: Any, where: str) -> Record:
 
 
 def _read_json(path: Path) -> Any:
-    return read_json(path, TraceError, bad="cannot read", unique_keys=True)
+    refuse_link(path, TraceError, "a trace folder")
+    return read_json(path, TraceError, bad="cannot read")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import io
-import json
 import mmap
 import pickle
 import struct
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceError
-from ..untrusted import open_regular
+from ..untrusted import loads_json, open_regular
 from . import pt_zip
 
 _PT_STORAGES = {
@@ -292,10 +291,9 @@ class SafetensorsFile:
         (length,) = struct.unpack("<Q", head)
         if length > len(self._data) - 8:
             raise TraceError(f"{path}: not a safetensors file (header runs past the end; truncated?)")
-        try:
-            header = json.loads(bytes(self._data[8 : 8 + length]))
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise TraceError(f"{path}: not a safetensors file (bad header: {type(exc).__name__})") from None
+        header = loads_json(
+            bytes(self._data[8 : 8 + length]), TraceError, path, bad="not a safetensors file (bad header)"
+        )
         if not isinstance(header, dict):
             raise TraceError(f"{path}: not a safetensors file (header is not an object)")
         self._base = 8 + length

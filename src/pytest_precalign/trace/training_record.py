@@ -221,13 +221,30 @@ def read_run_record(manifest: Mapping[str, Any], where: str = "manifest") -> Run
     """The run record a manifest carries; a ``TraceError`` naming ``where`` and the key for a
     value of the wrong type or range (never a traceback)."""
     raw = manifest.get(TRAINING_KEY)
-    settings = None if raw is None else settings_from_dict(raw, f"{where}: {TRAINING_KEY}")
+    settings = None if raw is None else _settings_once(raw, f"{where}: {TRAINING_KEY}")
     initial = manifest.get(INITIAL_PARAMS_KEY)
     return RunRecord(
         settings,
         scalars_of(manifest, where),
         None if initial is None else _initial_params(initial, f"{where}: {INITIAL_PARAMS_KEY}"),
     )
+
+
+_READ: list[tuple[Any, TrainingSettings]] = []  # the last settings read: (their JSON object, typed)
+_READ_KEPT = 4
+
+
+def _settings_once(raw: Any, where: str) -> TrainingSettings:
+    """``settings_from_dict``, once per JSON object: a compare reads one step's manifest
+    through several paths (the trace, the run record, the case facts), and a 300,000-step plan
+    took seconds each time. The object is held with its result, so its identity is not reused."""
+    for seen, settings in _READ:
+        if seen is raw:
+            return settings
+    settings = settings_from_dict(raw, where)
+    _READ.insert(0, (raw, settings))
+    del _READ[_READ_KEPT:]
+    return settings
 
 
 def settings_from_dict(raw: Any, where: str) -> TrainingSettings:

@@ -52,6 +52,7 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from .optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
 from .recorder import Recorder
+from .run_root import check_selected_steps
 from .run_settings import (
     adapters_of,
     frozen_parameters,
@@ -105,6 +106,8 @@ class AccelerateSteps:
         self.total_steps = total_steps
         self.model = accelerator.unwrap_model(model)
         self.recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        if isinstance(total_steps, int) and not isinstance(total_steps, bool):  # said before training
+            check_selected_steps(self.recorder.steps, total_steps, "AccelerateSteps")
         self._steps = OptimizerSteps(
             self.recorder,
             self.model,

@@ -24,7 +24,8 @@ step); ``stats``/``tensor``/``hash`` record every layer on the steps ``steps=`` 
 
 Where each scalar comes from (the Trainer's own numbers where it hands them out):
 
-- ``loss`` and ``grad_norm`` (before clipping): the Trainer's ``on_log`` logs of the step. The
+- ``loss`` and ``grad_norm`` (before clipping): the Trainer's ``on_log`` logs of the step (the
+  loss NaN or infinite when a micro-batch's own loss was: ``step_loss``). The
   callback asks for a log at every recorded step (``control.should_log``), which changes what
   is logged, never what is trained.
 - ``clip_coef``, ``zero_grads``: the grads at ``on_pre_optimizer_step`` (after clipping);
@@ -45,6 +46,7 @@ and the manifest's ``training.plan_missing``, which every compare repeats.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
@@ -68,8 +70,16 @@ from ..training.step_evidence import (
 )
 from ..training.step_norms import grad_norm_and_zeros
 from .recorder import Recorder
+from .run_root import check_selected_steps
 from .run_settings import forward_precision, named_parameters, trainer_settings, with_precision
 from .unwrap import unwrap
+
+
+def step_loss(logged: float, computed: float | None) -> float:
+    """The step's loss as recorded: the Trainer's logged one, unless a micro-batch's own loss
+    was NaN or infinite (``computed``): the Trainer's ``logging_nan_inf_filter`` (on by
+    default) logs a finite stand-in then, and a recording says what the step computed."""
+    return computed if computed is not None and math.isfinite(logged) else logged
 
 
 class TrainerUsageError(ConfigError):
@@ -212,6 +222,11 @@ class TrainerSteps(TrainerCallback):
 
     # -- the step's pieces ------------------------------------------------------------------
     def _close_step(self, pending: dict[str, Any], logs: dict[str, float]) -> None:
+        losses = pending.pop("losses", [])
+        if losses:  # one sync a step, where the Trainer's own log syncs too
+            total = torch.stack(losses).sum()
+            if not bool(torch.isfinite(total)):
+                pending["bad_loss"] = float(total)
         pre = logs.get("grad_norm")
         after = pending.get("after_clip")
         coef = None
@@ -219,7 +234,7 @@ class TrainerSteps(TrainerCallback):
             coef = (after / pre if pre > 0 else 1.0) if pending.get("clipped") else 1.0
         scalars = StepScalars(
             step=int(pending["step"]),
-            loss=float(logs["loss"]),
+            loss=step_loss(float(logs["loss"]), pending.get("bad_loss")),
             lr=pending.get("lr"),
             weight_decay=pending.get("weight_decay"),
             grad_norm=None if pre is None else float(pre),
@@ -252,6 +267,12 @@ class TrainerSteps(TrainerCallback):
             self._output("log_probs", output.log_probs, call)
         if isinstance(loss, torch.Tensor):
             self._output("loss", loss, call)
+            self._see_loss(loss)
+
+    def _see_loss(self, loss: torch.Tensor) -> None:
+        """A micro-batch's own loss, kept as a tensor (no sync here; read at the step's end)."""
+        if self._pending is not None:
+            self._pending.setdefault("losses", []).append(loss.detach().float().sum())
 
     # -- where it goes (subclasses) ---------------------------------------------------------
     def _start(self, model: torch.nn.Module, step: int) -> None:
@@ -300,6 +321,9 @@ class PrecalignCallback(TrainerSteps):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        check_selected_steps(
+            self.recorder.steps, int(state.max_steps), "PrecalignCallback"
+        )  # before training
         super().on_train_begin(args, state, control, **kwargs)
         model = kwargs["model"]
         if state.global_step == 0:  # a resumed run has no step 0 to write them in

@@ -56,6 +56,7 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from .optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
 from .recorder import Recorder
+from .run_root import check_selected_steps
 from .run_settings import (
     adapters_of,
     frozen_parameters,
@@ -124,6 +125,9 @@ class LightningSteps(Callback):
                 f"PrecalignLightningCallback: the run has {len(trainer.optimizers)} optimizers; "
                 "automatic optimization steps exactly one"
             )
+        if math.isfinite(trainer.estimated_stepping_batches):  # said before training
+            planned = int(trainer.estimated_stepping_batches)
+            check_selected_steps(self.recorder.steps, planned, "PrecalignLightningCallback")
         model = self._recorded(pl_module)
         optimizer = trainer.optimizers[0]
         self.settings = lightning_settings(trainer, pl_module, model)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -12,6 +12,16 @@ from ..errors import RecorderError
 
 # msprobe's dump names become file names (dump_tensor_data/<api>.<module>....pt)
 _NOT_IN_FILE_NAMES = ("/", "\\", "\0")
+
+
+class ChunksRoot(torch.nn.Module):
+    """Model chunks (virtual pipeline) under one root: their records are ``chunk<k>.<name>``.
+    Holding the chunks does not change them; the root itself is never called."""
+
+    def __init__(self, chunks: Sequence[torch.nn.Module]) -> None:
+        super().__init__()
+        for k, chunk in enumerate(chunks):
+            self.add_module(f"chunk{k}", chunk)
 
 
 def chunks_of(model: Any) -> list[torch.nn.Module]:

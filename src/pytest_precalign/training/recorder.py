@@ -77,10 +77,10 @@ from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
 from ..recording.module_names import class_name
-from ..recording.param_records import PARAM_GRADS
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
+from ..trace.step_markers import begin_step, end_step
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..trace.training_record import TrainingSettings, run_record_keys
 from ..trace.write_failures import (
@@ -89,66 +89,22 @@ from ..trace.write_failures import (
     open_write_note,
     write_failure_reason,
 )
-from ..vocabulary import LEVELS, MODEL_OUTPUT_KINDS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS, as_kind
-from .golden import GoldenError, golden_judge
+from ..vocabulary import MODEL_OUTPUT_KINDS, RECORD_FORMAT_ALIASES, as_kind
+from .golden import golden_judge
 from .layout_probe import check_layout, parallel_layout, process_rank
-from .model_checks import check_recordable, chunks_of
-from .run_facts import grads_missing_note, model_config, run_environment
+from .model_checks import ChunksRoot, check_recordable, chunks_of
+from .recorder_options import (
+    check_choices,
+    checked_queue_bytes,
+    golden_path,
+    grads_missing_note,
+    selection,
+    tuples,
+)
+from .run_facts import model_config, run_environment
+from .run_root import check_selected_steps, claim_root, release_root
 from .sharded_layout import check_rank_selection
 from .unwrap import hooks_before_compile, unwrap
-
-FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
-# What the Recorder keeps: the hook engine's modes, or "scalars" (per-step scalars only).
-RECORDER_MODES = (*MODES, "scalars")
-
-
-class _Chunks(torch.nn.Module):
-    """Model chunks (virtual pipeline) under one root: their records are ``chunk<k>.<name>``.
-    Holding the chunks does not change them; the root itself is never called."""
-
-    def __init__(self, chunks: Sequence[torch.nn.Module]) -> None:
-        super().__init__()
-        for k, chunk in enumerate(chunks):
-            self.add_module(f"chunk{k}", chunk)
-
-
-def _selection(values: Iterable[int] | None, what: str) -> frozenset[int] | None:
-    if values is None:
-        return None
-    if isinstance(values, int):
-        values = [values]
-    chosen = frozenset(values)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in chosen):
-        raise ConfigError(f"Recorder: {what}= must be integers >= 0, got {sorted(chosen, key=str)!r}")
-    return chosen
-
-
-def _golden(golden: str | Path | None, mode: str) -> Path | None:
-    if golden is None:
-        return None
-    if mode == "tensor":
-        raise ConfigError("Recorder: golden= keeps tensors only where needed: use mode stats or hash")
-    if not Path(golden).exists():
-        raise GoldenError(f"Recorder: golden {golden}: no such file or directory")
-    return Path(golden)
-
-
-def _tuples(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: tuple(v) if k in ("lr", "weight_decay") and v is not None else v for k, v in fields.items()}
-
-
-def _check_choices(**given: str) -> None:
-    """The constructor's word-valued arguments, each one of its allowed values."""
-    allowed = {"mode": RECORDER_MODES, "level": LEVELS, "format": FORMATS, "param_grads": PARAM_GRADS}
-    for key, value in given.items():
-        if value not in allowed[key]:
-            raise ConfigError(f"Recorder: unknown {key} {value!r} (allowed: {', '.join(allowed[key])})")
-
-
-def _queue_bytes(value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"Recorder: queue_bytes= must be an integer >= 1, got {value!r}")
-    return value
 
 
 class Recorder:
@@ -175,9 +131,9 @@ class Recorder:
         tolerances: str | Path | ToleranceTable | None = None,
         queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
-        _check_choices(mode=mode, level=level, format=format, param_grads=param_grads)
-        self.golden = _golden(golden, mode)
-        self.queue_bytes = _queue_bytes(queue_bytes)
+        check_choices(mode=mode, level=level, format=format, param_grads=param_grads)
+        self.golden = golden_path(golden, mode)
+        self.queue_bytes = checked_queue_bytes(queue_bytes)
         self.tolerances = load_table(tolerances, "Recorder: tolerances")
         self.root = Path(root)
         self.mode = mode
@@ -185,8 +141,8 @@ class Recorder:
         self.format = RECORD_FORMAT_ALIASES.get(format, format)
         self.layout = check_layout(layout) if layout is not None else None
         self.overwrite = overwrite
-        self.steps = _selection(steps, "steps")
-        self.ranks = _selection(ranks, "ranks")
+        self.steps = selection(steps, "steps")
+        self.ranks = selection(ranks, "ranks")
         self._options: dict[str, Any] = {
             "inputs": inputs,
             "grads": grads,
@@ -210,6 +166,10 @@ class Recorder:
         self._settings: TrainingSettings | None = None  # the run's settings, written with the next folder
         self._precision: str | None = None  # what the forward computes in (the settings'), every manifest
         self.written: list[Path] = []  # the folders this process wrote, in order
+        self._claimed = False  # the root holds this run (``run_root.claim_root``)
+        self._continues = False  # a resumed run continuing the steps the root holds
+        self._marker: Path | None = None  # the rank folder whose step began and has not ended
+        self._marker_made: tuple[Path, ...] = ()  # the folders made for its marker
 
     # -- where we are -------------------------------------------------------------------
     @property
@@ -231,6 +191,11 @@ class Recorder:
         )
 
     @property
+    def in_step(self) -> bool:
+        """Whether a step was started on this rank and has not ended yet."""
+        return self._marker is not None
+
+    @property
     def recording_now(self) -> bool:
         return self._hooks is not None
 
@@ -243,6 +208,18 @@ class Recorder:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
         self._scalars = None
+        self._claim()
+        self._end_step()  # a step given up before (its error was caught): it did not stop the run
+        if self.ranks is None or self.rank in self.ranks:
+            self._marker = self.folder()
+            self._marker_made = begin_step(self._marker)
+        try:
+            self._start(model)
+        except BaseException:  # refused (misuse): the step never began
+            self._end_step()
+            raise
+
+    def _start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
         check_rank_selection(self.ranks, self.mode, model)  # on every rank: DTensors need them all
         if not self.selected() or self.mode == "scalars":
             if self.mode == "stats" and self.level == "module" and self.golden is None:
@@ -254,7 +231,7 @@ class Recorder:
         chunks = [inner for inner, _ in unwrapped]
         self._wrappers = sorted({w for _, seen in unwrapped for w in seen})
         prefixes = [""] if len(chunks) == 1 else [f"chunk{k}." for k in range(len(chunks))]
-        target = chunks[0] if len(chunks) == 1 else _Chunks(chunks)
+        target = chunks[0] if len(chunks) == 1 else ChunksRoot(chunks)
         check_recordable(target, self.format)
         self._parallel = parallel_layout(chunks, prefixes, self.layout)
         self._facts = {**run_environment(chunks), "model_config": model_config(chunks)}
@@ -332,20 +309,36 @@ class Recorder:
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this
         rank's folder; returns it (None when this step or rank is not recorded)."""
-        hooks = self._hooks
-        if hooks is None:
-            return self._write_scalars_only()
-        if hooks.gave_up:  # its forward raised
-            self._discard()
-            return None
-        self._hooks = None
-        sink, self._sink = self._sink, None
         try:
-            return self._write(hooks, sink)
-        except BaseException:
-            if sink is not None:
-                sink.abort()
-            raise
+            hooks = self._hooks
+            if hooks is None:
+                return self._write_scalars_only()
+            if hooks.gave_up:  # its forward raised
+                self._discard()
+                return None
+            self._hooks = None
+            sink, self._sink = self._sink, None
+            try:
+                return self._write(hooks, sink)
+            except BaseException:
+                if sink is not None:
+                    sink.abort()
+                raise
+        finally:
+            self._end_step()
+
+    def _claim(self) -> None:
+        """The root holds this run from the current step on (``run_root``: refused, replaced
+        or continued before the first step trains)."""
+        if not self._claimed:
+            kept = claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
+            self._claimed = True
+            self._continues = bool(kept)
+
+    def _end_step(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            end_step(marker, self._marker_made)
 
     def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
         missing: list[str] = []
@@ -432,12 +425,15 @@ class Recorder:
                 f"Recorder.step: step {self._step} is still being recorded: call stop() first "
                 f"(it writes step{self._step}/), then step()"
             )
+        self._end_step()
         self._step += 1
 
     def seek(self, step: int) -> None:
         """Set the step the next ``start`` records (a run resumed at ``step``)."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"Recorder.seek: step must be an integer >= 0, got {step!r}")
+        if step != self._step:
+            self._end_step()
         self._step = step
 
     # -- per-step scalars -------------------------------------------------------------------
@@ -447,7 +443,7 @@ class Recorder:
         step's manifest at ``stop()`` -- on every step of a selected rank, also where ``steps=``
         selects no layers (then the folder holds the manifest alone)."""
         if scalars is None:
-            scalars = StepScalars(step=self._step, **_tuples(fields))
+            scalars = StepScalars(step=self._step, **tuples(fields))
         elif fields:
             raise ConfigError("Recorder.record_scalars: pass a StepScalars or its fields, not both")
         if scalars.step != self._step:
@@ -506,6 +502,8 @@ class Recorder:
     def write_settings(self, settings: TrainingSettings) -> None:
         """Typed settings (``PrecalignCallback`` builds them from the Trainer's), written into
         the next folder's manifest; their plan's precision becomes every later ``dtype``."""
+        if settings.plan is not None and self._step == 0 and not self.written:
+            check_selected_steps(self.steps, len(settings.plan.lr), "Recorder")
         self._settings = settings
         if settings.plan is not None and settings.plan.precision is not None:
             self._precision = settings.plan.precision
@@ -518,15 +516,16 @@ class Recorder:
         if self._initial is not None:
             out.update(run_record_keys(initial_params=self._initial))
             self._initial = None
-        if self._settings is not None:
+        if self._settings is not None and not self._continues:  # a resumed run's: the root has them
             out.update(run_record_keys(settings=self._settings))
-            self._settings = None
+        self._settings = None
         return out
 
     def _write_scalars_only(self) -> Path | None:
         """A step without layer records: its scalars (if any) alone, on a selected rank."""
         if self._scalars is None or (self.ranks is not None and self.rank not in self.ranks):
             return None
+        self._claim()
         manifest: dict[str, Any] = {
             "recorder": "pytest_precalign.Recorder",
             "step": self._step,
@@ -553,6 +552,7 @@ class Recorder:
             yield self
         except BaseException:
             self._discard()
+            self._end_step()  # a step given up by its own block: nothing of it is left
             raise
         self.stop()
         self.step()
@@ -573,6 +573,7 @@ class Recorder:
         nothing more. Module hooks are removed at once; an op mode cannot leave torch's mode
         stack from inside its own handler, so at level op/mix the hooks are made inert here and
         removed when the error leaves the forward (``forward_guard``)."""
+        self._end_step()  # the step is given up with one error: nothing of it is left
         hooks = self._hooks
         if hooks is not None and hooks.level == "module":
             self._discard()
@@ -580,11 +581,18 @@ class Recorder:
             hooks._active = False
 
     def close(self) -> None:
-        """Remove hooks a step left behind (its records are dropped)."""
+        """Remove hooks a step left behind (its records are dropped); the root is free for
+        another recorder."""
         self._discard()
+        self._end_step()
+        if self._claimed:
+            release_root(self.root, self.rank, self)
+            self._claimed = False
 
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # the run stopped inside this step: its marker says so
+            self._marker = None
         self.close()

@@ -73,17 +73,3 @@ def _json_safe(value: Any) -> Any:
         items = [_json_safe(v) for v in value]
         return _SKIP if any(v is _SKIP or isinstance(v, list) for v in items) else items
     return _SKIP
-
-
-def grads_missing_note(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
-    """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
-    return {
-        "step": step,
-        "rank": rank,
-        "count": len(names),
-        "names": list(names[:5]),
-        "why": (
-            'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
-            "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
-        ),
-    }

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trace.training_record import NONE_IS_A_VALUE, PLAN_SETTINGS, TrainingPlan, split_free
+from ..untrusted import cut_text
 
 Rename = Callable[[str], Sequence[str]]  # a candidate parameter name -> the baseline's names
 
@@ -195,7 +196,7 @@ def _one_micro_batch(baseline: TrainingPlan, candidate: TrainingPlan) -> bool:
 
 
 def _show(value: Any) -> str:
-    return repr(list(value)) if isinstance(value, tuple) else repr(value)
+    return cut_text(repr(list(value)) if isinstance(value, tuple) else repr(value))
 
 
 def _same(a: Any, b: Any) -> bool:

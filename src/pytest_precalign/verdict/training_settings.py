@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..trace.training_record import Adapter, TrainingPlan, TrainingSettings
+from ..untrusted import cut_text
 from .training_contract import ContractDiff
 
 # An adapter's fields, in PEFT's words (``LoraConfig``).
@@ -182,5 +183,5 @@ def _word(value: Any) -> str:
     if isinstance(value, float):
         return f"{int(value)}" if value.is_integer() and math.isfinite(value) else f"{value:g}"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_word(v) for v in value) + "]"
-    return str(value)
+        return cut_text("[" + ", ".join(_word(v) for v in value) + "]")
+    return cut_text(str(value))

@@ -25,12 +25,14 @@ import torch
 
 from ...config.specs import CaseSpec, ModelSpec
 from ...errors import CaseError
+from ...redaction import redacted
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import TrainingSettings, read_run_record, run_record_keys
 from ...training.megatron_stack import build_megatron_stack, plan_before_training
 from ...training.step_evidence import initial_params
+from ...untrusted import read_json
 from .skeleton import StepSkeleton
 
 
@@ -203,7 +205,7 @@ def train_rank_with_megatron(
         rec.stop()
         rec.step()
     out.mkdir(parents=True, exist_ok=True)
-    evidence = json.dumps(run_record_keys(settings, scalars))
+    evidence = json.dumps(redacted(run_record_keys(settings, scalars)))
     (out / TRAINING_FILE.format(rank=rank)).write_text(evidence, encoding="utf-8")
 
 
@@ -228,7 +230,7 @@ def launched_evidence(
         path = out / TRAINING_FILE.format(rank=rank)
         if not path.exists():
             raise CaseError(f"launched rank {rank} wrote no training evidence ({path.name})")
-        record = read_run_record(json.loads(path.read_text(encoding="utf-8")), path.name)
+        record = read_run_record(read_json(path, CaseError), path.name)
         if record.plan is None or record.settings is None:
             raise CaseError(f"launched rank {rank} wrote no training plan ({path.name})")
         ranks.append((record.settings, record.plan, record.scalars))

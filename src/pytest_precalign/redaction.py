@@ -1,0 +1,126 @@
+"""Secrets never reach a recording: the one rule every value the tool writes from a user's
+arguments, configs, environment or paths goes through (``redacted``).
+
+Recordings are meant to be committed with the code as baseline runs, so a manifest must not
+hold a token. Three things are replaced by ``REDACTED`` (a marker saying a value was there:
+two runs with different tokens compare equal, a run with and a run without one differ):
+
+* the value of a key that names a secret: a key whose last word is ``token``, ``key``,
+  ``secret``, ``password`` / ``passwd``, ``credential(s)``, ``auth`` / ``authorization`` /
+  ``apikey``, or that has ``secret``, ``password``, ``passwd`` or ``credential(s)`` as any
+  word (case-insensitive; words split at ``_``, ``-``, ``.``, spaces and camelCase: ``hf_token``,
+  ``wandb_api_key``, ``apiKey``, ``AWS_SECRET_ACCESS_KEY``, ``db_password_file``). Words, not
+  substrings: ``keep_in_memory``, ``monkey``, ``tokens``, ``pad_token_id``, ``key_dim``,
+  ``max_position_embeddings`` are not secrets, nor a tokenizer's special tokens (``pad_token``,
+  ``eos_token``, ``bos_token``, ``unk_token``, ``sep_token``, ``cls_token``, ``mask_token``).
+  Some settings that are not secrets are redacted all the same (``sort_key``, a ``tensor_key``):
+  when in doubt, a value is not written. Only text is replaced (a string, or the
+  strings inside a list or mapping under that key): a number, a boolean or null is kept
+  (``pad_token_id: 0``, ``use_auth_token: true`` say nothing secret);
+* credentials inside a URL: ``s3://user:password@host/...`` -> ``s3://<redacted>@host/...``,
+  and the value of a secret-named query parameter (``?token=...``, ``&api_key=...``);
+* text that has the shape of a well-known token anywhere in any string: Hugging Face
+  (``hf_...``), OpenAI / Anthropic (``sk-...``), GitHub (``ghp_``, ``gho_``, ``ghu_``, ``ghs_``,
+  ``ghr_``, ``github_pat_...``), GitLab (``glpat-...``), AWS access key ids (``AKIA...``,
+  ``ASIA...``), Slack (``xoxb-``, ``xoxp-``...), W&B keys given as 40 hex digits under a
+  secret-named key are covered by the key rule.
+
+Keys themselves are kept (the reader sees which setting held a secret).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+REDACTED = "<redacted>"
+
+_LAST_WORDS = frozenset(
+    {
+        "token",
+        "key",
+        "secret",
+        "password",
+        "passwd",
+        "credential",
+        "credentials",
+        "auth",
+        "authorization",
+        "apikey",
+    }
+)
+_ANY_WORDS = frozenset({"secret", "secrets", "password", "passwd", "credential", "credentials"})
+# ``pad_token``, ``eos_token``...: a tokenizer's special tokens, text of the vocabulary
+_SPECIAL_TOKENS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "image", "video", "audio"})
+
+_WORD_BREAK = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+_TOKEN_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"hf_[A-Za-z0-9]{30,}"
+    r"|sk-(?:[A-Za-z0-9_-]{20,})"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{30,}"
+    r"|glpat-[A-Za-z0-9_-]{20,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}"
+    r")"
+)
+# scheme://userinfo@ : everything between "//" and the last "@" before the host's end
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]+)@")
+_QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&;#\s]*)")
+
+
+def secret_key(key: str) -> bool:
+    """Whether a setting named ``key`` holds a secret (see the module doc: words, not substrings)."""
+    words = [w.lower() for w in _WORD_BREAK.split(key) if w]
+    if not words:
+        return False
+    if len(words) >= 2 and words[-1] == "token" and words[-2] in _SPECIAL_TOKENS:
+        return False
+    return words[-1] in _LAST_WORDS or any(w in _ANY_WORDS for w in words)
+
+
+def redacted_text(text: str) -> str:
+    """``text`` with URL credentials, secret-named query values and token-shaped text replaced."""
+    if not text:
+        return text
+    out = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    if "=" in out:
+        out = _QUERY_PARAM.sub(
+            lambda m: (
+                f"{m['lead']}{m['name']}={REDACTED}" if m["value"] and secret_key(m["name"]) else m.group(0)
+            ),
+            out,
+        )
+    return _TOKEN_SHAPES.sub(REDACTED, out)
+
+
+def _all_text_redacted(value: Any) -> Any:
+    """Under a secret-named key: every string replaced, numbers, booleans and null kept."""
+    if isinstance(value, str):
+        return REDACTED if value else value
+    if isinstance(value, Mapping):
+        return {k: _all_text_redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_all_text_redacted(v) for v in value]
+    return value
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (JSON-like: mappings, lists, tuples, strings, numbers) with every secret
+    replaced by ``REDACTED`` (see the module doc); mappings and lists are copied, never changed
+    in place; other objects are returned as they are."""
+    if isinstance(value, str):
+        return redacted_text(value)
+    if isinstance(value, Mapping):
+        return {
+            k: _all_text_redacted(v) if isinstance(k, str) and secret_key(k) else redacted(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redacted(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(redacted(v) for v in value)
+    return value
