@@ -63,18 +63,7 @@ class ParamRecords:
     ) -> int:
         raise NotImplementedError  # HookRecorder's
 
-    def capture(
-        self,
-        tensor: torch.Tensor,
-        *,
-        name: str,
-        module_class: str,
-        kind: Kind,
-        slot: str,
-        call: int = 0,
-        deps: tuple[str, ...] = (),
-        step: int | None = None,
-    ) -> Record:
+    def _record_now(self, seq: int) -> Record:
         raise NotImplementedError  # HookRecorder's
 
     def _drain_in_graph(self) -> None:
@@ -138,12 +127,6 @@ class ParamRecords:
     ) -> Record:
         """Record the logits or the loss of the model as a whole (``call``: the micro-batch)."""
         self._views.check([tensor])  # the loss's code may have modified a view in place
-        return self.capture(
-            tensor,
-            name=kind,
-            module_class=class_name(self.model),
-            kind=kind,
-            slot="",
-            deps=deps,
-            call=call,
-        )
+        self._drain_in_graph()  # under compile: the forward's records come first
+        seq = self._capture(tensor, kind, class_name(self.model), kind, "", call, deps, None)
+        return self._record_now(seq)
