@@ -4,6 +4,8 @@ input that passed while it differed is named with its size, and a case has one o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.trace.records import Record
 from pytest_precalign.verdict.phase import PhaseVerdict
@@ -115,3 +117,39 @@ def test_an_unproven_origin_heads_the_message_as_unproven() -> None:
     assert "its inputs matched" not in "\n".join(lines)
     first = next(line for line in lines if line.startswith("First divergence"))
     assert first.startswith("First divergence: blk.n.weight (param_grad, out, step 0), origin unproven")
+
+
+def _masked_block(mask: float, o_in: float, o_out: float) -> list[Record]:
+    """model > model.attn > model.attn.o: attn gets hidden states (data) and an attention
+    mask (not data) of the same form on both sides; o is fed by attn's code from both."""
+    mask_rec = replace(rec(2, "model.attn", "input", mask), slot="in.attention_mask")
+    return [
+        rec(0, "model", "input", 1.0),
+        rec(1, "model.attn", "input", 1.0),
+        mask_rec,
+        rec(3, "model.attn.o", "input", o_in),
+        rec(4, "model.attn.o", "activation", o_out, deps=(rid("model.attn.o", "input"),)),
+        rec(5, "model.attn", "activation", o_out, deps=(rid("model.attn", "input"),)),
+        rec(6, "model", "activation", o_out, deps=(rid("model", "input"),)),
+    ]
+
+
+def test_a_mask_that_differs_in_value_is_the_evidence_not_a_reason_to_climb_to_the_root() -> None:
+    # Packing attending across sequences: attn's hidden states match, its mask (same shape and
+    # dtype) has other values, so what o receives differs. The origin is attn, through its mask.
+    first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0)))
+    assert (first.name, first.origin, first.proven) == ("model.attn.o", False, True)
+    assert first.origin_module == "model.attn"
+    assert first.proof.startswith("its data inputs matched, its attention_mask did not")
+    told = tell_case(
+        {"forward": verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0))}, ("forward",)
+    )
+    origin = told["forward"].case_origin
+    assert origin is not None and origin.module == "model.attn"
+    assert "attention_mask did not" in origin.evidence
+
+
+def test_a_data_input_that_differs_still_climbs_past_the_module() -> None:
+    # The same block with the mask matching: attn's inputs all match, it is named as before.
+    first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(1.0, 1.5, 3.0)))
+    assert (first.origin_module, first.proof) == ("model.attn", "")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..compare.pairs import PairResult
 from ..trace.records import Record
 from ..vocabulary import FAILED
-from .non_data_inputs import set_aside, shown_slot
+from .non_data_inputs import non_data, set_aside, shown_slot
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,30 @@ def inputs_set_aside(module: str, step: int, every: Mapping[str, PairResult]) ->
         if p.record.name == module and p.record.kind == "input" and p.record.step == step and set_aside(p)
     )
     return tuple(dict.fromkeys(names))
+
+
+def steering_inputs_differed(module: str, step: int, every: Mapping[str, PairResult]) -> tuple[str, ...]:
+    """The inputs of ``module`` at ``step`` that are not data (masks, positions, caches) and
+    kept their form but failed: they differ in value, by slot name."""
+    names = (
+        shown_slot(p.record)
+        for p in every.values()
+        if p.record.name == module
+        and p.record.kind == "input"
+        and p.record.step == step
+        and non_data(p.record)
+        and not set_aside(p)
+        and p.status in FAILED
+    )
+    return tuple(dict.fromkeys(names))
+
+
+def steering_note(slots: Sequence[str]) -> str:
+    """``its data inputs matched, its attention_mask did not (...)``."""
+    return (
+        f"its data inputs matched, its {', '.join(slots)} did not (not data: it steers the computation, "
+        "same shape and dtype on both sides, other values): the divergence enters through it"
+    )
 
 
 def aside_note(slots: Sequence[str]) -> str:
