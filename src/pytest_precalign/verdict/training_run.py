@@ -406,6 +406,16 @@ def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
         detail = f" ({check.metric} {check.value:.3g} > {check.allowed:.3g})" if check else ""
         evidence = f"the loss differs{detail} while every forward record before it matched"
         return FirstDivergent(step, "loss", pair.record.name or "loss", evidence)
+    if rec.loss_grad is not None:
+        first = rec.loss_grad
+        evidence = (
+            f"the loss matched ({rec.losses_matched} loss record(s) of the step), its grad w.r.t. "
+            f"{first.name}'s output, the first of the backward, did not ({first.metric} {first.value:.3g} > "
+            f"{first.allowed:.3g}) while every forward record matched: the loss code made it from "
+            "matching outputs, so the loss differs in its gradient"
+        )
+        pattern = "the loss function differs: its value can coincide at a step, its gradient does not"
+        return FirstDivergent(step, "loss", "loss", evidence, pattern)
     if scalar is not None and scalar.what == "loss":
         hint = "" if rec.diverged or rec.forward else "; record layers to tell the forward from the loss"
         return FirstDivergent(step, "loss", "loss", scalar.evidence + hint, scalar.pattern)
