@@ -153,3 +153,19 @@ def test_a_data_input_that_differs_still_climbs_past_the_module() -> None:
     # The same block with the mask matching: attn's inputs all match, it is named as before.
     first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(1.0, 1.5, 3.0)))
     assert (first.origin_module, first.proof) == ("model.attn", "")
+
+
+def test_a_failure_grown_from_a_difference_under_tolerance_names_where_the_step_first_moved() -> None:
+    # bf16 RMSNorm rounding twice (transformers PR #29402): a's output moves by 1e-6 relative on
+    # identical inputs (within tolerance), b amplifies nothing and fails only because its values
+    # are larger. The step was identical up to a: a is where the sides part.
+    base = two_layers(1.0, 1.0, 100.0)
+    first = first_of(verdict(base, two_layers(1.000001, 1.000001, 100.0009)))
+    assert (first.name, first.origin, first.proven) == ("b", False, True)
+    assert first.origin_module == "a"
+    assert first.proof.startswith("the first output of the step to differ at all (by 1.000e-06 relative")
+    # a's own input moved too: nothing before the failure was identical, no module is named so
+    moved_input = two_layers(1.000001, 1.000001, 100.0009)
+    moved_input[0] = rec(0, "a", "input", 1.000001)
+    first = first_of(verdict(base, moved_input))
+    assert first.origin_module != "a" and "differ at all" not in first.proof
