@@ -4,6 +4,8 @@ input that passed while it differed is named with its size, and a case has one o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.trace.records import Record
 from pytest_precalign.verdict.phase import PhaseVerdict
@@ -115,3 +117,55 @@ def test_an_unproven_origin_heads_the_message_as_unproven() -> None:
     assert "its inputs matched" not in "\n".join(lines)
     first = next(line for line in lines if line.startswith("First divergence"))
     assert first.startswith("First divergence: blk.n.weight (param_grad, out, step 0), origin unproven")
+
+
+def _masked_block(mask: float, o_in: float, o_out: float) -> list[Record]:
+    """model > model.attn > model.attn.o: attn gets hidden states (data) and an attention
+    mask (not data) of the same form on both sides; o is fed by attn's code from both."""
+    mask_rec = replace(rec(2, "model.attn", "input", mask), slot="in.attention_mask")
+    return [
+        rec(0, "model", "input", 1.0),
+        rec(1, "model.attn", "input", 1.0),
+        mask_rec,
+        rec(3, "model.attn.o", "input", o_in),
+        rec(4, "model.attn.o", "activation", o_out, deps=(rid("model.attn.o", "input"),)),
+        rec(5, "model.attn", "activation", o_out, deps=(rid("model.attn", "input"),)),
+        rec(6, "model", "activation", o_out, deps=(rid("model", "input"),)),
+    ]
+
+
+def test_a_mask_that_differs_in_value_is_the_evidence_not_a_reason_to_climb_to_the_root() -> None:
+    # Packing attending across sequences: attn's hidden states match, its mask (same shape and
+    # dtype) has other values, so what o receives differs. The origin is attn, through its mask.
+    first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0)))
+    assert (first.name, first.origin, first.proven) == ("model.attn.o", False, True)
+    assert first.origin_module == "model.attn"
+    assert first.proof.startswith("its data inputs matched, its attention_mask did not")
+    told = tell_case(
+        {"forward": verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0))}, ("forward",)
+    )
+    origin = told["forward"].case_origin
+    assert origin is not None and origin.module == "model.attn"
+    assert "attention_mask did not" in origin.evidence
+
+
+def test_a_data_input_that_differs_still_climbs_past_the_module() -> None:
+    # The same block with the mask matching: attn's inputs all match, it is named as before.
+    first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(1.0, 1.5, 3.0)))
+    assert (first.origin_module, first.proof) == ("model.attn", "")
+
+
+def test_a_failure_grown_from_a_difference_under_tolerance_names_where_the_step_first_moved() -> None:
+    # bf16 RMSNorm rounding twice (transformers PR #29402): a's output moves by 1e-6 relative on
+    # identical inputs (within tolerance), b amplifies nothing and fails only because its values
+    # are larger. The step was identical up to a: a is where the sides part.
+    base = two_layers(1.0, 1.0, 100.0)
+    first = first_of(verdict(base, two_layers(1.000001, 1.000001, 100.0009)))
+    assert (first.name, first.origin, first.proven) == ("b", False, True)
+    assert first.origin_module == "a"
+    assert first.proof.startswith("the first output of the step to differ at all (by 1.000e-06 relative")
+    # a's own input moved too: nothing before the failure was identical, no module is named so
+    moved_input = two_layers(1.000001, 1.000001, 100.0009)
+    moved_input[0] = rec(0, "a", "input", 1.000001)
+    first = first_of(verdict(base, moved_input))
+    assert first.origin_module != "a" and "differ at all" not in first.proof

@@ -16,7 +16,7 @@ from pytest_precalign.trace.training_record import TrainingPlan
 from pytest_precalign.verdict.training_records import step_records
 from pytest_precalign.verdict.training_run import RunSide, TrainingVerdict, judge_run
 
-from .test_rules import rec, two_layers
+from .test_rules import rec, rid, two_layers
 
 STEPS = 10
 
@@ -384,3 +384,58 @@ def test_a_fused_parameter_is_not_compared_with_its_parts_initial_norms() -> Non
         "weights",
         "o",
     )
+
+
+def loss_backward(head_grad: float, loss: float = 1.0, with_loss: bool = True) -> list:  # type: ignore[type-arg]
+    """body then head, the loss made from head's output by code outside any module; the
+    backward starts with the grad w.r.t. head's output."""
+    records = [
+        rec(0, "body", "input"),
+        rec(1, "body", "activation", deps=(rid("body", "input"),)),
+        rec(2, "head", "input"),
+        rec(3, "head", "activation", deps=(rid("head", "input"),)),
+        rec(4, "loss", "loss", loss),
+        rec(10, "head", "grad_output", head_grad),
+        rec(11, "head", "grad_input", head_grad, deps=(rid("head", "grad_output"),)),
+        rec(12, "body", "grad_output", head_grad),
+    ]
+    return records if with_loss else [r for r in records if r.kind != "loss"]
+
+
+def test_a_loss_that_matched_while_its_grad_did_not_is_the_loss() -> None:
+    # IPO on summed log-probs (trl PR #1265): policy = reference at step 0, so the loss value
+    # coincides on both sides; its grad w.r.t. the head's output does not.
+    records = records_run([loss_backward(1.0)], [loss_backward(3.0)])
+    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    assert first(v) == (0, "loss", "loss")
+    assert v.first is not None and "the loss matched (1 loss record(s) of the step)" in v.first.evidence
+    assert "its grad w.r.t. head's output" in v.first.evidence
+
+
+def test_a_grad_made_inside_a_module_or_without_a_loss_record_stays_the_backward() -> None:
+    # No loss compared: nothing says the loss matched, the backward is all the records show.
+    no_loss = records_run([loss_backward(1.0, with_loss=False)], [loss_backward(3.0, with_loss=False)])
+    assert first(judge_run(RunSide({}), RunSide({}), no_loss, default_table()))[:2] == (0, "backward")
+    # The loss itself differs: that is the loss, by its value.
+    both = records_run([loss_backward(1.0)], [loss_backward(3.0, loss=2.0)])
+    v = judge_run(RunSide({}), RunSide({}), both, default_table())
+    assert first(v) == (0, "loss", "loss") and v.first is not None and "the loss differs" in v.first.evidence
+
+
+def test_a_grad_recorded_on_one_side_only_is_the_backward_naming_the_parameter() -> None:
+    # Reentrant checkpointing with frozen inputs (transformers #21381): the adapters inside the
+    # checkpointed layers get no grad on the candidate, the head outside them still does and
+    # matches; the grad norm differs. Before: "clipping ... all recorded grads matched".
+    frozen = [r for r in backward_grads(1.0, 1.0) if r.name != "a.weight"]
+    records = records_run([backward_grads(1.0, 1.0)], [frozen])
+    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), records, default_table())
+    assert first(v) == (0, "backward", "a.weight")
+    assert v.first is not None and not v.passed
+    assert (
+        "1 parameter(s) got a grad at step 0 on one side only (1 on the baseline): a.weight"
+        in v.first.evidence
+    )
+    # the same grads on both sides: the grad norm stays clipping's norm
+    same = records_run([frozen], [frozen])
+    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), same, default_table())
+    assert first(v) == (0, "clipping", "grad_norm")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..compare.pairs import PairResult
 from ..trace.records import Record
 from ..vocabulary import FAILED
-from .non_data_inputs import set_aside, shown_slot
+from .non_data_inputs import non_data, set_aside, shown_slot
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,61 @@ def input_evidence(rec: Record, every: Mapping[str, PairResult]) -> InputEvidenc
     return InputEvidence(tuple(unmatched), tuple(failed), tuple(differed), tuple(dict.fromkeys(aside)))
 
 
+def moved(pair: PairResult) -> bool | None:
+    """The candidate differs from the baseline at all (element-wise: any element; statistics:
+    any of max/min/mean/norm), whatever the tolerance; None without a measure."""
+    if pair.closeness is not None:
+        return pair.closeness.greatest_abs != 0.0
+    base, other = pair.record.stats, pair.candidate.stats if pair.candidate is not None else None
+    if base is None or other is None:
+        return None
+    pairs = ((base.max, other.max), (base.min, other.min), (base.mean, other.mean), (base.norm, other.norm))
+    return any(a != b and not (a != a and b != b) for a, b in pairs)
+
+
+def first_moved(rec: Record, every: Mapping[str, PairResult]) -> PairResult | None:
+    """Where the sides part before ``rec`` in its step and phase: the first paired module output
+    that differs at all (``moved``), when every record before it (inputs too) was compared and
+    identical, and so were its own inputs; None when no such record exists."""
+    before = sorted(
+        (
+            p
+            for p in every.values()
+            if p.record.step == rec.step and p.record.phase == rec.phase and p.record.seq < rec.seq
+        ),
+        key=lambda p: p.record.seq,
+    )
+    for pair in before:
+        if not pair.paired:
+            return None
+        change = moved(pair)
+        if change is None:
+            return None
+        if not change:
+            continue
+        deps = [every.get(d) for d in pair.record.deps]
+        if (
+            pair.record.kind != "activation"
+            or pair.record.module_class == "api"
+            or not deps
+            or any(d is None or not d.paired or moved(d) is not False for d in deps)
+        ):
+            return None
+        return pair
+    return None
+
+
+def moved_note(start: PairResult, failing: PairResult) -> str:
+    """Why ``start`` is named for a failure at ``failing`` downstream of it."""
+    size = relative_change(start)
+    by = f" (by {size:.3e} relative, within tolerance)" if size else " (within tolerance)"
+    return (
+        f"the first output of the step to differ at all{by}: every record before it and its inputs "
+        f"were identical on both sides; {shown_id(failing.record.id)} failed downstream of it, its "
+        "inputs within tolerance, its change not amplified over theirs"
+    )
+
+
 def shown_id(record_id: str) -> str:
     """``blocks.1.norm input in.0`` for the id ``blocks.1.norm|input|in.0|0|0``."""
     name, kind, slot, *_ = [*record_id.split("|"), "", ""]
@@ -115,6 +170,30 @@ def inputs_set_aside(module: str, step: int, every: Mapping[str, PairResult]) ->
         if p.record.name == module and p.record.kind == "input" and p.record.step == step and set_aside(p)
     )
     return tuple(dict.fromkeys(names))
+
+
+def steering_inputs_differed(module: str, step: int, every: Mapping[str, PairResult]) -> tuple[str, ...]:
+    """The inputs of ``module`` at ``step`` that are not data (masks, positions, caches) and
+    kept their form but failed: they differ in value, by slot name."""
+    names = (
+        shown_slot(p.record)
+        for p in every.values()
+        if p.record.name == module
+        and p.record.kind == "input"
+        and p.record.step == step
+        and non_data(p.record)
+        and not set_aside(p)
+        and p.status in FAILED
+    )
+    return tuple(dict.fromkeys(names))
+
+
+def steering_note(slots: Sequence[str]) -> str:
+    """``its data inputs matched, its attention_mask did not (...)``."""
+    return (
+        f"its data inputs matched, its {', '.join(slots)} did not (not data: it steers the computation, "
+        "same shape and dtype on both sides, other values): the divergence enters through it"
+    )
 
 
 def aside_note(slots: Sequence[str]) -> str:

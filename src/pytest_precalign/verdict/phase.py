@@ -21,15 +21,19 @@ from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
     CaseOrigin,
+    first_moved,
     input_evidence,
     inputs_set_aside,
     matched_children,
     module_inputs_matched,
+    moved_note,
+    steering_inputs_differed,
+    steering_note,
     unproven_note,
     within_tolerance_note,
 )
 from .expectation import Expectation
-from .non_data_inputs import set_aside
+from .non_data_inputs import non_data, set_aside
 from .overflow import Overflow, overflow_levels
 
 
@@ -246,10 +250,13 @@ def _op_label(rec: Record, parents: Mapping[str, str]) -> str:
     return f"{api}.{rec.call % 1000}.{direction} in {where}"
 
 
-def _inputs_ok(module: str, rec: Record, every: Mapping[str, PairResult]) -> bool | None:
+def _inputs_ok(
+    module: str, rec: Record, every: Mapping[str, PairResult], data_only: bool = False
+) -> bool | None:
     """``module``'s inputs at ``rec``'s step: all compared and within tolerance (True), one
     failed or a data input has no partner (False), none that can vouch was recorded (None).
-    Masks, positions and caches whose form changed between the sides are set aside."""
+    Masks, positions and caches whose form changed between the sides are set aside;
+    ``data_only``: every such input is left out, whatever its form."""
     found = [
         p
         for p in every.values()
@@ -257,6 +264,7 @@ def _inputs_ok(module: str, rec: Record, every: Mapping[str, PairResult]) -> boo
         and p.record.kind == "input"
         and p.record.step == rec.step
         and not set_aside(p)
+        and not (data_only and non_data(p.record))
     ]
     if any(not p.paired for p in found):
         return False
@@ -324,6 +332,13 @@ def _origin(
     if ok is None or ok:
         note = within_tolerance_note(inputs, pair) if inputs.differed else ""
         return True, owner, note, True, inputs.aside
+    if rec.kind in ("activation", "logits", "loss") and not inputs.failed and inputs.differed:
+        # Its inputs passed but differed, and it did not amplify that: a difference under the
+        # tolerance grew to this failure. Where the step was identical up to one module output
+        # that differs at all on identical inputs, that module is where the sides part.
+        start = first_moved(rec, every)
+        if start is not None:
+            return False, start.record.name, moved_note(start, pair), True, ()
     if rec.kind in ("activation", "logits", "loss"):
         # Inputs already differed: walk up to the innermost ancestor whose inputs were compared
         # and matched. A module with no input records (a ModuleList that never runs, inputs not
@@ -333,6 +348,11 @@ def _origin(
             walked = True
             if _inputs_ok(module, rec, every):
                 return False, module, "", True, inputs_set_aside(module, rec.step, every)
+            steering = steering_inputs_differed(module, rec.step, every)
+            if steering and _inputs_ok(module, rec, every, data_only=True):
+                # Its data matched and a mask or position of the same form did not: that input
+                # is the evidence, and the divergence enters through it here.
+                return False, module, steering_note(steering), True, inputs_set_aside(module, rec.step, every)
         unproven = "origin unproven: no enclosing module's inputs were compared and matched" if walked else ""
         return False, "", unproven, False, ()
     return False, owner, "", True, ()

@@ -37,11 +37,21 @@ class StepRecords:
     params_compared: int = 0
     calls: tuple[int, int] | None = None  # module calls per step (baseline, candidate) when they differ
     grads_changed: bool = False  # param grads of 2+ modules failed, every activation grad matched
+    # The backward's first divergence when it is the grad w.r.t. the output of a module no
+    # recorded module encloses (made by the loss code from that output) while the forward and
+    # every loss record of the step matched: the loss's gradient differs, not (yet) its value.
+    loss_grad: Divergence | None = None
+    losses_matched: int = 0
+    # Parameter grads one side recorded and the other did not, no reason given: (name, the
+    # side that has it). A grad missing on one side is a difference, never a pair skipped.
+    grads_one_sided: tuple[tuple[str, str], ...] = ()
 
     @property
     def diverged(self) -> bool:
-        return any(x is not None for x in (self.forward, self.loss, self.backward, self.update)) or bool(
-            self.calls
+        return (
+            any(x is not None for x in (self.forward, self.loss, self.backward, self.update))
+            or bool(self.calls)
+            or bool(self.grads_one_sided)
         )
 
 
@@ -68,12 +78,19 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
         forward = first("forward", [p for p in pairs if p.record.kind != "loss"])
         loss = next((p for p in pairs if p.record.kind == "loss" and p.status in FAILED), None)
         grads = [p for p in pairs if p.record.kind == "param_grad" and p.paired]
+        backward = first("backward")
+        losses = [p for p in pairs if p.record.kind == "loss" and p.paired]
+        loss_grad = (
+            backward
+            if forward is None and losses and all(p.passed for p in losses) and _made_by_the_loss(backward)
+            else None
+        )
         params = [p for p in pairs if p.record.kind == "param" and p.paired]
         out[step] = StepRecords(
             step=step,
             forward=forward,
             loss=loss if forward is None else None,
-            backward=first("backward"),
+            backward=backward,
             update=first("step"),
             grad_factor=_one_factor(grads),
             grads_compared=len(grads),
@@ -82,8 +99,34 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
             params_compared=len(params),
             calls=_calls(pairs),
             grads_changed=_changed_after_backward(grads, pairs),
+            loss_grad=loss_grad,
+            losses_matched=len(losses) if loss_grad is not None else 0,
+            grads_one_sided=_one_sided_grads(pairs),
         )
     return out
+
+
+def _one_sided_grads(pairs: Sequence[PairResult]) -> tuple[tuple[str, str], ...]:
+    """The parameter grads recorded on one side only with no reason (mapping rule, note) given,
+    as (name, the side that has it), in record order."""
+    side = {"only_baseline": "baseline", "only_candidate": "candidate"}
+    return tuple(
+        (p.record.name, side[p.status])
+        for p in sorted(pairs, key=lambda p: p.record.seq)
+        if p.record.kind == "param_grad" and p.status in side and not p.note
+    )
+
+
+def _made_by_the_loss(first: Divergence | None) -> bool:
+    """``first`` is the grad w.r.t. the output of a module that no recorded module encloses
+    (its origin walk found no enclosing module: ``phase._origin``): code outside the recorded
+    model made it from that output, i.e. the loss."""
+    return (
+        first is not None
+        and first.kind == "grad_output"
+        and first.pair.record.module_class != "api"
+        and first.origin_module == first.name
+    )
 
 
 def _changed_after_backward(grads: Sequence[PairResult], pairs: Sequence[PairResult]) -> bool:

@@ -363,7 +363,9 @@ def _step_first(
         ("loss", _loss(step, rec, scalar)),
         (
             "backward",
-            _after_backward(step, rec, base, cand, scalar, judge.lane) or _backward(step, rec, scalar),
+            _grads_one_sided(step, rec)
+            or _after_backward(step, rec, base, cand, scalar, judge.lane)
+            or _backward(step, rec, scalar),
         ),
         ("clipping", _scalar_as(step, scalar, "clipping")),
         ("schedule", _scalar_as(step, scalar, "schedule")),
@@ -406,6 +408,16 @@ def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
         detail = f" ({check.metric} {check.value:.3g} > {check.allowed:.3g})" if check else ""
         evidence = f"the loss differs{detail} while every forward record before it matched"
         return FirstDivergent(step, "loss", pair.record.name or "loss", evidence)
+    if rec.loss_grad is not None:
+        first = rec.loss_grad
+        evidence = (
+            f"the loss matched ({rec.losses_matched} loss record(s) of the step), its grad w.r.t. "
+            f"{first.name}'s output, the first of the backward, did not ({first.metric} {first.value:.3g} > "
+            f"{first.allowed:.3g}) while every forward record matched: the loss code made it from "
+            "matching outputs, so the loss differs in its gradient"
+        )
+        pattern = "the loss function differs: its value can coincide at a step, its gradient does not"
+        return FirstDivergent(step, "loss", "loss", evidence, pattern)
     if scalar is not None and scalar.what == "loss":
         hint = "" if rec.diverged or rec.forward else "; record layers to tell the forward from the loss"
         return FirstDivergent(step, "loss", "loss", scalar.evidence + hint, scalar.pattern)
@@ -426,6 +438,28 @@ def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None
     if scalar is not None and scalar.what in ("backward", "forward_or_backward", "grad_reduction"):
         return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
     return None
+
+
+def _grads_one_sided(step: int, rec: StepRecords) -> FirstDivergent | None:
+    """Parameters that got a grad on one side only: the other side's backward never reached
+    them (frozen there, or cut from the graph), whatever the grads both sides have show."""
+    if not rec.grads_one_sided:
+        return None
+    held_by = dict(rec.grads_one_sided)  # a parameter's grad is recorded once per micro-batch
+    names = list(held_by)
+    held = " and ".join(
+        f"{sum(s == side for s in held_by.values())} on the {side}" for side in sorted(set(held_by.values()))
+    )
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    evidence = (
+        f"{len(names)} parameter(s) got a grad at step {step} on one side only ({held}): {shown}; "
+        "the other side's backward gave them none"
+    )
+    pattern = (
+        "parameters that get a grad on one side only: not trainable there, or cut from its graph "
+        "(inputs detached or not requiring grad, e.g. under reentrant gradient checkpointing)"
+    )
+    return FirstDivergent(step, "backward", names[0], evidence, pattern)
 
 
 def _after_backward(
