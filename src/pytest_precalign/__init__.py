@@ -14,7 +14,8 @@ classes), ``yaml_reader`` (YAML with line numbers), ``_atomic`` (the one atomic 
 xdist worker). Public: ``Recorder``, the recorders of a framework's own run
 (``PrecalignCallback``, ``PrecalignLightningCallback``, ``AccelerateSteps``), ``megatron_cpu``, the
 ``align_runner`` fixture's ``AlignRunner`` (``check`` fails the test, ``compare`` returns the
-``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors.
+``CaseRun``), ``ToleranceTable``, ``MappingSpec`` and the errors. ``redaction``: the one rule
+that keeps secrets out of what a recording writes.
 Importing this package does not import torch.
 """
 

@@ -67,6 +67,7 @@ def _loop(
             loss = loss * float("nan")
         loss.backward()
         if stop_inside == step:
+            _writer_killed(rec)
             return
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
         optimizer.step()
@@ -109,3 +110,15 @@ def duplicate_in_safetensors_header(path: Path) -> None:
     raw = text.encode()
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length :])
+
+
+def _writer_killed(rec: Recorder) -> None:
+    """A killed process takes its tensor-mode writer thread with it: stop the thread here (in
+    this process it would live on into the next test), leaving its temporary folder as a kill does."""
+    sink = rec._sink
+    if sink is not None:
+        with sink._cond:
+            sink._aborted = True
+            sink._items.clear()
+            sink._cond.notify_all()
+        sink._thread.join()

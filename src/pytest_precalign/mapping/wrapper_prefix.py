@@ -48,13 +48,14 @@ def prefix_mapping(side: str, prefix: str, other_names: Iterable[str]) -> Mappin
     return MappingSpec(name=f"wrapper prefix {prefix!r} ({side})", renames=rules, where=where)
 
 
+# How a recorder (the manifest's ``training.trainer``) records the unwrapped model.
+_UNWRAPPED = {"lightning": 'record it with PrecalignLightningCallback(..., module="{module}")'}
+
+
 def prefix_note(side: str, prefix: str, trainer: str | None) -> str:
     """The one line that says a prefix was taken off, and how to record without it."""
     other = "baseline" if side == "candidate" else "candidate"
-    if trainer == "lightning":
-        fix = f'record it with PrecalignLightningCallback(..., module="{prefix.rstrip(".")}")'
-    else:
-        fix = "record the unwrapped model"
+    fix = _UNWRAPPED.get(trainer or "", "record the unwrapped model").format(module=prefix.rstrip("."))
     return (
         f"names: every {side} name is {prefix!r} + the {other}'s (a wrapper): compared with {prefix!r} "
         f"taken off the {side}'s names; to pair them without it, {fix}, or pass --mapping"

@@ -9,7 +9,8 @@ writer), ``tensor_files`` and ``pt_zip`` (tensor files read as numpy), ``arrays`
 (what one training step did, as scalars), ``merged_stats`` (statistics of fused tensors'
 parts merged), ``training_record`` (the one typed record of a training run: settings, plan,
 step scalars, initial parameters; its only writer and reader), ``write_failures`` (the note a
-step that could not be written leaves for a later compare).
+step that could not be written leaves for a later compare), ``step_markers`` (a step begun and
+never finished: a run that stopped inside step k).
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@
 - ``optimizer_steps``: what both share: each optimizer step measured around the torch
   optimizer's step hooks (after the framework's clipping), the plan from the run's own
   schedulers.
+- ``recorder_options``: the ``Recorder``'s arguments checked; ``run_root``: a root holds one
+  run (claimed before the first step; a resumed run continues it).
 
 Importing this package does not import torch; ``Recorder`` is loaded on first access.
 """

@@ -125,9 +125,11 @@ class LightningSteps(Callback):
                 f"PrecalignLightningCallback: the run has {len(trainer.optimizers)} optimizers; "
                 "automatic optimization steps exactly one"
             )
-        if math.isfinite(trainer.estimated_stepping_batches):  # said before training
-            planned = int(trainer.estimated_stepping_batches)
-            check_selected_steps(self.recorder.steps, planned, "PrecalignLightningCallback")
+        selected = self.recorder.steps if isinstance(self.recorder, Recorder) else None  # a case's sink: all
+        if selected is not None and math.isfinite(trainer.estimated_stepping_batches):  # said before training
+            check_selected_steps(
+                selected, int(trainer.estimated_stepping_batches), "PrecalignLightningCallback"
+            )
         model = self._recorded(pl_module)
         optimizer = trainer.optimizers[0]
         self.settings = lightning_settings(trainer, pl_module, model)
