@@ -42,16 +42,11 @@ class StepRecords:
     # every loss record of the step matched: the loss's gradient differs, not (yet) its value.
     loss_grad: Divergence | None = None
     losses_matched: int = 0
-    # Parameter grads one side recorded and the other did not, no reason given: (name, the
-    # side that has it). A grad missing on one side is a difference, never a pair skipped.
-    grads_one_sided: tuple[tuple[str, str], ...] = ()
 
     @property
     def diverged(self) -> bool:
-        return (
-            any(x is not None for x in (self.forward, self.loss, self.backward, self.update))
-            or bool(self.calls)
-            or bool(self.grads_one_sided)
+        return any(x is not None for x in (self.forward, self.loss, self.backward, self.update)) or bool(
+            self.calls
         )
 
 
@@ -101,20 +96,8 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
             grads_changed=_changed_after_backward(grads, pairs),
             loss_grad=loss_grad,
             losses_matched=len(losses) if loss_grad is not None else 0,
-            grads_one_sided=_one_sided_grads(pairs),
         )
     return out
-
-
-def _one_sided_grads(pairs: Sequence[PairResult]) -> tuple[tuple[str, str], ...]:
-    """The parameter grads recorded on one side only with no reason (mapping rule, note) given,
-    as (name, the side that has it), in record order."""
-    side = {"only_baseline": "baseline", "only_candidate": "candidate"}
-    return tuple(
-        (p.record.name, side[p.status])
-        for p in sorted(pairs, key=lambda p: p.record.seq)
-        if p.record.kind == "param_grad" and p.status in side and not p.note
-    )
 
 
 def _made_by_the_loss(first: Divergence | None) -> bool:

@@ -363,9 +363,7 @@ def _step_first(
         ("loss", _loss(step, rec, scalar)),
         (
             "backward",
-            _grads_one_sided(step, rec)
-            or _after_backward(step, rec, base, cand, scalar, judge.lane)
-            or _backward(step, rec, scalar),
+            _after_backward(step, rec, base, cand, scalar, judge.lane) or _backward(step, rec, scalar),
         ),
         ("clipping", _scalar_as(step, scalar, "clipping")),
         ("schedule", _scalar_as(step, scalar, "schedule")),
@@ -438,28 +436,6 @@ def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None
     if scalar is not None and scalar.what in ("backward", "forward_or_backward", "grad_reduction"):
         return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
     return None
-
-
-def _grads_one_sided(step: int, rec: StepRecords) -> FirstDivergent | None:
-    """Parameters that got a grad on one side only: the other side's backward never reached
-    them (frozen there, or cut from the graph), whatever the grads both sides have show."""
-    if not rec.grads_one_sided:
-        return None
-    held_by = dict(rec.grads_one_sided)  # a parameter's grad is recorded once per micro-batch
-    names = list(held_by)
-    held = " and ".join(
-        f"{sum(s == side for s in held_by.values())} on the {side}" for side in sorted(set(held_by.values()))
-    )
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    evidence = (
-        f"{len(names)} parameter(s) got a grad at step {step} on one side only ({held}): {shown}; "
-        "the other side's backward gave them none"
-    )
-    pattern = (
-        "parameters that get a grad on one side only: not trainable there, or cut from its graph "
-        "(inputs detached or not requiring grad, e.g. under reentrant gradient checkpointing)"
-    )
-    return FirstDivergent(step, "backward", names[0], evidence, pattern)
 
 
 def _after_backward(
