@@ -20,7 +20,7 @@ verdict's origin holds the expected module; for a settings bug, its origin or ev
 the setting or parameter), false alarm (the twins'
 compare does not exit 0). A wrong verdict is recorded as the tool gave it, never adjusted.
 
-    python benchmarks/real_bugs.py                        # every bug; venvs in /work/venvs
+    python benchmarks/real_bugs.py                        # every bug; venvs in .venv-real-bugs/
     python benchmarks/real_bugs.py --only gemma_gelu_tanh,packing_cross_attention
     python benchmarks/real_bugs.py --venvs DIR --keep /tmp/rb   # keep the recordings
     python benchmarks/real_bugs.py --judge-only /tmp/rb   # judge kept recordings again
@@ -224,7 +224,9 @@ def markdown(rows: list[dict[str, Any]], figures: dict[str, Any], command: str) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--only", help="comma-separated bug names")
-    parser.add_argument("--venvs", default="/work/venvs", help="where the release venvs are made and kept")
+    parser.add_argument(
+        "--venvs", default=str(REPO / ".venv-real-bugs"), help="where the release venvs are made and kept"
+    )
     parser.add_argument("--no-releases", action="store_true", help="skip bugs that need release venvs")
     parser.add_argument("--keep", help="record into this directory (kept)")
     parser.add_argument("--judge-only", help="judge the recordings a --keep run left in this directory")
