@@ -122,6 +122,16 @@ def test_life_cycle(
     assert manifest["versions"]["torch"].startswith("2.") and manifest["weights"]["sha256"]
     assert {"device", "dtype", "determinism", "config_digest"} <= set(manifest)
     written = digest(baseline)
+    if xdist:
+        # Under -n 2 what differs is where the entries are made (on the workers): steps 1 and 4
+        # show it ("written-earlier"); steps 2, 3, 5 and 6 are the serial run's, the same code.
+        _suite(pytester, bug=0.5)
+        result = run("--align-update")
+        result.assert_outcomes(failed=2)
+        _assert_report(pytester, {"updated", "written-earlier"}, passed=False)
+        result.stdout.fnmatch_lines(["*bl/port*"])
+        assert digest(baseline) != written and not obtained.exists()
+        return
 
     # 2. Rerun: compared, passes, nothing rewritten.
     result = run()
