@@ -153,7 +153,8 @@ def clip(params: list[torch.nn.Parameter], owned: list[torch.nn.Parameter], loca
     norm of this rank's shard of the grads only (FSDP2: each DTensor grad's local shard; else
     the grads of the parameters the rank owns, as a ZeRO partition)."""
     sharded = [hasattr(p.grad, "to_local") for p in params if p.grad is not None]
-    if not local and any(sharded) and not all(sharded):  # tensor parallel: some grads DTensors
+    meshes = {str(p.grad.device_mesh) for p in params if hasattr(p.grad, "device_mesh")}
+    if not local and (any(sharded) and not all(sharded) or len(meshes) > 1):  # TP: some grads DTensors
         grads = [
             p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             for p in params

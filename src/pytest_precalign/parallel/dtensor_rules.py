@@ -19,6 +19,7 @@ What a recorder sees on a rank of ``parallelize_module``'s styles (its hooks run
   made for this module alone: this module's share of the input's grad, where the unsharded run
   records the grad of the input tensor its consumers share (``q/k/v_proj``, ``gate/up_proj``).
   Not merged: listed with the reason (``own_share``);
+- a local shard recorded as a hash (hash mode) cannot be merged: listed;
 - any other record inside such a parent (an attention module's weights, local heads) that the
   ranks recorded differently is not merged either: listed (``regions``), never guessed.
 """
@@ -37,6 +38,10 @@ OWN_SHARE = (
     "for this module alone (this module's share), not the grad of the input its consumers share in "
     "the unsharded run: not merged"
 )
+HASHED = (
+    "a local shard recorded as a hash only (hash mode): the hash of the concatenation is not a "
+    "function of the shards' hashes: not merged; record in stats or tensor mode to compare it"
+)
 UNSPLIT = (
     "recorded differently by the TP ranks of a DTensor tensor-parallel module's parent, and its "
     "plan does not say how it is split (e.g. attention weights over the local heads): not merged"
@@ -52,12 +57,14 @@ class TpPlanRules:
     own_share: frozenset[str]
     regions: tuple[str, ...]
 
-    def unmerged(self, rec: Record, covered: bool, ranks_differ: bool) -> str | None:
-        """Why ``rec`` (of the first rank) is not merged, or None."""
+    def unmerged(self, rec: Record, rule: ShardRule | None, ranks_differ: bool) -> str | None:
+        """Why ``rec`` (of the first rank; ``rule`` its shard rule) is not merged, or None."""
         if rec.kind == "grad_input" and rec.name in self.own_share:
             return OWN_SHARE
+        if rule is not None and rec.stats is None and rec.tensor_key is None and rec.crc32 is not None:
+            return HASHED
         inside = any(rec.name == p or rec.name.startswith(f"{p}.") for p in self.regions)
-        if inside and not covered and ranks_differ:
+        if inside and rule is None and ranks_differ:
             return UNSPLIT
         return None
 

@@ -278,7 +278,7 @@ def _merge_stage(
             peers.append(other)
         name, v = rename(rec.name)
         if merged.tp_plan is not None:
-            why = merged.tp_plan.unmerged(rec, rule_for(rec, rules) is not None, _ranks_differ(rec, peers))
+            why = merged.tp_plan.unmerged(rec, rule_for(rec, rules), _ranks_differ(rec, peers))
             if why is not None:
                 merged.unmerged[_rename_id(rec.id, rename)] = f"{why} ({', '.join(g.where for g in group)})"
                 continue
