@@ -52,6 +52,7 @@ BASELINE: dict[str, Any] = {
     "local_norm_from": None,
     "stale_from": None,
     "tp_shard_from": None,
+    "golden": None,
 }
 
 
@@ -211,7 +212,9 @@ def train(out: Path, run: dict[str, Any]) -> None:
     params = list(model.parameters())
     owned = [p for i, p in enumerate(params) if i % world == rank]  # a shard, for local_norm
     rows = global_rows()
-    rec = Recorder(out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"])
+    rec = Recorder(
+        out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"], golden=run["golden"]
+    )
     evidence = StepEvidence(params)
     rec.record_initial_params(model)
     for step in range(run["total"]):

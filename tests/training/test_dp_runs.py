@@ -7,6 +7,7 @@ the faults, the 2-D mesh and the suite cases are ``slow``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -97,15 +98,18 @@ def check_tp_against_one(judged: Judged, steps: int = 3, case: str = "one_vs_tp"
 @pytest.mark.slow
 def test_tensor_parallel_runs_tensor_mode_2d_mesh_and_a_shard_fault(tmp_path: Path) -> None:
     """DTensor tensor parallelism (issue #45): 1 rank vs TP-2 element by element, a fault in
-    one TP rank's share found at its step and module, a ``dump:`` case, and a 2-D mesh (FSDP2
-    over dp=2 x TP over 2: 4 ranks) against 1 rank."""
+    one TP rank's share found at its step and module, live compare of a TP run against a TP
+    golden, a ``dump:`` case, and a 2-D mesh (FSDP2 over dp=2 x TP over 2: 4 ranks) vs 1 rank."""
     record(tmp_path, 1, "one:total=3", "one_t:total=2,mode=tensor")
+    golden = f"golden={tmp_path / 'tp'}"
     record(
         tmp_path,
         2,
         "tp:wrap=tp,total=3",
         "tp_t:wrap=tp,total=2,mode=tensor",
         "shard:wrap=tp,total=3,tp_shard_from=1",
+        f"live_same:wrap=tp,total=3,{golden}",
+        f"live_fault:wrap=tp,total=3,tp_shard_from=1,{golden}",
     )
     judged = compare(tmp_path / "one_t", tmp_path / "tp_t", tmp_path / "tensors")
     check_tp_against_one(judged, steps=2, case="one_t_vs_tp_t")
@@ -114,6 +118,20 @@ def test_tensor_parallel_runs_tensor_mode_2d_mesh_and_a_shard_fault(tmp_path: Pa
     assert judged.exit_code == 1, judged.output
     assert judged.verdict() == (1, "forward")
     assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+    # Live compare of DTensor ranks against a TP golden: every record compared on each rank,
+    # nothing beyond on the same run, the fault's first record beyond at its step and kept.
+    for rank in (0, 1):
+        for step in range(3):
+            same = json.loads((tmp_path / f"live_same/step{step}/rank{rank}/manifest.json").read_text())[
+                "live"
+            ]
+            assert same["compared"] == same["records"] > 0 and not same["beyond"] and not same["kept_tensors"]
+        fault = [
+            json.loads((tmp_path / f"live_fault/step{step}/rank{rank}/manifest.json").read_text())["live"]
+            for step in range(3)
+        ]
+        assert not fault[0]["beyond"] and fault[1]["kept_tensors"] > 0
+        assert fault[1]["beyond"][0] == "model.layers.1.mlp.down_proj|activation|out|1|0"
     config = dump_suite(tmp_path / "suite", {"tp": (tmp_path / "one", tmp_path / "tp", None)})
     done = run_dump_suite(config, tmp_path / "suite_report")
     assert done.returncode == 0, done.stdout[-3000:]
