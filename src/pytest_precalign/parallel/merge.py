@@ -98,15 +98,7 @@ def merge_ranks(
             f"stages, is not supported ({layout.describe()}); compare runs with cp=1, and pp=1 where ep>1"
         )
     by_rank = {r.rank: r for r in ranks}
-    plan = tp_plan_of(ranks[0].trace.manifest) if layout.tp > 1 else None
-    tp_plan = plan_rules(plan, by_rank[min(by_rank)].trace.records) if plan is not None else None
-    all_rules = (
-        tp_plan.rules  # a DTensor side: its own plan's rules, never Megatron's
-        if tp_plan is not None
-        else rules_for_layout(
-            rules, sequence_parallel=layout.sequence_parallel, parallel_output=layout.parallel_output
-        )
-    )
+    all_rules, tp_plan = _rules(by_rank[min(by_rank)], layout, rules)
     replicas = _replicas(by_rank, layout, all_rules, where, key_prefix, tp_plan)
     n = len(replicas)
     first, merged = replicas[0]
@@ -143,6 +135,19 @@ def merge_ranks(
         **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
     return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+
+
+def _rules(
+    first: RankTrace, layout: ParallelLayout, rules: Sequence[ShardRule]
+) -> tuple[tuple[ShardRule, ...], TpPlanRules | None]:
+    """The shard rules of a side: a DTensor side's from its own plan (never Megatron's), else
+    ``rules`` as the layout needs them (``rules_for_layout``)."""
+    plan = tp_plan_of(first.trace.manifest) if layout.tp > 1 else None
+    if plan is not None:
+        tp_plan = plan_rules(plan, first.trace.records)
+        return tp_plan.rules, tp_plan
+    extra = {"sequence_parallel": layout.sequence_parallel, "parallel_output": layout.parallel_output}
+    return rules_for_layout(rules, **extra), None
 
 
 def _manifest(ranks: Sequence[RankTrace]) -> dict[str, Any]:
