@@ -8,7 +8,9 @@ with ``record_scalars``.
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_loop.py OUT RUN ...
 
 Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Keys: ``wrap``
-(ddp | fsdp2 | zero1 | tp | none; none in one process), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
+(ddp | fsdp2 | zero1 | tp | fsdp2_tp | none; none in one process; tp: ``parallelize_module`` with
+``ColwiseParallel`` q/k/v, gate and up projections and ``RowwiseParallel`` o and down ones over every
+rank; fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
 last rank only where said: ``scale_rank_from=k`` (the last rank's parameter grads x 2 before
@@ -16,7 +18,9 @@ the reduction: a wrong averaging), ``loss_rank_from=k`` (the last rank's backwar
 loss: the same fault where the parameters' grad hooks do not run, FSDP2), ``lr_from=k`` (the LR halved), ``local_norm_from=k`` (each rank
 clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard would: not the
 global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
-weight of the step before: a stale parameter after a missing re-gather).
+weight of the step before: a stale parameter after a missing re-gather), ``tp_shard_from=k`` (the
+last rank's share of ``model.layers.1.mlp.down_proj``'s row-parallel output, its partial sum
+before the all-reduce, doubled: one TP rank's shard wrong).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ BASELINE: dict[str, Any] = {
     "lr_from": None,
     "local_norm_from": None,
     "stale_from": None,
+    "tp_shard_from": None,
+    "golden": None,
 }
 
 
@@ -80,6 +86,17 @@ def plant_faults(model: torch.nn.Module, run: dict[str, Any], last: bool, step_n
 
         down.register_forward_pre_hook(keep)
         down.register_forward_hook(use_stale)
+    if run["tp_shard_from"] is not None and last:  # registered before parallelize_module's hooks
+        from torch.distributed.tensor import DTensor
+
+        def double_share(module: Any, args: Any, output: Any) -> Any:
+            if step_now[0] < run["tp_shard_from"]:
+                return None
+            return DTensor.from_local(
+                output.to_local() * 2, output.device_mesh, output.placements, run_check=False
+            )
+
+        model.model.layers[1].mlp.down_proj.register_forward_hook(double_share)  # type: ignore[union-attr, index]
 
 
 def optimizer_of(model: torch.nn.Module, run: dict[str, Any]) -> torch.optim.Optimizer:
@@ -101,22 +118,25 @@ def wrap(model: torch.nn.Module, run: dict[str, Any], world: int) -> torch.nn.Mo
     optimizer; the grads are averaged by hand)."""
     if run["wrap"] == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
-    if run["wrap"] in ("fsdp2", "tp"):
+    if run["wrap"] in ("fsdp2", "tp", "fsdp2_tp"):
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (world,))
+        dims = (2, world // 2) if run["wrap"] == "fsdp2_tp" else (world,)
+        names = ("dp", "tp") if run["wrap"] == "fsdp2_tp" else ("tp" if run["wrap"] == "tp" else "dp",)
+        full = init_device_mesh("cpu", dims, mesh_dim_names=names)
+        tp_mesh, mesh = (full["tp"], full["dp"]) if len(dims) == 2 else (full, full)
         layers = model.model.layers  # type: ignore[union-attr]
-        if run["wrap"] == "tp":
+        if run["wrap"] in ("tp", "fsdp2_tp"):
             from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+            col, row = ColwiseParallel, RowwiseParallel
             for layer in layers:  # type: ignore[union-attr]
-                plan = {
-                    "gate_proj": ColwiseParallel(),
-                    "up_proj": ColwiseParallel(),
-                    "down_proj": RowwiseParallel(),
-                }
-                parallelize_module(layer.mlp, mesh, plan)  # type: ignore[arg-type]
-            return model
+                plan = {"gate_proj": col(), "up_proj": col(), "down_proj": row()}
+                parallelize_module(layer.mlp, tp_mesh, plan)  # type: ignore[arg-type]
+                plan = {"q_proj": col(), "k_proj": col(), "v_proj": col(), "o_proj": row()}
+                parallelize_module(layer.self_attn, tp_mesh, plan)  # type: ignore[arg-type]
+            if run["wrap"] == "tp":
+                return model
         from torch.distributed.fsdp import fully_shard
 
         for layer in layers:  # type: ignore[union-attr]
@@ -134,7 +154,8 @@ def clip(params: list[torch.nn.Parameter], owned: list[torch.nn.Parameter], loca
     norm of this rank's shard of the grads only (FSDP2: each DTensor grad's local shard; else
     the grads of the parameters the rank owns, as a ZeRO partition)."""
     sharded = [hasattr(p.grad, "to_local") for p in params if p.grad is not None]
-    if not local and any(sharded) and not all(sharded):  # tensor parallel: some grads DTensors
+    meshes = {str(p.grad.device_mesh) for p in params if hasattr(p.grad, "device_mesh")}
+    if not local and (any(sharded) and not all(sharded) or len(meshes) > 1):  # TP: some grads DTensors
         grads = [
             p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             for p in params
@@ -165,6 +186,8 @@ def micro_batches(
 ) -> list[dict[str, Any]]:
     """This rank's micro-batches of ``step``: its contiguous share of the global batch, in rank
     order (tensor parallel: every rank the whole batch), cut into ``micro`` pieces."""
+    if run["wrap"] == "fsdp2_tp":  # each DP replica (2 of them) its half, its TP ranks the same rows
+        world, rank = 2, rank // (world // 2)
     share, at = (ROWS, 0) if run["wrap"] == "tp" else (ROWS // world, rank)
     mine = rows[step * ROWS + at * share : step * ROWS + (at + 1) * share]
     size = share // run["micro"]
@@ -189,7 +212,9 @@ def train(out: Path, run: dict[str, Any]) -> None:
     params = list(model.parameters())
     owned = [p for i, p in enumerate(params) if i % world == rank]  # a shard, for local_norm
     rows = global_rows()
-    rec = Recorder(out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"])
+    rec = Recorder(
+        out, mode=run["mode"], steps=run["steps"], param_grads=run["param_grads"], golden=run["golden"]
+    )
     evidence = StepEvidence(params)
     rec.record_initial_params(model)
     for step in range(run["total"]):

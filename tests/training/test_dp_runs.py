@@ -1,11 +1,13 @@
 """A user's data-parallel runs compared across DP sizes and sharding schemes (issue #45): their
 own loop (``example_suites/recorded_runs/sharded_loop.py``, the documented ``Recorder`` calls)
 run in one process and under torchrun (2 gloo ranks, each training its own rows), compared by
-``precalign compare`` and by a ``dump:`` case. The default suite holds one pair (1 rank vs DDP
-on 2 ranks); the other wrappers, the faults and the suite case are ``slow``."""
+``precalign compare`` and by a ``dump:`` case. The default suite holds two pairs (1 rank vs DDP
+on 2 ranks, 1 rank vs DTensor tensor parallelism on 2 ranks, one launch); the other wrappers,
+the faults, the 2-D mesh and the suite cases are ``slow``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.user_runs import REPO, SCRIPTS, compare, dump_suite, run_dump_suite
+from tests.helpers.user_runs import REPO, SCRIPTS, Judged, compare, dump_suite, run_dump_suite
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -37,9 +39,12 @@ def record(out: Path, nproc: int, *runs: str) -> Path:
     return out
 
 
-def test_one_rank_and_two_ddp_ranks_of_the_same_global_batch_are_the_same_training(tmp_path: Path) -> None:
+def test_one_rank_and_two_ddp_or_tp_ranks_of_the_same_global_batch_are_the_same_training(
+    tmp_path: Path,
+) -> None:
     record(tmp_path, 1, "one:total=3")
-    record(tmp_path, 2, "ddp:wrap=ddp,total=3")
+    record(tmp_path, 2, "ddp:wrap=ddp,total=3", "tp:wrap=tp,total=3")
+    check_tp_against_one(compare(tmp_path / "one", tmp_path / "tp", tmp_path / "tp_report"))
     judged = compare(tmp_path / "one", tmp_path / "ddp", tmp_path / "report")
     assert judged.exit_code == 0, judged.output
     assert judged.verdict() == (None, None)
@@ -54,6 +59,87 @@ def test_one_rank_and_two_ddp_ranks_of_the_same_global_batch_are_the_same_traini
     backward = next(p for p in judged.report["cases"] if p["phase"] == "backward")
     unmatched = backward["unmatched"]["baseline"]
     assert unmatched and all(u["kind"] == "param_grad" and "partial grad" in u["reason"] for u in unmatched)
+
+
+def check_tp_against_one(judged: Judged, steps: int = 3, case: str = "one_vs_tp") -> None:
+    """1 rank vs ``parallelize_module`` over 2 ranks (Colwise q/k/v, gate, up; Rowwise o, down):
+    the plan read back from the recording merges the local shards; what cannot be merged is
+    listed with its reason, never guessed."""
+    assert judged.exit_code == 0, judged.output
+    assert judged.verdict() == (None, None) and judged.training["steps_compared"] == steps
+    for phase in ("forward", "backward", "step"):
+        assert f"PASSED {case}[{phase}]" in judged.output, judged.output
+    assert judged.report is not None
+    cases = {c["phase"]: c for c in judged.report["cases"]}
+    unmatched = [u for c in cases.values() for u in c["unmatched"]["baseline"] + c["unmatched"]["candidate"]]
+    # A Colwise module's input grad is its own share; the attention weights are split over the
+    # local heads, which the plan does not say: each listed (per layer: 5 grads, 2 weights), nothing else.
+    own = {(u["name"], u["kind"]) for u in unmatched if "this module's share" in u["reason"]}
+    heads = {(u["name"], u["kind"], u["slot"]) for u in unmatched if "plan does not say" in u["reason"]}
+    assert len(unmatched) == 2 * (5 + 2), unmatched  # each (name, kind, slot) once, over the steps
+    assert ("model.layers.1.mlp.gate_proj", "grad_input") in own and len(own) == 10
+    assert ("model.layers.0.self_attn", "activation", "out.1") in heads and len(heads) == 4
+    # The local shards were merged: the Colwise outputs, act_fn between them and their grads
+    # compared at the full width (64 features), each step.
+    for phase, kind in (("forward", "activation"), ("backward", "grad_output")):
+        done = {
+            (r["name"], r["step"])
+            for r in cases[phase]["records"]
+            if r["kind"] == kind and r["status"] == "ok"
+        }
+        for name in (
+            "model.layers.1.mlp.act_fn",
+            "model.layers.0.mlp.up_proj",
+            "model.layers.1.self_attn.k_proj",
+        ):
+            assert {(name, s) for s in range(steps)} <= done, (phase, name)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_runs_tensor_mode_2d_mesh_and_a_shard_fault(tmp_path: Path) -> None:
+    """DTensor tensor parallelism (issue #45): 1 rank vs TP-2 element by element, a fault in
+    one TP rank's share found at its step and module, live compare of a TP run against a TP
+    golden, a ``dump:`` case, and a 2-D mesh (FSDP2 over dp=2 x TP over 2: 4 ranks) vs 1 rank."""
+    record(tmp_path, 1, "one:total=3", "one_t:total=2,mode=tensor")
+    golden = f"golden={tmp_path / 'tp'}"
+    record(
+        tmp_path,
+        2,
+        "tp:wrap=tp,total=3",
+        "tp_t:wrap=tp,total=2,mode=tensor",
+        "shard:wrap=tp,total=3,tp_shard_from=1",
+        f"live_same:wrap=tp,total=3,{golden}",
+        f"live_fault:wrap=tp,total=3,tp_shard_from=1,{golden}",
+    )
+    judged = compare(tmp_path / "one_t", tmp_path / "tp_t", tmp_path / "tensors")
+    check_tp_against_one(judged, steps=2, case="one_t_vs_tp_t")
+    assert "(allclose)" in judged.output
+    judged = compare(tmp_path / "one", tmp_path / "shard", tmp_path / "shard_report")
+    assert judged.exit_code == 1, judged.output
+    assert judged.verdict() == (1, "forward")
+    assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+    # Live compare of DTensor ranks against a TP golden: every record compared on each rank,
+    # nothing beyond on the same run, the fault's first record beyond at its step and kept.
+    for rank in (0, 1):
+        for step in range(3):
+            same = json.loads((tmp_path / f"live_same/step{step}/rank{rank}/manifest.json").read_text())[
+                "live"
+            ]
+            assert same["compared"] == same["records"] > 0 and not same["beyond"] and not same["kept_tensors"]
+        fault = [
+            json.loads((tmp_path / f"live_fault/step{step}/rank{rank}/manifest.json").read_text())["live"]
+            for step in range(3)
+        ]
+        assert not fault[0]["beyond"] and fault[1]["kept_tensors"] > 0
+        assert fault[1]["beyond"][0] == "model.layers.1.mlp.down_proj|activation|out|1|0"
+    config = dump_suite(tmp_path / "suite", {"tp": (tmp_path / "one", tmp_path / "tp", None)})
+    done = run_dump_suite(config, tmp_path / "suite_report")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "1 passed" in done.stdout and "aligned" in done.stdout
+    record(tmp_path, 4, "mesh2d:wrap=fsdp2_tp,total=3")
+    check_tp_against_one(
+        compare(tmp_path / "one", tmp_path / "mesh2d", tmp_path / "mesh2d_report"), case="one_vs_mesh2d"
+    )
 
 
 @pytest.mark.slow

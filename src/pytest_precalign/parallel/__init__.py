@@ -6,7 +6,8 @@ In: a stored run's folder (and a layout where its files carry none). Out: one ``
 
 ``stored`` (the one reader of stored runs: a side, every (step, rank), one rank of one step),
 ``layout`` (sizes, rank order, the one validator of the manifest's ``parallel`` block, where
-the rank folders are), ``rules`` (how Megatron shards each tensor, as data), ``merge`` (the
+the rank folders are), ``rules`` (how Megatron shards each tensor, as data), ``dtensor_rules`` (the rules of a
+DTensor tensor-parallel run, from the plan its recording wrote), ``merge`` (the
 one merge: ranks -> records, TP/PP/VPP/DP/EP), ``store`` (the lazy merged tensors), ``steps``
 (several steps as one trace), ``sides`` (loading a multi-rank side), ``msprobe_ranks``
 (msprobe dumps), ``data_split`` (data-parallel replicas' micro-batches as one process's records),

@@ -38,6 +38,7 @@ from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
 from .dp_join import Replica, copies_differ, join_replicas, saw_different_data
 from .dp_scalars import loss_weights
+from .dtensor_rules import TpPlanRules, plan_rules, tp_plan_of
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
@@ -72,6 +73,8 @@ class _Merged:
     # Replicated records whose TP ranks disagree: rank 0's copy is kept, the verdict fails.
     replica_mismatches: list[dict[str, Any]] = field(default_factory=list)
     prefix: str = ""
+    tp_plan: TpPlanRules | None = None  # a DTensor tensor-parallel side (``dtensor_rules.py``)
+    unmerged: dict[str, str] = field(default_factory=dict)  # record id -> why it was not merged
 
 
 def merge_ranks(
@@ -95,10 +98,8 @@ def merge_ranks(
             f"stages, is not supported ({layout.describe()}); compare runs with cp=1, and pp=1 where ep>1"
         )
     by_rank = {r.rank: r for r in ranks}
-    all_rules = rules_for_layout(
-        rules, sequence_parallel=layout.sequence_parallel, parallel_output=layout.parallel_output
-    )
-    replicas = _replicas(by_rank, layout, all_rules, where, key_prefix)
+    all_rules, tp_plan = _rules(by_rank[min(by_rank)], layout, rules)
+    replicas = _replicas(by_rank, layout, all_rules, where, key_prefix, tp_plan)
     n = len(replicas)
     first, merged = replicas[0]
     leads = [by_rank[r] for r in replica_leads(layout)]
@@ -118,6 +119,9 @@ def merge_ranks(
         merged.replica_mismatches += dp_join.pop("mismatches")
         merged.plans.update(dp_join.pop("plans"))
     manifest = _manifest(ranks)
+    unmerged = {k: v for _, state in replicas for k, v in state.unmerged.items()}
+    if unmerged:
+        manifest["tp_unmerged"] = unmerged
     if merged.replica_mismatches:
         manifest["replica_mismatches"] = merged.replica_mismatches
     if dp_join:
@@ -131,6 +135,19 @@ def merge_ranks(
         **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
     return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+
+
+def _rules(
+    first: RankTrace, layout: ParallelLayout, rules: Sequence[ShardRule]
+) -> tuple[tuple[ShardRule, ...], TpPlanRules | None]:
+    """The shard rules of a side: a DTensor side's from its own plan (never Megatron's), else
+    ``rules`` as the layout needs them (``rules_for_layout``)."""
+    plan = tp_plan_of(first.trace.manifest) if layout.tp > 1 else None
+    if plan is not None:
+        tp_plan = plan_rules(plan, first.trace.records)
+        return tp_plan.rules, tp_plan
+    extra = {"sequence_parallel": layout.sequence_parallel, "parallel_output": layout.parallel_output}
+    return rules_for_layout(rules, **extra), None
 
 
 def _manifest(ranks: Sequence[RankTrace]) -> dict[str, Any]:
@@ -149,11 +166,12 @@ def _replicas(
     rules: Sequence[ShardRule],
     where: str,
     key_prefix: str,
+    tp_plan: TpPlanRules | None = None,
 ) -> list[tuple[list[Record], _Merged]]:
     """Each DP replica's records (its TP ranks, stages and expert ranks merged), in order."""
     replicas: list[tuple[list[Record], _Merged]] = []
     for replica in range(layout.dp // layout.ep):
-        merged = _Merged(prefix=f"{key_prefix}d{replica}." if replica else key_prefix)
+        merged = _Merged(prefix=f"{key_prefix}d{replica}." if replica else key_prefix, tp_plan=tp_plan)
         for ep_rank in range(layout.ep):
             dp = replica * layout.ep + ep_rank
             for pp in range(layout.pp):
@@ -263,8 +281,13 @@ def _merge_stage(
                     f"{rank.where}: record {rec.id!r} of tp rank 0 ({lead.where}) is missing here"
                 )
             peers.append(other)
-        out = _merge_record(rec, peers, group, rules, merged)
         name, v = rename(rec.name)
+        if merged.tp_plan is not None:
+            why = merged.tp_plan.unmerged(rec, rule_for(rec, rules), _ranks_differ(rec, peers))
+            if why is not None:
+                merged.unmerged[_rename_id(rec.id, rename)] = f"{why} ({', '.join(g.where for g in group)})"
+                continue
+        out = _merge_record(rec, peers, group, rules, merged)
         deps = tuple(_rename_id(d, rename) for d in rec.deps)
         order = v if rec.phase != "backward" else -v
         key = (rec.step, PHASE_INDEX.get(rec.phase, 3), order, rec.seq)
@@ -368,6 +391,12 @@ def _merged_stats(stats: Sequence[Stats | None], counts: Sequence[int]) -> Stats
     if any(s is None for s in stats):
         return None
     return merge_stats([(s, n) for s, n in zip(stats, counts, strict=True) if s is not None])
+
+
+def _ranks_differ(rec: Record, peers: Sequence[Record]) -> bool:
+    return any(
+        p.shape != rec.shape or p.crc32 != rec.crc32 or not _same_stats(rec.stats, p.stats) for p in peers
+    )
 
 
 def _same_stats(a: Stats | None, b: Stats | None) -> bool:

@@ -55,6 +55,9 @@ def combine_steps(
     missing = [m for _, t in steps for m in t.manifest.get("grads_missing", ())]
     if missing:
         manifest["grads_missing"] = missing
+    unmerged = {k: v for _, t in steps for k, v in t.manifest.get("tp_unmerged", {}).items()}
+    if unmerged:
+        manifest["tp_unmerged"] = unmerged
     joined = {k: v for _, t in steps for k, v in t.manifest.get("dp_join", {}).items()}
     if joined:
         manifest["dp_join"] = joined

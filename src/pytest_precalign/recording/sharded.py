@@ -113,11 +113,18 @@ def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
     with torch.no_grad():
         t = _unpartial(t.detach())
     mesh = t.device_mesh
-    groups = tuple(mesh.get_group(dim) for dim, p in enumerate(t.placements) if p.is_shard())
+    groups = tuple(mesh.get_group(dim) for dim, p in enumerate(t.placements) if _shards(p))
     local: torch.Tensor = t.to_local()
     if not plain(local):  # a DTensor of a subclass (a float8 shard): not readable
         raise TypeError(type(local).__name__)
     return local, groups
+
+
+def _shards(placement: Any) -> bool:
+    """Whether a placement splits the tensor over its mesh dimension: ``Shard``, and the
+    ``_StridedShard`` FSDP2 gives a tensor-parallel parameter on a 2-D mesh (torch 2.13: not
+    ``is_shard()``; its pieces interleave, which sums and extremes do not see)."""
+    return bool(placement.is_shard()) or type(placement).__name__ == "_StridedShard"
 
 
 def all_reduce_sum(values: torch.Tensor, groups: tuple[Any, ...]) -> torch.Tensor:

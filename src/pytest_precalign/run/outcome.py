@@ -236,9 +236,12 @@ def _judged(judging: CaseJudging) -> dict[str, Any]:
 
 def dp_unpaired(baseline: Trace, candidate: Trace) -> dict[str, str]:
     """Why a record has no partner when a side's DP replicas could not be joined on it
-    (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch)."""
+    (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch), or its
+    DTensor tensor-parallel ranks not merged (``parallel.dtensor_rules``)."""
     reasons: dict[str, str] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
+        for rid, why in trace.manifest.get("tp_unmerged", {}).items():
+            reasons[str(rid)] = f"the {side}'s TP ranks are not merged on it: {why}"
         for block in trace.manifest.get("dp_join", {}).values():
             for rid, why in block.get("unpaired", {}).items():
                 reasons[str(rid)] = f"the {side}'s DP replicas are not joined on it: {why}"

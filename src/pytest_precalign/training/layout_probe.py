@@ -163,7 +163,7 @@ def parallel_layout(
         layout = {**_base(world, rank), "dp": world, "dp_rank": rank, "source": "torch.distributed"}
         from .sharded_layout import dtensor_block, tp_layout  # imports torch
 
-        dtensors = dtensor_block(chunks)  # FSDP2, DTensor tensor parallelism (sharded_layout.py)
+        dtensors = dtensor_block(chunks, prefixes)  # FSDP2, DTensor tensor parallelism (sharded_layout.py)
         if dtensors is not None:
             layout.update({**(tp_layout(dtensors, world, rank) or {}), "dtensors": dtensors})
     else:

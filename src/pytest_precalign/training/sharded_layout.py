@@ -25,6 +25,7 @@ import torch
 from ..errors import ConfigError
 from ..recording.sharded import is_dtensor
 from ..recording.tensor_summary import dtype_name
+from .tp_plan import tp_plan
 
 SUMMARY = {
     "stats": "each rank reads its local shard; max/min/sum/sum of squares/NaN/Inf combined over the "
@@ -61,8 +62,9 @@ def _fsdp2(modules: list[Any]) -> dict[str, Any] | None:
     return out
 
 
-def dtensor_block(chunks: Sequence[torch.nn.Module]) -> dict[str, Any] | None:
-    """The ``dtensors`` block of this rank's model chunks (None: no DTensor, no FSDP2)."""
+def dtensor_block(chunks: Sequence[torch.nn.Module], prefixes: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The ``dtensors`` block of this rank's model chunks (None: no DTensor, no FSDP2), with the
+    tensor-parallel plan ``parallelize_module`` left on them (``tp_plan.py``) where there is one."""
     modules = [m for chunk in chunks for m in chunk.modules()]
     params = [p for chunk in chunks for p in chunk.parameters() if is_dtensor(p)]
     fsdp2 = _fsdp2(modules)
@@ -76,13 +78,28 @@ def dtensor_block(chunks: Sequence[torch.nn.Module]) -> dict[str, Any] | None:
             "mesh": [list(m) for m in sorted(meshes)] if len(meshes) > 1 else list(next(iter(meshes))),
             "placements": sorted({str(pl) for p in params for pl in p.placements}),  # type: ignore[attr-defined]
         }
+    plan = tp_plan(chunks, prefixes)
+    if plan:
+        block["tp_plan"] = plan
     block["summary"] = SUMMARY
     return block
 
 
 def tp_layout(block: dict[str, Any], world: int, rank: int) -> dict[str, int] | None:
     """``tp``/``dp`` and their ranks for DTensor tensor parallelism over every rank (see the
-    module doc); None otherwise."""
+    module doc), or over the consecutive ranks of a 2-D mesh's TP dimension (``tp_plan``'s
+    groups: ``init_device_mesh(..., (dp, tp))``, tp fastest, the layout's rank order); None
+    otherwise."""
+    groups = {tuple(e["group"]) for e in block.get("tp_plan", {}).values() if "group" in e}
+    if len(groups) == 1:
+        group = next(iter(groups))
+        tp = len(group)
+        if (
+            1 < tp <= world
+            and world % tp == 0
+            and group == tuple(range(rank - rank % tp, rank - rank % tp + tp))
+        ):
+            return {"tp": tp, "dp": world // tp, "tp_rank": rank % tp, "dp_rank": rank // tp}
     params = block.get("params")
     if block.get("fsdp2") is not None or not params or params["mesh"] != [world] or world < 2:
         return None

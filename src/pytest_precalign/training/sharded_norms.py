@@ -7,7 +7,7 @@ on local shards only). Here the tensors are split by the process groups that sha
 tensor is the full one); each part's sum of squares and zero count is read from the local
 tensors as an unsharded run reads its tensors (``step_norms``: the C kernels where built), then
 summed over the part's groups (one all-reduce of two numbers per group), and the square root
-taken of the total. Where every grad is a DTensor, the grad norm is torch's own
+taken of the total. Where every grad is a DTensor of one mesh, the grad norm is torch's own
 (``get_total_norm(...).full_tensor()``): the number FSDP2's ``clip_grad_norm_`` returns, bit for
 bit.
 """
@@ -59,8 +59,8 @@ def grad_norm_and_zeros(grads: Sequence[torch.Tensor], parts: list[Part]) -> tup
         total_sq, total_zeros = summed([norm * norm, float(count)], groups, local[0].device)
         squares.append(total_sq)
         zeros += int(total_zeros)
-    if all(is_dtensor(g) for g in grads):
-        return torch_norm(grads), zeros
+    if all(is_dtensor(g) for g in grads) and all(g.device_mesh == grads[0].device_mesh for g in grads):  # type: ignore[attr-defined]
+        return torch_norm(grads), zeros  # (torch's refuses DTensors of several meshes: FSDP2 x TP)
     return math.sqrt(math.fsum(squares)), zeros
 
 

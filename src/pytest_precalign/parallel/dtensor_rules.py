@@ -1,0 +1,137 @@
+"""Sharding rules of a DTensor tensor-parallel run, derived from the plan its recording wrote
+(the manifest's ``parallel.dtensors.tp_plan``, ``training/tp_plan.py``) and the records of its
+first rank; the merge (``merge.py``) applies them as it applies Megatron's (``rules.py``).
+No torch import.
+
+What a recorder sees on a rank of ``parallelize_module``'s styles (its hooks run after torch's):
+
+- a module's input after the style's input hook is a ``DTensor`` (``Replicate`` for
+  ``ColwiseParallel``, ``Shard(-1)`` for ``RowwiseParallel``): recorded as the full tensor, the
+  same on every rank -- replicated;
+- its output with ``use_local_output=True`` (the default) and ``output_layouts`` ``Shard(d)``
+  (``ColwiseParallel``'s): the rank's local shard -> concatenated on dim ``d`` (its grads too);
+  ``Replicate`` (``RowwiseParallel``'s, all-reduced): replicated, checked equal;
+- a module the plan does not name that runs on those local shards between them and the next
+  module whose input the plan makes a DTensor again (``act_fn`` between ``gate_proj`` and
+  ``down_proj``), inside the same parent, with the shard's width on dim ``d``: a local shard,
+  concatenated on ``d``;
+- the grad of a ``ColwiseParallel`` module's input is the grad of the DTensor its input hook
+  made for this module alone: this module's share of the input's grad, where the unsharded run
+  records the grad of the input tensor its consumers share (``q/k/v_proj``, ``gate/up_proj``).
+  Not merged: listed with the reason (``own_share``);
+- a local shard recorded as a hash (hash mode) cannot be merged: listed;
+- any other record inside such a parent (an attention module's weights, local heads) that the
+  ranks recorded differently is not merged either: listed (``regions``), never guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..trace.records import Record
+from .rules import Role, ShardRule
+
+OWN_SHARE = (
+    "the grad of a ColwiseParallel module's input is the grad of the DTensor its input hook made "
+    "for this module alone (this module's share), not the grad of the input its consumers share in "
+    "the unsharded run: not merged"
+)
+HASHED = (
+    "a local shard recorded as a hash only (hash mode): the hash of the concatenation is not a "
+    "function of the shards' hashes: not merged; record in stats or tensor mode to compare it"
+)
+UNSPLIT = (
+    "recorded differently by the TP ranks of a DTensor tensor-parallel module's parent, and its "
+    "plan does not say how it is split (e.g. attention weights over the local heads): not merged"
+)
+
+
+@dataclass(frozen=True)
+class TpPlanRules:
+    """The merge's view of a DTensor TP plan: shard ``rules``, the modules whose input grads are
+    their own share (``own_share``), and the parents of local-output modules (``regions``)."""
+
+    rules: tuple[ShardRule, ...]
+    own_share: frozenset[str]
+    regions: tuple[str, ...]
+
+    def unmerged(self, rec: Record, rule: ShardRule | None, ranks_differ: bool) -> str | None:
+        """Why ``rec`` (of the first rank; ``rule`` its shard rule) is not merged, or None."""
+        if rec.kind == "grad_input" and rec.name in self.own_share:
+            return OWN_SHARE
+        if rule is not None and rec.stats is None and rec.tensor_key is None and rec.crc32 is not None:
+            return HASHED
+        inside = any(rec.name == p or rec.name.startswith(f"{p}.") for p in self.regions)
+        if inside and rule is None and ranks_differ:
+            return UNSPLIT
+        return None
+
+
+def _local_dim(entry: Mapping[str, Any]) -> int | None:
+    """The dim a module's output is a local shard of, or None (a DTensor, or replicated)."""
+    output = entry.get("output")
+    if not entry.get("use_local_output") or not isinstance(output, list) or len(output) != 1:
+        return None
+    shard = output[0]
+    return int(shard["shard"]) if isinstance(shard, dict) and "shard" in shard else None
+
+
+def _makes_dtensor_input(entry: Mapping[str, Any]) -> bool:
+    inputs = entry.get("input")
+    return isinstance(inputs, list) and any(isinstance(p, dict) and "shard" in p for p in inputs)
+
+
+def plan_rules(plan: Mapping[str, Any], records: Sequence[Record]) -> TpPlanRules:
+    """The rules of ``plan`` (module name -> entry) for the records of one rank (one step)."""
+    rules: list[ShardRule] = []
+    local = {name: d for name, e in plan.items() if isinstance(e, dict) and (d := _local_dim(e)) is not None}
+    for name, dim in local.items():
+        why = f"{plan[name].get('style')}: the rank's local output (use_local_output), Shard({dim})"
+        rules.append(ShardRule(name, "out", "chunk", dim, why=why))
+    own = frozenset(
+        n
+        for n, e in plan.items()
+        if isinstance(e, dict) and e.get("style") == "ColwiseParallel" and e.get("input") == ["replicate"]
+    )
+    regions = tuple(sorted({name.rpartition(".")[0] for name in local}))
+    rules += _between(plan, local, regions, records)
+    return TpPlanRules(tuple(rules), own, regions)
+
+
+def _between(
+    plan: Mapping[str, Any], local: Mapping[str, int], regions: Sequence[str], records: Sequence[Record]
+) -> list[ShardRule]:
+    """Rules for the modules the plan does not name that run on local shards inside a region
+    (see the module doc), found in the first rank's forward records in execution order."""
+    out: dict[tuple[str, str], ShardRule] = {}
+    forward = sorted((r for r in records if r.kind in ("input", "activation")), key=lambda r: (r.step, r.seq))
+    for parent in regions:
+        head = f"{parent}."
+        width: tuple[int, int] | None = None  # (dim, local size) while inside a shard region
+        for rec in forward:
+            if rec.name == parent and rec.kind == "activation":
+                width = None
+            elif rec.name in local and rec.kind == "activation" and rec.name.startswith(head):
+                dim = local[rec.name]
+                width = (dim, rec.shape[dim]) if rec.shape else None
+            elif rec.name in plan and rec.kind == "input" and _makes_dtensor_input(plan[rec.name]):
+                width = None
+            elif width is not None and rec.name.startswith(head) and rec.name not in plan and rec.shape:
+                dim, size = width
+                if -len(rec.shape) <= dim < len(rec.shape) and rec.shape[dim] == size:
+                    role: Role = "out" if rec.kind == "activation" else "in"
+                    why = "runs on the local shards between tensor-parallel modules (no plan entry)"
+                    out.setdefault(
+                        (rec.name, rec.slot), ShardRule(rec.name, role, "chunk", dim, rec.slot, why)
+                    )
+    return list(out.values())
+
+
+def tp_plan_of(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``tp_plan`` a rank's manifest holds, or None."""
+    parallel = manifest.get("parallel")
+    dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
+    plan = dtensors.get("tp_plan") if isinstance(dtensors, Mapping) else None
+    return plan if isinstance(plan, Mapping) and plan else None

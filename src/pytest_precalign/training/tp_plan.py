@@ -1,0 +1,108 @@
+"""The DTensor tensor-parallel plan a model was given (``parallelize_module``), read back from the
+model: the manifest's ``parallel.dtensors.tp_plan``, for the compare that merges the ranks.
+
+    "tp_plan": {
+      "model.layers.0.mlp.gate_proj": {"style": "ColwiseParallel", "input": ["replicate"],
+          "output": [{"shard": -1}], "use_local_output": true, "mesh": [2], "group": [0, 1]},
+      ...
+    }
+
+The user does not pass the plan: ``parallelize_module`` leaves it on each module it
+parallelised as the forward hooks of ``distribute_module`` (a closure over
+``functools.partial(Style._prepare_output_fn, output_layouts, use_local_output)`` and the
+style's input function), read here. ``output`` is where the module's output lands
+(``Shard(d)``, ``Replicate``); with ``use_local_output`` the next module (and the recorder's
+hooks, registered after torch's) sees the rank's local tensor: a shard where ``output`` is
+``{"shard": d}``. ``group`` is the global ranks of the module's TP mesh (this rank's TP group).
+A module whose hooks cannot be read (a custom ``ParallelStyle``, another torch) has no entry:
+its records merge as replicated ones, and ranks that disagree on them are listed as such.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# The styles whose hooks are read (torch.distributed.tensor.parallel.style); their argument
+# order in the ``partial``s torch builds: (input_layouts, desired_input_layouts) and
+# (output_layouts, use_local_output); SequenceParallel's output function: (use_local_output,).
+_STYLES = ("ColwiseParallel", "RowwiseParallel", "SequenceParallel")
+
+
+def _placement(p: Any) -> Any:
+    if getattr(p, "is_shard", lambda: False)():
+        return {"shard": int(p.dim)}
+    if getattr(p, "is_replicate", lambda: False)():
+        return "replicate"
+    if getattr(p, "is_partial", lambda: False)():
+        return "partial"
+    return str(p)
+
+
+def _placements(value: Any) -> list[Any]:
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    return [_placement(p) for p in items]
+
+
+def _partials(hook: Any) -> list[functools.partial[Any]]:
+    cells = getattr(hook, "__closure__", None) or ()
+    out = []
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, functools.partial):
+            out.append(value)
+    return out
+
+
+def _mesh_of(hook: Any) -> Any:
+    for cell in getattr(hook, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if type(value).__name__ == "DeviceMesh":
+            return value
+    return None
+
+
+def _entry(module: torch.nn.Module) -> dict[str, Any] | None:
+    """The plan entry torch's style hooks on ``module`` say; None when there is none."""
+    entry: dict[str, Any] = {}
+    hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+    for hook in hooks:
+        for part in _partials(hook):
+            owner, _, fn = getattr(part.func, "__qualname__", "").rpartition(".")
+            if owner not in _STYLES:
+                continue
+            entry["style"] = owner
+            mesh = _mesh_of(hook)
+            if mesh is not None:
+                entry["mesh"] = list(mesh.shape)
+                entry["group"] = [int(r) for r in mesh.mesh.flatten().tolist()]
+            if fn == "_prepare_output_fn" and owner == "SequenceParallel" and part.args:
+                entry["use_local_output"] = bool(part.args[0])
+            elif fn == "_prepare_output_fn" and len(part.args) >= 2:
+                entry["output"] = _placements(part.args[0])
+                entry["use_local_output"] = bool(part.args[1])
+            elif fn == "_prepare_input_fn" and owner != "SequenceParallel" and part.args:
+                entry["input"] = _placements(part.args[0])
+    return entry or None
+
+
+def tp_plan(chunks: Sequence[torch.nn.Module], prefixes: Sequence[str] = ()) -> dict[str, Any]:
+    """Module name (as the recorder names it) -> its plan entry, for every module of ``chunks``
+    that ``parallelize_module`` gave a style torch's hooks say."""
+    plan: dict[str, Any] = {}
+    for i, chunk in enumerate(chunks):
+        prefix = prefixes[i] if i < len(prefixes) else ""
+        for name, module in chunk.named_modules():
+            entry = _entry(module)
+            if entry is not None:
+                plan[f"{prefix}{name}"] = entry
+    return plan
