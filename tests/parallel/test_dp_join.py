@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.errors import ConfigError, TraceError
 from pytest_precalign.parallel.dp_join import split_rows
 from pytest_precalign.parallel.dp_scalars import join_scalars
@@ -17,6 +19,8 @@ from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_opti
 from pytest_precalign.parallel.merge import RankTrace, merge_ranks
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
+from pytest_precalign.verdict.dp_rows import STATS_ONLY, with_replica_rows
+from pytest_precalign.verdict.training_run import FirstDivergent, TrainingVerdict
 
 
 def _stats(a: np.ndarray) -> Stats:
@@ -45,12 +49,19 @@ def _rec(seq: int, name: str, kind: str, a: np.ndarray | None, key: str | None, 
 
 
 def _rank(
-    rank: int, rows: np.ndarray, *, tokens: int, hash_: str, grad_norm: float = 2.0, param: float = 1.0
+    rank: int,
+    rows: np.ndarray,
+    *,
+    tokens: int,
+    hash_: str,
+    grad_norm: float = 2.0,
+    param: float = 1.0,
+    act_shift: float = 0.0,
 ) -> RankTrace:
     """One DP rank's step: model input (its rows), an activation, its grad, a broadcast
     position table (the same on each rank), a hash-only record, its loss, a partial grad and the
     parameter after the step."""
-    act = rows * 2.0
+    act = rows * 2.0 + act_shift
     grad = rows + 0.5
     pos = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
     weight = np.full((2, 2), param, dtype=np.float32)
@@ -199,3 +210,28 @@ def test_the_replicas_option_is_checked() -> None:
     assert (side, layout.replicas) == ("candidate", "joined")
     with pytest.raises(ConfigError, match="replicas='both': expected one of auto, joined, same"):
         parse_parallel_option("candidate:replicas=both")
+
+
+def _rows_told(baseline: Trace, candidate: Trace) -> str:
+    """The run verdict's evidence when ``model.layer``'s activation is its first divergence."""
+    comparison = compare_traces(baseline, candidate, default_table())
+    first = FirstDivergent(0, "forward", "model.layer", "its output differs")
+    verdict = with_replica_rows(TrainingVerdict(1, "approximate", first), baseline, candidate, comparison)
+    assert verdict is not None and verdict.first is not None
+    return verdict.first.evidence
+
+
+def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() -> None:
+    base, stale = _joined(), _joined(act_shift=0.5)  # rank 1 computed the layer differently
+    told = _rows_told(base, stale)  # tensors: each replica's rows against the baseline's same rows
+    assert "the candidate's DP rank(s) rank1 computed it differently" in told
+    assert "DP rank rank0 (rows 0-1 of the global batch) within tolerance" in told
+    assert "DP rank rank1 (rows 2-3 of the global batch) differs: allclose 0.5" in told
+    # Statistics only, both sides the same DP split (a rerun): each replica's statistics.
+    base_stats, stale_stats = (Trace(t.manifest, t.records, {}) for t in (base, stale))
+    told = _rows_told(base_stats, stale_stats)
+    assert "DP rank(s) rank1 computed it differently" in told and "differs: stats.max 0.5" in told
+    # Statistics only against a run that split the batch otherwise: said, not guessed.
+    one = Trace({k: v for k, v in base.manifest.items() if k != "dp_join"}, base.records, {})
+    assert _rows_told(one, stale_stats).endswith(STATS_ONLY)
+    assert "DP rank" not in _rows_told(base, _joined())  # nothing failed: nothing added

@@ -30,6 +30,11 @@ Replicas that saw different rows are joined (``join_replicas``), record by recor
   the parts' hashes), replicas whose shapes differ beyond the batch (dynamic padding), a
   tensor of no batch dim that differs -- is listed as unpaired with the reason, never guessed.
 
+Each joined record's replicas are kept in ``parts`` (record id -> each replica's lead rank
+folder, rows and statistics, scaled as joined): where a joined record diverges, the verdict
+checks each replica's rows against the other side's same rows and names the rank that differs
+(``verdict.dp_rows``).
+
 No torch import.
 """
 
@@ -69,6 +74,7 @@ class Joined:
     unpaired: dict[str, str] = field(default_factory=dict)  # record id -> why it was not joined
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     joined: int = 0  # records joined along the batch
+    parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record id -> its replicas
 
 
 def same_record(a: Record, b: Record) -> bool:
@@ -237,6 +243,14 @@ def _joined(
         )
         return None
     out.joined += 1
+    out.parts[rec.id] = [
+        {
+            "where": rep.where,
+            "rows": p.shape[0],
+            "stats": _scaled(p.stats, w).as_dict() if p.stats is not None else None,
+        }
+        for rep, p, w in zip(replicas, peers, weights, strict=True)
+    ]
     rows = sum(p.shape[0] for p in peers)
     return replace(rec, shape=(rows, *rec.shape[1:]), stats=stats, crc32=None, tensor_key=key)
 

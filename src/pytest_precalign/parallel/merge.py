@@ -212,6 +212,7 @@ def _dp_replicas(
         "weights": weights,
         "records_joined": joined.joined,
         "unpaired": joined.unpaired,
+        "parts": joined.parts,
         "mismatches": joined.mismatches,
         "plans": joined.plans,
     }
