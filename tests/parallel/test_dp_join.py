@@ -13,7 +13,7 @@ import pytest
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.errors import ConfigError, TraceError
-from pytest_precalign.parallel.dp_join import split_rows
+from pytest_precalign.parallel.dp_join import Replica, join_replicas, split_rows
 from pytest_precalign.parallel.dp_scalars import join_scalars
 from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_option
 from pytest_precalign.parallel.merge import RankTrace, merge_ranks
@@ -235,3 +235,43 @@ def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() ->
     one = Trace({k: v for k, v in base.manifest.items() if k != "dp_join"}, base.records, {})
     assert _rows_told(one, stale_stats).endswith(STATS_ONLY)
     assert "DP rank" not in _rows_told(base, _joined())  # nothing failed: nothing added
+
+
+def test_a_megatron_runs_replicas_join_on_the_dim_that_holds_their_rows() -> None:
+    """Megatron's hidden states are ``[s, b, h]`` beside ``[b, s]`` token ids, ``[b, s, h]`` word
+    embeddings and ``[b, heads, s, s]`` scores: each joined on its batch dim (the replica's
+    rows), a table the same on each replica (``[s, 1, 1, d]`` rotary) kept once."""
+    shapes = {
+        "gpt in": ("input", (1, 16)),
+        "embedding.word_embeddings": ("activation", (1, 16, 8)),
+        "rotary_pos_emb": ("activation", (16, 1, 1, 4)),
+        "decoder.layers.0": ("activation", (16, 1, 8)),
+        "decoder.layers.0.self_attention.core_attention": ("activation", (1, 4, 16, 16)),
+        "decoder.layers.0.mlp": ("activation", (16, 3, 8)),  # no dim holds the replica's 1 row
+    }
+
+    def replica(rank: int) -> Replica:
+        records = [
+            _rec(i, name, kind, np.full(shape, 0.5 if name == "rotary_pos_emb" else 1.0 + rank), None)
+            for i, (name, (kind, shape)) in enumerate(shapes.items())
+        ]
+        return Replica(f"step0/rank{rank}", records, {})
+
+    joined = join_replicas([replica(0), replica(1)], grads_reduced=True, where="step0", seq_first=True)
+    got = {r.name: r.shape for r in joined.records}
+    assert got == {
+        "gpt in": (2, 16),
+        "embedding.word_embeddings": (2, 16, 8),
+        "rotary_pos_emb": (16, 1, 1, 4),
+        "decoder.layers.0": (16, 2, 8),
+        "decoder.layers.0.self_attention.core_attention": (2, 4, 16, 16),
+    }
+    assert "cannot be joined" in joined.unpaired["decoder.layers.0.mlp|activation|out|0|0"]
+    hidden = joined.parts["decoder.layers.0|activation|out|0|0"]
+    assert [(p["where"], p["rows"], p["dim"]) for p in hidden] == [
+        ("step0/rank0", 1, 1),
+        ("step0/rank1", 1, 1),
+    ]
+    # Not a Megatron run: dim 0, as before.
+    plain = join_replicas([replica(0), replica(1)], grads_reduced=True, where="step0")
+    assert {r.name: r.shape for r in plain.records}["decoder.layers.0"] == (32, 1, 8)

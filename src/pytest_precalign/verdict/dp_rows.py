@@ -19,6 +19,7 @@ neither check could run. No torch import.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import PurePath
@@ -61,9 +62,27 @@ def with_replica_rows(
 
 
 def _parts(trace: Trace, rec: Record) -> list[Mapping[str, Any]] | None:
+    """The replicas ``rec`` was joined from: by its id, or -- a record the mapping renamed (a
+    Megatron side in the baseline's names) -- the step's one joined record whose replicas'
+    statistics combine exactly to ``rec``'s (max, min, norm: a permutation keeps them)."""
     block = trace.manifest.get("dp_join", {}).get(str(rec.step), {})
-    parts = block.get("parts", {}).get(rec.id) if isinstance(block, Mapping) else None
+    every = block.get("parts", {}) if isinstance(block, Mapping) else {}
+    parts = every.get(rec.id) if isinstance(every, Mapping) else None
+    if parts is None and rec.stats is not None and isinstance(every, Mapping):
+        found = [p for p in every.values() if isinstance(p, list) and _combine_to(p, rec.stats)]
+        parts = found[0] if len(found) == 1 else None
     return list(parts) if isinstance(parts, list) and len(parts) > 1 else None
+
+
+def _combine_to(parts: Sequence[Any], stats: Stats) -> bool:
+    got: list[Mapping[str, Any]] = [
+        p["stats"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("stats"), Mapping)
+    ]
+    if len(got) != len(parts):
+        return False
+    top, low = max(float(g["max"]) for g in got), min(float(g["min"]) for g in got)
+    norm = math.sqrt(sum(float(g["norm"]) ** 2 for g in got))
+    return top == stats.max and low == stats.min and math.isclose(norm, stats.norm, rel_tol=1e-9)
 
 
 def rank_name(where: str) -> str:
@@ -83,11 +102,15 @@ def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
         return ""
     side = "candidate" if pb is not None else "baseline"
     rows = [int(p["rows"]) for p in split]
-    if sum(rows) != a.shape[0]:
-        return ""
+    dim = int(split[0].get("dim", 0))  # the batch dim as joined (a mapping may have moved it since)
     results: list[PairResult] | None
-    if baseline.has_tensor(a) and candidate.has_tensor(b):
-        results = _by_arrays(pair, baseline, candidate, rows)
+    if (
+        baseline.has_tensor(a)
+        and candidate.has_tensor(b)
+        and dim < len(a.shape)
+        and sum(rows) == a.shape[dim]
+    ):
+        results = _by_arrays(pair, baseline, candidate, rows, dim)
     elif pa is not None and pb is not None and [int(p["rows"]) for p in pa] == rows:
         results = _by_stats(pair, pa, pb)
         if results is None:
@@ -97,14 +120,18 @@ def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
     return _told(split, rows, results, side)
 
 
-def _by_arrays(pair: PairResult, baseline: Trace, candidate: Trace, rows: Sequence[int]) -> list[PairResult]:
+def _by_arrays(
+    pair: PairResult, baseline: Trace, candidate: Trace, rows: Sequence[int], dim: int
+) -> list[PairResult]:
     a, b = pair.record, pair.candidate
     assert b is not None and pair.tolerance is not None
     xa, xb = baseline.array(a), candidate.array(b)
     out, at = [], 0
     for n in rows:
-        ra, rb = (replace(r, shape=(n, *r.shape[1:])) for r in (a, b))
-        out.append(array_pair(ra, rb, xa[at : at + n], xb[at : at + n], pair.tolerance))
+        shape = (*a.shape[:dim], n, *a.shape[dim + 1 :])
+        ra, rb = (replace(r, shape=shape) for r in (a, b))
+        take = (slice(None),) * dim + (slice(at, at + n),)
+        out.append(array_pair(ra, rb, xa[take], xb[take], pair.tolerance))
         at += n
     return out
 
@@ -118,9 +145,9 @@ def _by_stats(
         return None
     out = []
     for x, y in zip(pa, pb, strict=True):
-        n = int(x["rows"])
-        ra = replace(a, shape=(n, *a.shape[1:]), stats=Stats(**x["stats"]))
-        rb = replace(b, shape=(n, *b.shape[1:]), stats=Stats(**y["stats"]))
+        numel = a.numel * int(x["rows"]) // sum(int(p["rows"]) for p in pa)  # its share (the norm's atol)
+        ra = replace(a, shape=(numel,), stats=Stats(**x["stats"]))
+        rb = replace(b, shape=(numel,), stats=Stats(**y["stats"]))
         out.append(stats_pair(ra, rb, pair.tolerance))
     return out
 
@@ -131,7 +158,7 @@ def _told(
     other = "baseline" if side == "candidate" else "candidate"
     said, at = [], 0
     for part, n, result in zip(split, rows, results, strict=True):
-        span = f"rows {at}-{at + n - 1} of the global batch"
+        span = f"row {at} of the global batch" if n == 1 else f"rows {at}-{at + n - 1} of the global batch"
         at += n
         check = result.failing
         name = rank_name(str(part.get("where", "")))
