@@ -5,7 +5,7 @@
         [--clip 0.05] [--accumulate 2] [--steps 4] [--lr 0.05]
         [--schedule warmup_cosine|constant] [--batch 2]
     python -m torch.distributed.run --standalone --nproc_per_node 2 lightning_run.py OUT.json
-        --strategy ddp|fsdp|model_parallel ...      # each rank writes OUT.json.rank<R>
+        --strategy ddp|model_parallel ...      # each rank writes OUT.json.rank<R>
 
 ``--strategy``: Lightning's own data-parallel strategy over the torchrun ranks (CPU, gloo), each
 rank every other row of the global batch (``DistributedSampler(shuffle=False)``, given with
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--schedule", default="warmup_cosine", choices=["warmup_cosine", "constant"])
     parser.add_argument("--batch", type=int, default=ROWS, help="rows per micro-batch (and rank)")
-    parser.add_argument("--strategy", default="none", choices=["none", "ddp", "fsdp", "model_parallel"])
+    parser.add_argument("--strategy", default="none", choices=["none", "ddp", "model_parallel"])
     args = parser.parse_args()
 
     callbacks = []
