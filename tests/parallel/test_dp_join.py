@@ -5,6 +5,8 @@ not are findings naming the rank. Synthetic traces: numbers whose merge is known
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,8 @@ from pytest_precalign.parallel.dp_join import Replica, join_replicas, split_rows
 from pytest_precalign.parallel.dp_scalars import join_scalars
 from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_option
 from pytest_precalign.parallel.merge import RankTrace, merge_ranks
+from pytest_precalign.parallel.sides import load_parallel_side
+from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
 from pytest_precalign.verdict.dp_rows import STATS_ONLY, with_replica_rows
@@ -275,3 +279,24 @@ def test_a_megatron_runs_replicas_join_on_the_dim_that_holds_their_rows() -> Non
     # Not a Megatron run: dim 0, as before.
     plain = join_replicas([replica(0), replica(1)], grads_reduced=True, where="step0")
     assert {r.name: r.shape for r in plain.records}["decoder.layers.0"] == (32, 1, 8)
+
+
+def test_a_step_recorded_as_scalars_only_joins_its_replicas_by_the_runs_layout(tmp_path: Path) -> None:
+    """``steps=`` left step 0 out: its rank folders hold the scalars alone, no ``parallel``
+    block. The run's layout (step 1's) says the ranks are DP replicas: step 0's scalars are
+    joined (the global batch's tokens, the replicas' hashes marked as joined), not rank 0's --
+    which made a one-process run of the same global batch fail as `data` at step 0."""
+    for rank in range(2):
+        layered = _rank(rank, _rows(rank), tokens=6, hash_=("ab"[rank]) * 64).trace
+        scalars = {1: StepScalars(1, loss=1.0, lr=(0.1,), tokens=6, batch_hash=("cd"[rank]) * 64)}
+        step1 = {**layered.manifest, "step": 1, "scalars": scalars_manifest(scalars)}
+        records = tuple(replace(r, step=1, tensor_key=None) for r in layered.records)  # stats
+        write_trace(Trace(step1, records, {}), tmp_path / "step1" / f"rank{rank}")
+        alone = {0: StepScalars(0, loss=1.0 + rank, lr=(0.1,), tokens=6, batch_hash=("ef"[rank]) * 64)}
+        step0 = {"step": 0, "record_mode": "scalars", "scalars": scalars_manifest(alone)}
+        write_trace(Trace(step0, (), {}), tmp_path / "step0" / f"rank{rank}")
+    merged = load_parallel_side(tmp_path)
+    assert merged is not None
+    first = scalars_of(merged.manifest)[0]
+    assert first.batch_hash is not None and first.batch_hash.startswith(JOINED_HASH)
+    assert first.tokens == 12 and first.loss == 1.5
