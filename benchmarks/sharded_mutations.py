@@ -57,6 +57,11 @@ RUNS: dict[str, tuple[int, str]] = {
     "fsdp2_lr": (2, "wrap=fsdp2,lr_from=3"),
     "fsdp2_local_norm": (2, "wrap=fsdp2,local_norm_from=2"),
     "fsdp2_stale_param": (2, "wrap=fsdp2,stale_from=3"),
+    # tensor mode (4 steps): a joined activation's rows checked replica by replica (the rank named)
+    "one_tensor": (1, "mode=tensor,total=4"),
+    "ddp_tensor": (2, "wrap=ddp,mode=tensor,total=4"),
+    "ddp_stale_param_tensor": (2, "wrap=ddp,stale_from=3,mode=tensor,total=4"),
+    "fsdp2_stale_param_tensor": (2, "wrap=fsdp2,stale_from=3,mode=tensor,total=4"),
 }
 STALE = "model.layers.1.mlp.down_proj"
 
@@ -67,7 +72,7 @@ class Pair:
     candidate: str
     step: int | None = None  # None: fault-free
     what: str = ""
-    origin: str = ""  # a substring the verdict's origin or evidence must hold
+    origin: str = ""  # substrings (comma-separated) the verdict's origin or evidence must all hold
 
     @property
     def name(self) -> str:
@@ -85,6 +90,7 @@ def pairs() -> list[Pair]:
         Pair("one", "fsdp2"),
         Pair("ddp", "fsdp2"),
         Pair("ddp", "ddp_rerun"),
+        Pair("one_tensor", "ddp_tensor"),
     ]
     for wrap in ("ddp", "zero1"):
         out.append(Pair("one", f"{wrap}_grads_one_rank", 2, "backward"))
@@ -97,6 +103,12 @@ def pairs() -> list[Pair]:
         ]
     # Against a rerun of the same DDP job: the rank is named (its partial grads, slot dp1).
     out.append(Pair("ddp", "ddp_grads_one_rank", 2, "grad_reduction", "dp1"))
+    # The stale parameter's rank: from each replica's statistics against a run split the same
+    # way, or from the tensors' rows against the one-process run (``verdict.dp_rows``).
+    for wrap in ("ddp", "zero1", "fsdp2"):
+        out.append(Pair(wrap, f"{wrap}_stale_param", 3, "forward", f"{STALE},rank1"))
+    for wrap in ("ddp", "fsdp2"):
+        out.append(Pair("one_tensor", f"{wrap}_stale_param_tensor", 3, "forward", f"{STALE},rank1"))
     return out
 
 
@@ -146,7 +158,7 @@ def score(pair: Pair, judged: dict[str, Any], report: Path) -> dict[str, Any]:
     row["right_class"] = what == pair.what
     if pair.origin:
         row["told"] = told(report)
-        row["right_origin"] = pair.origin in row["told"]
+        row["right_origin"] = all(part in row["told"] for part in pair.origin.split(","))
     return row
 
 

@@ -1,6 +1,7 @@
 """A user's own megatron-core training loop (tiny Qwen2.5, TP x PP over gloo), recorded by pytest-precalign.
 
 python -m torch.distributed.run --nproc_per_node 4 train_megatron.py --tp 2 --pp 2 --steps 2 --out DIR
+python -m torch.distributed.run --nproc_per_node 2 train_megatron.py --split-rows --steps 2 --out DIR  # DP=2
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ p.add_argument("--out", default=None, help="record into this folder (no recordin
 p.add_argument("--mode", default="tensor", help="stats | tensor | hash")
 p.add_argument("--format", default="native", help="native (trace folders) | msprobe (msprobe's dump layout)")
 p.add_argument("--fault", action="store_true", help="scale global layer 2's mlp output on one rank")
+p.add_argument("--split-rows", action="store_true", help="each DP replica trains its share of the rows")
 p.add_argument("--save", default=None, help="save this rank's last loss and params to SAVE.rank<R>.pt")
 args = p.parse_args()
 
@@ -65,8 +67,9 @@ model = [  # one chunk per virtual pipeline stage
 full = megatron_weights(hf_weights())
 for chunk in model:
     load_megatron_shard(chunk, full, args.tp, ps.get_tensor_model_parallel_rank())
+    last = ps.get_data_parallel_rank() == ps.get_data_parallel_world_size() - 1  # the last DP replica
     for layer in chunk.decoder.layers:  # --fault: global layer 2 (layer_number 3), on TP rank 0 only
-        if args.fault and layer.layer_number == 3 and ps.get_tensor_model_parallel_rank() == 0:
+        if args.fault and layer.layer_number == 3 and ps.get_tensor_model_parallel_rank() == 0 and last:
             layer.mlp.register_forward_hook(lambda m, i, out: (out[0] * 1.01, *out[1:]))
 params = [p for chunk in model for p in chunk.parameters()]
 optimizer = torch.optim.AdamW(params, lr=LR)
@@ -74,7 +77,10 @@ optimizer = torch.optim.AdamW(params, lr=LR)
 rec = Recorder(args.out or ".", mode=args.mode, format=args.format, steps=None if args.out else [])
 mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
 micro = 2 if args.vpp else 1  # the interleaved schedule needs micro-batches >= PP
-positions = torch.arange(SEQ)[None].expand(BATCH // micro, SEQ)
+# --split-rows: DP replica d trains rows [d * share, (d + 1) * share) of every step (else all rows)
+replicas, replica = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+share = BATCH // replicas if args.split_rows else BATCH
+positions = torch.arange(SEQ)[None].expand(share // micro, SEQ)
 
 
 def forward_step(data_iterator, model):
@@ -89,12 +95,13 @@ def forward_step(data_iterator, model):
     return out, loss_func
 
 
-for tokens in batches(args.steps):
+for step_rows in batches(args.steps):
+    tokens = step_rows[replica * share : (replica + 1) * share] if args.split_rows else step_rows
     rec.start(model)
     with megatron_cpu():
         losses = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=[iter(tokens.chunk(micro)) for _ in model], model=model,
-            num_microbatches=micro, seq_length=SEQ, micro_batch_size=BATCH // micro,
+            num_microbatches=micro, seq_length=SEQ, micro_batch_size=share // micro,
         )  # fmt: skip
     if ps.get_data_parallel_world_size() > 1:  # replicas: average the grads (finalize_model_grads' job)
         for param in params:

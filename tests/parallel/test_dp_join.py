@@ -5,18 +5,26 @@ not are findings naming the rank. Synthetic traces: numbers whose merge is known
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.errors import ConfigError, TraceError
-from pytest_precalign.parallel.dp_join import split_rows
+from pytest_precalign.parallel.dp_join import Replica, join_replicas, split_rows
 from pytest_precalign.parallel.dp_scalars import join_scalars
 from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_option
 from pytest_precalign.parallel.merge import RankTrace, merge_ranks
+from pytest_precalign.parallel.sides import load_parallel_side
+from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
+from pytest_precalign.verdict.dp_rows import STATS_ONLY, with_replica_rows
+from pytest_precalign.verdict.training_run import FirstDivergent, TrainingVerdict
 
 
 def _stats(a: np.ndarray) -> Stats:
@@ -45,12 +53,19 @@ def _rec(seq: int, name: str, kind: str, a: np.ndarray | None, key: str | None, 
 
 
 def _rank(
-    rank: int, rows: np.ndarray, *, tokens: int, hash_: str, grad_norm: float = 2.0, param: float = 1.0
+    rank: int,
+    rows: np.ndarray,
+    *,
+    tokens: int,
+    hash_: str,
+    grad_norm: float = 2.0,
+    param: float = 1.0,
+    act_shift: float = 0.0,
 ) -> RankTrace:
     """One DP rank's step: model input (its rows), an activation, its grad, a broadcast
     position table (the same on each rank), a hash-only record, its loss, a partial grad and the
     parameter after the step."""
-    act = rows * 2.0
+    act = rows * 2.0 + act_shift
     grad = rows + 0.5
     pos = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
     weight = np.full((2, 2), param, dtype=np.float32)
@@ -199,3 +214,89 @@ def test_the_replicas_option_is_checked() -> None:
     assert (side, layout.replicas) == ("candidate", "joined")
     with pytest.raises(ConfigError, match="replicas='both': expected one of auto, joined, same"):
         parse_parallel_option("candidate:replicas=both")
+
+
+def _rows_told(baseline: Trace, candidate: Trace) -> str:
+    """The run verdict's evidence when ``model.layer``'s activation is its first divergence."""
+    comparison = compare_traces(baseline, candidate, default_table())
+    first = FirstDivergent(0, "forward", "model.layer", "its output differs")
+    verdict = with_replica_rows(TrainingVerdict(1, "approximate", first), baseline, candidate, comparison)
+    assert verdict is not None and verdict.first is not None
+    return verdict.first.evidence
+
+
+def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() -> None:
+    base, stale = _joined(), _joined(act_shift=0.5)  # rank 1 computed the layer differently
+    told = _rows_told(base, stale)  # tensors: each replica's rows against the baseline's same rows
+    assert "the candidate's DP rank(s) rank1 computed it differently" in told
+    assert "DP rank rank0 (rows 0-1 of the global batch) within tolerance" in told
+    assert "DP rank rank1 (rows 2-3 of the global batch) differs: allclose 0.5" in told
+    # Statistics only, both sides the same DP split (a rerun): each replica's statistics.
+    base_stats, stale_stats = (Trace(t.manifest, t.records, {}) for t in (base, stale))
+    told = _rows_told(base_stats, stale_stats)
+    assert "DP rank(s) rank1 computed it differently" in told and "differs: stats.max 0.5" in told
+    # Statistics only against a run that split the batch otherwise: said, not guessed.
+    one = Trace({k: v for k, v in base.manifest.items() if k != "dp_join"}, base.records, {})
+    assert _rows_told(one, stale_stats).endswith(STATS_ONLY)
+    assert "DP rank" not in _rows_told(base, _joined())  # nothing failed: nothing added
+
+
+def test_a_megatron_runs_replicas_join_on_the_dim_that_holds_their_rows() -> None:
+    """Megatron's hidden states are ``[s, b, h]`` beside ``[b, s]`` token ids, ``[b, s, h]`` word
+    embeddings and ``[b, heads, s, s]`` scores: each joined on its batch dim (the replica's
+    rows), a table the same on each replica (``[s, 1, 1, d]`` rotary) kept once."""
+    shapes = {
+        "gpt in": ("input", (1, 16)),
+        "embedding.word_embeddings": ("activation", (1, 16, 8)),
+        "rotary_pos_emb": ("activation", (16, 1, 1, 4)),
+        "decoder.layers.0": ("activation", (16, 1, 8)),
+        "decoder.layers.0.self_attention.core_attention": ("activation", (1, 4, 16, 16)),
+        "decoder.layers.0.mlp": ("activation", (16, 3, 8)),  # no dim holds the replica's 1 row
+    }
+
+    def replica(rank: int) -> Replica:
+        records = [
+            _rec(i, name, kind, np.full(shape, 0.5 if name == "rotary_pos_emb" else 1.0 + rank), None)
+            for i, (name, (kind, shape)) in enumerate(shapes.items())
+        ]
+        return Replica(f"step0/rank{rank}", records, {})
+
+    joined = join_replicas([replica(0), replica(1)], grads_reduced=True, where="step0", seq_first=True)
+    got = {r.name: r.shape for r in joined.records}
+    assert got == {
+        "gpt in": (2, 16),
+        "embedding.word_embeddings": (2, 16, 8),
+        "rotary_pos_emb": (16, 1, 1, 4),
+        "decoder.layers.0": (16, 2, 8),
+        "decoder.layers.0.self_attention.core_attention": (2, 4, 16, 16),
+    }
+    assert "cannot be joined" in joined.unpaired["decoder.layers.0.mlp|activation|out|0|0"]
+    hidden = joined.parts["decoder.layers.0|activation|out|0|0"]
+    assert [(p["where"], p["rows"], p["dim"]) for p in hidden] == [
+        ("step0/rank0", 1, 1),
+        ("step0/rank1", 1, 1),
+    ]
+    # Not a Megatron run: dim 0, as before.
+    plain = join_replicas([replica(0), replica(1)], grads_reduced=True, where="step0")
+    assert {r.name: r.shape for r in plain.records}["decoder.layers.0"] == (32, 1, 8)
+
+
+def test_a_step_recorded_as_scalars_only_joins_its_replicas_by_the_runs_layout(tmp_path: Path) -> None:
+    """``steps=`` left step 0 out: its rank folders hold the scalars alone, no ``parallel``
+    block. The run's layout (step 1's) says the ranks are DP replicas: step 0's scalars are
+    joined (the global batch's tokens, the replicas' hashes marked as joined), not rank 0's --
+    which made a one-process run of the same global batch fail as `data` at step 0."""
+    for rank in range(2):
+        layered = _rank(rank, _rows(rank), tokens=6, hash_=("ab"[rank]) * 64).trace
+        scalars = {1: StepScalars(1, loss=1.0, lr=(0.1,), tokens=6, batch_hash=("cd"[rank]) * 64)}
+        step1 = {**layered.manifest, "step": 1, "scalars": scalars_manifest(scalars)}
+        records = tuple(replace(r, step=1, tensor_key=None) for r in layered.records)  # stats
+        write_trace(Trace(step1, records, {}), tmp_path / "step1" / f"rank{rank}")
+        alone = {0: StepScalars(0, loss=1.0 + rank, lr=(0.1,), tokens=6, batch_hash=("ef"[rank]) * 64)}
+        step0 = {"step": 0, "record_mode": "scalars", "scalars": scalars_manifest(alone)}
+        write_trace(Trace(step0, (), {}), tmp_path / "step0" / f"rank{rank}")
+    merged = load_parallel_side(tmp_path)
+    assert merged is not None
+    first = scalars_of(merged.manifest)[0]
+    assert first.batch_hash is not None and first.batch_hash.startswith(JOINED_HASH)
+    assert first.tokens == 12 and first.loss == 1.5

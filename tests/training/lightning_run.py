@@ -3,7 +3,15 @@
 
     python lightning_run.py OUT.json [--root ROOT] [--mode stats] [--model mlp|llm]
         [--clip 0.05] [--accumulate 2] [--steps 4] [--lr 0.05]
-        [--schedule warmup_cosine|constant]
+        [--schedule warmup_cosine|constant] [--batch 2]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 lightning_run.py OUT.json
+        --strategy ddp|model_parallel ...      # each rank writes OUT.json.rank<R>
+
+``--strategy``: Lightning's own data-parallel strategy over the torchrun ranks (CPU, gloo), each
+rank every other row of the global batch (``DistributedSampler(shuffle=False)``, given with
+``use_distributed_sampler=False``: the sampler Lightning injects always shuffles the training
+rows, so a 1-rank run would see other batches); ``model_parallel`` shards the decoder layers and
+the root with FSDP2's ``fully_shard`` in ``configure_model``.
 
 OUT.json gets what the run itself saw (no recording involved): every micro-batch's loss as
 ``training_step`` returned it, every step's LR and pre-clip grad norm (the module's own
@@ -106,6 +114,48 @@ class Module(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+class Sharded(Module):
+    """FSDP2 through Lightning's ``ModelParallelStrategy``: ``configure_model`` shards."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        layers = getattr(getattr(self.model, "model", None), "layers", [])
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+def strategy_of(name: str) -> dict[str, Any]:
+    """The Trainer's arguments for ``--strategy`` over the torchrun ranks."""
+    import os
+
+    if name == "none":
+        return {}
+    devices = int(os.environ["WORLD_SIZE"])
+    if name == "model_parallel":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return {
+            "devices": devices,
+            "strategy": ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1),
+        }
+    return {"devices": devices, "strategy": name}
+
+
+def loader(data: Dataset[Any], batch: int, ranks: int) -> DataLoader[Any]:
+    """The rows in order; over several ranks each rank every ``ranks``-th row (not shuffled)."""
+    if ranks == 1:
+        return DataLoader(data, batch_size=batch, shuffle=False)
+    import os
+
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(data, num_replicas=ranks, rank=int(os.environ["RANK"]), shuffle=False)
+    return DataLoader(data, batch_size=batch, sampler=sampler)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -117,6 +167,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--schedule", default="warmup_cosine", choices=["warmup_cosine", "constant"])
+    parser.add_argument("--batch", type=int, default=ROWS, help="rows per micro-batch (and rank)")
+    parser.add_argument("--strategy", default="none", choices=["none", "ddp", "model_parallel"])
     args = parser.parse_args()
 
     callbacks = []
@@ -124,21 +176,27 @@ def main() -> None:
         from pytest_precalign import PrecalignLightningCallback
 
         callbacks.append(PrecalignLightningCallback(args.root, mode=args.mode, module="model"))
-    per_step = ROWS * args.accumulate
-    data = Rows(args.model, args.steps * per_step)
-    module = Module(args.model, args.lr, args.steps, args.schedule)
+    sharded = strategy_of(args.strategy)
+    ranks = sharded.get("devices", 1)
+    data = Rows(args.model, args.steps * args.batch * args.accumulate * ranks)
+    module = (Sharded if args.strategy == "model_parallel" else Module)(
+        args.model, args.lr, args.steps, args.schedule
+    )
     trainer = L.Trainer(
         max_steps=args.steps,
         accumulate_grad_batches=args.accumulate,
         gradient_clip_val=args.clip or None,
         callbacks=callbacks,
-        **QUIET,
+        **{**QUIET, **sharded},
+        **({"use_distributed_sampler": False} if ranks > 1 else {}),
     )
-    trainer.fit(module, DataLoader(data, batch_size=ROWS, shuffle=False))
+    trainer.fit(module, loader(data, args.batch, ranks))
     digest = hashlib.sha256()
     for p in module.parameters():
-        digest.update(p.detach().numpy().tobytes())
-    with open(args.out, "w") as f:
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        digest.update(full.detach().numpy().tobytes())
+    out = f"{args.out}.rank{trainer.global_rank}" if ranks > 1 else args.out
+    with open(out, "w") as f:
         json.dump({**module.seen, "params": digest.hexdigest()}, f)
 
 

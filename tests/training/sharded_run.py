@@ -5,12 +5,14 @@ tensor parallelism (``parallelize_module``) or DDP with ``ZeroRedundancyOptimize
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_run.py OUT
         [--wrap fsdp2|fsdp2-keep|fsdp2-mp|ddp|tp|zero1] [--mode stats|hash|tensor|off]
         [--format native|msprobe] [--param-grads backward|step] [--steps 2] [--neutral] [--check]
+        [--disagree]
 
 Each rank writes ``OUT/run.rank<R>.json``: under ``"run"`` the loss and the grad norm
 ``clip_grad_norm_`` returned at each step (as ``float.hex``, to compare bitwise) and a sha256 of
 the rank's parameters after the last step (``--check``: also each parameter's full grad's
 statistics at step 0, gathered by torch); ``--neutral``: the same loop without a ``Recorder``
-first, in the same process, under ``"bare"``; ``--mode off`` records nothing. The recording
+first, in the same process, under ``"bare"``; ``--mode off`` records nothing; ``--disagree``:
+then ``Recorder.start`` with other options on each rank (what it raised, under ``"disagree"``). The recording
 (``OUT/rec``) holds each step's records and ``StepEvidence``'s scalars.
 """
 
@@ -154,6 +156,28 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
     }
 
 
+def disagree(options: argparse.Namespace) -> list[str]:
+    """Ranks given other Recorder options (rank 1 ``include=``, then other ``steps=``): what
+    ``start`` raised on this rank (each must raise, none may hang)."""
+    from pytest_precalign.errors import RecorderError
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = wrapped(tiny_causal_lm(vocab=128, hidden=32, layers=2), options.wrap, world)
+    said = []
+    for name, kw in (
+        ("include", {"include": ("model.layers.0",) if rank else ()}),
+        ("steps", {"steps": [rank]}),
+    ):
+        rec = Recorder(options.out / f"disagree-{name}", **kw)  # type: ignore[arg-type]
+        try:
+            rec.start(model)
+            said.append("")
+        except RecorderError as e:
+            said.append(str(e))
+        rec.close()
+    return said
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -164,12 +188,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--neutral", action="store_true", help="the loop bare first, in the same process")
     parser.add_argument("--check", action="store_true", help="also the full grads' statistics, by torch")
+    parser.add_argument("--disagree", action="store_true", help="then ranks given other Recorder options")
     options = parser.parse_args(argv)
     dist.init_process_group("gloo")
     result = {}
     if options.neutral:
         result["bare"] = train(options, "off")
     result["run"] = train(options, options.mode)
+    if options.disagree:
+        result["disagree"] = disagree(options)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / f"run.rank{dist.get_rank()}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()

@@ -69,8 +69,13 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
     """The issue's run: ``fully_shard`` on each decoder layer and the root, ``Recorder(mode=
     "stats")``: both ranks crashed (SIGSEGV in the param-grad hook on a DTensor grad)."""
     out = tmp_path / "fsdp2"
-    results = torchrun(out, "--wrap", "fsdp2", "--check")
+    results = torchrun(out, "--wrap", "fsdp2", "--check", "--disagree")
     assert_neutral(results)
+    # Ranks given other Recorder options raise on every rank at start(), none hangs.
+    for result in results:
+        include, steps = result["disagree"]
+        assert "do not record alike at step 0" in include and "other Recorder options" in include
+        assert "ranks [0] record this step, ranks [1] do not (steps=)" in steps
     for rank in range(2):
         folder = out / "rec" / "step0" / f"rank{rank}"
         assert_full_stats(folder, results[rank]["run"]["full_grad_stats"])

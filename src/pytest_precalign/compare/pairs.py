@@ -312,6 +312,18 @@ def merged_note(a: Record, b: Record) -> str:
     )
 
 
+def array_pair(a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance) -> PairResult:
+    """Two arrays of records ``a`` (baseline) and ``b`` compared under ``tol``, as a tensor pair
+    is (e.g. one DP replica's rows of a joined record: ``verdict.dp_rows``)."""
+    return _tensor_pair(a, b, xa, xb, tol)
+
+
+def stats_pair(a: Record, b: Record, tol: Tolerance) -> PairResult:
+    """Two records' statistics compared under ``tol``, as a statistics pair is."""
+    checks = _stats_checks(a, b, tol)
+    return PairResult(a, b, "ok" if all(c.passed for c in checks) else "fail", "stats", checks, tol)
+
+
 def _tensor_pair(
     a: Record, b: Record, xa: Any, xb: Any, tol: Tolerance, raw: tuple[bool, bool] = (False, False)
 ) -> PairResult:

@@ -10,7 +10,8 @@ that does not is a finding naming its rank (``copies_differ``), never a crash.
 Replicas that saw different rows are joined (``join_replicas``), record by record:
 
 * a module's input, output and their grads: the replicas' tensors concatenated along the
-  batch (dim 0) in rank order (the global batch when each rank takes the next contiguous
+  batch (dim 0; dim 1 of a Megatron run's tensors of 3 dims or more, ``[s, b, h]``:
+  ``batch_dim``) in rank order (the global batch when each rank takes the next contiguous
   share of it); statistics merged as msprobe's ``parallel_merge`` merges shards (max of max,
   min of min, sums added); a tensor each replica holds identically with one row (a broadcast
   position embedding) is kept once. A rank's backward is of its own loss, one term of the
@@ -29,6 +30,11 @@ Replicas that saw different rows are joined (``join_replicas``), record by recor
 * what cannot be joined row by row -- hashes (the hash of a concatenation is not a function of
   the parts' hashes), replicas whose shapes differ beyond the batch (dynamic padding), a
   tensor of no batch dim that differs -- is listed as unpaired with the reason, never guessed.
+
+Each joined record's replicas are kept in ``parts`` (record id -> each replica's lead rank
+folder, rows and statistics, scaled as joined): where a joined record diverges, the verdict
+checks each replica's rows against the other side's same rows and names the rank that differs
+(``verdict.dp_rows``).
 
 No torch import.
 """
@@ -69,6 +75,31 @@ class Joined:
     unpaired: dict[str, str] = field(default_factory=dict)  # record id -> why it was not joined
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     joined: int = 0  # records joined along the batch
+    parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record id -> its replicas
+
+
+def batch_dim(rec: Record, seq_first: bool, rows: int | None) -> int | None:
+    """The dim of ``rec`` that holds the replica's ``rows``: dim 0, but in a Megatron run
+    (``seq_first``: ``[s, b, h]`` hidden states beside ``[b, s]`` token ids, ``[b, s, h]``
+    word embeddings and ``[b, heads, s, s]`` attention scores) dim 1 where it has the
+    replica's row count, else dim 0 where that has it, else None (not joined)."""
+    if not seq_first or rows is None or not rec.shape:
+        return 0
+    for dim in (1, 0):
+        if len(rec.shape) > dim and rec.shape[dim] == rows:
+            return dim
+    return None
+
+
+def model_rows(records: Sequence[Record]) -> int | None:
+    """A replica's rows: dim 0 of its first module's first input (the token ids)."""
+    head = records[0].name if records else None
+    first = next((r for r in records if r.name == head and r.kind == "input" and r.shape), None)
+    return first.shape[0] if first is not None else None
+
+
+def _without(shape: Sequence[int], dim: int) -> tuple[int, ...]:
+    return (*shape[:dim], *shape[dim + 1 :])
 
 
 def same_record(a: Record, b: Record) -> bool:
@@ -149,12 +180,19 @@ def copies_differ(replicas: Sequence[Replica], where: str) -> list[dict[str, Any
 
 
 def join_replicas(
-    replicas: Sequence[Replica], *, grads_reduced: bool, where: str, key_prefix: str = ""
+    replicas: Sequence[Replica],
+    *,
+    grads_reduced: bool,
+    where: str,
+    key_prefix: str = "",
+    seq_first: bool = False,
 ) -> Joined:
     """The replicas' records as the one-process run's (module doc). ``grads_reduced``: the
-    parameter grads were recorded after the reduction (``param_grads="step"``)."""
+    parameter grads were recorded after the reduction (``param_grads="step"``); ``seq_first``:
+    a Megatron run's (``batch_dim``)."""
     by_id = _same_ids(replicas, where)
     out = Joined()
+    rows = model_rows(replicas[0].records)
     for rec in replicas[0].records:
         peers = [ids[rec.id] for ids in by_id]
         reduced = rec.kind == "param_grad" and (grads_reduced or all(same_record(rec, p) for p in peers[1:]))
@@ -169,10 +207,16 @@ def join_replicas(
             out.unpaired[rec.id] = PARTIAL_GRADS
             out.records += _per_replica(rec, peers, replicas, out, key_prefix)
             continue
-        if all(same_record(rec, p) for p in peers[1:]) and (not rec.shape or rec.shape[0] == 1):
+        dim = batch_dim(rec, seq_first, rows)
+        if dim is None:
+            out.unpaired[rec.id] = (
+                f"no dim of shape {list(rec.shape)} holds the DP replica's {rows} rows: it cannot be joined"
+            )
+            continue
+        if all(same_record(rec, p) for p in peers[1:]) and (not rec.shape or rec.shape[dim] == 1):
             out.records.append(rec)  # the same on every replica and no batch to join: kept once
             continue
-        joined = _joined(rec, peers, replicas, out, key_prefix)
+        joined = _joined(rec, peers, replicas, out, key_prefix, dim)
         if joined is not None:
             out.records.append(joined)
     out.records = [replace(r, seq=i) for i, r in enumerate(out.records)]
@@ -198,7 +242,7 @@ def _per_replica(
 
 
 def _joined(
-    rec: Record, peers: Sequence[Record], replicas: Sequence[Replica], out: Joined, key_prefix: str
+    rec: Record, peers: Sequence[Record], replicas: Sequence[Replica], out: Joined, key_prefix: str, dim: int
 ) -> Record | None:
     weights = [rep.weight if rec.kind in BACKWARD_KINDS else 1.0 for rep in replicas]
     shapes = "; ".join(f"{rep.where}: {list(p.shape)}" for rep, p in zip(replicas, peers, strict=True))
@@ -214,7 +258,7 @@ def _joined(
         inf = sum(p.stats.inf for p in peers if p.stats is not None)
         mean = Stats(value, value, value, abs(value), nan, inf)
         return replace(rec, stats=mean, crc32=None, tensor_key=None)
-    if any(p.shape[1:] != rec.shape[1:] for p in peers):
+    if any(_without(p.shape, dim) != _without(rec.shape, dim) for p in peers):
         out.unpaired[rec.id] = (
             f"the DP replicas' shapes differ beyond the batch dim ({shapes}; padding to each rank's "
             "longest row?): it cannot be joined along the batch"
@@ -229,7 +273,7 @@ def _joined(
                 if p.stats is not None
             ]
         )
-    key = _joined_tensor(rec, peers, replicas, weights, out, key_prefix)
+    key = _joined_tensor(rec, peers, replicas, weights, out, key_prefix, dim)
     if stats is None and key is None:
         out.unpaired[rec.id] = (
             "recorded as a hash on the DP replicas: the hash of the joined batch is not a function of "
@@ -237,8 +281,18 @@ def _joined(
         )
         return None
     out.joined += 1
-    rows = sum(p.shape[0] for p in peers)
-    return replace(rec, shape=(rows, *rec.shape[1:]), stats=stats, crc32=None, tensor_key=key)
+    out.parts[rec.id] = [
+        {
+            "where": rep.where,
+            "rows": p.shape[dim],
+            "dim": dim,
+            "stats": _scaled(p.stats, w).as_dict() if p.stats is not None else None,
+        }
+        for rep, p, w in zip(replicas, peers, weights, strict=True)
+    ]
+    shape = list(rec.shape)
+    shape[dim] = sum(p.shape[dim] for p in peers)
+    return replace(rec, shape=tuple(shape), stats=stats, crc32=None, tensor_key=key)
 
 
 def _scaled(stats: Stats, weight: float) -> Stats:
@@ -260,8 +314,9 @@ def _joined_tensor(
     weights: Sequence[float],
     out: Joined,
     key_prefix: str,
+    dim: int,
 ) -> str | None:
-    """A plan concatenating the replicas' tensors along dim 0 (each scaled by its weight);
+    """A plan concatenating the replicas' tensors along ``dim`` (each scaled by its weight);
     None when a replica has no tensor, or its tensor is itself a merge of several ranks."""
     plans = []
     for rep, p in zip(replicas, peers, strict=True):
@@ -270,10 +325,11 @@ def _joined_tensor(
             return None
         plans.append(plan)
     key = f"{key_prefix}j{len(out.plans):07d}"
-    rows = tuple(p.shape[0] for p in peers)
-    shape = (sum(rows), *rec.shape[1:])
+    rows = tuple(p.shape[dim] for p in peers)
+    shape = list(rec.shape)
+    shape[dim] = sum(rows)
     parts = tuple(plan.parts[0] for plan in plans)
-    out.plans[key] = Plan("rows", 0, parts, shape, rec.id, rows=rows, scales=tuple(weights))
+    out.plans[key] = Plan("rows", dim, parts, tuple(shape), rec.id, rows=rows, scales=tuple(weights))
     return key
 
 

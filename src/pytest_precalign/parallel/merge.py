@@ -223,13 +223,17 @@ def _dp_replicas(
     weights = loss_weights(scalars)
     sides = [replace(side, weight=w) for side, w in zip(sides, weights, strict=True)]
     reduced = all(m.get("param_grads") == "step" for m in manifests)
-    joined = join_replicas(sides, grads_reduced=reduced, where=where, key_prefix=key_prefix)
+    seq_first = manifests[0].get("parallel", {}).get("source") == "megatron"  # [s, b, h]
+    joined = join_replicas(
+        sides, grads_reduced=reduced, where=where, key_prefix=key_prefix, seq_first=seq_first
+    )
     return joined.records, {
         "replicas": len(sides),
         "joined": True,
         "weights": weights,
         "records_joined": joined.joined,
         "unpaired": joined.unpaired,
+        "parts": joined.parts,
         "mismatches": joined.mismatches,
         "plans": joined.plans,
     }

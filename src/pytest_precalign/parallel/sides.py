@@ -72,7 +72,7 @@ def _merge_step(
         raise TraceError(f"{folder}: no rank<R>/ folders in this step folder")
     traces = {r: read_rank_folder(p) for r, p in ranks.items()}
     if not any(t.records for t in traces.values()):  # a step recorded as scalars only
-        return _scalars_only(traces, ranks, flag, data_split)
+        return _scalars_only(traces, ranks, flag, data_split, root)
     layouts = {r: _layout(traces[r], p) for r, p in ranks.items()}
     first = min(layouts)
     layout = layouts[first]
@@ -125,16 +125,26 @@ def _with_dp_scalars(trace: Trace, leads: Sequence[tuple[int, Path, Trace]], joi
 
 
 def _scalars_only(
-    traces: Mapping[int, Trace], ranks: Mapping[int, Path], flag: ParallelLayout | None, data_split: bool
+    traces: Mapping[int, Trace],
+    ranks: Mapping[int, Path],
+    flag: ParallelLayout | None,
+    data_split: bool,
+    root: Path,
 ) -> Trace:
     """A step every rank recorded as scalars only: rank 0's manifest, with the DP replicas'
     scalars joined when the ranks are data-parallel replicas (their batch hashes say whether
-    they saw different rows)."""
+    they saw different rows). A step ``steps=`` did not select has no ``parallel`` block: the
+    run's is read from another step of the same rank (``_sibling_layout``)."""
     first = traces[min(traces)]
     block = first.manifest.get("parallel")
-    if data_split or not isinstance(block, Mapping) or len(traces) < 2:
+    if data_split or len(traces) < 2:
         return first
-    layout = _layout(first, ranks[min(ranks)])
+    where = str(manifest_file(ranks[min(ranks)]))
+    if not isinstance(block, Mapping):
+        block, where = _sibling_layout(root, min(ranks))
+    if not isinstance(block, Mapping):
+        return first
+    layout = layout_from_manifest(block, where)
     if layout.dp // layout.ep < 2 or any(r not in traces for r in replica_leads(layout)):
         return first
     leads = [(r, ranks[r], traces[r]) for r in replica_leads(layout)]
@@ -147,6 +157,19 @@ def _scalars_only(
             "and replicas=same refuses to join them"
         )
     return _with_dp_scalars(first, leads, joined)
+
+
+def _sibling_layout(root: Path, rank: int) -> tuple[Mapping[str, Any] | None, str]:
+    """The run's ``parallel`` block as another step's folder of ``rank`` holds it (the first
+    step that recorded layers), and where it was read; None when no step has one (a run
+    recorded as scalars only)."""
+    for folder in sorted(root.glob(f"step*/rank{rank}")):
+        if not folder.is_dir():
+            continue
+        block = read_rank_folder(folder).manifest.get("parallel")
+        if isinstance(block, Mapping):
+            return block, str(manifest_file(folder))
+    return None, ""
 
 
 def read_rank_folder(folder: Path) -> Trace:

@@ -53,7 +53,7 @@ class Plan:
     """How a merged tensor is made: ``replicated`` (the first part; the others must equal it),
     ``chunk`` (concatenated on ``dim``), ``gated`` (every part's first half, then every
     part's second half, on ``dim``) or ``rows`` (DP replicas joined along the batch: part
-    ``i`` holds ``rows[i]`` rows of dim 0, multiplied by ``scales[i]``; ``dp_join.py``)."""
+    ``i`` holds ``rows[i]`` rows of ``dim``, multiplied by ``scales[i]``; ``dp_join.py``)."""
 
     layout: str
     dim: int
@@ -212,9 +212,11 @@ class MergedTensors(Mapping[str, Any]):
     def _rows(self, plan: Plan) -> np.ndarray:
         pieces = []
         for part, rows, scale in zip(plan.parts, plan.rows, plan.scales, strict=True):
-            piece = self._readers.load(part, (rows, *plan.shape[1:]))
+            shape = list(plan.shape)
+            shape[plan.dim] = rows
+            piece = self._readers.load(part, tuple(shape))
             pieces.append(piece if scale == 1.0 else piece * np.asarray(scale, dtype=piece.dtype))
-        return np.concatenate(pieces, axis=0)
+        return np.concatenate(pieces, axis=plan.dim)
 
     def _replicated(self, plan: Plan, shape: tuple[int, ...]) -> np.ndarray:
         kept = self._readers.load(plan.parts[0], shape)

@@ -103,7 +103,7 @@ from .recorder_options import (
 )
 from .run_facts import model_config, run_environment
 from .run_root import check_selected_steps, claim_root, release_root
-from .sharded_layout import check_rank_selection
+from .sharded_layout import check_sharded_recording
 from .unwrap import hooks_before_compile, unwrap
 
 
@@ -220,7 +220,8 @@ class Recorder:
             raise
 
     def _start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
-        check_rank_selection(self.ranks, self.mode, model)  # on every rank: DTensors need them all
+        agreed = {**self._options, "level": self.level, "format": self.format, "params": self.params}
+        check_sharded_recording(self.ranks, self.mode, model, agreed, self._step, self.selected())
         if not self.selected() or self.mode == "scalars":
             if self.mode == "stats" and self.level == "module" and self.golden is None:
                 hooks_before_compile(model, self.compiled)  # in the graph (recording/compiled_stats.py)

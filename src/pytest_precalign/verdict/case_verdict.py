@@ -27,6 +27,7 @@ from ..vocabulary import Phase
 from .case_facts import CaseFacts, case_facts
 from .coverage import DEFAULT_MIN_COVERAGE
 from .dp_replicas import with_replica_findings
+from .dp_rows import with_replica_rows
 from .expectation import Expectation
 from .frozen_params import without_frozen
 from .phase import (
@@ -121,6 +122,7 @@ def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) ->
     if facts.training_run:
         mismatches = [m for side in facts.sides for m in side.replica_mismatches]
         training = with_replica_findings(_judge_run(judging, facts, comparison), mismatches)
+        training = with_replica_rows(training, judging.baseline, judging.candidate, comparison)
     if expect is None or expect.diverged is None or expect.step is None:
         return training
     if training is None:

@@ -1,0 +1,178 @@
+"""Which data-parallel rank's rows diverge, where a record joined from DP replicas
+(``parallel.dp_join``) is where a training run first diverges.
+
+A joined activation holds every replica's rows of the global batch in rank order, so a fault on
+one rank (a stale parameter after a missing re-gather) shows in the joined record without its
+rank. The join kept each replica's rows and statistics (the ``dp_join`` block's ``parts``); the
+first divergent module's failing record is checked replica by replica against the other side's
+same rows, under the record's own tolerance:
+
+* both sides kept the tensors: each replica's rows of the joined tensor against the same rows
+  of the other side's (a one-process run of the global batch, or another DP run);
+* statistics only: each replica's statistics against the other side's same replica's, where
+  both sides joined the same row split (a rerun of the DP job); against a run split otherwise
+  statistics cannot tell the rank, and the evidence says so (record in tensor mode).
+
+The ranks whose rows differ are added to the run verdict's evidence; nothing is claimed where
+neither check could run. No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import PurePath
+from typing import Any
+
+from ..compare.pairs import Comparison, PairResult, array_pair, stats_pair
+from ..trace.records import Record, Stats, Trace
+from .training_run import TrainingVerdict
+
+STATS_ONLY = (
+    "which DP rank's rows differ cannot be told from statistics against a run that split the "
+    "batch otherwise (record in tensor mode, or compare with a rerun of the same DP job)"
+)
+
+
+def with_replica_rows(
+    training: TrainingVerdict | None, baseline: Trace, candidate: Trace, comparison: Comparison
+) -> TrainingVerdict | None:
+    """``training`` with the DP rank(s) whose rows differ in its first divergent module's
+    failing record, where that record was joined from DP replicas (module doc)."""
+    first = training.first if training is not None else None
+    if training is None or first is None or first.what not in ("forward", "backward"):
+        return training
+    pair = next(
+        (
+            p
+            for p in comparison.pairs
+            if p.record.step == first.step
+            and p.record.name == first.origin
+            and p.candidate is not None
+            and not p.passed
+            and p.paired
+        ),
+        None,
+    )
+    told = replica_rows(pair, baseline, candidate) if pair is not None else ""
+    if not told:
+        return training
+    return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+
+
+def _parts(trace: Trace, rec: Record) -> list[Mapping[str, Any]] | None:
+    """The replicas ``rec`` was joined from: by its id, or -- a record the mapping renamed (a
+    Megatron side in the baseline's names) -- the step's one joined record whose replicas'
+    statistics combine exactly to ``rec``'s (max, min, norm: a permutation keeps them)."""
+    block = trace.manifest.get("dp_join", {}).get(str(rec.step), {})
+    every = block.get("parts", {}) if isinstance(block, Mapping) else {}
+    parts = every.get(rec.id) if isinstance(every, Mapping) else None
+    if parts is None and rec.stats is not None and isinstance(every, Mapping):
+        found = [p for p in every.values() if isinstance(p, list) and _combine_to(p, rec.stats)]
+        parts = found[0] if len(found) == 1 else None
+    return list(parts) if isinstance(parts, list) and len(parts) > 1 else None
+
+
+def _combine_to(parts: Sequence[Any], stats: Stats) -> bool:
+    got: list[Mapping[str, Any]] = [
+        p["stats"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("stats"), Mapping)
+    ]
+    if len(got) != len(parts):
+        return False
+    top, low = max(float(g["max"]) for g in got), min(float(g["min"]) for g in got)
+    norm = math.sqrt(sum(float(g["norm"]) ** 2 for g in got))
+    return top == stats.max and low == stats.min and math.isclose(norm, stats.norm, rel_tol=1e-9)
+
+
+def rank_name(where: str) -> str:
+    """A replica's lead rank folder as the reader knows it (``rank1``), else the folder."""
+    name = PurePath(where).name
+    return name if name.startswith("rank") else where
+
+
+def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
+    """What each DP replica's rows of ``pair`` say (module doc); "" when neither side joined
+    replicas for this record."""
+    a, b = pair.record, pair.candidate
+    assert b is not None
+    pa, pb = _parts(baseline, a), _parts(candidate, b)
+    split = pb if pb is not None else pa
+    if split is None or pair.tolerance is None or a.shape != b.shape or not a.shape:
+        return ""
+    side = "candidate" if pb is not None else "baseline"
+    rows = [int(p["rows"]) for p in split]
+    dim = int(split[0].get("dim", 0))  # the batch dim as joined (a mapping may have moved it since)
+    results: list[PairResult] | None
+    if (
+        baseline.has_tensor(a)
+        and candidate.has_tensor(b)
+        and dim < len(a.shape)
+        and sum(rows) == a.shape[dim]
+    ):
+        results = _by_arrays(pair, baseline, candidate, rows, dim)
+    elif pa is not None and pb is not None and [int(p["rows"]) for p in pa] == rows:
+        results = _by_stats(pair, pa, pb)
+        if results is None:
+            return ""
+    else:
+        return STATS_ONLY
+    return _told(split, rows, results, side)
+
+
+def _by_arrays(
+    pair: PairResult, baseline: Trace, candidate: Trace, rows: Sequence[int], dim: int
+) -> list[PairResult]:
+    a, b = pair.record, pair.candidate
+    assert b is not None and pair.tolerance is not None
+    xa, xb = baseline.array(a), candidate.array(b)
+    out, at = [], 0
+    for n in rows:
+        shape = (*a.shape[:dim], n, *a.shape[dim + 1 :])
+        ra, rb = (replace(r, shape=shape) for r in (a, b))
+        take = (slice(None),) * dim + (slice(at, at + n),)
+        out.append(array_pair(ra, rb, xa[take], xb[take], pair.tolerance))
+        at += n
+    return out
+
+
+def _by_stats(
+    pair: PairResult, pa: Sequence[Mapping[str, Any]], pb: Sequence[Mapping[str, Any]]
+) -> list[PairResult] | None:
+    a, b = pair.record, pair.candidate
+    assert b is not None and pair.tolerance is not None
+    if any(not isinstance(p.get("stats"), Mapping) for p in (*pa, *pb)):
+        return None
+    out = []
+    for x, y in zip(pa, pb, strict=True):
+        numel = a.numel * int(x["rows"]) // sum(int(p["rows"]) for p in pa)  # its share (the norm's atol)
+        ra = replace(a, shape=(numel,), stats=Stats(**x["stats"]))
+        rb = replace(b, shape=(numel,), stats=Stats(**y["stats"]))
+        out.append(stats_pair(ra, rb, pair.tolerance))
+    return out
+
+
+def _told(
+    split: Sequence[Mapping[str, Any]], rows: Sequence[int], results: Sequence[PairResult], side: str
+) -> str:
+    other = "baseline" if side == "candidate" else "candidate"
+    said, at = [], 0
+    for part, n, result in zip(split, rows, results, strict=True):
+        span = f"row {at} of the global batch" if n == 1 else f"rows {at}-{at + n - 1} of the global batch"
+        at += n
+        check = result.failing
+        name = rank_name(str(part.get("where", "")))
+        if check is None:
+            said.append(f"DP rank {name} ({span}) within tolerance")
+        else:
+            said.append(
+                f"DP rank {name} ({span}) differs: {check.metric} {check.value:.3g} "
+                f"(allowed {check.allowed:.3g})"
+            )
+    differ = [rank_name(str(p.get("where", ""))) for p, r in zip(split, results, strict=True) if not r.passed]
+    head = (
+        f"the {side}'s DP rank(s) {', '.join(differ)} computed it differently"
+        if differ
+        else f"no DP rank of the {side} differs alone"
+    )
+    return f"{head} (each replica's rows against the {other}'s same rows: {'; '.join(said)})"
