@@ -53,8 +53,9 @@ sys.path.insert(0, str(HERE))
 
 from real_bugs import BUGS, CANDIDATES, Bug  # noqa: E402
 
-# What every release venv gets besides the release itself: this checkout's dependencies.
-BASE_REQUIREMENTS = ("pytest", "pyyaml", "safetensors", "numpy", "packaging")
+# What every release venv gets besides the release itself: this checkout's dependencies, and
+# a setuptools that still has pkg_resources (removed in 81; accelerate 0.16 imports it).
+BASE_REQUIREMENTS = ("pytest", "pyyaml", "safetensors", "numpy", "packaging", "setuptools<81")
 
 
 def venv_python(venvs: Path, release: str | None) -> str:
