@@ -1,15 +1,14 @@
 """Under gradient accumulation, Accelerate's ``AcceleratedScheduler`` stepped the LR scheduler
 at every micro-batch, also when the optimizer had not stepped: the schedule ran
 ``gradient_accumulation_steps`` times too fast (accelerate issue #963, "Scheduler always steps
-when training with gradient accumulation", fixed by accelerate PR #999, commit 55a5284: the
-scheduler steps only when ``gradient_state.sync_gradients``).
+when training with gradient accumulation", fixed by accelerate PR #999: the scheduler steps
+only when ``gradient_state.sync_gradients``).
 
-Both sides are releases from the registry, each in its own venv: accelerate 0.15.0 (the last
-release without the fix: the bug is its own ``AcceleratedScheduler.step``) and 0.16.0 (the
-first with it), the same transformers (4.49.0, for the model and its schedule) under both.
-User path: a custom Accelerate loop (``accelerator.accumulate``, ``accelerator.backward``,
-``clip_grad_norm_``) recorded with ``AccelerateSteps`` (stats). Twin:
-``gradient_accumulation_steps=1``, where every call is an optimizer step."""
+Buggy side, a re-implementation quoting the fix's diff: the prepared scheduler's ``step``
+steps the wrapped scheduler on every call. User path: a custom Accelerate loop
+(``accelerator.accumulate``, ``accelerator.backward``, ``clip_grad_norm_``) recorded with
+``AccelerateSteps`` (stats). Twin: ``gradient_accumulation_steps=1``, where every call is an
+optimizer step."""
 
 from __future__ import annotations
 
@@ -39,6 +38,9 @@ def record(out: Path, side: str, trigger: bool) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0.0)
     scheduler = get_linear_schedule_with_warmup(optimizer, 2, STEPS * 2)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if side == "buggy":
+        inner = scheduler.scheduler
+        scheduler.step = lambda *args, **kwargs: inner.step(*args, **kwargs)  # no sync_gradients check
     steps = AccelerateSteps(out, accelerator, model, optimizer, scheduler=scheduler, total_steps=STEPS)
     for batch in loader:
         with accelerator.accumulate(model):
