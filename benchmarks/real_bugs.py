@@ -53,8 +53,9 @@ sys.path.insert(0, str(HERE))
 
 from real_bugs import BUGS, CANDIDATES, Bug  # noqa: E402
 
-# What every release venv gets besides the release itself: this checkout's dependencies.
-BASE_REQUIREMENTS = ("pytest", "pyyaml", "safetensors", "numpy", "packaging")
+# What every release venv gets besides the release itself: this checkout's dependencies, and
+# a setuptools that still has pkg_resources (removed in 81; accelerate 0.16 imports it).
+BASE_REQUIREMENTS = ("pytest", "pyyaml", "safetensors", "numpy", "packaging", "setuptools<81")
 
 
 def venv_python(venvs: Path, release: str | None) -> str:
@@ -62,6 +63,11 @@ def venv_python(venvs: Path, release: str | None) -> str:
     if release is None:
         return sys.executable
     folder = venvs / ("real-bugs-" + release.split()[0].replace("==", "-"))
+    ready = folder / ".ready"
+    if not ready.is_file() or ready.read_text(encoding="utf-8").strip() != release:
+        # a venv named by the release's first requirement holds that release only; any other
+        # set of requirements gets a venv named by all of them (never one made for another set)
+        folder = venvs / ("real-bugs-" + "-".join(r.replace("==", "-") for r in release.split()))
     python = folder / "bin" / "python"
     if (folder / ".ready").is_file():
         return str(python)
@@ -150,6 +156,7 @@ def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, An
         "stack": bug.stack,
         "source": bug.source,
         "how": "releases" if bug.buggy_release or bug.fixed_release else "re-implementation",
+        "why_no_release": bug.why_no_release,
         "path": bug.path,
         "expected": [bug.step, bug.what, bug.origin],
         "fault": fault,
@@ -216,6 +223,10 @@ def markdown(rows: list[dict[str, Any]], figures: dict[str, Any], command: str) 
             out.append(f"- **{r['name']}**: {r['fault']['said']}")
             if r["false_alarm"]:
                 out.append(f"  - twin (false alarm): {r['twin']['said']}")
+    unreleased = [r for r in rows if r.get("why_no_release")]
+    if unreleased:
+        out += ["", "## Why no release", ""]
+        out += [f"- **{r['name']}**: {r['why_no_release']}" for r in unreleased]
     out += ["", "## Candidates found but not yet reproduced", ""]
     out += [f"- {c}" for c in CANDIDATES]
     return "\n".join(out) + "\n"

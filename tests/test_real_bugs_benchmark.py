@@ -1,8 +1,8 @@
 """benchmarks/real_bugs.py on three of its real bugs, the ones that need no second venv, so
-the benchmark cannot rot: each is recorded on its user's path (a PEFT LoRA loop with
+the benchmark cannot rot: each is recorded on its user's path (an IPO loop with
 ``Recorder``, a Lightning run with ``PrecalignLightningCallback``, a ``transformers.Trainer``
 run with ``PrecalignCallback``), judged by ``precalign compare`` and scored; its clean twin
-must pass. The full benchmark (20 bugs, two release venvs) is ``python benchmarks/real_bugs.py``."""
+must pass. The full benchmark (20 bugs, with release venvs) is ``python benchmarks/real_bugs.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.helpers.paths import REPO, SRC
 
-SUBSET = "peft_set_scale_rslora,lightning_partial_accumulation,num_items_overcount"
+SUBSET = "ipo_summed_logps,lightning_partial_accumulation,num_items_overcount"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,15 +41,13 @@ def test_subset_is_detected_at_its_step_and_twins_pass(tmp_path: Path) -> None:
     assert figures["right_step"] == 3
     assert figures["false_alarms"] == 0
     rows = {r["name"]: r for r in figures["rows"]}
-    assert rows["peft_set_scale_rslora"]["fault"]["found"] == [
-        0,
-        "forward",
-        "model.layers.0.self_attn.q_proj",
-    ]
+    assert rows["ipo_summed_logps"]["fault"]["found"] == [0, "loss", "loss"]
     assert rows["lightning_partial_accumulation"]["fault"]["found"][:2] == [2, "loss"]
     assert rows["num_items_overcount"]["fault"]["found"][:2] == [0, "loss"]
     table = (tmp_path / "real_bugs.md").read_text(encoding="utf-8")
-    assert "| peft_set_scale_rslora | peft | peft issue #2733 | re-implementation |" in table
+    assert "| ipo_summed_logps | trl | trl PR #1265 (issues #1294, #1677) | re-implementation |" in table
+    # a re-implementation says why no release was used
+    assert "## Why no release" in table and "- **ipo_summed_logps**: the releases are trl 0.7.10" in table
     assert "## Candidates found but not yet reproduced" in table
 
 

@@ -7,7 +7,7 @@ path a user hitting it takes, with its source and the verdict a right answer giv
 ``schedule``, ``forward``, ``loss``, ``backward``...) and a substring the verdict's origin or
 its evidence must hold (``a|b``: either). ``what`` may list accepted classes the same way.
 ``fixed_release`` / ``buggy_release``: the pip requirements of a venv the side records in
-(None: the current interpreter)."""
+(None: the current interpreter); ``why_no_release``: why a side is a re-implementation."""
 
 from __future__ import annotations
 
@@ -25,10 +25,19 @@ class Bug:
     origin: str
     fixed_release: str | None = None
     buggy_release: str | None = None
+    why_no_release: str = ""  # a re-implementation's reason (shown in the results)
 
 
 TF_448 = "transformers==4.48.3 accelerate==1.3.0"
 TF_449 = "transformers==4.49.0 accelerate==1.3.0"
+PEFT_BUGGY = "peft==0.17.1 transformers==4.57.6"  # the last peft without PR #2775
+PEFT_FIXED = "peft==0.18.0 transformers==4.57.6"  # the first with it
+GC_BUGGY = "transformers==4.57.6 peft==0.18.1"  # the last transformers 4.x
+GC_FIXED = "transformers==5.0.0 peft==0.18.1"  # the first that enables the input grads
+LIGHTNING_OPEN = (
+    "no fixed release: the issue is open (Lightning 2.6.x); the buggy side is Lightning as "
+    "released, the fixed side the user's own workaround in training_step"
+)
 
 BUGS: tuple[Bug, ...] = (
     Bug(
@@ -163,20 +172,24 @@ BUGS: tuple[Bug, ...] = (
     Bug(
         "peft_set_scale_rslora",
         "peft",
-        "peft issue #2733",
+        "peft issue #2733, PR #2775 (0.17.1 -> 0.18.0)",
         "Recorder(stats), LoRA",
         0,
         "forward",
         "q_proj",
+        fixed_release=PEFT_FIXED,
+        buggy_release=PEFT_BUGGY,
     ),
     Bug(
         "grad_checkpointing_frozen_inputs",
         "transformers / peft",
-        "transformers issue #21381, issue #42489, PR #42494",
+        "transformers issue #21381, issue #42489, PR #42494 (4.57.6 -> 5.0.0)",
         "Recorder(stats), LoRA",
         0,
         "backward",
         "lora",
+        fixed_release=GC_FIXED,
+        buggy_release=GC_BUGGY,
     ),
     Bug(
         "ipo_summed_logps",
@@ -186,6 +199,13 @@ BUGS: tuple[Bug, ...] = (
         0,
         "loss",
         "loss",
+        why_no_release=(
+            "the releases are trl 0.7.10 (buggy) and 0.7.11 (fixed, commit 29d439a); the bug sits in "
+            "DPOTrainer.concatenated_forward, a Trainer method, and trl 0.7.x imports "
+            "transformers.top_k_top_p_filtering (removed in transformers 4.39), so a release side "
+            "needs transformers <= 4.38 and a DPOTrainer run, outside PrecalignCallback's range "
+            "(transformers >= 4.49); not attempted: the re-implementation quotes the fix's diff"
+        ),
     ),
     Bug(
         "accelerate_scheduler_every_micro_batch",
@@ -195,6 +215,13 @@ BUGS: tuple[Bug, ...] = (
         0,
         "schedule",
         "lr",
+        why_no_release=(
+            "tried: accelerate 0.15.0 (buggy) and 0.16.0 (fixed, commit 55a5284) beside torch 2.13: "
+            "0.16.0's prepare() returns the LambdaLR unwrapped (0.15.0 wraps it in AcceleratedScheduler), "
+            "so the user's scheduler.step() runs at every micro-batch on both sides and the releases "
+            "record the same LRs (0, 2.5e-3, 5e-3, 4.17e-3 at micro-batches 0-3; measured); "
+            "the re-implementation quotes the fix's diff"
+        ),
     ),
     Bug(
         "lightning_partial_accumulation",
@@ -204,6 +231,7 @@ BUGS: tuple[Bug, ...] = (
         2,
         "loss",
         "loss",
+        why_no_release=LIGHTNING_OPEN,
     ),
     Bug(
         "lightning_mean_of_micro_batch_means",
@@ -213,6 +241,7 @@ BUGS: tuple[Bug, ...] = (
         0,
         "loss",
         "loss",
+        why_no_release=LIGHTNING_OPEN,
     ),
 )
 

@@ -1,13 +1,14 @@
 """PEFT's ``LoraLayer.set_scale(adapter, scale)`` reset the scaling to ``scale * lora_alpha / r``
-even for an rsLoRA adapter, whose scaling is ``lora_alpha / sqrt(r)`` (peft issue #2733;
-the fix branches on ``self.use_rslora[adapter]``).
+even for an rsLoRA adapter, whose scaling is ``lora_alpha / sqrt(r)`` (peft issue #2733; fixed
+by PR #2775, commit 20a9829, which branches on ``self.use_rslora[adapter]``).
 
-Buggy side, a re-implementation quoting the fix's diff: ``set_scale`` without the rsLoRA
-branch. User path: a LoRA fine-tune (``use_rslora=True``, r=4, alpha 8, on q_proj and v_proj,
-adapter weights loaded non-zero as a trained adapter has them) in the user's own loop
-recorded with ``Recorder`` (stats), the adapters' scale reset with ``set_scale(name, 1.0)``
-before training (as adapter-weighting utilities do). Twin: plain LoRA (``use_rslora=False``),
-where both formulas agree."""
+Both sides are releases from the registry, each in its own venv: peft 0.17.1 (the last release
+without the fix: the bug is its own ``set_scale``) and peft 0.18.0 (the first with it), the
+same transformers (4.57.6) under both. User path: a LoRA fine-tune (``use_rslora=True``, r=4,
+alpha 8, on q_proj and v_proj, adapter weights loaded non-zero as a trained adapter has them)
+in the user's own loop recorded with ``Recorder`` (stats), the adapters' scale reset with
+``set_scale(name, 1.0)`` before training (as adapter-weighting utilities do). Twin: plain LoRA
+(``use_rslora=False``), where both releases' formulas agree."""
 
 from __future__ import annotations
 
@@ -18,18 +19,10 @@ from _loop import train
 from _tiny import main, tiny_qwen2
 
 
-def buggy_set_scale(self, adapter: str, scale: float) -> None:  # type: ignore[no-untyped-def]
-    if adapter not in self.scaling:
-        return
-    self.scaling[adapter] = scale * self.lora_alpha[adapter] / self.r[adapter]
-
-
 def record(out: Path, side: str, trigger: bool) -> None:
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora.layer import LoraLayer
 
-    if side == "buggy":
-        LoraLayer.set_scale = buggy_set_scale
     config = LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_rslora=trigger, init_lora_weights=False
     )

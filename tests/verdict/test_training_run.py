@@ -420,3 +420,40 @@ def test_a_grad_made_inside_a_module_or_without_a_loss_record_stays_the_backward
     both = records_run([loss_backward(1.0)], [loss_backward(3.0, loss=2.0)])
     v = judge_run(RunSide({}), RunSide({}), both, default_table())
     assert first(v) == (0, "loss", "loss") and v.first is not None and "the loss differs" in v.first.evidence
+
+
+def test_a_grad_recorded_on_one_side_only_is_the_backward_naming_the_parameter() -> None:
+    # Reentrant checkpointing with frozen inputs (transformers #21381): the adapters inside the
+    # checkpointed layers get no grad on the candidate, the head outside them still does and
+    # matches; the grad norm differs. Before: "clipping ... all recorded grads matched".
+    frozen = [r for r in backward_grads(1.0, 1.0) if r.name != "a.weight"]
+    records = records_run([backward_grads(1.0, 1.0)], [frozen])
+    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), records, default_table())
+    assert first(v) == (0, "backward", "a.weight")
+    assert v.first is not None and not v.passed
+    assert (
+        "1 parameter(s) got a grad at step 0 on one side only (1 on the baseline): a.weight"
+        in v.first.evidence
+    )
+    # the same grads on both sides: the grad norm stays clipping's norm
+    same = records_run([frozen], [frozen])
+    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), same, default_table())
+    assert first(v) == (0, "clipping", "grad_norm")
+
+
+def test_a_grad_both_sides_record_at_another_granularity_is_not_one_sided() -> None:
+    # HF loop vs Megatron: the baseline records each micro-batch's accumulation (calls 0 and 1,
+    # Recorder(param_grads="backward")), the candidate once per step as its optimizer sees it
+    # (call 1, param_grads="step"). The parameter has a grad on both sides: call 0 pairs with
+    # nothing, the parameter is not one-sided, the verdict does not fail on it.
+    per_micro_batch = backward_grads(1.0, 1.0) + [
+        replace(r, seq=r.seq + 10, call=1) for r in backward_grads(1.0, 1.0) if r.kind == "param_grad"
+    ]
+    per_step = [r if r.kind != "param_grad" else replace(r, call=1) for r in backward_grads(1.0, 1.0)]
+    records = records_run([per_micro_batch], [per_step])
+    assert records[0].grads_one_sided == ()
+    v = judge_run(RunSide(run()), RunSide(run()), records, default_table())
+    assert v.passed and v.first is None
+    # the same granularity gap with a.weight's grad gone from the candidate: one-sided again
+    gone = [r for r in per_step if r.name != "a.weight"]
+    assert records_run([per_micro_batch], [gone])[0].grads_one_sided == (("a.weight", "baseline"),)

@@ -11,7 +11,8 @@ expects), ``story`` (the case's origin across phases).
 
 Training runs: ``training_run`` (the first divergent step, what and where), ``training_contract``
 (the two sides' plans compared before step 0), ``training_scalars`` (one step's scalars),
-``training_records`` (each step's per-layer evidence), ``training_envelope`` (the noise
+``training_records`` (each step's per-layer evidence), ``grads_one_sided`` (parameter grads
+one side has and the other not), ``training_envelope`` (the noise
 envelope lane), ``training_traces`` (the verdict of two traces), ``training_settings`` (adapters and precision
 judged before step 0; a plan difference told in the framework's own argument names),
 ``frozen_params`` (parameters both sides freeze, checked unchanged instead of judged),

@@ -16,6 +16,7 @@ from ..compare.pairs import Comparison, PairResult, broken_alike
 from ..trace.records import Record, Trace
 from ..trace.step_scalars import StepScalars
 from ..vocabulary import FAILED, Phase
+from .grads_one_sided import one_sided_grads
 from .phase import Divergence, find_first
 
 UNIFORM = 1e-3  # relative spread under which per-parameter grad-norm ratios are "one factor"
@@ -42,11 +43,16 @@ class StepRecords:
     # every loss record of the step matched: the loss's gradient differs, not (yet) its value.
     loss_grad: Divergence | None = None
     losses_matched: int = 0
+    # Parameter grads one side recorded and the other did not, no reason given: (name, the
+    # side that has it). A grad missing on one side is a difference, never a pair skipped.
+    grads_one_sided: tuple[tuple[str, str], ...] = ()
 
     @property
     def diverged(self) -> bool:
-        return any(x is not None for x in (self.forward, self.loss, self.backward, self.update)) or bool(
-            self.calls
+        return (
+            any(x is not None for x in (self.forward, self.loss, self.backward, self.update))
+            or bool(self.calls)
+            or bool(self.grads_one_sided)
         )
 
 
@@ -96,6 +102,7 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
             grads_changed=_changed_after_backward(grads, pairs),
             loss_grad=loss_grad,
             losses_matched=len(losses) if loss_grad is not None else 0,
+            grads_one_sided=one_sided_grads(pairs),
         )
     return out
 

@@ -27,6 +27,8 @@ from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingPlan, TrainingSettings, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
+from .grads_one_sided import PATTERN as ONE_SIDED
+from .grads_one_sided import grads_evidence
 from .story import origin_of
 from .training_contract import (
     ContractDiff,
@@ -363,7 +365,9 @@ def _step_first(
         ("loss", _loss(step, rec, scalar)),
         (
             "backward",
-            _after_backward(step, rec, base, cand, scalar, judge.lane) or _backward(step, rec, scalar),
+            _grads_one_sided(step, rec)
+            or _after_backward(step, rec, base, cand, scalar, judge.lane)
+            or _backward(step, rec, scalar),
         ),
         ("clipping", _scalar_as(step, scalar, "clipping")),
         ("schedule", _scalar_as(step, scalar, "schedule")),
@@ -436,6 +440,14 @@ def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None
     if scalar is not None and scalar.what in ("backward", "forward_or_backward", "grad_reduction"):
         return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
     return None
+
+
+def _grads_one_sided(step: int, rec: StepRecords) -> FirstDivergent | None:
+    """Parameters that got a grad on one side only (``grads_one_sided``)."""
+    if not rec.grads_one_sided:
+        return None
+    evidence = grads_evidence(step, rec.grads_one_sided)
+    return FirstDivergent(step, "backward", rec.grads_one_sided[0][0], evidence, ONE_SIDED)
 
 
 def _after_backward(
