@@ -6,13 +6,18 @@ What it measures
     (``benchmarks/_shared.py``; every module's inputs and outputs, as ``InGraphStats`` takes
     them, captured from one eager forward), then, for each variant of the statistics vector,
     one ``torch.compile``d function (inductor, CPU) that computes the vectors of all of them,
-    timed in interleaved rounds (medians, wall and CPU seconds). The variants:
+    timed in interleaved rounds (medians, wall and CPU seconds). Each distinct shape gets its
+    own compiled function (one tensor of it timed, times the number of tensors of that shape:
+    a step's statistics, without compiling a graph of all of them). The variants:
 
-    ``f64``      every statistic on the tensor widened to float64 (the vector before this change)
-    ``native``   max, min and the NaN/Inf counts on the tensor as it is (exact in its own
-                 dtype), the sum and the sum of squares accumulated in float64
+    ``f64``      every statistic on the tensor widened to float64, the counts by ``isnan`` and
+                 ``isinf`` (the vector before this change: inductor's CPU code has no vector
+                 ``isnan``/``isinf`` for float64, it stores each 16 values and tests them one by one)
+    ``compares`` as ``f64``, the counts by ``w != w`` and ``|w| == inf`` (vectorised compares)
+    ``native``   as ``compares``, max, min and the counts on the tensor as it is (exact in
+                 its own dtype), only the sums on the float64 widening
+    ``nocounts`` as ``f64`` without the two counts (to see what they cost)
     ``f32acc``   as ``native``, the sums accumulated in float32 (to see what float64 costs)
-    ``nocounts`` as ``native`` without the two counts (to see what they cost)
     ``current``  ``compiled_stats.stats_vector_in_graph`` as it is in this checkout
 
     Also reported: each variant's largest error of the mean (relative to the tensor's largest
@@ -50,23 +55,45 @@ def _f64(t: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _native(acc: torch.dtype, counts: bool) -> Vector:
-    def vector(t: torch.Tensor) -> torch.Tensor:
-        w = t.detach()
-        wide = w.to(acc)
-        parts = [w.amax().double(), w.amin().double(), wide.sum().double(), (wide * wide).sum().double()]
-        if counts:
-            parts += [w.isnan().sum().double(), w.isinf().sum().double()]
-        return torch.stack(parts)
+def _compares(t: torch.Tensor) -> torch.Tensor:
+    w = t.detach().to(torch.float64)
+    nan, inf = w != w, w.abs() == torch.inf
+    return torch.stack([w.amax(), w.amin(), w.sum(), (w * w).sum(), nan.sum().double(), inf.sum().double()])
 
-    return vector
+
+def _native(t: torch.Tensor) -> torch.Tensor:
+    w = t.detach()
+    wide = w.to(torch.float64)
+    nan, inf = w != w, w.abs() == torch.inf
+    return torch.stack(
+        [
+            w.amax().double(),
+            w.amin().double(),
+            wide.sum(),
+            (wide * wide).sum(),
+            nan.sum().double(),
+            inf.sum().double(),
+        ]
+    )
+
+
+def _nocounts(t: torch.Tensor) -> torch.Tensor:
+    w = t.detach().to(torch.float64)
+    return torch.stack([w.amax(), w.amin(), w.sum(), (w * w).sum()])
+
+
+def _f32acc(t: torch.Tensor) -> torch.Tensor:
+    w = t.detach()
+    nan, inf = w != w, w.abs() == torch.inf
+    return torch.stack([w.amax(), w.amin(), w.sum(), (w * w).sum(), nan.sum(), inf.sum()]).double()
 
 
 VARIANTS: dict[str, Vector] = {
     "f64": _f64,
-    "native": _native(torch.float64, True),
-    "f32acc": _native(torch.float32, True),
-    "nocounts": _native(torch.float64, False),
+    "compares": _compares,
+    "native": _native,
+    "nocounts": _nocounts,
+    "f32acc": _f32acc,
     "current": stats_vector_in_graph,
 }
 
@@ -100,46 +127,54 @@ def main() -> None:
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
     tensors = captured(model, ids)
-    floats = [t for t in tensors if t.is_floating_point()]
-    reference = [
-        (t.double().sum().item(), t.double().square().sum().item(), t.abs().max().item()) for t in floats
-    ]
+    groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.is_floating_point():
+            groups.setdefault((tuple(t.shape), t.dtype), []).append(t)
+    reps = [ts[0] for ts in groups.values()]  # one tensor of each shape, its statistics timed
+    counts = [len(ts) for ts in groups.values()]
     facts: dict[str, Any] = {
         "size": args.size,
         "tensors": len(tensors),
+        "shapes": len(reps),
         "elements": sum(t.numel() for t in tensors),
     }
-    fns = {}
-    for name in args.variants.split(","):
-        vector = VARIANTS[name]
-        fn = torch.compile(lambda ts, vector=vector: torch.stack([vector(t) for t in ts]))
+    names = args.variants.split(",")
+    fns = {(n, i): torch.compile(VARIANTS[n], dynamic=False) for n in names for i in range(len(reps))}
+    for name in names:
         began = time.perf_counter()
-        rows = fn(floats).tolist()
+        rows = [fns[name, i](t).tolist() for i, t in enumerate(reps)]
         facts[f"{name}_compile_s"] = round(time.perf_counter() - began, 1)
-        pairs = list(zip(rows, reference, floats, strict=True))
-        # the test's rule: |mean - mean_ref| / max|x| and the norm's relative error
-        facts[f"{name}_mean_err"] = max(
-            abs(r[2] - s) / (max(m, 1e-300) * t.numel()) for r, (s, _, m), t in pairs
-        )
-        facts[f"{name}_norm_err"] = max(
-            abs(r[3] ** 0.5 - q**0.5) / max(q**0.5, 1e-300) for r, (_, q, _), _t in pairs
-        )
-        fns[name] = fn
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+        # the test's rule: |mean - mean_ref| / max|x| and the norm's relative error, against
+        # torch's float64 sums
+        mean_err = norm_err = 0.0
+        for r, t in zip(rows, reps, strict=True):
+            total, squares, top = (
+                t.double().sum().item(),
+                t.double().square().sum().item(),
+                t.abs().max().item(),
+            )
+            mean_err = max(mean_err, abs(r[2] - total) / (max(top, 1e-300) * t.numel()))
+            norm_err = max(norm_err, abs(r[3] ** 0.5 - squares**0.5) / max(squares**0.5, 1e-300))
+        facts[f"{name}_mean_err"], facts[f"{name}_norm_err"] = mean_err, norm_err
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     order = random.Random(0)
     for _ in range(args.rounds):
-        names = list(fns)
         order.shuffle(names)
-        for name in names:
-            wall, cpu = time.perf_counter(), time.process_time()
-            fns[name](floats).tolist()
-            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+        for name in names:  # one step's statistics: each shape's kernel times its tensor count
+            wall = cpu = 0.0
+            for i, t in enumerate(reps):
+                w, c = time.perf_counter(), time.process_time()
+                fns[name, i](t)
+                wall += (time.perf_counter() - w) * counts[i]
+                cpu += (time.process_time() - c) * counts[i]
+            times[name].append((wall, cpu))
     for name, rows in times.items():
         facts[f"{name}_ms"] = round(1000 * statistics.median(r[0] for r in rows), 2)
         facts[f"{name}_cpu_ms"] = round(1000 * statistics.median(r[1] for r in rows), 2)
     facts["rounds"] = args.rounds
     facts.update(run_facts(load_start, os.getloadavg()[0]))
-    for name in fns:
+    for name in sorted(names):
         print(
             f"{name:9s} {facts[f'{name}_ms']:8.2f} ms wall {facts[f'{name}_cpu_ms']:8.2f} ms CPU; "
             f"mean err {facts[f'{name}_mean_err']:.3g} x max|x|, norm rel err {facts[f'{name}_norm_err']:.3g}"

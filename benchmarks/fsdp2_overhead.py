@@ -178,18 +178,17 @@ def _profile(step: Any, rank: int, top: int) -> None:
     for variant, profiler in profilers.items():
         table = pstats.Stats(profiler).strip_dirs().stats  # type: ignore[attr-defined]
         own[variant] = {fn: (row[1], row[2], row[3]) for fn, row in table.items()}
-    added = sorted(
-        own["stats"],
-        key=lambda fn: own["stats"][fn][1] - own["bare"].get(fn, (0, 0.0, 0.0))[1],
-        reverse=True,
-    )
-    print(f"{'own s/step added':>16} {'cum s/step':>10} {'calls/step':>10}  function")
-    for fn in added[:top]:
-        calls, tot, cum = own["stats"][fn]
-        base = own["bare"].get(fn, (0, 0.0, 0.0))
-        print(
-            f"{(tot - base[1]) / 3:16.4f} {cum / 3:10.4f} {(calls - base[0]) / 3:10.0f}  {fn[2]} ({fn[0]}:{fn[1]})"
+    for column, title in ((1, "own"), (2, "cumulative")):
+        added = sorted(
+            own["stats"],
+            key=lambda fn: own["stats"][fn][column] - own["bare"].get(fn, (0, 0.0, 0.0))[column],
+            reverse=True,
         )
+        print(f"{title + ' s/step added':>24} {'calls/step added':>16}  function")
+        for fn in added[:top]:
+            calls, base = own["stats"][fn][0], own["bare"].get(fn, (0, 0.0, 0.0))
+            seconds = (own["stats"][fn][column] - base[column]) / 3
+            print(f"{seconds:24.4f} {(calls - base[0]) / 3:16.0f}  {fn[2]} ({fn[0]}:{fn[1]})")
     total = {v: sum(r[1] for r in own[v].values()) / 3 for v in own}
     print(f"profiled own time per step: bare {total['bare']:.3f} s, stats {total['stats']:.3f} s")
 
