@@ -15,7 +15,8 @@ What it measures
     Reported: medians, the median of the per-round paired ratios stats/bare (wall and CPU
     time: the process's CPU seconds, which a loaded machine disturbs less), dynamo's graph
     and break counts of each variant's compile, whether loss and every grad are bitwise equal,
-    and the host syncs per recorded step.
+    the host syncs per recorded step, and each variant's median forward, backward (the
+    parameter grads' hooks run in it) and rest (the recorder's enter and exit) seconds.
 
 Goal: the paired ratio <= 1.05 at the mid size (``benchmarks/_shared.py``).
 
