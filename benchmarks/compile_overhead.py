@@ -15,7 +15,8 @@ What it measures
     Reported: medians, the median of the per-round paired ratios stats/bare (wall and CPU
     time: the process's CPU seconds, which a loaded machine disturbs less), dynamo's graph
     and break counts of each variant's compile, whether loss and every grad are bitwise equal,
-    and the host syncs per recorded step.
+    the host syncs per recorded step, and each variant's median forward, backward (the
+    parameter grads' hooks run in it) and rest (the recorder's enter and exit) seconds.
 
 Goal: the paired ratio <= 1.05 at the mid size (``benchmarks/_shared.py``).
 
@@ -62,6 +63,8 @@ def main() -> None:
     in_graph_stats(model)  # the in-graph hooks exist before the first compile, as Recorder.start adds them
     compiled = torch.compile(model, backend=args.backend)
 
+    sections: dict[str, list[tuple[float, float, float]]] = {"bare": [], "stats": []}
+
     def step(record: bool) -> tuple[float, float, float, Any]:
         model.zero_grad(set_to_none=True)
         gc.collect()
@@ -69,11 +72,18 @@ def main() -> None:
         rec = HookRecorder(compiled, mode="stats") if record else None
         if rec is not None:
             rec.__enter__()
+        began = time.perf_counter()
         loss = compiled(input_ids=ids, labels=ids).loss
+        forward = time.perf_counter()
         loss.backward()
+        backward = time.perf_counter()
         if rec is not None:
             rec.__exit__(None, None, None)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        # the forward, the backward (the parameter grads' hooks in it), and the rest (enter, exit)
+        sections["stats" if record else "bare"].append(
+            (forward - began, backward - forward, wall - (backward - began))
+        )
         traced = time.perf_counter()
         records = len(rec.trace({}).records) if rec is not None else 0
         return wall, cpu, time.perf_counter() - traced, (loss.detach(), records)
@@ -98,6 +108,8 @@ def main() -> None:
         torch.equal(grads["bare"][n], grads["stats"][n]) for n in grads["bare"]
     )
     times: dict[str, list[tuple[float, float, float]]] = {"bare": [], "stats": []}
+    for rows in sections.values():  # the warm-up's compiles are not a section's time
+        rows.clear()
     order = random.Random(0)
     for _ in range(args.rounds):
         variants = ["bare", "stats"]
@@ -109,6 +121,9 @@ def main() -> None:
     for name, rows in times.items():
         facts[f"{name}_s"] = round(statistics.median(r[0] for r in rows), 4)
         facts[f"{name}_cpu_s"] = round(statistics.median(r[1] for r in rows), 4)
+    for name, rows in sections.items():  # medians of the forward, the backward, the rest
+        for i, part in enumerate(("forward", "backward", "rest")):
+            facts[f"{name}_{part}_s"] = round(statistics.median(r[i] for r in rows), 4)
     facts["trace_s"] = round(statistics.median(r[2] for r in times["stats"]), 4)
     pairs = list(zip(times["bare"], times["stats"], strict=True))
     facts["paired_ratio"] = round(statistics.median(s[0] / b[0] for b, s in pairs), 4)
@@ -120,6 +135,13 @@ def main() -> None:
         f"{facts['paired_ratio']} (CPU {facts['paired_cpu_ratio']}); graphs/breaks bare "
         f"{facts['graphs_bare']}/{facts['breaks_bare']}, stats {facts['graphs_stats']}/{facts['breaks_stats']}; "
         f"bitwise {facts['bitwise_equal']}"
+    )
+    print(
+        "forward / backward / rest s: "
+        + "; ".join(
+            f"{name} {facts[f'{name}_forward_s']} / {facts[f'{name}_backward_s']} / {facts[f'{name}_rest_s']}"
+            for name in ("bare", "stats")
+        )
     )
     print(json.dumps(facts))
 

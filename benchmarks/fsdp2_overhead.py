@@ -42,6 +42,13 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--size", default="mid")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of timing: cProfile N recorded steps on rank 0, print the top N functions by own time",
+    )
     options = parser.parse_args(argv)
     if "RANK" not in os.environ:  # launch ourselves on 2 ranks
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -100,10 +107,14 @@ def run(options: argparse.Namespace) -> None:
         dist.all_reduce(used)  # both ranks' CPU seconds (outside the timed wall clock)
         return wall, float(used)
 
-    times: dict[str, list[float]] = {"bare": [], "stats": []}
-    cpu: dict[str, list[float]] = {"bare": [], "stats": []}
     step(False)  # warm-up: first steps build kernels and allocate
     step(True)
+    if options.profile:
+        _profile(step, rank, options.profile)
+        dist.destroy_process_group()
+        return
+    times: dict[str, list[float]] = {"bare": [], "stats": []}
+    cpu: dict[str, list[float]] = {"bare": [], "stats": []}
     for r in range(options.rounds):
         order = ("bare", "stats") if r % 2 == 0 else ("stats", "bare")
         for variant in order:
@@ -143,6 +154,43 @@ def run(options: argparse.Namespace) -> None:
         }
         print(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _profile(step: Any, rank: int, top: int) -> None:
+    """cProfile 3 bare and 3 recorded steps on rank 0 (rank 1 runs them unprofiled); print the
+    functions whose own CPU time the recorded steps add most, per step."""
+    import cProfile
+    import pstats
+
+    # timed by CPU time: the machine's load does not add to a function's time
+    profilers = {v: cProfile.Profile(time.process_time) for v in ("bare", "stats")}
+    for _ in range(3):
+        for variant, profiler in profilers.items():
+            step(variant == "stats")  # untimed, as in the timed rounds
+            if rank == 0:
+                profiler.enable()
+            step(variant == "stats")
+            if rank == 0:
+                profiler.disable()
+    if rank != 0:
+        return
+    own: dict[str, dict[Any, tuple[int, float, float]]] = {}
+    for variant, profiler in profilers.items():
+        table = pstats.Stats(profiler).strip_dirs().stats  # type: ignore[attr-defined]
+        own[variant] = {fn: (row[1], row[2], row[3]) for fn, row in table.items()}
+    for column, title in ((1, "own"), (2, "cumulative")):
+        added = sorted(
+            own["stats"],
+            key=lambda fn: own["stats"][fn][column] - own["bare"].get(fn, (0, 0.0, 0.0))[column],
+            reverse=True,
+        )
+        print(f"{title + ' s/step added':>24} {'calls/step added':>16}  function")
+        for fn in added[:top]:
+            calls, base = own["stats"][fn][0], own["bare"].get(fn, (0, 0.0, 0.0))
+            seconds = (own["stats"][fn][column] - base[column]) / 3
+            print(f"{seconds:24.4f} {(calls - base[0]) / 3:16.0f}  {fn[2]} ({fn[0]}:{fn[1]})")
+    total = {v: sum(r[1] for r in own[v].values()) / 3 for v in own}
+    print(f"profiled own time per step: bare {total['bare']:.3f} s, stats {total['stats']:.3f} s")
 
 
 if __name__ == "__main__":

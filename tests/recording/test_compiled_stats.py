@@ -129,3 +129,33 @@ def test_compiled_user_run_records_what_the_eager_run_does_and_compares_aligned(
     assert len(not_compared) == 1 and "grad_input and grad_output records" in not_compared[0], not_compared
     assert "not recorded under torch.compile" in not_compared[0]
     assert "PASSED run_vs_run[backward]" in judged.output
+
+
+@pytest.mark.slow  # an inductor compile (C++), ~10 s on 2 cores
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype: torch.dtype) -> None:
+    """Inductor's CPU code for the statistics vector has no element-by-element loop (it has no
+    vector ``isnan``/``isinf`` for float64: those tested 16 values one at a time, most of the
+    kernel's time), and the counts are exact with NaN, +Inf and -Inf in the tensor."""
+    from torch._inductor.utils import run_and_get_code
+
+    from pytest_precalign.recording.compiled_stats import stats_vector_in_graph
+
+    torch._dynamo.reset()
+    t = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(dtype)
+    t[[3, 700, 701]] = torch.nan
+    t[[5, 9]] = torch.inf
+    t[4000] = -torch.inf
+    vector, codes = run_and_get_code(torch.compile(stats_vector_in_graph, backend="inductor"), t)
+    assert vector[4:].tolist() == [3.0, 3.0]
+    assert torch.isnan(vector[:4]).all()  # max, min, sum, squares of a tensor holding NaN
+    code = "\n".join(codes)
+    assert "std::isnan(tmpbuf" not in code and "std::isinf(tmpbuf" not in code, code[:2000]
+    finite = torch.randn(4096, generator=torch.Generator().manual_seed(1)).to(dtype)
+    vector = torch.compile(stats_vector_in_graph, backend="inductor")(finite)
+    wide = finite.double()
+    assert vector[:2].tolist() == [wide.max().item(), wide.min().item()]
+    assert vector[4:].tolist() == [0.0, 0.0]
+    assert math.isclose(vector[2].item(), wide.sum().item(), rel_tol=1e-12, abs_tol=1e-12)
+    assert math.isclose(vector[3].item(), wide.square().sum().item(), rel_tol=1e-12)
