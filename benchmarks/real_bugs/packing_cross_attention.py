@@ -4,10 +4,11 @@ across the packed rows: only flash-attention read the boundaries from ``position
 (transformers PR #39194, which finds the packed sequences from ``position_ids`` in the mask
 code, ``masking_utils.find_packed_sequence_indices``, for every attention).
 
-Buggy side, a re-implementation: ``find_packed_sequence_indices`` returns None (one sequence
-per row: what the masks assumed before the fix). User path: a Trainer fine-tune with
-``DataCollatorWithFlattening`` recorded with ``PrecalignCallback(mode="stats")``. Twin: one
-row per micro-batch, where nothing is packed."""
+Buggy and fixed releases from the registry: transformers 4.53.0 (``create_causal_mask``
+without packed sequences) and 4.53.1 (the first with ``find_packed_sequence_indices``),
+each in its own venv, the same script. User path: a Trainer fine-tune with
+``DataCollatorWithFlattening`` recorded with ``PrecalignCallback(mode="stats")``. Twin: the
+same upgrade with one row per micro-batch, where nothing is packed."""
 
 from __future__ import annotations
 
@@ -18,10 +19,8 @@ from _trainer import finetune
 
 
 def record(out: Path, side: str, trigger: bool) -> None:
-    from transformers import DataCollatorWithFlattening, masking_utils
+    from transformers import DataCollatorWithFlattening
 
-    if side == "buggy":
-        masking_utils.find_packed_sequence_indices = lambda position_ids: None
     collator = DataCollatorWithFlattening(return_position_ids=True)
     if trigger:
         finetune(out, tiny_qwen2(), collator=collator, mode="stats", steps=4)
