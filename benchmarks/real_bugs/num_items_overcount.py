@@ -4,15 +4,16 @@ position 0: the denominator was too large by one per row, every loss and gradien
 under-scaled (transformers PR #46204, "Fix num_items_in_batch over-counting for causal LM
 losses").
 
-Buggy and fixed releases from the registry: transformers 5.10.0 (``Trainer._get_num_items_in_batch``
-counts ``batch["labels"]``) and 5.10.1 (the first that counts ``batch["labels"][..., 1:]`` when
-``trainer._loss_shifts_labels``), each in its own venv, the same script. User path: a Trainer
-fine-tune recorded with ``PrecalignCallback`` (scalars). Twin: the same upgrade on the same
-rows with each row's first label already -100 (a prompt token), where both counts agree."""
+Buggy side, a re-implementation quoting the fix: ``Trainer._get_num_items_in_batch`` counts
+``batch["labels"]`` instead of ``batch["labels"][..., 1:]`` (``trainer._loss_shifts_labels =
+False`` takes that branch of the fixed code). User path: a Trainer fine-tune recorded with
+``PrecalignCallback`` (scalars). Twin: the same rows with each row's first label already
+-100 (a prompt token), where both counts agree."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from _tiny import main, pad_batch, tiny_qwen2
@@ -26,7 +27,11 @@ def first_label_ignored(features: list[dict[str, list[int]]]) -> dict[str, torch
 
 
 def record(out: Path, side: str, trigger: bool) -> None:
-    finetune(out, tiny_qwen2(), collator=pad_batch if trigger else first_label_ignored)
+    def setup(trainer: Any) -> None:
+        if side == "buggy":
+            trainer._loss_shifts_labels = False
+
+    finetune(out, tiny_qwen2(), setup=setup, collator=pad_batch if trigger else first_label_ignored)
 
 
 if __name__ == "__main__":
