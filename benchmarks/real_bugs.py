@@ -143,7 +143,7 @@ def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
 def how(bug: Bug) -> str:
     """``releases (buggy -> fixed)``, or ``re-implementation`` and why no release stands in."""
     if bug.buggy_release or bug.fixed_release:
-        names = [(r or "this venv").split()[0] for r in (bug.buggy_release, bug.fixed_release)]
+        names = [r.split()[0] if r else "this venv" for r in (bug.buggy_release, bug.fixed_release)]
         return f"releases ({names[0]} -> {names[1]})"
     return "re-implementation" + (f" ({bug.why_no_release})" if bug.why_no_release else "")
 
