@@ -146,6 +146,14 @@ def judge(base: Path, cand: Path, report: Path) -> dict[str, Any]:
     }
 
 
+def how(bug: Bug) -> str:
+    """``releases (buggy -> fixed)``, or ``re-implementation``."""
+    if bug.buggy_release or bug.fixed_release:
+        names = [r.split()[0] if r else "this venv" for r in (bug.buggy_release, bug.fixed_release)]
+        return f"releases ({names[0]} -> {names[1]})"
+    return "re-implementation"  # why: the results' "Why no release" section
+
+
 def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     step, what, origin = fault["found"]
     # a settings difference is named in the evidence ("weight_decay of model.norm.weight"); any
@@ -155,7 +163,7 @@ def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, An
         "name": bug.name,
         "stack": bug.stack,
         "source": bug.source,
-        "how": "releases" if bug.buggy_release or bug.fixed_release else "re-implementation",
+        "how": how(bug),
         "why_no_release": bug.why_no_release,
         "path": bug.path,
         "expected": [bug.step, bug.what, bug.origin],

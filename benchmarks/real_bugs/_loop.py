@@ -22,6 +22,15 @@ def default_loss(model: torch.nn.Module, batch: Batch, tokens: int) -> torch.Ten
     return model(**batch, num_items_in_batch=tokens).loss
 
 
+def logits_loss(model: torch.nn.Module, batch: Batch, tokens: int) -> torch.Tensor:
+    """The same loss from the logits (summed over the shifted labels, over the step's tokens):
+    for releases whose ``forward`` takes no ``num_items_in_batch`` (transformers < 4.46)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:].reshape(-1)
+    flat = logits[:, :-1].float().reshape(-1, logits.shape[-1])
+    return torch.nn.functional.cross_entropy(flat, labels, ignore_index=-100, reduction="sum") / tokens
+
+
 def train(
     out: Path,
     model: torch.nn.Module,

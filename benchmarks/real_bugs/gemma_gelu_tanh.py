@@ -1,36 +1,33 @@
-"""Gemma was trained with the tanh approximation of GELU, but its config said ``hidden_act:
-"gelu"`` and transformers ran the exact GELU (transformers PR #29402, "[Gemma] Fix the
-activation function": ``hidden_activation`` defaults to ``gelu_pytorch_tanh`` and the exact
-``gelu`` of older configs is replaced by it with a warning).
+"""Gemma was trained with the tanh approximation of GELU, but its checkpoints' config said
+``hidden_act: "gelu"`` and transformers ran the exact GELU (transformers PR #29402, "[Gemma]
+Fix the activation function": ``GemmaMLP`` takes ``config.hidden_activation``, and when a
+config has none, ``gelu_pytorch_tanh`` whatever ``hidden_act`` says, with a warning).
 
-Buggy side, a re-implementation: the MLP's activation is the exact GELU
-(``torch.nn.GELU()``, what ``hidden_act="gelu"`` gave before the fix). User path: the user's
-own fine-tune loop recorded with ``Recorder`` (stats). Twin: a rerun of the fixed model on
-both sides with the activation set explicitly to the tanh approximation on the buggy side
-(the same function: the fix's path). Weights at ``initializer_range=0.5`` so that the
-MLP's inputs are O(1), as in a trained checkpoint (at 0.02 they are ~1e-2, where the two
-functions agree to 1e-7)."""
+Buggy and fixed releases from the registry: transformers 4.38.2 (the last that ran
+``ACT2FN[config.hidden_act]``) and 4.39.0 (the first with the fix), each in its own venv, the
+same script: a Gemma config as the checkpoints shipped it (``hidden_act="gelu"``). User path:
+the user's own fine-tune loop recorded with ``Recorder`` (stats; the loss from the logits:
+4.38's ``forward`` takes no ``num_items_in_batch``). Twin: the same upgrade with
+``hidden_act="gelu_pytorch_tanh"`` (both releases run the tanh GELU). Weights at
+``initializer_range=0.5`` so that the MLP's inputs are O(1), as in a trained checkpoint (at
+0.02 they are ~1e-2, where the two functions agree to 1e-7)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-from _loop import train
+from _loop import logits_loss, train
 from _tiny import build, main, small_config
 
 
 def record(out: Path, side: str, trigger: bool) -> None:
     from transformers import GemmaConfig, GemmaForCausalLM
 
+    act = "gelu" if trigger else "gelu_pytorch_tanh"
     model = build(
-        GemmaForCausalLM,
-        small_config(GemmaConfig, head_dim=8, hidden_activation="gelu_pytorch_tanh", initializer_range=0.5),
+        GemmaForCausalLM, small_config(GemmaConfig, head_dim=8, hidden_act=act, initializer_range=0.5)
     )
-    if side == "buggy":
-        for layer in model.model.layers:
-            layer.mlp.act_fn = torch.nn.GELU() if trigger else torch.nn.GELU(approximate="tanh")
-    train(out, model)
+    train(out, model, loss=logits_loss)
 
 
 if __name__ == "__main__":

@@ -2,41 +2,37 @@
 ``(1 + weight)`` (Llama's order), where the reference multiplies in fp32 and casts once
 (transformers PR #29402: "Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)").
 
-Buggy side, a re-implementation quoting the fix's comment: ``GemmaRMSNorm.forward`` returns
-``output.type_as(x) * (1.0 + self.weight)`` (two roundings) instead of
-``(output * (1.0 + self.weight.float())).type_as(x)``. The model is bf16 with norm weights
-as a trained checkpoint has them (not the zeros of a fresh init). User path: the user's own
-bf16 fine-tune loop recorded with ``Recorder`` (stats). Twin: the same model in fp32, where
-the two orders round alike."""
+Buggy and fixed releases from the registry: transformers 4.38.2 (``GemmaRMSNorm.forward``
+returns ``self._norm(x.float()).type_as(x) * (1 + self.weight)``) and 4.39.0
+(``(output * (1.0 + self.weight.float())).type_as(x)``), each in its own venv, the same
+script. A bf16 Gemma with hidden size 64 (its embedding normaliser ``sqrt(64) = 8`` is exact
+in bf16, so the release's other Gemma fix, ``gemma_normalizer_dtype``, cannot fire), the tanh
+GELU named explicitly (nor can ``gemma_gelu_tanh``), and norm weights as a trained checkpoint
+has them (not the zeros of a fresh init). User path: the user's own bf16 fine-tune loop
+recorded with ``Recorder`` (stats). Twin: the same upgrade in fp32, where the two orders
+round alike."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from _loop import train
+from _loop import logits_loss, train
 from _tiny import build, main, small_config
-
-
-def buggy_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    output = self._norm(x.float())
-    return output.type_as(x) * (1.0 + self.weight)
 
 
 def record(out: Path, side: str, trigger: bool) -> None:
     from transformers import GemmaConfig, GemmaForCausalLM
-    from transformers.models.gemma import modeling_gemma
 
-    if side == "buggy":
-        modeling_gemma.GemmaRMSNorm.forward = buggy_forward
     dtype = torch.bfloat16 if trigger else torch.float32
-    model = build(GemmaForCausalLM, small_config(GemmaConfig, head_dim=8), dtype=torch.float32)
+    config = small_config(GemmaConfig, hidden_size=64, head_dim=16, hidden_act="gelu_pytorch_tanh")
+    model = build(GemmaForCausalLM, config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    train(out, model.to(dtype), precision="bfloat16" if trigger else None)
+    train(out, model.to(dtype), loss=logits_loss, precision="bfloat16" if trigger else None)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,15 @@ across the packed rows: only flash-attention read the boundaries from ``position
 (transformers PR #39194, which finds the packed sequences from ``position_ids`` in the mask
 code, ``masking_utils.find_packed_sequence_indices``, for every attention).
 
-Buggy side, a re-implementation: ``find_packed_sequence_indices`` returns None (one sequence
-per row: what the masks assumed before the fix). User path: a Trainer fine-tune with
-``DataCollatorWithFlattening`` recorded with ``PrecalignCallback(mode="stats")``. Twin: one
-row per micro-batch, where nothing is packed."""
+Buggy and fixed releases from the registry: transformers 4.53.0 (``create_causal_mask``
+without packed sequences) and 4.53.1 (the first with ``find_packed_sequence_indices``),
+each in its own venv, the same script. 4.53.1 reads the packed rows only when no cache is
+passed (``past_key_values is None``); with the config's default ``use_cache=True`` its Qwen2
+builds a ``DynamicCache`` in training too and the fix does not apply (both releases then agree:
+found by this benchmark), so the run sets ``use_cache=False``, as fine-tuning scripts do. User
+path: a Trainer fine-tune with ``DataCollatorWithFlattening`` recorded with
+``PrecalignCallback(mode="stats")``. Twin: the
+same upgrade with one row per micro-batch, where nothing is packed."""
 
 from __future__ import annotations
 
@@ -18,15 +23,13 @@ from _trainer import finetune
 
 
 def record(out: Path, side: str, trigger: bool) -> None:
-    from transformers import DataCollatorWithFlattening, masking_utils
+    from transformers import DataCollatorWithFlattening
 
-    if side == "buggy":
-        masking_utils.find_packed_sequence_indices = lambda position_ids: None
     collator = DataCollatorWithFlattening(return_position_ids=True)
     if trigger:
-        finetune(out, tiny_qwen2(), collator=collator, mode="stats", steps=4)
+        finetune(out, tiny_qwen2(use_cache=False), collator=collator, mode="stats", steps=4)
     else:
-        finetune(out, tiny_qwen2(), collator=collator, mode="stats", steps=4, per_device=1)
+        finetune(out, tiny_qwen2(use_cache=False), collator=collator, mode="stats", steps=4, per_device=1)
 
 
 if __name__ == "__main__":

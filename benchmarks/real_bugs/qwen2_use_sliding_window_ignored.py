@@ -1,13 +1,15 @@
 """A Qwen2 checkpoint with ``"use_sliding_window": false`` and a ``sliding_window`` value
 (DeepSeek-R1-Distill-Qwen's config) still ran sliding-window attention: logits past the
 window differed from the same model with ``sliding_window=None`` (transformers issue #38002,
-"use_sliding_window doesn't work as expected"; the config now drops the window when
-``use_sliding_window`` is false).
+"use_sliding_window doesn't work as expected"). The eager/SDPA mask of
+``Qwen2Model._prepare_4d_causal_attention_mask_with_cache_position`` tested only
+``config.sliding_window is not None``; from 4.52 it also tests ``use_sliding_window``.
 
-Buggy side, a re-implementation: the config's ``layer_types`` are ``sliding_attention``
-although ``use_sliding_window`` is false (what the buggy release's attention did). User
-path: the user's own fine-tune loop recorded with ``Recorder`` (stats). Twin: rows no longer
-than the window, where both attend the same keys."""
+Buggy and fixed releases from the registry: transformers 4.51.3 (the last with the window
+applied whatever ``use_sliding_window`` says) and 4.52.4 (fixed; 4.52.0 was the first with
+the fix, 4.52.4 its last patch), each in its own venv, the same script. User path: the
+user's own fine-tune loop recorded with ``Recorder`` (stats). Twin: the same upgrade on rows
+no longer than the window, where both attend the same keys."""
 
 from __future__ import annotations
 
@@ -23,9 +25,6 @@ def record(out: Path, side: str, trigger: bool) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = small_config(Qwen2Config, use_sliding_window=False, sliding_window=WINDOW, max_window_layers=0)
-    if side == "buggy":
-        config.sliding_window = WINDOW
-        config.layer_types = ["sliding_attention"] * config.num_hidden_layers
     model = build(Qwen2ForCausalLM, config)
     rows = token_rows(16, 8, 14) if trigger else token_rows(16, 3, WINDOW)
     train(out, model, rows=rows)
