@@ -20,8 +20,9 @@ from .vocabulary import PHASES
 if TYPE_CHECKING:
     from .align_runner import AlignRunner
     from .config.specs import AlignConfig, CaseSpec
+    from .reports.outcome import ItemOutcome
     from .run.case import CaseRun
-    from .run.outcome import ItemOutcome, PerCase
+    from .run.outcome import PerCase
     from .vocabulary import Phase
 
 
@@ -275,8 +276,8 @@ class AlignItem(_CaseItem):
         assert state.config is not None and state.runs is not None
         if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
             return _settle(self, _baseline_outcome(self, state.config, state.runs, state.run_id))
+        from .reports.outcome import phase_outcome
         from .reports.text import PhaseReport
-        from .run.outcome import phase_outcome
 
         align_config, case = state.config, self.case
         run: CaseRun = state.runs.take(case.name, len(case.phases), lambda: self._run(align_config))

@@ -18,10 +18,11 @@ from .compare.pairs import SHARED_NONFINITE
 from .config.search import SearchSpec, ids_block
 from .config.specs import AlignConfig, CaseSpec
 from .errors import CaseError
+from .reports.outcome import ItemOutcome
 from .reports.text import PhaseReport, failure_message
 from .run.case import case_table
 from .run.live import live_case
-from .run.outcome import CaseRun, FinishInputs, ItemOutcome, finish
+from .run.outcome import CaseRun, FinishInputs, finish
 from .run.side import run_side
 from .sources import LoadedModel
 from .sources.inputs import CaseInputs, explicit_inputs, vocabulary_size
@@ -115,7 +116,16 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             cand = run_side(candidate, data, forward, {**manifest, "side": "candidate"}, seed)
             return finish(
                 FinishInputs(
-                    case.name, ("forward",), base, cand, table, started, case.mapping, forward, sync, env
+                    name=case.name,
+                    phases=("forward",),
+                    baseline=base,
+                    candidate=cand,
+                    table=table,
+                    started=started,
+                    mapping=case.mapping,
+                    case=forward,
+                    sync=sync,
+                    environment=env,
                 )
             )
 

@@ -17,9 +17,10 @@ from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.reports.document import report_document
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import check_modules, run_case
-from pytest_precalign.run.outcome import CaseRun, phase_outcome
+from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.run.step_replay import StateCarrier, not_replayable, replay_step
 from tests.helpers.late_nets import LATE_NET
 

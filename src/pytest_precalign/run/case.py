@@ -129,17 +129,17 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     del baseline, candidate  # refcounting frees them; a full gc.collect() costs ~0.25 s a case
     run = finish(
         FinishInputs(
-            case.name,
-            case.phases,
-            base_trace,
-            cand_trace,
-            table,
-            started,
-            case.mapping,
-            case,
-            sync,
-            env,
-            isolated[0] if isolated else None,
+            name=case.name,
+            phases=case.phases,
+            baseline=base_trace,
+            candidate=cand_trace,
+            table=table,
+            started=started,
+            mapping=case.mapping,
+            case=case,
+            sync=sync,
+            environment=env,
+            isolated=isolated[0] if isolated else None,
             judge_steps=judge,
             envelope=envelope,
         )
@@ -174,7 +174,15 @@ def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
     table = case_table(config, case)
     return finish(
         FinishInputs(
-            case.name, case.phases, base, cand, table, started, case.mapping, case, None, dict(base.manifest)
+            name=case.name,
+            phases=case.phases,
+            baseline=base,
+            candidate=cand,
+            table=table,
+            started=started,
+            mapping=case.mapping,
+            case=case,
+            environment=dict(base.manifest),
         )
     )
 
@@ -250,16 +258,15 @@ def _run_modules(
     why = "the modules were built by the test, and the tool cannot rebuild them as they were at step 0"
     return finish(
         FinishInputs(
-            case.name,
-            case.phases,
-            a,
-            b,
-            table,
-            started,
-            case.mapping,
-            None,
-            sync,
-            env,
+            name=case.name,
+            phases=case.phases,
+            baseline=a,
+            candidate=b,
+            table=table,
+            started=started,
+            mapping=case.mapping,
+            sync=sync,
+            environment=env,
             judge_steps=judge,
             replay=why,
         )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
@@ -79,9 +78,19 @@ def contract_before_training(
         for side, (_, spec), settings in zip(("baseline", "candidate"), sides, (base, cand), strict=True)
     ]
     inputs = FinishInputs(
-        case.name, case.phases, traces[0], traces[1], table, started, mapping, case, sync, dict(environment)
+        name=case.name,
+        phases=case.phases,
+        baseline=traces[0],
+        candidate=traces[1],
+        table=table,
+        started=started,
+        mapping=mapping,
+        case=case,
+        sync=sync,
+        environment=dict(environment),
+        check_mapping=False,
     )
-    run = finish(replace(inputs, check_mapping=False))
+    run = finish(inputs)
     return run if run.stopped else None
 
 

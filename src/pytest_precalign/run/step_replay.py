@@ -109,16 +109,16 @@ def replay_step(
     del baseline, candidate
     run = finish(
         FinishInputs(
-            case.name,
-            case.phases,
-            traces[0],
-            traces[1],
-            _table(config, case),
-            0.0,
-            case.mapping,
-            rcase,
-            sync,
-            env,
+            name=case.name,
+            phases=case.phases,
+            baseline=traces[0],
+            candidate=traces[1],
+            table=_table(config, case),
+            started=0.0,
+            mapping=case.mapping,
+            case=rcase,
+            sync=sync,
+            environment=env,
             check_mapping=False,
         )
     )
