@@ -30,6 +30,7 @@ from ..mapping.usage import MappingUse, check_applied
 from ..parallel.dp_join import without_lone_replica_grads
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
+from ..verdict.case_facts import CaseFacts, case_facts
 from ..verdict.case_verdict import CaseJudging, judge_case
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict
@@ -97,18 +98,19 @@ def finish(job: FinishInputs) -> CaseRun:
     """Map the candidate to the baseline's names, compare, and judge the case (one call of
     ``judge_case``). A mapping rule that applied to no record (nor, with weight sync,
     parameter) is a ``ConfigError``."""
+    cand_in, peft_reasons = peft_aligned(job.baseline, job.candidate)  # a LoRA run vs a plain one
+    facts = case_facts(job.baseline, cand_in)  # the manifests read once, for all that follows
     # Two recordings of a run in other modes or on other steps: compared on what both hold.
-    both = on_both(job.baseline, job.candidate)
-    base_trace = both.baseline
-    cand_in, peft_reasons = peft_aligned(base_trace, both.candidate)  # a LoRA run vs a plain one
+    both = on_both(job.baseline, cand_in, facts)
+    base_trace, cand_in = both.baseline, both.candidate
     mapped = map_trace(cand_in, base_trace, job.mapping)
     synced = job.sync.applied if job.sync is not None else frozenset()
     use = MappingUse.of(job.mapping, cand_in, mapped.applied | synced, params_seen=job.sync is not None)
     if job.check_mapping:
         check_applied(use)
-    reasons = {**peft_reasons, **_not_recordable(base_trace, mapped.trace), **mapped.reasons}
-    reasons.update(dp_unpaired(base_trace, mapped.trace))
-    reasons.update(_partial_step_reasons(base_trace, mapped.trace))
+    reasons = {**peft_reasons, **_not_recordable(facts), **mapped.reasons}
+    reasons.update(dp_unpaired(facts))
+    reasons.update(_partial_step_reasons(base_trace, mapped.trace, facts))
     moe = job.case.record.moe if job.case is not None else None
     base_trace, cand_trace = without_lone_replica_grads(base_trace, mapped.trace)
     base_trace = with_merged(base_trace, mapped.baseline_merged)  # parts fused on the candidate's side
@@ -122,7 +124,7 @@ def finish(job: FinishInputs) -> CaseRun:
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
     if job.judge_steps is not None and "step" in job.phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
-    judging = _judging(job, both, base_trace, cand_trace, comparison)
+    judging = _judging(job, facts, both, base_trace, cand_trace, comparison)
     unjudged = CaseRun(
         name=job.name,
         phases=job.phases,
@@ -142,10 +144,16 @@ def finish(job: FinishInputs) -> CaseRun:
 
 
 def _judging(
-    job: FinishInputs, both: OnBoth, baseline: Trace, candidate: Trace, comparison: Comparison
+    job: FinishInputs,
+    facts: CaseFacts,
+    both: OnBoth,
+    baseline: Trace,
+    candidate: Trace,
+    comparison: Comparison,
 ) -> CaseJudging:
-    """What ``judge_case`` judges of ``job``: the traces compared and their comparison."""
+    """What ``judge_case`` judges of ``job``: its facts, the traces compared and their comparison."""
     return CaseJudging(
+        facts,
         job.phases,
         baseline,
         candidate,
@@ -185,27 +193,24 @@ def _judged(run: CaseRun) -> CaseRun:
     )
 
 
-def dp_unpaired(baseline: Trace, candidate: Trace) -> dict[str, str]:
+def dp_unpaired(facts: CaseFacts) -> dict[str, str]:
     """Why a record has no partner when a side's DP replicas could not be joined on it
     (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch)."""
-    reasons: dict[str, str] = {}
-    for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        for block in trace.manifest.get("dp_join", {}).values():
-            for rid, why in block.get("unpaired", {}).items():
-                reasons[str(rid)] = f"the {side}'s DP replicas are not joined on it: {why}"
-    return reasons
+    return {
+        rid: f"the {side.side}'s DP replicas are not joined on it: {why}"
+        for side in (facts.baseline, facts.candidate)
+        for rid, why in side.dp_unpaired.items()
+    }
 
 
-def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
+def _not_recordable(facts: CaseFacts) -> dict[str, str]:
     """Why a record has no partner when the other side could not record it (a grad of a view
     modified in place that cannot be read out of its base's grad; see the recorder)."""
-    reasons: dict[str, str] = {}
-    for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        known = trace.manifest.get("not_recordable")
-        if isinstance(known, Mapping):
-            for rid, why in known.items():
-                reasons[str(rid)] = f"the {side}'s grad is {why}"
-    return reasons
+    return {
+        rid: f"the {side.side}'s grad is {why}"
+        for side in (facts.baseline, facts.candidate)
+        for rid, why in side.not_recordable.items()
+    }
 
 
 class PerCase(Generic[T]):
@@ -245,11 +250,14 @@ def _floor(job: FinishInputs) -> float:
     return job.case.min_coverage if job.case is not None else DEFAULT_MIN_COVERAGE
 
 
-def _partial_step_reasons(baseline: Trace, candidate: Trace) -> dict[str, str]:
+def _partial_step_reasons(baseline: Trace, candidate: Trace, facts: CaseFacts) -> dict[str, str]:
     """Records of a step the other side's run left incomplete: why they have no partner."""
     out = {}
-    for mine, other, side in ((baseline, candidate, "candidate"), (candidate, baseline, "baseline")):
-        partial = {int(m["step"]) for m in other.manifest.get("incomplete_steps", ())}
+    for mine, other, side in (
+        (baseline, facts.candidate, "candidate"),
+        (candidate, facts.baseline, "baseline"),
+    ):
+        partial = {int(m["step"]) for m in other.incomplete_steps}
         for rec in mine.records if partial else ():
             if rec.step in partial:
                 out[rec.id] = f"step {rec.step} is incomplete on the {side} side (its run was interrupted)"
