@@ -168,7 +168,7 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
     compare.add_argument(
         "--layer-mapping",
         metavar="FILE",
-        help="msprobe layer_mapping YAML, or preset:NAME (seed 000 templates)",
+        help="msprobe layer_mapping YAML, or preset:NAME (the templates shipped in presets/)",
     )
     compare.add_argument(
         "--var",
