@@ -23,6 +23,7 @@ from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
 from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
+from ..verdict.replay_story import NotReplayed
 from ..vocabulary import phases_in_order
 from .contract_check import contract_before_training
 from .envelope_runs import baseline_envelope
@@ -268,7 +269,7 @@ def _run_modules(
             sync=sync,
             environment=env,
             judge_steps=judge,
-            replay=why,
+            replay=NotReplayed(why),
         )
     )
 

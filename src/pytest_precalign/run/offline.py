@@ -23,6 +23,7 @@ from ..reports.outcome import ItemOutcome, phase_outcome
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
 from ..trace.training_record import INITIAL_PARAMS_KEY, is_training_run
+from ..verdict.replay_story import NotReplayed
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, finish
 from .stored_runs import load_side, load_sides
@@ -212,7 +213,7 @@ def compare_runs(
         workers=_merged_compare_workers(base, cand),
         check_mapping=check_mapping,
         min_coverage=options.min_coverage,
-        replay="the runs are recordings, not models to train",
+        replay=NotReplayed("the runs are recordings, not models to train"),
     )
     run = replace(finish(job), notes=notes)
     if custom:
