@@ -274,7 +274,7 @@ class AlignItem(_CaseItem):
     def _judge(self) -> None:
         state = _state(self.config)
         assert state.config is not None and state.runs is not None
-        if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
+        if self.config.getoption("align_baseline") and self.case.dumps is None:
             return _settle(self, _baseline_outcome(self, state.config, state.runs, state.run_id))
         from .reports.outcome import phase_outcome
         from .reports.text import PhaseReport

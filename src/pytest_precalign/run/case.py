@@ -15,7 +15,7 @@ import torch
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
-from ..config.specs import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
+from ..config.specs import AlignConfig, CaseSpec, Dumps, OptimizerSpec, RecordSpec
 from ..errors import CaseError, PrecalignError, SourceError, foreign_error
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import SyncReport, sync_weights
@@ -37,11 +37,11 @@ from .step_replay import with_replay
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
     """Cheap checks that a case can run: its models build (on meta) and its inputs resolve;
     or its dumps load (their indexes; tensors are read when compared)."""
-    if case.baseline_dump is not None and case.candidate_dump is not None:
+    if case.dumps is not None:
         from .stored_runs import load_side
 
-        load_side(case.baseline_dump)
-        load_side(case.candidate_dump)
+        load_side(case.dumps.baseline)
+        load_side(case.dumps.candidate)
         return
     for model_name in (case.baseline, case.candidate):
         spec = config.models[model_name]
@@ -91,8 +91,8 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
 
 def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     started = time.perf_counter()
-    if case.baseline_dump is not None and case.candidate_dump is not None:
-        return _gate_dumps(config, case, started)
+    if case.dumps is not None:
+        return _gate_dumps(config, case, started, case.dumps)
     base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
     table = case_table(config, case)
     with live_case(config, case, base_spec, cand_spec) as live:
@@ -166,12 +166,11 @@ def case_table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
     return config.tolerances[case.tolerances] if case.tolerances else default_table()
 
 
-def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
+def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float, dumps: Dumps) -> CaseRun:
     """A case over two stored runs (msprobe dumps or traces) made elsewhere: no models."""
     from .stored_runs import load_side
 
-    assert case.baseline_dump is not None and case.candidate_dump is not None
-    base, cand = load_side(case.baseline_dump), load_side(case.candidate_dump)
+    base, cand = load_side(dumps.baseline), load_side(dumps.candidate)
     table = case_table(config, case)
     return finish(
         FinishInputs(

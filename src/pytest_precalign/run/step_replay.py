@@ -73,7 +73,7 @@ def _replayed(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict, ste
 
 def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict) -> str | None:
     """Why the case's sides cannot be replayed here (None: they can)."""
-    if case.baseline_dump is not None or case.candidate_dump is not None:
+    if case.dumps is not None:
         return "the sides are stored runs, not models this process can train"
     assert verdict.first is not None
     if verdict.first.what == "weights":
