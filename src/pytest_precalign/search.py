@@ -115,17 +115,8 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             base = run_side(baseline, data, forward, {**manifest, "side": "baseline"}, seed)
             cand = run_side(candidate, data, forward, {**manifest, "side": "candidate"}, seed)
             return finish(
-                FinishInputs(
-                    name=case.name,
-                    phases=("forward",),
-                    baseline=base,
-                    candidate=cand,
-                    table=table,
-                    started=started,
-                    mapping=case.mapping,
-                    case=forward,
-                    sync=sync,
-                    environment=env,
+                replace(
+                    FinishInputs.of_case(forward, (base, cand), table, started), sync=sync, environment=env
                 )
             )
 

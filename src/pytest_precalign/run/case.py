@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,15 +130,8 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         )
     del baseline, candidate  # refcounting frees them; a full gc.collect() costs ~0.25 s a case
     run = finish(
-        FinishInputs(
-            name=case.name,
-            phases=case.phases,
-            baseline=base_trace,
-            candidate=cand_trace,
-            table=table,
-            started=started,
-            mapping=case.mapping,
-            case=case,
+        replace(
+            FinishInputs.of_case(case, (base_trace, cand_trace), table, started),
             sync=sync,
             environment=env,
             isolated=isolated[0] if isolated else None,
@@ -173,17 +167,7 @@ def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float, dumps: Dump
     base, cand = load_side(dumps.baseline), load_side(dumps.candidate)
     table = case_table(config, case)
     return finish(
-        FinishInputs(
-            name=case.name,
-            phases=case.phases,
-            baseline=base,
-            candidate=cand,
-            table=table,
-            started=started,
-            mapping=case.mapping,
-            case=case,
-            environment=dict(base.manifest),
-        )
+        replace(FinishInputs.of_case(case, (base, cand), table, started), environment=dict(base.manifest))
     )
 
 
@@ -257,14 +241,9 @@ def _run_modules(
         )
     why = "the modules were built by the test, and the tool cannot rebuild them as they were at step 0"
     return finish(
-        FinishInputs(
-            name=case.name,
-            phases=case.phases,
-            baseline=a,
-            candidate=b,
-            table=table,
-            started=started,
-            mapping=case.mapping,
+        replace(
+            FinishInputs.of_case(case, (a, b), table, started),
+            case=None,  # no expect: the test's own modules
             sync=sync,
             environment=env,
             judge_steps=judge,

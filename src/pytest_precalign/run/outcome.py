@@ -93,6 +93,23 @@ class FinishInputs:
     envelope: CleanReruns | None = None  # the envelope lane's clean reruns (None: the table's lanes)
     replay: Replay = None  # why the case's steps are not replayed (None: nothing to say)
 
+    @classmethod
+    def of_case(
+        cls, case: CaseSpec, traces: tuple[Trace, Trace], table: ToleranceTable, started: float
+    ) -> FinishInputs:
+        """The two traces of ``case`` (its name, phases, mapping and ``expect:``) judged under
+        ``table``; the rest by ``dataclasses.replace``."""
+        return cls(
+            name=case.name,
+            phases=case.phases,
+            baseline=traces[0],
+            candidate=traces[1],
+            table=table,
+            started=started,
+            mapping=case.mapping,
+            case=case,
+        )
+
 
 def finish(job: FinishInputs) -> CaseRun:
     """Map the candidate to the baseline's names, compare, and judge the case (one call of

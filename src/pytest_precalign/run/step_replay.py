@@ -108,15 +108,8 @@ def replay_step(
             traces.append(_only_step(trace, step))
     del baseline, candidate
     run = finish(
-        FinishInputs(
-            name=case.name,
-            phases=case.phases,
-            baseline=traces[0],
-            candidate=traces[1],
-            table=_table(config, case),
-            started=0.0,
-            mapping=case.mapping,
-            case=rcase,
+        replace(
+            FinishInputs.of_case(rcase, (traces[0], traces[1]), _table(config, case), 0.0),
             sync=sync,
             environment=env,
             check_mapping=False,
