@@ -11,7 +11,7 @@ import pytest
 from pytest_precalign.align_runner import AlignRunner
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
-from pytest_precalign.run.outcome import ItemOutcome
+from pytest_precalign.reports.outcome import ItemOutcome
 
 CONFIG = """\
 version: 1

@@ -15,8 +15,8 @@ from .config.presets import HEAD_FIELDS, PRESET_MAPPINGS, PRESETS_DIR, resolve_p
 from .config.specs import AlignConfig, RecordSpec
 from .errors import ConfigError
 from .mapping.spec import MappingSpec, read_mapping_file
+from .reports.outcome import ItemOutcome
 from .reports.text import PhaseReport, failure_message
-from .run.outcome import ItemOutcome
 from .vocabulary import MODES, PHASES
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from .errors import ConfigError, PrecalignError
 
 if TYPE_CHECKING:
     from .config.specs import AlignConfig, CaseSpec
-    from .run.outcome import ItemOutcome
+    from .reports.outcome import ItemOutcome
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,7 +168,7 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
     compare.add_argument(
         "--layer-mapping",
         metavar="FILE",
-        help="msprobe layer_mapping YAML, or preset:NAME (seed 000 templates)",
+        help="msprobe layer_mapping YAML, or preset:NAME (the templates shipped in presets/)",
     )
     compare.add_argument(
         "--var",
@@ -291,15 +291,12 @@ def _min_coverage(value: str | None) -> float | None:
 def _compare(args: argparse.Namespace) -> int:
     from .parallel.layout import compare_sides
     from .reports.document import write_reports
-    from .run.offline import compare_outcomes, compare_run_sets
+    from .run.offline import OfflineOptions, compare_outcomes, compare_run_sets
 
     args.baseline, args.candidate, layouts = compare_sides(
         args.baseline, args.candidate, args.parallel, args.msprobe_config
     )
-    runs = compare_run_sets(
-        args.baseline,
-        args.candidate,
-        parallel=layouts,
+    options = OfflineOptions(
         tolerances=args.tolerances,
         mapping=args.mapping,
         variables=_variables(args.var),
@@ -309,6 +306,7 @@ def _compare(args: argparse.Namespace) -> int:
         progress=_progress_bar(),
         min_coverage=_min_coverage(args.min_coverage),
     )
+    runs = compare_run_sets(args.baseline, args.candidate, layouts, options)
     outcomes = compare_outcomes(args.baseline, args.candidate, runs)
     from .trace.environment import compare_heading
 
@@ -412,9 +410,9 @@ def _run(path: Path, cases: list[str], report_dir: str | None, traces: str | Non
 def _run_case(config: AlignConfig, case: CaseSpec, path: Path, traces: str | None) -> list[ItemOutcome]:
     """Run one case and print its phases' verdicts, then save its traces under ``traces``
     (the verdicts come first: a full disk does not hide them); its phases' outcomes."""
+    from .reports.outcome import phase_outcome
     from .reports.text import PhaseReport
     from .run.case import run_case
-    from .run.outcome import phase_outcome
     from .run.stored_runs import save_case_traces
 
     run = run_case(config, case)

@@ -20,8 +20,9 @@ from .vocabulary import PHASES
 if TYPE_CHECKING:
     from .align_runner import AlignRunner
     from .config.specs import AlignConfig, CaseSpec
+    from .reports.outcome import ItemOutcome
     from .run.case import CaseRun
-    from .run.outcome import ItemOutcome, PerCase
+    from .run.outcome import PerCase
     from .vocabulary import Phase
 
 
@@ -90,6 +91,43 @@ STATE_KEY = pytest.StashKey[_State]()
 ENTRY_KEY = pytest.StashKey[dict[str, Any]]()  # an item's report entry, until its test report is made
 
 
+class HookSpecs:
+    """The plugin's own hooks, for a conftest (or another plugin) to implement."""
+
+    @pytest.hookspec
+    def pytest_precalign_trainers(self) -> Any:
+        """Case trainers to register (``training.trainer_registry.TrainerInfo``, a sequence
+        of them), so that a case's ``training:`` can name them: each implementation's are
+        registered before the alignment config is read, and removed at unconfigure."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(HookSpecs)
+
+
+def _register_trainers(config: pytest.Config) -> None:
+    """What the ``pytest_precalign_trainers`` implementations return, registered (a
+    ``pytest.UsageError`` naming a refused one)."""
+    from .training.trainer_registry import TrainerInfo, register_trainer
+
+    added: list[str] = []
+    config.add_cleanup(lambda: _unregister(added))
+    for result in config.hook.pytest_precalign_trainers():
+        for info in [result] if isinstance(result, TrainerInfo) else result:
+            try:
+                register_trainer(info)
+            except PrecalignError as exc:
+                raise pytest.UsageError(f"pytest_precalign_trainers: {exc}") from None
+            added.append(info.name)
+
+
+def _unregister(names: list[str]) -> None:
+    from .training.trainer_registry import unregister_trainer
+
+    for name in names:
+        unregister_trainer(name)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("precalign", "alignment regression testing (pytest-precalign)")
     add_options(group.addoption, prefix="align-")
@@ -121,6 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
             check_report_dir(baselines, "--align-baseline", "each case's baseline <case>/", write=False)
         except PrecalignError as exc:
             raise pytest.UsageError(str(exc)) from None
+    _register_trainers(config)
     path = _config_path(config)
     if path is None:
         config.stash[STATE_KEY] = _State(config=None)
@@ -235,10 +274,10 @@ class AlignItem(_CaseItem):
     def _judge(self) -> None:
         state = _state(self.config)
         assert state.config is not None and state.runs is not None
-        if self.config.getoption("align_baseline") and self.case.baseline_dump is None:
+        if self.config.getoption("align_baseline") and self.case.dumps is None:
             return _settle(self, _baseline_outcome(self, state.config, state.runs, state.run_id))
+        from .reports.outcome import phase_outcome
         from .reports.text import PhaseReport
-        from .run.outcome import phase_outcome
 
         align_config, case = state.config, self.case
         run: CaseRun = state.runs.take(case.name, len(case.phases), lambda: self._run(align_config))

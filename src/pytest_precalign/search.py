@@ -18,10 +18,11 @@ from .compare.pairs import SHARED_NONFINITE
 from .config.search import SearchSpec, ids_block
 from .config.specs import AlignConfig, CaseSpec
 from .errors import CaseError
+from .reports.outcome import ItemOutcome
 from .reports.text import PhaseReport, failure_message
 from .run.case import case_table
 from .run.live import live_case
-from .run.outcome import CaseRun, FinishInputs, ItemOutcome, finish
+from .run.outcome import CaseRun, FinishInputs, finish
 from .run.side import run_side
 from .sources import LoadedModel
 from .sources.inputs import CaseInputs, explicit_inputs, vocabulary_size
@@ -114,8 +115,8 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
             base = run_side(baseline, data, forward, {**manifest, "side": "baseline"}, seed)
             cand = run_side(candidate, data, forward, {**manifest, "side": "candidate"}, seed)
             return finish(
-                FinishInputs(
-                    case.name, ("forward",), base, cand, table, started, case.mapping, forward, sync, env
+                replace(
+                    FinishInputs.of_case(forward, (base, cand), table, started), sync=sync, environment=env
                 )
             )
 

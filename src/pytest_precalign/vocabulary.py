@@ -55,16 +55,12 @@ Lane = Literal["exact", "approximate", "envelope"]
 
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
-STATUSES: Final[tuple[Status, ...]] = get_args(Status)
-EVIDENCE: Final[tuple[Evidence, ...]] = get_args(Evidence)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 LEVELS: Final[tuple[Level, ...]] = get_args(Level)
 RECORD_FORMATS: Final[tuple[RecordFormat, ...]] = get_args(RecordFormat)
 RECORD_FORMAT_ALIASES: Final[Mapping[str, RecordFormat]] = {"precalign": "native"}
 UPDATE_POLICIES: Final[tuple[UpdatePolicy, ...]] = get_args(UpdatePolicy)
-ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
 TRAINING_CLASSES: Final[tuple[TrainingClass, ...]] = get_args(TrainingClass)
-LANES: Final[tuple[Lane, ...]] = get_args(Lane)
 
 FORWARD_KINDS: Final[tuple[Kind, ...]] = ("input", "activation", "logits", "loss")
 BACKWARD_KINDS: Final[tuple[Kind, ...]] = ("grad_output", "grad_input", "param_grad")

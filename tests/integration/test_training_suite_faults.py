@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import run_case
-from pytest_precalign.run.outcome import CaseRun, phase_outcome
+from pytest_precalign.run.outcome import CaseRun
 
 SUITE = Path(__file__).resolve().parents[2] / "example_suites" / "training" / "align.yaml"
 

@@ -27,7 +27,7 @@ from pytest_precalign.errors import TraceError  # noqa: E402
 from pytest_precalign.parallel.layout import ParallelLayout  # noqa: E402
 from pytest_precalign.parallel.merge import Chunk, RankTrace, merge_ranks  # noqa: E402
 from pytest_precalign.parallel.rules import WRONG_FC1_RULES  # noqa: E402
-from pytest_precalign.run.offline import compare_runs
+from pytest_precalign.run.offline import OfflineOptions, compare_runs
 from pytest_precalign.run.stored_runs import load_side  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace, write_trace  # noqa: E402
 from pytest_precalign.trace.records import Record, Trace  # noqa: E402
@@ -113,13 +113,24 @@ def test_wrong_rule_is_caught(runs: dict[str, Any]) -> None:
     ]
     wrong = merge_ranks(ranks, ParallelLayout(tp=2), where="tp2", rules=WRONG_FC1_RULES)
     write_trace_dir = runs["root"] / "tp1"
-    run = compare_runs(write_trace_dir, runs["root"] / "tp2", tolerances=str(runs["root"] / "tol.yaml"))
+    run = compare_runs(
+        write_trace_dir, runs["root"] / "tp2", OfflineOptions(tolerances=str(runs["root"] / "tol.yaml"))
+    )
     assert run.verdicts["forward"].passed
     from pytest_precalign.run.offline import load_tolerances
     from pytest_precalign.run.outcome import FinishInputs, finish
 
     table = load_tolerances(str(runs["root"] / "tol.yaml"))
-    bad = finish(FinishInputs("w", ("forward",), read_trace(write_trace_dir), wrong, table, 0.0))
+    bad = finish(
+        FinishInputs(
+            name="w",
+            phases=("forward",),
+            baseline=read_trace(write_trace_dir),
+            candidate=wrong,
+            table=table,
+            started=0.0,
+        )
+    )
     first = bad.verdicts["forward"].first
     assert first is not None and first.name == FC1 and first.origin, first
 

@@ -25,7 +25,6 @@ from pytest_precalign.run.trainers import CaseTrainer, LaunchedTrainer, case_tra
 from pytest_precalign.run.trainers.skeleton import StepSkeleton
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
-from pytest_precalign.training import trainer_registry
 from pytest_precalign.training.spec import OptimizerSpec, SidesTraining
 from pytest_precalign.training.trainer_registry import TRAINERS, TrainerInfo, trainer_info, trainer_names
 
@@ -158,7 +157,7 @@ def forgetful(monkeypatch: pytest.MonkeyPatch) -> CaseSpec:
     """This module's ``TRAINER`` registered by one registry line (not launchable, no
     isolation), and a case whose baseline it trains."""
     info = TrainerInfo("forgetful", "a forgetful loop", ("factory",), __name__)
-    monkeypatch.setattr(trainer_registry, "TRAINERS", (*TRAINERS, info))
+    monkeypatch.setitem(TRAINERS, info.name, info)
     return CaseSpec(
         name="c", baseline="a", candidate="b", inputs="x", phases=("forward", "backward", "step"),
         steps=2, sync_weights=False, strict_weights=True, mapping=None, optimizer=OptimizerSpec(), record=RecordSpec(),

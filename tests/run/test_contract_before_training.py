@@ -17,10 +17,11 @@ from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import CaseError
 from pytest_precalign.reports.document import report_document
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.contract_check import planned_training
-from pytest_precalign.run.outcome import CaseRun, phase_outcome
+from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.sources import build_model
 from pytest_precalign.sources.inputs import build_inputs
 from pytest_precalign.trace.training_record import TRAINING_KEY

@@ -1,12 +1,15 @@
 """Judge once: following a case from ``run_case`` through the code, ``run/`` enters ``verdict/``
-only through ``verdict.case_verdict.judge_case``, once per judgment, and gets every verdict
-back complete (nothing returns from ``verdict/`` into ``run/`` to be finished there).
+only through its doors: ``verdict.case_facts.case_facts`` (the manifests read once, where
+``finish`` starts), ``verdict.case_verdict.judge_case`` (once per judgment), and, before a
+training run trains, ``verdict.case_verdict.judge_stopped`` (its plans judged directly, by the
+one predicate the run verdict also judges at step 0); it gets every verdict back complete
+(nothing returns from ``verdict/`` into ``run/`` to be finished there).
 
 Every Python call is traced (``sys.setprofile``) while a real tiny case runs; a call whose code
 is under ``verdict/`` made from a frame under ``run/`` is an entry, a return from one into
 ``run/`` a return. A case is judged once; a training run also on its plans before step 0 (the
-contract check); a replayed one again with what the replay found, after its replayed step was
-judged."""
+contract check, no traces made nor ``finish`` run for it); a replayed one again with what the
+replay found, after its replayed step was judged."""
 
 from __future__ import annotations
 
@@ -65,6 +68,8 @@ cases:
 
 JUDGE = "outcome.finish > outcome._judged -> case_verdict.judge_case"
 AGAIN = "outcome.judged_again > outcome._judged -> case_verdict.judge_case"
+FACTS = "outcome.finish -> case_facts.case_facts"  # from whichever caller of finish
+PLANS = "case._run_case > contract_check.contract_before_training -> case_verdict.judge_stopped"
 
 
 @pytest.fixture
@@ -114,19 +119,19 @@ def traced(config: AlignConfig, name: str) -> tuple[CaseRun, list[str], int]:
         run = run_case(config, config.case(name))
     finally:
         sys.setprofile(None)
-    return run, entries, returns[0]
+    return run, [FACTS if e.endswith(f" > {FACTS}") else e for e in entries], returns[0]
 
 
 def test_a_one_step_case_is_judged_by_one_call(config: AlignConfig) -> None:
     run, entries, returns = traced(config, "plain")
     assert run.verdicts["forward"].passed and run.training is None
-    assert (entries, returns) == ([JUDGE], 1)
+    assert (entries, returns) == ([FACTS, JUDGE], 2)
 
 
 def test_a_training_run_is_judged_once_on_its_plans_and_once_on_its_run(config: AlignConfig) -> None:
     run, entries, returns = traced(config, "training")
     assert run.training is not None and run.training.passed and run.training.steps_compared == 3
-    assert (entries, returns) == ([JUDGE, JUDGE], 2)
+    assert (entries, returns) == ([PLANS, FACTS, JUDGE], 3)
 
 
 def test_a_case_stopped_before_step_0_is_judged_by_one_call(config: AlignConfig) -> None:
@@ -134,7 +139,7 @@ def test_a_case_stopped_before_step_0_is_judged_by_one_call(config: AlignConfig)
     assert run.stopped and run.training is not None and run.training.first is not None
     assert (run.training.first.step, run.training.first.origin, run.training.steps_compared) == (1, "lr", 0)
     assert not any(v.passed for v in run.verdicts.values())  # every phase carries the run verdict
-    assert (entries, returns) == ([JUDGE], 1)
+    assert (entries, returns) == ([PLANS], 1)  # no traces compared: its plans alone
 
 
 def test_a_replayed_case_is_judged_again_with_what_the_replay_found(config: AlignConfig) -> None:
@@ -150,11 +155,11 @@ def test_a_replayed_case_is_judged_again_with_what_the_replay_found(config: Alig
         "its inputs matched, its output did not (activation of late)"
     )
     # its plans, its run, the replayed step, its run with the replay's finding
-    assert (entries, returns) == ([JUDGE, JUDGE, JUDGE, AGAIN], 4)
+    assert (entries, returns) == ([PLANS, FACTS, JUDGE, FACTS, JUDGE, AGAIN], 6)
 
 
-def test_run_imports_no_verdict_function_but_judge_case() -> None:
-    """Types and constants of ``verdict/`` are ``run/``'s to use; its only function is ``judge_case``."""
+def test_run_imports_no_verdict_function_but_its_doors() -> None:
+    """Types and constants of ``verdict/`` are ``run/``'s to use; its only functions are the doors."""
     called = set()
     for path in sorted((PACKAGE / "run").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -163,4 +168,8 @@ def test_run_imports_no_verdict_function_but_judge_case() -> None:
                 for alias in node.names:
                     if inspect.isfunction(getattr(module, alias.name)):
                         called.add(f"{path.stem}: {node.module}.{alias.name}")
-    assert called == {"outcome: verdict.case_verdict.judge_case"}
+    assert called == {
+        "outcome: verdict.case_verdict.judge_case",
+        "outcome: verdict.case_facts.case_facts",
+        "contract_check: verdict.case_verdict.judge_stopped",
+    }

@@ -205,10 +205,8 @@ def test_a_timeout_kills_torchrun_and_its_ranks(tmp_path: Path) -> None:
     from pytest_precalign.run.launch import run_torchrun
 
     (tmp_path / "job.pkl").write_bytes(b"")  # never read: the ranks are killed while importing
-    started = time.monotonic()
     with pytest.raises(CaseError, match=r"did not finish within 2 s; torchrun and its ranks were killed"):
         run_torchrun(2, tmp_path, 2.0, "models.mc")
-    assert time.monotonic() - started < 30
     pgid = int((tmp_path / "torchrun.pid").read_text())
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -233,7 +231,7 @@ def tp2_pp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[AlignConfig, obje
 
 
 def test_tp2_pp2_on_four_ranks_aligns_with_hf(tp2_pp2: tuple[AlignConfig, object, float]) -> None:
-    _, run, seconds = tp2_pp2
+    _, run, _ = tp2_pp2
     for phase, verdict in run.verdicts.items():  # type: ignore[attr-defined]
         assert verdict.passed and verdict.aligned, (phase, verdict.failures[:3])
         assert verdict.compared > (40 if phase == "step" else 100)
@@ -246,7 +244,6 @@ def test_tp2_pp2_on_four_ranks_aligns_with_hf(tp2_pp2: tuple[AlignConfig, object
     for i in range(4):
         assert f"model.layers.{i}.mlp.down_proj" in names
         assert f"model.layers.{i}.mlp.down_proj.weight" in names
-    assert seconds < 600
 
 
 # 4 ranks of megatron-core on 2 cores (~55 s); the default suite shows the same path on 2 ranks

@@ -10,9 +10,10 @@ import pytest
 
 from pytest_precalign.baseline.gate import baseline_outcome, update_policy
 from pytest_precalign.baseline.store import BaselineOutcome
+from pytest_precalign.compare.workers import busy_now, compare_workers, free_cores
 from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
 from pytest_precalign.errors import ConfigError, TraceError
-from pytest_precalign.run.outcome import PerCase, busy_now, compare_workers, free_cores
+from pytest_precalign.run.outcome import PerCase
 
 
 def test_per_case_computes_once_and_frees_after_the_last_use() -> None:
@@ -68,9 +69,9 @@ def test_compare_threads_default_to_the_free_cores(cores: int, load: float, expe
 
 def test_compare_threads_without_the_variable_follow_the_busy_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PRECALIGN_COMPARE_THREADS", raising=False)
-    monkeypatch.setattr("pytest_precalign.run.outcome.busy_now", lambda: 64.0)
+    monkeypatch.setattr("pytest_precalign.compare.workers.busy_now", lambda: 64.0)
     assert compare_workers() == 1
-    monkeypatch.setattr("pytest_precalign.run.outcome.busy_now", lambda: 0.0)
+    monkeypatch.setattr("pytest_precalign.compare.workers.busy_now", lambda: 0.0)
     assert compare_workers() == max(1, min(4, len(os.sched_getaffinity(0))))
 
 

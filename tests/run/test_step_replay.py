@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from pytest_precalign.config.loader import load_config
-from pytest_precalign.config.specs import AlignConfig
+from pytest_precalign.config.specs import AlignConfig, Dumps
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.reports.document import report_document
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import check_modules, run_case
-from pytest_precalign.run.outcome import CaseRun, phase_outcome
+from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.run.step_replay import StateCarrier, not_replayable, replay_step
 from tests.helpers.late_nets import LATE_NET
 
@@ -277,7 +278,7 @@ def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: Alig
     assert "not replayed: the initial weights differ" in message(run, "forward")[0]
     layer = run_case(config, config.case("layer_bug_no_replay")).training
     assert layer is not None
-    stored = replace(config.case("layer_bug"), baseline_dump=Path("a"), candidate_dump=Path("b"))
+    stored = replace(config.case("layer_bug"), dumps=Dumps(Path("a"), Path("b")))
     assert (
         not_replayable(config, stored, layer)
         == "the sides are stored runs, not models this process can train"

@@ -116,7 +116,16 @@ def _finish(config: AlignConfig, base: Trace, cand: Trace, *, mapped: bool = Tru
     case = config.case("tp2")
     mapping = case.mapping if mapped else None
     return finish(
-        FinishInputs(case.name, case.phases, base, cand, config.tolerances["tp"], 0.0, mapping, case)
+        FinishInputs(
+            name=case.name,
+            phases=case.phases,
+            baseline=base,
+            candidate=cand,
+            table=config.tolerances["tp"],
+            started=0.0,
+            mapping=mapping,
+            case=case,
+        )  # fmt: skip
     )
 
 
@@ -211,8 +220,9 @@ def test_wrong_fc1_gather_is_caught_at_layer0_fc1(config: AlignConfig, runs: dic
     wrong = merge_launched(runs["out"], {}, rules=WRONG_FC1_RULES)
     case = replace(config.case("tp2"), phases=("forward",))
     job = FinishInputs(
-        case.name, case.phases, runs["hf"], wrong, config.tolerances["tp"], 0.0, case.mapping, case
-    )
+        name=case.name, phases=case.phases, baseline=runs["hf"], candidate=wrong, table=config.tolerances["tp"],
+        started=0.0, mapping=case.mapping, case=case,
+    )  # fmt: skip
     verdict = finish(job).verdicts["forward"]
     assert not verdict.passed
     assert verdict.first is not None

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from pytest_precalign.config.loader import load_config
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.reports.training_text import training_lines
 from pytest_precalign.run.case import run_case
-from pytest_precalign.run.outcome import phase_outcome
 from tests.helpers.late_nets import NETS
 
 CONFIG = """

@@ -8,9 +8,10 @@ import torch
 
 from pytest_precalign.config.specs import OptimizerSpec
 from pytest_precalign.reports.document import report_document
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.run.case import check_modules
-from pytest_precalign.run.outcome import CaseRun, phase_outcome
+from pytest_precalign.run.outcome import CaseRun
 
 
 class LateBug(torch.nn.Module):

@@ -104,7 +104,17 @@ def _run_with(
         LoadedModel("candidate", candidate, None), data, _case(cand_opt, steps), {"side": "candidate"}, 0
     )
     started = time.perf_counter()
-    return finish(FinishInputs("steps", PHASES, a, b, TABLE, started, judge_steps=judge))
+    return finish(
+        FinishInputs(
+            name="steps",
+            phases=PHASES,
+            baseline=a,
+            candidate=b,
+            table=TABLE,
+            started=started,
+            judge_steps=judge,
+        )
+    )
 
 
 def _param(run: CaseRun, name: str, step: int) -> PairResult:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from pytest_precalign.errors import RecorderError
 from pytest_precalign.training.step_evidence import (
     StepEvidence,
     batch_hash,
@@ -166,3 +168,14 @@ def test_a_sparse_grad_is_measured_as_the_dense_grad_it_stands_for() -> None:
         measured[sparse] = (scalars.grad_norm, scalars.zero_grads, scalars.update_norm, scalars.param_norm)
     assert measured[True] == measured[False]
     assert measured[True][1] == 7 * 4  # the rows no index touched: zeros of the dense grad
+
+
+def test_a_clip_coefficient_asked_before_the_norm_is_a_recorder_error() -> None:
+    """Out of order (after clipping, before the norm was taken): the project's error, naming
+    the call to make first, not a bare ``RuntimeError``."""
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    evidence = StepEvidence([param])
+    evidence.begin()
+    with pytest.raises(RecorderError, match=r"call grads_before_clip before the framework clips"):
+        evidence.grads_after_clip()

@@ -11,8 +11,9 @@ import torch
 
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.recording import HookRecorder
+from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
-from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish, phase_outcome
+from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import run_record_keys
@@ -77,8 +78,8 @@ def recorded(name: str, data: list[torch.Tensor], fault_from: int | None = None)
 
 def judged(candidate: list[torch.Tensor], fault_from: int | None = None) -> CaseRun:
     inputs = FinishInputs(
-        "swapped", PHASES, recorded("baseline", batches()), recorded("candidate", candidate, fault_from),
-        default_table(), time.perf_counter(),
+        name="swapped", phases=PHASES, baseline=recorded("baseline", batches()),
+        candidate=recorded("candidate", candidate, fault_from), table=default_table(), started=time.perf_counter(),
     )  # fmt: skip
     return finish(inputs)
 

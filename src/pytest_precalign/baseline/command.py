@@ -19,7 +19,7 @@ def record_cases(
     config = load_config_file(config_path)
     selected = [config.case(name) for name in cases] if cases else list(config.cases)
     for case in selected:
-        if case.baseline_dump is not None:
+        if case.dumps is not None:
             raise ConfigError(
                 f"{config.path}: case {case.name!r} gates stored dumps; it has no model to record"
             )

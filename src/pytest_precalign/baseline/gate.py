@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..config.specs import CaseSpec
 from ..reports.document import phase_dict
+from ..reports.outcome import ItemOutcome, plain_entry
 from ..reports.text import PhaseReport, summary_line
-from ..run.outcome import ItemOutcome, plain_entry
 from ..trace.environment import summary_changes
 from ..vocabulary import Phase, UpdatePolicy
 from .messages import accept_command, baseline_dict, mismatch_message, updated_message, written_message

@@ -100,7 +100,7 @@ def record_side(
 
     if side not in SIDES:
         raise CaseError(f"unknown side {side!r} (allowed: {', '.join(SIDES)})")
-    if case.baseline_dump is not None:
+    if case.dumps is not None:
         raise CaseError(f"case {case.name!r} gates stored dumps; it has no model to record")
     base_spec = config.models[case.baseline]
     spec = config.models[case.candidate if side == "candidate" else case.baseline]

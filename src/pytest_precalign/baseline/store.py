@@ -314,16 +314,16 @@ def _compare(
     # A known divergence (expect:) is between the live models, not against a stored trace.
     compare_case = case if stored_side == "baseline" else replace(case, expect=None)
     job = FinishInputs(
-        case.name,
-        case.phases,
-        stored,
-        rec.raw,
-        case_table(config, case),
-        started,
-        mapping,
-        compare_case,
-        rec.sync,
-        rec.environment,
+        name=case.name,
+        phases=case.phases,
+        baseline=stored,
+        candidate=rec.raw,
+        table=case_table(config, case),
+        started=started,
+        mapping=mapping,
+        case=compare_case,
+        sync=rec.sync,
+        environment=rec.environment,
         judge_steps=judge,
     )
     return BaselineOutcome(

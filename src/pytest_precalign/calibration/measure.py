@@ -76,13 +76,13 @@ def calibration_cases(config: AlignConfig, names: Sequence[str]) -> tuple[CaseSp
     if names:
         cases = tuple(config.case(n) for n in names)
         for case in cases:
-            if case.baseline_dump is not None:
+            if case.dumps is not None:
                 raise ConfigError(
                     f"{config.path}: case {case.name!r} compares stored dumps; calibrate needs a "
                     "case that runs models (baseline: a model name)"
                 )
         return cases
-    runnable = [c for c in config.cases if c.baseline_dump is None]
+    runnable = [c for c in config.cases if c.dumps is None]
     if not runnable:
         raise ConfigError(f"{config.path}: no case runs models (every case compares stored dumps)")
     kept: list[CaseSpec] = []

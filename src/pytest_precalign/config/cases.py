@@ -41,7 +41,7 @@ from .presets import (
     preset_mapping,
 )
 from .search import SearchSpec, parse_search
-from .specs import CaseSpec, InputSpec, ModelSpec, RecordSpec
+from .specs import CaseSpec, Dumps, InputSpec, ModelSpec, RecordSpec
 from .training import check_training, parse_envelope, parse_optimizer, parse_training
 
 LOSSES = ("causal_lm", "model", "mean", "none")
@@ -120,8 +120,7 @@ def parse_case(
         loss=loss,
         train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),
-        baseline_dump=dumps.get("baseline"),
-        candidate_dump=dumps.get("candidate"),
+        dumps=Dumps(dumps["baseline"], dumps["candidate"]) if dumps else None,
         where=reader.where(),
         search=_search(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])

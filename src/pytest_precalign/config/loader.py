@@ -52,7 +52,7 @@ def load_config(text: str, path: Path) -> AlignConfig:
     tables = _parse_tables(root.get_mapping("tolerances"), base_dir)
     mappings, mapping_sources = _parse_mappings(root.get_mapping("mappings"), base_dir)
     cases = _parse_cases(root, models, inputs, tables, mapping_sources, base_dir)
-    if models_reader is None and not (cases and all(c.baseline_dump for c in cases)):
+    if models_reader is None and not (cases and all(c.dumps for c in cases)):
         root.fail(
             "missing required key 'models' (only a config whose cases all gate {dump: path} may omit it)"
         )

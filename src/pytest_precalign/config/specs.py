@@ -85,6 +85,14 @@ class RecordSpec:
 
 
 @dataclass(frozen=True)
+class Dumps:
+    """The stored runs a case gates on both sides (``{dump: path}``), instead of models."""
+
+    baseline: Path
+    candidate: Path
+
+
+@dataclass(frozen=True)
 class CaseSpec:
     name: str
     baseline: str
@@ -103,9 +111,8 @@ class CaseSpec:
     train: bool
     where: str
     isolate: bool = False
-    # Cases that gate stored runs (msprobe dumps or our traces) instead of models.
-    baseline_dump: Path | None = None
-    candidate_dump: Path | None = None
+    # A case that gates stored runs (msprobe dumps or our traces) instead of models (None: models).
+    dumps: Dumps | None = None
     search: SearchSpec | None = None  # divergence search over generated inputs (search.py)
     # --align-baseline: renames from the candidate's names to a stored baseline's (e.g. modules
     # that moved between framework versions); stored traces and weights use the mapped names.

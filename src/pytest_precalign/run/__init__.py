@@ -1,7 +1,7 @@
 """Driving a case to a ``CaseRun``: live, launched on ranks, or from stored runs.
 
 In: a config case (or two stored runs). Out: a ``CaseRun`` (both traces, the comparison, the
-verdicts) and the ``ItemOutcome`` each test item comes to.
+verdicts); the ``ItemOutcome`` each test item comes to is ``reports.outcome``'s.
 
 ``case`` (a case end to end), ``live`` (around every live run), ``side`` (one model through
 the steps), ``isolation`` (each module run alone on the baseline's inputs), ``launch`` and ``rank_main`` (ranks under

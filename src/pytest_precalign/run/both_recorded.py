@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..parallel.dp_join import split_rows
-from ..parallel.layout import RECORDER_KEY
 from ..trace.records import Record, Trace
-from ..trace.step_scalars import SCALARS_KEY
-from ..trace.training_record import read_run_record, split_free
+from ..trace.training_record import split_free
+from ..verdict.case_facts import CaseFacts
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class OnBoth:
 
     baseline: Trace
     candidate: Trace
-    recorded: bool = False  # both are recorded runs (``recorded_runs``)
+    recorded: bool = False  # both are recorded runs (``CaseFacts.recorded_runs``)
     alone: dict[str, list[int]] = field(default_factory=dict)  # side -> steps whose layers only it recorded
     split: list[int] = field(default_factory=list)  # steps the sides split into other micro-batches
     not_recorded: dict[str, str] = field(default_factory=dict)  # kind -> why one side has none
@@ -80,41 +79,34 @@ def one_side_only(baseline: Trace, candidate: Trace) -> dict[str, list[int]]:
     return out
 
 
-def split_steps(baseline: Trace, candidate: Trace) -> list[int]:
+def split_steps(baseline: Trace, candidate: Trace, facts: CaseFacts) -> list[int]:
     """The steps both sides recorded layers of, split into other micro-batch counts, where
     both plans normalise the loss per token over the step (``split_free``): the same rows, so
     the step's loss, grads and update are the same, but its module calls cannot be paired call
     by call."""
-    plans = (read_run_record(baseline.manifest).plan, read_run_record(candidate.manifest).plan)
-    if not split_free(*plans):
+    if not split_free(facts.baseline.run.plan, facts.candidate.run.plan):
         return []
-    base, cand = baseline.scalars, candidate.scalars
+    base, cand = facts.baseline.run.scalars, facts.candidate.run.scalars
     both = layer_steps(baseline) & layer_steps(candidate)
     return sorted(
         s for s in both if s in base and s in cand and base[s].micro_batches != cand[s].micro_batches
     )
 
 
-def recorded_runs(baseline: Trace, candidate: Trace) -> bool:
-    """Both sides are runs our ``Recorder`` (or ``PrecalignCallback``) recorded with per-step
-    scalars, which may hold layers on some steps only (a case records the same on both)."""
-    return all(RECORDER_KEY in t.manifest and t.manifest.get(SCALARS_KEY) for t in (baseline, candidate))
-
-
-def on_both(baseline: Trace, candidate: Trace) -> OnBoth:
-    """Two recorded runs (``recorded_runs``) without the records of steps whose layers one
+def on_both(baseline: Trace, candidate: Trace, facts: CaseFacts) -> OnBoth:
+    """Two recorded runs (``CaseFacts.recorded_runs``; ``facts``: the traces') without the records of steps whose layers one
     side only recorded (see ``one_side_only``) and the module calls of split steps (their
     parameters after the step stay compared); other traces as they are (a record without a
     partner fails its phase)."""
     missing = not_recorded_kinds(baseline, candidate)
     if missing:
         baseline, candidate = _without_kinds(baseline, missing), _without_kinds(candidate, missing)
-    recorded = recorded_runs(baseline, candidate)
+    recorded = facts.recorded_runs
     if not recorded:
         return OnBoth(baseline, candidate, not_recorded=missing)
     alone = one_side_only(baseline, candidate)
     rows = split_rows(baseline, candidate)  # DP replicas joined on one side, split otherwise
-    split = sorted({*split_steps(baseline, candidate), *rows})
+    split = sorted({*split_steps(baseline, candidate, facts), *rows})
     if not alone and not split:
         return OnBoth(baseline, candidate, recorded, not_recorded=missing)
     drop = {s for steps in alone.values() for s in steps}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
-from ..config.specs import AlignConfig, CaseSpec, OptimizerSpec, RecordSpec
+from ..config.specs import AlignConfig, CaseSpec, Dumps, OptimizerSpec, RecordSpec
 from ..errors import CaseError, PrecalignError, SourceError, foreign_error
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import SyncReport, sync_weights
@@ -23,6 +24,7 @@ from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
 from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
+from ..verdict.replay_story import NotReplayed
 from ..vocabulary import phases_in_order
 from .contract_check import contract_before_training
 from .envelope_runs import baseline_envelope
@@ -36,11 +38,11 @@ from .step_replay import with_replay
 def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
     """Cheap checks that a case can run: its models build (on meta) and its inputs resolve;
     or its dumps load (their indexes; tensors are read when compared)."""
-    if case.baseline_dump is not None and case.candidate_dump is not None:
+    if case.dumps is not None:
         from .stored_runs import load_side
 
-        load_side(case.baseline_dump)
-        load_side(case.candidate_dump)
+        load_side(case.dumps.baseline)
+        load_side(case.dumps.candidate)
         return
     for model_name in (case.baseline, case.candidate):
         spec = config.models[model_name]
@@ -90,8 +92,8 @@ def run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
 
 def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     started = time.perf_counter()
-    if case.baseline_dump is not None and case.candidate_dump is not None:
-        return _gate_dumps(config, case, started)
+    if case.dumps is not None:
+        return _gate_dumps(config, case, started, case.dumps)
     base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
     table = case_table(config, case)
     with live_case(config, case, base_spec, cand_spec) as live:
@@ -128,18 +130,11 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
         )
     del baseline, candidate  # refcounting frees them; a full gc.collect() costs ~0.25 s a case
     run = finish(
-        FinishInputs(
-            case.name,
-            case.phases,
-            base_trace,
-            cand_trace,
-            table,
-            started,
-            case.mapping,
-            case,
-            sync,
-            env,
-            isolated[0] if isolated else None,
+        replace(
+            FinishInputs.of_case(case, (base_trace, cand_trace), table, started),
+            sync=sync,
+            environment=env,
+            isolated=isolated[0] if isolated else None,
             judge_steps=judge,
             envelope=envelope,
         )
@@ -165,17 +160,14 @@ def case_table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
     return config.tolerances[case.tolerances] if case.tolerances else default_table()
 
 
-def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float) -> CaseRun:
+def _gate_dumps(config: AlignConfig, case: CaseSpec, started: float, dumps: Dumps) -> CaseRun:
     """A case over two stored runs (msprobe dumps or traces) made elsewhere: no models."""
     from .stored_runs import load_side
 
-    assert case.baseline_dump is not None and case.candidate_dump is not None
-    base, cand = load_side(case.baseline_dump), load_side(case.candidate_dump)
+    base, cand = load_side(dumps.baseline), load_side(dumps.candidate)
     table = case_table(config, case)
     return finish(
-        FinishInputs(
-            case.name, case.phases, base, cand, table, started, case.mapping, case, None, dict(base.manifest)
-        )
+        replace(FinishInputs.of_case(case, (base, cand), table, started), environment=dict(base.manifest))
     )
 
 
@@ -249,19 +241,13 @@ def _run_modules(
         )
     why = "the modules were built by the test, and the tool cannot rebuild them as they were at step 0"
     return finish(
-        FinishInputs(
-            case.name,
-            case.phases,
-            a,
-            b,
-            table,
-            started,
-            case.mapping,
-            None,
-            sync,
-            env,
+        replace(
+            FinishInputs.of_case(case, (a, b), table, started),
+            case=None,  # no expect: the test's own modules
+            sync=sync,
+            environment=env,
             judge_steps=judge,
-            replay=why,
+            replay=NotReplayed(why),
         )
     )
 

@@ -1,9 +1,9 @@
 """The contract check before step 0: what each side WILL do, from its own trainer's plan
-made before anything trains, judged by ``verdict.case_verdict.judge_case`` (``finish``) on
-traces holding nothing but them. A difference (``verdict.training_contract.check_contract``)
-stops the case there: nothing is trained or recorded, and the run verdict says
-``first_divergent: settings`` with the first differing step, the parameter group and both
-values.
+made before anything trains, judged directly by ``verdict.case_verdict.judge_stopped`` (the
+one predicate ``verdict.training_settings.judge_plans``, which the run verdict also judges at
+step 0). A difference stops the case there: nothing is trained or recorded, and the run
+verdict says ``first_divergent: settings`` with the first differing step, the parameter
+group and both values.
 
 Each side's plan is its case trainer's own ``plan`` (``run.trainers``), the settings the
 trainer writes into the side's manifest while training, made from the side's built model, so
@@ -17,23 +17,23 @@ before training for it.
 from __future__ import annotations
 
 import fnmatch
+import functools
+import time
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..config.specs import CaseSpec, ModelSpec
 from ..errors import CaseError
+from ..mapping.spec import baseline_param_names
 from ..mapping.weights import SyncReport
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
 from ..trace.training_record import TrainingSettings, run_record_keys
-from .outcome import CaseRun, FinishInputs, finish
+from ..verdict.case_verdict import judge_stopped
+from .outcome import CaseRun
 from .trainers import case_trainer, side_trainer
-
-# The mark of a side's plan-only trace: judged before step 0, kept only when the plans differ.
-NOT_TRAINED = "nothing trained: the sides' training contract differs before step 0"
 
 
 def planned_training(
@@ -64,25 +64,29 @@ def contract_before_training(
     base, cand = plans
     if base is None or cand is None or base.plan is None or cand.plan is None:
         return None
-    mapping = case.mapping
+    rename = functools.partial(baseline_param_names, case.mapping)
+    verdicts = judge_stopped(case.phases, (base, cand), table, case.expect, rename, case.min_coverage)
+    if verdicts is None:
+        return None  # the plans agree: the case trains
+    # What each side holds: its settings; nothing was trained or recorded.
     traces = [
-        Trace(
-            {
-                **environment,
-                "side": side,
-                "model": spec.name,
-                **run_record_keys(settings),
-                "not_trained": NOT_TRAINED,
-            },
-            (),
-        )
+        Trace({**environment, "side": side, "model": spec.name, **run_record_keys(settings)}, ())
         for side, (_, spec), settings in zip(("baseline", "candidate"), sides, (base, cand), strict=True)
     ]
-    inputs = FinishInputs(
-        case.name, case.phases, traces[0], traces[1], table, started, mapping, case, sync, dict(environment)
+    return CaseRun(
+        name=case.name,
+        phases=case.phases,
+        comparison=verdicts.comparison,
+        verdicts=verdicts.phases,
+        baseline=traces[0],
+        candidate=traces[1],
+        sync=sync,
+        seconds=time.perf_counter() - started,
+        table=table.name,
+        environment=dict(environment),
+        training=verdicts.training,
+        stopped=True,
     )
-    run = finish(replace(inputs, check_mapping=False))
-    return run if run.stopped else None
 
 
 def _check_no_decay(

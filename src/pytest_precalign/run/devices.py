@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def check_devices(config: AlignConfig, case: CaseSpec) -> None:
     """``SourceError`` naming the model when its device cannot be used here."""
-    if case.baseline_dump is not None and case.candidate_dump is not None:
+    if case.dumps is not None:
         return  # two stored runs: no model is built
     for name in dict.fromkeys((case.baseline, case.candidate)):
         spec = config.models[name]

@@ -7,7 +7,7 @@ import functools
 import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ from ..mapping.spec import MappingSpec, read_mapping_file
 from ..mapping.usage import check_applied
 from ..mapping.wrapper_prefix import prefix_mapping, prefix_note, wrapper_prefix
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
+from ..reports.outcome import ItemOutcome, phase_outcome
 from ..reports.text import PhaseReport
 from ..trace.records import Trace
 from ..trace.training_record import INITIAL_PARAMS_KEY, is_training_run
+from ..verdict.replay_story import NotReplayed
 from ..vocabulary import PHASES, Phase
-from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
+from .outcome import CaseRun, FinishInputs, finish
 from .stored_runs import load_side, load_sides
 
 # The item of a run recorded as per-step scalars only (no layer records on the baseline side).
@@ -56,11 +58,25 @@ def _shown(keys: set[tuple[int, int]], at_most: int = 8) -> str:
     return text + (f" and {len(ordered) - at_most} more" if len(ordered) > at_most else "")
 
 
+@dataclass(frozen=True, kw_only=True)
+class OfflineOptions:
+    """How ``precalign compare`` compares two stored runs (its options, as given)."""
+
+    tolerances: str | None = None  # --tolerances FILE (None: the default table)
+    mapping: str | None = None  # --mapping: a mapping YAML or preset:NAME
+    variables: Mapping[str, Any] | None = None  # --var: the mapping's $variables
+    layer_mapping: str | None = None  # --layer-mapping: a YAML file or preset:NAME
+    fuzzy_match: bool = False  # --fuzzy-match: API calls paired by fuzzy names
+    progress: Callable[[int, int], None] | None = None  # (pairs done, pairs) while comparing
+    metrics: Sequence[str] = ()  # --metric module:function, custom metrics
+    min_coverage: float | None = None  # --min-coverage (None: the default floor)
+
+
 def compare_run_sets(
     baseline: str | Path,
     candidate: str | Path,
     parallel: Mapping[str, ParallelLayout] | None = None,
-    **options: Any,
+    options: OfflineOptions = OfflineOptions(),  # noqa: B008 (frozen: shared safely)
 ) -> list[tuple[tuple[int, int], CaseRun]]:
     """Pair every (step, rank) of both sides; a clear error when they hold different ones.
     A multi-rank side that is merged (see ``load_side``) makes one pair of the two sides."""
@@ -69,12 +85,12 @@ def compare_run_sets(
         parallel.get(side) is not None or parallel_rank_folders(path) is not None
         for side, path in (("baseline", baseline), ("candidate", candidate))
     ):
-        return [((0, 0), compare_runs(baseline, candidate, parallel=parallel, **options))]
+        return [((0, 0), compare_runs(baseline, candidate, options, parallel=parallel))]
     _same_level(baseline, candidate)
     base_keys, cand_keys = load_sides(baseline), load_sides(candidate)
     if len(base_keys) == 1 and len(cand_keys) == 1:
         (key, base), (cand,) = next(iter(base_keys.items())), cand_keys.values()
-        return [(key, compare_runs(baseline, candidate, **options, loaded=(base, cand)))]
+        return [(key, compare_runs(baseline, candidate, options, loaded=(base, cand)))]
     if set(base_keys) != set(cand_keys):
         raise TraceError(
             f"the sides hold different steps/ranks ({len(base_keys)} in baseline {baseline}, "
@@ -86,7 +102,7 @@ def compare_run_sets(
     for key in sorted(base_keys):
         pair = (base_keys[key].manifest["path"], cand_keys[key].manifest["path"])
         loaded = (base_keys[key], cand_keys[key])
-        out.append((key, compare_runs(*pair, **options, check_mapping=False, loaded=loaded)))
+        out.append((key, compare_runs(*pair, options, check_mapping=False, loaded=loaded)))
     # The mapping's rules must apply somewhere in the run, not on each step and rank.
     uses = [run.mapping_use for _, run in out if run.mapping_use is not None]
     if uses:
@@ -155,17 +171,10 @@ def _read_sides(
 def compare_runs(
     baseline: str | Path,
     candidate: str | Path,
+    options: OfflineOptions = OfflineOptions(),  # noqa: B008 (frozen: shared safely)
     *,
-    tolerances: str | None = None,
-    mapping: str | None = None,
-    variables: Mapping[str, Any] | None = None,
-    layer_mapping: str | None = None,
-    fuzzy_match: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-    metrics: Sequence[str] = (),
     parallel: Mapping[str, ParallelLayout] | None = None,
     check_mapping: bool = True,
-    min_coverage: float | None = None,
     loaded: tuple[Trace, Trace] | None = None,
 ) -> CaseRun:
     """``loaded``: the two sides, already read from ``baseline`` and ``candidate`` (by
@@ -174,14 +183,14 @@ def compare_runs(
 
     started = time.perf_counter()
     base, cand = loaded or _read_sides(baseline, candidate, parallel or {})
-    if fuzzy_match:
+    if options.fuzzy_match:
         from ..mapping.fuzzy_api_calls import fuzzy_api_calls
 
         base, cand = fuzzy_api_calls(base), fuzzy_api_calls(cand)
-    table = load_tolerances(tolerances)
+    table = load_tolerances(options.tolerances)
     # A mapping's $variables: the runs' own model configs, then --var (which wins).
-    known = {**manifest_variables(base.manifest, cand.manifest), **(variables or {})}
-    spec = _with_layer_mapping(load_mapping(mapping, known), layer_mapping)
+    known = {**manifest_variables(base.manifest, cand.manifest), **(options.variables or {})}
+    spec = _with_layer_mapping(load_mapping(options.mapping, known), options.layer_mapping)
     notes: tuple[str, ...] = ()
     if spec is None:
         spec, notes = _wrapper_mapping(base, cand)
@@ -190,22 +199,21 @@ def compare_runs(
         phases = (RUN_PHASE,)  # per-step scalars only: the run's verdict is the step item's
     if not phases:
         raise TraceError(f"{baseline}: the baseline side has no records")
-    custom = [load_metric(m) for m in metrics]
-    name = f"{Path(baseline).name}_vs_{Path(candidate).name}"
+    custom = [load_metric(m) for m in options.metrics]
     job = FinishInputs(
-        name,
-        phases,
-        base,
-        cand,
-        table,
-        started,
-        spec,
+        name=f"{Path(baseline).name}_vs_{Path(candidate).name}",
+        phases=phases,
+        baseline=base,
+        candidate=cand,
+        table=table,
+        started=started,
+        mapping=spec,
         environment=dict(base.manifest),
-        progress=progress,
+        progress=options.progress,
         workers=_merged_compare_workers(base, cand),
         check_mapping=check_mapping,
-        min_coverage=min_coverage,
-        replay="the runs are recordings, not models to train",
+        min_coverage=options.min_coverage,
+        replay=NotReplayed("the runs are recordings, not models to train"),
     )
     run = replace(finish(job), notes=notes)
     if custom:

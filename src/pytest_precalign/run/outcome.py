@@ -1,6 +1,5 @@
-"""Outcomes as data: a finished case (``CaseRun``) and what one test item came to
-(``ItemOutcome``). No models, no torch import, no pytest: the plugin records an item's
-outcome and raises its failure, the CLI prints it and picks the exit code.
+"""A finished case as data (``CaseRun``). No models, no torch import, no pytest (what a
+test item came to is ``reports.outcome``'s ``ItemOutcome``).
 
 ``finish`` (map, compare, then one call of ``verdict.case_verdict.judge_case``) is shared by
 live cases, stored baselines, dump cases, the search and offline compares; ``judged_again``
@@ -12,7 +11,6 @@ free it after the last" bookkeeping.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -22,17 +20,17 @@ from ..compare.moe_tokens import by_token
 from ..compare.op_pairing import settle_op_pairs
 from ..compare.pairs import Comparison, compare_traces
 from ..compare.tolerances import ToleranceTable
+from ..compare.workers import compare_workers
 from ..config.specs import CaseSpec
-from ..errors import ConfigError, PrecalignError
+from ..errors import PrecalignError
 from ..mapping.apply import map_trace
 from ..mapping.peft_names import peft_aligned
 from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
 from ..parallel.dp_join import without_lone_replica_grads
-from ..reports.document import junit_properties, phase_dict, report_document
-from ..reports.text import PhaseReport, failure_message, summary_line
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
+from ..verdict.case_facts import CaseFacts, case_facts
 from ..verdict.case_verdict import CaseJudging, judge_case
 from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict
@@ -70,7 +68,7 @@ class CaseRun:
     notes: tuple[str, ...] = ()  # lines said once before the verdicts (a wrapper prefix taken off)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FinishInputs:
     """What ``finish`` judges: two traces of a case (the candidate in its own names) and how."""
 
@@ -95,73 +93,41 @@ class FinishInputs:
     envelope: CleanReruns | None = None  # the envelope lane's clean reruns (None: the table's lanes)
     replay: Replay = None  # why the case's steps are not replayed (None: nothing to say)
 
-
-def compare_workers() -> int:
-    """Workers comparing tensor pairs: ``PRECALIGN_COMPARE_THREADS``, else the cores that are
-    free now (``free_cores(cores, busy_now())``), at least 1, at most 4. Threads, or forked
-    processes where that is safe (``compare.forked_jobs``)."""
-    wanted = os.environ.get("PRECALIGN_COMPARE_THREADS", "").strip()
-    if wanted:
-        if not (wanted.isdigit() and int(wanted) > 0):
-            raise ConfigError(
-                f"environment variable PRECALIGN_COMPARE_THREADS={wanted!r}: expected a whole number >= 1"
-            )
-        return int(wanted)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return free_cores(cores, busy_now())
-
-
-def busy_now(samples: int = 5, loadavg: str = "/proc/loadavg") -> float:
-    """How many cores other work keeps busy now: the fewest runnable tasks seen in ``samples``
-    reads of ``loadavg`` 1 ms apart (its fourth field, ``running/total``), less this one. The
-    fewest: work that keeps a core busy is runnable in every read, a short task (a shell, a
-    kernel thread) in few. Without that file, the 1-minute load average, which lags: right
-    after another program's burst (the benchmark's msprobe compare) it still reads ~2 on an
-    idle 2-core machine."""
-    seen: int | None = None
-    for n in range(samples):
-        try:
-            with open(loadavg, encoding="ascii") as f:
-                running = int(f.read().split()[3].split("/")[0])
-        except (OSError, IndexError, ValueError):
-            seen = None
-            break
-        seen = running if seen is None else min(seen, running)
-        if n + 1 < samples:
-            time.sleep(0.001)
-    if seen is not None and seen >= 1:
-        return float(seen - 1)
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-
-
-def free_cores(cores: int, load: float) -> int:
-    """Compare workers for ``cores`` usable cores while ``load`` of them are busy: the cores not
-    busy (``cores - round(load)``), at least 1, at most 4.
-
-    A worker on a core another process keeps busy only takes turns with it: on 2 cores at
-    load ~1 a second compare thread made the 1 GB compare slower (0.78-0.85 s against
-    0.67-0.69 s with one; CPU seconds equal to wall seconds with two, i.e. no overlap).
-    ``PRECALIGN_COMPARE_THREADS`` overrides."""
-    busy = int(load + 0.5) if load == load and load >= 0 else 0
-    return max(1, min(4, cores - busy))
+    @classmethod
+    def of_case(
+        cls, case: CaseSpec, traces: tuple[Trace, Trace], table: ToleranceTable, started: float
+    ) -> FinishInputs:
+        """The two traces of ``case`` (its name, phases, mapping and ``expect:``) judged under
+        ``table``; the rest by ``dataclasses.replace``."""
+        return cls(
+            name=case.name,
+            phases=case.phases,
+            baseline=traces[0],
+            candidate=traces[1],
+            table=table,
+            started=started,
+            mapping=case.mapping,
+            case=case,
+        )
 
 
 def finish(job: FinishInputs) -> CaseRun:
     """Map the candidate to the baseline's names, compare, and judge the case (one call of
     ``judge_case``). A mapping rule that applied to no record (nor, with weight sync,
     parameter) is a ``ConfigError``."""
+    cand_in, peft_reasons = peft_aligned(job.baseline, job.candidate)  # a LoRA run vs a plain one
+    facts = case_facts(job.baseline, cand_in)  # the manifests read once, for all that follows
     # Two recordings of a run in other modes or on other steps: compared on what both hold.
-    both = on_both(job.baseline, job.candidate)
-    base_trace = both.baseline
-    cand_in, peft_reasons = peft_aligned(base_trace, both.candidate)  # a LoRA run vs a plain one
+    both = on_both(job.baseline, cand_in, facts)
+    base_trace, cand_in = both.baseline, both.candidate
     mapped = map_trace(cand_in, base_trace, job.mapping)
     synced = job.sync.applied if job.sync is not None else frozenset()
     use = MappingUse.of(job.mapping, cand_in, mapped.applied | synced, params_seen=job.sync is not None)
     if job.check_mapping:
         check_applied(use)
-    reasons = {**peft_reasons, **_not_recordable(base_trace, mapped.trace), **mapped.reasons}
-    reasons.update(dp_unpaired(base_trace, mapped.trace))
-    reasons.update(_partial_step_reasons(base_trace, mapped.trace))
+    reasons = {**peft_reasons, **_not_recordable(facts), **mapped.reasons}
+    reasons.update(dp_unpaired(facts))
+    reasons.update(_partial_step_reasons(base_trace, mapped.trace, facts))
     moe = job.case.record.moe if job.case is not None else None
     base_trace, cand_trace = without_lone_replica_grads(base_trace, mapped.trace)
     base_trace = with_merged(base_trace, mapped.baseline_merged)  # parts fused on the candidate's side
@@ -175,8 +141,8 @@ def finish(job: FinishInputs) -> CaseRun:
     comparison = settle_op_pairs(comparison, base_trace, cand_trace)
     if job.judge_steps is not None and "step" in job.phases:
         comparison = job.judge_steps(comparison, base_trace, cand_trace)
-    judging = _judging(job, both, base_trace, cand_trace, comparison)
-    return CaseRun(
+    judging = _judging(job, facts, both, base_trace, cand_trace, comparison)
+    unjudged = CaseRun(
         name=job.name,
         phases=job.phases,
         baseline=base_trace,
@@ -187,15 +153,24 @@ def finish(job: FinishInputs) -> CaseRun:
         environment=job.environment,
         mapping_use=use,
         candidate_names=mapped.candidate_names,
-        **_judged(judging),
+        comparison=comparison,
+        verdicts={},
+        judging=judging,
     )
+    return _judged(unjudged)
 
 
 def _judging(
-    job: FinishInputs, both: OnBoth, baseline: Trace, candidate: Trace, comparison: Comparison
+    job: FinishInputs,
+    facts: CaseFacts,
+    both: OnBoth,
+    baseline: Trace,
+    candidate: Trace,
+    comparison: Comparison,
 ) -> CaseJudging:
-    """What ``judge_case`` judges of ``job``: the traces compared and their comparison."""
+    """What ``judge_case`` judges of ``job``: its facts, the traces compared and their comparison."""
     return CaseJudging(
+        facts,
         job.phases,
         baseline,
         candidate,
@@ -218,77 +193,44 @@ def judged_again(run: CaseRun, replay: Replay) -> CaseRun:
     """``run`` judged again with what the replay of its first divergent step found, or why it
     was not replayed (its traces and comparison as they were)."""
     assert run.judging is not None
-    return replace(run, **_judged(replace(run.judging, replay=replay)))
+    return _judged(replace(run, judging=replace(run.judging, replay=replay)))
 
 
-def _judged(judging: CaseJudging) -> dict[str, Any]:
-    """A ``CaseRun``'s fields of its verdicts: ``judging`` judged (one call of ``judge_case``)."""
-    verdicts = judge_case(judging)
-    return {
-        "comparison": verdicts.comparison,
-        "verdicts": verdicts.phases,
-        "training": verdicts.training,
-        "stopped": verdicts.stopped,
-        "to_replay": verdicts.to_replay,
-        "judging": judging,
-    }
-
-
-def dp_unpaired(baseline: Trace, candidate: Trace) -> dict[str, str]:
-    """Why a record has no partner when a side's DP replicas could not be joined on it
-    (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch), or its
-    DTensor tensor-parallel ranks not merged (``parallel.dtensor_rules``)."""
-    reasons: dict[str, str] = {}
-    for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        for rid, why in trace.manifest.get("tp_unmerged", {}).items():
-            reasons[str(rid)] = f"the {side}'s TP ranks are not merged on it: {why}"
-        for block in trace.manifest.get("dp_join", {}).values():
-            for rid, why in block.get("unpaired", {}).items():
-                reasons[str(rid)] = f"the {side}'s DP replicas are not joined on it: {why}"
-    return reasons
-
-
-def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
-    """Why a record has no partner when the other side could not record it (a grad of a view
-    modified in place that cannot be read out of its base's grad; see the recorder)."""
-    reasons: dict[str, str] = {}
-    for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        known = trace.manifest.get("not_recordable")
-        if isinstance(known, Mapping):
-            for rid, why in known.items():
-                reasons[str(rid)] = f"the {side}'s grad is {why}"
-    return reasons
-
-
-@dataclass(frozen=True)
-class ItemOutcome:
-    """What one test item (a case and a phase, or a case's search) came to."""
-
-    name: str  # "<case>[<phase>]"
-    passed: bool
-    message: str = ""  # the failure, as the item shows it ("" when passed)
-    summary: str = ""  # the line of the terminal summary ("" for none)
-    entry: Mapping[str, Any] | None = None  # the report.json entry, plain JSON values (None: none)
-    properties: tuple[tuple[str, object], ...] = ()  # JUnit <property>s
-
-
-def phase_outcome(report: PhaseReport, extra: Mapping[str, Any] | None = None) -> ItemOutcome:
-    """A case's phase judged against a live (or dump, or offline) baseline; ``extra`` keys are
-    added to its report entry."""
-    data = {**phase_dict(report), **(extra or {})}
-    return ItemOutcome(
-        name=report.nodeid_name,
-        passed=report.passed,
-        message="" if report.passed else failure_message(report),
-        summary=summary_line(report),
-        entry=plain_entry(data),
-        properties=tuple(junit_properties(report.verdict)),
+def _judged(run: CaseRun) -> CaseRun:
+    """``run`` with the verdicts of its ``judging`` (one call of ``judge_case``)."""
+    assert run.judging is not None
+    verdicts = judge_case(run.judging)
+    return replace(
+        run,
+        comparison=verdicts.comparison,
+        verdicts=verdicts.phases,
+        training=verdicts.training,
+        stopped=verdicts.stopped,
+        to_replay=verdicts.to_replay,
     )
 
 
-def plain_entry(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A report entry in plain JSON values (it rides on xdist's test reports)."""
-    return report_document([data], {})["cases"][0]  # type: ignore[no-any-return]
+def dp_unpaired(facts: CaseFacts) -> dict[str, str]:
+    """Why a record has no partner when a side's DP replicas could not be joined on it
+    (``parallel.dp_join``: partial grads, hashes, other shapes beyond the batch), or its DTensor
+    tensor-parallel ranks not merged (``parallel.dtensor_rules``)."""
+    reasons: dict[str, str] = {}
+    for side in (facts.baseline, facts.candidate):
+        for rid, why in side.tp_unmerged.items():
+            reasons[rid] = f"the {side.side}'s TP ranks are not merged on it: {why}"
+        for rid, why in side.dp_unpaired.items():
+            reasons[rid] = f"the {side.side}'s DP replicas are not joined on it: {why}"
+    return reasons
+
+
+def _not_recordable(facts: CaseFacts) -> dict[str, str]:
+    """Why a record has no partner when the other side could not record it (a grad of a view
+    modified in place that cannot be read out of its base's grad; see the recorder)."""
+    return {
+        rid: f"the {side.side}'s grad is {why}"
+        for side in (facts.baseline, facts.candidate)
+        for rid, why in side.not_recordable.items()
+    }
 
 
 class PerCase(Generic[T]):
@@ -328,11 +270,14 @@ def _floor(job: FinishInputs) -> float:
     return job.case.min_coverage if job.case is not None else DEFAULT_MIN_COVERAGE
 
 
-def _partial_step_reasons(baseline: Trace, candidate: Trace) -> dict[str, str]:
+def _partial_step_reasons(baseline: Trace, candidate: Trace, facts: CaseFacts) -> dict[str, str]:
     """Records of a step the other side's run left incomplete: why they have no partner."""
     out = {}
-    for mine, other, side in ((baseline, candidate, "candidate"), (candidate, baseline, "baseline")):
-        partial = {int(m["step"]) for m in other.manifest.get("incomplete_steps", ())}
+    for mine, other, side in (
+        (baseline, facts.candidate, "candidate"),
+        (candidate, facts.baseline, "baseline"),
+    ):
+        partial = {int(m["step"]) for m in other.incomplete_steps}
         for rec in mine.records if partial else ():
             if rec.step in partial:
                 out[rec.id] = f"step {rec.step} is incomplete on the {side} side (its run was interrupted)"

@@ -35,7 +35,7 @@ from ..errors import CaseError
 from ..mapping.weights import sync_weights
 from ..trace.step_scalars import SCALARS_KEY
 from ..trace.training_record import INITIAL_PARAMS_KEY, read_run_record, run_record_keys
-from ..verdict.replay_story import Replay, ReplayFinding
+from ..verdict.replay_story import NotReplayed, Replay, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case
@@ -61,19 +61,19 @@ def _replayed(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict, ste
     """What replaying ``step`` found, or why it was not replayed."""
     why = not_replayable(config, case, verdict)
     if why is not None:
-        return why
+        return NotReplayed(why)
     try:
         with torch.random.fork_rng(devices=[]):  # the process's RNG as the run left it
             return replay_step(config, case, step)
     except (ReplayUnavailable, CaseError) as exc:
-        return str(exc)
+        return NotReplayed(str(exc))
     except Exception as exc:  # noqa: BLE001 - the run's verdict stands; the replay says why it stopped
-        return f"the replay raised {type(exc).__name__}: {exc}"
+        return NotReplayed(f"the replay raised {type(exc).__name__}: {exc}")
 
 
 def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict) -> str | None:
     """Why the case's sides cannot be replayed here (None: they can)."""
-    if case.baseline_dump is not None or case.candidate_dump is not None:
+    if case.dumps is not None:
         return "the sides are stored runs, not models this process can train"
     assert verdict.first is not None
     if verdict.first.what == "weights":
@@ -108,17 +108,10 @@ def replay_step(
             traces.append(_only_step(trace, step))
     del baseline, candidate
     run = finish(
-        FinishInputs(
-            case.name,
-            case.phases,
-            traces[0],
-            traces[1],
-            _table(config, case),
-            0.0,
-            case.mapping,
-            rcase,
-            sync,
-            env,
+        replace(
+            FinishInputs.of_case(rcase, (traces[0], traces[1]), _table(config, case), 0.0),
+            sync=sync,
+            environment=env,
             check_mapping=False,
         )
     )

@@ -86,10 +86,6 @@ class TrainingPlan:
     def steps(self) -> int:
         return len(self.lr)
 
-    def group_of(self) -> dict[str, int]:
-        """Each parameter's group index."""
-        return {name: index for index, names in enumerate(self.groups) for name in names}
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "optimizer": self.optimizer,

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..errors import RecorderError
 from ..recording import native_kernels
 from ..recording.host_sync import to_host
 from ..recording.sharded import whole
@@ -257,7 +258,10 @@ class StepEvidence:
         """After the framework clipped: the coefficient the grads were multiplied by, measured
         as (norm after) / (norm before); 1.0 when the norm before was 0."""
         if self._grad_norm is None:
-            raise RuntimeError("StepEvidence.grads_after_clip: call grads_before_clip first")
+            raise RecorderError(
+                "StepEvidence.grads_after_clip: no grad norm before clipping for this step "
+                "(call grads_before_clip before the framework clips)"
+            )
         if self._uncounted is not None:  # counted here: grads_before_clip(zeros_after_clip=True)
             found = self._grads(grads)
             parts = sharded_norms.split(found)

@@ -1,9 +1,9 @@
-"""The manifest facts a case's verdict needs, read once from its two traces (``case_facts``):
-each side's run record (``trace.training_record.read_run_record``: per-step scalars, settings
-and plan, initial parameters, frozen parameters), the notes its recorder or merge wrote (steps
-whose parameter grads were gone, ranks that disagreed on a replicated record, steps left
-incomplete by an interrupted run), and whether the case was stopped before step 0 (``not_trained``,
-written by ``run.contract_check``). The verdict reads these, never the manifests again."""
+"""The manifest facts of a case, read once from its two traces (``case_facts``, at the start
+of ``run.outcome.finish``): each side's run record (``trace.training_record.read_run_record``:
+per-step scalars, settings and plan, initial parameters, frozen parameters), whether our
+``Recorder`` recorded it, and the notes its recorder or merge wrote (steps whose parameter
+grads were gone, ranks that disagreed on a replicated record, steps left incomplete by an
+interrupted run). ``run.both_recorded`` and the verdict read these, never the manifests again."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..parallel.layout import RECORDER_KEY
 from ..trace.records import Trace
 from ..trace.step_scalars import SCALARS_KEY
 from ..trace.training_record import RunRecord, is_training_run, read_run_record
@@ -30,7 +31,10 @@ class SideFacts:
     incomplete_steps: tuple[Mapping[str, Any], ...]  # steps its interrupted run left partial
     grads_missing: tuple[Mapping[str, Any], ...]  # steps whose parameter grads were gone
     replica_mismatches: tuple[Mapping[str, Any], ...]  # replicated records its ranks disagreed on
-    not_trained: str  # why nothing was trained ("": it was)
+    recorder: bool  # recorded by our ``Recorder`` or a callback (the manifest's ``RECORDER_KEY``)
+    not_recordable: Mapping[str, str]  # record id -> why its grad could not be recorded
+    dp_unpaired: Mapping[str, str]  # record id -> why its DP replicas were not joined on it
+    tp_unmerged: Mapping[str, str]  # record id -> why its DTensor TP ranks were not merged on it
 
 
 @dataclass(frozen=True)
@@ -42,15 +46,13 @@ class CaseFacts:
     parents: Mapping[str, str]  # the baseline's module tree: module -> its parent
     dtype: str  # the runs' dtype (the table's rules by dtype)
     training_run: bool  # a training run (``trace.training_record.is_training_run``)
+    # Both sides are runs our ``Recorder`` (or ``PrecalignCallback``) recorded with per-step
+    # scalars, which may hold layers on some steps only (a case records the same on both).
+    recorded_runs: bool
 
     @property
     def sides(self) -> tuple[SideFacts, SideFacts]:
         return self.baseline, self.candidate
-
-    @property
-    def not_trained(self) -> bool:
-        """Stopped before step 0: nothing was trained or recorded, the plans are judged."""
-        return bool(self.baseline.not_trained or self.candidate.not_trained)
 
 
 def side_facts(trace: Trace, side: str) -> SideFacts:
@@ -66,17 +68,34 @@ def side_facts(trace: Trace, side: str) -> SideFacts:
         incomplete_steps=tuple(manifest.get("incomplete_steps", ())),
         grads_missing=tuple(manifest.get("grads_missing", ())),
         replica_mismatches=tuple(manifest.get("replica_mismatches", ())),
-        not_trained=str(manifest.get("not_trained") or ""),
+        recorder=RECORDER_KEY in manifest,
+        not_recordable=_texts(manifest.get("not_recordable")),
+        dp_unpaired={
+            rid: why
+            for block in _blocks(manifest.get("dp_join"))
+            for rid, why in _texts(block.get("unpaired")).items()
+        },
+        tp_unmerged=_texts(manifest.get("tp_unmerged")),
     )
+
+
+def _texts(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+def _blocks(value: Any) -> list[Mapping[str, Any]]:
+    return [b for b in value.values() if isinstance(b, Mapping)] if isinstance(value, Mapping) else []
 
 
 def case_facts(baseline: Trace, candidate: Trace) -> CaseFacts:
     """The facts of two traces of a case (the candidate's manifest its own)."""
     parents = baseline.manifest.get("parents") or {}
+    sides = side_facts(baseline, "baseline"), side_facts(candidate, "candidate")
     return CaseFacts(
-        baseline=side_facts(baseline, "baseline"),
-        candidate=side_facts(candidate, "candidate"),
+        baseline=sides[0],
+        candidate=sides[1],
         parents={str(k): str(v) for k, v in parents.items()},
         dtype=str(baseline.manifest.get("dtype") or "float32"),
         training_run=is_training_run(baseline, candidate),
+        recorded_runs=all(side.recorder and side.own_scalars for side in sides),
     )

@@ -1,18 +1,18 @@
 """A case's verdicts in one call (``judge_case``): what ``run`` compared goes in, every verdict
 of the case comes out complete.
 
-In (``CaseJudging``): the two traces (the candidate in the baseline's names), their
-comparison, the table, the case's expectation, and what the run found beside the comparison
-(isolation, the envelope, the steps not compared because one side lacks them, and the
-replay of the first divergent step). Out (``CaseVerdicts``): each phase's verdict with every fail-closed
-finding (coverage, a phase judged by the run's scalars, ranks that disagreed, parameter grads
-that were gone, a run interrupted mid-step) and the case's story, and the training run's
-verdict (frozen parameters checked unchanged, the expected divergence checked, the replay
-told). The manifests are read once (``case_facts``).
+In (``CaseJudging``): the case's facts (``case_facts``, gathered once by ``run.outcome.finish``),
+the two traces (the candidate in the baseline's names), their comparison, the table, the case's
+expectation, and what the run found beside the comparison (isolation, the envelope, the steps
+not compared because one side lacks them, and the replay of the first divergent step). Out
+(``CaseVerdicts``): each phase's verdict with every fail-closed finding (coverage, a phase
+judged by the run's scalars, ranks that disagreed, parameter grads that were gone, a run
+interrupted mid-step) and the case's story, and the training run's verdict (frozen parameters
+checked unchanged, the expected divergence checked, the replay told).
 
-A case stopped before step 0 (``run.contract_check``: its traces hold the two sides' plans and
-``not_trained``) is judged on its plans: when they differ (``check_contract``) every phase
-carries the run verdict (``stopped``); when they agree nothing is judged and the case trains.
+A case whose sides' plans differ (``training_settings.judge_plans``, the one predicate, also
+judged at step 0 of the run verdict) is stopped before step 0 (``run.contract_check``): its
+verdicts are ``judge_stopped``'s, from the two plans alone, nothing trained or recorded.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field, replace
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
+from ..trace.training_record import TrainingSettings
 from ..vocabulary import Phase
-from .case_facts import CaseFacts, case_facts
+from .case_facts import CaseFacts
 from .coverage import DEFAULT_MIN_COVERAGE
 from .dp_replicas import with_replica_findings
 from .dp_rows import with_replica_rows
@@ -39,9 +40,10 @@ from .phase import (
 )
 from .replay_story import Replay, with_replay
 from .story import tell_case
-from .training_contract import Rename, check_contract, same_names
+from .training_contract import Rename, same_names
 from .training_envelope import CleanReruns, measure_envelope
-from .training_run import TrainingVerdict, lane_of, with_expectation
+from .training_run import RunSide, TrainingVerdict, judge_run, lane_of, with_expectation
+from .training_settings import judge_plans
 from .training_traces import judge_traces, judged_by_scalars
 
 
@@ -49,6 +51,7 @@ from .training_traces import judge_traces, judged_by_scalars
 class CaseJudging:
     """What ``judge_case`` judges (see the module doc)."""
 
+    facts: CaseFacts  # the two traces' manifest facts, gathered once
     phases: tuple[Phase, ...]
     baseline: Trace
     candidate: Trace  # in the baseline's names (its manifest its own)
@@ -74,17 +77,15 @@ class CaseVerdicts:
     phases: Mapping[Phase, PhaseVerdict]
     training: TrainingVerdict | None  # a training run's verdict over its steps
     comparison: Comparison  # what was judged (the parameters both sides freeze taken out)
-    stopped: bool = False  # stopped before step 0: the plans differ, nothing was trained
+    stopped: bool = False  # stopped before step 0 (``judge_stopped``): the plans differ, nothing trained
     to_replay: int | None = None  # a failing run's first divergent step (what a replay drills into)
 
 
 def judge_case(judging: CaseJudging) -> CaseVerdicts:
     """The case's verdicts (module doc)."""
-    facts = case_facts(judging.baseline, judging.candidate)
+    facts = judging.facts
     # parameters both runs freeze (a LoRA run's base weights) are checked unchanged, not judged
     comparison = without_frozen(judging.comparison, facts.baseline.frozen & facts.candidate.frozen)
-    if facts.not_trained and not _plans_differ(facts, judging.rename):
-        return CaseVerdicts({}, None, comparison)  # the plans agree: the case trains
     phases = judging.phases
     expect = judging.expect
     mismatches = [m for side in facts.sides for m in side.replica_mismatches]
@@ -101,15 +102,40 @@ def judge_case(judging: CaseJudging) -> CaseVerdicts:
         verdict = with_replica_mismatches(verdict, mismatches)
         verdict = with_missing_grads(verdict, missing)
         verdicts[phase] = with_incomplete_steps(verdict, incomplete)
-    training = _training(judging, facts, comparison)
-    if facts.not_trained:
-        return _stopped(judging, facts, comparison, verdicts, training)
-    training = with_replay(training, judging.replay)
+    training = with_replay(_training(judging, facts, comparison), judging.replay)
     first = training.first if training is not None else None
     data = (first.step, first.evidence) if first is not None and first.what == "data" else None
     told = tell_case(verdicts, phases, data)  # no module origin where the data differs
     failing = first is not None and training is not None and not training.passed
     return CaseVerdicts(told, training, comparison, to_replay=first.step if failing and first else None)
+
+
+def judge_stopped(
+    phases: tuple[Phase, ...],
+    settings: tuple[TrainingSettings | None, TrainingSettings | None],
+    table: ToleranceTable,
+    expect: Expectation | None = None,
+    rename: Rename = same_names,
+    min_coverage: float = DEFAULT_MIN_COVERAGE,
+) -> CaseVerdicts | None:
+    """The verdicts of a case stopped before step 0, from the settings (and plans) each side's
+    trainer will train with, or None when they agree by ``judge_plans`` (the case trains). The
+    run verdict names the first difference at its planned step; every phase carries it (nothing
+    was recorded: no phase is judged on records nor on coverage)."""
+    plans = tuple(None if s is None else s.plan for s in settings)
+    if judge_plans((plans[0], plans[1]), settings, rename) is None:
+        return None
+    sides = [RunSide({}, plan, None, side) for plan, side in zip(plans, settings, strict=True)]
+    run = judge_run(sides[0], sides[1], {}, table, rename)
+    if expect is not None and expect.diverged is not None and expect.step is not None:
+        run = with_expectation(run, expect.step, expect.diverged, expect.run_origin)
+    nothing = Comparison(())
+    verdicts = {}
+    for phase in phases:
+        earlier = expect is not None and phases.index(expect.phase) < phases.index(phase)
+        verdict = phase_verdict(nothing, phase, expect, earlier, None, {}, min_coverage)
+        verdicts[phase] = replace(verdict, passed=run.passed, coverage=None)
+    return CaseVerdicts(verdicts, run, nothing, stopped=True)
 
 
 def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) -> TrainingVerdict | None:
@@ -123,10 +149,18 @@ def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) ->
         mismatches = [m for side in facts.sides for m in side.replica_mismatches]
         training = with_replica_findings(_judge_run(judging, facts, comparison), mismatches)
         training = with_replica_rows(training, judging.baseline, judging.candidate, comparison)
+    return _expected(training, expect, judging.table)
+
+
+def _expected(
+    training: TrainingVerdict | None, expect: Expectation | None, table: ToleranceTable
+) -> TrainingVerdict | None:
+    """``training`` checked against the case's expected run divergence (``expect: {step,
+    diverged}``; as it is without one)."""
     if expect is None or expect.diverged is None or expect.step is None:
         return training
     if training is None:
-        training = TrainingVerdict(0, lane_of(judging.table), None, ("the case is not a training run",))
+        training = TrainingVerdict(0, lane_of(table), None, ("the case is not a training run",))
     return with_expectation(training, expect.step, expect.diverged, expect.run_origin)
 
 
@@ -147,25 +181,6 @@ def _judge_run(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) -
         judging.split,
         judging.not_recorded,
     )
-
-
-def _plans_differ(facts: CaseFacts, rename: Rename) -> bool:
-    base, cand = facts.baseline.run.plan, facts.candidate.run.plan
-    return base is not None and cand is not None and check_contract(base, cand, rename) is not None
-
-
-def _stopped(
-    judging: CaseJudging,
-    facts: CaseFacts,
-    comparison: Comparison,
-    verdicts: Mapping[Phase, PhaseVerdict],
-    training: TrainingVerdict | None,
-) -> CaseVerdicts:
-    """A case judged on its plans alone: every phase carries the run verdict (nothing was
-    recorded, so no phase is judged on records nor on coverage)."""
-    run = training or _judge_run(judging, facts, comparison)
-    phases = {phase: replace(v, passed=run.passed, coverage=None) for phase, v in verdicts.items()}
-    return CaseVerdicts(phases, run, comparison, stopped=True)
 
 
 def _incomplete_steps(facts: CaseFacts) -> list[str]:

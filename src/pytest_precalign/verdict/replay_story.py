@@ -1,6 +1,6 @@
 """What the run verdict says of the replay of its first divergent step (``run.step_replay``):
 what the replay found (``ReplayFinding``, told by ``story``), or why the step was not replayed
-and what to record to drill into it by hand (``not_replayed``). No torch import."""
+(``NotReplayed``) and what to record to drill into it by hand (``not_replayed``). No torch import."""
 
 from __future__ import annotations
 
@@ -31,9 +31,17 @@ class ReplayFinding:
         }
 
 
-# What the run verdict is told of the replay: what it found, why it did not replay (a reason),
-# or nothing (None: the case does not replay, or was not asked).
-Replay = ReplayFinding | str | None
+@dataclass(frozen=True)
+class NotReplayed:
+    """Why the first divergent step was not replayed (``reason``, in words: the sides are stored
+    runs, launched, built by the test; the replay itself failed)."""
+
+    reason: str
+
+
+# What the run verdict is told of the replay: what it found, why it did not replay, or nothing
+# (None: the case does not replay, or was not asked).
+Replay = ReplayFinding | NotReplayed | None
 
 
 def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerdict | None:
@@ -41,8 +49,8 @@ def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerd
     names no step, or there is nothing to tell)."""
     if replay is None or verdict is None or verdict.first is None or verdict.passed:
         return verdict
-    if isinstance(replay, str):
-        return not_replayed(verdict, replay)
+    if isinstance(replay, NotReplayed):
+        return not_replayed(verdict, replay.reason)
     return replace(verdict, replay=story(verdict, replay), replay_found=replay.as_dict())
 
 

@@ -33,7 +33,6 @@ from .story import origin_of
 from .training_contract import (
     ContractDiff,
     Rename,
-    check_contract,
     lr_pattern,
     same_names,
     unsaid_settings,
@@ -48,7 +47,7 @@ from .training_scalars import (
     one_sided,
     over_envelope,
 )
-from .training_settings import settings_contract
+from .training_settings import judge_plans
 
 
 @dataclass(frozen=True)
@@ -305,10 +304,7 @@ def _before_training(
     weights = _weights(baseline.initial_params, candidate.initial_params, judge, rename)
     if weights is not None:
         return weights
-    diff = None
-    if baseline.plan is not None and candidate.plan is not None:
-        diff = check_contract(baseline.plan, candidate.plan, rename)
-    diff = settings_contract(baseline.settings, candidate.settings, diff)  # adapters, precision, words
+    diff = judge_plans((baseline.plan, candidate.plan), (baseline.settings, candidate.settings), rename)
     return _contract(diff) if diff is not None else None
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..trace.training_record import Adapter, TrainingPlan, TrainingSettings
 from ..untrusted import cut_text
-from .training_contract import ContractDiff
+from .training_contract import ContractDiff, Rename, check_contract, same_names
 
 # An adapter's fields, in PEFT's words (``LoraConfig``).
 ADAPTER_WORDS: tuple[tuple[str, str], ...] = (
@@ -56,6 +56,22 @@ TRAINER_ARGUMENTS: Mapping[str, tuple[str, ...]] = {
     "gradient_checkpointing": ("gradient_checkpointing",),
 }
 ARGUMENTS_KEY = "TrainingArguments"  # where a Trainer's settings keep its arguments' fields
+
+
+def judge_plans(
+    plans: tuple[TrainingPlan | None, TrainingPlan | None],
+    settings: tuple[TrainingSettings | None, TrainingSettings | None],
+    rename: Rename = same_names,
+) -> ContractDiff | None:
+    """The one predicate of "the sides' plans differ": the first difference before training of
+    the baseline's and the candidate's ``plans`` (``check_contract``, when both have one) and
+    ``settings`` (``settings_contract``: adapters, precision, the plans' difference in the
+    framework's words), or None. Judged before training (``run.contract_check``: a difference
+    stops the case there) and at step 0 of the run verdict (``training_run``): both say the same."""
+    diff = None
+    if plans[0] is not None and plans[1] is not None:
+        diff = check_contract(plans[0], plans[1], rename)
+    return settings_contract(settings[0], settings[1], diff)
 
 
 def settings_contract(

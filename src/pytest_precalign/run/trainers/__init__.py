@@ -13,7 +13,9 @@ does at each step: the recorder's step, the seed, the step replay's boundary, th
 records after the update).
 
 Adding a trainer: one module here exposing ``TRAINER`` and one line in
-``training.trainer_registry.TRAINERS`` naming it.
+``training.trainer_registry.BUILT_IN`` naming it; a team's own trainer is a module of its own,
+registered from outside the package (``trainer_registry.register_trainer``: a conftest's
+``pytest_precalign_trainers`` hook or an entry point).
 """
 
 from __future__ import annotations
