@@ -1,6 +1,6 @@
-"""The manifest facts a case's verdict needs, read once from its two traces (``case_facts``):
-each side's run record (``trace.training_record.read_run_record``: per-step scalars, settings
-and plan, initial parameters, frozen parameters), the notes its recorder or merge wrote (steps
+"""The manifest facts a case's verdict needs, taken once from its two traces (``case_facts``):
+each side's run record (``Trace.run``: per-step scalars, settings and plan, initial
+parameters, frozen parameters), the notes its recorder or merge wrote (``Trace.notes``: steps
 whose parameter grads were gone, ranks that disagreed on a replicated record, steps left
 incomplete by an interrupted run), and whether the case was stopped before step 0 (``not_trained``,
 written by ``run.contract_check``). The verdict reads these, never the manifests again."""
@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trace.records import Trace
-from ..trace.step_scalars import SCALARS_KEY
-from ..trace.training_record import RunRecord, is_training_run, read_run_record
+from ..trace.training_record import RunRecord, is_training_run
 
 SIDES = ("baseline", "candidate")
 
@@ -26,7 +25,7 @@ class SideFacts:
     run: RunRecord  # its training run's record (empty for a one-step case)
     own_scalars: bool  # its manifest holds per-step scalars (not only loss records)
     frozen: frozenset[str]  # the parameters its run froze
-    steps: tuple[Any, ...]  # the steps it recorded (the manifest's ``steps``)
+    steps: tuple[int, ...]  # the steps it recorded (the notes' ``steps``)
     incomplete_steps: tuple[Mapping[str, Any], ...]  # steps its interrupted run left partial
     grads_missing: tuple[Mapping[str, Any], ...]  # steps whose parameter grads were gone
     replica_mismatches: tuple[Mapping[str, Any], ...]  # replicated records its ranks disagreed on
@@ -54,19 +53,18 @@ class CaseFacts:
 
 
 def side_facts(trace: Trace, side: str) -> SideFacts:
-    manifest = trace.manifest
-    run = read_run_record(manifest)
+    run, notes = trace.run, trace.notes
     settings = run.settings
     return SideFacts(
         side=side,
         run=run,
-        own_scalars=bool(manifest.get(SCALARS_KEY)),
+        own_scalars=bool(run.scalars),
         frozen=frozenset(settings.frozen or ()) if settings is not None else frozenset(),
-        steps=tuple(manifest.get("steps", ())),
-        incomplete_steps=tuple(manifest.get("incomplete_steps", ())),
-        grads_missing=tuple(manifest.get("grads_missing", ())),
-        replica_mismatches=tuple(manifest.get("replica_mismatches", ())),
-        not_trained=str(manifest.get("not_trained") or ""),
+        steps=notes.steps,
+        incomplete_steps=notes.incomplete_steps,
+        grads_missing=notes.grads_missing,
+        replica_mismatches=notes.replica_mismatches,
+        not_trained=notes.not_trained,
     )
 
 

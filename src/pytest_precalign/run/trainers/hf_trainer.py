@@ -25,7 +25,7 @@ from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
+from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
 from ...training.run_settings import gradient_checkpointing, optimizer_settings
 from ...training.spec import OptimizerSpec
 from .loop_optimizer import params_precision
@@ -138,9 +138,7 @@ class HfTrainer:
             trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
             return _training_block(arguments, _plan(trainer, case, model.module), case.optimizer, bf16)
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Train ``model`` with a ``transformers.Trainer`` through the case's steps while the
         recorder's hooks record it (only the boundary's step, when given: training stops
         after it); returns the manifest's training evidence."""
@@ -164,9 +162,8 @@ class HfTrainer:
             finally:
                 steps.end()
         _check_steps(callback.scalars, case, steps.count(case.steps))
-        return run_record_keys(
-            _training_block(arguments, plan, case.optimizer, bf16), callback.scalars, callback.initial or {}
-        )
+        settings = _training_block(arguments, plan, case.optimizer, bf16)
+        return RunRecord(settings, dict(callback.scalars), callback.initial or {})
 
 
 TRAINER = HfTrainer()

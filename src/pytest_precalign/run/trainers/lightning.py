@@ -46,7 +46,7 @@ from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import TrainingSettings, run_record_keys
+from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.lightning_callback import LightningSteps, lightning_settings
 from .loop import _forward
 from .loop_optimizer import grouped_optimizer, make_scheduler, param_groups
@@ -312,9 +312,7 @@ class LightningTrainer:
             _fit(CaseModule(model, case, tokens), case, micro, callback, root)
         return _settings(callback.settings, case)
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Fit the side through the case's steps while ``steps.recorder``'s hooks record it,
         each step opened and closed by ``steps``; returns the manifest's training evidence."""
         _check_model(model, case)
@@ -338,7 +336,7 @@ class LightningTrainer:
             raise CaseError(
                 f"case {case.name!r}: Lightning ran steps {sorted(scalars)}, the case has {last} (0..{last - 1})"
             )
-        return run_record_keys(_settings(callback.settings, case), scalars, sink.initial)
+        return RunRecord(_settings(callback.settings, case), scalars, sink.initial)
 
 
 TRAINER = LightningTrainer()

@@ -19,7 +19,7 @@ from ...errors import CaseError
 from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
-from ...trace.training_record import TrainingSettings
+from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.run_settings import gradient_checkpointing
 from .loop_optimizer import loop_plan, param_groups
 from .loop_step import LoopTraining, causal_lm_loss, shifted_tokens, split_micro_batches
@@ -41,9 +41,7 @@ class LoopTrainer:
             case.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module)
         )
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         recorder = steps.recorder
         assert recorder is not None
         training = LoopTraining.start(model.module, case) if "step" in case.phases else None
@@ -51,7 +49,7 @@ class LoopTrainer:
         optimizer = None if training is None else training.optimizer
         for step in steps.steps(count, model.module, lambda: optimizer):
             _loop_step(model, data, case, step, recorder, training, steps)
-        return {} if training is None else training.manifest()
+        return RunRecord() if training is None else training.run()
 
     def train_rank(
         self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path, rank: int
@@ -62,9 +60,9 @@ class LoopTrainer:
 
     def launched_evidence(
         self, out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
-    ) -> dict[str, Any]:
+    ) -> RunRecord:
         """Nothing: the ranks' records are the evidence (no plan, no scalars)."""
-        return {}
+        return RunRecord()
 
 
 TRAINER = LoopTrainer()

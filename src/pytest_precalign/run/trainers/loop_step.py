@@ -14,7 +14,7 @@ from ...config.specs import CaseSpec
 from ...errors import CaseError
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import run_record_keys
+from ...trace.training_record import RunRecord
 from ...training.run_settings import gradient_checkpointing
 from ...training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
 from .loop_optimizer import grouped_optimizer, loop_plan, make_scheduler, param_groups
@@ -122,6 +122,6 @@ class LoopTraining:
             skipped=False,
         )
 
-    def manifest(self) -> dict[str, Any]:
-        """The trace manifest's run record: settings, scalars and initial parameters."""
-        return run_record_keys(self.settings, self.scalars, self.initial)
+    def run(self) -> RunRecord:
+        """The side's run record: settings, scalars and initial parameters."""
+        return RunRecord(self.settings, self.scalars, self.initial)
