@@ -10,7 +10,8 @@ stack, in process and on launched ranks), ``lightning`` (PyTorch Lightning's own
 ``LightningModule`` around the model, recorded by ``PrecalignLightningCallback``'s machinery),
 ``skeleton`` (``StepSkeleton``: what every trainer
 does at each step: the recorder's step, the seed, the step replay's boundary, the parameter
-records after the update).
+records after the update), ``case_step`` (what every trainer does with one micro-batch: the
+split, the case's forward and loss, recorded).
 
 Adding a trainer: one module here exposing ``TRAINER`` and one line in
 ``training.trainer_registry.TRAINERS`` naming it.

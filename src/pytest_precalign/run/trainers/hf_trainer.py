@@ -28,8 +28,8 @@ from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
 from ...training.run_settings import gradient_checkpointing, optimizer_settings
 from ...training.spec import OptimizerSpec
+from .case_step import split_micro_batches
 from .loop_optimizer import params_precision
-from .loop_step import split_micro_batches
 from .skeleton import StepSkeleton
 
 # TrainingArguments.optim of each optimizer (plain Adam: none; see ``optimizer_override``).
