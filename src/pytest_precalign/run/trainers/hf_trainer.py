@@ -26,10 +26,14 @@ from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
-from ...training.run_settings import gradient_checkpointing, optimizer_settings
+from ...training.run_settings import (
+    gradient_checkpointing,
+    optimizer_settings,
+    planned_lrs,
+    trainer_precision,
+)
 from ...training.spec import OptimizerSpec
 from .case_step import split_micro_batches
-from .loop_optimizer import params_precision
 from .skeleton import StepSkeleton
 
 # TrainingArguments.optim of each optimizer (plain Adam: none; see ``optimizer_override``).
@@ -282,7 +286,6 @@ def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> TrainingPlan
     groups = trainer.optimizer.param_groups
     args = trainer.args
     throwaway = torch.optim.SGD([{"params": list(g["params"])} for g in groups], lr=args.learning_rate)
-    lrs = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
         scheduler = get_scheduler(
@@ -292,23 +295,23 @@ def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> TrainingPlan
             num_training_steps=case.steps,
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
-        for _ in range(case.steps):
-            lrs.append([float(g["lr"]) for g in throwaway.param_groups])
-            scheduler.step()
+    lrs = planned_lrs([throwaway], [scheduler], case.steps)
+    if lrs is None:
+        raise CaseError(
+            f"case {case.name!r}: lr_scheduler_type {args.lr_scheduler_type!r} decides from metrics "
+            "or cannot be put back: no plan of its LRs can be made before training"
+        )
+    precision, autocast = trainer_precision(args, module)
     clip = args.max_grad_norm
     return TrainingPlan(
-        lr=tuple(tuple(step) for step in lrs),
+        lr=lrs,
         weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in groups),
         groups=tuple(tuple(names[id(p)] for p in g["params"]) for g in groups),
         clip_grad=float(clip) if clip is not None and clip > 0 else None,  # the Trainer clips when > 0
         micro_batches=args.gradient_accumulation_steps,
         loss_normalisation="per_token_over_step",  # num_items_in_batch over the step's micro-batches
-        precision="bfloat16"
-        if args.bf16
-        else "float16"
-        if args.fp16
-        else params_precision(module.parameters()),
-        autocast=bool(args.bf16 or args.fp16),  # the Trainer's mixed precision autocasts the forward
+        precision=precision,
+        autocast=autocast,  # the Trainer's mixed precision autocasts the forward
         gradient_checkpointing=bool(args.gradient_checkpointing) or gradient_checkpointing(module),
         **optimizer_settings(trainer.optimizer),
     )
