@@ -175,10 +175,12 @@ class LightningSteps(Callback):
 
     # -- pieces -----------------------------------------------------------------------------
     def _remove(self) -> None:
-        if self._steps is not None:
-            self._steps.remove()
-        elif self.recorder is not None:
-            self.recorder.close()
+        """The steps' hooks removed (which closes the sink), or the sink closed if no step began
+        (a case's plan only has no sink)."""
+        sink = self.recorder
+        closing = self._steps.remove if self._steps is not None else None if sink is None else sink.close
+        if closing is not None:
+            closing()
 
     def _recorded(self, pl_module: LightningModule) -> torch.nn.Module:
         if self.module is None:
