@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..trace.records import Trace
+from ..trace.trace_notes import TraceNotes
 from ..trace.training_record import RunRecord, is_training_run
 
 SIDES = ("baseline", "candidate")
@@ -23,13 +23,11 @@ class SideFacts:
 
     side: str  # "baseline" or "candidate"
     run: RunRecord  # its training run's record (empty for a one-step case)
+    notes: TraceNotes  # what its recorder, merge or the contract check noted (the steps it
+    # recorded, steps left incomplete, parameter grads gone, replicas that disagreed,
+    # ``not_trained``: why nothing was trained, "" when it was)
     own_scalars: bool  # its manifest holds per-step scalars (not only loss records)
     frozen: frozenset[str]  # the parameters its run froze
-    steps: tuple[int, ...]  # the steps it recorded (the notes' ``steps``)
-    incomplete_steps: tuple[Mapping[str, Any], ...]  # steps its interrupted run left partial
-    grads_missing: tuple[Mapping[str, Any], ...]  # steps whose parameter grads were gone
-    replica_mismatches: tuple[Mapping[str, Any], ...]  # replicated records its ranks disagreed on
-    not_trained: str  # why nothing was trained ("": it was)
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class CaseFacts:
     @property
     def not_trained(self) -> bool:
         """Stopped before step 0: nothing was trained or recorded, the plans are judged."""
-        return bool(self.baseline.not_trained or self.candidate.not_trained)
+        return bool(self.baseline.notes.not_trained or self.candidate.notes.not_trained)
 
 
 def side_facts(trace: Trace, side: str) -> SideFacts:
@@ -58,13 +56,9 @@ def side_facts(trace: Trace, side: str) -> SideFacts:
     return SideFacts(
         side=side,
         run=run,
+        notes=notes,
         own_scalars=bool(run.scalars),
         frozen=frozenset(settings.frozen or ()) if settings is not None else frozenset(),
-        steps=notes.steps,
-        incomplete_steps=notes.incomplete_steps,
-        grads_missing=notes.grads_missing,
-        replica_mismatches=notes.replica_mismatches,
-        not_trained=notes.not_trained,
     )
 
 
