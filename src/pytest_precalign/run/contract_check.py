@@ -28,7 +28,7 @@ from ..mapping.weights import SyncReport
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
-from ..trace.training_record import TrainingSettings, run_record_keys
+from ..trace.training_record import RunRecord, TrainingSettings
 from .outcome import CaseRun, FinishInputs, finish
 from .trainers import case_trainer, side_trainer
 
@@ -66,16 +66,9 @@ def contract_before_training(
         return None
     mapping = case.mapping
     traces = [
-        Trace(
-            {
-                **environment,
-                "side": side,
-                "model": spec.name,
-                **run_record_keys(settings),
-                "not_trained": NOT_TRAINED,
-            },
-            (),
-        )
+        Trace({**environment, "side": side, "model": spec.name}, ())
+        .with_run(RunRecord(settings))
+        .with_notes(not_trained=NOT_TRAINED)
         for side, (_, spec), settings in zip(("baseline", "candidate"), sides, (base, cand), strict=True)
     ]
     inputs = FinishInputs(

@@ -20,8 +20,8 @@ from ..mapping.usage import check_applied
 from ..mapping.wrapper_prefix import prefix_mapping, prefix_note, wrapper_prefix
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.text import PhaseReport
-from ..trace.records import Trace
-from ..trace.training_record import INITIAL_PARAMS_KEY, is_training_run
+from ..trace.records import Trace, is_training_run
+from ..trace.training_record import INITIAL_PARAMS_KEY
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, ItemOutcome, finish, phase_outcome
 from .stored_runs import load_side, load_sides

@@ -240,9 +240,9 @@ def dp_unpaired(baseline: Trace, candidate: Trace) -> dict[str, str]:
     DTensor tensor-parallel ranks not merged (``parallel.dtensor_rules``)."""
     reasons: dict[str, str] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        for rid, why in trace.manifest.get("tp_unmerged", {}).items():
+        for rid, why in trace.notes.tp_unmerged.items():
             reasons[str(rid)] = f"the {side}'s TP ranks are not merged on it: {why}"
-        for block in trace.manifest.get("dp_join", {}).values():
+        for block in trace.notes.dp_join.values():
             for rid, why in block.get("unpaired", {}).items():
                 reasons[str(rid)] = f"the {side}'s DP replicas are not joined on it: {why}"
     return reasons
@@ -253,10 +253,8 @@ def _not_recordable(baseline: Trace, candidate: Trace) -> dict[str, str]:
     modified in place that cannot be read out of its base's grad; see the recorder)."""
     reasons: dict[str, str] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        known = trace.manifest.get("not_recordable")
-        if isinstance(known, Mapping):
-            for rid, why in known.items():
-                reasons[str(rid)] = f"the {side}'s grad is {why}"
+        for rid, why in trace.notes.not_recordable.items():
+            reasons[rid] = f"the {side}'s grad is {why}"
     return reasons
 
 
@@ -332,7 +330,7 @@ def _partial_step_reasons(baseline: Trace, candidate: Trace) -> dict[str, str]:
     """Records of a step the other side's run left incomplete: why they have no partner."""
     out = {}
     for mine, other, side in ((baseline, candidate, "candidate"), (candidate, baseline, "baseline")):
-        partial = {int(m["step"]) for m in other.manifest.get("incomplete_steps", ())}
+        partial = {int(m["step"]) for m in other.notes.incomplete_steps}
         for rec in mine.records if partial else ():
             if rec.step in partial:
                 out[rec.id] = f"step {rec.step} is incomplete on the {side} side (its run was interrupted)"

@@ -1,6 +1,6 @@
-"""The manifest facts a case's verdict needs, read once from its two traces (``case_facts``):
-each side's run record (``trace.training_record.read_run_record``: per-step scalars, settings
-and plan, initial parameters, frozen parameters), the notes its recorder or merge wrote (steps
+"""The manifest facts a case's verdict needs, taken once from its two traces (``case_facts``):
+each side's run record (``Trace.run``: per-step scalars, settings and plan, initial
+parameters, frozen parameters), the notes its recorder or merge wrote (``Trace.notes``: steps
 whose parameter grads were gone, ranks that disagreed on a replicated record, steps left
 incomplete by an interrupted run), and whether the case was stopped before step 0 (``not_trained``,
 written by ``run.contract_check``). The verdict reads these, never the manifests again."""
@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from ..trace.records import Trace
-from ..trace.step_scalars import SCALARS_KEY
-from ..trace.training_record import RunRecord, is_training_run, read_run_record
+from ..trace.records import Trace, is_training_run
+from ..trace.trace_notes import TraceNotes
+from ..trace.training_record import RunRecord
 
 SIDES = ("baseline", "candidate")
 
@@ -24,13 +23,11 @@ class SideFacts:
 
     side: str  # "baseline" or "candidate"
     run: RunRecord  # its training run's record (empty for a one-step case)
+    notes: TraceNotes  # what its recorder, merge or the contract check noted (the steps it
+    # recorded, steps left incomplete, parameter grads gone, replicas that disagreed,
+    # ``not_trained``: why nothing was trained, "" when it was)
     own_scalars: bool  # its manifest holds per-step scalars (not only loss records)
     frozen: frozenset[str]  # the parameters its run froze
-    steps: tuple[Any, ...]  # the steps it recorded (the manifest's ``steps``)
-    incomplete_steps: tuple[Mapping[str, Any], ...]  # steps its interrupted run left partial
-    grads_missing: tuple[Mapping[str, Any], ...]  # steps whose parameter grads were gone
-    replica_mismatches: tuple[Mapping[str, Any], ...]  # replicated records its ranks disagreed on
-    not_trained: str  # why nothing was trained ("": it was)
 
 
 @dataclass(frozen=True)
@@ -50,23 +47,18 @@ class CaseFacts:
     @property
     def not_trained(self) -> bool:
         """Stopped before step 0: nothing was trained or recorded, the plans are judged."""
-        return bool(self.baseline.not_trained or self.candidate.not_trained)
+        return bool(self.baseline.notes.not_trained or self.candidate.notes.not_trained)
 
 
 def side_facts(trace: Trace, side: str) -> SideFacts:
-    manifest = trace.manifest
-    run = read_run_record(manifest)
+    run, notes = trace.run, trace.notes
     settings = run.settings
     return SideFacts(
         side=side,
         run=run,
-        own_scalars=bool(manifest.get(SCALARS_KEY)),
+        notes=notes,
+        own_scalars=bool(run.scalars),
         frozen=frozenset(settings.frozen or ()) if settings is not None else frozenset(),
-        steps=tuple(manifest.get("steps", ())),
-        incomplete_steps=tuple(manifest.get("incomplete_steps", ())),
-        grads_missing=tuple(manifest.get("grads_missing", ())),
-        replica_mismatches=tuple(manifest.get("replica_mismatches", ())),
-        not_trained=str(manifest.get("not_trained") or ""),
     )
 
 
