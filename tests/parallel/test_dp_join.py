@@ -175,12 +175,12 @@ def test_shapes_that_differ_beyond_the_batch_are_listed_not_joined() -> None:
 
 def test_scalars_are_the_global_steps_and_replicas_that_disagree_are_named() -> None:
     manifests = [
-        ("rank0", _rank(0, _rows(0), tokens=6, hash_="aa" * 32).trace.manifest),
-        ("rank1", _rank(1, _rows(1), tokens=18, hash_="bb" * 32, grad_norm=3.0).trace.manifest),
+        ("rank0", _rank(0, _rows(0), tokens=6, hash_="aa" * 32).trace.scalars),
+        ("rank1", _rank(1, _rows(1), tokens=18, hash_="bb" * 32, grad_norm=3.0).trace.scalars),
     ]
-    block, findings = join_scalars(manifests, joined=True)
-    assert block is not None
-    step = scalars_of({"scalars": block})[0]
+    joined, findings = join_scalars(manifests, joined=True)
+    assert joined is not None
+    step = joined[0]
     assert step.tokens == 24
     assert step.loss is not None
     assert math.isclose(

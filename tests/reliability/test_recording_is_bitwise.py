@@ -13,7 +13,7 @@ import torch
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.recording.determinism import deterministic, seed_everything
-from pytest_precalign.run.trainers.loop_step import causal_lm_loss
+from pytest_precalign.run.trainers.case_step import causal_lm_loss
 from pytest_precalign.sources import LoadedModel, build_model, runtime
 from tests.helpers.inplace_nets import INPLACE_NETS, VANISHED
 

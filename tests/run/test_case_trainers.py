@@ -25,6 +25,7 @@ from pytest_precalign.run.trainers import CaseTrainer, LaunchedTrainer, case_tra
 from pytest_precalign.run.trainers.skeleton import StepSkeleton
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.trace.training_record import RunRecord
 from pytest_precalign.training.spec import OptimizerSpec, SidesTraining
 from pytest_precalign.training.trainer_registry import TRAINERS, TrainerInfo, trainer_info, trainer_names
 
@@ -137,16 +138,14 @@ class _Forgetful:
     def plan(self, model: Any, spec: Any, data: Any, case: Any, seed: int) -> None:
         return None
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         optimizer = torch.optim.SGD(model.module.parameters(), lr=0.1)
         for _ in steps.steps(case.steps, model.module, lambda: optimizer):
             optimizer.zero_grad()
             model.module(torch.ones(1, 3)).sum().backward()
             optimizer.step()
             steps.updated()
-        return {}
+        return RunRecord()
 
 
 TRAINER = _Forgetful()  # this module as a registered trainer's driver

@@ -59,10 +59,10 @@ def test_dp2_with_the_distributed_optimizer_trains_as_one_process(tmp_path: Path
         full = {n: p.detach().clone() for n, p in model.module.named_parameters()}
         recorder = HookRecorder(model.module, mode="tensor", param_grads="step")
         with recorder:
-            local = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0))
+            local = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0)).manifest_keys()
         one = recorder.trace({})
     out = launch_ranks(config.models["mc_dp2"], tmp_path, case, data, full, 0, tmp_path, trainer="megatron")
-    launched = launched_evidence(out, 2, full)
+    launched = launched_evidence(out, 2, full).manifest_keys()
     arguments = launched["training"]["arguments"]
     assert arguments["optimizer_class"] == ["ChainedOptimizer", "DistributedOptimizer"]
     assert arguments["OptimizerConfig"]["use_distributed_optimizer"] is True

@@ -54,7 +54,7 @@ def _run(tmp_path: Path, param_grads: str = "step") -> tuple[dict, object]:
         recorder = HookRecorder(model.module, mode="stats", param_grads=param_grads)
         with recorder:
             extra = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0))
-        return extra, recorder.trace({})
+        return extra.manifest_keys(), recorder.trace({})
 
 
 def test_a_case_side_trains_with_megatrons_stack(tmp_path: Path) -> None:
@@ -100,9 +100,9 @@ def test_launched_tp2_pp2_trains_as_in_process(tmp_path: Path) -> None:
         full = {n: p.detach().clone() for n, p in model.module.named_parameters()}
         recorder = HookRecorder(model.module, mode="stats", param_grads="step")
         with recorder:
-            local = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0))
+            local = MEGATRON.train(model, data, case, StepSkeleton(recorder, 0)).manifest_keys()
     out = launch_ranks(config.models["mc_tp"], tmp_path, case, data, full, 0, tmp_path, trainer="megatron")
-    launched = launched_evidence(out, 4, full)
+    launched = launched_evidence(out, 4, full).manifest_keys()
     assert launched["training"]["plan"]["lr"] == local["training"]["plan"]["lr"]
     for ours, theirs in zip(
         launched["training"]["plan"]["groups"], local["training"]["plan"]["groups"], strict=True

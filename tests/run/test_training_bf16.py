@@ -82,7 +82,8 @@ def test_the_trainer_leaves_the_users_bf16_model_bf16_with_its_own_forward(tmp_p
         recorder = HookRecorder(module, mode="stats")
         with recorder:
             extra = HF_TRAINER.train(model, data, case, StepSkeleton(recorder, 0))  # type: ignore[arg-type]
-    assert extra["training"]["arguments"]["TrainingArguments"]["bf16"] is True
+    assert extra.settings is not None
+    assert extra.settings.arguments["TrainingArguments"]["bf16"] is True
     assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
     assert "forward" not in vars(module) and "_original_forward" not in vars(module)
     changed = [n for n, p in module.named_parameters() if not torch.equal(p, before[n])]

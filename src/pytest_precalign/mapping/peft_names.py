@@ -21,7 +21,6 @@ from dataclasses import replace
 from typing import Any
 
 from ..trace.records import Record, Trace
-from ..trace.training_record import read_run_record, run_record_keys
 
 BASE_LAYER = ".base_layer"
 ADAPTER_PARTS = (
@@ -84,7 +83,7 @@ def _why(name: str, other: str) -> str:
 
 
 def _initial(trace: Trace) -> Mapping[str, Any]:
-    return read_run_record(trace.manifest).initial_params or {}
+    return trace.run.initial_params or {}
 
 
 def _renamed(trace: Trace, rename: Mapping[str, str]) -> Trace:
@@ -105,12 +104,13 @@ def _renamed(trace: Trace, rename: Mapping[str, str]) -> Trace:
         r if not any(d in ids for d in r.deps) else replace(r, deps=tuple(ids.get(d, d) for d in r.deps))
         for r in records
     ]
-    run = read_run_record(trace.manifest)
+    run = trace.run
     settings = run.settings
     if settings is not None and settings.frozen is not None:
         settings = replace(settings, frozen=tuple(rename.get(n, n) for n in settings.frozen))
     initial = run.initial_params
     if initial is not None:
         initial = {rename.get(n, n): v for n, v in initial.items()}
-    manifest = {**trace.manifest, **run_record_keys(settings, initial_params=initial)}
-    return replace(trace, manifest=manifest, records=tuple(records))
+    return trace.with_records(tuple(records)).with_run(
+        replace(run, settings=settings, initial_params=initial)
+    )

@@ -28,7 +28,8 @@ from typing import Any, NoReturn
 from ..errors import TraceError
 from ..trace.environment import check_environment
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
-from ..trace.training_record import read_run_record
+from ..trace.trace_notes import TraceNotes
+from ..trace.training_record import RunRecord, read_run_record
 from ..untrusted import bounded_repr, plain_name, read_json, refuse_link
 from ..vocabulary import Kind
 from .layout import DUMP_FILE, MANIFEST_SIDECAR, rank_folders, rank_of, single_rank_folder, step_of
@@ -101,26 +102,27 @@ def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool)
     }
     if stack:
         manifest["stack"] = _read_stack(folder / STACK_FILE, dump["data"])
-    manifest = {**_kept_manifest(folder), **manifest}
+    kept, run = _kept_manifest(folder)
+    manifest = {**kept, **manifest}
     tensors: Mapping[str, Any] = {}
     if build.shapes:
         tensors = PtTensors(tensor_dir, build.shapes)
-    return Trace(manifest=manifest, records=tuple(records), tensors=tensors)
+    notes = TraceNotes.from_manifest(manifest, str(folder / (MANIFEST_SIDECAR if kept else DUMP_FILE)))
+    return Trace(manifest=manifest, records=tuple(records), tensors=tensors).holding(run, notes)
 
 
-def _kept_manifest(folder: Path) -> dict[str, Any]:
+def _kept_manifest(folder: Path) -> tuple[dict[str, Any], RunRecord]:
     """The manifest our ``Recorder`` kept beside dump.json (``MANIFEST_SIDECAR``: the step's
     scalars, the run's settings, the rank's parallel block); {} for msprobe's own dumps.
     What dump.json itself says (the records' mode, step, rank) wins over it."""
     file = folder / MANIFEST_SIDECAR
     if not file.is_file():
-        return {}
+        return {}, RunRecord()
     data = read_json(file, TraceError, what="the Recorder's manifest kept beside dump.json")
     if not isinstance(data, dict):
         raise TraceError(f"{file}: expected a JSON object (the Recorder's trace manifest)")
     check_environment(data, file)
-    read_run_record(data, str(file))  # its run record typed here, naming the file
-    return data
+    return data, read_run_record(data, str(file))  # its run record typed here, naming the file
 
 
 def _header(dump: Mapping[str, Any], dump_file: Path) -> tuple[str, str, str]:

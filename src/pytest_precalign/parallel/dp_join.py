@@ -339,7 +339,7 @@ def _joined_tensor(
 def row_layout(trace: Trace, step: int) -> tuple[int, int]:
     """(DP replicas joined, module calls per replica) of ``step``: how its records hold the
     step's rows. Calls are those of the step's first record (the model's first micro-batch)."""
-    block = trace.manifest.get("dp_join", {}).get(str(step), {})
+    block = trace.notes.dp_join.get(str(step), {})
     replicas = int(block.get("replicas", 1)) if block.get("joined") else 1
     records = [r for r in trace.records if r.step == step and r.kind not in ("param", "param_grad")]
     if not records:
@@ -379,7 +379,7 @@ def without_lone_replica_grads(baseline: Trace, candidate: Trace) -> tuple[Trace
     def kept(trace: Trace, other: Mapping[str, Record]) -> Trace:
         lone = {
             rid
-            for block in trace.manifest.get("dp_join", {}).values()
+            for block in trace.notes.dp_join.values()
             for rid in block.get("unpaired", {})
             if rid not in other and rid.split("|")[2].startswith("dp")
         }

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import TraceError
-from ..trace.step_scalars import JOINED_HASH, SCALARS_KEY, StepScalars, scalars_manifest, scalars_of
+from ..trace.step_scalars import JOINED_HASH, StepScalars
 
 AGREE = (
     "lr",
@@ -49,16 +49,6 @@ def loss_weights(scalars: Sequence[StepScalars | None]) -> list[float]:
     return [1.0 / len(scalars)] * len(scalars)
 
 
-def step_weights(manifests: Sequence[Mapping[str, Any]], step: int) -> list[float]:
-    """``loss_weights`` of ``step`` from the replicas' manifests (equal shares without scalars)."""
-    held = [_read(m, "manifest").get(step) for m in manifests]
-    return loss_weights(held)
-
-
-def _read(manifest: Mapping[str, Any], where: str) -> dict[int, StepScalars]:
-    return scalars_of(manifest, where)
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -81,12 +71,12 @@ def _finding(field: str, step: int, kept: str, differ: list[tuple[str, Any]], va
 
 
 def join_scalars(
-    manifests: Sequence[tuple[str, Mapping[str, Any]]], *, joined: bool
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """(the manifest's ``scalars`` value for the run, findings) from the replicas' lead
-    manifests (``(where, manifest)``, replica 0 first). ``joined``: the replicas trained on
-    different rows. None when replica 0 recorded no scalars."""
-    per = [_read(m, f"{where}: manifest") for where, m in manifests]
+    manifests: Sequence[tuple[str, Mapping[int, StepScalars]]], *, joined: bool
+) -> tuple[dict[int, StepScalars] | None, list[dict[str, Any]]]:
+    """(the run's scalars, findings) from the replicas' lead traces' scalars (``(where,
+    scalars)``, replica 0 first). ``joined``: the replicas trained on different rows. None
+    when replica 0 recorded no scalars."""
+    per = [scalars for _, scalars in manifests]
     if not per[0]:
         return None, []
     findings: list[dict[str, Any]] = []
@@ -111,7 +101,7 @@ def join_scalars(
             everyone = [s for s in held if s is not None]
             first = _global(first, everyone)
         out[step] = first
-    return scalars_manifest(out), findings
+    return out, findings
 
 
 def _global(first: StepScalars, everyone: Sequence[StepScalars]) -> StepScalars:
@@ -127,9 +117,3 @@ def _global(first: StepScalars, everyone: Sequence[StepScalars]) -> StepScalars:
     if len(set(hashes)) > 1 and all(h is not None for h in hashes):
         digest = JOINED_HASH + ",".join(h[:16] for h in hashes if h is not None)
     return replace(first, loss=loss, tokens=total, batch_hash=digest)
-
-
-def with_scalars(manifest: dict[str, Any], scalars: dict[str, Any] | None) -> dict[str, Any]:
-    if scalars is not None:
-        manifest[SCALARS_KEY] = scalars
-    return manifest

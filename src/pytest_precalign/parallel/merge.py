@@ -33,7 +33,6 @@ from typing import Any
 from ..errors import TraceError
 from ..trace.merged_stats import merge_stats
 from ..trace.records import Record, Stats, Trace
-from ..trace.step_scalars import scalars_of
 from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
 from .dp_join import Replica, copies_differ, join_replicas, saw_different_data
@@ -118,14 +117,8 @@ def merge_ranks(
         merged.replica_mismatches += [m for _, state in replicas[1:] for m in state.replica_mismatches]
         merged.replica_mismatches += dp_join.pop("mismatches")
         merged.plans.update(dp_join.pop("plans"))
-    manifest = _manifest(ranks)
-    unmerged = {k: v for _, state in replicas for k, v in state.unmerged.items()}
-    if unmerged:
-        manifest["tp_unmerged"] = unmerged
-    if merged.replica_mismatches:
-        manifest["replica_mismatches"] = merged.replica_mismatches
-    if dp_join:
-        manifest["dp_join"] = {str(manifest.get("step", 0)): dp_join}
+    manifest = dict(ranks[0].trace.manifest)  # without its rank's place
+    manifest.pop("parallel", None)
     manifest["parallel_merge"] = {
         "layout": layout.describe(),
         "world_size": layout.world_size,
@@ -134,7 +127,15 @@ def merge_ranks(
         "replicas_checked": merged.replicas_checked,
         **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
-    return Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+    trace = Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+    unmerged = {k: v for _, state in replicas for k, v in state.unmerged.items()}
+    return trace.with_notes(
+        # every rank's steps whose parameter grads were gone when recorded (``Recorder``)
+        grads_missing=tuple(m for r in ranks for m in r.trace.notes.grads_missing),
+        replica_mismatches=tuple(merged.replica_mismatches) or ranks[0].trace.notes.replica_mismatches,
+        dp_join={str(manifest.get("step", 0)): dp_join} if dp_join else ranks[0].trace.notes.dp_join,
+        tp_unmerged=unmerged or ranks[0].trace.notes.tp_unmerged,
+    )
 
 
 def _rules(
@@ -148,16 +149,6 @@ def _rules(
         return tp_plan.rules, tp_plan
     extra = {"sequence_parallel": layout.sequence_parallel, "parallel_output": layout.parallel_output}
     return rules_for_layout(rules, **extra), None
-
-
-def _manifest(ranks: Sequence[RankTrace]) -> dict[str, Any]:
-    """The first rank's manifest without its rank's place, with every rank's missing grads."""
-    manifest = dict(ranks[0].trace.manifest)
-    manifest.pop("parallel", None)
-    missing = [m for r in ranks for m in r.trace.manifest.get("grads_missing", ())]
-    if missing:  # a rank whose parameter grads were gone when recorded (``Recorder``)
-        manifest["grads_missing"] = missing
-    return manifest
 
 
 def _replicas(
@@ -193,12 +184,8 @@ def _dp_replicas(
     else checked as copies (``dp_join``); the kept records and the ``dp_join`` facts (with the
     findings under ``mismatches`` and the joined tensors' ``plans``)."""
     records = [r for r, _ in replicas]
-    manifests = [lead.trace.manifest for lead in leads]
-    step = manifests[0].get("step")
-    scalars = [
-        scalars_of(m, f"{lead.where}: manifest").get(step) if isinstance(step, int) else None
-        for m, lead in zip(manifests, leads, strict=True)
-    ]
+    step = leads[0].trace.manifest.get("step")
+    scalars = [lead.trace.scalars.get(step) if isinstance(step, int) else None for lead in leads]
     different = saw_different_data(records, [s.batch_hash if s is not None else None for s in scalars])
     if mode == "same" and different:
         raise TraceError(
@@ -222,8 +209,8 @@ def _dp_replicas(
         )
     weights = loss_weights(scalars)
     sides = [replace(side, weight=w) for side, w in zip(sides, weights, strict=True)]
-    reduced = all(m.get("param_grads") == "step" for m in manifests)
-    seq_first = manifests[0].get("parallel", {}).get("source") == "megatron"  # [s, b, h]
+    reduced = all(lead.trace.notes.param_grads == "step" for lead in leads)
+    seq_first = leads[0].trace.manifest.get("parallel", {}).get("source") == "megatron"  # [s, b, h]
     joined = join_replicas(
         sides, grads_reduced=reduced, where=where, key_prefix=key_prefix, seq_first=seq_first
     )

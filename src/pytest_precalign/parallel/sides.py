@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import ConfigError, TraceError
 from ..trace.records import Trace
 from ..trace.step_scalars import scalars_of
-from .dp_scalars import join_scalars, with_scalars
+from .dp_scalars import join_scalars
 from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
 from .merge import Chunk, RankTrace, merge_ranks, replica_leads
 from .rules import MEGATRON_GPT_RULES, ShardRule
@@ -41,7 +41,7 @@ def load_parallel_side(
         sources = {step: str(manifest_file(ranks[min(ranks)])) for step, ranks in complete.items() if ranks}
         merged = combine_steps(steps, root, sources)
         if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
-            merged = replace(merged, manifest={**merged.manifest, "incomplete_steps": incomplete})
+            merged = merged.with_notes(incomplete_steps=tuple(incomplete))
         return merged
     if flag is None:
         return None
@@ -108,20 +108,21 @@ def _merge_step(
     )
     if data_split or layout.dp // layout.ep < 2:
         return merged
-    joined = any(block.get("joined") for block in merged.manifest.get("dp_join", {}).values())
+    joined = any(block.get("joined") for block in merged.notes.dp_join.values())
     return _with_dp_scalars(merged, [(r, ranks[r], traces[r]) for r in replica_leads(layout)], joined)
 
 
 def _with_dp_scalars(trace: Trace, leads: Sequence[tuple[int, Path, Trace]], joined: bool) -> Trace:
     """``trace`` with its DP replicas' scalars joined (``dp_scalars``); the replicas that
     disagree on what they must share are findings (``replica_mismatches``)."""
-    scalars, findings = join_scalars([(str(folder), t.manifest) for _, folder, t in leads], joined=joined)
+    scalars, findings = join_scalars([(str(folder), t.run.scalars) for _, folder, t in leads], joined=joined)
     if scalars is None and not findings:
         return trace
-    manifest = with_scalars(dict(trace.manifest), scalars)
+    joined_trace = trace if scalars is None else trace.with_run(replace(trace.run, scalars=scalars))
     if findings:
-        manifest["replica_mismatches"] = [*findings, *manifest.get("replica_mismatches", ())]
-    return replace(trace, manifest=manifest)
+        mismatches = (*findings, *trace.notes.replica_mismatches)
+        joined_trace = joined_trace.with_notes(replica_mismatches=mismatches)
+    return joined_trace
 
 
 def _scalars_only(

@@ -12,8 +12,8 @@ from typing import Any
 from ..errors import TraceError
 from ..trace.records import Record, Trace
 from ..trace.step_markers import IN_STEP_SUFFIX, stopped_inside
-from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_of
-from ..trace.training_record import INITIAL_PARAMS_KEY, TRAINING_KEY, run_record_keys
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import INITIAL_PARAMS_KEY, TRAINING_KEY, RunRecord
 from ..trace.write_failures import read_write_failure_note
 from .store import MergedTensors, Plan
 
@@ -46,60 +46,49 @@ def combine_steps(
         if isinstance(store, MergedTensors):
             plans.update({k: store.plan(k) for k in store})
     first = next((trace for _, trace in steps if trace.records), steps[0][1])
-    manifest = {k: v for k, v in first.manifest.items() if k not in _RUN_KEYS}
-    manifest.update(_run_record(steps, where))
-    manifest["steps"] = [s for s, _ in steps]
-    mismatches = [m for _, t in steps for m in t.manifest.get("replica_mismatches", ())]
-    if mismatches:
-        manifest["replica_mismatches"] = mismatches
-    missing = [m for _, t in steps for m in t.manifest.get("grads_missing", ())]
-    if missing:
-        manifest["grads_missing"] = missing
-    unmerged = {k: v for _, t in steps for k, v in t.manifest.get("tp_unmerged", {}).items()}
-    if unmerged:
-        manifest["tp_unmerged"] = unmerged
-    joined = {k: v for _, t in steps for k, v in t.manifest.get("dp_join", {}).items()}
-    if joined:
-        manifest["dp_join"] = joined
-    return _with_path(Trace(manifest, tuple(records), MergedTensors(plans)), root)
+    notes = [t.notes for _, t in steps]
+    combined = Trace(first.manifest, tuple(records), MergedTensors(plans)).with_run(_run_record(steps, where))
+    combined = combined.with_notes(
+        steps=tuple(s for s, _ in steps),
+        replica_mismatches=tuple(m for n in notes for m in n.replica_mismatches),
+        grads_missing=tuple(m for n in notes for m in n.grads_missing),
+        dp_join={k: v for n in notes for k, v in n.dp_join.items()},
+        tp_unmerged={k: v for n in notes for k, v in n.tp_unmerged.items()},
+    )
+    return _with_path(combined, root)
 
 
-_RUN_KEYS = (SCALARS_KEY, TRAINING_KEY, INITIAL_PARAMS_KEY)
-
-
-def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) -> dict[str, Any]:
-    """The run record of several steps' manifests: every step's scalars, merged; the settings
+def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) -> RunRecord:
+    """The run record of several steps' traces: every step's scalars, merged; the settings
     and initial parameters of the first step that carries them."""
     scalars: dict[int, StepScalars] = {}
     held: dict[int, int] = {}  # step of the scalars -> step folder they were read from
     out: dict[str, Any] = {}
     first: dict[str, int] = {}  # key -> the step folder that holds it
     for step, trace in steps:
-        for key in (TRAINING_KEY, INITIAL_PARAMS_KEY):
-            value = trace.manifest.get(key)
-            if value is None:
+        run = trace.run
+        for key, part in ((TRAINING_KEY, run.settings), (INITIAL_PARAMS_KEY, run.initial_params)):
+            if part is None:
                 continue
             if key not in out:
-                out[key], first[key] = value, step
-            elif value != out[key]:
+                out[key], first[key] = part, step
+            elif part != out[key]:
                 raise TraceError(
                     f"{where[step]}: a second '{key}' block, not the one of {where[first[key]]}: a run "
                     "root holds one run's (two runs in one folder?)"
                 )
-        for at, value in scalars_of(trace.manifest, where[step]).items():
+        for at, value in run.scalars.items():
             if at in scalars and scalars[at] != value:
                 raise TraceError(
                     f"the scalars of step {at} differ between {where[held[at]]} and {where[step]}: "
                     "a run's step is recorded once (two runs in one folder?)"
                 )
             scalars[at], held[at] = value, step
-    if scalars:
-        out.update(run_record_keys(scalars=scalars))
-    return out
+    return RunRecord(out.get(TRAINING_KEY), scalars, out.get(INITIAL_PARAMS_KEY))
 
 
 def _with_path(trace: Trace, root: Path) -> Trace:
-    return replace(trace, manifest={**trace.manifest, "path": str(root)})
+    return replace(trace, manifest={**trace.manifest, "path": str(root)}).holding(trace.run, trace.notes)
 
 
 def split_incomplete(

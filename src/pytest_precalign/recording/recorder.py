@@ -587,14 +587,14 @@ class HookRecorder(ParamRecords):
         if self._live is not None:
             meta["live"] = self._live.manifest()
             self._live.end_step()
-        if self._not_recordable:
-            meta["not_recordable"] = dict(self._not_recordable)
-        if self.compiled:
-            graph = self._graph
-            meta["compiled"] = (
-                splits_note(self.mode, self.level) if graph is None else graph.note(bool(records))
-            )
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)
-        return Trace(manifest=meta, records=records, tensors=dict(self._tensors))
+        trace = Trace(manifest=meta, records=records, tensors=dict(self._tensors))
+        if not (self._not_recordable or self.compiled):
+            return trace
+        compiled = None
+        if self.compiled:
+            graph = self._graph
+            compiled = splits_note(self.mode, self.level) if graph is None else graph.note(bool(records))
+        return trace.with_notes(not_recordable=dict(self._not_recordable), compiled=compiled)

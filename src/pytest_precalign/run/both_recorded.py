@@ -5,13 +5,13 @@ scalars only are not compared, nor the module calls of a step the sides split in
 micro-batches; the verdict says so (``not_compared``, ``one_side_only``) and judges a phase
 neither side has a record of by the run's scalars. A step one side did not record at all, or a
 scalar one side lacks, stays a finding. The kinds of record a side could not take at all (under
-``torch.compile``, stats mode records no module grads: its manifest's ``"compiled"`` note) are
+``torch.compile``, stats mode records no module grads: its ``compiled`` note, ``Trace.notes``) are
 compared on neither side (``not_recorded_kinds``), and the verdict says so. No torch import."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..parallel.dp_join import split_rows
 from ..trace.records import Record, Trace
@@ -31,17 +31,13 @@ class OnBoth:
     not_recorded: dict[str, str] = field(default_factory=dict)  # kind -> why one side has none
 
 
-# The manifest note of a recording made under torch.compile (``recording/compiled.py``).
-COMPILED_KEY = "compiled"
-
-
 def not_recorded_kinds(baseline: Trace, candidate: Trace) -> dict[str, str]:
     """The kinds of record a side could not take at all, each with why, in words: the module
-    grads of a stats-mode recording under ``torch.compile`` (its manifest's ``"compiled"``)."""
+    grads of a stats-mode recording under ``torch.compile`` (its ``compiled`` note)."""
     out: dict[str, str] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
-        note = trace.manifest.get(COMPILED_KEY)
-        kinds = note.get("not_recorded") if isinstance(note, Mapping) else None
+        note = trace.notes.compiled
+        kinds = note.get("not_recorded") if note is not None else None
         by_why: dict[str, list[str]] = {}
         for kind, why in (kinds if isinstance(kinds, Mapping) else {}).items():
             by_why.setdefault(str(why), []).append(str(kind))
@@ -52,13 +48,13 @@ def not_recorded_kinds(baseline: Trace, candidate: Trace) -> dict[str, str]:
 
 
 def _without_kinds(trace: Trace, kinds: Mapping[str, str]) -> Trace:
-    return replace(trace, records=tuple(r for r in trace.records if r.kind not in kinds))
+    return trace.with_records(tuple(r for r in trace.records if r.kind not in kinds))
 
 
 def _reduced_grad(trace: Trace, rec: Record) -> bool:
     """A parameter grad recorded once per step as the optimizer sees it (``param_grads="step"``):
     the same however the step's rows were split."""
-    return rec.kind == "param_grad" and trace.manifest.get("param_grads") == "step"
+    return rec.kind == "param_grad" and trace.notes.param_grads == "step"
 
 
 def layer_steps(trace: Trace) -> set[int]:
@@ -113,16 +109,14 @@ def on_both(baseline: Trace, candidate: Trace, facts: CaseFacts) -> OnBoth:
     calls = set(split)
 
     def kept(trace: Trace) -> Trace:
-        manifest = {**trace.manifest, "dp_split": {str(s): why for s, why in rows.items()}} if rows else None
-        return replace(
-            trace,
-            manifest=manifest if manifest is not None else trace.manifest,
-            records=tuple(
+        noted = trace.with_notes(dp_split={str(s): why for s, why in rows.items()}) if rows else trace
+        return noted.with_records(
+            tuple(
                 r
                 for r in trace.records
                 if r.step not in drop
                 and (r.step not in calls or r.kind == "param" or _reduced_grad(trace, r))
-            ),
+            )
         )
 
     return OnBoth(kept(baseline), kept(candidate), recorded, alone, split, missing)

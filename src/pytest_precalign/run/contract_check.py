@@ -30,7 +30,7 @@ from ..mapping.weights import SyncReport
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
 from ..trace.records import Trace
-from ..trace.training_record import TrainingSettings, run_record_keys
+from ..trace.training_record import RunRecord, TrainingSettings
 from ..verdict.case_verdict import judge_stopped
 from .outcome import CaseRun
 from .trainers import case_trainer, side_trainer
@@ -70,7 +70,7 @@ def contract_before_training(
         return None  # the plans agree: the case trains
     # What each side holds: its settings; nothing was trained or recorded.
     traces = [
-        Trace({**environment, "side": side, "model": spec.name, **run_record_keys(settings)}, ())
+        Trace({**environment, "side": side, "model": spec.name}, ()).with_run(RunRecord(settings))
         for side, (_, spec), settings in zip(("baseline", "candidate"), sides, (base, cand), strict=True)
     ]
     return CaseRun(

@@ -106,9 +106,8 @@ def run_launched(
         out = launch_ranks(
             spec, base_dir, case, inputs, full_weights, seed, Path(tmp), timeout=timeout, trainer=name
         )
-        evidence = launched_trainer(name).launched_evidence(out, world_size(spec.options), full_weights)
-        manifest = {**manifest, **evidence}
-        return merge_launched(out, manifest, params="step" in case.phases, data_split=split)
+        run = launched_trainer(name).launched_evidence(out, world_size(spec.options), full_weights)
+        return merge_launched(out, manifest, params="step" in case.phases, data_split=split).with_run(run)
 
 
 def merge_launched(
@@ -132,9 +131,11 @@ def merge_launched(
         replace(r, seq=i) for i, r in enumerate(r for r in merged.records if params or r.kind != "param")
     )
     tensors = {r.tensor_key: merged.tensors[r.tensor_key] for r in records if r.tensor_key is not None}
-    kept = ("record_mode", "record_level", "parallel_merge", "replica_mismatches", "steps")
+    kept = ("record_mode", "record_level", "parallel_merge")
     out = {**dict(manifest), **{k: merged.manifest[k] for k in kept if k in merged.manifest}}
-    return Trace(manifest=out, records=records, tensors=tensors)
+    notes = merged.notes
+    trace = Trace(manifest=out, records=records, tensors=tensors)
+    return trace.with_notes(replica_mismatches=notes.replica_mismatches, steps=notes.steps)
 
 
 def launch_ranks(

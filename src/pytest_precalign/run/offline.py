@@ -21,8 +21,8 @@ from ..mapping.wrapper_prefix import prefix_mapping, prefix_note, wrapper_prefix
 from ..parallel.layout import ParallelLayout, parallel_rank_folders
 from ..reports.outcome import ItemOutcome, phase_outcome
 from ..reports.text import PhaseReport
-from ..trace.records import Trace
-from ..trace.training_record import INITIAL_PARAMS_KEY, is_training_run
+from ..trace.records import Trace, is_training_run
+from ..trace.training_record import INITIAL_PARAMS_KEY
 from ..verdict.replay_story import NotReplayed
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, finish

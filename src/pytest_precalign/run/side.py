@@ -86,7 +86,7 @@ def _record_steps(
     )
     steps = StepSkeleton(recorder, seed, boundary, after_first_forward)
     with recorder:
-        extra = case_trainer(name).train(model, data, case, steps)
+        run = case_trainer(name).train(model, data, case, steps)
     if "step" in case.phases and "backward" in case.phases:
-        extra = checked_run_record(name, case, extra, steps.count(case.steps))
-    return recorder.trace({**manifest, **extra})
+        run = checked_run_record(name, case, run, steps.count(case.steps))
+    return recorder.trace(manifest).with_run(run)

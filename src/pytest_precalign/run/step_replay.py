@@ -33,8 +33,7 @@ from ..compare.tolerances import ToleranceTable, default_table
 from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.weights import sync_weights
-from ..trace.step_scalars import SCALARS_KEY
-from ..trace.training_record import INITIAL_PARAMS_KEY, read_run_record, run_record_keys
+from ..trace.records import Trace
 from ..verdict.replay_story import NotReplayed, Replay, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
@@ -123,14 +122,12 @@ def _table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
     return config.tolerances[case.tolerances] if case.tolerances else default_table()
 
 
-def _only_step(trace: Any, step: int) -> Any:
-    """The trace's manifest with the scalars of ``step`` only, and no initial parameters (the
-    replay's sides start from the loaded state, not from step 0's)."""
-    record = read_run_record(trace.manifest, f"the {trace.manifest.get('side', 'side')}'s trace")
-    manifest = {k: v for k, v in trace.manifest.items() if k not in (SCALARS_KEY, INITIAL_PARAMS_KEY)}
-    if SCALARS_KEY in trace.manifest:
-        manifest |= run_record_keys(scalars={s: v for s, v in record.scalars.items() if s == step})
-    return replace(trace, manifest=manifest)
+def _only_step(trace: Trace, step: int) -> Trace:
+    """The trace with the scalars of ``step`` only, and no initial parameters (the replay's
+    sides start from the loaded state, not from step 0's)."""
+    run = trace.run
+    only = {s: v for s, v in run.scalars.items() if s == step}
+    return trace.with_run(replace(run, scalars=only, initial_params=None))
 
 
 def _finding(run: CaseRun, step: int, starts: Mapping[str, Mapping[str, str]]) -> ReplayFinding:

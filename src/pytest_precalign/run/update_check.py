@@ -49,7 +49,6 @@ from ..compare.pairs import Check, Comparison, PairResult
 from ..config.specs import OptimizerSpec
 from ..trace.records import Record, Trace, record_id
 from ..trace.step_scalars import scalars_of
-from ..trace.training_record import read_run_record
 from ..vocabulary import OPTIMIZER_UPDATE
 from .trainers.loop_optimizer import decays, make_optimizer
 
@@ -199,7 +198,7 @@ def judge_updates(
 
 
 def _mixed_precision(trace: Trace) -> bool:
-    settings = read_run_record(trace.manifest, "a side's trace").settings
+    settings = trace.run.settings
     recorded = settings.arguments.get("recorded_params") if settings is not None else None
     return isinstance(recorded, str) and recorded.startswith("main_param")
 

@@ -10,7 +10,9 @@ writer), ``tensor_files`` and ``pt_zip`` (tensor files read as numpy), ``arrays`
 parts merged), ``training_record`` (the one typed record of a training run: settings, plan,
 step scalars, initial parameters; its only writer and reader), ``write_failures`` (the note a
 step that could not be written leaves for a later compare), ``step_markers`` (a step begun and
-never finished: a run that stopped inside step k).
+never finished: a run that stopped inside step k), ``trace_notes`` (``TraceNotes``: what a
+recorder, a merge or the contract check noted of a trace; the only reader and writer of the
+manifest's note keys).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ..redaction import redacted
 from ..untrusted import bounded_repr, check_regular, read_json, refuse_link
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
+from .trace_notes import TraceNotes
 from .training_record import read_run_record
 
 FORMAT = "pytest-precalign-trace"
@@ -232,7 +233,8 @@ def read_trace(path: str | Path) -> Trace:
             f"is not supported (expected {FORMAT_VERSION})"
         )
     check_environment(manifest, root / "manifest.json")
-    read_run_record(manifest, str(root / "manifest.json"))  # its run record typed here, naming the file
+    where = str(root / "manifest.json")  # its run record and notes typed here, naming the file
+    run, notes = read_run_record(manifest, where), TraceNotes.from_manifest(manifest, where)
     index = _read_json(root / "index.json")
     if not isinstance(index, dict) or not isinstance(index.get("records"), list):
         raise TraceError(f"{root / 'index.json'}: expected {{'records': [...], 'shards': {{...}}}}")
@@ -258,7 +260,8 @@ def read_trace(path: str | Path) -> Trace:
                 "which no shard holds"
             )
     shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
-    return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards, shapes))
+    tensors = _ShardedTensors(root, shards, shapes)
+    return Trace(manifest=manifest, records=tuple(records), tensors=tensors).holding(run, notes)
 
 
 _STATS_KEYS = ("max", "min", "mean", "norm", "nan", "inf")

@@ -1,8 +1,13 @@
 """The trace: what a recorder saw, in execution order. Pure data, no torch import.
 
-A ``Trace`` is a manifest (environment and settings), a tuple of ``Record`` s in execution
-order, and a tensor store (key -> tensor) that is a dict in memory or a lazy reader on disk
-(see ``trace_io``).
+A ``Trace`` is a manifest (environment and settings, as written on disk), a tuple of
+``Record`` s in execution order, a tensor store (key -> tensor) that is a dict in memory or a
+lazy reader on disk (see ``native_io``), and the two typed parts of its manifest: ``run``
+(``training_record.RunRecord``: settings, plan, step scalars, initial parameters) and ``notes``
+(``trace_notes.TraceNotes``). The loaders and the recorder set those once (``holding``); a
+trace made otherwise reads them from its manifest on first use and holds them. A change goes
+through ``with_notes`` / ``with_run``, which keep the manifest and the typed parts together;
+``with_records`` keeps both.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from typing import Any
 
 from ..vocabulary import PHASE_OF_KIND, Kind, Phase, as_kind, as_phase
 from .arrays import as_numpy
-from .step_scalars import StepScalars, scalars_of
+from .step_scalars import StepScalars
+from .trace_notes import TraceNotes, note_json
+from .training_record import RUN_RECORD_KEYS, RunRecord, read_run_record
 
-__all__ = ["PHASE_OF_KIND", "Record", "Stats", "TensorOverlay", "Trace", "record_id"]
+__all__ = ["PHASE_OF_KIND", "Record", "Stats", "TensorOverlay", "Trace", "is_training_run", "record_id"]
 
 
 @dataclass(frozen=True)
@@ -128,16 +135,68 @@ class Trace:
     manifest: Mapping[str, Any]
     records: tuple[Record, ...]
     tensors: Mapping[str, Any] = field(default_factory=dict)  # key -> torch.Tensor
+    # The typed parts of the manifest, held once read (never copied by ``replace``: a trace
+    # with another manifest reads its own).
+    _run: RunRecord | None = field(default=None, init=False, repr=False, compare=False)
+    _notes: TraceNotes | None = field(default=None, init=False, repr=False, compare=False)
+
+    def holding(self, run: RunRecord | None = None, notes: TraceNotes | None = None) -> Trace:
+        """This trace, holding the ``run`` and ``notes`` its maker read from its manifest (a
+        loader, naming its file in any error; the recorder, which wrote them)."""
+        if run is not None:
+            object.__setattr__(self, "_run", run)
+        if notes is not None:
+            object.__setattr__(self, "_notes", notes)
+        return self
+
+    @property
+    def run(self) -> RunRecord:
+        """The training run's record (``training_record``), read once."""
+        if self._run is None:
+            object.__setattr__(self, "_run", read_run_record(self.manifest))
+        assert self._run is not None
+        return self._run
+
+    @property
+    def notes(self) -> TraceNotes:
+        """What the recorder, a merge or the contract check noted (``trace_notes``), read once."""
+        if self._notes is None:
+            object.__setattr__(self, "_notes", TraceNotes.from_manifest(self.manifest))
+        assert self._notes is not None
+        return self._notes
+
+    def with_notes(self, **changes: Any) -> Trace:
+        """This trace with notes changed (an empty note is dropped from the manifest)."""
+        notes = replace(self.notes, **changes)
+        manifest = dict(self.manifest)
+        for key in changes:
+            value = note_json(notes, key)
+            if value is None:
+                manifest.pop(key, None)
+            else:
+                manifest[key] = value
+        return replace(self, manifest=manifest).holding(self._run, notes)
+
+    def with_run(self, run: RunRecord) -> Trace:
+        """This trace holding ``run`` as its run record (its manifest's keys rewritten)."""
+        manifest = {k: v for k, v in self.manifest.items() if k not in RUN_RECORD_KEYS}
+        manifest |= run.manifest_keys()
+        return replace(self, manifest=manifest).holding(run, self._notes)
+
+    def with_records(self, records: tuple[Record, ...], tensors: Mapping[str, Any] | None = None) -> Trace:
+        """This trace with other records (and tensors), its manifest and typed parts kept."""
+        kept = replace(self, records=records, tensors=self.tensors if tensors is None else tensors)
+        return kept.holding(self._run, self._notes)
 
     @property
     def mode(self) -> str:
         return str(self.manifest.get("record_mode", "stats"))
 
     @property
-    def scalars(self) -> dict[int, StepScalars]:
+    def scalars(self) -> Mapping[int, StepScalars]:
         """What each training step did (loss, LR, grad norm ...), by step; empty when the
         trace carries none (``step_scalars``)."""
-        return scalars_of(self.manifest)
+        return self.run.scalars
 
     def tensor(self, record: Record) -> Any:
         if record.tensor_key is None:
@@ -275,3 +334,12 @@ DTYPE_NAMES = frozenset(
 def is_dtype_name(name: Any) -> bool:
     """``float32``, ``bfloat16``, ... (as torch names its dtypes, without ``torch.``)."""
     return isinstance(name, str) and name in DTYPE_NAMES
+
+
+def is_training_run(baseline: Trace, candidate: Trace) -> bool:
+    """Two traces of a training run: scalars or a plan on either side, or records of more
+    than one optimizer step."""
+    if baseline.run.is_training or candidate.run.is_training:
+        return True
+    steps = {r.step for r in baseline.records if r.kind == "param"}
+    return len(steps) > 1

@@ -3,8 +3,9 @@ reader of the manifest's ``"training"`` block (the run's settings and plan), ``"
 (what each step did, ``StepScalars``) and ``"initial_params"`` (each parameter before any
 update). Every writer -- the tool's loop, the Trainer and megatron-core case trainers,
 launched ranks, the ``Recorder``, ``PrecalignCallback`` -- builds these types and writes them
-with ``run_record_keys``; the verdict, the curves, the step replay and the contract read them with
-``read_run_record``.
+with ``run_record_keys``; the loaders read them with ``read_run_record`` (once per trace: the
+trace holds them, ``Trace.run``), and the verdict, the curves, the step replay and the contract
+read ``Trace.run``.
 
 A plan (``TrainingPlan``) is what a side WILL do at every optimizer step, made by running its
 own framework's scheduler: each group's LR at each planned step, each group's weight decay and
@@ -36,17 +37,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import TraceError
 from .step_scalars import SCALARS_KEY, StepScalars, scalars_manifest, scalars_of
 
-if TYPE_CHECKING:
-    from .records import Trace
-
 TRAINING_KEY = "training"
 INITIAL_PARAMS_KEY = "initial_params"
 PLAN_KEY = "plan"
+RUN_RECORD_KEYS = (TRAINING_KEY, SCALARS_KEY, INITIAL_PARAMS_KEY)  # a manifest's keys of its run record
 
 # How the loss of a step split into micro-batches is normalised.
 LOSS_NORMALISATIONS = (
@@ -192,6 +191,10 @@ class RunRecord:
     @property
     def is_training(self) -> bool:
         return self.settings is not None or bool(self.scalars)
+
+    def manifest_keys(self) -> dict[str, Any]:
+        """Its manifest keys (``run_record_keys`` of the parts it holds)."""
+        return run_record_keys(self.settings, self.scalars or None, self.initial_params)
 
 
 def run_record_keys(
@@ -413,16 +416,6 @@ def _choice(value: Any, allowed: Sequence[str], where: str) -> str | None:
 
 
 # -- two runs' records --------------------------------------------------------------------------
-
-
-def is_training_run(baseline: Trace, candidate: Trace) -> bool:
-    """Two traces of a training run: scalars or a plan on either side, or records of more
-    than one optimizer step."""
-    for trace in (baseline, candidate):
-        if trace.manifest.get(SCALARS_KEY) or trace.manifest.get(TRAINING_KEY):
-            return True
-    steps = {r.step for r in baseline.records if r.kind == "param"}
-    return len(steps) > 1
 
 
 def split_free(baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> bool:

@@ -32,7 +32,8 @@
 - ``accelerate_steps``: ``AccelerateSteps``, a custom Accelerate loop recorded.
 - ``optimizer_steps``: what both share: each optimizer step measured around the torch
   optimizer's step hooks (after the framework's clipping), the plan from the run's own
-  schedulers.
+  schedulers, written into a ``step_sink`` (``StepSink``: the ``Recorder``, or a case
+  trainer's sink).
 - ``recorder_options``: the ``Recorder``'s arguments checked; ``run_root``: a root holds one
   run (claimed before the first step; a resumed run continues it).
 

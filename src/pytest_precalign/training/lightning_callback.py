@@ -65,6 +65,7 @@ from .run_settings import (
     optimizer_plan,
     planned_lrs,
 )
+from .step_sink import StepSink
 
 # trainer.precision -> (what the forward computes in, whether by autocast)
 PRECISIONS = {
@@ -100,7 +101,7 @@ class LightningSteps(Callback):
     own Lightning case writes into (``run/trainers/lightning.py``; None there: the run's
     settings only). ``module``: the LightningModule's attribute to record (dotted)."""
 
-    def __init__(self, recorder: Any, module: str | None = None) -> None:
+    def __init__(self, recorder: StepSink | None, module: str | None = None) -> None:
         super().__init__()
         self.recorder = recorder
         self.module = module
@@ -133,6 +134,7 @@ class LightningSteps(Callback):
         model = self._recorded(pl_module)
         optimizer = trainer.optimizers[0]
         self.settings = lightning_settings(trainer, pl_module, model)
+        assert self.recorder is not None  # None: a case's plan only, which never starts its steps
         self._steps = OptimizerSteps(
             self.recorder,
             model,
@@ -173,10 +175,12 @@ class LightningSteps(Callback):
 
     # -- pieces -----------------------------------------------------------------------------
     def _remove(self) -> None:
-        if self._steps is not None:
-            self._steps.remove()
-        else:
-            self.recorder.close()
+        """The steps' hooks removed (which closes the sink), or the sink closed if no step began
+        (a case's plan only has no sink)."""
+        sink = self.recorder
+        closing = self._steps.remove if self._steps is not None else None if sink is None else sink.close
+        if closing is not None:
+            closing()
 
     def _recorded(self, pl_module: LightningModule) -> torch.nn.Module:
         if self.module is None:
@@ -209,13 +213,13 @@ class PrecalignLightningCallback(LightningSteps):
         module: str | None = None,
         **recorder: Any,
     ) -> None:
-        super().__init__(Recorder(root, mode=mode, steps=steps, **recorder), module)
+        self._recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        super().__init__(self._recorder, module)
 
     @property
     def written(self) -> list[Path]:
         """The folders written so far, in order."""
-        written: list[Path] = self.recorder.written
-        return written
+        return self._recorder.written
 
 
 def lightning_settings(

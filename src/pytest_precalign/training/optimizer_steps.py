@@ -33,7 +33,6 @@ from ..errors import ConfigError
 from ..recording import sharded
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
-from .recorder import Recorder
 from .run_settings import json_safe
 from .step_evidence import (
     StepEvidence,
@@ -42,6 +41,7 @@ from .step_evidence import (
     initial_params,
     token_count,
 )
+from .step_sink import StepSink
 
 TOKEN_KEYS = ("input_ids", "labels", "attention_mask")
 
@@ -137,7 +137,7 @@ class OptimizerSteps:
 
     def __init__(
         self,
-        recorder: Recorder,
+        recorder: StepSink,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         settings: TrainingSettings | None,

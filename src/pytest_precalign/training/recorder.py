@@ -359,20 +359,20 @@ class Recorder:
             **self._facts,
             **({"dtype": self._precision} if self._precision else {}),
             "parallel": self._parallel,
-            "param_grads": self.param_grads,  # "step": reduced over DP (``parallel.dp_join``)
             **self._step_evidence(),
         }
         if self._wrappers:
             manifest["wrappers"] = self._wrappers
-        if missing:
-            manifest["grads_missing"] = [grads_missing_note(self._step, self.rank, missing)]
 
         def write() -> Path:
             shards = None
             if sink is not None:
                 shards = sink.close()
                 manifest["writer"] = sink.report()
-            trace = hooks.trace(manifest)
+            trace = hooks.trace(manifest).with_notes(
+                param_grads=self.param_grads,  # "step": reduced over DP (``parallel.dp_join``)
+                grads_missing=(grads_missing_note(self._step, self.rank, missing),) if missing else (),
+            )
             if sink is not None:
                 return finish_trace(
                     trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite

@@ -22,7 +22,7 @@ import enum
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -302,10 +302,16 @@ def optimizer_plan(
     )
 
 
+def params_precision(params: Iterable[torch.Tensor]) -> str | None:
+    """The dtype the forward computes in when nothing autocasts: its floating parameters'
+    (the first one's; None: no floating parameter)."""
+    dtype = next((p.dtype for p in params if p.is_floating_point()), None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def forward_precision(model: torch.nn.Module) -> str:
     """The dtype of the model's first floating parameter (what it computes in without autocast)."""
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return str(dtype).removeprefix("torch.")
+    return params_precision(model.parameters()) or "float32"
 
 
 # -- a Trainer's run ----------------------------------------------------------------------------

@@ -1,20 +1,20 @@
-"""The manifest facts of a case, read once from its two traces (``case_facts``, at the start
-of ``run.outcome.finish``): each side's run record (``trace.training_record.read_run_record``:
-per-step scalars, settings and plan, initial parameters, frozen parameters), whether our
-``Recorder`` recorded it, and the notes its recorder or merge wrote (steps whose parameter
-grads were gone, ranks that disagreed on a replicated record, steps left incomplete by an
-interrupted run). ``run.both_recorded`` and the verdict read these, never the manifests again."""
+"""The manifest facts of a case, taken once from its two traces (``case_facts``, at the start
+of ``run.outcome.finish``): each side's run record (``Trace.run``: per-step scalars, settings
+and plan, initial parameters, frozen parameters), whether our ``Recorder`` recorded it, and the
+notes its recorder or merge wrote (``Trace.notes``: steps whose parameter grads were gone, ranks
+that disagreed on a replicated record, steps left incomplete by an interrupted run, records its
+DP replicas or TP ranks could not join). ``run.both_recorded`` and the verdict read these, never
+the manifests again."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..parallel.layout import RECORDER_KEY
-from ..trace.records import Trace
-from ..trace.step_scalars import SCALARS_KEY
-from ..trace.training_record import RunRecord, is_training_run, read_run_record
+from ..trace.records import Trace, is_training_run
+from ..trace.trace_notes import Entry, TraceNotes
+from ..trace.training_record import RunRecord
 
 SIDES = ("baseline", "candidate")
 
@@ -25,12 +25,14 @@ class SideFacts:
 
     side: str  # "baseline" or "candidate"
     run: RunRecord  # its training run's record (empty for a one-step case)
+    notes: TraceNotes  # what its recorder or merge noted (``Trace.notes``; the fields below
+    # are the notes the verdict reads, typed)
     own_scalars: bool  # its manifest holds per-step scalars (not only loss records)
     frozen: frozenset[str]  # the parameters its run froze
-    steps: tuple[Any, ...]  # the steps it recorded (the manifest's ``steps``)
-    incomplete_steps: tuple[Mapping[str, Any], ...]  # steps its interrupted run left partial
-    grads_missing: tuple[Mapping[str, Any], ...]  # steps whose parameter grads were gone
-    replica_mismatches: tuple[Mapping[str, Any], ...]  # replicated records its ranks disagreed on
+    steps: tuple[int, ...]  # the steps it recorded (the manifest's ``steps``)
+    incomplete_steps: tuple[Entry, ...]  # steps its interrupted run left partial
+    grads_missing: tuple[Entry, ...]  # steps whose parameter grads were gone
+    replica_mismatches: tuple[Entry, ...]  # replicated records its ranks disagreed on
     recorder: bool  # recorded by our ``Recorder`` or a callback (the manifest's ``RECORDER_KEY``)
     not_recordable: Mapping[str, str]  # record id -> why its grad could not be recorded
     dp_unpaired: Mapping[str, str]  # record id -> why its DP replicas were not joined on it
@@ -56,35 +58,28 @@ class CaseFacts:
 
 
 def side_facts(trace: Trace, side: str) -> SideFacts:
-    manifest = trace.manifest
-    run = read_run_record(manifest)
+    run, notes = trace.run, trace.notes
     settings = run.settings
     return SideFacts(
         side=side,
         run=run,
-        own_scalars=bool(manifest.get(SCALARS_KEY)),
+        notes=notes,
+        own_scalars=bool(run.scalars),
         frozen=frozenset(settings.frozen or ()) if settings is not None else frozenset(),
-        steps=tuple(manifest.get("steps", ())),
-        incomplete_steps=tuple(manifest.get("incomplete_steps", ())),
-        grads_missing=tuple(manifest.get("grads_missing", ())),
-        replica_mismatches=tuple(manifest.get("replica_mismatches", ())),
-        recorder=RECORDER_KEY in manifest,
-        not_recordable=_texts(manifest.get("not_recordable")),
+        steps=notes.steps,
+        incomplete_steps=notes.incomplete_steps,
+        grads_missing=notes.grads_missing,
+        replica_mismatches=notes.replica_mismatches,
+        recorder=RECORDER_KEY in trace.manifest,
+        not_recordable=notes.not_recordable,
         dp_unpaired={
-            rid: why
-            for block in _blocks(manifest.get("dp_join"))
-            for rid, why in _texts(block.get("unpaired")).items()
+            rid: str(why)
+            for block in notes.dp_join.values()
+            if isinstance(block.get("unpaired"), Mapping)
+            for rid, why in block["unpaired"].items()
         },
-        tp_unmerged=_texts(manifest.get("tp_unmerged")),
+        tp_unmerged=notes.tp_unmerged,
     )
-
-
-def _texts(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
-
-
-def _blocks(value: Any) -> list[Mapping[str, Any]]:
-    return [b for b in value.values() if isinstance(b, Mapping)] if isinstance(value, Mapping) else []
 
 
 def case_facts(baseline: Trace, candidate: Trace) -> CaseFacts:

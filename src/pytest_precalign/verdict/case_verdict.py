@@ -88,8 +88,8 @@ def judge_case(judging: CaseJudging) -> CaseVerdicts:
     comparison = without_frozen(judging.comparison, facts.baseline.frozen & facts.candidate.frozen)
     phases = judging.phases
     expect = judging.expect
-    mismatches = [m for side in facts.sides for m in side.replica_mismatches]
-    missing = {side.side: list(side.grads_missing) for side in facts.sides}
+    mismatches = [m for side in facts.sides for m in side.notes.replica_mismatches]
+    missing = {side.side: list(side.notes.grads_missing) for side in facts.sides}
     incomplete = _incomplete_steps(facts)
     verdicts = {}
     for phase in phases:
@@ -146,7 +146,7 @@ def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) ->
     if expect is not None and expect.diverged is None:
         return None  # a phase's known divergence (expect: {phase, first_divergence}) gates the case
     if facts.training_run:
-        mismatches = [m for side in facts.sides for m in side.replica_mismatches]
+        mismatches = [m for side in facts.sides for m in side.notes.replica_mismatches]
         training = with_replica_findings(_judge_run(judging, facts, comparison), mismatches)
         training = with_replica_rows(training, judging.baseline, judging.candidate, comparison)
     return _expected(training, expect, judging.table)
@@ -187,7 +187,7 @@ def _incomplete_steps(facts: CaseFacts) -> list[str]:
     """The partial steps of a side's run interrupted mid-step (both sides), with what was compared."""
     out = []
     for side in facts.sides:
-        steps = ", ".join(str(s) for s in side.steps)
-        for m in side.incomplete_steps:
+        steps = ", ".join(str(s) for s in side.notes.steps)
+        for m in side.notes.incomplete_steps:
             out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
     return out

@@ -65,7 +65,7 @@ def _parts(trace: Trace, rec: Record) -> list[Mapping[str, Any]] | None:
     """The replicas ``rec`` was joined from: by its id, or -- a record the mapping renamed (a
     Megatron side in the baseline's names) -- the step's one joined record whose replicas'
     statistics combine exactly to ``rec``'s (max, min, norm: a permutation keeps them)."""
-    block = trace.manifest.get("dp_join", {}).get(str(rec.step), {})
+    block = trace.notes.dp_join.get(str(rec.step), {})
     every = block.get("parts", {}) if isinstance(block, Mapping) else {}
     parts = every.get(rec.id) if isinstance(every, Mapping) else None
     if parts is None and rec.stats is not None and isinstance(every, Mapping):

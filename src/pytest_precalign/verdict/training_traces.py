@@ -122,7 +122,7 @@ def judge_traces(
     if not alone and not split and not not_recorded:
         return verdict
     layers = {side: list(steps) for side, steps in (alone or {}).items()}
-    lines = not_compared_lines(alone or {}, split, baseline.manifest.get("dp_split"), not_recorded)
+    lines = not_compared_lines(alone or {}, split, baseline.notes.dp_split, not_recorded)
     if not alone and not split:  # kinds one side could not take only
         return replace(verdict, not_compared=lines)
     return replace(verdict, not_compared=lines, one_side_only={"layers": layers})

@@ -10,7 +10,8 @@ stack, in process and on launched ranks), ``lightning`` (PyTorch Lightning's own
 ``LightningModule`` around the model, recorded by ``PrecalignLightningCallback``'s machinery),
 ``skeleton`` (``StepSkeleton``: what every trainer
 does at each step: the recorder's step, the seed, the step replay's boundary, the parameter
-records after the update).
+records after the update), ``case_step`` (what every trainer does with one micro-batch: the
+split, the case's forward and loss, recorded).
 
 Adding a trainer: one module here exposing ``TRAINER`` and one line in
 ``training.trainer_registry.BUILT_IN`` naming it; a team's own trainer is a module of its own,
@@ -23,10 +24,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ...errors import CaseError
-from ...trace.training_record import read_run_record
+from ...trace.training_record import RunRecord
 from ...training.trainer_registry import PLAIN, trainer_info
 
 if TYPE_CHECKING:
@@ -47,12 +48,10 @@ class CaseTrainer(Protocol):
         trains, for the contract check (None: no plan, nothing checked before training)."""
         ...
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Train the side through ``case.steps`` with ``steps.recorder`` on (entered by the
-        caller), each step through ``steps``; the manifest's extra keys (its training block,
-        ``trace.training_record.run_record_keys``)."""
+        caller), each step through ``steps``; the side's run record (settings and plan, each
+        step's scalars, the initial parameters; empty when it took no optimizer step)."""
         ...
 
 
@@ -67,9 +66,9 @@ class LaunchedTrainer(CaseTrainer, Protocol):
 
     def launched_evidence(
         self, out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
-    ) -> dict[str, Any]:
-        """In the parent, once the ranks finished: the manifest's extra keys from what they
-        wrote under ``out`` (``full_weights``: the TP=1 weights they loaded)."""
+    ) -> RunRecord:
+        """In the parent, once the ranks finished: the side's run record from what they wrote
+        under ``out`` (``full_weights``: the TP=1 weights they loaded; empty: none)."""
         ...
 
 
@@ -105,11 +104,10 @@ def side_trainer(case: CaseSpec, side: object) -> str:
     return chosen if isinstance(chosen, str) else PLAIN
 
 
-def checked_run_record(name: str, case: CaseSpec, extra: Mapping[str, Any], steps: int) -> dict[str, Any]:
-    """``extra``, what trainer ``name`` returned for the manifest, when it is the run record of
-    the ``steps`` it trained: settings with a plan and every step's scalars; else a
-    ``CaseError`` naming what is missing (fail closed: a run is never judged on less)."""
-    record = read_run_record(extra, f"case {case.name!r}: training: {name}")
+def checked_run_record(name: str, case: CaseSpec, record: RunRecord, steps: int) -> RunRecord:
+    """``record``, what trainer ``name`` returned, when it is the run record of the ``steps``
+    it trained: settings with a plan and every step's scalars; else a ``CaseError`` naming
+    what is missing (fail closed: a run is never judged on less)."""
     missing = [] if record.plan is not None else ["its settings and plan"]
     absent = [step for step in range(steps) if step not in record.scalars]
     if absent:
@@ -117,6 +115,6 @@ def checked_run_record(name: str, case: CaseSpec, extra: Mapping[str, Any], step
     if missing:
         raise CaseError(
             f"case {case.name!r}: training: {name} trained {steps} step(s) but its run record lacks "
-            f"{' and '.join(missing)} (a trainer returns run_record_keys(settings, scalars, initial))"
+            f"{' and '.join(missing)} (a trainer returns RunRecord(settings, scalars, initial))"
         )
-    return dict(extra)
+    return record

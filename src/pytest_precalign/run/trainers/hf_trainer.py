@@ -25,11 +25,15 @@ from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
-from ...training.run_settings import gradient_checkpointing, optimizer_settings
+from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
+from ...training.run_settings import (
+    gradient_checkpointing,
+    optimizer_settings,
+    planned_lrs,
+    trainer_precision,
+)
 from ...training.spec import OptimizerSpec
-from .loop_optimizer import params_precision
-from .loop_step import split_micro_batches
+from .case_step import split_micro_batches
 from .skeleton import StepSkeleton
 
 # TrainingArguments.optim of each optimizer (plain Adam: none; see ``optimizer_override``).
@@ -138,9 +142,7 @@ class HfTrainer:
             trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
             return _training_block(arguments, _plan(trainer, case, model.module), case.optimizer, bf16)
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Train ``model`` with a ``transformers.Trainer`` through the case's steps while the
         recorder's hooks record it (only the boundary's step, when given: training stops
         after it); returns the manifest's training evidence."""
@@ -164,9 +166,8 @@ class HfTrainer:
             finally:
                 steps.end()
         _check_steps(callback.scalars, case, steps.count(case.steps))
-        return run_record_keys(
-            _training_block(arguments, plan, case.optimizer, bf16), callback.scalars, callback.initial or {}
-        )
+        settings = _training_block(arguments, plan, case.optimizer, bf16)
+        return RunRecord(settings, dict(callback.scalars), callback.initial or {})
 
 
 TRAINER = HfTrainer()
@@ -285,7 +286,6 @@ def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> TrainingPlan
     groups = trainer.optimizer.param_groups
     args = trainer.args
     throwaway = torch.optim.SGD([{"params": list(g["params"])} for g in groups], lr=args.learning_rate)
-    lrs = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
         scheduler = get_scheduler(
@@ -295,23 +295,23 @@ def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> TrainingPlan
             num_training_steps=case.steps,
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
-        for _ in range(case.steps):
-            lrs.append([float(g["lr"]) for g in throwaway.param_groups])
-            scheduler.step()
+    lrs = planned_lrs([throwaway], [scheduler], case.steps)
+    if lrs is None:
+        raise CaseError(
+            f"case {case.name!r}: lr_scheduler_type {args.lr_scheduler_type!r} decides from metrics "
+            "or cannot be put back: no plan of its LRs can be made before training"
+        )
+    precision, autocast = trainer_precision(args, module)
     clip = args.max_grad_norm
     return TrainingPlan(
-        lr=tuple(tuple(step) for step in lrs),
+        lr=lrs,
         weight_decay=tuple(float(g.get("weight_decay", 0.0)) for g in groups),
         groups=tuple(tuple(names[id(p)] for p in g["params"]) for g in groups),
         clip_grad=float(clip) if clip is not None and clip > 0 else None,  # the Trainer clips when > 0
         micro_batches=args.gradient_accumulation_steps,
         loss_normalisation="per_token_over_step",  # num_items_in_batch over the step's micro-batches
-        precision="bfloat16"
-        if args.bf16
-        else "float16"
-        if args.fp16
-        else params_precision(module.parameters()),
-        autocast=bool(args.bf16 or args.fp16),  # the Trainer's mixed precision autocasts the forward
+        precision=precision,
+        autocast=autocast,  # the Trainer's mixed precision autocasts the forward
         gradient_checkpointing=bool(args.gradient_checkpointing) or gradient_checkpointing(module),
         **optimizer_settings(trainer.optimizer),
     )

@@ -1,6 +1,6 @@
 """A side trained by PyTorch Lightning's own loop (``training: lightning``): a
 ``LightningModule`` around the case's model (``CaseModule``: its ``training_step`` is the
-case's forward and loss, ``loop._forward``, its ``configure_optimizers`` the case's
+case's forward and loss, ``case_step.case_forward``, its ``configure_optimizers`` the case's
 ``OptimizerSpec`` as the loop builds it: ``torch.optim`` AdamW / Adam / SGD over
 ``param_groups`` (weight decay, ``no_decay``), the schedule as a ``LambdaLR`` stepped by
 Lightning every optimizer step), fitted by a ``lightning.Trainer`` on CPU with
@@ -10,7 +10,7 @@ step ``s`` is the case's batch ``s`` cut into ``micro_batches`` equal micro-batc
 
 The loss is normalised per token over the whole step, as every case trainer does
 (``training/spec.py``): each micro-batch's loss is its summed loss over the step's tokens
-(``_forward`` with the step's token count), returned times ``accumulate_grad_batches``
+(``case_forward`` with the step's token count), returned times ``accumulate_grad_batches``
 because Lightning divides what ``training_step`` returns by it before the backward -- so the
 step's grads are the other trainers'. ``CaseModule.loss_normalisation`` says what the module
 does; ``"mean_of_micro_batch_means"`` is a plain user's Lightning (the micro-batch's mean loss
@@ -23,7 +23,7 @@ from Lightning's own optimizer and scheduler (``lightning_settings``), every ste
 measured after Lightning's clipping and accumulation (``OptimizerSteps``), written here into
 the case's ``HookRecorder`` (``_CaseSink``) instead of a folder: the step skeleton opens each
 step (step number, seed, the step replay's boundary) and records the parameters after the
-update; the case's hooks record every layer's forward and backward, ``_forward`` the logits
+update; the case's hooks record every layer's forward and backward, ``case_forward`` the logits
 and the loss of each micro-batch.
 """
 
@@ -46,11 +46,11 @@ from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import TrainingSettings, run_record_keys
+from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.lightning_callback import LightningSteps, lightning_settings
-from .loop import _forward
+from ...training.step_sink import StepSink
+from .case_step import case_forward, shifted_tokens, split_micro_batches
 from .loop_optimizer import grouped_optimizer, make_scheduler, param_groups
-from .loop_step import shifted_tokens, split_micro_batches
 from .skeleton import StepSkeleton
 
 PER_TOKEN = "per_token_over_step"
@@ -99,7 +99,7 @@ class CaseModule(LightningModule):
         per_token = self.micro > 1 and self.loss_normalisation == PER_TOKEN
         tokens = self.step_tokens[step] if per_token else None
         recorder = None if self.quiet else self.recorder
-        loss = _forward(self.loaded, recorder, data, self.case, call, tokens)
+        loss = case_forward(self.loaded, recorder, data, self.case, call, tokens)
         if loss is None:
             raise CaseError(
                 f"case {self.case.name!r}: training: lightning needs a loss (loss: causal_lm or model)"
@@ -123,9 +123,10 @@ class CaseModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class _CaseSink:
-    """What ``OptimizerSteps`` writes a step into (a ``Recorder``'s place): the step opened
-    and closed by the skeleton, the settings and initial parameters kept for the manifest."""
+class _CaseSink(StepSink):
+    """What ``OptimizerSteps`` writes a step into (a ``Recorder``'s place, ``StepSink``): the
+    step opened and closed by the skeleton, the settings and initial parameters kept for the
+    run record; the case's hooks record the layers, ``CaseModule`` the outputs."""
 
     mode = "scalars"  # no forward hook of OptimizerSteps: the case module records its outputs
 
@@ -139,8 +140,13 @@ class _CaseSink:
         self.steps.begin(step, self.module.model, self.module.trainer.optimizers[0])
         self.module.quiet = self.steps.quiet
 
-    def start(self, model: torch.nn.Module) -> None:
-        pass
+    def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        pass  # the case's hooks are on
+
+    def record_output(
+        self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None
+    ) -> None:
+        pass  # mode "scalars": OptimizerSteps records no output; CaseModule records its own
 
     def write_settings(self, settings: TrainingSettings) -> None:
         self.settings = settings
@@ -312,9 +318,7 @@ class LightningTrainer:
             _fit(CaseModule(model, case, tokens), case, micro, callback, root)
         return _settings(callback.settings, case)
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Fit the side through the case's steps while ``steps.recorder``'s hooks record it,
         each step opened and closed by ``steps``; returns the manifest's training evidence."""
         _check_model(model, case)
@@ -338,7 +342,7 @@ class LightningTrainer:
             raise CaseError(
                 f"case {case.name!r}: Lightning ran steps {sorted(scalars)}, the case has {last} (0..{last - 1})"
             )
-        return run_record_keys(_settings(callback.settings, case), scalars, sink.initial)
+        return RunRecord(_settings(callback.settings, case), scalars, sink.initial)
 
 
 TRAINER = LightningTrainer()

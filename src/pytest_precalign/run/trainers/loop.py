@@ -9,20 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ...config.launch import launched
 from ...config.specs import CaseSpec, ModelSpec
-from ...errors import CaseError
 from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
-from ...trace.training_record import TrainingSettings
+from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.run_settings import gradient_checkpointing
+from .case_step import case_forward, shifted_tokens, split_micro_batches
 from .loop_optimizer import loop_plan, param_groups
-from .loop_step import LoopTraining, causal_lm_loss, shifted_tokens, split_micro_batches
+from .loop_step import LoopTraining
 from .skeleton import StepSkeleton
 
 
@@ -41,9 +40,7 @@ class LoopTrainer:
             case.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module)
         )
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         recorder = steps.recorder
         assert recorder is not None
         training = LoopTraining.start(model.module, case) if "step" in case.phases else None
@@ -51,7 +48,7 @@ class LoopTrainer:
         optimizer = None if training is None else training.optimizer
         for step in steps.steps(count, model.module, lambda: optimizer):
             _loop_step(model, data, case, step, recorder, training, steps)
-        return {} if training is None else training.manifest()
+        return RunRecord() if training is None else training.run()
 
     def train_rank(
         self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path, rank: int
@@ -62,9 +59,9 @@ class LoopTrainer:
 
     def launched_evidence(
         self, out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
-    ) -> dict[str, Any]:
+    ) -> RunRecord:
         """Nothing: the ranks' records are the evidence (no plan, no scalars)."""
-        return {}
+        return RunRecord()
 
 
 TRAINER = LoopTrainer()
@@ -89,7 +86,7 @@ def _loop_step(
     tokens = shifted_tokens(micro) if case.loss == "causal_lm" else None
     losses = []
     for call, part in enumerate(micro):
-        loss = _forward(
+        loss = case_forward(
             model, None if quiet else recorder, part, case, call, tokens if len(micro) > 1 else None
         )
         if step == 0 and call == 0 and steps.after_first_forward is not None:
@@ -105,53 +102,3 @@ def _loop_step(
     if training is not None:
         training.update(step, losses, micro)
         steps.updated()
-
-
-def _forward(
-    model: LoadedModel,
-    recorder: HookRecorder | None,
-    data: CaseInputs,
-    case: CaseSpec,
-    call: int,
-    step_tokens: int | None,
-) -> torch.Tensor | None:
-    """One micro-batch's forward and loss, recorded (call ``call`` of the step; nothing
-    without ``recorder``). With ``step_tokens`` (micro-batches), the loss is normalised per
-    token over the whole step."""
-    with torch.set_grad_enabled("backward" in case.phases):
-        output = model(data.model_inputs)
-        logits = model.logits(output)
-        logits_id = None if recorder is None else recorder.record_output("logits", logits, call=call).id
-        loss = _loss(model, output, logits, data, case, step_tokens)
-        if loss is not None and recorder is not None and logits_id is not None:
-            recorder.record_output("loss", loss, deps=(logits_id,), call=call)
-    return loss
-
-
-def _loss(
-    model: LoadedModel,
-    output: Any,
-    logits: torch.Tensor,
-    data: CaseInputs,
-    case: CaseSpec,
-    step_tokens: int | None = None,
-) -> torch.Tensor | None:
-    if case.loss == "none":
-        return None
-    if case.loss == "mean":
-        micro = case.optimizer.micro_batches if step_tokens is not None else 1
-        return logits.float().mean() / micro if micro > 1 else logits.float().mean()
-    if case.loss == "model":
-        loss = model.model_loss(output)
-        if loss is None:
-            raise CaseError(f"case {case.name!r}: loss: model, but model {model.name!r} returned no .loss")
-        if step_tokens is not None:  # the model's mean over this micro-batch's tokens, reweighted
-            return loss * (shifted_tokens([data]) / max(1, step_tokens))
-        return loss
-    if data.labels is None:
-        if "backward" in case.phases:
-            raise CaseError(f"case {case.name!r}: the causal_lm loss needs labels (inputs: {{labels: true}})")
-        return None
-    if step_tokens is not None:
-        return causal_lm_loss(logits, data.labels, reduction="sum") / max(1, step_tokens)
-    return causal_lm_loss(logits, data.labels)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ...trace.training_record import TrainingPlan, TrainingSettings
-from ...training.run_settings import optimizer_settings
+from ...training.run_settings import optimizer_settings, params_precision, planned_lrs
 from ...training.spec import OptimizerSpec, ScheduleSpec
 
 Group = tuple[list[str], list[torch.nn.Parameter], float]  # names, params, weight decay
@@ -93,33 +93,23 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(schedule, spec.lr, steps, s))
 
 
-def params_precision(params: Iterable[torch.Tensor]) -> str | None:
-    """The dtype the forward computes in when nothing autocasts: its floating parameters'
-    (the first one's; None: no floating parameter)."""
-    dtype = next((p.dtype for p in params if p.is_floating_point()), None)
-    return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def planned_lrs(
+def _loop_schedule(
     spec: OptimizerSpec, groups: Sequence[Group], steps: int
-) -> tuple[list[list[float]], list[float], dict[str, Any]]:
-    """Per update, the LR of each group as the loop's own optimizer and scheduler give it,
-    each group's weight decay and the optimizer's settings (``optimizer_settings``) as that
-    optimizer holds them: both built as the loop builds them (``grouped_optimizer``,
-    ``make_scheduler``) over the side's own parameters, so what a user's patch of those
-    classes does to this model shows, and only the scheduler is stepped (the throwaway
-    optimizer never steps: no parameter changes)."""
+) -> tuple[tuple[tuple[float, ...], ...], list[float], dict[str, Any]]:
+    """Per update, the LR of each group as the loop's own optimizer and scheduler give it
+    (``training.run_settings.planned_lrs``), each group's weight decay and the optimizer's
+    settings (``optimizer_settings``) as that optimizer holds them: both built as the loop
+    builds them (``grouped_optimizer``, ``make_scheduler``) over the side's own parameters, so
+    what a user's patch of those classes does to this model shows, and only the scheduler is
+    stepped (the throwaway optimizer never steps: no parameter changes)."""
     optimizer = grouped_optimizer(spec, groups)
     decay = [float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": on purpose
         scheduler = make_scheduler(spec, optimizer, steps)
-        plan = []
-        for _ in range(steps):
-            plan.append([float(g["lr"]) for g in optimizer.param_groups])
-            if scheduler is not None:
-                scheduler.step()
-    return plan, decay, optimizer_settings(optimizer)
+    lrs = planned_lrs([optimizer], [] if scheduler is None else [scheduler], steps)
+    assert lrs is not None  # the loop's schedulers are LambdaLR: stepped and put back
+    return lrs, decay, optimizer_settings(optimizer)
 
 
 def loop_plan(
@@ -129,7 +119,7 @@ def loop_plan(
     by the loop when it starts, and computed before any side trains for the contract check
     (``run.contract_check``); ``groups``: ``param_groups`` of the side's model;
     ``checkpointing``: its ``gradient_checkpointing``."""
-    lrs, decay, settings = planned_lrs(spec, groups, steps)
+    lrs, decay, settings = _loop_schedule(spec, groups, steps)
     schedule = spec.schedule
     scheduler = None
     if schedule is not None:
@@ -146,7 +136,7 @@ def loop_plan(
         {"momentum": spec.momentum} if spec.name == "sgd" else {"betas": list(spec.betas), "eps": spec.eps}
     )
     plan = TrainingPlan(
-        lr=tuple(tuple(step) for step in lrs),
+        lr=lrs,
         weight_decay=tuple(decay),
         groups=tuple(tuple(names) for names, _, _ in groups),
         clip_grad=spec.clip_grad,

@@ -19,8 +19,8 @@ import torch
 from ...errors import CaseError
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
+from .case_step import causal_lm_loss
 from .loop_optimizer import grouped_optimizer, param_groups
-from .loop_step import causal_lm_loss
 from .skeleton import StepSkeleton
 
 

@@ -11,52 +11,12 @@ from typing import Any
 import torch
 
 from ...config.specs import CaseSpec
-from ...errors import CaseError
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import run_record_keys
+from ...trace.training_record import RunRecord
 from ...training.run_settings import gradient_checkpointing
 from ...training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
 from .loop_optimizer import grouped_optimizer, loop_plan, make_scheduler, param_groups
-
-
-def split_micro_batches(batch: CaseInputs, count: int, case: CaseSpec) -> list[CaseInputs]:
-    """``batch`` split into ``count`` equal micro-batches along dim 0 (tensors; other values
-    are passed to each as they are)."""
-    if count == 1:
-        return [batch]
-    sizes = {v.shape[0] for v in batch.model_inputs.values() if isinstance(v, torch.Tensor) and v.ndim}
-    if batch.labels is not None:
-        sizes.add(batch.labels.shape[0])
-    if len(sizes) != 1 or next(iter(sizes)) % count:
-        raise CaseError(
-            f"case {case.name!r}: micro_batches {count} does not divide the step's batch "
-            f"(dim 0 sizes {sorted(sizes)}): each step's batch is split into equal micro-batches"
-        )
-    rows = next(iter(sizes)) // count
-    parts = []
-    for k in range(count):
-        cut = slice(k * rows, (k + 1) * rows)
-        inputs = {
-            name: value[cut] if isinstance(value, torch.Tensor) and value.ndim else value
-            for name, value in batch.model_inputs.items()
-        }
-        parts.append(CaseInputs(inputs, None if batch.labels is None else batch.labels[cut]))
-    return parts
-
-
-def shifted_tokens(micro: Sequence[CaseInputs]) -> int:
-    """The causal-LM loss's tokens over the step: label positions 1.. that are not -100."""
-    return sum(int((m.labels[..., 1:] != -100).sum()) for m in micro if m.labels is not None)
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy in float32, the same code on both sides."""
-    shift_logits = logits[..., :-1, :].float().reshape(-1, logits.shape[-1])
-    shift_labels = labels[..., 1:].reshape(-1).to(shift_logits.device)
-    return torch.nn.functional.cross_entropy(
-        shift_logits, shift_labels, ignore_index=-100, reduction=reduction
-    )
 
 
 def _batch_views(micro: Sequence[CaseInputs]) -> list[dict[str, Any]]:
@@ -122,6 +82,6 @@ class LoopTraining:
             skipped=False,
         )
 
-    def manifest(self) -> dict[str, Any]:
-        """The trace manifest's run record: settings, scalars and initial parameters."""
-        return run_record_keys(self.settings, self.scalars, self.initial)
+    def run(self) -> RunRecord:
+        """The side's run record: settings, scalars and initial parameters."""
+        return RunRecord(self.settings, self.scalars, self.initial)

@@ -29,7 +29,7 @@ from ...redaction import redacted
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import TrainingSettings, read_run_record, run_record_keys
+from ...trace.training_record import RunRecord, TrainingSettings, read_run_record, run_record_keys
 from ...training.megatron_stack import build_megatron_stack, plan_before_training
 from ...training.step_evidence import initial_params
 from ...untrusted import read_json
@@ -77,9 +77,7 @@ class MegatronTrainer:
             data_parallel=data_parallel(spec),
         )  # fmt: skip
 
-    def train(
-        self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton
-    ) -> dict[str, Any]:
+    def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Train ``model`` (a megatron-core module of this process) through the case's steps
         while the recorder (entered, ``param_grads="step"``) records; the manifest's training
         evidence. The torch optimizer inside Megatron's ``FP32Optimizer`` is what is handed
@@ -118,7 +116,7 @@ class MegatronTrainer:
                 grads_ready=None if steps.quiet else partial(recorder.record_param_grads, len(parts)),
             )
             steps.updated()
-        return run_record_keys(training, scalars, initial)
+        return RunRecord(training, scalars, initial)
 
     def train_rank(
         self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path, rank: int
@@ -127,7 +125,7 @@ class MegatronTrainer:
 
     def launched_evidence(
         self, out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
-    ) -> dict[str, Any]:
+    ) -> RunRecord:
         return launched_evidence(out, nproc, full_weights)
 
 
@@ -217,9 +215,7 @@ def _check_split(case: CaseSpec, micro: int, dp: int) -> None:
         )
 
 
-def launched_evidence(
-    out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None
-) -> dict[str, Any]:
+def launched_evidence(out: Path, nproc: int, full_weights: Mapping[str, torch.Tensor] | None) -> RunRecord:
     """The side's training evidence from its ranks' files: the plan's groups united over the
     ranks (each holds its stage's parameters; tensor-parallel ranks name the same ones), the
     scalars of the rank that has the loss (the last pipeline stage; grad norm, zero count and
@@ -243,4 +239,4 @@ def launched_evidence(
     with_loss = [s for _, _, s in ranks if all(step.loss is not None for step in s.values())]
     chosen = (with_loss or [s for _, _, s in ranks])[-1]
     initial = None if full_weights is None else initial_params(full_weights.items())
-    return run_record_keys(united, chosen, initial)
+    return RunRecord(united, chosen, initial)

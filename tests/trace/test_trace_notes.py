@@ -1,0 +1,77 @@
+"""A trace's notes and run record, typed (``TraceNotes``, ``Trace.run``): read once by the loader
+(a note of the wrong shape is a ``TraceError`` naming the file and the key, at load), changed
+through ``with_notes`` / ``with_run`` with the manifest written to disk kept the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_precalign.errors import TraceError
+from pytest_precalign.trace.native_io import read_trace, write_trace
+from pytest_precalign.trace.records import Record, Stats, Trace
+from pytest_precalign.trace.step_scalars import StepScalars
+from pytest_precalign.trace.trace_notes import NOTE_KEYS, TraceNotes
+from pytest_precalign.trace.training_record import RunRecord
+
+MISSING = {"step": 1, "rank": 0, "count": 2, "names": ["w", "b"], "why": "zeroed"}
+
+
+def _trace(manifest: dict[str, object]) -> Trace:
+    record = Record(
+        0, "lin", "Linear", "forward", 0, 0, "activation", "out", "float32", (2,), Stats(1, 0, 0.5, 1)
+    )
+    return Trace({"record_mode": "stats", **manifest}, (record,))
+
+
+def test_notes_round_trip_through_the_manifest_on_disk(tmp_path: Path) -> None:
+    noted = _trace({"case": "c"}).with_notes(
+        grads_missing=(MISSING,), not_trained="stopped", dp_split={"0": "rows"}, param_grads="step"
+    )
+    assert noted.manifest["grads_missing"] == [MISSING] and noted.manifest["not_trained"] == "stopped"
+    assert "replica_mismatches" not in noted.manifest  # an empty note writes no key
+    write_trace(noted, tmp_path / "tr")
+    back = read_trace(tmp_path / "tr")
+    assert back.notes == noted.notes
+    assert back.notes.to_manifest() == {k: v for k, v in back.manifest.items() if k in NOTE_KEYS}
+    cleared = back.with_notes(grads_missing=())
+    assert "grads_missing" not in cleared.manifest and cleared.notes.not_trained == "stopped"
+
+
+def test_with_run_rewrites_the_run_record_and_keeps_the_notes() -> None:
+    scalars = {0: StepScalars(0, loss=1.5), 1: StepScalars(1, loss=1.25)}
+    trace = _trace({}).with_notes(not_trained="x").with_run(RunRecord(scalars=scalars))
+    assert trace.scalars == scalars and trace.notes.not_trained == "x"
+    assert sorted(trace.manifest["scalars"]) == ["0", "1"]
+    only = trace.with_run(RunRecord(scalars={1: scalars[1]}))
+    assert list(only.scalars) == [1] and list(only.manifest["scalars"]) == ["1"]
+    assert "scalars" not in only.with_run(RunRecord()).manifest
+
+
+@pytest.mark.parametrize(
+    ("note", "value", "said"),
+    [
+        ("grads_missing", {"step": 1}, "'grads_missing' must be a list, got dict"),
+        ("replica_mismatches", [3], r"replica_mismatches\[0\] must be a mapping, got int"),
+        ("steps", [0, "one"], r"steps\[1\] must be a step number, got 'one'"),
+        ("not_recordable", ["a"], "'not_recordable' must be a mapping, got list"),
+    ],
+)
+def test_a_note_of_the_wrong_shape_fails_the_load_naming_file_and_key(
+    tmp_path: Path, note: str, value: object, said: str
+) -> None:
+    write_trace(_trace({}), tmp_path / "tr")
+    manifest_file = tmp_path / "tr" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest_file.write_text(json.dumps({**manifest, note: value}))
+    with pytest.raises(TraceError, match=f"{manifest_file}: {said}"):
+        read_trace(tmp_path / "tr")
+
+
+def test_a_trace_made_in_memory_reads_its_notes_from_its_manifest() -> None:
+    trace = _trace({"incomplete_steps": [{"step": 2, "detail": "rank1/ is missing"}], "steps": [0, 1]})
+    assert trace.notes == TraceNotes(
+        steps=(0, 1), incomplete_steps=({"step": 2, "detail": "rank1/ is missing"},)
+    )
