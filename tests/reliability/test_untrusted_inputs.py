@@ -136,7 +136,7 @@ def test_fifo_is_refused_not_waited_on(where: str, tmp_path: Path) -> None:
     if where == "dump.json":  # not a dump folder at all: the folder is named
         want = f"precalign: error: {target}: neither a pytest-precalign trace"
     else:
-        want = f"precalign: error: {fifo}: is a FIFO, expected a tensor file (a regular file)"
+        want = f"precalign: error: {fifo}: is a FIFO, expected a regular file inside a recording folder"
     assert proc.stderr.startswith(want) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

@@ -9,7 +9,6 @@ place, and an existing trace is never replaced unless the caller says ``overwrit
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import socket
@@ -21,6 +20,7 @@ from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
 from ..redaction import redacted
 from ..untrusted import bounded_repr, check_regular, read_json, refuse_link
+from .checksums import Checksums, file_sha256, folder_identity, recheck, verify_folder
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 from .training_record import read_run_record
@@ -62,14 +62,23 @@ def _running(pid: int) -> bool:
 
 
 def finish_trace(
-    trace: Trace, tmp: Path, target: Path, *, shards: Mapping[str, str] | None = None, overwrite: bool = False
+    trace: Trace,
+    tmp: Path,
+    target: Path,
+    *,
+    shards: Mapping[str, str] | None = None,
+    digests: Mapping[str, str] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the rest of a trace into ``tmp`` (``shards``: tensors already there, written by a
-    background writer) and publish it as ``target``; ``tmp`` is removed on any failure."""
+    background writer, ``digests``: their files' sha256) and publish it as ``target``, sealed
+    by its checksums (``trace.checksums``); ``tmp`` is removed on any failure."""
     try:
         if target.exists() and not overwrite:
             raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
-        write_trace_files(trace, tmp, shards=shards)
+        sums = write_trace_files(trace, tmp, shards=shards)
+        sums.update(digests or {})
+        sums.seal(tmp)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -81,18 +90,22 @@ def shard_name(number: int) -> str:
     return f"tensors-{number:05d}.safetensors"
 
 
-def write_shard(tensors: Mapping[str, Any], path: Path) -> None:
-    """One safetensors shard of contiguous tensors, with the umask's permissions."""
+def write_shard(tensors: Mapping[str, Any], path: Path) -> str:
+    """One safetensors shard of contiguous tensors, with the umask's permissions; its sha256
+    (hashed once, right after safetensors wrote it, while it is in the page cache)."""
     from safetensors.torch import save_file
 
     save_file(dict(tensors), str(path))
     share_file(path)
+    return file_sha256(path)
 
 
-def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] | None = None) -> None:
-    """Write a trace's files into an existing (temporary) folder; the caller publishes it.
-    ``shards``: tensors already written into ``folder`` (key -> file); the others are written."""
+def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] | None = None) -> Checksums:
+    """Write a trace's files into an existing (temporary) folder; the caller seals (the
+    checksums returned, last) and publishes it. ``shards``: tensors already written into
+    ``folder`` (key -> file); the others are written."""
     tmp = folder
+    sums = Checksums()
     shards = dict(shards or {})
     batch: dict[str, Any] = {}
     size = 0
@@ -103,7 +116,7 @@ def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] |
         if not batch:
             return
         file = shard_name(shard_no)
-        write_shard(batch, tmp / file)
+        sums.files[file] = write_shard(batch, tmp / file)
         for key in batch:
             shards[key] = file
         batch, size, shard_no = {}, 0, shard_no + 1
@@ -123,18 +136,9 @@ def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] |
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
     }
-    _write_json(tmp / "manifest.json", manifest)
-    _write_json(
-        tmp / "index.json",
-        {"records": [r.as_dict() for r in trace.records], "shards": shards},
-    )
-
-
-def _write_json(path: Path, data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=False, default=str)
-        f.flush()
-        os.fsync(f.fileno())
+    sums.write_json(tmp, "manifest.json", manifest)
+    sums.write_json(tmp, "index.json", {"records": [r.as_dict() for r in trace.records], "shards": shards})
+    return sums
 
 
 class _ShardedTensors(Mapping[str, Any]):
@@ -215,6 +219,8 @@ def read_trace(path: str | Path) -> Trace:
     root = Path(path)
     if not root.is_dir():
         raise TraceError(f"{root}: no trace directory there")
+    identity = folder_identity(root)
+    verify_folder(root)  # its checksums (when it has them) before any file is trusted
     manifest = _read_json(root / "manifest.json")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise TraceError(f"{root / 'manifest.json'}: not a pytest-precalign trace manifest")
@@ -250,6 +256,7 @@ def read_trace(path: str | Path) -> Trace:
                 "which no shard holds"
             )
     shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
+    recheck(root, {root: identity})  # one version read, or refused
     return Trace(manifest=manifest, records=tuple(records), tensors=_ShardedTensors(root, shards, shapes))
 
 

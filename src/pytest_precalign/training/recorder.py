@@ -373,8 +373,9 @@ class Recorder:
                 manifest["writer"] = sink.report()
             trace = hooks.trace(manifest)
             if sink is not None:
+                out, over = self.folder(), self.overwrite
                 return finish_trace(
-                    trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite
+                    trace, sink.folder, out, shards=shards, digests=sink.digests, overwrite=over
                 )
             if self.format == "msprobe":
                 from ..msprobe.writer import write_msprobe_dump
