@@ -17,7 +17,6 @@ import pytest
 
 from pytest_precalign.cli import main
 from pytest_precalign.errors import RecorderError
-
 from tests.helpers.files import reseal
 
 from .crafted_runs import (

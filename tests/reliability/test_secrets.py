@@ -79,7 +79,15 @@ def test_a_key_that_only_looks_like_one_is_not(key: str) -> None:
 
 
 # Issue #47: word segments decide, not substrings; a ``*_key`` that indexes something is kept.
-_KEPT = ["sort_key", "key_padding_mask", "tokenizer", "max_tokens", "num_key_value_heads", "keyword", "authors"]
+_KEPT = [
+    "sort_key",
+    "key_padding_mask",
+    "tokenizer",
+    "max_tokens",
+    "num_key_value_heads",
+    "keyword",
+    "authors",
+]
 _REPLACED = ["hf_token", "api_key", "wandb_api_key", "secret_key", "password", "auth_token", "credentials"]
 
 

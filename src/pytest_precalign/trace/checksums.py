@@ -30,7 +30,7 @@ from typing import Any
 
 from .._atomic import write_file_atomic
 from ..errors import TraceError
-from ..untrusted import bounded_repr, open_regular, read_json, refuse_link
+from ..untrusted import ErrorType, bounded_repr, open_regular, read_json, refuse_link
 
 CHECKSUM_FILE = "checksums.json"
 FORMAT = "pytest-precalign-checksums"
@@ -96,7 +96,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _walk(folder: Path, error: type[Exception], where: str = "") -> Iterable[str]:
+def _walk(folder: Path, error: ErrorType, where: str = "") -> Iterable[str]:
     """Relative names of the regular files below ``folder``; anything else than a regular
     file or a directory (a link, a FIFO, a socket, a device) is refused, never followed."""
     count = 0
@@ -223,3 +223,34 @@ def recheck(root: Path, identities: Mapping[Path, str]) -> None:
                 f"{root}: the recording changed while it was read ({folder} was replaced or "
                 "removed by another write); run the compare again"
             )
+
+
+SUM_SUFFIX = ".sha256"
+
+
+def write_checked_file(path: Path, data: bytes) -> Path:
+    """A single file outside a recording folder (a trainer's evidence file) written atomically,
+    then its sha256 beside it, last, in ``sha256sum``'s format (``NAME.sha256``)."""
+    write_file_atomic(path, data)
+    digest = hashlib.sha256(data).hexdigest()
+    write_file_atomic(path.with_name(path.name + SUM_SUFFIX), f"{digest}  {path.name}\n")
+    return path
+
+
+def verify_file(path: Path, error: ErrorType = TraceError) -> None:
+    """The check of ``write_checked_file``'s file: its sha256 equals the one beside it (a file
+    without one is read as before)."""
+    side = path.with_name(path.name + SUM_SUFFIX)
+    if not os.path.lexists(side):
+        return
+    refuse_link(side, error, "a recording")
+    with open_regular(side, error, "a checksum file") as f:
+        text = f.read(200).decode("ascii", "replace")
+    recorded, _, name = text.strip().partition("  ")
+    if not _HEX.match(recorded) or name != path.name:
+        raise error(f"{side}: expected '<sha256>  {path.name}' (sha256sum's format)")
+    actual = file_sha256(path)
+    if actual != recorded:
+        raise error(
+            f"{path}: content changed after it was recorded (sha256 {actual[:16]}… ≠ recorded {recorded[:16]}…)"
+        )
