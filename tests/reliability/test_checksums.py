@@ -81,10 +81,10 @@ def _damaged(runs: dict[str, Path], tmp_path: Path, name: str, file: str) -> tup
     ("name", "file"),
     [
         ("stats", "manifest.json"),
-        ("stats", "index.json"),
+        pytest.param("stats", "index.json", marks=pytest.mark.slow),
         ("tensor", "shard"),
         ("msprobe-stats", "dump.json"),
-        ("msprobe-stats", "construct.json"),
+        pytest.param("msprobe-stats", "construct.json", marks=pytest.mark.slow),
         ("msprobe-stats", "precalign_manifest.json"),
         ("msprobe-tensor", "dump_tensor_data/*.pt"),
     ],
@@ -124,11 +124,13 @@ def test_a_recording_written_before_checksums_is_read_as_before(
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"format": "other"}, "not a pytest-precalign checksums file"),
-        ({"algorithm": "md5"}, "algorithm 'md5' is not supported (expected sha256)"),
+        pytest.param({"format": "other"}, "not a pytest-precalign checksums file", marks=pytest.mark.slow),
+        pytest.param(
+            {"algorithm": "md5"}, "algorithm 'md5' is not supported (expected sha256)", marks=pytest.mark.slow
+        ),
         ({"files": {"../../etc/passwd": "0" * 64}}, "'files' must map relative file names"),
         ({"files": {"manifest.json": "xyz"}}, "sha256 digests (64 lowercase hex digits)"),
-        ({"publication": 3}, "'publication' must be a non-empty string"),
+        pytest.param({"publication": 3}, "'publication' must be a non-empty string", marks=pytest.mark.slow),
     ],
 )
 def test_a_crafted_checksums_file_is_one_message(

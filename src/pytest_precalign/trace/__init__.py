@@ -10,7 +10,8 @@ writer), ``tensor_files`` and ``pt_zip`` (tensor files read as numpy), ``arrays`
 parts merged), ``training_record`` (the one typed record of a training run: settings, plan,
 step scalars, initial parameters; its only writer and reader), ``write_failures`` (the note a
 step that could not be written leaves for a later compare), ``step_markers`` (a step begun and
-never finished: a run that stopped inside step k).
+never finished: a run that stopped inside step k), ``checksums`` (the sha256 of every file of a
+recording folder, written last by every writer and checked by every reader).
 """
 
 from __future__ import annotations
