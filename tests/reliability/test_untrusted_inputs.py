@@ -21,6 +21,7 @@ import pytest_precalign
 from pytest_precalign.cli import main
 from pytest_precalign.errors import TraceError
 from pytest_precalign.msprobe import read_msprobe_dump
+from tests.helpers.files import reseal
 from tests.helpers.paths import MSPROBE_DATA
 
 TENSOR_DUMP = MSPROBE_DATA / "micro" / "base_micro_tensor_L0_statistics"
@@ -42,6 +43,7 @@ def _set_first_data_name(rank: Path, name: str) -> str:
     old = first["data_name"]
     first["data_name"] = name
     (rank / "dump.json").write_text(json.dumps(dump))
+    reseal(rank / "dump.json")
     return str(old)
 
 
@@ -200,6 +202,7 @@ def test_duplicate_record_in_dump_json_is_refused(tmp_path: Path) -> None:
     entry = f'"{first}": {json.dumps(data[first])}'
     head, sep, tail = text.partition('"data": {')
     (rank / "dump.json").write_text(head + sep + entry + ", " + tail)  # the same key twice
+    reseal(rank / "dump.json")
     assert len(read_msprobe_dump(STATS_DUMP).records) > 0
     with pytest.raises(TraceError) as info:
         read_msprobe_dump(rank)
