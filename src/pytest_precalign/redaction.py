@@ -12,9 +12,12 @@ two runs with different tokens compare equal, a run with and a run without one d
   ``wandb_api_key``, ``apiKey``, ``AWS_SECRET_ACCESS_KEY``, ``db_password_file``). Words, not
   substrings: ``keep_in_memory``, ``monkey``, ``tokens``, ``pad_token_id``, ``key_dim``,
   ``max_position_embeddings`` are not secrets, nor a tokenizer's special tokens (``pad_token``,
-  ``eos_token``, ``bos_token``, ``unk_token``, ``sep_token``, ``cls_token``, ``mask_token``).
-  Some settings that are not secrets are redacted all the same (``sort_key``, a ``tensor_key``):
-  when in doubt, a value is not written. Only text is replaced (a string, or the
+  ``eos_token``, ``bos_token``, ``unk_token``, ``sep_token``, ``cls_token``, ``mask_token``),
+  nor ``key_padding_mask``, ``num_key_value_heads``, ``tokenizer``, ``max_tokens``, ``keyword``,
+  ``authors``. A ``key`` whose word before says what it indexes (``sort_key``, ``tensor_key``,
+  ``cache_key``, ``dict_key``, ``group_key``, ...: ``_INDEX_KEYS``) is a lookup key, not a
+  secret; a bare ``key`` or any other ``*_key`` (``api_key``, ``secret_key``, ``access_key``,
+  ``private_key``) is redacted: when in doubt, a value is not written. Only text is replaced (a string, or the
   strings inside a list or mapping under that key): a number, a boolean or null is kept
   (``pad_token_id: 0``, ``use_auth_token: true`` say nothing secret);
 * credentials inside a URL: ``s3://user:password@host/...`` -> ``s3://<redacted>@host/...``,
@@ -54,6 +57,43 @@ _ANY_WORDS = frozenset({"secret", "secrets", "password", "passwd", "credential",
 # ``pad_token``, ``eos_token``...: a tokenizer's special tokens, text of the vocabulary
 _SPECIAL_TOKENS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "image", "video", "audio"})
 
+# ``sort_key``, ``tensor_key``...: a key that indexes something (a word before ``key``), not a secret
+_INDEX_KEYS = frozenset(
+    {
+        "sort",
+        "tensor",
+        "cache",
+        "dict",
+        "lookup",
+        "group",
+        "hash",
+        "primary",
+        "foreign",
+        "index",
+        "column",
+        "partition",
+        "layer",
+        "module",
+        "param",
+        "parameter",
+        "state",
+        "metric",
+        "label",
+        "input",
+        "output",
+        "feature",
+        "dataset",
+        "row",
+        "sample",
+        "batch",
+        "record",
+        "shard",
+        "join",
+        "order",
+        "dedup",
+    }
+)
+
 _WORD_BREAK = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 _TOKEN_SHAPES = re.compile(
@@ -78,6 +118,8 @@ def secret_key(key: str) -> bool:
     if not words:
         return False
     if len(words) >= 2 and words[-1] == "token" and words[-2] in _SPECIAL_TOKENS:
+        return False
+    if len(words) >= 2 and words[-1] == "key" and words[-2] in _INDEX_KEYS and not set(words) & _ANY_WORDS:
         return False
     return words[-1] in _LAST_WORDS or any(w in _ANY_WORDS for w in words)
 

@@ -11,6 +11,7 @@ import torch
 from pytest_precalign.cli import main
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import write_trace
+from tests.helpers.files import reseal
 from tests.helpers.paths import MSPROBE_DATA
 
 
@@ -332,6 +333,7 @@ def test_compare_fails_closed_on_a_step_one_side_skipped(tmp_path, capsys):
     manifest = json.loads((b / "manifest.json").read_text())
     manifest["scalars"]["3"]["skipped"] = True
     (b / "manifest.json").write_text(json.dumps(manifest))
+    reseal(b / "manifest.json")
     assert main(["compare", str(a), str(b), "--report", str(tmp_path / "out")]) == 1
     out = capsys.readouterr().out
     assert "Runs do not line up: skipped recorded by the candidate only" in out

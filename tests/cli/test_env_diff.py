@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
+from tests.helpers.files import reseal
 from tests.helpers.nets import write_mlp_suite
 from tests.helpers.paths import REPO
 
@@ -95,6 +96,7 @@ def test_bad_input_is_one_message_and_exit_2(
             texts = {"not-json": "{", "deep-json": "[" * 100_000 + "]" * 100_000, "other-json": '{"a": 1}'}
             texts["binary"] = '{"versions": "\0"}'
             (bad / "manifest.json").write_text(texts[what], encoding="utf-8")
+            reseal(bad / "manifest.json")
     assert main(["env-diff", str(recorded["a"]), str(bad)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -140,6 +142,7 @@ def test_a_torch_npu_change_is_named(
         assert "torch_npu" in manifest["versions"]  # recorded, installed or not
         manifest["versions"]["torch_npu"] = version
         (runs[name] / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        reseal(runs[name] / "manifest.json")
     assert main(["env-diff", str(runs["old"]), str(runs["new"])]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out[1:] == [f"  torch_npu {line}"], out

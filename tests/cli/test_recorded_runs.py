@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from pytest_precalign.cli import main
+from tests.helpers.files import reseal
 from tests.helpers.user_runs import record_shared
 
 pytest.importorskip("transformers")
@@ -239,11 +240,13 @@ def test_a_step_recorded_twice_with_other_scalars_is_an_error_naming_both_files(
     own = json.loads(first.read_text())["scalars"]["0"]
     manifest["scalars"]["0"] = {**own, "loss": own["loss"] + 1.0}
     second.write_text(json.dumps(manifest))
+    reseal(second)
     assert main(["compare", str(run), str(loop_runs / "base")]) == 2
     err = capsys.readouterr().err
     assert f"the scalars of step 0 differ between {first} and {second}" in err
     manifest["scalars"]["0"] = own  # the same values twice: one step
     second.write_text(json.dumps(manifest))
+    reseal(second)
     assert main(["compare", str(run), str(loop_runs / "base")]) == 0
 
 
@@ -257,6 +260,7 @@ def test_a_step_or_a_scalar_one_side_did_not_record_fails_closed(
     manifest = json.loads(manifest_file.read_text())
     manifest["scalars"]["2"]["grad_norm"] = None
     manifest_file.write_text(json.dumps(manifest))
+    reseal(manifest_file)
     code = main(
         ["compare", str(loop_runs / "base-step3-native"), str(run), "--report", str(tmp_path / "out")]
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.files import digest
+from tests.helpers.files import digest, reseal
 from tests.helpers.runs import RunPytest
 
 NETS = """
@@ -196,6 +196,7 @@ def test_environment_and_weights_differences_are_named(
     manifest["versions"]["torch"] = "2.6.0"
     (folder / "manifest.json").write_text(json.dumps(manifest))
     (folder / "weights.safetensors").unlink()
+    reseal(folder / "manifest.json")
     pytester.makefile(
         ".yaml",
         align=CONFIG.format(bug=0.0, extra=", seed: 7").replace(

@@ -18,6 +18,7 @@ from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import read_trace, write_trace
 from pytest_precalign.trace.records import PHASE_OF_KIND
 from pytest_precalign.verdict.phase import phase_verdict
+from tests.helpers.files import reseal
 from tests.helpers.paths import MSPROBE_DATA
 
 DATA = MSPROBE_DATA
@@ -435,6 +436,7 @@ def test_missing_folder_and_dump_json(tmp_path):
 def test_bad_dump_json(tmp_path, text, fragment):
     folder = copy_dump(DATA / "tiny_statistics_L0", tmp_path)
     (folder / "dump.json").write_text(text)
+    reseal(folder / "dump.json")
     with pytest.raises(TraceError, match=fragment):
         read_msprobe_dump(folder)
 

@@ -31,6 +31,7 @@ from pytest_precalign.run.offline import OfflineOptions, compare_runs
 from pytest_precalign.run.stored_runs import load_side  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace, write_trace  # noqa: E402
 from pytest_precalign.trace.records import Record, Trace  # noqa: E402
+from tests.helpers.files import reseal
 from tests.helpers.parallel_traces import record_megatron, write_run  # noqa: E402
 
 TOLERANCES = """
@@ -207,6 +208,7 @@ def _edit_manifest(rank_dir: Path, change: Callable[[dict[str, Any]], None]) -> 
     data = json.loads(file.read_text(encoding="utf-8"))
     change(data)
     file.write_text(json.dumps(data), encoding="utf-8")
+    reseal(file)
 
 
 def _set(**values: Any) -> Callable[[dict[str, Any]], None]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pytest_precalign import Recorder
+from tests.helpers.files import reseal
 
 STEPS = 4
 
@@ -91,6 +92,7 @@ def edit_text(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, (path, old)
     path.write_text(text.replace(old, new, 1))
+    reseal(path)
 
 
 def shard(root: Path, step: int = 0) -> Path:
@@ -110,6 +112,7 @@ def duplicate_in_safetensors_header(path: Path) -> None:
     raw = text.encode()
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length :])
+    reseal(path)
 
 
 def _writer_killed(rec: Recorder) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_precalign.cli import main
 from pytest_precalign.errors import RecorderError
+from tests.helpers.files import reseal
 
 from .crafted_runs import (
     copied,
@@ -439,6 +440,7 @@ def test_a_second_contradicting_settings_block_is_refused(
     training["plan"]["lr"][0] = [0.5]  # another run's plan
     data = json.loads(manifest(crafted, step).read_text())
     manifest(crafted, step).write_text(json.dumps({**data, "training": training}))
+    reseal(manifest(crafted, step))
     code, _, err = _compare(runs["scalars"], crafted, capsys)
     line = _one_error(err)
     assert code == 2 and f"step{step}/rank0/manifest.json: a second 'training' block" in line, line
@@ -521,6 +523,7 @@ def test_a_long_plan_is_parsed_once_per_side(
         data = json.loads(manifest(side).read_text())
         data["training"]["plan"]["lr"] = [[0.1]] * 3_000
         manifest(side).write_text(json.dumps(data))
+        reseal(manifest(side))
     parsed = []
     real = training_record.plan_from_dict
     monkeypatch.setattr(training_record, "plan_from_dict", lambda *a: parsed.append(1) or real(*a))

@@ -30,6 +30,7 @@ from pytest_precalign.msprobe import read_msprobe_dump
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import read_trace, write_trace
 from pytest_precalign.trace.records import Trace, record_id
+from tests.helpers.files import reseal
 from tests.helpers.paths import MSPROBE_DATA
 
 DATA = MSPROBE_DATA
@@ -177,6 +178,7 @@ def _read_dump(folder: Path, dump: Any, construct: Any) -> Trace:
     shutil.rmtree(folder / "step0", ignore_errors=True)
     rank.mkdir(parents=True)
     (rank / "dump.json").write_text(json.dumps(dump))
+    reseal(rank / "dump.json")
     (rank / "construct.json").write_text(json.dumps(construct))
     trace = read_msprobe_dump(rank)
     for record in trace.records:  # what compare reads of every record
@@ -281,6 +283,7 @@ def test_mutated_index_json(good_trace: Path, folder: Path, data: st.DataObject)
     index = json.loads((root / "index.json").read_text())
     index["records"] = index["records"][:6]  # small documents: fast mutation
     (root / "index.json").write_text(json.dumps(data.draw(mutated(index, 3))))
+    reseal(root / "index.json")
     _only_typed_errors(_read_all, root)
 
 
@@ -289,6 +292,7 @@ def test_mutated_manifest_json(good_trace: Path, folder: Path, data: st.DataObje
     root = _broken_copy(good_trace, folder)
     manifest = json.loads((root / "manifest.json").read_text())
     (root / "manifest.json").write_text(json.dumps(data.draw(mutated(manifest, 3))))
+    reseal(root / "manifest.json")
     _only_typed_errors(_read_all, root)
 
 

@@ -20,7 +20,7 @@ import pytest_precalign
 from pytest_precalign.baseline.variants import choose
 from pytest_precalign.cli import main
 from pytest_precalign.errors import TraceError
-from tests.helpers.files import copy_trace
+from tests.helpers.files import copy_trace, reseal
 from tests.helpers.nets import write_mlp_suite
 
 SRC = Path(pytest_precalign.__file__).resolve().parents[1]
@@ -49,6 +49,7 @@ def test_an_integer_of_5000_digits_is_one_message(
     b = copy_trace(recorded, tmp_path / "b")
     text = (b / "manifest.json").read_text()
     (b / "manifest.json").write_text(text.replace('"seed": ', '"seed": ' + "9" * 5000 + ', "x": ', 1))
+    reseal(b / "manifest.json")
     for command in (["compare", str(a), str(b)], ["env-diff", str(a), str(b)]):
         assert main(command) == 2
         line = _one_error(capsys)
@@ -62,6 +63,7 @@ def test_a_key_twice_in_a_manifest_is_refused(
     b = copy_trace(recorded, tmp_path / "b")
     text = (b / "manifest.json").read_text()
     (b / "manifest.json").write_text(text.replace('"scalars": ', '"scalars": {}, "scalars": ', 1))
+    reseal(b / "manifest.json")
     assert main(["compare", str(a), str(b)]) == 2
     line = _one_error(capsys)
     assert line.endswith(f"{b / 'manifest.json'}: key 'scalars' appears twice in one object (each key once)")
@@ -104,6 +106,7 @@ def test_a_crafted_variant_manifest_is_one_message(recorded: Path, tmp_path: Pat
         f"{store / 'port@other' / 'manifest.json'}: 'versions' must be an object, got 'torch 2'"
     )
     (store / "port@other" / "manifest.json").write_text('{"versions": {}, "seed": ' + "1" * 4400 + "}")
+    reseal(store / "port@other" / "manifest.json")
     with pytest.raises(TraceError, match="more than 4300 digits"):
         choose(store, "port", {"versions": {}, "device": "cpu", "dtype": "float32"})
 

@@ -22,6 +22,7 @@ from pytest_precalign.cli import main
 from pytest_precalign.compare.tolerances import load_table
 from pytest_precalign.errors import ConfigError, TraceError
 from pytest_precalign.msprobe import read_msprobe_dump
+from tests.helpers.files import reseal
 from tests.helpers.paths import MSPROBE_DATA
 
 TENSOR_DUMP = MSPROBE_DATA / "micro" / "base_micro_tensor_L0_statistics"
@@ -43,6 +44,7 @@ def _set_first_data_name(rank: Path, name: str) -> str:
     old = first["data_name"]
     first["data_name"] = name
     (rank / "dump.json").write_text(json.dumps(dump))
+    reseal(rank / "dump.json")
     return str(old)
 
 
@@ -137,7 +139,7 @@ def test_fifo_is_refused_not_waited_on(where: str, tmp_path: Path) -> None:
     if where == "dump.json":  # not a dump folder at all: the folder is named
         want = f"precalign: error: {target}: neither a pytest-precalign trace"
     else:
-        want = f"precalign: error: {fifo}: is a FIFO, expected a tensor file (a regular file)"
+        want = f"precalign: error: {fifo}: is a FIFO, expected a regular file inside a recording folder"
     assert proc.stderr.startswith(want) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -211,6 +213,7 @@ def test_duplicate_record_in_dump_json_is_refused(tmp_path: Path) -> None:
     entry = f'"{first}": {json.dumps(data[first])}'
     head, sep, tail = text.partition('"data": {')
     (rank / "dump.json").write_text(head + sep + entry + ", " + tail)  # the same key twice
+    reseal(rank / "dump.json")
     assert len(read_msprobe_dump(STATS_DUMP).records) > 0
     with pytest.raises(TraceError) as info:
         read_msprobe_dump(rank)

@@ -57,6 +57,7 @@ def test_corrupt_traces_give_one_clear_error(tmp_path):
     root = tmp_path / "tr"
     with pytest.raises(TraceError, match="no trace directory there"):
         read_trace(tmp_path / "missing")
+    (root / "checksums.json").unlink()  # a recording written before checksums: the deeper checks
     index = json.loads((root / "index.json").read_text())
     key = next(r["tensor_key"] for r in index["records"] if r["tensor_key"])
     del index["shards"][key]
@@ -75,6 +76,9 @@ def test_truncated_shard_is_a_trace_error(tmp_path):
     write_trace(_trace(), tmp_path / "tr")
     shard = next((tmp_path / "tr").glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(TraceError, match=f"{shard}: content changed after it was recorded"):
+        read_trace(tmp_path / "tr")
+    (tmp_path / "tr" / "checksums.json").unlink()  # a recording written before checksums
     trace = read_trace(tmp_path / "tr")
     record = next(r for r in trace.records if r.tensor_key)
     with pytest.raises(TraceError, match="cannot read tensor"):

@@ -167,7 +167,7 @@ def write_stored(
     tmp = temp_dir_beside(target, prefix=f".{target.name}.pid{os.getpid()}.")
     try:
         manifest = {**dict(trace.manifest), "baseline": dict(extra)}
-        write_trace_files(replace(trace, manifest=manifest), tmp)
+        sums = write_trace_files(replace(trace, manifest=manifest), tmp)
         if weights is not None:
             from safetensors.torch import save_file
 
@@ -175,6 +175,7 @@ def write_stored(
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pytest-precalign-weights"})
             share_file(tmp / WEIGHTS_FILE)
             fsync_file(tmp / WEIGHTS_FILE)
+        sums.seal(tmp)  # last: the weights file is hashed with the rest
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import TraceError
+from ..trace.checksums import folder_identity, recheck, verify_folder
 from ..trace.environment import check_environment
 from ..trace.records import PHASE_OF_KIND, Record, Stats, Trace, is_dtype_name
 from ..trace.trace_notes import TraceNotes
@@ -70,6 +71,8 @@ def read_msprobe_set(
 
 
 def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool) -> Trace:
+    identity = folder_identity(folder)
+    verify_folder(folder)  # the checksums our writer left (msprobe's own dumps have none)
     dump_file = folder / DUMP_FILE
     dump = _load_json(dump_file)
     if not isinstance(dump, dict) or not isinstance(dump.get("data"), dict):
@@ -108,6 +111,7 @@ def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool)
     if build.shapes:
         tensors = PtTensors(tensor_dir, build.shapes)
     notes = TraceNotes.from_manifest(manifest, str(folder / (MANIFEST_SIDECAR if kept else DUMP_FILE)))
+    recheck(folder, {folder: identity})  # one version read, or refused
     return Trace(manifest=manifest, records=tuple(records), tensors=tensors).holding(run, notes)
 
 

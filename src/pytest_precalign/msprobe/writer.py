@@ -12,7 +12,7 @@ api's calls through the step (as msprobe's counters do), under the level ``L1`` 
 
 from __future__ import annotations
 
-import json
+import io
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import TraceError
 from ..redaction import redacted
+from ..trace.checksums import Checksums
 from ..trace.op_names import API_CLASS, PER_MODULE_CALL, split_op_name
 from ..trace.records import Record, Trace
 from .layout import MANIFEST_SIDECAR
@@ -233,19 +234,21 @@ def write_msprobe_dump(
     target.parent.mkdir(parents=True, exist_ok=True)
     dump, construct, files = build_dump(trace, step)
     tmp = temp_dir_beside(target)
+    sums = Checksums()  # sealed last: our dumps carry checksums (msprobe's own have none)
     try:
         if files:
             (tmp / "dump_tensor_data").mkdir()
             for name, rec in files.items():
-                tensor = trace.tensor(rec)
-                torch.save(tensor.detach().cpu().contiguous(), tmp / "dump_tensor_data" / name)
+                buffer = io.BytesIO()  # one tensor's bytes, hashed as they are written
+                torch.save(trace.tensor(rec).detach().cpu().contiguous(), buffer)
+                sums.write(tmp, f"dump_tensor_data/{name}", buffer.getvalue())
         dump["dump_data_dir"] = str(target / "dump_tensor_data") if files else None
         written = [("dump.json", dump), ("construct.json", construct), ("stack.json", _stack(dump))]
         if keep_manifest:
             written.append((MANIFEST_SIDECAR, redacted(dict(trace.manifest))))  # no secret in it
         for name, content in written:
-            with open(tmp / name, "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=1)
+            sums.write_json(tmp, name, content)
+        sums.seal(tmp)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TraceError
+from ..trace.checksums import folder_identity, recheck
 from ..trace.records import Trace
 from ..trace.step_scalars import scalars_of
 from .dp_scalars import join_scalars
@@ -34,12 +35,18 @@ def load_parallel_side(
     found = parallel_rank_folders(root)
     if found is not None:
         complete, incomplete = split_incomplete(root, found)
+        # Which write of each rank folder is there before any is read, re-checked once all are
+        # read: a rerun re-publishing the root meanwhile is refused, never read half old, half new.
+        identities = {
+            folder: folder_identity(folder) for ranks in complete.values() for folder in ranks.values()
+        }
         steps = [
             (step, _merge_step(root, step, ranks, flag, rules, data_split))
             for step, ranks in complete.items()
         ]
         sources = {step: str(manifest_file(ranks[min(ranks)])) for step, ranks in complete.items() if ranks}
         merged = combine_steps(steps, root, sources)
+        recheck(root, identities)
         if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
             merged = merged.with_notes(incomplete_steps=tuple(incomplete))
         return merged

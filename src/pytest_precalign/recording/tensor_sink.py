@@ -61,6 +61,7 @@ class TensorSink:
         self._aborted = False
         self._error: BaseException | None = None
         self._shards: dict[str, str] = {}
+        self.digests: dict[str, str] = {}  # shard file -> sha256 (the folder's checksums)
         self.peak_queued_bytes = 0
         self.waits = 0
         self._thread = threading.Thread(target=self._run, name="precalign-tensor-writer", daemon=True)
@@ -193,7 +194,7 @@ class TensorSink:
 
     def _write(self, batch: dict[str, torch.Tensor], size: int) -> None:
         file = shard_name(len(set(self._shards.values())))
-        write_shard(batch, self.folder / file)
+        self.digests[file] = write_shard(batch, self.folder / file)
         for key in batch:
             self._shards[key] = file
         with self._cond:

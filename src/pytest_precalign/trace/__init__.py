@@ -12,7 +12,8 @@ step scalars, initial parameters; its only writer and reader), ``write_failures`
 step that could not be written leaves for a later compare), ``step_markers`` (a step begun and
 never finished: a run that stopped inside step k), ``trace_notes`` (``TraceNotes``: what a
 recorder, a merge or the contract check noted of a trace; the only reader and writer of the
-manifest's note keys).
+manifest's note keys), ``checksums`` (the sha256 of every file of a recording folder, written
+last by every writer and checked by every reader).
 """
 
 from __future__ import annotations

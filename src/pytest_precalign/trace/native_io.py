@@ -21,6 +21,7 @@ from .._atomic import publish_dir, share_file, temp_dir_beside
 from ..errors import TraceError
 from ..redaction import redacted
 from ..untrusted import bounded_repr, check_regular, read_json, refuse_link
+from .checksums import Checksums, file_sha256, folder_identity, recheck, verify_folder
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 from .trace_notes import TraceNotes
@@ -63,14 +64,23 @@ def _running(pid: int) -> bool:
 
 
 def finish_trace(
-    trace: Trace, tmp: Path, target: Path, *, shards: Mapping[str, str] | None = None, overwrite: bool = False
+    trace: Trace,
+    tmp: Path,
+    target: Path,
+    *,
+    shards: Mapping[str, str] | None = None,
+    digests: Mapping[str, str] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the rest of a trace into ``tmp`` (``shards``: tensors already there, written by a
-    background writer) and publish it as ``target``; ``tmp`` is removed on any failure."""
+    background writer, ``digests``: their files' sha256) and publish it as ``target``, sealed
+    by its checksums (``trace.checksums``); ``tmp`` is removed on any failure."""
     try:
         if target.exists() and not overwrite:
             raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
-        write_trace_files(trace, tmp, shards=shards)
+        sums = write_trace_files(trace, tmp, shards=shards)
+        sums.update(digests or {})
+        sums.seal(tmp)
         publish_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -82,18 +92,22 @@ def shard_name(number: int) -> str:
     return f"tensors-{number:05d}.safetensors"
 
 
-def write_shard(tensors: Mapping[str, Any], path: Path) -> None:
-    """One safetensors shard of contiguous tensors, with the umask's permissions."""
+def write_shard(tensors: Mapping[str, Any], path: Path) -> str:
+    """One safetensors shard of contiguous tensors, with the umask's permissions; its sha256
+    (hashed once, right after safetensors wrote it, while it is in the page cache)."""
     from safetensors.torch import save_file
 
     save_file(dict(tensors), str(path))
     share_file(path)
+    return file_sha256(path)
 
 
-def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] | None = None) -> None:
-    """Write a trace's files into an existing (temporary) folder; the caller publishes it.
-    ``shards``: tensors already written into ``folder`` (key -> file); the others are written."""
+def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] | None = None) -> Checksums:
+    """Write a trace's files into an existing (temporary) folder; the caller seals (the
+    checksums returned, last) and publishes it. ``shards``: tensors already written into
+    ``folder`` (key -> file); the others are written."""
     tmp = folder
+    sums = Checksums()
     shards = dict(shards or {})
     batch: dict[str, Any] = {}
     size = 0
@@ -104,7 +118,7 @@ def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] |
         if not batch:
             return
         file = shard_name(shard_no)
-        write_shard(batch, tmp / file)
+        sums.files[file] = write_shard(batch, tmp / file)
         for key in batch:
             shards[key] = file
         batch, size, shard_no = {}, 0, shard_no + 1
@@ -124,8 +138,10 @@ def write_trace_files(trace: Trace, folder: Path, *, shards: Mapping[str, str] |
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
     }
-    _write_json(tmp / "manifest.json", manifest)
-    _write_text(tmp / "index.json", _index_text([r.as_dict() for r in trace.records], shards))
+    sums.write_json(tmp, "manifest.json", manifest)
+    index = _index_text([r.as_dict() for r in trace.records], shards)
+    sums.write(tmp, "index.json", index.encode("utf-8"))
+    return sums
 
 
 def _index_text(records: list[dict[str, Any]], shards: dict[str, str]) -> str:
@@ -133,17 +149,6 @@ def _index_text(records: list[dict[str, Any]], shards: dict[str, str]) -> str:
     takes its Python one, ~4x the CPU time for a step's records: a recorded step writes one)."""
     lines = ",\n".join(json.dumps(r, default=str) for r in records)
     return f'{{"records": [\n{lines}\n], "shards": {json.dumps(shards)}}}\n'
-
-
-def _write_json(path: Path, data: Any) -> None:
-    _write_text(path, json.dumps(data, indent=1, sort_keys=False, default=str))
-
-
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class _ShardedTensors(Mapping[str, Any]):
@@ -224,6 +229,8 @@ def read_trace(path: str | Path) -> Trace:
     root = Path(path)
     if not root.is_dir():
         raise TraceError(f"{root}: no trace directory there")
+    identity = folder_identity(root)
+    verify_folder(root)  # its checksums (when it has them) before any file is trusted
     manifest = _read_json(root / "manifest.json")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise TraceError(f"{root / 'manifest.json'}: not a pytest-precalign trace manifest")
@@ -261,6 +268,7 @@ def read_trace(path: str | Path) -> Trace:
             )
     shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
     tensors = _ShardedTensors(root, shards, shapes)
+    recheck(root, {root: identity})  # one version read, or refused
     return Trace(manifest=manifest, records=tuple(records), tensors=tensors).holding(run, notes)
 
 

@@ -374,8 +374,9 @@ class Recorder:
                 grads_missing=(grads_missing_note(self._step, self.rank, missing),) if missing else (),
             )
             if sink is not None:
+                out, over = self.folder(), self.overwrite
                 return finish_trace(
-                    trace, sink.folder, self.folder(), shards=shards, overwrite=self.overwrite
+                    trace, sink.folder, out, shards=shards, digests=sink.digests, overwrite=over
                 )
             if self.format == "msprobe":
                 from ..msprobe.writer import write_msprobe_dump

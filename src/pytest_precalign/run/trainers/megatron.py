@@ -28,6 +28,7 @@ from ...errors import CaseError
 from ...redaction import redacted
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
+from ...trace.checksums import verify_file, write_checked_file
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingSettings, read_run_record, run_record_keys
 from ...training.megatron_stack import build_megatron_stack, plan_before_training
@@ -202,9 +203,14 @@ def train_rank_with_megatron(
         )  # fmt: skip
         rec.stop()
         rec.step()
-    out.mkdir(parents=True, exist_ok=True)
-    evidence = json.dumps(redacted(run_record_keys(settings, scalars)))
-    (out / TRAINING_FILE.format(rank=rank)).write_text(evidence, encoding="utf-8")
+    write_evidence(out, rank, run_record_keys(settings, scalars))
+
+
+def write_evidence(out: Path, rank: int, record: Mapping[str, Any]) -> Path:
+    """A rank's training evidence file, through the recordings' path: redacted (no secret),
+    written atomically, its sha256 beside it (``trace.checksums``), checked when read."""
+    data = json.dumps(redacted(dict(record))).encode("utf-8")
+    return write_checked_file(out / TRAINING_FILE.format(rank=rank), data)
 
 
 def _check_split(case: CaseSpec, micro: int, dp: int) -> None:
@@ -226,6 +232,7 @@ def launched_evidence(out: Path, nproc: int, full_weights: Mapping[str, torch.Te
         path = out / TRAINING_FILE.format(rank=rank)
         if not path.exists():
             raise CaseError(f"launched rank {rank} wrote no training evidence ({path.name})")
+        verify_file(path, CaseError)
         record = read_run_record(read_json(path, CaseError), path.name)
         if record.plan is None or record.settings is None:
             raise CaseError(f"launched rank {rank} wrote no training plan ({path.name})")
