@@ -26,6 +26,7 @@ from pytest_precalign.cli import main
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.trace.native_io import write_trace
 from tests.helpers.bad_input import replace_once
+from tests.helpers.files import reseal
 from tests.helpers.paths import MSPROBE_DATA
 
 DATA = MSPROBE_DATA
@@ -125,6 +126,7 @@ def trace(change: Callable[[Path], None]) -> Callable[[Path], list[str]]:
         record_trace(root / "a")
         shutil.copytree(root / "a", root / "b")
         change(root / "b")
+        reseal(root / "b")  # crafted elsewhere and sealed again: the reader's own checks refuse it
         return ["compare", str(root / "a"), str(root / "b")]
 
     return build

@@ -15,6 +15,7 @@ from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.trace_notes import NOTE_KEYS, TraceNotes
 from pytest_precalign.trace.training_record import RunRecord
+from tests.helpers.files import reseal
 
 MISSING = {"step": 1, "rank": 0, "count": 2, "names": ["w", "b"], "why": "zeroed"}
 
@@ -66,6 +67,7 @@ def test_a_note_of_the_wrong_shape_fails_the_load_naming_file_and_key(
     manifest_file = tmp_path / "tr" / "manifest.json"
     manifest = json.loads(manifest_file.read_text())
     manifest_file.write_text(json.dumps({**manifest, note: value}))
+    reseal(manifest_file)  # crafted and sealed again: the notes' own check refuses it
     with pytest.raises(TraceError, match=f"{manifest_file}: {said}"):
         read_trace(tmp_path / "tr")
 
