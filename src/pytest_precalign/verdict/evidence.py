@@ -84,12 +84,17 @@ def moved(pair: PairResult) -> bool | None:
 def first_moved(rec: Record, every: Mapping[str, PairResult]) -> PairResult | None:
     """Where the sides part before ``rec`` in its step and phase: the first paired module output
     that differs at all (``moved``), when every record before it (inputs too) was compared and
-    identical, and so were its own inputs; None when no such record exists."""
+    identical, and so were its own inputs; None when no such record exists. A mask, position or
+    cache input whose form changed between the sides (``non_data_inputs``) is set aside: it
+    neither stops the search nor vouches, and a record computed from it is never named."""
     before = sorted(
         (
             p
             for p in every.values()
-            if p.record.step == rec.step and p.record.phase == rec.phase and p.record.seq < rec.seq
+            if p.record.step == rec.step
+            and p.record.phase == rec.phase
+            and p.record.seq < rec.seq
+            and not set_aside(p)
         ),
         key=lambda p: p.record.seq,
     )
