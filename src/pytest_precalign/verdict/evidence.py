@@ -111,7 +111,7 @@ def first_moved(rec: Record, every: Mapping[str, PairResult]) -> PairResult | No
             pair.record.kind != "activation"
             or pair.record.module_class == "api"
             or not deps
-            or any(d is None or not d.paired or moved(d) is not False for d in deps)
+            or any(d is None or not d.paired or set_aside(d) or moved(d) is not False for d in deps)
         ):
             return None
         return pair
