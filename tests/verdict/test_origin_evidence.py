@@ -254,3 +254,31 @@ def test_a_mask_set_aside_before_it_does_not_hide_where_the_step_first_moved() -
         verdict(_moved_after_mask((1, 4), 1.0, True), _moved_after_mask((2, 2), 1.000001, True, mask=5.0))
     )
     assert "differ at all" not in fed.proof
+
+
+def _scaled_embeddings(scale: float, with_model_inputs: bool = True) -> list[Record]:
+    """model > model.emb, model.layer > model.layer.b: model scales emb's output in its own code
+    before the layer (Gemma's normaliser); b fails from the layer's input, amplifying nothing."""
+    records = [
+        rec(0, "model", "input", 1.0),
+        rec(1, "model.emb", "input", 1.0),
+        rec(2, "model.emb", "activation", 1.0, deps=(rid("model.emb", "input"),)),
+        rec(3, "model.layer", "input", scale),
+        rec(4, "model.layer.b", "input", scale),
+        rec(5, "model.layer.b", "activation", 100.0 * scale, deps=(rid("model.layer.b", "input"),)),
+    ]
+    return records if with_model_inputs else records[1:]
+
+
+def test_an_input_that_moved_after_identical_records_names_the_module_whose_code_made_it() -> None:
+    # gemma_normalizer_dtype (transformers 4.38.2 vs 4.39.0): the bf16-rounded normaliser
+    # scales the embeddings in GemmaModel.forward; embed_tokens' output is identical, the first
+    # layer's input moves within tolerance, a projection fails later: model's own code made it.
+    first = first_of(verdict(_scaled_embeddings(1.0), _scaled_embeddings(1.000009)))
+    assert (first.name, first.origin_module, first.proven) == ("model.layer.b", "model", True)
+    assert first.proof.startswith(
+        "the first record of the step to differ at all is model.layer input in.0 (by 9.000e-06 relative"
+    )
+    # Fail closed: without model's inputs recorded nothing vouches for its code: not named so.
+    bare = first_of(verdict(_scaled_embeddings(1.0, False), _scaled_embeddings(1.000009, False)))
+    assert "differ at all" not in bare.proof
