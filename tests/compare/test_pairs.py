@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pytest_precalign.compare import metrics
-from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.pairs import compare_traces, same_elements
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.recording.tensor_summary import tensor_crc32, tensor_stats
 from pytest_precalign.trace.records import Record, Trace
@@ -273,3 +273,17 @@ def test_overflow_levels_of_the_candidate():
     ]
     levels = {o.record.name: o.level for o in overflow_levels(records, {r.id: r for r in records})}
     assert levels == {"a": "critical", "b": "high", "c": "medium", "d": "high"}
+
+
+def test_shapes_that_differ_only_in_dimensions_of_size_1_are_compared_element_wise():
+    # transformers 4.41 returns rotary cos/sin as [4, 8], 4.42 as [1, 4, 8]: the same elements in
+    # the same order, compared as such; [4] against [2, 2] stays a shape finding (above).
+    x = torch.arange(8.0).reshape(2, 4)
+    base = _trace([_rec(0, "a", shape=(2, 4))], {("a", "activation"): x})
+    same = _trace([_rec(0, "a", shape=(1, 2, 4))], {("a", "activation"): x.reshape(1, 2, 4)})
+    (pair,) = compare_traces(base, same, TABLE).pairs
+    assert pair.status == "ok" and "differ only in dimensions of size 1" in pair.note
+    other = _trace([_rec(0, "a", shape=(1, 2, 4))], {("a", "activation"): x.flip(1).reshape(1, 2, 4)})
+    verdict = phase_verdict(compare_traces(base, other, TABLE), "forward", None, False)
+    assert verdict.first is not None and verdict.first.metric == "allclose"
+    assert same_elements((2, 4), (2, 1, 4, 1)) and not same_elements((2, 4), (4, 2))

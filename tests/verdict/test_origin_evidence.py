@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pytest_precalign.compare.pairs import compare_traces
+from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.reports.text import PhaseReport, failure_message
-from pytest_precalign.trace.records import Record
+from pytest_precalign.trace.records import Record, Trace
 from pytest_precalign.verdict.phase import PhaseVerdict
 from pytest_precalign.verdict.story import tell_case
 
@@ -169,3 +171,114 @@ def test_a_failure_grown_from_a_difference_under_tolerance_names_where_the_step_
     moved_input[0] = rec(0, "a", "input", 1.000001)
     first = first_of(verdict(base, moved_input))
     assert first.origin_module != "a" and "differ at all" not in first.proof
+
+
+def _rotary(release: str) -> list[Record]:
+    """attn > attn.rotary: Mistral's rotary embedding across transformers 4.41 and 4.42. In
+    4.42 it takes position_ids as a second positional input and returns cos/sin [1, 4, 8]; in
+    4.41 it takes seq_len as an int (not recorded) and returns [4, 8]: the same values."""
+    new = release == "4.42"
+    positions = "attn.rotary|input|in.1|0|0"
+    cos = replace(
+        rec(3, "attn.rotary", "activation", 1.0),
+        shape=(1, 4, 8) if new else (4, 8),
+        deps=(rid("attn.rotary", "input"), positions) if new else (rid("attn.rotary", "input"),),
+    )
+    records = [
+        rec(0, "attn", "input", 1.0),
+        rec(1, "attn.rotary", "input", 1.0),
+        replace(rec(2, "attn.rotary", "input", 3.0, dtype="int64"), slot="in.1", shape=(1, 4)),
+        cos,
+        rec(4, "attn.o", "input", 1.0),
+        rec(5, "attn.o", "activation", 1.0, deps=(rid("attn.o", "input"),)),
+        rec(6, "attn", "activation", 1.0, deps=(rid("attn", "input"),)),
+    ]
+    return [r for r in records if new or r.slot != "in.1"]
+
+
+def test_an_output_that_only_gained_a_dimension_of_size_1_across_releases_is_compared() -> None:
+    # The clean twin of sliding_window_off_by_one (transformers 4.42.0 vs 4.41.2): rotary's
+    # output differs in form only and every record matches: the phase passes.
+    v = verdict(_rotary("4.42"), _rotary("4.41"))
+    assert v.passed and v.first is None
+    manifest = {"record_mode": "stats"}
+    pairs = compare_traces(
+        Trace(manifest, tuple(_rotary("4.42"))), Trace(manifest, tuple(_rotary("4.41"))), default_table()
+    )
+    cos = next(p for p in pairs.pairs if p.record.name == "attn.rotary" and p.record.kind == "activation")
+    assert cos.status == "ok" and "differ only in dimensions of size 1" in cos.note
+    # Fail closed: other values in that form still fail, named by their statistics, not shape.
+    other = _rotary("4.41")
+    other[2] = replace(other[2], stats=rec(0, "x", "input", 2.0).stats)
+    first = first_of(verdict(_rotary("4.42"), other))
+    assert (first.name, first.metric.startswith("stats.")) == ("attn.rotary", True)
+    # its positions, an input on one side only, leave the origin unproven, not claimed
+    assert (first.origin, first.proven, first.origin_module) == (False, False, "attn")
+    assert first.proof == "origin unproven: input attn.rotary input in.1 has no partner"
+
+
+def _moved_after_mask(
+    form: tuple[int, ...], norm_out: float, fed_by_mask: bool, mask: float = 1.0
+) -> list[Record]:
+    """layer > layer.norm, then layer.b: the layer's attention mask comes first (one form on
+    one release, another on the other: set aside); norm's output moves within tolerance on
+    identical inputs (and on the mask when ``fed_by_mask``); b, fed by norm, fails."""
+    mask_rec = replace(rec(1, "layer", "input", mask), slot="in.attention_mask", shape=form)
+    norm_deps = (rid("layer.norm", "input"), mask_rec.id) if fed_by_mask else (rid("layer.norm", "input"),)
+    return [
+        rec(0, "layer", "input", 1.0),
+        mask_rec,
+        rec(2, "layer.norm", "input", 1.0),
+        rec(3, "layer.norm", "activation", norm_out, deps=norm_deps),
+        rec(4, "layer.b", "input", norm_out),
+        rec(
+            5,
+            "layer.b",
+            "activation",
+            100.0 if norm_out == 1.0 else 100.0009,
+            deps=(rid("layer.b", "input"),),
+        ),
+    ]
+
+
+def test_a_mask_set_aside_before_it_does_not_hide_where_the_step_first_moved() -> None:
+    # gemma_rmsnorm_bf16 across transformers 4.38.2 and 4.39.0: the mask changed form (set
+    # aside; its values differ too), norm's bf16 output moved within tolerance on identical inputs, b failed from it.
+    base = _moved_after_mask((1, 4), 1.0, False)
+    first = first_of(verdict(base, _moved_after_mask((2, 2), 1.000001, False, mask=5.0)))
+    assert (first.name, first.origin_module, first.proven) == ("layer.b", "layer.norm", True)
+    assert first.proof.startswith("the first output of the step to differ at all")
+    # Fail closed: an output computed from the set-aside mask is not named by this rule (its
+    # inputs were not all compared).
+    fed = first_of(
+        verdict(_moved_after_mask((1, 4), 1.0, True), _moved_after_mask((2, 2), 1.000001, True, mask=5.0))
+    )
+    assert "differ at all" not in fed.proof
+
+
+def _scaled_embeddings(scale: float, with_model_inputs: bool = True) -> list[Record]:
+    """model > model.emb, model.layer > model.layer.b: model scales emb's output in its own code
+    before the layer (Gemma's normaliser); b fails from the layer's input, amplifying nothing."""
+    records = [
+        rec(0, "model", "input", 1.0),
+        rec(1, "model.emb", "input", 1.0),
+        rec(2, "model.emb", "activation", 1.0, deps=(rid("model.emb", "input"),)),
+        rec(3, "model.layer", "input", scale),
+        rec(4, "model.layer.b", "input", scale),
+        rec(5, "model.layer.b", "activation", 100.0 * scale, deps=(rid("model.layer.b", "input"),)),
+    ]
+    return records if with_model_inputs else records[1:]
+
+
+def test_an_input_that_moved_after_identical_records_names_the_module_whose_code_made_it() -> None:
+    # gemma_normalizer_dtype (transformers 4.38.2 vs 4.39.0): the bf16-rounded normaliser
+    # scales the embeddings in GemmaModel.forward; embed_tokens' output is identical, the first
+    # layer's input moves within tolerance, a projection fails later: model's own code made it.
+    first = first_of(verdict(_scaled_embeddings(1.0), _scaled_embeddings(1.000009)))
+    assert (first.name, first.origin_module, first.proven) == ("model.layer.b", "model", True)
+    assert first.proof.startswith(
+        "the first record of the step to differ at all is model.layer input in.0 (by 9.000e-06 relative"
+    )
+    # Fail closed: without model's inputs recorded nothing vouches for its code: not named so.
+    bare = first_of(verdict(_scaled_embeddings(1.0, False), _scaled_embeddings(1.000009, False)))
+    assert "differ at all" not in bare.proof

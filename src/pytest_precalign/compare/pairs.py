@@ -244,11 +244,18 @@ def _run_forked(
 def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTable) -> PairResult:
     """The pair's result, or for two kept tensors a tensor result without checks yet."""
     tol = table.lookup(a.name, a.kind, a.phase, lookup_dtype(a.dtype, b.dtype), a.step)
-    if a.shape != b.shape:
+    if a.shape != b.shape and not same_elements(a.shape, b.shape):
         note = f"shape {list(b.shape)} (candidate) != {list(a.shape)} (baseline)"
         check = Check("shape", float(b.numel), float(a.numel), False)
         return PairResult(a, b, "shape", "none", (check,), tol, note=note)
-    note = f"dtype {b.dtype} (candidate) vs {a.dtype} (baseline)" if a.dtype != b.dtype else ""
+    notes = (
+        f"shape {list(b.shape)} (candidate) vs {list(a.shape)} (baseline): the same elements in the same "
+        "order (they differ only in dimensions of size 1)"
+        if a.shape != b.shape
+        else "",
+        f"dtype {b.dtype} (candidate) vs {a.dtype} (baseline)" if a.dtype != b.dtype else "",
+    )
+    note = "; ".join(n for n in notes if n)
     if ta.has_tensor(a) and tb.has_tensor(b):
         return PairResult(a, b, "ok", "tensor", (), tol, None, note)
     same_hash = a.crc32 is not None and b.crc32 is not None and hash_kind(a.crc32) == hash_kind(b.crc32)
@@ -267,6 +274,13 @@ def _compare_pair(a: Record, b: Record, ta: Trace, tb: Trace, table: ToleranceTa
         return _hash_pair(a, b, tol, note)
     kinds = f"{evidence_kind(a, ta)} vs {evidence_kind(b, tb)}"
     return PairResult(a, b, "not_compared", "none", (), tol, None, f"cannot be compared ({kinds})")
+
+
+def same_elements(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Two shapes that hold the same elements in the same order: equal once their dimensions of
+    size 1 are dropped (``[4, 8]`` and ``[1, 4, 8]``: a release that keeps a batch dimension of 1
+    where another squeezed it). A difference in how they broadcast shows downstream."""
+    return [d for d in a if d != 1] == [d for d in b if d != 1]
 
 
 def _hash_pair(a: Record, b: Record, tol: Tolerance, note: str) -> PairResult:
@@ -330,6 +344,8 @@ def _tensor_pair(
     """``raw``: which side is bfloat16 as its uint16 bits (``Trace.raw_array``): widened a
     chunk at a time by the fused pass when the pair is compared in float32."""
     dtype = metrics.compute_dtype(xa, xb)
+    if xb.shape != xa.shape:  # the same elements (``same_elements``): laid out as the baseline's
+        xb = xb.reshape(xa.shape)
     if any(raw) and dtype != np.float32:  # float64 on the other side: widen up front
         xa, xb = (bf16_to_float32(x) if r else x for x, r in zip((xa, xb), raw, strict=True))
         raw = (False, False)

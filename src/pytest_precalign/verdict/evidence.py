@@ -9,7 +9,7 @@ with the size of its difference, next to the output's (amplification).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..compare.pairs import PairResult
@@ -84,12 +84,18 @@ def moved(pair: PairResult) -> bool | None:
 def first_moved(rec: Record, every: Mapping[str, PairResult]) -> PairResult | None:
     """Where the sides part before ``rec`` in its step and phase: the first paired module output
     that differs at all (``moved``), when every record before it (inputs too) was compared and
-    identical, and so were its own inputs; None when no such record exists."""
+    identical, and so were its own inputs, or the first module input to differ at all after
+    identical records; None when no such record exists. A mask, position or
+    cache input whose form changed between the sides (``non_data_inputs``) is set aside: it
+    neither stops the search nor vouches, and a record computed from it is never named."""
     before = sorted(
         (
             p
             for p in every.values()
-            if p.record.step == rec.step and p.record.phase == rec.phase and p.record.seq < rec.seq
+            if p.record.step == rec.step
+            and p.record.phase == rec.phase
+            and p.record.seq < rec.seq
+            and not set_aside(p)
         ),
         key=lambda p: p.record.seq,
     )
@@ -101,15 +107,57 @@ def first_moved(rec: Record, every: Mapping[str, PairResult]) -> PairResult | No
             return None
         if not change:
             continue
+        if pair.record.kind == "input" and pair.record.module_class != "api":
+            return pair  # made by the enclosing module's own code (``moved_origin``)
         deps = [every.get(d) for d in pair.record.deps]
         if (
             pair.record.kind != "activation"
             or pair.record.module_class == "api"
             or not deps
-            or any(d is None or not d.paired or moved(d) is not False for d in deps)
+            or any(d is None or not d.paired or set_aside(d) or moved(d) is not False for d in deps)
         ):
             return None
         return pair
+    return None
+
+
+def moved_origin(
+    rec: Record,
+    failing: PairResult,
+    every: Mapping[str, PairResult],
+    ancestors: Callable[[Record], Iterable[str]],
+) -> tuple[str, str] | None:
+    """The module where the sides part before ``rec`` (``first_moved``) and why, or None. An
+    output moved on identical inputs: its module. A module's input moved after identical
+    records: the innermost enclosing module with recorded inputs, all compared and identical,
+    whose own code between its recorded children made it (a scale applied to embeddings)."""
+    start = first_moved(rec, every)
+    if start is None:
+        return None
+    if start.record.kind != "input":
+        return start.record.name, moved_note(start, failing)
+    for module in ancestors(start.record):
+        found = [
+            p
+            for p in every.values()
+            if p.record.name == module
+            and p.record.kind == "input"
+            and p.record.step == rec.step
+            and p.record.phase == rec.phase
+            and not set_aside(p)
+        ]
+        if not found:
+            continue  # a container that never runs (a ModuleList): no evidence, go past it
+        if any(not p.paired or moved(p) is not False for p in found):
+            return None
+        size = relative_change(start)
+        by = f" (by {size:.3e} relative, within tolerance)" if size else " (within tolerance)"
+        return module, (
+            f"the first record of the step to differ at all is {shown_id(start.record.id)}{by}: every "
+            f"record before it was identical on both sides, {module}'s inputs too, so {module}'s own code "
+            f"made it between its recorded children; {shown_id(failing.record.id)} failed downstream of "
+            "it, its inputs within tolerance, its change not amplified over theirs"
+        )
     return None
 
 

@@ -21,12 +21,11 @@ from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
     CaseOrigin,
-    first_moved,
     input_evidence,
     inputs_set_aside,
     matched_children,
     module_inputs_matched,
-    moved_note,
+    moved_origin,
     steering_inputs_differed,
     steering_note,
     unproven_note,
@@ -336,9 +335,9 @@ def _origin(
         # Its inputs passed but differed, and it did not amplify that: a difference under the
         # tolerance grew to this failure. Where the step was identical up to one module output
         # that differs at all on identical inputs, that module is where the sides part.
-        start = first_moved(rec, every)
+        start = moved_origin(rec, pair, every, lambda r: _ancestors(r, parents))
         if start is not None:
-            return False, start.record.name, moved_note(start, pair), True, ()
+            return False, start[0], start[1], True, ()
     if rec.kind in ("activation", "logits", "loss"):
         # Inputs already differed: walk up to the innermost ancestor whose inputs were compared
         # and matched. A module with no input records (a ModuleList that never runs, inputs not
