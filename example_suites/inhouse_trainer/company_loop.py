@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_precalign.trace.training_record import TrainingPlan, TrainingSettings, run_record_keys
+from pytest_precalign.trace.training_record import RunRecord, TrainingPlan, TrainingSettings
 from pytest_precalign.training.step_evidence import (
     StepEvidence,
     batch_hash,
@@ -76,7 +76,7 @@ class CompanyLoop:
                 micro_batches=1,
                 skipped=False,
             )
-        return run_record_keys(_settings(module, case), scalars, initial)
+        return RunRecord(_settings(module, case), scalars, initial)
 
 
 TRAINER = CompanyLoop()

@@ -210,7 +210,8 @@ def _dp_replicas(
     weights = loss_weights(scalars)
     sides = [replace(side, weight=w) for side, w in zip(sides, weights, strict=True)]
     reduced = all(lead.trace.notes.param_grads == "step" for lead in leads)
-    seq_first = leads[0].trace.manifest.get("parallel", {}).get("source") == "megatron"  # [s, b, h]
+    source = leads[0].trace.manifest.get("parallel", {}).get("source")  # the model source
+    seq_first = source == "megatron"  # megatron-core's [s, b, h] activations
     joined = join_replicas(
         sides, grads_reduced=reduced, where=where, key_prefix=key_prefix, seq_first=seq_first
     )
