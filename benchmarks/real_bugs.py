@@ -154,6 +154,11 @@ def how(bug: Bug) -> str:
     return "re-implementation"  # why: the results' "Why no release" section
 
 
+def _names(expected: str, named: str) -> bool:
+    """``named`` holds the expected origin (``=name``: is exactly it)."""
+    return named == expected[1:] if expected.startswith("=") else expected in named
+
+
 def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     step, what, origin = fault["found"]
     # a settings difference is named in the evidence ("weight_decay of model.norm.weight"); any
@@ -172,7 +177,7 @@ def score(bug: Bug, fault: dict[str, Any], twin: dict[str, Any]) -> dict[str, An
         "detected": fault["exit"] == 1,
         "right_step": fault["exit"] == 1 and step == bug.step,
         "right_class": fault["exit"] == 1 and step == bug.step and what in bug.what.split("|"),
-        "right_origin": fault["exit"] == 1 and any(o in named for o in bug.origin.split("|")),
+        "right_origin": fault["exit"] == 1 and any(_names(o, named) for o in bug.origin.split("|")),
         "false_alarm": twin["exit"] != 0,
     }
 

@@ -5,7 +5,7 @@ path a user hitting it takes, with its source and the verdict a right answer giv
 ``step``/``what``/``origin``: the first optimizer step whose numbers the bug changes
 (0-based), the class of what it changes first (``vocabulary.TrainingClass``: ``settings``,
 ``schedule``, ``forward``, ``loss``, ``backward``...) and a substring the verdict's origin or
-its evidence must hold (``a|b``: either). ``what`` may list accepted classes the same way.
+its evidence must hold (``a|b``: either; ``=name``: exactly that origin). ``what`` may list accepted classes the same way.
 ``fixed_release`` / ``buggy_release``: the pip requirements of a venv the side records in
 (None: the current interpreter); ``why_no_release``: why a re-implementation stands in for the
 releases (shown in the results)."""
@@ -151,7 +151,9 @@ BUGS: tuple[Bug, ...] = (
         "Recorder(stats), bf16",
         0,
         "forward",
-        "model.layers.0.input_layernorm",
+        # the normaliser is multiplied in GemmaModel.forward itself, between embed_tokens and
+        # layers.0 (the releases' code): the model's own code, exactly
+        "=model",
         fixed_release=TF_4390,
         buggy_release=TF_4382,
     ),
