@@ -225,7 +225,7 @@ def write_msprobe_dump(
     ``Recorder``'s step scalars, run settings and parallel block, which msprobe has no place for)."""
     import torch
 
-    from .._atomic import publish_dir, temp_dir_beside
+    from .._atomic import temp_dir_beside
 
     root = Path(path)
     target = root / f"step{step}" / f"rank{rank}"
@@ -248,8 +248,7 @@ def write_msprobe_dump(
             written.append((MANIFEST_SIDECAR, redacted(dict(trace.manifest))))  # no secret in it
         for name, content in written:
             sums.write_json(tmp, name, content)
-        sums.seal(tmp)
-        publish_dir(tmp, target)
+        sums.publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._atomic import write_file_atomic
+from .._atomic import publish_dir, write_file_atomic
 from ..errors import TraceError
 from ..untrusted import ErrorType, bounded_repr, open_regular, read_json, refuse_link
 
@@ -84,6 +84,11 @@ class Checksums:
         }
         write_file_atomic(folder / CHECKSUM_FILE, json.dumps(body, indent=1) + "\n")
         return publication
+
+    def publish(self, tmp: Path, target: Path) -> None:
+        """Seal the folder ``tmp`` a writer filled, then publish it whole as ``target``."""
+        self.seal(tmp)
+        publish_dir(tmp, target)
 
 
 def file_sha256(path: Path) -> str:

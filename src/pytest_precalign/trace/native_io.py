@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._atomic import publish_dir, share_file, temp_dir_beside
+from .._atomic import share_file, temp_dir_beside
 from ..errors import TraceError
 from ..redaction import redacted
 from ..untrusted import bounded_repr, check_regular, read_json, refuse_link
@@ -80,8 +80,7 @@ def finish_trace(
             raise TraceError(f"{target}: a trace already exists there; refusing to overwrite it")
         sums = write_trace_files(trace, tmp, shards=shards)
         sums.update(digests or {})
-        sums.seal(tmp)
-        publish_dir(tmp, target)
+        sums.publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
