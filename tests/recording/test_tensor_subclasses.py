@@ -34,6 +34,7 @@ from pytest_precalign.recording.tensor_summary import (  # noqa: E402
 )
 from pytest_precalign.trace.records import Stats  # noqa: E402
 from pytest_precalign.training.step_evidence import StepEvidence, grad_norm, zero_count  # noqa: E402
+from tests.helpers.one_rank_mesh import one_rank_mesh  # noqa: E402
 
 
 class Wrapped(torch.Tensor):
@@ -58,16 +59,7 @@ class Wrapped(torch.Tensor):
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if dist.is_initialized():
-        pytest.skip("a process group exists already")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
+    yield from one_rank_mesh(tmp_path_factory)
 
 
 def values() -> Any:

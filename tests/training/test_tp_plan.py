@@ -16,20 +16,12 @@ dist = pytest.importorskip("torch.distributed")
 from pytest_precalign.parallel.dtensor_rules import HASHED, OWN_SHARE, UNSPLIT, plan_rules  # noqa: E402
 from pytest_precalign.parallel.rules import rule_for  # noqa: E402
 from pytest_precalign.trace.records import Record, Stats  # noqa: E402
+from tests.helpers.one_rank_mesh import one_rank_mesh  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if dist.is_initialized():
-        pytest.skip("a process group exists already")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
+    yield from one_rank_mesh(tmp_path_factory)
 
 
 class Block(torch.nn.Module):  # type: ignore[misc]
