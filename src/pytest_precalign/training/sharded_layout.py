@@ -146,12 +146,12 @@ def check_sharded_recording(
         return
     from .model_checks import chunks_of
 
-    dtensors = [p for chunk in chunks_of(model) for p in chunk.parameters() if is_dtensor(p)]
-    if not dtensors:
+    first = next((p for chunk in chunks_of(model) for p in chunk.parameters() if is_dtensor(p)), None)
+    if first is None:  # the walk stops at the first DTensor parameter (this runs every step)
         return
     said = json.dumps({k: repr(v) for k, v in {**options, "mode": mode}.items()}, sort_keys=True)
     digest = int.from_bytes(hashlib.sha256(said.encode()).digest()[:7], "big")
-    mine = torch.tensor([step, int(selected), digest], dtype=torch.int64, device=dtensors[0].device)
+    mine = torch.tensor([step, int(selected), digest], dtype=torch.int64, device=first.device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     rows = [tuple(int(x) for x in t.tolist()) for t in every]
