@@ -40,6 +40,7 @@ from pytest_precalign import Recorder, megatron_cpu
 from pytest_precalign.training.step_evidence import StepEvidence, group_settings
 
 STEPS, BATCH, SEQ, LR = 3, 4, 16, 5e-3
+AUX_LOSS_COEFF = 1e-2
 
 
 def _init_distributed() -> None:
@@ -62,7 +63,7 @@ def _model(group_limited: bool) -> torch.nn.Module:
     groups = {"moe_router_num_groups": 4, "moe_router_group_topk": 1} if group_limited else {}
     config = TransformerConfig(
         num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, num_query_groups=2,
-        num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32, moe_aux_loss_coeff=1e-2,
+        num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32, moe_aux_loss_coeff=AUX_LOSS_COEFF,
         moe_router_load_balancing_type="aux_loss", moe_token_dispatcher_type="allgather", **groups,
         add_bias_linear=False, gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False,
@@ -100,16 +101,20 @@ def record(out: Path, side: str, trigger: bool) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
     rec = Recorder(out, mode="stats")
-    rec.record_settings(model, optimizer, steps=STEPS, clip_grad=None, loss_normalisation="per_token_over_step")
+    rec.record_settings(
+        model, optimizer, steps=STEPS, clip_grad=None, loss_normalisation="per_token_over_step"
+    )
     rec.record_initial_params(model)
     evidence = StepEvidence(params)
-    rows = torch.tensor([row[:SEQ + 1] for row in token_rows(STEPS * BATCH, low=SEQ + 1, high=SEQ + 1)])
+    rows = torch.tensor([row[: SEQ + 1] for row in token_rows(STEPS * BATCH, low=SEQ + 1, high=SEQ + 1)])
     mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
     positions = torch.arange(SEQ)[None].expand(BATCH, SEQ)
 
     def forward_step(data_iterator, chunk):  # type: ignore[no-untyped-def]
         tokens = next(data_iterator)
-        out = chunk(input_ids=tokens[:, :-1], position_ids=positions, attention_mask=mask, labels=tokens[:, 1:])
+        out = chunk(
+            input_ids=tokens[:, :-1], position_ids=positions, attention_mask=mask, labels=tokens[:, 1:]
+        )
 
         def loss_func(per_token_loss):  # type: ignore[no-untyped-def]
             loss = per_token_loss.float().mean()
