@@ -44,7 +44,8 @@ TF_4382, TF_4390 = "transformers==4.38.2", "transformers==4.39.0"
 TF_4412, TF_4420 = "transformers==4.41.2", "transformers==4.42.0"
 TF_4513, TF_4524 = "transformers==4.51.3", "transformers==4.52.4 accelerate==1.15.0"
 TF_4530, TF_4531 = "transformers==4.53.0 accelerate==1.15.0", "transformers==4.53.1 accelerate==1.15.0"
-MCORE_0123, MCORE_0131 = "megatron-core==0.12.3", "megatron-core==0.13.1"  # the MoE aux-loss fix
+MCORE_0110 = "megatron-core==0.11.0"  # the last without the per-token aux-loss scaling fix
+MCORE_0123, MCORE_0131 = "megatron-core==0.12.3", "megatron-core==0.13.1"  # around the group-routing fix
 
 BUGS: tuple[Bug, ...] = (
     Bug(
@@ -285,6 +286,17 @@ BUGS: tuple[Bug, ...] = (
         "mlp.router",
         fixed_release=MCORE_0131,
         buggy_release=MCORE_0123,
+    ),
+    Bug(
+        "megatron_moe_aux_loss_per_token",
+        "megatron-core",
+        "Megatron Core 0.12.0 CHANGELOG (MoE bug fixes: aux loss scaling for per token loss)",
+        "Recorder(stats), own megatron-core MoE loop, DDP + finalize_model_grads",
+        0,
+        "backward",
+        "mlp.router",
+        fixed_release=MCORE_0123,
+        buggy_release=MCORE_0110,
     ),
 )
 
