@@ -44,7 +44,9 @@ TF_4382, TF_4390 = "transformers==4.38.2", "transformers==4.39.0"
 TF_4412, TF_4420 = "transformers==4.41.2", "transformers==4.42.0"
 TF_4513, TF_4524 = "transformers==4.51.3", "transformers==4.52.4 accelerate==1.15.0"
 TF_4530, TF_4531 = "transformers==4.53.0 accelerate==1.15.0", "transformers==4.53.1 accelerate==1.15.0"
-MCORE_0110 = "megatron-core==0.11.0"  # the last without the per-token aux-loss scaling fix
+# the last release without the per-token aux-loss scaling fix and the first with it (0.12.1 on
+# also moves the routing probs into the experts' activation: a refactor a clean upgrade shows)
+MCORE_0110, MCORE_0120 = "megatron-core==0.11.0", "megatron-core==0.12.0"
 MCORE_0123, MCORE_0131 = "megatron-core==0.12.3", "megatron-core==0.13.1"  # around the group-routing fix
 
 BUGS: tuple[Bug, ...] = (
@@ -295,7 +297,7 @@ BUGS: tuple[Bug, ...] = (
         0,
         "backward",
         "mlp.router",
-        fixed_release=MCORE_0123,
+        fixed_release=MCORE_0120,
         buggy_release=MCORE_0110,
     ),
 )

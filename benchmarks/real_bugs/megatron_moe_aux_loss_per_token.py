@@ -4,7 +4,7 @@ count); the MoE auxiliary load-balancing loss, whose gradient ``MoEAuxLossAutoSc
 micro-batch, was divided by the tokens too: its pull on the routers shrank by the number of
 tokens, silently (Megatron Core 0.12.0 CHANGELOG, MoE bug fixes: "Fix MoE Aux loss scaling for
 per token loss"). The fix, in ``TopKRouter.apply_load_balancing_loss`` (megatron-core 0.11.0 ->
-0.12.3; the z-loss got the same)::
+0.12.0; the z-loss got the same)::
 
     -        activation = MoEAuxLossAutoScaler.apply(activation, aux_loss)
     +        if self.calculate_per_token_loss:
@@ -14,7 +14,9 @@ per token loss"). The fix, in ``TopKRouter.apply_load_balancing_loss`` (megatron
     +        else:
     +            activation = MoEAuxLossAutoScaler.apply(activation, aux_loss)
 
-Releases: buggy megatron-core 0.11.0, fixed 0.12.3, each beside torch 2.13 on the CPU (inside
+Releases: buggy megatron-core 0.11.0, fixed 0.12.0 (the first with the fix; from 0.12.1 the
+routing probs are multiplied inside the experts' activation, which every expert's records show
+between 0.11 and those releases, the clean twin too), each beside torch 2.13 on the CPU (inside
 ``megatron_cpu()``). User path: the user's own megatron-core loop (``_megatron.py``: a tiny GPT
 with 8 experts, top-2, aux loss 1e-2) through Megatron's ``DistributedDataParallel`` and
 ``finalize_model_grads`` with ``calculate_per_token_loss=True``, AdamW on the main grads,
