@@ -221,7 +221,7 @@ class Recorder:
 
     def _start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
         agreed = {**self._options, "level": self.level, "format": self.format, "params": self.params}
-        check_sharded_recording(self.ranks, self.mode, model, agreed, self._step, self.selected())
+        check_sharded_recording(self.ranks, self.mode, model, agreed, self._step, self.selected(), self.root)
         if not self.selected() or self.mode == "scalars":
             if self.mode == "stats" and self.level == "module" and self.golden is None:
                 hooks_before_compile(model, self.compiled)  # in the graph (recording/compiled_stats.py)
