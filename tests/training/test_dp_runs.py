@@ -118,6 +118,19 @@ def test_tensor_parallel_runs_tensor_mode_2d_mesh_and_a_shard_fault(tmp_path: Pa
     assert judged.exit_code == 1, judged.output
     assert judged.verdict() == (1, "forward")
     assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+    # Against one process the rank cannot be told (said); against a TP run of the same layout
+    # each rank's partial sum before the all-reduce names it.
+    assert (
+        "which TP rank's share of model.layers.1.mlp.down_proj differs cannot be told"
+        in (judged.training["evidence"])
+    )
+    judged = compare(tmp_path / "tp", tmp_path / "shard", tmp_path / "shard_tp_report")
+    assert judged.exit_code == 1 and judged.verdict() == (1, "forward"), judged.output
+    assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+    assert (
+        "TP rank1: its partial sum of model.layers.1.mlp.down_proj before the all-reduce differs"
+        in (judged.training["evidence"])
+    )
     # Live compare of DTensor ranks against a TP golden: every record compared on each rank,
     # nothing beyond on the same run, the fault's first record beyond at its step and kept.
     for rank in (0, 1):

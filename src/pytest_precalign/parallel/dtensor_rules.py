@@ -149,6 +149,20 @@ def _between(
     return list(out.values())
 
 
+def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+    """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
+    the ranks' manifests (``parallel.dtensors.tp_partials``, ``training/tp_partials.py``);
+    empty where no rank kept partial sums."""
+    by_module: dict[str, dict[str, Any]] = {}
+    for rank in ranks:  # RankTrace
+        parallel = rank.trace.manifest.get("parallel")
+        dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
+        kept = dtensors.get("tp_partials") if isinstance(dtensors, Mapping) else None
+        for module, calls in (kept or {}).items() if isinstance(kept, Mapping) else ():
+            by_module.setdefault(str(module), {})[str(rank.rank)] = calls
+    return {str(step): by_module} if by_module else {}
+
+
 def tp_plan_of(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The ``tp_plan`` a rank's manifest holds, or None."""
     parallel = manifest.get("parallel")

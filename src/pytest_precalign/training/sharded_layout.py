@@ -24,8 +24,7 @@ step finds a rank that differs (``include=``, ``steps=``, ``mode=`` per rank) an
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,6 +33,9 @@ from ..errors import ConfigError
 from ..recording.sharded import is_dtensor
 from ..recording.tensor_summary import dtype_name
 from .rank_agreement import agree, options_row
+from .tp_partials import watch_partials
+
+__all__ = ["check_rank_selection", "check_sharded_recording", "dtensor_block", "tp_layout", "watch_partials"]
 from .tp_plan import tp_plan
 
 SUMMARY = {
@@ -135,19 +137,17 @@ def check_rank_selection(ranks: frozenset[int] | None, mode: str, model: Any) ->
         )
 
 
-def check_sharded_recording(
-    ranks: frozenset[int] | None,
-    mode: str,
-    model: Any,
-    options: Mapping[str, Any],
-    step: int,
-    selected: bool,
-    root: Path,
-) -> None:
+def check_sharded_recording(recorder: Any, model: Any) -> None:
     """``check_rank_selection``, then, on a model with DTensor parameters in a process group of
-    several ranks, the ranks' agreement on what this step records (``rank_agreement.py``):
-    ``options`` (the Recorder's), ``step`` and ``selected`` (this rank records the step),
-    checked per recording ``root``."""
+    several ranks, the ranks' agreement on what this step records (``rank_agreement.py``): the
+    ``Recorder``'s options, step, whether this rank records it, checked per recording root."""
+    ranks, mode = recorder.ranks, recorder.mode
+    options = {
+        **recorder._options,
+        "level": recorder.level,
+        "format": recorder.format,
+        "params": recorder.params,
+    }
     check_rank_selection(ranks, mode, model)
     dist = torch.distributed
     if mode == "scalars" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -156,4 +156,4 @@ def check_sharded_recording(
 
     if not any(is_dtensor(p) for chunk in chunks_of(model) for p in chunk.parameters()):
         return  # the walk stops at the first DTensor parameter (this runs every step)
-    agree(root, *options_row(options, mode, step, selected))
+    agree(recorder.root, *options_row(options, mode, recorder._step, recorder.selected()))

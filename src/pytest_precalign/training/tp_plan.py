@@ -121,6 +121,16 @@ def _full(cell: Any) -> bool:
     return True
 
 
+def output_hook_id(module: torch.nn.Module) -> int | None:
+    """The id (in ``module._forward_hooks``) of the output hook a ``RowwiseParallel`` style
+    left on ``module``, or None."""
+    for key, hook in module._forward_hooks.items():
+        for part in _partials(hook):
+            if getattr(part.func, "__qualname__", "") == "RowwiseParallel._prepare_output_fn":
+                return int(key)
+    return None
+
+
 def tp_plan(chunks: Sequence[torch.nn.Module], prefixes: Sequence[str] = ()) -> dict[str, Any]:
     """Module name (as the recorder names it) -> its plan entry, for every module of ``chunks``
     that ``parallelize_module`` gave a style torch's hooks say."""
