@@ -99,7 +99,6 @@ def merge_ranks(
     by_rank = {r.rank: r for r in ranks}
     all_rules, tp_plan = _rules(by_rank[min(by_rank)], layout, rules)
     replicas = _replicas(by_rank, layout, all_rules, where, key_prefix, tp_plan)
-    n = len(replicas)
     first, merged = replicas[0]
     leads = [by_rank[r] for r in replica_leads(layout)]
     dp_join: dict[str, Any] = {}
@@ -112,7 +111,7 @@ def merge_ranks(
         for _, state in replicas[1:]:
             merged.plans.update(state.plans)
             merged.replica_mismatches += state.replica_mismatches
-    elif n > 1:
+    elif len(replicas) > 1:
         first, dp_join = _dp_replicas(replicas, leads, layout, where, key_prefix, replica_mode)
         merged.replica_mismatches += [m for _, state in replicas[1:] for m in state.replica_mismatches]
         merged.replica_mismatches += dp_join.pop("mismatches")
