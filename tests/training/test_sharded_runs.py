@@ -165,15 +165,20 @@ def test_every_sharding_and_mode_is_recorded_without_harm(tmp_path: Path, run: s
         assert crcs[0] == crcs[1]
 
 
-@pytest.mark.slow  # a torchrun run of ~40 s; tox -e slow
+@pytest.mark.slow  # two torchrun runs of ~40 s; tox -e slow
 def test_a_rank_late_to_start_within_the_wait_records_the_step(tmp_path: Path) -> None:
     """Rank 1 comes to step 1's ``start()`` 3 s after rank 0, within the default wait (600 s):
-    no error, rank 0 waited for it, and both ranks' step 1 is recorded."""
+    no error, rank 0 waited for it, and both ranks' step 1 is recorded; beyond the wait, both
+    ranks raise."""
     results = torchrun(tmp_path / "late", "--wrap", "fsdp2", "--steps", "1", "--absent", "late")
     assert [r["absent"][0] for r in results] == ["", ""]
     assert results[0]["absent"][1] >= 2.5
     for rank in range(2):
         assert trace(tmp_path / "late" / "absent" / "step1" / f"rank{rank}").records
+    # Beyond a 1 s wait: rank 0 gives up naming rank 1, and rank 1, coming later, raises too.
+    results = torchrun(tmp_path / "gave_up", "--wrap", "fsdp2", "--steps", "1", "--absent", "late", wait="1")
+    assert "ranks [1] did not reach start() for step 1 within 1 s" in results[0]["absent"][0]
+    assert "rank 1 reached start() for step 1 after rank 0 gave up waiting" in results[1]["absent"][0]
 
 
 def torchrun_script(script: str, *args: str) -> None:
