@@ -34,7 +34,7 @@ from ..errors import ConfigError, RecorderError
 
 WAIT_VARIABLE = "PRECALIGN_RANK_WAIT"
 DEFAULT_WAIT_S = 600.0
-_SEQUENCE: dict[str, int] = {}  # per recording root: the checks this process made on it
+_SEQUENCE: dict[str, tuple[int, str]] = {}  # per recording root: the checks made on it, the last row
 
 
 def wait_seconds() -> float:
@@ -63,17 +63,16 @@ def agree(root: Path, row: str, said: str) -> None:
     from torch.distributed.distributed_c10d import _get_default_store
 
     dist = torch.distributed
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, seconds = dist.get_rank(), dist.get_world_size(), wait_seconds()
     tag = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:12]
-    n = _SEQUENCE.get(tag, 0)
-    _SEQUENCE[tag] = n + 1
+    n, last = _SEQUENCE.get(tag, (0, ""))
+    _SEQUENCE[tag] = (n + 1, row)
     store = _get_default_store()
     key = f"precalign/{tag}/{n}"
     store.set(f"{key}/rank{rank}", row)
     store.add(f"{key}/row/{row}", 1)
     if store.add(f"{key}/arrived", 1) == world:
         store.set(f"{key}/all", "1")
-    seconds = wait_seconds()
     try:
         store.wait([f"{key}/all"], timedelta(seconds=seconds))
     except dist.DistStoreError:
@@ -91,7 +90,7 @@ def agree(root: Path, row: str, said: str) -> None:
     if n:  # every rank is past check n - 1: its keys go
         store.delete_key(f"precalign/{tag}/{n - 1}/rank{rank}")
         if rank == 0:
-            for name in ("arrived", "all", f"row/{row}"):
+            for name in ("arrived", "all", f"row/{last}"):
                 store.delete_key(f"precalign/{tag}/{n - 1}/{name}")
 
 
