@@ -44,6 +44,8 @@ TF_4382, TF_4390 = "transformers==4.38.2", "transformers==4.39.0"
 TF_4412, TF_4420 = "transformers==4.41.2", "transformers==4.42.0"
 TF_4513, TF_4524 = "transformers==4.51.3", "transformers==4.52.4 accelerate==1.15.0"
 TF_4530, TF_4531 = "transformers==4.53.0 accelerate==1.15.0", "transformers==4.53.1 accelerate==1.15.0"
+TF_4452, TF_4460 = "transformers==4.45.2 accelerate==1.0.1", "transformers==4.46.0 accelerate==1.0.1"
+TF_5100, TF_5101 = "transformers==5.10.0 accelerate==1.15.0", "transformers==5.10.1 accelerate==1.15.0"
 
 BUGS: tuple[Bug, ...] = (
     Bug(
@@ -54,8 +56,8 @@ BUGS: tuple[Bug, ...] = (
         0,
         "settings|loss",
         "loss_normalisation|loss",
-        why_no_release="releases 4.45.2 (buggy, installs beside torch 2.13) and 4.46.0 (fixed); not converted "
-        "yet: the callback on 4.45/4.46 is untried",
+        fixed_release=TF_4460,
+        buggy_release=TF_4452,
     ),
     Bug(
         "custom_model_no_loss_kwargs",
@@ -76,8 +78,8 @@ BUGS: tuple[Bug, ...] = (
         0,
         "loss",
         "loss",
-        why_no_release="releases 5.10.0 (buggy) and 5.10.1 (fixed) exist; kept a re-implementation: "
-        "the default suite runs this case and makes no release venv",
+        fixed_release=TF_5101,
+        buggy_release=TF_5100,
     ),
     Bug(
         "packing_cross_attention",
