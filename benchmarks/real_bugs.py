@@ -11,7 +11,8 @@ trigger off) under ``OUT/SIDE_twin``, SIDE being ``fixed`` or ``buggy``. A bug w
 fixed releases are both on the package registry runs each side under its release's venv
 (made under ``--venvs`` on first use and kept: ``python3.11 -m venv``, ``torch==2.13.0``, the
 release, this checkout's dependencies); the others are minimal re-implementations that quote
-the fix's diff in their docstring, run in the current interpreter. The catalogue (names,
+the fix's diff in their docstring, run in the current interpreter, both sides in one process
+(``python CASE.py OUT fixed buggy``). The catalogue (names,
 sources, expected verdicts) is ``real_bugs/__init__.py``.
 
 Scores, per bug: detected (``precalign compare fixed buggy`` exits 1), right step (the run
@@ -86,8 +87,8 @@ def venv_python(venvs: Path, release: str | None) -> str:
     return str(python)
 
 
-def record(bug: Bug, side: str, python: str, out: Path) -> dict[str, Any]:
-    """Run the bug's script for ``side`` under ``python``: its exit and seconds."""
+def record(bug: Bug, sides: tuple[str, ...], python: str, out: Path) -> dict[str, Any]:
+    """Run the bug's script for ``sides`` under ``python`` (one process): its exit and seconds."""
     started = time.perf_counter()
     env = {
         **os.environ,
@@ -96,7 +97,7 @@ def record(bug: Bug, side: str, python: str, out: Path) -> dict[str, Any]:
         "PYTHONWARNINGS": "ignore",
     }
     done = subprocess.run(
-        [python, str(CASES / f"{bug.name}.py"), str(out), side], env=env, capture_output=True, text=True
+        [python, str(CASES / f"{bug.name}.py"), str(out), *sides], env=env, capture_output=True, text=True
     )
     return {
         "exit": done.returncode,
@@ -280,10 +281,17 @@ def main(argv: list[str] | None = None) -> int:
             recorded = {}
             if not args.judge_only:
                 shutil.rmtree(folder, ignore_errors=True)
-                for side, release in (("fixed", bug.fixed_release), ("buggy", bug.buggy_release)):
-                    recorded[side] = record(bug, side, venv_python(venvs, release), folder)
-                    if recorded[side]["exit"] != 0:
-                        print(f"{bug.name} {side}: recording failed\n{recorded[side]['error']}", flush=True)
+                python = {
+                    side: venv_python(venvs, r)
+                    for side, r in (("fixed", bug.fixed_release), ("buggy", bug.buggy_release))
+                }
+                # one process for both sides when they share an interpreter (the import paid once)
+                same = python["fixed"] == python["buggy"]
+                for sides in [("fixed", "buggy")] if same else [("fixed",), ("buggy",)]:
+                    key = "+".join(sides)
+                    recorded[key] = record(bug, sides, python[sides[0]], folder)
+                    if recorded[key]["exit"] != 0:
+                        print(f"{bug.name} {key}: recording failed\n{recorded[key]['error']}", flush=True)
             fault = judge(folder / "fixed", folder / "buggy", work / "reports" / bug.name)
             twin = judge(folder / "fixed_twin", folder / "buggy_twin", work / "reports" / f"{bug.name}_twin")
             rows.append({**score(bug, fault, twin), "recording": recorded})

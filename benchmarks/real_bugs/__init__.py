@@ -48,6 +48,8 @@ TF_4530, TF_4531 = "transformers==4.53.0 accelerate==1.15.0", "transformers==4.5
 # also moves the routing probs into the experts' activation: a refactor a clean upgrade shows)
 MCORE_0110, MCORE_0120 = "megatron-core==0.11.0", "megatron-core==0.12.0"
 MCORE_0123, MCORE_0131 = "megatron-core==0.12.3", "megatron-core==0.13.1"  # around the group-routing fix
+TF_4452, TF_4460 = "transformers==4.45.2 accelerate==1.0.1", "transformers==4.46.0 accelerate==1.0.1"
+TF_5100, TF_5101 = "transformers==5.10.0 accelerate==1.15.0", "transformers==5.10.1 accelerate==1.15.0"
 
 BUGS: tuple[Bug, ...] = (
     Bug(
@@ -58,8 +60,8 @@ BUGS: tuple[Bug, ...] = (
         0,
         "settings|loss",
         "loss_normalisation|loss",
-        why_no_release="releases 4.45.2 (buggy, installs beside torch 2.13) and 4.46.0 (fixed); not converted "
-        "yet: the callback on 4.45/4.46 is untried",
+        fixed_release=TF_4460,
+        buggy_release=TF_4452,
     ),
     Bug(
         "custom_model_no_loss_kwargs",
@@ -80,8 +82,8 @@ BUGS: tuple[Bug, ...] = (
         0,
         "loss",
         "loss",
-        why_no_release="releases 5.10.0 (buggy) and 5.10.1 (fixed) exist; kept a re-implementation: "
-        "the default suite runs this case and makes no release venv",
+        fixed_release=TF_5101,
+        buggy_release=TF_5100,
     ),
     Bug(
         "packing_cross_attention",
@@ -201,6 +203,12 @@ BUGS: tuple[Bug, ...] = (
         0,
         "forward",
         "model.layers.0.self_attn",
+        why_no_release=(
+            "the fix is in torch itself (SDPA calling _safe_softmax, PR #133882, August 2024); every "
+            "side of this benchmark runs torch 2.13 (the release venvs install torch==2.13.0), so a "
+            "buggy side would need a venv with a torch from before the fix and a transformers of its "
+            "era: not attempted; the re-implementation plants SDPA's math path before the fix"
+        ),
     ),
     Bug(
         "peft_set_scale_rslora",

@@ -82,12 +82,21 @@ def pad_batch(features: list[dict[str, list[int]]], left: bool = False) -> dict[
 
 
 def main(record: Callable[[Path, str, bool], None]) -> None:
-    """``python CASE.py OUT SIDE``: ``record(OUT/SIDE, SIDE, True)`` (the bug's trigger on) and
-    ``record(OUT/SIDE_twin, SIDE, False)`` (the clean twin: the same run, trigger off)."""
-    if len(sys.argv) != 3 or sys.argv[2] not in ("fixed", "buggy"):
-        sys.exit(f"usage: {sys.argv[0]} OUT fixed|buggy")
+    """``python CASE.py OUT SIDE [SIDE]``: for each SIDE, ``record(OUT/SIDE, SIDE, True)`` (the
+    bug's trigger on) and ``record(OUT/SIDE_twin, SIDE, False)`` (the clean twin: the same run,
+    trigger off). Two sides share one process when they share an interpreter (a
+    re-implementation): the import is paid once; each run builds its model from its seed, and
+    a state one run left behind would show as a difference between the twins.
+
+    One intra-op thread: a tiny model gains nothing from more, and on a shared machine their
+    spin-waits cost ten times the run's own CPU time (measured: 0.17 s vs 2.5-5 s a run)."""
+    sides = sys.argv[2:]
+    if len(sys.argv) not in (3, 4) or not set(sides) <= {"fixed", "buggy"} or len(set(sides)) < len(sides):
+        sys.exit(f"usage: {sys.argv[0]} OUT fixed|buggy [fixed|buggy]")
+    torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    out, side = Path(sys.argv[1]), sys.argv[2]
-    for trigger, name in ((True, side), (False, f"{side}_twin")):
-        record(out / name, side, trigger)
-        print(f"recorded {out / name}", flush=True)
+    out = Path(sys.argv[1])
+    for side in sides:
+        for trigger, name in ((True, side), (False, f"{side}_twin")):
+            record(out / name, side, trigger)
+            print(f"recorded {out / name}", flush=True)

@@ -184,3 +184,46 @@ def test_a_scheduler_that_cannot_step_through_the_plan_is_one_message_and_left_a
     with pytest.raises(RecorderError, match=r"OneCycleLR.step\(\) raised at planned step 3 .*plan=False"):
         planned_lrs([optimizer], [scheduler], 5)
     assert ([dict(g, params=None) for g in optimizer.param_groups], scheduler.state_dict()) == before
+
+
+def test_the_loss_normalisation_of_a_trainer_run_is_what_its_release_passes(tmp_path: Path) -> None:
+    """Whether the Trainer passes ``num_items_in_batch`` (a per-token loss over the step) or not
+    (a mean of micro-batch means) depends on its release: never before 4.46 (transformers PR
+    #34191), in 4.46.x to a forward with ``**loss_kwargs`` only, from 4.47 to any ``**kwargs``."""
+    from transformers import TrainingArguments
+
+    from pytest_precalign.training.run_settings import trainer_settings
+
+    class TakesKwargs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            return self.proj(x)
+
+    class TakesLossKwargs(TakesKwargs):
+        def forward(self, x: torch.Tensor, **loss_kwargs: Any) -> torch.Tensor:
+            return self.proj(x)
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), gradient_accumulation_steps=2, use_cpu=True, report_to=[]
+    )
+    told = {}
+    for model in (TakesKwargs(), TakesLossKwargs()):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for version in ("4.45.2", "4.46.0", "4.47.0", "5.24.0"):
+            plan = trainer_settings(args, model, optimizer, None, 2, framework=("transformers", version)).plan
+            assert plan is not None
+            told[type(model).__name__, version] = plan.loss_normalisation
+    means, per_token = "mean_of_micro_batch_means", "per_token_over_step"
+    assert told == {
+        ("TakesKwargs", "4.45.2"): means,
+        ("TakesKwargs", "4.46.0"): means,
+        ("TakesKwargs", "4.47.0"): per_token,
+        ("TakesKwargs", "5.24.0"): per_token,
+        ("TakesLossKwargs", "4.45.2"): means,
+        ("TakesLossKwargs", "4.46.0"): per_token,
+        ("TakesLossKwargs", "4.47.0"): per_token,
+        ("TakesLossKwargs", "5.24.0"): per_token,
+    }

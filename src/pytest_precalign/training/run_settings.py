@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from packaging.version import InvalidVersion, Version
 
 from ..errors import ConfigError, RecorderError
 from ..recording.module_names import clean
@@ -331,6 +332,26 @@ def accepts_loss_kwargs(model: torch.nn.Module) -> bool:
     return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+def trainer_passes_num_items(model: torch.nn.Module, version: str) -> bool:
+    """Whether transformers ``version``'s Trainer passes ``num_items_in_batch`` to the model
+    (read from the release wheels' ``Trainer.__init__``): never before 4.46 (transformers PR
+    #34191 brought it; 4.45's ``compute_loss`` calls ``model(**inputs)``); in 4.46.x only to a
+    forward with a parameter named ``loss_kwargs``; from 4.47 as ``accepts_loss_kwargs`` says."""
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        return accepts_loss_kwargs(model)
+    if release < (4, 46):
+        return False
+    if release < (4, 47):
+        inner, _ = unwrap(model)
+        try:
+            return "loss_kwargs" in inspect.signature(inner.forward).parameters
+        except (TypeError, ValueError):
+            return False
+    return accepts_loss_kwargs(model)
+
+
 def trainer_arguments(args: Any, model: torch.nn.Module) -> dict[str, Any]:
     """The Trainer's own arguments (``TrainingArguments`` or a subclass such as TRL's
     ``SFTConfig``: its class and every field but the run-local ones) and the model's attention
@@ -383,7 +404,9 @@ def trainer_settings(
             clip_grad=float(clip) if clip else None,
             micro_batches=int(getattr(args, "gradient_accumulation_steps", 1)),
             loss_normalisation=(
-                "per_token_over_step" if accepts_loss_kwargs(model) else "mean_of_micro_batch_means"
+                "per_token_over_step"
+                if trainer_passes_num_items(model, framework[1])
+                else "mean_of_micro_batch_means"
             ),
             precision=precision,
             autocast=autocast,
