@@ -457,3 +457,54 @@ def test_a_grad_both_sides_record_at_another_granularity_is_not_one_sided() -> N
     # the same granularity gap with a.weight's grad gone from the candidate: one-sided again
     gone = [r for r in per_step if r.name != "a.weight"]
     assert records_run([per_micro_batch], [gone])[0].grads_one_sided == (("a.weight", "baseline"),)
+
+
+def forward_only(out: float = 1.0) -> list:  # type: ignore[type-arg]
+    """A step's forward records (two layers, the same on both sides unless ``out`` differs)."""
+    return two_layers(1.0, 1.0, out)
+
+
+def _noisy(moved_at: tuple[int, ...]) -> dict[int, StepScalars]:
+    """The candidate's scalars: its loss 1e-7 off (within its tolerance) at ``moved_at``, its
+    grad norm x1.65 from step 2 (one rank's grads doubled before a 2-rank reduction)."""
+    return run(
+        loss=lambda s: 5.6 - 0.01 * s + (1e-7 if s in moved_at else 0.0),
+        grad_norm=lambda s: (2.0 - 0.1 * s) * (1.65 if s >= 2 else 1.0),
+    )
+
+
+def test_a_grad_norm_off_where_the_layers_clear_the_forward_is_the_backward() -> None:
+    # 1 rank vs 2 (DDP): the losses never were bitwise equal (another reduction order); at step
+    # 2 every forward record matched and the loss moved only as much: the forward is cleared.
+    records = records_run([forward_only()] * 3, [forward_only()] * 3)
+    v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records, default_table())
+    assert first(v) == (2, "backward", "grad_norm")
+    assert (
+        v.first is not None
+        and "while every forward record of step 2 matched (4 compared)" in v.first.evidence
+    )
+    assert "as the sides' losses have since step 0" in v.first.evidence
+
+
+def test_the_loss_moving_still_keeps_the_forward_where_no_layer_or_no_earlier_move_clears_it() -> None:
+    # scalars only: nothing clears the forward (issue #46)
+    assert first(judge(run(), _noisy((0, 2))))[:2] == (2, "forward_or_backward")
+    records = records_run([forward_only()] * 3, [forward_only()] * 3)
+    # a rerun bitwise until step 2: the loss's first move is evidence against the forward,
+    # whatever the layers' tolerance let through
+    bitwise = judge_run(RunSide(run()), RunSide(_noisy((2,))), records, default_table())
+    assert first(bitwise)[:2] == (2, "forward_or_backward")
+    # a forward record that failed is the forward, not the backward
+    faulty = records_run([forward_only()] * 3, [forward_only(), forward_only(), forward_only(2.0)])
+    assert first(judge_run(RunSide(run()), RunSide(_noisy((0, 2))), faulty, default_table())) == (
+        2,
+        "forward",
+        "b",
+    )
+
+
+def test_a_grad_norm_off_with_the_forward_and_every_grad_matched_is_clippings_norm() -> None:
+    steps = [[*forward_only(), *backward_grads(1.0, 1.0)]] * 3
+    v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records_run(steps, steps), default_table())
+    assert first(v) == (2, "clipping", "grad_norm")
+    assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence

@@ -25,6 +25,7 @@ from ..trace.step_scalars import StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
 from .training_contract import LR_RTOL
 from .training_envelope import ENVELOPE_SCALARS, Envelope
+from .training_records import StepRecords
 
 # The table kind each float scalar is judged as, in the approximate lane.
 AS_KIND = {
@@ -173,6 +174,54 @@ def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDi
         )
     return ScalarDiff(
         "backward", "grad_norm", f"{head} while the loss matched; record layers to find where in the backward"
+    )
+
+
+def losses_differ_since(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> int | None:
+    """The first step whose loss is not bitwise equal on both sides (None: every one is)."""
+    for step in sorted(set(base) & set(cand)):
+        a, b = base[step].loss, cand[step].loss
+        if a is not None and b is not None and a != b:
+            return step
+    return None
+
+
+def layers_clear_forward(
+    diff: ScalarDiff | None,
+    base: StepScalars,
+    cand: StepScalars,
+    rec: StepRecords,
+    lane: Lane,
+    since: int | None,
+) -> ScalarDiff | None:
+    """``_grads``'s ``forward_or_backward`` (the grad norm past its tolerance, the loss moved
+    within its own) told ``backward`` where the step's layers clear the forward: its forward
+    records compared, none of them and no loss record failed, and the sides' losses already
+    differed at an earlier step ``since`` (they do not compute bitwise alike: 1 rank vs 2 sum in
+    another order), so a loss within its tolerance is their usual difference, not a forward
+    that moved. A rerun bitwise until this step keeps the loss's move as evidence against the
+    forward; the envelope lane keeps it too (it judges the grad norm closer than the table
+    judges the records). Anything else: ``diff`` as it is."""
+    if (
+        diff is None
+        or diff.what != "forward_or_backward"
+        or lane != "approximate"
+        or not rec.forwards_compared
+        or rec.forward is not None
+        or rec.loss is not None
+        or since is None
+        or since >= base.step
+    ):
+        return diff
+    assert base.grad_norm is not None and cand.grad_norm is not None
+    return ScalarDiff(
+        "backward",
+        "grad_norm",
+        f"grad norm (before clipping) {_num(base.grad_norm)} vs {_num(cand.grad_norm)} while every forward "
+        f"record of step {base.step} matched ({rec.forwards_compared} compared); the loss moved within its "
+        f"tolerance ({base.loss!r} vs {cand.loss!r}) as the sides' losses have since step {since} (they do "
+        "not compute bitwise alike): the backward -- the parameter grads, their reduction or the norm's "
+        "own computation (no recorded grad of the step differs)",
     )
 
 
