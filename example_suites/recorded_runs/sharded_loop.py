@@ -36,7 +36,7 @@ import torch.distributed as dist
 from tiny_setup import VOCAB, sweep, tiny_qwen2
 
 from pytest_precalign import Recorder
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+from pytest_precalign.training.step_evidence import StepEvidence, batch_hashes, group_settings, token_count
 
 STEPS, ROWS, SEQ, WARMUP, CLIP = 6, 4, 12, 2, 1.0
 BASELINE: dict[str, Any] = {
@@ -244,6 +244,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
         lr_times(optimizer, 2.0 if _on("lr_from", run, step) else 1.0)
         scheduler.step()
         optimizer.zero_grad()
+        hashes = batch_hashes(micro)  # the rows in order, and as a set (comparable across DP sizes)
         rec.record_scalars(
             evidence.finish(
                 step,
@@ -251,7 +252,8 @@ def train(out: Path, run: dict[str, Any]) -> None:
                 lr=lr,
                 weight_decay=wd,
                 tokens=token_count(micro),
-                batch_hash=batch_hash(micro),
+                batch_hash=hashes[0],
+                rows_hash=hashes[1],
                 micro_batches=run["micro"],
                 skipped=False,
             )

@@ -508,3 +508,22 @@ def test_a_grad_norm_off_with_the_forward_and_every_grad_matched_is_clippings_no
     v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records_run(steps, steps), default_table())
     assert first(v) == (2, "clipping", "grad_norm")
     assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
+
+
+def _rows_run(rows: dict[int, int], joined: bool) -> dict[int, StepScalars]:
+    """A run whose step k trained the rows ``rows[k]`` stands for (as a multiset hash); a DP
+    run's batch hash is its replicas' (``dp-replicas:...``), never equal to one process's."""
+    digest = (lambda s: f"dp-replicas:{s:016x},{s + 1:016x}") if joined else (lambda s: f"{s:064x}")
+    return run(batch_hash=digest, rows_hash=lambda s: f"{rows.get(s, s):064x}")
+
+
+def test_a_dp_run_that_trained_other_rows_than_one_process_is_data_at_that_step() -> None:
+    same = judge(_rows_run({}, joined=False), _rows_run({}, joined=True))
+    assert same.passed, same.first  # the same rows (any rank split and order): aligned
+    # each rank shuffled its rows: step 1 holds other rows of the dataset
+    v = judge(_rows_run({}, joined=False), _rows_run({1: 99}, joined=True))
+    assert first(v) == (1, "data", "rows")
+    assert v.first is not None and "the candidate's DP replicas' rows joined" in v.first.evidence
+    # a side recorded before rows hashes existed: not compared, no finding
+    older = {s: replace(x, rows_hash=None) for s, x in _rows_run({1: 99}, joined=True).items()}
+    assert judge(_rows_run({}, joined=False), older).passed

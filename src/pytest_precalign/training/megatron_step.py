@@ -47,7 +47,7 @@ import torch
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import data_parallel_rank
-from .step_evidence import StepEvidence, batch_hash, group_settings, token_count, zero_count
+from .step_evidence import StepEvidence, batch_hashes, group_settings, token_count, zero_count
 
 
 def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
@@ -132,6 +132,7 @@ def megatron_train_step(
     if successful:
         scheduler.step(increment=increment)
     norms = _model_parallel_norms(evidence)
+    hashes = batch_hashes(batches) if batches is not None else (None, None)
     scalars = evidence.finish(
         step,
         loss=_data_parallel_loss(losses),
@@ -143,7 +144,8 @@ def megatron_train_step(
         loss_scale=float(optimizer.get_loss_scale().reshape(-1)[0]),
         skipped=not successful,
         tokens=token_count(batches) if batches is not None else None,
-        batch_hash=batch_hash(batches) if batches is not None else None,
+        batch_hash=hashes[0],
+        rows_hash=hashes[1],
         micro_batches=num_microbatches * data_parallel_rank()[0],  # the step's, over the DP replicas
         **norms,
     )

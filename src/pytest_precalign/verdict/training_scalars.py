@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
-from ..trace.step_scalars import StepScalars, comparable_hashes
+from ..trace.step_scalars import JOINED_HASH, StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
 from .training_contract import LR_RTOL
 from .training_envelope import ENVELOPE_SCALARS, Envelope
@@ -109,6 +109,9 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
             "batch",
             f"the batch of step {step} differs (sha256 {base.batch_hash[:12]} vs {cand.batch_hash[:12]})",
         )
+    rows = _rows(base, cand)
+    if rows is not None:
+        return rows
     if base.tokens is not None and cand.tokens is not None and base.tokens != cand.tokens:
         return ScalarDiff("data", "tokens", f"tokens in step {step}: {base.tokens} vs {cand.tokens}")
     if (
@@ -123,6 +126,32 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         if diff is not None:
             return _quoted(diff, base, judge)
     return _quoted(_schedule(base, cand, judge) or _update(base, cand, judge), base, judge)
+
+
+def _rows(base: StepScalars, cand: StepScalars) -> ScalarDiff | None:
+    """The step's rows as multisets (``rows_hash``), where the batch hashes cannot tell: a DP
+    run's replicas' rows joined against another split (one process), or a side without a batch
+    hash. Another order of the same rows within the step is no difference here (a sampler's
+    rank split; the loss and the reduced grads are over the rows whatever their order)."""
+    if comparable_hashes(base.batch_hash, cand.batch_hash):
+        return None
+    a, b = base.rows_hash, cand.rows_hash
+    if a is None or b is None or a == b:
+        return None
+    joined = [side for side, s in (("baseline", base), ("candidate", cand)) if _joined(s.batch_hash)]
+    how = f" (the {' and '.join(joined)}'s DP replicas' rows joined)" if joined else ""
+    return ScalarDiff(
+        "data",
+        "rows",
+        f"the rows of step {base.step} differ{how}: other rows, not only another order or split "
+        f"(multiset hash {a[:12]} vs {b[:12]})",
+        "the sides trained other rows at this step: another sampler order (a shuffle on one side, "
+        "each DP rank shuffling its own), or other data",
+    )
+
+
+def _joined(digest: str | None) -> bool:
+    return digest is not None and digest.startswith(JOINED_HASH)
 
 
 def _quoted(diff: ScalarDiff | None, base: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
@@ -284,7 +313,9 @@ def _update(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarD
     return None
 
 
-_SCALAR_NAMES = tuple(f.name for f in fields(StepScalars) if f.name != "step")
+# ``rows_hash`` is extra evidence of the data (older recordings and hand-made scalars lack it):
+# judged where both sides have it, never a finding when one side does not.
+_SCALAR_NAMES = tuple(f.name for f in fields(StepScalars) if f.name not in ("step", "rows_hash"))
 # The float scalars the verdict judges, in the order a step computes them.
 JUDGED = ("loss", "grad_norm", "clip_coef", "lr", "weight_decay", "param_norm", "update_norm")
 
