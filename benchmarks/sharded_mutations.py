@@ -57,6 +57,7 @@ RUNS: dict[str, tuple[int, str]] = {
     "fsdp2_lr": (2, "wrap=fsdp2,lr_from=3"),
     "fsdp2_local_norm": (2, "wrap=fsdp2,local_norm_from=2"),
     "fsdp2_stale_param": (2, "wrap=fsdp2,stale_from=3"),
+    "ddp_shuffled": (2, "wrap=ddp,shuffle_from=3"),
     # tensor mode (4 steps): a joined activation's rows checked replica by replica (the rank named)
     "one_tensor": (1, "mode=tensor,total=4"),
     "ddp_tensor": (2, "wrap=ddp,mode=tensor,total=4"),
@@ -105,6 +106,11 @@ def pairs() -> list[Pair]:
             Pair("one", f"{wrap}_local_norm", 2, "clipping", "rank1"),
             Pair("one", f"{wrap}_stale_param", 3, "forward", STALE),
         ]
+    # Each rank's sampler seeded by its rank from step 3: other rows than the global batch's,
+    # told by the replicas' rows joined (rows_hash) against one process, by their batch hashes
+    # against a DDP rerun.
+    out.append(Pair("one", "ddp_shuffled", 3, "data", "rows"))
+    out.append(Pair("ddp", "ddp_shuffled", 3, "data", "batch"))
     # Against a rerun of the same DDP job: the rank is named (its partial grads, slot dp1).
     out.append(Pair("ddp", "ddp_grads_one_rank", 2, "grad_reduction", "dp1"))
     # The stale parameter's rank: from each replica's statistics against a run split the same

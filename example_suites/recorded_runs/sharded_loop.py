@@ -20,7 +20,9 @@ clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard
 global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
 weight of the step before: a stale parameter after a missing re-gather), ``tp_shard_from=k`` (the
 last rank's share of ``model.layers.1.mlp.down_proj``'s row-parallel output, its partial sum
-before the all-reduce, doubled: one TP rank's shard wrong).
+before the all-reduce, doubled: one TP rank's shard wrong), ``shuffle_from=k`` (every rank
+draws its rows from its own shuffle of the data, seeded by its rank: other rows than the
+global batch's).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ BASELINE: dict[str, Any] = {
     "local_norm_from": None,
     "stale_from": None,
     "tp_shard_from": None,
+    "shuffle_from": None,
     "golden": None,
 }
 
@@ -190,6 +193,9 @@ def micro_batches(
         world, rank = 2, rank // (world // 2)
     share, at = (ROWS, 0) if run["wrap"] == "tp" else (ROWS // world, rank)
     mine = rows[step * ROWS + at * share : step * ROWS + (at + 1) * share]
+    if _on("shuffle_from", run, step):  # a sampler seeded by the rank: each rank its own order
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(rank + 1))
+        mine = rows[order[step * share : (step + 1) * share]]
     size = share // run["micro"]
     return [{"input_ids": mine[i : i + size], "labels": mine[i : i + size]} for i in range(0, share, size)]
 

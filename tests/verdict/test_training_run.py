@@ -527,3 +527,13 @@ def test_a_dp_run_that_trained_other_rows_than_one_process_is_data_at_that_step(
     # a side recorded before rows hashes existed: not compared, no finding
     older = {s: replace(x, rows_hash=None) for s, x in _rows_run({1: 99}, joined=True).items()}
     assert judge(_rows_run({}, joined=False), older).passed
+
+
+def test_two_dp_runs_whose_replicas_trained_other_rows_name_the_replica() -> None:
+    base = run(batch_hash=lambda s: f"dp-replicas:{'a' * 16},{'b' * 16}")
+    cand = run(batch_hash=lambda s: f"dp-replicas:{'a' * 16},{('c' if s == 2 else 'b') * 16}")
+    v = judge(base, cand)
+    assert first(v) == (2, "data", "batch")
+    assert v.first is not None and v.first.evidence.endswith(
+        "(DP replica 1: sha256 bbbbbbbbbbbb vs cccccccccccc)"
+    )

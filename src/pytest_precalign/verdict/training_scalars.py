@@ -105,9 +105,7 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
     if comparable_hashes(base.batch_hash, cand.batch_hash) and base.batch_hash != cand.batch_hash:
         assert base.batch_hash is not None and cand.batch_hash is not None
         return ScalarDiff(
-            "data",
-            "batch",
-            f"the batch of step {step} differs (sha256 {base.batch_hash[:12]} vs {cand.batch_hash[:12]})",
+            "data", "batch", f"the batch of step {step} differs ({_hashes(base.batch_hash, cand.batch_hash)})"
         )
     rows = _rows(base, cand)
     if rows is not None:
@@ -148,6 +146,21 @@ def _rows(base: StepScalars, cand: StepScalars) -> ScalarDiff | None:
         "the sides trained other rows at this step: another sampler order (a shuffle on one side, "
         "each DP rank shuffling its own), or other data",
     )
+
+
+def _hashes(a: str, b: str) -> str:
+    """Two batch hashes in words: DP replicas' (``JOINED_HASH``) replica by replica."""
+    if not _joined(a):
+        return f"sha256 {a[:12]} vs {b[:12]}"
+    mine, theirs = (h[len(JOINED_HASH) :].split(",") for h in (a, b))
+    if len(mine) != len(theirs):
+        return f"{len(mine)} vs {len(theirs)} DP replicas"
+    differ = [
+        f"replica {i}: sha256 {x[:12]} vs {y[:12]}"
+        for i, (x, y) in enumerate(zip(mine, theirs, strict=True))
+        if x != y
+    ]
+    return "DP " + "; ".join(differ)
 
 
 def _joined(digest: str | None) -> bool:
