@@ -89,6 +89,14 @@ def _main_grads(optimizer: Any) -> list[torch.Tensor]:
     return [g for g in optimizer.get_main_grads_for_grad_norm() if g is not None]
 
 
+def _data(batches: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The step's ``tokens``, ``batch_hash`` and ``rows_hash`` (None without ``batches``)."""
+    if batches is None:
+        return {"tokens": None, "batch_hash": None, "rows_hash": None}
+    digest, rows = batch_hashes(batches)
+    return {"tokens": token_count(batches), "batch_hash": digest, "rows_hash": rows}
+
+
 def megatron_train_step(
     *,
     step: int,
@@ -132,7 +140,6 @@ def megatron_train_step(
     if successful:
         scheduler.step(increment=increment)
     norms = _model_parallel_norms(evidence)
-    hashes = batch_hashes(batches) if batches is not None else (None, None)
     scalars = evidence.finish(
         step,
         loss=_data_parallel_loss(losses),
@@ -143,9 +150,7 @@ def megatron_train_step(
         zero_grads=zeros,
         loss_scale=float(optimizer.get_loss_scale().reshape(-1)[0]),
         skipped=not successful,
-        tokens=token_count(batches) if batches is not None else None,
-        batch_hash=hashes[0],
-        rows_hash=hashes[1],
+        **_data(batches),
         micro_batches=num_microbatches * data_parallel_rank()[0],  # the step's, over the DP replicas
         **norms,
     )
