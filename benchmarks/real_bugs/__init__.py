@@ -44,6 +44,10 @@ TF_4382, TF_4390 = "transformers==4.38.2", "transformers==4.39.0"
 TF_4412, TF_4420 = "transformers==4.41.2", "transformers==4.42.0"
 TF_4513, TF_4524 = "transformers==4.51.3", "transformers==4.52.4 accelerate==1.15.0"
 TF_4530, TF_4531 = "transformers==4.53.0 accelerate==1.15.0", "transformers==4.53.1 accelerate==1.15.0"
+# the last release without the per-token aux-loss scaling fix and the first with it (0.12.1 on
+# also moves the routing probs into the experts' activation: a refactor a clean upgrade shows)
+MCORE_0110, MCORE_0120 = "megatron-core==0.11.0", "megatron-core==0.12.0"
+MCORE_0123, MCORE_0131 = "megatron-core==0.12.3", "megatron-core==0.13.1"  # around the group-routing fix
 
 BUGS: tuple[Bug, ...] = (
     Bug(
@@ -271,6 +275,30 @@ BUGS: tuple[Bug, ...] = (
         "loss",
         "loss",
         why_no_release=LIGHTNING_OPEN,
+    ),
+    Bug(
+        "megatron_moe_aux_loss_group_routing",
+        "megatron-core",
+        "Megatron Core 0.13.0 CHANGELOG (MoE bug fixes: aux loss with group limited routing / expert bias)",
+        "Recorder(stats), own megatron-core MoE loop",
+        0,
+        "backward",
+        # the aux loss adds only a gradient (MoEAuxLossAutoScaler): the loss matches, the
+        # backward enters wrong at a MoE router
+        "mlp.router",
+        fixed_release=MCORE_0131,
+        buggy_release=MCORE_0123,
+    ),
+    Bug(
+        "megatron_moe_aux_loss_per_token",
+        "megatron-core",
+        "Megatron Core 0.12.0 CHANGELOG (MoE bug fixes: aux loss scaling for per token loss)",
+        "Recorder(stats), own megatron-core MoE loop, DDP + finalize_model_grads",
+        0,
+        "backward",
+        "mlp.router",
+        fixed_release=MCORE_0120,
+        buggy_release=MCORE_0110,
     ),
 )
 

@@ -10,7 +10,11 @@ with ``record_scalars``.
 Each RUN is ``NAME`` or ``NAME:key=value,...``, recorded under ``OUT/NAME``. Keys: ``wrap``
 (ddp | fsdp2 | zero1 | tp | fsdp2_tp | none; none in one process; tp: ``parallelize_module`` with
 ``ColwiseParallel`` q/k/v, gate and up projections and ``RowwiseParallel`` o and down ones over every
-rank; fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
+rank; ``tp_style``: plain, ``sp`` (also ``SequenceParallel`` on the norms: the residual stream split
+along the sequence, the embedding and o/down projections' outputs reduce-scattered to it, attention,
+MLP and ``lm_head`` inputs gathered), ``dtensor_out`` (gate and up projections with
+``use_local_output=False``: DTensors handed on to ``act_fn`` and ``down_proj``), ``custom`` (gate
+and up projections under the user's own ``ParallelStyle`` subclass, ``OwnColwise``); fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
 last rank only where said: ``scale_rank_from=k`` (the last rank's parameter grads x 2 before
@@ -55,6 +59,7 @@ BASELINE: dict[str, Any] = {
     "stale_from": None,
     "tp_shard_from": None,
     "shuffle_from": None,
+    "tp_style": "plain",
     "golden": None,
 }
 
@@ -130,14 +135,9 @@ def wrap(model: torch.nn.Module, run: dict[str, Any], world: int) -> torch.nn.Mo
         tp_mesh, mesh = (full["tp"], full["dp"]) if len(dims) == 2 else (full, full)
         layers = model.model.layers  # type: ignore[union-attr]
         if run["wrap"] in ("tp", "fsdp2_tp"):
-            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+            from tp_styles import parallelize
 
-            col, row = ColwiseParallel, RowwiseParallel
-            for layer in layers:  # type: ignore[union-attr]
-                plan = {"gate_proj": col(), "up_proj": col(), "down_proj": row()}
-                parallelize_module(layer.mlp, tp_mesh, plan)  # type: ignore[arg-type]
-                plan = {"q_proj": col(), "k_proj": col(), "v_proj": col(), "o_proj": row()}
-                parallelize_module(layer.self_attn, tp_mesh, plan)  # type: ignore[arg-type]
+            parallelize(model, tp_mesh, run["tp_style"])
             if run["wrap"] == "tp":
                 return model
         from torch.distributed.fsdp import fully_shard
@@ -197,7 +197,16 @@ def micro_batches(
         order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(rank + 1))
         mine = rows[order[step * share : (step + 1) * share]]
     size = share // run["micro"]
-    return [{"input_ids": mine[i : i + size], "labels": mine[i : i + size]} for i in range(0, share, size)]
+    # sequence parallelism: the embeddings the model sees are the rank's part of the sequence,
+    # so the positions (rotary) and the causal mask of the whole sequence are given
+    where: dict[str, Any] = {}
+    if run["tp_style"] == "sp":
+        causal = torch.full((SEQ, SEQ), torch.finfo(torch.float32).min).triu(1)[None, None]
+        where = {"position_ids": torch.arange(SEQ)[None], "attention_mask": {"full_attention": causal}}
+    return [
+        {"input_ids": mine[i : i + size], "labels": mine[i : i + size], **where}
+        for i in range(0, share, size)
+    ]
 
 
 def lr_times(optimizer: torch.optim.Optimizer, factor: float) -> None:

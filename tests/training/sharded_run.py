@@ -5,14 +5,18 @@ tensor parallelism (``parallelize_module``) or DDP with ``ZeroRedundancyOptimize
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_run.py OUT
         [--wrap fsdp2|fsdp2-keep|fsdp2-mp|ddp|tp|zero1] [--mode stats|hash|tensor|off]
         [--format native|msprobe] [--param-grads backward|step] [--steps 2] [--neutral] [--check]
-        [--disagree]
+        [--disagree] [--absent never|late]
 
 Each rank writes ``OUT/run.rank<R>.json``: under ``"run"`` the loss and the grad norm
 ``clip_grad_norm_`` returned at each step (as ``float.hex``, to compare bitwise) and a sha256 of
 the rank's parameters after the last step (``--check``: also each parameter's full grad's
 statistics at step 0, gathered by torch); ``--neutral``: the same loop without a ``Recorder``
 first, in the same process, under ``"bare"``; ``--mode off`` records nothing; ``--disagree``:
-then ``Recorder.start`` with other options on each rank (what it raised, under ``"disagree"``). The recording
+then ``Recorder.start`` with other options on each rank (what it raised, under ``"disagree"``);
+``--absent never``: then rank 1 records step 0 and stops recording, its step 1 a forward only (FSDP2's
+all-gathers, the user's collectives) while rank 0 calls ``start()``; ``late``: rank 1 comes to
+step 1's ``start()`` 3 s after rank 0 (what each raised and how long its ``start()`` took, under
+``"absent"``; ``PRECALIGN_RANK_WAIT`` bounds the wait). The recording
 (``OUT/rec``) holds each step's records and ``StepEvidence``'s scalars.
 """
 
@@ -178,6 +182,38 @@ def disagree(options: argparse.Namespace) -> list[str]:
     return said
 
 
+def absent(options: argparse.Namespace) -> list[Any]:
+    """Rank 1 not at step 1's ``start()`` (``never``) or late to it (``late``): rank 0's
+    ``start()`` (what it raised, its seconds), then both ranks' forward, which must match."""
+    import time
+
+    from pytest_precalign.errors import RecorderError
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = wrapped(tiny_causal_lm(vocab=128, hidden=32, layers=2), options.wrap, world)
+    batch = torch.randint(0, 128, (ROWS, LENGTH), generator=torch.Generator().manual_seed(rank))
+    rec = Recorder(options.out / "absent")
+    said, took = "", 0.0
+    for step in range(2):
+        if step == 1 and rank == 1 and options.absent == "never":
+            model(input_ids=batch, labels=batch)  # no start(): the user's own collectives only
+            continue
+        if step == 1 and rank == 1:
+            time.sleep(3)
+        began = time.monotonic()
+        try:
+            rec.start(model)
+        except RecorderError as e:
+            said = str(e)
+        took = time.monotonic() - began
+        model(input_ids=batch, labels=batch)
+        rec.stop()
+        rec.step()
+    rec.close()
+    return [said, took]
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -189,6 +225,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--neutral", action="store_true", help="the loop bare first, in the same process")
     parser.add_argument("--check", action="store_true", help="also the full grads' statistics, by torch")
     parser.add_argument("--disagree", action="store_true", help="then ranks given other Recorder options")
+    parser.add_argument("--absent", choices=("never", "late"), help="then rank 1 not at or late to a start()")
     options = parser.parse_args(argv)
     dist.init_process_group("gloo")
     result = {}
@@ -197,6 +234,8 @@ def main(argv: list[str]) -> None:
     result["run"] = train(options, options.mode)
     if options.disagree:
         result["disagree"] = disagree(options)
+    if options.absent:
+        result["absent"] = absent(options)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / f"run.rank{dist.get_rank()}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()

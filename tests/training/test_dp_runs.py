@@ -118,6 +118,19 @@ def test_tensor_parallel_runs_tensor_mode_2d_mesh_and_a_shard_fault(tmp_path: Pa
     assert judged.exit_code == 1, judged.output
     assert judged.verdict() == (1, "forward")
     assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+    # Against one process the rank cannot be told (said); against a TP run of the same layout
+    # each rank's partial sum before the all-reduce names it.
+    assert (
+        "which TP rank's share of model.layers.1.mlp.down_proj differs cannot be told"
+        in (judged.training["evidence"])
+    )
+    judged = compare(tmp_path / "tp", tmp_path / "shard", tmp_path / "shard_tp_report")
+    assert judged.exit_code == 1 and judged.verdict() == (1, "forward"), judged.output
+    assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+    assert (
+        "TP rank1: its partial sum of model.layers.1.mlp.down_proj before the all-reduce differs"
+        in (judged.training["evidence"])
+    )
     # Live compare of DTensor ranks against a TP golden: every record compared on each rank,
     # nothing beyond on the same run, the fault's first record beyond at its step and kept.
     for rank in (0, 1):
@@ -140,6 +153,43 @@ def test_tensor_parallel_runs_tensor_mode_2d_mesh_and_a_shard_fault(tmp_path: Pa
     check_tp_against_one(
         compare(tmp_path / "one", tmp_path / "mesh2d", tmp_path / "mesh2d_report"), case="one_vs_mesh2d"
     )
+
+
+@pytest.mark.slow  # one torchrun launch of 3 runs (~50 s) and 3 compares; tox -e slow
+def test_sequence_parallel_dtensor_outputs_and_a_custom_style_compare_with_one_process(
+    tmp_path: Path,
+) -> None:
+    """Tensor-parallel styles beyond Colwise/Rowwise with local outputs (``tp_styles.py``):
+    ``SequenceParallel`` norms (the residual stream split along the sequence), Colwise
+    projections handing DTensors on (``use_local_output=False``), and the user's own
+    ``ParallelStyle`` subclass: each run of 2 TP ranks against one process passes, what cannot be
+    merged listed with its reason; no rank is said to disagree."""
+    record(tmp_path, 1, "one:total=2")
+    styles = ("sp", "dtensor_out", "custom")
+    record(tmp_path, 2, *(f"{s}:wrap=tp,total=2,tp_style={s}" for s in styles))
+    for style in styles:
+        judged = compare(tmp_path / "one", tmp_path / style, tmp_path / f"{style}_report")
+        assert judged.exit_code == 0, judged.output
+        assert judged.verdict() == (None, None) and "Ranks disagree" not in judged.output
+        for phase in ("forward", "backward", "step"):
+            assert f"PASSED one_vs_{style}[{phase}]" in judged.output, judged.output
+        assert judged.report is not None
+        unmatched = {
+            (u["name"], u["kind"]): u["reason"]
+            for c in judged.report["cases"]
+            for u in c["unmatched"]["baseline"] + c["unmatched"]["candidate"]
+        }
+        reasons = set(unmatched.values())
+        assert all("not merged" in r for r in reasons), reasons
+        if style == "sp":  # the norms' input grads: the DTensor made for the norm alone
+            assert "SequenceParallel" in unmatched[("model.layers.1.input_layernorm", "grad_input")]
+            assert ("model.norm", "grad_input") in unmatched
+        if style == "custom":  # its outputs and input grads: how it splits them is not known
+            said = unmatched[("model.layers.0.mlp.gate_proj", "activation")]
+            assert "custom ParallelStyle" in said and "not merged" in said
+            assert "custom ParallelStyle" in unmatched[("model.layers.0.mlp.up_proj", "grad_input")]
+        if style == "dtensor_out":  # a DTensor output is its full tensor: compared, not listed
+            assert ("model.layers.0.mlp.gate_proj", "activation") not in unmatched
 
 
 @pytest.mark.slow

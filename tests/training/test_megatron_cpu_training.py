@@ -255,3 +255,50 @@ def test_distributed_optimizer_patches_are_scoped_and_restored() -> None:
         assert ask(torch.zeros(1)) == "torch.cuda.FloatTensor"
     assert distrib.torch is torch and "type" not in vars(torch.Tensor)
     assert ask(torch.zeros(1)) == "torch.FloatTensor"
+
+
+def _moe_router_grads(aux_loss_coeff: float) -> dict[str, torch.Tensor]:
+    """One step of a tiny MoE GPTModel (4 experts, top-2, the local spec) through the schedule
+    inside megatron_cpu(): the routers' weight grads."""
+    torch.manual_seed(0)
+    warnings.simplefilter("ignore")
+    config = TransformerConfig(
+        num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4, num_query_groups=2,
+        num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_aux_loss_coeff=aux_loss_coeff,
+        moe_router_load_balancing_type="aux_loss", moe_token_dispatcher_type="allgather",
+        add_bias_linear=False, normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, use_cpu_initialization=True,
+    )  # fmt: skip
+    spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm")
+    model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=64, position_embedding_type="rope")
+    mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
+    positions = torch.arange(SEQ)[None].expand(4, SEQ)
+
+    def forward_step(data_iterator: Any, chunk: Any) -> Any:
+        t = next(data_iterator)
+        out = chunk(input_ids=t[:, :-1], position_ids=positions, attention_mask=mask, labels=t[:, 1:])
+        return out, lambda per_token: (per_token.float().mean(), {})
+
+    with megatron_cpu():
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter([_tokens(3)]), model=[model],
+            num_microbatches=1, seq_length=SEQ, micro_batch_size=4,
+        )  # fmt: skip
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if n.endswith("router.weight")}
+
+
+def test_moe_aux_loss_trains_on_the_cpu_and_the_moe_patches_are_restored(megatron_world: None) -> None:
+    """Patch 7: a MoE model trains with its aux load-balancing loss inside megatron_cpu() (the
+    aux-loss tracker's 'cuda' zeros on the CPU, the router's gating without Transformer Engine),
+    the aux loss reaches the routers' grads, and nothing of the patch is left after."""
+    from megatron.core.transformer.moe import moe_utils
+
+    had_te_gemm = hasattr(moe_utils, "te_general_gemm")
+    with_aux, without_aux = _moe_router_grads(1e-2), _moe_router_grads(0.0)
+    assert sorted(with_aux) == ["decoder.layers.0.mlp.router.weight", "decoder.layers.1.mlp.router.weight"]
+    for name, grad in with_aux.items():
+        assert bool(torch.isfinite(grad).all()) and float(grad.abs().sum()) > 0, name
+        assert not torch.equal(grad, without_aux[name]), f"{name}: the aux loss did not reach its grad"
+    assert moe_utils.torch is torch
+    assert hasattr(moe_utils, "te_general_gemm") == had_te_gemm

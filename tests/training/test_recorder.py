@@ -419,13 +419,14 @@ def test_example_tp2_pp2_is_aligned_with_hf_under_its_table(tp2_pp2: Path, hf_ru
 def test_a_fault_on_the_second_stage_is_named_by_its_global_hf_name(
     hf_run: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """train_megatron.py --fault scales global layer 2's mlp output on one rank of stage 1
-    (local decoder.layers.0.mlp there): the merge renumbers it and the mapping names it."""
+    """train_megatron.py --fault scales global layer 2's mlp output on stage 1 (local
+    decoder.layers.0.mlp there): the merge renumbers it and the mapping names it. Two ranks
+    (PP=2): the renumbering is the pipeline's; 4-rank TP=2 x PP=2 runs are the fixture's."""
     pytest.importorskip("megatron.core")
     fault = _shared_run(
         tmp_path_factory,
-        "tp2pp2_fault",
-        lambda out: torchrun(4, "--tp", "2", "--pp", "2", "--steps", "2", "--fault", "--out", str(out)),
+        "pp2_fault",
+        lambda out: torchrun(2, "--tp", "1", "--pp", "2", "--steps", "2", "--fault", "--out", str(out)),
     )
     done = compare(hf_run, fault, *MAPPING_ARGS, "--tolerances", str(EXAMPLE / "tolerances.yaml"))
     assert done.returncode == 1, done.stdout[-4000:]

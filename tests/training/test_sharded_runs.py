@@ -26,9 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("sharded_run.py")
 
 
-def torchrun(out: Path, *args: str) -> list[dict[str, Any]]:
-    """``sharded_run.py OUT ARGS --neutral`` on 2 ranks; each rank's result."""
+def torchrun(out: Path, *args: str, wait: str = "") -> list[dict[str, Any]]:
+    """``sharded_run.py OUT ARGS --neutral`` on 2 ranks; each rank's result. ``wait``: the
+    seconds a rank waits for the others at ``Recorder.start`` (``PRECALIGN_RANK_WAIT``)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PRECALIGN_RANK_WAIT", None)
+    if wait:
+        env["PRECALIGN_RANK_WAIT"] = wait
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(
         [*cmd, str(SCRIPT), str(out), "--neutral", *args],
@@ -69,13 +73,18 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
     """The issue's run: ``fully_shard`` on each decoder layer and the root, ``Recorder(mode=
     "stats")``: both ranks crashed (SIGSEGV in the param-grad hook on a DTensor grad)."""
     out = tmp_path / "fsdp2"
-    results = torchrun(out, "--wrap", "fsdp2", "--check", "--disagree")
+    results = torchrun(out, "--wrap", "fsdp2", "--check", "--disagree", "--absent", "never", wait="2")
     assert_neutral(results)
     # Ranks given other Recorder options raise on every rank at start(), none hangs.
     for result in results:
         include, steps = result["disagree"]
         assert "do not record alike at step 0" in include and "other Recorder options" in include
         assert "ranks [0] record this step, ranks [1] do not (steps=)" in steps
+    # Rank 1 stopped recording after step 0 and ran step 1's forward (FSDP2's all-gathers):
+    # rank 0's start() is not matched against them; it names rank 1 after the bounded wait.
+    said, took = results[0]["absent"]
+    assert "ranks [1] did not reach start() for step 1 within 2 s (PRECALIGN_RANK_WAIT)" in said
+    assert 2 <= took < 30 and results[1]["absent"][0] == ""
     for rank in range(2):
         folder = out / "rec" / "step0" / f"rank{rank}"
         assert_full_stats(folder, results[rank]["run"]["full_grad_stats"])
@@ -154,6 +163,22 @@ def test_every_sharding_and_mode_is_recorded_without_harm(tmp_path: Path, run: s
             for k in range(2)
         ]
         assert crcs[0] == crcs[1]
+
+
+@pytest.mark.slow  # two torchrun runs of ~40 s; tox -e slow
+def test_a_rank_late_to_start_within_the_wait_records_the_step(tmp_path: Path) -> None:
+    """Rank 1 comes to step 1's ``start()`` 3 s after rank 0, within the default wait (600 s):
+    no error, rank 0 waited for it, and both ranks' step 1 is recorded; beyond the wait, both
+    ranks raise."""
+    results = torchrun(tmp_path / "late", "--wrap", "fsdp2", "--steps", "1", "--absent", "late")
+    assert [r["absent"][0] for r in results] == ["", ""]
+    assert results[0]["absent"][1] >= 2.5
+    for rank in range(2):
+        assert trace(tmp_path / "late" / "absent" / "step1" / f"rank{rank}").records
+    # Beyond a 1 s wait: rank 0 gives up naming rank 1, and rank 1, coming later, raises too.
+    results = torchrun(tmp_path / "gave_up", "--wrap", "fsdp2", "--steps", "1", "--absent", "late", wait="1")
+    assert "ranks [1] did not reach start() for step 1 within 1 s" in results[0]["absent"][0]
+    assert "rank 1 reached start() for step 1 after rank 0 gave up waiting" in results[1]["absent"][0]
 
 
 def torchrun_script(script: str, *args: str) -> None:

@@ -13,7 +13,13 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from pytest_precalign.parallel.dtensor_rules import HASHED, OWN_SHARE, UNSPLIT, plan_rules  # noqa: E402
+from pytest_precalign.parallel.dtensor_rules import (  # noqa: E402
+    HASHED,
+    OWN_SHARE,
+    UNREAD,
+    UNSPLIT,
+    plan_rules,
+)
 from pytest_precalign.parallel.rules import rule_for  # noqa: E402
 from pytest_precalign.trace.records import Record, Stats  # noqa: E402
 from tests.helpers.one_rank_mesh import one_rank_mesh  # noqa: E402
@@ -134,3 +140,44 @@ def test_rules_from_the_plan_shard_local_outputs_and_what_runs_between_them() ->
     stats = Stats(1.0, 0.0, 0.5, 1.0)
     kept = rec("b.gate_proj", "activation", "out", (2, 3, 8), 1, stats=stats)
     assert derived.unmerged(kept, rule_for(kept, derived.rules), ranks_differ=True) is None
+
+
+def test_a_custom_parallel_style_is_read_as_unread_and_its_records_are_not_merged(mesh: Any) -> None:
+    """A user's own ``ParallelStyle`` (``distribute_module`` with its own functions; the one of
+    ``example_suites/recorded_runs/tp_styles.py``): an ``unread`` entry naming its class, so
+    that its records are listed as not merged rather than taken for replicated ones."""
+    import sys
+
+    from pytest_precalign.training.tp_plan import tp_plan
+    from tests.helpers.user_runs import SCRIPTS
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from tp_styles import OwnColwise
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    model = torch.nn.Sequential(Block())
+    parallelize_module(model, mesh, {"0.gate_proj": OwnColwise()})
+    assert tp_plan([model]) == {
+        "0.gate_proj": {"style": "OwnColwise", "unread": True, "mesh": [1], "group": [0]}
+    }
+    plan = {"b.gate_proj": {"style": "OwnColwise", "unread": True}, "b.down_proj": ROW}
+    derived = plan_rules(plan, [])
+    out = rec("b.gate_proj", "activation", "out", (2, 3, 8), 1)
+    assert derived.unmerged(out, None, ranks_differ=True) == UNREAD
+    assert derived.unmerged(out, None, ranks_differ=False) is None  # the same on every rank: merged
+    gin = rec("b.gate_proj", "grad_input", "in.0", (2, 3, 8), 2)
+    assert derived.unmerged(gin, None, ranks_differ=False) == UNREAD
+    act = rec("b.act_fn", "activation", "out", (2, 3, 8), 3)  # in its parent, the ranks differ
+    assert derived.unmerged(act, None, ranks_differ=True) == UNSPLIT
+
+
+def test_a_sequence_parallel_norms_input_grad_is_its_own_share() -> None:
+    """A ``SequenceParallel`` norm's input is a DTensor made from the rank's part of the residual
+    stream for the norm alone: its grad is not the residual's, listed as not merged."""
+    derived = plan_rules({"l.input_layernorm": {"style": "SequenceParallel", "use_local_output": False}}, [])
+    gin = rec("l.input_layernorm", "grad_input", "in.0", (2, 6, 8), 1)
+    assert derived.unmerged(gin, None, ranks_differ=False) == OWN_SHARE
+    assert "SequenceParallel" in OWN_SHARE

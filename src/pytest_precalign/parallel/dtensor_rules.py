@@ -18,8 +18,13 @@ What a recorder sees on a rank of ``parallelize_module``'s styles (its hooks run
 - the grad of a ``ColwiseParallel`` module's input is the grad of the DTensor its input hook
   made for this module alone: this module's share of the input's grad, where the unsharded run
   records the grad of the input tensor its consumers share (``q/k/v_proj``, ``gate/up_proj``).
-  Not merged: listed with the reason (``own_share``);
+  Not merged: listed with the reason (``own_share``); so is the grad of a ``SequenceParallel``
+  module's input (a norm's: the DTensor made from the rank's part of the residual stream, whose
+  grad in the unsharded run also holds the residual's);
 - a local shard recorded as a hash (hash mode) cannot be merged: listed;
+- a module of a style whose hooks cannot be read (``"unread"``: a custom ``ParallelStyle``):
+  its input grads and its records the ranks recorded differently are listed (``UNREAD``), and
+  so are the others of its parent (``regions``) that differ;
 - any other record inside such a parent (an attention module's weights, local heads) that the
   ranks recorded differently is not merged either: listed (``regions``), never guessed.
 """
@@ -34,13 +39,19 @@ from ..trace.records import Record
 from .rules import Role, ShardRule
 
 OWN_SHARE = (
-    "the grad of a ColwiseParallel module's input is the grad of the DTensor its input hook made "
-    "for this module alone (this module's share), not the grad of the input its consumers share in "
-    "the unsharded run: not merged"
+    "the grad of a ColwiseParallel or SequenceParallel module's input is the grad of the DTensor its "
+    "input hook made for this module alone (this module's share), not the grad of the input its "
+    "consumers share in the unsharded run (q/k/v, gate/up projections; a norm and the residual): "
+    "not merged"
 )
 HASHED = (
     "a local shard recorded as a hash only (hash mode): the hash of the concatenation is not a "
     "function of the shards' hashes: not merged; record in stats or tensor mode to compare it"
+)
+UNREAD = (
+    "a module of a tensor-parallel style whose hooks cannot be read (a custom ParallelStyle): how "
+    "its output is split over the TP ranks, and whose share its input's grad is, are not known: "
+    "not merged"
 )
 UNSPLIT = (
     "recorded differently by the TP ranks of a DTensor tensor-parallel module's parent, and its "
@@ -56,11 +67,14 @@ class TpPlanRules:
     rules: tuple[ShardRule, ...]
     own_share: frozenset[str]
     regions: tuple[str, ...]
+    unread: frozenset[str] = frozenset()  # modules of a style whose hooks cannot be read
 
     def unmerged(self, rec: Record, rule: ShardRule | None, ranks_differ: bool) -> str | None:
         """Why ``rec`` (of the first rank; ``rule`` its shard rule) is not merged, or None."""
         if rec.kind == "grad_input" and rec.name in self.own_share:
             return OWN_SHARE
+        if rec.name in self.unread and (ranks_differ or rec.kind == "grad_input"):
+            return UNREAD
         if rule is not None and rec.stats is None and rec.tensor_key is None and rec.crc32 is not None:
             return HASHED
         inside = any(rec.name == p or rec.name.startswith(f"{p}.") for p in self.regions)
@@ -93,11 +107,17 @@ def plan_rules(plan: Mapping[str, Any], records: Sequence[Record]) -> TpPlanRule
     own = frozenset(
         n
         for n, e in plan.items()
-        if isinstance(e, dict) and e.get("style") == "ColwiseParallel" and e.get("input") == ["replicate"]
+        if isinstance(e, dict)
+        and (
+            (e.get("style") == "ColwiseParallel" and e.get("input") == ["replicate"])
+            or e.get("style") == "SequenceParallel"
+        )
     )
+    unread = frozenset(n for n, e in plan.items() if isinstance(e, dict) and e.get("unread"))
     regions = tuple(sorted({name.rpartition(".")[0] for name in local}))
     rules += _between(plan, local, regions, records)
-    return TpPlanRules(tuple(rules), own, regions)
+    regions = tuple(sorted({*regions, *(name.rpartition(".")[0] for name in unread)}))
+    return TpPlanRules(tuple(rules), own, regions, unread)
 
 
 def _between(
@@ -127,6 +147,20 @@ def _between(
                         (rec.name, rec.slot), ShardRule(rec.name, role, "chunk", dim, rec.slot, why)
                     )
     return list(out.values())
+
+
+def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+    """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
+    the ranks' manifests (``parallel.dtensors.tp_partials``, ``training/tp_partials.py``);
+    empty where no rank kept partial sums."""
+    by_module: dict[str, dict[str, Any]] = {}
+    for rank in ranks:  # RankTrace
+        parallel = rank.trace.manifest.get("parallel")
+        dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
+        kept = dtensors.get("tp_partials") if isinstance(dtensors, Mapping) else None
+        for module, calls in (kept or {}).items() if isinstance(kept, Mapping) else ():
+            by_module.setdefault(str(module), {})[str(rank.rank)] = calls
+    return {str(step): by_module} if by_module else {}
 
 
 def tp_plan_of(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -37,7 +37,7 @@ from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
 from .dp_join import Replica, copies_differ, join_replicas, saw_different_data
 from .dp_scalars import loss_weights
-from .dtensor_rules import TpPlanRules, plan_rules, tp_plan_of
+from .dtensor_rules import TpPlanRules, partials_note, plan_rules, tp_plan_of
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
@@ -99,7 +99,6 @@ def merge_ranks(
     by_rank = {r.rank: r for r in ranks}
     all_rules, tp_plan = _rules(by_rank[min(by_rank)], layout, rules)
     replicas = _replicas(by_rank, layout, all_rules, where, key_prefix, tp_plan)
-    n = len(replicas)
     first, merged = replicas[0]
     leads = [by_rank[r] for r in replica_leads(layout)]
     dp_join: dict[str, Any] = {}
@@ -112,7 +111,7 @@ def merge_ranks(
         for _, state in replicas[1:]:
             merged.plans.update(state.plans)
             merged.replica_mismatches += state.replica_mismatches
-    elif n > 1:
+    elif len(replicas) > 1:
         first, dp_join = _dp_replicas(replicas, leads, layout, where, key_prefix, replica_mode)
         merged.replica_mismatches += [m for _, state in replicas[1:] for m in state.replica_mismatches]
         merged.replica_mismatches += dp_join.pop("mismatches")
@@ -135,6 +134,7 @@ def merge_ranks(
         replica_mismatches=tuple(merged.replica_mismatches) or ranks[0].trace.notes.replica_mismatches,
         dp_join={str(manifest.get("step", 0)): dp_join} if dp_join else ranks[0].trace.notes.dp_join,
         tp_unmerged=unmerged or ranks[0].trace.notes.tp_unmerged,
+        tp_partials=partials_note(ranks, manifest.get("step", 0)) or ranks[0].trace.notes.tp_partials,
     )
 
 

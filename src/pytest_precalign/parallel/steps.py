@@ -54,6 +54,7 @@ def combine_steps(
         grads_missing=tuple(m for n in notes for m in n.grads_missing),
         dp_join={k: v for n in notes for k, v in n.dp_join.items()},
         tp_unmerged={k: v for n in notes for k, v in n.tp_unmerged.items()},
+        tp_partials={k: v for n in notes for k, v in n.tp_partials.items()},
     )
     return _with_path(combined, root)
 

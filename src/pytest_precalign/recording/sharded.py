@@ -119,10 +119,12 @@ def local_part(t: Any) -> tuple[torch.Tensor, tuple[Any, ...]]:
     # ``to_local()`` each go through DTensor's dispatch, ~0.1 ms a call, run for every sharded
     # parameter and grad several times a recorded step).
     held = getattr(t, "_local_tensor", None)
-    local: torch.Tensor = held.detach() if isinstance(held, torch.Tensor) else t.to_local().detach()
+    local: torch.Tensor = held if isinstance(held, torch.Tensor) else t.to_local()
+    waited = None if plain(local) else _collective_result(local)  # a collective's pending result
+    local = local if waited is None else waited  # (``SequenceParallel``'s input): waited for
     if not plain(local):  # a DTensor of a subclass (a float8 shard): not readable
         raise TypeError(type(local).__name__)
-    return local, groups
+    return local.detach(), groups
 
 
 def _shards(placement: Any) -> bool:

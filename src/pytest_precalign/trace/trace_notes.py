@@ -13,6 +13,7 @@ The JSON layout (each key absent when its note is empty)::
      "dp_split": {"<step>": "why its DP replicas' rows differ"},
      "dp_join": {"<step>": {"joined": true, ...}},   # parallel.dp_join
      "tp_unmerged": {"<record id>": "why its TP ranks are not merged"},  # parallel.dtensor_rules
+     "tp_partials": {"<step>": {"<module>": {"<rank>": [[max, min, sum, norm], ...]}}},  # training.tp_partials
      "compiled": {"stats": "in the graph", ...},     # recording.compiled_records
      "param_grads": "step"}                          # the Recorder's param_grads setting
 
@@ -45,6 +46,7 @@ class TraceNotes:
     dp_split: Mapping[str, str] = field(default_factory=dict)
     dp_join: Mapping[str, Entry] = field(default_factory=dict)
     tp_unmerged: Mapping[str, str] = field(default_factory=dict)
+    tp_partials: Mapping[str, Entry] = field(default_factory=dict)
     compiled: Entry | None = None
     param_grads: str | None = None
 
@@ -62,6 +64,7 @@ class TraceNotes:
             dp_split=_texts(manifest, "dp_split", where),
             dp_join={str(k): v for k, v in _object(manifest, "dp_join", where).items()},
             tp_unmerged=_texts(manifest, "tp_unmerged", where),
+            tp_partials={str(k): v for k, v in _object(manifest, "tp_partials", where).items()},
             compiled=dict(_object(manifest, "compiled", where)) or None,
             param_grads=None if manifest.get("param_grads") is None else str(manifest["param_grads"]),
         )

@@ -21,7 +21,10 @@
   parallelism), summed over the ranks that shard them.
 - ``sharded_layout``: the manifest's ``parallel.dtensors`` block (FSDP2's mesh and settings,
   DTensor placements, how DTensors were summarised); ``tp_plan``: the tensor-parallel plan
-  ``parallelize_module`` left on the model, read back from its hooks (``parallel.dtensors.tp_plan``).
+  ``parallelize_module`` left on the model, read back from its hooks (``parallel.dtensors.tp_plan``);
+  ``rank_agreement``: the ranks' agreement at each ``start()`` on what a sharded model's step
+  records, through the process group's store, a rank that never comes named after a bounded wait;
+  ``tp_partials``: each rank's partial sum of a ``RowwiseParallel`` output before its all-reduce.
 - ``megatron_step``: ``megatron_train_step``, one megatron-core step with its ``StepScalars``.
 - ``megatron_stack``: the ``megatron`` trainer (megatron-core's DDP, optimizer, scheduler).
 - ``megatron_dp``: data parallelism with megatron-core's distributed optimizer.

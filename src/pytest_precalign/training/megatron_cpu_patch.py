@@ -45,8 +45,14 @@ The workarounds (megatron-core 0.16.1; the only places on these paths):
    called without arguments from those modules of ``megatron.core.optimizer``, a CPU tensor's
    ``type()`` names the CUDA type of its dtype; from anywhere else it answers as always.
    (``OptimizerParamScheduler`` and ``finalize_model_grads`` need nothing.)
+7. Mixture of experts (``transformer/moe/moe_utils.py``): in training, the aux-loss tracker
+   (``save_to_aux_losses_tracker``) allocates its per-layer values with
+   ``torch.zeros(..., device="cuda")``: made on the CPU as in patch 5. The router's gating
+   (``router_gating_linear``, megatron-core >= 0.13) tests ``te_general_gemm is not None``, a
+   name the module defines only when Transformer Engine imports: where it is missing it is
+   None (the plain matmul path) inside the block and removed again on exit.
 
-Patches 2-5 replace the name ``torch`` inside the listed megatron modules only, by a view of
+Patches 2-5 and 7 replace the name ``torch`` inside the listed megatron modules only, by a view of
 torch that differs in the listed functions, and only for calls that would fail on a CPU-only
 torch (a ``device='cuda'`` argument); nothing else in torch or megatron changes.
 Not handled: Transformer Engine, apex, fused kernels, CUDA graphs, ``enable_autocast``,
@@ -78,6 +84,7 @@ _TRAINING_MODULES = (
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.optimizer.clip_grads",
     "megatron.core.utils",
+    "megatron.core.transformer.moe.moe_utils",
 )
 # Callers whose ``tensor.type()`` names the CUDA type (patch 6).
 _TYPE_CALLERS = frozenset(
@@ -196,15 +203,29 @@ def _setattr(target: Any, name: str, value: Any) -> Iterator[None]:
             delattr(target, name)
 
 
+@contextlib.contextmanager
+def _define(target: Any, name: str, value: Any) -> Iterator[None]:
+    """``target.name = value`` for the block if ``target`` has no ``name``; removed after."""
+    if hasattr(target, name):
+        yield
+        return
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        delattr(target, name)
+
+
 def _patch_training(stack: contextlib.ExitStack, torch: ModuleType, modules: dict[str, ModuleType]) -> None:
-    """Patches 5 and 6: the optimizer, grad scaler, clipping and norm modules' CUDA scalars
-    and ``param.type()`` checks."""
+    """Patches 5, 6 and 7: the optimizer, grad scaler, clipping, norm and MoE modules' CUDA
+    scalars, ``param.type()`` checks and the router's Transformer Engine gemm."""
     factories = {"tensor": _on_cpu(torch.tensor), "zeros": _on_cpu(torch.zeros)}
     for name in _TRAINING_MODULES:
         module = modules[name]
         cuda = _View(torch.cuda, {"current_device": _cpu_device, "empty_cache": _no_sync})
         stack.enter_context(_setattr(module, "torch", _View(torch, {**factories, "cuda": cuda})))
     stack.enter_context(_setattr(torch.Tensor, "type", _type_as_cuda(torch.Tensor.type)))
+    stack.enter_context(_define(modules["megatron.core.transformer.moe.moe_utils"], "te_general_gemm", None))
 
 
 @contextlib.contextmanager

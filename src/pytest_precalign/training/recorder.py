@@ -103,7 +103,7 @@ from .recorder_options import (
 )
 from .run_facts import model_config, run_environment
 from .run_root import check_selected_steps, claim_root, release_root
-from .sharded_layout import check_sharded_recording
+from .sharded_layout import check_sharded_recording, watch_partials
 from .unwrap import hooks_before_compile, unwrap
 
 
@@ -220,8 +220,7 @@ class Recorder:
             raise
 
     def _start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
-        agreed = {**self._options, "level": self.level, "format": self.format, "params": self.params}
-        check_sharded_recording(self.ranks, self.mode, model, agreed, self._step, self.selected())
+        check_sharded_recording(self, model)  # the ranks agree on what this step records
         if not self.selected() or self.mode == "scalars":
             if self.mode == "stats" and self.level == "module" and self.golden is None:
                 hooks_before_compile(model, self.compiled)  # in the graph (recording/compiled_stats.py)
@@ -266,6 +265,7 @@ class Recorder:
         except BaseException:
             self._discard()
             raise
+        hooks._handles += watch_partials(chunks, prefixes, self._parallel.get("dtensors"))  # tp_partials.py
         self._hooks = hooks
         self._grads_done = False
         self._output_calls.clear()

@@ -18,21 +18,24 @@ rows, they are not data-parallel replicas.
 DTensors' statistics are combined over the ranks with collectives, so every rank must record
 the same step with the same options; one all-gather of (step, recorded, options checksum) per
 step finds a rank that differs (``include=``, ``steps=``, ``mode=`` per rank) and raises one
-``RecorderError`` on every rank instead of a hang.
+``RecorderError`` on every rank instead of a hang; a rank that never comes is named after at most
+``PRECALIGN_RANK_WAIT`` seconds (``rank_agreement.py``: through the store, not a collective).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..errors import ConfigError, RecorderError
+from ..errors import ConfigError
 from ..recording.sharded import is_dtensor
 from ..recording.tensor_summary import dtype_name
+from .rank_agreement import agree, options_row
+from .tp_partials import watch_partials
+
+__all__ = ["check_rank_selection", "check_sharded_recording", "dtensor_block", "tp_layout", "watch_partials"]
 from .tp_plan import tp_plan
 
 SUMMARY = {
@@ -134,50 +137,23 @@ def check_rank_selection(ranks: frozenset[int] | None, mode: str, model: Any) ->
         )
 
 
-def check_sharded_recording(
-    ranks: frozenset[int] | None, mode: str, model: Any, options: Mapping[str, Any], step: int, selected: bool
-) -> None:
+def check_sharded_recording(recorder: Any, model: Any) -> None:
     """``check_rank_selection``, then, on a model with DTensor parameters in a process group of
-    several ranks, the ranks' agreement on what this step records (module doc): ``options``
-    (the Recorder's), ``step`` and ``selected`` (this rank records the step)."""
+    several ranks, the ranks' agreement on what this step records (``rank_agreement.py``): the
+    ``Recorder``'s options, step, whether this rank records it, checked per recording root."""
+    ranks, mode = recorder.ranks, recorder.mode
+    options = {
+        **recorder._options,
+        "level": recorder.level,
+        "format": recorder.format,
+        "params": recorder.params,
+    }
     check_rank_selection(ranks, mode, model)
     dist = torch.distributed
     if mode == "scalars" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     from .model_checks import chunks_of
 
-    first = next((p for chunk in chunks_of(model) for p in chunk.parameters() if is_dtensor(p)), None)
-    if first is None:  # the walk stops at the first DTensor parameter (this runs every step)
-        return
-    said = json.dumps({k: repr(v) for k, v in {**options, "mode": mode}.items()}, sort_keys=True)
-    digest = int.from_bytes(hashlib.sha256(said.encode()).digest()[:7], "big")
-    mine = torch.tensor([step, int(selected), digest], dtype=torch.int64, device=first.device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    rows = [tuple(int(x) for x in t.tolist()) for t in every]
-    if len(set(rows)) > 1:
-        raise RecorderError(_disagreement(rows, said))
-
-
-def _disagreement(rows: Sequence[tuple[int, ...]], said: str) -> str:
-    def ranks_where(col: int, value: int) -> list[int]:
-        return [r for r, row in enumerate(rows) if row[col] == value]
-
-    parts = []
-    if len({row[0] for row in rows}) > 1:
-        parts.append(
-            "they are at other steps (" + ", ".join(f"rank {r}: {row[0]}" for r, row in enumerate(rows)) + ")"
-        )
-    if len({row[1] for row in rows}) > 1:
-        parts.append(f"ranks {ranks_where(1, 1)} record this step, ranks {ranks_where(1, 0)} do not (steps=)")
-    if len({row[2] for row in rows}) > 1:
-        parts.append(
-            f"ranks {ranks_where(2, rows[0][2])} and {[r for r, row in enumerate(rows) if row[2] != rows[0][2]]} "
-            f"were given other Recorder options (this rank's: {said})"
-        )
-    return (
-        "Recorder: the ranks of this sharded model (DTensor parameters: FSDP2, tensor parallelism) do not "
-        f"record alike at step {rows[0][0]}: {'; '.join(parts)}. Their DTensors' records are combined over "
-        "every rank, so every rank must call start() and stop() on the same steps with the same options "
-        "(mode, include, exclude, inputs, grads, params, param_grads, steps)"
-    )
+    if not any(is_dtensor(p) for chunk in chunks_of(model) for p in chunk.parameters()):
+        return  # the walk stops at the first DTensor parameter (this runs every step)
+    agree(recorder.root, *options_row(options, mode, recorder._step, recorder.selected()))

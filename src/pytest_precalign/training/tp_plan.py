@@ -14,8 +14,11 @@ style's input function), read here. ``output`` is where the module's output land
 (``Shard(d)``, ``Replicate``); with ``use_local_output`` the next module (and the recorder's
 hooks, registered after torch's) sees the rank's local tensor: a shard where ``output`` is
 ``{"shard": d}``. ``group`` is the global ranks of the module's TP mesh (this rank's TP group).
-A module whose hooks cannot be read (a custom ``ParallelStyle``, another torch) has no entry:
-its records merge as replicated ones, and ranks that disagree on them are listed as such.
+A module with DTensor parameters of its own whose hooks ``distribute_module`` made from other
+functions (a custom ``ParallelStyle``, another torch) gets ``{"style": <the class its hook
+functions are defined in>, "unread": true, "mesh", "group"}``: how its output is split is not
+known, so its records and those its parent's ranks recorded differently are listed as not
+merged (``parallel/dtensor_rules.py``), never taken for replicated ones.
 """
 
 from __future__ import annotations
@@ -92,7 +95,40 @@ def _entry(module: torch.nn.Module) -> dict[str, Any] | None:
                 entry["use_local_output"] = bool(part.args[1])
             elif fn == "_prepare_input_fn" and owner != "SequenceParallel" and part.args:
                 entry["input"] = _placements(part.args[0])
-    return entry or None
+    return entry or _unread(module, hooks)
+
+
+def _unread(module: torch.nn.Module, hooks: Sequence[Any]) -> dict[str, Any] | None:
+    """The entry of a module another style distributed (module doc), or None."""
+    if not any(type(p).__name__ == "DTensor" for p in module.parameters(recurse=False)):
+        return None
+    for hook in hooks:
+        mesh = _mesh_of(hook)
+        if mesh is None:
+            continue
+        named = [getattr(c.cell_contents, "__qualname__", "") for c in hook.__closure__ or () if _full(c)]
+        owner = next((q.split(".")[0] for q in named if "." in q), "unknown")
+        group = [int(r) for r in mesh.mesh.flatten().tolist()]
+        return {"style": owner, "unread": True, "mesh": list(mesh.shape), "group": group}
+    return None
+
+
+def _full(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def output_hook_id(module: torch.nn.Module) -> int | None:
+    """The id (in ``module._forward_hooks``) of the output hook a ``RowwiseParallel`` style
+    left on ``module``, or None."""
+    for key, hook in module._forward_hooks.items():
+        for part in _partials(hook):
+            if getattr(part.func, "__qualname__", "") == "RowwiseParallel._prepare_output_fn":
+                return int(key)
+    return None
 
 
 def tp_plan(chunks: Sequence[torch.nn.Module], prefixes: Sequence[str] = ()) -> dict[str, Any]:

@@ -18,7 +18,8 @@ judged before step 0; a plan difference told in the framework's own argument nam
 ``frozen_params`` (parameters both sides freeze, checked unchanged instead of judged),
 ``replay_story`` (what the replay of the first divergent step found, or why it did not run),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
-rank whose rows of a joined record differ), ``non_data_inputs``
+rank whose rows of a joined record differ), ``tp_ranks`` (the TP rank whose partial sum of a
+row-parallel module differs, or why it cannot be told), ``non_data_inputs``
 (masks, positions and caches set aside or named in the origin walk).
 """
 

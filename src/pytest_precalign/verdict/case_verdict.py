@@ -40,6 +40,7 @@ from .phase import (
 )
 from .replay_story import Replay, with_replay
 from .story import tell_case
+from .tp_ranks import with_tp_rank
 from .training_contract import Rename, same_names
 from .training_envelope import CleanReruns, measure_envelope
 from .training_run import RunSide, TrainingVerdict, judge_run, lane_of, with_expectation
@@ -149,6 +150,7 @@ def _training(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) ->
         mismatches = [m for side in facts.sides for m in side.notes.replica_mismatches]
         training = with_replica_findings(_judge_run(judging, facts, comparison), mismatches)
         training = with_replica_rows(training, judging.baseline, judging.candidate, comparison)
+        training = with_tp_rank(training, judging.baseline, judging.candidate)
     return _expected(training, expect, judging.table)
 
 

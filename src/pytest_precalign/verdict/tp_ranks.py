@@ -1,0 +1,80 @@
+"""Which tensor-parallel rank's share is wrong, where a run first diverges in the forward at a
+``RowwiseParallel`` module (issue #45).
+
+Such a module's output is all-reduced, so every rank records the same sum and a fault in one
+rank's share shows without its rank. Each rank kept its partial sum's statistics before the
+all-reduce (the ``tp_partials`` note, ``training/tp_partials.py``). Where both sides kept them
+for the same ranks and calls (a rerun of the same TP layout, a golden of it), each rank's are
+compared with the other side's same rank's; the ranks whose partial sums differ are added to the
+run verdict's evidence, or, where none differs, that the ranks' shares agree and the reduction
+differs. Against a side without them (one process, another layout) the evidence says in one
+line why the rank cannot be told. Nothing is claimed without evidence. No torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..trace.records import Trace
+from .training_run import TrainingVerdict
+
+RTOL = 1e-3  # of the partial sums' statistics: far above the rounding of one layout on any CPU
+CANNOT = (
+    "which TP rank's share of {origin} differs cannot be told against a run without the same "
+    "tensor-parallel layout: its output is all-reduced before it is recorded, so every rank records "
+    "the same sum (compare with a rerun of the same TP layout, whose ranks keep their partial sums)"
+)
+
+
+def with_tp_rank(
+    training: TrainingVerdict | None, baseline: Trace, candidate: Trace
+) -> TrainingVerdict | None:
+    """``training`` with the TP rank(s) whose partial sum differs at its first divergent
+    forward module, where that module's ranks kept partial sums (module doc)."""
+    first = training.first if training is not None else None
+    if training is None or first is None or first.what != "forward" or not first.origin:
+        return training
+    sides = [_partials(t, first.step, first.origin) for t in (baseline, candidate)]
+    if sides == [None, None]:
+        return training
+    told = partial_sums_evidence(sides[0], sides[1], first.origin)
+    return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+
+
+def _partials(trace: Trace, step: int, origin: str) -> Mapping[str, Any] | None:
+    block = trace.notes.tp_partials.get(str(step), {})
+    ranks = block.get(origin) if isinstance(block, Mapping) else None
+    return ranks if isinstance(ranks, Mapping) and ranks else None
+
+
+def partial_sums_evidence(base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, origin: str) -> str:
+    """The evidence line of two sides' partial sums of ``origin`` (rank -> one list per call)."""
+    if base is None or cand is None or set(base) != set(cand):
+        return CANNOT.format(origin=origin)
+    differ, compared = [], 0
+    for rank in sorted(cand, key=int):
+        a, b = base[rank], cand[rank]
+        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+            return CANNOT.format(origin=origin)
+        pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+        compared += len(pairs)
+        if any(not _close(x, y) for x, y in pairs):
+            differ.append(f"rank{rank}")
+    if not compared:
+        return CANNOT.format(origin=origin)
+    if not differ:
+        return (
+            f"every TP rank's partial sum of {origin} before its all-reduce matches the other side's "
+            f"(max, min, sum, norm within {RTOL:g} relative): the shares agree, their reduction differs"
+        )
+    return (
+        f"TP {', '.join(differ)}: its partial sum of {origin} before the all-reduce differs from the "
+        f"other side's same rank's (max, min, sum or norm beyond {RTOL:g} relative); the other ranks' match"
+    )
+
+
+def _close(a: Sequence[float], b: Sequence[float]) -> bool:
+    scale = max(abs(a[3]), abs(b[3]), 1e-12)  # the norm: a sum near zero is judged against it
+    return all(abs(x - y) <= RTOL * max(abs(x), abs(y), scale * 1e-2) for x, y in zip(a, b, strict=True))

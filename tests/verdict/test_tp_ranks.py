@@ -1,0 +1,33 @@
+"""The TP rank named from each rank's partial sum of a row-parallel module before its
+all-reduce (``verdict/tp_ranks.py``); end to end under torchrun in
+``tests/training/test_dp_runs.py`` (slow)."""
+
+from __future__ import annotations
+
+from pytest_precalign.verdict.tp_ranks import partial_sums_evidence
+
+SUMS = {"0": [[0.5, -0.4, 0.02, 1.0]], "1": [[0.25, -0.3, 0.04, 0.8]]}
+ORIGIN = "model.layers.1.mlp.down_proj"
+
+
+def test_the_rank_whose_partial_sum_differs_is_named() -> None:
+    doubled = {"0": SUMS["0"], "1": [[v * 2 for v in SUMS["1"][0]]]}
+    said = partial_sums_evidence(SUMS, doubled, ORIGIN)
+    assert said.startswith(f"TP rank1: its partial sum of {ORIGIN} before the all-reduce differs")
+    assert "rank0" not in said
+
+
+def test_rounding_is_not_a_rank_and_agreeing_shares_say_the_reduction_differs() -> None:
+    rounded = {r: [[v * (1 + 1e-6) for v in calls[0]]] for r, calls in SUMS.items()}
+    said = partial_sums_evidence(SUMS, rounded, ORIGIN)
+    assert "the shares agree, their reduction differs" in said
+
+
+def test_without_the_same_layout_the_rank_cannot_be_told() -> None:
+    for base, cand in (
+        (None, SUMS),
+        (SUMS, None),
+        ({"0": SUMS["0"]}, SUMS),
+        ({"0": [None], "1": [None]}, SUMS),
+    ):
+        assert "cannot be told" in partial_sums_evidence(base, cand, ORIGIN)
