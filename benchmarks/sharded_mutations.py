@@ -57,6 +57,7 @@ RUNS: dict[str, tuple[int, str]] = {
     "fsdp2_lr": (2, "wrap=fsdp2,lr_from=3"),
     "fsdp2_local_norm": (2, "wrap=fsdp2,local_norm_from=2"),
     "fsdp2_stale_param": (2, "wrap=fsdp2,stale_from=3"),
+    "ddp_shuffled": (2, "wrap=ddp,shuffle_from=3"),
     # tensor mode (4 steps): a joined activation's rows checked replica by replica (the rank named)
     "one_tensor": (1, "mode=tensor,total=4"),
     "ddp_tensor": (2, "wrap=ddp,mode=tensor,total=4"),
@@ -94,13 +95,22 @@ def pairs() -> list[Pair]:
     ]
     for wrap in ("ddp", "zero1"):
         out.append(Pair("one", f"{wrap}_grads_one_rank", 2, "backward"))
-    out.append(Pair("one", "fsdp2_loss_one_rank", 2, "backward"))
+    # The last rank backpropagates twice the loss it computed and records: every forward record
+    # and the loss value match, the first grad of the backward (w.r.t. lm_head's output, made by
+    # the loss code) does not -- the loss differs in its gradient, the class a loss whose value
+    # coincides and whose gradient does not is (no module's own backward is wrong).
+    out.append(Pair("one", "fsdp2_loss_one_rank", 2, "loss"))
     for wrap in ("ddp", "zero1", "fsdp2"):
         out += [
             Pair("one", f"{wrap}_lr", 3, "schedule"),
             Pair("one", f"{wrap}_local_norm", 2, "clipping", "rank1"),
             Pair("one", f"{wrap}_stale_param", 3, "forward", STALE),
         ]
+    # Each rank's sampler seeded by its rank from step 3: other rows than the global batch's,
+    # told by the replicas' rows joined (rows_hash) against one process, by their batch hashes
+    # against a DDP rerun.
+    out.append(Pair("one", "ddp_shuffled", 3, "data", "rows"))
+    out.append(Pair("ddp", "ddp_shuffled", 3, "data", "batch"))
     # Against a rerun of the same DDP job: the rank is named (its partial grads, slot dp1).
     out.append(Pair("ddp", "ddp_grads_one_rank", 2, "grad_reduction", "dp1"))
     # The stale parameter's rank: from each replica's statistics against a run split the same

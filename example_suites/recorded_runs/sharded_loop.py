@@ -24,7 +24,9 @@ clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard
 global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
 weight of the step before: a stale parameter after a missing re-gather), ``tp_shard_from=k`` (the
 last rank's share of ``model.layers.1.mlp.down_proj``'s row-parallel output, its partial sum
-before the all-reduce, doubled: one TP rank's shard wrong).
+before the all-reduce, doubled: one TP rank's shard wrong), ``shuffle_from=k`` (every rank
+draws its rows from its own shuffle of the data, seeded by its rank: other rows than the
+global batch's).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch.distributed as dist
 from tiny_setup import VOCAB, sweep, tiny_qwen2
 
 from pytest_precalign import Recorder
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+from pytest_precalign.training.step_evidence import StepEvidence, batch_hashes, group_settings, token_count
 
 STEPS, ROWS, SEQ, WARMUP, CLIP = 6, 4, 12, 2, 1.0
 BASELINE: dict[str, Any] = {
@@ -56,6 +58,7 @@ BASELINE: dict[str, Any] = {
     "local_norm_from": None,
     "stale_from": None,
     "tp_shard_from": None,
+    "shuffle_from": None,
     "tp_style": "plain",
     "golden": None,
 }
@@ -190,6 +193,9 @@ def micro_batches(
         world, rank = 2, rank // (world // 2)
     share, at = (ROWS, 0) if run["wrap"] == "tp" else (ROWS // world, rank)
     mine = rows[step * ROWS + at * share : step * ROWS + (at + 1) * share]
+    if _on("shuffle_from", run, step):  # a sampler seeded by the rank: each rank its own order
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(rank + 1))
+        mine = rows[order[step * share : (step + 1) * share]]
     size = share // run["micro"]
     # sequence parallelism: the embeddings the model sees are the rank's part of the sequence,
     # so the positions (rotary) and the causal mask of the whole sequence are given
@@ -253,6 +259,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
         lr_times(optimizer, 2.0 if _on("lr_from", run, step) else 1.0)
         scheduler.step()
         optimizer.zero_grad()
+        hashes = batch_hashes(micro)  # the rows in order, and as a set (comparable across DP sizes)
         rec.record_scalars(
             evidence.finish(
                 step,
@@ -260,7 +267,8 @@ def train(out: Path, run: dict[str, Any]) -> None:
                 lr=lr,
                 weight_decay=wd,
                 tokens=token_count(micro),
-                batch_hash=batch_hash(micro),
+                batch_hash=hashes[0],
+                rows_hash=hashes[1],
                 micro_batches=run["micro"],
                 skipped=False,
             )

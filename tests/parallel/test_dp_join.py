@@ -300,3 +300,18 @@ def test_a_step_recorded_as_scalars_only_joins_its_replicas_by_the_runs_layout(t
     first = scalars_of(merged.manifest)[0]
     assert first.batch_hash is not None and first.batch_hash.startswith(JOINED_HASH)
     assert first.tokens == 12 and first.loss == 1.5
+
+
+def test_the_replicas_rows_hashes_add_up_to_the_global_batchs_and_copies_must_agree_on_them() -> None:
+    def side(batch: str, rows: int | None) -> dict[int, StepScalars]:
+        held = None if rows is None else f"{rows:064x}"
+        return {0: StepScalars(step=0, loss=1.0, tokens=4, batch_hash=batch * 64, rows_hash=held)}
+
+    top = (1 << 256) - 1
+    joined, findings = join_scalars([("rank0", side("a", 3)), ("rank1", side("b", top))], joined=True)
+    assert joined is not None and not findings
+    assert joined[0].rows_hash == f"{2:064x}"  # summed modulo 2**256
+    lacking, _ = join_scalars([("rank0", side("a", 3)), ("rank1", side("b", None))], joined=True)
+    assert lacking is not None and lacking[0].rows_hash is None  # one replica's rows unknown: unknown
+    _, findings = join_scalars([("rank0", side("a", 3)), ("rank1", side("a", 4))], joined=False)
+    assert [f["name"] for f in findings] == ["step scalar rows_hash"]

@@ -10,7 +10,7 @@
 ``--strategy``: Lightning's own data-parallel strategy over the torchrun ranks (CPU, gloo), each
 rank every other row of the global batch (``DistributedSampler(shuffle=False)``, given with
 ``use_distributed_sampler=False``: the sampler Lightning injects always shuffles the training
-rows, so a 1-rank run would see other batches); ``model_parallel`` shards the decoder layers and
+rows, so a 1-rank run would see other batches; ``--shuffled`` lets it); ``model_parallel`` shards the decoder layers and
 the root with FSDP2's ``fully_shard`` in ``configure_model``.
 
 OUT.json gets what the run itself saw (no recording involved): every micro-batch's loss as
@@ -144,9 +144,10 @@ def strategy_of(name: str) -> dict[str, Any]:
     return {"devices": devices, "strategy": name}
 
 
-def loader(data: Dataset[Any], batch: int, ranks: int) -> DataLoader[Any]:
-    """The rows in order; over several ranks each rank every ``ranks``-th row (not shuffled)."""
-    if ranks == 1:
+def loader(data: Dataset[Any], batch: int, ranks: int, shuffled: bool = False) -> DataLoader[Any]:
+    """The rows in order; over several ranks each rank every ``ranks``-th row (not shuffled);
+    ``shuffled``: a plain DataLoader, Lightning injecting its shuffling ``DistributedSampler``."""
+    if ranks == 1 or shuffled:
         return DataLoader(data, batch_size=batch, shuffle=False)
     import os
 
@@ -169,6 +170,7 @@ def main() -> None:
     parser.add_argument("--schedule", default="warmup_cosine", choices=["warmup_cosine", "constant"])
     parser.add_argument("--batch", type=int, default=ROWS, help="rows per micro-batch (and rank)")
     parser.add_argument("--strategy", default="none", choices=["none", "ddp", "model_parallel"])
+    parser.add_argument("--shuffled", action="store_true", help="Lightning's own (shuffling) sampler")
     args = parser.parse_args()
 
     callbacks = []
@@ -188,9 +190,9 @@ def main() -> None:
         gradient_clip_val=args.clip or None,
         callbacks=callbacks,
         **{**QUIET, **sharded},
-        **({"use_distributed_sampler": False} if ranks > 1 else {}),
+        **({"use_distributed_sampler": False} if ranks > 1 and not args.shuffled else {}),
     )
-    trainer.fit(module, loader(data, args.batch, ranks))
+    trainer.fit(module, loader(data, args.batch, ranks, args.shuffled))
     digest = hashlib.sha256()
     for p in module.parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p

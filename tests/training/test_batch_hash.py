@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from pytest_precalign.training.step_evidence import batch_hash, token_count
+from pytest_precalign.trace.step_scalars import add_rows_hashes
+from pytest_precalign.training.step_evidence import batch_hash, batch_hashes, token_count
 
 PAD = 0
 # Rows of different lengths, as a dataset gives them; one has a prompt masked out of the loss
@@ -91,3 +92,22 @@ def test_trls_collator_in_two_micro_batches_hashes_as_one_batch() -> None:
     assert two[1]["input_ids"].shape[1] != one[0]["input_ids"].shape[1]
     assert batch_hash(two) == batch_hash(one) and token_count(two) == token_count(one)
     assert batch_hash([collator(examples[::-1])]) != batch_hash(one)
+
+
+def test_the_rows_hash_adds_up_over_dp_ranks_and_tells_other_rows_not_another_order() -> None:
+    """``rows_hash``: the step's rows as a multiset. Two DP ranks' rows (each its own share,
+    padded to its own length) add up to the one-process batch's whatever the rank split (a
+    sampler's every other row) or order; other rows, or a row twice, do not."""
+    one = batch_hashes(split(ROWS, 4))[1]
+    # DistributedSampler's split: rank r every other row (one row a micro-batch, its own labels)
+    strided = [batch_hashes([collate([ROWS[i]], i) for i in range(r, 4, 2)])[1] for r in range(2)]
+    assert add_rows_hashes(strided) == one
+    contiguous = [batch_hashes([collate(ROWS[:2])])[1], batch_hashes([collate(ROWS[2:], 2, "left")])[1]]
+    assert add_rows_hashes(contiguous) == one
+    backwards = [collate([ROWS[i]], i) for i in (3, 2, 1, 0)]
+    assert batch_hashes(backwards)[1] == one and batch_hash(backwards) != batch_hash(split(ROWS, 4))
+    changed = [list(r) for r in ROWS]
+    changed[3][1] = 99
+    assert batch_hashes(split(changed, 4))[1] != one
+    assert add_rows_hashes([batch_hashes([collate(ROWS[:2])])[1]] * 2) != one  # rows 0-1 twice
+    assert batch_hashes(split(ROWS, 4))[0] == batch_hash(split(ROWS, 4))  # the sequence hash as before

@@ -4,7 +4,8 @@ global batch, AdamW with warmup then cosine): ``strategy="ddp"`` and FSDP2 throu
 ``ModelParallelStrategy`` (``fully_shard`` in ``configure_model``). Recording changes no loss,
 LR, grad norm or parameter on any rank (the same job bare), and the recording compares clean
 with a 1-rank Lightning run of the same global batch (``precalign compare`` exit 0: the ranks'
-rows joined into the global batch's)."""
+rows joined into the global batch's); a run whose ranks shuffle their rows (Lightning's own
+sampler) is ``data`` at step 0 against it."""
 
 from __future__ import annotations
 
@@ -60,3 +61,23 @@ def test_a_sharded_lightning_run_is_recorded_without_harm_and_compares_with_one_
         (a + b) / 2 for a, b in zip(recorded[0]["micro_losses"], recorded[1]["micro_losses"], strict=True)
     ]
     assert one["micro_losses"] == pytest.approx(joined, rel=1e-5) and len(joined) == 4
+
+
+@pytest.mark.slow  # a 1-rank run and a torchrun job of Lightning (~1.5 min); tox -e slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_dp_run_whose_ranks_shuffle_their_rows_is_data_against_one_rank(tmp_path: Path) -> None:
+    """Lightning's own ``DistributedSampler`` (``use_distributed_sampler`` left on) shuffles the
+    rows: each step's global batch holds other rows than the 1-rank run's. The ranks' rows,
+    joined (their rows hashes summed), are compared with the 1-rank run's: ``data`` at step 0,
+    not a forward origin at the embedding that read them."""
+    run_scripts("lightning_run.py", {"one": [*COMMON, "--batch", "4", "--root", "one"]}, tmp_path)
+    torchrun(tmp_path, "shuffled", "--strategy", "ddp", "--root", "shuffled", "--shuffled")
+    done = compare(tmp_path / "one", tmp_path / "shuffled", "--report", str(tmp_path / "report"))
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    training = json.loads((tmp_path / "report" / "report.json").read_text())["training"]
+    assert (training["first_divergent_step"], training["first_divergent"], training["origin"]) == (
+        0,
+        "data",
+        "rows",
+    )
+    assert "the candidate's DP replicas' rows joined" in training["evidence"]

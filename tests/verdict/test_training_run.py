@@ -457,3 +457,83 @@ def test_a_grad_both_sides_record_at_another_granularity_is_not_one_sided() -> N
     # the same granularity gap with a.weight's grad gone from the candidate: one-sided again
     gone = [r for r in per_step if r.name != "a.weight"]
     assert records_run([per_micro_batch], [gone])[0].grads_one_sided == (("a.weight", "baseline"),)
+
+
+def forward_only(out: float = 1.0) -> list:  # type: ignore[type-arg]
+    """A step's forward records (two layers, the same on both sides unless ``out`` differs)."""
+    return two_layers(1.0, 1.0, out)
+
+
+def _noisy(moved_at: tuple[int, ...]) -> dict[int, StepScalars]:
+    """The candidate's scalars: its loss 1e-7 off (within its tolerance) at ``moved_at``, its
+    grad norm x1.65 from step 2 (one rank's grads doubled before a 2-rank reduction)."""
+    return run(
+        loss=lambda s: 5.6 - 0.01 * s + (1e-7 if s in moved_at else 0.0),
+        grad_norm=lambda s: (2.0 - 0.1 * s) * (1.65 if s >= 2 else 1.0),
+    )
+
+
+def test_a_grad_norm_off_where_the_layers_clear_the_forward_is_the_backward() -> None:
+    # 1 rank vs 2 (DDP): the losses never were bitwise equal (another reduction order); at step
+    # 2 every forward record matched and the loss moved only as much: the forward is cleared.
+    records = records_run([forward_only()] * 3, [forward_only()] * 3)
+    v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records, default_table())
+    assert first(v) == (2, "backward", "grad_norm")
+    assert (
+        v.first is not None
+        and "while every forward record of step 2 matched (4 compared)" in v.first.evidence
+    )
+    assert "as the sides' losses have since step 0" in v.first.evidence
+
+
+def test_the_loss_moving_still_keeps_the_forward_where_no_layer_or_no_earlier_move_clears_it() -> None:
+    # scalars only: nothing clears the forward (issue #46)
+    assert first(judge(run(), _noisy((0, 2))))[:2] == (2, "forward_or_backward")
+    records = records_run([forward_only()] * 3, [forward_only()] * 3)
+    # a rerun bitwise until step 2: the loss's first move is evidence against the forward,
+    # whatever the layers' tolerance let through
+    bitwise = judge_run(RunSide(run()), RunSide(_noisy((2,))), records, default_table())
+    assert first(bitwise)[:2] == (2, "forward_or_backward")
+    # a forward record that failed is the forward, not the backward
+    faulty = records_run([forward_only()] * 3, [forward_only(), forward_only(), forward_only(2.0)])
+    assert first(judge_run(RunSide(run()), RunSide(_noisy((0, 2))), faulty, default_table())) == (
+        2,
+        "forward",
+        "b",
+    )
+
+
+def test_a_grad_norm_off_with_the_forward_and_every_grad_matched_is_clippings_norm() -> None:
+    steps = [[*forward_only(), *backward_grads(1.0, 1.0)]] * 3
+    v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records_run(steps, steps), default_table())
+    assert first(v) == (2, "clipping", "grad_norm")
+    assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
+
+
+def _rows_run(rows: dict[int, int], joined: bool) -> dict[int, StepScalars]:
+    """A run whose step k trained the rows ``rows[k]`` stands for (as a multiset hash); a DP
+    run's batch hash is its replicas' (``dp-replicas:...``), never equal to one process's."""
+    digest = (lambda s: f"dp-replicas:{s:016x},{s + 1:016x}") if joined else (lambda s: f"{s:064x}")
+    return run(batch_hash=digest, rows_hash=lambda s: f"{rows.get(s, s):064x}")
+
+
+def test_a_dp_run_that_trained_other_rows_than_one_process_is_data_at_that_step() -> None:
+    same = judge(_rows_run({}, joined=False), _rows_run({}, joined=True))
+    assert same.passed, same.first  # the same rows (any rank split and order): aligned
+    # each rank shuffled its rows: step 1 holds other rows of the dataset
+    v = judge(_rows_run({}, joined=False), _rows_run({1: 99}, joined=True))
+    assert first(v) == (1, "data", "rows")
+    assert v.first is not None and "the candidate's DP replicas' rows joined" in v.first.evidence
+    # a side recorded before rows hashes existed: not compared, no finding
+    older = {s: replace(x, rows_hash=None) for s, x in _rows_run({1: 99}, joined=True).items()}
+    assert judge(_rows_run({}, joined=False), older).passed
+
+
+def test_two_dp_runs_whose_replicas_trained_other_rows_name_the_replica() -> None:
+    base = run(batch_hash=lambda s: f"dp-replicas:{'a' * 16},{'b' * 16}")
+    cand = run(batch_hash=lambda s: f"dp-replicas:{'a' * 16},{('c' if s == 2 else 'b') * 16}")
+    v = judge(base, cand)
+    assert first(v) == (2, "data", "batch")
+    assert v.first is not None and v.first.evidence.endswith(
+        "(DP replica 1: sha256 bbbbbbbbbbbb vs cccccccccccc)"
+    )

@@ -6,7 +6,8 @@ replicas' losses weighted by their ``tokens`` when every replica records them (t
 the one-process run over the global batch, normalised per token), else their plain mean
 (equal shares, as ``DistributedSampler`` gives); ``tokens`` their sum; ``batch_hash`` the replicas' hashes marked as such (``JOINED_HASH``:
 the global batch's sha256 is not a function of the shards'; compared only with another DP
-run's, the layers' inputs stand for it against a one-process run).
+run's), ``rows_hash`` their sum (the global batch's rows as a multiset, comparable with a
+one-process run's: ``StepScalars.rows_hash``).
 What the reduction and the optimizer make the same on every replica -- the LR and weight
 decay, the grad norm and clip coefficient after the reduction, the update and parameter
 norms, the count of zero grads, a skipped step, the loss scale, the micro-batch count -- must
@@ -23,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import TraceError
-from ..trace.step_scalars import JOINED_HASH, StepScalars
+from ..trace.step_scalars import JOINED_HASH, StepScalars, add_rows_hashes
 
 AGREE = (
     "lr",
@@ -91,7 +92,7 @@ def join_scalars(
                 "records each step's scalars (Recorder.record_scalars on every rank)"
             )
         others = [(manifests[i][0], s) for i, s in enumerate(held) if i and s is not None]
-        fields = AGREE if joined else (*AGREE, "loss", "tokens", "batch_hash")
+        fields = AGREE if joined else (*AGREE, "loss", "tokens", "batch_hash", "rows_hash")
         for name in fields:
             value = getattr(first, name)
             differ = [(w, getattr(s, name)) for w, s in others if not _same(getattr(s, name), value)]
@@ -116,4 +117,6 @@ def _global(first: StepScalars, everyone: Sequence[StepScalars]) -> StepScalars:
     digest = first.batch_hash
     if len(set(hashes)) > 1 and all(h is not None for h in hashes):
         digest = JOINED_HASH + ",".join(h[:16] for h in hashes if h is not None)
-    return replace(first, loss=loss, tokens=total, batch_hash=digest)
+    rows = [s.rows_hash for s in everyone]
+    joined_rows = add_rows_hashes([r for r in rows if r is not None]) if None not in rows else None
+    return replace(first, loss=loss, tokens=total, batch_hash=digest, rows_hash=joined_rows)

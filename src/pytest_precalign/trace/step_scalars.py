@@ -19,13 +19,18 @@ Fields are None when the side's framework does not have the quantity (never 0 fo
 - ``tokens``: tokens in the step's batch (labels not ignored); ``batch_hash``: sha256 of the
   step's batch (each row's input ids and labels at its attended positions, whatever the
   padding and the micro-batch split), so differing data is seen as differing data.
+- ``rows_hash``: the step's rows as a multiset -- the sum modulo 2**256 of each row's sha256
+  (the bytes ``batch_hash`` hashes of it) -- so the rows of a data-parallel run's replicas add
+  up to the hash of their global batch (``add_rows_hashes``) whatever the split and the order
+  of the rows in the step: a one-process run and a DP run are compared on the rows each step
+  trained on (``batch_hash`` only compares runs split alike).
 - ``micro_batches``: how many micro-batches the step was split into.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -36,6 +41,15 @@ SCALARS_KEY = "scalars"
 # its batch hash is its replicas' hashes in rank order, marked so -- the global batch's sha256
 # is not a function of its shards' -- and compared only with another such hash.
 JOINED_HASH = "dp-replicas:"
+
+
+ROWS_MODULUS = 1 << 256
+
+
+def add_rows_hashes(hashes: Sequence[str]) -> str:
+    """The ``rows_hash`` of the union of the rows ``hashes`` stand for (each a ``rows_hash``)."""
+    total = sum(int(h, 16) for h in hashes) % ROWS_MODULUS
+    return f"{total:064x}"
 
 
 def comparable_hashes(a: str | None, b: str | None) -> bool:
@@ -59,6 +73,7 @@ class StepScalars:
     tokens: int | None = None
     batch_hash: str | None = None
     micro_batches: int | None = None
+    rows_hash: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

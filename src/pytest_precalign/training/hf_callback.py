@@ -63,7 +63,7 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from ..training.step_evidence import (
     StepEvidence,
-    batch_hash,
+    batch_hashes,
     group_settings,
     initial_params,
     token_count,
@@ -232,6 +232,7 @@ class TrainerSteps(TrainerCallback):
         coef = None
         if pre is not None and after is not None:
             coef = (after / pre if pre > 0 else 1.0) if pending.get("clipped") else 1.0
+        hashes = batch_hashes(self._views)
         scalars = StepScalars(
             step=int(pending["step"]),
             loss=step_loss(float(logs["loss"]), pending.get("bad_loss")),
@@ -244,7 +245,8 @@ class TrainerSteps(TrainerCallback):
             zero_grads=pending.get("zero_grads"),
             skipped=False if "update_norm" in pending else None,
             tokens=token_count(self._views),
-            batch_hash=batch_hash(self._views),
+            batch_hash=hashes[0],
+            rows_hash=hashes[1],
             micro_batches=self._calls,
         )
         self.scalars[scalars.step] = scalars

@@ -47,7 +47,7 @@ import torch
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import data_parallel_rank
-from .step_evidence import StepEvidence, batch_hash, group_settings, token_count, zero_count
+from .step_evidence import StepEvidence, batch_hashes, group_settings, token_count, zero_count
 
 
 def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
@@ -87,6 +87,14 @@ def _data_parallel_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:
 
 def _main_grads(optimizer: Any) -> list[torch.Tensor]:
     return [g for g in optimizer.get_main_grads_for_grad_norm() if g is not None]
+
+
+def _data(batches: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The step's ``tokens``, ``batch_hash`` and ``rows_hash`` (None without ``batches``)."""
+    if batches is None:
+        return {"tokens": None, "batch_hash": None, "rows_hash": None}
+    digest, rows = batch_hashes(batches)
+    return {"tokens": token_count(batches), "batch_hash": digest, "rows_hash": rows}
 
 
 def megatron_train_step(
@@ -142,8 +150,7 @@ def megatron_train_step(
         zero_grads=zeros,
         loss_scale=float(optimizer.get_loss_scale().reshape(-1)[0]),
         skipped=not successful,
-        tokens=token_count(batches) if batches is not None else None,
-        batch_hash=batch_hash(batches) if batches is not None else None,
+        **_data(batches),
         micro_batches=num_microbatches * data_parallel_rank()[0],  # the step's, over the DP replicas
         **norms,
     )

@@ -23,7 +23,6 @@ neutral).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,8 +34,9 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from .run_settings import json_safe
 from .step_evidence import (
+    RowsDigest,
     StepEvidence,
-    batch_hash,
+    batch_hashes,
     group_settings,
     initial_params,
     token_count,
@@ -103,29 +103,40 @@ def tensors_hash(batches: Sequence[Any]) -> str:
     """sha256 of every tensor of the step's micro-batches (any structure: a tuple ``(x, y)``,
     a dict...), row by row over the micro-batches in order (a tensor's first dimension is its
     rows), so the same rows give the same hash however they were split into micro-batches."""
-    whole = hashlib.sha256()
+    return tensors_hashes(batches)[0]
+
+
+def tensors_hashes(batches: Sequence[Any]) -> tuple[str, str]:
+    """(``tensors_hash``, the rows as a multiset: ``StepScalars.rows_hash``) of the batches."""
+    whole = RowsDigest()
     for batch in batches:
         leaves = [(path, sharded.whole(t.detach(), path).to("cpu")) for path, t in _leaves(batch)]
         leaves = [(path, t.reshape(1) if t.ndim == 0 else t) for path, t in leaves]
         for r in range(max((len(t) for _, t in leaves), default=0)):
+            parts = []
             for path, t in leaves:
                 if r < len(t):
                     row = t[r].contiguous()
-                    whole.update(f"{path}{tuple(row.shape)}{row.dtype}".encode())
-                    whole.update(row.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return whole.hexdigest()
+                    parts += [
+                        f"{path}{tuple(row.shape)}{row.dtype}".encode(),
+                        row.reshape(-1).view(torch.uint8).numpy().tobytes(),
+                    ]
+            whole.row(parts)
+    return whole.hexdigests()
 
 
-def step_batch(batches: Sequence[Any]) -> tuple[str | None, int | None]:
-    """(batch hash, tokens) of a step's micro-batches: ``step_evidence``'s for token batches,
-    ``tensors_hash`` and no token count for any other."""
+def step_batch(batches: Sequence[Any]) -> tuple[str | None, int | None, str | None]:
+    """(batch hash, tokens, rows hash) of a step's micro-batches: ``step_evidence``'s for
+    token batches, ``tensors_hashes`` and no token count for any other."""
     if not batches:
-        return None, None
+        return None, None, None
     views = [batch_view(b) for b in batches]
     if all(v is not None for v in views):
         tokens = [v for v in views if v is not None]
-        return batch_hash(tokens), token_count(tokens)
-    return tensors_hash(batches), None
+        digest, rows = batch_hashes(tokens)
+        return digest, token_count(tokens), rows
+    digest, rows = tensors_hashes(batches)
+    return digest, None, rows
 
 
 # -- one step at a time -------------------------------------------------------------------------
@@ -213,7 +224,7 @@ class OptimizerSteps:
         loss = None
         if self._losses:
             loss = float(sum(float(v.to(torch.float64)) for v in self._losses))
-        digest, tokens = step_batch(self._batches)
+        digest, tokens, rows = step_batch(self._batches)
         scalars = self.evidence.finish(  # the grad norms, update and parameter norms
             step,
             loss=loss,
@@ -222,6 +233,7 @@ class OptimizerSteps:
             skipped="lr" not in pending,  # the optimizer's step never ran (an overflow)
             tokens=tokens,
             batch_hash=digest,
+            rows_hash=rows,
             micro_batches=len(self._losses),
             loss_scale=self._scale,
         )

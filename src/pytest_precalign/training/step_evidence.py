@@ -32,7 +32,7 @@ from ..recording import native_kernels
 from ..recording.host_sync import to_host
 from ..recording.sharded import whole
 from ..recording.tensor_summary import as_dense
-from ..trace.step_scalars import StepScalars
+from ..trace.step_scalars import ROWS_MODULUS, StepScalars
 from . import sharded_norms
 from .step_norms import grad_norm_and_zeros, norms_keeping_snapshot, param_and_update_norms
 
@@ -83,19 +83,45 @@ def batch_hash(batches: Iterable[Mapping[str, Any]]) -> str:
     padded (right or left, to any length) and split into micro-batches, and a row with other
     ids or labels, or the rows in another order, hash differently. Other keys of a batch
     (position ids, pixel values, ...) are not hashed."""
-    whole = hashlib.sha256()
+    return batch_hashes(batches)[0]
+
+
+def batch_hashes(batches: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
+    """(``batch_hash``, ``rows_hash``) of the step's batches: the rows as a sequence, and as
+    a multiset (each row's sha256 of the same bytes, summed: ``StepScalars.rows_hash``)."""
+    whole = RowsDigest()
     for batch in batches:
         mask = _rows(batch.get("attention_mask"))
         present = [
             (key, rows) for key in ("input_ids", "labels") if (rows := _rows(batch.get(key))) is not None
         ]
         for r in range(max((len(rows) for _, rows in present), default=0)):
+            parts = []
             for key, rows in present:
                 if r < len(rows):
                     row = _attended(rows, mask, r)
-                    whole.update(f"{key}({row.numel()})".encode())
-                    whole.update(row.numpy().tobytes())
-    return whole.hexdigest()
+                    parts += [f"{key}({row.numel()})".encode(), row.numpy().tobytes()]
+            whole.row(parts)
+    return whole.hexdigests()
+
+
+class RowsDigest:
+    """A step's batch hashed row by row: the sequence (one sha256 over every row's bytes in
+    order) and the multiset (each row's own sha256, summed modulo 2**256)."""
+
+    def __init__(self) -> None:
+        self._sequence = hashlib.sha256()
+        self._rows = 0
+
+    def row(self, parts: Sequence[bytes]) -> None:
+        own = hashlib.sha256()
+        for part in parts:
+            self._sequence.update(part)
+            own.update(part)
+        self._rows = (self._rows + int(own.hexdigest(), 16)) % ROWS_MODULUS
+
+    def hexdigests(self) -> tuple[str, str]:
+        return self._sequence.hexdigest(), f"{self._rows:064x}"
 
 
 def _rows(value: Any) -> torch.Tensor | None:

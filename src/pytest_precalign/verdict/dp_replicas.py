@@ -23,6 +23,7 @@ from .training_run import FirstDivergent, TrainingVerdict
 SCALAR_CLASSES: dict[str, TrainingClass] = {
     "batch_hash": "data",
     "tokens": "data",
+    "rows_hash": "data",
     "micro_batches": "settings",
     "loss": "loss",
     "zero_grads": "backward",

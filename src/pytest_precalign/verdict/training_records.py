@@ -28,6 +28,7 @@ class StepRecords:
 
     step: int
     forward: Divergence | None = None  # a module output or the logits
+    forwards_compared: int = 0  # forward records of the step paired (the loss's aside)
     loss: PairResult | None = None  # the loss record, when it fails and nothing before it did
     backward: Divergence | None = None
     update: Divergence | None = None  # a parameter after the step
@@ -90,6 +91,9 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
         out[step] = StepRecords(
             step=step,
             forward=forward,
+            forwards_compared=sum(
+                p.paired for p in pairs if p.record.phase == "forward" and p.record.kind != "loss"
+            ),
             loss=loss if forward is None else None,
             backward=backward,
             update=first("step"),

@@ -43,6 +43,8 @@ from .training_scalars import (
     ScalarJudge,
     findings_of,
     first_scalar_difference,
+    layers_clear_forward,
+    losses_differ_since,
     nonfinite_on_both,
     one_sided,
     over_envelope,
@@ -155,11 +157,12 @@ def judge_run(
     )
     common = [s for s in steps if _on_both(s, baseline, candidate, records)]
     first = _before_training(baseline, candidate, judge, rename)
+    since = losses_differ_since(baseline.scalars, candidate.scalars)
     for step in common:
         if first is not None and first.step <= step:
             break
         found = _step_first(
-            step, baseline.scalars.get(step), candidate.scalars.get(step), records.get(step), judge
+            step, baseline.scalars.get(step), candidate.scalars.get(step), records.get(step), judge, since
         )
         if found is not None:
             first = found
@@ -350,10 +353,14 @@ def _step_first(
     cand: StepScalars | None,
     records: StepRecords | None,
     judge: ScalarJudge,
+    since: int | None = None,
 ) -> FirstDivergent | None:
-    """What diverged first in ``step``, in execution order (None: the step is aligned)."""
+    """What diverged first in ``step``, in execution order (None: the step is aligned);
+    ``since``: the first step whose losses differ (``losses_differ_since``)."""
     rec = records or StepRecords(step)
     scalar = first_scalar_difference(base, cand, judge) if base and cand else None
+    if base and cand:
+        scalar = layers_clear_forward(scalar, base, cand, rec, judge.lane, since)
     order: list[tuple[TrainingClass, FirstDivergent | None]] = [
         ("data", _scalar_as(step, scalar, "data")),
         ("settings", _split(step, rec) or _scalar_as(step, scalar, "settings")),

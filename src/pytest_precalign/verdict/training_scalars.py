@@ -21,10 +21,11 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
-from ..trace.step_scalars import StepScalars, comparable_hashes
+from ..trace.step_scalars import JOINED_HASH, StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
 from .training_contract import LR_RTOL
 from .training_envelope import ENVELOPE_SCALARS, Envelope
+from .training_records import StepRecords
 
 # The table kind each float scalar is judged as, in the approximate lane.
 AS_KIND = {
@@ -104,10 +105,11 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
     if comparable_hashes(base.batch_hash, cand.batch_hash) and base.batch_hash != cand.batch_hash:
         assert base.batch_hash is not None and cand.batch_hash is not None
         return ScalarDiff(
-            "data",
-            "batch",
-            f"the batch of step {step} differs (sha256 {base.batch_hash[:12]} vs {cand.batch_hash[:12]})",
+            "data", "batch", f"the batch of step {step} differs ({_hashes(base.batch_hash, cand.batch_hash)})"
         )
+    rows = _rows(base, cand)
+    if rows is not None:
+        return rows
     if base.tokens is not None and cand.tokens is not None and base.tokens != cand.tokens:
         return ScalarDiff("data", "tokens", f"tokens in step {step}: {base.tokens} vs {cand.tokens}")
     if (
@@ -122,6 +124,47 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         if diff is not None:
             return _quoted(diff, base, judge)
     return _quoted(_schedule(base, cand, judge) or _update(base, cand, judge), base, judge)
+
+
+def _rows(base: StepScalars, cand: StepScalars) -> ScalarDiff | None:
+    """The step's rows as multisets (``rows_hash``), where the batch hashes cannot tell: a DP
+    run's replicas' rows joined against another split (one process), or a side without a batch
+    hash. Another order of the same rows within the step is no difference here (a sampler's
+    rank split; the loss and the reduced grads are over the rows whatever their order)."""
+    if comparable_hashes(base.batch_hash, cand.batch_hash):
+        return None
+    a, b = base.rows_hash, cand.rows_hash
+    if a is None or b is None or a == b:
+        return None
+    joined = [side for side, s in (("baseline", base), ("candidate", cand)) if _joined(s.batch_hash)]
+    how = f" (the {' and '.join(joined)}'s DP replicas' rows joined)" if joined else ""
+    return ScalarDiff(
+        "data",
+        "rows",
+        f"the rows of step {base.step} differ{how}: other rows, not only another order or split "
+        f"(multiset hash {a[:12]} vs {b[:12]})",
+        "the sides trained other rows at this step: another sampler order (a shuffle on one side, "
+        "each DP rank shuffling its own), or other data",
+    )
+
+
+def _hashes(a: str, b: str) -> str:
+    """Two batch hashes in words: DP replicas' (``JOINED_HASH``) replica by replica."""
+    if not _joined(a):
+        return f"sha256 {a[:12]} vs {b[:12]}"
+    mine, theirs = (h[len(JOINED_HASH) :].split(",") for h in (a, b))
+    if len(mine) != len(theirs):
+        return f"{len(mine)} vs {len(theirs)} DP replicas"
+    differ = [
+        f"replica {i}: sha256 {x[:12]} vs {y[:12]}"
+        for i, (x, y) in enumerate(zip(mine, theirs, strict=True))
+        if x != y
+    ]
+    return "DP " + "; ".join(differ)
+
+
+def _joined(digest: str | None) -> bool:
+    return digest is not None and digest.startswith(JOINED_HASH)
 
 
 def _quoted(diff: ScalarDiff | None, base: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
@@ -173,6 +216,54 @@ def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDi
         )
     return ScalarDiff(
         "backward", "grad_norm", f"{head} while the loss matched; record layers to find where in the backward"
+    )
+
+
+def losses_differ_since(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> int | None:
+    """The first step whose loss is not bitwise equal on both sides (None: every one is)."""
+    for step in sorted(set(base) & set(cand)):
+        a, b = base[step].loss, cand[step].loss
+        if a is not None and b is not None and a != b:
+            return step
+    return None
+
+
+def layers_clear_forward(
+    diff: ScalarDiff | None,
+    base: StepScalars,
+    cand: StepScalars,
+    rec: StepRecords,
+    lane: Lane,
+    since: int | None,
+) -> ScalarDiff | None:
+    """``_grads``'s ``forward_or_backward`` (the grad norm past its tolerance, the loss moved
+    within its own) told ``backward`` where the step's layers clear the forward: its forward
+    records compared, none of them and no loss record failed, and the sides' losses already
+    differed at an earlier step ``since`` (they do not compute bitwise alike: 1 rank vs 2 sum in
+    another order), so a loss within its tolerance is their usual difference, not a forward
+    that moved. A rerun bitwise until this step keeps the loss's move as evidence against the
+    forward; the envelope lane keeps it too (it judges the grad norm closer than the table
+    judges the records). Anything else: ``diff`` as it is."""
+    if (
+        diff is None
+        or diff.what != "forward_or_backward"
+        or lane != "approximate"
+        or not rec.forwards_compared
+        or rec.forward is not None
+        or rec.loss is not None
+        or since is None
+        or since >= base.step
+    ):
+        return diff
+    assert base.grad_norm is not None and cand.grad_norm is not None
+    return ScalarDiff(
+        "backward",
+        "grad_norm",
+        f"grad norm (before clipping) {_num(base.grad_norm)} vs {_num(cand.grad_norm)} while every forward "
+        f"record of step {base.step} matched ({rec.forwards_compared} compared); the loss moved within its "
+        f"tolerance ({base.loss!r} vs {cand.loss!r}) as the sides' losses have since step {since} (they do "
+        "not compute bitwise alike): the backward -- the parameter grads, their reduction or the norm's "
+        "own computation (no recorded grad of the step differs)",
     )
 
 
@@ -235,7 +326,9 @@ def _update(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarD
     return None
 
 
-_SCALAR_NAMES = tuple(f.name for f in fields(StepScalars) if f.name != "step")
+# ``rows_hash`` is extra evidence of the data (older recordings and hand-made scalars lack it):
+# judged where both sides have it, never a finding when one side does not.
+_SCALAR_NAMES = tuple(f.name for f in fields(StepScalars) if f.name not in ("step", "rows_hash"))
 # The float scalars the verdict judges, in the order a step computes them.
 JUDGED = ("loss", "grad_norm", "clip_coef", "lr", "weight_decay", "param_norm", "update_norm")
 

@@ -15,7 +15,7 @@ from ...sources.inputs import CaseInputs
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord
 from ...training.run_settings import gradient_checkpointing
-from ...training.step_evidence import StepEvidence, batch_hash, group_settings, initial_params, token_count
+from ...training.step_evidence import StepEvidence, batch_hashes, group_settings, initial_params, token_count
 from .loop_optimizer import grouped_optimizer, loop_plan, make_scheduler, param_groups
 
 
@@ -71,13 +71,15 @@ class LoopTraining:
             if loss is not None:
                 total = loss if total is None else total + loss
         views = _batch_views(micro)
+        digest, rows = batch_hashes(views)
         self.scalars[step] = self.evidence.finish(
             step,
             loss=None if total is None else float(total),
             lr=lr,
             weight_decay=wd,
             tokens=token_count(views),
-            batch_hash=batch_hash(views),
+            batch_hash=digest,
+            rows_hash=rows,
             micro_batches=len(micro),
             skipped=False,
         )
