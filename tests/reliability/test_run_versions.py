@@ -19,6 +19,7 @@ from pytest_precalign._atomic import publish_dir, temp_dir_beside
 from pytest_precalign.cli import main
 from pytest_precalign.errors import TraceError
 from pytest_precalign.trace.run_ids import LAUNCH_ID_KEY, RUN_ID_KEY
+from tests.helpers.msprobe_cli import msprobe_compare, needs_msprobe
 
 from .crafted_runs import copied, record
 
@@ -228,3 +229,37 @@ def test_a_folder_republished_before_a_lazy_load_is_refused(tmp_path: Path) -> N
     with pytest.raises(TraceError, match=LOADED_CHANGED.replace("(", "[(]")):
         trace.tensors.array(key)  # type: ignore[attr-defined]
     assert read_trace(folder).tensors.array(key).shape  # type: ignore[attr-defined]  # read again: fine
+
+
+# -- msprobe's own tools on our dumps, checksums.json and our manifest beside them -------------
+
+
+@pytest.mark.slow
+@needs_msprobe
+def test_msprobes_own_compare_and_graph_read_our_sealed_dumps(tmp_path: Path) -> None:
+    """A Recorder run in msprobe's format (tensor task, 2 steps) keeps ``checksums.json`` and
+    ``precalign_manifest.json`` in each rank folder; msprobe's ``compare`` (step folders, the
+    layout it takes) and ``graph_visualize`` (a step folder and the whole root) read them as
+    they read msprobe's own dumps, with no error logged."""
+    import subprocess
+
+    from pytest_precalign.trace.checksums import CHECKSUM_FILE
+
+    base = record(tmp_path / "base", mode="tensor", fmt="msprobe", steps=2)
+    cand = record(tmp_path / "cand", mode="tensor", fmt="msprobe", steps=2, nan_at=1)
+    assert (base / "step0" / "rank0" / CHECKSUM_FILE).is_file()
+    text = msprobe_compare(cand / "step0", base / "step0", tmp_path / "out")
+    assert "Module.0.Linear.forward.0.output.0" in text and CHECKSUM_FILE not in text
+    for golden, target in ((base / "step1", cand / "step1"), (base, cand)):
+        out = tmp_path / f"graph-{golden.name}"
+        out.mkdir()
+        done = subprocess.run(
+            ["msprobe", "graph_visualize", "-tp", str(target), "-gp", str(golden), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        log = done.stdout + done.stderr
+        assert done.returncode == 0, log[-3000:]
+        assert [line for line in log.splitlines() if "[ERROR]" in line and "CANN" not in line] == []
+        assert len(list(out.glob("*.vis.db"))) == 1, log[-3000:]
