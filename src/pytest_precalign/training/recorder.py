@@ -581,9 +581,10 @@ class Recorder:
         elif hooks is not None:
             hooks._active = False
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Remove hooks a step left behind (its records are dropped); the root is free for
-        another recorder."""
+        another recorder. ``failed``: the run stopped inside its step (its marker says so)."""
+        self._marker = None if failed else self._marker
         self._discard()
         self._end_step()
         if self._claimed:
@@ -594,6 +595,4 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is not None:  # the run stopped inside this step: its marker says so
-            self._marker = None
-        self.close()
+        self.close(failed=exc_type is not None)  # the run stopped inside this step

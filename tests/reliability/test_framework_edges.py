@@ -1,0 +1,195 @@
+"""Issue #47, item 3: the framework surfaces' edges. A Lightning ``training_step`` or an
+Accelerate loop that raises inside step k leaves a root the compare says stopped inside step k
+(before: Lightning's ``on_exception`` and ``AccelerateSteps.__exit__`` closed the step as if it
+ended; Accelerate wrote it as a skipped step); Lightning's two optimizers and
+``ReduceLROnPlateau``; the batch hash on int32 ids, bool masks, ignored labels and row order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_precalign.cli import main
+from pytest_precalign.training.step_evidence import batch_hash, token_count
+
+STOPPED = "the run stopped inside step 1"
+LIGHTNING_WARNINGS = (  # Lightning's own, on this torch
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
+)
+
+
+def _compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()  # what the runs printed (Lightning's log lines)
+    code = main(["compare", str(a), str(b)])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return code, captured.out + captured.err
+
+
+# -- the batch hash ---------------------------------------------------------------------------
+
+IDS = torch.tensor([[0, 0, 5, 6, 7], [9, 10, 11, 12, 13]])  # row 0 left-padded
+MASK = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+LABELS = torch.tensor([[-100, -100, 5, 6, 7], [-100, 10, 11, 12, 13]])  # row 1's prompt ignored
+
+
+def _batch(**changes: Any) -> dict[str, torch.Tensor]:
+    return {"input_ids": IDS, "attention_mask": MASK, "labels": LABELS, **changes}
+
+
+def test_int32_ids_and_a_bool_mask_hash_as_int64_and_an_int_mask() -> None:
+    base = batch_hash([_batch()])
+    assert batch_hash([_batch(input_ids=IDS.to(torch.int32), labels=LABELS.to(torch.int32))]) == base
+    assert batch_hash([_batch(attention_mask=MASK.bool())]) == base
+    assert token_count([_batch(attention_mask=MASK.bool())]) == token_count([_batch()]) == 7
+
+
+def test_left_padding_to_another_length_hashes_the_same() -> None:
+    wider = {
+        k: torch.cat([torch.full((2, 2), 0 if k != "labels" else -100), v], 1) for k, v in _batch().items()
+    }
+    assert batch_hash([wider]) == batch_hash([_batch()])
+
+
+def test_an_ignored_label_and_the_row_order_are_data() -> None:
+    base = batch_hash([_batch()])
+    unignored = LABELS.clone()
+    unignored[1, 0] = 9  # the prompt token now counted by the loss
+    assert batch_hash([_batch(labels=unignored)]) != base
+    swapped = {k: v.flip(0) for k, v in _batch().items()}
+    assert batch_hash([swapped]) != base
+
+
+# -- Lightning ---------------------------------------------------------------------------------
+
+
+def _lightning(root: Path, kind: str) -> BaseException | None:
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pytest_precalign import PrecalignLightningCallback
+
+    class Net(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.other = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            if kind == "raise" and index == 1:
+                raise RuntimeError("the user's training_step failed in step 1")
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x) + self.other(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            if kind == "two":
+                return [
+                    torch.optim.SGD(self.net.parameters(), lr=0.1),
+                    torch.optim.SGD(self.other.parameters()),
+                ]
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            if kind == "plateau":
+                plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+                return {
+                    "optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss"},
+                }
+            return optimizer
+
+    g = torch.Generator().manual_seed(2)
+    data = TensorDataset(torch.randn(8, 3, generator=g), torch.randn(8, 1, generator=g))
+    quiet: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+    }
+    quiet.update(enable_progress_bar=False, enable_model_summary=False, max_steps=3)
+    callback = PrecalignLightningCallback(root, mode="stats")
+    try:
+        L.Trainer(callbacks=[callback], **quiet).fit(Net(), DataLoader(data, batch_size=2))
+    except Exception as exc:  # what the user's run raised
+        return exc
+    return None
+
+
+@pytest.mark.slow
+@LIGHTNING_WARNINGS[0]
+@LIGHTNING_WARNINGS[1]
+def test_a_lightning_training_step_that_raises_leaves_a_run_stopped_inside_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _lightning(tmp_path / "full", "plain") is None
+    raised = _lightning(tmp_path / "run", "raise")
+    assert isinstance(raised, RuntimeError) and "failed in step 1" in str(raised)
+    assert [p.name for p in (tmp_path / "run" / "step1").iterdir()] == [".rank0.in-step"]
+    code, out = _compare(tmp_path / "full", tmp_path / "run", capsys)
+    assert code == 1 and STOPPED in out, out
+
+
+@pytest.mark.slow
+@LIGHTNING_WARNINGS[0]
+@LIGHTNING_WARNINGS[1]
+def test_lightning_two_optimizers_are_lightnings_own_one_message_and_nothing_recorded(tmp_path: Path) -> None:
+    raised = _lightning(tmp_path / "run", "two")
+    assert isinstance(raised, RuntimeError) and "multiple optimizers" in str(raised)
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").rglob("manifest.json"))
+
+
+@pytest.mark.slow
+@LIGHTNING_WARNINGS[0]
+@LIGHTNING_WARNINGS[1]
+def test_lightning_reduce_lr_on_plateau_records_its_steps_and_compares_as_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plateau scheduler has no plan (its LRs depend on the losses); the run's steps are
+    recorded and two runs compare aligned."""
+    for name in ("a", "b"):
+        assert _lightning(tmp_path / name, "plateau") is None
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["step0", "step1", "step2"]
+    code, out = _compare(tmp_path / "a", tmp_path / "b", capsys)
+    assert code == 0, out
+
+
+# -- Accelerate ---------------------------------------------------------------------------------
+
+
+def _accelerate(root: Path, raise_in: int | None, steps: int = 3) -> None:
+    from accelerate import Accelerator
+
+    from pytest_precalign import AccelerateSteps
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    with AccelerateSteps(root, accelerator, model, optimizer, mode="stats") as recorded:
+        for s in range(steps):
+            x = torch.full((2, 3), float(s + 1))
+            with accelerator.accumulate(model):
+                recorded.micro_batch(x)
+                recorded.backward(model(x).pow(2).mean())
+                if s == raise_in:
+                    raise RuntimeError(f"the loop failed in step {s}")
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+@pytest.mark.slow
+def test_an_accelerate_loop_that_raises_inside_a_step_is_told_stopped_inside_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("accelerate")
+    _accelerate(tmp_path / "full", None)
+    with pytest.raises(RuntimeError, match="failed in step 1"):
+        _accelerate(tmp_path / "run", 1)
+    assert [p.name for p in (tmp_path / "run" / "step1").iterdir()] == [".rank0.in-step"]
+    code, out = _compare(tmp_path / "full", tmp_path / "run", capsys)
+    assert code == 1 and STOPPED in out, out
