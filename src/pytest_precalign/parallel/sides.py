@@ -204,16 +204,17 @@ def read_rank_folder(folder: Path) -> Trace:
 def manifest_file(folder: Path) -> Path:
     """Where a rank folder's manifest is: ``manifest.json``, or the one our ``Recorder`` kept
     beside an msprobe dump.json."""
-    from ..msprobe.layout import MANIFEST_SIDECAR, recorded_by_us
+    from ..msprobe.layout import DUMP_FILE, MANIFEST_SIDECAR
 
-    return folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
+    return folder / MANIFEST_SIDECAR if (folder / DUMP_FILE).is_file() else folder / "manifest.json"
 
 
 def _layout(trace: Trace, folder: Path) -> ParallelLayout:
     block = trace.manifest.get("parallel")
     where = str(manifest_file(folder))
     if block is None:
-        raise TraceError(f"{where}: no 'parallel' block (its sibling rank folders have one)")
+        what = "no 'parallel' block" if os.path.lexists(where) else "missing"
+        raise TraceError(f"{where}: {what} (its sibling rank folders have one)")
     return layout_from_manifest(block, where)
 
 

@@ -224,6 +224,17 @@ def _read_seal(file: Path) -> tuple[dict[str, str], str]:
     return dict(files), publication
 
 
+def sealed_names(folder: Path) -> frozenset[str]:
+    """The files ``folder``'s checksums list (none without a readable seal; the readers'
+    ``verify_folder`` says what is wrong with one)."""
+    if not os.path.lexists(folder / CHECKSUM_FILE):
+        return frozenset()
+    try:
+        return frozenset(_read_seal(folder / CHECKSUM_FILE)[0])
+    except TraceError:
+        return frozenset()
+
+
 def _plain_relative(name: str) -> bool:
     parts = name.split("/")
     return (
