@@ -193,3 +193,136 @@ def test_an_accelerate_loop_that_raises_inside_a_step_is_told_stopped_inside_it(
     assert [p.name for p in (tmp_path / "run" / "step1").iterdir()] == [".rank0.in-step"]
     code, out = _compare(tmp_path / "full", tmp_path / "run", capsys)
     assert code == 1 and STOPPED in out, out
+
+
+def _accelerate_loop(
+    root: Path, micro: int, accumulate: int, *, start: int = 0, stop_in: int | None = None
+) -> Any:
+    """``micro`` micro-batches through Accelerate's prepared DataLoader (it closes the last,
+    uneven step), ``accumulate`` per step; ``start``: resumed there from the checkpoint of the
+    state after ``start`` steps (made here by training them unrecorded); ``stop_in``: the loop
+    raises inside that step."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pytest_precalign import AccelerateSteps
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = torch.randn(micro, 3, generator=torch.Generator().manual_seed(4))
+    loader = DataLoader(TensorDataset(xs), batch_size=1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    recorded = AccelerateSteps(root, accelerator, model, optimizer, mode="stats", start_step=start)
+    for index, (x,) in enumerate(loader):
+        step = index // accumulate
+        with accelerator.accumulate(model):
+            if step >= start:
+                recorded.micro_batch(x)
+            loss = model(x).pow(2).mean()
+            (recorded.backward if step >= start else accelerator.backward)(loss)
+            if step == stop_in:
+                recorded.close(failed=True)
+                return None
+            optimizer.step()
+            optimizer.zero_grad()
+    recorded.close()
+    return recorded.scalars
+
+
+@pytest.mark.slow
+def test_accelerate_an_uneven_last_step_is_recorded_with_its_one_micro_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("accelerate")
+    scalars = _accelerate_loop(tmp_path / "a", 5, 2)
+    assert sorted(scalars) == [0, 1, 2] and [scalars[s].micro_batches for s in range(3)] == [2, 2, 1]
+    _accelerate_loop(tmp_path / "b", 5, 2)
+    assert _compare(tmp_path / "a", tmp_path / "b", capsys)[0] == 0
+
+
+@pytest.mark.slow
+def test_accelerate_a_run_resumed_into_its_root_compares_as_the_full_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped inside step 2, resumed at step 2 (``start_step=2``) into the same root: one run."""
+    pytest.importorskip("accelerate")
+    _accelerate_loop(tmp_path / "full", 8, 2)
+    _accelerate_loop(tmp_path / "run", 8, 2, stop_in=2)
+    assert [p.name for p in (tmp_path / "run" / "step2").iterdir()] == [".rank0.in-step"]
+    _accelerate_loop(tmp_path / "run", 8, 2, start=2)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step0", "step1", "step2", "step3"]
+    code, out = _compare(tmp_path / "full", tmp_path / "run", capsys)
+    assert code == 0, out
+
+
+class _Resumable:
+    """A Lightning run of 2 steps an epoch (4 rows, 2 a batch, no shuffling), so a checkpoint
+    at an epoch's end resumes on the very batches the full run saw."""
+
+    @staticmethod
+    def fit(root: Path, max_steps: int, ckpt: Path | None = None, save: Path | None = None) -> None:
+        """``save``: the run stops after step 2 (of its planned ``max_steps``) and checkpoints."""
+        import lightning as L
+        from torch.utils.data import DataLoader, TensorDataset
+
+        from pytest_precalign import PrecalignLightningCallback
+
+        class Net(L.LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                torch.manual_seed(0)
+                self.net = torch.nn.Linear(3, 1)
+
+            def training_step(self, batch: Any, index: int) -> Any:
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+
+            def configure_optimizers(self) -> Any:
+                return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+        g = torch.Generator().manual_seed(2)
+        data = TensorDataset(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g))
+        quiet: dict[str, Any] = {
+            "accelerator": "cpu",
+            "devices": 1,
+            "logger": False,
+            "enable_checkpointing": False,
+        }
+        quiet.update(enable_progress_bar=False, enable_model_summary=False, max_steps=max_steps)
+
+        class StopAt2(L.Callback):
+            def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+                trainer.should_stop = trainer.should_stop or (save is not None and trainer.global_step == 2)
+
+        callbacks = [PrecalignLightningCallback(root, mode="stats"), StopAt2()]
+        trainer = L.Trainer(callbacks=callbacks, **quiet)
+        trainer.fit(Net(), DataLoader(data, batch_size=2), ckpt_path=str(ckpt) if ckpt else None)
+        if save is not None:
+            trainer.save_checkpoint(str(save))
+
+
+@pytest.mark.slow
+@LIGHTNING_WARNINGS[0]
+@LIGHTNING_WARNINGS[1]
+@pytest.mark.parametrize("into", ["the same root", "a new root"])
+def test_lightning_resumed_from_a_checkpoint_continues_its_recording(
+    into: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _Resumable.fit(tmp_path / "full", 4)
+    _Resumable.fit(tmp_path / "run", 4, save=tmp_path / "step2.ckpt")
+    again = tmp_path / ("run" if into == "the same root" else "rest")
+    _Resumable.fit(again, 4, ckpt=tmp_path / "step2.ckpt")
+    if into == "the same root":  # one run of 4 steps, steps 0-2 aligned with the full run's
+        assert sorted(p.name for p in again.iterdir()) == ["step0", "step1", "step2", "step3"]
+        code, out = _compare(tmp_path / "full", again, capsys)
+        # Lightning 2.6's resume from a checkpoint saved where the run stopped feeds step 3 the
+        # batch of step 2 again (both steps' batch hashes are the full run's step 2's): the
+        # compare names step 3's data as the origin, with that evidence
+        assert code == 1 and "step 3 diverged first: data (batch)" in out, out
+        assert "more than one run" not in out and "stopped inside" not in out
+    else:  # the new root holds the steps after the checkpoint, compared with the full run's
+        assert sorted(p.name for p in again.iterdir()) == ["step2", "step3"]
+        code, out = _compare(tmp_path / "full", again, capsys)
+        assert code == 1 and "steps 0-1 recorded by the baseline only" in out, out
