@@ -326,3 +326,72 @@ def test_lightning_resumed_from_a_checkpoint_continues_its_recording(
         assert sorted(p.name for p in again.iterdir()) == ["step2", "step3"]
         code, out = _compare(tmp_path / "full", again, capsys)
         assert code == 1 and "steps 0-1 recorded by the baseline only" in out, out
+
+
+@pytest.mark.slow
+@LIGHTNING_WARNINGS[0]
+@LIGHTNING_WARNINGS[1]
+def test_lightning_manual_optimization_is_one_message_before_it_trains(tmp_path: Path) -> None:
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pytest_precalign import PrecalignLightningCallback
+    from pytest_precalign.training.lightning_callback import LightningUsageError
+
+    class Manual(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            optimizer = self.optimizers()
+            loss = self.net(batch[0]).sum()
+            self.manual_backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.ones(4, 3)), batch_size=2)
+    quiet: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+    }
+    quiet.update(enable_progress_bar=False, enable_model_summary=False, max_steps=2)
+    module = Manual()
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer = L.Trainer(callbacks=[PrecalignLightningCallback(tmp_path / "run")], **quiet)
+    with pytest.raises(LightningUsageError, match="manual optimization"):
+        trainer.fit(module, data)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))  # not trained
+    assert not list(tmp_path.rglob("manifest.json"))
+
+
+@pytest.mark.slow
+def test_accelerate_a_direct_accelerator_backward_is_one_message_and_no_step(tmp_path: Path) -> None:
+    """The loop calls ``accelerator.backward(loss)`` instead of ``steps.backward(loss)``: the
+    update is refused in one message (a step without its loss is never recorded)."""
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    from pytest_precalign import AccelerateSteps
+    from pytest_precalign.errors import ConfigError
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    steps = AccelerateSteps(tmp_path / "run", accelerator, model, optimizer, mode="stats")
+    with accelerator.accumulate(model):
+        steps.micro_batch(torch.ones(2, 3))
+        accelerator.backward(model(torch.ones(2, 3)).sum())
+        with pytest.raises(
+            ConfigError, match=r"step 0 updated the model, but no loss went through steps.backward"
+        ):
+            optimizer.step()
+    steps.close()
+    assert not list(tmp_path.rglob("manifest.json"))
