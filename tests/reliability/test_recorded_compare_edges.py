@@ -1,8 +1,9 @@
 """Issue #47, item 3: recorded-run compare across modes and formats. Disjoint step sets fail
 closed saying the runs do not line up; a scalars-mode run against a stats-mode one is judged on
 what both hold, saying what was not compared; the Recorder's manifest beside an msprobe
-dump.json removed or of the wrong type is one message naming it (before: the root was taken for
-msprobe's own dump set, "holds 4 msprobe rank folders")."""
+dump.json removed or of the wrong type is one message naming it (before: removed and resealed,
+a "manifest.json" that is not there was named; of the wrong type in every step, the root was
+taken for msprobe's own dump set, "holds 4 msprobe rank folders")."""
 
 from __future__ import annotations
 
@@ -55,22 +56,25 @@ def test_scalars_against_layers_are_judged_on_what_both_hold(
     assert "not compared: the layers of step(s) 0, 1, 2, 3: the candidate recorded them" in out, out
 
 
-@pytest.mark.parametrize("how", ["removed", "a list", "removed and resealed"])
+@pytest.mark.parametrize("how", ["removed", "a list", "removed and resealed", "a list in every step"])
 def test_the_recorders_manifest_beside_an_msprobe_dump_damaged_is_named(
     how: str, runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     side = copied(runs["msprobe"], tmp_path / "side")
     file = side / "step1" / "rank0" / SIDECAR
-    if how == "a list":
-        file.write_text("[1, 2]")
-        reseal(file)
+    if how.startswith("a list"):
+        for step in range(4) if how.endswith("every step") else [1]:
+            file = side / f"step{step}" / "rank0" / SIDECAR
+            file.write_text("[1, 2]")
+            reseal(file)
+        file = side / "step0" / "rank0" / SIDECAR if how.endswith("every step") else file
     else:
         file.unlink()
         if how == "removed and resealed":  # crafted elsewhere: the checksums then agree
             reseal(file.parent)
     code, err = _compare(runs["msprobe"], side, capsys)
     assert code == 2 and "\n" not in err, err
-    if how == "a list":
+    if how.startswith("a list"):
         assert err == f"precalign: error: {file}: expected a JSON object (the Recorder's trace manifest)"
     elif how == "removed":
         assert err.startswith(f"precalign: error: {file}: listed in checksums.json but missing"), err
