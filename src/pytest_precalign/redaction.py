@@ -16,8 +16,11 @@ two runs with different tokens compare equal, a run with and a run without one d
   nor ``key_padding_mask``, ``num_key_value_heads``, ``tokenizer``, ``max_tokens``, ``keyword``,
   ``authors``. A ``key`` whose word before says what it indexes (``sort_key``, ``tensor_key``,
   ``cache_key``, ``dict_key``, ``group_key``, ...: ``_INDEX_KEYS``) is a lookup key, not a
-  secret; a bare ``key`` or any other ``*_key`` (``api_key``, ``secret_key``, ``access_key``,
-  ``private_key``) is redacted: when in doubt, a value is not written. Only text is replaced (a string, or the
+  secret, unless a word of the key says whose credential it is (``api_cache_key``,
+  ``access_sort_key``, ``client_state_key``: ``_CREDENTIAL_WORDS``); a bare ``key`` or any other
+  ``*_key`` (``api_key``, ``secret_key``, ``access_key``, ``private_key``) is redacted: when in
+  doubt, a value is not written. Whatever the key, a value shaped like a well-known token
+  (below) is replaced. Only text is replaced (a string, or the
   strings inside a list or mapping under that key): a number, a boolean or null is kept
   (``pad_token_id: 0``, ``use_auth_token: true`` say nothing secret);
 * credentials inside a URL: ``s3://user:password@host/...`` -> ``s3://<redacted>@host/...``,
@@ -25,8 +28,10 @@ two runs with different tokens compare equal, a run with and a run without one d
 * text that has the shape of a well-known token anywhere in any string: Hugging Face
   (``hf_...``), OpenAI / Anthropic (``sk-...``), GitHub (``ghp_``, ``gho_``, ``ghu_``, ``ghs_``,
   ``ghr_``, ``github_pat_...``), GitLab (``glpat-...``), AWS access key ids (``AKIA...``,
-  ``ASIA...``), Slack (``xoxb-``, ``xoxp-``...), W&B keys given as 40 hex digits under a
-  secret-named key are covered by the key rule.
+  ``ASIA...``), Slack (``xoxb-``, ``xoxp-``...), Google API keys (``AIza...``), Stripe
+  (``sk_live_``, ``rk_test_``...), npm (``npm_...``), PyPI (``pypi-...``), JSON web tokens
+  (``eyJ...``), PEM private key blocks. W&B keys are 40 bare hex digits, which a commit or a
+  content hash also is: they are replaced under a secret-named key (the key rule), kept elsewhere.
 
 Keys themselves are kept (the reader sees which setting held a secret).
 """
@@ -94,6 +99,11 @@ _INDEX_KEYS = frozenset(
     }
 )
 
+# ``api_cache_key``, ``access_sort_key``: a word saying whose credential an "index" key is
+_CREDENTIAL_WORDS = frozenset(
+    {"api", "access", "private", "client", "auth", "signing", "encryption", "master", "service", "ssh"}
+)
+
 _WORD_BREAK = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 _TOKEN_SHAPES = re.compile(
@@ -105,6 +115,12 @@ _TOKEN_SHAPES = re.compile(
     r"|glpat-[A-Za-z0-9_-]{20,}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|AIza[0-9A-Za-z_-]{35}"
+    r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|npm_[A-Za-z0-9]{36}"
+    r"|pypi-[A-Za-z0-9_-]{50,}"
+    r"|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"
     r")"
 )
 # scheme://userinfo@ : everything between "//" and the last "@" before the host's end
@@ -119,7 +135,12 @@ def secret_key(key: str) -> bool:
         return False
     if len(words) >= 2 and words[-1] == "token" and words[-2] in _SPECIAL_TOKENS:
         return False
-    if len(words) >= 2 and words[-1] == "key" and words[-2] in _INDEX_KEYS and not set(words) & _ANY_WORDS:
+    if (
+        len(words) >= 2
+        and words[-1] == "key"
+        and words[-2] in _INDEX_KEYS
+        and not set(words) & (_ANY_WORDS | _CREDENTIAL_WORDS)
+    ):
         return False
     return words[-1] in _LAST_WORDS or any(w in _ANY_WORDS for w in words)
 

@@ -109,6 +109,47 @@ def test_an_index_key_with_a_secret_word_in_it_is_still_replaced() -> None:
     }
 
 
+_TOKENS = {
+    "hf": HF,
+    "openai": OPENAI,
+    "aws": AWS,
+    "github": "ghp_" + "a" * 36,
+    "google": "AIza" + "Sy" + "b" * 33,
+    "stripe": "sk_live_" + "c" * 24,
+    "npm": "npm_" + "d" * 36,
+    "pypi": "pypi-" + "AgEIcHlwaS5vcmc" * 4,
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "pem": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----",
+}
+
+
+@pytest.mark.parametrize("key", ["cache_key", "sort_key", "dataset_cache_key", "tensor_key", "notes"])
+@pytest.mark.parametrize("kind", list(_TOKENS))
+def test_a_token_shaped_value_is_replaced_whatever_its_key(key: str, kind: str) -> None:
+    """Issue #47: an index key (``cache_key``) is not a secret's name, but a token in its
+    value is still a token: replaced, alone or inside text and lists."""
+    token = _TOKENS[kind]
+    assert redacted({key: token}) == {key: REDACTED}
+    assert redacted({key: [f"ran with {token} today"]}) == {key: [f"ran with {REDACTED} today"]}
+
+
+@pytest.mark.parametrize("key", ["api_cache_key", "access_sort_key", "client_state_key", "private_index_key"])
+def test_an_index_key_that_says_whose_credential_it_is_is_a_secret(key: str) -> None:
+    assert secret_key(key) and redacted({key: "a1b2c3"}) == {key: REDACTED}
+    assert redacted({key.split("_", 1)[1]: "a1b2c3"}) == {
+        key.split("_", 1)[1]: "a1b2c3"
+    }  # the plain one kept
+
+
+def test_a_recorders_index_keys_holding_tokens_reach_no_manifest(tmp_path: Path) -> None:
+    planted = {f"{kind}_cache_key": token for kind, token in _TOKENS.items()}
+    manifest = _loop(tmp_path / "run", {**planted, "api_cache_key": "0f" * 20, "cache_key": "by-length"})
+    text = manifest.read_text()
+    assert not [t for t in (*_TOKENS.values(), "0f" * 20) if t in text]
+    arguments = json.loads(text)["training"]["arguments"]
+    assert arguments["cache_key"] == "by-length" and arguments["api_cache_key"] == REDACTED
+
+
 @pytest.mark.parametrize(
     ("text", "shown"),
     [

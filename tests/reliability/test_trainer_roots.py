@@ -1,5 +1,6 @@
 """A user's Trainer run with ``PrecalignCallback`` (``resume_run.py``, a real script in a
-subprocess, then ``precalign compare``): resumed from its checkpoint into the same root, the
+subprocess, then ``precalign compare``): resumed from its checkpoint into the same root and a
+new one, the
 callback added twice, a NaN loss. Slow: a Trainer script costs 10-30 s on 2 shared cores."""
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def test_a_trainer_resumed_into_the_same_root_continues_and_compares_as_one_run(
     assert sorted(p.name for p in (tmp_path / "resumed").iterdir()) == ["step0", "step1", "step2", "step3"]
     done = _compare(tmp_path, "full", "resumed")
     assert done.returncode == 0, done.stdout + done.stderr
+    # the same checkpoint resumed into a new root: it holds the steps after the checkpoint, a new
+    # run id (no mix with the first part's), and compares with the full run on those steps only
+    rest = _run(tmp_path, "rest", "--resume", "resumed.out/checkpoint-2")
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "rest").iterdir()) == ["step2", "step3"]
+    done = _compare(tmp_path, "full", "rest")
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "steps 0-1 recorded by the baseline only" in out, out
+    assert "diverged first" not in out, out  # steps 2, 3 are the full run's
 
 
 def test_the_callback_added_twice_is_refused_before_the_first_step_trains(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def read_msprobe_set(
 
 def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool) -> Trace:
     identity = folder_identity(folder)
-    verify_folder(folder)  # the checksums our writer left (msprobe's own dumps have none)
+    stamps = verify_folder(folder)  # the checksums our writer left (msprobe's own dumps have none)
     dump_file = folder / DUMP_FILE
     dump = _load_json(dump_file)
     if not isinstance(dump, dict) or not isinstance(dump.get("data"), dict):
@@ -109,7 +109,7 @@ def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool)
     manifest = {**kept, **manifest}
     tensors: Mapping[str, Any] = {}
     if build.shapes:
-        tensors = PtTensors(tensor_dir, build.shapes)
+        tensors = PtTensors(tensor_dir, build.shapes, stamps)
     notes = TraceNotes.from_manifest(manifest, str(folder / (MANIFEST_SIDECAR if kept else DUMP_FILE)))
     recheck(folder, {folder: identity})  # one version read, or refused
     return Trace(manifest=manifest, records=tuple(records), tensors=tensors).holding(run, notes)

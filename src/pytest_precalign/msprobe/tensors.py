@@ -12,19 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..trace.checksums import Stamps, check_opened
 from ..untrusted import check_regular, open_regular, plain_name
 
 TENSOR_DIR = "dump_tensor_data"
 
 
 class PtTensors(Mapping[str, Any]):
-    """``shapes``: data_name -> the shape dump.json gives, checked on load."""
+    """``shapes``: data_name -> the shape dump.json gives, checked on load; ``stamps``: the
+    files the folder's checksums were checked on (a file loaded must be one of them, unchanged)."""
 
     raw_bf16_arrays = True  # ``array(key, raw_bf16=True)``: see ``Trace.raw_array``
 
-    def __init__(self, folder: Path, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    def __init__(
+        self, folder: Path, shapes: Mapping[str, tuple[int, ...]], stamps: Stamps | None = None
+    ) -> None:
         self._folder = folder
         self._shapes = dict(shapes)
+        self._stamps = stamps
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._shapes:
@@ -40,6 +45,7 @@ class PtTensors(Mapping[str, Any]):
             raise TraceError(f"{file}: missing (dump.json names it as data_name)") from None
         try:
             with handle:
+                check_opened(file, handle.fileno(), self._stamps)
                 # The file checked is the file read: torch opens the descriptor already open
                 # (a name swapped after the check is not followed). mmap: the bytes are paged
                 # in as the compare reads them, not copied up front.
@@ -65,7 +71,7 @@ class PtTensors(Mapping[str, Any]):
 
         file = self._file(key)
         try:
-            array = read_pt(file, raw_bf16)
+            array = read_pt(file, raw_bf16, self._stamps)
         except Unsupported:
             return as_numpy(self[key])
         return self._checked(key, file, array)

@@ -267,13 +267,23 @@ def _recorded_rank(folder: Path) -> bool:
     """A rank folder our ``Recorder`` (or a launched rank) wrote: a trace manifest with a
     ``parallel`` block or the Recorder's mark (a step recorded as scalars only), or an msprobe
     dump with the Recorder's manifest beside it."""
-    from ..msprobe.layout import MANIFEST_SIDECAR, recorded_by_us
+    from ..msprobe.layout import DUMP_FILE, MANIFEST_SIDECAR, recorded_by_us
+    from ..trace.checksums import sealed_names
 
-    file = folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
+    # An msprobe dump our Recorder wrote: its manifest beside dump.json, or its checksums listing
+    # one: then that manifest missing, unreadable or not an object is named, not skipped.
+    ours = recorded_by_us(folder) or (
+        (folder / DUMP_FILE).is_file() and MANIFEST_SIDECAR in sealed_names(folder)
+    )
+    file = folder / MANIFEST_SIDECAR if ours else folder / "manifest.json"
     try:
-        data = read_json(file, TraceError)
+        data = read_json(file, TraceError, what="the Recorder's manifest", why="the Recorder writes it here")
     except TraceError:
+        if ours:
+            raise
         return False
+    if ours and not isinstance(data, dict):
+        raise TraceError(f"{file}: expected a JSON object (the Recorder's trace manifest)")
     return isinstance(data, dict) and ("parallel" in data or RECORDER_KEY in data)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import ConfigError, TraceError
 from ..trace.checksums import folder_identity, recheck
 from ..trace.records import Trace
+from ..trace.run_ids import RunIds
 from ..trace.step_scalars import scalars_of
 from .dp_scalars import join_scalars
 from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
@@ -36,17 +37,20 @@ def load_parallel_side(
     if found is not None:
         complete, incomplete = split_incomplete(root, found)
         # Which write of each rank folder is there before any is read, re-checked once all are
-        # read: a rerun re-publishing the root meanwhile is refused, never read half old, half new.
+        # read: a rerun re-publishing the root meanwhile is refused, never read half old, half new;
+        # and the steps read all come from one run (their run ids, ``trace.run_ids``).
         identities = {
             folder: folder_identity(folder) for ranks in complete.values() for folder in ranks.values()
         }
+        ids = RunIds(root)
         steps = [
-            (step, _merge_step(root, step, ranks, flag, rules, data_split))
+            (step, _merge_step(root, step, ranks, flag, rules, data_split, ids))
             for step, ranks in complete.items()
         ]
         sources = {step: str(manifest_file(ranks[min(ranks)])) for step, ranks in complete.items() if ranks}
         merged = combine_steps(steps, root, sources)
         recheck(root, identities)
+        ids.check()
         if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
             merged = merged.with_notes(incomplete_steps=tuple(incomplete))
         return merged
@@ -73,11 +77,15 @@ def _merge_step(
     flag: ParallelLayout | None,
     rules: Sequence[ShardRule],
     data_split: bool = False,
+    ids: RunIds | None = None,
 ) -> Trace:
     folder = root / f"step{step}" if (root / f"step{step}").is_dir() else root
     if not ranks:
         raise TraceError(f"{folder}: no rank<R>/ folders in this step folder")
     traces = {r: read_rank_folder(p) for r, p in ranks.items()}
+    for r, trace in traces.items():
+        if ids is not None:
+            ids.add(step, r, trace.manifest, str(manifest_file(ranks[r])))
     if not any(t.records for t in traces.values()):  # a step recorded as scalars only
         return _scalars_only(traces, ranks, flag, data_split, root)
     layouts = {r: _layout(traces[r], p) for r, p in ranks.items()}
@@ -196,16 +204,17 @@ def read_rank_folder(folder: Path) -> Trace:
 def manifest_file(folder: Path) -> Path:
     """Where a rank folder's manifest is: ``manifest.json``, or the one our ``Recorder`` kept
     beside an msprobe dump.json."""
-    from ..msprobe.layout import MANIFEST_SIDECAR, recorded_by_us
+    from ..msprobe.layout import DUMP_FILE, MANIFEST_SIDECAR
 
-    return folder / MANIFEST_SIDECAR if recorded_by_us(folder) else folder / "manifest.json"
+    return folder / MANIFEST_SIDECAR if (folder / DUMP_FILE).is_file() else folder / "manifest.json"
 
 
 def _layout(trace: Trace, folder: Path) -> ParallelLayout:
     block = trace.manifest.get("parallel")
     where = str(manifest_file(folder))
     if block is None:
-        raise TraceError(f"{where}: no 'parallel' block (its sibling rank folders have one)")
+        what = "no 'parallel' block" if os.path.lexists(where) else "missing"
+        raise TraceError(f"{where}: {what} (its sibling rank folders have one)")
     return layout_from_manifest(block, where)
 
 

@@ -13,7 +13,8 @@ step that could not be written leaves for a later compare), ``step_markers`` (a 
 never finished: a run that stopped inside step k), ``trace_notes`` (``TraceNotes``: what a
 recorder, a merge or the contract check noted of a trace; the only reader and writer of the
 manifest's note keys), ``checksums`` (the sha256 of every file of a recording folder, written
-last by every writer and checked by every reader).
+last by every writer and checked by every reader), ``run_ids`` (which run and launch wrote
+each step of a recording root; a mix refused).
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ directory (a link, a FIFO, a socket or a device is refused, never followed or op
 is one ``TraceError`` naming it. A folder without one (written before checksums existed, or an
 msprobe dump msprobe wrote itself) is read as before. Each seal holds a ``publication`` id
 (new for every write), which ``folder_identity`` returns, so a reader can tell that a folder
-it read was replaced by another write while it read (``recheck``).
+it read was replaced by another write while it read (``recheck``). Tensor files are loaded
+lazily, after that check: ``verify_folder`` returns the ``Stamps`` of the files it hashed (device,
+inode, size, change times, from the descriptor it hashed), and a loader opens a file, then checks
+its descriptor against them (``check_opened``) before it reads a byte: the file loaded is the file
+hashed, unchanged since (a rerun's new file, or any write into it, changes its inode or its
+change time; the kernel sets ``st_ctime``, a writer cannot).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from typing import Any
 from .._atomic import publish_dir, write_file_atomic
 from ..errors import TraceError
 from ..untrusted import ErrorType, bounded_repr, open_regular, read_json, refuse_link
+
+Stamps = dict[Path, tuple[int, ...]]  # a hashed file -> its stamp (``_stamp``), as hashed
 
 CHECKSUM_FILE = "checksums.json"
 FORMAT = "pytest-precalign-checksums"
@@ -91,14 +98,38 @@ class Checksums:
         publish_dir(tmp, target)
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a regular file, read with a bounded buffer (never through a link or a FIFO)."""
+def _stamp(fd: int) -> tuple[int, ...]:
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def file_sha256(path: Path, stamps: Stamps | None = None) -> str:
+    """sha256 of a regular file, read with a bounded buffer (never through a link or a FIFO);
+    its stamp put in ``stamps`` (refused when the file changed while it was hashed)."""
     refuse_link(path, TraceError, "a recording folder")
     digest = hashlib.sha256()
     with open_regular(path, TraceError, "a recorded file") as f:
+        before = _stamp(f.fileno())
         while chunk := f.read(_BUFFER):
             digest.update(chunk)
+        if stamps is not None:
+            if _stamp(f.fileno()) != before:
+                raise TraceError(f"{path}: changed while its checksum was checked (another write)")
+            stamps[path] = before
     return digest.hexdigest()
+
+
+def check_opened(path: Path, fd: int, stamps: Stamps | None) -> None:
+    """A file of a sealed folder, opened to be loaded after ``verify_folder``: refused unless
+    it is the file that was hashed, unchanged (``stamps``: ``verify_folder``'s; None for a
+    folder without checksums, read as before)."""
+    if stamps is None:
+        return
+    if stamps.get(path) != _stamp(fd):
+        raise TraceError(
+            f"{path}: changed after its checksum was checked (replaced or rewritten by another "
+            "write while the recording was read); run the compare again"
+        )
 
 
 def _walk(folder: Path, error: ErrorType, where: str = "") -> Iterable[str]:
@@ -142,14 +173,15 @@ def _kind(mode: int) -> str:
     return "a device or special file"
 
 
-def verify_folder(folder: Path) -> str | None:
-    """Check a recording folder before its files are trusted (see the module doc); its
-    publication id, or None when it carries no checksums (read as before)."""
+def verify_folder(folder: Path) -> Stamps | None:
+    """Check a recording folder before its files are trusted (see the module doc); the stamps
+    of the files hashed, or None when it carries no checksums (read as before)."""
     present = set(_walk(folder, TraceError))
     file = folder / CHECKSUM_FILE
     if CHECKSUM_FILE not in present:
         return None
-    listed, publication = _read_seal(file)
+    listed, _ = _read_seal(file)
+    stamps: Stamps = {}
     for name in sorted(present - set(listed) - {CHECKSUM_FILE}):
         raise TraceError(
             f"{folder / name}: not listed in {CHECKSUM_FILE}: a file added after the recording "
@@ -160,13 +192,13 @@ def verify_folder(folder: Path) -> str | None:
             f"{folder / name}: listed in {CHECKSUM_FILE} but missing (removed after it was recorded)"
         )
     for name, expected in sorted(listed.items()):
-        actual = file_sha256(folder / name)
+        actual = file_sha256(folder / name, stamps)
         if actual != expected:
             raise TraceError(
                 f"{folder / name}: content changed after it was recorded "
                 f"(sha256 {actual[:16]}… ≠ recorded {expected[:16]}…)"
             )
-    return publication
+    return stamps
 
 
 def _read_seal(file: Path) -> tuple[dict[str, str], str]:
@@ -190,6 +222,17 @@ def _read_seal(file: Path) -> tuple[dict[str, str], str]:
             "sha256 digests (64 lowercase hex digits)"
         )
     return dict(files), publication
+
+
+def sealed_names(folder: Path) -> frozenset[str]:
+    """The files ``folder``'s checksums list (none without a readable seal; the readers'
+    ``verify_folder`` says what is wrong with one)."""
+    if not os.path.lexists(folder / CHECKSUM_FILE):
+        return frozenset()
+    try:
+        return frozenset(_read_seal(folder / CHECKSUM_FILE)[0])
+    except TraceError:
+        return frozenset()
 
 
 def _plain_relative(name: str) -> bool:

@@ -20,8 +20,8 @@ from typing import Any
 from .._atomic import share_file, temp_dir_beside
 from ..errors import TraceError
 from ..redaction import redacted
-from ..untrusted import bounded_repr, check_regular, read_json, refuse_link
-from .checksums import Checksums, file_sha256, folder_identity, recheck, verify_folder
+from ..untrusted import bounded_repr, check_regular, open_regular, read_json, refuse_link
+from .checksums import Checksums, Stamps, check_opened, file_sha256, folder_identity, recheck, verify_folder
 from .environment import check_environment
 from .records import PHASE_OF_KIND, Record, Trace, is_dtype_name, record_from_dict
 from .trace_notes import TraceNotes
@@ -154,9 +154,14 @@ class _ShardedTensors(Mapping[str, Any]):
     """Lazy key -> tensor view over the safetensors shards of a trace directory."""
 
     def __init__(
-        self, root: Path, shards: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]] | None = None
+        self,
+        root: Path,
+        shards: Mapping[str, str],
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        stamps: Stamps | None = None,
     ) -> None:
         self._root = root
+        self._stamps = stamps  # what its checksums were checked on: a shard loaded is that file
         self._shards = dict(shards)
         self._shapes = dict(shapes or {})  # key -> the shape index.json gives, checked on load
         self._open: dict[str, Any] = {}
@@ -169,16 +174,23 @@ class _ShardedTensors(Mapping[str, Any]):
         try:
             handle = self._open.get(file)
             if handle is None:
-                refuse_link(self._root / file, TraceError, "a trace folder")
-                check_regular(self._root / file, TraceError, "a safetensors shard")
-                handle = safe_open(str(self._root / file), framework="pt")
-                self._open[file] = handle
+                handle = self._open[file] = self._safe_open(self._root / file, safe_open)
             tensor = handle.get_tensor(key)
         except FileNotFoundError:
             raise TraceError(f"{self._root}: index.json names {file}, which is missing") from None
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise TraceError(f"{self._root / file}: cannot read tensor {key!r}: {exc}") from None
         return self._checked(key, self._root / file, tensor)
+
+    def _safe_open(self, path: Path, safe_open: Any) -> Any:
+        """safetensors' reader on the file that was checked: opened here, its descriptor checked
+        against the checksums' stamps, and safetensors given that very descriptor's file."""
+        refuse_link(path, TraceError, "a trace folder")
+        check_regular(path, TraceError, "a safetensors shard")
+        with open_regular(path, TraceError, "a safetensors shard") as f:
+            check_opened(path, f.fileno(), self._stamps)
+            opened = Path(f"/proc/self/fd/{f.fileno()}")
+            return safe_open(str(opened if opened.exists() else path), framework="pt")
 
     raw_bf16_arrays = True  # ``array(key, raw_bf16=True)``: see ``Trace.raw_array``
 
@@ -195,7 +207,7 @@ class _ShardedTensors(Mapping[str, Any]):
                 refuse_link(path, TraceError, "a trace folder")
                 if not path.is_file():
                     raise TraceError(f"{self._root}: index.json names {file}, which is missing")
-                reader = self._arrays[file] = SafetensorsFile(path)
+                reader = self._arrays[file] = SafetensorsFile(path, self._stamps)
             array = reader.array(key, raw_bf16)
         except TraceError as exc:
             if not str(exc).startswith(f"{path}: "):
@@ -229,7 +241,7 @@ def read_trace(path: str | Path) -> Trace:
     if not root.is_dir():
         raise TraceError(f"{root}: no trace directory there")
     identity = folder_identity(root)
-    verify_folder(root)  # its checksums (when it has them) before any file is trusted
+    stamps = verify_folder(root)  # its checksums (when it has them) before any file is trusted
     manifest = _read_json(root / "manifest.json")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise TraceError(f"{root / 'manifest.json'}: not a pytest-precalign trace manifest")
@@ -266,7 +278,7 @@ def read_trace(path: str | Path) -> Trace:
                 "which no shard holds"
             )
     shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
-    tensors = _ShardedTensors(root, shards, shapes)
+    tensors = _ShardedTensors(root, shards, shapes, stamps)
     recheck(root, {root: identity})  # one version read, or refused
     return Trace(manifest=manifest, records=tuple(records), tensors=tensors).holding(run, notes)
 

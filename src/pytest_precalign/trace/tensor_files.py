@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import TraceError
 from ..untrusted import loads_json, open_regular
 from . import pt_zip
+from .checksums import Stamps, check_opened
 
 _PT_STORAGES = {
     "FloatStorage": "<f4",
@@ -72,9 +73,11 @@ def _view(buffer: Any, dtype: str, offset: int, count: int, raw_bf16: bool = Fal
     return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
 
 
-def _map(path: Path) -> mmap.mmap | bytes:
-    """The file mapped read-only (a FIFO or a device is refused before it can block)."""
+def _map(path: Path, stamps: Stamps | None = None) -> mmap.mmap | bytes:
+    """The file mapped read-only (a FIFO or a device is refused before it can block); with
+    ``stamps``, only the file its folder's checksums were checked on (``checksums.check_opened``)."""
     with open_regular(path, TraceError, "a tensor file") as f:
+        check_opened(path, f.fileno(), stamps)
         try:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
@@ -139,15 +142,16 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def read_pt(path: Path, raw_bf16: bool = False) -> np.ndarray:
+def read_pt(path: Path, raw_bf16: bool = False, stamps: Stamps | None = None) -> np.ndarray:
     """The tensor a ``torch.save`` file holds, as a read-only numpy view of the mapped file.
 
     Raises TraceError for a truncated or corrupt file and Unsupported for a valid file this
     reader does not cover (not one plain tensor, compressed or big-endian storage). The zip
     directory is read from the map (``pt_zip``); a file it does not cover goes to ``zipfile``.
-    ``raw_bf16``: a bfloat16 tensor as its uint16 bit patterns (not widened)."""
+    ``raw_bf16``: a bfloat16 tensor as its uint16 bit patterns (not widened); ``stamps``: see
+    ``_map``."""
     try:
-        data = _map(path)
+        data = _map(path, stamps)
     except FileNotFoundError:
         raise TraceError(f"{path}: missing (dump.json names it as data_name)") from None
     except OSError as exc:
@@ -282,9 +286,9 @@ class _Entry:
 class SafetensorsFile:
     """A safetensors file read by its JSON header; arrays are views of one memory map."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, stamps: Stamps | None = None) -> None:
         self.path = path
-        self._data = _map(path)
+        self._data = _map(path, stamps)
         head = bytes(self._data[:8])
         if len(head) < 8:
             raise TraceError(f"{path}: not a safetensors file (shorter than its header)")

@@ -162,18 +162,20 @@ class AccelerateSteps:
             self._steps.before_clip(norm=None if norm is None else float(norm))
         return norm
 
-    def close(self) -> None:
-        """The loop is over: a step left without an update is written as skipped, hooks go."""
-        if self._steps.open_step is not None and self._sync:
+    def close(self, failed: bool = False) -> None:
+        """The loop is over: a step left without an update is written as skipped, hooks go.
+        ``failed``: the loop raised inside its step: nothing of it is written (the run stopped
+        inside it, its marker says so)."""
+        if self._steps.open_step is not None and self._sync and not failed:
             self._close()
         self._post.remove()
-        self._steps.remove()
+        self._steps.remove(failed=failed)
 
     def __enter__(self) -> AccelerateSteps:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(failed=exc_type is not None)
 
     # -- pieces -----------------------------------------------------------------------------
     def _updated(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

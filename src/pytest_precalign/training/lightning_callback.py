@@ -171,16 +171,16 @@ class LightningSteps(Callback):
         self._remove()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._remove()
+        self._remove(failed=True)  # a step it raised in: the run stopped inside it
 
     # -- pieces -----------------------------------------------------------------------------
-    def _remove(self) -> None:
+    def _remove(self, failed: bool = False) -> None:
         """The steps' hooks removed (which closes the sink), or the sink closed if no step began
         (a case's plan only has no sink)."""
         sink = self.recorder
         closing = self._steps.remove if self._steps is not None else None if sink is None else sink.close
         if closing is not None:
-            closing()
+            closing(failed=failed)
 
     def _recorded(self, pl_module: LightningModule) -> torch.nn.Module:
         if self.module is None:

@@ -250,13 +250,14 @@ class OptimizerSteps:
         self.scalars[step] = scalars
         return scalars
 
-    def remove(self) -> None:
-        """Remove the hooks (the run is over, or failed: a step left open is dropped)."""
+    def remove(self, failed: bool = False) -> None:
+        """Remove the hooks (the run is over, or ``failed``: a step left open is dropped, its
+        marker left: the run stopped inside it)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._step = None
-        self.recorder.close()
+        self.recorder.close(failed=failed)
 
     # -- the pieces -------------------------------------------------------------------------
     def _open(self, step: int) -> None:

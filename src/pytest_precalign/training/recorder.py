@@ -80,6 +80,7 @@ from ..recording.module_names import class_name
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..trace.native_io import begin_trace, finish_trace, write_trace
 from ..trace.records import Record, Trace
+from ..trace.run_ids import continued_run_id, run_ids
 from ..trace.step_markers import begin_step, end_step
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
 from ..trace.training_record import TrainingSettings, run_record_keys
@@ -166,12 +167,11 @@ class Recorder:
         self._settings: TrainingSettings | None = None  # the run's settings, written with the next folder
         self._precision: str | None = None  # what the forward computes in (the settings'), every manifest
         self.written: list[Path] = []  # the folders this process wrote, in order
-        self._claimed = False  # the root holds this run (``run_root.claim_root``)
-        self._continues = False  # a resumed run continuing the steps the root holds
+        self._claimed = self._continues = False  # the root holds this run; it continues a resumed run's
+        self._run: dict[str, str] = {}  # run_id (and launch_id) of every manifest (trace.run_ids)
         self._marker: Path | None = None  # the rank folder whose step began and has not ended
         self._marker_made: tuple[Path, ...] = ()  # the folders made for its marker
 
-    # -- where we are -------------------------------------------------------------------
     @property
     def current_step(self) -> int:
         """The step the next ``start`` records (0 first; ``step()`` advances it)."""
@@ -203,7 +203,6 @@ class Recorder:
         """``ROOT/step<N>/rank<R>`` of this rank."""
         return self.root / f"step{self._step if step is None else step}" / f"rank{self.rank}"
 
-    # -- the loop -------------------------------------------------------------------------
     def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
@@ -333,8 +332,8 @@ class Recorder:
         or continued before the first step trains)."""
         if not self._claimed:
             kept = claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
-            self._claimed = True
-            self._continues = bool(kept)
+            self._claimed, self._continues = True, bool(kept)
+            self._run = run_ids(continued_run_id(self.root, self.rank, kept))
 
     def _end_step(self) -> None:
         marker, self._marker = self._marker, None
@@ -356,6 +355,7 @@ class Recorder:
             "step": self._step,
             "rank": self.rank,
             "torch_version": torch.__version__,
+            **self._run,
             **self._facts,
             **({"dtype": self._precision} if self._precision else {}),
             "parallel": self._parallel,
@@ -438,7 +438,6 @@ class Recorder:
             self._end_step()
         self._step = step
 
-    # -- per-step scalars -------------------------------------------------------------------
     def record_scalars(self, scalars: StepScalars | None = None, **fields: Any) -> StepScalars:
         """What this optimizer step did (``StepScalars``, or its fields: ``loss``, ``lr``,
         ``grad_norm``...; see ``training.step_evidence`` to measure them), written into this
@@ -533,6 +532,7 @@ class Recorder:
             "step": self._step,
             "rank": self.rank,
             "record_mode": "scalars",
+            **self._run,
             **(self._facts if not self.written else {}),  # versions etc.: once, for env-diff
             **({"dtype": self._precision} if self._precision else {}),
             **self._step_evidence(),
@@ -559,7 +559,6 @@ class Recorder:
         self.stop()
         self.step()
 
-    # -- cleanup --------------------------------------------------------------------------
     def _discard(self) -> None:
         hooks, self._hooks = self._hooks, None
         sink, self._sink = self._sink, None
@@ -582,9 +581,10 @@ class Recorder:
         elif hooks is not None:
             hooks._active = False
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Remove hooks a step left behind (its records are dropped); the root is free for
-        another recorder."""
+        another recorder. ``failed``: the run stopped inside its step (its marker says so)."""
+        self._marker = None if failed else self._marker
         self._discard()
         self._end_step()
         if self._claimed:
@@ -595,6 +595,4 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is not None:  # the run stopped inside this step: its marker says so
-            self._marker = None
-        self.close()
+        self.close(failed=exc_type is not None)  # the run stopped inside this step

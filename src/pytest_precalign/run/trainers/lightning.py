@@ -163,7 +163,7 @@ class _CaseSink(StepSink):
     def step(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.steps.end()
 
 
@@ -198,9 +198,9 @@ class _CaseCallback(LightningSteps):
         if self.stop_after is not None and trainer.global_step > self.stop_after:
             trainer.should_stop = True
 
-    def _remove(self) -> None:
+    def _remove(self, failed: bool = False) -> None:
         if self._steps is not None:
-            self._steps.remove()
+            self._steps.remove(failed=failed)
 
 
 class _MicroBatches(torch.utils.data.Dataset[dict[str, Any]]):
