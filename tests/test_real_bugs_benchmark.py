@@ -2,7 +2,7 @@
 the benchmark cannot rot: each is recorded on its user's path (an IPO loop with
 ``Recorder``, a Lightning run with ``PrecalignLightningCallback``, a ``transformers.Trainer``
 run of the user's own model with ``PrecalignCallback``), judged by ``precalign compare`` and scored; its clean twin
-must pass. The full benchmark (20 bugs, with release venvs) is ``python benchmarks/real_bugs.py``."""
+must pass. The full benchmark (22 bugs, with release venvs) is ``python benchmarks/real_bugs.py``."""
 
 from __future__ import annotations
 
