@@ -23,7 +23,7 @@ from pytest_precalign.config.specs import (
 from pytest_precalign.errors import ConfigError, PrecalignError
 from pytest_precalign.mapping.spec import MappingSpec, NameRule, TensorRule, read_mapping_file
 from pytest_precalign.mapping.transforms import TransformOp
-from pytest_precalign.verdict.expectation import Expectation
+from pytest_precalign.specs.expectation import Expectation
 from pytest_precalign.yaml_reader import load_yaml
 from tests.helpers.bad_input import replace_once
 

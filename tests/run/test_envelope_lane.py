@@ -19,7 +19,7 @@ from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
-from pytest_precalign.verdict.training_envelope import EnvelopeSpec
+from pytest_precalign.specs.envelope import EnvelopeSpec
 
 NETS = """
 import torch

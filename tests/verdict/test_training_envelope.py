@@ -6,8 +6,9 @@ forgives that many steps; the evidence quotes the envelope."""
 from __future__ import annotations
 
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.specs.envelope import EnvelopeSpec
 from pytest_precalign.trace.step_scalars import StepScalars
-from pytest_precalign.verdict.training_envelope import EnvelopeSpec, measure_envelope
+from pytest_precalign.verdict.training_envelope import measure_envelope
 from pytest_precalign.verdict.training_run import RunSide, judge_run
 
 TABLE = ToleranceTable("loose", (ToleranceRule(atol=1e-5, rtol=1e-4),))

@@ -16,8 +16,8 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
-from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.expectation import Expectation
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.expectation import Expectation
 from ..vocabulary import (
     KINDS,
     LEVELS,

@@ -11,11 +11,11 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..errors import ConfigError
 from ..mapping.spec import MappingSpec
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.envelope import EnvelopeSpec
+from ..specs.expectation import Expectation
 from ..training.spec import OptimizerSpec as OptimizerSpec
 from ..training.spec import SidesTraining
-from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.expectation import Expectation
-from ..verdict.training_envelope import EnvelopeSpec
 from ..vocabulary import Level, Mode, Phase, RecordFormat
 from .model_sources import MEGATRON_RUNTIME
 from .search import SearchSpec

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field, replace
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.expectation import Expectation
 from ..trace.records import Trace
 from ..trace.training_record import TrainingSettings
 from ..vocabulary import Phase
 from .case_facts import CaseFacts
-from .coverage import DEFAULT_MIN_COVERAGE
 from .dp_replicas import with_replica_findings
 from .dp_rows import with_replica_rows
-from .expectation import Expectation
 from .frozen_params import without_frozen
 from .phase import (
     PhaseVerdict,
