@@ -151,9 +151,11 @@ def test_another_micro_batch_split_under_per_token_normalisation_is_no_differenc
 
     from pytest_precalign.compare.tolerances import default_table
     from pytest_precalign.trace.step_scalars import StepScalars
-    from pytest_precalign.trace.training_record import TrainingPlan
+    from pytest_precalign.trace.training_record import RunRecord, TrainingPlan
     from pytest_precalign.verdict.training_contract import check_contract
-    from pytest_precalign.verdict.training_run import RunSide, judge_run
+    from pytest_precalign.verdict.training_run import judge_run
+
+    from ..helpers.run_records import planned
 
     two = TrainingPlan(
         optimizer="sgd",
@@ -168,7 +170,10 @@ def test_another_micro_batch_split_under_per_token_normalisation_is_no_differenc
     assert check_contract(two, one) is None
     scalars = {0: StepScalars(0, loss=1.0, micro_batches=2)}
     split = {0: StepScalars(0, loss=1.0, micro_batches=1)}
-    assert judge_run(RunSide(scalars, two), RunSide(split, one), {}, default_table()).first is None
+    assert (
+        judge_run(RunRecord(planned(two), scalars), RunRecord(planned(one), split), {}, default_table()).first
+        is None
+    )
     means = replace(two, loss_normalisation="mean_of_micro_batch_means")
     diff = check_contract(means, replace(means, micro_batches=1))
     assert diff is not None and diff.origin == "micro_batches"  # there the split changes the loss

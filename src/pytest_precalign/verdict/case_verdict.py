@@ -25,7 +25,7 @@ from ..compare.tolerances import ToleranceTable
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..specs.expectation import Expectation
 from ..trace.records import Trace
-from ..trace.training_record import TrainingSettings
+from ..trace.training_record import RunRecord, TrainingSettings
 from ..vocabulary import Phase
 from .case_facts import CaseFacts
 from .dp_replicas import with_replica_findings
@@ -42,7 +42,7 @@ from .replay_story import Replay, with_replay
 from .story import tell_case
 from .training_contract import Rename, same_names
 from .training_envelope import CleanReruns, measure_envelope
-from .training_run import RunSide, TrainingVerdict, judge_run, lane_of, with_expectation
+from .training_run import TrainingVerdict, judge_run, lane_of, with_expectation
 from .training_settings import judge_plans
 from .training_traces import judge_traces, judged_by_scalars
 
@@ -125,7 +125,7 @@ def judge_stopped(
     plans = tuple(None if s is None else s.plan for s in settings)
     if judge_plans((plans[0], plans[1]), settings, rename) is None:
         return None
-    sides = [RunSide({}, plan, None, side) for plan, side in zip(plans, settings, strict=True)]
+    sides = [RunRecord(side) for side in settings]
     run = judge_run(sides[0], sides[1], {}, table, rename)
     if expect is not None and expect.diverged is not None and expect.step is not None:
         run = with_expectation(run, expect.step, expect.diverged, expect.run_origin)

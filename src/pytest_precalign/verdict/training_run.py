@@ -25,7 +25,7 @@ from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingPlan, TrainingSettings, split_free
+from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
 from .grads_one_sided import grads_evidence
@@ -48,16 +48,6 @@ from .training_scalars import (
     over_envelope,
 )
 from .training_settings import judge_plans
-
-
-@dataclass(frozen=True)
-class RunSide:
-    """What one side of a training run recorded."""
-
-    scalars: Mapping[int, StepScalars]
-    plan: TrainingPlan | None = None  # the manifest's training.plan
-    initial_params: Mapping[str, Mapping[str, float]] | None = None
-    settings: TrainingSettings | None = None  # the manifest's training block (arguments, adapters)
 
 
 @dataclass(frozen=True)
@@ -135,8 +125,8 @@ def lane_of(table: ToleranceTable) -> Lane:
 
 
 def judge_run(
-    baseline: RunSide,
-    candidate: RunSide,
+    baseline: RunRecord,
+    candidate: RunRecord,
     records: Mapping[int, StepRecords],
     table: ToleranceTable,
     rename: Rename = same_names,
@@ -190,7 +180,7 @@ _BEFORE_TRAINING = (
 )
 
 
-def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+def one_sided_evidence(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
     """Evidence one side recorded and the other did not: each a finding that says so, never a
     check skipped in silence (evidence of the wrong shape never gets here: ``read_run_record``
     refuses it, naming the file and the key)."""
@@ -205,7 +195,7 @@ def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]
     return tuple(out)
 
 
-def plan_missing(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
     """A side whose recorder could not write its plan (``TrainingSettings.plan_missing``),
     said in every compare of it, whatever the other side holds."""
     return tuple(
@@ -215,7 +205,7 @@ def plan_missing(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
     )
 
 
-def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:
+def _judge(judge: ScalarJudge, baseline: RunRecord, candidate: RunRecord) -> tuple[ScalarJudge, str]:
     """In the envelope lane: the steps over the envelope forgiven when ``steps_over`` allows
     them all, and the envelope in words."""
     envelope = judge.envelope
@@ -291,14 +281,16 @@ def _moved_before(
     return first
 
 
-def _on_both(step: int, baseline: RunSide, candidate: RunSide, records: Mapping[int, StepRecords]) -> bool:
+def _on_both(
+    step: int, baseline: RunRecord, candidate: RunRecord, records: Mapping[int, StepRecords]
+) -> bool:
     if step in baseline.scalars or step in candidate.scalars:
         return step in baseline.scalars and step in candidate.scalars
     return step in records
 
 
 def _before_training(
-    baseline: RunSide, candidate: RunSide, judge: ScalarJudge, rename: Rename
+    baseline: RunRecord, candidate: RunRecord, judge: ScalarJudge, rename: Rename
 ) -> FirstDivergent | None:
     """Different initial weights, then a contract difference (at its planned step)."""
     weights = _weights(baseline.initial_params, candidate.initial_params, judge, rename)
@@ -308,7 +300,7 @@ def _before_training(
     return _contract(diff) if diff is not None else None
 
 
-def _unsaid(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+def _unsaid(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
     if baseline.plan is None or candidate.plan is None:
         return ()
     return unsaid_settings(baseline.plan, candidate.plan)
