@@ -16,9 +16,11 @@ from pytest_precalign.config.specs import (
     CaseSpec,
     Defaults,
     InputSpec,
+    Models,
     ModelSpec,
     OptimizerSpec,
     RecordSpec,
+    TrainingSpec,
 )
 from pytest_precalign.errors import ConfigError, PrecalignError
 from pytest_precalign.mapping.spec import MappingSpec, NameRule, TensorRule, read_mapping_file
@@ -930,20 +932,17 @@ def test_minimal_config(tmp_path: Path) -> None:
     assert config.cases == (
         CaseSpec(
             name="c1",
-            baseline="base",
-            candidate="cand",
+            sides=Models("base", "cand"),
             inputs="toks",
             phases=("forward",),
             steps=1,
             sync_weights=True,
             strict_weights=True,
             mapping=None,
-            optimizer=OptimizerSpec(),
+            training=TrainingSpec(OptimizerSpec(), loss="causal_lm", train=False),
             record=RecordSpec(),
             tolerances=None,
             expect=None,
-            loss="causal_lm",
-            train=False,
             where=f"{file}:11",
         ),
     )
@@ -1141,7 +1140,7 @@ def test_full_config(tmp_path: Path) -> None:
     assert train.steps == 2
     assert (train.sync_weights, train.strict_weights) == (True, False)
     assert train.mapping == inline  # instantiated per case with its models' $variables
-    assert train.optimizer == OptimizerSpec(
+    assert train.training.optimizer == OptimizerSpec(
         name="sgd", lr=0.5, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1, momentum=0.9
     )
     assert train.record == RecordSpec(
@@ -1155,11 +1154,11 @@ def test_full_config(tmp_path: Path) -> None:
         kind="grad_input",
         where=f"{file}:48",
     )
-    assert (train.loss, train.train) == ("causal_lm", True)
+    assert (train.training.loss, train.training.train) == ("causal_lm", True)
 
     assert by_file.phases == ("forward",)
     assert by_file.sync_weights is False
-    assert by_file.loss == "model"
+    assert by_file.training.loss == "model"
     assert by_file.tolerances == "from_file"
     assert by_file.mapping is not None
     assert by_file.mapping.name == "maps/other.yml"

@@ -249,7 +249,12 @@ def test_the_replay_leaves_the_run_and_the_process_as_the_run_left_them(config: 
     flags = torch.are_deterministic_algorithms_enabled()
     off = run_case(config, config.case("layer_bug_no_replay"))
     rng_off = torch.get_rng_state()
-    on = run_case(config, replace(config.case("layer_bug_no_replay"), replay=True))
+    on = run_case(
+        config,
+        replace(
+            no_replay := config.case("layer_bug_no_replay"), training=replace(no_replay.training, replay=True)
+        ),
+    )
     rng_on = torch.get_rng_state()
     assert on.training is not None and off.training is not None and on.training.replay
     assert on.training.first == off.training.first and on.training.curves == off.training.curves
@@ -278,7 +283,7 @@ def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: Alig
     assert "not replayed: the initial weights differ" in message(run, "forward")[0]
     layer = run_case(config, config.case("layer_bug_no_replay")).training
     assert layer is not None
-    stored = replace(config.case("layer_bug"), dumps=Dumps(Path("a"), Path("b")))
+    stored = replace(config.case("layer_bug"), sides=Dumps(Path("a"), Path("b")))
     assert (
         not_replayable(config, stored, layer)
         == "the sides are stored runs, not models this process can train"

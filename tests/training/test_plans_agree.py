@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_precalign.config.specs import CaseSpec, ModelSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, Models, ModelSpec, RecordSpec, TrainingSpec
 from pytest_precalign.run.trainers import case_trainer
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
@@ -40,9 +40,10 @@ PAIRS = list(combinations(TRAINERS, 2))
 
 def _case(spec: OptimizerSpec) -> CaseSpec:
     return CaseSpec(
-        name="plans", baseline="a", candidate="b", inputs="toks", phases=("forward", "backward", "step"),
-        steps=STEPS, sync_weights=False, strict_weights=True, mapping=None, optimizer=spec,
-        record=RecordSpec(), tolerances=None, expect=None, loss="causal_lm", train=True, where="plans",
+        name="plans", sides=Models("a", "b"), inputs="toks", phases=("forward", "backward", "step"),
+        steps=STEPS, sync_weights=False, strict_weights=True, mapping=None,
+        training=TrainingSpec(spec, loss="causal_lm", train=True),
+        record=RecordSpec(), tolerances=None, expect=None, where="plans",
     )  # fmt: skip
 
 

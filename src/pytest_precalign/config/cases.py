@@ -41,7 +41,7 @@ from .presets import (
     preset_mapping,
 )
 from .search import SearchSpec, parse_search
-from .specs import CaseSpec, Dumps, InputSpec, ModelSpec, RecordSpec
+from .specs import CaseSpec, Dumps, InputSpec, Models, ModelSpec, RecordSpec, TrainingSpec
 from .training import check_training, parse_envelope, parse_optimizer, parse_training
 
 LOSSES = ("causal_lm", "model", "mean", "none")
@@ -105,31 +105,33 @@ def parse_case(
     _check_record_level(reader, record, refs, models)
     case = CaseSpec(
         name=name,
-        baseline=refs["baseline"],
-        candidate=refs["candidate"],
+        sides=Dumps(dumps["baseline"], dumps["candidate"], (refs["baseline"], refs["candidate"]))
+        if dumps
+        else Models(refs["baseline"], refs["candidate"]),
         inputs=input_name,
         phases=phases,
         steps=steps,
         sync_weights=sync,
         strict_weights=strict,
         mapping=mapping,
-        optimizer=optimizer,
+        training=TrainingSpec(
+            optimizer,
+            loss,
+            reader.get_bool("train", False),
+            training,
+            parse_envelope(reader, phases, steps, bool(dumps)),
+            reader.get_bool("replay", True),
+        ),
         record=record,
         tolerances=table,
         expect=_expect(reader, phases, None if dumps else steps),
-        loss=loss,
-        train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),
-        dumps=Dumps(dumps["baseline"], dumps["candidate"]) if dumps else None,
         where=reader.where(),
         search=_search(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
         ),
         baseline_rename=_baseline_rename(reader, base_dir),
         min_coverage=min_coverage(reader),
-        training=training,
-        envelope=parse_envelope(reader, phases, steps, bool(dumps)),
-        replay=reader.get_bool("replay", True),
     )
     reader.done()
     return case
