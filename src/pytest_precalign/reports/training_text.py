@@ -4,7 +4,9 @@ line up between the runs."""
 
 from __future__ import annotations
 
+from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
+from .replay_text import replay_text
 
 LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
 # How steps are counted, said with every run story (the Trainer's own logs count from 1).
@@ -26,14 +28,14 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     first = v.first
     if first is not None:
         own = f"{first.what}, origin {first.origin} — {first.evidence}"
-        if v.replay_found:  # the replay's story leads; the run's own records follow
-            lines += [v.replay, f"  the run's records at step {first.step}: {own}"]
+        if isinstance(v.replay, ReplayFinding):  # the replay's story leads; the run's own records follow
+            lines += [replay_text(v), f"  the run's records at step {first.step}: {own}"]
         else:
             lines.append(f"Step {first.step} diverged first: {own}")
         if first.pattern:
             lines.append(f"  whole model: {first.pattern}")
-        if v.replay and not v.replay_found:
-            lines.append(f"  {v.replay}")
+        if isinstance(v.replay, NotReplayed):
+            lines.append(f"  {replay_text(v)}")
         if v.downstream:
             lines.append(f"  {v.downstream}")
         lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane {STEPS_ARE}")

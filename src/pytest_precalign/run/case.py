@@ -24,7 +24,7 @@ from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
 from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
-from ..verdict.replay_story import NotReplayed
+from ..verdict.replay_finding import NotReplayed
 from ..vocabulary import phases_in_order
 from .contract_check import contract_before_training
 from .envelope_runs import baseline_envelope

@@ -34,7 +34,7 @@ from ..trace.records import Trace
 from ..verdict.case_facts import CaseFacts, case_facts
 from ..verdict.case_verdict import CaseJudging, judge_case
 from ..verdict.phase import PhaseVerdict
-from ..verdict.replay_story import Replay
+from ..verdict.replay_finding import Replay
 from ..verdict.training_envelope import CleanReruns
 from ..verdict.training_run import TrainingVerdict
 from ..vocabulary import Phase

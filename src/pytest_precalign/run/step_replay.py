@@ -11,7 +11,7 @@ transforms the parameters. Step ``k`` then runs on both sides in tensor mode and
 judges it: a layer (forward or backward), the grad reduction, clipping, the schedule (the
 candidate's own scheduler gives another LR on equal state) or the optimizer update. The case
 is then judged again with what the replay found (``outcome.judged_again``; the story is the
-verdict's, ``verdict.replay_story``).
+verdict's, ``verdict.replay_finding``).
 
 Replayed: sides trained in this process by the tool's loop, a ``transformers.Trainer`` (a
 callback loads the state where step ``k`` begins) or megatron-core's stack (the torch optimizer
@@ -34,7 +34,7 @@ from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.weights import sync_weights
 from ..trace.records import Trace
-from ..verdict.replay_story import NotReplayed, Replay, ReplayFinding
+from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case

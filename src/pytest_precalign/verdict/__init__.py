@@ -16,7 +16,7 @@ one side has and the other not), ``training_envelope`` (the noise
 envelope lane), ``training_traces`` (the verdict of two traces), ``training_settings`` (adapters and precision
 judged before step 0; a plan difference told in the framework's own argument names),
 ``frozen_params`` (parameters both sides freeze, checked unchanged instead of judged),
-``replay_story`` (what the replay of the first divergent step found, or why it did not run),
+``replay_finding`` (what the replay of the first divergent step found, or why it did not run),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
 rank whose rows of a joined record differ), ``non_data_inputs``
 (masks, positions and caches set aside or named in the origin walk).

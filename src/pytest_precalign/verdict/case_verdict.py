@@ -38,7 +38,7 @@ from .phase import (
     with_missing_grads,
     with_replica_mismatches,
 )
-from .replay_story import Replay, with_replay
+from .replay_finding import Replay
 from .story import tell_case
 from .training_contract import Rename, same_names
 from .training_envelope import CleanReruns, measure_envelope
@@ -191,3 +191,11 @@ def _incomplete_steps(facts: CaseFacts) -> list[str]:
         for m in side.notes.incomplete_steps:
             out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
     return out
+
+
+def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerdict | None:
+    """``verdict`` holding the replay of its first divergent step (unchanged when it passed or
+    names no step, or there is nothing to hold); told in words when rendered."""
+    if replay is None or verdict is None or verdict.first is None or verdict.passed:
+        return verdict
+    return replace(verdict, replay=replay)

@@ -29,6 +29,7 @@ from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
 from .grads_one_sided import grads_evidence
+from .replay_finding import Replay
 from .story import origin_of
 from .training_contract import (
     ContractDiff,
@@ -67,8 +68,7 @@ class TrainingVerdict:
     findings: tuple[str, ...] = ()  # what the run could not pair (fails the case)
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
-    replay: str = ""  # what the replay of the first divergent step found (run/step_replay.py)
-    replay_found: Mapping[str, Any] = field(default_factory=dict)  # its step, origin, phase, evidence
+    replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
     expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
     met: bool | None = None  # None: no expectation
     expected_what: TrainingClass | None = None
@@ -106,7 +106,7 @@ class TrainingVerdict:
             "lane": self.lane,
             "findings": list(self.findings),
             "warnings": list(self.warnings),
-            "replay": {**self.replay_found, "story": self.replay} if self.replay else None,
+            "replay": self.replay.as_dict() if self.replay is not None else None,  # + its story, rendered
             "envelope": self.envelope or None,
             "unsaid_settings": list(self.unsaid),
             "expectation": self.expected or None,
