@@ -21,11 +21,13 @@ from ..specs.expectation import Expectation
 from ..vocabulary import (
     KINDS,
     LEVELS,
+    LOSSES,
     MODES,
     PHASES,
     RECORD_FORMAT_ALIASES,
     RECORD_FORMATS,
     TRAINING_CLASSES,
+    Loss,
     Phase,
     RecordFormat,
     phases_in_order,
@@ -44,7 +46,6 @@ from .search import SearchSpec, parse_search
 from .specs import CaseSpec, Dumps, InputSpec, Models, ModelSpec, RecordSpec, TrainingSpec
 from .training import check_training, parse_envelope, parse_optimizer, parse_training
 
-LOSSES = ("causal_lm", "model", "mean", "none")
 CASE_KEYS = (
     "name",
     "baseline",
@@ -361,9 +362,9 @@ def _expect(reader: Reader, phases: tuple[Phase, ...], steps: int | None) -> Exp
     return expect
 
 
-def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> str:
+def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> Loss:
     """``loss:``, checked against the phases and inputs (``spec`` is None for stored dumps)."""
-    loss: str = reader.get_choice("loss", LOSSES, "causal_lm")
+    loss = reader.get_choice("loss", LOSSES, "causal_lm")
     if loss == "causal_lm" and spec is not None and spec.labels and _token_count(spec) == 1:
         # The causal-LM loss predicts token t+1 from token t: one token leaves nothing to
         # predict, a NaN loss on both sides -- which would compare as "aligned".

@@ -16,7 +16,7 @@ from ..specs.envelope import EnvelopeSpec
 from ..specs.expectation import Expectation
 from ..training.spec import OptimizerSpec as OptimizerSpec
 from ..training.spec import SidesTraining
-from ..vocabulary import Level, Mode, Phase, RecordFormat
+from ..vocabulary import Level, Loss, Mode, Phase, RecordFormat
 from .model_sources import MEGATRON_RUNTIME
 from .search import SearchSpec
 
@@ -111,7 +111,7 @@ class TrainingSpec:
     """How a case's sides compute their loss, backward and optimizer steps."""
 
     optimizer: OptimizerSpec
-    loss: str
+    loss: Loss
     train: bool  # the models in train mode (dropout on) instead of eval
     # Which framework's machinery trains each side (training/spec.py); None: each model's default.
     trainers: SidesTraining = SidesTraining()

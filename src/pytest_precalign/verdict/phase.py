@@ -18,7 +18,7 @@ from ..compare.pairs import Check, Comparison, PairResult
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..specs.expectation import Expectation
 from ..trace.records import Record
-from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Phase
+from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Kind, Phase
 from .coverage import Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
@@ -41,7 +41,7 @@ from .overflow import Overflow, overflow_levels
 class Divergence:
     name: str
     phase: Phase
-    kind: str
+    kind: Kind
     slot: str
     step: int
     call: int

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from ..vocabulary import TrainingClass
 
 
 @dataclass(frozen=True)
@@ -15,7 +17,7 @@ class ReplayFinding:
 
     step: int
     origin: str
-    what: str  # a TrainingClass, or "none"
+    what: TrainingClass | Literal["none"]  # "none": the replay found no divergence
     evidence: str
     starts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # side -> param -> sha1
 

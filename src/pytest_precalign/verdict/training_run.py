@@ -379,7 +379,7 @@ def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
     return FirstDivergent(step, "settings", "micro_batches", evidence, pattern)
 
 
-def _layer(step: int, rec: StepRecords, phase: str) -> FirstDivergent | None:
+def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
     first = rec.forward if phase == "forward" else rec.backward
     if first is None:
         return None
