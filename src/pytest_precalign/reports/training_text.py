@@ -24,7 +24,7 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     lines += [f"Runs do not line up: {finding}" for finding in v.findings]
     if v.met is False:
         found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
-        lines.append(f"Known divergence not reproduced: expected {v.expected}, found {found}")
+        lines.append(f"Known divergence not reproduced: expected {_expected(v)}, found {found}")
     first = v.first
     if first is not None:
         own = f"{first.what}, origin {first.origin} — {first.evidence}"
@@ -42,9 +42,13 @@ def training_lines(v: TrainingVerdict) -> list[str]:
         if v.envelope:
             lines.append(f"  {v.envelope}")
     if v.met:
-        lines.append(f"  the expected divergence: {v.expected}")
+        lines.append(f"  the expected divergence: {_expected(v)}")
     lines.extend(f"Not compared: {what}" for what in v.not_compared)
     return lines + warned
+
+
+def _expected(v: TrainingVerdict) -> str:
+    return v.expected.to_text() if v.expected is not None else ""
 
 
 def training_summary(v: TrainingVerdict) -> str:

@@ -61,6 +61,19 @@ class FirstDivergent:
 
 
 @dataclass(frozen=True)
+class ExpectedRun:
+    """The case's known run divergence the verdict was checked against (``with_expectation``)."""
+
+    step: int
+    what: TrainingClass
+    origin: str | None = None  # None: any origin
+
+    def to_text(self) -> str:
+        """``step 3 (lr[0]) schedule``, for the report (made when rendered)."""
+        return f"step {self.step} " + (f"({self.origin}) " if self.origin else "") + self.what
+
+
+@dataclass(frozen=True)
 class TrainingVerdict:
     steps_compared: int
     lane: Lane
@@ -69,9 +82,8 @@ class TrainingVerdict:
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
     replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
-    expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
+    expected: ExpectedRun | None = None  # the case's expected divergence, checked (``with_expectation``)
     met: bool | None = None  # None: no expectation
-    expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
     recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
@@ -109,7 +121,7 @@ class TrainingVerdict:
             "replay": self.replay.as_dict() if self.replay is not None else None,  # + its story, rendered
             "envelope": self.envelope or None,
             "unsaid_settings": list(self.unsaid),
-            "expectation": self.expected or None,
+            "expectation": self.expected.to_text() if self.expected is not None else None,
             "passed": self.passed,
             "not_compared": list(self.not_compared),
             "one_side_only": dict(self.one_side_only),
@@ -545,8 +557,8 @@ def owning_phase(verdict: TrainingVerdict, phases: Sequence[Phase]) -> Phase | N
     if verdict.passed or not phases:
         return None
     what = verdict.first.what if verdict.first is not None else None
-    if verdict.met is not None:
-        what = verdict.expected_what
+    if verdict.expected is not None:
+        what = verdict.expected.what
     wanted = PHASE_OF_CLASS[what] if what is not None else phases[0]
     return wanted if wanted in phases else phases[0]
 
@@ -560,5 +572,4 @@ def with_expectation(
     met = first is not None and (first.step, first.what) == (step, diverged)
     if origin is not None:
         met = met and first is not None and first.origin == origin
-    expected = f"step {step} " + (f"({origin}) " if origin else "") + diverged
-    return replace(verdict, expected=expected, met=met, expected_what=diverged)
+    return replace(verdict, expected=ExpectedRun(step, diverged, origin), met=met)
