@@ -106,9 +106,7 @@ def parse_case(
     _check_record_level(reader, record, refs, models)
     case = CaseSpec(
         name=name,
-        sides=Dumps(dumps["baseline"], dumps["candidate"], (refs["baseline"], refs["candidate"]))
-        if dumps
-        else Models(refs["baseline"], refs["candidate"]),
+        sides=_case_sides(refs, dumps),
         inputs=input_name,
         phases=phases,
         steps=steps,
@@ -136,6 +134,13 @@ def parse_case(
     )
     reader.done()
     return case
+
+
+def _case_sides(refs: Mapping[str, str], dumps: Mapping[str, Path]) -> Models | Dumps:
+    """The case's two models, or its two stored runs (named ``dump:<path as given>``)."""
+    if dumps:
+        return Dumps(dumps["baseline"], dumps["candidate"], (refs["baseline"], refs["candidate"]))
+    return Models(refs["baseline"], refs["candidate"])
 
 
 def _table(reader: Reader, tables: Mapping[str, ToleranceTable]) -> str | None:
