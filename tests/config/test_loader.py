@@ -15,6 +15,7 @@ from pytest_precalign.config.specs import (
     AlignConfig,
     CaseSpec,
     Defaults,
+    Dumps,
     InputSpec,
     Models,
     ModelSpec,
@@ -946,6 +947,20 @@ def test_minimal_config(tmp_path: Path) -> None:
             where=f"{file}:11",
         ),
     )
+
+
+def test_a_case_has_two_models_or_two_stored_runs(tmp_path: Path) -> None:
+    """``sides``: the case's models by name, or its stored runs (named ``dump:<path as given>``
+    in reports); asking a dumps case for its models is one ConfigError naming the case."""
+    assert _load(tmp_path, BASE).cases[0].sides == Models("base", "cand")
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    text = "version: 1\ncases:\n  - {name: d, baseline: {dump: a}, candidate: {dump: b}}\n"
+    case = _load(tmp_path, text).cases[0]
+    assert case.sides == Dumps(tmp_path / "a", tmp_path / "b", ("dump:a", "dump:b"))
+    assert case.dumps is case.sides and case.sides.names == ("dump:a", "dump:b")
+    with pytest.raises(ConfigError, match=r"case 'd' gates stored runs \(\{dump: path\}\), not models"):
+        case.models  # noqa: B018
 
 
 def test_parsed_config_is_frozen(tmp_path: Path) -> None:
