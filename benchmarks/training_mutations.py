@@ -47,10 +47,11 @@ from pytest_precalign.recording import HookRecorder  # noqa: E402
 from pytest_precalign.run.update_check import judge_updates, snapshot  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
 from pytest_precalign.trace.step_scalars import SCALARS_KEY, scalars_manifest  # noqa: E402
+from pytest_precalign.trace.training_record import RunRecord  # noqa: E402
 from pytest_precalign.training.megatron_stack import build_megatron_stack  # noqa: E402
 from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
 from pytest_precalign.verdict.training_records import step_records  # noqa: E402
-from pytest_precalign.verdict.training_run import RunSide, TrainingVerdict, judge_run  # noqa: E402
+from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run  # noqa: E402
 
 STEPS = 10
 SPEC = OptimizerSpec(
@@ -263,7 +264,7 @@ def clean_pairs() -> list[Mutation]:
     ]
 
 
-Side = tuple[RunSide, Trace, dict[str, torch.Tensor]]  # its run, its records, its initial parameters
+Side = tuple[RunRecord, Trace, dict[str, torch.Tensor]]  # its run, its records, its initial parameters
 
 
 def train(m: Mutation, mode: str = "stats") -> Side:
@@ -271,7 +272,7 @@ def train(m: Mutation, mode: str = "stats") -> Side:
     model = tiny_gpt(**dict(m.model))
     initial = snapshot(model)
     stack = build_megatron_stack([model], spec, STEPS, global_batch=4)
-    plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches).plan
+    settings = stack.training_manifest(STEPS, micro_batches=spec.micro_batches)
     handles = m.hook(model) if m.hook is not None else []
     if m.plant is not None:
         m.plant(stack)
@@ -292,7 +293,7 @@ def train(m: Mutation, mode: str = "stats") -> Side:
         torch.set_num_threads(threads)
         for handle in handles:
             handle.remove()
-    return RunSide(scalars, plan), trace, initial
+    return RunRecord(settings, scalars), trace, initial
 
 
 def _step(stack: Any, recorder: HookRecorder, step: int, parts: list[Any]) -> Any:

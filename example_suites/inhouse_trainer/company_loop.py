@@ -20,7 +20,7 @@ from pytest_precalign.training.step_evidence import (
 
 def _settings(module, case):
     names = tuple(name for name, p in module.named_parameters() if p.requires_grad)
-    lr = case.optimizer.lr
+    lr = case.training.optimizer.lr
     plan = TrainingPlan(
         optimizer="sgd",
         lr=((lr,),) * case.steps,
@@ -49,7 +49,7 @@ class CompanyLoop:
     def train(self, model, data, case, steps):
         module, recorder = model.module, steps.recorder
         params = [p for p in module.parameters() if p.requires_grad]
-        optimizer = torch.optim.SGD(params, lr=case.optimizer.lr)
+        optimizer = torch.optim.SGD(params, lr=case.training.optimizer.lr)
         initial, evidence, scalars = initial_params(module.named_parameters()), StepEvidence(params), {}
         for step in steps.steps(case.steps, module, lambda: optimizer):
             optimizer.zero_grad(set_to_none=True)

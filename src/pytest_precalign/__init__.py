@@ -7,7 +7,8 @@ merges rank folders, ``run`` drives a case, ``training`` records a user's own tr
 ``plugin`` and ``cli`` wire it up (``__main__``: ``python -m pytest_precalign``). Beside the
 flow: ``checkpoints`` (checkpoints read from disk and compared), ``msprobe`` (msprobe dumps read
 and written), ``baseline`` (stored baselines, ``precalign record``), ``calibration``
-(``precalign calibrate``), ``search`` (the divergence search), ``align_runner`` (the fixture).
+(``precalign calibrate``), ``search`` (the divergence search), ``align_runner`` (the fixture),
+``specs`` (what a case asks of its verdict, below both ``config`` and ``verdict``).
 Under every stage: ``vocabulary`` (the words as ``Literal`` types), ``errors`` (the error
 classes), ``yaml_reader`` (YAML with line numbers), ``_atomic`` (the one atomic writer),
 ``untrusted`` (how files from elsewhere are read), ``case_scheduling`` (a case's items on one

@@ -422,8 +422,8 @@ def _run_case(config: AlignConfig, case: CaseSpec, path: Path, traces: str | Non
                 run,
                 phase,
                 defined_in=str(config.path),
-                baseline=case.baseline,
-                candidate=case.candidate,
+                baseline=case.sides.names[0],
+                candidate=case.sides.names[1],
                 reproduce=f"precalign run {path} --case {case.name}",
                 with_environment=True,
             )

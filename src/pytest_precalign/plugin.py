@@ -285,8 +285,8 @@ class AlignItem(_CaseItem):
             run,
             self.phase,
             defined_in=str(align_config.path),
-            baseline=case.baseline,
-            candidate=case.candidate,
+            baseline=case.sides.names[0],
+            candidate=case.sides.names[1],
             reproduce=f'pytest --align-config {_relative(self.config, align_config)} "{self.nodeid}"',
             with_environment=True,
         )

@@ -98,7 +98,7 @@ def run_search(config: AlignConfig, case: CaseSpec) -> SearchResult:
     spec = case.search
     assert spec is not None
     started = time.perf_counter()
-    base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
+    base_spec, cand_spec = config.models[case.models.baseline], config.models[case.models.candidate]
     table = case_table(config, case)
     forward = replace(case, phases=("forward",), expect=None, isolate=False)
     tried = 0
@@ -205,8 +205,8 @@ def search_message(result: SearchResult, config: AlignConfig, reproduce: str) ->
         result.run,
         "forward",
         defined_in=str(config.path),
-        baseline=case.baseline,
-        candidate=case.candidate,
+        baseline=case.models.baseline,
+        candidate=case.models.candidate,
         reproduce=reproduce,
         seconds=result.seconds,
     )

@@ -52,6 +52,9 @@ TrainingClass = Literal[
 ]
 # How a training run's steps were judged: bitwise (a same-stack rerun) or under the tolerance table.
 Lane = Literal["exact", "approximate", "envelope"]
+# A case's ``loss:``: the causal-LM loss from the labels, the model's own output loss, the mean
+# of the output, or none (a forward-only case).
+Loss = Literal["causal_lm", "model", "mean", "none"]
 
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
@@ -61,6 +64,7 @@ RECORD_FORMATS: Final[tuple[RecordFormat, ...]] = get_args(RecordFormat)
 RECORD_FORMAT_ALIASES: Final[Mapping[str, RecordFormat]] = {"precalign": "native"}
 UPDATE_POLICIES: Final[tuple[UpdatePolicy, ...]] = get_args(UpdatePolicy)
 TRAINING_CLASSES: Final[tuple[TrainingClass, ...]] = get_args(TrainingClass)
+LOSSES: Final[tuple[Loss, ...]] = get_args(Loss)
 
 FORWARD_KINDS: Final[tuple[Kind, ...]] = ("input", "activation", "logits", "loss")
 BACKWARD_KINDS: Final[tuple[Kind, ...]] = ("grad_output", "grad_input", "param_grad")

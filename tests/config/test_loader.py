@@ -15,15 +15,18 @@ from pytest_precalign.config.specs import (
     AlignConfig,
     CaseSpec,
     Defaults,
+    Dumps,
     InputSpec,
+    Models,
     ModelSpec,
     OptimizerSpec,
     RecordSpec,
+    TrainingSpec,
 )
 from pytest_precalign.errors import ConfigError, PrecalignError
 from pytest_precalign.mapping.spec import MappingSpec, NameRule, TensorRule, read_mapping_file
 from pytest_precalign.mapping.transforms import TransformOp
-from pytest_precalign.verdict.expectation import Expectation
+from pytest_precalign.specs.expectation import Expectation
 from pytest_precalign.yaml_reader import load_yaml
 from tests.helpers.bad_input import replace_once
 
@@ -930,23 +933,34 @@ def test_minimal_config(tmp_path: Path) -> None:
     assert config.cases == (
         CaseSpec(
             name="c1",
-            baseline="base",
-            candidate="cand",
+            sides=Models("base", "cand"),
             inputs="toks",
             phases=("forward",),
             steps=1,
             sync_weights=True,
             strict_weights=True,
             mapping=None,
-            optimizer=OptimizerSpec(),
+            training=TrainingSpec(OptimizerSpec(), loss="causal_lm", train=False),
             record=RecordSpec(),
             tolerances=None,
             expect=None,
-            loss="causal_lm",
-            train=False,
             where=f"{file}:11",
         ),
     )
+
+
+def test_a_case_has_two_models_or_two_stored_runs(tmp_path: Path) -> None:
+    """``sides``: the case's models by name, or its stored runs (named ``dump:<path as given>``
+    in reports); asking a dumps case for its models is one ConfigError naming the case."""
+    assert _load(tmp_path, BASE).cases[0].sides == Models("base", "cand")
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    text = "version: 1\ncases:\n  - {name: d, baseline: {dump: a}, candidate: {dump: b}}\n"
+    case = _load(tmp_path, text).cases[0]
+    assert case.sides == Dumps(tmp_path / "a", tmp_path / "b", ("dump:a", "dump:b"))
+    assert case.dumps is case.sides and case.sides.names == ("dump:a", "dump:b")
+    with pytest.raises(ConfigError, match=r"case 'd' gates stored runs \(\{dump: path\}\), not models"):
+        case.models  # noqa: B018
 
 
 def test_parsed_config_is_frozen(tmp_path: Path) -> None:
@@ -1141,7 +1155,7 @@ def test_full_config(tmp_path: Path) -> None:
     assert train.steps == 2
     assert (train.sync_weights, train.strict_weights) == (True, False)
     assert train.mapping == inline  # instantiated per case with its models' $variables
-    assert train.optimizer == OptimizerSpec(
+    assert train.training.optimizer == OptimizerSpec(
         name="sgd", lr=0.5, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1, momentum=0.9
     )
     assert train.record == RecordSpec(
@@ -1155,11 +1169,11 @@ def test_full_config(tmp_path: Path) -> None:
         kind="grad_input",
         where=f"{file}:48",
     )
-    assert (train.loss, train.train) == ("causal_lm", True)
+    assert (train.training.loss, train.training.train) == ("causal_lm", True)
 
     assert by_file.phases == ("forward",)
     assert by_file.sync_weights is False
-    assert by_file.loss == "model"
+    assert by_file.training.loss == "model"
     assert by_file.tolerances == "from_file"
     assert by_file.mapping is not None
     assert by_file.mapping.name == "maps/other.yml"

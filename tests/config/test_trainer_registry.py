@@ -79,7 +79,7 @@ def test_an_unknown_trainer_lists_the_registrys_names(tmp_path: Path) -> None:
 
 def test_a_trainer_added_to_the_registry_is_accepted(tmp_path: Path, keras: TrainerInfo) -> None:
     config = load_config(BASE + "    training: {candidate: keras}\n", tmp_path / "align.yaml")
-    assert config.cases[0].training.candidate == "keras"
+    assert config.cases[0].training.trainers.candidate == "keras"
     assert trainer_names()[-1] == "keras"
     assert f"allowed: {', '.join(trainer_names())})" in _error(tmp_path, "    training: tf\n")
 
@@ -108,7 +108,7 @@ def test_an_entrys_problem_is_named_at_its_key_with_the_side_and_framework(
         BASE + "    training: {candidate: loop}\n    optimizer: {schedule: {decay: cosine}}\n",
         tmp_path / "align.yaml",
     )
-    assert config.cases[0].training.candidate == "loop"
+    assert config.cases[0].training.trainers.candidate == "loop"
 
 
 def test_a_problem_of_the_whole_optimizer_is_named_at_optimizer(tmp_path: Path, keras: TrainerInfo) -> None:
@@ -158,7 +158,7 @@ def test_an_installed_distributions_entry_point_registers_its_trainer(tmp_path: 
         "from pytest_precalign.training.trainer_registry import trainer_info\n"
         "from tests.config.test_training_config import BASE\n"
         "config = load_config(BASE + '    training: {candidate: acme}\\n', Path(sys.argv[1]) / 'align.yaml')\n"
-        "print(config.cases[0].training.candidate, trainer_info('acme').framework)\n"
+        "print(config.cases[0].training.trainers.candidate, trainer_info('acme').framework)\n"
     )
     root = Path(__file__).parents[2]
     path = f"{tmp_path}:{root / 'src'}:{root}"

@@ -48,7 +48,7 @@ def test_full_optimizer_spec_is_parsed(tmp_path: Path) -> None:
         "    training: {baseline: loop, candidate: loop}\n",
     )
     case = config.cases[0]
-    assert case.optimizer == OptimizerSpec(
+    assert case.training.optimizer == OptimizerSpec(
         lr=0.01,
         weight_decay=0.1,
         clip_grad=1.0,
@@ -56,7 +56,7 @@ def test_full_optimizer_spec_is_parsed(tmp_path: Path) -> None:
         no_decay=("*.bias", "*norm*"),
         schedule=ScheduleSpec(warmup_steps=1, decay="cosine", decay_steps=None, min_lr=0.001),
     )
-    assert case.training == SidesTraining("loop", "loop")
+    assert case.training.trainers == SidesTraining("loop", "loop")
 
 
 def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
@@ -65,9 +65,9 @@ def test_one_trainer_for_both_sides_and_defaults(tmp_path: Path) -> None:
         'cand: {source: hf, class: "transformers:Qwen2ForCausalLM", config: {vocab_size: 16}}',
     )
     case = _load(tmp_path, "    training: hf_trainer\n", text).cases[0]
-    assert case.training == SidesTraining("hf_trainer", "hf_trainer")
-    assert _load(tmp_path, "").cases[0].training == SidesTraining()
-    assert _load(tmp_path, "").cases[0].optimizer == OptimizerSpec()
+    assert case.training.trainers == SidesTraining("hf_trainer", "hf_trainer")
+    assert _load(tmp_path, "").cases[0].training.trainers == SidesTraining()
+    assert _load(tmp_path, "").cases[0].training.optimizer == OptimizerSpec()
 
 
 def test_own_megatron_model_trains_as_a_presets_model(tmp_path: Path) -> None:
@@ -78,10 +78,10 @@ def test_own_megatron_model_trains_as_a_presets_model(tmp_path: Path) -> None:
         'cand: {source: factory, factory: "tiny_models:build"}',
         'cand: {source: factory, factory: "tiny_models:build", runtime: megatron}',
     )
-    assert _load(tmp_path, "", text).cases[0].training == SidesTraining(None, "megatron")
-    assert _load(tmp_path, "    training: {candidate: loop}\n", text).cases[0].training == SidesTraining(
-        None, "loop"
-    )
+    assert _load(tmp_path, "", text).cases[0].training.trainers == SidesTraining(None, "megatron")
+    assert _load(tmp_path, "    training: {candidate: loop}\n", text).cases[
+        0
+    ].training.trainers == SidesTraining(None, "loop")
     message = _error(tmp_path, "    training: {candidate: lightning}\n", text)
     assert (
         "trainer 'lightning' cannot train model 'cand' (runtime: megatron; allowed: loop, megatron)"

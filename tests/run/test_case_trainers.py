@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_precalign.config.specs import CaseSpec, ModelSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, Models, ModelSpec, RecordSpec, TrainingSpec
 from pytest_precalign.errors import CaseError
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.launch import run_launched
@@ -158,10 +158,10 @@ def forgetful(monkeypatch: pytest.MonkeyPatch) -> CaseSpec:
     info = TrainerInfo("forgetful", "a forgetful loop", ("factory",), __name__)
     monkeypatch.setitem(TRAINERS, info.name, info)
     return CaseSpec(
-        name="c", baseline="a", candidate="b", inputs="x", phases=("forward", "backward", "step"),
-        steps=2, sync_weights=False, strict_weights=True, mapping=None, optimizer=OptimizerSpec(), record=RecordSpec(),
-        tolerances=None, expect=None, loss="mean", train=True, where="c",
-        training=SidesTraining(baseline="forgetful", candidate="forgetful"),
+        name="c", sides=Models("a", "b"), inputs="x", phases=("forward", "backward", "step"),
+        steps=2, sync_weights=False, strict_weights=True, mapping=None, record=RecordSpec(),
+        training=TrainingSpec(OptimizerSpec(), "mean", True, SidesTraining(baseline="forgetful", candidate="forgetful")),
+        tolerances=None, expect=None, where="c",
     )  # fmt: skip
 
 
@@ -202,7 +202,9 @@ def test_what_a_trainer_cannot_do_is_asked_of_its_registry_entry(forgetful: Case
     ):
         run_launched(spec, tmp_path, forgetful, data, None, {"side": "candidate"}, 0)
     replicas = replace(spec, options={"launch": {"nproc": 2}, "data_parallel": 2})
-    looped = replace(forgetful, training=SidesTraining(candidate="loop"))
+    looped = replace(
+        forgetful, training=replace(forgetful.training, trainers=SidesTraining(candidate="loop"))
+    )
     with pytest.raises(
         CaseError, match=r"models.mc.data_parallel: .* needs phase step and training: megatron$"
     ):

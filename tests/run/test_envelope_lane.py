@@ -19,7 +19,7 @@ from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
-from pytest_precalign.verdict.training_envelope import EnvelopeSpec
+from pytest_precalign.specs.envelope import EnvelopeSpec
 
 NETS = """
 import torch
@@ -123,8 +123,8 @@ def test_steps_over_forgives_exactly_that_many_steps(config: AlignConfig) -> Non
 
 def test_envelope_settings_are_parsed(config: AlignConfig) -> None:
     case = next(c for c in config.cases if c.name == "two_over")
-    assert case.envelope == EnvelopeSpec(reruns=1, factor=4.0, steps_over=1, floor=1e-6)
-    assert next(c for c in config.cases if c.name == "table").envelope is None
+    assert case.training.envelope == EnvelopeSpec(reruns=1, factor=4.0, steps_over=1, floor=1e-6)
+    assert next(c for c in config.cases if c.name == "table").training.envelope is None
 
 
 BAD = """

@@ -29,6 +29,7 @@ import torch
 import pytest_precalign
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
+from pytest_precalign.reports.replay_text import replay_text
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
 from tests.helpers.late_nets import LATE_NET
@@ -150,7 +151,7 @@ def test_a_replayed_case_is_judged_again_with_what_the_replay_found(config: Alig
         "forward",
         "late",
     )
-    assert run.training.replay.endswith(
+    assert replay_text(run.training).endswith(
         "replayed from the baseline's state after step 1: origin late (forward) — "
         "its inputs matched, its output did not (activation of late)"
     )

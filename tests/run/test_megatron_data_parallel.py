@@ -51,7 +51,7 @@ def test_dp2_with_the_distributed_optimizer_trains_as_one_process(tmp_path: Path
 
     config = load_config(CONFIG, tmp_path / "align.yaml")
     case = config.cases[0]
-    assert case.training.candidate == "megatron"  # a Megatron model's default trainer
+    assert case.training.trainers.candidate == "megatron"  # a Megatron model's default trainer
     data = build_inputs(config.inputs["toks"], tmp_path, case.steps)
     spec = config.models["mc"]
     with runtime(spec):

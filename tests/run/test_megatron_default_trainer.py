@@ -45,8 +45,8 @@ def _load(tmp_path: Path, text: str = CONFIG) -> object:
 def test_a_megatron_side_without_training_defaults_to_megatrons_stack(tmp_path: Path) -> None:
     config = _load(tmp_path)
     default, loop = config.cases  # type: ignore[attr-defined]
-    assert (default.training.baseline, default.training.candidate) == (None, "megatron")
-    assert (loop.training.baseline, loop.training.candidate) == ("loop", "loop")
+    assert (default.training.trainers.baseline, default.training.trainers.candidate) == (None, "megatron")
+    assert (loop.training.trainers.baseline, loop.training.trainers.candidate) == ("loop", "loop")
 
 
 def test_the_default_trainer_steps_with_megatron_cores_optimizer(tmp_path: Path) -> None:

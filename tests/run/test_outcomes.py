@@ -11,7 +11,7 @@ import pytest
 from pytest_precalign.baseline.gate import baseline_outcome, update_policy
 from pytest_precalign.baseline.store import BaselineOutcome
 from pytest_precalign.compare.workers import busy_now, compare_workers, free_cores
-from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, Models, OptimizerSpec, RecordSpec, TrainingSpec
 from pytest_precalign.errors import ConfigError, TraceError
 from pytest_precalign.run.outcome import PerCase
 
@@ -109,9 +109,10 @@ def test_update_policy() -> None:
 
 def _case() -> CaseSpec:
     return CaseSpec(
-        name="port", baseline="ref", candidate="cand", inputs="toks", phases=("forward", "backward"),
-        steps=1, sync_weights=False, strict_weights=True, mapping=None, optimizer=OptimizerSpec(),
-        record=RecordSpec(), tolerances=None, expect=None, loss="none", train=False, where="align.yaml",
+        name="port", sides=Models("ref", "cand"), inputs="toks", phases=("forward", "backward"),
+        steps=1, sync_weights=False, strict_weights=True, mapping=None,
+        training=TrainingSpec(OptimizerSpec(), loss="none", train=False),
+        record=RecordSpec(), tolerances=None, expect=None, where="align.yaml",
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from pytest_precalign.config.specs import AlignConfig, Dumps
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.reports.document import report_document
 from pytest_precalign.reports.outcome import phase_outcome
+from pytest_precalign.reports.replay_text import replay_text, training_dict
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.case import check_modules, run_case
 from pytest_precalign.run.outcome import CaseRun
@@ -187,7 +188,7 @@ def test_a_layer_bug_from_step_5_is_replayed_from_step_4s_state_to_its_layer(con
 def test_replay_false_leaves_the_run_verdict_alone(config: AlignConfig) -> None:
     run = run_case(config, config.case("layer_bug_no_replay"))
     assert run.training is not None and run.training.first is not None
-    assert (run.training.first.step, run.training.replay) == (5, "")
+    assert (run.training.first.step, run.training.replay, replay_text(run.training)) == (5, None, "")
     assert "replayed" not in message(run, "forward")[0]
 
 
@@ -227,8 +228,8 @@ def test_an_optimizer_eps_planted_from_step_3_is_named_optimizer_update(config: 
     run = run_case(config, config.case("eps"))
     assert run.training is not None and run.training.first is not None
     assert run.training.first.step == 3
-    found = dict(run.training.replay_found)
-    assert (found["step"], found["phase"]) == (3, "optimizer_update"), run.training.replay
+    found = training_dict(run.training)["replay"]
+    assert (found["step"], found["phase"]) == (3, "optimizer_update"), found
     assert "its grad matched, the optimizer update made it differ" in str(found["evidence"])
 
 
@@ -238,9 +239,9 @@ def test_a_divergence_at_step_0_is_replayed_from_the_synced_weights_in_tensor_mo
     run = run_case(config, config.case("eps_at_0"))
     assert run.training is not None and run.training.first is not None
     assert run.training.first.step == 0
-    found = dict(run.training.replay_found)
+    found = training_dict(run.training)["replay"]
     assert (found["step"], found["from_step"], found["phase"]) == (0, None, "optimizer_update")
-    assert "; replayed from the synced initial state in tensor mode: origin " in run.training.replay
+    assert "; replayed from the synced initial state in tensor mode: origin " in replay_text(run.training)
 
 
 def test_the_replay_leaves_the_run_and_the_process_as_the_run_left_them(config: AlignConfig) -> None:
@@ -249,9 +250,14 @@ def test_the_replay_leaves_the_run_and_the_process_as_the_run_left_them(config: 
     flags = torch.are_deterministic_algorithms_enabled()
     off = run_case(config, config.case("layer_bug_no_replay"))
     rng_off = torch.get_rng_state()
-    on = run_case(config, replace(config.case("layer_bug_no_replay"), replay=True))
+    on = run_case(
+        config,
+        replace(
+            no_replay := config.case("layer_bug_no_replay"), training=replace(no_replay.training, replay=True)
+        ),
+    )
     rng_on = torch.get_rng_state()
-    assert on.training is not None and off.training is not None and on.training.replay
+    assert on.training is not None and off.training is not None and on.training.replay is not None
     assert on.training.first == off.training.first and on.training.curves == off.training.curves
     assert on.baseline.manifest["scalars"] == off.baseline.manifest["scalars"]
     assert on.candidate.manifest["scalars"] == off.candidate.manifest["scalars"]
@@ -263,7 +269,7 @@ def test_a_scheduler_one_update_behind_is_named_schedule_on_equal_state(config: 
     run = run_case(config, config.case("schedule"))
     assert run.training is not None and run.training.first is not None
     assert (run.training.first.step, run.training.first.what) == (1, "schedule")
-    found = dict(run.training.replay_found)
+    found = training_dict(run.training)["replay"]
     assert (found["step"], found["from_step"], found["phase"], found["origin"]) == (1, 0, "schedule", "lr[0]")
 
 
@@ -271,14 +277,14 @@ def test_a_side_that_cannot_be_replayed_says_why_and_what_to_record(config: Alig
     run = run_case(config, config.case("init"))
     assert run.training is not None and run.training.first is not None
     assert run.training.first.what == "weights"
-    assert run.training.replay.startswith(
+    assert replay_text(run.training).startswith(
         "not replayed: the initial weights differ, and a replay from equal state would hide that; "
         "to go further record step 0 in tensor mode"
     )
     assert "not replayed: the initial weights differ" in message(run, "forward")[0]
     layer = run_case(config, config.case("layer_bug_no_replay")).training
     assert layer is not None
-    stored = replace(config.case("layer_bug"), dumps=Dumps(Path("a"), Path("b")))
+    stored = replace(config.case("layer_bug"), sides=Dumps(Path("a"), Path("b")))
     assert (
         not_replayable(config, stored, layer)
         == "the sides are stored runs, not models this process can train"
@@ -295,7 +301,7 @@ def test_modules_a_test_built_are_not_replayed_and_say_why() -> None:
         cand[2].bias.add_(1e-3)  # differs from step 0 on: no rebuild can give it back
     run = check_modules(base, cand, {"input": x}, phases=("forward", "backward", "step"), steps=3, train=True)
     assert run.training is not None and run.training.first is not None
-    assert run.training.replay.startswith(
+    assert replay_text(run.training).startswith(
         "not replayed: the modules were built by the test, and the tool cannot rebuild them as "
         "they were at step 0; to go further record step 0 in tensor mode"
     )
@@ -367,9 +373,9 @@ def assert_replay_names_late_mlp(run: CaseRun) -> None:
     """The run diverged first at step 2 and its replay named LATE_MLP's layer in the forward."""
     assert run.training is not None and run.training.first is not None
     assert run.training.first.step == 2
-    found = dict(run.training.replay_found)
+    found = training_dict(run.training)["replay"]
     assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
-        run.training.replay
+        replay_text(run.training)
     )
 
 
@@ -440,9 +446,9 @@ def test_a_megatron_side_is_replayed_through_megatrons_own_stack(tmp_path: Path)
     run = run_case(config, case)
     assert run.training is not None and run.training.first is not None
     assert run.training.first.step == 2
-    found = dict(run.training.replay_found)
+    found = training_dict(run.training)["replay"]
     assert (found["step"], found["origin"], found["phase"]) == (2, "decoder.layers.1.mlp", "forward"), (
-        run.training.replay
+        replay_text(run.training)
     )
     # Megatron's FP32Optimizer steps torch's Adam on the model's own parameters: their state
     # after step 1 is the baseline's, bitwise.
@@ -499,9 +505,9 @@ def test_a_port_from_a_trainer_to_megatron_is_replayed_through_the_presets_fused
     case = config.cases[0]
     run = run_case(config, case)
     assert run.training is not None and run.training.first is not None
-    found = dict(run.training.replay_found)
+    found = training_dict(run.training)["replay"]
     assert (found["step"], found["origin"], found["phase"]) == (2, "model.layers.1.mlp", "forward"), (
-        run.training.replay
+        replay_text(run.training)
     )
     carrier = StateCarrier(case, lambda: "", keep=True)
     replay_step(config, case, 2, carrier)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.config.specs import Models
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.trainers.hf_trainer import TRAINER as HF_TRAINER
@@ -28,9 +29,11 @@ pytest.importorskip("accelerate")
 SUITE = EXAMPLES / "training" / "align.yaml"
 
 
-def _case(name: str, steps: int, **changes: str) -> tuple[object, object]:
+def _case(name: str, steps: int, baseline: str | None = None) -> tuple[object, object]:
     config = load_config_file(SUITE)
-    case = dataclasses.replace(config.case(name), steps=steps, **changes)
+    case = dataclasses.replace(config.case(name), steps=steps)
+    if baseline is not None:
+        case = dataclasses.replace(case, sides=Models(baseline, case.models.candidate))
     return config, case
 
 

@@ -14,7 +14,7 @@ import torch
 
 from pytest_precalign.compare.pairs import PairResult
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
-from pytest_precalign.config.specs import CaseSpec, OptimizerSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, Models, OptimizerSpec, RecordSpec, TrainingSpec
 from pytest_precalign.run.case import CaseRun, check_modules, step_judge
 from pytest_precalign.run.outcome import FinishInputs, finish
 from pytest_precalign.run.side import run_side
@@ -66,20 +66,17 @@ def _inputs() -> dict[str, torch.Tensor]:
 def _case(optimizer: OptimizerSpec, steps: int) -> CaseSpec:
     return CaseSpec(
         name="steps",
-        baseline="baseline",
-        candidate="candidate",
+        sides=Models("baseline", "candidate"),
         inputs="inputs",
         phases=PHASES,
         steps=steps,
         sync_weights=True,
         strict_weights=True,
         mapping=None,
-        optimizer=optimizer,
+        training=TrainingSpec(optimizer, loss="mean", train=True),
         record=RecordSpec(mode="tensor"),
         tolerances=None,
         expect=None,
-        loss="mean",
-        train=True,
         where="steps",
     )
 

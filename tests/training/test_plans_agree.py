@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_precalign.config.specs import CaseSpec, ModelSpec, RecordSpec
+from pytest_precalign.config.specs import CaseSpec, Models, ModelSpec, RecordSpec, TrainingSpec
 from pytest_precalign.run.trainers import case_trainer
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
@@ -40,9 +40,10 @@ PAIRS = list(combinations(TRAINERS, 2))
 
 def _case(spec: OptimizerSpec) -> CaseSpec:
     return CaseSpec(
-        name="plans", baseline="a", candidate="b", inputs="toks", phases=("forward", "backward", "step"),
-        steps=STEPS, sync_weights=False, strict_weights=True, mapping=None, optimizer=spec,
-        record=RecordSpec(), tolerances=None, expect=None, loss="causal_lm", train=True, where="plans",
+        name="plans", sides=Models("a", "b"), inputs="toks", phases=("forward", "backward", "step"),
+        steps=STEPS, sync_weights=False, strict_weights=True, mapping=None,
+        training=TrainingSpec(spec, loss="causal_lm", train=True),
+        record=RecordSpec(), tolerances=None, expect=None, where="plans",
     )  # fmt: skip
 
 
@@ -151,9 +152,11 @@ def test_another_micro_batch_split_under_per_token_normalisation_is_no_differenc
 
     from pytest_precalign.compare.tolerances import default_table
     from pytest_precalign.trace.step_scalars import StepScalars
-    from pytest_precalign.trace.training_record import TrainingPlan
+    from pytest_precalign.trace.training_record import RunRecord, TrainingPlan
     from pytest_precalign.verdict.training_contract import check_contract
-    from pytest_precalign.verdict.training_run import RunSide, judge_run
+    from pytest_precalign.verdict.training_run import judge_run
+
+    from ..helpers.run_records import planned
 
     two = TrainingPlan(
         optimizer="sgd",
@@ -168,7 +171,10 @@ def test_another_micro_batch_split_under_per_token_normalisation_is_no_differenc
     assert check_contract(two, one) is None
     scalars = {0: StepScalars(0, loss=1.0, micro_batches=2)}
     split = {0: StepScalars(0, loss=1.0, micro_batches=1)}
-    assert judge_run(RunSide(scalars, two), RunSide(split, one), {}, default_table()).first is None
+    assert (
+        judge_run(RunRecord(planned(two), scalars), RunRecord(planned(one), split), {}, default_table()).first
+        is None
+    )
     means = replace(two, loss_normalisation="mean_of_micro_batch_means")
     diff = check_contract(means, replace(means, micro_batches=1))
     assert diff is not None and diff.origin == "micro_batches"  # there the split changes the loss

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.trace.training_record import RunRecord
 from pytest_precalign.training.megatron_stack import build_megatron_stack
 from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
-from pytest_precalign.verdict.training_run import RunSide, TrainingVerdict, judge_run
+from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
 
 from .megatron_tiny import logits_of, split, tiny_gpt, token_batches
 
@@ -27,29 +28,29 @@ SPEC = OptimizerSpec(
 )
 
 
-def train(spec: OptimizerSpec = SPEC, plant: Any = None) -> RunSide:
+def train(spec: OptimizerSpec = SPEC, plant: Any = None) -> RunRecord:
     stack = build_megatron_stack([tiny_gpt()], spec, STEPS, global_batch=4)
-    plan = stack.training_manifest(STEPS, micro_batches=spec.micro_batches).plan
+    settings = stack.training_manifest(STEPS, micro_batches=spec.micro_batches)
     if plant is not None:
         plant(stack)  # a bug in the side's machinery: its translated settings (the plan) still look right
     scalars = {}
     for step, batch in enumerate(token_batches(STEPS)):
         _, scalars[step] = stack.train_step(step, split(batch, spec.micro_batches), logits_of)
-    return RunSide(scalars, plan)
+    return RunRecord(settings, scalars)
 
 
-_BASELINE: list[RunSide] = []
+_BASELINE: list[RunRecord] = []
 
 
 @pytest.fixture
-def baseline(megatron_world: None) -> RunSide:
+def baseline(megatron_world: None) -> RunRecord:
     """The baseline's run, trained once for the module (plain data: plan and scalars)."""
     if not _BASELINE:
         _BASELINE.append(train())
     return _BASELINE[0]
 
 
-def verdict(baseline: RunSide, candidate: RunSide) -> TrainingVerdict:
+def verdict(baseline: RunRecord, candidate: RunRecord) -> TrainingVerdict:
     return judge_run(baseline, candidate, {}, default_table())
 
 
@@ -58,13 +59,13 @@ def found(v: TrainingVerdict) -> tuple[int, str, str]:
     return v.first.step, v.first.what, v.first.origin
 
 
-def test_a_clean_rerun_is_aligned_over_10_steps(baseline: RunSide, megatron_world: None) -> None:
+def test_a_clean_rerun_is_aligned_over_10_steps(baseline: RunRecord, megatron_world: None) -> None:
     v = verdict(baseline, train())
     assert v.passed and v.steps_compared == STEPS, (v.first, v.findings)
 
 
 def test_a_planted_adamw_eps_is_the_optimizer_update_at_the_first_update(
-    baseline: RunSide, megatron_world: None
+    baseline: RunRecord, megatron_world: None
 ) -> None:
     def eps(stack: Any) -> None:
         for group in stack.optimizer.param_groups:
@@ -76,7 +77,9 @@ def test_a_planted_adamw_eps_is_the_optimizer_update_at_the_first_update(
     assert v.downstream == "steps 2-9 are downstream of it"
 
 
-def test_a_warmup_one_step_behind_is_the_schedule_at_step_1(baseline: RunSide, megatron_world: None) -> None:
+def test_a_warmup_one_step_behind_is_the_schedule_at_step_1(
+    baseline: RunRecord, megatron_world: None
+) -> None:
     def lag(stack: Any) -> None:
         original = stack.scheduler.step
         calls = {"n": 0}
@@ -93,7 +96,7 @@ def test_a_warmup_one_step_behind_is_the_schedule_at_step_1(baseline: RunSide, m
 
 
 def test_a_decay_horizon_shortened_by_the_warmup_is_a_contract_difference(
-    baseline: RunSide, megatron_world: None
+    baseline: RunRecord, megatron_world: None
 ) -> None:
     short = OptimizerSpec(**{**SPEC.__dict__, "schedule": ScheduleSpec(2, "cosine", STEPS - 2, 1e-3)})
     v = verdict(baseline, train(short))
@@ -105,7 +108,7 @@ def test_a_decay_horizon_shortened_by_the_warmup_is_a_contract_difference(
 
 
 def test_weight_decay_on_the_norms_is_a_contract_difference_naming_a_norm(
-    baseline: RunSide, megatron_world: None
+    baseline: RunRecord, megatron_world: None
 ) -> None:
     v = verdict(baseline, train(OptimizerSpec(**{**SPEC.__dict__, "no_decay": ("*.bias",)})))
     assert found(v)[:2] == (0, "settings")

@@ -12,8 +12,8 @@ import pytest
 from pytest_precalign.compare.op_pairing import settle_op_pairs
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.specs.coverage import DEFAULT_MIN_COVERAGE
 from pytest_precalign.trace.records import Record, Stats, Trace, record_id
-from pytest_precalign.verdict.coverage import DEFAULT_MIN_COVERAGE
 from pytest_precalign.verdict.phase import AMPLIFY, Divergence, NonFinite, PhaseVerdict, phase_verdict
 
 SLOTS = {"input": "in.0", "grad_input": "in.0"}  # every other kind: "out"

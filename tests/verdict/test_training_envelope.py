@@ -6,9 +6,11 @@ forgives that many steps; the evidence quotes the envelope."""
 from __future__ import annotations
 
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.specs.envelope import EnvelopeSpec
 from pytest_precalign.trace.step_scalars import StepScalars
-from pytest_precalign.verdict.training_envelope import EnvelopeSpec, measure_envelope
-from pytest_precalign.verdict.training_run import RunSide, judge_run
+from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict.training_envelope import measure_envelope
+from pytest_precalign.verdict.training_run import judge_run
 
 TABLE = ToleranceTable("loose", (ToleranceRule(atol=1e-5, rtol=1e-4),))
 
@@ -31,7 +33,7 @@ def test_the_spread_is_the_largest_rerun_difference_per_step() -> None:
 
 def _verdict(cand: list[float], spec: EnvelopeSpec):  # type: ignore[no-untyped-def]
     envelope = measure_envelope(BASE, RERUNS, spec)
-    return judge_run(RunSide(BASE), RunSide(_run(cand)), {}, TABLE, envelope=envelope)
+    return judge_run(RunRecord(scalars=BASE), RunRecord(scalars=_run(cand)), {}, TABLE, envelope=envelope)
 
 
 def test_within_factor_times_the_spread_passes_and_beyond_it_fails() -> None:

@@ -12,10 +12,11 @@ from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
-from pytest_precalign.trace.training_record import TrainingPlan
+from pytest_precalign.trace.training_record import RunRecord, TrainingPlan
 from pytest_precalign.verdict.training_records import step_records
-from pytest_precalign.verdict.training_run import RunSide, TrainingVerdict, judge_run
+from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
 
+from ..helpers.run_records import planned
 from .test_rules import rec, rid, two_layers
 
 STEPS = 10
@@ -43,7 +44,7 @@ def run(**changes: object) -> dict[int, StepScalars]:
 
 
 def judge(base: dict[int, StepScalars], cand: dict[int, StepScalars], **kw: object) -> TrainingVerdict:
-    return judge_run(RunSide(base), RunSide(cand), {}, kw.get("table", default_table()))  # type: ignore[arg-type]
+    return judge_run(RunRecord(scalars=base), RunRecord(scalars=cand), {}, kw.get("table", default_table()))  # type: ignore[arg-type]
 
 
 def first(v: TrainingVerdict) -> tuple[int, str, str]:
@@ -157,7 +158,7 @@ GROUPS = [["w", "layer.weight"], ["norm.weight", "layer.bias"]]
 
 
 def contract(base: TrainingPlan, cand: TrainingPlan) -> TrainingVerdict:
-    return judge_run(RunSide(run(), base), RunSide(run(), cand), {}, default_table())
+    return judge_run(RunRecord(planned(base), run()), RunRecord(planned(cand), run()), {}, default_table())
 
 
 def test_a_shorter_decay_horizon_fails_the_contract_at_its_first_step() -> None:
@@ -218,12 +219,13 @@ def test_precision_is_compared_and_autocast_is_not() -> None:
     assert contract(autocast, bf16_params).passed
     v = contract(autocast, plan([1e-3] * 3, GROUPS, precision="float32", autocast=False))
     assert first(v) == (0, "settings", "precision")
-    assert v.first is not None and "precision: 'bfloat16' vs 'float32'" in v.first.evidence
+    # a recorded plan is in its side's settings: their precision check tells it first
+    assert v.first is not None and "precision bfloat16 vs float32 (autocast on vs off)" in v.first.evidence
 
 
 def test_different_initial_weights_are_weights() -> None:
-    base = RunSide(run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.0}})
-    cand = RunSide(run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.5}})
+    base = RunRecord(scalars=run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.0}})
+    cand = RunRecord(scalars=run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.5}})
     v = judge_run(base, cand, {}, default_table())
     assert first(v) == (0, "weights", "b")
 
@@ -247,7 +249,7 @@ def records_run(base_steps: list[list], cand_steps: list[list]):  # type: ignore
 def test_a_layer_bug_from_step_2_names_the_layer_at_step_2() -> None:
     good = two_layers(1.0, 1.0, 1.0)
     records = records_run([good] * 4, [good, good, two_layers(1.0, 1.0, 2.0), two_layers(1.0, 1.0, 2.0)])
-    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (2, "forward", "b")
     assert v.first is not None and "its inputs matched, its output did not" in v.first.evidence
     assert v.steps_compared == 4
@@ -263,7 +265,7 @@ def grads(scale: float) -> list:  # type: ignore[type-arg]
 
 def test_every_grad_scaled_by_one_factor_is_the_grad_reduction_not_a_layer() -> None:
     records = records_run([grads(1.0)] * 2, [grads(1.0), grads(2.0)])
-    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (1, "grad_reduction", "grads")
     assert v.first is not None and "every grad scaled by one factor (x2)" in v.first.pattern
 
@@ -284,7 +286,7 @@ def test_param_grads_of_several_modules_off_after_a_matching_backward_are_their_
     # bf16 accumulation: the backward's activation grads match, the grads the optimizer is
     # given differ (by no single factor) in more than one module.
     records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.01, 0.99)])
-    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (0, "grad_reduction", "grads")
     assert v.first is not None and "every activation grad of the backward matched" in v.first.evidence
     assert "after the backward" in v.first.pattern
@@ -292,14 +294,14 @@ def test_param_grads_of_several_modules_off_after_a_matching_backward_are_their_
 
 def test_one_modules_param_grads_off_stay_that_modules_backward() -> None:
     records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.0, 1.2, 0.6)])
-    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v)[:2] == (0, "backward") and first(v)[2].startswith("b")
 
 
 def test_grads_changed_where_only_the_baseline_clipped_is_clipping_before_accumulation() -> None:
     records = records_run([backward_grads(1.0, 1.0)], [backward_grads(0.9, 0.8)])
     base, cand = run(clip_coef=lambda s: 0.4), run(grad_norm=lambda s: 1.5)
-    v = judge_run(RunSide(base), RunSide(cand), records, default_table())
+    v = judge_run(RunRecord(scalars=base), RunRecord(scalars=cand), records, default_table())
     assert first(v) == (0, "clipping", "clip_coef")
     assert v.first is not None and "clipped each micro-batch's grads before accumulating" in v.first.pattern
 
@@ -307,7 +309,12 @@ def test_grads_changed_where_only_the_baseline_clipped_is_clipping_before_accumu
 def test_a_grad_norm_off_while_every_recorded_grad_matched_is_clippings_norm() -> None:
     # The norm over one param group only: every grad matches, the norm the optimizer measured does not.
     records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.0, 1.0)])
-    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), records, default_table())
+    v = judge_run(
+        RunRecord(scalars=run()),
+        RunRecord(scalars=run(grad_norm=lambda s: 1.9 - 0.1 * s)),
+        records,
+        default_table(),
+    )
     assert first(v) == (0, "clipping", "grad_norm")
     assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
     # without records of the grads the grad norm stays a backward difference
@@ -317,7 +324,7 @@ def test_a_grad_norm_off_while_every_recorded_grad_matched_is_clippings_norm() -
 def test_modules_called_twice_as_often_are_a_micro_batch_split() -> None:
     once = [rec(0, "a", "activation")]
     twice = [rec(0, "a", "activation"), rec(1, "a", "activation", call=1)]
-    v = judge_run(RunSide({}), RunSide({}), records_run([once], [twice]), default_table())
+    v = judge_run(RunRecord(), RunRecord(), records_run([once], [twice]), default_table())
     assert first(v) == (0, "settings", "micro_batches")
 
 
@@ -357,8 +364,8 @@ def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset(
            ["decoder.layers.0.self_attention.linear_qkv.bias"]]  # fmt: skip
     base, cand = plan([1e-3] * 3, hf), plan([1e-3] * 3, meg)
     v = judge_run(
-        RunSide(run(), base),
-        RunSide(run(), cand),
+        RunRecord(planned(base), run()),
+        RunRecord(planned(cand), run()),
         {},
         default_table(),
         lambda n: baseline_param_names(mapping, n),
@@ -367,18 +374,20 @@ def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset(
     assert v.first is not None and "weight_decay of model.norm.weight: 0 vs 0.01" in v.first.evidence
     meg[0].remove("decoder.final_layernorm.weight")
     meg[1].append("decoder.final_layernorm.weight")
-    v = judge_run(RunSide(run(), base), RunSide(run(), plan([1e-3] * 3, meg)), {}, default_table(),
+    v = judge_run(RunRecord(planned(base), run()), RunRecord(planned(plan([1e-3] * 3, meg)), run()), {}, default_table(),
                   lambda n: baseline_param_names(mapping, n))  # fmt: skip
     assert v.passed, v.first
 
 
 def test_a_fused_parameter_is_not_compared_with_its_parts_initial_norms() -> None:
-    base = RunSide(run(), initial_params={"q": {"norm": 1.0}, "k": {"norm": 1.0}, "o": {"norm": 2.0}})
-    cand = RunSide(run(), initial_params={"qk": {"norm": 2**0.5}, "o": {"norm": 2.0}})
+    base = RunRecord(
+        scalars=run(), initial_params={"q": {"norm": 1.0}, "k": {"norm": 1.0}, "o": {"norm": 2.0}}
+    )
+    cand = RunRecord(scalars=run(), initial_params={"qk": {"norm": 2**0.5}, "o": {"norm": 2.0}})
     fused = {"qk": ("q", "k")}
     v = judge_run(base, cand, {}, default_table(), lambda n: fused.get(n, (n,)))
     assert v.passed, v.first
-    cand = RunSide(run(), initial_params={"qk": {"norm": 2**0.5}, "o": {"norm": 2.5}})
+    cand = RunRecord(scalars=run(), initial_params={"qk": {"norm": 2**0.5}, "o": {"norm": 2.5}})
     assert first(judge_run(base, cand, {}, default_table(), lambda n: fused.get(n, (n,)))) == (
         0,
         "weights",
@@ -406,7 +415,7 @@ def test_a_loss_that_matched_while_its_grad_did_not_is_the_loss() -> None:
     # IPO on summed log-probs (trl PR #1265): policy = reference at step 0, so the loss value
     # coincides on both sides; its grad w.r.t. the head's output does not.
     records = records_run([loss_backward(1.0)], [loss_backward(3.0)])
-    v = judge_run(RunSide({}), RunSide({}), records, default_table())
+    v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (0, "loss", "loss")
     assert v.first is not None and "the loss matched (1 loss record(s) of the step)" in v.first.evidence
     assert "its grad w.r.t. head's output" in v.first.evidence
@@ -415,10 +424,10 @@ def test_a_loss_that_matched_while_its_grad_did_not_is_the_loss() -> None:
 def test_a_grad_made_inside_a_module_or_without_a_loss_record_stays_the_backward() -> None:
     # No loss compared: nothing says the loss matched, the backward is all the records show.
     no_loss = records_run([loss_backward(1.0, with_loss=False)], [loss_backward(3.0, with_loss=False)])
-    assert first(judge_run(RunSide({}), RunSide({}), no_loss, default_table()))[:2] == (0, "backward")
+    assert first(judge_run(RunRecord(), RunRecord(), no_loss, default_table()))[:2] == (0, "backward")
     # The loss itself differs: that is the loss, by its value.
     both = records_run([loss_backward(1.0)], [loss_backward(3.0, loss=2.0)])
-    v = judge_run(RunSide({}), RunSide({}), both, default_table())
+    v = judge_run(RunRecord(), RunRecord(), both, default_table())
     assert first(v) == (0, "loss", "loss") and v.first is not None and "the loss differs" in v.first.evidence
 
 
@@ -428,7 +437,12 @@ def test_a_grad_recorded_on_one_side_only_is_the_backward_naming_the_parameter()
     # matches; the grad norm differs. Before: "clipping ... all recorded grads matched".
     frozen = [r for r in backward_grads(1.0, 1.0) if r.name != "a.weight"]
     records = records_run([backward_grads(1.0, 1.0)], [frozen])
-    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), records, default_table())
+    v = judge_run(
+        RunRecord(scalars=run()),
+        RunRecord(scalars=run(grad_norm=lambda s: 1.9 - 0.1 * s)),
+        records,
+        default_table(),
+    )
     assert first(v) == (0, "backward", "a.weight")
     assert v.first is not None and not v.passed
     assert (
@@ -437,7 +451,12 @@ def test_a_grad_recorded_on_one_side_only_is_the_backward_naming_the_parameter()
     )
     # the same grads on both sides: the grad norm stays clipping's norm
     same = records_run([frozen], [frozen])
-    v = judge_run(RunSide(run()), RunSide(run(grad_norm=lambda s: 1.9 - 0.1 * s)), same, default_table())
+    v = judge_run(
+        RunRecord(scalars=run()),
+        RunRecord(scalars=run(grad_norm=lambda s: 1.9 - 0.1 * s)),
+        same,
+        default_table(),
+    )
     assert first(v) == (0, "clipping", "grad_norm")
 
 
@@ -452,7 +471,7 @@ def test_a_grad_both_sides_record_at_another_granularity_is_not_one_sided() -> N
     per_step = [r if r.kind != "param_grad" else replace(r, call=1) for r in backward_grads(1.0, 1.0)]
     records = records_run([per_micro_batch], [per_step])
     assert records[0].grads_one_sided == ()
-    v = judge_run(RunSide(run()), RunSide(run()), records, default_table())
+    v = judge_run(RunRecord(scalars=run()), RunRecord(scalars=run()), records, default_table())
     assert v.passed and v.first is None
     # the same granularity gap with a.weight's grad gone from the candidate: one-sided again
     gone = [r for r in per_step if r.name != "a.weight"]

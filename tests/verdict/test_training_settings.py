@@ -8,8 +8,8 @@ from typing import Any
 
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.trace.step_scalars import StepScalars
-from pytest_precalign.trace.training_record import Adapter, TrainingPlan, TrainingSettings
-from pytest_precalign.verdict.training_run import RunSide, judge_run
+from pytest_precalign.trace.training_record import Adapter, RunRecord, TrainingPlan, TrainingSettings
+from pytest_precalign.verdict.training_run import judge_run
 
 
 def _plan(lr: list[float], **extra: Any) -> TrainingPlan:
@@ -22,7 +22,7 @@ def _plan(lr: list[float], **extra: Any) -> TrainingPlan:
     )
 
 
-def _side(plan: TrainingPlan, adapters: tuple[Adapter, ...] = (), **arguments: Any) -> RunSide:
+def _side(plan: TrainingPlan, adapters: tuple[Adapter, ...] = (), **arguments: Any) -> RunRecord:
     settings = TrainingSettings(
         trainer="hf_trainer",
         framework="transformers",
@@ -32,10 +32,10 @@ def _side(plan: TrainingPlan, adapters: tuple[Adapter, ...] = (), **arguments: A
         adapters=adapters,
     )
     scalars = {s: StepScalars(step=s, loss=1.0) for s in range(plan.steps)}
-    return RunSide(scalars, plan, None, settings)
+    return RunRecord(settings, scalars)
 
 
-def _first(base: RunSide, cand: RunSide) -> tuple[int, str, str, str]:
+def _first(base: RunRecord, cand: RunRecord) -> tuple[int, str, str, str]:
     verdict = judge_run(base, cand, {}, default_table())
     assert verdict.first is not None
     first = verdict.first

@@ -39,7 +39,7 @@ def record_cases(
                 raise TraceError(f"{target}: already recorded; refusing to overwrite it (pass --overwrite)")
             rec = record_side(config, case, side)
             write_stored(rec.trace, rec.weights, target, extra={"written_by": "precalign record"})
-        model = case.candidate if side == "candidate" else case.baseline
+        model = case.models.candidate if side == "candidate" else case.models.baseline
         yield (
             f"recorded {case.name} ({side} {model!r}): {len(rec.trace.records)} records, "
             f"{len(rec.weights)} weights (sha256 {rec.digest.sha256[:12]}) -> {target}"

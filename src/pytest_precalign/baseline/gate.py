@@ -50,7 +50,7 @@ def baseline_outcome(
         phase,
         defined_in=str(config_path),
         baseline=f"stored {outcome.path}",
-        candidate=case.candidate,
+        candidate=case.sides.names[1],
         reproduce=f'pytest --align-config {rel} --align-baseline {root} "{nodeid}"',
     )
     data = {**phase_dict(report), "baseline": baseline_dict(outcome), "nodeid": nodeid}

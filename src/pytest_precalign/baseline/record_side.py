@@ -102,8 +102,8 @@ def record_side(
         raise CaseError(f"unknown side {side!r} (allowed: {', '.join(SIDES)})")
     if case.dumps is not None:
         raise CaseError(f"case {case.name!r} gates stored dumps; it has no model to record")
-    base_spec = config.models[case.baseline]
-    spec = config.models[case.candidate if side == "candidate" else case.baseline]
+    base_spec = config.models[case.models.baseline]
+    spec = config.models[case.models.candidate if side == "candidate" else case.models.baseline]
     rename = case.baseline_rename if side == "candidate" else None
     with live_case(config, case, spec) as live:
         model = live.build(spec)
@@ -138,7 +138,7 @@ def _initial_weights(
         sync = live.sync(stored_weights, model.module, by, strict=False)
         return sync, "loaded from the baseline's weights.safetensors"
     if side == "candidate" and case.sync_weights:
-        base_spec = live.config.models[case.baseline]
+        base_spec = live.config.models[case.models.baseline]
         donor = live.build(base_spec)
         sync = live.sync(donor.module, model.module, case.mapping, strict=case.strict_weights)
         return sync, f"synced from {base_spec.name}"

@@ -278,7 +278,7 @@ def current_environment(config: AlignConfig, case: CaseSpec) -> dict[str, Any]:
     and dtype."""
     from ..recording.determinism import package_versions
 
-    spec = config.models[case.candidate]
+    spec = config.models[case.models.candidate]
     return {"versions": package_versions(), "device": spec.device, "dtype": spec.dtype}
 
 
@@ -386,7 +386,7 @@ def _step_judge(
         return None
     from ..run.update_check import update_judge
 
-    return update_judge(case.optimizer, {"baseline": stored_weights, "candidate": live})
+    return update_judge(case.training.optimizer, {"baseline": stored_weights, "candidate": live})
 
 
 def _settle(

@@ -97,8 +97,17 @@ def _covers(a: CaseSpec, b: CaseSpec) -> bool:
     """Case ``a`` runs everything ``b``'s baseline would: calibrating ``b`` too adds nothing."""
 
     def key(c: CaseSpec) -> tuple[object, ...]:
-        step = c.optimizer if "step" in b.phases else None
-        return (c.baseline, c.inputs, c.loss, c.train, c.steps, c.record.include, c.record.exclude, step)
+        step = c.training.optimizer if "step" in b.phases else None
+        return (
+            c.models.baseline,
+            c.inputs,
+            c.training.loss,
+            c.training.train,
+            c.steps,
+            c.record.include,
+            c.record.exclude,
+            step,
+        )
 
     return key(a) == key(b) and set(b.phases) <= set(a.phases)
 
@@ -116,7 +125,7 @@ class Variant:
 
 def measure_case(config: AlignConfig, case: CaseSpec, perturbations: Sequence[str]) -> list[Measurement]:
     """Run the case's baseline once as configured and once per perturbation; same weights."""
-    spec = in_process_twin(config.models[case.baseline])
+    spec = in_process_twin(config.models[case.models.baseline])
     # Full tensors are needed to measure element-wise noise, and module inputs to measure
     # amplification, whatever the case records.
     case = replace(case, record=replace(case.record, mode="tensor", inputs=True))
@@ -175,11 +184,11 @@ def _variant(name: str, spec: ModelSpec, base: LoadedModel, case: CaseSpec, conf
         description = f"attn_implementation {other} vs {current}, same weights"
         return Variant(description, replace(alt, name=f"{base.name}@{other}"), seed=spec.seed)
     description = f"run-time seed {spec.seed + 1} vs {spec.seed}, same weights"
-    dropout = _active_dropout(base.module, case.train)
+    dropout = _active_dropout(base.module, case.training.train)
     if not dropout:
         reason = (
             "no active dropout (train: false)"
-            if not case.train
+            if not case.training.train
             else "dropout-free model (every dropout probability is 0)"
         )
         why = f"{reason}: the run draws no random numbers, so a second seed reproduces it bit for bit"

@@ -16,16 +16,18 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..mapping.layer_mapping import LayerMapping, read_layer_mapping
 from ..mapping.spec import MappingSpec, parse_mapping, read_mapping_file
-from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.expectation import Expectation
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.expectation import Expectation
 from ..vocabulary import (
     KINDS,
     LEVELS,
+    LOSSES,
     MODES,
     PHASES,
     RECORD_FORMAT_ALIASES,
     RECORD_FORMATS,
     TRAINING_CLASSES,
+    Loss,
     Phase,
     RecordFormat,
     phases_in_order,
@@ -41,10 +43,9 @@ from .presets import (
     preset_mapping,
 )
 from .search import SearchSpec, parse_search
-from .specs import CaseSpec, Dumps, InputSpec, ModelSpec, RecordSpec
+from .specs import CaseSpec, Dumps, InputSpec, Models, ModelSpec, RecordSpec, TrainingSpec
 from .training import check_training, parse_envelope, parse_optimizer, parse_training
 
-LOSSES = ("causal_lm", "model", "mean", "none")
 CASE_KEYS = (
     "name",
     "baseline",
@@ -105,34 +106,41 @@ def parse_case(
     _check_record_level(reader, record, refs, models)
     case = CaseSpec(
         name=name,
-        baseline=refs["baseline"],
-        candidate=refs["candidate"],
+        sides=_case_sides(refs, dumps),
         inputs=input_name,
         phases=phases,
         steps=steps,
         sync_weights=sync,
         strict_weights=strict,
         mapping=mapping,
-        optimizer=optimizer,
+        training=TrainingSpec(
+            optimizer,
+            loss,
+            reader.get_bool("train", False),
+            training,
+            parse_envelope(reader, phases, steps, bool(dumps)),
+            reader.get_bool("replay", True),
+        ),
         record=record,
         tolerances=table,
         expect=_expect(reader, phases, None if dumps else steps),
-        loss=loss,
-        train=reader.get_bool("train", False),
         isolate=_isolate(reader, record, models.get(refs["candidate"])),
-        dumps=Dumps(dumps["baseline"], dumps["candidate"]) if dumps else None,
         where=reader.where(),
         search=_search(
             reader, inputs.get(input_name), models.get(refs["candidate"]), models.get(refs["baseline"])
         ),
         baseline_rename=_baseline_rename(reader, base_dir),
         min_coverage=min_coverage(reader),
-        training=training,
-        envelope=parse_envelope(reader, phases, steps, bool(dumps)),
-        replay=reader.get_bool("replay", True),
     )
     reader.done()
     return case
+
+
+def _case_sides(refs: Mapping[str, str], dumps: Mapping[str, Path]) -> Models | Dumps:
+    """The case's two models, or its two stored runs (named ``dump:<path as given>``)."""
+    if dumps:
+        return Dumps(dumps["baseline"], dumps["candidate"], (refs["baseline"], refs["candidate"]))
+    return Models(refs["baseline"], refs["candidate"])
 
 
 def _table(reader: Reader, tables: Mapping[str, ToleranceTable]) -> str | None:
@@ -359,9 +367,9 @@ def _expect(reader: Reader, phases: tuple[Phase, ...], steps: int | None) -> Exp
     return expect
 
 
-def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> str:
+def _loss(reader: Reader, phases: tuple[Phase, ...], spec: InputSpec | None) -> Loss:
     """``loss:``, checked against the phases and inputs (``spec`` is None for stored dumps)."""
-    loss: str = reader.get_choice("loss", LOSSES, "causal_lm")
+    loss = reader.get_choice("loss", LOSSES, "causal_lm")
     if loss == "causal_lm" and spec is not None and spec.labels and _token_count(spec) == 1:
         # The causal-LM loss predicts token t+1 from token t: one token leaves nothing to
         # predict, a NaN loss on both sides -- which would compare as "aligned".

@@ -11,12 +11,12 @@ from ..compare.moe_tokens import MoeSpec
 from ..compare.tolerances import ToleranceTable
 from ..errors import ConfigError
 from ..mapping.spec import MappingSpec
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.envelope import EnvelopeSpec
+from ..specs.expectation import Expectation
 from ..training.spec import OptimizerSpec as OptimizerSpec
 from ..training.spec import SidesTraining
-from ..verdict.coverage import DEFAULT_MIN_COVERAGE
-from ..verdict.expectation import Expectation
-from ..verdict.training_envelope import EnvelopeSpec
-from ..vocabulary import Level, Mode, Phase, RecordFormat
+from ..vocabulary import Level, Loss, Mode, Phase, RecordFormat
 from .model_sources import MEGATRON_RUNTIME
 from .search import SearchSpec
 
@@ -85,47 +85,82 @@ class RecordSpec:
 
 
 @dataclass(frozen=True)
+class Models:
+    """The two models a case builds and compares (names under ``models:``)."""
+
+    baseline: str
+    candidate: str
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """The sides' names in reports: the models' names."""
+        return self.baseline, self.candidate
+
+
+@dataclass(frozen=True)
 class Dumps:
     """The stored runs a case gates on both sides (``{dump: path}``), instead of models."""
 
     baseline: Path
     candidate: Path
+    names: tuple[str, str] = ("", "")  # the sides' names in reports: ``dump:<the path as given>``
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """How a case's sides compute their loss, backward and optimizer steps."""
+
+    optimizer: OptimizerSpec
+    loss: Loss
+    train: bool  # the models in train mode (dropout on) instead of eval
+    # Which framework's machinery trains each side (training/spec.py); None: each model's default.
+    trainers: SidesTraining = SidesTraining()
+    # The run verdict's noise-envelope lane (``envelope:``); None: the table's lanes.
+    envelope: EnvelopeSpec | None = None
+    # A failing training run's first divergent step replayed from the baseline's state
+    # (run/step_replay.py); ``replay: false`` turns it off.
+    replay: bool = True
 
 
 @dataclass(frozen=True)
 class CaseSpec:
+    """One case of the config: its two sides (models, or stored runs), inputs, phases and how
+    it trains and is judged."""
+
     name: str
-    baseline: str
-    candidate: str
+    sides: Models | Dumps
     inputs: str
     phases: tuple[Phase, ...]
     steps: int
     sync_weights: bool
     strict_weights: bool
     mapping: MappingSpec | None
-    optimizer: OptimizerSpec
+    training: TrainingSpec
     record: RecordSpec
     tolerances: str | None
     expect: Expectation | None
-    loss: str
-    train: bool
     where: str
     isolate: bool = False
-    # A case that gates stored runs (msprobe dumps or our traces) instead of models (None: models).
-    dumps: Dumps | None = None
     search: SearchSpec | None = None  # divergence search over generated inputs (search.py)
     # --align-baseline: renames from the candidate's names to a stored baseline's (e.g. modules
     # that moved between framework versions); stored traces and weights use the mapped names.
     baseline_rename: MappingSpec | None = None
     # The share of the baseline's output records of each phase that must find a partner.
     min_coverage: float = DEFAULT_MIN_COVERAGE
-    # Which framework's machinery trains each side (training/spec.py); None: each model's default.
-    training: SidesTraining = SidesTraining()
-    # The run verdict's noise-envelope lane (``envelope:``); None: the table's lanes.
-    envelope: EnvelopeSpec | None = None
-    # A failing training run's first divergent step replayed from the baseline's state
-    # (run/step_replay.py); ``replay: false`` turns it off.
-    replay: bool = True
+
+    @property
+    def models(self) -> Models:
+        """The case's two models; a case that gates stored runs has none (a ``ConfigError``)."""
+        if isinstance(self.sides, Dumps):
+            raise ConfigError(
+                f"{self.where}: case {self.name!r} gates stored runs ({{dump: path}}), not models"
+            )
+        return self.sides
+
+    @property
+    def dumps(self) -> Dumps | None:
+        """The stored runs the case gates (None: it builds models)."""
+        return self.sides if isinstance(self.sides, Dumps) else None
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..specs.envelope import EnvelopeSpec
 from ..training.spec import DECAY_STYLES, OPTIMIZERS, OptimizerSpec, ScheduleSpec, SidesTraining
 from ..training.trainer_registry import default_trainer, trainer_info, trainer_names
-from ..verdict.training_envelope import EnvelopeSpec
 from ..yaml_reader import Reader
 from .dataset_rows import Rows, read_rows
 from .specs import InputSpec, ModelSpec

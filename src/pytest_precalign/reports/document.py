@@ -15,6 +15,7 @@ from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
+from .replay_text import training_dict
 from .text import PhaseReport, verdict_label, worst_metric
 
 
@@ -141,7 +142,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         ),
         "expectation": v.expectation,
         # A training run's verdict over its steps (the same object in each phase's entry).
-        "training": report.training.as_dict() if report.training is not None else None,
+        "training": training_dict(report.training) if report.training is not None else None,
         "isolation": (
             {
                 "checked": v.isolated_count,

@@ -4,7 +4,9 @@ line up between the runs."""
 
 from __future__ import annotations
 
+from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
+from .replay_text import replay_text
 
 LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
 # How steps are counted, said with every run story (the Trainer's own logs count from 1).
@@ -22,27 +24,31 @@ def training_lines(v: TrainingVerdict) -> list[str]:
     lines += [f"Runs do not line up: {finding}" for finding in v.findings]
     if v.met is False:
         found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
-        lines.append(f"Known divergence not reproduced: expected {v.expected}, found {found}")
+        lines.append(f"Known divergence not reproduced: expected {_expected(v)}, found {found}")
     first = v.first
     if first is not None:
         own = f"{first.what}, origin {first.origin} — {first.evidence}"
-        if v.replay_found:  # the replay's story leads; the run's own records follow
-            lines += [v.replay, f"  the run's records at step {first.step}: {own}"]
+        if isinstance(v.replay, ReplayFinding):  # the replay's story leads; the run's own records follow
+            lines += [replay_text(v), f"  the run's records at step {first.step}: {own}"]
         else:
             lines.append(f"Step {first.step} diverged first: {own}")
         if first.pattern:
             lines.append(f"  whole model: {first.pattern}")
-        if v.replay and not v.replay_found:
-            lines.append(f"  {v.replay}")
+        if isinstance(v.replay, NotReplayed):
+            lines.append(f"  {replay_text(v)}")
         if v.downstream:
             lines.append(f"  {v.downstream}")
         lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane {STEPS_ARE}")
         if v.envelope:
             lines.append(f"  {v.envelope}")
     if v.met:
-        lines.append(f"  the expected divergence: {v.expected}")
+        lines.append(f"  the expected divergence: {_expected(v)}")
     lines.extend(f"Not compared: {what}" for what in v.not_compared)
     return lines + warned
+
+
+def _expected(v: TrainingVerdict) -> str:
+    return v.expected.to_text() if v.expected is not None else ""
 
 
 def training_summary(v: TrainingVerdict) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable, default_table
-from ..config.specs import AlignConfig, CaseSpec, Dumps, OptimizerSpec, RecordSpec
+from ..config.specs import AlignConfig, CaseSpec, Dumps, Models, OptimizerSpec, RecordSpec, TrainingSpec
 from ..errors import CaseError, PrecalignError, SourceError, foreign_error
 from ..mapping.spec import MappingSpec
 from ..mapping.weights import SyncReport, sync_weights
@@ -24,7 +24,7 @@ from ..recording import HookRecorder
 from ..recording.determinism import deterministic, environment
 from ..sources import LoadedModel, preflight
 from ..sources.inputs import CaseInputs, check_inputs, check_token_ids
-from ..verdict.replay_story import NotReplayed
+from ..verdict.replay_finding import NotReplayed
 from ..vocabulary import phases_in_order
 from .contract_check import contract_before_training
 from .envelope_runs import baseline_envelope
@@ -44,7 +44,7 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
         load_side(case.dumps.baseline)
         load_side(case.dumps.candidate)
         return
-    for model_name in (case.baseline, case.candidate):
+    for model_name in (case.models.baseline, case.models.candidate):
         spec = config.models[model_name]
         preflight(spec, config.base_dir)
         weights = spec.options.get("weights")
@@ -62,7 +62,7 @@ def preflight_case(config: AlignConfig, case: CaseSpec) -> None:
 def _same_attention_window(config: AlignConfig, case: CaseSpec) -> None:
     """An HF model whose config sets a sliding attention window against a megatron preset
     (none builds one: every token attends to all earlier ones) is refused before comparing."""
-    specs = (config.models[case.baseline], config.models[case.candidate])
+    specs = (config.models[case.models.baseline], config.models[case.models.candidate])
     for spec, other in (specs, specs[::-1]):
         if spec.source != "hf" or other.source != "megatron":
             continue
@@ -94,7 +94,7 @@ def _run_case(config: AlignConfig, case: CaseSpec) -> CaseRun:
     started = time.perf_counter()
     if case.dumps is not None:
         return _gate_dumps(config, case, started, case.dumps)
-    base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
+    base_spec, cand_spec = config.models[case.models.baseline], config.models[case.models.candidate]
     table = case_table(config, case)
     with live_case(config, case, base_spec, cand_spec) as live:
         # A tensor-parallel side is built here at TP=1 to receive the synced weights; its
@@ -152,7 +152,9 @@ def step_judge(case: CaseSpec, baseline: torch.nn.Module, *, synced: bool) -> An
     from .update_check import snapshot, update_judge
 
     initial = snapshot(baseline)
-    return update_judge(case.optimizer, {"baseline": initial, **({"candidate": initial} if synced else {})})
+    return update_judge(
+        case.training.optimizer, {"baseline": initial, **({"candidate": initial} if synced else {})}
+    )
 
 
 def case_table(config: AlignConfig, case: CaseSpec) -> ToleranceTable:
@@ -199,20 +201,21 @@ def check_modules(
     train = _mode_of(baseline, candidate, train, name)
     case = CaseSpec(
         name=name,
-        baseline="baseline",
-        candidate="candidate",
+        sides=Models("baseline", "candidate"),
         inputs="inputs",
         phases=ordered,
         steps=steps,
         sync_weights=sync_weights_first,
         strict_weights=True,
         mapping=mapping,
-        optimizer=optimizer or OptimizerSpec(),
+        training=TrainingSpec(
+            optimizer or OptimizerSpec(),
+            loss="causal_lm" if labels is not None else ("none" if "backward" not in ordered else "mean"),
+            train=train,
+        ),
         record=record or RecordSpec(mode="tensor"),
         tolerances=None,
         expect=None,
-        loss="causal_lm" if labels is not None else ("none" if "backward" not in ordered else "mean"),
-        train=train,
         where=name,
     )
     sync = None

@@ -95,7 +95,7 @@ def _check_no_decay(
     """A ``no_decay`` glob that matches no parameter of either side is an error: it would
     silently leave decayed what it was written to exempt (fail closed, as a mapping rule that
     matches nothing)."""
-    globs = case.optimizer.no_decay or ()
+    globs = case.training.optimizer.no_decay or ()
     names = [name for model, _ in sides for name, _ in model.module.named_parameters()]
     dead = [glob for glob in globs if not any(fnmatch.fnmatchcase(name, glob) for name in names)]
     if dead:

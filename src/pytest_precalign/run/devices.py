@@ -18,7 +18,7 @@ def check_devices(config: AlignConfig, case: CaseSpec) -> None:
     """``SourceError`` naming the model when its device cannot be used here."""
     if case.dumps is not None:
         return  # two stored runs: no model is built
-    for name in dict.fromkeys((case.baseline, case.candidate)):
+    for name in dict.fromkeys((case.models.baseline, case.models.candidate)):
         spec = config.models[name]
         problem = npu_problem() if spec.device == "npu" else torch_problem()
         if problem is not None:

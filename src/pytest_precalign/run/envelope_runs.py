@@ -34,13 +34,13 @@ def nondeterministic() -> Iterator[None]:
 
 def baseline_envelope(live: LiveCase, spec: ModelSpec, case: CaseSpec) -> CleanReruns | None:
     """The clean reruns of the case's baseline run (None: the case has no ``envelope:``)."""
-    if case.envelope is None:
+    if case.training.envelope is None:
         return None
     reruns = []
-    for rerun in range(case.envelope.reruns):
+    for rerun in range(case.training.envelope.reruns):
         with nondeterministic():
             model = live.build(spec)
             manifest = live.manifest(spec, side="baseline", model=spec.name, rerun=rerun + 1)
             reruns.append(live.record(model, spec, manifest).scalars)
         del model
-    return CleanReruns(case.envelope, tuple(reruns))
+    return CleanReruns(case.training.envelope, tuple(reruns))

@@ -85,10 +85,11 @@ class LiveCase:
         settings = {
             "phases": list(self.case.phases),
             "steps": self.case.steps,
-            "loss": self.case.loss,
-            "train": self.case.train,
+            "loss": self.case.training.loss,
+            "train": self.case.training.train,
             "optimizer": {
-                k: v if not isinstance(v, tuple) else list(v) for k, v in asdict(self.case.optimizer).items()
+                k: v if not isinstance(v, tuple) else list(v)
+                for k, v in asdict(self.case.training.optimizer).items()
             },
             "record": self.case.record.mode,
         }

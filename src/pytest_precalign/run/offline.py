@@ -23,7 +23,7 @@ from ..reports.outcome import ItemOutcome, phase_outcome
 from ..reports.text import PhaseReport
 from ..trace.records import Trace, is_training_run
 from ..trace.training_record import INITIAL_PARAMS_KEY
-from ..verdict.replay_story import NotReplayed
+from ..verdict.replay_finding import NotReplayed
 from ..vocabulary import PHASES, Phase
 from .outcome import CaseRun, FinishInputs, finish
 from .stored_runs import load_side, load_sides

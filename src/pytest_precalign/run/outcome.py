@@ -28,13 +28,13 @@ from ..mapping.peft_names import peft_aligned
 from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
 from ..parallel.dp_join import without_lone_replica_grads
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
 from ..verdict.case_facts import CaseFacts, case_facts
 from ..verdict.case_verdict import CaseJudging, judge_case
-from ..verdict.coverage import DEFAULT_MIN_COVERAGE
 from ..verdict.phase import PhaseVerdict
-from ..verdict.replay_story import Replay
+from ..verdict.replay_finding import Replay
 from ..verdict.training_envelope import CleanReruns
 from ..verdict.training_run import TrainingVerdict
 from ..vocabulary import Phase

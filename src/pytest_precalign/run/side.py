@@ -39,13 +39,13 @@ def run_side(
     record with a golden run while recording (``live_compare``). ``boundary``: record only
     its step, after the side's own machinery ran the steps before it (``step_boundary``)."""
     backward = "backward" in case.phases
-    if backward and case.loss == "none":
+    if backward and case.training.loss == "none":
         raise CaseError(f"case {case.name!r}: phase 'backward' needs a loss (loss: causal_lm or model)")
     device = next((p.device for p in model.module.parameters()), torch.device("cpu"))
     data = inputs.to(device)
     module = model.module
     modes = [(m, m.training) for m in module.modules()]  # the user's, restored after recording
-    module.train(case.train)
+    module.train(case.training.train)
     try:
         return _record_steps(model, data, case, manifest, seed, after_first_forward, golden, boundary)
     finally:

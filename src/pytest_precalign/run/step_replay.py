@@ -11,7 +11,7 @@ transforms the parameters. Step ``k`` then runs on both sides in tensor mode and
 judges it: a layer (forward or backward), the grad reduction, clipping, the schedule (the
 candidate's own scheduler gives another LR on equal state) or the optimizer update. The case
 is then judged again with what the replay found (``outcome.judged_again``; the story is the
-verdict's, ``verdict.replay_story``).
+verdict's, ``verdict.replay_finding``).
 
 Replayed: sides trained in this process by the tool's loop, a ``transformers.Trainer`` (a
 callback loads the state where step ``k`` begins) or megatron-core's stack (the torch optimizer
@@ -34,7 +34,7 @@ from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.weights import sync_weights
 from ..trace.records import Trace
-from ..verdict.replay_story import NotReplayed, Replay, ReplayFinding
+from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case
@@ -51,7 +51,7 @@ def with_replay(config: AlignConfig, case: CaseSpec, run: CaseRun) -> CaseRun:
     """``run`` judged again with the replay of its first divergent step told (unchanged when
     nothing to replay)."""
     step = run.to_replay
-    if not case.replay or step is None or run.training is None:
+    if not case.training.replay or step is None or run.training is None:
         return run
     return judged_again(run, _replayed(config, case, run.training, step))
 
@@ -77,7 +77,7 @@ def not_replayable(config: AlignConfig, case: CaseSpec, verdict: TrainingVerdict
     assert verdict.first is not None
     if verdict.first.what == "weights":
         return "the initial weights differ, and a replay from equal state would hide that"
-    for side, name in (("baseline", case.baseline), ("candidate", case.candidate)):
+    for side, name in (("baseline", case.models.baseline), ("candidate", case.models.candidate)):
         spec = config.models[name]
         if is_launched(spec):
             return f"the {side} ({name}) runs launched under torchrun, not in this process"
@@ -89,7 +89,7 @@ def replay_step(
 ) -> ReplayFinding:
     """Replay ``step`` of ``case`` from the baseline's state after ``step - 1`` (module doc);
     ``carrier``: the state's carrier (default: a new one)."""
-    base_spec, cand_spec = config.models[case.baseline], config.models[case.candidate]
+    base_spec, cand_spec = config.models[case.models.baseline], config.models[case.models.candidate]
     rcase = replace(case, record=replace(case.record, mode="tensor", golden=None), expect=None, isolate=False)
     if carrier is None:
         carrier = StateCarrier(rcase, lambda: f"{config.path}: case {case.name!r}: replay of step {step}: ")

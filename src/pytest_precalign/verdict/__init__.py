@@ -1,13 +1,13 @@
 """Verdicts (no torch import): is a phase aligned, and where does it first diverge?
 
 In: a ``Comparison`` of two traces. Out: a ``PhaseVerdict`` per phase (first divergence,
-origin or propagated, NaN/Inf, coverage) and a case story.
+origin or propagated, NaN/Inf, coverage) and a case story; what a case asks of them (a
+known divergence, the envelope, the coverage floor) is in ``specs/``.
 
 ``case_verdict`` (``judge_case``: every verdict of a case in one call, the only one ``run``
 makes), ``case_facts`` (the manifest facts a verdict needs, read once), ``phase`` (the
 verdict), ``divergence_start`` (where the sides start to differ), ``evidence`` (what an origin
-claim rests on), ``coverage``, ``overflow``, ``expectation`` (a known divergence a case
-expects), ``story`` (the case's origin across phases).
+claim rests on), ``coverage``, ``overflow``, ``story`` (the case's origin across phases).
 
 Training runs: ``training_run`` (the first divergent step, what and where), ``training_contract``
 (the two sides' plans compared before step 0), ``training_scalars`` (one step's scalars),
@@ -16,7 +16,7 @@ one side has and the other not), ``training_envelope`` (the noise
 envelope lane), ``training_traces`` (the verdict of two traces), ``training_settings`` (adapters and precision
 judged before step 0; a plan difference told in the framework's own argument names),
 ``frozen_params`` (parameters both sides freeze, checked unchanged instead of judged),
-``replay_story`` (what the replay of the first divergent step found, or why it did not run),
+``replay_finding`` (what the replay of the first divergent step found, or why it did not run),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
 rank whose rows of a joined record differ), ``tp_ranks`` (the TP rank whose partial sum of a
 row-parallel module differs, or why it cannot be told), ``non_data_inputs``

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field, replace
 
 from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.expectation import Expectation
 from ..trace.records import Trace
-from ..trace.training_record import TrainingSettings
+from ..trace.training_record import RunRecord, TrainingSettings
 from ..vocabulary import Phase
 from .case_facts import CaseFacts
-from .coverage import DEFAULT_MIN_COVERAGE
 from .dp_replicas import with_replica_findings
 from .dp_rows import with_replica_rows
-from .expectation import Expectation
 from .frozen_params import without_frozen
 from .phase import (
     PhaseVerdict,
@@ -38,12 +38,12 @@ from .phase import (
     with_missing_grads,
     with_replica_mismatches,
 )
-from .replay_story import Replay, with_replay
+from .replay_finding import Replay
 from .story import tell_case
 from .tp_ranks import with_tp_rank
 from .training_contract import Rename, same_names
 from .training_envelope import CleanReruns, measure_envelope
-from .training_run import RunSide, TrainingVerdict, judge_run, lane_of, with_expectation
+from .training_run import TrainingVerdict, judge_run, lane_of, with_expectation
 from .training_settings import judge_plans
 from .training_traces import judge_traces, judged_by_scalars
 
@@ -126,7 +126,7 @@ def judge_stopped(
     plans = tuple(None if s is None else s.plan for s in settings)
     if judge_plans((plans[0], plans[1]), settings, rename) is None:
         return None
-    sides = [RunSide({}, plan, None, side) for plan, side in zip(plans, settings, strict=True)]
+    sides = [RunRecord(side) for side in settings]
     run = judge_run(sides[0], sides[1], {}, table, rename)
     if expect is not None and expect.diverged is not None and expect.step is not None:
         run = with_expectation(run, expect.step, expect.diverged, expect.run_origin)
@@ -193,3 +193,11 @@ def _incomplete_steps(facts: CaseFacts) -> list[str]:
         for m in side.notes.incomplete_steps:
             out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
     return out
+
+
+def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerdict | None:
+    """``verdict`` holding the replay of its first divergent step (unchanged when it passed or
+    names no step, or there is nothing to hold); told in words when rendered."""
+    if replay is None or verdict is None or verdict.first is None or verdict.passed:
+        return verdict
+    return replace(verdict, replay=replay)

@@ -22,10 +22,6 @@ from ..compare.pairs import PairResult
 from ..trace.records import Record
 from ..vocabulary import GATE_KINDS, Phase
 
-# Below half the baseline's outputs paired, the compare says more about the mapping (or the
-# dumps' levels) than about the model: the README explains the default.
-DEFAULT_MIN_COVERAGE = 0.5
-
 
 @dataclass(frozen=True)
 class Coverage:

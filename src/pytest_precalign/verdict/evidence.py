@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..compare.pairs import PairResult
 from ..trace.records import Record
-from ..vocabulary import FAILED
+from ..vocabulary import FAILED, Kind, Phase
 from .non_data_inputs import non_data, set_aside, shown_slot
 
 
@@ -260,8 +260,8 @@ class CaseOrigin:
     ``step``; ``record`` is the first failing record there, ``kind`` its kind."""
 
     module: str
-    phase: str
-    kind: str
+    phase: Phase
+    kind: Kind
     step: int
     record: str
     evidence: str

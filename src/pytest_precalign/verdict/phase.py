@@ -15,9 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..compare.pairs import Check, Comparison, PairResult
+from ..specs.coverage import DEFAULT_MIN_COVERAGE
+from ..specs.expectation import Expectation
 from ..trace.records import Record
-from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Phase
-from .coverage import DEFAULT_MIN_COVERAGE, Coverage, measure_coverage
+from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Kind, Phase
+from .coverage import Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
     CaseOrigin,
@@ -31,7 +33,6 @@ from .evidence import (
     unproven_note,
     within_tolerance_note,
 )
-from .expectation import Expectation
 from .non_data_inputs import non_data, set_aside
 from .overflow import Overflow, overflow_levels
 
@@ -40,7 +41,7 @@ from .overflow import Overflow, overflow_levels
 class Divergence:
     name: str
     phase: Phase
-    kind: str
+    kind: Kind
     slot: str
     step: int
     call: int

@@ -15,21 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..specs.envelope import EnvelopeSpec
 from ..trace.step_scalars import StepScalars
 
 # The scalars the envelope judges: every float a step computes from the run's numbers (LRs
 # and weight decays are the plan's, judged to LR_RTOL; counts and hashes exactly).
 ENVELOPE_SCALARS = ("loss", "grad_norm", "clip_coef", "update_norm", "param_norm")
-
-
-@dataclass(frozen=True)
-class EnvelopeSpec:
-    """A case's ``envelope:`` (see the module doc); ``floor`` None: the case's table."""
-
-    reruns: int = 2
-    factor: float = 4.0
-    steps_over: int = 0
-    floor: float | None = None
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ from typing import Any
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingPlan, TrainingSettings, split_free
+from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
 from .grads_one_sided import grads_evidence
+from .replay_finding import Replay
 from .story import origin_of
 from .training_contract import (
     ContractDiff,
@@ -53,22 +54,25 @@ from .training_settings import judge_plans
 
 
 @dataclass(frozen=True)
-class RunSide:
-    """What one side of a training run recorded."""
-
-    scalars: Mapping[int, StepScalars]
-    plan: TrainingPlan | None = None  # the manifest's training.plan
-    initial_params: Mapping[str, Mapping[str, float]] | None = None
-    settings: TrainingSettings | None = None  # the manifest's training block (arguments, adapters)
-
-
-@dataclass(frozen=True)
 class FirstDivergent:
     step: int
     what: TrainingClass
     origin: str  # a module, a parameter or a scalar's name
     evidence: str
     pattern: str = ""  # a whole-model pattern, in words
+
+
+@dataclass(frozen=True)
+class ExpectedRun:
+    """The case's known run divergence the verdict was checked against (``with_expectation``)."""
+
+    step: int
+    what: TrainingClass
+    origin: str | None = None  # None: any origin
+
+    def to_text(self) -> str:
+        """``step 3 (lr[0]) schedule``, for the report (made when rendered)."""
+        return f"step {self.step} " + (f"({self.origin}) " if self.origin else "") + self.what
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,9 @@ class TrainingVerdict:
     findings: tuple[str, ...] = ()  # what the run could not pair (fails the case)
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
-    replay: str = ""  # what the replay of the first divergent step found (run/step_replay.py)
-    replay_found: Mapping[str, Any] = field(default_factory=dict)  # its step, origin, phase, evidence
-    expected: str = ""  # the case's expected divergence, checked (``with_expectation``)
+    replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
+    expected: ExpectedRun | None = None  # the case's expected divergence, checked (``with_expectation``)
     met: bool | None = None  # None: no expectation
-    expected_what: TrainingClass | None = None
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
     recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
@@ -118,10 +120,10 @@ class TrainingVerdict:
             "lane": self.lane,
             "findings": list(self.findings),
             "warnings": list(self.warnings),
-            "replay": {**self.replay_found, "story": self.replay} if self.replay else None,
+            "replay": self.replay.as_dict() if self.replay is not None else None,  # + its story, rendered
             "envelope": self.envelope or None,
             "unsaid_settings": list(self.unsaid),
-            "expectation": self.expected or None,
+            "expectation": self.expected.to_text() if self.expected is not None else None,
             "passed": self.passed,
             "not_compared": list(self.not_compared),
             "one_side_only": dict(self.one_side_only),
@@ -137,8 +139,8 @@ def lane_of(table: ToleranceTable) -> Lane:
 
 
 def judge_run(
-    baseline: RunSide,
-    candidate: RunSide,
+    baseline: RunRecord,
+    candidate: RunRecord,
     records: Mapping[int, StepRecords],
     table: ToleranceTable,
     rename: Rename = same_names,
@@ -193,7 +195,7 @@ _BEFORE_TRAINING = (
 )
 
 
-def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+def one_sided_evidence(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
     """Evidence one side recorded and the other did not: each a finding that says so, never a
     check skipped in silence (evidence of the wrong shape never gets here: ``read_run_record``
     refuses it, naming the file and the key)."""
@@ -208,7 +210,7 @@ def one_sided_evidence(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]
     return tuple(out)
 
 
-def plan_missing(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
     """A side whose recorder could not write its plan (``TrainingSettings.plan_missing``),
     said in every compare of it, whatever the other side holds."""
     return tuple(
@@ -218,7 +220,7 @@ def plan_missing(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
     )
 
 
-def _judge(judge: ScalarJudge, baseline: RunSide, candidate: RunSide) -> tuple[ScalarJudge, str]:
+def _judge(judge: ScalarJudge, baseline: RunRecord, candidate: RunRecord) -> tuple[ScalarJudge, str]:
     """In the envelope lane: the steps over the envelope forgiven when ``steps_over`` allows
     them all, and the envelope in words."""
     envelope = judge.envelope
@@ -294,14 +296,16 @@ def _moved_before(
     return first
 
 
-def _on_both(step: int, baseline: RunSide, candidate: RunSide, records: Mapping[int, StepRecords]) -> bool:
+def _on_both(
+    step: int, baseline: RunRecord, candidate: RunRecord, records: Mapping[int, StepRecords]
+) -> bool:
     if step in baseline.scalars or step in candidate.scalars:
         return step in baseline.scalars and step in candidate.scalars
     return step in records
 
 
 def _before_training(
-    baseline: RunSide, candidate: RunSide, judge: ScalarJudge, rename: Rename
+    baseline: RunRecord, candidate: RunRecord, judge: ScalarJudge, rename: Rename
 ) -> FirstDivergent | None:
     """Different initial weights, then a contract difference (at its planned step)."""
     weights = _weights(baseline.initial_params, candidate.initial_params, judge, rename)
@@ -311,7 +315,7 @@ def _before_training(
     return _contract(diff) if diff is not None else None
 
 
-def _unsaid(baseline: RunSide, candidate: RunSide) -> tuple[str, ...]:
+def _unsaid(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
     if baseline.plan is None or candidate.plan is None:
         return ()
     return unsaid_settings(baseline.plan, candidate.plan)
@@ -394,7 +398,7 @@ def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
     return FirstDivergent(step, "settings", "micro_batches", evidence, pattern)
 
 
-def _layer(step: int, rec: StepRecords, phase: str) -> FirstDivergent | None:
+def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
     first = rec.forward if phase == "forward" else rec.backward
     if first is None:
         return None
@@ -560,8 +564,8 @@ def owning_phase(verdict: TrainingVerdict, phases: Sequence[Phase]) -> Phase | N
     if verdict.passed or not phases:
         return None
     what = verdict.first.what if verdict.first is not None else None
-    if verdict.met is not None:
-        what = verdict.expected_what
+    if verdict.expected is not None:
+        what = verdict.expected.what
     wanted = PHASE_OF_CLASS[what] if what is not None else phases[0]
     return wanted if wanted in phases else phases[0]
 
@@ -575,5 +579,4 @@ def with_expectation(
     met = first is not None and (first.step, first.what) == (step, diverged)
     if origin is not None:
         met = met and first is not None and first.origin == origin
-    expected = f"step {step} " + (f"({origin}) " if origin else "") + diverged
-    return replace(verdict, expected=expected, met=met, expected_what=diverged)
+    return replace(verdict, expected=ExpectedRun(step, diverged, origin), met=met)

@@ -18,6 +18,7 @@ from ..compare.pairs import Comparison
 from ..compare.tolerances import ToleranceTable
 from ..trace.records import Trace
 from ..trace.step_scalars import StepScalars
+from ..trace.training_record import RunRecord
 from ..vocabulary import Phase
 from .case_facts import CaseFacts, SideFacts
 from .frozen_params import frozen_changes
@@ -25,7 +26,7 @@ from .phase import PhaseVerdict
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
-from .training_run import RunSide, TrainingVerdict, judge_run
+from .training_run import TrainingVerdict, judge_run
 
 
 def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
@@ -73,13 +74,13 @@ def not_compared_lines(
     return (*lines, *dict.fromkeys((kinds or {}).values()))  # kinds with one reason: one line
 
 
-def run_side(facts: SideFacts, trace: Trace, recorded: bool = True) -> RunSide:
+def run_side(facts: SideFacts, trace: Trace, recorded: bool = True) -> RunRecord:
     """One side of the run; ``recorded`` False: its loss curve from its loss records even
     where the manifest has scalars (the other side recorded none)."""
     record = facts.run
     own = record.scalars if recorded else {}
     scalars: Mapping[int, StepScalars] = own or losses_from_records(trace)
-    return RunSide(scalars, record.plan, record.initial_params, record.settings)
+    return replace(record, scalars=scalars)
 
 
 def judge_traces(

@@ -100,7 +100,7 @@ def side_trainer(case: CaseSpec, side: object) -> str:
     (``PLAIN``), which also records a case that takes no optimizer step."""
     if "step" not in case.phases:
         return PLAIN
-    chosen = getattr(case.training, side, None) if side in ("baseline", "candidate") else None
+    chosen = getattr(case.training.trainers, side, None) if side in ("baseline", "candidate") else None
     return chosen if isinstance(chosen, str) else PLAIN
 
 

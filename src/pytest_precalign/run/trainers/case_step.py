@@ -88,12 +88,12 @@ def case_loss(
 ) -> torch.Tensor | None:
     """The case's loss of one micro-batch (``case.loss``; None: no loss); with
     ``step_tokens``, normalised per token over the whole step."""
-    if case.loss == "none":
+    if case.training.loss == "none":
         return None
-    if case.loss == "mean":
-        micro = case.optimizer.micro_batches if step_tokens is not None else 1
+    if case.training.loss == "mean":
+        micro = case.training.optimizer.micro_batches if step_tokens is not None else 1
         return logits.float().mean() / micro if micro > 1 else logits.float().mean()
-    if case.loss == "model":
+    if case.training.loss == "model":
         loss = model.model_loss(output)
         if loss is None:
             raise CaseError(f"case {case.name!r}: loss: model, but model {model.name!r} returned no .loss")

@@ -62,7 +62,7 @@ def training_arguments(
 ) -> dict[str, Any]:
     """The ``TrainingArguments`` fields the case's optimizer spec becomes (``bf16``: a bf16
     model, trained as HF mixed precision: ``bf16=True``, fp32 master weights)."""
-    spec = case.optimizer
+    spec = case.training.optimizer
     if spec.name not in _OPTIMIZERS:
         raise CaseError(
             f"case {case.name!r}: transformers.Trainer has no optimizer for {spec.name!r} "
@@ -140,7 +140,9 @@ class HfTrainer:
             fp32_master_weights(model.module),
         ):
             trainer, arguments = _trainer(model.module, case, rows, seed, out, bf16=bf16)
-            return _training_block(arguments, _plan(trainer, case, model.module), case.optimizer, bf16)
+            return _training_block(
+                arguments, _plan(trainer, case, model.module), case.training.optimizer, bf16
+            )
 
     def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
         """Train ``model`` with a ``transformers.Trainer`` through the case's steps while the
@@ -148,7 +150,7 @@ class HfTrainer:
         after it); returns the manifest's training evidence."""
         batches = [data.batch(s) for s in range(case.steps)]
         for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
-            split_micro_batches(batch, case.optimizer.micro_batches, case)
+            split_micro_batches(batch, case.training.optimizer.micro_batches, case)
         rows = batches[0].rows
         callback = _case_steps(steps)
         bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
@@ -166,7 +168,7 @@ class HfTrainer:
             finally:
                 steps.end()
         _check_steps(callback.scalars, case, steps.count(case.steps))
-        settings = _training_block(arguments, plan, case.optimizer, bf16)
+        settings = _training_block(arguments, plan, case.training.optimizer, bf16)
         return RunRecord(settings, dict(callback.scalars), callback.initial or {})
 
 
@@ -225,7 +227,7 @@ def _trainer(
         args=TrainingArguments(**arguments),
         train_dataset=dataset,
         callbacks=list(callbacks),
-        optimizer_cls_and_kwargs=optimizer_override(case.optimizer),
+        optimizer_cls_and_kwargs=optimizer_override(case.training.optimizer),
     )
     trainer.remove_callback(PrinterCallback)  # the case's report says what happened
     trainer.create_optimizer()

@@ -87,7 +87,7 @@ class CaseModule(LightningModule):
         self.model = model.module
         self.loaded = model
         self.case = case
-        self.micro = case.optimizer.micro_batches
+        self.micro = case.training.optimizer.micro_batches
         self.step_tokens = list(step_tokens)
         self.recorder = recorder
         self.quiet = False  # a step before the replay's boundary: nothing recorded
@@ -115,7 +115,7 @@ class CaseModule(LightningModule):
             loss.backward(*args, **kwargs)
 
     def configure_optimizers(self) -> Any:
-        spec = self.case.optimizer
+        spec = self.case.training.optimizer
         optimizer = grouped_optimizer(spec, param_groups(self.model.named_parameters(), spec))
         scheduler = make_scheduler(spec, optimizer, self.case.steps)
         if scheduler is None:
@@ -221,7 +221,7 @@ def _micro_batches(data: CaseInputs, case: CaseSpec) -> tuple[list[CaseInputs], 
     micro: list[CaseInputs] = []
     tokens: list[int] = []
     for step in range(case.steps):
-        parts = split_micro_batches(data.batch(step), case.optimizer.micro_batches, case)
+        parts = split_micro_batches(data.batch(step), case.training.optimizer.micro_batches, case)
         micro += parts
         tokens.append(shifted_tokens(parts))
     return micro, tokens
@@ -268,7 +268,7 @@ def _kept_modes(module: torch.nn.Module) -> Iterator[None]:
 def _fit(
     module: CaseModule, case: CaseSpec, micro: Sequence[CaseInputs], callback: _CaseCallback, root: str
 ) -> Trainer:
-    spec = case.optimizer
+    spec = case.training.optimizer
     trainer = Trainer(
         **QUIET,
         default_root_dir=root,
@@ -279,7 +279,7 @@ def _fit(
         callbacks=[callback],
     )
     loader = torch.utils.data.DataLoader(_MicroBatches(micro), batch_size=None, shuffle=False)
-    module.train(case.train)  # the case's mode (dropout on or off), as the loop trains
+    module.train(case.training.train)  # the case's mode (dropout on or off), as the loop trains
     trainer.fit(module, loader)
     return trainer
 

@@ -35,9 +35,9 @@ class LoopTrainer:
         ranks step with ``torch.optim`` and write no plan)."""
         if launched(spec.options):
             return None
-        groups = param_groups(model.module.named_parameters(), case.optimizer)
+        groups = param_groups(model.module.named_parameters(), case.training.optimizer)
         return loop_plan(
-            case.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module)
+            case.training.optimizer, groups, case.steps, checkpointing=gradient_checkpointing(model.module)
         )
 
     def train(self, model: LoadedModel, data: CaseInputs, case: CaseSpec, steps: StepSkeleton) -> RunRecord:
@@ -82,8 +82,10 @@ def _loop_step(
     quiet = steps.quiet
     if training is not None:
         training.begin()
-    micro = split_micro_batches(data.batch(step), case.optimizer.micro_batches if backward else 1, case)
-    tokens = shifted_tokens(micro) if case.loss == "causal_lm" else None
+    micro = split_micro_batches(
+        data.batch(step), case.training.optimizer.micro_batches if backward else 1, case
+    )
+    tokens = shifted_tokens(micro) if case.training.loss == "causal_lm" else None
     losses = []
     for call, part in enumerate(micro):
         loss = case_forward(

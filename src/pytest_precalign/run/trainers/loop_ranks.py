@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...config.specs import CaseSpec
 from ...errors import CaseError
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
@@ -24,7 +25,7 @@ from .loop_optimizer import grouped_optimizer, param_groups
 from .skeleton import StepSkeleton
 
 
-def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, steps: StepSkeleton, out: Path) -> None:
+def run_steps(model: LoadedModel, inputs: CaseInputs, case: CaseSpec, steps: StepSkeleton, out: Path) -> None:
     """The case's steps through megatron-core's schedule, one recorded folder per step."""
     from ...training import Recorder, megatron_cpu
     from ..grad_sync import use_megatron_grad_finalization
@@ -34,16 +35,16 @@ def run_steps(model: LoadedModel, inputs: CaseInputs, case: Any, steps: StepSkel
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
     backward = "backward" in case.phases
-    if backward and case.loss not in ("causal_lm", "mean"):
+    if backward and case.training.loss not in ("causal_lm", "mean"):
         raise CaseError(
-            f"case {case.name!r}: launched ranks compute loss causal_lm or mean, not {case.loss!r}"
+            f"case {case.name!r}: launched ranks compute loss causal_lm or mean, not {case.training.loss!r}"
         )
     module = model.module
-    module.train(case.train)
+    module.train(case.training.train)
     if backward:
         use_megatron_grad_finalization(module)
-    groups = stage_param_groups(module, case.optimizer)
-    optimizer = grouped_optimizer(case.optimizer, groups) if "step" in case.phases else None
+    groups = stage_param_groups(module, case.training.optimizer)
+    optimizer = grouped_optimizer(case.training.optimizer, groups) if "step" in case.phases else None
     rec = Recorder(
         out,
         mode=case.record.mode,
@@ -93,22 +94,24 @@ def stage_param_groups(module: torch.nn.Module, spec: Any) -> Any:
     return param_groups(named, spec)
 
 
-def _forward_step(model: LoadedModel, rec: Any, case: Any, data_iterator: Any, module: Any) -> Any:
+def _forward_step(model: LoadedModel, rec: Any, case: CaseSpec, data_iterator: Any, module: Any) -> Any:
     data: CaseInputs = next(data_iterator)
     output = model(data.model_inputs)  # later stages take their input from the previous one
     return output, partial(_loss, rec, case, data)
 
 
-def _loss(rec: Any, case: Any, data: CaseInputs, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+def _loss(
+    rec: Any, case: CaseSpec, data: CaseInputs, logits: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """On the last stage: the logits ([b, s, vocab]) and the loss, recorded as in-process.
     Expert-parallel ranks run the same batch, and each expert serves every rank's tokens: only
     the first rank's loss is back-propagated (the others' times 0), so an expert's grad is that
     of one batch, as Megatron's data-parallel averaging makes it; the merge keeps the first
     rank's records of everything but the other ranks' experts."""
     logits_record = rec.record_output("logits", logits)
-    if case.loss == "mean":
+    if case.training.loss == "mean":
         loss = logits.float().mean()
-    elif case.loss == "causal_lm" and data.labels is not None:
+    elif case.training.loss == "causal_lm" and data.labels is not None:
         loss = causal_lm_loss(logits, data.labels)
     else:  # forward only, no loss recorded
         return logits.float().mean() * 0.0, {}

@@ -34,7 +34,7 @@ class LoopTraining:
     """The loop's optimizer, scheduler and per-step evidence for one side of a case."""
 
     def __init__(self, module: torch.nn.Module, case: CaseSpec) -> None:
-        spec = case.optimizer
+        spec = case.training.optimizer
         self.spec = spec
         self.groups = param_groups(module.named_parameters(), spec)
         self.params = [p for _, params, _ in self.groups for p in params]

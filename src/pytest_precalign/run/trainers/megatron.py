@@ -72,7 +72,7 @@ class MegatronTrainer:
         twin over its data-parallel replicas)."""
         from ...sources.megatron import data_parallel
 
-        optimizer = case.optimizer
+        optimizer = case.training.optimizer
         return plan_before_training(
             [model.module], optimizer, case.steps, data.rows, optimizer.micro_batches,
             data_parallel=data_parallel(spec),
@@ -85,15 +85,15 @@ class MegatronTrainer:
         over at the step replay's boundary."""
         recorder = steps.recorder
         assert recorder is not None
-        if case.loss != "causal_lm":
+        if case.training.loss != "causal_lm":
             raise CaseError(
                 f"case {case.name!r}: training: megatron (a Megatron model's default) computes loss "
-                f"causal_lm, not {case.loss!r}; set training: loop for the tool's loop"
+                f"causal_lm, not {case.training.loss!r}; set training: loop for the tool's loop"
             )
         if recorder.param_grads != "step":
             raise CaseError(f"case {case.name!r}: training: megatron records grads at param_grads='step'")
         module = model.module
-        spec = case.optimizer
+        spec = case.training.optimizer
         initial = initial_params(module.named_parameters())
         stack = build_megatron_stack([module], spec, case.steps, global_batch=data.rows)
         training = stack.training_manifest(case.steps, spec.micro_batches)
@@ -164,11 +164,13 @@ def train_rank_with_megatron(
     from ...training.layout_probe import layer_offsets
     from ...training.megatron_dp import data_parallel_rank, reduced_main_grads, replica_share
 
-    if case.loss != "causal_lm":
-        raise CaseError(f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.loss!r}")
+    if case.training.loss != "causal_lm":
+        raise CaseError(
+            f"case {case.name!r}: training: megatron computes loss causal_lm, not {case.training.loss!r}"
+        )
     module = model.module
-    module.train(case.train)
-    spec = case.optimizer
+    module.train(case.training.train)
+    spec = case.training.optimizer
     offsets = layer_offsets(module)
     rows = data.rows
     dp, dp_rank = data_parallel_rank()

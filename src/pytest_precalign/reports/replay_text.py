@@ -1,57 +1,33 @@
-"""What the run verdict says of the replay of its first divergent step (``run.step_replay``):
-what the replay found (``ReplayFinding``, told by ``story``), or why the step was not replayed
-(``NotReplayed``) and what to record to drill into it by hand (``not_replayed``). No torch import."""
+"""The replay of a run's first divergent step in words, made when the verdict is rendered
+(the verdict holds the typed ``Replay``: ``verdict.replay_finding``): what the replay found
+(``story``), or why the step was not replayed and what to record to drill into it by hand
+(``to_record``); and the run verdict's report.json block with it (``training_dict``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .training_run import TrainingVerdict
+from ..verdict.replay_finding import NotReplayed, ReplayFinding
+from ..verdict.training_run import TrainingVerdict
 
 
-@dataclass(frozen=True)
-class ReplayFinding:
-    """What replaying step ``step`` from the baseline's state found (``origin`` "" : nothing)."""
-
-    step: int
-    origin: str
-    what: str  # a TrainingClass, or "none"
-    evidence: str
-    starts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # side -> param -> sha1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "from_step": self.step - 1 if self.step > 0 else None,
-            "origin": self.origin or None,
-            "phase": self.what,
-            "evidence": self.evidence,
-        }
+def training_dict(verdict: TrainingVerdict) -> dict[str, Any]:
+    """The run verdict's report.json block: its facts, the replay told in words (``story``)."""
+    out = verdict.as_dict()
+    if verdict.replay is not None:
+        out["replay"] = {**verdict.replay.as_dict(), "story": replay_text(verdict)}
+    return out
 
 
-@dataclass(frozen=True)
-class NotReplayed:
-    """Why the first divergent step was not replayed (``reason``, in words: the sides are stored
-    runs, launched, built by the test; the replay itself failed)."""
-
-    reason: str
-
-
-# What the run verdict is told of the replay: what it found, why it did not replay, or nothing
-# (None: the case does not replay, or was not asked).
-Replay = ReplayFinding | NotReplayed | None
-
-
-def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerdict | None:
-    """``verdict`` telling the replay of its first divergent step (unchanged when it passed or
-    names no step, or there is nothing to tell)."""
-    if replay is None or verdict is None or verdict.first is None or verdict.passed:
-        return verdict
-    if isinstance(replay, NotReplayed):
-        return not_replayed(verdict, replay.reason)
-    return replace(verdict, replay=story(verdict, replay), replay_found=replay.as_dict())
+def replay_text(verdict: TrainingVerdict) -> str:
+    """The replay of ``verdict``'s first divergent step in words ("" when it holds none)."""
+    replay = verdict.replay
+    if isinstance(replay, ReplayFinding):
+        return story(verdict, replay)
+    if isinstance(replay, NotReplayed) and verdict.first is not None:
+        hint = to_record(verdict.first.step, verdict.recorded_with)
+        return f"not replayed: {replay.reason}; to go further {hint}"
+    return ""
 
 
 def story(verdict: TrainingVerdict, finding: ReplayFinding) -> str:
@@ -109,12 +85,3 @@ def to_record(step: int, trainers: tuple[str, ...] = ()) -> str:
         f"record step {step} in tensor mode on both sides from equal state: {how}, with the same "
         "parameters and optimizer state loaded on both sides"
     )
-
-
-def not_replayed(verdict: TrainingVerdict | None, why: str) -> TrainingVerdict | None:
-    """``verdict`` telling why its first divergent step was not replayed (unchanged when it
-    passed, names no step, or already tells a replay)."""
-    if verdict is None or verdict.first is None or verdict.passed or verdict.replay:
-        return verdict
-    hint = to_record(verdict.first.step, verdict.recorded_with)
-    return replace(verdict, replay=f"not replayed: {why}; to go further {hint}")
