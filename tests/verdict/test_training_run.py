@@ -496,7 +496,7 @@ def test_a_grad_norm_off_where_the_layers_clear_the_forward_is_the_backward() ->
     # 1 rank vs 2 (DDP): the losses never were bitwise equal (another reduction order); at step
     # 2 every forward record matched and the loss moved only as much: the forward is cleared.
     records = records_run([forward_only()] * 3, [forward_only()] * 3)
-    v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records, default_table())
+    v = judge_run(RunRecord(scalars=run()), RunRecord(scalars=_noisy((0, 2))), records, default_table())
     assert first(v) == (2, "backward", "grad_norm")
     assert (
         v.first is not None
@@ -511,11 +511,13 @@ def test_the_loss_moving_still_keeps_the_forward_where_no_layer_or_no_earlier_mo
     records = records_run([forward_only()] * 3, [forward_only()] * 3)
     # a rerun bitwise until step 2: the loss's first move is evidence against the forward,
     # whatever the layers' tolerance let through
-    bitwise = judge_run(RunSide(run()), RunSide(_noisy((2,))), records, default_table())
+    bitwise = judge_run(RunRecord(scalars=run()), RunRecord(scalars=_noisy((2,))), records, default_table())
     assert first(bitwise)[:2] == (2, "forward_or_backward")
     # a forward record that failed is the forward, not the backward
     faulty = records_run([forward_only()] * 3, [forward_only(), forward_only(), forward_only(2.0)])
-    assert first(judge_run(RunSide(run()), RunSide(_noisy((0, 2))), faulty, default_table())) == (
+    assert first(
+        judge_run(RunRecord(scalars=run()), RunRecord(scalars=_noisy((0, 2))), faulty, default_table())
+    ) == (
         2,
         "forward",
         "b",
@@ -524,7 +526,12 @@ def test_the_loss_moving_still_keeps_the_forward_where_no_layer_or_no_earlier_mo
 
 def test_a_grad_norm_off_with_the_forward_and_every_grad_matched_is_clippings_norm() -> None:
     steps = [[*forward_only(), *backward_grads(1.0, 1.0)]] * 3
-    v = judge_run(RunSide(run()), RunSide(_noisy((0, 2))), records_run(steps, steps), default_table())
+    v = judge_run(
+        RunRecord(scalars=run()),
+        RunRecord(scalars=_noisy((0, 2))),
+        records_run(steps, steps),
+        default_table(),
+    )
     assert first(v) == (2, "clipping", "grad_norm")
     assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
 
