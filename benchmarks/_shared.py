@@ -16,6 +16,11 @@ import transformers
 
 from pytest_precalign.recording import recorder
 
+try:  # the capture core, out of recorder.py since session 21
+    from pytest_precalign.recording import tensor_capture as capture_core
+except ImportError:  # a recorder before (compared from a worktree)
+    capture_core = recorder
+
 Read = Callable[[torch.Tensor], Any]
 
 
@@ -132,15 +137,15 @@ def stats_reads(wrap: Callable[[Read], Read]) -> Iterator[None]:
         finally:
             setattr(recorder, "stats_reader", reader)  # noqa: B010
         return
-    original = recorder.StatsSlots
+    original = capture_core.StatsSlots
 
     class Wrapped(original):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             super().__init__()
             self.read = wrap(self.read)
 
-    setattr(recorder, "StatsSlots", Wrapped)  # noqa: B010
+    setattr(capture_core, "StatsSlots", Wrapped)  # noqa: B010
     try:
         yield
     finally:
-        setattr(recorder, "StatsSlots", original)  # noqa: B010
+        setattr(capture_core, "StatsSlots", original)  # noqa: B010

@@ -65,6 +65,12 @@ def test_the_probe_sees_torch_where_it_is_imported(module: str) -> None:
 
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
+# A class is held to half a module: one over it carries more than one concern, which the module
+# cap alone let grow (``HookRecorder`` and ``Recorder`` were 525 and 491 lines, each most of its
+# module, before they were split along their seams: the capture core, the hooks torch calls and
+# the parameter records; the loop, the step's evidence and its writes). Mixins declare the
+# attributes they use, and each is counted on its own.
+MAX_CLASS_LINES = 300
 
 
 def _package_files() -> list[Any]:
@@ -79,12 +85,21 @@ def test_no_module_over_600_lines() -> None:
     assert long == {}
 
 
-def test_no_function_over_60_lines() -> None:
+def _over(kinds: tuple[type[ast.AST], ...], cap: int) -> dict[str, int]:
+    """The package's definitions of ``kinds`` longer than ``cap`` lines: "file:line name" -> lines."""
     long = {}
     for path in _package_files():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(node, kinds):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long[f"{path.name}:{node.lineno} {node.name}"] = lines
-    assert long == {}
+                if lines > cap:
+                    long[f"{path.name}:{node.lineno} {getattr(node, 'name', '')}"] = lines
+    return long
+
+
+def test_no_function_over_60_lines() -> None:
+    assert _over((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES) == {}
+
+
+def test_no_class_over_300_lines() -> None:
+    assert _over((ast.ClassDef,), MAX_CLASS_LINES) == {}

@@ -48,7 +48,7 @@ def stats_cases() -> dict[str, torch.Tensor]:
 
 def counting_slots(sizes: list[int], read_with: Callable[[], Reader] | None = None) -> type[StatsSlots]:
     """A ``StatsSlots`` that appends the element count of each tensor it reads to ``sizes``
-    (patched in as ``recording.recorder.StatsSlots``); ``read_with``: a reader made for each
+    (patched in as ``recording.tensor_capture.StatsSlots``); ``read_with``: a reader made for each
     recorder that reads instead of the slots (``Stats`` at once)."""
 
     class Counting(StatsSlots):

@@ -11,7 +11,7 @@ import struct
 import pytest
 import torch
 
-from pytest_precalign.recording import HookRecorder, native_kernels, recorder
+from pytest_precalign.recording import HookRecorder, native_kernels, tensor_capture
 from pytest_precalign.recording.stats_slots import StatsSlots
 from pytest_precalign.recording.tensor_summary import cpu_stats, new_stats, stats_reader, tensor_stats
 from pytest_precalign.trace.records import Stats
@@ -75,7 +75,7 @@ def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_the_one_reader_it_made
         torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
         torch.randn(3, 4),
     )
-    monkeypatch.setattr(recorder, "StatsSlots", counting_slots([], lambda: cpu_stats))
+    monkeypatch.setattr(tensor_capture, "StatsSlots", counting_slots([], lambda: cpu_stats))
     expected = _record(model, x)
     made: list[int] = []
     reads: list[int] = []
@@ -85,7 +85,7 @@ def test_a_stats_mode_recorder_reads_each_cpu_tensor_with_the_one_reader_it_made
         made.append(1)
         return counting()
 
-    monkeypatch.setattr(recorder, "StatsSlots", slots)
+    monkeypatch.setattr(tensor_capture, "StatsSlots", slots)
     got = _record(model, x)
     assert made == [1] and len(reads) >= 8  # x, 3 outputs, their grads, 4 parameter grads
     assert got == expected and len(got) > len(reads)  # inputs that are outputs: read once

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_precalign.recording import HookRecorder, recorder
+from pytest_precalign.recording import HookRecorder, tensor_capture
 from pytest_precalign.recording.step_buffer import StepBuffer
 from pytest_precalign.recording.tensor_summary import tensor_stats
 from tests.helpers.stats_cases import counting_slots
@@ -48,7 +48,7 @@ def _summaries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return add(self, data)
 
     monkeypatch.setattr(StepBuffer, "add_stats", counting)
-    monkeypatch.setattr(recorder, "StatsSlots", counting_slots(sizes))
+    monkeypatch.setattr(tensor_capture, "StatsSlots", counting_slots(sizes))
     return sizes
 
 

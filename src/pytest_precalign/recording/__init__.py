@@ -1,6 +1,8 @@
 """Recording a live model with hooks: what one forward/backward/step produced, as records.
 
-``HookRecorder`` (``recorder``) is the hook engine every entry point drives: module forward and
+``HookRecorder`` (``recorder``) is the hook engine every entry point drives, in three parts: the
+capture core that turns one tensor into a record (``tensor_capture``), the hooks torch calls
+(``hook_callbacks``) and the parameters' records (``param_records``): module forward and
 backward hooks, parameter-grad hooks, grads read around in-place ops (``inplace_grads``),
 op-level capture through a torch function mode (``ops``), and what each record keeps:
 statistics, hashes or full tensors (``tensor_summary``, ``kept_tensors``, ``step_buffer``; each

@@ -11,10 +11,10 @@ import torch
 
 from ..trace.records import Record, record_id
 from ..vocabulary import MODES, Kind
-from .calls import _Call
 from .inplace_grads import InPlaceViews
 from .module_names import class_name, clean
 from .ops import LEVELS
+from .tensor_capture import TensorCapture
 
 if TYPE_CHECKING:
     from .live_golden import Judge
@@ -33,41 +33,15 @@ def check_options(mode: str, golden: Judge | None, level: str, param_grads: str)
         raise ValueError("golden= keeps full tensors only where needed: use mode stats or hash")
 
 
-class ParamRecords:
+class ParamRecords(TensorCapture):
     """The explicit records of a ``HookRecorder`` (which has the attributes declared here): the
     parameters', their grads' and the model's output's (``record_output``)."""
 
     model: torch.nn.Module
     record_grads: bool
-    _active: bool
-    _step: int
     _param_owner: dict[str, tuple[str, str]]
-    _last_call: dict[str, _Call]
     _grad_calls: dict[tuple[str, int], int]
     _views: InPlaceViews
-
-    @property
-    def step(self) -> int:
-        return self._step
-
-    def _capture(
-        self,
-        tensor: torch.Tensor,
-        name: str,
-        module_class: str,
-        kind: Kind,
-        slot: str,
-        call: int,
-        deps: tuple[str | int, ...],
-        step: int | None,
-    ) -> int:
-        raise NotImplementedError  # HookRecorder's
-
-    def _record_now(self, seq: int) -> Record:
-        raise NotImplementedError  # HookRecorder's
-
-    def _drain_in_graph(self) -> None:
-        raise NotImplementedError  # HookRecorder's
 
     def _param_grad_hook(self, pname: str, param: torch.Tensor) -> None:
         if param.grad is not None and self._active:

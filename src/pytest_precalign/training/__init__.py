@@ -2,6 +2,9 @@
 
 - ``recorder``: the public ``Recorder`` (``pytest_precalign.Recorder``), which drives the hook
   engine (``recording.HookRecorder``) around a user's step and writes ``ROOT/step<N>/rank<R>/``.
+  Its two halves: ``recorder_evidence`` (the step's scalars, the initial parameters and the
+  run's settings its manifests carry) and ``recorder_writes`` (the root claimed, each step's
+  folder written, a write failure reported).
 - ``golden``: live compare against a golden run (``Recorder(..., golden=PATH)``): the judge of
   each record and the golden run's reader.
 - ``layout_probe``: where a rank sits in a parallel run (the manifest's ``parallel`` block),

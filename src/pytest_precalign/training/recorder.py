@@ -67,7 +67,7 @@ keeps full tensors only where they are beyond tolerance (plus their module's inp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,37 +78,27 @@ from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
 from ..recording.module_names import class_name
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
-from ..trace.native_io import begin_trace, finish_trace, write_trace
-from ..trace.records import Record, Trace
-from ..trace.run_ids import continued_run_id, run_ids
+from ..trace.native_io import begin_trace
+from ..trace.records import Record
 from ..trace.step_markers import begin_step, end_step
-from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
-from ..trace.training_record import TrainingSettings, run_record_keys
-from ..trace.write_failures import (
-    close_write_note,
-    leave_write_failure_note,
-    open_write_note,
-    write_failure_reason,
-)
 from ..vocabulary import MODEL_OUTPUT_KINDS, RECORD_FORMAT_ALIASES, as_kind
 from .golden import golden_judge
-from .layout_probe import check_layout, parallel_layout, process_rank
+from .layout_probe import check_layout, parallel_layout
 from .model_checks import ChunksRoot, check_recordable, chunks_of
 from .recorder_options import (
     check_choices,
     checked_queue_bytes,
     golden_path,
-    grads_missing_note,
     selection,
-    tuples,
 )
+from .recorder_writes import RecorderWrites
 from .run_facts import model_config, run_environment
-from .run_root import check_selected_steps, claim_root, release_root
+from .run_root import release_root
 from .sharded_layout import check_sharded_recording, watch_partials
 from .unwrap import hooks_before_compile, unwrap
 
 
-class Recorder:
+class Recorder(RecorderWrites):
     """Record the selected steps of a training loop on each selected rank (see module doc)."""
 
     def __init__(
@@ -158,31 +148,25 @@ class Recorder:
         self._hooks: HookRecorder | None = None
         self.compiled = False  # runs under torch.compile unseen by start() (a Trainer's torch_compile)
         self._sink: TensorSink | None = None  # tensor mode, native format: the background writer
-        self._parallel: dict[str, Any] = {}
-        self._wrappers: list[str] = []  # the wrappers the recorded model was found in
-        self._facts: dict[str, Any] = {}  # the environment and the model's config, at start()
+        self._parallel = {}
+        self._wrappers = []  # the wrappers the recorded model was found in
+        self._facts = {}  # the environment and the model's config, at start()
         self._output_calls: dict[str, int] = {}
-        self._scalars: StepScalars | None = None  # this step's, written at stop()
-        self._initial: dict[str, Any] | None = None  # initial_params, written with the next folder
-        self._settings: TrainingSettings | None = None  # the run's settings, written with the next folder
-        self._precision: str | None = None  # what the forward computes in (the settings'), every manifest
-        self.written: list[Path] = []  # the folders this process wrote, in order
+        self._scalars = None  # this step's, written at stop()
+        self._initial = None  # initial_params, written with the next folder
+        self._settings = None  # the run's settings, written with the next folder
+        self._precision = None  # what the forward computes in (the settings'), every manifest
+        self.written = []  # the folders this process wrote, in order
         self._claimed = self._continues = False  # the root holds this run; it continues a resumed run's
-        self._run: dict[str, str] = {}  # run_id (and launch_id) of every manifest (trace.run_ids)
+        self._run = {}  # run_id (and launch_id) of every manifest (trace.run_ids)
         self._marker: Path | None = None  # the rank folder whose step began and has not ended
         self._marker_made: tuple[Path, ...] = ()  # the folders made for its marker
 
+    # -- where we are -------------------------------------------------------------------
     @property
     def current_step(self) -> int:
         """The step the next ``start`` records (0 first; ``step()`` advances it)."""
         return self._step
-
-    @property
-    def rank(self) -> int:
-        """This process's global rank (``layout["rank"]`` if given, 0 without a process group)."""
-        if self.layout is not None and "rank" in self.layout:
-            return int(self.layout["rank"])
-        return process_rank()[1]
 
     def selected(self) -> bool:
         """Whether the current step on this rank is recorded."""
@@ -199,10 +183,7 @@ class Recorder:
     def recording_now(self) -> bool:
         return self._hooks is not None
 
-    def folder(self, step: int | None = None) -> Path:
-        """``ROOT/step<N>/rank<R>`` of this rank."""
-        return self.root / f"step{self._step if step is None else step}" / f"rank{self.rank}"
-
+    # -- the loop -------------------------------------------------------------------------
     def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
         """Add the hooks for this step (nothing if the step or rank is not selected)."""
         self._discard()  # hooks of a step whose forward or backward raised
@@ -327,98 +308,10 @@ class Recorder:
         finally:
             self._end_step()
 
-    def _claim(self) -> None:
-        """The root holds this run from the current step on (``run_root``: refused, replaced
-        or continued before the first step trains)."""
-        if not self._claimed:
-            kept = claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
-            self._claimed, self._continues = True, bool(kept)
-            self._run = run_ids(continued_run_id(self.root, self.rank, kept))
-
     def _end_step(self) -> None:
         marker, self._marker = self._marker, None
         if marker is not None:
             end_step(marker, self._marker_made)
-
-    def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
-        missing: list[str] = []
-        try:
-            if self.param_grads == "step" and not self._grads_done:
-                found, missing = hooks.record_param_grads()
-                missing = missing if not found else []  # none at all: zeroed before stop()?
-            if self.params:
-                hooks.record_params()
-        finally:
-            hooks.__exit__(None, None, None)
-        manifest: dict[str, Any] = {
-            "recorder": "pytest_precalign.Recorder",
-            "step": self._step,
-            "rank": self.rank,
-            "torch_version": torch.__version__,
-            **self._run,
-            **self._facts,
-            **({"dtype": self._precision} if self._precision else {}),
-            "parallel": self._parallel,
-            **self._step_evidence(),
-        }
-        if self._wrappers:
-            manifest["wrappers"] = self._wrappers
-
-        def write() -> Path:
-            shards = None
-            if sink is not None:
-                shards = sink.close()
-                manifest["writer"] = sink.report()
-            trace = hooks.trace(manifest).with_notes(
-                param_grads=self.param_grads,  # "step": reduced over DP (``parallel.dp_join``)
-                grads_missing=(grads_missing_note(self._step, self.rank, missing),) if missing else (),
-            )
-            if sink is not None:
-                out, over = self.folder(), self.overwrite
-                return finish_trace(
-                    trace, sink.folder, out, shards=shards, digests=sink.digests, overwrite=over
-                )
-            if self.format == "msprobe":
-                from ..msprobe.writer import write_msprobe_dump
-
-                return write_msprobe_dump(
-                    trace,
-                    self.root,
-                    step=self._step,
-                    rank=self.rank,
-                    overwrite=self.overwrite,
-                    keep_manifest=True,
-                )
-            return write_trace(trace, self.folder(), overwrite=self.overwrite)
-
-        path = self._published(write)
-        self.written.append(path)
-        return path
-
-    def _published(self, write: Callable[[], Path]) -> Path:
-        """``write()``'s folder. A write failure (a full disk, a permission, a quota) is one
-        ``RecorderError`` naming the step and the folder; nothing of the step is left half
-        written, only a note beside the rank's folder saying why it is missing, which a later
-        compare reports (``parallel.steps``)."""
-        folder = self.folder()
-        made = tuple(p for p in (folder.parent, *folder.parent.parents) if not p.exists())
-        note = open_write_note(folder)
-        try:
-            path = write()
-        except OSError as exc:
-            reason = write_failure_reason(exc)
-        except BaseException:  # the background writer's TraceError says it all, and leaves nothing
-            close_write_note(note)
-            raise
-        else:
-            close_write_note(note)
-            return path
-        left = leave_write_failure_note(note, self._step, reason, made)
-        told = f"; {left} says so to a later compare" if left is not None else ""
-        raise RecorderError(
-            f"Recorder: step {self._step} was not recorded: cannot write {folder}: {reason}; "
-            f"nothing of the step was kept{told}"
-        ) from None
 
     def step(self) -> None:
         """Advance the step counter (call once per training step, after ``stop``)."""
@@ -438,113 +331,6 @@ class Recorder:
             self._end_step()
         self._step = step
 
-    def record_scalars(self, scalars: StepScalars | None = None, **fields: Any) -> StepScalars:
-        """What this optimizer step did (``StepScalars``, or its fields: ``loss``, ``lr``,
-        ``grad_norm``...; see ``training.step_evidence`` to measure them), written into this
-        step's manifest at ``stop()`` -- on every step of a selected rank, also where ``steps=``
-        selects no layers (then the folder holds the manifest alone)."""
-        if scalars is None:
-            scalars = StepScalars(step=self._step, **tuples(fields))
-        elif fields:
-            raise ConfigError("Recorder.record_scalars: pass a StepScalars or its fields, not both")
-        if scalars.step != self._step:
-            raise ConfigError(f"Recorder.record_scalars: scalars of step {scalars.step} in step {self._step}")
-        self._scalars = scalars
-        return scalars
-
-    def record_initial_params(self, summary: dict[str, Any] | torch.nn.Module) -> None:
-        """The parameters before any update (a model, or ``step_evidence.initial_params``),
-        written into the next folder's manifest (``initial_params``)."""
-        if isinstance(summary, torch.nn.Module):
-            from .run_settings import named_parameters
-            from .step_evidence import initial_params
-
-            summary = initial_params(named_parameters(summary))
-        self._initial = dict(summary)
-
-    def record_settings(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any = None,
-        *,
-        steps: int,
-        clip_grad: float | None = None,
-        micro_batches: int = 1,
-        loss_normalisation: str | None = None,
-        precision: str | None = None,
-        autocast: bool = False,
-        gradient_checkpointing: bool | None = None,
-        arguments: dict[str, Any] | None = None,
-    ) -> TrainingSettings:
-        """The run's settings and plan (see the module doc), written into the next folder's
-        manifest; call it before step 0, before the scheduler first steps. ``steps``: the
-        optimizer steps the loop will take; ``precision``: what the forward computes in
-        (default: the parameters' dtype); ``loss_normalisation``: how the loss of a step's
-        micro-batches is normalised (``trace.training_record.LOSS_NORMALISATIONS``)."""
-        from .run_settings import loop_settings
-
-        settings = loop_settings(
-            model,
-            optimizer,
-            scheduler,
-            steps=steps,
-            clip_grad=clip_grad if clip_grad else None,
-            micro_batches=micro_batches,
-            loss_normalisation=loss_normalisation,
-            precision=precision,
-            autocast=autocast,
-            gradient_checkpointing=gradient_checkpointing,
-            arguments=arguments or {},
-        )
-        self.write_settings(settings)
-        return settings
-
-    def write_settings(self, settings: TrainingSettings) -> None:
-        """Typed settings (``PrecalignCallback`` builds them from the Trainer's), written into
-        the next folder's manifest; their plan's precision becomes every later ``dtype``."""
-        if settings.plan is not None and self._step == 0 and not self.written:
-            check_selected_steps(self.steps, len(settings.plan.lr), "Recorder")
-        self._settings = settings
-        if settings.plan is not None and settings.plan.precision is not None:
-            self._precision = settings.plan.precision
-
-    def _step_evidence(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self._scalars is not None:
-            out[SCALARS_KEY] = scalars_manifest({self._scalars.step: self._scalars})
-            self._scalars = None
-        if self._initial is not None:
-            out.update(run_record_keys(initial_params=self._initial))
-            self._initial = None
-        if self._settings is not None and not self._continues:  # a resumed run's: the root has them
-            out.update(run_record_keys(settings=self._settings))
-        self._settings = None
-        return out
-
-    def _write_scalars_only(self) -> Path | None:
-        """A step without layer records: its scalars (if any) alone, on a selected rank."""
-        if self._scalars is None or (self.ranks is not None and self.rank not in self.ranks):
-            return None
-        self._claim()
-        manifest: dict[str, Any] = {
-            "recorder": "pytest_precalign.Recorder",
-            "step": self._step,
-            "rank": self.rank,
-            "record_mode": "scalars",
-            **self._run,
-            **(self._facts if not self.written else {}),  # versions etc.: once, for env-diff
-            **({"dtype": self._precision} if self._precision else {}),
-            **self._step_evidence(),
-        }
-        path = self._published(
-            lambda: write_trace(
-                Trace(manifest=manifest, records=(), tensors={}), self.folder(), overwrite=self.overwrite
-            )
-        )
-        self.written.append(path)
-        return path
-
     @contextlib.contextmanager
     def recording(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> Iterator[Recorder]:
         """``start``, then ``stop`` and ``step`` when the block completes; when it raises, the
@@ -559,6 +345,7 @@ class Recorder:
         self.stop()
         self.step()
 
+    # -- cleanup --------------------------------------------------------------------------
     def _discard(self) -> None:
         hooks, self._hooks = self._hooks, None
         sink, self._sink = self._sink, None
