@@ -26,13 +26,13 @@ from pytest_precalign.cli import main  # noqa: E402
 from pytest_precalign.errors import TraceError  # noqa: E402
 from pytest_precalign.parallel.layout import ParallelLayout  # noqa: E402
 from pytest_precalign.parallel.merge import Chunk, RankTrace, merge_ranks  # noqa: E402
-from pytest_precalign.parallel.rules import WRONG_FC1_RULES  # noqa: E402
 from pytest_precalign.run.offline import OfflineOptions, compare_runs
 from pytest_precalign.run.stored_runs import load_side  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace, write_trace  # noqa: E402
 from pytest_precalign.trace.records import Record, Trace  # noqa: E402
 from tests.helpers.files import reseal
 from tests.helpers.parallel_traces import record_megatron, write_run  # noqa: E402
+from tests.helpers.wrong_rules import WRONG_FC1_RULES  # noqa: E402
 
 TOLERANCES = """
 - {match: "*", phase: forward, atol: 1.0e-5, rtol: 0, why: "RowParallel sums split-K partial products apart"}

@@ -22,7 +22,7 @@ from pytest_precalign.config.loader import load_config  # noqa: E402
 from pytest_precalign.config.specs import AlignConfig  # noqa: E402
 from pytest_precalign.errors import CaseError  # noqa: E402
 from pytest_precalign.mapping.weights import sync_weights  # noqa: E402
-from pytest_precalign.parallel.rules import MEGATRON_GPT_RULES, WRONG_FC1_RULES, rule_for
+from pytest_precalign.parallel.rules import MEGATRON_GPT_RULES, rule_for
 from pytest_precalign.recording.determinism import deterministic  # noqa: E402
 from pytest_precalign.run.launch import launch_ranks, merge_launched  # noqa: E402
 from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish  # noqa: E402
@@ -32,6 +32,7 @@ from pytest_precalign.sources import build_model, runtime  # noqa: E402
 from pytest_precalign.sources.inputs import build_inputs  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
+from tests.helpers.wrong_rules import WRONG_FC1_RULES  # noqa: E402
 
 CONFIG = """
 version: 1

@@ -106,20 +106,6 @@ SEQUENCE_PARALLEL_RULES: tuple[ShardRule, ...] = (
 )
 
 
-def _plain_fc1(rules: Iterable[ShardRule]) -> tuple[ShardRule, ...]:
-    return tuple(
-        replace(r, layout="chunk", why="WRONG on purpose: fc1 concatenated as if [gate; up] were chunked")
-        if r.layout == "gated"
-        else r
-        for r in rules
-    )
-
-
-# The classic TP layout bug, for tests: fc1 gathered by plain concatenation, which yields
-# [gate_0; up_0; gate_1; up_1] instead of [gate; up].
-WRONG_FC1_RULES: tuple[ShardRule, ...] = _plain_fc1(MEGATRON_GPT_RULES)
-
-
 def _param_slot_rules(rules: Iterable[ShardRule]) -> tuple[ShardRule, ...]:
     """msprobe records ``X.weight`` as input slot ``param.weight`` of module ``X``."""
     out = []

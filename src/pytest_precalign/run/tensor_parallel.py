@@ -6,8 +6,8 @@ synced TP=1 weight. Each rank records its own trace, in which sharded tensors ar
 slice; the one merge of rank folders (``parallel/merge.py``) puts them back together in the
 TP=1 layout, so the merged trace compares with a TP=1 Megatron run (same names) or, through
 the usual mapping, with Hugging Face. How each tensor is sharded is data
-(``MEGATRON_GPT_RULES``), so a wrong rule (``WRONG_FC1_RULES``) is a merge bug the comparison
-must catch.
+(``MEGATRON_GPT_RULES``), so a wrong rule (the tests' ``WRONG_FC1_RULES``) is a merge bug the
+comparison must catch.
 
 Sharding of the local-spec GPTModel (Megatron's ColumnParallelLinear shards the output
 features, RowParallelLinear the input features and all-reduces its output):
