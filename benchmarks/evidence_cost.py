@@ -25,7 +25,7 @@ import torch
 from _shared import SIZES, run_facts
 from training_overhead import Run
 
-from pytest_precalign.training.step_evidence import StepEvidence
+from pytest_precalign.steps.step_evidence import StepEvidence
 
 
 def _evidence_seconds(run: Run, evidence: StepEvidence, step: int) -> float:

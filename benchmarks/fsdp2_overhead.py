@@ -61,7 +61,7 @@ def run(options: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from pytest_precalign import Recorder
-    from pytest_precalign.training.step_evidence import StepEvidence, group_settings
+    from pytest_precalign.steps.step_evidence import StepEvidence, group_settings
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -43,13 +43,13 @@ from training_faults import (  # noqa: E402
 
 from pytest_precalign.compare.pairs import compare_traces  # noqa: E402
 from pytest_precalign.compare.tolerances import default_table  # noqa: E402
+from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack  # noqa: E402
 from pytest_precalign.recording import HookRecorder  # noqa: E402
 from pytest_precalign.run.update_check import judge_updates, snapshot  # noqa: E402
+from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
 from pytest_precalign.trace.step_scalars import SCALARS_KEY, scalars_manifest  # noqa: E402
 from pytest_precalign.trace.training_record import RunRecord  # noqa: E402
-from pytest_precalign.training.megatron_stack import build_megatron_stack  # noqa: E402
-from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
 from pytest_precalign.verdict.training_records import step_records  # noqa: E402
 from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run  # noqa: E402
 

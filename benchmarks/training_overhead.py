@@ -57,7 +57,7 @@ import torch
 from _shared import SIZES, Size, build_qwen2, run_facts
 
 from pytest_precalign import Recorder
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 MICRO = 2
 RESULTS = Path(__file__).resolve().parent / "results"

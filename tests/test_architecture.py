@@ -37,7 +37,7 @@ TORCH_FREE = (
     "pytest_precalign.run.offline",
     "pytest_precalign.run.stored_runs",
     "pytest_precalign.run.devices",
-    "pytest_precalign.training.trainer_registry",
+    "pytest_precalign.steps.trainer_registry",
 )
 
 PROBE = """

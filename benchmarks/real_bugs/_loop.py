@@ -13,7 +13,7 @@ import torch
 from _tiny import pad_batch, token_rows
 
 from pytest_precalign import Recorder
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 Batch = dict[str, torch.Tensor]
 

@@ -21,7 +21,7 @@ import torch
 from _tiny import VOCAB, token_rows
 
 from pytest_precalign import Recorder, megatron_cpu
-from pytest_precalign.training.step_evidence import StepEvidence, group_settings
+from pytest_precalign.steps.step_evidence import StepEvidence, group_settings
 
 STEPS, BATCH, SEQ, LR = 3, 4, 16, 5e-3
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from pytest_precalign.trace.training_record import RunRecord, TrainingPlan, TrainingSettings
-from pytest_precalign.training.step_evidence import (
+from pytest_precalign.steps.step_evidence import (
     StepEvidence,
     batch_hash,
     group_settings,
     initial_params,
     token_count,
 )
+from pytest_precalign.trace.training_record import RunRecord, TrainingPlan, TrainingSettings
 
 
 def _settings(module, case):

@@ -3,7 +3,7 @@ from outside the package: a case's ``training: company_loop`` then trains its si
 
 from __future__ import annotations
 
-from pytest_precalign.training.trainer_registry import TrainerInfo
+from pytest_precalign.steps.trainer_registry import TrainerInfo
 
 
 def pytest_precalign_trainers():

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from tiny_setup import VOCAB, sweep, tiny_qwen2
 
 from pytest_precalign import Recorder
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hashes, group_settings, token_count
+from pytest_precalign.steps.step_evidence import StepEvidence, batch_hashes, group_settings, token_count
 
 STEPS, ROWS, SEQ, WARMUP, CLIP = 6, 4, 12, 2, 1.0
 BASELINE: dict[str, Any] = {

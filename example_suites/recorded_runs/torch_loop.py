@@ -23,7 +23,7 @@ import torch
 from tiny_setup import pad_batch, sweep, tiny_qwen2, token_rows
 
 from pytest_precalign import Recorder
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
+from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 STEPS, ROWS, MICRO, WARMUP = 10, 4, 2, 2
 BASELINE: dict[str, Any] = {

@@ -35,11 +35,11 @@ if TYPE_CHECKING:
     from .align_runner import AlignRunner
     from .compare.tolerances import ToleranceTable
     from .mapping.spec import MappingSpec
+    from .megatron_core.megatron_step import megatron_train_step
     from .run.outcome import CaseRun
     from .training.accelerate_steps import AccelerateSteps
     from .training.hf_callback import PrecalignCallback
     from .training.lightning_callback import PrecalignLightningCallback
-    from .training.megatron_step import megatron_train_step
     from .training.recorder import Recorder
 
 # Public names loaded on first access, so that importing the package (the pytest plugin)
@@ -54,7 +54,7 @@ _LAZY = {
     "PrecalignLightningCallback": "training.lightning_callback",
     "Recorder": "training.recorder",
     "ToleranceTable": "compare.tolerances",
-    "megatron_train_step": "training.megatron_step",
+    "megatron_train_step": "megatron_core.megatron_step",
 }
 
 

@@ -96,7 +96,7 @@ class HookSpecs:
 
     @pytest.hookspec
     def pytest_precalign_trainers(self) -> Any:
-        """Case trainers to register (``training.trainer_registry.TrainerInfo``, a sequence
+        """Case trainers to register (``steps.trainer_registry.TrainerInfo``, a sequence
         of them), so that a case's ``training:`` can name them: each implementation's are
         registered before the alignment config is read, and removed at unconfigure."""
 
@@ -108,7 +108,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def _register_trainers(config: pytest.Config) -> None:
     """What the ``pytest_precalign_trainers`` implementations return, registered (a
     ``pytest.UsageError`` naming a refused one)."""
-    from .training.trainer_registry import TrainerInfo, register_trainer
+    from .steps.trainer_registry import TrainerInfo, register_trainer
 
     added: list[str] = []
     config.add_cleanup(lambda: _unregister(added))
@@ -122,7 +122,7 @@ def _register_trainers(config: pytest.Config) -> None:
 
 
 def _unregister(names: list[str]) -> None:
-    from .training.trainer_registry import unregister_trainer
+    from .steps.trainer_registry import unregister_trainer
 
     for name in names:
         unregister_trainer(name)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_precalign.cli import main
-from pytest_precalign.training.trainer_registry import register_trainer, unregister_trainer
+from pytest_precalign.steps.trainer_registry import register_trainer, unregister_trainer
 from tests.helpers.paths import REPO
 
 CONFIGS = sorted((REPO / "example_suites").glob("*/align.yaml"))

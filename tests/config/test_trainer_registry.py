@@ -1,4 +1,4 @@
-"""``training:`` is validated from the trainer registry alone (``training/trainer_registry.py``):
+"""``training:`` is validated from the trainer registry alone (``steps/trainer_registry.py``):
 the names it lists, the sources each entry trains, each side's default, and what each
 framework cannot express of the optimizer spec, named at the YAML key that says it. A
 trainer added to the registry is accepted by the config with no other change."""
@@ -16,8 +16,8 @@ import pytest
 
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
-from pytest_precalign.training.spec import OptimizerSpec, SpecProblem
-from pytest_precalign.training.trainer_registry import (
+from pytest_precalign.steps.spec import OptimizerSpec, SpecProblem
+from pytest_precalign.steps.trainer_registry import (
     PLAIN,
     TRAINERS,
     TrainerInfo,
@@ -137,7 +137,7 @@ def test_a_name_registered_twice_is_refused(keras: TrainerInfo) -> None:
 
 ENTRY_POINT_DIST = {
     "acme_trainers.py": (
-        "from pytest_precalign.training.trainer_registry import TrainerInfo\n"
+        "from pytest_precalign.steps.trainer_registry import TrainerInfo\n"
         "ACME = TrainerInfo('acme', \"ACME's loop\", ('factory',), 'acme_loop')\n"
     ),
     "acme-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: acme\nVersion: 1.0\n",
@@ -155,7 +155,7 @@ def test_an_installed_distributions_entry_point_registers_its_trainer(tmp_path: 
     script = (
         "import sys; from pathlib import Path\n"
         "from pytest_precalign.config.loader import load_config\n"
-        "from pytest_precalign.training.trainer_registry import trainer_info\n"
+        "from pytest_precalign.steps.trainer_registry import trainer_info\n"
         "from tests.config.test_training_config import BASE\n"
         "config = load_config(BASE + '    training: {candidate: acme}\\n', Path(sys.argv[1]) / 'align.yaml')\n"
         "print(config.cases[0].training.trainers.candidate, trainer_info('acme').framework)\n"

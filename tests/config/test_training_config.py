@@ -9,7 +9,7 @@ import pytest
 
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.errors import ConfigError
-from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec, SidesTraining
+from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec, SidesTraining
 
 BASE = """\
 version: 1

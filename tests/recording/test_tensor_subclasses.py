@@ -32,8 +32,8 @@ from pytest_precalign.recording.tensor_summary import (  # noqa: E402
     tensor_crc32,
     tensor_stats,
 )
+from pytest_precalign.steps.step_evidence import StepEvidence, grad_norm, zero_count  # noqa: E402
 from pytest_precalign.trace.records import Stats  # noqa: E402
-from pytest_precalign.training.step_evidence import StepEvidence, grad_norm, zero_count  # noqa: E402
 from tests.helpers.one_rank_mesh import one_rank_mesh  # noqa: E402
 
 

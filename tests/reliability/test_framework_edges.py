@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pytest_precalign.cli import main
-from pytest_precalign.training.step_evidence import batch_hash, token_count
+from pytest_precalign.steps.step_evidence import batch_hash, token_count
 
 STOPPED = "the run stopped inside step 1"
 LIGHTNING_WARNINGS = (  # Lightning's own, on this torch

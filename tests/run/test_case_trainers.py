@@ -25,9 +25,9 @@ from pytest_precalign.run.trainers import CaseTrainer, LaunchedTrainer, case_tra
 from pytest_precalign.run.trainers.skeleton import StepSkeleton
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.steps.spec import OptimizerSpec, SidesTraining
+from pytest_precalign.steps.trainer_registry import TRAINERS, TrainerInfo, trainer_info, trainer_names
 from pytest_precalign.trace.training_record import RunRecord
-from pytest_precalign.training.spec import OptimizerSpec, SidesTraining
-from pytest_precalign.training.trainer_registry import TRAINERS, TrainerInfo, trainer_info, trainer_names
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "pytest_precalign"
 REGISTRY = SRC / "training" / "trainer_registry.py"

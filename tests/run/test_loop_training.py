@@ -12,8 +12,8 @@ import pytest
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.trainers.loop_optimizer import lr_factor
+from pytest_precalign.steps.spec import ScheduleSpec
 from pytest_precalign.trace.step_scalars import scalars_of
-from pytest_precalign.training.spec import ScheduleSpec
 
 CONFIG = """\
 version: 1

@@ -21,8 +21,8 @@ from pytest_precalign.run.side import run_side
 from pytest_precalign.run.update_check import run_settings
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.steps.spec import ScheduleSpec
 from pytest_precalign.trace.records import Trace, record_id
-from pytest_precalign.training.spec import ScheduleSpec
 from pytest_precalign.vocabulary import OPTIMIZER_UPDATE
 
 # The example suite's numbers: grads to 1e-6 + 1e-5 relative, parameters after a step to

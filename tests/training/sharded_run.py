@@ -35,7 +35,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pytest_precalign import Recorder  # noqa: E402
-from pytest_precalign.training.step_evidence import StepEvidence, group_settings  # noqa: E402
+from pytest_precalign.steps.step_evidence import StepEvidence, group_settings  # noqa: E402
 from tests.helpers.tiny_lm import tiny_causal_lm  # noqa: E402
 
 ROWS, LENGTH = 4, 8  # rows per rank and step

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from pytest_precalign.steps.step_evidence import batch_hash, batch_hashes, token_count
 from pytest_precalign.trace.step_scalars import add_rows_hashes
-from pytest_precalign.training.step_evidence import batch_hash, batch_hashes, token_count
 
 PAD = 0
 # Rows of different lengths, as a dataset gives them; one has a prompt masked out of the loss

@@ -20,11 +20,11 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from pytest_precalign import PrecalignLightningCallback  # noqa: E402
+from pytest_precalign.steps.run_settings import planned_lrs  # noqa: E402
+from pytest_precalign.steps.step_evidence import batch_hash, token_count  # noqa: E402
 from pytest_precalign.trace.native_io import read_trace  # noqa: E402
 from pytest_precalign.trace.training_record import read_run_record  # noqa: E402
 from pytest_precalign.training.lightning_callback import LightningUsageError  # noqa: E402
-from pytest_precalign.training.run_settings import planned_lrs  # noqa: E402
-from pytest_precalign.training.step_evidence import batch_hash, token_count  # noqa: E402
 from tests.helpers.session_once import made_once  # noqa: E402
 
 from .framework_runs import compare, manifests, run_scripts  # noqa: E402

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_precalign.training.megatron_stack import build_megatron_stack, plan_before_training
+from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack, plan_before_training
 
 from .megatron_tiny import tiny_gpt
 from .test_megatron_stack import SPEC

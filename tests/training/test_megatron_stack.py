@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pytest_precalign.errors import CaseError
-from pytest_precalign.training.megatron_stack import build_megatron_stack, megatron_arguments
-from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
+from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack, megatron_arguments
+from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec
 
 from .megatron_tiny import logits_of, split, tiny_gpt, token_batches
 
@@ -144,7 +144,7 @@ def test_recording_is_bitwise_neutral(megatron_world: None) -> None:
     """The recorded steps and the same steps by megatron-core's calls alone give bitwise the same
     losses, grad norms, LRs and parameters."""
     from pytest_precalign import megatron_cpu
-    from pytest_precalign.training.megatron_stack import per_token_loss
+    from pytest_precalign.megatron_core.megatron_stack import per_token_loss
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

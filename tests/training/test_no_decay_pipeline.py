@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack
 from pytest_precalign.parallel.merge import globalize
-from pytest_precalign.training.megatron_stack import build_megatron_stack
-from pytest_precalign.training.spec import OptimizerSpec
+from pytest_precalign.steps.spec import OptimizerSpec
 
 from .megatron_tiny import tiny_gpt
 

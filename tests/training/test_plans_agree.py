@@ -18,8 +18,8 @@ from pytest_precalign.config.specs import CaseSpec, Models, ModelSpec, RecordSpe
 from pytest_precalign.run.trainers import case_trainer
 from pytest_precalign.sources import LoadedModel
 from pytest_precalign.sources.inputs import CaseInputs
+from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.trace.training_record import TrainingPlan, TrainingSettings
-from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.verdict.training_contract import check_contract, unsaid_settings
 
 from .megatron_tiny import SEQ, VOCAB, tiny_gpt

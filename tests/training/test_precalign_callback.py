@@ -22,9 +22,9 @@ from transformers import (
 
 from pytest_precalign import PrecalignCallback, Recorder
 from pytest_precalign.errors import ConfigError
+from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 from pytest_precalign.trace.native_io import read_trace
 from pytest_precalign.trace.step_scalars import scalars_of
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 from .hf_user_run import model as _model  # the tiny Qwen2 of the user-run script
 

@@ -1,5 +1,5 @@
 """``PRECALIGN_RANK_WAIT``: the seconds a rank of a sharded model waits for the others at
-``Recorder.start`` (``training/rank_agreement.py``; the wait itself under torchrun in
+``Recorder.start`` (``steps/rank_agreement.py``; the wait itself under torchrun in
 ``test_sharded_runs.py``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def test_a_wait_that_is_not_a_number_of_seconds_is_refused(
     monkeypatch: pytest.MonkeyPatch, said: str
 ) -> None:
     from pytest_precalign.errors import ConfigError
-    from pytest_precalign.training.rank_agreement import wait_seconds
+    from pytest_precalign.steps.rank_agreement import wait_seconds
 
     monkeypatch.setenv("PRECALIGN_RANK_WAIT", said)
     with pytest.raises(ConfigError, match=f"PRECALIGN_RANK_WAIT={said!r}: expected a number of seconds > 0"):
@@ -22,7 +22,7 @@ def test_a_wait_that_is_not_a_number_of_seconds_is_refused(
 
 
 def test_the_wait_is_600_s_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_precalign.training.rank_agreement import wait_seconds
+    from pytest_precalign.steps.rank_agreement import wait_seconds
 
     monkeypatch.delenv("PRECALIGN_RANK_WAIT", raising=False)
     assert wait_seconds() == 600.0

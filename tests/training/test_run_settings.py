@@ -1,5 +1,5 @@
 """The plan of a user's run comes from its own scheduler, stepped and put back exactly
-(``training.run_settings.planned_lrs``); ``Recorder.record_settings`` writes a loop's settings;
+(``steps.run_settings.planned_lrs``); ``Recorder.record_settings`` writes a loop's settings;
 a LoRA model recorded with the ``Recorder`` pairs with the plain model through PEFT's
 ``base_layer`` names, both ways, with nothing left unexplained."""
 
@@ -16,8 +16,8 @@ import torch
 from pytest_precalign import Recorder
 from pytest_precalign.cli import main
 from pytest_precalign.errors import ConfigError
+from pytest_precalign.steps.run_settings import planned_lrs
 from pytest_precalign.trace.training_record import read_run_record
-from pytest_precalign.training.run_settings import planned_lrs
 
 STEPS = 6
 
@@ -192,7 +192,7 @@ def test_the_loss_normalisation_of_a_trainer_run_is_what_its_release_passes(tmp_
     #34191), in 4.46.x to a forward with ``**loss_kwargs`` only, from 4.47 to any ``**kwargs``."""
     from transformers import TrainingArguments
 
-    from pytest_precalign.training.run_settings import trainer_settings
+    from pytest_precalign.steps.run_settings import trainer_settings
 
     class TakesKwargs(torch.nn.Module):
         def __init__(self) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack
+from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.trace.training_record import RunRecord
-from pytest_precalign.training.megatron_stack import build_megatron_stack
-from pytest_precalign.training.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
 
 from .megatron_tiny import logits_of, split, tiny_gpt, token_batches

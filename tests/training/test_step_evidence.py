@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_precalign.errors import RecorderError
-from pytest_precalign.training.step_evidence import (
+from pytest_precalign.steps.step_evidence import (
     StepEvidence,
     batch_hash,
     group_settings,

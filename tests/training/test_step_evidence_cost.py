@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 from pytest_precalign.recording import native_kernels
 from pytest_precalign.recording.chunked_stats import SUM_ULPS
 from pytest_precalign.recording.host_sync import host_syncs
-from pytest_precalign.training.step_evidence import StepEvidence
+from pytest_precalign.steps.step_evidence import StepEvidence
 
 
 def _model(layers: int) -> torch.nn.Module:

@@ -13,7 +13,7 @@ import torch
 
 from pytest_precalign.recording import native_kernels
 from pytest_precalign.recording.chunked_stats import SUM_ULPS
-from pytest_precalign.training.step_norms import grad_norm_and_zeros, param_and_update_norms
+from pytest_precalign.steps.step_norms import grad_norm_and_zeros, param_and_update_norms
 
 
 @pytest.fixture(params=["native", "torch"])
@@ -80,7 +80,7 @@ def test_without_a_snapshot_the_parameter_norm_only(kernels: str) -> None:
 
 def test_grad_norm_and_zeros_bitwise_the_two_reads_in_one_host_sync(kernels: str) -> None:
     from pytest_precalign.recording.host_sync import host_syncs
-    from pytest_precalign.training.step_evidence import grad_norm, zero_count
+    from pytest_precalign.steps.step_evidence import grad_norm, zero_count
 
     grads = _params()
     for g in grads:

@@ -1,5 +1,5 @@
 """The DTensor tensor-parallel plan read back from a model ``parallelize_module`` parallelised
-(``training/tp_plan.py``, torch's real style hooks, a 1-rank gloo mesh in this process), and the
+(``steps/tp_plan.py``, torch's real style hooks, a 1-rank gloo mesh in this process), and the
 merge rules derived from it (``parallel/dtensor_rules.py``). The 2-rank and 4-rank runs compared
 end to end are in ``test_dp_runs.py``."""
 
@@ -53,8 +53,8 @@ def test_the_plan_is_read_from_the_hooks_parallelize_module_leaves(mesh: Any) ->
         parallelize_module,
     )
 
-    from pytest_precalign.training.sharded_layout import dtensor_block
-    from pytest_precalign.training.tp_plan import tp_plan
+    from pytest_precalign.steps.sharded_layout import dtensor_block
+    from pytest_precalign.steps.tp_plan import tp_plan
 
     model = torch.nn.Sequential(Block())
     plan = {
@@ -148,7 +148,7 @@ def test_a_custom_parallel_style_is_read_as_unread_and_its_records_are_not_merge
     that its records are listed as not merged rather than taken for replicated ones."""
     import sys
 
-    from pytest_precalign.training.tp_plan import tp_plan
+    from pytest_precalign.steps.tp_plan import tp_plan
     from tests.helpers.user_runs import SCRIPTS
 
     sys.path.insert(0, str(SCRIPTS))

@@ -96,7 +96,7 @@ def test_compiled_model_records_the_inner_names(tmp_path: Path) -> None:
 
 
 def test_unwrap_leaves_other_modules_alone() -> None:
-    from pytest_precalign.training.unwrap import unwrap
+    from pytest_precalign.steps.unwrap import unwrap
 
     class DistributedDataParallel(torch.nn.Module):  # the user's own class of that name
         def __init__(self) -> None:

@@ -14,10 +14,10 @@ from pytest_precalign.recording import HookRecorder
 from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish
+from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import run_record_keys
-from pytest_precalign.training.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 
 STEPS, VOCAB = 4, 32
 PHASES = ("forward", "backward", "step")

@@ -14,8 +14,8 @@ from ..mapping.spec import MappingSpec
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..specs.envelope import EnvelopeSpec
 from ..specs.expectation import Expectation
-from ..training.spec import OptimizerSpec as OptimizerSpec
-from ..training.spec import SidesTraining
+from ..steps.spec import OptimizerSpec as OptimizerSpec
+from ..steps.spec import SidesTraining
 from ..vocabulary import Level, Loss, Mode, Phase, RecordFormat
 from .model_sources import MEGATRON_RUNTIME
 from .search import SearchSpec
@@ -113,7 +113,7 @@ class TrainingSpec:
     optimizer: OptimizerSpec
     loss: Loss
     train: bool  # the models in train mode (dropout on) instead of eval
-    # Which framework's machinery trains each side (training/spec.py); None: each model's default.
+    # Which framework's machinery trains each side (steps/spec.py); None: each model's default.
     trainers: SidesTraining = SidesTraining()
     # The run verdict's noise-envelope lane (``envelope:``); None: the table's lanes.
     envelope: EnvelopeSpec | None = None

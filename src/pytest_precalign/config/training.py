@@ -2,7 +2,7 @@
 the parameters it skips, micro-batches), ``training:`` (which machinery trains each side), and
 the checks that need the case's models and inputs (a schedule the side's framework cannot
 express, micro-batches that do not divide the batch, steps beyond a finite data stream).
-Torch-free; the semantics are ``training/spec.py``'s.
+Torch-free; the semantics are ``steps/spec.py``'s.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..specs.envelope import EnvelopeSpec
-from ..training.spec import DECAY_STYLES, OPTIMIZERS, OptimizerSpec, ScheduleSpec, SidesTraining
-from ..training.trainer_registry import default_trainer, trainer_info, trainer_names
+from ..steps.spec import DECAY_STYLES, OPTIMIZERS, OptimizerSpec, ScheduleSpec, SidesTraining
+from ..steps.trainer_registry import default_trainer, trainer_info, trainer_names
 from ..yaml_reader import Reader
 from .dataset_rows import Rows, read_rows
 from .specs import InputSpec, ModelSpec

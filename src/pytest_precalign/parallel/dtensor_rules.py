@@ -1,5 +1,5 @@
 """Sharding rules of a DTensor tensor-parallel run, derived from the plan its recording wrote
-(the manifest's ``parallel.dtensors.tp_plan``, ``training/tp_plan.py``) and the records of its
+(the manifest's ``parallel.dtensors.tp_plan``, ``steps/tp_plan.py``) and the records of its
 first rank; the merge (``merge.py``) applies them as it applies Megatron's (``rules.py``).
 No torch import.
 
@@ -151,7 +151,7 @@ def _between(
 
 def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
     """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
-    the ranks' manifests (``parallel.dtensors.tp_partials``, ``training/tp_partials.py``);
+    the ranks' manifests (``parallel.dtensors.tp_partials``, ``steps/tp_partials.py``);
     empty where no rank kept partial sums."""
     by_module: dict[str, dict[str, Any]] = {}
     for rank in ranks:  # RankTrace

@@ -90,7 +90,7 @@ def _size(value: Any, key: str, where: str, *, null_ok: bool = False) -> int | N
 
 
 # The keys a user may give (``Recorder(layout=...)``); a manifest adds source, parallel_output,
-# chunks and sharding (written by ``training.layout_probe``).
+# chunks and sharding (written by ``steps.layout_probe``).
 SIZES = ("tp", "pp", "dp", "cp", "ep")
 RANKS = tuple(f"{s}_rank" for s in SIZES)
 LAYOUT_KEYS = (*SIZES, "vpp", "world_size", "rank", *RANKS, "order", "sequence_parallel")

@@ -54,5 +54,5 @@ def hook_wrapper(
     model: torch.nn.Module, compiled: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """What each hook of ``model`` is wrapped in; ``compiled``: the model runs inside a
-    ``torch.compile`` wrapper the caller took it out of (``training.unwrap``)."""
+    ``torch.compile`` wrapper the caller took it out of (``steps.unwrap``)."""
     return _outside_compiled if compiled or runs_compiled(model) else _as_is

@@ -11,7 +11,7 @@ its author wrote it, whatever wraps its pieces.
 
 So an FSDP2 / checkpointed / partly compiled run's records pair with a bare run's by name and
 class. A wrapper given to the recorder as the model itself (DDP's ``module.``) is taken off
-before (``training/unwrap.py``)."""
+before (``steps/unwrap.py``)."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from ..config.launch import launch_timeout, launched, world_size
 from ..errors import CaseError
 from ..parallel.rules import MEGATRON_GPT_RULES, ShardRule
+from ..steps.trainer_registry import PLAIN, trainer_info, trainer_names
 from ..trace.records import Trace
-from ..training.trainer_registry import PLAIN, trainer_info, trainer_names
 from ..untrusted import read_json
 from .rank_main import INPUTS_FILE, JOB_FILE, OUT_DIR, WEIGHTS_FILE
 from .trainers import launched_trainer, side_trainer

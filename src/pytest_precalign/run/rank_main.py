@@ -95,7 +95,7 @@ def load_rank_weights(module: torch.nn.Module, file: Path, rank: int) -> None:
     from safetensors.torch import load_file
 
     from ..parallel.merge import globalize, globalize_expert
-    from ..training.layout_probe import layer_offsets
+    from ..steps.layout_probe import layer_offsets
     from .tensor_parallel import rank_shard
 
     with warnings.catch_warnings():

@@ -16,8 +16,8 @@ from ..recording import HookRecorder
 from ..recording.live_golden import Judge
 from ..sources import LoadedModel
 from ..sources.inputs import CaseInputs
+from ..steps.trainer_registry import trainer_info, trainer_names
 from ..trace.records import Trace
-from ..training.trainer_registry import trainer_info, trainer_names
 from .step_boundary import Boundary
 from .trainers import case_trainer, checked_run_record, side_trainer
 from .trainers.skeleton import StepSkeleton

@@ -13,7 +13,7 @@ The JSON layout (each key absent when its note is empty)::
      "dp_split": {"<step>": "why its DP replicas' rows differ"},
      "dp_join": {"<step>": {"joined": true, ...}},   # parallel.dp_join
      "tp_unmerged": {"<record id>": "why its TP ranks are not merged"},  # parallel.dtensor_rules
-     "tp_partials": {"<step>": {"<module>": {"<rank>": [[max, min, sum, norm], ...]}}},  # training.tp_partials
+     "tp_partials": {"<step>": {"<module>": {"<rank>": [[max, min, sum, norm], ...]}}},  # steps.tp_partials
      "compiled": {"stats": "in the graph", ...},     # recording.compiled_records
      "param_grads": "step"}                          # the Recorder's param_grads setting
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .megatron_cpu_patch import megatron_cpu
+from ..megatron_core.megatron_cpu_patch import megatron_cpu
 
 if TYPE_CHECKING:
     from .recorder import Recorder

@@ -48,18 +48,18 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingSettings
-from .optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
-from .recorder import Recorder
-from .run_root import check_selected_steps
-from .run_settings import (
+from ..steps.optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
+from ..steps.run_settings import (
     adapters_of,
     frozen_parameters,
     gradient_checkpointing,
     optimizer_plan,
     planned_lrs,
 )
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingSettings
+from .recorder import Recorder
+from .run_root import check_selected_steps
 
 # accelerator.mixed_precision -> (what the forward computes in, by autocast); "no": the params'
 MIXED_PRECISION = {"bf16": ("bfloat16", True), "fp16": ("float16", True)}

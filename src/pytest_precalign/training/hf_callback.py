@@ -5,7 +5,7 @@ Each optimizer step ``s`` (``state.global_step`` before the update) is written a
 ``ROOT/step<s>/rank<R>/`` by a ``Recorder`` (the same layout as recording a loop by hand),
 with the model's loss and logits per micro-batch and, in the manifest, the step's
 ``StepScalars``; the step-0 manifest also has ``initial_params`` (before any update) and the
-run's settings (``"training"``, ``training.run_settings``): the Trainer's own arguments (the
+run's settings (``"training"``, ``steps.run_settings``): the Trainer's own arguments (the
 ``TrainingArguments`` or TRL config class and its fields), each PEFT adapter, the frozen
 parameters and the plan -- every group's LR at every step up to ``max_steps`` from the run's
 own ``lr_scheduler`` (stepped and put back exactly before step 0; ``plan=False`` skips it), the
@@ -59,20 +59,20 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from ..errors import ConfigError
 from ..recording.compiled import hook_wrapper
-from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingSettings
-from ..training.step_evidence import (
+from ..steps.run_settings import forward_precision, named_parameters, trainer_settings, with_precision
+from ..steps.step_evidence import (
     StepEvidence,
     batch_hashes,
     group_settings,
     initial_params,
     token_count,
 )
-from ..training.step_norms import grad_norm_and_zeros
+from ..steps.step_norms import grad_norm_and_zeros
+from ..steps.unwrap import unwrap
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingSettings
 from .recorder import Recorder
 from .run_root import check_selected_steps
-from .run_settings import forward_precision, named_parameters, trainer_settings, with_precision
-from .unwrap import unwrap
 
 
 def step_loss(logged: float, computed: float | None) -> float:

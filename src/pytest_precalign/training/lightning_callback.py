@@ -52,12 +52,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from ..errors import ConfigError
-from ..trace.step_scalars import StepScalars
-from ..trace.training_record import TrainingSettings
-from .optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
-from .recorder import Recorder
-from .run_root import check_selected_steps
-from .run_settings import (
+from ..steps.optimizer_steps import OptimizerSteps, optimizer_arguments, parameter_names
+from ..steps.run_settings import (
     adapters_of,
     frozen_parameters,
     gradient_checkpointing,
@@ -65,7 +61,11 @@ from .run_settings import (
     optimizer_plan,
     planned_lrs,
 )
-from .step_sink import StepSink
+from ..steps.step_sink import StepSink
+from ..trace.step_scalars import StepScalars
+from ..trace.training_record import TrainingSettings
+from .recorder import Recorder
+from .run_root import check_selected_steps
 
 # trainer.precision -> (what the forward computes in, whether by autocast)
 PRECISIONS = {

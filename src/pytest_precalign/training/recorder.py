@@ -35,7 +35,7 @@ Recording is bitwise neutral: tensors are only read (see ``recorder``).
 
 Per-step scalars (``StepScalars``: loss, LR per group, grad norm before clipping, clip
 coefficient, update/param norms, zero grads, tokens, batch hash...; measured with
-``training.step_evidence``) go into the step's manifest with ``rec.record_scalars(...)``
+``steps.step_evidence``) go into the step's manifest with ``rec.record_scalars(...)``
 before ``stop()``, on every step of a selected rank (a step ``steps=`` does not select gets a
 folder holding only its manifest); ``rec.record_initial_params(model)`` before step 0 writes
 the parameters' summaries before any update.
@@ -45,7 +45,7 @@ compare`` checks before the numbers) go into the next folder's manifest with
 ``rec.record_settings(model, optimizer, scheduler, steps=N, clip_grad=1.0, micro_batches=2,
 loss_normalisation="per_token_over_step", precision="bfloat16", autocast=True,
 arguments={...})`` before step 0: the LR of every group at each of the ``N`` planned steps from
-the loop's own scheduler (stepped and put back exactly, ``training.run_settings``), the
+the loop's own scheduler (stepped and put back exactly, ``steps.run_settings``), the
 groups' weight decay and parameter names, the optimizer's betas / eps / momentum, the PEFT
 adapters and the frozen parameters; ``arguments`` are the loop's own settings, as JSON. With a
 ``precision`` (or an autocast run), every later manifest's ``dtype`` says it. Parameter names
@@ -78,13 +78,15 @@ from ..errors import ConfigError, RecorderError
 from ..recording import HookRecorder
 from ..recording.module_names import class_name
 from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
+from ..steps.layout_probe import check_layout, parallel_layout
+from ..steps.model_checks import ChunksRoot, check_recordable, chunks_of
+from ..steps.sharded_layout import check_sharded_recording, watch_partials
+from ..steps.unwrap import hooks_before_compile, unwrap
 from ..trace.native_io import begin_trace
 from ..trace.records import Record
 from ..trace.step_markers import begin_step, end_step
 from ..vocabulary import MODEL_OUTPUT_KINDS, RECORD_FORMAT_ALIASES, as_kind
 from .golden import golden_judge
-from .layout_probe import check_layout, parallel_layout
-from .model_checks import ChunksRoot, check_recordable, chunks_of
 from .recorder_options import (
     check_choices,
     checked_queue_bytes,
@@ -94,8 +96,6 @@ from .recorder_options import (
 from .recorder_writes import RecorderWrites
 from .run_facts import model_config, run_environment
 from .run_root import release_root
-from .sharded_layout import check_sharded_recording, watch_partials
-from .unwrap import hooks_before_compile, unwrap
 
 
 class Recorder(RecorderWrites):

@@ -31,7 +31,7 @@ class RecorderEvidence:
 
     def record_scalars(self, scalars: StepScalars | None = None, **fields: Any) -> StepScalars:
         """What this optimizer step did (``StepScalars``, or its fields: ``loss``, ``lr``,
-        ``grad_norm``...; see ``training.step_evidence`` to measure them), written into this
+        ``grad_norm``...; see ``steps.step_evidence`` to measure them), written into this
         step's manifest at ``stop()`` -- on every step of a selected rank, also where ``steps=``
         selects no layers (then the folder holds the manifest alone)."""
         if scalars is None:
@@ -47,8 +47,8 @@ class RecorderEvidence:
         """The parameters before any update (a model, or ``step_evidence.initial_params``),
         written into the next folder's manifest (``initial_params``)."""
         if isinstance(summary, torch.nn.Module):
-            from .run_settings import named_parameters
-            from .step_evidence import initial_params
+            from ..steps.run_settings import named_parameters
+            from ..steps.step_evidence import initial_params
 
             summary = initial_params(named_parameters(summary))
         self._initial = dict(summary)
@@ -73,7 +73,7 @@ class RecorderEvidence:
         optimizer steps the loop will take; ``precision``: what the forward computes in
         (default: the parameters' dtype); ``loss_normalisation``: how the loss of a step's
         micro-batches is normalised (``trace.training_record.LOSS_NORMALISATIONS``)."""
-        from .run_settings import loop_settings
+        from ..steps.run_settings import loop_settings
 
         settings = loop_settings(
             model,

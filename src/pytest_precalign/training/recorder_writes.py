@@ -14,6 +14,7 @@ import torch
 from ..errors import RecorderError
 from ..recording import HookRecorder
 from ..recording.tensor_sink import TensorSink
+from ..steps.layout_probe import process_rank
 from ..trace.native_io import finish_trace, write_trace
 from ..trace.records import Trace
 from ..trace.run_ids import continued_run_id, run_ids
@@ -23,7 +24,6 @@ from ..trace.write_failures import (
     open_write_note,
     write_failure_reason,
 )
-from .layout_probe import process_rank
 from .recorder_evidence import RecorderEvidence
 from .recorder_options import grads_missing_note
 from .run_root import claim_root

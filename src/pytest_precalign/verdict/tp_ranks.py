@@ -3,7 +3,7 @@
 
 Such a module's output is all-reduced, so every rank records the same sum and a fault in one
 rank's share shows without its rank. Each rank kept its partial sum's statistics before the
-all-reduce (the ``tp_partials`` note, ``training/tp_partials.py``). Where both sides kept them
+all-reduce (the ``tp_partials`` note, ``steps/tp_partials.py``). Where both sides kept them
 for the same ranks and calls (a rerun of the same TP layout, a golden of it), each rank's are
 compared with the other side's same rank's; the ranks whose partial sums differ are added to the
 run verdict's evidence, or, where none differs, that the ranks' shares agree and the reduction

@@ -1,7 +1,7 @@
 """The case trainers: what trains one side of a case through its steps, one module each,
 every one implementing ``CaseTrainer`` (``LaunchedTrainer`` too when its registry entry is
 ``launchable``) as its module-level ``TRAINER``; which exist, and what each can do, is
-``training.trainer_registry``.
+``steps.trainer_registry``.
 
 ``loop`` (the tool's own loop; ``loop_optimizer``: its ``torch.optim`` optimizer, scheduler
 and plan; ``loop_step``: one step's update and evidence; ``loop_ranks``: its launched
@@ -14,7 +14,7 @@ records after the update), ``case_step`` (what every trainer does with one micro
 split, the case's forward and loss, recorded).
 
 Adding a trainer: one module here exposing ``TRAINER`` and one line in
-``training.trainer_registry.BUILT_IN`` naming it; a team's own trainer is a module of its own,
+``steps.trainer_registry.BUILT_IN`` naming it; a team's own trainer is a module of its own,
 registered from outside the package (``trainer_registry.register_trainer``: a conftest's
 ``pytest_precalign_trainers`` hook or an entry point).
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 from ...errors import CaseError
+from ...steps.trainer_registry import PLAIN, trainer_info
 from ...trace.training_record import RunRecord
-from ...training.trainer_registry import PLAIN, trainer_info
 
 if TYPE_CHECKING:
     import torch

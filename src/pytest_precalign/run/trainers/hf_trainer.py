@@ -24,15 +24,15 @@ from ...errors import CaseError
 from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
-from ...trace.step_scalars import StepScalars
-from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
-from ...training.run_settings import (
+from ...steps.run_settings import (
     gradient_checkpointing,
     optimizer_settings,
     planned_lrs,
     trainer_precision,
 )
-from ...training.spec import OptimizerSpec
+from ...steps.spec import OptimizerSpec
+from ...trace.step_scalars import StepScalars
+from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
 from .case_step import split_micro_batches
 from .skeleton import StepSkeleton
 
@@ -42,7 +42,7 @@ _OPTIMIZERS = {"adamw": "adamw_torch", "sgd": "sgd", "adam": "adamw_torch"}
 
 def scheduler_arguments(spec: OptimizerSpec) -> dict[str, Any]:
     """``lr_scheduler_type``, ``warmup_steps`` and ``lr_scheduler_kwargs`` for the schedule
-    (``training.spec.hf_trainer_problem``: the config rejected what they cannot express)."""
+    (``steps.spec.hf_trainer_problem``: the config rejected what they cannot express)."""
     schedule = spec.schedule
     if schedule is None:
         return {"lr_scheduler_type": "constant", "warmup_steps": 0, "lr_scheduler_kwargs": {}}

@@ -9,7 +9,7 @@ Lightning every optimizer step), fitted by a ``lightning.Trainer`` on CPU with
 step ``s`` is the case's batch ``s`` cut into ``micro_batches`` equal micro-batches, in order.
 
 The loss is normalised per token over the whole step, as every case trainer does
-(``training/spec.py``): each micro-batch's loss is its summed loss over the step's tokens
+(``steps/spec.py``): each micro-batch's loss is its summed loss over the step's tokens
 (``case_forward`` with the step's token count), returned times ``accumulate_grad_batches``
 because Lightning divides what ``training_step`` returns by it before the backward -- so the
 step's grads are the other trainers'. ``CaseModule.loss_normalisation`` says what the module
@@ -45,10 +45,10 @@ from ...errors import CaseError
 from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
+from ...steps.step_sink import StepSink
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.lightning_callback import LightningSteps, lightning_settings
-from ...training.step_sink import StepSink
 from .case_step import case_forward, shifted_tokens, split_micro_batches
 from .loop_optimizer import grouped_optimizer, make_scheduler, param_groups
 from .skeleton import StepSkeleton

@@ -17,8 +17,8 @@ from ...config.specs import CaseSpec, ModelSpec
 from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
+from ...steps.run_settings import gradient_checkpointing
 from ...trace.training_record import RunRecord, TrainingSettings
-from ...training.run_settings import gradient_checkpointing
 from .case_step import case_forward, shifted_tokens, split_micro_batches
 from .loop_optimizer import loop_plan, param_groups
 from .loop_step import LoopTraining

@@ -2,7 +2,7 @@
 ``torch.optim`` + ``torch.optim.lr_scheduler.LambdaLR``, with parameter groups for weight
 decay, and the loop's translated settings for the side's manifest (``TrainingSettings``).
 
-The LR multiplier follows ``training/spec.py``'s semantics, written in the arithmetic
+The LR multiplier follows ``steps/spec.py``'s semantics, written in the arithmetic
 transformers' schedulers use (so a loop and a ``transformers.Trainer`` run of one spec get
 bitwise the same LRs). The plan's LRs are read from the scheduler itself, stepped on a
 throwaway optimizer built as the loop builds its own over the side's parameters, not from
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from ...steps.run_settings import optimizer_settings, params_precision, planned_lrs
+from ...steps.spec import OptimizerSpec, ScheduleSpec
 from ...trace.training_record import TrainingPlan, TrainingSettings
-from ...training.run_settings import optimizer_settings, params_precision, planned_lrs
-from ...training.spec import OptimizerSpec, ScheduleSpec
 
 Group = tuple[list[str], list[torch.nn.Parameter], float]  # names, params, weight decay
 
@@ -65,7 +65,7 @@ def grouped_optimizer(spec: OptimizerSpec, groups: Sequence[Group]) -> torch.opt
 
 
 def lr_factor(schedule: ScheduleSpec, lr: float, steps: int, step: int) -> float:
-    """The LR multiplier of update ``step`` (0-based), see ``training/spec.py``."""
+    """The LR multiplier of update ``step`` (0-based), see ``steps/spec.py``."""
     warmup = schedule.warmup_steps
     if step < warmup:
         return float(step) / float(max(1, warmup))
@@ -97,7 +97,7 @@ def _loop_schedule(
     spec: OptimizerSpec, groups: Sequence[Group], steps: int
 ) -> tuple[tuple[tuple[float, ...], ...], list[float], dict[str, Any]]:
     """Per update, the LR of each group as the loop's own optimizer and scheduler give it
-    (``training.run_settings.planned_lrs``), each group's weight decay and the optimizer's
+    (``steps.run_settings.planned_lrs``), each group's weight decay and the optimizer's
     settings (``optimizer_settings``) as that optimizer holds them: both built as the loop
     builds them (``grouped_optimizer``, ``make_scheduler``) over the side's own parameters, so
     what a user's patch of those classes does to this model shows, and only the scheduler is

@@ -87,7 +87,7 @@ def stage_param_groups(module: torch.nn.Module, spec: Any) -> Any:
     ``no_decay`` globs read in the model's global names: a stage's local layer 0 is global
     layer ``offset``."""
     from ...parallel.merge import globalize
-    from ...training.layout_probe import layer_offsets
+    from ...steps.layout_probe import layer_offsets
 
     offsets = layer_offsets(module)
     named = [(globalize(name, offsets), param) for name, param in module.named_parameters()]

@@ -12,10 +12,10 @@ import torch
 
 from ...config.specs import CaseSpec
 from ...sources.inputs import CaseInputs
+from ...steps.run_settings import gradient_checkpointing
+from ...steps.step_evidence import StepEvidence, batch_hashes, group_settings, initial_params, token_count
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord
-from ...training.run_settings import gradient_checkpointing
-from ...training.step_evidence import StepEvidence, batch_hashes, group_settings, initial_params, token_count
 from .loop_optimizer import grouped_optimizer, loop_plan, make_scheduler, param_groups
 
 

@@ -1,5 +1,5 @@
 """A side trained by megatron-core's own stack (``training: megatron``, the default for a
-``source: megatron`` model): ``training.megatron_stack`` (DDP, ``get_megatron_optimizer``,
+``source: megatron`` model): ``megatron_core.megatron_stack`` (DDP, ``get_megatron_optimizer``,
 ``OptimizerParamScheduler``, ``finalize_model_grads``, the pipeline schedule) through the case's
 steps, each step's batch split into ``optimizer.micro_batches`` micro-batches, every layer
 recorded by the case's hooks and every step's ``StepScalars`` kept. Returns what the side's
@@ -25,14 +25,14 @@ import torch
 
 from ...config.specs import CaseSpec, ModelSpec
 from ...errors import CaseError
+from ...megatron_core.megatron_stack import build_megatron_stack, plan_before_training
 from ...redaction import redacted
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
+from ...steps.step_evidence import initial_params
 from ...trace.checksums import verify_file, write_checked_file
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingSettings, read_run_record, run_record_keys
-from ...training.megatron_stack import build_megatron_stack, plan_before_training
-from ...training.step_evidence import initial_params
 from ...untrusted import read_json
 from .skeleton import StepSkeleton
 
@@ -159,10 +159,10 @@ def train_rank_with_megatron(
     ``Recorder`` into ``out/step<N>/rank<R>`` (grads as ``main_grad`` after
     ``finalize_model_grads``), and its plan and scalars written to ``out/training_rank<R>.json``
     (parameter names global: the stage's layer offset added)."""
+    from ...megatron_core.megatron_dp import data_parallel_rank, reduced_main_grads, replica_share
     from ...parallel.merge import globalize
+    from ...steps.layout_probe import layer_offsets
     from ...training import Recorder
-    from ...training.layout_probe import layer_offsets
-    from ...training.megatron_dp import data_parallel_rank, reduced_main_grads, replica_share
 
     if case.training.loss != "causal_lm":
         raise CaseError(

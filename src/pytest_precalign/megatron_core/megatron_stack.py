@@ -3,7 +3,7 @@
 (``FP32Optimizer``; ``Float16OptimizerWithFloat16Params`` with fp32 main params for bf16),
 ``OptimizerParamScheduler``, ``finalize_model_grads`` and the pipeline schedule, stepped by
 ``megatron_step.megatron_train_step``. No optimizer or scheduler of ours: the case's
-``OptimizerSpec`` (``training/spec.py``'s semantics) is translated into megatron-core's own
+``OptimizerSpec`` (``steps/spec.py``'s semantics) is translated into megatron-core's own
 arguments, and that translation is written into the side's manifest (``TrainingSettings``):
 
 - ``OptimizerConfig``: ``optimizer`` ``adam`` (``decoupled_weight_decay`` True for adamw,
@@ -48,12 +48,12 @@ from typing import Any
 import torch
 
 from ..errors import CaseError
+from ..steps.spec import OptimizerSpec, megatron_schedule_problem
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingPlan, TrainingSettings
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import replica_grad_scale
 from .megatron_step import megatron_train_step
-from .spec import OptimizerSpec, megatron_schedule_problem
 
 IGNORE_INDEX = -100
 Forward = Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]  # (chunk, micro-batch) -> logits

@@ -8,7 +8,7 @@ reductions, the per-token division), ``optimizer.step()`` (unscale, clip, count 
 update; its return value is the grad norm before clipping), then ``scheduler.step(increment)``
 after a successful update. All of it runs inside ``megatron_cpu()`` on a CPU-only torch.
 
->>> from pytest_precalign.training.megatron_step import megatron_train_step
+>>> from pytest_precalign.megatron_core.megatron_step import megatron_train_step
 >>> for step, batch in enumerate(batches):
 ...     losses, scalars = megatron_train_step(
 ...         step=step, forward_step_func=forward_step, data_iterator=iter(batch.chunk(2)),
@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
+from ..steps.step_evidence import StepEvidence, batch_hashes, group_settings, token_count, zero_count
 from ..trace.step_scalars import StepScalars
 from .megatron_cpu_patch import megatron_cpu
 from .megatron_dp import data_parallel_rank
-from .step_evidence import StepEvidence, batch_hashes, group_settings, token_count, zero_count
 
 
 def reported_loss(losses: Sequence[Mapping[str, Any]]) -> float | None:

@@ -61,7 +61,7 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class SidesTraining:
-    """Which machinery trains each side of a case: a name of ``training.trainer_registry``
+    """Which machinery trains each side of a case: a name of ``steps.trainer_registry``
     (the config fills in a model's default, ``default_trainer``; None: the tool's loop)."""
 
     baseline: str | None = None

@@ -1,0 +1,1 @@
+"""What a training step did and is planned to do (see the package face commit)."""
