@@ -3,7 +3,8 @@
 The data flow, one package per stage: ``config`` -> ``sources`` -> ``recording`` -> ``trace``
 (``trace.native_io`` on disk) -> ``mapping`` -> ``compare`` (``compare.metrics`` x
 ``compare.tolerances``) -> ``verdict`` -> ``reports``; ``parallel`` reads stored runs and
-merges rank folders, ``run`` drives a case, ``training`` records a user's own training loop,
+merges rank folders, ``run`` drives a case, ``training`` records a user's own training loop
+(what a step did and is planned to do: ``steps``; megatron-core's stack: ``megatron_core``),
 ``plugin`` and ``cli`` wire it up (``__main__``: ``python -m pytest_precalign``). Beside the
 flow: ``checkpoints`` (checkpoints read from disk and compared), ``msprobe`` (msprobe dumps read
 and written), ``baseline`` (stored baselines, ``precalign record``), ``calibration``
