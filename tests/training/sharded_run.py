@@ -179,6 +179,14 @@ def disagree(options: argparse.Namespace) -> list[str]:
         except RecorderError as e:
             said.append(str(e))
         rec.close()
+    # Each rank its own root (a folder per rank), the same options: one run, no disagreement.
+    rec = Recorder(options.out / f"own-root-rank{rank}")
+    try:
+        rec.start(model)
+        said.append("")
+    except RecorderError as e:
+        said.append(str(e))
+    rec.close()
     return said
 
 

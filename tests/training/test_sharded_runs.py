@@ -77,7 +77,8 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
     assert_neutral(results)
     # Ranks given other Recorder options raise on every rank at start(), none hangs.
     for result in results:
-        include, steps = result["disagree"]
+        include, steps, own_root = result["disagree"]
+        assert own_root == ""  # ranks recording into roots of their own still meet
         assert "do not record alike at step 0" in include and "other Recorder options" in include
         assert "ranks [0] record this step, ranks [1] do not (steps=)" in steps
     # Rank 1 stopped recording after step 0 and ran step 1's forward (FSDP2's all-gathers):

@@ -35,6 +35,7 @@ from ..errors import ConfigError, RecorderError
 WAIT_VARIABLE = "PRECALIGN_RANK_WAIT"
 DEFAULT_WAIT_S = 600.0
 _SEQUENCE: dict[str, tuple[int, str]] = {}  # per recording root: the checks made on it, the last row
+_ROOTS: dict[str, int] = {}  # each recording root's place among those this process checked
 
 
 def wait_seconds() -> float:
@@ -64,7 +65,9 @@ def agree(root: Path, row: str, said: str) -> None:
 
     dist = torch.distributed
     rank, world, seconds = dist.get_rank(), dist.get_world_size(), wait_seconds()
-    tag = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:12]
+    # The roots in the order this process first checked them: ranks that each record into a
+    # root of their own (a folder per rank) still meet, as SPMD code makes its Recorders alike.
+    tag = str(_ROOTS.setdefault(str(Path(root).resolve()), len(_ROOTS)))
     n, last = _SEQUENCE.get(tag, (0, ""))
     _SEQUENCE[tag] = (n + 1, row)
     store = _get_default_store()
