@@ -56,16 +56,20 @@ def _same_stats(eager: Record, compiled: Record) -> None:
     compiled graph sums in float64, in its own order)."""
     a, b = eager.stats, compiled.stats
     assert a is not None and b is not None, eager.id
-    assert (eager.dtype, eager.shape, eager.deps) == (compiled.dtype, compiled.shape, compiled.deps) or (
-        eager.kind == "param_grad"  # its module's grad_output is not recorded under compile
-    ), eager.id
+    assert (eager.dtype, eager.shape, eager.deps) == (compiled.dtype, compiled.shape, compiled.deps), eager.id
     assert (a.max, a.min, a.nan, a.inf) == (b.max, b.min, b.nan, b.inf), eager.id
     scale = max(abs(a.max), abs(a.min), 1e-30)
     assert abs(a.mean - b.mean) <= 1e-12 * scale, (eager.id, a.mean, b.mean)
     assert math.isclose(a.norm, b.norm, rel_tol=1e-12), (eager.id, a.norm, b.norm)
 
 
+# dynamo makes an autograd Function's ctx by instantiating Function inside a catch_warnings
+# that does not filter (torch/_dynamo/side_effects.py): an error only where warnings are errors
+IN_DYNAMO_CTX = "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+
+
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.filterwarnings(IN_DYNAMO_CTX)
 def test_stats_mode_keeps_the_compiled_graph_whole_and_the_numbers_bitwise() -> None:
     torch._dynamo.reset()
     counters.clear()
@@ -93,13 +97,13 @@ def test_stats_mode_keeps_the_compiled_graph_whole_and_the_numbers_bitwise() -> 
     compiled = {r.id: r for r in trace.records}
     assert not any("_orig_mod" in rid for rid in compiled)
     missing = set(eager) - set(compiled)
-    assert missing and {eager[rid].kind for rid in missing} == {"grad_input", "grad_output"}
+    assert missing and {eager[rid].kind for rid in missing} == {"grad_input"}
     # what was not recorded is said, record by record: the compare pairs nothing with them
     assert missing <= set(trace.manifest["not_recordable"])
     assert trace.manifest["compiled"]["stats"] == "in the graph"
     assert set(compiled) <= set(eager)
     kinds = {r.kind for r in trace.records}
-    assert kinds == {"input", "activation", "param_grad"}
+    assert kinds == {"input", "activation", "grad_output", "param_grad"}  # module output grads too
     for rid, record in compiled.items():
         _same_stats(eager[rid], record)
 
@@ -126,7 +130,7 @@ def test_compiled_user_run_records_what_the_eager_run_does_and_compares_aligned(
     assert judged.exit_code == 0, judged.output
     assert judged.training["first_divergent_step"] is None
     not_compared = judged.training["not_compared"]
-    assert len(not_compared) == 1 and "grad_input and grad_output records" in not_compared[0], not_compared
+    assert len(not_compared) == 1 and "the grad_input records" in not_compared[0], not_compared
     assert "not recorded under torch.compile" in not_compared[0]
     assert "PASSED run_vs_run[backward]" in judged.output
 
@@ -140,7 +144,7 @@ def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype:
     kernel's time), and the counts are exact with NaN, +Inf and -Inf in the tensor."""
     from torch._inductor.utils import run_and_get_code
 
-    from pytest_precalign.recording.compiled_stats import stats_vector_in_graph
+    from pytest_precalign.recording.in_graph_vector import stats_vector_in_graph
 
     torch._dynamo.reset()
     t = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(dtype)
