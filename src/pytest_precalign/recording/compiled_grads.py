@@ -18,8 +18,8 @@ recorded step starts: a row is read only from the backward whose serial column i
 and whose count is 1; one delivered twice, by no backward, or by a backward that mixed two
 forwards' grads in one row is listed as not recordable with the reason (fail closed). Two
 forwards before one backward number their rows on (the second one's graph guards on the row it
-starts at: one recompile). Rows past the capacity, and outputs inside mappings or dataclasses
-(not rebuilt here), are listed likewise.
+starts at: one recompile). Rows past the capacity, and outputs nested deeper than one tuple, list
+or mapping (not rebuilt here), are listed likewise.
 
 The grads w.r.t. module *inputs* (``grad_input``) stay not recorded: the eager recorder's is the
 input tensor's whole grad (a residual's use included), which an identity on the module's own
@@ -28,6 +28,8 @@ use of it does not see.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -36,13 +38,16 @@ from .in_graph_vector import stats_vector_in_graph
 
 WIDTH = 8  # the statistics vector (6), the delivery count, the forward's serial number
 
-NOT_DELIVERED = "no backward delivered this grad to the recorder (the output took no part in a backward)"
+NOT_DELIVERED = (
+    "no backward delivered it: no grad reached the output where the module's caller used it (the "
+    "eager recorder's also counts uses inside the module, e.g. an attention's returned weights)"
+)
 MIXED = (
     "its backward mixed grads of several forwards (or ran twice): the compiled graph's statistics "
     "of it cannot be told apart"
 )
 OVERFLOW = "more module outputs in one forward than the recorder's {capacity} in-graph slots"
-NESTED = "an output inside a mapping or dataclass: not passed through the in-graph grad statistics"
+NESTED = "an output nested deeper than one tuple, list or mapping: its grad has no in-graph statistics"
 
 
 class _GradStats(torch.autograd.Function):
@@ -91,18 +96,27 @@ class GradSink:
         self.serial = torch.full((), float(self.forwards), dtype=torch.float64, device=self.device)
 
     def wrap(self, output: Any) -> tuple[Any, tuple[int, ...]]:
-        """``output`` with each tensor that requires grad passed through ``_GradStats``, and the
-        row of each tensor of ``flatten(output)`` (-1: none; -2: past the capacity; -3: nested)."""
+        """``output`` with each tensor that requires grad passed through ``_GradStats`` (a tuple
+        or list rebuilt, a mapping's values set in place), and the row of each tensor of
+        ``flatten(output)`` (-1: none, -2: past the capacity; empty: nested, not passed)."""
         if isinstance(output, torch.Tensor):
             out, row = self._one(output)
             return out, (row,)
-        if type(output) in (tuple, list) and all(
-            v is None or isinstance(v, (torch.Tensor, int, float, bool, str)) for v in output
-        ):
-            pairs = [self._one(v) if isinstance(v, torch.Tensor) else (v, None) for v in output]
-            rows = tuple(r for _, r in pairs if r is not None)
-            return type(output)(v for v, _ in pairs), rows
-        return output, ()  # the caller lists its grads as nested
+        if type(output) in (tuple, list):
+            items = list(enumerate(output))
+        elif isinstance(output, MutableMapping):
+            items = list(output.items())
+        else:
+            return output, ()
+        if any(isinstance(v, (tuple, list, Mapping)) or dataclasses.is_dataclass(v) for _, v in items):
+            return output, ()  # flatten's slots go deeper: not rebuilt here
+        done = {k: self._one(v) for k, v in items if isinstance(v, torch.Tensor)}
+        rows = tuple(row for _, row in done.values())
+        if not isinstance(output, MutableMapping):
+            return type(output)(done[k][0] if k in done else v for k, v in items), rows
+        for k, (out, _) in done.items():
+            output[k] = out
+        return output, rows
 
     def _one(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
         if not t.requires_grad:
