@@ -89,6 +89,13 @@ def test_stats_mode_keeps_the_compiled_graph_whole_and_the_numbers_bitwise() -> 
         assert _bitwise(_step(model, run, ids), bare)
     assert _counts() == (2, 0)
 
+    with HookRecorder(run, mode="stats") as twice:  # two micro-batches in a step: nothing compiled
+        assert _bitwise(_step(model, run, ids), bare) and _bitwise(_step(model, run, ids), bare)
+    assert _counts() == (2, 0)
+    grads = {(r.name, r.slot, r.call): r.stats for r in twice.trace({}).records if r.kind == "grad_output"}
+    assert grads and {c for _, _, c in grads} == {0, 1}  # each forward's rows from its own backward
+    assert all(grads[n, s, 1] == stats for (n, s, c), stats in grads.items() if c == 0)
+
     trace = rec.trace({})
     assert [r.id for r in again.trace({}).records] == [r.id for r in trace.records]
     with HookRecorder(model, mode="stats") as eager_rec:  # the eager model, eager hooks
@@ -163,3 +170,49 @@ def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype:
     assert vector[4:].tolist() == [0.0, 0.0]
     assert math.isclose(vector[2].item(), wide.sum().item(), rel_tol=1e-12, abs_tol=1e-12)
     assert math.isclose(vector[3].item(), wide.square().sum().item(), rel_tol=1e-12)
+
+
+class Nested(torch.nn.Module):
+    """A module whose output nests a tuple in a tuple (not rebuilt by the in-graph grads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor]]:
+        y = self.lin(x)
+        return y, (y * 2,)
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nested, self.head = Nested(), torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, (z,) = self.nested(x)
+        return self.head(y + z)
+
+
+@pytest.mark.slow  # two aot_eager compiles (~20 s on a loaded machine)
+@pytest.mark.filterwarnings(IN_DYNAMO_CTX)
+def test_compiled_grads_no_backward_delivered_once_are_listed_with_why_not_recorded() -> None:
+    """Fail closed: a recorded forward no backward followed (a grad-enabled evaluation) and an
+    output nested deeper than one container have no grad records; each is listed as not
+    recordable with why, and the forward that was followed by its backward is recorded."""
+    from pytest_precalign.recording.compiled_grads import NESTED, NOT_DELIVERED
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TwoLayers()
+    run = torch.compile(model, backend="aot_eager")
+    x = torch.randn(3, 4)
+    with HookRecorder(run, mode="stats") as rec:
+        run(x)  # no backward
+        run(x).sum().backward()
+    trace = rec.trace({})
+    grads = {r.id for r in trace.records if r.kind == "grad_output"}
+    assert grads == {"head|grad_output|out|0|1", "nested.lin|grad_output|out|0|1"}
+    why = trace.manifest["not_recordable"]
+    assert why["head|grad_output|out|0|0"] == why["nested.lin|grad_output|out|0|0"] == NOT_DELIVERED
+    assert why["nested|grad_output|out.0|0|1"] == why["nested|grad_output|out.1.0|0|1"] == NESTED

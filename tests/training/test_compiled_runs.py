@@ -83,7 +83,13 @@ def test_trainer_torch_compile_with_the_callback_trains_the_same_and_keeps_its_g
     manifest = json.loads((tmp_path / "callback" / "run" / "step1" / "rank0" / "manifest.json").read_text())
     assert manifest["compiled"]["stats"] == "in the graph"
     index = json.loads((tmp_path / "callback" / "run" / "step1" / "rank0" / "index.json").read_text())
-    assert {r["kind"] for r in index["records"]} >= {"input", "activation", "grad_output", "param_grad", "loss"}
+    assert {r["kind"] for r in index["records"]} >= {
+        "input",
+        "activation",
+        "grad_output",
+        "param_grad",
+        "loss",
+    }
 
 
 def test_lightning_compiled_module_with_the_callback_trains_the_same_and_keeps_its_graphs(

@@ -18,8 +18,9 @@ recorded step starts: a row is read only from the backward whose serial column i
 and whose count is 1; one delivered twice, by no backward, or by a backward that mixed two
 forwards' grads in one row is listed as not recordable with the reason (fail closed). Two
 forwards before one backward number their rows on (the second one's graph guards on the row it
-starts at: one recompile). Rows past the capacity, and outputs nested deeper than one tuple, list
-or mapping (not rebuilt here), are listed likewise.
+starts at: one recompile). Rows past the capacity, outputs on another device than the sink,
+and outputs nested deeper than one tuple, list or mapping (not rebuilt here), are listed
+likewise.
 
 The grads w.r.t. module *inputs* (``grad_input``) stay not recorded: the eager recorder's is the
 input tensor's whole grad (a residual's use included), which an identity on the module's own
@@ -47,6 +48,7 @@ MIXED = (
     "of it cannot be told apart"
 )
 OVERFLOW = "more module outputs in one forward than the recorder's {capacity} in-graph slots"
+ELSEWHERE = "on another device than the recorder's in-graph slots (the model's first parameter's)"
 NESTED = "an output nested deeper than one tuple, list or mapping: its grad has no in-graph statistics"
 
 
@@ -98,7 +100,7 @@ class GradSink:
     def wrap(self, output: Any) -> tuple[Any, tuple[int, ...]]:
         """``output`` with each tensor that requires grad passed through ``_GradStats`` (a tuple
         or list rebuilt, a mapping's values set in place), and the row of each tensor of
-        ``flatten(output)`` (-1: none, -2: past the capacity; empty: nested, not passed)."""
+        ``flatten(output)`` (-1: none, -2: past the capacity, -3: on another device; empty: nested)."""
         if isinstance(output, torch.Tensor):
             out, row = self._one(output)
             return out, (row,)
@@ -121,6 +123,8 @@ class GradSink:
     def _one(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
         if not t.requires_grad:
             return t, -1
+        if t.device != self.sink.device:  # its grad could not be handed to the sink
+            return t, -3
         row = self.next_row
         if row >= self.capacity:
             return t, -2

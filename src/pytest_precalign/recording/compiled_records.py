@@ -17,7 +17,7 @@ from ..trace.records import Record, Stats, record_id
 from ..vocabulary import Kind
 from .calls import _Call
 from .compiled import SPLITS_GRAPH
-from .compiled_grads import NESTED, OVERFLOW, WIDTH, pick_row
+from .compiled_grads import ELSEWHERE, NESTED, OVERFLOW, WIDTH, pick_row
 from .compiled_stats import NOT_RECORDED, Entry, GradRows, fetch_vectors, in_graph_stats, vector_stats
 from .record_factory import Draft
 
@@ -110,9 +110,10 @@ class CompiledRecords:
         name, cls, call, entry, i, rows = grad
         slot, dtype, shape, _, _ = entry
         assert rows is not None  # an output call's
-        serial, row = rows[0], rows[1][i] if i < len(rows[1]) else -3
+        serial, row = rows[0], rows[1][i] if i < len(rows[1]) else -4
         if row < 0:
-            why = OVERFLOW.format(capacity=self.graph.grads.capacity) if row == -2 else NESTED
+            overflow = OVERFLOW.format(capacity=self.graph.grads.capacity)
+            why = {-2: overflow, -3: ELSEWHERE}.get(row, NESTED)
             not_recordable[record_id(name, "grad_output", slot, step, call)] = why
             return
         seq = len(records)
