@@ -63,13 +63,7 @@ def _same_stats(eager: Record, compiled: Record) -> None:
     assert math.isclose(a.norm, b.norm, rel_tol=1e-12), (eager.id, a.norm, b.norm)
 
 
-# dynamo makes an autograd Function's ctx by instantiating Function inside a catch_warnings
-# that does not filter (torch/_dynamo/side_effects.py): an error only where warnings are errors
-IN_DYNAMO_CTX = "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
-
-
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
-@pytest.mark.filterwarnings(IN_DYNAMO_CTX)
 def test_stats_mode_keeps_the_compiled_graph_whole_and_the_numbers_bitwise() -> None:
     torch._dynamo.reset()
     counters.clear()
@@ -195,7 +189,6 @@ class TwoLayers(torch.nn.Module):
 
 
 @pytest.mark.slow  # two aot_eager compiles (~20 s on a loaded machine)
-@pytest.mark.filterwarnings(IN_DYNAMO_CTX)
 def test_compiled_grads_no_backward_delivered_once_are_listed_with_why_not_recorded() -> None:
     """Fail closed: a recorded forward no backward followed (a grad-enabled evaluation) and an
     output nested deeper than one container have no grad records; each is listed as not

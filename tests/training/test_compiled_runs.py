@@ -42,9 +42,6 @@ def _counts() -> tuple[int, int]:
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 # inductor's own import of torch.utils.mkldnn (torch's deprecation, not ours)
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-# dynamo makes an autograd Function's ctx by instantiating Function inside a catch_warnings that
-# does not filter (torch/_dynamo/side_effects.py; the in-graph output grads' Function)
-@pytest.mark.filterwarnings("ignore:<class 'torch.autograd.function.Function'> should not be instantiated")
 def test_inductor_qwen2_recorded_in_stats_mode_is_one_graph_and_bitwise() -> None:
     torch._dynamo.reset()
     counters.clear()

@@ -21,6 +21,7 @@ from .compiled_grads import ELSEWHERE, NESTED, OVERFLOW, WIDTH, pick_row
 from .compiled_stats import NOT_RECORDED, Entry, GradRows, fetch_vectors, in_graph_stats, vector_stats
 from .record_factory import Draft
 
+DYNAMO_CTX = r"<class 'torch\.autograd\.function\.Function'> should not be instantiated"
 # A compiled model whose graph was traced before the in-graph hooks were added.
 NOT_TRACED = (
     "recorder: no module call of the compiled model was recorded: its graph was compiled before "
@@ -48,6 +49,10 @@ class CompiledRecords:
         self.refused: dict[int, str] = {}  # seq -> why its grad statistics are not recorded
 
     def start(self) -> None:
+        # dynamo makes the ctx of the in-graph grads' autograd Function by instantiating
+        # Function in a catch_warnings that does not filter (torch/_dynamo/side_effects.py): its
+        # deprecation warning, which torch means to swallow, is an error where warnings are
+        warnings.filterwarnings("ignore", DYNAMO_CTX, DeprecationWarning)
         self.graph.take()  # calls of a step recorded before and never taken
         self.graph.grads.take()
         self.graph.grads.begin()
