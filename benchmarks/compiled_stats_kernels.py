@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from _shared import SIZES, build_qwen2, run_facts
 
-from pytest_precalign.recording.compiled_stats import stats_vector_in_graph
+from pytest_precalign.recording.in_graph_vector import stats_vector_in_graph
 from pytest_precalign.recording.module_names import clean, is_wrapper
 from pytest_precalign.recording.tensor_summary import flatten
 

@@ -14,8 +14,9 @@ cache-sized pieces: ``chunked_stats``; a device tensor's in one compiled kernel:
 spilled to disk by a background writer (``tensor_sink``) or compared live against a golden run
 (``live_golden``). ``determinism`` sets torch's deterministic switches; ``host_sync`` counts
 device-to-host reads; ``compiled`` and ``npu_backend`` adapt to ``torch.compile`` and torch_npu
-(under compile, stats mode's statistics are computed in the graph: ``compiled_stats``, turned into
-records by ``compiled_records``); ``param_records`` holds the parameters' and their grads' records. ``calls`` holds
+(under compile, stats mode's statistics are computed in the graph: ``compiled_stats``, the module
+outputs' grads in the backward graph: ``compiled_grads``, both by ``in_graph_vector``, turned
+into records by ``compiled_records``); ``param_records`` holds the parameters' and their grads' records. ``calls`` holds
 the module call being recorded (and isolation's kept calls); ``forward_guard`` the root hooks
 that give a step up when its forward raises or runs on another thread. ``param_records``
 records the parameters and their grads; ``module_names`` the model's own names and classes

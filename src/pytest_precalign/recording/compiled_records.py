@@ -1,10 +1,12 @@
 """Stats mode under ``torch.compile``, on the recorder's side: the module calls the compiled
 graph recorded (``compiled_stats.InGraphStats``) turned into the recorder's drafts, their
-statistics fetched when the step ends (one host sync per device), the grads of their inputs
-and outputs listed as not recordable, and the manifest's ``"compiled"`` note."""
+statistics fetched when the step ends (one host sync per device), their outputs' grads from the
+compiled backward (``compiled_grads.py``), the grads of their inputs listed as not recordable,
+and the manifest's ``"compiled"`` note."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +17,11 @@ from ..trace.records import Record, Stats, record_id
 from ..vocabulary import Kind
 from .calls import _Call
 from .compiled import SPLITS_GRAPH
-from .compiled_stats import NOT_RECORDED, Entry, fetch_vectors, in_graph_stats, vector_stats
+from .compiled_grads import ELSEWHERE, NESTED, OVERFLOW, WIDTH, pick_row
+from .compiled_stats import NOT_RECORDED, Entry, GradRows, fetch_vectors, in_graph_stats, vector_stats
 from .record_factory import Draft
 
+DYNAMO_CTX = r"<class 'torch\.autograd\.function\.Function'> should not be instantiated"
 # A compiled model whose graph was traced before the in-graph hooks were added.
 NOT_TRACED = (
     "recorder: no module call of the compiled model was recorded: its graph was compiled before "
@@ -41,9 +45,17 @@ class CompiledRecords:
         self.selected, self.inputs, self.grads = selected, inputs, grads
         self.vectors: list[tuple[int, torch.Tensor]] = []  # (seq, statistics vector)
         self.open: dict[str, list[tuple[int, tuple[int, ...]]]] = {}  # name -> (call, input seqs)
+        self.grad_rows: list[tuple[int, torch.Tensor, int]] = []  # (seq, forward's serial, row)
+        self.refused: dict[int, str] = {}  # seq -> why its grad statistics are not recorded
 
     def start(self) -> None:
+        # dynamo makes the ctx of the in-graph grads' autograd Function by instantiating
+        # Function in a catch_warnings that does not filter (torch/_dynamo/side_effects.py): its
+        # deprecation warning, which torch means to swallow, is an error where warnings are
+        warnings.filterwarnings("ignore", DYNAMO_CTX, DeprecationWarning)
         self.graph.take()  # calls of a step recorded before and never taken
+        self.graph.grads.take()
+        self.graph.grads.begin()
         self.graph.on = True
 
     def stop(self) -> None:
@@ -59,10 +71,12 @@ class CompiledRecords:
     ) -> None:
         """The module calls recorded since the last drain, appended to ``records`` as drafts
         (``calls``: the recorder's call counts; ``last_call``: each module's last call, the
-        deps of its parameters' grads); their inputs' and outputs' grads in ``not_recordable``."""
+        deps of its parameters' grads), their outputs' grads after them in backward order;
+        their inputs' grads in ``not_recordable``."""
         if not self.graph.calls:
             return
-        for name, kind, entries in self.graph.take():
+        grads: list[tuple[str, str, int, Entry, int, GradRows]] = []  # the outputs' grads to draft
+        for name, kind, entries, rows in self.graph.take():
             if not self.selected(name):
                 continue
             cls, key, open_calls = self.graph.names[name], (name, step), self.open.setdefault(name, [])
@@ -76,15 +90,43 @@ class CompiledRecords:
                 )
                 open_calls.append((call, seqs))
                 last_call[name] = _Call(name, cls, call, step, seqs, [])
-                grad_kind: Kind = "grad_input"
-            else:
-                call, seqs = open_calls.pop() if open_calls else (max(calls.get(key, 1) - 1, 0), ())
-                for entry in entries:
-                    self._draft(records, name, cls, "activation", step, call, entry, seqs)
-                grad_kind = "grad_output"
-            for slot, _, _, requires_grad, _ in entries if self.grads else ():
-                if requires_grad:
-                    not_recordable[record_id(name, grad_kind, slot, step, call)] = NOT_RECORDED
+                for slot, _, _, requires_grad, _ in entries if self.grads else ():
+                    if requires_grad:
+                        not_recordable[record_id(name, "grad_input", slot, step, call)] = NOT_RECORDED
+                continue
+            call, seqs = open_calls.pop() if open_calls else (max(calls.get(key, 1) - 1, 0), ())
+            for i, entry in enumerate(entries):
+                self._draft(records, name, cls, "activation", step, call, entry, seqs)
+                if self.grads and entry[3]:
+                    grads.append((name, cls, call, entry, i, rows))
+        for name, cls, call, entry, i, rows in reversed(grads):
+            self._grad_draft(records, last_call, not_recordable, step, (name, cls, call, entry, i, rows))
+
+    def _grad_draft(
+        self,
+        records: list[Record | Draft],
+        last_call: dict[str, _Call],
+        not_recordable: dict[str, str],
+        step: int,
+        grad: tuple[str, str, int, Entry, int, GradRows],
+    ) -> None:
+        """The draft of one output's grad (statistics from the grad sink at the step's end), or
+        why it has none in ``not_recordable``."""
+        name, cls, call, entry, i, rows = grad
+        slot, dtype, shape, _, _ = entry
+        assert rows is not None  # an output call's
+        serial, row = rows[0], rows[1][i] if i < len(rows[1]) else -4
+        if row < 0:
+            overflow = OVERFLOW.format(capacity=self.graph.grads.capacity)
+            why = {-2: overflow, -3: ELSEWHERE}.get(row, NESTED)
+            not_recordable[record_id(name, "grad_output", slot, step, call)] = why
+            return
+        seq = len(records)
+        records.append((name, cls, "grad_output", step, call, slot, dtype, shape, (), None, None, None))
+        self.grad_rows.append((seq, serial, row))
+        state = last_call.get(name)
+        if state is not None and state.call == call:
+            state.grad_output_seqs.append(seq)  # the deps of its parameters' grads, as in eager
 
     def _draft(
         self,
@@ -104,21 +146,59 @@ class CompiledRecords:
         return seq
 
     def fetch(self, records: list[Record | Draft]) -> dict[int, tuple[Stats | None, str | None]]:
-        """The ``Stats`` of the drafts made since the last fetch, by seq (one host sync per device)."""
+        """The ``Stats`` of the drafts made since the last fetch, by seq, the forward's statistics
+        vectors and the backwards' sink grads in one conversion (one host sync per device); the
+        grads whose statistics no backward delivered once are in ``refused`` (by seq, why)."""
         vectors, self.vectors = self.vectors, []
+        grad_rows, self.grad_rows = self.grad_rows, []
+        delivered = self.graph.grads.take() if grad_rows else []
+        tensors = [v for _, v in vectors] + [d.flatten() for d in delivered]
+        tensors += [serial.reshape(1) for _, serial, _ in grad_rows]
+        host = fetch_vectors(tensors) if tensors else []
         fetched: dict[int, tuple[Stats | None, str | None]] = {}
-        rows = fetch_vectors([v for _, v in vectors]) if vectors else []
-        for (seq, _), row in zip(vectors, rows, strict=True):
-            draft = records[seq]
-            assert isinstance(draft, tuple)  # built at this step's end
-            fetched[seq] = (vector_stats(row, draft[7]), None)
+        for (seq, _), stats in zip(vectors, host, strict=False):
+            fetched[seq] = (vector_stats(stats, self._shape(records, seq)), None)
+        sinks = [
+            [d[r : r + WIDTH] for r in range(0, len(d), WIDTH)]
+            for d in host[len(vectors) :][: len(delivered)]
+        ]
+        serials = host[len(vectors) + len(delivered) :]
+        for (seq, _, at), serial in zip(grad_rows, serials, strict=True):
+            picked = pick_row(sinks, serial[0], at)
+            if isinstance(picked, str):
+                self.refused[seq] = picked
+            else:
+                fetched[seq] = (vector_stats(picked, self._shape(records, seq)), None)
         return fetched
+
+    @staticmethod
+    def _shape(records: list[Record | Draft], seq: int) -> tuple[int, ...]:
+        draft = records[seq]
+        assert isinstance(draft, tuple)  # built at this step's end
+        return tuple(draft[7])
+
+    def without_refused(
+        self, records: tuple[Record, ...], not_recordable: dict[str, str]
+    ) -> tuple[Record, ...]:
+        """``records`` without the grads in ``refused`` (each listed in ``not_recordable`` with
+        why), nor them in other records' deps."""
+        if not self.refused:
+            return records
+        gone = {records[seq].id: why for seq, why in self.refused.items()}
+        not_recordable.update(gone)
+        return tuple(
+            dataclasses.replace(r, deps=tuple(d for d in r.deps if d not in gone))
+            if set(r.deps) & gone.keys()
+            else r
+            for r in records
+            if r.id not in gone
+        )
 
     def note(self, recorded_any: bool) -> dict[str, Any]:
         """The manifest's ``"compiled"`` note; warns when the graph never ran the hooks."""
         note: dict[str, Any] = {
             "stats": "in the graph",
-            "not_recorded": {"grad_input": NOT_RECORDED, "grad_output": NOT_RECORDED},
+            "not_recorded": {"grad_input": NOT_RECORDED},
         }
         if not self.open and recorded_any:
             note["forward"] = NOT_TRACED

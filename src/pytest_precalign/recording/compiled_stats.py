@@ -21,12 +21,12 @@ max, min and the counts exact, sum and norm within a few float64 epsilon of the 
 (inductor's reduction order is not the eager kernels': ``docs/training.md``, torch.compile).
 They are read when the step ends, all in one conversion (one host sync).
 
-Backward: module backward hooks cannot be traced into the compiled graph (a full backward hook
-splits it; a tensor hook on an intermediate needs compiled autograd), so under this path the
-grads w.r.t. module inputs and outputs are not recorded: the recorder lists each one it would
-have recorded as not recordable, with the reason (the compare pairs nothing with them and says
-why). Parameter grads are recorded by their post-accumulate hooks, which run in eager autograd
-after the compiled backward.
+Backward: the grads of module outputs (``grad_output``) are computed inside the compiled backward
+graph too (``compiled_grads.py``: each output that requires grad passes through an identity
+autograd function whose backward computes the statistics of its grad); the grads w.r.t. module
+inputs are not recorded: the recorder lists each one it would have recorded as not recordable,
+with the reason (the compare pairs nothing with them and says why). Parameter grads are
+recorded by their post-accumulate hooks, which run in eager autograd after the compiled backward.
 """
 
 from __future__ import annotations
@@ -40,45 +40,24 @@ from typing import Any
 import torch
 
 from ..trace.records import Stats
+from .compiled_grads import GradSink
 from .host_sync import to_host
+from .in_graph_vector import stats_vector_in_graph
 from .module_names import class_name, clean, is_wrapper
 from .tensor_summary import flatten
 
 # One tensor of a module call: slot, dtype, shape, requires_grad, statistics vector (see above).
 Entry = tuple[str, torch.dtype, Sequence[int], bool, torch.Tensor]
+# An output call's grads: its forward's serial number (a tensor) and each output tensor's row
+# in the grad sink (``GradSink.wrap``); None for an input call.
+GradRows = tuple[torch.Tensor, tuple[int, ...]] | None
 # One module call's inputs ("input", at its pre-hook) or outputs ("activation", at its hook).
-Call = tuple[str, str, tuple[Entry, ...]]
+Call = tuple[str, str, tuple[Entry, ...], GradRows]
 
 NOT_RECORDED = (
-    "not recorded under torch.compile (a module backward hook would split the compiled graph; "
-    "the parameters' grads are recorded)"
+    "not recorded under torch.compile (a module input's grad is its tensor's whole grad, which "
+    "no hook inside the compiled graph sees; module output grads and parameter grads are recorded)"
 )
-
-
-def stats_vector_in_graph(t: torch.Tensor) -> torch.Tensor:
-    """max, min, sum, sum of squares, NaN and Inf counts of ``t`` as a float64 vector, in pure
-    torch ops dynamo traces (see the module's doc)."""
-    if t.numel() == 0:
-        return torch.zeros(6, dtype=torch.float64, device=t.device)
-    w = t.detach()
-    if w.is_complex():
-        w = w.abs()
-    w = w.to(torch.float64)
-    # The counts by compares (``x != x``: NaN; ``|x| == inf``: +-Inf), the same values as
-    # ``isnan``/``isinf``: inductor's CPU code vectorises compares, while for float64 it has no
-    # vector ``isnan``/``isinf`` and tests 16 values at a time one by one (most of the kernel's
-    # time: ``benchmarks/compiled_stats_kernels.py``).
-    nan, inf = w != w, w.abs() == math.inf
-    return torch.stack(
-        [
-            w.amax(),
-            w.amin(),
-            w.sum(),
-            (w * w).sum(),
-            nan.sum().to(torch.float64),
-            inf.sum().to(torch.float64),
-        ]
-    )
 
 
 def _entries(value: Any, prefix: str) -> tuple[Entry, ...]:
@@ -95,6 +74,7 @@ class InGraphStats:
         self.on = False
         self.calls: list[Call] = []
         self.names: dict[str, str] = {}  # module name -> class name
+        modules = 0
         for name, module in model.named_modules():
             name = clean(name)  # the model's own names and classes (module_names.py)
             if not name or is_wrapper(module):
@@ -102,18 +82,27 @@ class InGraphStats:
             self.names[name] = class_name(module)
             module.register_forward_pre_hook(partial(self._entered, name), with_kwargs=True)
             module.register_forward_hook(partial(self._left, name), with_kwargs=True)
+            modules += 1
+        param = next(model.parameters(), None)
+        device = torch.device("cpu") if param is None or param.is_meta else param.device
+        # Rows for the outputs of one forward: 4 per module (calls and outputs), and some more.
+        self.grads = GradSink(4 * modules + 16, device)
 
     def _entered(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         if self.on:
-            self.calls.append((name, "input", _entries(args, "in") + _entries(kwargs, "in")))
+            self.calls.append((name, "input", _entries(args, "in") + _entries(kwargs, "in"), None))
 
     def _left(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> None:
-        if self.on:
-            self.calls.append((name, "activation", _entries(output, "out")))
+    ) -> Any:
+        if not self.on:
+            return None
+        entries = _entries(output, "out")
+        output, rows = self.grads.wrap(output)
+        self.calls.append((name, "activation", entries, (self.grads.serial, rows)))
+        return output
 
     def take(self) -> list[Call]:
         """The module calls recorded since the last ``take`` (and forgets them)."""
@@ -134,14 +123,19 @@ def in_graph_stats(model: torch.nn.Module) -> InGraphStats:
 
 
 def fetch_vectors(vectors: Sequence[torch.Tensor]) -> list[list[float]]:
-    """The statistics vectors on the host, in order: one conversion per device (``to_host``)."""
+    """1-D float64 tensors (of any lengths) on the host, in order: one conversion per device
+    (``to_host``)."""
     by_device: dict[torch.device, list[int]] = {}
     for i, v in enumerate(vectors):
         by_device.setdefault(v.device, []).append(i)
     rows: list[list[float]] = [[] for _ in vectors]
     for index in by_device.values():
-        for i, row in zip(index, to_host(torch.stack([vectors[i] for i in index])), strict=True):
-            rows[i] = row
+        flat: list[float] = to_host(torch.cat([vectors[i] for i in index]))
+        at = 0
+        for i in index:
+            n = vectors[i].numel()
+            rows[i] = flat[at : at + n]
+            at += n
     return rows
 
 

@@ -26,7 +26,7 @@ golden run's at capture (its statistics fetched at once: one host sync per recor
 its full tensor only where a divergence enters, see ``live_golden.py``.
 
 Under ``torch.compile`` (the wrapper, ``model.compile()``, ``compiled=True``) stats mode takes its
-statistics in the compiled graph, module grads listed as not recordable (``compiled_stats.py``);
+statistics in the compiled graphs, forward and backward (``compiled_stats.py``, ``compiled_grads.py``);
 the other modes' hooks run outside the graph, which dynamo splits at each module (one warning).
 
 Levels: ``module`` (the default), ``op`` (torch functions and tensor methods called inside
@@ -218,6 +218,8 @@ class HookRecorder(HookCallbacks, ParamRecords):
         built = cast(list[Record], self._records)  # every record is built at a step's end
         self._records[:] = self._kept.fill_stats(built)
         records = tuple(built)
+        graph, compiled = self._graph, None
+        records = records if graph is None else graph.without_refused(records, self._not_recordable)
         meta = dict(manifest or {})
         meta["record_mode"] = self.mode
         if self._live is not None:
@@ -229,8 +231,6 @@ class HookRecorder(HookCallbacks, ParamRecords):
         trace = Trace(manifest=meta, records=records, tensors=dict(self._tensors))
         if not (self._not_recordable or self.compiled):
             return trace
-        compiled = None
         if self.compiled:
-            graph = self._graph
             compiled = splits_note(self.mode, self.level) if graph is None else graph.note(bool(records))
         return trace.with_notes(not_recordable=dict(self._not_recordable), compiled=compiled)

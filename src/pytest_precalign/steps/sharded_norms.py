@@ -49,19 +49,35 @@ def summed(values: list[float], groups: tuple[Any, ...], device: torch.device) -
     return reduced
 
 
-def grad_norm_and_zeros(grads: Sequence[torch.Tensor], parts: list[Part]) -> tuple[float, int]:
-    """(global L2 norm, global count of exact zeros) of sharded ``grads``."""
+def grad_norm_and_zeros(
+    grads: Sequence[torch.Tensor], parts: list[Part], norm: float | None = None
+) -> tuple[float, int]:
+    """(global L2 norm, global count of exact zeros) of sharded ``grads``; ``norm``: the norm
+    the caller has (the framework's), returned as it is and not computed again."""
     from .step_norms import grad_norm_and_zeros as local_norm_and_zeros
 
     squares, zeros = [], 0
     for groups, _, local in parts:
-        norm, count = local_norm_and_zeros(local)
-        total_sq, total_zeros = summed([norm * norm, float(count)], groups, local[0].device)
+        count_norm, count = local_norm_and_zeros(local)
+        total_sq, total_zeros = summed([count_norm * count_norm, float(count)], groups, local[0].device)
         squares.append(total_sq)
         zeros += int(total_zeros)
-    if all(is_dtensor(g) for g in grads) and all(g.device_mesh == grads[0].device_mesh for g in grads):  # type: ignore[attr-defined]
-        return torch_norm(grads), zeros  # (torch's refuses DTensors of several meshes: FSDP2 x TP)
+    if norm is not None:
+        return norm, zeros
+    if one_mesh(grads):
+        return torch_norm(grads), zeros
     return math.sqrt(math.fsum(squares)), zeros
+
+
+def one_mesh(grads: Sequence[torch.Tensor]) -> bool:
+    """Whether every grad is a DTensor of one mesh: then the global norm is torch's
+    (``torch_norm``), which refuses DTensors of several meshes (FSDP2 x TP)."""
+    first = grads[0] if grads else None
+    return (
+        first is not None
+        and all(is_dtensor(g) for g in grads)
+        and all(g.device_mesh == first.device_mesh for g in grads)  # type: ignore[attr-defined]
+    )
 
 
 def torch_norm(grads: Sequence[torch.Tensor]) -> float:

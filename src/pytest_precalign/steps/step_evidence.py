@@ -44,6 +44,8 @@ def grad_norm(grads: Sequence[torch.Tensor]) -> float:
     grads (DTensors): the norm of the full grads (``sharded_norms.py``)."""
     if not grads:
         return 0.0
+    if sharded_norms.one_mesh(grads):  # torch's norm: no local read of the grads besides it
+        return sharded_norms.torch_norm(grads)
     parts = sharded_norms.split(grads)
     if parts is not None:
         return sharded_norms.grad_norm_and_zeros(grads, parts)[0]
@@ -269,9 +271,8 @@ class StepEvidence:
         found = self._grads(grads)
         parts = sharded_norms.split(found)
         if parts is not None:  # DTensor grads: the full grads' (sharded_norms.py)
-            self._grad_norm, self._zero_grads = sharded_norms.grad_norm_and_zeros(found, parts)
-            if norm is not None:
-                self._grad_norm = float(norm)
+            given = None if norm is None else float(norm)  # not computed again
+            self._grad_norm, self._zero_grads = sharded_norms.grad_norm_and_zeros(found, parts, given)
         elif norm is None:  # both from one read of each grad, one host sync (step_norms.py)
             self._grad_norm, self._zero_grads = grad_norm_and_zeros(found)
         else:
