@@ -161,32 +161,27 @@ def train(options: argparse.Namespace, mode: str) -> dict[str, Any]:
 
 
 def disagree(options: argparse.Namespace) -> list[str]:
-    """Ranks given other Recorder options (rank 1 ``include=``, then other ``steps=``): what
-    ``start`` raised on this rank (each must raise, none may hang)."""
+    """Ranks given other Recorder options (rank 1 ``include=``, then other ``steps=``), then the
+    same options in a root of each rank's own: what ``start`` raised on this rank (the first two
+    must raise, none may hang; the last must not)."""
     from pytest_precalign.errors import RecorderError
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = wrapped(tiny_causal_lm(vocab=128, hidden=32, layers=2), options.wrap, world)
     said = []
-    for name, kw in (
-        ("include", {"include": ("model.layers.0",) if rank else ()}),
-        ("steps", {"steps": [rank]}),
+    for root, kw in (
+        ("disagree-include", {"include": ("model.layers.0",) if rank else ()}),
+        ("disagree-steps", {"steps": [rank]}),
+        # Each rank its own root (a folder per rank), the same options: one run, no disagreement.
+        (f"own-root-rank{rank}", {}),
     ):
-        rec = Recorder(options.out / f"disagree-{name}", **kw)  # type: ignore[arg-type]
+        rec = Recorder(options.out / root, **kw)  # type: ignore[arg-type]
         try:
             rec.start(model)
             said.append("")
         except RecorderError as e:
             said.append(str(e))
         rec.close()
-    # Each rank its own root (a folder per rank), the same options: one run, no disagreement.
-    rec = Recorder(options.out / f"own-root-rank{rank}")
-    try:
-        rec.start(model)
-        said.append("")
-    except RecorderError as e:
-        said.append(str(e))
-    rec.close()
     return said
 
 
