@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from pytest_precalign.training import megatron_stack
+from pytest_precalign.megatron_core import megatron_stack
 
 
 class AdamWVariant(torch.optim.Optimizer):
