@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..trace.note_blocks import PartialSums, TpPartials
 from ..trace.records import Record
 from .rules import Role, ShardRule
 
@@ -149,18 +150,24 @@ def _between(
     return list(out.values())
 
 
-def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+_PARTIALS = "parallel.dtensors.tp_partials"
+
+
+def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, TpPartials]:
     """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
     the ranks' manifests (``parallel.dtensors.tp_partials``, ``steps/tp_partials.py``);
     empty where no rank kept partial sums."""
-    by_module: dict[str, dict[str, Any]] = {}
+    by_module: dict[str, dict[str, tuple[PartialSums, ...]]] = {}
     for rank in ranks:  # RankTrace
         parallel = rank.trace.manifest.get("parallel")
         dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
         kept = dtensors.get("tp_partials") if isinstance(dtensors, Mapping) else None
-        for module, calls in (kept or {}).items() if isinstance(kept, Mapping) else ():
-            by_module.setdefault(str(module), {})[str(rank.rank)] = calls
-    return {str(step): by_module} if by_module else {}
+        if not isinstance(kept, Mapping):
+            continue
+        own = {str(module): {str(rank.rank): calls} for module, calls in kept.items()}
+        for module, calls in TpPartials.from_json(own, rank.where, _PARTIALS).modules.items():
+            by_module.setdefault(module, {}).update(calls)
+    return {str(step): TpPartials(by_module)} if by_module else {}
 
 
 def tp_plan_of(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:

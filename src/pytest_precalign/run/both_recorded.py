@@ -37,10 +37,10 @@ def not_recorded_kinds(baseline: Trace, candidate: Trace) -> dict[str, str]:
     out: dict[str, str] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
         note = trace.notes.compiled
-        kinds = note.get("not_recorded") if note is not None else None
+        kinds = note.not_recorded if note is not None else None
         by_why: dict[str, list[str]] = {}
-        for kind, why in (kinds if isinstance(kinds, Mapping) else {}).items():
-            by_why.setdefault(str(why), []).append(str(kind))
+        for kind, why in (kinds or {}).items():
+            by_why.setdefault(why, []).append(kind)
         for why, named in by_why.items():
             for kind in named:
                 out.setdefault(kind, f"the {' and '.join(named)} records: the {side}'s were {why}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..recording.param_records import PARAM_GRADS
+from ..trace.note_blocks import MissingGrads
 from ..vocabulary import LEVELS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS
 from .golden import GoldenError
 
@@ -56,15 +57,15 @@ def checked_queue_bytes(value: int) -> int:
     return value
 
 
-def grads_missing_note(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
+def grads_missing_note(step: int, rank: int, names: Sequence[str]) -> MissingGrads:
     """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
-    return {
-        "step": step,
-        "rank": rank,
-        "count": len(names),
-        "names": list(names[:5]),
-        "why": (
+    return MissingGrads(
+        step=step,
+        rank=rank,
+        count=len(names),
+        names=tuple(names[:5]),
+        why=(
             'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
             "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
         ),
-    }
+    )

@@ -191,7 +191,7 @@ def _incomplete_steps(facts: CaseFacts) -> list[str]:
     for side in facts.sides:
         steps = ", ".join(str(s) for s in side.notes.steps)
         for m in side.notes.incomplete_steps:
-            out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
+            out.append(f"{m.detail}: step {m.step} not compared (steps {steps} compared)")
     return out
 
 

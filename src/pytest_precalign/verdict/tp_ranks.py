@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
+from ..trace.note_blocks import PartialSums
 from ..trace.records import Trace
 from .training_run import TrainingVerdict
 
@@ -43,20 +43,22 @@ def with_tp_rank(
     return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
 
 
-def _partials(trace: Trace, step: int, origin: str) -> Mapping[str, Any] | None:
-    block = trace.notes.tp_partials.get(str(step), {})
-    ranks = block.get(origin) if isinstance(block, Mapping) else None
-    return ranks if isinstance(ranks, Mapping) and ranks else None
+Ranks = Mapping[str, Sequence[PartialSums | Sequence[float]]]  # TP rank -> one entry a call
 
 
-def partial_sums_evidence(base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, origin: str) -> str:
+def _partials(trace: Trace, step: int, origin: str) -> Ranks | None:
+    block = trace.notes.tp_partials.get(str(step))
+    return block.of(origin) if block is not None else None
+
+
+def partial_sums_evidence(base: Ranks | None, cand: Ranks | None, origin: str) -> str:
     """The evidence line of two sides' partial sums of ``origin`` (rank -> one list per call)."""
     if base is None or cand is None or set(base) != set(cand):
         return CANNOT.format(origin=origin)
     differ, compared = [], 0
     for rank in sorted(cand, key=int):
         a, b = base[rank], cand[rank]
-        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+        if len(a) != len(b):
             return CANNOT.format(origin=origin)
         pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
         compared += len(pairs)
