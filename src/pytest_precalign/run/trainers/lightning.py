@@ -49,6 +49,7 @@ from ...steps.step_sink import StepSink
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.lightning_callback import LightningSteps, lightning_settings
+from ...vocabulary import RecordingMode
 from .case_step import case_forward, shifted_tokens, split_micro_batches
 from .loop_optimizer import grouped_optimizer, make_scheduler, param_groups
 from .skeleton import StepSkeleton
@@ -128,7 +129,7 @@ class _CaseSink(StepSink):
     step opened and closed by the skeleton, the settings and initial parameters kept for the
     run record; the case's hooks record the layers, ``CaseModule`` the outputs."""
 
-    mode = "scalars"  # no forward hook of OptimizerSteps: the case module records its outputs
+    mode: RecordingMode = "scalars"  # no forward hook of OptimizerSteps: the case module records its outputs
 
     def __init__(self, steps: StepSkeleton, module: CaseModule) -> None:
         self.steps = steps
@@ -144,7 +145,12 @@ class _CaseSink(StepSink):
         pass  # the case's hooks are on
 
     def record_output(
-        self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None
+        self,
+        kind: str,
+        tensor: torch.Tensor,
+        deps: tuple[str, ...] = (),
+        name: str | None = None,
+        call: int | None = None,
     ) -> None:
         pass  # mode "scalars": OptimizerSteps records no output; CaseModule records its own
 
@@ -157,8 +163,11 @@ class _CaseSink(StepSink):
     def record_scalars(self, scalars: StepScalars) -> None:
         pass  # OptimizerSteps keeps them
 
-    def stop(self) -> None:
+    def updated(self) -> None:
         self.steps.updated()
+
+    def stop(self) -> None:
+        pass
 
     def step(self) -> None:
         pass
