@@ -211,7 +211,7 @@ def _sink_calls() -> list[tuple[object, ...]]:
 class _Calls:
     """A ``StepSink`` that notes what it is called with (the protocol's order is the test)."""
 
-    mode: RecordingMode = "stats"
+    mode: RecordingMode = "stats"  # (a structural StepSink: the protocol's every method)
 
     def __init__(self) -> None:
         self.calls: list[tuple[object, ...]] = []
@@ -223,12 +223,7 @@ class _Calls:
         self.calls.append(("start",))
 
     def record_output(
-        self,
-        kind: str,
-        tensor: torch.Tensor,
-        deps: tuple[str, ...] = (),
-        name: str | None = None,
-        call: int | None = None,
+        self, kind: str, tensor: torch.Tensor, *args: object, call: int | None = None, **kw: object
     ) -> None:
         self.calls.append(("output", kind, call))
 

@@ -142,16 +142,7 @@ def saw_different_data(replicas: Sequence[Sequence[Record]], hashes: Sequence[st
 
 def mismatch(rec: Record, kept: str, differ: Sequence[tuple[str, Record]]) -> ReplicaMismatch:
     """A finding: replicas that should hold the same record disagree (the verdict fails on it)."""
-    return ReplicaMismatch(
-        record=rec.id,
-        name=rec.name,
-        kind=rec.kind,
-        phase=rec.phase,
-        step=rec.step,
-        kept=kept,
-        differ=tuple(w for w, _ in differ),
-        detail=f"{show(differ[0][1])} vs {show(rec)}",
-    )
+    return ReplicaMismatch.of(rec, kept, [w for w, _ in differ], f"{show(differ[0][1])} vs {show(rec)}")
 
 
 def _same_ids(replicas: Sequence[Replica], where: str) -> list[dict[str, Record]]:

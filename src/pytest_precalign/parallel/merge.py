@@ -323,18 +323,10 @@ def _replicated(rec: Record, peers: Sequence[Record], group: Sequence[RankTrace]
     ]
     if differ:
         rank, peer = differ[0]
-        merged.replica_mismatches.append(
-            ReplicaMismatch(
-                record=rec.id,
-                name=rec.name,
-                kind=rec.kind,
-                phase=rec.phase,
-                step=rec.step,
-                kept=group[0].where,
-                differ=tuple(r.where for r, _ in differ),
-                detail=f"{_show(rec)} vs {_show(peer)}",
-            )
+        found = ReplicaMismatch.of(
+            rec, group[0].where, [r.where for r, _ in differ], f"{_show(rec)} vs {_show(peer)}"
         )
+        merged.replica_mismatches.append(found)
         peers, group = peers[:1], group[:1]
     if len(peers) > 1:
         merged.replicas_checked += 1

@@ -11,11 +11,15 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 
     from ..trace.records import Record
     from ..trace.step_scalars import StepScalars
     from ..trace.training_record import TrainingSettings
     from ..vocabulary import RecordingMode
+
+
+Deps = tuple[str, ...]  # the ids of the records an output was computed from (the loss's logits)
 
 
 class StepSink(Protocol):
@@ -31,12 +35,7 @@ class StepSink(Protocol):
     def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None: ...
 
     def record_output(
-        self,
-        kind: str,
-        tensor: torch.Tensor,
-        deps: tuple[str, ...] = (),
-        name: str | None = None,
-        call: int | None = None,
+        self, kind: str, tensor: Tensor, deps: Deps = (), name: str | None = None, call: int | None = None
     ) -> Record | None:
         """The model's ``kind`` output of micro-batch ``call`` (None: the next of ``name``)."""
 
@@ -54,3 +53,42 @@ class StepSink(Protocol):
     def step(self) -> None: ...
 
     def close(self, failed: bool = False) -> None: ...
+
+
+class CaseSink(StepSink):
+    """A case trainer's ``StepSink``: every event does nothing unless the sink overrides it
+    (the case's hooks record the layers; the trainer keeps the scalars and settings)."""
+
+    mode: RecordingMode = "scalars"
+
+    def seek(self, step: int) -> None:
+        return None
+
+    def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        return None
+
+    def record_output(
+        self, kind: str, tensor: Tensor, deps: Deps = (), name: str | None = None, call: int | None = None
+    ) -> Record | None:
+        return None
+
+    def write_settings(self, settings: TrainingSettings) -> None:
+        return None
+
+    def record_initial_params(self, summary: dict[str, dict[str, float]]) -> None:
+        return None
+
+    def record_scalars(self, scalars: StepScalars) -> None:
+        return None
+
+    def updated(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def step(self) -> None:
+        return None
+
+    def close(self, failed: bool = False) -> None:
+        return None

@@ -17,11 +17,14 @@ writer's keys, in the writer's order). Code outside ``trace/`` reads their attri
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from ..errors import TraceError
+
+if TYPE_CHECKING:
+    from .records import Record
 
 __all__ = [
     "CompiledNote",
@@ -96,24 +99,41 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+class _Flat:
+    """A block whose JSON object is its fields, in order (integers, strings, lists of strings)."""
+
+    @classmethod
+    def from_json(cls, value: Any, where: str, path: str) -> Self:
+        f = _Fields(value, where, path)
+        return cls(**{x.name: _READ[str(x.type)](f, x.name) for x in fields(cast(Any, cls))})
+
+    def to_json(self) -> dict[str, Any]:
+        return {x.name: _plain(getattr(self, x.name)) for x in fields(cast(Any, self))}
+
+
+_READ: dict[str, Callable[[_Fields, str], Any]] = {
+    "int": _Fields.integer,
+    "str": _Fields.text,
+    "tuple[str, ...]": _Fields.texts,
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return dict(value) if isinstance(value, Mapping) else value
+
+
 @dataclass(frozen=True)
-class IncompleteStep:
+class IncompleteStep(_Flat):
     """A step an interrupted run left partial: which, and what is missing from it."""
 
     step: int
     detail: str
 
-    @classmethod
-    def from_json(cls, value: Any, where: str, path: str) -> IncompleteStep:
-        f = _Fields(value, where, path)
-        return cls(step=f.integer("step"), detail=f.text("detail"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "detail": self.detail}
-
 
 @dataclass(frozen=True)
-class MissingGrads:
+class MissingGrads(_Flat):
     """A step whose parameter grads were all gone at ``stop()`` (a few of their names)."""
 
     step: int
@@ -122,24 +142,9 @@ class MissingGrads:
     names: tuple[str, ...]
     why: str
 
-    @classmethod
-    def from_json(cls, value: Any, where: str, path: str) -> MissingGrads:
-        f = _Fields(value, where, path)
-        names = f.texts("names")
-        return cls(f.integer("step"), f.integer("rank"), f.integer("count"), names, f.text("why"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "rank": self.rank,
-            "count": self.count,
-            "names": list(self.names),
-            "why": self.why,
-        }
-
 
 @dataclass(frozen=True)
-class ReplicaMismatch:
+class ReplicaMismatch(_Flat):
     """A record the ranks of a merged side should hold the same and do not: ``kept`` is the
     rank whose copy was kept, ``differ`` the ranks that recorded other values (``detail``)."""
 
@@ -153,30 +158,9 @@ class ReplicaMismatch:
     detail: str
 
     @classmethod
-    def from_json(cls, value: Any, where: str, path: str) -> ReplicaMismatch:
-        f = _Fields(value, where, path)
-        return cls(
-            record=f.text("record"),
-            name=f.text("name"),
-            kind=f.text("kind"),
-            phase=f.text("phase"),
-            step=f.integer("step"),
-            kept=f.text("kept"),
-            differ=f.texts("differ"),
-            detail=f.text("detail"),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "record": self.record,
-            "name": self.name,
-            "kind": self.kind,
-            "phase": self.phase,
-            "step": self.step,
-            "kept": self.kept,
-            "differ": list(self.differ),
-            "detail": self.detail,
-        }
+    def of(cls, rec: Record, kept: str, differ: Sequence[str], detail: str) -> ReplicaMismatch:
+        """The finding on record ``rec``: ``differ`` recorded other values than ``kept``."""
+        return cls(rec.id, rec.name, rec.kind, rec.phase, rec.step, kept, tuple(differ), detail)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
@@ -81,6 +82,7 @@ from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..steps.layout_probe import check_layout, parallel_layout
 from ..steps.model_checks import ChunksRoot, check_recordable, chunks_of
 from ..steps.sharded_layout import check_sharded_recording, watch_partials
+from ..steps.step_sink import Deps
 from ..steps.unwrap import hooks_before_compile, unwrap
 from ..trace.native_io import begin_trace
 from ..trace.records import Record
@@ -251,12 +253,7 @@ class Recorder(RecorderWrites):
         self._output_calls.clear()
 
     def record_output(
-        self,
-        kind: str,
-        tensor: torch.Tensor,
-        deps: tuple[str, ...] = (),
-        name: str | None = None,
-        call: int | None = None,
+        self, kind: str, tensor: Tensor, deps: Deps = (), name: str | None = None, call: int | None = None
     ) -> Record | None:
         """Record the loss or the logits of this step (nothing while not recording); ``deps``:
         the ids of the records it was computed from (the loss's logits); ``name``: the record's

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ...config.specs import CaseSpec, ModelSpec
 from ...errors import CaseError
@@ -31,6 +32,7 @@ from ...steps.run_settings import (
     trainer_precision,
 )
 from ...steps.spec import OptimizerSpec
+from ...steps.step_sink import CaseSink, Deps
 from ...trace.records import Record
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
@@ -237,9 +239,10 @@ def _trainer(
     return trainer, arguments
 
 
-class _CaseSink:
+class _CaseSink(CaseSink):
     """The Trainer case's ``StepSink``: each step through the skeleton into its recorder (the
-    outputs of the steps the boundary does not pause; the parameters once updated)."""
+    outputs of the steps the boundary does not pause; the parameters once updated); the
+    settings and scalars are the case's and ``TrainerSteps``' own."""
 
     def __init__(self, steps: StepSkeleton, recorder: HookRecorder) -> None:
         self.steps, self.recorder = steps, recorder
@@ -255,34 +258,14 @@ class _CaseSink:
         self.steps.begin(self.at, model, self.optimizer)
 
     def record_output(
-        self,
-        kind: str,
-        tensor: torch.Tensor,
-        deps: tuple[str, ...] = (),
-        name: str | None = None,
-        call: int | None = None,
+        self, kind: str, tensor: Tensor, deps: Deps = (), name: str | None = None, call: int | None = None
     ) -> Record | None:
         if self.steps.quiet:
             return None
         return self.recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call or 0)
 
-    def write_settings(self, settings: TrainingSettings) -> None:
-        pass  # the case makes its run's settings itself (``_training_block``)
-
-    def record_initial_params(self, summary: dict[str, dict[str, float]]) -> None:
-        pass  # TrainerSteps keeps them (``initial``)
-
-    def record_scalars(self, scalars: StepScalars) -> None:
-        pass  # TrainerSteps keeps them (``scalars``)
-
     def updated(self) -> None:
         self.steps.updated()
-
-    def stop(self) -> None:
-        pass  # the case's hooks record until the skeleton ends the step
-
-    def step(self) -> None:
-        pass
 
     def close(self, failed: bool = False) -> None:
         self.steps.end()
