@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import Any, Protocol, Self, cast
 
 from ..errors import TraceError
-
-if TYPE_CHECKING:
-    from .records import Record
 
 __all__ = [
     "CompiledNote",
@@ -38,6 +35,21 @@ __all__ = [
 ]
 
 PartialSums = tuple[float, ...] | None  # one call's (max, min, sum, norm); None: NaN or Inf
+
+
+class _Recorded(Protocol):
+    """What a finding names of its record (a ``records.Record``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def step(self) -> int: ...
 
 
 class _Fields:
@@ -158,7 +170,7 @@ class ReplicaMismatch(_Flat):
     detail: str
 
     @classmethod
-    def of(cls, rec: Record, kept: str, differ: Sequence[str], detail: str) -> ReplicaMismatch:
+    def of(cls, rec: _Recorded, kept: str, differ: Sequence[str], detail: str) -> ReplicaMismatch:
         """The finding on record ``rec``: ``differ`` recorded other values than ``kept``."""
         return cls(rec.id, rec.name, rec.kind, rec.phase, rec.step, kept, tuple(differ), detail)
 
