@@ -14,7 +14,10 @@ rank; ``tp_style``: plain, ``sp`` (also ``SequenceParallel`` on the norms: the r
 along the sequence, the embedding and o/down projections' outputs reduce-scattered to it, attention,
 MLP and ``lm_head`` inputs gathered), ``dtensor_out`` (gate and up projections with
 ``use_local_output=False``: DTensors handed on to ``act_fn`` and ``down_proj``), ``custom`` (gate
-and up projections under the user's own ``ParallelStyle`` subclass, ``OwnColwise``); fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
+and up projections under the user's own ``ParallelStyle`` subclass, ``OwnColwise``), ``titan``
+(``sp`` with the MLP under ``PrepareModuleInputOutput``: its output split along the sequence by the
+style), ``prepared`` (``plain`` with ``PrepareModuleInput`` on the attention and MLP and the final
+norm's output split along the sequence by ``PrepareModuleOutput``); fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
 last rank only where said: ``scale_rank_from=k`` (the last rank's parameter grads x 2 before
@@ -200,7 +203,7 @@ def micro_batches(
     # sequence parallelism: the embeddings the model sees are the rank's part of the sequence,
     # so the positions (rotary) and the causal mask of the whole sequence are given
     where: dict[str, Any] = {}
-    if run["tp_style"] == "sp":
+    if run["tp_style"] in ("sp", "titan"):
         causal = torch.full((SEQ, SEQ), torch.finfo(torch.float32).min).triu(1)[None, None]
         where = {"position_ids": torch.arange(SEQ)[None], "attention_mask": {"full_attention": causal}}
     return [
