@@ -27,7 +27,9 @@ clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard
 global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
 weight of the step before: a stale parameter after a missing re-gather), ``tp_shard_from=k`` (the
 last rank's share of ``model.layers.1.mlp.down_proj``'s row-parallel output, its partial sum
-before the all-reduce, doubled: one TP rank's shard wrong), ``shuffle_from=k`` (every rank
+before the all-reduce, doubled: one TP rank's shard wrong), ``tp_grad_from=k`` (the last rank's
+local shard of ``model.layers.1.mlp.down_proj.weight``'s grad doubled: one TP rank's grad
+wrong), ``shuffle_from=k`` (every rank
 draws its rows from its own shuffle of the data, seeded by its rank: other rows than the
 global batch's).
 """
@@ -61,6 +63,7 @@ BASELINE: dict[str, Any] = {
     "local_norm_from": None,
     "stale_from": None,
     "tp_shard_from": None,
+    "tp_grad_from": None,
     "shuffle_from": None,
     "tp_style": "plain",
     "golden": None,
@@ -121,6 +124,14 @@ def optimizer_of(model: torch.nn.Module, run: dict[str, Any]) -> torch.optim.Opt
         return zero
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=5e-3)
+
+
+def plant_grad_fault(model: torch.nn.Module, run: dict[str, Any], last: bool, step_now: list[int]) -> None:
+    """``tp_grad_from``: the last rank's local shard of ``model.layers.1.mlp.down_proj.weight``'s
+    grad doubled (a hook on the parameter ``parallelize_module`` made)."""
+    if run["tp_grad_from"] is not None and last:
+        weight = model.model.layers[1].mlp.down_proj.weight  # type: ignore[union-attr, index]
+        weight.register_hook(lambda g: g * 2 if step_now[0] >= run["tp_grad_from"] else g)
 
 
 def wrap(model: torch.nn.Module, run: dict[str, Any], world: int) -> torch.nn.Module:
@@ -225,6 +236,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
     plant_faults(model, run, rank == world - 1, step_now)
     ddp = run["wrap"] == "ddp"
     wrapped = wrap(model, run, world)
+    plant_grad_fault(model, run, rank == world - 1, step_now)  # on the DTensor weight wrap made
     optimizer = optimizer_of(model, run)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP))
     params = list(model.parameters())

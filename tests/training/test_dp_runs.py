@@ -265,3 +265,22 @@ def test_sharding_schemes_reruns_and_faults_at_their_step_class_and_rank(tmp_pat
     done = run_dump_suite(config, tmp_path / "suite_report")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "1 passed" in done.stdout and "aligned" in done.stdout
+
+
+@pytest.mark.slow  # two launches of ~40 s and two compares; tox -e slow
+def test_a_grad_scaled_on_one_tp_rank_is_named_at_its_step_and_rank(tmp_path: Path) -> None:
+    """A fault in the backward of one TP rank (``tp_grad_from=1``: the last rank's local shard of
+    ``model.layers.1.mlp.down_proj.weight``'s grad doubled) is found at step 1, backward, at its
+    module; against a TP run of the same layout each rank's local grad shard names rank1 (on
+    main before this: never named); against one process, one line says why it cannot be."""
+    record(tmp_path, 1, "one:total=3")
+    record(tmp_path, 2, "tp:wrap=tp,total=3", "tpgrad:wrap=tp,total=3,tp_grad_from=1")
+    param = "model.layers.1.mlp.down_proj.weight"
+    for base, said in (
+        ("tp", f"TP rank1: its local shard of {param}'s grad differs from the other side's same rank's"),
+        ("one", f"which TP rank's shard of {param}'s grad differs cannot be told"),
+    ):
+        judged = compare(tmp_path / base, tmp_path / "tpgrad", tmp_path / f"{base}_report")
+        assert judged.exit_code == 1 and judged.verdict() == (1, "backward"), judged.output
+        assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+        assert said in judged.training["evidence"], judged.training["evidence"]

@@ -196,18 +196,30 @@ def _between(
     return list(out.values())
 
 
-def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+def partials_note(ranks: Sequence[Any], step: Any, key: str = "tp_partials") -> dict[str, Any]:
     """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
     the ranks' manifests (``parallel.dtensors.tp_partials``, ``steps/tp_partials.py``);
-    empty where no rank kept partial sums."""
+    empty where no rank kept partial sums. ``key="tp_grad_shards"``: the ``tp_grad_shards``
+    note (``{step: {param: {rank: calls}}}``), each rank's local shards of the sharded weights'
+    grads."""
     by_module: dict[str, dict[str, Any]] = {}
     for rank in ranks:  # RankTrace
         parallel = rank.trace.manifest.get("parallel")
         dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
-        kept = dtensors.get("tp_partials") if isinstance(dtensors, Mapping) else None
+        kept = dtensors.get(key) if isinstance(dtensors, Mapping) else None
         for module, calls in (kept or {}).items() if isinstance(kept, Mapping) else ():
             by_module.setdefault(str(module), {})[str(rank.rank)] = calls
     return {str(step): by_module} if by_module else {}
+
+
+def tp_notes(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+    """The merged step's ``tp_partials`` and ``tp_grad_shards`` notes (``partials_note``), each
+    the first rank's own where the ranks' manifests hold none."""
+    notes = ranks[0].trace.notes
+    return {
+        "tp_partials": partials_note(ranks, step) or notes.tp_partials,
+        "tp_grad_shards": partials_note(ranks, step, "tp_grad_shards") or notes.tp_grad_shards,
+    }
 
 
 def tp_plan_of(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:
