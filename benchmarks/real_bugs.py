@@ -76,7 +76,7 @@ def venv_python(venvs: Path, release: str | None) -> str:
     steps = [
         [sys.executable, "-m", "venv", str(folder)],
         # torch 2.13's CPU build first, unless the release is a torch release itself (a torch
-        # bug's sides: PyPI's Linux wheels of older torch are CUDA builds, ~4 GB a venv with
+        # bug's sides: PyPI's Linux wheels of older torch are CUDA builds, ~5 GB a venv with
         # their nvidia wheels)
         *([] if "torch==" in release else [[str(python), "-m", "pip", "install", "-q", "torch==2.13.0"]]),
         [str(python), "-m", "pip", "install", "-q", *release.split(), *BASE_REQUIREMENTS],

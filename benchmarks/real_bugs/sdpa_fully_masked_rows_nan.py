@@ -5,7 +5,7 @@ PR #133882 calling it from SDPA's math path; the reports are pytorch issues #415
 #103749, a user's own attention calling it with a padding mask).
 
 Buggy and fixed releases from the registry: torch 2.4.1 and 2.5.1, each in its own venv (the
-Linux wheels of both are CUDA builds: ~4 GB a venv with their nvidia wheels), the same script.
+Linux wheels of both are CUDA builds: ~5 GB a venv with their nvidia wheels), the same script.
 Measured on the CPU, a causal mask and a left-padded row, ``F.scaled_dot_product_attention``
 in its default dispatch: 2.4.1 has no ``torch.ops.aten._safe_softmax`` and gives NaN on the
 fully masked rows (forward and grads; the math and the CPU flash kernels alike), 2.5.1 has it
