@@ -6,6 +6,8 @@ case trainers' specs, below the recorders and trainers that use them.
 - ``step_norms``: the parameter and update norms, the grads' norm and zero count, each tensor
   read once; ``sharded_norms``: the same of DTensor parameters and grads (FSDP2, tensor
   parallelism), summed over the ranks that shard them.
+- ``torch_norms``: the total norm and the clipping by a given norm as torch's ``clip_grad_norm_``
+  computes them, by hand on torch 2.4/2.5 (no ``get_total_norm`` / ``clip_grads_with_norm_``).
 - ``optimizer_steps``: each optimizer step measured around the torch optimizer's step hooks
   (after the framework's clipping), the plan from the run's own schedulers, written into a
   ``step_sink`` (``StepSink``: the ``Recorder``, or a case trainer's sink).
