@@ -2,8 +2,9 @@
 ``Recorder`` manifest holds, written by the recorder and checked by the compare. Torch-free.
 
 * ``run_id``: made when a recorder claims its root for a run from step 0 (``training.run_root``),
-  kept by a resumed run, which continues the recording (read from the last step it keeps),
-  made anew by a run resumed into a new root (its steps before the checkpoint are elsewhere).
+  kept by a resumed run, which continues the recording (read from the last step it keeps, or
+  from its first part when it resumes into a new root that points to it, ``run_parts``),
+  made anew by a run resumed into a new root with no pointer (a run of its own there).
   Per rank: the ranks of one run need not share it.
 * ``launch_id``: the launcher's id of this launch (``TORCHELASTIC_RUN_ID``, which torchrun
   makes a new uuid for every single-node launch; absent without one or when it is ``none``).
