@@ -34,29 +34,36 @@ def _compare(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int,
     return code, captured.err.strip() if code == 2 else captured.out
 
 
-def _parts(tmp_path: Path, mode: str = "stats") -> tuple[Path, Path, Path]:
+def _parts(tmp_path: Path, mode: str = "stats", fmt: str = "native") -> tuple[Path, Path, Path]:
     """The full run (steps 0..3); its first part, killed inside step 3 after a checkpoint at
     step 2 (steps 0..2 recorded, step 3 begun); the run resumed from that checkpoint into a
     new root (steps 2, 3: step 2 of the first part is work the resume repeated)."""
-    full = record(tmp_path / "full", mode=mode)
-    first = record(tmp_path / "job1", mode=mode, stop_inside=3)
-    resumed = record(tmp_path / "job2", mode=mode, first=2, continues=first)
+    full = record(tmp_path / "full", mode=mode, fmt=fmt)
+    first = record(tmp_path / "job1", mode=mode, fmt=fmt, stop_inside=3)
+    resumed = record(tmp_path / "job2", mode=mode, fmt=fmt, first=2, continues=first)
     return full, first, resumed
 
 
-@pytest.mark.parametrize("mode", ["stats", pytest.param("scalars", marks=SLOW)])
+FORMATS = {"stats": ("stats", "native"), "scalars": ("scalars", "native"), "msprobe": ("stats", "msprobe")}
+
+
+@pytest.mark.parametrize(
+    "name", ["stats", pytest.param("scalars", marks=SLOW), pytest.param("msprobe", marks=SLOW)]
+)
 def test_a_run_resumed_into_a_new_root_compares_as_one_run(
-    mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    full, first, resumed = _parts(tmp_path, mode)
-    held = json.loads(manifest(resumed, 2).read_text())
-    first_id = json.loads(manifest(first, 0).read_text())[RUN_ID_KEY]
+    mode, fmt = FORMATS[name]
+    full, first, resumed = _parts(tmp_path, mode, fmt)
+    file = "manifest.json" if fmt == "native" else "precalign_manifest.json"
+    held = json.loads(manifest(resumed, 2, file).read_text())
+    first_id = json.loads(manifest(first, 0, file).read_text())[RUN_ID_KEY]
     assert held[CONTINUES_KEY] == {"root": "../job1", "run_id": first_id, "step": 1}
     assert held[RUN_ID_KEY] == first_id  # the parts are one run
     for a, b in ((full, resumed), (resumed, full)):
         code, out = _compare(a, b, capsys)
         assert code == 0 and "stopped inside" not in out, out
-    planted = record(tmp_path / "job2-nan", mode=mode, first=2, continues=first, nan_at=3)
+    planted = record(tmp_path / "job2-nan", mode=mode, fmt=fmt, first=2, continues=first, nan_at=3)
     code, out = _compare(full, planted, capsys)
     assert code == 1 and "step 3 diverged first: loss" in out, out
 
@@ -69,6 +76,57 @@ def test_parts_moved_together_still_join(tmp_path: Path, capsys: pytest.CaptureF
     for part in (first, resumed):
         shutil.move(part, tmp_path / "archive" / part.name)
     assert _compare(full, tmp_path / "archive" / "job2", capsys)[0] == 0
+
+
+@SLOW
+def test_a_step_folder_of_the_new_root_is_that_step_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full, _, resumed = _parts(tmp_path)
+    code, out = _compare(full / "step3", resumed / "step3", capsys)
+    assert code == 0, out  # the pointer is relative to the root, not followed from a step folder
+
+
+def _dp_run(root: Path, *, first: int = 0, stop_after: int = 4, continues: Path | None = None) -> Path:
+    """Both ranks of a 2-rank data-parallel run (the same rows on each replica) recorded as
+    its processes would, steps ``first`` .. ``stop_after - 1`` (the steps before ``first``
+    trained unrecorded, from the same seed)."""
+    import torch
+
+    for rank in (0, 1):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(root, mode="stats", layout={"dp": 2, "rank": rank})
+        rec.seek(first, continues=continues)
+        for step in range(stop_after):
+            if step >= first:
+                rec.start(model)
+            model(torch.full((2, 4), float(step + 1))).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step >= first:
+                rec.stop()
+                rec.step()
+        rec.close()
+    return root
+
+
+@SLOW
+def test_a_data_parallel_run_resumed_into_a_new_root_joins_rank_by_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = _dp_run(tmp_path / "full")
+    first = _dp_run(tmp_path / "job1", stop_after=2)
+    resumed = _dp_run(tmp_path / "job2", first=2, continues=first)
+    ids = {
+        json.loads(manifest(resumed, 2).parent.parent.joinpath(f"rank{r}/manifest.json").read_text())[
+            RUN_ID_KEY
+        ]
+        for r in (0, 1)
+    }
+    assert len(ids) == 2  # each rank continues its own run id
+    assert _compare(full, resumed, capsys)[0] == 0
 
 
 def _rerun_first(first: Path) -> None:

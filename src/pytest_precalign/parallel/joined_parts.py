@@ -35,8 +35,10 @@ class RootSteps:
 
 def joined_parts(root: Path, found: Found, read: Callable[[Path, Found], RootSteps]) -> list[RootSteps]:
     """The parts of the run recorded in ``root`` (``found``: its steps), first part first;
-    ``read`` merges the steps of one root."""
+    ``read`` merges the steps of one root. A step folder given alone is read alone."""
     parts = [read(root, found)]
+    if not any((root / f"step{step}").is_dir() for step in found):
+        return parts  # one step folder: that step alone, as asked
     while (pointers := parts[0].ids.first_part()) is not None:
         later = parts[0]
         pointer = next(iter(pointers.values()))
