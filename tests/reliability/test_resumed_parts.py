@@ -202,3 +202,17 @@ def test_a_resume_told_a_first_part_that_holds_none_of_its_steps_is_refused_befo
         rec.start(model)
     assert not (tmp_path / "job2").exists()
     rec.close()
+
+
+@SLOW
+def test_a_run_resumed_twice_into_new_roots_joins_its_three_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed inside step 2, resumed at 2 into b and killed inside step 4, resumed at 3 into c:
+    c -> b (steps 2) -> a (steps 0, 1) is one run of 5 steps."""
+    full = record(tmp_path / "full", mode="stats", steps=5)
+    a = record(tmp_path / "a", mode="stats", steps=5, stop_inside=2)
+    b = record(tmp_path / "b", mode="stats", steps=5, first=2, continues=a, stop_inside=4)
+    c = record(tmp_path / "c", mode="stats", steps=5, first=3, continues=b)
+    code, out = _compare(full, c, capsys)
+    assert code == 0 and "stopped inside" not in out, out
