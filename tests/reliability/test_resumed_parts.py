@@ -60,9 +60,10 @@ def test_a_run_resumed_into_a_new_root_compares_as_one_run(
     first_id = json.loads(manifest(first, 0, file).read_text())[RUN_ID_KEY]
     assert held[CONTINUES_KEY] == {"root": "../job1", "run_id": first_id, "step": 1}
     assert held[RUN_ID_KEY] == first_id  # the parts are one run
+    joined = f"{resumed}: one run joined from its parts: steps up to 1 from {first} (the part before it)"
     for a, b in ((full, resumed), (resumed, full)):
         code, out = _compare(a, b, capsys)
-        assert code == 0 and "stopped inside" not in out, out
+        assert code == 0 and "stopped inside" not in out and joined in out, out
     planted = record(tmp_path / "job2-nan", mode=mode, fmt=fmt, first=2, continues=first, nan_at=3)
     code, out = _compare(full, planted, capsys)
     assert code == 1 and "step 3 diverged first: loss" in out, out
