@@ -78,6 +78,30 @@ def test_a_trainer_stopped_at_its_checkpoint_and_resumed_into_a_new_root_compare
     assert "Traceback" not in done.stderr, done.stderr
 
 
+def test_a_trainer_recorded_only_once_resumed_saves_its_checkpoints_and_says_it_has_no_first_part(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint was saved without the callback (no entry in ``stateful_callbacks``):
+    transformers' next save looks the callback's entry up (a KeyError ended the run before the
+    callback added it), and the run warns that its new root compares as a run of its own."""
+    assert _run(tmp_path, "job1", "--stop-after", "2", "--unrecorded").returncode == 0
+    cmd = [sys.executable, "-W", "always::RuntimeWarning", str(HERE / "resume_run.py")]
+    env = {**_env(), "PYTHONWARNINGS": "always::RuntimeWarning"}
+    done = subprocess.run(
+        [*cmd, "job2", "--resume", "job1.out/checkpoint-2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "job2.out" / "checkpoint-4").is_dir()
+    assert "does not say where its steps before 2 were recorded" in done.stderr, done.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "job2").iterdir()) == ["step2", "step3"]
+
+
 def test_the_callback_added_twice_is_refused_before_the_first_step_trains(tmp_path: Path) -> None:
     done = _run(tmp_path, "twice", "--twice")
     assert done.returncode == 1
