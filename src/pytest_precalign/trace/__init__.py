@@ -14,7 +14,8 @@ never finished: a run that stopped inside step k), ``trace_notes`` (``TraceNotes
 recorder, a merge or the contract check noted of a trace; the only reader and writer of the
 manifest's note keys), ``checksums`` (the sha256 of every file of a recording folder, written
 last by every writer and checked by every reader), ``run_ids`` (which run and launch wrote
-each step of a recording root; a mix refused).
+each step of a recording root; a mix refused), ``run_parts`` (the pointer a run resumed into
+a new root keeps to its first part).
 """
 
 from __future__ import annotations
