@@ -2,29 +2,37 @@
 (issue 45, item 6: the micro-benchmark behind ``recording/compiled_stats.py``'s choices).
 
 What it measures
-    The tensors a stats-mode recorder reads in one forward of the Qwen2 of ``--size``
-    (``benchmarks/_shared.py``; every module's inputs and outputs, as ``InGraphStats`` takes
-    them, captured from one eager forward), then, for each variant of the statistics vector,
+    The distinct tensors a stats-mode recorder reads in one step of the Qwen2 of ``--size``
+    (``benchmarks/_shared.py``), captured from one eager forward and backward: the forward's
+    (every module's inputs and outputs, as ``InGraphStats`` takes them) and the backward's
+    (the grad of every module output that requires grad, as ``compiled_grads.py`` takes them),
+    each set timed apart (``forward_*``, ``backward_*``); then, for each variant of the statistics vector,
     one ``torch.compile``d function (inductor, CPU) that computes the vectors of all of them,
     timed in interleaved rounds (medians, wall and CPU seconds). Each distinct shape gets its
     own compiled function (one tensor of it timed, times the number of tensors of that shape:
     a step's statistics, without compiling a graph of all of them). The variants:
 
+    ``read``     ``amax`` of the tensor as it is, nothing else: one read of every tensor, the
+                 floor of any statistics that read each recorded tensor once
     ``f64``      every statistic on the tensor widened to float64, the counts by ``isnan`` and
                  ``isinf`` (the vector before this change: inductor's CPU code has no vector
                  ``isnan``/``isinf`` for float64, it stores each 16 values and tests them one by one)
-    ``compares`` as ``f64``, the counts by ``w != w`` and ``|w| == inf`` (vectorised compares)
+    ``compares`` as ``f64``, the counts by ``w != w`` and ``|w| == inf`` (vectorised compares;
+                 the vector of sessions 2-22, before max, min and counts moved to the tensor's dtype)
     ``native``   as ``compares``, max, min and the counts on the tensor as it is (exact in
                  its own dtype), only the sums on the float64 widening
     ``nocounts`` as ``f64`` without the two counts (to see what they cost)
     ``f32acc``   as ``native``, the sums accumulated in float32 (to see what float64 costs)
-    ``current``  ``compiled_stats.stats_vector_in_graph`` as it is in this checkout
+    ``current``  ``in_graph_vector.stats_vector_in_graph`` as it is in this checkout (since
+                 session 22: max, min and int32 counts on the tensor's own dtype, the sums on
+                 the float64 widening)
 
     Also reported: each variant's largest error of the mean (relative to the tensor's largest
     magnitude) and of the norm (relative) against torch's float64 sums, the rule
     ``tests/recording/test_compiled_stats.py`` holds them to.
 
-    python benchmarks/compiled_stats_kernels.py --size mid --rounds 7
+    cd benchmarks && OMP_NUM_THREADS=1 python compiled_stats_kernels.py --size mid --rounds 7 \
+        --variants read,compares,current
 """
 
 from __future__ import annotations
@@ -46,6 +54,10 @@ from pytest_precalign.recording.module_names import clean, is_wrapper
 from pytest_precalign.recording.tensor_summary import flatten
 
 Vector = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _read(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().amax().double().reshape(1)
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
@@ -89,6 +101,7 @@ def _f32acc(t: torch.Tensor) -> torch.Tensor:
 
 
 VARIANTS: dict[str, Vector] = {
+    "read": _read,
     "f64": _f64,
     "compares": _compares,
     "native": _native,
@@ -98,20 +111,57 @@ VARIANTS: dict[str, Vector] = {
 }
 
 
-def captured(model: torch.nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every module call's inputs and outputs of one eager forward (detached copies)."""
+def captured(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every distinct tensor among the module calls' inputs and outputs of one eager forward
+    (one tensor that is a module's output and the next one's input is summarised once: the
+    compiled graph's common-subexpression pass merges its statistics), and the grads of the
+    outputs that require grad from its backward (detached copies)."""
     found: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
+    seen: dict[int, torch.Tensor] = {}  # id -> the tensor, kept alive so that ids stay unique
 
     def take(value: Any) -> None:
-        found.extend(t.detach().clone() for _, t in flatten(value, "x") if t.numel())
+        for _, t in flatten(value, "x"):
+            if t.numel() and id(t) not in seen:
+                seen[id(t)] = t
+                found.append(t.detach().clone())
+
+    def take_out(value: Any) -> None:
+        take(value)
+        for _, t in flatten(value, "x"):
+            if t.requires_grad and t.numel():
+                t.register_hook(lambda g: grads.append(g.detach().clone()))
 
     for name, module in model.named_modules():
         if clean(name) and not is_wrapper(module):
             module.register_forward_pre_hook(lambda m, a, k: take((a, k)), with_kwargs=True)
-            module.register_forward_hook(lambda m, a, k, o: take(o), with_kwargs=True)
-    with torch.no_grad():
-        model(input_ids=ids, labels=ids)
-    return found
+            module.register_forward_hook(lambda m, a, k, o: take_out(o), with_kwargs=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    return found, grads
+
+
+def _groups(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """One floating tensor of each (shape, dtype) and how many of the tensors have it."""
+    groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.is_floating_point():
+            groups.setdefault((tuple(t.shape), t.dtype), []).append(t)
+    return [ts[0] for ts in groups.values()], [len(ts) for ts in groups.values()]
+
+
+def _errors(fns: list[Vector], reps: list[torch.Tensor]) -> tuple[float, float]:
+    """The largest error of the mean (x max|x|) and of the norm (relative) against torch's
+    float64 sums: the rule ``tests/recording/test_compiled_stats.py`` holds them to."""
+    mean_err = norm_err = 0.0
+    for fn, t in zip(fns, reps, strict=True):
+        r = fn(t).tolist()
+        if len(r) < 4:  # ``read``: no sums
+            return 0.0, 0.0
+        wide = t.double()
+        total, squares, top = wide.sum().item(), wide.square().sum().item(), t.abs().max().item()
+        mean_err = max(mean_err, abs(r[2] - total) / (max(top, 1e-300) * t.numel()))
+        norm_err = max(norm_err, abs(r[3] ** 0.5 - squares**0.5) / max(squares**0.5, 1e-300))
+    return mean_err, norm_err
 
 
 def main() -> None:
@@ -126,59 +176,46 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     model = build_qwen2(size, "sdpa")
     ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(0))
-    tensors = captured(model, ids)
-    groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-    for t in tensors:
-        if t.is_floating_point():
-            groups.setdefault((tuple(t.shape), t.dtype), []).append(t)
-    reps = [ts[0] for ts in groups.values()]  # one tensor of each shape, its statistics timed
-    counts = [len(ts) for ts in groups.values()]
-    facts: dict[str, Any] = {
-        "size": args.size,
-        "tensors": len(tensors),
-        "shapes": len(reps),
-        "elements": sum(t.numel() for t in tensors),
-    }
+    sets = dict(zip(("forward", "backward"), captured(model, ids), strict=True))
+    facts: dict[str, Any] = {"size": args.size}
     names = args.variants.split(",")
-    fns = {(n, i): torch.compile(VARIANTS[n], dynamic=False) for n in names for i in range(len(reps))}
-    for name in names:
-        began = time.perf_counter()
-        rows = [fns[name, i](t).tolist() for i, t in enumerate(reps)]
-        facts[f"{name}_compile_s"] = round(time.perf_counter() - began, 1)
-        # the test's rule: |mean - mean_ref| / max|x| and the norm's relative error, against
-        # torch's float64 sums
-        mean_err = norm_err = 0.0
-        for r, t in zip(rows, reps, strict=True):
-            total, squares, top = (
-                t.double().sum().item(),
-                t.double().square().sum().item(),
-                t.abs().max().item(),
-            )
-            mean_err = max(mean_err, abs(r[2] - total) / (max(top, 1e-300) * t.numel()))
-            norm_err = max(norm_err, abs(r[3] ** 0.5 - squares**0.5) / max(squares**0.5, 1e-300))
-        facts[f"{name}_mean_err"], facts[f"{name}_norm_err"] = mean_err, norm_err
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    kernels: dict[tuple[str, str], list[tuple[Vector, torch.Tensor, int]]] = {}
+    for part, tensors in sets.items():
+        reps, counts = _groups(tensors)
+        facts[f"{part}_tensors"], facts[f"{part}_shapes"] = len(tensors), len(reps)
+        facts[f"{part}_elements"] = sum(t.numel() for t in tensors)
+        for name in names:
+            began = time.perf_counter()
+            fns = [torch.compile(VARIANTS[name], dynamic=False) for _ in reps]
+            facts[f"{part}_{name}_mean_err"], facts[f"{part}_{name}_norm_err"] = _errors(fns, reps)
+            facts[f"{part}_{name}_compile_s"] = round(time.perf_counter() - began, 1)
+            kernels[part, name] = list(zip(fns, reps, counts, strict=True))
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in kernels}
     order = random.Random(0)
+    keys = list(kernels)
     for _ in range(args.rounds):
-        order.shuffle(names)
-        for name in names:  # one step's statistics: each shape's kernel times its tensor count
+        order.shuffle(keys)
+        for key in keys:  # one step's statistics: each shape's kernel times its tensor count
             wall = cpu = 0.0
-            for i, t in enumerate(reps):
+            for fn, t, count in kernels[key]:
                 w, c = time.perf_counter(), time.process_time()
-                fns[name, i](t)
-                wall += (time.perf_counter() - w) * counts[i]
-                cpu += (time.process_time() - c) * counts[i]
-            times[name].append((wall, cpu))
-    for name, rows in times.items():
-        facts[f"{name}_ms"] = round(1000 * statistics.median(r[0] for r in rows), 2)
-        facts[f"{name}_cpu_ms"] = round(1000 * statistics.median(r[1] for r in rows), 2)
+                fn(t)
+                wall += (time.perf_counter() - w) * count
+                cpu += (time.process_time() - c) * count
+            times[key].append((wall, cpu))
+    for (part, name), rows in times.items():
+        facts[f"{part}_{name}_ms"] = round(1000 * statistics.median(r[0] for r in rows), 2)
+        facts[f"{part}_{name}_cpu_ms"] = round(1000 * statistics.median(r[1] for r in rows), 2)
     facts["rounds"] = args.rounds
     facts.update(run_facts(load_start, os.getloadavg()[0]))
-    for name in sorted(names):
-        print(
-            f"{name:9s} {facts[f'{name}_ms']:8.2f} ms wall {facts[f'{name}_cpu_ms']:8.2f} ms CPU; "
-            f"mean err {facts[f'{name}_mean_err']:.3g} x max|x|, norm rel err {facts[f'{name}_norm_err']:.3g}"
-        )
+    for part in sets:
+        print(f"{part}: {facts[f'{part}_tensors']} tensors, {facts[f'{part}_elements']} elements")
+        for name in names:
+            key = f"{part}_{name}"
+            print(
+                f"  {name:9s} {facts[f'{key}_ms']:8.2f} ms wall {facts[f'{key}_cpu_ms']:8.2f} ms CPU; "
+                f"mean err {facts[f'{key}_mean_err']:.3g} x max|x|, norm rel err {facts[f'{key}_norm_err']:.3g}"
+            )
     print(json.dumps(facts))
 
 

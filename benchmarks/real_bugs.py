@@ -75,7 +75,10 @@ def venv_python(venvs: Path, release: str | None) -> str:
     print(f"making {folder} ({release}); kept for later runs", flush=True)
     steps = [
         [sys.executable, "-m", "venv", str(folder)],
-        [str(python), "-m", "pip", "install", "-q", "torch==2.13.0"],
+        # torch 2.13's CPU build first, unless the release is a torch release itself (a torch
+        # bug's sides: PyPI's Linux wheels of older torch are CUDA builds, ~5 GB a venv with
+        # their nvidia wheels)
+        *([] if "torch==" in release else [[str(python), "-m", "pip", "install", "-q", "torch==2.13.0"]]),
         [str(python), "-m", "pip", "install", "-q", *release.split(), *BASE_REQUIREMENTS],
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO)],
     ]

@@ -1,6 +1,6 @@
 """benchmarks/real_bugs.py on three of its real bugs, the ones that need no second venv, so
-the benchmark cannot rot: each is recorded on its user's path (an IPO loop with
-``Recorder``, a Lightning run with ``PrecalignLightningCallback``, a ``transformers.Trainer``
+the benchmark cannot rot: each is recorded on its user's path (an accelerate loop with
+``AccelerateSteps``, a Lightning run with ``PrecalignLightningCallback``, a ``transformers.Trainer``
 run of the user's own model with ``PrecalignCallback``), judged by ``precalign compare`` and scored; its clean twin
 must pass. The full benchmark (22 bugs, with release venvs) is ``python benchmarks/real_bugs.py``."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.helpers.paths import REPO, SRC
 
-SUBSET = "ipo_summed_logps,lightning_partial_accumulation,custom_model_no_loss_kwargs"
+SUBSET = "accelerate_scheduler_every_micro_batch,lightning_partial_accumulation,custom_model_no_loss_kwargs"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,16 +41,20 @@ def test_subset_is_detected_at_its_step_and_twins_pass(tmp_path: Path) -> None:
     assert figures["right_step"] == 3
     assert figures["false_alarms"] == 0
     rows = {r["name"]: r for r in figures["rows"]}
-    assert rows["ipo_summed_logps"]["fault"]["found"] == [0, "loss", "loss"]
+    assert rows["accelerate_scheduler_every_micro_batch"]["fault"]["found"] == [0, "schedule", "lr[0]"]
     assert rows["lightning_partial_accumulation"]["fault"]["found"][:2] == [2, "loss"]
     assert rows["custom_model_no_loss_kwargs"]["fault"]["found"] == [0, "settings", "loss_normalisation"]
     assert all(r["right_class"] and r["right_origin"] for r in rows.values())
     # a re-implementation records both sides in one process (the import paid once)
     assert all(list(r["recording"]) == ["fixed+buggy"] for r in rows.values())
     table = (tmp_path / "real_bugs.md").read_text(encoding="utf-8")
-    assert "| ipo_summed_logps | trl | trl PR #1265 (issues #1294, #1677) | re-implementation |" in table
+    assert (
+        "| accelerate_scheduler_every_micro_batch | accelerate | accelerate issue #963, PR #999 | re-implementation |"
+        in table
+    )
     # a re-implementation says why no release was used
-    assert "## Why no release" in table and "- **ipo_summed_logps**: the releases are trl 0.7.10" in table
+    assert "## Why no release" in table
+    assert "- **accelerate_scheduler_every_micro_batch**: tried: accelerate 0.15.0 (buggy)" in table
     assert "## Candidates found but not yet reproduced" in table
 
 

@@ -49,6 +49,11 @@ TF_4530, TF_4531 = "transformers==4.53.0 accelerate==1.15.0", "transformers==4.5
 MCORE_0110, MCORE_0120 = "megatron-core==0.11.0", "megatron-core==0.12.0"
 MCORE_0123, MCORE_0131 = "megatron-core==0.12.3", "megatron-core==0.13.1"  # around the group-routing fix
 TF_4452, TF_4460 = "transformers==4.45.2 accelerate==1.0.1", "transformers==4.46.0 accelerate==1.0.1"
+# trl 0.7.x imports transformers.top_k_top_p_filtering (removed in 4.39): the last 4.38 beside it
+TRL_0710 = "trl==0.7.10 transformers==4.38.2 accelerate==0.27.2"
+TRL_0711 = "trl==0.7.11 transformers==4.38.2 accelerate==0.27.2"
+# the last torch before SDPA's _safe_softmax (PR #133882, first released in 2.5.0) and a 2.5
+TORCH_241, TORCH_251 = "torch==2.4.1", "torch==2.5.1"
 TF_5100, TF_5101 = "transformers==5.10.0 accelerate==1.15.0", "transformers==5.10.1 accelerate==1.15.0"
 
 BUGS: tuple[Bug, ...] = (
@@ -199,16 +204,12 @@ BUGS: tuple[Bug, ...] = (
         "sdpa_fully_masked_rows_nan",
         "torch",
         "pytorch PR #131060, PR #133882 (issues #41508, #103749)",
-        "Recorder(stats)",
+        "Recorder(stats), own model calling SDPA",
         0,
         "forward",
-        "model.layers.0.self_attn",
-        why_no_release=(
-            "the fix is in torch itself (SDPA calling _safe_softmax, PR #133882, August 2024); every "
-            "side of this benchmark runs torch 2.13 (the release venvs install torch==2.13.0), so a "
-            "buggy side would need a venv with a torch from before the fix and a transformers of its "
-            "era: not attempted; the re-implementation plants SDPA's math path before the fix"
-        ),
+        "layers.0.self_attn",
+        fixed_release=TORCH_251,
+        buggy_release=TORCH_241,
     ),
     Bug(
         "peft_set_scale_rslora",
@@ -236,17 +237,14 @@ BUGS: tuple[Bug, ...] = (
         "ipo_summed_logps",
         "trl",
         "trl PR #1265 (issues #1294, #1677)",
-        "Recorder(stats), own IPO loop",
+        'DPOTrainer(loss_type="ipo") + PrecalignCallback(stats)',
         0,
+        # the policy is its reference at step 0: both IPO losses are (0 - 1/(2 beta))^2, and the
+        # length factor enters through the loss's gradient (the grad w.r.t. lm_head's output)
         "loss",
         "loss",
-        why_no_release=(
-            "the releases are trl 0.7.10 (buggy) and 0.7.11 (fixed, commit 29d439a); the bug sits in "
-            "DPOTrainer.concatenated_forward, a Trainer method, and trl 0.7.x imports "
-            "transformers.top_k_top_p_filtering (removed in transformers 4.39), so a release side "
-            "needs transformers <= 4.38 and a DPOTrainer run, outside PrecalignCallback's range "
-            "(transformers >= 4.49); not attempted: the re-implementation quotes the fix's diff"
-        ),
+        fixed_release=TRL_0711,
+        buggy_release=TRL_0710,
     ),
     Bug(
         "accelerate_scheduler_every_micro_batch",

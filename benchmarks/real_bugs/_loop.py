@@ -31,6 +31,25 @@ def logits_loss(model: torch.nn.Module, batch: Batch, tokens: int) -> torch.Tens
     return torch.nn.functional.cross_entropy(flat, labels, ignore_index=-100, reduction="sum") / tokens
 
 
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The grads' total 2-norm (``torch.nn.utils.get_total_norm``, torch >= 2.6; the same sum
+    by hand under the older torch releases a torch bug's buggy side runs)."""
+    if hasattr(torch.nn.utils, "get_total_norm"):
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+def clip_with_norm(params: list[torch.nn.Parameter], clip: float, norm: torch.Tensor) -> None:
+    """``torch.nn.utils.clip_grads_with_norm_`` (torch >= 2.6), or its arithmetic by hand."""
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+        torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        return
+    coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef)
+
+
 def train(
     out: Path,
     model: torch.nn.Module,
@@ -86,9 +105,9 @@ def train(
             value.backward()
             total += value.item()
         params = [p for p in model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        norm = total_norm([p.grad for p in params if p.grad is not None])
         evidence.grads_before_clip(norm=float(norm))
-        torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        clip_with_norm(params, clip, norm)
         evidence.grads_after_clip()
         lr_now, wd = group_settings(optimizer)
         optimizer.step()

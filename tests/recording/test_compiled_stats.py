@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,9 @@ def test_compiled_user_run_records_what_the_eager_run_does_and_compares_aligned(
 def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype: torch.dtype) -> None:
     """Inductor's CPU code for the statistics vector has no element-by-element loop (it has no
     vector ``isnan``/``isinf`` for float64: those tested 16 values one at a time, most of the
-    kernel's time), and the counts are exact with NaN, +Inf and -Inf in the tensor."""
+    kernel's time); max, min and the counts run on the tensor's own lanes (float, int32 counts:
+    twice as many per vector as the float64 widening and int64), only the sums on float64; the
+    counts are exact with NaN, +Inf and -Inf in the tensor."""
     from torch._inductor.utils import run_and_get_code
 
     from pytest_precalign.recording.in_graph_vector import stats_vector_in_graph
@@ -157,6 +160,9 @@ def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype:
     assert torch.isnan(vector[:4]).all()  # max, min, sum, squares of a tensor holding NaN
     code = "\n".join(codes)
     assert "std::isnan(tmpbuf" not in code and "std::isinf(tmpbuf" not in code, code[:2000]
+    lanes = r"VectorizedN?<{}(,\d+)?> tmp_acc\d+_vec "  # an accumulator's lanes
+    assert re.search(lanes.format("float"), code), code[:4000]  # max, min
+    assert re.search(lanes.format("int32_t"), code) and not re.search(lanes.format("int64_t"), code)
     finite = torch.randn(4096, generator=torch.Generator().manual_seed(1)).to(dtype)
     vector = torch.compile(stats_vector_in_graph, backend="inductor")(finite)
     wide = finite.double()

@@ -29,12 +29,14 @@ def record(
     nan_at: int | None = None,
     overwrite: bool = False,
     first: int = 0,
+    continues: Path | None = None,
 ) -> Path:
     """A loop of ``steps`` optimizer steps recorded into ``root``. ``stop_inside``: the run
     ends inside that step, after its backward, as a killed run does (its recorder is dropped
     unclosed); ``nan_at``: that step's loss is NaN; ``first``: a run resumed at that step from
-    a checkpoint (the steps before it trained unrecorded, then ``Recorder.seek``)."""
-    _loop(root, mode, fmt, steps, stop_inside, nan_at, overwrite, first)
+    a checkpoint (the steps before it trained unrecorded, then ``Recorder.seek``);
+    ``continues``: the root its steps before ``first`` were recorded into."""
+    _loop(root, mode, fmt, steps, stop_inside, nan_at, overwrite, first, continues)
     gc.collect()  # a killed run's recorder is gone with its process
     return root
 
@@ -48,13 +50,14 @@ def _loop(
     nan_at: int | None,
     overwrite: bool,
     first: int,
+    continues: Path | None = None,
 ) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     xs = torch.randn(steps, 3, 4, generator=torch.Generator().manual_seed(1))
     rec = Recorder(root, mode=mode, format=fmt, overwrite=overwrite)
-    rec.seek(first)
+    rec.seek(first, continues=continues)
     rec.record_settings(model, optimizer, steps=steps)  # a resumed loop too, as a callback does
     for step in range(steps):
         if step < first:  # the checkpoint's steps: trained before, not recorded now

@@ -2,12 +2,15 @@
 ``test_run_roots.py``:
 
     python resume_run.py ROOT [--resume CHECKPOINT] [--twice] [--steps 4] [--overwrite]
-        [--nan-at STEP] [--select STEP...]
+        [--nan-at STEP] [--select STEP...] [--stop-after STEP] [--unrecorded]
 
 A tiny causal LM (fixed seed, nothing downloaded), 4 optimizer steps of 2 rows, a checkpoint
 every 2 steps into ``ROOT.out``. ``--resume``: resumed from that checkpoint (the usual way:
 the same callback, the same root); ``--twice``: the callback added twice on one root;
-``--nan-at STEP``: that step's loss is NaN (the model's forward returns NaN there).
+``--nan-at STEP``: that step's loss is NaN (the model's forward returns NaN there);
+``--stop-after N``: the run stops after N optimizer steps (``control.should_training_stop``,
+as a job that runs out of time does), its checkpoint at step N saved; ``--unrecorded``: no
+``PrecalignCallback`` (a run recorded only once resumed).
 """
 
 from __future__ import annotations
@@ -16,10 +19,19 @@ import argparse
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from pytest_precalign import PrecalignCallback
 from tests.helpers.tiny_lm import tiny_causal_lm
+
+
+class StopAfter(TrainerCallback):
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step >= self.steps:
+            control.should_training_stop = True
 
 
 def main() -> None:
@@ -30,6 +42,8 @@ def main() -> None:
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--nan-at", type=int)
+    parser.add_argument("--stop-after", type=int)
+    parser.add_argument("--unrecorded", action="store_true")
     parser.add_argument("--select", type=int, nargs="*", help="PrecalignCallback(steps=...), mode stats")
     options = parser.parse_args()
 
@@ -63,9 +77,13 @@ def main() -> None:
         data_seed=0,
     )
     selected: dict[str, Any] = {"mode": "stats", "steps": options.select} if options.select else {}
-    callbacks = [PrecalignCallback(options.root, overwrite=options.overwrite, **selected)]
+    callbacks: list[Any] = [PrecalignCallback(options.root, overwrite=options.overwrite, **selected)]
+    if options.unrecorded:
+        callbacks = []
     if options.twice:
         callbacks.append(PrecalignCallback(options.root))
+    if options.stop_after is not None:
+        callbacks.append(StopAfter(options.stop_after))
     trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=options.resume)
 

@@ -6,6 +6,7 @@ ended; Accelerate wrote it as a skipped step); Lightning's two optimizers and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -196,12 +197,18 @@ def test_an_accelerate_loop_that_raises_inside_a_step_is_told_stopped_inside_it(
 
 
 def _accelerate_loop(
-    root: Path, micro: int, accumulate: int, *, start: int = 0, stop_in: int | None = None
+    root: Path,
+    micro: int,
+    accumulate: int,
+    *,
+    start: int = 0,
+    stop_in: int | None = None,
+    continues: Path | None = None,
 ) -> Any:
     """``micro`` micro-batches through Accelerate's prepared DataLoader (it closes the last,
     uneven step), ``accumulate`` per step; ``start``: resumed there from the checkpoint of the
     state after ``start`` steps (made here by training them unrecorded); ``stop_in``: the loop
-    raises inside that step."""
+    raises inside that step; ``continues``: the root of the run's first part."""
     from accelerate import Accelerator
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -214,7 +221,9 @@ def _accelerate_loop(
     xs = torch.randn(micro, 3, generator=torch.Generator().manual_seed(4))
     loader = DataLoader(TensorDataset(xs), batch_size=1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    recorded = AccelerateSteps(root, accelerator, model, optimizer, mode="stats", start_step=start)
+    recorded = AccelerateSteps(
+        root, accelerator, model, optimizer, mode="stats", start_step=start, continues=continues
+    )
     for index, (x,) in enumerate(loader):
         step = index // accumulate
         with accelerator.accumulate(model):
@@ -243,17 +252,21 @@ def test_accelerate_an_uneven_last_step_is_recorded_with_its_one_micro_batch(
 
 
 @pytest.mark.slow
-def test_accelerate_a_run_resumed_into_its_root_compares_as_the_full_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("into", ["its root", "a new root"])
+def test_accelerate_a_run_resumed_compares_as_the_full_run(
+    into: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Stopped inside step 2, resumed at step 2 (``start_step=2``) into the same root: one run."""
+    """Stopped inside step 2, resumed at step 2 (``start_step=2``) into the same root, or into
+    a new one told where its first part is (``continues=``): one run."""
     pytest.importorskip("accelerate")
     _accelerate_loop(tmp_path / "full", 8, 2)
     _accelerate_loop(tmp_path / "run", 8, 2, stop_in=2)
     assert [p.name for p in (tmp_path / "run" / "step2").iterdir()] == [".rank0.in-step"]
-    _accelerate_loop(tmp_path / "run", 8, 2, start=2)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step0", "step1", "step2", "step3"]
-    code, out = _compare(tmp_path / "full", tmp_path / "run", capsys)
+    again = tmp_path / ("run" if into == "its root" else "rest")
+    _accelerate_loop(again, 8, 2, start=2, continues=None if into == "its root" else tmp_path / "run")
+    held = ["step0", "step1", "step2", "step3"] if into == "its root" else ["step2", "step3"]
+    assert sorted(p.name for p in again.iterdir()) == held
+    code, out = _compare(tmp_path / "full", again, capsys)
     assert code == 0, out
 
 
@@ -314,18 +327,17 @@ def test_lightning_resumed_from_a_checkpoint_continues_its_recording(
     _Resumable.fit(tmp_path / "run", 4, save=tmp_path / "step2.ckpt")
     again = tmp_path / ("run" if into == "the same root" else "rest")
     _Resumable.fit(again, 4, ckpt=tmp_path / "step2.ckpt")
-    if into == "the same root":  # one run of 4 steps, steps 0-2 aligned with the full run's
-        assert sorted(p.name for p in again.iterdir()) == ["step0", "step1", "step2", "step3"]
-        code, out = _compare(tmp_path / "full", again, capsys)
-        # Lightning 2.6's resume from a checkpoint saved where the run stopped feeds step 3 the
-        # batch of step 2 again (both steps' batch hashes are the full run's step 2's): the
-        # compare names step 3's data as the origin, with that evidence
-        assert code == 1 and "step 3 diverged first: data (batch)" in out, out
-        assert "more than one run" not in out and "stopped inside" not in out
-    else:  # the new root holds the steps after the checkpoint, compared with the full run's
-        assert sorted(p.name for p in again.iterdir()) == ["step2", "step3"]
-        code, out = _compare(tmp_path / "full", again, capsys)
-        assert code == 1 and "steps 0-1 recorded by the baseline only" in out, out
+    held = ["step0", "step1", "step2", "step3"] if into == "the same root" else ["step2", "step3"]
+    assert sorted(p.name for p in again.iterdir()) == held
+    if into == "a new root":  # it points to its first part (the callback's checkpoint state)
+        manifest = json.loads((again / "step2" / "rank0" / "manifest.json").read_text())
+        assert manifest["continues"]["root"] == "../run" and manifest["continues"]["step"] == 1
+    code, out = _compare(tmp_path / "full", again, capsys)  # one run of 4 steps either way
+    # Lightning 2.6's resume from a checkpoint saved where the run stopped feeds step 3 the
+    # batch of step 2 again (both steps' batch hashes are the full run's step 2's): the
+    # compare names step 3's data as the origin, with that evidence
+    assert code == 1 and "step 3 diverged first: data (batch)" in out, out
+    assert "more than one run" not in out and "stopped inside" not in out and "baseline only" not in out
 
 
 @pytest.mark.slow

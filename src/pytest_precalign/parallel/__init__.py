@@ -9,7 +9,8 @@ In: a stored run's folder (and a layout where its files carry none). Out: one ``
 the rank folders are), ``rules`` (how Megatron shards each tensor, as data), ``dtensor_rules`` (the rules of a
 DTensor tensor-parallel run, from the plan its recording wrote), ``merge`` (the
 one merge: ranks -> records, TP/PP/VPP/DP/EP), ``store`` (the lazy merged tensors), ``steps``
-(several steps as one trace), ``sides`` (loading a multi-rank side), ``msprobe_ranks``
+(several steps as one trace), ``sides`` (loading a multi-rank side), ``joined_parts`` (a run
+resumed into a new root joined with its first part), ``msprobe_ranks``
 (msprobe dumps), ``data_split`` (data-parallel replicas' micro-batches as one process's records),
 ``dp_join`` (replicas that trained on different rows joined along the batch; sides that split
 the batch otherwise), ``dp_scalars`` (their per-step scalars as the global step's).

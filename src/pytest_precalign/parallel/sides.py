@@ -15,6 +15,7 @@ from ..trace.records import Trace
 from ..trace.run_ids import RunIds
 from ..trace.step_scalars import scalars_of
 from .dp_scalars import join_scalars
+from .joined_parts import RootSteps, joined_parts
 from .layout import ParallelLayout, layout_from_manifest, parallel_rank_folders
 from .merge import Chunk, RankTrace, merge_ranks, replica_leads
 from .rules import MEGATRON_GPT_RULES, ShardRule
@@ -35,22 +36,12 @@ def load_parallel_side(
     root = Path(path)
     found = parallel_rank_folders(root)
     if found is not None:
-        complete, incomplete = split_incomplete(root, found)
-        # Which write of each rank folder is there before any is read, re-checked once all are
-        # read: a rerun re-publishing the root meanwhile is refused, never read half old, half new;
-        # and the steps read all come from one run (their run ids, ``trace.run_ids``).
-        identities = {
-            folder: folder_identity(folder) for ranks in complete.values() for folder in ranks.values()
-        }
-        ids = RunIds(root)
-        steps = [
-            (step, _merge_step(root, step, ranks, flag, rules, data_split, ids))
-            for step, ranks in complete.items()
-        ]
-        sources = {step: str(manifest_file(ranks[min(ranks)])) for step, ranks in complete.items() if ranks}
+        # A run resumed into a new root is joined with its first part (``joined_parts``).
+        parts = joined_parts(root, found, lambda r, f: _read_root(r, f, flag, rules, data_split))
+        steps = [step for part in parts for step in part.steps]
+        sources = {step: where for part in parts for step, where in part.sources.items()}
+        incomplete = [told for part in parts for told in part.incomplete]
         merged = combine_steps(steps, root, sources)
-        recheck(root, identities)
-        ids.check()
         if incomplete:  # a run interrupted mid-step: every verdict says so (run/outcome.py)
             merged = merged.with_notes(incomplete_steps=tuple(incomplete))
         return merged
@@ -68,6 +59,30 @@ def load_parallel_side(
         f"--parallel ({flag.describe()}): {root} is neither an msprobe dump nor a folder of "
         "rank<R>/ trace folders with 'parallel' manifests"
     )
+
+
+def _read_root(
+    root: Path,
+    found: Mapping[int, Mapping[int, Path]],
+    flag: ParallelLayout | None,
+    rules: Sequence[ShardRule],
+    data_split: bool,
+) -> RootSteps:
+    """The steps of one run root, each merged across its ranks."""
+    complete, incomplete = split_incomplete(root, found)
+    # Which write of each rank folder is there before any is read, re-checked once all are
+    # read: a rerun re-publishing the root meanwhile is refused, never read half old, half new;
+    # and the steps read all come from one run (their run ids, ``trace.run_ids``).
+    identities = {folder: folder_identity(folder) for ranks in complete.values() for folder in ranks.values()}
+    ids = RunIds(root)
+    steps = [
+        (step, _merge_step(root, step, ranks, flag, rules, data_split, ids))
+        for step, ranks in complete.items()
+    ]
+    sources = {step: str(manifest_file(ranks[min(ranks)])) for step, ranks in complete.items() if ranks}
+    recheck(root, identities)
+    ids.check()
+    return RootSteps(root, steps, sources, ids, incomplete, tuple(sorted(found)))
 
 
 def _merge_step(

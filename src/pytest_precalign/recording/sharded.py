@@ -26,6 +26,7 @@ order, as SPMD training does.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, cast
 
 import torch
@@ -49,8 +50,10 @@ def plain(t: torch.Tensor) -> bool:
 def _dtensor_class() -> type | None:
     if not torch.distributed.is_available():
         return None
-    from torch.distributed.tensor import DTensor
-
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 2.4 (pyproject's lower bound): public from 2.5 on
+        return cast(type, importlib.import_module("torch.distributed._tensor").DTensor)
     return DTensor
 
 

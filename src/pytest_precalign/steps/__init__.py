@@ -6,6 +6,8 @@ case trainers' specs, below the recorders and trainers that use them.
 - ``step_norms``: the parameter and update norms, the grads' norm and zero count, each tensor
   read once; ``sharded_norms``: the same of DTensor parameters and grads (FSDP2, tensor
   parallelism), summed over the ranks that shard them.
+- ``torch_norms``: the total norm and the clipping by a given norm as torch's ``clip_grad_norm_``
+  computes them, by hand on torch 2.4/2.5 (no ``get_total_norm`` / ``clip_grads_with_norm_``).
 - ``optimizer_steps``: each optimizer step measured around the torch optimizer's step hooks
   (after the framework's clipping), the plan from the run's own schedulers, written into a
   ``step_sink`` (``StepSink``: the ``Recorder``, or a case trainer's sink).
@@ -23,7 +25,8 @@ case trainers' specs, below the recorders and trainers that use them.
   ``parallelize_module`` left on the model, read back from its hooks (``parallel.dtensors.tp_plan``).
   ``rank_agreement``: the ranks' agreement at each ``start()`` on what a sharded model's step
   records, through the process group's store, a rank that never comes named after a bounded wait;
-  ``tp_partials``: each rank's partial sum of a ``RowwiseParallel`` output before its all-reduce.
+  ``tp_partials``: each rank's partial sum of a ``RowwiseParallel`` output before its all-reduce,
+  and its local shards of the Colwise/Rowwise weights' grads.
 - ``unwrap``: the model inside a training wrapper (DDP, FSDP, ``torch.compile``, PEFT).
 - ``model_checks``: what a model must be to be recorded (``Recorder.start`` checks it before
   adding a hook), and a list of model chunks as one root.

@@ -35,6 +35,7 @@ from ..recording.tensor_summary import as_dense
 from ..trace.step_scalars import ROWS_MODULUS, StepScalars
 from . import sharded_norms
 from .step_norms import grad_norm_and_zeros, norms_keeping_snapshot, param_and_update_norms
+from .torch_norms import total_norm
 
 IGNORE_INDEX = -100  # cross_entropy's ignore_index: such label positions are not tokens
 
@@ -49,7 +50,7 @@ def grad_norm(grads: Sequence[torch.Tensor]) -> float:
     parts = sharded_norms.split(grads)
     if parts is not None:
         return sharded_norms.grad_norm_and_zeros(grads, parts)[0]
-    return float(to_host(torch.nn.utils.get_total_norm([g.detach() for g in grads], 2.0)))
+    return float(to_host(total_norm([g.detach() for g in grads], 2.0)))
 
 
 def zero_count(grads: Sequence[torch.Tensor]) -> int:

@@ -26,6 +26,7 @@ from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
 from ..recording import native_kernels
 from ..recording.host_sync import to_host
+from .torch_norms import total_norm
 
 
 def param_and_update_norms(
@@ -38,7 +39,7 @@ def param_and_update_norms(
     if native is not None:
         return native
     if before is None:
-        return torch.nn.utils.get_total_norm(params, 2.0), None
+        return total_norm(params, 2.0), None
     groups = _group_tensors_by_device_and_dtype([list(params), list(before)])
     param_norms: list[torch.Tensor] = []
     update_norms: list[torch.Tensor] = []

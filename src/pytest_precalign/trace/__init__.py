@@ -15,7 +15,8 @@ recorder, a merge or the contract check noted of a trace; the only reader and wr
 manifest's note keys), ``note_blocks`` (the notes' nested blocks typed: ``ReplicaMismatch``,
 ``DpJoin``, ``TpPartials`` ...), ``checksums`` (the sha256 of every file of a recording folder, written
 last by every writer and checked by every reader), ``run_ids`` (which run and launch wrote
-each step of a recording root; a mix refused).
+each step of a recording root; a mix refused), ``run_parts`` (the pointer a run resumed into
+a new root keeps to its first part).
 """
 
 from __future__ import annotations

@@ -273,4 +273,20 @@ def compare_heading(first: str | Path, second: str | Path) -> list[str]:
     if a is None or b is None:
         file = files[0] if a is None else files[1]
         return [f"environment: not compared ({file}: not a pytest-precalign manifest (no 'versions'))"]
-    return diff_lines(a, b, str(first), str(second))[0]
+    joined = [
+        _joined(Path(side), data, file) for side, data, file in ((first, a, files[0]), (second, b, files[1]))
+    ]
+    return diff_lines(a, b, str(first), str(second))[0] + [line for line in joined if line]
+
+
+def _joined(root: Path, manifest: Mapping[str, Any], file: Path) -> str | None:
+    """The line saying a side is a run joined from its parts (``run_parts``), or None."""
+    from .run_parts import read_pointer
+
+    pointer = read_pointer(manifest, str(file))
+    if pointer is None or file.parent.parent.parent != root:  # a step folder is compared alone
+        return None
+    return (
+        f"{root}: one run joined from its parts: steps up to {pointer.step} from {pointer.place(root)} "
+        f"(the part before it), the rest from {root}"
+    )

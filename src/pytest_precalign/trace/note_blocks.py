@@ -9,7 +9,8 @@ writer's keys, in the writer's order). Code outside ``trace/`` reads their attri
   (``parallel.merge``, ``parallel.dp_join``, ``parallel.dp_scalars``).
 - ``DpJoin`` (with its ``JoinedPart`` rows): how one step's DP replicas were merged
   (``parallel.dp_join``).
-- ``TpPartials``: each TP rank's partial sums of a step's ``RowwiseParallel`` outputs
+- ``TpPartials``: each TP rank's partial sums of a step's ``RowwiseParallel`` outputs, or (the
+  ``tp_grad_shards`` note) its local shards of the sharded weights' grads
   (``steps/tp_partials.py``, ``parallel.dtensor_rules``).
 - ``CompiledNote``: what a recording under ``torch.compile`` recorded in the graph
   (``recording.compiled_records``).

@@ -14,6 +14,7 @@ The JSON layout (each key absent when its note is empty)::
      "dp_join": {"<step>": {"joined": true, ...}},   # parallel.dp_join
      "tp_unmerged": {"<record id>": "why its TP ranks are not merged"},  # parallel.dtensor_rules
      "tp_partials": {"<step>": {"<module>": {"<rank>": [[max, min, sum, norm], ...]}}},  # steps.tp_partials
+     "tp_grad_shards": {"<step>": {"<param>": {"<rank>": [[max, min, sum, norm], ...]}}},  # the same
      "compiled": {"stats": "in the graph", ...},     # recording.compiled_records
      "param_grads": "step"}                          # the Recorder's param_grads setting
 
@@ -48,6 +49,7 @@ class TraceNotes:
     dp_join: Mapping[str, DpJoin] = field(default_factory=dict)
     tp_unmerged: Mapping[str, str] = field(default_factory=dict)
     tp_partials: Mapping[str, TpPartials] = field(default_factory=dict)
+    tp_grad_shards: Mapping[str, TpPartials] = field(default_factory=dict)  # param -> rank -> calls
     compiled: CompiledNote | None = None
     param_grads: str | None = None
 
@@ -66,6 +68,7 @@ class TraceNotes:
             dp_join=_blocks(manifest, "dp_join", where, DpJoin.from_json),
             tp_unmerged=_texts(manifest, "tp_unmerged", where),
             tp_partials=_blocks(manifest, "tp_partials", where, TpPartials.from_json),
+            tp_grad_shards=_blocks(manifest, "tp_grad_shards", where, TpPartials.from_json),
             compiled=_compiled(manifest, where),
             param_grads=None if manifest.get("param_grads") is None else str(manifest["param_grads"]),
         )

@@ -6,7 +6,9 @@
   run's settings its manifests carry) and ``recorder_writes`` (the root claimed, each step's
   folder written, a write failure reported).
 - ``recorder_options``: the ``Recorder``'s arguments checked; ``run_root``: a root holds one
-  run (claimed before the first step; a resumed run continues it).
+  run (claimed before the first step; a resumed run continues it); ``resumed_parts``: where a
+  callback's run records, kept in the training checkpoint, so a run resumed into a new root
+  points to its first part.
 - ``golden``: live compare against a golden run (``Recorder(..., golden=PATH)``): the judge of
   each record and the golden run's reader.
 - ``run_facts``: the environment and model configuration a ``Recorder`` manifest holds.

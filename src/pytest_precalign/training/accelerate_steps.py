@@ -16,8 +16,9 @@
 
 ``steps.backward`` and ``steps.clip_grad_norm_`` call the accelerator's own and return what it
 returns; they tell the recording the loss each backward runs on and the pre-clip grad norm
-Accelerate reports. Each optimizer step ``s`` (0-based; ``start_step=`` for a resumed run) is
-written as ``ROOT/step<s>/rank<R>/`` by a ``Recorder`` when the optimizer has stepped, in the
+Accelerate reports. Each optimizer step ``s`` (0-based; ``start_step=`` for a resumed run;
+``continues=FIRST_ROOT`` when it resumes into a new root: a compare joins it with its first
+part, ``trace.run_parts``) is written as ``ROOT/step<s>/rank<R>/`` by a ``Recorder`` when the optimizer has stepped, in the
 layout and with the scalars of ``PrecalignCallback`` (``optimizer_steps`` says how each is
 measured); the first folder also holds the run's settings and plan (``"training"``) and, from
 step 0, ``initial_params``. ``mode`` is a ``Recorder`` mode (``stats`` by default) or
@@ -86,6 +87,7 @@ class AccelerateSteps:
         start_step: int = 0,
         mode: str = "stats",
         steps: Iterable[int] | None = None,
+        continues: str | Path | None = None,
         **recorder: Any,
     ) -> None:
         for name, value in (("total_steps", total_steps), ("start_step", start_step)):
@@ -106,6 +108,8 @@ class AccelerateSteps:
         self.total_steps = total_steps
         self.model = accelerator.unwrap_model(model)
         self.recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        if continues is not None:  # resumed into a new root: where its steps before start_step are
+            self.recorder.seek(start_step, continues=continues)
         if isinstance(total_steps, int) and not isinstance(total_steps, bool):  # said before training
             check_selected_steps(self.recorder.steps, total_steps, "AccelerateSteps")
         self._steps = OptimizerSteps(

@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import ExportableState
 
 from ..errors import ConfigError
 from ..recording.compiled import hook_wrapper
@@ -73,6 +74,7 @@ from ..steps.unwrap import unwrap
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from .recorder import Recorder
+from .resumed_parts import PART_KEY, continue_recording, json_args, run_part, stored_root
 from .run_root import check_selected_steps
 
 
@@ -314,14 +316,19 @@ class TrainerSteps(TrainerCallback):
         self.sink.step()
 
 
-class PrecalignCallback(TrainerSteps):
+class PrecalignCallback(TrainerSteps, ExportableState):
     """Record a ``transformers.Trainer`` run in the ``Recorder``'s layout (see module doc).
     ``mode``: ``"scalars"`` (default: per-step scalars only) or a ``Recorder`` mode (``stats``,
     ``tensor``, ``hash``: every layer too, on the ``steps`` selected); other keyword arguments
     go to the ``Recorder``; ``plan=False``: write the settings without the LR plan (the
     scheduler is then never touched). Every recorder defaults to ``stats``;
     ``PrecalignCallback`` alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap
-    enough to leave on for a whole run)."""
+    enough to leave on for a whole run).
+
+    Each checkpoint keeps the root and run id (a stateful callback: ``trainer_state.json``'s
+    ``stateful_callbacks``); a run resumed from it into a new root points to its first part
+    and compares as one run with it (``resumed_parts``). ``continues``: the first part's root,
+    when it is no longer where the checkpoint says."""
 
     def __init__(
         self,
@@ -330,10 +337,16 @@ class PrecalignCallback(TrainerSteps):
         mode: str = "scalars",
         steps: Iterable[int] | None = None,
         plan: bool = True,
+        continues: str | Path | None = None,
         **recorder: Any,
     ) -> None:
         self.recorder = Recorder(root, mode=mode, steps=steps, **recorder)
         super().__init__(self.recorder)  # the run's settings and precision: known at on_train_begin
+        self.continues = continues
+        self._args = json_args(
+            root=root, mode=mode, steps=self.recorder.steps, plan=plan, continues=continues, **recorder
+        )
+        setattr(self, PART_KEY, None)  # what the checkpoint resumed from kept (transformers may set it)
         self.plan = plan
         self._probes: list[Any] = []
 
@@ -350,6 +363,8 @@ class PrecalignCallback(TrainerSteps):
         )  # before training
         super().on_train_begin(args, state, control, **kwargs)
         model = kwargs["model"]
+        if state.global_step > 0:
+            self._resumed(state)
         if state.global_step == 0:  # a resumed run has no step 0 to write them in
             import transformers
 
@@ -373,6 +388,26 @@ class PrecalignCallback(TrainerSteps):
             self.precision = (mixed, True) if mixed else (forward_precision(model), False)
             return
         self._probes = [c.register_forward_pre_hook(self._see_precision) for c in unwrapped.children()]
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (transformers' ``ExportableState``): the arguments, and
+        where this run records (``resumed_parts.run_part``)."""
+        return {
+            "args": self._args,
+            "attributes": {PART_KEY: run_part(self.recorder, getattr(self, PART_KEY))},
+        }
+
+    def _resumed(self, state: TrainerState) -> None:
+        """A run resumed at ``state.global_step``: continue the recording (``resumed_parts``)."""
+        name = type(self).__name__
+        held: Any = state.stateful_callbacks  # a dict once loaded from trainer_state.json
+        stored = held.get(name) if isinstance(held, dict) else None
+        stored = stored[0] if isinstance(stored, list) and stored else stored
+        part = stored.get("attributes", {}).get(PART_KEY) if isinstance(stored, dict) else None
+        setattr(self, PART_KEY, part if isinstance(part, dict) else None)
+        continue_recording(self.recorder, int(state.global_step), stored_root(part), self.continues, name)
+        if isinstance(held, dict):  # a checkpoint saved without the callback: transformers' save
+            held.setdefault(name, self.state())  # looks the key up
 
     @staticmethod
     def _without_plan(settings: TrainingSettings, version: str) -> TrainingSettings:

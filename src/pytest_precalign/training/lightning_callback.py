@@ -65,6 +65,7 @@ from ..steps.step_sink import StepSink
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
 from .recorder import Recorder
+from .resumed_parts import PART_KEY, continue_recording, run_part, stored_root
 from .run_root import check_selected_steps
 
 # trainer.precision -> (what the forward computes in, whether by autocast)
@@ -202,7 +203,10 @@ class PrecalignLightningCallback(LightningSteps):
     ``"scalars"``; ``module``: the LightningModule's attribute to record (dotted); other
     keyword arguments go to the ``Recorder``. Every recorder defaults to ``stats``;
     ``PrecalignCallback`` alone defaults to ``scalars`` (per-step scalars only, no hooks: cheap
-    enough to leave on for a whole run)."""
+    enough to leave on for a whole run). Each checkpoint keeps the root and run id (the
+    callback's ``state_dict``): a run resumed from it (``ckpt_path``) into a new root points to
+    its first part and compares as one run with it (``resumed_parts``); ``continues``: the
+    first part's root, when it is no longer where the checkpoint says."""
 
     def __init__(
         self,
@@ -211,10 +215,27 @@ class PrecalignLightningCallback(LightningSteps):
         mode: str = "stats",
         steps: Iterable[int] | None = None,
         module: str | None = None,
+        continues: str | Path | None = None,
         **recorder: Any,
     ) -> None:
         self._recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        self._continues = continues
+        self._stored: dict[str, Any] | None = None  # what the checkpoint resumed from kept
         super().__init__(self._recorder, module)
+
+    def state_dict(self) -> dict[str, Any]:
+        part = run_part(self._recorder, self._stored)
+        return {PART_KEY: part} if part else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        part = state_dict.get(PART_KEY)
+        self._stored = part if isinstance(part, dict) else None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_step > 0:
+            step, name = int(trainer.global_step), "PrecalignLightningCallback"
+            continue_recording(self._recorder, step, stored_root(self._stored), self._continues, name)
+        super().on_train_start(trainer, pl_module)
 
     @property
     def written(self) -> list[Path]:

@@ -160,7 +160,7 @@ class Recorder(RecorderWrites):
         self._precision = None  # what the forward computes in (the settings'), every manifest
         self.written = []  # the folders this process wrote, in order
         self._claimed = self._continues = False  # the root holds this run; it continues a resumed run's
-        self._run = {}  # run_id (and launch_id) of every manifest (trace.run_ids)
+        self._run, self._first = {}, None  # every manifest's run_id...; the first part's root (seek)
         self._marker: Path | None = None  # the rank folder whose step began and has not ended
         self._marker_made: tuple[Path, ...] = ()  # the folders made for its marker
 
@@ -291,8 +291,7 @@ class Recorder(RecorderWrites):
         hooks.record_param_grads(micro_batches)
 
     def updated(self) -> None:
-        """The step's optimizer update is done (a ``StepSink`` event): nothing to do here, the
-        parameters are recorded at ``stop()``."""
+        """The step's optimizer update is done (a ``StepSink`` event): its parameters wait for ``stop()``."""
 
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this
@@ -330,10 +329,21 @@ class Recorder(RecorderWrites):
         self._end_step()
         self._step += 1
 
-    def seek(self, step: int) -> None:
-        """Set the step the next ``start`` records (a run resumed at ``step``)."""
+    def seek(self, step: int, continues: str | Path | None = None) -> None:
+        """Set the step the next ``start`` records (a run resumed at ``step``). ``continues``:
+        the root the run recorded its steps before ``step`` into, when it resumes into another
+        root: the new root's manifests point to it and a compare joins the two into one run
+        (``trace.run_parts``); refused at the next ``start`` when it holds none of them. A
+        root that holds the run's earlier steps itself needs none (the run continues there)."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"Recorder.seek: step must be an integer >= 0, got {step!r}")
+        if continues is not None:
+            if self._claimed:
+                raise ConfigError(
+                    "Recorder.seek: continues= after the run's first step: give it with the seek "
+                    "to the step the run resumes at, before its first start()"
+                )
+            self._first = Path(continues)
         if step != self._step:
             self._end_step()
         self._step = step

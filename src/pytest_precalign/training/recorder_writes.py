@@ -17,7 +17,8 @@ from ..recording.tensor_sink import TensorSink
 from ..steps.layout_probe import process_rank
 from ..trace.native_io import finish_trace, write_trace
 from ..trace.records import Trace
-from ..trace.run_ids import continued_run_id, run_ids
+from ..trace.run_ids import RUN_ID_KEY, kept_manifest, new_run_id, run_ids
+from ..trace.run_parts import CONTINUES_KEY, read_pointer
 from ..trace.write_failures import (
     close_write_note,
     leave_write_failure_note,
@@ -26,7 +27,7 @@ from ..trace.write_failures import (
 )
 from .recorder_evidence import RecorderEvidence
 from .recorder_options import grads_missing_note
-from .run_root import claim_root
+from .run_root import claim_root, first_part
 
 
 class RecorderWrites(RecorderEvidence):
@@ -41,7 +42,8 @@ class RecorderWrites(RecorderEvidence):
     param_grads: str
     _grads_done: bool
     _claimed: bool
-    _run: dict[str, str]  # run_id (and launch_id) of every manifest (trace.run_ids)
+    _run: dict[str, Any]  # run_id (and launch_id, continues) of every manifest (trace.run_ids)
+    _first: Path | None  # the root of the run's first part (seek(continues=))
     _facts: dict[str, Any]
     _parallel: dict[str, Any]
     _wrappers: list[str]
@@ -59,11 +61,24 @@ class RecorderWrites(RecorderEvidence):
 
     def _claim(self) -> None:
         """The root holds this run from the current step on (``run_root``: refused, replaced
-        or continued before the first step trains)."""
-        if not self._claimed:
-            kept = claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
-            self._claimed, self._continues = True, bool(kept)
-            self._run = run_ids(continued_run_id(self.root, self.rank, kept))
+        or continued before the first step trains). A run resumed into a root holding none of
+        its earlier steps, told where they are (``seek(step, continues=FIRST_ROOT)``), keeps the
+        first part's ``run_id`` and points to it from every manifest (``trace.run_parts``)."""
+        if self._claimed:
+            return
+        kept = claim_root(self.root, self.rank, self._step, overwrite=self.overwrite, owner=self)
+        if kept:  # resumed into its own root: its id, and its pointer if it has one, go on
+            held = kept_manifest(self.root, self.rank, kept)
+            found = held.get(RUN_ID_KEY)
+            run_id = found if isinstance(found, str) and found else new_run_id()
+            pointer = read_pointer(held, str(self.folder(kept[-1])))
+        elif self._first is not None and self._step > 0:
+            pointer = first_part(self._first, self.root, self.rank, self._step)
+            run_id = pointer.run_id
+        else:
+            run_id, pointer = new_run_id(), None
+        self._claimed, self._continues = True, bool(kept) or pointer is not None
+        self._run = {**run_ids(run_id), **({CONTINUES_KEY: pointer.as_json()} if pointer else {})}
 
     def _write(self, hooks: HookRecorder, sink: TensorSink | None) -> Path:
         missing: list[str] = []

@@ -37,6 +37,8 @@ import weakref
 from pathlib import Path
 
 from ..errors import ConfigError, RecorderError
+from ..trace.run_ids import continued_run_id
+from ..trace.run_parts import FirstPart, pointer_to
 from ..trace.step_markers import IN_STEP_SUFFIX
 
 _STEP = re.compile(r"step(0|[1-9][0-9]*)")
@@ -116,6 +118,22 @@ def claim_root(root: Path, rank: int, first: int, *, overwrite: bool, owner: obj
         _remove(root, rank, step)
     _HOLDERS[key] = weakref.ref(owner)
     return [s for s in found if s < first]
+
+
+def first_part(first: Path, root: Path, rank: int, resumed_at: int) -> FirstPart:
+    """The pointer a run resumed at step ``resumed_at`` into ``root`` writes to its first part,
+    recorded into ``first`` (``trace.run_parts``); one ``RecorderError``, before the resumed run
+    trains, when ``first`` holds none of this rank's steps before ``resumed_at``."""
+    before = [s for s in this_ranks_steps(first, rank) if s < resumed_at]
+    if not before:
+        what = "does not exist" if not os.path.lexists(first) else f"holds no step before {resumed_at}"
+        raise RecorderError(
+            f"Recorder: the run resumed at step {resumed_at} into {root} continues the recording in "
+            f"{first}, but {first} {what} (rank {rank}): give the first part's root as it is now "
+            "(continues=), or record the resumed run without it (it then compares as a run of its "
+            "own, from its first step)"
+        )
+    return pointer_to(first, root, continued_run_id(first, rank, before), before[-1])
 
 
 def release_root(root: Path, rank: int, owner: object) -> None:

@@ -14,6 +14,7 @@ from ...config.specs import CaseSpec
 from ...sources.inputs import CaseInputs
 from ...steps.run_settings import gradient_checkpointing
 from ...steps.step_evidence import StepEvidence, batch_hashes, group_settings, initial_params, token_count
+from ...steps.torch_norms import clip_with_norm, total_norm
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord
 from .loop_optimizer import grouped_optimizer, loop_plan, make_scheduler, param_groups
@@ -56,11 +57,11 @@ class LoopTraining:
     def update(self, step: int, losses: Sequence[torch.Tensor | None], micro: Sequence[CaseInputs]) -> None:
         """Clip (when asked), step the optimizer and the scheduler, keep the step's scalars."""
         grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0) if grads else torch.tensor(0.0)
+        norm = total_norm(grads, 2.0) if grads else torch.tensor(0.0)
         clip = self.spec.clip_grad if grads else None
         self.evidence.grads_before_clip(grads, norm=float(norm), zeros_after_clip=clip is not None)
         if clip is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
+            clip_with_norm(self.params, clip, norm)
             self.evidence.grads_after_clip()
         lr, wd = group_settings(self.optimizer)
         self.optimizer.step()
