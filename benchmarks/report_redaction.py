@@ -24,9 +24,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.helpers
 
+from tests.helpers.tree_document import seven_b_entries  # noqa: E402
+
 from pytest_precalign.redaction import REDACTED, redacted  # noqa: E402
 from pytest_precalign.reports.document import report_document, write_reports  # noqa: E402
-from tests.helpers.tree_document import seven_b_entries  # noqa: E402
 
 TOKEN = "hf_" + "Q" * 34
 
