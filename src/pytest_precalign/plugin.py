@@ -367,7 +367,7 @@ def _relative(config: pytest.Config, align_config: AlignConfig) -> Path:
 def _settle(item: pytest.Item, outcome: ItemOutcome) -> None:
     """The one place an item's outcome meets pytest: its JUnit properties, its report entry
     (carried to the controller on the test report, see ``_EntryCollector``), its failure."""
-    item.user_properties.extend(outcome.properties)
+    item.user_properties.extend(redacted(outcome.properties))  # the JUnit XML holds them
     if outcome.entry is not None:
         item.stash[ENTRY_KEY] = {"entry": dict(outcome.entry), "summary": outcome.summary}
     _raise_failure(outcome)

@@ -106,13 +106,14 @@ def _leaks(folders: list[Path], *texts: str) -> list[tuple[str, str]]:
 
 def test_a_failing_case_writes_and_prints_no_planted_secret(tmp_path: Path) -> None:
     """The model raises with the factory's token and an OpenAI key in its error text, in a
-    folder named with a Hugging Face token: exit 1, three report files, nothing leaks."""
+    folder named with a Hugging Face token: exit 1, three report files and the JUnit XML,
+    nothing leaks."""
     folder = _suite(tmp_path, "forward")
-    done = _pytest(folder)
+    done = _pytest(folder, f"--junitxml={tmp_path / 'junit' / 'junit.xml'}")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["compare_result.csv", "report.html", "report.json"]
-    assert not _leaks([out], done.stdout, done.stderr)
+    assert not _leaks([out, tmp_path / "junit"], done.stdout, done.stderr)
     shown = f"{tmp_path}/proj_{REDACTED}"
     document = json.loads((out / "report.json").read_text())
     assert document["config"] == f"{shown}/align.yaml"
@@ -156,6 +157,30 @@ def test_precalign_run_prints_and_writes_no_planted_secret(tmp_path: Path) -> No
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
     assert not _leaks([tmp_path / "out"] if (tmp_path / "out").exists() else [], done.stdout, done.stderr)
     assert f"proj_{REDACTED}/align.yaml: case 'two_steps': the run raised RuntimeError" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_calibrated_table_holds_no_planted_secret(tmp_path: Path) -> None:
+    """``precalign calibrate`` writes the command as typed into the table and its sidecar: the
+    config's and the table's paths name the folder holding a token."""
+    folder = _suite(tmp_path, "null")
+    table = folder / "calibrated.yaml"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest_precalign",
+        "calibrate",
+        str(folder / "align.yaml"),
+        "--out",
+        str(table),
+    ]
+    done = subprocess.run(
+        cmd, cwd=folder, env=_env(folder), capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    sidecar = folder / "calibrated.calibration.json"
+    assert not _leaks([], table.read_text(), sidecar.read_text(), done.stdout, done.stderr)
+    assert f"# Command: precalign calibrate {tmp_path}/proj_{REDACTED}/align.yaml" in table.read_text()
 
 
 def test_a_config_error_quoting_a_token_is_printed_without_it(
