@@ -14,7 +14,10 @@ rank; ``tp_style``: plain, ``sp`` (also ``SequenceParallel`` on the norms: the r
 along the sequence, the embedding and o/down projections' outputs reduce-scattered to it, attention,
 MLP and ``lm_head`` inputs gathered), ``dtensor_out`` (gate and up projections with
 ``use_local_output=False``: DTensors handed on to ``act_fn`` and ``down_proj``), ``custom`` (gate
-and up projections under the user's own ``ParallelStyle`` subclass, ``OwnColwise``); fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
+and up projections under the user's own ``ParallelStyle`` subclass, ``OwnColwise``), ``titan``
+(``sp`` with the MLP under ``PrepareModuleInputOutput``: its output split along the sequence by the
+style), ``prepared`` (``plain`` with ``PrepareModuleInput`` on the attention and MLP and the final
+norm's output split along the sequence by ``PrepareModuleOutput``); fsdp2_tp: the same over the ``tp`` dim of a (dp=2, tp) mesh, FSDP2 over ``dp``, 4 ranks), ``total`` (steps trained, 6), ``micro`` (micro-batches per rank and step: gradient
 accumulation), ``mode`` (stats | tensor | hash | scalars), ``steps`` (the steps whose layers are
 recorded, ``3+4``; default all), ``param_grads`` (backward | step). Faults from step k, on the
 last rank only where said: ``scale_rank_from=k`` (the last rank's parameter grads x 2 before
@@ -24,7 +27,9 @@ clips with the norm of the grads of the parameters it owns, as a ZeRO/FSDP shard
 global norm), ``stale_from=k`` (the last rank's ``model.layers.1.mlp.down_proj`` runs on its
 weight of the step before: a stale parameter after a missing re-gather), ``tp_shard_from=k`` (the
 last rank's share of ``model.layers.1.mlp.down_proj``'s row-parallel output, its partial sum
-before the all-reduce, doubled: one TP rank's shard wrong), ``shuffle_from=k`` (every rank
+before the all-reduce, doubled: one TP rank's shard wrong), ``tp_grad_from=k`` (the last rank's
+local shard of ``model.layers.1.mlp.down_proj.weight``'s grad doubled: one TP rank's grad
+wrong), ``shuffle_from=k`` (every rank
 draws its rows from its own shuffle of the data, seeded by its rank: other rows than the
 global batch's).
 """
@@ -58,6 +63,7 @@ BASELINE: dict[str, Any] = {
     "local_norm_from": None,
     "stale_from": None,
     "tp_shard_from": None,
+    "tp_grad_from": None,
     "shuffle_from": None,
     "tp_style": "plain",
     "golden": None,
@@ -118,6 +124,14 @@ def optimizer_of(model: torch.nn.Module, run: dict[str, Any]) -> torch.optim.Opt
         return zero
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=5e-3)
+
+
+def plant_grad_fault(model: torch.nn.Module, run: dict[str, Any], last: bool, step_now: list[int]) -> None:
+    """``tp_grad_from``: the last rank's local shard of ``model.layers.1.mlp.down_proj.weight``'s
+    grad doubled (a hook on the parameter ``parallelize_module`` made)."""
+    if run["tp_grad_from"] is not None and last:
+        weight = model.model.layers[1].mlp.down_proj.weight  # type: ignore[union-attr, index]
+        weight.register_hook(lambda g: g * 2 if step_now[0] >= run["tp_grad_from"] else g)
 
 
 def wrap(model: torch.nn.Module, run: dict[str, Any], world: int) -> torch.nn.Module:
@@ -200,7 +214,7 @@ def micro_batches(
     # sequence parallelism: the embeddings the model sees are the rank's part of the sequence,
     # so the positions (rotary) and the causal mask of the whole sequence are given
     where: dict[str, Any] = {}
-    if run["tp_style"] == "sp":
+    if run["tp_style"] in ("sp", "titan"):
         causal = torch.full((SEQ, SEQ), torch.finfo(torch.float32).min).triu(1)[None, None]
         where = {"position_ids": torch.arange(SEQ)[None], "attention_mask": {"full_attention": causal}}
     return [
@@ -222,6 +236,7 @@ def train(out: Path, run: dict[str, Any]) -> None:
     plant_faults(model, run, rank == world - 1, step_now)
     ddp = run["wrap"] == "ddp"
     wrapped = wrap(model, run, world)
+    plant_grad_fault(model, run, rank == world - 1, step_now)  # on the DTensor weight wrap made
     optimizer = optimizer_of(model, run)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP))
     params = list(model.parameters())

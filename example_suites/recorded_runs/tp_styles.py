@@ -3,7 +3,13 @@ as a user's project module would hold them: ``plain`` (Colwise q/k/v, gate and u
 Rowwise o and down), ``sp`` (the same with sequence parallelism: ``SequenceParallel`` norms,
 the residual stream split along the sequence), ``dtensor_out`` (gate and up projections hand
 DTensors on: ``use_local_output=False``), ``custom`` (gate and up projections under the user's
-own ``ParallelStyle`` subclass)."""
+own ``ParallelStyle`` subclass), ``titan`` (``sp`` as torchtitan writes its MoE layers: the MLP
+under ``PrepareModuleInputOutput``, its input gathered to a DTensor and its output -- the down
+projection's all-reduced sum -- split back along the sequence and handed on as the rank's local
+part), ``prepared`` (``plain`` with torchtitan's ``PrepareModuleInput`` on the attention and
+the MLP, inputs made replicated DTensors, and the final norm's output split along the sequence
+by ``PrepareModuleOutput``, handed on as the rank's local part and gathered again by
+``lm_head``)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -46,7 +54,7 @@ class OwnColwise(ParallelStyle):
 def parallelize(model: Any, mesh: Any, style: str) -> None:
     """``model``'s layers (and, with ``sp``, its embedding, final norm and LM head) over ``mesh``."""
     col, row = ColwiseParallel, RowwiseParallel
-    if style == "sp":
+    if style in ("sp", "titan"):
         seq = Shard(1)
         top = {
             "model.embed_tokens": row(input_layouts=Replicate(), output_layouts=seq),
@@ -54,13 +62,17 @@ def parallelize(model: Any, mesh: Any, style: str) -> None:
             "lm_head": col(input_layouts=seq, output_layouts=Replicate()),
         }
         parallelize_module(model, mesh, top)
+    if style == "prepared":
+        split = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+        gathered = col(input_layouts=Shard(1), output_layouts=Replicate())
+        parallelize_module(model, mesh, {"model.norm": split, "lm_head": gathered})  # type: ignore[dict-item]
     for layer in model.model.layers:
         gate_up: Any = {"custom": OwnColwise, "dtensor_out": lambda: col(use_local_output=False)}.get(
             style, col
         )
         mlp = {"gate_proj": gate_up(), "up_proj": gate_up(), "down_proj": row()}
         attn = {"q_proj": col(), "k_proj": col(), "v_proj": col(), "o_proj": row()}
-        if style == "sp":
+        if style in ("sp", "titan"):
             mlp["down_proj"] = row(output_layouts=Shard(1))
             attn["o_proj"] = row(output_layouts=Shard(1))
             gather = {"input_kwarg_layouts": {"hidden_states": Shard(1)}}
@@ -68,6 +80,20 @@ def parallelize(model: Any, mesh: Any, style: str) -> None:
             norms = {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel()}
             norms["self_attn"] = PrepareModuleInput(**gather)  # type: ignore[assignment]
             norms["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))  # type: ignore[assignment]
+            if style == "titan":  # the MLP's output split by the style, not by down_proj
+                mlp["down_proj"] = row()
+                norms["mlp"] = PrepareModuleInputOutput(  # type: ignore[assignment]
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    output_layouts=(Replicate(),),
+                    desired_output_layouts=(Shard(1),),
+                )
             parallelize_module(layer, mesh, norms)  # type: ignore[arg-type]
+        if style == "prepared":
+            whole = {"input_kwarg_layouts": {"hidden_states": Replicate()}}
+            whole["desired_input_kwarg_layouts"] = {"hidden_states": Replicate()}
+            inputs = {"input_layouts": (Replicate(),), "desired_input_layouts": (Replicate(),)}
+            prepare = {"self_attn": PrepareModuleInput(**whole), "mlp": PrepareModuleInput(**inputs)}
+            parallelize_module(layer, mesh, prepare)  # type: ignore[arg-type]
         parallelize_module(layer.mlp, mesh, mlp)
         parallelize_module(layer.self_attn, mesh, attn)

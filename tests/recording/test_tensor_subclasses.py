@@ -212,15 +212,21 @@ def test_step_evidence_functions_take_dtensor_grads(mesh: Any) -> None:
 
 
 def test_a_rank_selection_that_leaves_out_a_sharded_rank_is_refused(mesh: Any, tmp_path: Any) -> None:
-    """``Recorder(ranks=...)`` without every rank of a DTensor model would leave the recording
-    ranks waiting for the others' shards at the step's end: one ConfigError at ``start``."""
+    """``Recorder(ranks=...)`` that records some of the ranks whose DTensor records are combined
+    (the rank's peers) and leaves out others would leave the recording ranks waiting for the
+    others' shards at the step's end: one ConfigError. Ranks that share no shard with a
+    recording rank may be left out (under torchrun: ``test_sharded_runs.py``, ``--alone``)."""
     from pytest_precalign import Recorder
     from pytest_precalign.errors import ConfigError
+    from pytest_precalign.steps.sharded_layout import check_rank_selection, record_peers
 
     model = torch.nn.Linear(16, 8)
     model.weight = torch.nn.Parameter(dtensor(mesh, model.weight.detach().clone()))
-    with pytest.raises(ConfigError, match=r"ranks=\[1\] leaves out ranks of a sharded model"):
-        Recorder(tmp_path / "rec", ranks=[1]).start(model)
+    assert record_peers([model]) == frozenset({0}) and record_peers([torch.nn.Linear(2, 2)]) is None
+    with pytest.raises(ConfigError, match=r"ranks=\[0\] leaves out ranks \[1\] of a sharded model"):
+        check_rank_selection(frozenset({0}), frozenset({0, 1}))
+    for ranks in (None, frozenset({0, 1}), frozenset({2}), frozenset({0, 1, 2})):
+        check_rank_selection(ranks, frozenset({0, 1}))  # all of the peers, or none of them
     rec = Recorder(tmp_path / "all", ranks=[0])  # every rank of this 1-rank world: recorded
     rec.start(model)
     rec.stop()

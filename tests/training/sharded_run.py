@@ -5,7 +5,7 @@ tensor parallelism (``parallelize_module``) or DDP with ``ZeroRedundancyOptimize
     python -m torch.distributed.run --standalone --nproc_per_node 2 sharded_run.py OUT
         [--wrap fsdp2|fsdp2-keep|fsdp2-mp|ddp|tp|zero1] [--mode stats|hash|tensor|off]
         [--format native|msprobe] [--param-grads backward|step] [--steps 2] [--neutral] [--check]
-        [--disagree] [--absent never|late]
+        [--disagree] [--absent never|late] [--alone]
 
 Each rank writes ``OUT/run.rank<R>.json``: under ``"run"`` the loss and the grad norm
 ``clip_grad_norm_`` returned at each step (as ``float.hex``, to compare bitwise) and a sha256 of
@@ -16,7 +16,12 @@ then ``Recorder.start`` with other options on each rank (what it raised, under `
 ``--absent never``: then rank 1 records step 0 and stops recording, its step 1 a forward only (FSDP2's
 all-gathers, the user's collectives) while rank 0 calls ``start()``; ``late``: rank 1 comes to
 step 1's ``start()`` 3 s after rank 0 (what each raised and how long its ``start()`` took, under
-``"absent"``; ``PRECALIGN_RANK_WAIT`` bounds the wait). The recording
+``"absent"``; ``PRECALIGN_RANK_WAIT`` bounds the wait); ``--alone``: then a model whose TP group is
+the rank alone (``init_device_mesh(("dp", "tp"), (2, 1))``, its MLPs parallelised over
+``mesh["tp"]``: two DP replicas) recorded by rank 0 only, rank 1 with no ``Recorder``, then
+with ``Recorder(ranks=[0])`` on both ranks, then ``ranks=[0]`` on the FSDP2 model whose shards
+rank 1 holds (what each raised and the seconds its ``start()`` calls took, under ``"alone"``).
+The recording
 (``OUT/rec``) holds each step's records and ``StepEvidence``'s scalars.
 """
 
@@ -217,6 +222,51 @@ def absent(options: argparse.Namespace) -> list[Any]:
     return [said, took]
 
 
+def alone(options: argparse.Namespace) -> list[Any]:
+    """Ranks that share no shard, recorded on rank 0 only (module doc): [what rank 0's Recorder
+    without one on rank 1 raised, its start()s' seconds, the same with ranks=[0], what
+    ranks=[0] on the FSDP2 model raised]."""
+    import time
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from pytest_precalign.errors import ConfigError, RecorderError
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = tiny_causal_lm(vocab=128, hidden=32, layers=2)
+    for layer in model.model.layers:
+        plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
+        parallelize_module(layer.mlp, mesh["tp"], plan)
+    batch = torch.randint(0, 128, (ROWS, LENGTH), generator=torch.Generator().manual_seed(rank))
+    said: list[Any] = []
+    for root, kw in (("alone", None), ("alone-ranks", {"ranks": [0]})):
+        rec = None if kw is None and rank else Recorder(options.out / root, **(kw or {}))  # type: ignore[arg-type]
+        began, raised = time.monotonic(), ""
+        for _ in range(2):
+            try:
+                if rec is not None:
+                    rec.start(model)
+            except RecorderError as e:
+                raised = str(e)
+            model(input_ids=batch, labels=batch).loss.backward()
+            if rec is not None:
+                rec.stop()
+                rec.step()
+        if rec is not None:
+            rec.close()
+        said += [raised, time.monotonic() - began]
+    sharded = wrapped(tiny_causal_lm(vocab=128, hidden=32, layers=2), "fsdp2", world)
+    try:
+        Recorder(options.out / "alone-fsdp2", ranks=[0]).start(sharded)
+        said.append("")
+    except ConfigError as e:
+        said.append(str(e))
+    return said
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -229,6 +279,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--check", action="store_true", help="also the full grads' statistics, by torch")
     parser.add_argument("--disagree", action="store_true", help="then ranks given other Recorder options")
     parser.add_argument("--absent", choices=("never", "late"), help="then rank 1 not at or late to a start()")
+    parser.add_argument("--alone", action="store_true", help="then ranks sharing no shard, rank 0 recording")
     options = parser.parse_args(argv)
     dist.init_process_group("gloo")
     result = {}
@@ -239,6 +290,8 @@ def main(argv: list[str]) -> None:
         result["disagree"] = disagree(options)
     if options.absent:
         result["absent"] = absent(options)
+    if options.alone:
+        result["alone"] = alone(options)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / f"run.rank{dist.get_rank()}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()

@@ -162,15 +162,18 @@ def test_sequence_parallel_dtensor_outputs_and_a_custom_style_compare_with_one_p
     """Tensor-parallel styles beyond Colwise/Rowwise with local outputs (``tp_styles.py``):
     ``SequenceParallel`` norms (the residual stream split along the sequence), Colwise
     projections handing DTensors on (``use_local_output=False``), and the user's own
-    ``ParallelStyle`` subclass: each run of 2 TP ranks against one process passes, what cannot be
-    merged listed with its reason; no rank is said to disagree."""
+    ``ParallelStyle`` subclass, torchtitan's ``PrepareModuleInput`` / ``PrepareModuleOutput`` /
+    ``PrepareModuleInputOutput``: each run of 2 TP ranks against one process passes, what cannot
+    be merged listed with its reason; no rank is said to disagree; a fault in one TP rank's share
+    under the ``PrepareModule*`` plan is found at its step and module."""
     record(tmp_path, 1, "one:total=2")
-    styles = ("sp", "dtensor_out", "custom")
-    record(tmp_path, 2, *(f"{s}:wrap=tp,total=2,tp_style={s}" for s in styles))
+    styles = ("sp", "dtensor_out", "custom", "prepared", "titan")
+    fault = "prepared_fault:wrap=tp,total=2,tp_style=prepared,tp_shard_from=1"
+    record(tmp_path, 2, *(f"{s}:wrap=tp,total=2,tp_style={s}" for s in styles), fault)
     for style in styles:
         judged = compare(tmp_path / "one", tmp_path / style, tmp_path / f"{style}_report")
         assert judged.exit_code == 0, judged.output
-        assert judged.verdict() == (None, None) and "Ranks disagree" not in judged.output
+        assert judged.verdict() == (None, None) and "isagree" not in judged.output
         for phase in ("forward", "backward", "step"):
             assert f"PASSED one_vs_{style}[{phase}]" in judged.output, judged.output
         assert judged.report is not None
@@ -190,6 +193,18 @@ def test_sequence_parallel_dtensor_outputs_and_a_custom_style_compare_with_one_p
             assert "custom ParallelStyle" in unmatched[("model.layers.0.mlp.up_proj", "grad_input")]
         if style == "dtensor_out":  # a DTensor output is its full tensor: compared, not listed
             assert ("model.layers.0.mlp.gate_proj", "activation") not in unmatched
+        if style in ("prepared", "titan"):  # PrepareModuleInput/Output/InputOutput: read (on main
+            # before this, "prepared": model.norm's local sequence part merged as a replicated
+            # record, "ranks disagree" and a false forward divergence at model.norm, step 0)
+            assert ("model.norm", "activation") not in unmatched and (
+                "model.layers.0.mlp",
+                "activation",
+            ) not in unmatched
+            said = unmatched[("model.layers.0.self_attn", "grad_input")]
+            assert "PrepareModuleInput" in said and "not merged" in said
+    judged = compare(tmp_path / "one", tmp_path / "prepared_fault", tmp_path / "fault_report")
+    assert judged.exit_code == 1 and judged.verdict() == (1, "forward"), judged.output
+    assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
 
 
 @pytest.mark.slow
@@ -250,3 +265,22 @@ def test_sharding_schemes_reruns_and_faults_at_their_step_class_and_rank(tmp_pat
     done = run_dump_suite(config, tmp_path / "suite_report")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "1 passed" in done.stdout and "aligned" in done.stdout
+
+
+@pytest.mark.slow  # two launches of ~40 s and two compares; tox -e slow
+def test_a_grad_scaled_on_one_tp_rank_is_named_at_its_step_and_rank(tmp_path: Path) -> None:
+    """A fault in the backward of one TP rank (``tp_grad_from=1``: the last rank's local shard of
+    ``model.layers.1.mlp.down_proj.weight``'s grad doubled) is found at step 1, backward, at its
+    module; against a TP run of the same layout each rank's local grad shard names rank1 (on
+    main before this: never named); against one process, one line says why it cannot be."""
+    record(tmp_path, 1, "one:total=3")
+    record(tmp_path, 2, "tp:wrap=tp,total=3", "tpgrad:wrap=tp,total=3,tp_grad_from=1")
+    param = "model.layers.1.mlp.down_proj.weight"
+    for base, said in (
+        ("tp", f"TP rank1: its local shard of {param}'s grad differs from the other side's same rank's"),
+        ("one", f"which TP rank's shard of {param}'s grad differs cannot be told"),
+    ):
+        judged = compare(tmp_path / base, tmp_path / "tpgrad", tmp_path / f"{base}_report")
+        assert judged.exit_code == 1 and judged.verdict() == (1, "backward"), judged.output
+        assert judged.training["origin"] == "model.layers.1.mlp.down_proj"
+        assert said in judged.training["evidence"], judged.training["evidence"]

@@ -73,7 +73,9 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
     """The issue's run: ``fully_shard`` on each decoder layer and the root, ``Recorder(mode=
     "stats")``: both ranks crashed (SIGSEGV in the param-grad hook on a DTensor grad)."""
     out = tmp_path / "fsdp2"
-    results = torchrun(out, "--wrap", "fsdp2", "--check", "--disagree", "--absent", "never", wait="2")
+    results = torchrun(
+        out, "--wrap", "fsdp2", "--check", "--disagree", "--absent", "never", "--alone", wait="2"
+    )
     assert_neutral(results)
     # Ranks given other Recorder options raise on every rank at start(), none hangs.
     for result in results:
@@ -86,6 +88,16 @@ def test_fsdp2_recording_is_neutral_and_records_the_full_tensors(tmp_path: Path)
     said, took = results[0]["absent"]
     assert "ranks [1] did not reach start() for step 1 within 2 s (PRECALIGN_RANK_WAIT)" in said
     assert 2 <= took < 30 and results[1]["absent"][0] == ""
+    # Ranks that share no shard (a TP group of one rank each): rank 0 records alone, rank 1 with
+    # no Recorder, then ranks=[0]: nobody waits for rank 1 (on main: "ranks [1] did not reach
+    # start()" after the wait, then a ConfigError); ranks=[0] on the FSDP2 model is refused.
+    for rank, result in enumerate(results):
+        none, took_none, selected, took_selected, fsdp2 = result["alone"]
+        assert (none, selected) == ("", "") and took_none < 2 and took_selected < 2, result["alone"]
+        assert "ranks=[0] leaves out ranks [1] of a sharded model" in fsdp2
+        assert (out / "alone" / "step1" / f"rank{rank}").is_dir() == (rank == 0)
+        assert (out / "alone-ranks" / "step1" / f"rank{rank}").is_dir() == (rank == 0)
+    assert trace(out / "alone" / "step1" / "rank0").records
     for rank in range(2):
         folder = out / "rec" / "step0" / f"rank{rank}"
         assert_full_stats(folder, results[rank]["run"]["full_grad_stats"])

@@ -181,3 +181,72 @@ def test_a_sequence_parallel_norms_input_grad_is_its_own_share() -> None:
     gin = rec("l.input_layernorm", "grad_input", "in.0", (2, 6, 8), 1)
     assert derived.unmerged(gin, None, ranks_differ=False) == OWN_SHARE
     assert "SequenceParallel" in OWN_SHARE
+
+
+def test_prepare_module_styles_are_read_and_their_local_tensors_merged(mesh: Any) -> None:
+    """``PrepareModuleInput`` / ``PrepareModuleOutput`` / ``PrepareModuleInputOutput`` (the
+    styles torchtitan gives the attention and feed-forward modules) leave lambdas over the style
+    object: read from it (on main before this: not read, no entry, their local shards merged as
+    replicated records: "ranks disagree"). What they hand on as a local ``Shard(d)`` tensor is
+    concatenated on ``d``; the grads of the inputs they made are the module's share, listed."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        PrepareModuleOutput,
+        parallelize_module,
+    )
+
+    from pytest_precalign.steps.tp_plan import tp_plan
+
+    model = torch.nn.Sequential(Block(), Block(), Block())
+    plan = {
+        "0": PrepareModuleInput(
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Replicate(), None),
+            input_kwarg_layouts={"mask": Replicate()},
+            desired_input_kwarg_layouts={"mask": Replicate()},
+        ),
+        "1": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
+        "2": PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Shard(1),),
+            use_local_input=True,
+            output_layouts=(Replicate(), Replicate()),
+            desired_output_layouts=(Shard(0), Replicate()),
+        ),
+    }
+    parallelize_module(model, mesh, plan)  # type: ignore[arg-type]
+    read = tp_plan([model])
+    where = {"mesh": [1], "group": [0]}
+    assert read == {
+        "0": {
+            "style": "PrepareModuleInput",
+            "input": ["replicate", None],
+            "input_kwargs": {"mask": "replicate"},
+            "use_local_input": False,
+            **where,
+        },
+        "1": {"style": "PrepareModuleOutput", "output": [{"shard": 1}], "use_local_output": True, **where},
+        "2": {
+            "style": "PrepareModuleInputOutput",
+            "input": [{"shard": 1}],
+            "input_kwargs": {},
+            "use_local_input": True,
+            "output": [{"shard": 0}, "replicate"],
+            "use_local_output": True,
+            **where,
+        },
+    }
+    derived = plan_rules({f"b.m{k}": v for k, v in read.items()}, [])
+    assert {(r.name, r.role, r.slot, r.dim) for r in derived.rules} == {
+        ("b.m1", "out", "*", 1),  # one local Shard(1) output
+        ("b.m2", "in", "in.0", 1),  # a local input shard
+        ("b.m2", "out", "out.0", 0),  # the first of two outputs, a local Shard(0)
+    }
+    assert derived.own_share == {"b.m0", "b.m2"}
+    gin = rec("b.m0", "grad_input", "in.mask", (2, 3, 8), 1)
+    assert derived.unmerged(gin, None, ranks_differ=False) == OWN_SHARE and "PrepareModuleInput" in OWN_SHARE
+    replicated = rec("b.m0", "input", "in.0", (2, 3, 8), 0)  # a DTensor input: the full tensor
+    assert rule_for(replicated, derived.rules) is None
+    assert derived.unmerged(replicated, None, ranks_differ=False) is None

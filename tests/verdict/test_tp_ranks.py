@@ -31,3 +31,33 @@ def test_without_the_same_layout_the_rank_cannot_be_told() -> None:
         ({"0": [None], "1": [None]}, SUMS),
     ):
         assert "cannot be told" in partial_sums_evidence(base, cand, ORIGIN)
+
+
+def test_a_backward_divergence_names_the_rank_whose_local_grad_shard_differs() -> None:
+    """Where a run first diverges in the backward at a module whose sharded weights' grads each
+    rank kept as its local shard (the ``tp_grad_shards`` note), the rank is named (on main
+    before this: a backward fault was never traced to its rank); against a side without them,
+    one line why not."""
+    from pytest_precalign.trace.records import Trace
+    from pytest_precalign.verdict.tp_ranks import with_tp_rank
+    from pytest_precalign.verdict.training_run import FirstDivergent, TrainingVerdict
+
+    param = f"{ORIGIN}.weight"
+    doubled = {"0": SUMS["0"], "1": [[v * 2 for v in SUMS["1"][0]]]}
+
+    def side(kept: dict[str, object] | None) -> Trace:
+        trace = Trace(manifest={}, records=())
+        return trace.with_notes(tp_grad_shards={"1": {param: kept}}) if kept else trace
+
+    first = FirstDivergent(step=1, what="backward", origin=ORIGIN, evidence="its output did not")
+    training = TrainingVerdict(steps_compared=2, lane="approximate", first=first)
+    named = with_tp_rank(training, side(SUMS), side(doubled))
+    assert named is not None and named.first is not None
+    assert named.first.evidence == (
+        f"its output did not; TP rank1: its local shard of {param}'s grad differs from the other side's "
+        "same rank's (max, min, sum or norm beyond 0.001 relative); the other ranks' match"
+    )
+    told = with_tp_rank(training, side(None), side(doubled))
+    assert told is not None and told.first is not None
+    assert f"which TP rank's shard of {param}'s grad differs cannot be told" in told.first.evidence
+    assert with_tp_rank(training, side(None), side(None)) == training  # nothing kept: nothing said

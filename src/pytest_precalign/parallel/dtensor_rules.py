@@ -21,6 +21,12 @@ What a recorder sees on a rank of ``parallelize_module``'s styles (its hooks run
   Not merged: listed with the reason (``own_share``); so is the grad of a ``SequenceParallel``
   module's input (a norm's: the DTensor made from the rank's part of the residual stream, whose
   grad in the unsharded run also holds the residual's);
+- ``PrepareModuleInput`` / ``PrepareModuleOutput`` / ``PrepareModuleInputOutput`` (torchtitan's
+  attention and feed-forward inputs): an input or output they hand on as a local tensor
+  (``use_local_output``) of a ``Shard(d)`` layout is the rank's shard -> concatenated on ``d``
+  (slot ``in.<i>`` / ``in.<kwarg>``, ``out`` / ``out.<i>``); one they hand on as a DTensor or a
+  replicated local tensor is the full one, replicated; the grad of an input they made is this
+  module's share (``own_share``), listed;
 - a local shard recorded as a hash (hash mode) cannot be merged: listed;
 - a module of a style whose hooks cannot be read (``"unread"``: a custom ``ParallelStyle``):
   its input grads and its records the ranks recorded differently are listed (``UNREAD``), and
@@ -39,10 +45,10 @@ from ..trace.records import Record
 from .rules import Role, ShardRule
 
 OWN_SHARE = (
-    "the grad of a ColwiseParallel or SequenceParallel module's input is the grad of the DTensor its "
-    "input hook made for this module alone (this module's share), not the grad of the input its "
-    "consumers share in the unsharded run (q/k/v, gate/up projections; a norm and the residual): "
-    "not merged"
+    "the grad of a ColwiseParallel, SequenceParallel or PrepareModuleInput module's input is the grad "
+    "of the tensor its input hook made for this module alone (this module's share), not the grad of "
+    "the input its consumers share in the unsharded run (q/k/v, gate/up projections; a norm and the "
+    "residual): not merged"
 )
 HASHED = (
     "a local shard recorded as a hash only (hash mode): the hash of the concatenation is not a "
@@ -92,7 +98,45 @@ def _local_dim(entry: Mapping[str, Any]) -> int | None:
     return int(shard["shard"]) if isinstance(shard, dict) and "shard" in shard else None
 
 
+def _prepared_inputs(entry: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(slot, layout) of each input a ``PrepareModule*`` entry converts (module doc)."""
+    if not str(entry.get("style", "")).startswith("PrepareModule"):
+        return []
+    given = entry.get("input")
+    kwargs = entry.get("input_kwargs")
+    found = [(f"in.{i}", p) for i, p in enumerate(given if isinstance(given, list) else ())]
+    found += [(f"in.{k}", p) for k, p in (kwargs.items() if isinstance(kwargs, Mapping) else ())]
+    return [(slot, p) for slot, p in found if p is not None]
+
+
+def _prepared_rules(name: str, entry: Mapping[str, Any]) -> list[ShardRule]:
+    """The shard rules of the local tensors a ``PrepareModule*`` entry hands on (module doc)."""
+    style = str(entry.get("style"))
+    if not style.startswith("PrepareModule"):
+        return []
+    slots: list[tuple[Role, str, Any]] = []
+    if entry.get("use_local_input"):
+        slots += [("in", slot, p) for slot, p in _prepared_inputs(entry)]
+    output = entry.get("output")
+    if entry.get("use_local_output") and isinstance(output, list) and len(output) > 1:
+        slots += [("out", f"out.{i}", p) for i, p in enumerate(output)]
+    return [
+        ShardRule(
+            name,
+            role,
+            "chunk",
+            int(p["shard"]),
+            slot,
+            f"{style}: the rank's local {slot}, Shard({p['shard']})",
+        )
+        for role, slot, p in slots
+        if isinstance(p, dict) and "shard" in p
+    ]
+
+
 def _makes_dtensor_input(entry: Mapping[str, Any]) -> bool:
+    if str(entry.get("style", "")).startswith("PrepareModule"):
+        return not entry.get("use_local_input") and bool(_prepared_inputs(entry))
     inputs = entry.get("input")
     return isinstance(inputs, list) and any(isinstance(p, dict) and "shard" in p for p in inputs)
 
@@ -104,6 +148,8 @@ def plan_rules(plan: Mapping[str, Any], records: Sequence[Record]) -> TpPlanRule
     for name, dim in local.items():
         why = f"{plan[name].get('style')}: the rank's local output (use_local_output), Shard({dim})"
         rules.append(ShardRule(name, "out", "chunk", dim, why=why))
+    for name, entry in plan.items():
+        rules += _prepared_rules(name, entry) if isinstance(entry, dict) else []
     own = frozenset(
         n
         for n, e in plan.items()
@@ -111,6 +157,7 @@ def plan_rules(plan: Mapping[str, Any], records: Sequence[Record]) -> TpPlanRule
         and (
             (e.get("style") == "ColwiseParallel" and e.get("input") == ["replicate"])
             or e.get("style") == "SequenceParallel"
+            or bool(_prepared_inputs(e))
         )
     )
     unread = frozenset(n for n, e in plan.items() if isinstance(e, dict) and e.get("unread"))
@@ -149,18 +196,30 @@ def _between(
     return list(out.values())
 
 
-def partials_note(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+def partials_note(ranks: Sequence[Any], step: Any, key: str = "tp_partials") -> dict[str, Any]:
     """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
     the ranks' manifests (``parallel.dtensors.tp_partials``, ``steps/tp_partials.py``);
-    empty where no rank kept partial sums."""
+    empty where no rank kept partial sums. ``key="tp_grad_shards"``: the ``tp_grad_shards``
+    note (``{step: {param: {rank: calls}}}``), each rank's local shards of the sharded weights'
+    grads."""
     by_module: dict[str, dict[str, Any]] = {}
     for rank in ranks:  # RankTrace
         parallel = rank.trace.manifest.get("parallel")
         dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
-        kept = dtensors.get("tp_partials") if isinstance(dtensors, Mapping) else None
+        kept = dtensors.get(key) if isinstance(dtensors, Mapping) else None
         for module, calls in (kept or {}).items() if isinstance(kept, Mapping) else ():
             by_module.setdefault(str(module), {})[str(rank.rank)] = calls
     return {str(step): by_module} if by_module else {}
+
+
+def tp_notes(ranks: Sequence[Any], step: Any) -> dict[str, Any]:
+    """The merged step's ``tp_partials`` and ``tp_grad_shards`` notes (``partials_note``), each
+    the first rank's own where the ranks' manifests hold none."""
+    notes = ranks[0].trace.notes
+    return {
+        "tp_partials": partials_note(ranks, step) or notes.tp_partials,
+        "tp_grad_shards": partials_note(ranks, step, "tp_grad_shards") or notes.tp_grad_shards,
+    }
 
 
 def tp_plan_of(manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -37,7 +37,7 @@ from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
 from .dp_join import Replica, copies_differ, join_replicas, saw_different_data
 from .dp_scalars import loss_weights
-from .dtensor_rules import TpPlanRules, partials_note, plan_rules, tp_plan_of
+from .dtensor_rules import TpPlanRules, plan_rules, tp_notes, tp_plan_of
 from .layout import ParallelLayout
 from .rules import MEGATRON_GPT_RULES, ShardRule, rule_for, rules_for_layout
 from .store import MergedTensors, Part, Plan
@@ -134,7 +134,7 @@ def merge_ranks(
         replica_mismatches=tuple(merged.replica_mismatches) or ranks[0].trace.notes.replica_mismatches,
         dp_join={str(manifest.get("step", 0)): dp_join} if dp_join else ranks[0].trace.notes.dp_join,
         tp_unmerged=unmerged or ranks[0].trace.notes.tp_unmerged,
-        tp_partials=partials_note(ranks, manifest.get("step", 0)) or ranks[0].trace.notes.tp_partials,
+        **tp_notes(ranks, manifest.get("step", 0)),  # tp_partials, tp_grad_shards
     )
 
 

@@ -55,6 +55,7 @@ def combine_steps(
         dp_join={k: v for n in notes for k, v in n.dp_join.items()},
         tp_unmerged={k: v for n in notes for k, v in n.tp_unmerged.items()},
         tp_partials={k: v for n in notes for k, v in n.tp_partials.items()},
+        tp_grad_shards={k: v for n in notes for k, v in n.tp_grad_shards.items()},
     )
     return _with_path(combined, root)
 

@@ -23,7 +23,8 @@ case trainers' specs, below the recorders and trainers that use them.
   ``parallelize_module`` left on the model, read back from its hooks (``parallel.dtensors.tp_plan``).
   ``rank_agreement``: the ranks' agreement at each ``start()`` on what a sharded model's step
   records, through the process group's store, a rank that never comes named after a bounded wait;
-  ``tp_partials``: each rank's partial sum of a ``RowwiseParallel`` output before its all-reduce.
+  ``tp_partials``: each rank's partial sum of a ``RowwiseParallel`` output before its all-reduce,
+  and its local shards of the Colwise/Rowwise weights' grads.
 - ``unwrap``: the model inside a training wrapper (DDP, FSDP, ``torch.compile``, PEFT).
 - ``model_checks``: what a model must be to be recorded (``Recorder.start`` checks it before
   adding a hook), and a list of model chunks as one root.

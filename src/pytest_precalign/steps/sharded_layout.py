@@ -15,11 +15,14 @@ rank), the layout's ``tp`` is the world and ``dp`` 1 (``tp_layout``): its ranks 
 rows, they are not data-parallel replicas.
 
 ``check_sharded_recording`` (every ``Recorder.start`` on a model with DTensor parameters): the
-DTensors' statistics are combined over the ranks with collectives, so every rank must record
-the same step with the same options; one all-gather of (step, recorded, options checksum) per
-step finds a rank that differs (``include=``, ``steps=``, ``mode=`` per rank) and raises one
-``RecorderError`` on every rank instead of a hang; a rank that never comes is named after at most
-``PRECALIGN_RANK_WAIT`` seconds (``rank_agreement.py``: through the store, not a collective).
+DTensors' statistics are combined with collectives over the ranks that shard them (the rank's
+peers, ``record_peers``), so those ranks must record the same step with the same options; a
+row of (step, recorded, options checksum, peers) per step and rank in the process group's store
+finds a peer that differs (``include=``, ``steps=``, ``mode=`` per rank) and raises one
+``RecorderError`` on each of them instead of a hang; a peer that never comes is named after at
+most ``PRECALIGN_RANK_WAIT`` seconds (``rank_agreement.py``: through the store, not a
+collective). Ranks that share no shard (another DP replica of a 2-D mesh, another pipeline
+stage, a rank that records nothing) are not waited for.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ from ..recording.tensor_summary import dtype_name
 from .rank_agreement import agree, options_row
 from .tp_partials import watch_partials
 
-__all__ = ["check_rank_selection", "check_sharded_recording", "dtensor_block", "tp_layout", "watch_partials"]
+__all__ = [
+    "check_rank_selection",
+    "check_sharded_recording",
+    "dtensor_block",
+    "record_peers",
+    "tp_layout",
+    "watch_partials",
+]
 from .tp_plan import tp_plan
 
 SUMMARY = {
@@ -117,43 +127,68 @@ def tp_layout(block: dict[str, Any], world: int, rank: int) -> dict[str, int] | 
     return {"tp": world, "dp": 1, "tp_rank": rank, "dp_rank": 0}
 
 
-def check_rank_selection(ranks: frozenset[int] | None, mode: str, model: Any) -> None:
-    """``Recorder(ranks=...)`` leaving out a rank of a model with DTensor parameters: the
-    DTensors' statistics are combined (hashes, tensors gathered) over every rank of their mesh,
-    so a rank not recording would leave the others waiting. One ``ConfigError`` on every rank."""
-    if ranks is None or mode == "scalars":
-        return
-    from .model_checks import chunks_of
-
+def record_peers(chunks: Sequence[torch.nn.Module]) -> frozenset[int] | None:
+    """The global ranks this rank's DTensor records are combined with, itself included: per
+    mesh of its DTensor parameters, the ranks of each mesh dimension some parameter is not
+    ``Replicate`` on (an FSDP2 mesh, a TP group; an HSDP replicate dimension is left out, its
+    replicas are not combined). None without DTensor parameters."""
     dist = torch.distributed
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if set(range(world)) <= ranks:
+    meshes: dict[int, tuple[Any, set[int]]] = {}
+    for chunk in chunks:
+        for p in chunk.parameters():
+            if not is_dtensor(p):
+                continue
+            mesh, placements = p.device_mesh, p.placements  # type: ignore[attr-defined]
+            dims = meshes.setdefault(id(mesh), (mesh, set()))[1]
+            dims.update(d for d, pl in enumerate(placements) if not pl.is_replicate())
+    if not meshes:
+        return None
+    peers = {dist.get_rank()}
+    for mesh, dims in meshes.values():
+        for dim in dims:
+            peers.update(dist.get_process_group_ranks(mesh.get_group(dim)))
+    return frozenset(peers)
+
+
+def check_rank_selection(ranks: frozenset[int] | None, peers: frozenset[int]) -> None:
+    """``Recorder(ranks=...)`` that records some of the ranks whose DTensor records are combined
+    (``peers``, ``record_peers``) and leaves out others: the recording ranks would wait for the
+    others' shards at the step's end. One ``ConfigError`` on each of those ranks."""
+    if ranks is None or peers <= ranks or not peers & ranks:
         return
-    if any(is_dtensor(p) for chunk in chunks_of(model) for p in chunk.parameters()):
-        raise ConfigError(
-            f"Recorder: ranks={sorted(ranks)} leaves out ranks of a sharded model (DTensor parameters: "
-            "FSDP2, tensor parallelism), whose records are combined over every rank of their mesh; "
-            "record every rank (ranks=None) and compare the ranks you want"
-        )
+    raise ConfigError(
+        f"Recorder: ranks={sorted(ranks)} leaves out ranks {sorted(peers - ranks)} of a sharded model "
+        "(DTensor parameters: FSDP2, tensor parallelism) whose shards are combined with those of ranks "
+        f"{sorted(peers & ranks)}; record every rank of the mesh that shards them (or none of them), "
+        "and compare the ranks you want"
+    )
 
 
 def check_sharded_recording(recorder: Any, model: Any) -> None:
-    """``check_rank_selection``, then, on a model with DTensor parameters in a process group of
-    several ranks, the ranks' agreement on what this step records (``rank_agreement.py``): the
-    ``Recorder``'s options, step, whether this rank records it, checked per recording root."""
-    ranks, mode = recorder.ranks, recorder.mode
+    """On a model with DTensor parameters in a process group of several ranks: the rank
+    selection (``check_rank_selection``), then the agreement of this rank and its peers on what
+    this step records (``rank_agreement.py``): the ``Recorder``'s options, step, whether this
+    rank records it, checked per recording root. A rank ``ranks=`` leaves out records nothing,
+    and waits for no one."""
+    dist = torch.distributed
+    if recorder.mode == "scalars" or not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() == 1:
+        return
+    from .model_checks import chunks_of
+
+    peers = record_peers(chunks_of(model))
+    if peers is None:
+        return
+    ranks = recorder.ranks
+    check_rank_selection(ranks, peers)
+    if ranks is not None and dist.get_rank() not in ranks:
+        return
     options = {
         **recorder._options,
         "level": recorder.level,
         "format": recorder.format,
         "params": recorder.params,
     }
-    check_rank_selection(ranks, mode, model)
-    dist = torch.distributed
-    if mode == "scalars" or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    from .model_checks import chunks_of
-
-    if not any(is_dtensor(p) for chunk in chunks_of(model) for p in chunk.parameters()):
-        return  # the walk stops at the first DTensor parameter (this runs every step)
-    agree(recorder.root, *options_row(options, mode, recorder._step, recorder.selected()))
+    row, said = options_row(options, recorder.mode, recorder._step, recorder.selected())
+    agree(recorder.root, row, said, peers)

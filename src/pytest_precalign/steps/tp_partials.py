@@ -9,6 +9,13 @@ call in the manifest's ``parallel.dtensors.tp_partials`` (``{module: [[max, min,
 ...]}``, one list a call; ``null`` for a call with NaN or Inf), on each rank. The hook reads,
 never changes, the output; it is removed with the step's other hooks. ``verdict/tp_ranks.py``
 compares them rank by rank where a run first diverges at such a module.
+
+The backward's evidence, the same way: each rank's local shard of the grad of a
+``ColwiseParallel`` / ``RowwiseParallel`` module's sharded weight (a DTensor grad whose local
+tensor is this rank's share of the full grad) is read by a post-accumulate-grad hook on the
+parameter, after each accumulation (a micro-batch): its statistics in
+``parallel.dtensors.tp_grad_shards`` (``{param: [[max, min, sum, norm], ...]}``), on each rank.
+A grad scaled on one TP rank before the optimizer reads it shows in that rank's shard.
 """
 
 from __future__ import annotations
@@ -48,7 +55,55 @@ def watch_partials(
                 hooks.move_to_end(key)
     if found:
         dtensors["tp_partials"] = found
+    return handles + _watch_grad_shards(chunks, prefixes, plan, dtensors)
+
+
+def _watch_grad_shards(
+    chunks: Sequence[torch.nn.Module],
+    prefixes: Sequence[str],
+    plan: Mapping[str, Any],
+    dtensors: dict[str, Any],
+) -> list[RemovableHandle]:
+    """Hooks reading each rank's local shard of the grads of the sharded weights of this step's
+    Colwise/Rowwise modules into ``dtensors["tp_grad_shards"]`` (module doc); their handles."""
+    found: dict[str, list[list[float] | None]] = {}
+    handles: list[RemovableHandle] = []
+    for i, chunk in enumerate(chunks):
+        prefix = prefixes[i] if i < len(prefixes) else ""
+        for name, module in chunk.named_modules():
+            entry = plan.get(f"{prefix}{name}")
+            if not isinstance(entry, dict) or entry.get("style") not in (
+                "ColwiseParallel",
+                "RowwiseParallel",
+            ):
+                continue
+            for key, param in module.named_parameters(recurse=False):
+                placements = getattr(param, "placements", ())
+                if not param.requires_grad or not any(p.is_shard() for p in placements):
+                    continue
+                calls = found.setdefault(f"{prefix}{name}.{key}", [])
+                handles.append(param.register_post_accumulate_grad_hook(_grad_reader(calls)))
+    if found:
+        dtensors["tp_grad_shards"] = found
     return handles
+
+
+def _grad_reader(calls: list[list[float] | None]) -> Callable[[torch.Tensor], None]:
+    def read(param: torch.Tensor) -> None:
+        grad = getattr(param.grad, "_local_tensor", None)
+        if grad is not None:
+            calls.append(_row(grad))
+
+    return read
+
+
+def _row(local: torch.Tensor) -> list[float] | None:
+    """[max, min, sum, norm] of a local tensor in float64; None where it holds NaN or Inf."""
+    with torch.no_grad():
+        local = local.detach().double()
+        values = torch.stack([local.max(), local.min(), local.sum(), local.square().sum().sqrt()])
+        row = [float(v) for v in values.tolist()]
+    return row if all(v == v and abs(v) != float("inf") for v in row) else None
 
 
 def _reader(calls: list[list[float] | None]) -> Callable[..., None]:
@@ -56,10 +111,6 @@ def _reader(calls: list[list[float] | None]) -> Callable[..., None]:
         placements = getattr(output, "placements", ())
         if not any(p.is_partial() for p in placements):
             return
-        with torch.no_grad():
-            local = output._local_tensor.detach().double()
-            values = torch.stack([local.max(), local.min(), local.sum(), local.square().sum().sqrt()])
-            row = [float(v) for v in values.tolist()]
-        calls.append(row if all(v == v and abs(v) != float("inf") for v in row) else None)
+        calls.append(_row(output._local_tensor))
 
     return read

@@ -19,6 +19,16 @@ functions (a custom ``ParallelStyle``, another torch) gets ``{"style": <the clas
 functions are defined in>, "unread": true, "mesh", "group"}``: how its output is split is not
 known, so its records and those its parent's ranks recorded differently are listed as not
 merged (``parallel/dtensor_rules.py``), never taken for replicated ones.
+
+``PrepareModuleInput`` / ``PrepareModuleOutput`` / ``PrepareModuleInputOutput`` (torchtitan's
+plans give them to the attention and feed-forward modules) leave lambdas over the style object
+itself; read from it, their entry says where the module's inputs and outputs land after the
+hooks (the desired layout, else the given one; ``null``: an argument the style leaves as it is)
+and whether they are handed on as local tensors:
+
+    "model.layers.0.mlp": {"style": "PrepareModuleInputOutput", "input": ["replicate"],
+        "input_kwargs": {}, "use_local_input": false, "output": [{"shard": 1}],
+        "use_local_output": true, "mesh": [2], "group": [0, 1]}
 """
 
 from __future__ import annotations
@@ -74,10 +84,54 @@ def _mesh_of(hook: Any) -> Any:
     return None
 
 
+_PREPARE = ("PrepareModuleInput", "PrepareModuleOutput")
+
+
+def _layouts(given: Any, desired: Any) -> list[Any]:
+    """Where each argument lands: its desired layout, else the given one; None: left as it is."""
+    given = tuple(given or ())
+    desired = tuple(desired or (None,) * len(given))
+    return [
+        None if g is None else _placement(d if d is not None else g)
+        for g, d in zip(given, desired, strict=True)
+    ]
+
+
+def _prepared(hooks: Sequence[Any]) -> dict[str, Any]:
+    """The entry of the ``PrepareModule*`` styles whose hooks are among ``hooks`` (module doc)."""
+    entry: dict[str, Any] = {}
+    for hook in hooks:
+        for cell in getattr(hook, "__closure__", None) or ():
+            style: Any = cell.cell_contents if _full(cell) else None
+            kind = type(style).__name__
+            if kind not in _PREPARE:
+                continue
+            if kind == "PrepareModuleInput":
+                entry["input"] = _layouts(style.input_layouts, style.desired_input_layouts)
+                entry["input_kwargs"] = {
+                    str(k): _layouts((v,), (style.desired_input_kwarg_layouts.get(k),))[0]
+                    for k, v in style.input_kwarg_layouts.items()
+                }
+                entry["use_local_input"] = bool(style.use_local_output)
+            else:
+                entry["output"] = _layouts(style.output_layouts, style.desired_output_layouts)
+                entry["use_local_output"] = bool(style.use_local_output)
+            mesh = _mesh_of(hook)
+            if mesh is not None:
+                entry["mesh"] = list(mesh.shape)
+                entry["group"] = [int(r) for r in mesh.mesh.flatten().tolist()]
+    if entry:
+        both = "input" in entry and "output" in entry
+        entry["style"] = "PrepareModuleInputOutput" if both else _PREPARE["input" not in entry]
+    return entry
+
+
 def _entry(module: torch.nn.Module) -> dict[str, Any] | None:
     """The plan entry torch's style hooks on ``module`` say; None when there is none."""
-    entry: dict[str, Any] = {}
     hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+    entry: dict[str, Any] = _prepared(hooks)
+    if entry:
+        return entry
     for hook in hooks:
         for part in _partials(hook):
             owner, _, fn = getattr(part.func, "__qualname__", "").rpartition(".")

@@ -14,6 +14,7 @@ The JSON layout (each key absent when its note is empty)::
      "dp_join": {"<step>": {"joined": true, ...}},   # parallel.dp_join
      "tp_unmerged": {"<record id>": "why its TP ranks are not merged"},  # parallel.dtensor_rules
      "tp_partials": {"<step>": {"<module>": {"<rank>": [[max, min, sum, norm], ...]}}},  # steps.tp_partials
+     "tp_grad_shards": {"<step>": {"<param>": {"<rank>": [[max, min, sum, norm], ...]}}},  # the same
      "compiled": {"stats": "in the graph", ...},     # recording.compiled_records
      "param_grads": "step"}                          # the Recorder's param_grads setting
 
@@ -47,6 +48,7 @@ class TraceNotes:
     dp_join: Mapping[str, Entry] = field(default_factory=dict)
     tp_unmerged: Mapping[str, str] = field(default_factory=dict)
     tp_partials: Mapping[str, Entry] = field(default_factory=dict)
+    tp_grad_shards: Mapping[str, Entry] = field(default_factory=dict)
     compiled: Entry | None = None
     param_grads: str | None = None
 
@@ -65,6 +67,7 @@ class TraceNotes:
             dp_join={str(k): v for k, v in _object(manifest, "dp_join", where).items()},
             tp_unmerged=_texts(manifest, "tp_unmerged", where),
             tp_partials={str(k): v for k, v in _object(manifest, "tp_partials", where).items()},
+            tp_grad_shards={str(k): v for k, v in _object(manifest, "tp_grad_shards", where).items()},
             compiled=dict(_object(manifest, "compiled", where)) or None,
             param_grads=None if manifest.get("param_grads") is None else str(manifest["param_grads"]),
         )

@@ -19,7 +19,8 @@ judged before step 0; a plan difference told in the framework's own argument nam
 ``replay_finding`` (what the replay of the first divergent step found, or why it did not run),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
 rank whose rows of a joined record differ), ``tp_ranks`` (the TP rank whose partial sum of a
-row-parallel module differs, or why it cannot be told), ``non_data_inputs``
+row-parallel module, or whose local shard of a sharded weight's grad, differs, or why it cannot
+be told), ``non_data_inputs``
 (masks, positions and caches set aside or named in the origin walk).
 """
 

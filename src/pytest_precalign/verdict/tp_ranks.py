@@ -9,6 +9,12 @@ compared with the other side's same rank's; the ranks whose partial sums differ 
 run verdict's evidence, or, where none differs, that the ranks' shares agree and the reduction
 differs. Against a side without them (one process, another layout) the evidence says in one
 line why the rank cannot be told. Nothing is claimed without evidence. No torch import.
+
+Where a run first diverges elsewhere (the backward, the grads, the update) at a module, or a
+parameter, whose sharded weights' grads the ranks kept as local shards (the ``tp_grad_shards``
+note, ``steps/tp_partials.py``: a ``ColwiseParallel`` / ``RowwiseParallel`` weight), each rank's
+shard is compared with the other side's same rank's the same way: "TP rank1: its local shard of
+<param>'s grad differs ...". Against a side without them, the one line why not.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ CANNOT = (
     "the same sum (compare with a rerun of the same TP layout, whose ranks keep their partial sums)"
 )
 
+CANNOT_GRAD = (
+    "which TP rank's shard of {origin}'s grad differs cannot be told against a run without the same "
+    "tensor-parallel layout: the grad is recorded as the full tensor its shards make up (compare with "
+    "a rerun of the same TP layout, whose ranks keep their local grad shards)"
+)
+
 
 def with_tp_rank(
     training: TrainingVerdict | None, baseline: Trace, candidate: Trace
@@ -34,13 +46,39 @@ def with_tp_rank(
     """``training`` with the TP rank(s) whose partial sum differs at its first divergent
     forward module, where that module's ranks kept partial sums (module doc)."""
     first = training.first if training is not None else None
-    if training is None or first is None or first.what != "forward" or not first.origin:
+    if training is None or first is None or not first.origin:
         return training
+    if first.what != "forward":
+        return _with_grad_shards(training, baseline, candidate)
     sides = [_partials(t, first.step, first.origin) for t in (baseline, candidate)]
     if sides == [None, None]:
         return training
     told = partial_sums_evidence(sides[0], sides[1], first.origin)
     return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+
+
+def _with_grad_shards(training: TrainingVerdict, baseline: Trace, candidate: Trace) -> TrainingVerdict:
+    """``training`` with the TP ranks whose local grad shards of its origin's sharded weights
+    differ (module doc); as it is where neither side kept them."""
+    first = training.first
+    assert first is not None and first.origin
+    origin, step = first.origin, str(first.step)
+    kept = [t.notes.tp_grad_shards.get(step, {}) for t in (baseline, candidate)]
+    params = sorted({p for side in kept for p in side if p == origin or p.startswith(f"{origin}.")})
+    if not params:
+        return training
+    told = []
+    for param in params:
+        a, b = (side.get(param) for side in kept)
+        told.append(
+            partial_sums_evidence(
+                a if isinstance(a, Mapping) and a else None,
+                b if isinstance(b, Mapping) and b else None,
+                param,
+                grads=True,
+            )
+        )
+    return replace(training, first=replace(first, evidence="; ".join([first.evidence, *told])))
 
 
 def _partials(trace: Trace, step: int, origin: str) -> Mapping[str, Any] | None:
@@ -49,29 +87,34 @@ def _partials(trace: Trace, step: int, origin: str) -> Mapping[str, Any] | None:
     return ranks if isinstance(ranks, Mapping) and ranks else None
 
 
-def partial_sums_evidence(base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, origin: str) -> str:
-    """The evidence line of two sides' partial sums of ``origin`` (rank -> one list per call)."""
+def partial_sums_evidence(
+    base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, origin: str, grads: bool = False
+) -> str:
+    """The evidence line of two sides' partial sums of ``origin`` (rank -> one list per call);
+    ``grads``: of their local shards of the grad of the parameter ``origin``."""
+    cannot = (CANNOT_GRAD if grads else CANNOT).format(origin=origin)
+    what = f"local shard of {origin}'s grad" if grads else f"partial sum of {origin} before the all-reduce"
     if base is None or cand is None or set(base) != set(cand):
-        return CANNOT.format(origin=origin)
+        return cannot
     differ, compared = [], 0
     for rank in sorted(cand, key=int):
         a, b = base[rank], cand[rank]
         if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
-            return CANNOT.format(origin=origin)
+            return cannot
         pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
         compared += len(pairs)
         if any(not _close(x, y) for x, y in pairs):
             differ.append(f"rank{rank}")
     if not compared:
-        return CANNOT.format(origin=origin)
+        return cannot
     if not differ:
         return (
-            f"every TP rank's partial sum of {origin} before its all-reduce matches the other side's "
-            f"(max, min, sum, norm within {RTOL:g} relative): the shares agree, their reduction differs"
+            f"every TP rank's {what} matches the other side's (max, min, sum, norm within {RTOL:g} "
+            "relative): " + ("the shards agree" if grads else "the shares agree, their reduction differs")
         )
     return (
-        f"TP {', '.join(differ)}: its partial sum of {origin} before the all-reduce differs from the "
-        f"other side's same rank's (max, min, sum or norm beyond {RTOL:g} relative); the other ranks' match"
+        f"TP {', '.join(differ)}: its {what} differs from the other side's same rank's (max, min, sum "
+        f"or norm beyond {RTOL:g} relative); the other ranks' match"
     )
 
 
