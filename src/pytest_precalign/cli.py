@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, PrecalignError
+from .redaction import redacted_output
 
 if TYPE_CHECKING:
     from .config.specs import AlignConfig, CaseSpec
@@ -197,6 +198,12 @@ def _compare_parser(compare: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command; everything it prints passes through the redaction rule (docs/security.md)."""
+    with redacted_output():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         code = _dispatch(args, argv)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .errors import AlignmentMismatch, PrecalignError
+from .redaction import redacted, redacted_text
 from .vocabulary import PHASES
 
 if TYPE_CHECKING:
@@ -101,6 +102,12 @@ class HookSpecs:
         registered before the alignment config is read, and removed at unconfigure."""
 
 
+def _usage_error(text: str) -> pytest.UsageError:
+    """A usage error as pytest prints it, through the one redaction rule (docs/security.md):
+    every text this plugin puts on the terminal does (failures, summaries, errors, header)."""
+    return pytest.UsageError(redacted_text(text))
+
+
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(HookSpecs)
 
@@ -117,7 +124,7 @@ def _register_trainers(config: pytest.Config) -> None:
             try:
                 register_trainer(info)
             except PrecalignError as exc:
-                raise pytest.UsageError(f"pytest_precalign_trainers: {exc}") from None
+                raise _usage_error(f"pytest_precalign_trainers: {exc}") from None
             added.append(info.name)
 
 
@@ -151,14 +158,14 @@ def pytest_configure(config: pytest.Config) -> None:
     updating = config.getoption("align_update") or config.getoption("align_update_all")
     baselines = config.getoption("align_baseline")
     if updating and not baselines:
-        raise pytest.UsageError("--align-update and --align-update-all need --align-baseline DIR")
+        raise _usage_error("--align-update and --align-update-all need --align-baseline DIR")
     if baselines:
         from .reports.document import check_report_dir
 
         try:
             check_report_dir(baselines, "--align-baseline", "each case's baseline <case>/", write=False)
         except PrecalignError as exc:
-            raise pytest.UsageError(str(exc)) from None
+            raise _usage_error(str(exc)) from None
     _register_trainers(config)
     path = _config_path(config)
     if path is None:
@@ -173,7 +180,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
             align_config = trust_checkpoints(align_config)
     except PrecalignError as exc:
-        raise pytest.UsageError(f"--align-config: {exc}") from None
+        raise _usage_error(f"--align-config: {exc}") from None
     report_dir = config.getoption("align_report") or config.getini("align_report")
     if report_dir:
         from .reports.document import check_report_dir
@@ -181,7 +188,7 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             check_report_dir(report_dir, "--align-report")
         except PrecalignError as exc:
-            raise pytest.UsageError(str(exc)) from None
+            raise _usage_error(str(exc)) from None
     from .run.outcome import PerCase
 
     config.stash[STATE_KEY] = _State(config=align_config, runs=PerCase(), run_id=_run_id(config))
@@ -207,20 +214,25 @@ def _state(config: pytest.Config) -> _State:
     return config.stash.get(STATE_KEY, _State(config=None))
 
 
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
+@pytest.hookimpl(wrapper=True)
+def pytest_report_header(config: pytest.Config) -> Generator[None, list[Any], list[Any]]:
+    """The config's line; in an alignment run, every header line through the redaction rule
+    (pytest's own too: its ``rootdir:`` names the folder, which may hold a token)."""
+    lines = yield
     align_config = _state(config).config
     if align_config is None:
-        return None
+        return lines
     from importlib import metadata
 
     # torch's version from its metadata: importing torch here would fail before the cases'
     # devices are checked when an installed torch_npu cannot load (no CANN).
     d = align_config.defaults
-    return [
+    ours = (
         f"precalign: config {align_config.path}, {len(align_config.cases)} case(s); "
         f"torch {metadata.version('torch')}, device {d.device}, dtype {d.dtype}, seed {d.seed}, "
         f"deterministic {d.deterministic}"
-    ]
+    )
+    return [redacted([ours]), *(redacted(line) for line in lines)]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -252,8 +264,8 @@ class _CaseItem(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, (AlignmentMismatch, PrecalignError)):
-            return str(excinfo.value)
-        return str(super().repr_failure(excinfo))
+            return redacted_text(str(excinfo.value))
+        return redacted_text(str(super().repr_failure(excinfo)))
 
 
 class AlignItem(_CaseItem):
@@ -355,7 +367,7 @@ def _relative(config: pytest.Config, align_config: AlignConfig) -> Path:
 def _settle(item: pytest.Item, outcome: ItemOutcome) -> None:
     """The one place an item's outcome meets pytest: its JUnit properties, its report entry
     (carried to the controller on the test report, see ``_EntryCollector``), its failure."""
-    item.user_properties.extend(outcome.properties)
+    item.user_properties.extend(redacted(outcome.properties))  # the JUnit XML holds them
     if outcome.entry is not None:
         item.stash[ENTRY_KEY] = {"entry": dict(outcome.entry), "summary": outcome.summary}
     _raise_failure(outcome)
@@ -365,7 +377,7 @@ def _raise_failure(outcome: ItemOutcome) -> None:
     """Fail the running test with the outcome's message (when it did not pass)."""
     __tracebackhide__ = True
     if not outcome.passed:
-        raise AlignmentMismatch(outcome.message)
+        raise AlignmentMismatch(redacted_text(outcome.message))
 
 
 def _save_traces(config: pytest.Config, align_config: AlignConfig, run: CaseRun) -> None:
@@ -469,7 +481,7 @@ def _check_collected(align_config: AlignConfig | None, items: list[pytest.Item])
                 text = str(exc)
                 if str(align_config.path) not in text:
                     text = f"{align_config.path}: {text}"
-                raise pytest.UsageError(f"--align-config: case {item.case.name!r}: {text}") from None
+                raise _usage_error(f"--align-config: case {item.case.name!r}: {text}") from None
 
 
 def _check_markers(align_config: AlignConfig | None, items: list[pytest.Item]) -> None:
@@ -483,7 +495,7 @@ def _check_markers(align_config: AlignConfig | None, items: list[pytest.Item]) -
         try:
             AlignRunner.from_marker(align_config, marker, item.nodeid, _raise_failure, item.path.parent)
         except PrecalignError as exc:
-            raise pytest.UsageError(str(exc)) from None
+            raise _usage_error(str(exc)) from None
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -493,7 +505,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("precalign")
     entries = sorted(zip(state.reports, state.summaries, strict=True), key=lambda e: _run_order(state, e[0]))
     for _, line in entries:
-        terminalreporter.write_line(line)
+        terminalreporter.write_line(redacted_text(line))
 
 
 def _run_order(state: _State, entry: dict[str, Any]) -> tuple[int, int, str]:
@@ -510,7 +522,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = _state(config)
     if state.usage_error is not None:  # as pytest reports a UsageError: one line, exit 4
-        sys.stderr.write(f"ERROR: {state.usage_error}\n")
+        sys.stderr.write(f"ERROR: {redacted_text(state.usage_error)}\n")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
     if state.config is None:
@@ -535,7 +547,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 "--align-report",
             )
         except PrecalignError as exc:  # a full disk: one line, and the run does not pass
-            sys.stderr.write(f"ERROR: {exc}\n")
+            sys.stderr.write(f"ERROR: {redacted_text(str(exc))}\n")
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 

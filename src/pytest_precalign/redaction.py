@@ -38,9 +38,12 @@ Keys themselves are kept (the reader sees which setting held a secret).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from collections.abc import Mapping
-from typing import Any
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TextIO, cast
 
 REDACTED = "<redacted>"
 
@@ -106,8 +109,7 @@ _CREDENTIAL_WORDS = frozenset(
 
 _WORD_BREAK = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
-_TOKEN_SHAPES = re.compile(
-    r"(?<![A-Za-z0-9])(?:"
+_TOKEN_FORMS = (
     r"hf_[A-Za-z0-9]{30,}"
     r"|sk-(?:[A-Za-z0-9_-]{20,})"
     r"|gh[pousr]_[A-Za-z0-9]{30,}"
@@ -121,13 +123,17 @@ _TOKEN_SHAPES = re.compile(
     r"|pypi-[A-Za-z0-9_-]{50,}"
     r"|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"
-    r")"
 )
+_TOKEN_SHAPES = re.compile(rf"(?<![A-Za-z0-9])(?:{_TOKEN_FORMS})")
+# Whatever ``redacted_text`` could replace holds one of these (a token form, "://", a query
+# parameter): text without any is returned after this one scan instead of three.
+_SCREEN = re.compile(rf"{_TOKEN_FORMS}|://|[?&;][A-Za-z0-9_.\-]+=")
 # scheme://userinfo@ : everything between "//" and the last "@" before the host's end
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s]+)@")
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&;#\s]*)")
 
 
+@functools.lru_cache(maxsize=4096)
 def secret_key(key: str) -> bool:
     """Whether a setting named ``key`` holds a secret (see the module doc: words, not substrings)."""
     words = [w.lower() for w in _WORD_BREAK.split(key) if w]
@@ -147,7 +153,7 @@ def secret_key(key: str) -> bool:
 
 def redacted_text(text: str) -> str:
     """``text`` with URL credentials, secret-named query values and token-shaped text replaced."""
-    if not text:
+    if not text or not _SCREEN.search(text):
         return text
     out = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
     if "=" in out:
@@ -174,16 +180,60 @@ def _all_text_redacted(value: Any) -> Any:
 def redacted(value: Any) -> Any:
     """``value`` (JSON-like: mappings, lists, tuples, strings, numbers) with every secret
     replaced by ``REDACTED`` (see the module doc); mappings and lists are copied, never changed
-    in place; other objects are returned as they are."""
+    in place; other objects are returned as they are. Each distinct text is looked at once (a
+    report repeats its module and metric names in every record): a 9 MB report.json costs a
+    fraction of a second (docs/security.md has the figure)."""
+    return _redacted(value, {})
+
+
+def _redacted(value: Any, seen: dict[str, str]) -> Any:
+    kind = type(value)
+    if kind is float or kind is int or kind is bool or value is None:  # most of a report
+        return value
     if isinstance(value, str):
-        return redacted_text(value)
+        done = seen.get(value)
+        if done is None:
+            done = seen[value] = redacted_text(value)
+        return done
     if isinstance(value, Mapping):
         return {
-            k: _all_text_redacted(v) if isinstance(k, str) and secret_key(k) else redacted(v)
+            k: _all_text_redacted(v) if isinstance(k, str) and secret_key(k) else _redacted(v, seen)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [redacted(v) for v in value]
+        return [_redacted(v, seen) for v in value]
     if isinstance(value, tuple):
-        return tuple(redacted(v) for v in value)
+        return tuple(_redacted(v, seen) for v in value)
     return value
+
+
+class _RedactedWrites:
+    """A text stream whose writes pass through ``redacted_text`` (one ``print`` is one write);
+    anything else (``flush``, ``fileno``, ``isatty``) is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redacted_text(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """While the block runs, what goes to ``sys.stdout`` and ``sys.stderr`` passes through the
+    rule: the ``precalign`` command's boundary (its results, errors and argparse's messages)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout = cast(TextIO, _RedactedWrites(out))
+    sys.stderr = cast(TextIO, _RedactedWrites(err))
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

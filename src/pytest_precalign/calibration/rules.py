@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._atomic import TargetExists, write_file_atomic
 from ..errors import ConfigError
+from ..redaction import redacted, redacted_text
 
 if TYPE_CHECKING:  # measure imports torch: run_calibration checks the devices first
     from .measure import Measurement, Noise
@@ -344,8 +345,9 @@ def run_calibration(
     rules = build_rules(measurements, margin, command)
     amps = amplifications(measurements)
     side = sidecar_path(out)
-    text = render_table(rules, measurements, margin, command, side.name)
-    data = sidecar_data(rules, measurements, amps, margin, command)
+    # The command as typed (paths, case names) is written into both files: no secret in it.
+    text = redacted_text(render_table(rules, measurements, margin, command, side.name))
+    data = redacted(sidecar_data(rules, measurements, amps, margin, command))
     for path, content in ((side, json.dumps(data, indent=1, allow_nan=False) + "\n"), (out, text)):
         try:
             write_file_atomic(path, content, replace=force)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..compare.pairs import PairResult
 from ..errors import ConfigError
+from ..redaction import redacted
 from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
 from .folder import check_report_folder, publish_report
@@ -235,12 +236,14 @@ def check_report_dir(
 
 
 def report_document(cases: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What report.json holds (and report.html shows): strict JSON values only. JSON has no
-    NaN or Infinity: they are written as strings ("nan", "inf", "-inf"). One round trip
-    through the C encoder and decoder (the decoder turns the three constants into strings)."""
+    """What report.json holds (and report.html and compare_result.csv show): strict JSON values
+    only, no secret. JSON has no NaN or Infinity: they are written as strings ("nan", "inf",
+    "-inf"). One round trip through the C encoder and decoder (the decoder turns the three
+    constants into strings), then the one redaction rule over every text (the config's path,
+    an error a model raised, a factory's arguments: docs/security.md), once for all writers."""
     data = {"tool": "pytest-precalign", **dict(meta), **_training(cases), "cases": list(cases)}
     text = json.dumps(data, default=_json_default, allow_nan=True)
-    return json.loads(text, parse_constant=_STRICT.__getitem__)  # type: ignore[no-any-return]
+    return redacted(json.loads(text, parse_constant=_STRICT.__getitem__))  # type: ignore[no-any-return]
 
 
 def _training(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
