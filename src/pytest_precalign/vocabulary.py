@@ -20,6 +20,9 @@ Evidence = Literal["tensor", "stats", "merged_stats", "hash", "none"]
 # The evidence compared as statistics (max/min/mean/norm), not element by element.
 STATS_EVIDENCE: Final[tuple[Evidence, ...]] = ("stats", "merged_stats")
 Mode = Literal["stats", "tensor", "hash"]  # what the recorder keeps of each tensor
+# What a ``Recorder`` (or a case trainer's step sink, ``steps.step_sink``) keeps: a ``Mode``, or
+# "scalars" (per-step scalars only: no layer and no model output is recorded).
+RecordingMode = Literal["stats", "tensor", "hash", "scalars"]
 Level = Literal["module", "op", "mix"]  # what the recorder hooks: modules, torch ops, or both
 # How recorded runs are written: our trace format, or msprobe's dump layout. ``precalign``, the
 # config's older name for ``native``, is still read as ``native`` (``RECORD_FORMAT_ALIASES``).
@@ -59,6 +62,7 @@ Loss = Literal["causal_lm", "model", "mean", "none"]
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
+RECORDING_MODES: Final[tuple[RecordingMode, ...]] = get_args(RecordingMode)
 LEVELS: Final[tuple[Level, ...]] = get_args(Level)
 RECORD_FORMATS: Final[tuple[RecordFormat, ...]] = get_args(RecordFormat)
 RECORD_FORMAT_ALIASES: Final[Mapping[str, RecordFormat]] = {"precalign": "native"}
@@ -98,6 +102,13 @@ def as_kind(value: object) -> Kind:
     """``value`` as a record kind; ValueError naming the allowed kinds otherwise."""
     if value not in KINDS:
         raise ValueError(f"kind {value!r} is unknown (allowed: {', '.join(KINDS)})")
+    return value
+
+
+def as_recording_mode(value: object) -> RecordingMode:
+    """``value`` as a recording mode; ValueError naming the allowed modes otherwise."""
+    if value not in RECORDING_MODES:
+        raise ValueError(f"mode {value!r} is unknown (allowed: {', '.join(RECORDING_MODES)})")
     return value
 
 

@@ -188,12 +188,10 @@ def test_scalars_are_the_global_steps_and_replicas_that_disagree_are_named() -> 
     )
     assert step.batch_hash is not None and step.batch_hash.startswith(JOINED_HASH)
     assert step.grad_norm == 2.0  # replica 0's, kept
-    assert [(f["name"], f["step"], f["differ"]) for f in findings] == [
-        ("step scalar grad_norm", 0, ["rank1"])
-    ]
+    assert [(f.name, f.step, f.differ) for f in findings] == [("step scalar grad_norm", 0, ("rank1",))]
     # Copies (same rows) must agree on the loss too.
     _, findings = join_scalars([manifests[0], ("rank1", manifests[1][1])], joined=False)
-    assert {f["name"] for f in findings} >= {"step scalar loss", "step scalar grad_norm"}
+    assert {f.name for f in findings} >= {"step scalar loss", "step scalar grad_norm"}
 
 
 def test_sides_that_split_the_batch_otherwise_are_listed_by_step() -> None:
@@ -272,7 +270,7 @@ def test_a_megatron_runs_replicas_join_on_the_dim_that_holds_their_rows() -> Non
     }
     assert "cannot be joined" in joined.unpaired["decoder.layers.0.mlp|activation|out|0|0"]
     hidden = joined.parts["decoder.layers.0|activation|out|0|0"]
-    assert [(p["where"], p["rows"], p["dim"]) for p in hidden] == [
+    assert [(p.where, p.rows, p.dim) for p in hidden] == [
         ("step0/rank0", 1, 1),
         ("step0/rank1", 1, 1),
     ]
@@ -314,4 +312,4 @@ def test_the_replicas_rows_hashes_add_up_to_the_global_batchs_and_copies_must_ag
     lacking, _ = join_scalars([("rank0", side("a", 3)), ("rank1", side("b", None))], joined=True)
     assert lacking is not None and lacking[0].rows_hash is None  # one replica's rows unknown: unknown
     _, findings = join_scalars([("rank0", side("a", 3)), ("rank1", side("a", 4))], joined=False)
-    assert [f["name"] for f in findings] == ["step scalar rows_hash"]
+    assert [f.name for f in findings] == ["step scalar rows_hash"]

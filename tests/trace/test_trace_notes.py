@@ -11,13 +11,35 @@ import pytest
 
 from pytest_precalign.errors import TraceError
 from pytest_precalign.trace.native_io import read_trace, write_trace
+from pytest_precalign.trace.note_blocks import IncompleteStep, MissingGrads
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.trace_notes import NOTE_KEYS, TraceNotes
 from pytest_precalign.trace.training_record import RunRecord
 from tests.helpers.files import reseal
 
-MISSING = {"step": 1, "rank": 0, "count": 2, "names": ["w", "b"], "why": "zeroed"}
+MISSING = MissingGrads(step=1, rank=0, count=2, names=("w", "b"), why="zeroed")
+MISSING_JSON = {"step": 1, "rank": 0, "count": 2, "names": ["w", "b"], "why": "zeroed"}
+# Every nested block as its writer writes it (``note_blocks``): read typed, written back the same.
+BLOCKS = {
+    "incomplete_steps": [{"step": 2, "detail": "rank1/ was never published"}],
+    "grads_missing": [MISSING_JSON],
+    "replica_mismatches": [
+        {"record": "w|param||0|0", "name": "w", "kind": "param", "phase": "step", "step": 0,
+         "kept": "rank0", "differ": ["rank1"], "detail": "max 1 vs max 2"}
+    ],
+    "dp_join": {
+        "0": {"replicas": 2, "joined": True, "weights": [0.25, 0.75], "records_joined": 1,
+              "unpaired": {"w|param_grad||0|0": "partial grads"},
+              "parts": {"m|activation|out|0|0": [
+                  {"where": "rank0", "rows": 1, "dim": 0,
+                   "stats": {"max": 1.0, "min": 0, "mean": 0.5, "norm": 1.0, "nan": 0, "inf": 0}},
+                  {"where": "rank1", "rows": 3, "dim": 0, "stats": None}]}},
+        "1": {"replicas": 2, "joined": False},
+    },
+    "tp_partials": {"0": {"mlp.down": {"0": [[0.5, -0.4, 0.02, 1], None], "1": [[0.25, -0.3, 0.04, 0.8]]}}},
+    "compiled": {"stats": "in the graph", "not_recorded": {"grad_input": "not in the graph"}, "forward": "x"},
+}  # fmt: skip
 
 
 def _trace(manifest: dict[str, object]) -> Trace:
@@ -31,7 +53,7 @@ def test_notes_round_trip_through_the_manifest_on_disk(tmp_path: Path) -> None:
     noted = _trace({"case": "c"}).with_notes(
         grads_missing=(MISSING,), not_trained="stopped", dp_split={"0": "rows"}, param_grads="step"
     )
-    assert noted.manifest["grads_missing"] == [MISSING] and noted.manifest["not_trained"] == "stopped"
+    assert noted.manifest["grads_missing"] == [MISSING_JSON] and noted.manifest["not_trained"] == "stopped"
     assert "replica_mismatches" not in noted.manifest  # an empty note writes no key
     write_trace(noted, tmp_path / "tr")
     back = read_trace(tmp_path / "tr")
@@ -58,6 +80,21 @@ def test_with_run_rewrites_the_run_record_and_keeps_the_notes() -> None:
         ("replica_mismatches", [3], r"replica_mismatches\[0\] must be a mapping, got int"),
         ("steps", [0, "one"], r"steps\[1\] must be a step number, got 'one'"),
         ("not_recordable", ["a"], "'not_recordable' must be a mapping, got list"),
+        (
+            "incomplete_steps",
+            [{"step": "2", "detail": "x"}],
+            r"incomplete_steps\[0\]\['step'\] must be an integer, got '2'",
+        ),
+        (
+            "dp_join",
+            {"0": {"replicas": 2}},
+            r"dp_join\['0'\]\['joined'\] must be true or false, it is missing",
+        ),
+        (
+            "tp_partials",
+            {"0": {"m": {"0": [["a"]]}}},
+            r"tp_partials\['0'\]\['m'\]\['0'\] must be a list of \[max",
+        ),
     ],
 )
 def test_a_note_of_the_wrong_shape_fails_the_load_naming_file_and_key(
@@ -75,5 +112,18 @@ def test_a_note_of_the_wrong_shape_fails_the_load_naming_file_and_key(
 def test_a_trace_made_in_memory_reads_its_notes_from_its_manifest() -> None:
     trace = _trace({"incomplete_steps": [{"step": 2, "detail": "rank1/ is missing"}], "steps": [0, 1]})
     assert trace.notes == TraceNotes(
-        steps=(0, 1), incomplete_steps=({"step": 2, "detail": "rank1/ is missing"},)
+        steps=(0, 1), incomplete_steps=(IncompleteStep(step=2, detail="rank1/ is missing"),)
     )
+
+
+def test_every_nested_block_is_read_typed_and_written_back_byte_for_byte(tmp_path: Path) -> None:
+    write_trace(_trace(BLOCKS), tmp_path / "tr")
+    notes = read_trace(tmp_path / "tr").notes
+    assert notes.dp_join["0"].parts["m|activation|out|0|0"][1].rows == 3 and not notes.dp_join["1"].joined
+    assert notes.replica_mismatches[0].differ == ("rank1",) and notes.grads_missing == (MISSING,)
+    assert notes.tp_partials["0"].of("mlp.down") == {
+        "0": ((0.5, -0.4, 0.02, 1), None),
+        "1": ((0.25, -0.3, 0.04, 0.8),),
+    }
+    assert notes.compiled is not None and notes.compiled.not_recorded == {"grad_input": "not in the graph"}
+    assert json.dumps(notes.to_manifest()) == json.dumps(BLOCKS)

@@ -1,12 +1,14 @@
 """``PrecalignCallback`` records a real ``transformers.Trainer`` run (warmup, cosine to a
 floor, clipping, weight decay, 2 micro-batches) in the Recorder's layout without subclassing
 anything; the same loop written by hand and recorded with the ``Recorder`` gives the same
-records and scalars; recording changes no loss, LR or grad norm; used outside a Trainer it
+records and scalars; the Trainer callback writes each step into the ``StepSink`` it is handed
+(the Recorder, or a case trainer's sink) in the protocol's order; recording changes no loss, LR or grad norm; used outside a Trainer it
 says so in one message."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,10 @@ from pytest_precalign import PrecalignCallback, Recorder
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 from pytest_precalign.trace.native_io import read_trace
-from pytest_precalign.trace.step_scalars import scalars_of
+from pytest_precalign.trace.step_scalars import StepScalars, scalars_of
+from pytest_precalign.trace.training_record import TrainingSettings
+from pytest_precalign.training.hf_callback import TrainerSteps
+from pytest_precalign.vocabulary import RecordingMode
 
 from .hf_user_run import model as _model  # the tiny Qwen2 of the user-run script
 
@@ -134,7 +139,9 @@ def _records(root: Path) -> dict[str, Any]:
 
 def test_callback_and_recorder_by_hand_give_the_same_records(tmp_path: Path) -> None:
     callback = PrecalignCallback(tmp_path / "hf", mode="stats")
-    _train(tmp_path / "out", [callback])
+    sink = _Calls()  # the same callback handed a case trainer's sink, beside it in the same run
+    _train(tmp_path / "out", [callback, TrainerSteps(sink)])
+    assert sink.calls == _sink_calls()
     _by_hand(tmp_path / "hand")
     hf, hand = _records(tmp_path / "hf"), _records(tmp_path / "hand")
     assert sorted(hf) == [f"step{s}/rank0" for s in range(STEPS)] == sorted(hand)
@@ -188,3 +195,66 @@ def test_callback_outside_a_trainer_is_one_message(tmp_path: Path) -> None:
     assert "\n" not in str(excinfo.value)
     with pytest.raises(ConfigError, match="on_train_begin got no model"):
         callback.on_train_begin(_args(tmp_path), TrainerState(), TrainerControl())
+
+
+def _sink_calls() -> list[tuple[object, ...]]:
+    """What ``TrainerSteps`` calls its sink with over the run, in the ``StepSink`` order."""
+    outputs = [("output", kind, call) for call in range(MICRO) for kind in ("logits", "loss")]
+    expected: list[tuple[object, ...]] = []
+    for step in range(STEPS):
+        first = [("initial",)] if step == 0 else []  # no settings: only PrecalignCallback makes them
+        expected += [("seek", step), ("start",), *outputs, ("updated",), *first]
+        expected += [("scalars", step), ("stop",), ("step",)]
+    return [*expected, ("close", False)]
+
+
+class _Calls:
+    """A ``StepSink`` that notes what it is called with (the protocol's order is the test)."""
+
+    mode: RecordingMode = "stats"  # (a structural StepSink: the protocol's every method)
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def seek(self, step: int) -> None:
+        self.calls.append(("seek", step))
+
+    def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        self.calls.append(("start",))
+
+    def record_output(
+        self, kind: str, tensor: torch.Tensor, *args: object, call: int | None = None, **kw: object
+    ) -> None:
+        self.calls.append(("output", kind, call))
+
+    def write_settings(self, settings: TrainingSettings) -> None:
+        self.calls.append(("settings",))
+
+    def record_initial_params(self, summary: dict[str, dict[str, float]]) -> None:
+        self.calls.append(("initial",))
+
+    def record_scalars(self, scalars: StepScalars) -> None:
+        self.calls.append(("scalars", scalars.step))
+
+    def updated(self) -> None:
+        self.calls.append(("updated",))
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+
+    def step(self) -> None:
+        self.calls.append(("step",))
+
+    def close(self, failed: bool = False) -> None:
+        self.calls.append(("close", failed))
+
+
+def test_a_recorders_output_takes_the_call_its_caller_counted(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    with Recorder(tmp_path, mode="stats") as rec:
+        rec.start(model)
+        rec.record_output("loss", model(torch.ones(1, 2)).sum(), call=3)
+        rec.record_output("loss", model(torch.ones(1, 2)).sum())  # the next after the caller's
+        rec.stop()
+    calls = [r.call for r in read_trace(tmp_path / "step0" / "rank0").records if r.kind == "loss"]
+    assert calls == [3, 4]

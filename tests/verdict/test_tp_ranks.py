@@ -4,6 +4,7 @@ all-reduce (``verdict/tp_ranks.py``); end to end under torchrun in
 
 from __future__ import annotations
 
+from pytest_precalign.trace.note_blocks import TpPartials
 from pytest_precalign.verdict.tp_ranks import partial_sums_evidence
 
 SUMS = {"0": [[0.5, -0.4, 0.02, 1.0]], "1": [[0.25, -0.3, 0.04, 0.8]]}
@@ -47,7 +48,8 @@ def test_a_backward_divergence_names_the_rank_whose_local_grad_shard_differs() -
 
     def side(kept: dict[str, object] | None) -> Trace:
         trace = Trace(manifest={}, records=())
-        return trace.with_notes(tp_grad_shards={"1": {param: kept}}) if kept else trace
+        shards = TpPartials.from_json({param: kept}, "test", "tp_grad_shards") if kept else None
+        return trace.with_notes(tp_grad_shards={"1": shards}) if shards else trace
 
     first = FirstDivergent(step=1, what="backward", origin=ORIGIN, evidence="its output did not")
     training = TrainingVerdict(steps_compared=2, lane="approximate", first=first)

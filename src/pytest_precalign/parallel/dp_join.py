@@ -44,10 +44,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..errors import TraceError
 from ..trace.merged_stats import merge_stats
+from ..trace.note_blocks import JoinedPart, ReplicaMismatch
 from ..trace.records import Record, Stats, Trace
 from .store import Plan
 
@@ -73,9 +73,9 @@ class Joined:
     records: list[Record] = field(default_factory=list)
     plans: dict[str, Plan] = field(default_factory=dict)
     unpaired: dict[str, str] = field(default_factory=dict)  # record id -> why it was not joined
-    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    mismatches: list[ReplicaMismatch] = field(default_factory=list)
     joined: int = 0  # records joined along the batch
-    parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record id -> its replicas
+    parts: dict[str, tuple[JoinedPart, ...]] = field(default_factory=dict)  # record id -> its replicas
 
 
 def batch_dim(rec: Record, seq_first: bool, rows: int | None) -> int | None:
@@ -140,18 +140,9 @@ def saw_different_data(replicas: Sequence[Sequence[Record]], hashes: Sequence[st
     )
 
 
-def mismatch(rec: Record, kept: str, differ: Sequence[tuple[str, Record]]) -> dict[str, Any]:
+def mismatch(rec: Record, kept: str, differ: Sequence[tuple[str, Record]]) -> ReplicaMismatch:
     """A finding: replicas that should hold the same record disagree (the verdict fails on it)."""
-    return {
-        "record": rec.id,
-        "name": rec.name,
-        "kind": rec.kind,
-        "phase": rec.phase,
-        "step": rec.step,
-        "kept": kept,
-        "differ": [w for w, _ in differ],
-        "detail": f"{show(differ[0][1])} vs {show(rec)}",
-    }
+    return ReplicaMismatch.of(rec, kept, [w for w, _ in differ], f"{show(differ[0][1])} vs {show(rec)}")
 
 
 def _same_ids(replicas: Sequence[Replica], where: str) -> list[dict[str, Record]]:
@@ -166,7 +157,7 @@ def _same_ids(replicas: Sequence[Replica], where: str) -> list[dict[str, Record]
     return by_id
 
 
-def copies_differ(replicas: Sequence[Replica], where: str) -> list[dict[str, Any]]:
+def copies_differ(replicas: Sequence[Replica], where: str) -> list[ReplicaMismatch]:
     """Replicas that saw the same data: every record the same on each; the differing ones as
     findings naming the replica (replica 0's records are kept)."""
     by_id = _same_ids(replicas, where)
@@ -281,15 +272,12 @@ def _joined(
         )
         return None
     out.joined += 1
-    out.parts[rec.id] = [
-        {
-            "where": rep.where,
-            "rows": p.shape[dim],
-            "dim": dim,
-            "stats": _scaled(p.stats, w).as_dict() if p.stats is not None else None,
-        }
+    out.parts[rec.id] = tuple(
+        JoinedPart(
+            rep.where, p.shape[dim], dim, _scaled(p.stats, w).as_dict() if p.stats is not None else None
+        )
         for rep, p, w in zip(replicas, peers, weights, strict=True)
-    ]
+    )
     shape = list(rec.shape)
     shape[dim] = sum(p.shape[dim] for p in peers)
     return replace(rec, shape=tuple(shape), stats=stats, crc32=None, tensor_key=key)
@@ -339,8 +327,8 @@ def _joined_tensor(
 def row_layout(trace: Trace, step: int) -> tuple[int, int]:
     """(DP replicas joined, module calls per replica) of ``step``: how its records hold the
     step's rows. Calls are those of the step's first record (the model's first micro-batch)."""
-    block = trace.notes.dp_join.get(str(step), {})
-    replicas = int(block.get("replicas", 1)) if block.get("joined") else 1
+    block = trace.notes.dp_join.get(str(step))
+    replicas = block.replicas if block is not None and block.joined else 1
     records = [r for r in trace.records if r.step == step and r.kind not in ("param", "param_grad")]
     if not records:
         return replicas, 0
@@ -380,7 +368,7 @@ def without_lone_replica_grads(baseline: Trace, candidate: Trace) -> tuple[Trace
         lone = {
             rid
             for block in trace.notes.dp_join.values()
-            for rid in block.get("unpaired", {})
+            for rid in block.unpaired
             if rid not in other and rid.split("|")[2].startswith("dp")
         }
         if not lone:

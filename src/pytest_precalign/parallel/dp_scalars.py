@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import TraceError
+from ..trace.note_blocks import ReplicaMismatch
 from ..trace.step_scalars import JOINED_HASH, StepScalars, add_rows_hashes
 
 AGREE = (
@@ -58,29 +59,29 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _finding(field: str, step: int, kept: str, differ: list[tuple[str, Any]], value: Any) -> dict[str, Any]:
-    return {
-        "record": f"scalars|{field}|{step}",
-        "name": f"step scalar {field}",
-        "kind": "scalar",
-        "phase": "step",
-        "step": step,
-        "kept": kept,
-        "differ": [w for w, _ in differ],
-        "detail": f"{differ[0][1]!r} vs {value!r}",
-    }
+def _finding(field: str, step: int, kept: str, differ: list[tuple[str, Any]], value: Any) -> ReplicaMismatch:
+    return ReplicaMismatch(
+        record=f"scalars|{field}|{step}",
+        name=f"step scalar {field}",
+        kind="scalar",
+        phase="step",
+        step=step,
+        kept=kept,
+        differ=tuple(w for w, _ in differ),
+        detail=f"{differ[0][1]!r} vs {value!r}",
+    )
 
 
 def join_scalars(
     manifests: Sequence[tuple[str, Mapping[int, StepScalars]]], *, joined: bool
-) -> tuple[dict[int, StepScalars] | None, list[dict[str, Any]]]:
+) -> tuple[dict[int, StepScalars] | None, list[ReplicaMismatch]]:
     """(the run's scalars, findings) from the replicas' lead traces' scalars (``(where,
     scalars)``, replica 0 first). ``joined``: the replicas trained on different rows. None
     when replica 0 recorded no scalars."""
     per = [scalars for _, scalars in manifests]
     if not per[0]:
         return None, []
-    findings: list[dict[str, Any]] = []
+    findings: list[ReplicaMismatch] = []
     out: dict[int, StepScalars] = {}
     lead = manifests[0][0]
     for step, first in per[0].items():

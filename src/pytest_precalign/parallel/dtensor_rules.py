@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..trace.note_blocks import PartialSums, TpPartials
 from ..trace.records import Record
 from .rules import Role, ShardRule
 
@@ -196,20 +197,25 @@ def _between(
     return list(out.values())
 
 
-def partials_note(ranks: Sequence[Any], step: Any, key: str = "tp_partials") -> dict[str, Any]:
+def partials_note(ranks: Sequence[Any], step: Any, key: str = "tp_partials") -> dict[str, TpPartials]:
     """The ``tp_partials`` note of one merged step (``{step: {module: {rank: calls}}}``) from
     the ranks' manifests (``parallel.dtensors.tp_partials``, ``steps/tp_partials.py``);
     empty where no rank kept partial sums. ``key="tp_grad_shards"``: the ``tp_grad_shards``
     note (``{step: {param: {rank: calls}}}``), each rank's local shards of the sharded weights'
     grads."""
-    by_module: dict[str, dict[str, Any]] = {}
+    by_module: dict[str, dict[str, tuple[PartialSums, ...]]] = {}
     for rank in ranks:  # RankTrace
         parallel = rank.trace.manifest.get("parallel")
         dtensors = parallel.get("dtensors") if isinstance(parallel, Mapping) else None
         kept = dtensors.get(key) if isinstance(dtensors, Mapping) else None
-        for module, calls in (kept or {}).items() if isinstance(kept, Mapping) else ():
-            by_module.setdefault(str(module), {})[str(rank.rank)] = calls
-    return {str(step): by_module} if by_module else {}
+        if not isinstance(kept, Mapping):
+            continue
+        own = {str(module): {str(rank.rank): calls} for module, calls in kept.items()}
+        for module, calls in TpPartials.from_json(
+            own, rank.where, f"parallel.dtensors.{key}"
+        ).modules.items():
+            by_module.setdefault(module, {}).update(calls)
+    return {str(step): TpPartials(by_module)} if by_module else {}
 
 
 def tp_notes(ranks: Sequence[Any], step: Any) -> dict[str, Any]:

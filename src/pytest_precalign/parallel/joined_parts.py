@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import TraceError
+from ..trace.note_blocks import IncompleteStep
 from ..trace.records import Trace
 from ..trace.run_ids import RunIds
 from ..trace.run_parts import FirstPart
@@ -29,7 +29,7 @@ class RootSteps:
     steps: list[tuple[int, Trace]]
     sources: dict[int, str]
     ids: RunIds
-    incomplete: list[dict[str, Any]] = field(default_factory=list)
+    incomplete: list[IncompleteStep] = field(default_factory=list)
     held: tuple[int, ...] = ()  # every step found in the root (complete or not)
 
 

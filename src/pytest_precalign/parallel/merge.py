@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import TraceError
 from ..trace.merged_stats import merge_stats
+from ..trace.note_blocks import DpJoin, ReplicaMismatch
 from ..trace.records import Record, Stats, Trace
 from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
@@ -70,7 +71,7 @@ class _Merged:
     keys: dict[tuple[Any, ...], str] = field(default_factory=dict)
     replicas_checked: int = 0
     # Replicated records whose TP ranks disagree: rank 0's copy is kept, the verdict fails.
-    replica_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    replica_mismatches: list[ReplicaMismatch] = field(default_factory=list)
     prefix: str = ""
     tp_plan: TpPlanRules | None = None  # a DTensor tensor-parallel side (``dtensor_rules.py``)
     unmerged: dict[str, str] = field(default_factory=dict)  # record id -> why it was not merged
@@ -101,7 +102,7 @@ def merge_ranks(
     replicas = _replicas(by_rank, layout, all_rules, where, key_prefix, tp_plan)
     first, merged = replicas[0]
     leads = [by_rank[r] for r in replica_leads(layout)]
-    dp_join: dict[str, Any] = {}
+    dp_join: DpJoin | None = None
 
     def check(a: Sequence[Record], b: Sequence[Record], dp: int) -> None:
         _check_replica(a, b, _group(layout, 0, 0)[0], _group(layout, dp * layout.ep, 0)[0], by_rank, where)
@@ -112,10 +113,10 @@ def merge_ranks(
             merged.plans.update(state.plans)
             merged.replica_mismatches += state.replica_mismatches
     elif len(replicas) > 1:
-        first, dp_join = _dp_replicas(replicas, leads, layout, where, key_prefix, replica_mode)
+        first, dp_join, found, plans = _dp_replicas(replicas, leads, layout, where, key_prefix, replica_mode)
         merged.replica_mismatches += [m for _, state in replicas[1:] for m in state.replica_mismatches]
-        merged.replica_mismatches += dp_join.pop("mismatches")
-        merged.plans.update(dp_join.pop("plans"))
+        merged.replica_mismatches += found
+        merged.plans.update(plans)
     manifest = dict(ranks[0].trace.manifest)  # without its rank's place
     manifest.pop("parallel", None)
     manifest["parallel_merge"] = {
@@ -132,7 +133,7 @@ def merge_ranks(
         # every rank's steps whose parameter grads were gone when recorded (``Recorder``)
         grads_missing=tuple(m for r in ranks for m in r.trace.notes.grads_missing),
         replica_mismatches=tuple(merged.replica_mismatches) or ranks[0].trace.notes.replica_mismatches,
-        dp_join={str(manifest.get("step", 0)): dp_join} if dp_join else ranks[0].trace.notes.dp_join,
+        dp_join=({str(manifest.get("step", 0)): dp_join} if dp_join else {}) or ranks[0].trace.notes.dp_join,
         tp_unmerged=unmerged or ranks[0].trace.notes.tp_unmerged,
         **tp_notes(ranks, manifest.get("step", 0)),  # tp_partials, tp_grad_shards
     )
@@ -179,10 +180,10 @@ def _dp_replicas(
     where: str,
     key_prefix: str,
     mode: str,
-) -> tuple[list[Record], dict[str, Any]]:
+) -> tuple[list[Record], DpJoin, list[ReplicaMismatch], dict[str, Plan]]:
     """DP replicas (not ``data_split``): joined along the batch when they saw different rows,
-    else checked as copies (``dp_join``); the kept records and the ``dp_join`` facts (with the
-    findings under ``mismatches`` and the joined tensors' ``plans``)."""
+    else checked as copies (``dp_join``); the kept records, the ``dp_join`` facts, the
+    findings and the joined tensors' plans."""
     records = [r for r, _ in replicas]
     step = leads[0].trace.manifest.get("step")
     scalars = [lead.trace.scalars.get(step) if isinstance(step, int) else None for lead in leads]
@@ -196,12 +197,7 @@ def _dp_replicas(
         Replica(lead.where, recs, state.plans) for lead, (recs, state) in zip(leads, replicas, strict=True)
     ]
     if not (different or mode == "joined"):
-        return records[0], {
-            "replicas": len(sides),
-            "joined": False,
-            "mismatches": copies_differ(sides, where),
-            "plans": {},
-        }
+        return records[0], DpJoin(len(sides), joined=False), copies_differ(sides, where), {}
     if layout.ep > 1:
         raise TraceError(
             f"{where}: DP replicas that saw different data cannot be joined with expert parallelism "
@@ -215,16 +211,8 @@ def _dp_replicas(
     joined = join_replicas(
         sides, grads_reduced=reduced, where=where, key_prefix=key_prefix, seq_first=seq_first
     )
-    return joined.records, {
-        "replicas": len(sides),
-        "joined": True,
-        "weights": weights,
-        "records_joined": joined.joined,
-        "unpaired": joined.unpaired,
-        "parts": joined.parts,
-        "mismatches": joined.mismatches,
-        "plans": joined.plans,
-    }
+    block = DpJoin(len(sides), True, tuple(weights), joined.joined, joined.unpaired, joined.parts)
+    return joined.records, block, joined.mismatches, joined.plans
 
 
 def replica_leads(layout: ParallelLayout) -> list[int]:
@@ -335,18 +323,10 @@ def _replicated(rec: Record, peers: Sequence[Record], group: Sequence[RankTrace]
     ]
     if differ:
         rank, peer = differ[0]
-        merged.replica_mismatches.append(
-            {
-                "record": rec.id,
-                "name": rec.name,
-                "kind": rec.kind,
-                "phase": rec.phase,
-                "step": rec.step,
-                "kept": group[0].where,
-                "differ": [r.where for r, _ in differ],
-                "detail": f"{_show(rec)} vs {_show(peer)}",
-            }
+        found = ReplicaMismatch.of(
+            rec, group[0].where, [r.where for r, _ in differ], f"{_show(rec)} vs {_show(peer)}"
         )
+        merged.replica_mismatches.append(found)
         peers, group = peers[:1], group[:1]
     if len(peers) > 1:
         merged.replicas_checked += 1

@@ -138,7 +138,7 @@ def _merge_step(
     )
     if data_split or layout.dp // layout.ep < 2:
         return merged
-    joined = any(block.get("joined") for block in merged.notes.dp_join.values())
+    joined = any(block.joined for block in merged.notes.dp_join.values())
     return _with_dp_scalars(merged, [(r, ranks[r], traces[r]) for r in replica_leads(layout)], joined)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
+from ..trace.note_blocks import IncompleteStep
 from ..trace.records import Record, Trace
 from ..trace.step_markers import IN_STEP_SUFFIX, stopped_inside
 from ..trace.step_scalars import StepScalars
@@ -95,7 +96,7 @@ def _with_path(trace: Trace, root: Path) -> Trace:
 
 def split_incomplete(
     root: Path, found: Mapping[int, Mapping[int, Path]]
-) -> tuple[dict[int, Mapping[int, Path]], list[dict[str, Any]]]:
+) -> tuple[dict[int, Mapping[int, Path]], list[IncompleteStep]]:
     """A run root's steps -> (complete steps, what is missing from the others). A step is
     incomplete when it lacks a rank folder another step has: a run killed mid-step leaves
     ``step<N>/`` holding the writer's temporary folder only. One step alone, or no complete
@@ -107,7 +108,7 @@ def split_incomplete(
     if not complete:
         return dict(found), []
     incomplete = [
-        {"step": step, "detail": _missing(root / f"step{step}", sorted(world - set(ranks)))}
+        IncompleteStep(step, _missing(root / f"step{step}", sorted(world - set(ranks))))
         for step, ranks in found.items()
         if step not in complete
     ]

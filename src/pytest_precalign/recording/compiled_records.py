@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from ..trace.note_blocks import CompiledNote
 from ..trace.records import Record, Stats, record_id
 from ..vocabulary import Kind
 from .calls import _Call
@@ -30,9 +30,9 @@ NOT_TRACED = (
 )
 
 
-def splits_note(mode: str, level: str) -> dict[str, Any]:
+def splits_note(mode: str, level: str) -> CompiledNote:
     """The ``"compiled"`` note of a recording whose hooks ran outside the compiled graph."""
-    return {"stats": "outside the graph", "note": SPLITS_GRAPH.format(mode=mode, level=level)}
+    return CompiledNote("outside the graph", note=SPLITS_GRAPH.format(mode=mode, level=level))
 
 
 class CompiledRecords:
@@ -194,13 +194,10 @@ class CompiledRecords:
             if r.id not in gone
         )
 
-    def note(self, recorded_any: bool) -> dict[str, Any]:
+    def note(self, recorded_any: bool) -> CompiledNote:
         """The manifest's ``"compiled"`` note; warns when the graph never ran the hooks."""
-        note: dict[str, Any] = {
-            "stats": "in the graph",
-            "not_recorded": {"grad_input": NOT_RECORDED},
-        }
+        note = CompiledNote("in the graph", not_recorded={"grad_input": NOT_RECORDED})
         if not self.open and recorded_any:
-            note["forward"] = NOT_TRACED
+            note = dataclasses.replace(note, forward=NOT_TRACED)
             warnings.warn(NOT_TRACED, stacklevel=4)
         return note

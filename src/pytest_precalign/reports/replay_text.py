@@ -9,11 +9,14 @@ from typing import Any
 
 from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
+from .not_compared_text import not_compared_text
 
 
 def training_dict(verdict: TrainingVerdict) -> dict[str, Any]:
-    """The run verdict's report.json block: its facts, the replay told in words (``story``)."""
+    """The run verdict's report.json block: its facts, the replay told in words (``story``),
+    what it did not compare in words."""
     out = verdict.as_dict()
+    out["not_compared"] = [not_compared_text(n) for n in verdict.not_compared]
     if verdict.replay is not None:
         out["replay"] = {**verdict.replay.as_dict(), "story": replay_text(verdict)}
     return out

@@ -13,6 +13,7 @@ from ..compare.tolerances import BOUND_METRICS
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
+from .not_compared_text import not_compared_text
 from .training_text import blames_layer, training_lines, training_summary
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -505,7 +506,7 @@ def _run_story(report: PhaseReport) -> str:
         return ""
     story = training_summary(run) if not report.passed or run.warnings else ""
     if run.not_compared and (report.carries_training or run.passed):
-        story += "; not compared: " + "; ".join(run.not_compared)
+        story += "; not compared: " + "; ".join(map(not_compared_text, run.not_compared))
     return story
 
 

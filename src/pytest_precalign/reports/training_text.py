@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
+from .not_compared_text import not_compared_text
 from .replay_text import replay_text
 
 LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
@@ -43,7 +44,7 @@ def training_lines(v: TrainingVerdict) -> list[str]:
             lines.append(f"  {v.envelope}")
     if v.met:
         lines.append(f"  the expected divergence: {_expected(v)}")
-    lines.extend(f"Not compared: {what}" for what in v.not_compared)
+    lines.extend(f"Not compared: {not_compared_text(what)}" for what in v.not_compared)
     return lines + warned
 
 

@@ -17,6 +17,7 @@ from ..parallel.dp_join import split_rows
 from ..trace.records import Record, Trace
 from ..trace.training_record import split_free
 from ..verdict.case_facts import CaseFacts
+from ..verdict.not_compared import KindsNotRecorded
 
 
 @dataclass(frozen=True)
@@ -28,26 +29,26 @@ class OnBoth:
     recorded: bool = False  # both are recorded runs (``CaseFacts.recorded_runs``)
     alone: dict[str, list[int]] = field(default_factory=dict)  # side -> steps whose layers only it recorded
     split: list[int] = field(default_factory=list)  # steps the sides split into other micro-batches
-    not_recorded: dict[str, str] = field(default_factory=dict)  # kind -> why one side has none
+    not_recorded: dict[str, KindsNotRecorded] = field(default_factory=dict)  # kind -> why one side has none
 
 
-def not_recorded_kinds(baseline: Trace, candidate: Trace) -> dict[str, str]:
-    """The kinds of record a side could not take at all, each with why, in words: the module
-    grads of a stats-mode recording under ``torch.compile`` (its ``compiled`` note)."""
-    out: dict[str, str] = {}
+def not_recorded_kinds(baseline: Trace, candidate: Trace) -> dict[str, KindsNotRecorded]:
+    """The kinds of record a side could not take at all, each with why: the module grads of a
+    stats-mode recording under ``torch.compile`` (its ``compiled`` note)."""
+    out: dict[str, KindsNotRecorded] = {}
     for side, trace in (("baseline", baseline), ("candidate", candidate)):
         note = trace.notes.compiled
-        kinds = note.get("not_recorded") if note is not None else None
+        kinds = note.not_recorded if note is not None else None
         by_why: dict[str, list[str]] = {}
-        for kind, why in (kinds if isinstance(kinds, Mapping) else {}).items():
-            by_why.setdefault(str(why), []).append(str(kind))
+        for kind, why in (kinds or {}).items():
+            by_why.setdefault(why, []).append(kind)
         for why, named in by_why.items():
             for kind in named:
-                out.setdefault(kind, f"the {' and '.join(named)} records: the {side}'s were {why}")
+                out.setdefault(kind, KindsNotRecorded(tuple(named), side, why))
     return out
 
 
-def _without_kinds(trace: Trace, kinds: Mapping[str, str]) -> Trace:
+def _without_kinds(trace: Trace, kinds: Mapping[str, object]) -> Trace:
     return trace.with_records(tuple(r for r in trace.records if r.kind not in kinds))
 
 

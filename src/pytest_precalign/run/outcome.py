@@ -277,7 +277,7 @@ def _partial_step_reasons(baseline: Trace, candidate: Trace, facts: CaseFacts) -
         (baseline, facts.candidate, "candidate"),
         (candidate, facts.baseline, "baseline"),
     ):
-        partial = {int(m["step"]) for m in other.incomplete_steps}
+        partial = {m.step for m in other.incomplete_steps}
         for rec in mine.records if partial else ():
             if rec.step in partial:
                 out[rec.id] = f"step {rec.step} is incomplete on the {side} side (its run was interrupted)"

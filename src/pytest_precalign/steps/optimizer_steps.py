@@ -245,6 +245,7 @@ class OptimizerSteps:
             if step == 0:
                 self.recorder.record_initial_params(self._initial)
         self.recorder.record_scalars(scalars)
+        self.recorder.updated()
         self.recorder.stop()
         self.recorder.step()
         self.scalars[step] = scalars

@@ -12,7 +12,8 @@ step scalars, initial parameters; its only writer and reader), ``write_failures`
 step that could not be written leaves for a later compare), ``step_markers`` (a step begun and
 never finished: a run that stopped inside step k), ``trace_notes`` (``TraceNotes``: what a
 recorder, a merge or the contract check noted of a trace; the only reader and writer of the
-manifest's note keys), ``checksums`` (the sha256 of every file of a recording folder, written
+manifest's note keys), ``note_blocks`` (the notes' nested blocks typed: ``ReplicaMismatch``,
+``DpJoin``, ``TpPartials`` ...), ``checksums`` (the sha256 of every file of a recording folder, written
 last by every writer and checked by every reader), ``run_ids`` (which run and launch wrote
 each step of a recording root; a mix refused), ``run_parts`` (the pointer a run resumed into
 a new root keeps to its first part).

@@ -18,20 +18,21 @@ The JSON layout (each key absent when its note is empty)::
      "compiled": {"stats": "in the graph", ...},     # recording.compiled_records
      "param_grads": "step"}                          # the Recorder's param_grads setting
 
-A list entry stays a JSON object (its keys are the writer's, read by its own package).
+Each nested block is typed (``note_blocks``: parsed here, written back as the same JSON object).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import TraceError
+from .note_blocks import CompiledNote, DpJoin, IncompleteStep, MissingGrads, ReplicaMismatch, TpPartials
 
-__all__ = ["NOTE_KEYS", "Entry", "TraceNotes", "note_json"]
+__all__ = ["NOTE_KEYS", "TraceNotes", "note_json"]
 
-Entry = Mapping[str, Any]  # one JSON object of a note list
+_Block = TypeVar("_Block")
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,17 @@ class TraceNotes:
     """The notes of one trace (each empty when not noted)."""
 
     steps: tuple[int, ...] = ()
-    incomplete_steps: tuple[Entry, ...] = ()
-    grads_missing: tuple[Entry, ...] = ()
-    replica_mismatches: tuple[Entry, ...] = ()
+    incomplete_steps: tuple[IncompleteStep, ...] = ()
+    grads_missing: tuple[MissingGrads, ...] = ()
+    replica_mismatches: tuple[ReplicaMismatch, ...] = ()
     not_recordable: Mapping[str, str] = field(default_factory=dict)
     not_trained: str = ""
     dp_split: Mapping[str, str] = field(default_factory=dict)
-    dp_join: Mapping[str, Entry] = field(default_factory=dict)
+    dp_join: Mapping[str, DpJoin] = field(default_factory=dict)
     tp_unmerged: Mapping[str, str] = field(default_factory=dict)
-    tp_partials: Mapping[str, Entry] = field(default_factory=dict)
-    tp_grad_shards: Mapping[str, Entry] = field(default_factory=dict)
-    compiled: Entry | None = None
+    tp_partials: Mapping[str, TpPartials] = field(default_factory=dict)
+    tp_grad_shards: Mapping[str, TpPartials] = field(default_factory=dict)  # param -> rank -> calls
+    compiled: CompiledNote | None = None
     param_grads: str | None = None
 
     @classmethod
@@ -58,17 +59,17 @@ class TraceNotes:
         note of the wrong shape."""
         return cls(
             steps=_steps(manifest, where),
-            incomplete_steps=_entries(manifest, "incomplete_steps", where),
-            grads_missing=_entries(manifest, "grads_missing", where),
-            replica_mismatches=_entries(manifest, "replica_mismatches", where),
+            incomplete_steps=_entries(manifest, "incomplete_steps", where, IncompleteStep.from_json),
+            grads_missing=_entries(manifest, "grads_missing", where, MissingGrads.from_json),
+            replica_mismatches=_entries(manifest, "replica_mismatches", where, ReplicaMismatch.from_json),
             not_recordable=_texts(manifest, "not_recordable", where),
             not_trained=str(manifest.get("not_trained") or ""),
             dp_split=_texts(manifest, "dp_split", where),
-            dp_join={str(k): v for k, v in _object(manifest, "dp_join", where).items()},
+            dp_join=_blocks(manifest, "dp_join", where, DpJoin.from_json),
             tp_unmerged=_texts(manifest, "tp_unmerged", where),
-            tp_partials={str(k): v for k, v in _object(manifest, "tp_partials", where).items()},
-            tp_grad_shards={str(k): v for k, v in _object(manifest, "tp_grad_shards", where).items()},
-            compiled=dict(_object(manifest, "compiled", where)) or None,
+            tp_partials=_blocks(manifest, "tp_partials", where, TpPartials.from_json),
+            tp_grad_shards=_blocks(manifest, "tp_grad_shards", where, TpPartials.from_json),
+            compiled=_compiled(manifest, where),
             param_grads=None if manifest.get("param_grads") is None else str(manifest["param_grads"]),
         )
 
@@ -84,11 +85,19 @@ NOTE_KEYS = tuple(f.name for f in fields(TraceNotes))
 def note_json(notes: TraceNotes, key: str) -> Any:
     """The manifest value of note ``key``; None when the note is empty (no key is written)."""
     value = getattr(notes, key)
+    if not value:
+        return None
     if isinstance(value, tuple):
-        return [dict(v) if isinstance(v, Mapping) else v for v in value] if value else None
+        return [_json(v) for v in value]
     if isinstance(value, Mapping):
-        return dict(value) if value else None
-    return value if value else None
+        return {k: _json(v) for k, v in value.items()}
+    return _json(value)
+
+
+def _json(value: Any) -> Any:
+    """A note's value as JSON: a typed block as its object (``note_blocks``), else itself."""
+    to_json = getattr(value, "to_json", None)
+    return to_json() if to_json is not None else value
 
 
 def _steps(manifest: Mapping[str, Any], where: str) -> tuple[int, ...]:
@@ -108,12 +117,21 @@ def _list(manifest: Mapping[str, Any], key: str, where: str) -> list[Any]:
     return list(value)
 
 
-def _entries(manifest: Mapping[str, Any], key: str, where: str) -> tuple[Entry, ...]:
-    items = _list(manifest, key, where)
-    for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise TraceError(f"{where}: {key}[{i}] must be a mapping, got {type(item).__name__}")
-    return tuple(items)
+def _entries(
+    manifest: Mapping[str, Any], key: str, where: str, parse: Callable[[Any, str, str], _Block]
+) -> tuple[_Block, ...]:
+    return tuple(parse(item, where, f"{key}[{i}]") for i, item in enumerate(_list(manifest, key, where)))
+
+
+def _blocks(
+    manifest: Mapping[str, Any], key: str, where: str, parse: Callable[[Any, str, str], _Block]
+) -> dict[str, _Block]:
+    return {str(k): parse(v, where, f"{key}[{str(k)!r}]") for k, v in _object(manifest, key, where).items()}
+
+
+def _compiled(manifest: Mapping[str, Any], where: str) -> CompiledNote | None:
+    block = _object(manifest, "compiled", where)
+    return CompiledNote.from_json(block, where, "compiled") if block else None
 
 
 def _object(manifest: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:

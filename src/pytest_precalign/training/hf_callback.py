@@ -69,6 +69,7 @@ from ..steps.step_evidence import (
     token_count,
 )
 from ..steps.step_norms import grad_norm_and_zeros
+from ..steps.step_sink import StepSink
 from ..steps.unwrap import unwrap
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import TrainingSettings
@@ -129,10 +130,15 @@ def optimizer_and_scheduler(kwargs: Mapping[str, Any]) -> tuple[Any, Any, str]:
 
 
 class TrainerSteps(TrainerCallback):
-    """What every optimizer step of a Trainer run did; subclasses say where it goes
-    (``_start``, ``_output``, ``_finish``)."""
+    """What every optimizer step of a Trainer run did, written into ``sink`` (a ``StepSink``:
+    ``PrecalignCallback``'s ``Recorder``, or the tool's Trainer case's sink,
+    ``run/trainers/hf_trainer.py``); the run's ``settings`` (with the ``precision`` its
+    forward ran in) are written with step 0 when known."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: StepSink) -> None:
+        self.sink = sink
+        self.settings: TrainingSettings | None = None
+        self.precision: tuple[str, bool] | None = None  # (dtype, autocast) the first forward ran in
         self._model: torch.nn.Module | None = None
         self._handles: list[Any] = []
         self._evidence: StepEvidence | None = None
@@ -221,6 +227,7 @@ class TrainerSteps(TrainerCallback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.sink.close()
 
     # -- the step's pieces ------------------------------------------------------------------
     def _close_step(self, pending: dict[str, Any], logs: dict[str, float]) -> None:
@@ -278,18 +285,35 @@ class TrainerSteps(TrainerCallback):
         if self._pending is not None:
             self._pending.setdefault("losses", []).append(loss.detach().float().sum())
 
-    # -- where it goes (subclasses) ---------------------------------------------------------
+    # -- into the sink ----------------------------------------------------------------------
     def _start(self, model: torch.nn.Module, step: int) -> None:
         """A step begins (before its first micro-batch)."""
+        self.sink.seek(step)
+        self.sink.start(model)
 
     def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
         """The model's logits (or TRL's ``log_probs``) or loss of micro-batch ``call``."""
+        if kind == "log_probs":
+            self.sink.record_output("logits", tensor, name="log_probs", call=call)
+        else:
+            self.sink.record_output(kind, tensor, call=call)
 
     def _updated(self) -> None:
         """The optimizer updated the parameters (before the scheduler steps)."""
+        self.sink.updated()
 
     def _finish(self, scalars: StepScalars) -> None:
         """The step ended and its scalars are known."""
+        if scalars.step == 0 and self.settings is not None:
+            settings = self.settings
+            if self.precision is not None:
+                settings = with_precision(settings, *self.precision)
+            self.sink.write_settings(settings)
+        if scalars.step == 0 and self.initial is not None:
+            self.sink.record_initial_params(self.initial)
+        self.sink.record_scalars(scalars)
+        self.sink.stop()
+        self.sink.step()
 
 
 class PrecalignCallback(TrainerSteps, ExportableState):
@@ -316,16 +340,14 @@ class PrecalignCallback(TrainerSteps, ExportableState):
         continues: str | Path | None = None,
         **recorder: Any,
     ) -> None:
-        super().__init__()
         self.recorder = Recorder(root, mode=mode, steps=steps, **recorder)
+        super().__init__(self.recorder)  # the run's settings and precision: known at on_train_begin
         self.continues = continues
         self._args = json_args(
             root=root, mode=mode, steps=self.recorder.steps, plan=plan, continues=continues, **recorder
         )
         setattr(self, PART_KEY, None)  # what the checkpoint resumed from kept (transformers may set it)
         self.plan = plan
-        self.settings: TrainingSettings | None = None  # the run's, known at on_train_begin
-        self.precision: tuple[str, bool] | None = None  # (dtype, autocast) the first forward ran in
         self._probes: list[Any] = []
 
     @property
@@ -412,28 +434,6 @@ class PrecalignCallback(TrainerSteps, ExportableState):
             probe.remove()
         self._probes = []
 
-    def _start(self, model: torch.nn.Module, step: int) -> None:
-        self.recorder.seek(step)
-        self.recorder.start(model)
-
-    def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
-        if kind == "log_probs":
-            self.recorder.record_output("logits", tensor, name="log_probs")
-        else:
-            self.recorder.record_output(kind, tensor)
-
-    def _finish(self, scalars: StepScalars) -> None:
-        if scalars.step == 0 and self.settings is not None:
-            settings = self.settings
-            if self.precision is not None:
-                settings = with_precision(settings, *self.precision)
-            self.recorder.write_settings(settings)
-        if scalars.step == 0 and self.initial is not None:
-            self.recorder.record_initial_params(self.initial)
-        self.recorder.record_scalars(scalars)
-        self.recorder.stop()
-        self.recorder.step()
-
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
@@ -441,4 +441,3 @@ class PrecalignCallback(TrainerSteps, ExportableState):
         for probe in self._probes:
             probe.remove()
         self._probes = []
-        self.recorder.close()

@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..compare.tolerances import ToleranceTable, load_table
 from ..errors import ConfigError, RecorderError
@@ -81,11 +82,12 @@ from ..recording.tensor_sink import DEFAULT_QUEUE_BYTES, TensorSink
 from ..steps.layout_probe import check_layout, parallel_layout
 from ..steps.model_checks import ChunksRoot, check_recordable, chunks_of
 from ..steps.sharded_layout import check_sharded_recording, watch_partials
+from ..steps.step_sink import Deps
 from ..steps.unwrap import hooks_before_compile, unwrap
 from ..trace.native_io import begin_trace
 from ..trace.records import Record
 from ..trace.step_markers import begin_step, end_step
-from ..vocabulary import MODEL_OUTPUT_KINDS, RECORD_FORMAT_ALIASES, as_kind
+from ..vocabulary import MODEL_OUTPUT_KINDS, RECORD_FORMAT_ALIASES, RecordingMode, as_kind, as_recording_mode
 from .golden import golden_judge
 from .recorder_options import (
     check_choices,
@@ -127,7 +129,7 @@ class Recorder(RecorderWrites):
         self.queue_bytes = checked_queue_bytes(queue_bytes)
         self.tolerances = load_table(tolerances, "Recorder: tolerances")
         self.root = Path(root)
-        self.mode = mode
+        self.mode: RecordingMode = as_recording_mode(mode)
         self.level = level
         self.format = RECORD_FORMAT_ALIASES.get(format, format)
         self.layout = check_layout(layout) if layout is not None else None
@@ -251,12 +253,13 @@ class Recorder(RecorderWrites):
         self._output_calls.clear()
 
     def record_output(
-        self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None
+        self, kind: str, tensor: Tensor, deps: Deps = (), name: str | None = None, call: int | None = None
     ) -> Record | None:
         """Record the loss or the logits of this step (nothing while not recording); ``deps``:
         the ids of the records it was computed from (the loss's logits); ``name``: the record's
         name when it is not the kind's (TRL's fused LM head gives ``log_probs``, not logits).
-        Called once per micro-batch, the records are calls 0, 1, ... like a module's."""
+        Called once per micro-batch, the records are calls 0, 1, ... like a module's (``call``:
+        the micro-batch's, when the caller counts them)."""
         if kind not in MODEL_OUTPUT_KINDS:
             raise ConfigError(
                 f"Recorder.record_output: unknown kind {kind!r} (allowed: {', '.join(MODEL_OUTPUT_KINDS)})"
@@ -265,7 +268,7 @@ class Recorder(RecorderWrites):
         if hooks is None:
             return None
         name = name or kind
-        call = self._output_calls.get(name, 0)
+        call = self._output_calls.get(name, 0) if call is None else call
         self._output_calls[name] = call + 1
         cls = class_name(hooks.model)
         return hooks.capture(
@@ -286,6 +289,9 @@ class Recorder(RecorderWrites):
             raise ConfigError(f"Recorder.grads_ready: called twice in step {self._step}")
         self._grads_done = True
         hooks.record_param_grads(micro_batches)
+
+    def updated(self) -> None:
+        """The step's optimizer update is done (a ``StepSink`` event): its parameters wait for ``stop()``."""
 
     def stop(self) -> Path | None:
         """Record the parameters (after the optimizer step), remove the hooks and write this

@@ -9,12 +9,11 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..recording.param_records import PARAM_GRADS
-from ..vocabulary import LEVELS, MODES, RECORD_FORMAT_ALIASES, RECORD_FORMATS
+from ..trace.note_blocks import MissingGrads
+from ..vocabulary import LEVELS, RECORD_FORMAT_ALIASES, RECORD_FORMATS, RECORDING_MODES
 from .golden import GoldenError
 
 FORMATS = (*RECORD_FORMATS, *RECORD_FORMAT_ALIASES)  # precalign: the older name of native
-# What the Recorder keeps: the hook engine's modes, or "scalars" (per-step scalars only).
-RECORDER_MODES = (*MODES, "scalars")
 
 
 def selection(values: Iterable[int] | None, what: str) -> frozenset[int] | None:
@@ -44,7 +43,7 @@ def tuples(fields: dict[str, Any]) -> dict[str, Any]:
 
 def check_choices(**given: str) -> None:
     """The constructor's word-valued arguments, each one of its allowed values."""
-    allowed = {"mode": RECORDER_MODES, "level": LEVELS, "format": FORMATS, "param_grads": PARAM_GRADS}
+    allowed = {"mode": RECORDING_MODES, "level": LEVELS, "format": FORMATS, "param_grads": PARAM_GRADS}
     for key, value in given.items():
         if value not in allowed[key]:
             raise ConfigError(f"Recorder: unknown {key} {value!r} (allowed: {', '.join(allowed[key])})")
@@ -56,15 +55,15 @@ def checked_queue_bytes(value: int) -> int:
     return value
 
 
-def grads_missing_note(step: int, rank: int, names: Sequence[str]) -> dict[str, Any]:
+def grads_missing_note(step: int, rank: int, names: Sequence[str]) -> MissingGrads:
     """The manifest's note of a step whose parameter grads were all gone at ``stop()``."""
-    return {
-        "step": step,
-        "rank": rank,
-        "count": len(names),
-        "names": list(names[:5]),
-        "why": (
+    return MissingGrads(
+        step=step,
+        rank=rank,
+        count=len(names),
+        names=tuple(names[:5]),
+        why=(
             'Recorder(param_grads="step") found no parameter grad at stop() and grads_ready() was '
             "not called: call rec.grads_ready() after the backward, before the loop zeroes the grads"
         ),
-    }
+    )

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..parallel.layout import RECORDER_KEY
+from ..trace.note_blocks import IncompleteStep, MissingGrads, ReplicaMismatch
 from ..trace.records import Trace, is_training_run
-from ..trace.trace_notes import Entry, TraceNotes
+from ..trace.trace_notes import TraceNotes
 from ..trace.training_record import RunRecord
 
 SIDES = ("baseline", "candidate")
@@ -30,9 +31,9 @@ class SideFacts:
     own_scalars: bool  # its manifest holds per-step scalars (not only loss records)
     frozen: frozenset[str]  # the parameters its run froze
     steps: tuple[int, ...]  # the steps it recorded (the manifest's ``steps``)
-    incomplete_steps: tuple[Entry, ...]  # steps its interrupted run left partial
-    grads_missing: tuple[Entry, ...]  # steps whose parameter grads were gone
-    replica_mismatches: tuple[Entry, ...]  # replicated records its ranks disagreed on
+    incomplete_steps: tuple[IncompleteStep, ...]  # steps its interrupted run left partial
+    grads_missing: tuple[MissingGrads, ...]  # steps whose parameter grads were gone
+    replica_mismatches: tuple[ReplicaMismatch, ...]  # replicated records its ranks disagreed on
     recorder: bool  # recorded by our ``Recorder`` or a callback (the manifest's ``RECORDER_KEY``)
     not_recordable: Mapping[str, str]  # record id -> why its grad could not be recorded
     dp_unpaired: Mapping[str, str]  # record id -> why its DP replicas were not joined on it
@@ -72,12 +73,7 @@ def side_facts(trace: Trace, side: str) -> SideFacts:
         replica_mismatches=notes.replica_mismatches,
         recorder=RECORDER_KEY in trace.manifest,
         not_recordable=notes.not_recordable,
-        dp_unpaired={
-            rid: str(why)
-            for block in notes.dp_join.values()
-            if isinstance(block.get("unpaired"), Mapping)
-            for rid, why in block["unpaired"].items()
-        },
+        dp_unpaired={rid: why for block in notes.dp_join.values() for rid, why in block.unpaired.items()},
         tp_unmerged=notes.tp_unmerged,
     )
 

@@ -31,6 +31,7 @@ from .case_facts import CaseFacts
 from .dp_replicas import with_replica_findings
 from .dp_rows import with_replica_rows
 from .frozen_params import without_frozen
+from .not_compared import KindsNotRecorded
 from .phase import (
     PhaseVerdict,
     phase_verdict,
@@ -68,7 +69,9 @@ class CaseJudging:
     alone: Mapping[str, Sequence[int]] = field(default_factory=dict)
     split: Sequence[int] = ()  # steps the sides split into other micro-batches (layers not compared)
     replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
-    not_recorded: Mapping[str, str] = field(default_factory=dict)  # kind -> why one side has none
+    not_recorded: Mapping[str, KindsNotRecorded] = field(
+        default_factory=dict
+    )  # kind -> why one side has none
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ def _incomplete_steps(facts: CaseFacts) -> list[str]:
     for side in facts.sides:
         steps = ", ".join(str(s) for s in side.notes.steps)
         for m in side.notes.incomplete_steps:
-            out.append(f"{m['detail']}: step {m['step']} not compared (steps {steps} compared)")
+            out.append(f"{m.detail}: step {m.step} not compared (steps {steps} compared)")
     return out
 
 

@@ -12,10 +12,10 @@ optimizer's update -- named with the ranks that differ. No torch import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
+from ..trace.note_blocks import ReplicaMismatch
 from ..vocabulary import TrainingClass
 from .training_run import FirstDivergent, TrainingVerdict
 
@@ -43,44 +43,40 @@ _HINTS = {
 _PREFIX = "step scalar "
 
 
-def _said(m: Mapping[str, Any]) -> str:
-    return f"{', '.join(map(str, m.get('differ', ())))} recorded other values than {m.get('kept')} ({m.get('detail')})"
+def _said(m: ReplicaMismatch) -> str:
+    return f"{', '.join(m.differ)} recorded other values than {m.kept} ({m.detail})"
 
 
 def with_replica_findings(
-    training: TrainingVerdict, mismatches: Sequence[Mapping[str, Any]]
+    training: TrainingVerdict, mismatches: Sequence[ReplicaMismatch]
 ) -> TrainingVerdict:
     """``training`` with the replicas' first disagreement as its first divergence, where no
     earlier step diverged (module doc)."""
-    steps = [m["step"] for m in mismatches if isinstance(m.get("step"), int)]
+    steps = [m.step for m in mismatches]
     if not steps:
         return training
     k = min(steps)
     first = training.first
     if first is not None and first.step < k:
         return training
-    at = [m for m in mismatches if m.get("step") == k]
+    at = [m for m in mismatches if m.step == k]
     order = list(SCALAR_CLASSES)
     scalars = sorted(
-        (
-            m
-            for m in at
-            if m.get("kind") == "scalar" and str(m.get("name", ""))[len(_PREFIX) :] in SCALAR_CLASSES
-        ),
-        key=lambda m: order.index(str(m["name"])[len(_PREFIX) :]),
+        (m for m in at if m.kind == "scalar" and m.name[len(_PREFIX) :] in SCALAR_CLASSES),
+        key=lambda m: order.index(m.name[len(_PREFIX) :]),
     )
     if scalars:
         m = scalars[0]
-        name = str(m["name"])[len(_PREFIX) :]
+        name = m.name[len(_PREFIX) :]
         evidence = f"the DP replicas disagree on {name} at step {k}: {_said(m)}{_HINTS.get(name, '')}"
         found = FirstDivergent(k, SCALAR_CLASSES[name], name, evidence)
     elif first is None or first.step > k:
         m = at[0]
         kinds: dict[str, TrainingClass] = {"param": "optimizer_update", "param_grad": "grad_reduction"}
-        fallback: TrainingClass = "backward" if m.get("phase") == "backward" else "forward"
-        what = kinds.get(str(m.get("kind")), fallback)
-        evidence = f"the DP replicas disagree on {m.get('name')} ({m.get('kind')}) at step {k}: {_said(m)}"
-        found = FirstDivergent(k, what, str(m.get("name")), evidence)
+        fallback: TrainingClass = "backward" if m.phase == "backward" else "forward"
+        what = kinds.get(m.kind, fallback)
+        evidence = f"the DP replicas disagree on {m.name} ({m.kind}) at step {k}: {_said(m)}"
+        found = FirstDivergent(k, what, m.name, evidence)
     else:
         return training
     return replace(training, first=found)

@@ -23,9 +23,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import PurePath
-from typing import Any
 
 from ..compare.pairs import Comparison, PairResult, array_pair, stats_pair
+from ..trace.note_blocks import JoinedPart
 from ..trace.records import Record, Stats, Trace
 from .training_run import TrainingVerdict
 
@@ -61,23 +61,21 @@ def with_replica_rows(
     return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
 
 
-def _parts(trace: Trace, rec: Record) -> list[Mapping[str, Any]] | None:
+def _parts(trace: Trace, rec: Record) -> list[JoinedPart] | None:
     """The replicas ``rec`` was joined from: by its id, or -- a record the mapping renamed (a
     Megatron side in the baseline's names) -- the step's one joined record whose replicas'
     statistics combine exactly to ``rec``'s (max, min, norm: a permutation keeps them)."""
-    block = trace.notes.dp_join.get(str(rec.step), {})
-    every = block.get("parts", {}) if isinstance(block, Mapping) else {}
-    parts = every.get(rec.id) if isinstance(every, Mapping) else None
-    if parts is None and rec.stats is not None and isinstance(every, Mapping):
-        found = [p for p in every.values() if isinstance(p, list) and _combine_to(p, rec.stats)]
+    block = trace.notes.dp_join.get(str(rec.step))
+    every = block.parts if block is not None else {}
+    parts = every.get(rec.id)
+    if parts is None and rec.stats is not None:
+        found = [p for p in every.values() if _combine_to(p, rec.stats)]
         parts = found[0] if len(found) == 1 else None
-    return list(parts) if isinstance(parts, list) and len(parts) > 1 else None
+    return list(parts) if parts is not None and len(parts) > 1 else None
 
 
-def _combine_to(parts: Sequence[Any], stats: Stats) -> bool:
-    got: list[Mapping[str, Any]] = [
-        p["stats"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("stats"), Mapping)
-    ]
+def _combine_to(parts: Sequence[JoinedPart], stats: Stats) -> bool:
+    got = [p.stats for p in parts if p.stats is not None]
     if len(got) != len(parts):
         return False
     top, low = max(float(g["max"]) for g in got), min(float(g["min"]) for g in got)
@@ -101,8 +99,8 @@ def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
     if split is None or pair.tolerance is None or a.shape != b.shape or not a.shape:
         return ""
     side = "candidate" if pb is not None else "baseline"
-    rows = [int(p["rows"]) for p in split]
-    dim = int(split[0].get("dim", 0))  # the batch dim as joined (a mapping may have moved it since)
+    rows = [p.rows for p in split]
+    dim = split[0].dim  # the batch dim as joined (a mapping may have moved it since)
     results: list[PairResult] | None
     if (
         baseline.has_tensor(a)
@@ -111,7 +109,7 @@ def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
         and sum(rows) == a.shape[dim]
     ):
         results = _by_arrays(pair, baseline, candidate, rows, dim)
-    elif pa is not None and pb is not None and [int(p["rows"]) for p in pa] == rows:
+    elif pa is not None and pb is not None and [p.rows for p in pa] == rows:
         results = _by_stats(pair, pa, pb)
         if results is None:
             return ""
@@ -137,31 +135,34 @@ def _by_arrays(
 
 
 def _by_stats(
-    pair: PairResult, pa: Sequence[Mapping[str, Any]], pb: Sequence[Mapping[str, Any]]
+    pair: PairResult, pa: Sequence[JoinedPart], pb: Sequence[JoinedPart]
 ) -> list[PairResult] | None:
     a, b = pair.record, pair.candidate
     assert b is not None and pair.tolerance is not None
-    if any(not isinstance(p.get("stats"), Mapping) for p in (*pa, *pb)):
-        return None
     out = []
     for x, y in zip(pa, pb, strict=True):
-        numel = a.numel * int(x["rows"]) // sum(int(p["rows"]) for p in pa)  # its share (the norm's atol)
-        ra = replace(a, shape=(numel,), stats=Stats(**x["stats"]))
-        rb = replace(b, shape=(numel,), stats=Stats(**y["stats"]))
+        if x.stats is None or y.stats is None:
+            return None
+        numel = a.numel * x.rows // sum(p.rows for p in pa)  # its share (the norm's atol)
+        ra = replace(a, shape=(numel,), stats=_stats(x.stats))
+        rb = replace(b, shape=(numel,), stats=_stats(y.stats))
         out.append(stats_pair(ra, rb, pair.tolerance))
     return out
 
 
-def _told(
-    split: Sequence[Mapping[str, Any]], rows: Sequence[int], results: Sequence[PairResult], side: str
-) -> str:
+def _stats(of: Mapping[str, float]) -> Stats:
+    """A replica's statistics as the join kept them (``JoinedPart.stats``)."""
+    return Stats(of["max"], of["min"], of["mean"], of["norm"], int(of.get("nan", 0)), int(of.get("inf", 0)))
+
+
+def _told(split: Sequence[JoinedPart], rows: Sequence[int], results: Sequence[PairResult], side: str) -> str:
     other = "baseline" if side == "candidate" else "candidate"
     said, at = [], 0
     for part, n, result in zip(split, rows, results, strict=True):
         span = f"row {at} of the global batch" if n == 1 else f"rows {at}-{at + n - 1} of the global batch"
         at += n
         check = result.failing
-        name = rank_name(str(part.get("where", "")))
+        name = rank_name(part.where)
         if check is None:
             said.append(f"DP rank {name} ({span}) within tolerance")
         else:
@@ -169,7 +170,7 @@ def _told(
                 f"DP rank {name} ({span}) differs: {check.metric} {check.value:.3g} "
                 f"(allowed {check.allowed:.3g})"
             )
-    differ = [rank_name(str(p.get("where", ""))) for p, r in zip(split, results, strict=True) if not r.passed]
+    differ = [rank_name(p.where) for p, r in zip(split, results, strict=True) if not r.passed]
     head = (
         f"the {side}'s DP rank(s) {', '.join(differ)} computed it differently"
         if differ

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..compare.pairs import Check, Comparison, PairResult
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..specs.expectation import Expectation
+from ..trace.note_blocks import MissingGrads, ReplicaMismatch
 from ..trace.records import Record
 from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Kind, Phase
 from .coverage import Coverage, measure_coverage
@@ -550,16 +550,14 @@ def _first_nonfinite(pairs: tuple[PairResult, ...]) -> tuple[NonFinite, ...]:
     return tuple(out)
 
 
-def with_missing_grads(
-    verdict: PhaseVerdict, missing: Mapping[str, Sequence[Mapping[str, Any]]]
-) -> PhaseVerdict:
+def with_missing_grads(verdict: PhaseVerdict, missing: Mapping[str, Sequence[MissingGrads]]) -> PhaseVerdict:
     """The backward fails when a side's recorder found its parameter grads gone (``missing``:
     side -> the manifest's ``grads_missing`` notes): what was not recorded passed nothing."""
     if verdict.phase != "backward" or verdict.coverage is None:
         return verdict
     notes = [
-        f"the {side} recorded no parameter grad at step {m.get('step')} (rank {m.get('rank')}; "
-        f"{m.get('count')} parameters, e.g. {', '.join(map(str, m.get('names') or ()))}): {m.get('why')}"
+        f"the {side} recorded no parameter grad at step {m.step} (rank {m.rank}; "
+        f"{m.count} parameters, e.g. {', '.join(m.names)}): {m.why}"
         for side, found in missing.items()
         for m in found
     ]
@@ -569,13 +567,13 @@ def with_missing_grads(
     return replace(verdict, passed=False, coverage=replace(verdict.coverage, problem=problem))
 
 
-def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[Mapping[str, Any]]) -> PhaseVerdict:
+def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[ReplicaMismatch]) -> PhaseVerdict:
     """The phase fails when the ranks of a merged side disagreed on a replicated record of it."""
     lines = tuple(
-        f"{m['name']} ({m['kind']}, step {m['step']}): {', '.join(m['differ'])} recorded other values than "
-        f"{m['kept']} ({m['detail']})"
+        f"{m.name} ({m.kind}, step {m.step}): {', '.join(m.differ)} recorded other values than "
+        f"{m.kept} ({m.detail})"
         for m in mismatches
-        if m.get("phase") == verdict.phase
+        if m.phase == verdict.phase
     )
     if not lines:
         return verdict

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
+from ..trace.note_blocks import PartialSums
 from ..trace.records import Trace
 from .training_run import TrainingVerdict
 
@@ -63,33 +63,27 @@ def _with_grad_shards(training: TrainingVerdict, baseline: Trace, candidate: Tra
     first = training.first
     assert first is not None and first.origin
     origin, step = first.origin, str(first.step)
-    kept = [t.notes.tp_grad_shards.get(step, {}) for t in (baseline, candidate)]
-    params = sorted({p for side in kept for p in side if p == origin or p.startswith(f"{origin}.")})
+    kept = [t.notes.tp_grad_shards.get(step) for t in (baseline, candidate)]
+    shards = [side.modules if side is not None else {} for side in kept]
+    params = sorted({p for side in shards for p in side if p == origin or p.startswith(f"{origin}.")})
     if not params:
         return training
-    told = []
-    for param in params:
-        a, b = (side.get(param) for side in kept)
-        told.append(
-            partial_sums_evidence(
-                a if isinstance(a, Mapping) and a else None,
-                b if isinstance(b, Mapping) and b else None,
-                param,
-                grads=True,
-            )
-        )
+    told = [
+        partial_sums_evidence(shards[0].get(p) or None, shards[1].get(p) or None, p, grads=True)
+        for p in params
+    ]
     return replace(training, first=replace(first, evidence="; ".join([first.evidence, *told])))
 
 
-def _partials(trace: Trace, step: int, origin: str) -> Mapping[str, Any] | None:
-    block = trace.notes.tp_partials.get(str(step), {})
-    ranks = block.get(origin) if isinstance(block, Mapping) else None
-    return ranks if isinstance(ranks, Mapping) and ranks else None
+Ranks = Mapping[str, Sequence[PartialSums | Sequence[float]]]  # TP rank -> one entry a call
 
 
-def partial_sums_evidence(
-    base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, origin: str, grads: bool = False
-) -> str:
+def _partials(trace: Trace, step: int, origin: str) -> Ranks | None:
+    block = trace.notes.tp_partials.get(str(step))
+    return block.of(origin) if block is not None else None
+
+
+def partial_sums_evidence(base: Ranks | None, cand: Ranks | None, origin: str, grads: bool = False) -> str:
     """The evidence line of two sides' partial sums of ``origin`` (rank -> one list per call);
     ``grads``: of their local shards of the grad of the parameter ``origin``."""
     cannot = (CANNOT_GRAD if grads else CANNOT).format(origin=origin)
@@ -99,7 +93,7 @@ def partial_sums_evidence(
     differ, compared = [], 0
     for rank in sorted(cand, key=int):
         a, b = base[rank], cand[rank]
-        if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+        if len(a) != len(b):
             return cannot
         pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
         compared += len(pairs)

@@ -20,7 +20,7 @@ one side skipped are findings, never silently paired.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
@@ -29,6 +29,7 @@ from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
 from .grads_one_sided import grads_evidence
+from .not_compared import NotCompared
 from .replay_finding import Replay
 from .story import origin_of
 from .training_contract import (
@@ -93,7 +94,7 @@ class TrainingVerdict:
     # What one side recorded and the other did not: ``layers`` (steps whose layers only that
     # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
     one_side_only: Mapping[str, Any] = field(default_factory=dict)
-    not_compared: tuple[str, ...] = ()  # what was not compared because one side lacks it, in words
+    not_compared: tuple[NotCompared, ...] = ()  # what was not compared because one side lacks it
 
     @property
     def passed(self) -> bool:
@@ -125,7 +126,7 @@ class TrainingVerdict:
             "unsaid_settings": list(self.unsaid),
             "expectation": self.expected.to_text() if self.expected is not None else None,
             "passed": self.passed,
-            "not_compared": list(self.not_compared),
+            "not_compared": [asdict(n) for n in self.not_compared],  # in words when rendered
             "one_side_only": dict(self.one_side_only),
             "curves": dict(self.curves),
         }

@@ -22,6 +22,7 @@ from ..trace.training_record import RunRecord
 from ..vocabulary import Phase
 from .case_facts import CaseFacts, SideFacts
 from .frozen_params import frozen_changes
+from .not_compared import KindsNotRecorded, not_compared
 from .phase import PhaseVerdict
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
@@ -39,39 +40,6 @@ def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
         coverage=None,
         expectation=f"no {phase} records on either side: judged by the run's per-step scalars",
     )
-
-
-def not_compared_lines(
-    alone: Mapping[str, Sequence[int]],
-    split: Sequence[int] = (),
-    rows: Mapping[str, str] | None = None,
-    kinds: Mapping[str, str] | None = None,
-) -> tuple[str, ...]:
-    """What was not compared because one side lacks it (``alone``: side -> steps; ``kinds``:
-    kinds of record one side could not take, with why) or the sides split it into other
-    micro-batches (``split``; ``rows``: step -> how each side split it, where one side joined
-    DP replicas), in words."""
-    other = {"baseline": "candidate", "candidate": "baseline"}
-    lines = [
-        f"the layers of step(s) {', '.join(map(str, steps))}: "
-        f"the {side} recorded them, the {other[side]} those steps' scalars only"
-        for side, steps in alone.items()
-    ]
-    rows = rows or {}
-    lines += [
-        f"the layers of step {step}: {why}: their module calls hold other rows, not paired row by row "
-        "(the step's parameters, reduced grads and scalars are judged)"
-        for step, why in rows.items()
-    ]
-    split = [s for s in split if str(s) not in rows]
-    if split:
-        lines.append(
-            f"the layers of step(s) {', '.join(map(str, split))}: "
-            "the sides split them into other micro-batches (module calls cannot be paired call "
-            "by call; with the loss per token over the step the split is no difference: the "
-            "steps' scalars and parameters are judged)"
-        )
-    return (*lines, *dict.fromkeys((kinds or {}).values()))  # kinds with one reason: one line
 
 
 def run_side(facts: SideFacts, trace: Trace, recorded: bool = True) -> RunRecord:
@@ -93,7 +61,7 @@ def judge_traces(
     envelope: Envelope | None = None,
     alone: Mapping[str, Sequence[int]] | None = None,
     split: Sequence[int] = (),
-    not_recorded: Mapping[str, str] | None = None,
+    not_recorded: Mapping[str, KindsNotRecorded] | None = None,
 ) -> TrainingVerdict:
     """The run verdict; ``candidate`` is in the baseline's names (its manifest is its own);
     ``comparison`` without the parameters both sides freeze (``frozen_params``);
@@ -123,7 +91,7 @@ def judge_traces(
     if not alone and not split and not not_recorded:
         return verdict
     layers = {side: list(steps) for side, steps in (alone or {}).items()}
-    lines = not_compared_lines(alone or {}, split, baseline.notes.dp_split, not_recorded)
+    lines = not_compared(alone or {}, split, baseline.notes.dp_split, not_recorded)
     if not alone and not split:  # kinds one side could not take only
         return replace(verdict, not_compared=lines)
     return replace(verdict, not_compared=lines, one_side_only={"layers": layers})

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ...config.specs import CaseSpec, ModelSpec
 from ...errors import CaseError
@@ -31,8 +32,11 @@ from ...steps.run_settings import (
     trainer_precision,
 )
 from ...steps.spec import OptimizerSpec
+from ...steps.step_sink import CaseSink, Deps
+from ...trace.records import Record
 from ...trace.step_scalars import StepScalars
 from ...trace.training_record import RunRecord, TrainingPlan, TrainingSettings
+from ...vocabulary import RecordingMode, as_recording_mode
 from .case_step import split_micro_batches
 from .skeleton import StepSkeleton
 
@@ -152,7 +156,7 @@ class HfTrainer:
         for batch in batches:  # equal micro-batches, as the Trainer's dataloader will cut them
             split_micro_batches(batch, case.training.optimizer.micro_batches, case)
         rows = batches[0].rows
-        callback = _case_steps(steps)
+        callbacks = _case_steps(steps)
         bf16 = any(p.dtype == torch.bfloat16 for p in model.module.parameters())
         seed = steps.seed
         with (
@@ -160,13 +164,14 @@ class HfTrainer:
             fp32_master_weights(model.module),
         ):
             trainer, arguments = _trainer(
-                model.module, case, rows, seed, out, _Rows(batches), [callback], bf16=bf16
+                model.module, case, rows, seed, out, _Rows(batches), callbacks, bf16=bf16
             )
             plan = _plan(trainer, case, model.module)
             try:
                 trainer.train()
             finally:
                 steps.end()
+        callback = callbacks[-1]  # TrainerSteps
         _check_steps(callback.scalars, case, steps.count(case.steps))
         settings = _training_block(arguments, plan, case.training.optimizer, bf16)
         return RunRecord(settings, dict(callback.scalars), callback.initial or {})
@@ -234,47 +239,63 @@ def _trainer(
     return trainer, arguments
 
 
-def _case_steps(steps: StepSkeleton) -> Any:
-    """The Trainer callback that records each step with the skeleton's recorder, each step
-    through the skeleton (only the boundary's step when given: the steps before it run
-    paused, the state is loaded where it starts, and training stops after it)."""
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+class _CaseSink(CaseSink):
+    """The Trainer case's ``StepSink``: each step through the skeleton into its recorder (the
+    outputs of the steps the boundary does not pause; the parameters once updated); the
+    settings and scalars are the case's and ``TrainerSteps``' own."""
+
+    def __init__(self, steps: StepSkeleton, recorder: HookRecorder) -> None:
+        self.steps, self.recorder = steps, recorder
+        self.mode: RecordingMode = as_recording_mode(recorder.mode)
+        self.optimizer: Any = None  # the step's, as the Trainer's event hands it (``_case_steps``)
+        self.at = 0
+
+    def seek(self, step: int) -> None:
+        self.at = step
+
+    def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        assert isinstance(model, torch.nn.Module)  # the Trainer's model
+        self.steps.begin(self.at, model, self.optimizer)
+
+    def record_output(
+        self, kind: str, tensor: Tensor, deps: Deps = (), name: str | None = None, call: int | None = None
+    ) -> Record | None:
+        if self.steps.quiet:
+            return None
+        return self.recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call or 0)
+
+    def updated(self) -> None:
+        self.steps.updated()
+
+    def close(self, failed: bool = False) -> None:
+        self.steps.end()
+
+
+def _case_steps(steps: StepSkeleton) -> list[Any]:
+    """The Trainer callbacks of a case, in the order the Trainer calls them: one handing the
+    case's sink each step's optimizer and stopping training after the boundary's step (only
+    the boundary's step when given: the steps before it run paused, the state is loaded where
+    it starts), then the shared step callback (``TrainerSteps``) writing into the sink."""
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
     from ...training.hf_callback import TrainerSteps
 
-    own = steps.recorder
-    assert own is not None
-    recorder: HookRecorder = own  # typed for the class below
+    assert steps.recorder is not None
+    sink = _CaseSink(steps, steps.recorder)
 
-    class CaseSteps(TrainerSteps):
-        def __init__(self) -> None:
-            super().__init__()
-            self.optimizer: Any = None
-
+    class CaseEvents(TrainerCallback):
         def on_step_begin(
             self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
         ) -> None:
-            self.optimizer = kwargs.get("optimizer")
-            super().on_step_begin(args, state, control, **kwargs)
+            sink.optimizer = kwargs.get("optimizer")
 
         def on_step_end(
             self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
         ) -> None:
-            super().on_step_end(args, state, control, **kwargs)
             if steps.past(state.global_step):
                 control.should_training_stop = True  # global_step counts the update just made
 
-        def _start(self, module: torch.nn.Module, step: int) -> None:
-            steps.begin(step, module, self.optimizer)
-
-        def _output(self, kind: str, tensor: torch.Tensor, call: int) -> None:
-            if not steps.quiet:
-                recorder.record_output("logits" if kind == "logits" else "loss", tensor, call=call)
-
-        def _updated(self) -> None:
-            steps.updated()
-
-    return CaseSteps()
+    return [CaseEvents(), TrainerSteps(sink)]
 
 
 def _plan(trainer: Any, case: CaseSpec, module: torch.nn.Module) -> TrainingPlan:

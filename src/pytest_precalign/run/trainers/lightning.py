@@ -45,8 +45,7 @@ from ...errors import CaseError
 from ...recording import HookRecorder
 from ...sources import LoadedModel
 from ...sources.inputs import CaseInputs
-from ...steps.step_sink import StepSink
-from ...trace.step_scalars import StepScalars
+from ...steps.step_sink import CaseSink
 from ...trace.training_record import RunRecord, TrainingSettings
 from ...training.lightning_callback import LightningSteps, lightning_settings
 from .case_step import case_forward, shifted_tokens, split_micro_batches
@@ -123,12 +122,11 @@ class CaseModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class _CaseSink(StepSink):
+class _CaseSink(CaseSink):
     """What ``OptimizerSteps`` writes a step into (a ``Recorder``'s place, ``StepSink``): the
     step opened and closed by the skeleton, the settings and initial parameters kept for the
-    run record; the case's hooks record the layers, ``CaseModule`` the outputs."""
-
-    mode = "scalars"  # no forward hook of OptimizerSteps: the case module records its outputs
+    run record; the case's hooks record the layers, ``CaseModule`` the outputs (mode
+    "scalars": no forward hook of OptimizerSteps)."""
 
     def __init__(self, steps: StepSkeleton, module: CaseModule) -> None:
         self.steps = steps
@@ -140,28 +138,14 @@ class _CaseSink(StepSink):
         self.steps.begin(step, self.module.model, self.module.trainer.optimizers[0])
         self.module.quiet = self.steps.quiet
 
-    def start(self, model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
-        pass  # the case's hooks are on
-
-    def record_output(
-        self, kind: str, tensor: torch.Tensor, deps: tuple[str, ...] = (), name: str | None = None
-    ) -> None:
-        pass  # mode "scalars": OptimizerSteps records no output; CaseModule records its own
-
     def write_settings(self, settings: TrainingSettings) -> None:
         self.settings = settings
 
     def record_initial_params(self, summary: dict[str, Any]) -> None:
         self.initial = summary
 
-    def record_scalars(self, scalars: StepScalars) -> None:
-        pass  # OptimizerSteps keeps them
-
-    def stop(self) -> None:
+    def updated(self) -> None:
         self.steps.updated()
-
-    def step(self) -> None:
-        pass
 
     def close(self, failed: bool = False) -> None:
         self.steps.end()
