@@ -57,9 +57,12 @@ class Tiny(torch.nn.Module):
         return self.head(torch.tanh(self.body(x)))
 
 
-def record(root: Path, *, extra_grad: float = 0.0, head_fault: bool = False, steps: int = 2) -> Path:
+def record(
+    root: Path, *, extra_grad: float = 0.0, head_fault: bool = False, steps: int = 2, scale: float = 1.0
+) -> Path:
     """A plain loop whose loss is made from the logits outside the model; ``extra_grad`` adds
-    ``extra_grad * (logits - logits.detach()).sum()``: exactly 0 in value, not in gradient."""
+    ``extra_grad * (logits - logits.detach()).sum()``: exactly 0 in value, not in gradient;
+    ``scale`` multiplies the loss (its value and its gradient)."""
     from pytest_precalign import Recorder
 
     model = Tiny(head_fault)
@@ -69,7 +72,7 @@ def record(root: Path, *, extra_grad: float = 0.0, head_fault: bool = False, ste
         for _ in range(steps):
             rec.start(model)
             logits = model(x)
-            loss = logits.pow(2).mean()
+            loss = logits.pow(2).mean() * scale
             if extra_grad:
                 loss = loss + extra_grad * (logits - logits.detach()).sum()
             loss.backward()
@@ -102,6 +105,14 @@ def test_a_loss_outside_the_model_equal_in_value_not_in_grad_is_the_loss(tmp_pat
     assert told(training) == (0, "loss", "loss")
     assert "the grad arriving at head's output (the model's output" in training["evidence"]
     assert "every forward record" in training["evidence"] and "logged loss" in training["evidence"]
+
+
+def test_a_loss_outside_the_model_that_differs_in_value_is_told_by_its_value(tmp_path: Path) -> None:
+    base = record(tmp_path / "base")
+    code, training = verdict(tmp_path, base, record(tmp_path / "cand", scale=2.0))
+    assert code == 1
+    assert told(training) == (0, "loss", "loss")
+    assert training["evidence"].startswith("loss ") and "grad arriving" not in training["evidence"]
 
 
 def test_a_fault_inside_the_head_stays_the_heads_backward(tmp_path: Path) -> None:
