@@ -58,11 +58,17 @@ class Tiny(torch.nn.Module):
 
 
 def record(
-    root: Path, *, extra_grad: float = 0.0, head_fault: bool = False, steps: int = 2, scale: float = 1.0
+    root: Path,
+    *,
+    extra_grad: float = 0.0,
+    head_fault: bool = False,
+    steps: int = 2,
+    scale: float = 1.0,
+    grad_scale: float = 1.0,
 ) -> Path:
     """A plain loop whose loss is made from the logits outside the model; ``extra_grad`` adds
     ``extra_grad * (logits - logits.detach()).sum()``: exactly 0 in value, not in gradient;
-    ``scale`` multiplies the loss (its value and its gradient)."""
+    ``scale`` multiplies the loss (its value and its gradient), ``grad_scale`` its gradient only."""
     from pytest_precalign import Recorder
 
     model = Tiny(head_fault)
@@ -75,6 +81,7 @@ def record(
             loss = logits.pow(2).mean() * scale
             if extra_grad:
                 loss = loss + extra_grad * (logits - logits.detach()).sum()
+            loss = loss + (grad_scale - 1.0) * (loss - loss.detach())
             loss.backward()
             rec.record_scalars(loss=loss.item())
             optimizer.step()
@@ -105,6 +112,15 @@ def test_a_loss_outside_the_model_equal_in_value_not_in_grad_is_the_loss(tmp_pat
     assert told(training) == (0, "loss", "loss")
     assert "the grad arriving at head's output (the model's output" in training["evidence"]
     assert "every forward record" in training["evidence"] and "logged loss" in training["evidence"]
+
+
+def test_a_loss_gradient_scaled_by_one_factor_is_the_loss_with_the_factor(tmp_path: Path) -> None:
+    # A loss scale not undone: every grad x2 from the model's output on, the logged loss equal.
+    base = record(tmp_path / "base")
+    code, training = verdict(tmp_path, base, record(tmp_path / "cand", grad_scale=2.0))
+    assert code == 1
+    assert told(training) == (0, "loss", "loss")
+    assert "every grad scaled by one factor (x2)" in training["pattern"]
 
 
 def test_a_loss_outside_the_model_that_differs_in_value_is_told_by_its_value(tmp_path: Path) -> None:

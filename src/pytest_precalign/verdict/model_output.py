@@ -128,3 +128,13 @@ def output_grad_evidence(found: OutputGrad, losses: tuple[float, float]) -> str:
         f"and the logged loss ({losses[0]:.6g} vs {losses[1]:.6g}) matched, and no loss record was made: "
         f"the loss computed after the model (outside its modules) differs{aside}"
     )
+
+
+def output_grad_pattern(factor: float | None) -> str:
+    """What the difference looks like; ``factor``: every parameter grad of the step scaled by it."""
+    if factor is None:
+        return LOSS_GRAD_PATTERN
+    return (
+        f"every grad scaled by one factor (x{factor:.4g}) from the model's output on: the loss's gradient "
+        "is scaled (a loss scale not undone, or a factor applied in its backward only)"
+    )

@@ -29,7 +29,7 @@ from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
 from .grads_one_sided import grads_evidence
-from .model_output import LOSS_GRAD_PATTERN, output_grad_evidence
+from .model_output import LOSS_GRAD_PATTERN, output_grad_evidence, output_grad_pattern
 from .not_compared import NotCompared
 from .replay_finding import Replay
 from .story import origin_of
@@ -438,11 +438,11 @@ def _loss_grad_only(
     step: int, rec: StepRecords, base: StepScalars | None, cand: StepScalars | None, judge: ScalarJudge
 ) -> FirstDivergent | None:
     """No loss record: the grad at the model's output differs while the forward and the logged loss matched."""
-    first, a, b = rec.output_grad, base.loss if base else None, cand.loss if cand else None
-    if first is None or a is None or b is None or not judge.same("loss", float(a), float(b), step):
+    found, a, b = rec.output_grad, base.loss if base else None, cand.loss if cand else None
+    if found is None or a is None or b is None or not judge.same("loss", float(a), float(b), step):
         return None
-    evidence = output_grad_evidence(first, (float(a), float(b)))
-    return FirstDivergent(step, "loss", "loss", evidence, LOSS_GRAD_PATTERN)
+    evidence = output_grad_evidence(found, (float(a), float(b)))
+    return FirstDivergent(step, "loss", "loss", evidence, output_grad_pattern(rec.grad_factor))
 
 
 def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
