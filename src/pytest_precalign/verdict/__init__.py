@@ -11,7 +11,8 @@ claim rests on), ``coverage``, ``overflow``, ``story`` (the case's origin across
 
 Training runs: ``training_run`` (the first divergent step, what and where), ``training_contract``
 (the two sides' plans compared before step 0), ``training_scalars`` (one step's scalars),
-``training_records`` (each step's per-layer evidence), ``grads_one_sided`` (parameter grads
+``training_records`` (each step's per-layer evidence), ``model_output`` (the grad arriving at
+the model's output, made by a loss computed outside it), ``grads_one_sided`` (parameter grads
 one side has and the other not), ``training_envelope`` (the noise
 envelope lane), ``training_traces`` (the verdict of two traces), ``training_settings`` (adapters and precision
 judged before step 0; a plan difference told in the framework's own argument names),

@@ -17,6 +17,7 @@ from ..trace.records import Record, Trace
 from ..trace.step_scalars import StepScalars
 from ..vocabulary import FAILED, Phase
 from .grads_one_sided import one_sided_grads
+from .model_output import OutputGrad, output_grad
 from .phase import Divergence, find_first
 
 UNIFORM = 1e-3  # relative spread under which per-parameter grad-norm ratios are "one factor"
@@ -44,6 +45,11 @@ class StepRecords:
     # every loss record of the step matched: the loss's gradient differs, not (yet) its value.
     loss_grad: Divergence | None = None
     losses_matched: int = 0
+    # The same without a loss record (the loss made outside the model, e.g. TRL 0.7's DPO): the
+    # backward's first divergence is the grad w.r.t. the model's output while every forward
+    # record of the step was paired and matched (``model_output``); the run verdict names the
+    # loss only where the logged loss matched too.
+    output_grad: OutputGrad | None = None
     # Parameter grads one side recorded and the other did not, no reason given: (name, the
     # side that has it). A grad missing on one side is a difference, never a pair skipped.
     grads_one_sided: tuple[tuple[str, str], ...] = ()
@@ -106,6 +112,7 @@ def step_records(comparison: Comparison, parents: Mapping[str, str] | None = Non
             grads_changed=_changed_after_backward(grads, pairs),
             loss_grad=loss_grad,
             losses_matched=len(losses) if loss_grad is not None else 0,
+            output_grad=output_grad(backward, pairs, parents or {}) if not losses else None,
             grads_one_sided=one_sided_grads(pairs),
         )
     return out

@@ -29,6 +29,7 @@ from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
 from .grads_one_sided import grads_evidence
+from .model_output import LOSS_GRAD_PATTERN, output_grad_evidence, output_grad_pattern
 from .not_compared import NotCompared
 from .replay_finding import Replay
 from .story import origin_of
@@ -370,7 +371,7 @@ def _step_first(
         ("data", _scalar_as(step, scalar, "data")),
         ("settings", _split(step, rec) or _scalar_as(step, scalar, "settings")),
         ("forward", _layer(step, rec, "forward")),
-        ("loss", _loss(step, rec, scalar)),
+        ("loss", _loss(step, rec, scalar) or _loss_grad_only(step, rec, base, cand, judge)),
         (
             "backward",
             _grads_one_sided(step, rec)
@@ -426,12 +427,22 @@ def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
             f"{first.allowed:.3g}) while every forward record matched: the loss code made it from "
             "matching outputs, so the loss differs in its gradient"
         )
-        pattern = "the loss function differs: its value can coincide at a step, its gradient does not"
-        return FirstDivergent(step, "loss", "loss", evidence, pattern)
+        return FirstDivergent(step, "loss", "loss", evidence, LOSS_GRAD_PATTERN)
     if scalar is not None and scalar.what == "loss":
         hint = "" if rec.diverged or rec.forward else "; record layers to tell the forward from the loss"
         return FirstDivergent(step, "loss", "loss", scalar.evidence + hint, scalar.pattern)
     return None
+
+
+def _loss_grad_only(
+    step: int, rec: StepRecords, base: StepScalars | None, cand: StepScalars | None, judge: ScalarJudge
+) -> FirstDivergent | None:
+    """No loss record: the grad at the model's output differs while the forward and the logged loss matched."""
+    found, a, b = rec.output_grad, base.loss if base else None, cand.loss if cand else None
+    if found is None or a is None or b is None or not judge.same("loss", float(a), float(b), step):
+        return None
+    evidence = output_grad_evidence(found, (float(a), float(b)))
+    return FirstDivergent(step, "loss", "loss", evidence, output_grad_pattern(rec.grad_factor))
 
 
 def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
