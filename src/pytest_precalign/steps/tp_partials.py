@@ -39,16 +39,12 @@ def watch_partials(
         return []
     found: dict[str, list[list[float] | None]] = {}
     handles: list[RemovableHandle] = []
-    for i, chunk in enumerate(chunks):
-        prefix = prefixes[i] if i < len(prefixes) else ""
-        for name, module in chunk.named_modules():
-            entry = plan.get(f"{prefix}{name}")
-            theirs = output_hook_id(module) if isinstance(entry, dict) else None
-            if theirs is None or entry.get("style") != "RowwiseParallel":
-                continue
-            handle = module.register_forward_hook(_reader(found.setdefault(f"{prefix}{name}", [])))
+    for name, module in _planned(chunks, prefixes, plan, ("RowwiseParallel",)):
+        theirs = output_hook_id(module)
+        if theirs is not None:
+            handle = module.register_forward_hook(_reader(found.setdefault(name, [])))
             handles.append(handle)
-            hooks = module._forward_hooks  # run ours just before torch's output hook
+            hooks: Any = module._forward_hooks  # an OrderedDict: run ours just before torch's output hook
             order = [k for k in hooks if k != handle.id]
             order.insert(order.index(theirs), handle.id)
             for key in order:
@@ -68,24 +64,33 @@ def _watch_grad_shards(
     Colwise/Rowwise modules into ``dtensors["tp_grad_shards"]`` (module doc); their handles."""
     found: dict[str, list[list[float] | None]] = {}
     handles: list[RemovableHandle] = []
+    for name, module in _planned(chunks, prefixes, plan, ("ColwiseParallel", "RowwiseParallel")):
+        for key, param in module.named_parameters(recurse=False):
+            placements = getattr(param, "placements", ())
+            if not param.requires_grad or not any(p.is_shard() for p in placements):
+                continue
+            calls = found.setdefault(f"{name}.{key}", [])
+            handles.append(param.register_post_accumulate_grad_hook(_grad_reader(calls)))
+    if found:
+        dtensors["tp_grad_shards"] = found
+    return handles
+
+
+def _planned(
+    chunks: Sequence[torch.nn.Module],
+    prefixes: Sequence[str],
+    plan: Mapping[str, Any],
+    styles: tuple[str, ...],
+) -> list[tuple[str, torch.nn.Module]]:
+    """The modules of ``chunks`` (each named under its prefix) whose plan entry has one of ``styles``."""
+    planned = []
     for i, chunk in enumerate(chunks):
         prefix = prefixes[i] if i < len(prefixes) else ""
         for name, module in chunk.named_modules():
             entry = plan.get(f"{prefix}{name}")
-            if not isinstance(entry, dict) or entry.get("style") not in (
-                "ColwiseParallel",
-                "RowwiseParallel",
-            ):
-                continue
-            for key, param in module.named_parameters(recurse=False):
-                placements = getattr(param, "placements", ())
-                if not param.requires_grad or not any(p.is_shard() for p in placements):
-                    continue
-                calls = found.setdefault(f"{prefix}{name}.{key}", [])
-                handles.append(param.register_post_accumulate_grad_hook(_grad_reader(calls)))
-    if found:
-        dtensors["tp_grad_shards"] = found
-    return handles
+            if isinstance(entry, dict) and entry.get("style") in styles:
+                planned.append((f"{prefix}{name}", module))
+    return planned
 
 
 def _grad_reader(calls: list[list[float] | None]) -> Callable[[torch.Tensor], None]:
