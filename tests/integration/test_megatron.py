@@ -12,31 +12,53 @@ from tests.helpers.runs import ExampleSuite, RunPytest
 pytest.importorskip("megatron.core")
 
 
-def test_example_suite_passes_with_reasons_for_every_unmatched_record(
-    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
-) -> None:
+# The cases the headline verdicts come from (the default suite); the whole example suite is the
+# slow test below (every non-launched case passes, ~120 s on 2 cores).
+HEADLINE = "(known_megatron_mlp_bug or fp32_tp2 or known_adamw_eps_bug_tp2) and not launched"
+
+
+def _example_suite_passes_with_reasons_for_every_unmatched_record(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest, selection: str, least: int
+) -> dict[str, Any]:
     folder = example_suite("qwen2_5_megatron_vs_hf")
-    # The launched cases (4 ranks under torchrun each) are the next test's.
+    # The launched cases (4 ranks under torchrun each) are the slow launched test's.
     result = run_pytest(
-        "--align-config",
-        str(folder / "align.yaml"),
-        str(folder),
-        "--align-report",
-        "out",
-        "-k",
-        "not launched",
+        "--align-config", str(folder / "align.yaml"), str(folder), "--align-report", "out", "-k", selection
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 9, result.stdout.str()
-    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= least, result.stdout.str()
+    report: dict[str, Any] = json.loads((pytester.path / "out" / "report.json").read_text())
     for case in report["cases"]:
         for side in ("baseline", "candidate"):
             assert all(u["reason"] for u in case["unmatched"][side]), (case["name"], case["unmatched"][side])
+    return report
+
+
+def test_the_headline_cases_name_their_origins_with_reasons_for_every_unmatched_record(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    report = _example_suite_passes_with_reasons_for_every_unmatched_record(
+        pytester, example_suite, run_pytest, HEADLINE, 5
+    )
     known = {c["name"]: c for c in report["cases"] if c["phase"] == "forward"}
     first = known["known_megatron_mlp_bug"]["first_divergence"]
     assert (first["name"], first["origin"]) == ("model.layers.1.mlp", True)
     assert known["known_megatron_mlp_bug_isolated"]["isolation"]["origin"] == "model.layers.1.mlp"
     _launched_steps_judged_on_their_inputs(report)
+
+
+@pytest.mark.slow  # every non-launched case of the example suite (~120 s on 2 cores); tox -e slow
+def test_example_suite_passes_with_reasons_for_every_unmatched_record(
+    pytester: pytest.Pytester, example_suite: ExampleSuite, run_pytest: RunPytest
+) -> None:
+    report = _example_suite_passes_with_reasons_for_every_unmatched_record(
+        pytester, example_suite, run_pytest, "not launched", 9
+    )
+    assert {c["name"] for c in report["cases"]} >= {
+        "known_megatron_mlp_bug",
+        "fp32_tp2",
+        "known_adamw_eps_bug_tp2",
+    }
 
 
 def _launched_steps_judged_on_their_inputs(report: dict[str, Any]) -> None:
