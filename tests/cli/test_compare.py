@@ -280,6 +280,7 @@ def test_compare_min_coverage_sets_the_floor(tmp_path, capsys):
 def _trained(tmp_path, name, lr, trainer=None):
     """A user's run recorded with the Recorder's per-step scalars (5 steps) and layer stats."""
     from pytest_precalign.trace.step_scalars import StepScalars, scalars_manifest
+    from pytest_precalign.trace.training_record import read_run_record
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
@@ -290,7 +291,7 @@ def _trained(tmp_path, name, lr, trainer=None):
     manifest = {"side": name, "scalars": scalars_manifest(steps)}
     if trainer is not None:  # who recorded it, as a recorder writes it in the manifest
         manifest["training"] = {"trainer": trainer, "framework": {"name": "accelerate", "version": "1.15.0"}}
-    return write_trace(rec.trace(manifest), tmp_path / name)
+    return write_trace(rec.trace(manifest, read_run_record(manifest)), tmp_path / name)
 
 
 def test_compare_names_the_step_a_warmup_one_step_behind_diverges_from_the_scalars(tmp_path, capsys):

@@ -61,7 +61,7 @@ def split_stages(trace: Trace, layers: int, pp: int) -> list[Trace]:
                 records.append(replace(rec, name=_local(rec.name, offset), deps=deps, seq=len(records)))
         keys = {r.tensor_key for r in records if r.tensor_key is not None}
         tensors = {k: v for k, v in trace.tensors.items() if k in keys}
-        out.append(Trace(dict(trace.manifest), tuple(records), tensors))
+        out.append(Trace(dict(trace.manifest), tuple(records), tensors, trace.run))
     return out
 
 
@@ -161,4 +161,4 @@ def record_megatron(folder: Path, layers: int = 2, mode: str = "tensor") -> tupl
 
 def _stats_only(trace: Trace) -> Trace:
     records = tuple(replace(r, tensor_key=None) for r in trace.records)
-    return Trace({**trace.manifest, "record_mode": "stats"}, records, {})
+    return Trace({**trace.manifest, "record_mode": "stats"}, records, {}, trace.run)

@@ -23,6 +23,7 @@ from pytest_precalign.parallel.sides import load_parallel_side
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
+from pytest_precalign.trace.training_record import read_run_record
 from pytest_precalign.verdict.dp_rows import STATS_ONLY, with_replica_rows
 from pytest_precalign.verdict.training_run import FirstDivergent, TrainingVerdict
 
@@ -92,7 +93,7 @@ def _rank(
         "parallel": {"dp": 2, "dp_rank": rank, "rank": rank, "world_size": 2},
         "scalars": scalars_manifest({0: scalars}),
     }
-    return RankTrace(rank, f"rank{rank}", Trace(manifest, records, tensors))
+    return RankTrace(rank, f"rank{rank}", Trace(manifest, records, tensors, read_run_record(manifest)))
 
 
 def _rows(rank: int) -> np.ndarray:
@@ -230,11 +231,11 @@ def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() ->
     assert "DP rank rank0 (rows 0-1 of the global batch) within tolerance" in told
     assert "DP rank rank1 (rows 2-3 of the global batch) differs: allclose 0.5" in told
     # Statistics only, both sides the same DP split (a rerun): each replica's statistics.
-    base_stats, stale_stats = (Trace(t.manifest, t.records, {}) for t in (base, stale))
+    base_stats, stale_stats = (t.with_records(t.records, {}) for t in (base, stale))
     told = _rows_told(base_stats, stale_stats)
     assert "DP rank(s) rank1 computed it differently" in told and "differs: stats.max 0.5" in told
     # Statistics only against a run that split the batch otherwise: said, not guessed.
-    one = Trace({k: v for k, v in base.manifest.items() if k != "dp_join"}, base.records, {})
+    one = Trace({k: v for k, v in base.manifest.items() if k != "dp_join"}, base.records, {}, base.run)
     assert _rows_told(one, stale_stats).endswith(STATS_ONLY)
     assert "DP rank" not in _rows_told(base, _joined())  # nothing failed: nothing added
 
@@ -289,10 +290,10 @@ def test_a_step_recorded_as_scalars_only_joins_its_replicas_by_the_runs_layout(t
         scalars = {1: StepScalars(1, loss=1.0, lr=(0.1,), tokens=6, batch_hash=("cd"[rank]) * 64)}
         step1 = {**layered.manifest, "step": 1, "scalars": scalars_manifest(scalars)}
         records = tuple(replace(r, step=1, tensor_key=None) for r in layered.records)  # stats
-        write_trace(Trace(step1, records, {}), tmp_path / "step1" / f"rank{rank}")
+        write_trace(Trace(step1, records, {}, read_run_record(step1)), tmp_path / "step1" / f"rank{rank}")
         alone = {0: StepScalars(0, loss=1.0 + rank, lr=(0.1,), tokens=6, batch_hash=("ef"[rank]) * 64)}
         step0 = {"step": 0, "record_mode": "scalars", "scalars": scalars_manifest(alone)}
-        write_trace(Trace(step0, (), {}), tmp_path / "step0" / f"rank{rank}")
+        write_trace(Trace(step0, (), {}, read_run_record(step0)), tmp_path / "step0" / f"rank{rank}")
     merged = load_parallel_side(tmp_path)
     assert merged is not None
     first = scalars_of(merged.manifest)[0]

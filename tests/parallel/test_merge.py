@@ -153,7 +153,7 @@ def test_stats_mode_merges_like_msprobe(runs: dict[str, Any], capsys: pytest.Cap
 
 def _stats_only(trace: Trace) -> Trace:
     records = tuple(replace(r, tensor_key=None) for r in trace.records)
-    return Trace({**trace.manifest, "record_mode": "stats"}, records, {})
+    return Trace({**trace.manifest, "record_mode": "stats"}, records, {}, trace.run)
 
 
 def test_run_root_with_two_steps(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ from pytest_precalign.trace.training_record import (
     Adapter,
     TrainingPlan,
     TrainingSettings,
+    read_evidence_file,
     read_run_record,
     run_record_keys,
 )
@@ -111,3 +112,29 @@ def test_malformed_step_scalars_name_the_key(scalars: dict[str, object], key: st
 def test_step_scalars_keep_nan_for_the_verdict_to_judge() -> None:
     record = read_run_record({"scalars": {"2": {"step": 2, "loss": float("nan")}}}, "m.json")
     assert record.scalars[2].loss != record.scalars[2].loss
+
+
+def test_a_trace_is_given_its_run_record_and_one_built_without_it_is_refused() -> None:
+    """``Trace.run`` never parses: the builder gives it (a loader reads it); a trace whose
+    manifest carries run keys but which holds no run would say "not a training run" in silence."""
+    from pytest_precalign.trace.records import Trace
+
+    keys = json.loads(json.dumps(run_record_keys(SETTINGS, {0: StepScalars(0, loss=1.5)})))
+    with pytest.raises(
+        TraceError, match=r"carries \['training', 'scalars'\] was built without its run record"
+    ):
+        Trace(keys, ())
+    trace = Trace(keys, (), run=read_run_record(keys))
+    assert trace.run.settings == SETTINGS and trace.scalars[0].loss == 1.5
+    kept = trace.with_records(()).with_notes(grads_missing=())
+    assert kept.run is trace.run  # a trace made from another keeps its typed record
+    assert Trace({"record_mode": "stats"}, ()).run.is_empty  # no run keys: no run
+
+
+def test_a_training_evidence_file_holds_the_run_record_and_nothing_else() -> None:
+    keys = json.loads(json.dumps(run_record_keys(SETTINGS, {0: StepScalars(0, loss=1.5)})))
+    assert read_evidence_file(keys, "training_rank0.json").settings == SETTINGS
+    with pytest.raises(TraceError, match=r"training_rank0.json: unknown key\(s\) \['record_mode'\]"):
+        read_evidence_file({**keys, "record_mode": "stats"}, "training_rank0.json")
+    with pytest.raises(TraceError, match="training_rank0.json: expected a mapping, got list"):
+        read_evidence_file([keys], "training_rank0.json")

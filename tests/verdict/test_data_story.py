@@ -17,7 +17,7 @@ from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish
 from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
-from pytest_precalign.trace.training_record import run_record_keys
+from pytest_precalign.trace.training_record import RunRecord
 
 STEPS, VOCAB = 4, 32
 PHASES = ("forward", "backward", "step")
@@ -73,7 +73,7 @@ def recorded(name: str, data: list[torch.Tensor], fault_from: int | None = None)
                 step, loss=float(loss.detach()), lr=lr, weight_decay=wd, tokens=token_count(batch),
                 batch_hash=batch_hash(batch), micro_batches=1, skipped=False,
             )  # fmt: skip
-        return recorder.trace({"side": name, **run_record_keys(scalars=scalars)})
+        return recorder.trace({"side": name}).with_run(RunRecord(scalars=scalars))
 
 
 def judged(candidate: list[torch.Tensor], fault_from: int | None = None) -> CaseRun:

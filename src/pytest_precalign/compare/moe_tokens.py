@@ -217,7 +217,7 @@ def _rebuild(trace: Trace, side: _Side, other: _Side, who: str, reasons: dict[st
     for rest in out.placed.values():
         records.extend(rest)
     renumbered = tuple(replace(r, seq=i) for i, r in enumerate(records))
-    return Trace(trace.manifest, renumbered, TensorOverlay(trace.tensors, out.tensors))
+    return Trace(trace.manifest, renumbered, TensorOverlay(trace.tensors, out.tensors), trace.run)
 
 
 @dataclass

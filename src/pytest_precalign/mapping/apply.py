@@ -315,7 +315,7 @@ class _Mapper:
             for new in new_ids.get(old, ()):
                 reasons.setdefault(new, why)
         manifest = {**dict(self.candidate.manifest), "mapping": self.mapping.name}
-        mapped = Trace(manifest=manifest, records=tuple(final), tensors=self.tensors)
+        mapped = Trace(manifest=manifest, records=tuple(final), tensors=self.tensors, run=self.candidate.run)
         names = {
             r.name: self.original_name[r.id] for r in final if self.original_name.get(r.id, r.name) != r.name
         }

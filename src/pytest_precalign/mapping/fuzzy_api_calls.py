@@ -40,7 +40,7 @@ def fuzzy_api_calls(trace: Trace) -> Trace:
         name, call = renamed.get((rec.name, rec.call), (rec.name, rec.call))
         return replace(rec, name=name, call=call, deps=tuple(_rename_id(d, renamed) for d in rec.deps))
 
-    return Trace(trace.manifest, tuple(new(r) for r in trace.records), trace.tensors)
+    return Trace(trace.manifest, tuple(new(r) for r in trace.records), trace.tensors, trace.run)
 
 
 def _rename_id(record_id: str, renamed: dict[tuple[str, int], tuple[str, int]]) -> str:

@@ -127,7 +127,7 @@ def merge_ranks(
         "replicas_checked": merged.replicas_checked,
         **({"data_split": layout.dp // layout.ep} if data_split else {}),
     }
-    trace = Trace(manifest=manifest, records=tuple(first), tensors=MergedTensors(merged.plans))
+    trace = Trace(manifest, tuple(first), MergedTensors(merged.plans), ranks[0].trace.run)  # its run keys
     unmerged = {k: v for _, state in replicas for k, v in state.unmerged.items()}
     return trace.with_notes(
         # every rank's steps whose parameter grads were gone when recorded (``Recorder``)

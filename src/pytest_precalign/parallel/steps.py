@@ -48,7 +48,9 @@ def combine_steps(
             plans.update({k: store.plan(k) for k in store})
     first = next((trace for _, trace in steps if trace.records), steps[0][1])
     notes = [t.notes for _, t in steps]
-    combined = Trace(first.manifest, tuple(records), MergedTensors(plans)).with_run(_run_record(steps, where))
+    combined = Trace(first.manifest, tuple(records), MergedTensors(plans), first.run).with_run(
+        _run_record(steps, where)
+    )
     combined = combined.with_notes(
         steps=tuple(s for s, _ in steps),
         replica_mismatches=tuple(m for n in notes for m in n.replica_mismatches),
@@ -91,7 +93,7 @@ def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) ->
 
 
 def _with_path(trace: Trace, root: Path) -> Trace:
-    return replace(trace, manifest={**trace.manifest, "path": str(root)}).holding(trace.run, trace.notes)
+    return replace(trace, manifest={**trace.manifest, "path": str(root)}).holding(trace.notes)
 
 
 def split_incomplete(

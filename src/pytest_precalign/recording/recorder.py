@@ -48,6 +48,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..trace.records import Record, Trace
+from ..trace.training_record import NO_RUN, RunRecord
 from .calls import _Call
 from .compiled import SPLITS_GRAPH, compiled_model, hook_wrapper
 from .compiled_records import CompiledRecords, splits_note
@@ -213,7 +214,9 @@ class HookRecorder(HookCallbacks, ParamRecords):
             self._active = True
 
     # -- result -------------------------------------------------------------------------
-    def trace(self, manifest: Mapping[str, Any] | None = None) -> Trace:
+    def trace(self, manifest: Mapping[str, Any] | None = None, run: RunRecord = NO_RUN) -> Trace:
+        """The records so far as a trace with ``manifest`` (and ``run``, the typed record of
+        the run keys that manifest carries)."""
         self._flush()
         built = cast(list[Record], self._records)  # every record is built at a step's end
         self._records[:] = self._kept.fill_stats(built)
@@ -228,7 +231,7 @@ class HookRecorder(HookCallbacks, ParamRecords):
         if self.level != "module":
             meta["record_level"] = self.level
             meta["parents"] = dict(self._parents)
-        trace = Trace(manifest=meta, records=records, tensors=dict(self._tensors))
+        trace = Trace(manifest=meta, records=records, tensors=dict(self._tensors), run=run)
         if not (self._not_recordable or self.compiled):
             return trace
         if self.compiled:

@@ -128,5 +128,10 @@ def isolate(
     isolated = Trace({"record_mode": "tensor"}, tuple(records), tensors)
     mapped = map_trace(isolated, baseline, mapping).trace
     wanted = {r.id for r in mapped.records}
-    base = Trace(baseline.manifest, tuple(r for r in baseline.records if r.id in wanted), baseline.tensors)
+    base = Trace(
+        baseline.manifest,
+        tuple(r for r in baseline.records if r.id in wanted),
+        baseline.tensors,
+        baseline.run,
+    )
     return compare_traces(base, mapped, table)

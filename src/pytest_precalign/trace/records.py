@@ -4,10 +4,13 @@ A ``Trace`` is a manifest (environment and settings, as written on disk), a tupl
 ``Record`` s in execution order, a tensor store (key -> tensor) that is a dict in memory or a
 lazy reader on disk (see ``native_io``), and the two typed parts of its manifest: ``run``
 (``training_record.RunRecord``: settings, plan, step scalars, initial parameters) and ``notes``
-(``trace_notes.TraceNotes``). The loaders and the recorder set those once (``holding``); a
-trace made otherwise reads them from its manifest on first use and holds them. A change goes
-through ``with_notes`` / ``with_run``, which keep the manifest and the typed parts together;
-``with_records`` keeps both.
+(``trace_notes.TraceNotes``). ``run`` is given at construction by whoever builds the trace: the
+loaders read it (``read_run_record``, the only parse of it), every other builder holds it typed
+(the recorder, a merge, a trace made from another one's); a trace whose manifest carries run
+keys but which is given no run is refused (``TraceError``), so ``Trace.run`` never parses. The
+loaders set ``notes`` once (``holding``); a trace made otherwise reads them from its manifest on
+first use and holds them. A change goes through ``with_notes`` / ``with_run``, which keep the
+manifest and the typed parts together; ``with_records`` keeps both.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import TraceError
 from ..vocabulary import PHASE_OF_KIND, Kind, Phase, as_kind, as_phase
 from .arrays import as_numpy
 from .step_scalars import StepScalars
 from .trace_notes import TraceNotes, note_json
-from .training_record import RUN_RECORD_KEYS, RunRecord, read_run_record
+from .training_record import NO_RUN, RUN_RECORD_KEYS, RunRecord
 
 __all__ = ["PHASE_OF_KIND", "Record", "Stats", "TensorOverlay", "Trace", "is_training_run", "record_id"]
 
@@ -135,27 +139,27 @@ class Trace:
     manifest: Mapping[str, Any]
     records: tuple[Record, ...]
     tensors: Mapping[str, Any] = field(default_factory=dict)  # key -> torch.Tensor
-    # The typed parts of the manifest, held once read (never copied by ``replace``: a trace
-    # with another manifest reads its own).
-    _run: RunRecord | None = field(default=None, init=False, repr=False, compare=False)
+    # The training run's record (``training_record``), typed, as the manifest's run keys say:
+    # given by the builder (see the module doc), never parsed here.
+    run: RunRecord = field(default=NO_RUN, repr=False, compare=False)
+    # The notes, held once read (never copied by ``replace``: a trace with another manifest
+    # reads its own).
     _notes: TraceNotes | None = field(default=None, init=False, repr=False, compare=False)
 
-    def holding(self, run: RunRecord | None = None, notes: TraceNotes | None = None) -> Trace:
-        """This trace, holding the ``run`` and ``notes`` its maker read from its manifest (a
-        loader, naming its file in any error; the recorder, which wrote them)."""
-        if run is not None:
-            object.__setattr__(self, "_run", run)
+    def __post_init__(self) -> None:
+        if self.run.is_empty and any(self.manifest.get(key) is not None for key in RUN_RECORD_KEYS):
+            keys = [key for key in RUN_RECORD_KEYS if self.manifest.get(key) is not None]
+            raise TraceError(
+                f"a trace whose manifest carries {keys} was built without its run record: pass "
+                "run= (a loader reads it with read_run_record; a trace made from another passes its run)"
+            )
+
+    def holding(self, notes: TraceNotes | None = None) -> Trace:
+        """This trace, holding the ``notes`` its maker read from its manifest (a loader, naming
+        its file in any error)."""
         if notes is not None:
             object.__setattr__(self, "_notes", notes)
         return self
-
-    @property
-    def run(self) -> RunRecord:
-        """The training run's record (``training_record``), read once."""
-        if self._run is None:
-            object.__setattr__(self, "_run", read_run_record(self.manifest))
-        assert self._run is not None
-        return self._run
 
     @property
     def notes(self) -> TraceNotes:
@@ -175,18 +179,18 @@ class Trace:
                 manifest.pop(key, None)
             else:
                 manifest[key] = value
-        return replace(self, manifest=manifest).holding(self._run, notes)
+        return replace(self, manifest=manifest).holding(notes)
 
     def with_run(self, run: RunRecord) -> Trace:
         """This trace holding ``run`` as its run record (its manifest's keys rewritten)."""
         manifest = {k: v for k, v in self.manifest.items() if k not in RUN_RECORD_KEYS}
         manifest |= run.manifest_keys()
-        return replace(self, manifest=manifest).holding(run, self._notes)
+        return replace(self, manifest=manifest, run=run).holding(self._notes)
 
     def with_records(self, records: tuple[Record, ...], tensors: Mapping[str, Any] | None = None) -> Trace:
         """This trace with other records (and tensors), its manifest and typed parts kept."""
         kept = replace(self, records=records, tensors=self.tensors if tensors is None else tensors)
-        return kept.holding(self._run, self._notes)
+        return kept.holding(self._notes)
 
     @property
     def mode(self) -> str:

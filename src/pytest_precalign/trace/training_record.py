@@ -3,8 +3,8 @@ reader of the manifest's ``"training"`` block (the run's settings and plan), ``"
 (what each step did, ``StepScalars``) and ``"initial_params"`` (each parameter before any
 update). Every writer -- the tool's loop, the Trainer and megatron-core case trainers,
 launched ranks, the ``Recorder``, ``PrecalignCallback`` -- builds these types and writes them
-with ``run_record_keys``; the loaders read them with ``read_run_record`` (once per trace: the
-trace holds them, ``Trace.run``), and the verdict, the curves, the step replay and the contract
+with ``run_record_keys``; the loaders read them with ``read_run_record`` (the only parse: every
+other builder of a trace gives it the typed record, ``Trace.run``), and the verdict, the curves, the step replay and the contract
 read ``Trace.run``.
 
 A plan (``TrainingPlan``) is what a side WILL do at every optimizer step, made by running its
@@ -189,12 +189,20 @@ class RunRecord:
         return None if self.settings is None else self.settings.plan
 
     @property
+    def is_empty(self) -> bool:
+        """Nothing recorded: no settings, no scalars, no initial parameters."""
+        return self.settings is None and not self.scalars and self.initial_params is None
+
+    @property
     def is_training(self) -> bool:
         return self.settings is not None or bool(self.scalars)
 
     def manifest_keys(self) -> dict[str, Any]:
         """Its manifest keys (``run_record_keys`` of the parts it holds)."""
         return run_record_keys(self.settings, self.scalars or None, self.initial_params)
+
+
+NO_RUN = RunRecord()  # the record of a trace that is not of a training run
 
 
 def run_record_keys(
@@ -217,8 +225,26 @@ def run_record_keys(
 
 
 def read_run_record(manifest: Mapping[str, Any], where: str = "manifest") -> RunRecord:
-    """The run record a manifest carries; a ``TraceError`` naming ``where`` and the key for a
-    value of the wrong type or range (never a traceback)."""
+    """The run record a trace's manifest carries (the loaders' read); a ``TraceError`` naming
+    ``where`` and the key for a value of the wrong type or range (never a traceback)."""
+    return _record_of(manifest, where)
+
+
+def read_evidence_file(data: Any, where: str) -> RunRecord:
+    """The run record of a training evidence file: ``run_record_keys`` written alone as JSON
+    (a launched rank's, ``run.trainers.megatron``), not a trace manifest, so it holds those keys
+    and nothing else; each is read as in a manifest. A ``TraceError`` naming ``where``."""
+    found = _mapping(data, where)
+    unknown = sorted(set(found) - set(RUN_RECORD_KEYS))
+    if unknown:
+        raise TraceError(
+            f"{where}: unknown key(s) {unknown[:5]} (a training evidence file holds only "
+            f"{', '.join(RUN_RECORD_KEYS)})"
+        )
+    return _record_of(found, where)
+
+
+def _record_of(manifest: Mapping[str, Any], where: str) -> RunRecord:
     raw = manifest.get(TRAINING_KEY)
     settings = None if raw is None else _settings_once(raw, f"{where}: {TRAINING_KEY}")
     initial = manifest.get(INITIAL_PARAMS_KEY)

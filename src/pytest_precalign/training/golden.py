@@ -58,7 +58,7 @@ class GoldenJudge:
     def __post_init__(self) -> None:
         self._by_id = self.golden.by_id()
         # Only the golden record itself is compared: its tensor (if any) is not read.
-        self._golden_view = Trace(self.golden.manifest, (), {})
+        self._golden_view = self.golden.with_records((), {})
         self._live_view = Trace({"record_mode": "stats"}, (), {})
 
     def wants_crc(self, record_id: str) -> bool:
@@ -75,7 +75,7 @@ class GoldenJudge:
             self.no_golden.append(record.id)
             return "no_golden"
         self.compared += 1
-        base = Trace(self._golden_view.manifest, (g,), {})
+        base = self._golden_view.with_records((g,), {})
         cand = Trace(self._live_view.manifest, (record,), {})
         pair = compare_traces(base, cand, self.table).pairs[0]
         if pair.status == "shape":

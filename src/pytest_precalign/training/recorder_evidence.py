@@ -12,7 +12,7 @@ import torch
 
 from ..errors import ConfigError
 from ..trace.step_scalars import SCALARS_KEY, StepScalars, scalars_manifest
-from ..trace.training_record import TrainingSettings, run_record_keys
+from ..trace.training_record import RunRecord, TrainingSettings, run_record_keys
 from .recorder_options import tuples
 from .run_root import check_selected_steps
 
@@ -100,15 +100,21 @@ class RecorderEvidence:
         if settings.plan is not None and settings.plan.precision is not None:
             self._precision = settings.plan.precision
 
-    def _step_evidence(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self._scalars is not None:
-            out[SCALARS_KEY] = scalars_manifest({self._scalars.step: self._scalars})
-            self._scalars = None
-        if self._initial is not None:
-            out.update(run_record_keys(initial_params=self._initial))
-            self._initial = None
-        if self._settings is not None and not self._continues:  # a resumed run's: the root has them
-            out.update(run_record_keys(settings=self._settings))
-        self._settings = None
-        return out
+    def _step_evidence(self) -> RunRecord:
+        """This step's run record (what the next manifest carries: ``step_evidence_keys``)."""
+        scalars = {} if self._scalars is None else {self._scalars.step: self._scalars}
+        settings = None if self._continues else self._settings  # a resumed run's: the root has them
+        run = RunRecord(settings, scalars, self._initial)
+        self._scalars, self._initial, self._settings = None, None, None
+        return run
+
+
+def step_evidence_keys(run: RunRecord) -> dict[str, Any]:
+    """A step's run record as its manifest keys, in the order the ``Recorder`` writes them
+    (scalars, initial parameters, settings)."""
+    out: dict[str, Any] = {}
+    if run.scalars:
+        out[SCALARS_KEY] = scalars_manifest(run.scalars)
+    out.update(run_record_keys(initial_params=run.initial_params))
+    out.update(run_record_keys(settings=run.settings))
+    return out

@@ -25,7 +25,7 @@ from ..trace.write_failures import (
     open_write_note,
     write_failure_reason,
 )
-from .recorder_evidence import RecorderEvidence
+from .recorder_evidence import RecorderEvidence, step_evidence_keys
 from .recorder_options import grads_missing_note
 from .run_root import claim_root, first_part
 
@@ -90,6 +90,7 @@ class RecorderWrites(RecorderEvidence):
                 hooks.record_params()
         finally:
             hooks.__exit__(None, None, None)
+        run = self._step_evidence()
         manifest: dict[str, Any] = {
             "recorder": "pytest_precalign.Recorder",
             "step": self._step,
@@ -99,7 +100,7 @@ class RecorderWrites(RecorderEvidence):
             **self._facts,
             **({"dtype": self._precision} if self._precision else {}),
             "parallel": self._parallel,
-            **self._step_evidence(),
+            **step_evidence_keys(run),
         }
         if self._wrappers:
             manifest["wrappers"] = self._wrappers
@@ -109,7 +110,7 @@ class RecorderWrites(RecorderEvidence):
             if sink is not None:
                 shards = sink.close()
                 manifest["writer"] = sink.report()
-            trace = hooks.trace(manifest).with_notes(
+            trace = hooks.trace(manifest, run).with_notes(
                 param_grads=self.param_grads,  # "step": reduced over DP (``parallel.dp_join``)
                 grads_missing=(grads_missing_note(self._step, self.rank, missing),) if missing else (),
             )
@@ -165,6 +166,7 @@ class RecorderWrites(RecorderEvidence):
         if self._scalars is None or (self.ranks is not None and self.rank not in self.ranks):
             return None
         self._claim()
+        run = self._step_evidence()
         manifest: dict[str, Any] = {
             "recorder": "pytest_precalign.Recorder",
             "step": self._step,
@@ -173,11 +175,13 @@ class RecorderWrites(RecorderEvidence):
             **self._run,
             **(self._facts if not self.written else {}),  # versions etc.: once, for env-diff
             **({"dtype": self._precision} if self._precision else {}),
-            **self._step_evidence(),
+            **step_evidence_keys(run),
         }
         path = self._published(
             lambda: write_trace(
-                Trace(manifest=manifest, records=(), tensors={}), self.folder(), overwrite=self.overwrite
+                Trace(manifest=manifest, records=(), tensors={}, run=run),
+                self.folder(),
+                overwrite=self.overwrite,
             )
         )
         self.written.append(path)

@@ -32,7 +32,7 @@ from ...sources.inputs import CaseInputs
 from ...steps.step_evidence import initial_params
 from ...trace.checksums import verify_file, write_checked_file
 from ...trace.step_scalars import StepScalars
-from ...trace.training_record import RunRecord, TrainingSettings, read_run_record, run_record_keys
+from ...trace.training_record import RunRecord, TrainingSettings, read_evidence_file, run_record_keys
 from ...untrusted import read_json
 from .skeleton import StepSkeleton
 
@@ -235,7 +235,7 @@ def launched_evidence(out: Path, nproc: int, full_weights: Mapping[str, torch.Te
         if not path.exists():
             raise CaseError(f"launched rank {rank} wrote no training evidence ({path.name})")
         verify_file(path, CaseError)
-        record = read_run_record(read_json(path, CaseError), path.name)
+        record = read_evidence_file(read_json(path, CaseError), path.name)
         if record.plan is None or record.settings is None:
             raise CaseError(f"launched rank {rank} wrote no training plan ({path.name})")
         ranks.append((record.settings, record.plan, record.scalars))
