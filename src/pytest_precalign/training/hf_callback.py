@@ -56,7 +56,15 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import ExportableState
+
+try:
+    from transformers.trainer_callback import ExportableState
+except ImportError:  # older transformers (4.39 has none; 4.41 has it), below the hf extra's range
+
+    class ExportableState:  # type: ignore[no-redef]
+        """Stands in where transformers keeps no callback state in its checkpoints: a run resumed
+        into a new root there points to its first part only when given ``continues=``."""
+
 
 from ..errors import ConfigError
 from ..recording.compiled import hook_wrapper
@@ -400,7 +408,7 @@ class PrecalignCallback(TrainerSteps, ExportableState):
     def _resumed(self, state: TrainerState) -> None:
         """A run resumed at ``state.global_step``: continue the recording (``resumed_parts``)."""
         name = type(self).__name__
-        held: Any = state.stateful_callbacks  # a dict once loaded from trainer_state.json
+        held: Any = getattr(state, "stateful_callbacks", None)  # a dict once loaded from trainer_state.json
         stored = held.get(name) if isinstance(held, dict) else None
         stored = stored[0] if isinstance(stored, list) and stored else stored
         part = stored.get("attributes", {}).get(PART_KEY) if isinstance(stored, dict) else None
