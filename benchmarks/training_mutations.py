@@ -288,7 +288,9 @@ def train(m: Mutation, mode: str = "stats") -> Side:
             for step, batch in enumerate(batches):
                 recorder.step = step
                 scalars[step] = _step(stack, recorder, step, split(batch, spec.micro_batches))
-            trace = recorder.trace({"side": m.name, SCALARS_KEY: scalars_manifest(scalars)})
+            trace = recorder.trace(
+                {"side": m.name, SCALARS_KEY: scalars_manifest(scalars)}, RunRecord(scalars=scalars)
+            )
     finally:
         torch.set_num_threads(threads)
         for handle in handles:
