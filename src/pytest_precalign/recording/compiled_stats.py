@@ -16,11 +16,11 @@ model's first compiled forward (``Recorder.start`` adds them also on the steps i
 record) and are never removed.
 
 The statistics of each tensor, as one float64 vector: max, min, sum, sum of squares, NaN count,
-Inf count (complex as ``|t|``); the sums on the tensor widened to float64, max, min and the
-counts on a floating tensor as it is (integers and booleans: all on the widening;
-``in_graph_vector.py``): max, min and the counts exact, sum and norm within a few float64
-epsilon of the exact values (inductor's reduction order is not the eager kernels':
-``docs/training.md``, torch.compile).
+Inf count (complex as ``|t|``), all six from one pass over the tensor (``in_graph_vector.py``):
+max, min and the counts exact; a float32, float16 or bfloat16 tensor's sums added 8 values per
+lane in float32 (pairwise) and the rest in float64, so the sum within 3 * 2**-24 * sum|x| and the
+norm within 2 * 2**-24 relatively of the exact values; other tensors' sums on the float64
+widening (``docs/training.md``, torch.compile).
 They are read when the step ends, all in one conversion (one host sync).
 
 Backward: the grads of module outputs (``grad_output``) are computed inside the compiled backward
