@@ -146,8 +146,9 @@ def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype:
     """Inductor's CPU code for the statistics vector has no element-by-element loop (it has no
     vector ``isnan``/``isinf`` for float64: those tested 16 values one at a time, most of the
     kernel's time); max, min and the counts run on the tensor's own lanes (float, int32 counts:
-    twice as many per vector as the float64 widening and int64), only the sums on float64; the
-    counts are exact with NaN, +Inf and -Inf in the tensor."""
+    twice as many per vector as the float64 widening and int64), the sums in float32 within a
+    block and in float64 across blocks, all from one load of each vector; the counts are exact
+    with NaN, +Inf and -Inf in the tensor, the sums within the documented bound."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -163,6 +164,10 @@ def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype:
     lanes = r"VectorizedN?<{}(,\d+)?> tmp_acc\d+_vec "  # an accumulator's lanes
     assert re.search(lanes.format("float"), code), code[:4000]  # max, min
     assert re.search(lanes.format("int32_t"), code) and not re.search(lanes.format("int64_t"), code)
+    # one pass: the 8 vectors of a block loaded once for all six statistics, and widened to
+    # float64 only as the two block sums (before: each loaded vector widened, 1 load / 1 widening)
+    loads, widened = re.findall(r"loadu\(in_ptr0 ", code), re.findall(r"at::vec::convert<double", code)
+    assert (len(loads), len(widened)) == (8, 2), code[:4000]
     finite = torch.randn(4096, generator=torch.Generator().manual_seed(1)).to(dtype)
     vector = torch.compile(stats_vector_in_graph, backend="inductor")(finite)
     wide = finite.double()
