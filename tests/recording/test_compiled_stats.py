@@ -164,10 +164,10 @@ def test_in_graph_statistics_are_vectorised_and_count_nan_and_inf_exactly(dtype:
     lanes = r"VectorizedN?<{}(,\d+)?> tmp_acc\d+_vec "  # an accumulator's lanes
     assert re.search(lanes.format("float"), code), code[:4000]  # max, min
     assert re.search(lanes.format("int32_t"), code) and not re.search(lanes.format("int64_t"), code)
-    # one pass: the 8 vectors of a block loaded once for all six statistics, and widened to
+    # one pass: the 4 vectors of a block loaded once for all six statistics, and widened to
     # float64 only as the two block sums (before: each loaded vector widened, 1 load / 1 widening)
     loads, widened = re.findall(r"loadu\(in_ptr0 ", code), re.findall(r"at::vec::convert<double", code)
-    assert (len(loads), len(widened)) == (8, 2), code[:4000]
+    assert (len(loads), len(widened)) == (4, 2), code[:4000]
     finite = torch.randn(4096, generator=torch.Generator().manual_seed(1)).to(dtype)
     vector = torch.compile(stats_vector_in_graph, backend="inductor")(finite)
     wide = finite.double()
@@ -192,11 +192,11 @@ def _within_the_bound(vector: torch.Tensor, t: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_float32_block_sums_stay_within_the_documented_bound_on_same_sign_values(dtype: torch.dtype) -> None:
-    """The sums add 8 values per lane in float32 (pairwise) before float64: on long runs of
+    """The sums add 4 values per lane in float32 before float64: on long runs of
     same-sign values of large magnitude, where every float32 rounding goes the same way (a
     float32 sum of the whole tensor is 2.9 * 2**-24 off in norm on the constant one, over the
     bound), the sum and the norm stay within the documented bound, with a tail past the last
-    whole block of 128 and a tensor too small for a block."""
+    whole block of 64 and a tensor too small for a block."""
     uniform = torch.rand(1024, 1027, generator=torch.Generator().manual_seed(0)) * 1024 + 1024
     for t in (torch.full((2**20 + 100,), 1 / 3), uniform, uniform[:3, :41]):
         t = t.to(dtype)

@@ -17,8 +17,8 @@ record) and are never removed.
 
 The statistics of each tensor, as one float64 vector: max, min, sum, sum of squares, NaN count,
 Inf count (complex as ``|t|``), all six from one pass over the tensor (``in_graph_vector.py``):
-max, min and the counts exact; a float32, float16 or bfloat16 tensor's sums added 8 values per
-lane in float32 (pairwise) and the rest in float64, so the sum within 3 * 2**-24 * sum|x| and the
+max, min and the counts exact; a float32, float16 or bfloat16 tensor's sums added 4 values per
+lane in float32 and the rest in float64, so the sum within 3 * 2**-24 * sum|x| and the
 norm within 2 * 2**-24 relatively of the exact values; other tensors' sums on the float64
 widening (``docs/training.md``, torch.compile).
 They are read when the step ends, all in one conversion (one host sync).
