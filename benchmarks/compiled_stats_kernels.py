@@ -24,9 +24,9 @@ What it measures
     ``nocounts`` as ``f64`` without the two counts (to see what they cost)
     ``f32acc``   as ``native``, the sums accumulated in float32 (to see what float64 costs)
     ``current``  ``in_graph_vector.stats_vector_in_graph`` as it is in this checkout (since
-                 session 23: blocks of 8 vectors of 16 lanes, each lane's 8 values summed
-                 pairwise in float32, all six statistics from the same loads, the block sums in
-                 float64; session 22's vector, sums on the float64 widening, is ``native``)
+                 session 23: blocks of 4 vectors of 16 lanes, each lane's 4 values summed in
+                 float32, all six statistics from the same loads, the block sums in float64;
+                 session 22's vector, sums on the float64 widening, is ``native``)
 
     Also reported: each variant's largest error of the mean (relative to the tensor's largest
     magnitude) and of the norm (relative) against torch's float64 sums (the documented bound:
