@@ -1,6 +1,6 @@
-"""Stats mode under ``torch.compile``: the module outputs' grads (kind ``grad_output``), their
-statistics computed inside the compiled backward graph, so the graphs stay whole and the numbers
-bitwise (``compiled_stats.py`` does the forward's).
+"""Stats mode under ``torch.compile``: the grads of module outputs and inputs (kinds
+``grad_output``, ``grad_input``), their statistics computed inside the compiled backward graph,
+so the graphs stay whole and the numbers bitwise (``compiled_stats.py`` does the forward's).
 
 In the traced forward, each module output that requires grad passes through ``_GradStats``, an
 identity ``torch.autograd.Function`` (the tensor itself comes out, as torch's own backward hooks
@@ -29,7 +29,7 @@ cleared when the model's forward ends) is measured once, for every module it rea
 
 - an input that is an output wrapped above (most are: the previous layer's, a norm's) takes
   that output's row: its grad is the same tensor, whose statistics the graph computes once;
-- another non-leaf input (a residual sum, a reshaped attention output) passes through
+- another non-leaf input (a residual sum, ``act(gate) * up`` before ``down_proj``) passes through
   ``_InputGradStats``, the same identity applied in place (``mark_dirty``): every later use of
   the tensor, the caller's included, goes through it, so its backward sees the grad of all the
   uses from the module's call on (the eager one also counts uses before the call: none in the

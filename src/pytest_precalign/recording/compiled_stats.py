@@ -81,7 +81,7 @@ class InGraphStats:
         model.register_forward_hook(self._ended)
         param = next(model.parameters(), None)
         device = torch.device("cpu") if param is None or param.is_meta else param.device
-        # Rows for the outputs of one forward: 4 per module (calls and outputs), and some more.
+        # Rows for the outputs (and inputs rebased, compiled_grads.py) of one forward: 4 per module.
         self.grads = GradSink(4 * modules + 16, device)
 
     def _entered(
