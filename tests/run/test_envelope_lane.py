@@ -17,6 +17,7 @@ import pytest
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
+from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.specs.envelope import EnvelopeSpec
@@ -88,7 +89,7 @@ def test_a_clean_candidate_is_within_the_envelope(config: AlignConfig) -> None:
     assert run.training is not None and run.training.passed and run.training.lane == "envelope"
     # CPU reruns of this tiny loop are bitwise equal: the envelope is 0 and the floor decides
     assert run.training.envelope.startswith("2 clean rerun(s), widest spread per scalar: loss 0,")
-    assert run.training.as_dict()["envelope"] == run.training.envelope
+    assert training_dict(run.training)["envelope"] == run.training.envelope
 
 
 def test_the_envelope_fails_a_small_fault_the_table_passes(config: AlignConfig) -> None:

@@ -10,6 +10,8 @@ import pytest
 
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.training_evidence_text import finding_text
+from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import RunRecord, TrainingPlan
@@ -55,7 +57,7 @@ def first(v: TrainingVerdict) -> tuple[int, str, str]:
 def test_identical_runs_are_aligned_over_every_step() -> None:
     v = judge(run(), run())
     assert v.passed and v.steps_compared == STEPS
-    assert v.as_dict()["first_divergent_step"] is None
+    assert training_dict(v)["first_divergent_step"] is None
 
 
 def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
@@ -128,7 +130,7 @@ def test_an_update_difference_is_judged_in_the_exact_lane_only() -> None:
 def test_a_run_that_does_not_line_up_fails_closed(cand: dict[int, StepScalars], finding: str) -> None:
     v = judge(run(), cand)
     assert not v.passed
-    assert any(f.startswith(finding) for f in v.findings), v.findings
+    assert any(finding_text(f).startswith(finding) for f in v.findings), v.findings
 
 
 def plan(lr: list[float], groups: list[list[str]], **kw: object) -> TrainingPlan:
@@ -207,7 +209,7 @@ def test_a_setting_one_side_does_not_say_is_not_compared_and_is_listed() -> None
     v = contract(sgd, unsaid)
     assert v.passed, v.first
     assert v.unsaid == ("momentum (only the baseline says: 0.9)",)
-    assert v.as_dict()["unsaid_settings"] == ["momentum (only the baseline says: 0.9)"]
+    assert training_dict(v)["unsaid_settings"] == ["momentum (only the baseline says: 0.9)"]
     assert contract(sgd, sgd).unsaid == ()  # neither says betas / eps: equal, nothing listed
     other = contract(sgd, plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0))
     assert first(other) == (0, "settings", "momentum")

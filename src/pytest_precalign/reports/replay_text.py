@@ -1,25 +1,12 @@
 """The replay of a run's first divergent step in words, made when the verdict is rendered
 (the verdict holds the typed ``Replay``: ``verdict.replay_finding``): what the replay found
 (``story``), or why the step was not replayed and what to record to drill into it by hand
-(``to_record``); and the run verdict's report.json block with it (``training_dict``)."""
+(``to_record``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
-from .not_compared_text import not_compared_text
-
-
-def training_dict(verdict: TrainingVerdict) -> dict[str, Any]:
-    """The run verdict's report.json block: its facts, the replay told in words (``story``),
-    what it did not compare in words."""
-    out = verdict.as_dict()
-    out["not_compared"] = [not_compared_text(n) for n in verdict.not_compared]
-    if verdict.replay is not None:
-        out["replay"] = {**verdict.replay.as_dict(), "story": replay_text(verdict)}
-    return out
 
 
 def replay_text(verdict: TrainingVerdict) -> str:

@@ -33,6 +33,7 @@ from ..compare.tolerances import ToleranceTable, default_table
 from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.weights import sync_weights
+from ..reports.training_evidence_text import finding_text
 from ..trace.records import Trace
 from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding
 from ..verdict.training_run import TrainingVerdict
@@ -136,7 +137,7 @@ def _finding(run: CaseRun, step: int, starts: Mapping[str, Mapping[str, str]]) -
     if first is not None:
         return ReplayFinding(step, first.origin, first.what, first.evidence, starts)
     if training is not None and training.findings:
-        raise ReplayUnavailable(f"the replay's runs do not line up: {training.findings[0]}")
+        raise ReplayUnavailable(f"the replay's runs do not line up: {finding_text(training.findings[0])}")
     compared = sum(v.compared for v in run.verdicts.values())
     if not compared:
         raise ReplayUnavailable(f"the replay of step {step} compared nothing")

@@ -40,6 +40,7 @@ from .phase import (
     with_replica_mismatches,
 )
 from .replay_finding import Replay
+from .run_findings import NotTrainingRun
 from .story import tell_case
 from .tp_ranks import with_tp_rank
 from .training_contract import Rename, same_names
@@ -165,7 +166,7 @@ def _expected(
     if expect is None or expect.diverged is None or expect.step is None:
         return training
     if training is None:
-        training = TrainingVerdict(0, lane_of(table), None, ("the case is not a training run",))
+        training = TrainingVerdict(0, lane_of(table), None, (NotTrainingRun(),))
     return with_expectation(training, expect.step, expect.diverged, expect.run_origin)
 
 

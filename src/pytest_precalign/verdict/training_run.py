@@ -20,7 +20,7 @@ one side skipped are findings, never silently paired.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
@@ -32,6 +32,7 @@ from .grads_one_sided import grads_evidence
 from .model_output import LOSS_GRAD_PATTERN, output_grad_evidence, output_grad_pattern
 from .not_compared import NotCompared
 from .replay_finding import Replay
+from .run_findings import BEFORE_TRAINING, PlanMissing, RecordedOneSide, RunFinding, RunWarning
 from .story import origin_of
 from .training_contract import (
     ContractDiff,
@@ -82,7 +83,7 @@ class TrainingVerdict:
     steps_compared: int
     lane: Lane
     first: FirstDivergent | None
-    findings: tuple[str, ...] = ()  # what the run could not pair (fails the case)
+    findings: tuple[RunFinding, ...] = ()  # what the run could not pair (fails the case)
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
     replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
@@ -91,7 +92,7 @@ class TrainingVerdict:
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
     recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
-    warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
+    warnings: tuple[RunWarning, ...] = ()  # what passed only because the table opted in (equal_nan)
     # What one side recorded and the other did not: ``layers`` (steps whose layers only that
     # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
     one_side_only: Mapping[str, Any] = field(default_factory=dict)
@@ -108,29 +109,6 @@ class TrainingVerdict:
         if first is None or first.step >= self.last_step:
             return ""
         return f"steps {first.step + 1}-{self.last_step} are downstream of it"
-
-    def as_dict(self) -> dict[str, Any]:
-        first = self.first
-        return {
-            "steps_compared": self.steps_compared,
-            "first_divergent_step": first.step if first else None,
-            "first_divergent": first.what if first else None,
-            "origin": first.origin if first else None,
-            "evidence": first.evidence if first else None,
-            "pattern": first.pattern if first else None,
-            "downstream": self.downstream or None,
-            "lane": self.lane,
-            "findings": list(self.findings),
-            "warnings": list(self.warnings),
-            "replay": self.replay.as_dict() if self.replay is not None else None,  # + its story, rendered
-            "envelope": self.envelope or None,
-            "unsaid_settings": list(self.unsaid),
-            "expectation": self.expected.to_text() if self.expected is not None else None,
-            "passed": self.passed,
-            "not_compared": [asdict(n) for n in self.not_compared],  # in words when rendered
-            "one_side_only": dict(self.one_side_only),
-            "curves": dict(self.curves),
-        }
 
 
 def lane_of(table: ToleranceTable) -> Lane:
@@ -190,33 +168,23 @@ def judge_run(
     )
 
 
-# Evidence checked before step 0, and the check that needs it on both sides.
-_BEFORE_TRAINING = (
-    ("initial_params", "initial parameters", "the initial weights are not compared"),
-    ("plan", "training plan", "the settings (contract) are not checked before step 0"),
-)
-
-
-def one_sided_evidence(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
+def one_sided_evidence(baseline: RunRecord, candidate: RunRecord) -> tuple[RecordedOneSide, ...]:
     """Evidence one side recorded and the other did not: each a finding that says so, never a
     check skipped in silence (evidence of the wrong shape never gets here: ``read_run_record``
     refuses it, naming the file and the key)."""
-    out: list[str] = []
-    for key, what, skipped in _BEFORE_TRAINING:
-        held = {
-            side: bool(getattr(run, key)) for side, run in (("baseline", baseline), ("candidate", candidate))
-        }
-        if held["baseline"] != held["candidate"]:
-            side = "baseline" if held["baseline"] else "candidate"
-            out.append(f"{what} recorded by the {side} only: {skipped}")
+    out: list[RecordedOneSide] = []
+    for key in BEFORE_TRAINING:
+        held = [bool(getattr(run, key)) for run in (baseline, candidate)]
+        if held[0] != held[1]:
+            out.append(RecordedOneSide(key, "baseline" if held[0] else "candidate"))
     return tuple(out)
 
 
-def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
+def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[PlanMissing, ...]:
     """A side whose recorder could not write its plan (``TrainingSettings.plan_missing``),
     said in every compare of it, whatever the other side holds."""
     return tuple(
-        f"the {side}'s recording has no training plan: {run.settings.plan_missing}"
+        PlanMissing(side, run.settings.plan_missing)
         for side, run in (("baseline", baseline), ("candidate", candidate))
         if run.settings is not None and run.settings.plan_missing
     )

@@ -23,6 +23,7 @@ from typing import Any
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import JOINED_HASH, StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
+from .run_findings import BrokenAlike, RunFinding, ScalarOneSided, StepsOneSided, UpdateSkippedOneSide
 from .training_contract import LR_RTOL
 from .training_envelope import ENVELOPE_SCALARS, Envelope
 from .training_records import StepRecords
@@ -335,18 +336,18 @@ JUDGED = ("loss", "grad_norm", "clip_coef", "lr", "weight_decay", "param_norm", 
 
 def nonfinite_on_both(
     base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars], judge: ScalarJudge
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+) -> tuple[tuple[BrokenAlike, ...], tuple[BrokenAlike, ...]]:
     """``(findings, warnings)`` of the NaN policy: a scalar the verdict judges that is NaN (or
     the same Inf) on both sides is a finding, "loss is nan on both sides from step 2" -- two
     runs broken alike are not aligned, as torch.testing.assert_close's ``equal_nan=False`` --
     unless the table's rule for it says ``equal_nan: true``: then a warning that says so.
     (NaN on one side only is a difference: the step comparison finds it.)"""
-    findings: list[str] = []
-    warnings: list[str] = []
+    findings: list[BrokenAlike] = []
+    warnings: list[BrokenAlike] = []
     common = sorted(set(base) & set(cand))
     for name in JUDGED:
         steps: list[int] = []
-        shown = ""
+        shown: float | None = None
         for step in common:
             a, b = getattr(base[step], name), getattr(cand[step], name)
             if a is None or b is None:
@@ -355,17 +356,12 @@ def nonfinite_on_both(
             both = [x for x, y in pairs if _broken_alike(float(x), float(y))]
             if both:
                 steps.append(step)
-                shown = shown or _num(float(both[0]))
-        if not steps:
+                shown = float(both[0]) if shown is None else shown
+        if not steps or shown is None:
             continue
-        told = f"{name} is {shown} on both sides from step {steps[0]} ({len(steps)} of {len(common)} step(s))"
-        if judge.equal_nan(name, steps[0]):
-            warnings.append(f"{told}: accepted by the table's equal_nan: true")
-        else:
-            findings.append(
-                f"{told}: NaN/Inf is not a value, two runs broken alike are not aligned "
-                "(equal_nan: true on the table's rule for it accepts it, with a warning)"
-            )
+        accepted = judge.equal_nan(name, steps[0])
+        told = BrokenAlike(name, shown, steps[0], len(steps), len(common), accepted)
+        (warnings if accepted else findings).append(told)
     return tuple(findings), tuple(warnings)
 
 
@@ -392,26 +388,20 @@ def one_sided(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) 
     return {k: v for k, v in (("steps", steps), ("scalars", scalars)) if v}
 
 
-def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[str, ...]:
+def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[RunFinding, ...]:
     """What the two runs' scalars cannot pair: each is a failure of the run, never skipped over."""
-    out: list[str] = []
+    out: list[RunFinding] = []
     lacking = one_sided(base, cand)
     for side, alone in lacking.get("steps", {}).items():
-        out.append(f"steps {_ranges(alone)} recorded by the {side} only: the runs' steps do not line up")
+        out.append(StepsOneSided(side, tuple(alone)))
     for name, sides in lacking.get("scalars", {}).items():
         for side, alone in sides.items():
-            out.append(
-                f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
-            )
+            out.append(ScalarOneSided(name, side, tuple(alone)))
     common = sorted(set(base) & set(cand))
     for s in common:
         a, b = bool(base[s].skipped), bool(cand[s].skipped)
         if a != b:
-            side = "baseline" if a else "candidate"
-            out.append(
-                f"the {side} skipped the update of step {s} (an overflow?), the other did not: "
-                "the steps after it do not line up"
-            )
+            out.append(UpdateSkippedOneSide("baseline" if a else "candidate", s))
             break
     return tuple(out)
 
@@ -423,16 +413,3 @@ NEUTRAL: dict[str, object] = {"loss_scale": 1.0, "skipped": False}
 
 def _one_sided(name: str, mine: object, other: object) -> bool:
     return mine is not None and other is None and not (name in NEUTRAL and mine == NEUTRAL[name])
-
-
-def _ranges(steps: list[int]) -> str:
-    parts: list[str] = []
-    start = prev = steps[0]
-    for s in [*steps[1:], None]:
-        if s is not None and s == prev + 1:
-            prev = s
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if s is not None:
-            start = prev = s
-    return ", ".join(parts)
