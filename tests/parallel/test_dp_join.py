@@ -20,11 +20,13 @@ from pytest_precalign.parallel.dp_scalars import join_scalars
 from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_option
 from pytest_precalign.parallel.merge import RankTrace, merge_ranks
 from pytest_precalign.parallel.sides import load_parallel_side
+from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
 from pytest_precalign.trace.training_record import read_run_record
 from pytest_precalign.verdict.dp_rows import STATS_ONLY, with_replica_rows
+from pytest_precalign.verdict.run_evidence import GradsScaled
 from pytest_precalign.verdict.training_run import FirstDivergent, TrainingVerdict
 
 
@@ -218,10 +220,10 @@ def test_the_replicas_option_is_checked() -> None:
 def _rows_told(baseline: Trace, candidate: Trace) -> str:
     """The run verdict's evidence when ``model.layer``'s activation is its first divergence."""
     comparison = compare_traces(baseline, candidate, default_table())
-    first = FirstDivergent(0, "forward", "model.layer", "its output differs")
+    first = FirstDivergent(0, "forward", "model.layer", GradsScaled(0, 4, 2.0))
     verdict = with_replica_rows(TrainingVerdict(1, "approximate", first), baseline, candidate, comparison)
     assert verdict is not None and verdict.first is not None
-    return verdict.first.evidence
+    return evidence_text(verdict.first.evidence)
 
 
 def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() -> None:

@@ -17,6 +17,7 @@ import pytest
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
+from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
@@ -105,10 +106,10 @@ def test_the_envelope_fails_a_small_fault_the_table_passes(config: AlignConfig) 
         "forward_or_backward",
         "grad_norm",
     )
-    assert (
-        "noise envelope: grad_norm spread 0 over 1 clean rerun(s) of the baseline" in training.first.evidence
+    assert "noise envelope: grad_norm spread 0 over 1 clean rerun(s) of the baseline" in evidence_text(
+        training.first.evidence
     )
-    assert "(max of 4 x spread, floor 1e-06 x |baseline|)" in training.first.evidence
+    assert "(max of 4 x spread, floor 1e-06 x |baseline|)" in evidence_text(training.first.evidence)
     assert "steps over it: 3 (steps_over allows 0)" in training.envelope
 
 

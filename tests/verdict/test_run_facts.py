@@ -6,11 +6,21 @@ facts renders as the terminal and report.json have always said it."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
-from pytest_precalign.reports.training_evidence_text import finding_text, warning_text
+from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text, warning_text
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.reports.training_text import training_lines, training_summary
+from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict.run_evidence import (
+    GradsScaled,
+    InitialParamsDiffer,
+    MicroBatchesDiffer,
+    MovedBefore,
+    told_with,
+)
 from pytest_precalign.verdict.run_findings import (
     BrokenAlike,
     PlanMissing,
@@ -19,11 +29,13 @@ from pytest_precalign.verdict.run_findings import (
     StepsOneSided,
     UpdateSkippedOneSide,
 )
-from pytest_precalign.verdict.training_run import TrainingVerdict
+from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
 
 from .test_training_run import judge, run
 
 VERDICT = Path(__file__).parents[2] / "src" / "pytest_precalign" / "verdict"
+# Modules whose typed results still carry a sentence the run verdict quotes (to be made facts).
+LEFT = {"training_scalars.py", "training_settings.py", "training_contract.py"}
 
 
 def test_a_run_that_does_not_line_up_holds_facts_not_sentences() -> None:
@@ -83,3 +95,50 @@ def test_a_verdict_built_from_facts_renders_as_before() -> None:
     told = training_dict(v)
     assert told["findings"] == [finding_text(v.findings[0])]
     assert told["warnings"] == [warning_text(w) for w in v.warnings]
+
+
+def test_the_first_divergence_holds_its_evidence_as_facts() -> None:
+    base = RunRecord(
+        scalars=run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.0}, "c": {"norm": 3.0}}
+    )
+    cand = RunRecord(
+        scalars=run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.5}, "c": {"norm": 3.5}}
+    )
+    v = judge_run(base, cand, {}, default_table())
+    assert v.first is not None and v.first.evidence == InitialParamsDiffer("b", 2.0, 2.5, 1)
+    assert (
+        evidence_text(v.first.evidence)
+        == "the initial parameters differ: b norm 2 vs 2.5 and 1 more parameter(s)"
+    )
+    told = training_dict(v)
+    assert told["evidence"] == evidence_text(v.first.evidence) and told["origin"] == "b"
+
+
+def test_evidence_facts_render_as_the_verdict_said_them() -> None:
+    moved = MovedBefore("loss", 5.5, 5.500001, 2, 4, "backward", "grad_norm")
+    assert evidence_text(moved) == (
+        "the loss moved: 5.5 vs 5.500001 at step 2 (not past a tolerance), after 2 step(s) whose loss, grad "
+        "norm and update norm were bitwise equal; step 4 then diverged past a tolerance: backward (grad_norm)"
+    )
+    assert evidence_text(GradsScaled(3, 12, 2.0)) == "all 12 parameter grads of step 3 differ by the factor 2"
+    assert evidence_text(MicroBatchesDiffer(1, 2, 4)) == (
+        "every module ran 2 time(s) in step 1 on the baseline, 4 on the candidate"
+    )
+    assert evidence_text(told_with(told_with(GradsScaled(3, 12, 2.0), "TP rank1"), "DP rank0")) == (
+        "all 12 parameter grads of step 3 differ by the factor 2; TP rank1; DP rank0"
+    )
+
+
+def test_no_sentence_is_made_for_the_run_verdict_in_verdict() -> None:
+    """The run verdict's evidence, findings and warnings are facts: no module of verdict/ that
+    makes them builds an f-string for them (the phase verdict's own proof is another field)."""
+    phase_story = {"story.py", "phase.py", "evidence.py"}
+    made = [
+        f"{path.name}:{n}"
+        for path in sorted(VERDICT.glob("*.py"))
+        if path.name not in phase_story | LEFT
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\b(evidence|findings|warnings)\s*(\+?=|=\s*\(?)\s*f[\"']", line)
+        or re.search(r"(findings|warnings)\.append\(\s*f[\"']", line)
+    ]
+    assert made == []

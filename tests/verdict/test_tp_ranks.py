@@ -4,7 +4,9 @@ all-reduce (``verdict/tp_ranks.py``); end to end under torchrun in
 
 from __future__ import annotations
 
+from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.trace.note_blocks import TpPartials
+from pytest_precalign.verdict.run_evidence import GradsScaled
 from pytest_precalign.verdict.tp_ranks import partial_sums_evidence
 
 SUMS = {"0": [[0.5, -0.4, 0.02, 1.0]], "1": [[0.25, -0.3, 0.04, 0.8]]}
@@ -51,15 +53,17 @@ def test_a_backward_divergence_names_the_rank_whose_local_grad_shard_differs() -
         shards = TpPartials.from_json({param: kept}, "test", "tp_grad_shards") if kept else None
         return trace.with_notes(tp_grad_shards={"1": shards}) if shards else trace
 
-    first = FirstDivergent(step=1, what="backward", origin=ORIGIN, evidence="its output did not")
+    first = FirstDivergent(step=1, what="backward", origin=ORIGIN, evidence=GradsScaled(1, 4, 2.0))
     training = TrainingVerdict(steps_compared=2, lane="approximate", first=first)
     named = with_tp_rank(training, side(SUMS), side(doubled))
     assert named is not None and named.first is not None
-    assert named.first.evidence == (
-        f"its output did not; TP rank1: its local shard of {param}'s grad differs from the other side's "
+    assert evidence_text(named.first.evidence) == (
+        f"all 4 parameter grads of step 1 differ by the factor 2; TP rank1: its local shard of {param}'s grad differs from the other side's "
         "same rank's (max, min, sum or norm beyond 0.001 relative); the other ranks' match"
     )
     told = with_tp_rank(training, side(None), side(doubled))
     assert told is not None and told.first is not None
-    assert f"which TP rank's shard of {param}'s grad differs cannot be told" in told.first.evidence
+    assert f"which TP rank's shard of {param}'s grad differs cannot be told" in evidence_text(
+        told.first.evidence
+    )
     assert with_tp_rank(training, side(None), side(None)) == training  # nothing kept: nothing said

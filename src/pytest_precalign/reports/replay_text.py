@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-from ..verdict.replay_finding import NotReplayed, ReplayFinding
+from ..verdict.replay_finding import NotReplayed, ReplayFinding, StepMatched
 from ..verdict.training_run import TrainingVerdict
+from .training_evidence_text import evidence_text
 
 
 def replay_text(verdict: TrainingVerdict) -> str:
@@ -31,8 +32,21 @@ def story(verdict: TrainingVerdict, finding: ReplayFinding) -> str:
         else "replayed from the synced initial state in tensor mode"
     )
     if not finding.origin:
-        return f"{head}; {start}: {finding.evidence}"
-    return f"{head}; {start}: origin {finding.origin} ({finding.what}) — {finding.evidence}"
+        return f"{head}; {start}: {replay_evidence_text(finding)}"
+    return f"{head}; {start}: origin {finding.origin} ({finding.what}) — {replay_evidence_text(finding)}"
+
+
+def replay_evidence_text(finding: ReplayFinding) -> str:
+    """What the replay found, in words."""
+    told = finding.evidence
+    if isinstance(told, StepMatched):
+        k = told.step
+        return (
+            f"step {k} matched on equal state ({told.compared} records compared): what differs is the "
+            f"state the candidate carried into step {k} (its parameters or optimizer state after "
+            f"step {k - 1}), not step {k} itself"
+        )
+    return evidence_text(told)
 
 
 def _scalars_at(verdict: TrainingVerdict, step: int) -> str:

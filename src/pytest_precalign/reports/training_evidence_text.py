@@ -4,6 +4,26 @@ one function per field, used by the terminal, report.json, the HTML and the JUni
 
 from __future__ import annotations
 
+from ..verdict.model_output import OutputGrad
+from ..verdict.run_evidence import (
+    GradNormOverOtherGrads,
+    GradsChanged,
+    GradsOneSided,
+    GradsScaled,
+    InitialParamsDiffer,
+    LayerDiffers,
+    LossGradDiffers,
+    LossRecordDiffers,
+    MicroBatchesDiffer,
+    MovedBefore,
+    OutputGradDiffers,
+    PlansDiffer,
+    RanksTold,
+    ReplicasDisagree,
+    RunEvidence,
+    ScalarsDiffer,
+    UpdateDiffers,
+)
 from ..verdict.run_findings import (
     BrokenAlike,
     FrozenChanged,
@@ -16,6 +36,8 @@ from ..verdict.run_findings import (
     StepsOneSided,
     UpdateSkippedOneSide,
 )
+from ..verdict.training_contract import ContractDiff
+from ..verdict.training_scalars import ScalarDiff
 
 # Evidence checked before step 0, and the check that needs it on both sides.
 _BEFORE_TRAINING = {
@@ -86,3 +108,122 @@ def ranges(steps: tuple[int, ...]) -> str:
         if s is not None:
             start = prev = s
     return ", ".join(parts)
+
+
+# What the first scalar that moved was, in words (``MovedBefore``).
+_MOVED = {
+    "loss": "the loss",
+    "grad_norm": "the grad norm (before clipping)",
+    "update_norm": "the norm of the update",
+}
+# Why a scalar the DP replicas disagree on may differ (``ReplicasDisagree``).
+_REPLICA_HINTS = {
+    "grad_norm": "; each rank took the norm of its own grads (a shard's norm is not the global norm)",
+    "clip_coef": "; the ranks clipped by other coefficients",
+}
+
+
+def evidence_text(fact: RunEvidence) -> str:
+    """Why the run verdict names its first divergent step, class and origin, in words."""
+    match fact:
+        case ScalarsDiffer(scalar, hint):
+            return scalar_text(scalar) + ("; record layers to tell the forward from the loss" if hint else "")
+        case MovedBefore():
+            return (
+                f"{_MOVED[fact.name]} moved: {fact.a!r} vs {fact.b!r} at step {fact.step} (not past a tolerance), "
+                f"after {fact.step} step(s) whose loss, grad norm and update norm were bitwise equal; step "
+                f"{fact.then_step} then diverged past a tolerance: {fact.then_what} ({fact.then_origin})"
+            )
+        case PlansDiffer(diff):
+            return f"the sides' settings differ before training: {contract_text(diff)}"
+        case InitialParamsDiffer(name, a, b, more):
+            told = f" and {more} more parameter(s)" if more else ""
+            return f"the initial parameters differ: {name} norm {a:.6g} vs {b:.6g}{told}"
+        case MicroBatchesDiffer(step, base, cand):
+            return f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
+        case LayerDiffers(record, kind, origin):
+            if not origin.proven or not origin.module:
+                return f"first failing record {record} ({kind}); origin unproven: {origin.evidence}"
+            return f"{origin.evidence} ({kind} of {record})"
+    return _grads_text(fact)
+
+
+def _grads_text(fact: RunEvidence) -> str:
+    match fact:
+        case LossRecordDiffers(metric, value, allowed):
+            detail = f" ({metric} {value:.3g} > {allowed:.3g})" if metric is not None else ""
+            return f"the loss differs{detail} while every forward record before it matched"
+        case LossGradDiffers():
+            return (
+                f"the loss matched ({fact.losses_matched} loss record(s) of the step), its grad w.r.t. "
+                f"{fact.record}'s output, the first of the backward, did not ({fact.metric} {fact.value:.3g} > "
+                f"{fact.allowed:.3g}) while every forward record matched: the loss code made it from "
+                "matching outputs, so the loss differs in its gradient"
+            )
+        case OutputGradDiffers(found, losses):
+            return _output_grad(found, losses)
+        case GradsScaled(step, count, factor):
+            return f"all {count} parameter grads of step {step} differ by the factor {factor:.6g}"
+        case GradsOneSided(step, grads):
+            return _one_sided_grads(step, grads)
+        case GradsChanged(step, failed, compared):
+            return (
+                f"{failed} of the {compared} recorded parameter grads of step {step} "
+                "differ, of several modules, while every activation grad of the backward matched"
+            )
+        case GradNormOverOtherGrads(scalar, compared):
+            return (
+                scalar_text(scalar).split(";")[0] + f", and all {compared} recorded parameter grads matched"
+            )
+        case UpdateDiffers(name):
+            return f"{name}: its grad matched, the optimizer update made it differ"
+        case RanksTold(evidence, notes):
+            return "; ".join([evidence_text(evidence), *notes])
+    assert isinstance(fact, ReplicasDisagree)
+    return _replicas(fact)
+
+
+def _output_grad(found: OutputGrad, losses: tuple[float, float]) -> str:
+    first = found.first
+    where = f"; recorded at {first.name}, which returns that tensor" if first.name != found.module else ""
+    aside = (
+        f"; set aside: {', '.join(found.aside[:4])}{', ...' if len(found.aside) > 4 else ''}"
+        if found.aside
+        else ""
+    )
+    return (
+        f"the grad arriving at {found.module}'s output (the model's output{where}) differs ({first.metric} "
+        f"{first.value:.3g} > {first.allowed:.3g}) while every forward record ({found.compared} compared) "
+        f"and the logged loss ({losses[0]:.6g} vs {losses[1]:.6g}) matched, and no loss record was made: "
+        f"the loss computed after the model (outside its modules) differs{aside}"
+    )
+
+
+def _one_sided_grads(step: int, one_sided: tuple[tuple[str, str], ...]) -> str:
+    names = [name for name, _ in one_sided]
+    sides = [side for _, side in one_sided]
+    held = " and ".join(f"{sides.count(s)} on the {s}" for s in sorted(set(sides)))
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (
+        f"{len(names)} parameter(s) got a grad at step {step} on one side only ({held}): {shown}; "
+        "the other side's backward gave them none"
+    )
+
+
+def _replicas(fact: ReplicasDisagree) -> str:
+    m = fact.mismatch
+    said = f"{', '.join(m.differ)} recorded other values than {m.kept} ({m.detail})"
+    if fact.scalar is not None:
+        hint = _REPLICA_HINTS.get(fact.scalar, "")
+        return f"the DP replicas disagree on {fact.scalar} at step {m.step}: {said}{hint}"
+    return f"the DP replicas disagree on {m.name} ({m.kind}) at step {m.step}: {said}"
+
+
+def scalar_text(diff: ScalarDiff) -> str:
+    """A step's scalar difference in words."""
+    return diff.evidence
+
+
+def contract_text(diff: ContractDiff) -> str:
+    """The first difference of the sides' plans in words."""
+    return diff.evidence

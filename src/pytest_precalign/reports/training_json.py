@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..verdict.replay_finding import ReplayFinding
 from ..verdict.training_run import TrainingVerdict
 from .not_compared_text import not_compared_text
-from .replay_text import replay_text
-from .training_evidence_text import finding_text, warning_text
+from .replay_text import replay_evidence_text, replay_text
+from .training_evidence_text import evidence_text, finding_text, warning_text
 
 
 def training_dict(v: TrainingVerdict) -> dict[str, Any]:
@@ -21,13 +22,13 @@ def training_dict(v: TrainingVerdict) -> dict[str, Any]:
         "first_divergent_step": first.step if first else None,
         "first_divergent": first.what if first else None,
         "origin": first.origin if first else None,
-        "evidence": first.evidence if first else None,
+        "evidence": evidence_text(first.evidence) if first else None,
         "pattern": first.pattern if first else None,
         "downstream": v.downstream or None,
         "lane": v.lane,
         "findings": [finding_text(f) for f in v.findings],
         "warnings": [warning_text(w) for w in v.warnings],
-        "replay": {**v.replay.as_dict(), "story": replay_text(v)} if v.replay is not None else None,
+        "replay": _replay(v),
         "envelope": v.envelope or None,
         "unsaid_settings": list(v.unsaid),
         "expectation": v.expected.to_text() if v.expected is not None else None,
@@ -36,3 +37,12 @@ def training_dict(v: TrainingVerdict) -> dict[str, Any]:
         "one_side_only": dict(v.one_side_only),
         "curves": dict(v.curves),
     }
+
+
+def _replay(v: TrainingVerdict) -> dict[str, Any] | None:
+    """The replay's facts, its evidence and its story in words (None: no replay)."""
+    replay = v.replay
+    if replay is None:
+        return None
+    told = {"evidence": replay_evidence_text(replay)} if isinstance(replay, ReplayFinding) else {}
+    return {**replay.as_dict(), **told, "story": replay_text(v)}

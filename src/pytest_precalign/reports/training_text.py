@@ -9,7 +9,7 @@ from ..verdict.run_findings import PlanMissing
 from ..verdict.training_run import TrainingVerdict
 from .not_compared_text import not_compared_text
 from .replay_text import replay_text
-from .training_evidence_text import finding_text, warning_text
+from .training_evidence_text import evidence_text, finding_text, warning_text
 
 LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
 # How steps are counted, said with every run story (the Trainer's own logs count from 1).
@@ -30,7 +30,7 @@ def training_lines(v: TrainingVerdict) -> list[str]:
         lines.append(f"Known divergence not reproduced: expected {_expected(v)}, found {found}")
     first = v.first
     if first is not None:
-        own = f"{first.what}, origin {first.origin} — {first.evidence}"
+        own = f"{first.what}, origin {first.origin} — {evidence_text(first.evidence)}"
         if isinstance(v.replay, ReplayFinding):  # the replay's story leads; the run's own records follow
             lines += [replay_text(v), f"  the run's records at step {first.step}: {own}"]
         else:

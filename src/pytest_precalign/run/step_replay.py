@@ -35,7 +35,7 @@ from ..errors import CaseError
 from ..mapping.weights import sync_weights
 from ..reports.training_evidence_text import finding_text
 from ..trace.records import Trace
-from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding
+from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding, StepMatched
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case
@@ -141,12 +141,7 @@ def _finding(run: CaseRun, step: int, starts: Mapping[str, Mapping[str, str]]) -
     compared = sum(v.compared for v in run.verdicts.values())
     if not compared:
         raise ReplayUnavailable(f"the replay of step {step} compared nothing")
-    evidence = (
-        f"step {step} matched on equal state ({compared} records compared): what differs is the "
-        f"state the candidate carried into step {step} (its parameters or optimizer state after "
-        f"step {step - 1}), not step {step} itself"
-    )
-    return ReplayFinding(step, "", "none", evidence, starts)
+    return ReplayFinding(step, "", "none", StepMatched(step, compared), starts)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from pathlib import PurePath
 from ..compare.pairs import Comparison, PairResult, array_pair, stats_pair
 from ..trace.note_blocks import JoinedPart
 from ..trace.records import Record, Stats, Trace
+from .run_evidence import told_with
 from .training_run import TrainingVerdict
 
 STATS_ONLY = (
@@ -58,7 +59,7 @@ def with_replica_rows(
     told = replica_rows(pair, baseline, candidate) if pair is not None else ""
     if not told:
         return training
-    return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+    return replace(training, first=replace(first, evidence=told_with(first.evidence, told)))
 
 
 def _parts(trace: Trace, rec: Record) -> list[JoinedPart] | None:

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from ..trace.note_blocks import PartialSums
 from ..trace.records import Trace
+from .run_evidence import told_with
 from .training_run import TrainingVerdict
 
 RTOL = 1e-3  # of the partial sums' statistics: far above the rounding of one layout on any CPU
@@ -54,7 +55,7 @@ def with_tp_rank(
     if sides == [None, None]:
         return training
     told = partial_sums_evidence(sides[0], sides[1], first.origin)
-    return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+    return replace(training, first=replace(first, evidence=told_with(first.evidence, told)))
 
 
 def _with_grad_shards(training: TrainingVerdict, baseline: Trace, candidate: Trace) -> TrainingVerdict:
@@ -72,7 +73,7 @@ def _with_grad_shards(training: TrainingVerdict, baseline: Trace, candidate: Tra
         partial_sums_evidence(shards[0].get(p) or None, shards[1].get(p) or None, p, grads=True)
         for p in params
     ]
-    return replace(training, first=replace(first, evidence="; ".join([first.evidence, *told])))
+    return replace(training, first=replace(first, evidence=told_with(first.evidence, *told)))
 
 
 Ranks = Mapping[str, Sequence[PartialSums | Sequence[float]]]  # TP rank -> one entry a call

@@ -28,10 +28,26 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
-from .grads_one_sided import grads_evidence
-from .model_output import LOSS_GRAD_PATTERN, output_grad_evidence, output_grad_pattern
+from .model_output import LOSS_GRAD_PATTERN, output_grad_pattern
 from .not_compared import NotCompared
 from .replay_finding import Replay
+from .run_evidence import (
+    GradNormOverOtherGrads,
+    GradsChanged,
+    GradsOneSided,
+    GradsScaled,
+    InitialParamsDiffer,
+    LayerDiffers,
+    LossGradDiffers,
+    LossRecordDiffers,
+    MicroBatchesDiffer,
+    MovedBefore,
+    OutputGradDiffers,
+    PlansDiffer,
+    RunEvidence,
+    ScalarsDiffer,
+    UpdateDiffers,
+)
 from .run_findings import BEFORE_TRAINING, PlanMissing, RecordedOneSide, RunFinding, RunWarning
 from .story import origin_of
 from .training_contract import (
@@ -44,6 +60,7 @@ from .training_contract import (
 from .training_envelope import Envelope
 from .training_records import StepRecords
 from .training_scalars import (
+    ScalarDiff,
     ScalarJudge,
     findings_of,
     first_scalar_difference,
@@ -61,7 +78,7 @@ class FirstDivergent:
     step: int
     what: TrainingClass
     origin: str  # a module, a parameter or a scalar's name
-    evidence: str
+    evidence: RunEvidence  # why: its words are made when rendered (reports.training_evidence_text)
     pattern: str = ""  # a whole-model pattern, in words
 
 
@@ -219,10 +236,10 @@ _AFTER_A_MOVE = ("forward", "loss", "backward", "forward_or_backward", "clipping
 
 
 # The per-step scalars a step computes, in order, and the class a first move of each names.
-_MOVES: tuple[tuple[str, TrainingClass, str], ...] = (
-    ("loss", "forward", "the loss"),
-    ("grad_norm", "backward", "the grad norm (before clipping)"),
-    ("update_norm", "optimizer_update", "the norm of the update"),
+_MOVES: tuple[tuple[str, TrainingClass], ...] = (
+    ("loss", "forward"),
+    ("grad_norm", "backward"),
+    ("update_norm", "optimizer_update"),
 )
 
 
@@ -246,8 +263,8 @@ def _moved_before(
         if a is None or b is None:
             return first
         moved = [
-            (name, what, words, getattr(a, name), getattr(b, name))
-            for name, what, words in _MOVES
+            (name, what, getattr(a, name), getattr(b, name))
+            for name, what in _MOVES
             if getattr(a, name) is not None
             and getattr(b, name) is not None
             and getattr(a, name) != getattr(b, name)
@@ -256,12 +273,8 @@ def _moved_before(
             continue
         if step == 0:
             return first  # nothing before it was bitwise equal: the sides may compute differently
-        name, what, words, x, y = moved[0]
-        evidence = (
-            f"{words} moved: {x!r} vs {y!r} at step {step} (not past a tolerance), after {step} step(s) whose "
-            f"loss, grad norm and update norm were bitwise equal; step {first.step} then diverged past a "
-            f"tolerance: {first.what} ({first.origin})"
-        )
+        name, what, x, y = moved[0]
+        evidence = MovedBefore(name, x, y, step, first.step, first.what, first.origin)
         return FirstDivergent(step, what, name, evidence)
     return first
 
@@ -292,8 +305,7 @@ def _unsaid(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
 
 
 def _contract(diff: ContractDiff) -> FirstDivergent:
-    evidence = f"the sides' settings differ before training: {diff.evidence}"
-    return FirstDivergent(diff.step, "settings", diff.origin, evidence, diff.pattern)
+    return FirstDivergent(diff.step, "settings", diff.origin, PlansDiffer(diff), diff.pattern)
 
 
 def _weights(
@@ -316,9 +328,7 @@ def _weights(
     if not differ:
         return None
     name, a, b = differ[0]
-    more = f" and {len(differ) - 1} more parameter(s)" if len(differ) > 1 else ""
-    evidence = f"the initial parameters differ: {name} norm {a:.6g} vs {b:.6g}{more}"
-    return FirstDivergent(0, "weights", name, evidence)
+    return FirstDivergent(0, "weights", name, InitialParamsDiffer(name, a, b, len(differ) - 1))
 
 
 def _step_first(
@@ -353,10 +363,10 @@ def _step_first(
     return next((found for _, found in order if found is not None), None)
 
 
-def _scalar_as(step: int, scalar: Any, what: TrainingClass) -> FirstDivergent | None:
+def _scalar_as(step: int, scalar: ScalarDiff | None, what: TrainingClass) -> FirstDivergent | None:
     if scalar is None or scalar.what != what:
         return None
-    return FirstDivergent(step, what, scalar.origin, scalar.evidence, scalar.pattern)
+    return FirstDivergent(step, what, scalar.origin, ScalarsDiffer(scalar), scalar.pattern)
 
 
 def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
@@ -364,8 +374,7 @@ def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
         return None
     base, cand = rec.calls
     pattern = f"the sides split the step into {base} and {cand} micro-batches"
-    evidence = f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
-    return FirstDivergent(step, "settings", "micro_batches", evidence, pattern)
+    return FirstDivergent(step, "settings", "micro_batches", MicroBatchesDiffer(step, base, cand), pattern)
 
 
 def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
@@ -374,31 +383,25 @@ def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
         return None
     origin = origin_of(first)
     what: TrainingClass = "forward" if phase == "forward" else "backward"
-    if not origin.proven or not origin.module:
-        evidence = f"first failing record {first.name} ({first.kind}); origin unproven: {origin.evidence}"
-        return FirstDivergent(step, what, origin.module or first.name, evidence)
-    return FirstDivergent(step, what, origin.module, f"{origin.evidence} ({first.kind} of {first.name})")
+    evidence = LayerDiffers(first.name, first.kind, origin)
+    return FirstDivergent(step, what, origin.module or first.name, evidence)
 
 
-def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+def _loss(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     if rec.loss is not None:
         pair = rec.loss
         check = pair.failing
-        detail = f" ({check.metric} {check.value:.3g} > {check.allowed:.3g})" if check else ""
-        evidence = f"the loss differs{detail} while every forward record before it matched"
-        return FirstDivergent(step, "loss", pair.record.name or "loss", evidence)
+        told = (
+            LossRecordDiffers(check.metric, check.value, check.allowed) if check else LossRecordDiffers(None)
+        )
+        return FirstDivergent(step, "loss", pair.record.name or "loss", told)
     if rec.loss_grad is not None:
         first = rec.loss_grad
-        evidence = (
-            f"the loss matched ({rec.losses_matched} loss record(s) of the step), its grad w.r.t. "
-            f"{first.name}'s output, the first of the backward, did not ({first.metric} {first.value:.3g} > "
-            f"{first.allowed:.3g}) while every forward record matched: the loss code made it from "
-            "matching outputs, so the loss differs in its gradient"
-        )
-        return FirstDivergent(step, "loss", "loss", evidence, LOSS_GRAD_PATTERN)
+        told_grad = LossGradDiffers(rec.losses_matched, first.name, first.metric, first.value, first.allowed)
+        return FirstDivergent(step, "loss", "loss", told_grad, LOSS_GRAD_PATTERN)
     if scalar is not None and scalar.what == "loss":
-        hint = "" if rec.diverged or rec.forward else "; record layers to tell the forward from the loss"
-        return FirstDivergent(step, "loss", "loss", scalar.evidence + hint, scalar.pattern)
+        hint = not (rec.diverged or rec.forward)
+        return FirstDivergent(step, "loss", "loss", ScalarsDiffer(scalar, hint), scalar.pattern)
     return None
 
 
@@ -409,23 +412,23 @@ def _loss_grad_only(
     found, a, b = rec.output_grad, base.loss if base else None, cand.loss if cand else None
     if found is None or a is None or b is None or not judge.same("loss", float(a), float(b), step):
         return None
-    evidence = output_grad_evidence(found, (float(a), float(b)))
+    evidence = OutputGradDiffers(found, (float(a), float(b)))
     return FirstDivergent(step, "loss", "loss", evidence, output_grad_pattern(rec.grad_factor))
 
 
-def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+def _backward(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     if rec.grad_factor is not None:
         f = rec.grad_factor
         pattern = (
             f"every grad scaled by one factor (x{f:.4g}): a loss scale, or grads summed instead of averaged"
         )
-        evidence = f"all {rec.grads_compared} parameter grads of step {step} differ by the factor {f:.6g}"
+        evidence = GradsScaled(step, rec.grads_compared, f)
         return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
     found = _layer(step, rec, "backward")
     if found is not None:
         return found
     if scalar is not None and scalar.what in ("backward", "forward_or_backward", "grad_reduction"):
-        return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
+        return FirstDivergent(step, scalar.what, scalar.origin, ScalarsDiffer(scalar), scalar.pattern)
     return None
 
 
@@ -433,7 +436,7 @@ def _grads_one_sided(step: int, rec: StepRecords) -> FirstDivergent | None:
     """Parameters that got a grad on one side only (``grads_one_sided``)."""
     if not rec.grads_one_sided:
         return None
-    evidence = grads_evidence(step, rec.grads_one_sided)
+    evidence = GradsOneSided(step, tuple(rec.grads_one_sided))
     return FirstDivergent(step, "backward", rec.grads_one_sided[0][0], evidence, ONE_SIDED)
 
 
@@ -442,7 +445,7 @@ def _after_backward(
     rec: StepRecords,
     base: StepScalars | None,
     cand: StepScalars | None,
-    scalar: Any,
+    scalar: ScalarDiff | None,
     lane: Lane,
 ) -> FirstDivergent | None:
     """Grads that left the backward aligned and reached the optimizer otherwise: param grads of
@@ -454,10 +457,7 @@ def _after_backward(
     if rec.grad_factor is not None or not rec.grads_compared:
         return None
     if rec.grads_changed:
-        evidence = (
-            f"{rec.grads_failed} of the {rec.grads_compared} recorded parameter grads of step {step} "
-            "differ, of several modules, while every activation grad of the backward matched"
-        )
+        evidence: RunEvidence = GradsChanged(step, rec.grads_failed, rec.grads_compared)
         clipped = [s.clip_coef < 1.0 for s in (base, cand) if s is not None and s.clip_coef is not None]
         if len(clipped) == 2 and clipped[0] != clipped[1]:
             late, early = ("baseline", "candidate") if clipped[0] else ("candidate", "baseline")
@@ -475,15 +475,13 @@ def _after_backward(
         and scalar.what == "backward"
         and scalar.origin == "grad_norm"
     ):
-        evidence = (
-            scalar.evidence.split(";")[0] + f", and all {rec.grads_compared} recorded parameter grads matched"
-        )
+        evidence = GradNormOverOtherGrads(scalar, rec.grads_compared)
         pattern = "the grad norm is computed over other grads or parameters than the other side's"
         return FirstDivergent(step, "clipping", "grad_norm", evidence, pattern)
     return None
 
 
-def _update(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+def _update(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     first = rec.update
     if first is not None:
         pattern = ""
@@ -491,10 +489,9 @@ def _update(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
             pattern = (
                 f"every parameter ({rec.params_compared}) differs after the update while its grad matched"
             )
-        evidence = f"{first.name}: its grad matched, the optimizer update made it differ"
-        return FirstDivergent(step, "optimizer_update", first.name, evidence, pattern)
+        return FirstDivergent(step, "optimizer_update", first.name, UpdateDiffers(first.name), pattern)
     if scalar is not None and scalar.what == "optimizer_update":
-        return FirstDivergent(step, "optimizer_update", scalar.origin, scalar.evidence, scalar.pattern)
+        return FirstDivergent(step, "optimizer_update", scalar.origin, ScalarsDiffer(scalar), scalar.pattern)
     return None
 
 
