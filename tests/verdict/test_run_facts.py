@@ -10,15 +10,26 @@ import re
 from pathlib import Path
 
 from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.reports.contract_evidence_text import contract_evidence_text
+from pytest_precalign.reports.scalar_evidence_text import scalar_evidence_text
 from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text, warning_text
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.reports.training_text import training_lines, training_summary
 from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict.contract_evidence import (
+    ArgumentDiffers,
+    Groups,
+    LrDiffers,
+    LrFrom,
+    PrecisionDiffers,
+    SetBy,
+)
 from pytest_precalign.verdict.run_evidence import (
     GradsScaled,
     InitialParamsDiffer,
     MicroBatchesDiffer,
     MovedBefore,
+    ScalarsDiffer,
     told_with,
 )
 from pytest_precalign.verdict.run_findings import (
@@ -29,13 +40,12 @@ from pytest_precalign.verdict.run_findings import (
     StepsOneSided,
     UpdateSkippedOneSide,
 )
+from pytest_precalign.verdict.scalar_evidence import BatchDiffers, GradNormDiffers, ScheduleDiffers
 from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
 
 from .test_training_run import judge, run
 
 VERDICT = Path(__file__).parents[2] / "src" / "pytest_precalign" / "verdict"
-# Modules whose typed results still carry a sentence the run verdict quotes (to be made facts).
-LEFT = {"training_scalars.py", "training_settings.py", "training_contract.py"}
 
 
 def test_a_run_that_does_not_line_up_holds_facts_not_sentences() -> None:
@@ -132,13 +142,43 @@ def test_evidence_facts_render_as_the_verdict_said_them() -> None:
 def test_no_sentence_is_made_for_the_run_verdict_in_verdict() -> None:
     """The run verdict's evidence, findings and warnings are facts: no module of verdict/ that
     makes them builds an f-string for them (the phase verdict's own proof is another field)."""
-    phase_story = {"story.py", "phase.py", "evidence.py"}
+    phase_story = {"story.py", "phase.py", "evidence.py"}  # the phase verdict's origin, in words
     made = [
         f"{path.name}:{n}"
         for path in sorted(VERDICT.glob("*.py"))
-        if path.name not in phase_story | LEFT
+        if path.name not in phase_story
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\b(evidence|findings|warnings)\s*(\+?=|=\s*\(?)\s*f[\"']", line)
         or re.search(r"(findings|warnings)\.append\(\s*f[\"']", line)
     ]
     assert made == []
+
+
+def test_a_scalar_difference_holds_its_values_and_says_them_as_before() -> None:
+    v = judge(run(), run(lr=lambda s: (1e-3, 1e-3) if s < 4 else (5e-4, 5e-4)))
+    assert v.first is not None and isinstance(v.first.evidence, ScalarsDiffer)
+    assert v.first.evidence.scalar.evidence == ScheduleDiffers("lr", 4, 1e-3, 5e-4, 0)
+    assert evidence_text(v.first.evidence) == "lr at step 4: 1.000e-03 vs 5.000e-04 (group 0)"
+    assert scalar_evidence_text(GradNormDiffers(2.0, 4.0, "summed")) == (
+        "grad norm (before clipping) 2 vs 4 while the loss matched"
+    )
+    assert scalar_evidence_text(BatchDiffers(3, "a" * 64, "b" * 64)) == (
+        f"the batch of step 3 differs (sha256 {'a' * 12} vs {'b' * 12})"
+    )
+
+
+def test_a_plan_difference_holds_its_groups_and_arguments_and_says_them_as_before() -> None:
+    lr = LrDiffers(1, 5e-4, 0.0, Groups(0, 0, None, by_position=True))
+    assert contract_evidence_text(lr) == (
+        "lr at step 1: 5.000e-04 vs 0.000e+00 (group 0: baseline group 0, candidate group 0) (parameter names "
+        "did not pair through the mapping: groups compared by position)"
+    )
+    told = SetBy((ArgumentDiffers("lr_scheduler_type", "cosine", "linear"),), LrFrom(3, 4.81e-3, 4.375e-3))
+    assert contract_evidence_text(told) == (
+        "lr_scheduler_type cosine vs linear: LR differs from step 3 (4.810e-03 vs 4.375e-03)"
+    )
+    precision = PrecisionDiffers("bfloat16", "float32", (ArgumentDiffers("bf16", True, False),))
+    assert (
+        contract_evidence_text(precision)
+        == "bf16 autocast on vs off: the forward computes in bfloat16 vs float32"
+    )

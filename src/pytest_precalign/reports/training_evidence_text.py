@@ -38,6 +38,8 @@ from ..verdict.run_findings import (
 )
 from ..verdict.training_contract import ContractDiff
 from ..verdict.training_scalars import ScalarDiff
+from .contract_evidence_text import contract_evidence_text
+from .scalar_evidence_text import scalar_evidence_text
 
 # Evidence checked before step 0, and the check that needs it on both sides.
 _BEFORE_TRAINING = {
@@ -221,9 +223,9 @@ def _replicas(fact: ReplicasDisagree) -> str:
 
 def scalar_text(diff: ScalarDiff) -> str:
     """A step's scalar difference in words."""
-    return diff.evidence
+    return scalar_evidence_text(diff.evidence)
 
 
 def contract_text(diff: ContractDiff) -> str:
     """The first difference of the sides' plans in words."""
-    return diff.evidence
+    return contract_evidence_text(diff.evidence)
