@@ -29,7 +29,10 @@ from pytest_precalign.verdict.run_evidence import (
     InitialParamsDiffer,
     MicroBatchesDiffer,
     MovedBefore,
+    RankRows,
+    ReplicaRows,
     ScalarsDiffer,
+    TpShares,
     told_with,
 )
 from pytest_precalign.verdict.run_findings import (
@@ -134,8 +137,16 @@ def test_evidence_facts_render_as_the_verdict_said_them() -> None:
     assert evidence_text(MicroBatchesDiffer(1, 2, 4)) == (
         "every module ran 2 time(s) in step 1 on the baseline, 4 on the candidate"
     )
-    assert evidence_text(told_with(told_with(GradsScaled(3, 12, 2.0), "TP rank1"), "DP rank0")) == (
-        "all 12 parameter grads of step 3 differ by the factor 2; TP rank1; DP rank0"
+    tp = TpShares("mlp.down_proj", False, ("rank1",), 1e-3)
+    dp = ReplicaRows(
+        "candidate", (RankRows("rank0", 0, 2, None), RankRows("rank1", 2, 2, ("allclose", 0.5, 1e-5), False))
+    )
+    assert evidence_text(told_with(told_with(GradsScaled(3, 12, 2.0), dp), tp)) == (
+        "all 12 parameter grads of step 3 differ by the factor 2; the candidate's DP rank(s) rank1 computed it "
+        "differently (each replica's rows against the baseline's same rows: DP rank rank0 (rows 0-1 of the "
+        "global batch) within tolerance; DP rank rank1 (rows 2-3 of the global batch) differs: allclose 0.5 "
+        "(allowed 1e-05)); TP rank1: its partial sum of mlp.down_proj before the all-reduce differs from the "
+        "other side's same rank's (max, min, sum or norm beyond 0.001 relative); the other ranks' match"
     )
 
 

@@ -18,10 +18,13 @@ from ..verdict.run_evidence import (
     MovedBefore,
     OutputGradDiffers,
     PlansDiffer,
+    RankNote,
     RanksTold,
+    ReplicaRows,
     ReplicasDisagree,
     RunEvidence,
     ScalarsDiffer,
+    TpShares,
     UpdateDiffers,
 )
 from ..verdict.run_findings import (
@@ -180,7 +183,7 @@ def _grads_text(fact: RunEvidence) -> str:
         case UpdateDiffers(name):
             return f"{name}: its grad matched, the optimizer update made it differ"
         case RanksTold(evidence, notes):
-            return "; ".join([evidence_text(evidence), *notes])
+            return "; ".join([evidence_text(evidence), *map(rank_note_text, notes)])
     assert isinstance(fact, ReplicasDisagree)
     return _replicas(fact)
 
@@ -229,3 +232,71 @@ def scalar_text(diff: ScalarDiff) -> str:
 def contract_text(diff: ContractDiff) -> str:
     """The first difference of the sides' plans in words."""
     return contract_evidence_text(diff.evidence)
+
+
+TP_CANNOT = (
+    "which TP rank's share of {origin} differs cannot be told against a run without the same "
+    "tensor-parallel layout: its output is all-reduced before it is recorded, so every rank records "
+    "the same sum (compare with a rerun of the same TP layout, whose ranks keep their partial sums)"
+)
+TP_CANNOT_GRAD = (
+    "which TP rank's shard of {origin}'s grad differs cannot be told against a run without the same "
+    "tensor-parallel layout: the grad is recorded as the full tensor its shards make up (compare with "
+    "a rerun of the same TP layout, whose ranks keep their local grad shards)"
+)
+DP_STATS_ONLY = (
+    "which DP rank's rows differ cannot be told from statistics against a run that split the "
+    "batch otherwise (record in tensor mode, or compare with a rerun of the same DP job)"
+)
+
+
+def rank_note_text(note: RankNote) -> str:
+    """What a parallel side's ranks say of the first divergence, in words."""
+    if isinstance(note, TpShares):
+        return _partial_sums(note)
+    return _replica_rows(note)
+
+
+def _partial_sums(fact: TpShares) -> str:
+    origin = fact.origin
+    if fact.differ is None:
+        return (TP_CANNOT_GRAD if fact.grads else TP_CANNOT).format(origin=origin)
+    what = (
+        f"local shard of {origin}'s grad" if fact.grads else f"partial sum of {origin} before the all-reduce"
+    )
+    if not fact.differ:
+        return (
+            f"every TP rank's {what} matches the other side's (max, min, sum, norm within {fact.rtol:g} "
+            "relative): "
+            + ("the shards agree" if fact.grads else "the shares agree, their reduction differs")
+        )
+    return (
+        f"TP {', '.join(fact.differ)}: its {what} differs from the other side's same rank's (max, min, sum "
+        f"or norm beyond {fact.rtol:g} relative); the other ranks' match"
+    )
+
+
+def _replica_rows(fact: ReplicaRows) -> str:
+    if not fact.ranks:
+        return DP_STATS_ONLY
+    side = fact.side
+    other = "baseline" if side == "candidate" else "candidate"
+    said = []
+    for r in fact.ranks:
+        span = (
+            f"row {r.first} of the global batch"
+            if r.rows == 1
+            else f"rows {r.first}-{r.first + r.rows - 1} of the global batch"
+        )
+        if r.check is None:
+            said.append(f"DP rank {r.rank} ({span}) within tolerance")
+        else:
+            metric, value, allowed = r.check
+            said.append(f"DP rank {r.rank} ({span}) differs: {metric} {value:.3g} (allowed {allowed:.3g})")
+    differ = [r.rank for r in fact.ranks if not r.passed]
+    head = (
+        f"the {side}'s DP rank(s) {', '.join(differ)} computed it differently"
+        if differ
+        else f"no DP rank of the {side} differs alone"
+    )
+    return f"{head} (each replica's rows against the {other}'s same rows: {'; '.join(said)})"

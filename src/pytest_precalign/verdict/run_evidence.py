@@ -129,12 +129,47 @@ class ReplicasDisagree:
 
 
 @dataclass(frozen=True)
+class TpShares:
+    """Each TP rank's partial sum of ``origin`` before the all-reduce (``grads``: its local
+    shard of the parameter ``origin``'s grad) against the other side's same rank's
+    (``tp_ranks``): ``differ`` the ranks whose differ (empty: every one matches); None: which
+    rank cannot be told against a run without the same TP layout."""
+
+    origin: str
+    grads: bool
+    differ: tuple[str, ...] | None
+    rtol: float = 0.0  # the relative tolerance of their statistics
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """One DP replica's rows of a joined record against the other side's same rows."""
+
+    rank: str
+    first: int  # its first row of the global batch
+    rows: int
+    check: tuple[str, float, float] | None  # the failing (metric, value, allowed); None: within tolerance
+    passed: bool = True
+
+
+@dataclass(frozen=True)
+class ReplicaRows:
+    """The ``side``'s DP replicas' rows of the first divergent record, rank by rank
+    (``dp_rows``); ``ranks`` empty: statistics cannot tell the rank against a run split otherwise."""
+
+    side: str
+    ranks: tuple[RankRows, ...] = ()
+
+
+RankNote = TpShares | ReplicaRows
+
+
+@dataclass(frozen=True)
 class RanksTold:
-    """``evidence``, and what the ranks of a parallel side say of it (``tp_ranks``, ``dp_rows``:
-    their lines as those modules make them)."""
+    """``evidence``, and what the ranks of a parallel side say of it (``tp_ranks``, ``dp_rows``)."""
 
     evidence: RunEvidence
-    notes: tuple[str, ...]
+    notes: tuple[RankNote, ...]
 
 
 RunEvidence = (
@@ -157,7 +192,7 @@ RunEvidence = (
 )
 
 
-def told_with(evidence: RunEvidence, *notes: str) -> RanksTold:
+def told_with(evidence: RunEvidence, *notes: RankNote) -> RanksTold:
     """``evidence`` with the ranks' ``notes`` after any it already has."""
     if isinstance(evidence, RanksTold):
         return RanksTold(evidence.evidence, (*evidence.notes, *notes))
