@@ -1,8 +1,15 @@
-"""What recording an FSDP2 training step in stats mode costs, as a paired ratio measured in one run.
+"""What recording an FSDP2 (or DTensor TP) training step in stats mode costs, as a paired ratio
+measured in one run.
 
 A Qwen2ForCausalLM of a ``benchmarks/_shared.py`` size, ``fully_shard`` on each decoder layer and
 on the root over 2 ranks (gloo, CPU, launched by this script through torchrun), AdamW, a
-forward and backward of one batch per rank, ``clip_grad_norm_`` at 1.0. Variants, interleaved
+forward and backward of one batch per rank, ``clip_grad_norm_`` at 1.0. ``--wrap tp``: instead,
+tensor parallelism over the 2 ranks (``parallelize_module``: q/k/v/gate/up ``ColwiseParallel``,
+o/down ``RowwiseParallel`` in each layer, as ``example_suites/recorded_runs/tp_styles.py``'s
+plain plan), both ranks on the same batch; the recorded step then also keeps each rank's
+partial sums and local grad shards (``steps/tp_partials.py``), and the CPU seconds spent in the
+grad-shard hooks (``tp_grad_shards``) are measured apart on rank 0 (their share of the bare
+step's CPU). Variants, interleaved
 round by round on the same model and optimizer (the machine's load drifts alike for both), the
 order swapped every round:
 
@@ -19,6 +26,7 @@ lowest, highest), and the same of the CPU seconds both ranks' processes used in 
 Goal (issue #45): stats <= 1.1x bare.
 
     .venv/bin/python benchmarks/fsdp2_overhead.py --size mid --rounds 5
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fsdp2_overhead.py --size mid --rounds 5 --wrap tp
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--size", default="mid")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--wrap", default="fsdp2", choices=("fsdp2", "tp"))
     parser.add_argument(
         "--profile",
         type=int,
@@ -68,11 +77,16 @@ def run(options: argparse.Namespace) -> None:
     size = SIZES[options.size]
     load_start = os.getloadavg()[0]
     model: Any = build_qwen2(size, "sdpa")
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    shard_hooks = [0.0, 0]  # CPU seconds in the TP grad-shard hooks on this rank, calls
+    if options.wrap == "tp":
+        _tensor_parallel(model, shard_hooks)
+    else:
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(rank))
+    seed = 0 if options.wrap == "tp" else rank  # TP ranks share the batch
+    ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=torch.Generator().manual_seed(seed))
     root = Path(tempfile.mkdtemp(prefix="fsdp2_overhead_"))
     rec = Recorder(root / "rec", mode="stats")
     evidence = StepEvidence(model.parameters())
@@ -89,7 +103,7 @@ def run(options: argparse.Namespace) -> None:
         out.loss.backward()
         if recorded:
             evidence.grads_before_clip()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        _clip(model, options.wrap == "tp")
         if recorded:
             evidence.grads_after_clip()
             lr, wd = group_settings(optimizer)
@@ -115,18 +129,25 @@ def run(options: argparse.Namespace) -> None:
         return
     times: dict[str, list[float]] = {"bare": [], "stats": []}
     cpu: dict[str, list[float]] = {"bare": [], "stats": []}
+    hook_cpu: list[float] = []  # rank 0's CPU seconds in the grad-shard hooks, a timed stats step
+    hook_calls = 0  # the hooks' calls in a recorded step
     for r in range(options.rounds):
         order = ("bare", "stats") if r % 2 == 0 else ("stats", "bare")
         for variant in order:
             step(variant == "stats")  # untimed: what the other variant left behind falls here
+            before = list(shard_hooks)
             wall, used = step(variant == "stats")
             times[variant].append(wall)
             cpu[variant].append(used)
+            if variant == "stats":
+                hook_cpu.append(shard_hooks[0] - before[0])
+                hook_calls = shard_hooks[1] - before[1]
     ratios = [s / b for s, b in zip(times["stats"], times["bare"], strict=True)]
     cpu_ratios = [s / b for s, b in zip(cpu["stats"], cpu["bare"], strict=True)]
     if rank == 0:
         bare, stats = statistics.median(times["bare"]), statistics.median(times["stats"])
-        print(f"size {options.size}, {options.rounds} rounds, 2 ranks (gloo, CPU), FSDP2 per layer + root")
+        what = "DTensor TP (Colwise/Rowwise per layer)" if options.wrap == "tp" else "FSDP2 per layer + root"
+        print(f"size {options.size}, {options.rounds} rounds, 2 ranks (gloo, CPU), {what}")
         print(f"bare  {bare:.3f} s/step   stats {stats:.3f} s/step   ({stats / bare:.3f}x by medians)")
         print(
             f"paired stats/bare: median {statistics.median(ratios):.3f}x "
@@ -136,8 +157,15 @@ def run(options: argparse.Namespace) -> None:
             f"CPU seconds of both ranks, paired stats/bare: median {statistics.median(cpu_ratios):.3f}x "
             f"(lowest {min(cpu_ratios):.3f}x, highest {max(cpu_ratios):.3f}x)"
         )
+        share = statistics.median(hook_cpu) / (statistics.median(cpu["bare"]) / 2)  # of one rank's
+        if options.wrap == "tp":
+            print(
+                f"TP grad-shard hooks on rank 0: {statistics.median(hook_cpu):.4f} s CPU a step "
+                f"({hook_calls} calls), {100 * share:.2f} % of a rank's bare step CPU"
+            )
         result = {
             "benchmark": "fsdp2_overhead",
+            "wrap": options.wrap,
             "size": options.size,
             "rounds": options.rounds,
             "bare_s": round(bare, 4),
@@ -150,10 +178,55 @@ def run(options: argparse.Namespace) -> None:
             "paired_cpu_ratio_median": round(statistics.median(cpu_ratios), 4),
             "paired_cpu_ratio_min": round(min(cpu_ratios), 4),
             "paired_cpu_ratio_max": round(max(cpu_ratios), 4),
+            "grad_shard_hooks_cpu_s": round(statistics.median(hook_cpu), 5),
+            "grad_shard_hooks_share_of_bare_cpu": round(share, 5),
             **run_facts(load_start, os.getloadavg()[0]),
         }
         print(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _clip(model: Any, tp: bool) -> None:
+    """Clip at 1.0 with the global grad norm (under TP some grads are DTensors and some are
+    not, which ``clip_grad_norm_`` refuses: the full grads' norm, as ``sharded_loop.py``)."""
+    if not tp:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([getattr(g, "full_tensor", lambda g=g: g)() for g in grads])
+    coef = torch.clamp(1.0 / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+
+
+def _tensor_parallel(model: Any, shard_hooks: list[Any]) -> None:
+    """``model``'s layers over a 2-rank mesh (the module doc's plan); the TP grad-shard hooks'
+    CPU seconds and calls added up in ``shard_hooks``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from pytest_precalign.steps import tp_partials
+
+    mesh = init_device_mesh("cpu", (2,))
+    for layer in model.model.layers:
+        col, row = ColwiseParallel, RowwiseParallel
+        parallelize_module(layer.mlp, mesh, {"gate_proj": col(), "up_proj": col(), "down_proj": row()})
+        attn = {"q_proj": col(), "k_proj": col(), "v_proj": col(), "o_proj": row()}
+        parallelize_module(layer.self_attn, mesh, attn)  # type: ignore[arg-type]
+    reader = tp_partials._grad_reader
+
+    def timed_reader(calls: Any) -> Any:
+        read = reader(calls)
+
+        def timed(param: torch.Tensor) -> None:
+            start = time.process_time()
+            read(param)
+            shard_hooks[0] += time.process_time() - start
+            shard_hooks[1] += 1
+
+        return timed
+
+    tp_partials._grad_reader = timed_reader  # the benchmark's own stopwatch around the hook
 
 
 def _profile(step: Any, rank: int, top: int) -> None:

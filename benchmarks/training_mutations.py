@@ -45,6 +45,7 @@ from pytest_precalign.compare.pairs import compare_traces  # noqa: E402
 from pytest_precalign.compare.tolerances import default_table  # noqa: E402
 from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack  # noqa: E402
 from pytest_precalign.recording import HookRecorder  # noqa: E402
+from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text  # noqa: E402
 from pytest_precalign.run.update_check import judge_updates, snapshot  # noqa: E402
 from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
 from pytest_precalign.trace.records import Trace  # noqa: E402
@@ -336,9 +337,9 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
         "name": m.name,
         "expected": None if m.step is None else [m.step, m.what],
         "found": None if first is None else [first.step, first.what, first.origin],
-        "evidence": None if first is None else first.evidence,
+        "evidence": None if first is None else evidence_text(first.evidence),
         "pattern": None if first is None else first.pattern,
-        "findings": list(v.findings),
+        "findings": [finding_text(f) for f in v.findings],
         "passed": v.passed,
     }
     if m.step is not None:
@@ -346,7 +347,7 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
         row["right_step"] = first is not None and first.step == m.step
         row["right_class"] = first is not None and first.what == m.what
         if m.origin:
-            told = f"{first.origin} {first.evidence}" if first is not None else ""
+            told = f"{first.origin} {evidence_text(first.evidence)}" if first is not None else ""
             row["right_origin"] = any(part in told for part in m.origin.split("|")) and bool(told)
     return row
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_precalign.reports.training_evidence_text import evidence_text
+
 from .test_training_suite_faults import _run
 
 pytest.importorskip("lightning")
@@ -35,7 +37,7 @@ def test_a_plain_users_lightning_is_named_as_a_setting_at_step_0(
     assert training is not None and training.met and training.first is not None
     first = training.first
     assert (first.step, first.what, first.origin, training.steps_compared) == (0, "settings", origin, 0)
-    assert evidence in first.evidence
+    assert evidence in evidence_text(first.evidence)
     assert run.baseline.records == () and run.candidate.records == ()  # nothing trained, no layer
 
 

@@ -20,11 +20,13 @@ from pytest_precalign.parallel.dp_scalars import join_scalars
 from pytest_precalign.parallel.layout import ParallelLayout, parse_parallel_option
 from pytest_precalign.parallel.merge import RankTrace, merge_ranks
 from pytest_precalign.parallel.sides import load_parallel_side
+from pytest_precalign.reports.training_evidence_text import DP_STATS_ONLY, evidence_text
 from pytest_precalign.trace.native_io import write_trace
 from pytest_precalign.trace.records import Record, Stats, Trace
 from pytest_precalign.trace.step_scalars import JOINED_HASH, StepScalars, scalars_manifest, scalars_of
 from pytest_precalign.trace.training_record import read_run_record
-from pytest_precalign.verdict.dp_rows import STATS_ONLY, with_replica_rows
+from pytest_precalign.verdict.dp_rows import with_replica_rows
+from pytest_precalign.verdict.run_evidence import GradsScaled
 from pytest_precalign.verdict.training_run import FirstDivergent, TrainingVerdict
 
 
@@ -218,10 +220,10 @@ def test_the_replicas_option_is_checked() -> None:
 def _rows_told(baseline: Trace, candidate: Trace) -> str:
     """The run verdict's evidence when ``model.layer``'s activation is its first divergence."""
     comparison = compare_traces(baseline, candidate, default_table())
-    first = FirstDivergent(0, "forward", "model.layer", "its output differs")
+    first = FirstDivergent(0, "forward", "model.layer", GradsScaled(0, 4, 2.0))
     verdict = with_replica_rows(TrainingVerdict(1, "approximate", first), baseline, candidate, comparison)
     assert verdict is not None and verdict.first is not None
-    return verdict.first.evidence
+    return evidence_text(verdict.first.evidence)
 
 
 def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() -> None:
@@ -236,7 +238,7 @@ def test_a_joined_activation_that_diverges_names_the_rank_whose_rows_differ() ->
     assert "DP rank(s) rank1 computed it differently" in told and "differs: stats.max 0.5" in told
     # Statistics only against a run that split the batch otherwise: said, not guessed.
     one = Trace({k: v for k, v in base.manifest.items() if k != "dp_join"}, base.records, {}, base.run)
-    assert _rows_told(one, stale_stats).endswith(STATS_ONLY)
+    assert _rows_told(one, stale_stats).endswith(DP_STATS_ONLY)
     assert "DP rank" not in _rows_told(base, _joined())  # nothing failed: nothing added
 
 

@@ -17,6 +17,8 @@ import pytest
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
+from pytest_precalign.reports.training_evidence_text import evidence_text
+from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.run.case import run_case
 from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.specs.envelope import EnvelopeSpec
@@ -88,7 +90,7 @@ def test_a_clean_candidate_is_within_the_envelope(config: AlignConfig) -> None:
     assert run.training is not None and run.training.passed and run.training.lane == "envelope"
     # CPU reruns of this tiny loop are bitwise equal: the envelope is 0 and the floor decides
     assert run.training.envelope.startswith("2 clean rerun(s), widest spread per scalar: loss 0,")
-    assert run.training.as_dict()["envelope"] == run.training.envelope
+    assert training_dict(run.training)["envelope"] == run.training.envelope
 
 
 def test_the_envelope_fails_a_small_fault_the_table_passes(config: AlignConfig) -> None:
@@ -104,10 +106,10 @@ def test_the_envelope_fails_a_small_fault_the_table_passes(config: AlignConfig) 
         "forward_or_backward",
         "grad_norm",
     )
-    assert (
-        "noise envelope: grad_norm spread 0 over 1 clean rerun(s) of the baseline" in training.first.evidence
+    assert "noise envelope: grad_norm spread 0 over 1 clean rerun(s) of the baseline" in evidence_text(
+        training.first.evidence
     )
-    assert "(max of 4 x spread, floor 1e-06 x |baseline|)" in training.first.evidence
+    assert "(max of 4 x spread, floor 1e-06 x |baseline|)" in evidence_text(training.first.evidence)
     assert "steps over it: 3 (steps_over allows 0)" in training.envelope
 
 

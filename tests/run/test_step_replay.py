@@ -18,8 +18,9 @@ from pytest_precalign.config.specs import AlignConfig, Dumps
 from pytest_precalign.errors import ConfigError
 from pytest_precalign.reports.document import report_document
 from pytest_precalign.reports.outcome import phase_outcome
-from pytest_precalign.reports.replay_text import replay_text, training_dict
+from pytest_precalign.reports.replay_text import replay_text
 from pytest_precalign.reports.text import PhaseReport
+from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.run.case import check_modules, run_case
 from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.run.step_replay import StateCarrier, not_replayable, replay_step

@@ -10,6 +10,7 @@ from pytest_precalign.config.specs import OptimizerSpec
 from pytest_precalign.reports.document import report_document
 from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport, failure_message
+from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.run.case import check_modules
 from pytest_precalign.run.outcome import CaseRun
 
@@ -71,7 +72,7 @@ def test_a_layer_bug_from_step_5_is_named_at_step_5_and_later_steps_are_downstre
 def test_a_clean_rerun_is_aligned_over_every_step() -> None:
     case = run(start=10**6, steps=4)
     assert case.training is not None and case.training.passed
-    assert case.training.as_dict()["first_divergent_step"] is None
+    assert training_dict(case.training)["first_divergent_step"] is None
     assert all(report(case, p).passed for p in case.phases)
 
 

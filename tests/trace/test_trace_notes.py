@@ -5,6 +5,7 @@ through ``with_notes`` / ``with_run`` with the manifest written to disk kept the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,20 @@ def test_a_trace_made_in_memory_reads_its_notes_from_its_manifest() -> None:
     assert trace.notes == TraceNotes(
         steps=(0, 1), incomplete_steps=(IncompleteStep(step=2, detail="rank1/ is missing"),)
     )
+
+
+def test_a_trace_made_in_memory_with_a_malformed_note_is_refused_when_made() -> None:
+    """The notes are held from construction: a builder that puts a note of the wrong shape in
+    a manifest is told at once, not by whichever stage reads the note later."""
+    with pytest.raises(TraceError, match=r"manifest: incomplete_steps\[0\]\['step'\] must be an integer"):
+        _trace({"incomplete_steps": [{"step": "2", "detail": "x"}]})
+
+
+def test_a_trace_made_from_another_with_a_new_manifest_reads_that_manifest_notes() -> None:
+    trace = _trace({"steps": [0, 1]})
+    moved = replace(trace, manifest={**trace.manifest, "steps": [0, 1, 2]})
+    assert moved.notes.steps == (0, 1, 2)
+    assert trace.with_records(trace.records).notes is trace.notes
 
 
 def test_every_nested_block_is_read_typed_and_written_back_byte_for_byte(tmp_path: Path) -> None:

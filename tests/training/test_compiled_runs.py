@@ -57,7 +57,7 @@ def test_inductor_qwen2_recorded_in_stats_mode_is_one_graph_and_bitwise() -> Non
     assert all(torch.equal(recorded[1][n], bare[1][n]) for n in bare[1])
     trace = rec.trace({})
     kinds = {r.kind for r in trace.records}
-    assert kinds == {"input", "activation", "grad_output", "param_grad"}  # outputs' grads in the graph
+    assert kinds == {"input", "activation", "grad_output", "grad_input", "param_grad"}  # grads in the graph
     assert all(r.stats is not None for r in trace.records)
     assert not any("_orig_mod" in r.name for r in trace.records)
 

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack
+from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.trace.training_record import RunRecord
 from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
@@ -92,7 +93,7 @@ def test_a_warmup_one_step_behind_is_the_schedule_at_step_1(
 
     v = verdict(baseline, train(plant=lag))
     assert found(v) == (1, "schedule", "lr[0]")
-    assert v.first is not None and "lr at step 1: 5.000e-03 vs 0.000e+00" in v.first.evidence
+    assert v.first is not None and "lr at step 1: 5.000e-03 vs 0.000e+00" in evidence_text(v.first.evidence)
 
 
 def test_a_decay_horizon_shortened_by_the_warmup_is_a_contract_difference(
@@ -112,4 +113,8 @@ def test_weight_decay_on_the_norms_is_a_contract_difference_naming_a_norm(
 ) -> None:
     v = verdict(baseline, train(OptimizerSpec(**{**SPEC.__dict__, "no_decay": ("*.bias",)})))
     assert found(v)[:2] == (0, "settings")
-    assert v.first is not None and "layernorm" in v.first.evidence and ": 0 vs 0.1" in v.first.evidence
+    assert (
+        v.first is not None
+        and "layernorm" in evidence_text(v.first.evidence)
+        and ": 0 vs 0.1" in evidence_text(v.first.evidence)
+    )

@@ -6,6 +6,7 @@ forgives that many steps; the evidence quotes the envelope."""
 from __future__ import annotations
 
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.specs.envelope import EnvelopeSpec
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import RunRecord
@@ -43,7 +44,7 @@ def test_within_factor_times_the_spread_passes_and_beyond_it_fails() -> None:
     assert not failed.passed and failed.first is not None and failed.lane == "envelope"
     assert (failed.first.step, failed.first.origin) == (1, "grad_norm")
     assert "noise envelope: grad_norm spread 1e-06 over 2 clean rerun(s) of the baseline, allowed 4e-06" in (
-        failed.first.evidence
+        evidence_text(failed.first.evidence)
     )
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text
+from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import RunRecord, TrainingPlan
@@ -55,7 +57,7 @@ def first(v: TrainingVerdict) -> tuple[int, str, str]:
 def test_identical_runs_are_aligned_over_every_step() -> None:
     v = judge(run(), run())
     assert v.passed and v.steps_compared == STEPS
-    assert v.as_dict()["first_divergent_step"] is None
+    assert training_dict(v)["first_divergent_step"] is None
 
 
 def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
@@ -63,7 +65,7 @@ def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
     behind = [0.0, 0.0, 5e-4, 1e-3]
     v = judge(run(lr=lambda s: (warm[min(s, 3)],) * 2), run(lr=lambda s: (behind[min(s, 3)],) * 2))
     assert first(v) == (1, "schedule", "lr[0]")
-    assert v.first is not None and "lr at step 1: 5.000e-04 vs 0.000e+00" in v.first.evidence
+    assert v.first is not None and "lr at step 1: 5.000e-04 vs 0.000e+00" in evidence_text(v.first.evidence)
     assert v.downstream == "steps 2-9 are downstream of it"
     assert v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
 
@@ -94,7 +96,7 @@ def test_grads_twice_as_large_are_the_grad_reduction() -> None:
 def test_a_bug_from_step_5_is_found_at_step_5() -> None:
     v = judge(run(), run(loss=lambda s: 5.6 - 0.01 * s + (1e-3 if s >= 5 else 0.0)))
     assert first(v) == (5, "loss", "loss")
-    assert v.first is not None and "record layers" in v.first.evidence
+    assert v.first is not None and "record layers" in evidence_text(v.first.evidence)
 
 
 def test_a_different_batch_is_data() -> None:
@@ -128,7 +130,7 @@ def test_an_update_difference_is_judged_in_the_exact_lane_only() -> None:
 def test_a_run_that_does_not_line_up_fails_closed(cand: dict[int, StepScalars], finding: str) -> None:
     v = judge(run(), cand)
     assert not v.passed
-    assert any(f.startswith(finding) for f in v.findings), v.findings
+    assert any(finding_text(f).startswith(finding) for f in v.findings), v.findings
 
 
 def plan(lr: list[float], groups: list[list[str]], **kw: object) -> TrainingPlan:
@@ -165,7 +167,7 @@ def test_a_shorter_decay_horizon_fails_the_contract_at_its_first_step() -> None:
     v = contract(plan(cosine(10, 10), GROUPS), plan(cosine(10, 8), GROUPS))
     assert first(v) == (1, "settings", "lr")
     assert v.first is not None
-    assert "lr at step 1: 9.755e-04 vs 9.619e-04" in v.first.evidence
+    assert "lr at step 1: 9.755e-04 vs 9.619e-04" in evidence_text(v.first.evidence)
     assert (
         v.first.pattern
         == "same peak, the decay ends at step 8 vs after the last planned step: another decay horizon"
@@ -185,7 +187,7 @@ def test_weight_decay_on_norms_is_named_with_a_parameter() -> None:
     cand_groups = [["w", "layer.weight", "norm.weight"], ["layer.bias"]]
     v = contract(plan([1e-3] * 3, GROUPS), plan([1e-3] * 3, cand_groups))
     assert first(v) == (0, "settings", "weight_decay")
-    assert v.first is not None and "weight_decay of norm.weight: 0 vs 0.01" in v.first.evidence
+    assert v.first is not None and "weight_decay of norm.weight: 0 vs 0.01" in evidence_text(v.first.evidence)
 
 
 def test_clipping_configured_on_one_side_only_is_a_contract_difference() -> None:
@@ -197,7 +199,7 @@ def test_an_sgd_plan_and_an_adam_plan_differ_in_their_optimizer_not_in_betas() -
     sgd = plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0)
     v = contract(plan([1e-3] * 3, GROUPS, momentum=None), sgd)
     assert first(v) == (0, "settings", "optimizer")
-    assert v.first is not None and "optimizer: 'adamw' vs 'sgd'" in v.first.evidence
+    assert v.first is not None and "optimizer: 'adamw' vs 'sgd'" in evidence_text(v.first.evidence)
 
 
 def test_a_setting_one_side_does_not_say_is_not_compared_and_is_listed() -> None:
@@ -207,7 +209,7 @@ def test_a_setting_one_side_does_not_say_is_not_compared_and_is_listed() -> None
     v = contract(sgd, unsaid)
     assert v.passed, v.first
     assert v.unsaid == ("momentum (only the baseline says: 0.9)",)
-    assert v.as_dict()["unsaid_settings"] == ["momentum (only the baseline says: 0.9)"]
+    assert training_dict(v)["unsaid_settings"] == ["momentum (only the baseline says: 0.9)"]
     assert contract(sgd, sgd).unsaid == ()  # neither says betas / eps: equal, nothing listed
     other = contract(sgd, plan([1e-3] * 3, GROUPS, optimizer="sgd", betas=None, eps=None, momentum=0.0))
     assert first(other) == (0, "settings", "momentum")
@@ -220,7 +222,9 @@ def test_precision_is_compared_and_autocast_is_not() -> None:
     v = contract(autocast, plan([1e-3] * 3, GROUPS, precision="float32", autocast=False))
     assert first(v) == (0, "settings", "precision")
     # a recorded plan is in its side's settings: their precision check tells it first
-    assert v.first is not None and "precision bfloat16 vs float32 (autocast on vs off)" in v.first.evidence
+    assert v.first is not None and "precision bfloat16 vs float32 (autocast on vs off)" in evidence_text(
+        v.first.evidence
+    )
 
 
 def test_different_initial_weights_are_weights() -> None:
@@ -251,7 +255,7 @@ def test_a_layer_bug_from_step_2_names_the_layer_at_step_2() -> None:
     records = records_run([good] * 4, [good, good, two_layers(1.0, 1.0, 2.0), two_layers(1.0, 1.0, 2.0)])
     v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (2, "forward", "b")
-    assert v.first is not None and "its inputs matched, its output did not" in v.first.evidence
+    assert v.first is not None and "its inputs matched, its output did not" in evidence_text(v.first.evidence)
     assert v.steps_compared == 4
 
 
@@ -288,7 +292,9 @@ def test_param_grads_of_several_modules_off_after_a_matching_backward_are_their_
     records = records_run([backward_grads(1.0, 1.0)], [backward_grads(1.01, 0.99)])
     v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (0, "grad_reduction", "grads")
-    assert v.first is not None and "every activation grad of the backward matched" in v.first.evidence
+    assert v.first is not None and "every activation grad of the backward matched" in evidence_text(
+        v.first.evidence
+    )
     assert "after the backward" in v.first.pattern
 
 
@@ -316,7 +322,7 @@ def test_a_grad_norm_off_while_every_recorded_grad_matched_is_clippings_norm() -
         default_table(),
     )
     assert first(v) == (0, "clipping", "grad_norm")
-    assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
+    assert v.first is not None and "all 3 recorded parameter grads matched" in evidence_text(v.first.evidence)
     # without records of the grads the grad norm stays a backward difference
     assert first(judge(run(), run(grad_norm=lambda s: 1.9 - 0.1 * s)))[1] == "backward"
 
@@ -371,7 +377,9 @@ def test_the_contract_pairs_megatron_parameters_with_hf_ones_through_the_preset(
         lambda n: baseline_param_names(mapping, n),
     )
     assert first(v) == (0, "settings", "weight_decay")
-    assert v.first is not None and "weight_decay of model.norm.weight: 0 vs 0.01" in v.first.evidence
+    assert v.first is not None and "weight_decay of model.norm.weight: 0 vs 0.01" in evidence_text(
+        v.first.evidence
+    )
     meg[0].remove("decoder.final_layernorm.weight")
     meg[1].append("decoder.final_layernorm.weight")
     v = judge_run(RunRecord(planned(base), run()), RunRecord(planned(plan([1e-3] * 3, meg)), run()), {}, default_table(),
@@ -417,8 +425,10 @@ def test_a_loss_that_matched_while_its_grad_did_not_is_the_loss() -> None:
     records = records_run([loss_backward(1.0)], [loss_backward(3.0)])
     v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (0, "loss", "loss")
-    assert v.first is not None and "the loss matched (1 loss record(s) of the step)" in v.first.evidence
-    assert "its grad w.r.t. head's output" in v.first.evidence
+    assert v.first is not None and "the loss matched (1 loss record(s) of the step)" in evidence_text(
+        v.first.evidence
+    )
+    assert "its grad w.r.t. head's output" in evidence_text(v.first.evidence)
 
 
 def test_a_grad_made_inside_a_module_or_without_a_loss_record_stays_the_backward() -> None:
@@ -428,7 +438,11 @@ def test_a_grad_made_inside_a_module_or_without_a_loss_record_stays_the_backward
     # The loss itself differs: that is the loss, by its value.
     both = records_run([loss_backward(1.0)], [loss_backward(3.0, loss=2.0)])
     v = judge_run(RunRecord(), RunRecord(), both, default_table())
-    assert first(v) == (0, "loss", "loss") and v.first is not None and "the loss differs" in v.first.evidence
+    assert (
+        first(v) == (0, "loss", "loss")
+        and v.first is not None
+        and "the loss differs" in evidence_text(v.first.evidence)
+    )
 
 
 def test_a_grad_recorded_on_one_side_only_is_the_backward_naming_the_parameter() -> None:
@@ -447,7 +461,7 @@ def test_a_grad_recorded_on_one_side_only_is_the_backward_naming_the_parameter()
     assert v.first is not None and not v.passed
     assert (
         "1 parameter(s) got a grad at step 0 on one side only (1 on the baseline): a.weight"
-        in v.first.evidence
+        in evidence_text(v.first.evidence)
     )
     # the same grads on both sides: the grad norm stays clipping's norm
     same = records_run([frozen], [frozen])
@@ -500,9 +514,9 @@ def test_a_grad_norm_off_where_the_layers_clear_the_forward_is_the_backward() ->
     assert first(v) == (2, "backward", "grad_norm")
     assert (
         v.first is not None
-        and "while every forward record of step 2 matched (4 compared)" in v.first.evidence
+        and "while every forward record of step 2 matched (4 compared)" in evidence_text(v.first.evidence)
     )
-    assert "as the sides' losses have since step 0" in v.first.evidence
+    assert "as the sides' losses have since step 0" in evidence_text(v.first.evidence)
 
 
 def test_the_loss_moving_still_keeps_the_forward_where_no_layer_or_no_earlier_move_clears_it() -> None:
@@ -533,7 +547,7 @@ def test_a_grad_norm_off_with_the_forward_and_every_grad_matched_is_clippings_no
         default_table(),
     )
     assert first(v) == (2, "clipping", "grad_norm")
-    assert v.first is not None and "all 3 recorded parameter grads matched" in v.first.evidence
+    assert v.first is not None and "all 3 recorded parameter grads matched" in evidence_text(v.first.evidence)
 
 
 def _rows_run(rows: dict[int, int], joined: bool) -> dict[int, StepScalars]:
@@ -549,7 +563,9 @@ def test_a_dp_run_that_trained_other_rows_than_one_process_is_data_at_that_step(
     # each rank shuffled its rows: step 1 holds other rows of the dataset
     v = judge(_rows_run({}, joined=False), _rows_run({1: 99}, joined=True))
     assert first(v) == (1, "data", "rows")
-    assert v.first is not None and "the candidate's DP replicas' rows joined" in v.first.evidence
+    assert v.first is not None and "the candidate's DP replicas' rows joined" in evidence_text(
+        v.first.evidence
+    )
     # a side recorded before rows hashes existed: not compared, no finding
     older = {s: replace(x, rows_hash=None) for s, x in _rows_run({1: 99}, joined=True).items()}
     assert judge(_rows_run({}, joined=False), older).passed
@@ -560,6 +576,6 @@ def test_two_dp_runs_whose_replicas_trained_other_rows_name_the_replica() -> Non
     cand = run(batch_hash=lambda s: f"dp-replicas:{'a' * 16},{('c' if s == 2 else 'b') * 16}")
     v = judge(base, cand)
     assert first(v) == (2, "data", "batch")
-    assert v.first is not None and v.first.evidence.endswith(
+    assert v.first is not None and evidence_text(v.first.evidence).endswith(
         "(DP replica 1: sha256 bbbbbbbbbbbb vs cccccccccccc)"
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import Adapter, RunRecord, TrainingPlan, TrainingSettings
 from pytest_precalign.verdict.training_run import judge_run
@@ -39,7 +40,7 @@ def _first(base: RunRecord, cand: RunRecord) -> tuple[int, str, str, str]:
     verdict = judge_run(base, cand, {}, default_table())
     assert verdict.first is not None
     first = verdict.first
-    return first.step, first.what, first.origin, first.evidence
+    return first.step, first.what, first.origin, evidence_text(first.evidence)
 
 
 def test_a_learning_rate_argument_names_the_lr_difference() -> None:

@@ -112,7 +112,7 @@ def _read_rank(folder: Path, step: int, rank: int, hash_only: bool, stack: bool)
         tensors = PtTensors(tensor_dir, build.shapes, stamps)
     notes = TraceNotes.from_manifest(manifest, str(folder / (MANIFEST_SIDECAR if kept else DUMP_FILE)))
     recheck(folder, {folder: identity})  # one version read, or refused
-    return Trace(manifest=manifest, records=tuple(records), tensors=tensors, run=run).holding(notes)
+    return Trace(manifest=manifest, records=tuple(records), tensors=tensors, run=run, given_notes=notes)
 
 
 def _kept_manifest(folder: Path) -> tuple[dict[str, Any], RunRecord]:

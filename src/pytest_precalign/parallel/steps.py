@@ -93,7 +93,7 @@ def _run_record(steps: Sequence[tuple[int, Trace]], where: Mapping[int, str]) ->
 
 
 def _with_path(trace: Trace, root: Path) -> Trace:
-    return replace(trace, manifest={**trace.manifest, "path": str(root)}).holding(trace.notes)
+    return replace(trace, manifest={**trace.manifest, "path": str(root)}, given_notes=trace.notes)
 
 
 def split_incomplete(

@@ -1,8 +1,8 @@
 """Stats mode under ``torch.compile``, on the recorder's side: the module calls the compiled
 graph recorded (``compiled_stats.InGraphStats``) turned into the recorder's drafts, their
 statistics fetched when the step ends (one host sync per device), their outputs' grads from the
-compiled backward (``compiled_grads.py``), the grads of their inputs listed as not recordable,
-and the manifest's ``"compiled"`` note."""
+compiled backward (``compiled_grads.py``) and of their inputs, and the manifest's ``"compiled"``
+note."""
 
 from __future__ import annotations
 
@@ -17,8 +17,22 @@ from ..trace.records import Record, Stats, record_id
 from ..vocabulary import Kind
 from .calls import _Call
 from .compiled import SPLITS_GRAPH
-from .compiled_grads import ELSEWHERE, NESTED, OVERFLOW, WIDTH, pick_row
-from .compiled_stats import NOT_RECORDED, Entry, GradRows, fetch_vectors, in_graph_stats, vector_stats
+from .compiled_grads import (
+    EAGER,
+    ELSE,
+    ELSEWHERE,
+    IS_LEAF,
+    IS_VIEW,
+    LEAF,
+    NESTED,
+    NOT_IN_GRAPH,
+    OVERFLOW,
+    PAST,
+    VIEW,
+    WIDTH,
+    pick_row,
+)
+from .compiled_stats import Entry, fetch_vectors, in_graph_stats, vector_stats
 from .record_factory import Draft
 
 DYNAMO_CTX = r"<class 'torch\.autograd\.function\.Function'> should not be instantiated"
@@ -28,6 +42,25 @@ NOT_TRACED = (
     "the recorder's hooks were added (dynamo does not see hooks added later); start recording "
     "(Recorder.start, or enter HookRecorder) before the model's first compiled forward"
 )
+
+
+NESTED_ROW = -4  # an output nested deeper than ``GradSink.wrap`` rebuilds
+
+
+@dataclasses.dataclass
+class _GradEvent:
+    """One module call's output or input grad to draft, in backward order: after its owner of
+    the row (the output or rebased input whose tensor it is) come the inputs that take the row
+    (the eager recorder's hooks on one tensor run in the order they were added)."""
+
+    name: str
+    call: int
+    kind: Kind
+    entry: Entry
+    serial: torch.Tensor
+    row: int
+    drafted: bool  # its module is selected and grads are recorded
+    after: list[_GradEvent] = dataclasses.field(default_factory=list)
 
 
 def splits_note(mode: str, level: str) -> CompiledNote:
@@ -71,36 +104,58 @@ class CompiledRecords:
     ) -> None:
         """The module calls recorded since the last drain, appended to ``records`` as drafts
         (``calls``: the recorder's call counts; ``last_call``: each module's last call, the
-        deps of its parameters' grads), their outputs' grads after them in backward order;
-        their inputs' grads in ``not_recordable``."""
+        deps of its parameters' grads), the grads of their outputs and inputs after them in
+        backward order (``_GradEvent``); those without in-graph statistics in ``not_recordable``."""
         if not self.graph.calls:
             return
-        grads: list[tuple[str, str, int, Entry, int, GradRows]] = []  # the outputs' grads to draft
-        for name, kind, entries, rows in self.graph.take():
-            if not self.selected(name):
-                continue
-            cls, key, open_calls = self.graph.names[name], (name, step), self.open.setdefault(name, [])
-            if kind == "input":
-                call = calls.get(key, 0)
-                calls[key] = call + 1
-                seqs = tuple(
-                    self._draft(records, name, cls, "input", step, call, e, ())
-                    for e in entries
-                    if self.inputs
-                )
-                open_calls.append((call, seqs))
-                last_call[name] = _Call(name, cls, call, step, seqs, [])
-                for slot, _, _, requires_grad, _ in entries if self.grads else ():
-                    if requires_grad:
-                        not_recordable[record_id(name, "grad_input", slot, step, call)] = NOT_RECORDED
-                continue
-            call, seqs = open_calls.pop() if open_calls else (max(calls.get(key, 1) - 1, 0), ())
+        owners: list[_GradEvent] = []  # the grads that own a row (or have none), forward order
+        by_row: dict[int, _GradEvent] = {}  # this forward's owner of each row
+        for name, kind, entries, (serial, rows, owns) in self.graph.take():
+            selected = self.selected(name)
+            call = self._forward(records, calls, last_call, step, (name, kind, entries)) if selected else -1
             for i, entry in enumerate(entries):
-                self._draft(records, name, cls, "activation", step, call, entry, seqs)
-                if self.grads and entry[3]:
-                    grads.append((name, cls, call, entry, i, rows))
-        for name, cls, call, entry, i, rows in reversed(grads):
-            self._grad_draft(records, last_call, not_recordable, step, (name, cls, call, entry, i, rows))
+                if not entry[3]:  # no grad
+                    continue
+                row, own = (rows[i], owns[i]) if i < len(rows) else (NESTED_ROW, True)
+                grad: Kind = "grad_input" if kind == "input" else "grad_output"
+                event = _GradEvent(name, call, grad, entry, serial, row, selected and self.grads)
+                owner = by_row.get(row) if row >= 0 and not own else None
+                if owner is not None:  # the same tensor as an earlier output or rebased input
+                    owner.after.append(event)
+                    continue
+                owners.append(event)
+                if row >= 0:
+                    by_row[row] = event
+        outputs: dict[tuple[str, int], list[int]] = {}  # a call's output grads: its inputs' deps
+        for owner in reversed(owners):
+            for event in (owner, *owner.after):
+                if event.drafted:
+                    self._grad_draft(records, last_call, not_recordable, step, event, outputs)
+
+    def _forward(
+        self,
+        records: list[Record | Draft],
+        calls: dict[tuple[str, int], int],
+        last_call: dict[str, _Call],
+        step: int,
+        module_call: tuple[str, str, tuple[Entry, ...]],
+    ) -> int:
+        """The drafts of one module call's inputs (kind ``input``) or outputs; its call number."""
+        name, kind, entries = module_call
+        cls, key, open_calls = self.graph.names[name], (name, step), self.open.setdefault(name, [])
+        if kind == "input":
+            call = calls.get(key, 0)
+            calls[key] = call + 1
+            seqs = tuple(
+                self._draft(records, name, cls, "input", step, call, e, ()) for e in entries if self.inputs
+            )
+            open_calls.append((call, seqs))
+            last_call[name] = _Call(name, cls, call, step, seqs, [])
+            return call
+        call, seqs = open_calls.pop() if open_calls else (max(calls.get(key, 1) - 1, 0), ())
+        for entry in entries:
+            self._draft(records, name, cls, "activation", step, call, entry, seqs)
+        return call
 
     def _grad_draft(
         self,
@@ -108,22 +163,26 @@ class CompiledRecords:
         last_call: dict[str, _Call],
         not_recordable: dict[str, str],
         step: int,
-        grad: tuple[str, str, int, Entry, int, GradRows],
+        event: _GradEvent,
+        outputs: dict[tuple[str, int], list[int]],
     ) -> None:
-        """The draft of one output's grad (statistics from the grad sink at the step's end), or
-        why it has none in ``not_recordable``."""
-        name, cls, call, entry, i, rows = grad
-        slot, dtype, shape, _, _ = entry
-        assert rows is not None  # an output call's
-        serial, row = rows[0], rows[1][i] if i < len(rows[1]) else -4
+        """The draft of one grad (statistics from the grad sink at the step's end), or why it has
+        none in ``not_recordable``; an input's grad depends on its call's output grads."""
+        name, call, kind, row = event.name, event.call, event.kind, event.row
+        slot, dtype, shape, _, _ = event.entry
         if row < 0:
-            overflow = OVERFLOW.format(capacity=self.graph.grads.capacity)
-            why = {-2: overflow, -3: ELSEWHERE}.get(row, NESTED)
-            not_recordable[record_id(name, "grad_output", slot, step, call)] = why
+            why = {PAST: OVERFLOW.format(capacity=self.graph.grads.capacity), ELSE: ELSEWHERE}
+            why |= {IS_LEAF: LEAF, IS_VIEW: VIEW, EAGER: NOT_IN_GRAPH}
+            not_recordable[record_id(name, kind, slot, step, call)] = why.get(row, NESTED)
             return
-        seq = len(records)
-        records.append((name, cls, "grad_output", step, call, slot, dtype, shape, (), None, None, None))
-        self.grad_rows.append((seq, serial, row))
+        seq, cls = len(records), self.graph.names[name]
+        mine = outputs.setdefault((name, call), [])
+        deps = tuple(mine) if kind == "grad_input" else ()
+        records.append((name, cls, kind, step, call, slot, dtype, shape, deps, None, None, None))
+        self.grad_rows.append((seq, event.serial, row))
+        if kind == "grad_input":
+            return
+        mine.append(seq)
         state = last_call.get(name)
         if state is not None and state.call == call:
             state.grad_output_seqs.append(seq)  # the deps of its parameters' grads, as in eager
@@ -196,7 +255,7 @@ class CompiledRecords:
 
     def note(self, recorded_any: bool) -> CompiledNote:
         """The manifest's ``"compiled"`` note; warns when the graph never ran the hooks."""
-        note = CompiledNote("in the graph", not_recorded={"grad_input": NOT_RECORDED})
+        note = CompiledNote("in the graph")
         if not self.open and recorded_any:
             note = dataclasses.replace(note, forward=NOT_TRACED)
             warnings.warn(NOT_TRACED, stacklevel=4)

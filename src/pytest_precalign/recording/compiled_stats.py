@@ -23,12 +23,12 @@ norm within 2 * 2**-24 relatively of the exact values; other tensors' sums on th
 widening (``docs/training.md``, torch.compile).
 They are read when the step ends, all in one conversion (one host sync).
 
-Backward: the grads of module outputs (``grad_output``) are computed inside the compiled backward
-graph too (``compiled_grads.py``: each output that requires grad passes through an identity
-autograd function whose backward computes the statistics of its grad); the grads w.r.t. module
-inputs are not recorded: the recorder lists each one it would have recorded as not recordable,
-with the reason (the compare pairs nothing with them and says why). Parameter grads are
-recorded by their post-accumulate hooks, which run in eager autograd after the compiled backward.
+Backward: the grads of module outputs (``grad_output``) and of module inputs (``grad_input``)
+are computed inside the compiled backward graph too (``compiled_grads.py``: each output that
+requires grad passes through an identity autograd function whose backward computes the
+statistics of its grad; an input takes the row of the output it is, or is rebased in place on
+the same function). Parameter grads are recorded by their post-accumulate hooks, which run in
+eager autograd after the compiled backward.
 """
 
 from __future__ import annotations
@@ -50,23 +50,16 @@ from .tensor_summary import flatten
 
 # One tensor of a module call: slot, dtype, shape, requires_grad, statistics vector (see above).
 Entry = tuple[str, torch.dtype, Sequence[int], bool, torch.Tensor]
-# An output call's grads: its forward's serial number (a tensor) and each output tensor's row
-# in the grad sink (``GradSink.wrap``); None for an input call.
-GradRows = tuple[torch.Tensor, tuple[int, ...]] | None
+# A call's grads: its forward's serial number (a tensor), each tensor's row in the grad sink
+# (``GradSink.wrap``, ``GradSink.wrap_inputs``: negative, why none) and whether the call owns the
+# row (an output's, an input rebased at this call) or takes it from a tensor measured before.
+GradRows = tuple[torch.Tensor, tuple[int, ...], tuple[bool, ...]]
 # One module call's inputs ("input", at its pre-hook) or outputs ("activation", at its hook).
 Call = tuple[str, str, tuple[Entry, ...], GradRows]
 
-NOT_RECORDED = (
-    "not recorded under torch.compile (a module input's grad is its tensor's whole grad, which "
-    "no hook inside the compiled graph sees; module output grads and parameter grads are recorded)"
-)
 
-
-def _entries(value: Any, prefix: str) -> tuple[Entry, ...]:
-    return tuple(
-        (slot, t.dtype, t.shape, t.requires_grad, stats_vector_in_graph(t))
-        for slot, t in flatten(value, prefix)
-    )
+def _entries(tensors: list[tuple[str, torch.Tensor]]) -> tuple[Entry, ...]:
+    return tuple((slot, t.dtype, t.shape, t.requires_grad, stats_vector_in_graph(t)) for slot, t in tensors)
 
 
 class InGraphStats:
@@ -85,26 +78,36 @@ class InGraphStats:
             module.register_forward_pre_hook(partial(self._entered, name), with_kwargs=True)
             module.register_forward_hook(partial(self._left, name), with_kwargs=True)
             modules += 1
+        model.register_forward_hook(self._ended)
         param = next(model.parameters(), None)
         device = torch.device("cpu") if param is None or param.is_meta else param.device
-        # Rows for the outputs of one forward: 4 per module (calls and outputs), and some more.
+        # Rows for the outputs (and inputs rebased, compiled_grads.py) of one forward: 4 per module.
         self.grads = GradSink(4 * modules + 16, device)
 
     def _entered(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self.on:
-            self.calls.append((name, "input", _entries(args, "in") + _entries(kwargs, "in"), None))
+        if not self.on:
+            return
+        tensors = flatten(args, "in") + flatten(kwargs, "in")
+        entries = _entries(tensors)  # the statistics of the inputs before any is rebased
+        rows, owns = self.grads.wrap_inputs([t for _, t in tensors])
+        self.calls.append((name, "input", entries, (self.grads.serial, rows, owns)))
 
     def _left(
         self, name: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> Any:
         if not self.on:
             return None
-        entries = _entries(output, "out")
+        entries = _entries(flatten(output, "out"))
         output, rows = self.grads.wrap(output)
-        self.calls.append((name, "activation", entries, (self.grads.serial, rows)))
+        self.calls.append((name, "activation", entries, (self.grads.serial, rows, (True,) * len(rows))))
         return output
+
+    def _ended(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """The model's forward ended: its tensors are not the next forward's inputs."""
+        if self.on:
+            self.grads.seen.clear()
 
     def take(self) -> list[Call]:
         """The module calls recorded since the last ``take`` (and forgets them)."""

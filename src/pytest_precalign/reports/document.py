@@ -16,8 +16,8 @@ from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
-from .replay_text import training_dict
 from .text import PhaseReport, verdict_label, worst_metric
+from .training_json import training_dict
 
 
 def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:

@@ -1,25 +1,13 @@
 """The replay of a run's first divergent step in words, made when the verdict is rendered
 (the verdict holds the typed ``Replay``: ``verdict.replay_finding``): what the replay found
 (``story``), or why the step was not replayed and what to record to drill into it by hand
-(``to_record``); and the run verdict's report.json block with it (``training_dict``)."""
+(``to_record``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..verdict.replay_finding import NotReplayed, ReplayFinding
+from ..verdict.replay_finding import NotReplayed, ReplayFinding, StepMatched
 from ..verdict.training_run import TrainingVerdict
-from .not_compared_text import not_compared_text
-
-
-def training_dict(verdict: TrainingVerdict) -> dict[str, Any]:
-    """The run verdict's report.json block: its facts, the replay told in words (``story``),
-    what it did not compare in words."""
-    out = verdict.as_dict()
-    out["not_compared"] = [not_compared_text(n) for n in verdict.not_compared]
-    if verdict.replay is not None:
-        out["replay"] = {**verdict.replay.as_dict(), "story": replay_text(verdict)}
-    return out
+from .training_evidence_text import evidence_text
 
 
 def replay_text(verdict: TrainingVerdict) -> str:
@@ -44,8 +32,21 @@ def story(verdict: TrainingVerdict, finding: ReplayFinding) -> str:
         else "replayed from the synced initial state in tensor mode"
     )
     if not finding.origin:
-        return f"{head}; {start}: {finding.evidence}"
-    return f"{head}; {start}: origin {finding.origin} ({finding.what}) — {finding.evidence}"
+        return f"{head}; {start}: {replay_evidence_text(finding)}"
+    return f"{head}; {start}: origin {finding.origin} ({finding.what}) — {replay_evidence_text(finding)}"
+
+
+def replay_evidence_text(finding: ReplayFinding) -> str:
+    """What the replay found, in words."""
+    told = finding.evidence
+    if isinstance(told, StepMatched):
+        k = told.step
+        return (
+            f"step {k} matched on equal state ({told.compared} records compared): what differs is the "
+            f"state the candidate carried into step {k} (its parameters or optimizer state after "
+            f"step {k - 1}), not step {k} itself"
+        )
+    return evidence_text(told)
 
 
 def _scalars_at(verdict: TrainingVerdict, step: int) -> str:

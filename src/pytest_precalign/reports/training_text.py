@@ -5,9 +5,11 @@ line up between the runs."""
 from __future__ import annotations
 
 from ..verdict.replay_finding import NotReplayed, ReplayFinding
+from ..verdict.run_findings import PlanMissing
 from ..verdict.training_run import TrainingVerdict
 from .not_compared_text import not_compared_text
 from .replay_text import replay_text
+from .training_evidence_text import evidence_text, finding_text, warning_text
 
 LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
 # How steps are counted, said with every run story (the Trainer's own logs count from 1).
@@ -16,19 +18,19 @@ STEPS_ARE = "(0-based optimizer steps; a Trainer logs step k as k+1)"
 
 def training_lines(v: TrainingVerdict) -> list[str]:
     """The run's story, first lines of a failing item's message."""
-    warned = [f"Warning: {warning}" for warning in v.warnings]
+    warned = [f"Warning: {warning_text(w)}" for w in v.warnings]
     if v.first is None and not v.findings and v.met is None:
         return [f"Training: {v.steps_compared} step(s) aligned ({v.lane} lane)", *warned]
     # Evidence one side lacks comes first: any story after it was told without that evidence.
-    lines = [w for w in warned if "has no training plan" in w]
-    warned = [w for w in warned if w not in lines]
-    lines += [f"Runs do not line up: {finding}" for finding in v.findings]
+    lines = [f"Warning: {warning_text(w)}" for w in v.warnings if isinstance(w, PlanMissing)]
+    warned = [f"Warning: {warning_text(w)}" for w in v.warnings if not isinstance(w, PlanMissing)]
+    lines += [f"Runs do not line up: {finding_text(finding)}" for finding in v.findings]
     if v.met is False:
         found = f"step {v.first.step} {v.first.what} ({v.first.origin})" if v.first else "no divergence"
         lines.append(f"Known divergence not reproduced: expected {_expected(v)}, found {found}")
     first = v.first
     if first is not None:
-        own = f"{first.what}, origin {first.origin} — {first.evidence}"
+        own = f"{first.what}, origin {first.origin} — {evidence_text(first.evidence)}"
         if isinstance(v.replay, ReplayFinding):  # the replay's story leads; the run's own records follow
             lines += [replay_text(v), f"  the run's records at step {first.step}: {own}"]
         else:
@@ -54,13 +56,17 @@ def _expected(v: TrainingVerdict) -> str:
 
 def training_summary(v: TrainingVerdict) -> str:
     """``; step 3 diverged first: schedule (lr[0])`` for the summary line."""
-    lacking = f"; runs do not line up ({len(v.findings)} finding(s): {v.findings[0]})" if v.findings else ""
+    lacking = (
+        f"; runs do not line up ({len(v.findings)} finding(s): {finding_text(v.findings[0])})"
+        if v.findings
+        else ""
+    )
     if v.first is not None:
         return f"{lacking}; step {v.first.step} diverged first: {v.first.what} ({v.first.origin})"
     if v.findings:
         return lacking
     if v.warnings:
-        return f"; warning: {v.warnings[0]}" + (
+        return f"; warning: {warning_text(v.warnings[0])}" + (
             f" (+{len(v.warnings) - 1} more)" if len(v.warnings) > 1 else ""
         )
     return ""

@@ -33,8 +33,9 @@ from ..compare.tolerances import ToleranceTable, default_table
 from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.weights import sync_weights
+from ..reports.training_evidence_text import finding_text
 from ..trace.records import Trace
-from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding
+from ..verdict.replay_finding import NotReplayed, Replay, ReplayFinding, StepMatched
 from ..verdict.training_run import TrainingVerdict
 from .launch import is_launched
 from .live import live_case
@@ -136,16 +137,11 @@ def _finding(run: CaseRun, step: int, starts: Mapping[str, Mapping[str, str]]) -
     if first is not None:
         return ReplayFinding(step, first.origin, first.what, first.evidence, starts)
     if training is not None and training.findings:
-        raise ReplayUnavailable(f"the replay's runs do not line up: {training.findings[0]}")
+        raise ReplayUnavailable(f"the replay's runs do not line up: {finding_text(training.findings[0])}")
     compared = sum(v.compared for v in run.verdicts.values())
     if not compared:
         raise ReplayUnavailable(f"the replay of step {step} compared nothing")
-    evidence = (
-        f"step {step} matched on equal state ({compared} records compared): what differs is the "
-        f"state the candidate carried into step {step} (its parameters or optimizer state after "
-        f"step {step - 1}), not step {step} itself"
-    )
-    return ReplayFinding(step, "", "none", evidence, starts)
+    return ReplayFinding(step, "", "none", StepMatched(step, compared), starts)
 
 
 @dataclass

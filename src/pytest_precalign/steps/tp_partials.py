@@ -13,7 +13,9 @@ compares them rank by rank where a run first diverges at such a module.
 The backward's evidence, the same way: each rank's local shard of the grad of a
 ``ColwiseParallel`` / ``RowwiseParallel`` module's sharded weight (a DTensor grad whose local
 tensor is this rank's share of the full grad) is read by a post-accumulate-grad hook on the
-parameter, after each accumulation (a micro-batch): its statistics in
+parameter, after each accumulation (a micro-batch; on the CPU one read by the C kernels,
+``recording/native_kernels.py``: 0.0078 s of CPU a mid step's 80 hooks, 0.064 s with torch's
+float64 copy; ``benchmarks/results/sharded.md``): its statistics in
 ``parallel.dtensors.tp_grad_shards`` (``{param: [[max, min, sum, norm], ...]}``), on each rank.
 A grad scaled on one TP rank before the optimizer reads it shows in that rank's shard.
 """
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from ..recording import native_kernels
 from .tp_plan import output_hook_id
 
 
@@ -103,8 +106,13 @@ def _grad_reader(calls: list[list[float] | None]) -> Callable[[torch.Tensor], No
 
 
 def _row(local: torch.Tensor) -> list[float] | None:
-    """[max, min, sum, norm] of a local tensor in float64; None where it holds NaN or Inf."""
+    """[max, min, sum, norm] of a local tensor, the sums in float64; None where it holds NaN or
+    Inf. A CPU tensor's come from one read by the C kernels (no float64 copy, no host read);
+    another device's, or where the kernels have none, from torch's reductions on a float64 copy."""
     with torch.no_grad():
+        row = native_kernels.stats(local.detach())
+        if row is not None:
+            return row
         local = local.detach().double()
         values = torch.stack([local.max(), local.min(), local.sum(), local.square().sum().sqrt()])
         row = [float(v) for v in values.tolist()]

@@ -280,7 +280,7 @@ def read_trace(path: str | Path) -> Trace:
     shapes = {r.tensor_key: r.shape for r in records if r.tensor_key is not None}
     tensors = _ShardedTensors(root, shards, shapes, stamps)
     recheck(root, {root: identity})  # one version read, or refused
-    return Trace(manifest=manifest, records=tuple(records), tensors=tensors, run=run).holding(notes)
+    return Trace(manifest=manifest, records=tuple(records), tensors=tensors, run=run, given_notes=notes)
 
 
 _STATS_KEYS = ("max", "min", "mean", "norm", "nan", "inf")

@@ -7,16 +7,18 @@ lazy reader on disk (see ``native_io``), and the two typed parts of its manifest
 (``trace_notes.TraceNotes``). ``run`` is given at construction by whoever builds the trace: the
 loaders read it (``read_run_record``, the only parse of it), every other builder holds it typed
 (the recorder, a merge, a trace made from another one's); a trace whose manifest carries run
-keys but which is given no run is refused (``TraceError``), so ``Trace.run`` never parses. The
-loaders set ``notes`` once (``holding``); a trace made otherwise reads them from its manifest on
-first use and holds them. A change goes through ``with_notes`` / ``with_run``, which keep the
-manifest and the typed parts together; ``with_records`` keeps both.
+keys but which is given no run is refused (``TraceError``), so ``Trace.run`` never parses.
+``notes`` are held from construction too: a loader gives the notes it read (``notes=``, its
+errors naming the file); any other trace reads them from its manifest when it is made (a note of
+the wrong shape is a ``TraceError`` there, never at a later use). A change goes through
+``with_notes`` / ``with_run``, which keep the manifest and the typed parts together;
+``with_records`` keeps both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any
 
 from ..errors import TraceError
@@ -142,11 +144,15 @@ class Trace:
     # The training run's record (``training_record``), typed, as the manifest's run keys say:
     # given by the builder (see the module doc), never parsed here.
     run: RunRecord = field(default=NO_RUN, repr=False, compare=False)
-    # The notes, held once read (never copied by ``replace``: a trace with another manifest
-    # reads its own).
-    _notes: TraceNotes | None = field(default=None, init=False, repr=False, compare=False)
+    # The notes as read by the trace's maker (a loader, naming its file in any error); when not
+    # given, read from the manifest here. Never copied by ``replace``: a trace made with another
+    # manifest reads its own.
+    given_notes: InitVar[TraceNotes | None] = None
+    _notes: TraceNotes = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, given_notes: TraceNotes | None) -> None:
+        notes = TraceNotes.from_manifest(self.manifest) if given_notes is None else given_notes
+        object.__setattr__(self, "_notes", notes)
         if self.run.is_empty and any(self.manifest.get(key) is not None for key in RUN_RECORD_KEYS):
             keys = [key for key in RUN_RECORD_KEYS if self.manifest.get(key) is not None]
             raise TraceError(
@@ -154,19 +160,9 @@ class Trace:
                 "run= (a loader reads it with read_run_record; a trace made from another passes its run)"
             )
 
-    def holding(self, notes: TraceNotes | None = None) -> Trace:
-        """This trace, holding the ``notes`` its maker read from its manifest (a loader, naming
-        its file in any error)."""
-        if notes is not None:
-            object.__setattr__(self, "_notes", notes)
-        return self
-
     @property
     def notes(self) -> TraceNotes:
-        """What the recorder, a merge or the contract check noted (``trace_notes``), read once."""
-        if self._notes is None:
-            object.__setattr__(self, "_notes", TraceNotes.from_manifest(self.manifest))
-        assert self._notes is not None
+        """What the recorder, a merge or the contract check noted (``trace_notes``)."""
         return self._notes
 
     def with_notes(self, **changes: Any) -> Trace:
@@ -179,18 +175,18 @@ class Trace:
                 manifest.pop(key, None)
             else:
                 manifest[key] = value
-        return replace(self, manifest=manifest).holding(notes)
+        return replace(self, manifest=manifest, given_notes=notes)
 
     def with_run(self, run: RunRecord) -> Trace:
         """This trace holding ``run`` as its run record (its manifest's keys rewritten)."""
         manifest = {k: v for k, v in self.manifest.items() if k not in RUN_RECORD_KEYS}
         manifest |= run.manifest_keys()
-        return replace(self, manifest=manifest, run=run).holding(self._notes)
+        return replace(self, manifest=manifest, run=run, given_notes=self._notes)
 
     def with_records(self, records: tuple[Record, ...], tensors: Mapping[str, Any] | None = None) -> Trace:
         """This trace with other records (and tensors), its manifest and typed parts kept."""
-        kept = replace(self, records=records, tensors=self.tensors if tensors is None else tensors)
-        return kept.holding(self._notes)
+        tensors = self.tensors if tensors is None else tensors
+        return replace(self, records=records, tensors=tensors, given_notes=self._notes)
 
     @property
     def mode(self) -> str:

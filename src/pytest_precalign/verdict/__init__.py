@@ -18,7 +18,10 @@ envelope lane), ``training_traces`` (the verdict of two traces), ``training_sett
 judged before step 0; a plan difference told in the framework's own argument names),
 ``frozen_params`` (parameters both sides freeze, checked unchanged instead of judged),
 ``replay_finding`` (what the replay of the first divergent step found, or why it did not run),
-``not_compared`` (what the run verdict did not compare, as facts),
+``not_compared`` (what the run verdict did not compare, as facts), ``run_findings`` (what the run
+could not pair and what passed only by the table's opt-in, as facts), ``run_evidence`` (why the
+run verdict names its first divergence, as facts), ``scalar_evidence`` (why a step's scalars
+differ, as facts), ``contract_evidence`` (why the plans differ before step 0, as facts),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
 rank whose rows of a joined record differ), ``tp_ranks`` (the TP rank whose partial sum of a
 row-parallel module, or whose local shard of a sharded weight's grad, differs, or why it cannot

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from ..trace.note_blocks import ReplicaMismatch
 from ..vocabulary import TrainingClass
+from .run_evidence import ReplicasDisagree
 from .training_run import FirstDivergent, TrainingVerdict
 
 # A step's scalars in the order the step computes them, and the class each one's disagreement is.
@@ -36,15 +37,7 @@ SCALAR_CLASSES: dict[str, TrainingClass] = {
     "update_norm": "optimizer_update",
     "param_norm": "optimizer_update",
 }
-_HINTS = {
-    "grad_norm": "; each rank took the norm of its own grads (a shard's norm is not the global norm)",
-    "clip_coef": "; the ranks clipped by other coefficients",
-}
 _PREFIX = "step scalar "
-
-
-def _said(m: ReplicaMismatch) -> str:
-    return f"{', '.join(m.differ)} recorded other values than {m.kept} ({m.detail})"
 
 
 def with_replica_findings(
@@ -68,15 +61,13 @@ def with_replica_findings(
     if scalars:
         m = scalars[0]
         name = m.name[len(_PREFIX) :]
-        evidence = f"the DP replicas disagree on {name} at step {k}: {_said(m)}{_HINTS.get(name, '')}"
-        found = FirstDivergent(k, SCALAR_CLASSES[name], name, evidence)
+        found = FirstDivergent(k, SCALAR_CLASSES[name], name, ReplicasDisagree(m, name))
     elif first is None or first.step > k:
         m = at[0]
         kinds: dict[str, TrainingClass] = {"param": "optimizer_update", "param_grad": "grad_reduction"}
         fallback: TrainingClass = "backward" if m.phase == "backward" else "forward"
         what = kinds.get(m.kind, fallback)
-        evidence = f"the DP replicas disagree on {m.name} ({m.kind}) at step {k}: {_said(m)}"
-        found = FirstDivergent(k, what, m.name, evidence)
+        found = FirstDivergent(k, what, m.name, ReplicasDisagree(m))
     else:
         return training
     return replace(training, first=found)

@@ -27,12 +27,8 @@ from pathlib import PurePath
 from ..compare.pairs import Comparison, PairResult, array_pair, stats_pair
 from ..trace.note_blocks import JoinedPart
 from ..trace.records import Record, Stats, Trace
+from .run_evidence import RankRows, ReplicaRows, told_with
 from .training_run import TrainingVerdict
-
-STATS_ONLY = (
-    "which DP rank's rows differ cannot be told from statistics against a run that split the "
-    "batch otherwise (record in tensor mode, or compare with a rerun of the same DP job)"
-)
 
 
 def with_replica_rows(
@@ -55,10 +51,10 @@ def with_replica_rows(
         ),
         None,
     )
-    told = replica_rows(pair, baseline, candidate) if pair is not None else ""
-    if not told:
+    told = replica_rows(pair, baseline, candidate) if pair is not None else None
+    if told is None:
         return training
-    return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+    return replace(training, first=replace(first, evidence=told_with(first.evidence, told)))
 
 
 def _parts(trace: Trace, rec: Record) -> list[JoinedPart] | None:
@@ -89,15 +85,15 @@ def rank_name(where: str) -> str:
     return name if name.startswith("rank") else where
 
 
-def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
-    """What each DP replica's rows of ``pair`` say (module doc); "" when neither side joined
-    replicas for this record."""
+def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> ReplicaRows | None:
+    """What each DP replica's rows of ``pair`` say (module doc); None when neither side joined
+    replicas for this record (no ranks: statistics cannot tell them)."""
     a, b = pair.record, pair.candidate
     assert b is not None
     pa, pb = _parts(baseline, a), _parts(candidate, b)
     split = pb if pb is not None else pa
     if split is None or pair.tolerance is None or a.shape != b.shape or not a.shape:
-        return ""
+        return None
     side = "candidate" if pb is not None else "baseline"
     rows = [p.rows for p in split]
     dim = split[0].dim  # the batch dim as joined (a mapping may have moved it since)
@@ -112,9 +108,9 @@ def replica_rows(pair: PairResult, baseline: Trace, candidate: Trace) -> str:
     elif pa is not None and pb is not None and [p.rows for p in pa] == rows:
         results = _by_stats(pair, pa, pb)
         if results is None:
-            return ""
+            return None
     else:
-        return STATS_ONLY
+        return ReplicaRows(side)
     return _told(split, rows, results, side)
 
 
@@ -155,25 +151,13 @@ def _stats(of: Mapping[str, float]) -> Stats:
     return Stats(of["max"], of["min"], of["mean"], of["norm"], int(of.get("nan", 0)), int(of.get("inf", 0)))
 
 
-def _told(split: Sequence[JoinedPart], rows: Sequence[int], results: Sequence[PairResult], side: str) -> str:
-    other = "baseline" if side == "candidate" else "candidate"
-    said, at = [], 0
+def _told(
+    split: Sequence[JoinedPart], rows: Sequence[int], results: Sequence[PairResult], side: str
+) -> ReplicaRows:
+    ranks, at = [], 0
     for part, n, result in zip(split, rows, results, strict=True):
-        span = f"row {at} of the global batch" if n == 1 else f"rows {at}-{at + n - 1} of the global batch"
-        at += n
         check = result.failing
-        name = rank_name(part.where)
-        if check is None:
-            said.append(f"DP rank {name} ({span}) within tolerance")
-        else:
-            said.append(
-                f"DP rank {name} ({span}) differs: {check.metric} {check.value:.3g} "
-                f"(allowed {check.allowed:.3g})"
-            )
-    differ = [rank_name(p.where) for p, r in zip(split, results, strict=True) if not r.passed]
-    head = (
-        f"the {side}'s DP rank(s) {', '.join(differ)} computed it differently"
-        if differ
-        else f"no DP rank of the {side} differs alone"
-    )
-    return f"{head} (each replica's rows against the {other}'s same rows: {'; '.join(said)})"
+        failing = (check.metric, check.value, check.allowed) if check is not None else None
+        ranks.append(RankRows(rank_name(part.where), at, n, failing, result.passed))
+        at += n
+    return ReplicaRows(side, tuple(ranks))

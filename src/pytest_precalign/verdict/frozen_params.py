@@ -21,6 +21,7 @@ import numpy as np
 
 from ..compare.pairs import Comparison
 from ..trace.records import Record, Trace
+from .run_findings import FrozenChanged
 
 SUMMARY_RTOL = 1e-5  # a float32 reduction against the same one in float64
 
@@ -36,7 +37,7 @@ def without_frozen(comparison: Comparison, frozen: Iterable[str]) -> Comparison:
 
 def frozen_changes(
     trace: Trace, frozen: Iterable[str], side: str, initial: Mapping[str, Mapping[str, float]] | None
-) -> list[str]:
+) -> list[FrozenChanged]:
     """A finding for each frozen parameter whose records change (see the module doc);
     ``initial``: the side's ``initial_params`` summaries."""
     names = frozenset(frozen)
@@ -44,22 +45,19 @@ def frozen_changes(
     for rec in trace.records:
         if rec.kind == "param" and rec.name in names:
             records.setdefault(rec.name, []).append(rec)
-    out = []
+    out: list[FrozenChanged] = []
     for name in sorted(records):
         seen = sorted(records[name], key=lambda r: (r.step, r.call))
         summary = (initial or {}).get(name)
         if isinstance(summary, Mapping) and seen[0].stats is not None and not _like_initial(seen[0], summary):
-            out.append(
-                f"frozen parameter {name} changed on the {side}: after step {seen[0].step} it is not "
-                f"its initial value ({_told(seen[0], summary)})"
-            )
+            stats = seen[0].stats
+            assert stats is not None
+            initial_norm = float(summary.get("norm", float("nan")))
+            out.append(FrozenChanged(name, side, seen[0].step, None, initial_norm, stats.norm))
             continue
         for before, after in zip(seen, seen[1:], strict=False):
             if not _same(trace, before, after):
-                out.append(
-                    f"frozen parameter {name} changed on the {side}: after step {after.step} it is not "
-                    f"what it was after step {before.step}"
-                )
+                out.append(FrozenChanged(name, side, after.step, before.step))
                 break
     return out
 
@@ -83,9 +81,3 @@ def _like_initial(rec: Record, summary: Mapping[str, Any]) -> bool:
         return exact and abs(stats.norm - norm) <= SUMMARY_RTOL * abs(norm)
     except (KeyError, TypeError, ValueError):
         return True  # a summary without these numbers: nothing to compare by
-
-
-def _told(rec: Record, summary: Mapping[str, Any]) -> str:
-    stats = rec.stats
-    assert stats is not None
-    return f"norm {float(summary.get('norm', float('nan'))):.6g} before training, {stats.norm:.6g} after"

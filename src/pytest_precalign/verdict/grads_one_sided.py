@@ -39,15 +39,3 @@ def one_sided_grads(pairs: Sequence[PairResult]) -> tuple[tuple[str, str], ...]:
         if p.record.name not in held[other]:
             out.setdefault(p.record.name, side[p.status])
     return tuple(out.items())
-
-
-def grads_evidence(step: int, one_sided: Sequence[tuple[str, str]]) -> str:
-    """What the verdict says of ``one_sided`` (non-empty) at ``step``."""
-    names = [name for name, _ in one_sided]
-    sides = [side for _, side in one_sided]
-    held = " and ".join(f"{sides.count(s)} on the {s}" for s in sorted(set(sides)))
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return (
-        f"{len(names)} parameter(s) got a grad at step {step} on one side only ({held}): {shown}; "
-        "the other side's backward gave them none"
-    )

@@ -112,24 +112,6 @@ def _key(rec: Record) -> tuple[str, int, str]:
     return rec.name, rec.call, rec.slot
 
 
-def output_grad_evidence(found: OutputGrad, losses: tuple[float, float]) -> str:
-    """The evidence of class ``loss`` told by ``output_grad``, in words (``losses``: the logged
-    loss of each side)."""
-    first = found.first
-    where = f"; recorded at {first.name}, which returns that tensor" if first.name != found.module else ""
-    aside = (
-        f"; set aside: {', '.join(found.aside[:4])}{', ...' if len(found.aside) > 4 else ''}"
-        if found.aside
-        else ""
-    )
-    return (
-        f"the grad arriving at {found.module}'s output (the model's output{where}) differs ({first.metric} "
-        f"{first.value:.3g} > {first.allowed:.3g}) while every forward record ({found.compared} compared) "
-        f"and the logged loss ({losses[0]:.6g} vs {losses[1]:.6g}) matched, and no loss record was made: "
-        f"the loss computed after the model (outside its modules) differs{aside}"
-    )
-
-
 def output_grad_pattern(factor: float | None) -> str:
     """What the difference looks like; ``factor``: every parameter grad of the step scaled by it."""
     if factor is None:

@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..vocabulary import TrainingClass
+from .run_evidence import RunEvidence
+
+
+@dataclass(frozen=True)
+class StepMatched:
+    """The replayed step matched on equal state (``compared`` records): what differs is the state
+    the candidate carried into it."""
+
+    step: int
+    compared: int
 
 
 @dataclass(frozen=True)
@@ -18,7 +28,7 @@ class ReplayFinding:
     step: int
     origin: str
     what: TrainingClass | Literal["none"]  # "none": the replay found no divergence
-    evidence: str
+    evidence: RunEvidence | StepMatched  # told when rendered (``reports.replay_text``)
     starts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # side -> param -> sha1
 
     def as_dict(self) -> dict[str, Any]:
@@ -27,8 +37,7 @@ class ReplayFinding:
             "from_step": self.step - 1 if self.step > 0 else None,
             "origin": self.origin or None,
             "phase": self.what,
-            "evidence": self.evidence,
-        }
+        }  # + its evidence and story, in words (``reports.training_json``)
 
 
 @dataclass(frozen=True)

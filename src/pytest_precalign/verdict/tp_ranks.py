@@ -24,20 +24,10 @@ from dataclasses import replace
 
 from ..trace.note_blocks import PartialSums
 from ..trace.records import Trace
+from .run_evidence import TpShares, told_with
 from .training_run import TrainingVerdict
 
 RTOL = 1e-3  # of the partial sums' statistics: far above the rounding of one layout on any CPU
-CANNOT = (
-    "which TP rank's share of {origin} differs cannot be told against a run without the same "
-    "tensor-parallel layout: its output is all-reduced before it is recorded, so every rank records "
-    "the same sum (compare with a rerun of the same TP layout, whose ranks keep their partial sums)"
-)
-
-CANNOT_GRAD = (
-    "which TP rank's shard of {origin}'s grad differs cannot be told against a run without the same "
-    "tensor-parallel layout: the grad is recorded as the full tensor its shards make up (compare with "
-    "a rerun of the same TP layout, whose ranks keep their local grad shards)"
-)
 
 
 def with_tp_rank(
@@ -53,8 +43,8 @@ def with_tp_rank(
     sides = [_partials(t, first.step, first.origin) for t in (baseline, candidate)]
     if sides == [None, None]:
         return training
-    told = partial_sums_evidence(sides[0], sides[1], first.origin)
-    return replace(training, first=replace(first, evidence=f"{first.evidence}; {told}"))
+    told = partial_sums(sides[0], sides[1], first.origin)
+    return replace(training, first=replace(first, evidence=told_with(first.evidence, told)))
 
 
 def _with_grad_shards(training: TrainingVerdict, baseline: Trace, candidate: Trace) -> TrainingVerdict:
@@ -68,11 +58,8 @@ def _with_grad_shards(training: TrainingVerdict, baseline: Trace, candidate: Tra
     params = sorted({p for side in shards for p in side if p == origin or p.startswith(f"{origin}.")})
     if not params:
         return training
-    told = [
-        partial_sums_evidence(shards[0].get(p) or None, shards[1].get(p) or None, p, grads=True)
-        for p in params
-    ]
-    return replace(training, first=replace(first, evidence="; ".join([first.evidence, *told])))
+    told = [partial_sums(shards[0].get(p) or None, shards[1].get(p) or None, p, grads=True) for p in params]
+    return replace(training, first=replace(first, evidence=told_with(first.evidence, *told)))
 
 
 Ranks = Mapping[str, Sequence[PartialSums | Sequence[float]]]  # TP rank -> one entry a call
@@ -83,11 +70,10 @@ def _partials(trace: Trace, step: int, origin: str) -> Ranks | None:
     return block.of(origin) if block is not None else None
 
 
-def partial_sums_evidence(base: Ranks | None, cand: Ranks | None, origin: str, grads: bool = False) -> str:
-    """The evidence line of two sides' partial sums of ``origin`` (rank -> one list per call);
+def partial_sums(base: Ranks | None, cand: Ranks | None, origin: str, grads: bool = False) -> TpShares:
+    """Two sides' partial sums of ``origin`` (rank -> one list per call) compared rank by rank;
     ``grads``: of their local shards of the grad of the parameter ``origin``."""
-    cannot = (CANNOT_GRAD if grads else CANNOT).format(origin=origin)
-    what = f"local shard of {origin}'s grad" if grads else f"partial sum of {origin} before the all-reduce"
+    cannot = TpShares(origin, grads, None, RTOL)
     if base is None or cand is None or set(base) != set(cand):
         return cannot
     differ, compared = [], 0
@@ -99,17 +85,7 @@ def partial_sums_evidence(base: Ranks | None, cand: Ranks | None, origin: str, g
         compared += len(pairs)
         if any(not _close(x, y) for x, y in pairs):
             differ.append(f"rank{rank}")
-    if not compared:
-        return cannot
-    if not differ:
-        return (
-            f"every TP rank's {what} matches the other side's (max, min, sum, norm within {RTOL:g} "
-            "relative): " + ("the shards agree" if grads else "the shares agree, their reduction differs")
-        )
-    return (
-        f"TP {', '.join(differ)}: its {what} differs from the other side's same rank's (max, min, sum "
-        f"or norm beyond {RTOL:g} relative); the other ranks' match"
-    )
+    return TpShares(origin, grads, tuple(differ), RTOL) if compared else cannot
 
 
 def _close(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..trace.training_record import NONE_IS_A_VALUE, PLAN_SETTINGS, TrainingPlan, split_free
 from ..untrusted import cut_text
+from .contract_evidence import ContractEvidence, DecayDiffers, Groups, LrDiffers, SettingDiffers, StepsPlanned
 
 Rename = Callable[[str], Sequence[str]]  # a candidate parameter name -> the baseline's names
 
@@ -38,7 +39,7 @@ LR_RTOL = 1e-6  # two schedulers computing one formula in float64, stored as flo
 class ContractDiff:
     step: int  # the first planned step that differs (0 for settings of every step)
     origin: str  # "lr", "weight_decay", or the setting's name
-    evidence: str
+    evidence: ContractEvidence  # told when rendered (``reports.contract_evidence_text``)
     pattern: str = ""  # what the whole difference looks like ("one step behind")
     setting: bool = False  # a training setting other than the schedule (micro-batches, clipping)
 
@@ -65,13 +66,13 @@ def check_contract(
     base_groups = _groups_of(baseline, same_names)
     cand_groups = _groups_of(candidate, rename)
     pairs = sorted({(base_groups[n], cand_groups[n]) for n in base_groups if n in cand_groups})
-    note = ""
+    by_position = False
     if not pairs:
         count = min(len(baseline.groups), len(candidate.groups))
         pairs = [(g, g) for g in range(max(count, 1))]
-        note = " (parameter names did not pair through the mapping: groups compared by position)"
+        by_position = True
     example = {pair: n for n, g in base_groups.items() if (pair := (g, cand_groups.get(n, g))) in pairs}
-    diff = _schedule_diff(baseline, candidate, pairs, example, note)
+    diff = _schedule_diff(baseline, candidate, pairs, example, by_position)
     return diff if diff is not None else _settings_diff(baseline, candidate)
 
 
@@ -80,40 +81,27 @@ def _schedule_diff(
     candidate: TrainingPlan,
     pairs: Sequence[tuple[int, int]],
     example: Mapping[tuple[int, int], str],
-    note: str,
+    by_position: bool,
 ) -> ContractDiff | None:
     lr_b, lr_c = baseline.lr, candidate.lr
     wd_b, wd_c = baseline.weight_decay, candidate.weight_decay
     for gb, gc in pairs:
         if gb < len(wd_b) and gc < len(wd_c) and not _close(float(wd_b[gb]), float(wd_c[gc])):
-            who = example.get((gb, gc), f"group {gb}")
-            return ContractDiff(
-                0,
-                "weight_decay",
-                f"weight_decay of {who}: {wd_b[gb]:.4g} vs {wd_c[gc]:.4g} "
-                f"(baseline group {gb}, candidate group {gc}){note}",
-                _decay_pattern(wd_b[gb], wd_c[gc]),
-            )
+            groups = Groups(gb, gc, example.get((gb, gc)), by_position)
+            told = DecayDiffers(wd_b[gb], wd_c[gc], groups)
+            return ContractDiff(0, "weight_decay", told, _decay_pattern(wd_b[gb], wd_c[gc]))
     for step in range(max(len(lr_b), len(lr_c))):
         if step >= len(lr_b) or step >= len(lr_c):
             short = "baseline" if step >= len(lr_b) else "candidate"
-            return ContractDiff(
-                step, "lr", f"the {short} plans {step} steps, the other {max(len(lr_b), len(lr_c))}"
-            )
+            return ContractDiff(step, "lr", StepsPlanned(short, step, max(len(lr_b), len(lr_c))))
         for gb, gc in pairs:
             a, b = float(lr_b[step][gb]), float(lr_c[step][gc])
             if not _close(a, b):
                 seq_b = [float(s[gb]) for s in lr_b]
                 seq_c = [float(s[gc]) for s in lr_c]
                 pattern = lr_pattern(seq_b, seq_c)
-                who = example.get((gb, gc), f"group {gb}")
-                return ContractDiff(
-                    step,
-                    "lr",
-                    f"lr at step {step}: {a:.3e} vs {b:.3e} ({who}: baseline group {gb}, "
-                    f"candidate group {gc}){note}",
-                    pattern,
-                )
+                groups = Groups(gb, gc, example.get((gb, gc)), by_position)
+                return ContractDiff(step, "lr", LrDiffers(step, a, b, groups), pattern)
     return None
 
 
@@ -185,7 +173,7 @@ def _settings_diff(baseline: TrainingPlan, candidate: TrainingPlan) -> ContractD
         pattern = ""
         if key == "micro_batches":
             pattern = f"the sides split each step into {a} and {b} micro-batches"
-        return ContractDiff(0, key, f"{key}: {_show(a)} vs {_show(b)}", pattern, setting=True)
+        return ContractDiff(0, key, SettingDiffers(key, a, b), pattern, setting=True)
     return None
 
 

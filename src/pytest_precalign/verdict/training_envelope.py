@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..specs.envelope import EnvelopeSpec
 from ..trace.step_scalars import StepScalars
+from .scalar_evidence import EnvelopeQuote
 
 # The scalars the envelope judges: every float a step computes from the run's numbers (LRs
 # and weight decays are the plan's, judged to LR_RTOL; counts and hashes exactly).
@@ -46,15 +47,11 @@ class Envelope:
         floor = table_bound if self.spec.floor is None else self.spec.floor * abs(a)
         return max(self.spec.factor * self.spread(name, step), floor)
 
-    def quote(self, name: str, step: int, a: float, table_bound: float) -> str:
-        """The envelope at a step, in words, for a verdict's evidence."""
-        spread = self.spread(name, step)
-        floor = "the table's bound" if self.spec.floor is None else f"floor {self.spec.floor:g} x |baseline|"
-        return (
-            f"noise envelope: {name} spread {spread:.3g} over {self.spec.reruns} clean rerun(s) of the "
-            f"baseline, allowed {self.allowed(name, step, a, table_bound):.3g} "
-            f"(max of {self.spec.factor:g} x spread, {floor})"
-        )
+    def quote(self, name: str, step: int, a: float, table_bound: float) -> EnvelopeQuote:
+        """The envelope at a step, for a verdict's evidence (told in words when rendered)."""
+        allowed = self.allowed(name, step, a, table_bound)
+        spec = self.spec
+        return EnvelopeQuote(name, self.spread(name, step), spec.reruns, allowed, spec.factor, spec.floor)
 
     def summary(self) -> str:
         """The widest spread of each scalar over the run."""

@@ -20,7 +20,7 @@ one side skipped are findings, never silently paired.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..compare.tolerances import ToleranceTable
@@ -28,10 +28,27 @@ from ..trace.step_scalars import StepScalars
 from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
 from .grads_one_sided import PATTERN as ONE_SIDED
-from .grads_one_sided import grads_evidence
-from .model_output import LOSS_GRAD_PATTERN, output_grad_evidence, output_grad_pattern
+from .model_output import LOSS_GRAD_PATTERN, output_grad_pattern
 from .not_compared import NotCompared
 from .replay_finding import Replay
+from .run_evidence import (
+    GradNormOverOtherGrads,
+    GradsChanged,
+    GradsOneSided,
+    GradsScaled,
+    InitialParamsDiffer,
+    LayerDiffers,
+    LossGradDiffers,
+    LossRecordDiffers,
+    MicroBatchesDiffer,
+    MovedBefore,
+    OutputGradDiffers,
+    PlansDiffer,
+    RunEvidence,
+    ScalarsDiffer,
+    UpdateDiffers,
+)
+from .run_findings import BEFORE_TRAINING, PlanMissing, RecordedOneSide, RunFinding, RunWarning
 from .story import origin_of
 from .training_contract import (
     ContractDiff,
@@ -43,6 +60,7 @@ from .training_contract import (
 from .training_envelope import Envelope
 from .training_records import StepRecords
 from .training_scalars import (
+    ScalarDiff,
     ScalarJudge,
     findings_of,
     first_scalar_difference,
@@ -60,7 +78,7 @@ class FirstDivergent:
     step: int
     what: TrainingClass
     origin: str  # a module, a parameter or a scalar's name
-    evidence: str
+    evidence: RunEvidence  # why: its words are made when rendered (reports.training_evidence_text)
     pattern: str = ""  # a whole-model pattern, in words
 
 
@@ -82,7 +100,7 @@ class TrainingVerdict:
     steps_compared: int
     lane: Lane
     first: FirstDivergent | None
-    findings: tuple[str, ...] = ()  # what the run could not pair (fails the case)
+    findings: tuple[RunFinding, ...] = ()  # what the run could not pair (fails the case)
     last_step: int = 0
     curves: Mapping[str, Any] = field(default_factory=dict)  # per-step scalars of both sides
     replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
@@ -91,7 +109,7 @@ class TrainingVerdict:
     envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
     recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
-    warnings: tuple[str, ...] = ()  # what passed only because the table opted in (equal_nan)
+    warnings: tuple[RunWarning, ...] = ()  # what passed only because the table opted in (equal_nan)
     # What one side recorded and the other did not: ``layers`` (steps whose layers only that
     # side recorded: not compared, no finding), ``steps`` and ``scalars`` (findings), by side.
     one_side_only: Mapping[str, Any] = field(default_factory=dict)
@@ -108,29 +126,6 @@ class TrainingVerdict:
         if first is None or first.step >= self.last_step:
             return ""
         return f"steps {first.step + 1}-{self.last_step} are downstream of it"
-
-    def as_dict(self) -> dict[str, Any]:
-        first = self.first
-        return {
-            "steps_compared": self.steps_compared,
-            "first_divergent_step": first.step if first else None,
-            "first_divergent": first.what if first else None,
-            "origin": first.origin if first else None,
-            "evidence": first.evidence if first else None,
-            "pattern": first.pattern if first else None,
-            "downstream": self.downstream or None,
-            "lane": self.lane,
-            "findings": list(self.findings),
-            "warnings": list(self.warnings),
-            "replay": self.replay.as_dict() if self.replay is not None else None,  # + its story, rendered
-            "envelope": self.envelope or None,
-            "unsaid_settings": list(self.unsaid),
-            "expectation": self.expected.to_text() if self.expected is not None else None,
-            "passed": self.passed,
-            "not_compared": [asdict(n) for n in self.not_compared],  # in words when rendered
-            "one_side_only": dict(self.one_side_only),
-            "curves": dict(self.curves),
-        }
 
 
 def lane_of(table: ToleranceTable) -> Lane:
@@ -190,33 +185,23 @@ def judge_run(
     )
 
 
-# Evidence checked before step 0, and the check that needs it on both sides.
-_BEFORE_TRAINING = (
-    ("initial_params", "initial parameters", "the initial weights are not compared"),
-    ("plan", "training plan", "the settings (contract) are not checked before step 0"),
-)
-
-
-def one_sided_evidence(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
+def one_sided_evidence(baseline: RunRecord, candidate: RunRecord) -> tuple[RecordedOneSide, ...]:
     """Evidence one side recorded and the other did not: each a finding that says so, never a
     check skipped in silence (evidence of the wrong shape never gets here: ``read_run_record``
     refuses it, naming the file and the key)."""
-    out: list[str] = []
-    for key, what, skipped in _BEFORE_TRAINING:
-        held = {
-            side: bool(getattr(run, key)) for side, run in (("baseline", baseline), ("candidate", candidate))
-        }
-        if held["baseline"] != held["candidate"]:
-            side = "baseline" if held["baseline"] else "candidate"
-            out.append(f"{what} recorded by the {side} only: {skipped}")
+    out: list[RecordedOneSide] = []
+    for key in BEFORE_TRAINING:
+        held = [bool(getattr(run, key)) for run in (baseline, candidate)]
+        if held[0] != held[1]:
+            out.append(RecordedOneSide(key, "baseline" if held[0] else "candidate"))
     return tuple(out)
 
 
-def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
+def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[PlanMissing, ...]:
     """A side whose recorder could not write its plan (``TrainingSettings.plan_missing``),
     said in every compare of it, whatever the other side holds."""
     return tuple(
-        f"the {side}'s recording has no training plan: {run.settings.plan_missing}"
+        PlanMissing(side, run.settings.plan_missing)
         for side, run in (("baseline", baseline), ("candidate", candidate))
         if run.settings is not None and run.settings.plan_missing
     )
@@ -251,10 +236,10 @@ _AFTER_A_MOVE = ("forward", "loss", "backward", "forward_or_backward", "clipping
 
 
 # The per-step scalars a step computes, in order, and the class a first move of each names.
-_MOVES: tuple[tuple[str, TrainingClass, str], ...] = (
-    ("loss", "forward", "the loss"),
-    ("grad_norm", "backward", "the grad norm (before clipping)"),
-    ("update_norm", "optimizer_update", "the norm of the update"),
+_MOVES: tuple[tuple[str, TrainingClass], ...] = (
+    ("loss", "forward"),
+    ("grad_norm", "backward"),
+    ("update_norm", "optimizer_update"),
 )
 
 
@@ -278,8 +263,8 @@ def _moved_before(
         if a is None or b is None:
             return first
         moved = [
-            (name, what, words, getattr(a, name), getattr(b, name))
-            for name, what, words in _MOVES
+            (name, what, getattr(a, name), getattr(b, name))
+            for name, what in _MOVES
             if getattr(a, name) is not None
             and getattr(b, name) is not None
             and getattr(a, name) != getattr(b, name)
@@ -288,12 +273,8 @@ def _moved_before(
             continue
         if step == 0:
             return first  # nothing before it was bitwise equal: the sides may compute differently
-        name, what, words, x, y = moved[0]
-        evidence = (
-            f"{words} moved: {x!r} vs {y!r} at step {step} (not past a tolerance), after {step} step(s) whose "
-            f"loss, grad norm and update norm were bitwise equal; step {first.step} then diverged past a "
-            f"tolerance: {first.what} ({first.origin})"
-        )
+        name, what, x, y = moved[0]
+        evidence = MovedBefore(name, x, y, step, first.step, first.what, first.origin)
         return FirstDivergent(step, what, name, evidence)
     return first
 
@@ -324,8 +305,7 @@ def _unsaid(baseline: RunRecord, candidate: RunRecord) -> tuple[str, ...]:
 
 
 def _contract(diff: ContractDiff) -> FirstDivergent:
-    evidence = f"the sides' settings differ before training: {diff.evidence}"
-    return FirstDivergent(diff.step, "settings", diff.origin, evidence, diff.pattern)
+    return FirstDivergent(diff.step, "settings", diff.origin, PlansDiffer(diff), diff.pattern)
 
 
 def _weights(
@@ -348,9 +328,7 @@ def _weights(
     if not differ:
         return None
     name, a, b = differ[0]
-    more = f" and {len(differ) - 1} more parameter(s)" if len(differ) > 1 else ""
-    evidence = f"the initial parameters differ: {name} norm {a:.6g} vs {b:.6g}{more}"
-    return FirstDivergent(0, "weights", name, evidence)
+    return FirstDivergent(0, "weights", name, InitialParamsDiffer(name, a, b, len(differ) - 1))
 
 
 def _step_first(
@@ -385,10 +363,10 @@ def _step_first(
     return next((found for _, found in order if found is not None), None)
 
 
-def _scalar_as(step: int, scalar: Any, what: TrainingClass) -> FirstDivergent | None:
+def _scalar_as(step: int, scalar: ScalarDiff | None, what: TrainingClass) -> FirstDivergent | None:
     if scalar is None or scalar.what != what:
         return None
-    return FirstDivergent(step, what, scalar.origin, scalar.evidence, scalar.pattern)
+    return FirstDivergent(step, what, scalar.origin, ScalarsDiffer(scalar), scalar.pattern)
 
 
 def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
@@ -396,8 +374,7 @@ def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
         return None
     base, cand = rec.calls
     pattern = f"the sides split the step into {base} and {cand} micro-batches"
-    evidence = f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
-    return FirstDivergent(step, "settings", "micro_batches", evidence, pattern)
+    return FirstDivergent(step, "settings", "micro_batches", MicroBatchesDiffer(step, base, cand), pattern)
 
 
 def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
@@ -406,31 +383,25 @@ def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
         return None
     origin = origin_of(first)
     what: TrainingClass = "forward" if phase == "forward" else "backward"
-    if not origin.proven or not origin.module:
-        evidence = f"first failing record {first.name} ({first.kind}); origin unproven: {origin.evidence}"
-        return FirstDivergent(step, what, origin.module or first.name, evidence)
-    return FirstDivergent(step, what, origin.module, f"{origin.evidence} ({first.kind} of {first.name})")
+    evidence = LayerDiffers(first.name, first.kind, origin)
+    return FirstDivergent(step, what, origin.module or first.name, evidence)
 
 
-def _loss(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+def _loss(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     if rec.loss is not None:
         pair = rec.loss
         check = pair.failing
-        detail = f" ({check.metric} {check.value:.3g} > {check.allowed:.3g})" if check else ""
-        evidence = f"the loss differs{detail} while every forward record before it matched"
-        return FirstDivergent(step, "loss", pair.record.name or "loss", evidence)
+        told = (
+            LossRecordDiffers(check.metric, check.value, check.allowed) if check else LossRecordDiffers(None)
+        )
+        return FirstDivergent(step, "loss", pair.record.name or "loss", told)
     if rec.loss_grad is not None:
         first = rec.loss_grad
-        evidence = (
-            f"the loss matched ({rec.losses_matched} loss record(s) of the step), its grad w.r.t. "
-            f"{first.name}'s output, the first of the backward, did not ({first.metric} {first.value:.3g} > "
-            f"{first.allowed:.3g}) while every forward record matched: the loss code made it from "
-            "matching outputs, so the loss differs in its gradient"
-        )
-        return FirstDivergent(step, "loss", "loss", evidence, LOSS_GRAD_PATTERN)
+        told_grad = LossGradDiffers(rec.losses_matched, first.name, first.metric, first.value, first.allowed)
+        return FirstDivergent(step, "loss", "loss", told_grad, LOSS_GRAD_PATTERN)
     if scalar is not None and scalar.what == "loss":
-        hint = "" if rec.diverged or rec.forward else "; record layers to tell the forward from the loss"
-        return FirstDivergent(step, "loss", "loss", scalar.evidence + hint, scalar.pattern)
+        hint = not (rec.diverged or rec.forward)
+        return FirstDivergent(step, "loss", "loss", ScalarsDiffer(scalar, hint), scalar.pattern)
     return None
 
 
@@ -441,23 +412,23 @@ def _loss_grad_only(
     found, a, b = rec.output_grad, base.loss if base else None, cand.loss if cand else None
     if found is None or a is None or b is None or not judge.same("loss", float(a), float(b), step):
         return None
-    evidence = output_grad_evidence(found, (float(a), float(b)))
+    evidence = OutputGradDiffers(found, (float(a), float(b)))
     return FirstDivergent(step, "loss", "loss", evidence, output_grad_pattern(rec.grad_factor))
 
 
-def _backward(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+def _backward(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     if rec.grad_factor is not None:
         f = rec.grad_factor
         pattern = (
             f"every grad scaled by one factor (x{f:.4g}): a loss scale, or grads summed instead of averaged"
         )
-        evidence = f"all {rec.grads_compared} parameter grads of step {step} differ by the factor {f:.6g}"
+        evidence = GradsScaled(step, rec.grads_compared, f)
         return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
     found = _layer(step, rec, "backward")
     if found is not None:
         return found
     if scalar is not None and scalar.what in ("backward", "forward_or_backward", "grad_reduction"):
-        return FirstDivergent(step, scalar.what, scalar.origin, scalar.evidence, scalar.pattern)
+        return FirstDivergent(step, scalar.what, scalar.origin, ScalarsDiffer(scalar), scalar.pattern)
     return None
 
 
@@ -465,7 +436,7 @@ def _grads_one_sided(step: int, rec: StepRecords) -> FirstDivergent | None:
     """Parameters that got a grad on one side only (``grads_one_sided``)."""
     if not rec.grads_one_sided:
         return None
-    evidence = grads_evidence(step, rec.grads_one_sided)
+    evidence = GradsOneSided(step, tuple(rec.grads_one_sided))
     return FirstDivergent(step, "backward", rec.grads_one_sided[0][0], evidence, ONE_SIDED)
 
 
@@ -474,7 +445,7 @@ def _after_backward(
     rec: StepRecords,
     base: StepScalars | None,
     cand: StepScalars | None,
-    scalar: Any,
+    scalar: ScalarDiff | None,
     lane: Lane,
 ) -> FirstDivergent | None:
     """Grads that left the backward aligned and reached the optimizer otherwise: param grads of
@@ -486,10 +457,7 @@ def _after_backward(
     if rec.grad_factor is not None or not rec.grads_compared:
         return None
     if rec.grads_changed:
-        evidence = (
-            f"{rec.grads_failed} of the {rec.grads_compared} recorded parameter grads of step {step} "
-            "differ, of several modules, while every activation grad of the backward matched"
-        )
+        evidence: RunEvidence = GradsChanged(step, rec.grads_failed, rec.grads_compared)
         clipped = [s.clip_coef < 1.0 for s in (base, cand) if s is not None and s.clip_coef is not None]
         if len(clipped) == 2 and clipped[0] != clipped[1]:
             late, early = ("baseline", "candidate") if clipped[0] else ("candidate", "baseline")
@@ -507,15 +475,13 @@ def _after_backward(
         and scalar.what == "backward"
         and scalar.origin == "grad_norm"
     ):
-        evidence = (
-            scalar.evidence.split(";")[0] + f", and all {rec.grads_compared} recorded parameter grads matched"
-        )
+        evidence = GradNormOverOtherGrads(scalar, rec.grads_compared)
         pattern = "the grad norm is computed over other grads or parameters than the other side's"
         return FirstDivergent(step, "clipping", "grad_norm", evidence, pattern)
     return None
 
 
-def _update(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
+def _update(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     first = rec.update
     if first is not None:
         pattern = ""
@@ -523,10 +489,9 @@ def _update(step: int, rec: StepRecords, scalar: Any) -> FirstDivergent | None:
             pattern = (
                 f"every parameter ({rec.params_compared}) differs after the update while its grad matched"
             )
-        evidence = f"{first.name}: its grad matched, the optimizer update made it differ"
-        return FirstDivergent(step, "optimizer_update", first.name, evidence, pattern)
+        return FirstDivergent(step, "optimizer_update", first.name, UpdateDiffers(first.name), pattern)
     if scalar is not None and scalar.what == "optimizer_update":
-        return FirstDivergent(step, "optimizer_update", scalar.origin, scalar.evidence, scalar.pattern)
+        return FirstDivergent(step, "optimizer_update", scalar.origin, ScalarsDiffer(scalar), scalar.pattern)
     return None
 
 

@@ -18,11 +18,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import JOINED_HASH, StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
+from .run_findings import BrokenAlike, RunFinding, ScalarOneSided, StepsOneSided, UpdateSkippedOneSide
+from .scalar_evidence import (
+    BatchDiffers,
+    ClipDiffers,
+    GradNormDiffers,
+    GradNormPastForward,
+    LossDiffers,
+    MicroBatchesCounted,
+    OutsideEnvelope,
+    RowsDiffer,
+    ScalarEvidence,
+    ScheduleDiffers,
+    ScheduleValuesDiffer,
+    TokensDiffer,
+    UpdateScalarDiffers,
+)
 from .training_contract import LR_RTOL
 from .training_envelope import ENVELOPE_SCALARS, Envelope
 from .training_records import StepRecords
@@ -91,7 +107,7 @@ def over_envelope(
 class ScalarDiff:
     what: TrainingClass
     origin: str
-    evidence: str
+    evidence: ScalarEvidence  # told when rendered (``reports.scalar_evidence_text``)
     pattern: str = ""
 
 
@@ -104,14 +120,12 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
     step = base.step
     if comparable_hashes(base.batch_hash, cand.batch_hash) and base.batch_hash != cand.batch_hash:
         assert base.batch_hash is not None and cand.batch_hash is not None
-        return ScalarDiff(
-            "data", "batch", f"the batch of step {step} differs ({_hashes(base.batch_hash, cand.batch_hash)})"
-        )
+        return ScalarDiff("data", "batch", BatchDiffers(step, base.batch_hash, cand.batch_hash))
     rows = _rows(base, cand)
     if rows is not None:
         return rows
     if base.tokens is not None and cand.tokens is not None and base.tokens != cand.tokens:
-        return ScalarDiff("data", "tokens", f"tokens in step {step}: {base.tokens} vs {cand.tokens}")
+        return ScalarDiff("data", "tokens", TokensDiffer(step, base.tokens, cand.tokens))
     if (
         base.micro_batches is not None
         and cand.micro_batches is not None
@@ -119,7 +133,8 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         and not judge.split_free
     ):
         pattern = f"the sides split the step into {base.micro_batches} and {cand.micro_batches} micro-batches"
-        return ScalarDiff("settings", "micro_batches", f"micro_batches in step {step}: {pattern}", pattern)
+        counted = MicroBatchesCounted(step, base.micro_batches, cand.micro_batches)
+        return ScalarDiff("settings", "micro_batches", counted, pattern)
     for diff in (_loss(base, cand, judge), _grads(base, cand, judge), _clip(base, cand, judge)):
         if diff is not None:
             return _quoted(diff, base, judge)
@@ -136,31 +151,14 @@ def _rows(base: StepScalars, cand: StepScalars) -> ScalarDiff | None:
     a, b = base.rows_hash, cand.rows_hash
     if a is None or b is None or a == b:
         return None
-    joined = [side for side, s in (("baseline", base), ("candidate", cand)) if _joined(s.batch_hash)]
-    how = f" (the {' and '.join(joined)}'s DP replicas' rows joined)" if joined else ""
+    joined = tuple(side for side, s in (("baseline", base), ("candidate", cand)) if _joined(s.batch_hash))
     return ScalarDiff(
         "data",
         "rows",
-        f"the rows of step {base.step} differ{how}: other rows, not only another order or split "
-        f"(multiset hash {a[:12]} vs {b[:12]})",
+        RowsDiffer(base.step, joined, a, b),
         "the sides trained other rows at this step: another sampler order (a shuffle on one side, "
         "each DP rank shuffling its own), or other data",
     )
-
-
-def _hashes(a: str, b: str) -> str:
-    """Two batch hashes in words: DP replicas' (``JOINED_HASH``) replica by replica."""
-    if not _joined(a):
-        return f"sha256 {a[:12]} vs {b[:12]}"
-    mine, theirs = (h[len(JOINED_HASH) :].split(",") for h in (a, b))
-    if len(mine) != len(theirs):
-        return f"{len(mine)} vs {len(theirs)} DP replicas"
-    differ = [
-        f"replica {i}: sha256 {x[:12]} vs {y[:12]}"
-        for i, (x, y) in enumerate(zip(mine, theirs, strict=True))
-        if x != y
-    ]
-    return "DP " + "; ".join(differ)
 
 
 def _joined(digest: str | None) -> bool:
@@ -173,7 +171,7 @@ def _quoted(diff: ScalarDiff | None, base: StepScalars, judge: ScalarJudge) -> S
         return diff
     a = float(getattr(base, diff.origin))
     quote = judge.envelope.quote(diff.origin, base.step, a, judge.bound(diff.origin, a, base.step))
-    return replace(diff, evidence=f"{diff.evidence}; {quote}")
+    return replace(diff, evidence=OutsideEnvelope(diff.evidence, quote))
 
 
 def _differs(
@@ -189,7 +187,7 @@ def _loss(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDif
     found = _differs("loss", base, cand, judge)
     if found is None:
         return None
-    return ScalarDiff("loss", "loss", f"loss {_num(found[0])} vs {_num(found[1])}")
+    return ScalarDiff("loss", "loss", LossDiffers(*found))
 
 
 def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
@@ -199,24 +197,17 @@ def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDi
     a, b = found
     loss = (base.loss, cand.loss)
     moved = loss[0] is not None and loss[1] is not None and loss[0] != loss[1]
-    head = f"grad norm (before clipping) {_num(a)} vs {_num(b)}"
     ratio = b / a if a > 0 and b > 0 else 0.0
     big = max(ratio, 1 / ratio) if ratio else 0.0
     if big >= 1.5 and abs(big - round(big)) < 1e-3 * big:
         pattern = f"the grad norm is x{ratio:.4g}: grads summed instead of averaged (ranks or micro-batches)"
-        return ScalarDiff("grad_reduction", "grad_norm", f"{head} while the loss matched", pattern)
+        return ScalarDiff("grad_reduction", "grad_norm", GradNormDiffers(a, b, "summed"), pattern)
     if moved:
         # The loss moved too (within its tolerance): the forward may be where it starts.
         assert loss[0] is not None and loss[1] is not None
-        return ScalarDiff(
-            "forward_or_backward",
-            "grad_norm",
-            f"{head}, and the loss moved too ({loss[0]!r} vs {loss[1]!r}, within its tolerance): the "
-            "forward or the backward; record layers to find where",
-        )
-    return ScalarDiff(
-        "backward", "grad_norm", f"{head} while the loss matched; record layers to find where in the backward"
-    )
+        moved_too = GradNormDiffers(a, b, "loss_moved", (loss[0], loss[1]))
+        return ScalarDiff("forward_or_backward", "grad_norm", moved_too)
+    return ScalarDiff("backward", "grad_norm", GradNormDiffers(a, b, "loss_matched"))
 
 
 def losses_differ_since(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> int | None:
@@ -256,15 +247,12 @@ def layers_clear_forward(
     ):
         return diff
     assert base.grad_norm is not None and cand.grad_norm is not None
-    return ScalarDiff(
-        "backward",
-        "grad_norm",
-        f"grad norm (before clipping) {_num(base.grad_norm)} vs {_num(cand.grad_norm)} while every forward "
-        f"record of step {base.step} matched ({rec.forwards_compared} compared); the loss moved within its "
-        f"tolerance ({base.loss!r} vs {cand.loss!r}) as the sides' losses have since step {since} (they do "
-        "not compute bitwise alike): the backward -- the parameter grads, their reduction or the norm's "
-        "own computation (no recorded grad of the step differs)",
+    assert base.loss is not None and cand.loss is not None
+    losses = (base.loss, cand.loss)
+    told = GradNormPastForward(
+        base.grad_norm, cand.grad_norm, base.step, rec.forwards_compared, losses, since
     )
+    return ScalarDiff("backward", "grad_norm", told)
 
 
 def _clip(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
@@ -277,12 +265,7 @@ def _clip(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDif
         pattern = f"only the {side} clipped: every grad scaled by one factor ({_num(min(a, b))})"
     else:
         pattern = "both clipped, by different factors: another threshold or norm"
-    return ScalarDiff(
-        "clipping",
-        "clip_coef",
-        f"clip coefficient {_num(a)} vs {_num(b)} with the grad norm matching",
-        pattern,
-    )
+    return ScalarDiff("clipping", "clip_coef", ClipDiffers(a, b), pattern)
 
 
 def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
@@ -297,14 +280,13 @@ def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> Scala
                 list(zip(sorted(set(a)), sorted(set(b)), strict=False)) if len(set(a)) == len(set(b)) else []
             )
             if not pairs:
-                return ScalarDiff(
-                    "schedule", name, f"{name} values in use: {sorted(set(a))} vs {sorted(set(b))}"
-                )
+                in_use = ScheduleValuesDiffer(name, tuple(sorted(set(a))), tuple(sorted(set(b))))
+                return ScalarDiff("schedule", name, in_use)
         bad = [(g, x, y) for g, (x, y) in enumerate(pairs) if not judge.same(name, x, y, base.step)]
         if not bad:
             continue
         g, x, y = bad[0]
-        evidence = f"{name} at step {base.step}: {x:.3e} vs {y:.3e} (group {g})"
+        evidence = ScheduleDiffers(name, base.step, x, y, g)
         ratios = {round(y2 / x2, 9) for x2, y2 in pairs if x2}
         pattern = ""
         ratio = ratios.pop() if len(ratios) == 1 else 0.0
@@ -316,13 +298,13 @@ def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> Scala
 
 def _update(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
     # The update norm is noise-amplified (module doc): judged where its noise is known or nil.
-    names = ("param_norm", "update_norm") if judge.lane in ("exact", "envelope") else ("param_norm",)
+    names: tuple[Literal["param_norm", "update_norm"], ...] = (
+        ("param_norm", "update_norm") if judge.lane in ("exact", "envelope") else ("param_norm",)
+    )
     for name in names:
         found = _differs(name, base, cand, judge)
         if found is not None:
-            what = "parameter norm after" if name == "param_norm" else "norm of"
-            evidence = f"{what} the update {_num(found[0])} vs {_num(found[1])} while its inputs matched"
-            return ScalarDiff("optimizer_update", name, evidence)
+            return ScalarDiff("optimizer_update", name, UpdateScalarDiffers(name, *found))
     return None
 
 
@@ -335,18 +317,18 @@ JUDGED = ("loss", "grad_norm", "clip_coef", "lr", "weight_decay", "param_norm", 
 
 def nonfinite_on_both(
     base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars], judge: ScalarJudge
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+) -> tuple[tuple[BrokenAlike, ...], tuple[BrokenAlike, ...]]:
     """``(findings, warnings)`` of the NaN policy: a scalar the verdict judges that is NaN (or
     the same Inf) on both sides is a finding, "loss is nan on both sides from step 2" -- two
     runs broken alike are not aligned, as torch.testing.assert_close's ``equal_nan=False`` --
     unless the table's rule for it says ``equal_nan: true``: then a warning that says so.
     (NaN on one side only is a difference: the step comparison finds it.)"""
-    findings: list[str] = []
-    warnings: list[str] = []
+    findings: list[BrokenAlike] = []
+    warnings: list[BrokenAlike] = []
     common = sorted(set(base) & set(cand))
     for name in JUDGED:
         steps: list[int] = []
-        shown = ""
+        shown: float | None = None
         for step in common:
             a, b = getattr(base[step], name), getattr(cand[step], name)
             if a is None or b is None:
@@ -355,17 +337,12 @@ def nonfinite_on_both(
             both = [x for x, y in pairs if _broken_alike(float(x), float(y))]
             if both:
                 steps.append(step)
-                shown = shown or _num(float(both[0]))
-        if not steps:
+                shown = float(both[0]) if shown is None else shown
+        if not steps or shown is None:
             continue
-        told = f"{name} is {shown} on both sides from step {steps[0]} ({len(steps)} of {len(common)} step(s))"
-        if judge.equal_nan(name, steps[0]):
-            warnings.append(f"{told}: accepted by the table's equal_nan: true")
-        else:
-            findings.append(
-                f"{told}: NaN/Inf is not a value, two runs broken alike are not aligned "
-                "(equal_nan: true on the table's rule for it accepts it, with a warning)"
-            )
+        accepted = judge.equal_nan(name, steps[0])
+        told = BrokenAlike(name, shown, steps[0], len(steps), len(common), accepted)
+        (warnings if accepted else findings).append(told)
     return tuple(findings), tuple(warnings)
 
 
@@ -392,26 +369,20 @@ def one_sided(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) 
     return {k: v for k, v in (("steps", steps), ("scalars", scalars)) if v}
 
 
-def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[str, ...]:
+def findings_of(base: Mapping[int, StepScalars], cand: Mapping[int, StepScalars]) -> tuple[RunFinding, ...]:
     """What the two runs' scalars cannot pair: each is a failure of the run, never skipped over."""
-    out: list[str] = []
+    out: list[RunFinding] = []
     lacking = one_sided(base, cand)
     for side, alone in lacking.get("steps", {}).items():
-        out.append(f"steps {_ranges(alone)} recorded by the {side} only: the runs' steps do not line up")
+        out.append(StepsOneSided(side, tuple(alone)))
     for name, sides in lacking.get("scalars", {}).items():
         for side, alone in sides.items():
-            out.append(
-                f"{name} recorded by the {side} only (steps {_ranges(alone)}): nothing to compare it with"
-            )
+            out.append(ScalarOneSided(name, side, tuple(alone)))
     common = sorted(set(base) & set(cand))
     for s in common:
         a, b = bool(base[s].skipped), bool(cand[s].skipped)
         if a != b:
-            side = "baseline" if a else "candidate"
-            out.append(
-                f"the {side} skipped the update of step {s} (an overflow?), the other did not: "
-                "the steps after it do not line up"
-            )
+            out.append(UpdateSkippedOneSide("baseline" if a else "candidate", s))
             break
     return tuple(out)
 
@@ -423,16 +394,3 @@ NEUTRAL: dict[str, object] = {"loss_scale": 1.0, "skipped": False}
 
 def _one_sided(name: str, mine: object, other: object) -> bool:
     return mine is not None and other is None and not (name in NEUTRAL and mine == NEUTRAL[name])
-
-
-def _ranges(steps: list[int]) -> str:
-    parts: list[str] = []
-    start = prev = steps[0]
-    for s in [*steps[1:], None]:
-        if s is not None and s == prev + 1:
-            prev = s
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if s is not None:
-            start = prev = s
-    return ", ".join(parts)

@@ -14,13 +14,21 @@ object itself differs (a custom or patched scheduler), and the finding says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ..trace.training_record import Adapter, TrainingPlan, TrainingSettings
-from ..untrusted import cut_text
+from .contract_evidence import (
+    AdapterDiffers,
+    AdapterOnlyOn,
+    ArgumentDiffers,
+    ContractEvidence,
+    LrFrom,
+    PrecisionDiffers,
+    SchedulerItself,
+    SetBy,
+)
 from .training_contract import ContractDiff, Rename, check_contract, same_names
 
 # An adapter's fields, in PEFT's words (``LoraConfig``).
@@ -99,22 +107,13 @@ def adapter_diff(baseline: Sequence[Adapter], candidate: Sequence[Adapter]) -> C
         if a is None or b is None:
             side, only = ("candidate", b) if a is None else ("baseline", a)
             assert only is not None
-            evidence = f"PEFT adapter {name!r} ({_adapter_words(only)}) only on the {side}"
+            evidence = AdapterOnlyOn(name, side, only)
             return ContractDiff(0, "adapters", evidence, "one side trains an adapter the other has not", True)
         for field, word in ADAPTER_WORDS:
             x, y = getattr(a, field), getattr(b, field)
             if x != y:
-                evidence = f"{word} {_word(x)} vs {_word(y)} (PEFT adapter {name!r})"
-                return ContractDiff(0, word, evidence, "", setting=True)
+                return ContractDiff(0, word, AdapterDiffers(word, x, y, name), "", setting=True)
     return None
-
-
-def _adapter_words(adapter: Adapter) -> str:
-    return ", ".join(
-        f"{word} {_word(getattr(adapter, field))}"
-        for field, word in ADAPTER_WORDS
-        if getattr(adapter, field) not in (None, ())
-    )
 
 
 def _precision_diff(baseline: TrainingSettings, candidate: TrainingSettings) -> ContractDiff | None:
@@ -122,13 +121,12 @@ def _precision_diff(baseline: TrainingSettings, candidate: TrainingSettings) -> 
     if a is None or b is None or a.precision is None or b.precision is None or a.precision == b.precision:
         return None
     words = _differing(baseline, candidate, TRAINER_ARGUMENTS["precision"])
-    if words:
-        evidence = f"{words}: the forward computes in {a.precision} vs {b.precision}"
-    else:
-        evidence = f"precision {a.precision} vs {b.precision}"
-        if a.autocast is not None and b.autocast is not None and a.autocast != b.autocast:
-            evidence += f" (autocast {_on(a.autocast)} vs {_on(b.autocast)})"
-    return ContractDiff(0, "precision", evidence, "", setting=True)
+    autocast = None
+    if a.autocast is not None and b.autocast is not None and a.autocast != b.autocast:
+        autocast = (a.autocast, b.autocast)
+    return ContractDiff(
+        0, "precision", PrecisionDiffers(a.precision, b.precision, words, autocast), "", setting=True
+    )
 
 
 def explained(diff: ContractDiff, baseline: TrainingSettings, candidate: TrainingSettings) -> ContractDiff:
@@ -144,18 +142,17 @@ def explained(diff: ContractDiff, baseline: TrainingSettings, candidate: Trainin
     if diff.origin == "lr":
         told = _lr_words(diff, baseline.plan, candidate.plan)
         if not words:
-            told += (
-                f"; the {baseline.framework} arguments that set the LR agree "
-                f"({', '.join(k for k in keys if k in base_args)}): the scheduler object itself differs"
-            )
-            return replace(diff, evidence=told)
-        return replace(diff, evidence=f"{words}: {told}")
+            agree = tuple(k for k in keys if k in base_args)
+            return replace(diff, evidence=SchedulerItself(told, baseline.framework, agree))
+        return replace(diff, evidence=SetBy(words, told))
     if not words:
         return diff
-    return replace(diff, evidence=f"{words}: {diff.evidence}")
+    return replace(diff, evidence=SetBy(words, diff.evidence))
 
 
-def _lr_words(diff: ContractDiff, baseline: TrainingPlan | None, candidate: TrainingPlan | None) -> str:
+def _lr_words(
+    diff: ContractDiff, baseline: TrainingPlan | None, candidate: TrainingPlan | None
+) -> ContractEvidence:
     """``LR differs from step s (a vs b)`` from the plans (the contract's evidence otherwise)."""
     if baseline is None or candidate is None:
         return diff.evidence
@@ -164,7 +161,7 @@ def _lr_words(diff: ContractDiff, baseline: TrainingPlan | None, candidate: Trai
         return diff.evidence
     for a, b in zip(baseline.lr[s], candidate.lr[s], strict=False):
         if a != b:
-            return f"LR differs from step {s} ({a:.3e} vs {b:.3e})"
+            return LrFrom(s, a, b)
     return diff.evidence
 
 
@@ -173,31 +170,15 @@ def _arguments(settings: TrainingSettings) -> Mapping[str, Any] | None:
     return fields if isinstance(fields, Mapping) else None
 
 
-def _differing(baseline: TrainingSettings, candidate: TrainingSettings, keys: Sequence[str]) -> str:
-    """``key a vs b`` for each of ``keys`` both sides' arguments have and differ in."""
+def _differing(
+    baseline: TrainingSettings, candidate: TrainingSettings, keys: Sequence[str]
+) -> tuple[ArgumentDiffers, ...]:
+    """Each of ``keys`` both sides' arguments have and differ in."""
     if baseline.framework != candidate.framework:
-        return ""
+        return ()
     a, b = _arguments(baseline), _arguments(candidate)
     if a is None or b is None:
-        return ""
-    out = []
-    for key in keys:
-        if key in a and key in b and a[key] != b[key]:
-            x, y = a[key], b[key]
-            if key in ("bf16", "fp16") and isinstance(x, bool) and isinstance(y, bool):
-                out.append(f"{key} autocast {_on(x)} vs {_on(y)}")
-            else:
-                out.append(f"{key} {_word(x)} vs {_word(y)}")
-    return ", ".join(out)
-
-
-def _on(value: bool) -> str:
-    return "on" if value else "off"
-
-
-def _word(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{int(value)}" if value.is_integer() and math.isfinite(value) else f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return cut_text("[" + ", ".join(_word(v) for v in value) + "]")
-    return cut_text(str(value))
+        return ()
+    return tuple(
+        ArgumentDiffers(key, a[key], b[key]) for key in keys if key in a and key in b and a[key] != b[key]
+    )

@@ -1,0 +1,195 @@
+"""The training verdict holds facts; its words are made when rendered
+(``verdict.run_findings``, ``reports.training_evidence_text``): each fact holds the sides, steps,
+names and values its sentence states, the renderer says the sentence, and a verdict built from
+facts renders as the terminal and report.json have always said it."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from pytest_precalign.compare.tolerances import default_table
+from pytest_precalign.reports.contract_evidence_text import contract_evidence_text
+from pytest_precalign.reports.scalar_evidence_text import scalar_evidence_text
+from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text, warning_text
+from pytest_precalign.reports.training_json import training_dict
+from pytest_precalign.reports.training_text import training_lines, training_summary
+from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict.contract_evidence import (
+    ArgumentDiffers,
+    Groups,
+    LrDiffers,
+    LrFrom,
+    PrecisionDiffers,
+    SetBy,
+)
+from pytest_precalign.verdict.run_evidence import (
+    GradsScaled,
+    InitialParamsDiffer,
+    MicroBatchesDiffer,
+    MovedBefore,
+    RankRows,
+    ReplicaRows,
+    ScalarsDiffer,
+    TpShares,
+    told_with,
+)
+from pytest_precalign.verdict.run_findings import (
+    BrokenAlike,
+    PlanMissing,
+    RecordedOneSide,
+    ScalarOneSided,
+    StepsOneSided,
+    UpdateSkippedOneSide,
+)
+from pytest_precalign.verdict.scalar_evidence import BatchDiffers, GradNormDiffers, ScheduleDiffers
+from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
+
+from .test_training_run import judge, run
+
+VERDICT = Path(__file__).parents[2] / "src" / "pytest_precalign" / "verdict"
+
+
+def test_a_run_that_does_not_line_up_holds_facts_not_sentences() -> None:
+    cand = {s: x for s, x in run(grad_norm=lambda s: None, skipped=lambda s: s == 3).items() if s < 8}
+    v = judge(run(skipped=lambda s: False), cand)
+    assert v.findings == (
+        StepsOneSided("baseline", (8, 9)),
+        ScalarOneSided("grad_norm", "baseline", tuple(range(8))),
+        UpdateSkippedOneSide("candidate", 3),
+    )
+    assert [finding_text(f) for f in v.findings] == [
+        "steps 8-9 recorded by the baseline only: the runs' steps do not line up",
+        "grad_norm recorded by the baseline only (steps 0-7): nothing to compare it with",
+        "the candidate skipped the update of step 3 (an overflow?), the other did not: the steps after it do "
+        "not line up",
+    ]
+
+
+def test_scalars_broken_alike_are_a_finding_with_their_numbers() -> None:
+    nan = run(loss=lambda s: math.nan if s >= 7 else 5.0)
+    v = judge(nan, nan)
+    found = v.findings[0]
+    assert isinstance(found, BrokenAlike) and not v.warnings
+    assert (found.name, math.isnan(found.value), found.since, found.steps, found.common) == (
+        "loss",
+        True,
+        7,
+        3,
+        10,
+    )
+    assert finding_text(v.findings[0]).startswith(
+        "loss is nan on both sides from step 7 (3 of 10 step(s)): NaN/Inf"
+    )
+
+
+def test_a_verdict_built_from_facts_renders_as_before() -> None:
+    v = TrainingVerdict(
+        4,
+        "approximate",
+        None,
+        findings=(RecordedOneSide("plan", "candidate"),),
+        warnings=(
+            BrokenAlike("loss", math.inf, 2, 2, 4, accepted=True),
+            PlanMissing("baseline", "no scheduler"),
+        ),
+    )
+    assert training_lines(v) == [
+        "Warning: the baseline's recording has no training plan: no scheduler",
+        "Runs do not line up: training plan recorded by the candidate only: the settings (contract) are not "
+        "checked before step 0",
+        "Warning: loss is inf on both sides from step 2 (2 of 4 step(s)): accepted by the table's equal_nan: true",
+    ]
+    assert training_summary(v) == (
+        "; runs do not line up (1 finding(s): training plan recorded by the candidate only: the settings "
+        "(contract) are not checked before step 0)"
+    )
+    told = training_dict(v)
+    assert told["findings"] == [finding_text(v.findings[0])]
+    assert told["warnings"] == [warning_text(w) for w in v.warnings]
+
+
+def test_the_first_divergence_holds_its_evidence_as_facts() -> None:
+    base = RunRecord(
+        scalars=run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.0}, "c": {"norm": 3.0}}
+    )
+    cand = RunRecord(
+        scalars=run(), initial_params={"w": {"norm": 1.0}, "b": {"norm": 2.5}, "c": {"norm": 3.5}}
+    )
+    v = judge_run(base, cand, {}, default_table())
+    assert v.first is not None and v.first.evidence == InitialParamsDiffer("b", 2.0, 2.5, 1)
+    assert (
+        evidence_text(v.first.evidence)
+        == "the initial parameters differ: b norm 2 vs 2.5 and 1 more parameter(s)"
+    )
+    told = training_dict(v)
+    assert told["evidence"] == evidence_text(v.first.evidence) and told["origin"] == "b"
+
+
+def test_evidence_facts_render_as_the_verdict_said_them() -> None:
+    moved = MovedBefore("loss", 5.5, 5.500001, 2, 4, "backward", "grad_norm")
+    assert evidence_text(moved) == (
+        "the loss moved: 5.5 vs 5.500001 at step 2 (not past a tolerance), after 2 step(s) whose loss, grad "
+        "norm and update norm were bitwise equal; step 4 then diverged past a tolerance: backward (grad_norm)"
+    )
+    assert evidence_text(GradsScaled(3, 12, 2.0)) == "all 12 parameter grads of step 3 differ by the factor 2"
+    assert evidence_text(MicroBatchesDiffer(1, 2, 4)) == (
+        "every module ran 2 time(s) in step 1 on the baseline, 4 on the candidate"
+    )
+    tp = TpShares("mlp.down_proj", False, ("rank1",), 1e-3)
+    dp = ReplicaRows(
+        "candidate", (RankRows("rank0", 0, 2, None), RankRows("rank1", 2, 2, ("allclose", 0.5, 1e-5), False))
+    )
+    assert evidence_text(told_with(told_with(GradsScaled(3, 12, 2.0), dp), tp)) == (
+        "all 12 parameter grads of step 3 differ by the factor 2; the candidate's DP rank(s) rank1 computed it "
+        "differently (each replica's rows against the baseline's same rows: DP rank rank0 (rows 0-1 of the "
+        "global batch) within tolerance; DP rank rank1 (rows 2-3 of the global batch) differs: allclose 0.5 "
+        "(allowed 1e-05)); TP rank1: its partial sum of mlp.down_proj before the all-reduce differs from the "
+        "other side's same rank's (max, min, sum or norm beyond 0.001 relative); the other ranks' match"
+    )
+
+
+def test_no_sentence_is_made_for_the_run_verdict_in_verdict() -> None:
+    """The run verdict's evidence, findings and warnings are facts: no module of verdict/ that
+    makes them builds an f-string for them (the phase verdict's own proof is another field)."""
+    phase_story = {"story.py", "phase.py", "evidence.py"}  # the phase verdict's origin, in words
+    made = [
+        f"{path.name}:{n}"
+        for path in sorted(VERDICT.glob("*.py"))
+        if path.name not in phase_story
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\b(evidence|findings|warnings)\s*(\+?=|=\s*\(?)\s*f[\"']", line)
+        or re.search(r"(findings|warnings)\.append\(\s*f[\"']", line)
+    ]
+    assert made == []
+
+
+def test_a_scalar_difference_holds_its_values_and_says_them_as_before() -> None:
+    v = judge(run(), run(lr=lambda s: (1e-3, 1e-3) if s < 4 else (5e-4, 5e-4)))
+    assert v.first is not None and isinstance(v.first.evidence, ScalarsDiffer)
+    assert v.first.evidence.scalar.evidence == ScheduleDiffers("lr", 4, 1e-3, 5e-4, 0)
+    assert evidence_text(v.first.evidence) == "lr at step 4: 1.000e-03 vs 5.000e-04 (group 0)"
+    assert scalar_evidence_text(GradNormDiffers(2.0, 4.0, "summed")) == (
+        "grad norm (before clipping) 2 vs 4 while the loss matched"
+    )
+    assert scalar_evidence_text(BatchDiffers(3, "a" * 64, "b" * 64)) == (
+        f"the batch of step 3 differs (sha256 {'a' * 12} vs {'b' * 12})"
+    )
+
+
+def test_a_plan_difference_holds_its_groups_and_arguments_and_says_them_as_before() -> None:
+    lr = LrDiffers(1, 5e-4, 0.0, Groups(0, 0, None, by_position=True))
+    assert contract_evidence_text(lr) == (
+        "lr at step 1: 5.000e-04 vs 0.000e+00 (group 0: baseline group 0, candidate group 0) (parameter names "
+        "did not pair through the mapping: groups compared by position)"
+    )
+    told = SetBy((ArgumentDiffers("lr_scheduler_type", "cosine", "linear"),), LrFrom(3, 4.81e-3, 4.375e-3))
+    assert contract_evidence_text(told) == (
+        "lr_scheduler_type cosine vs linear: LR differs from step 3 (4.810e-03 vs 4.375e-03)"
+    )
+    precision = PrecisionDiffers("bfloat16", "float32", (ArgumentDiffers("bf16", True, False),))
+    assert (
+        contract_evidence_text(precision)
+        == "bf16 autocast on vs off: the forward computes in bfloat16 vs float32"
+    )
