@@ -104,8 +104,13 @@ class InGraphStats:
         self.calls.append((name, "activation", entries, (self.grads.serial, rows, (True,) * len(rows))))
         return output
 
-    def _ended(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        """The model's forward ended: its tensors are not the next forward's inputs."""
+    def _ended(self, *hook_args: Any) -> None:
+        """The model's forward ended: its tensors are not the next forward's inputs.
+
+        The hook's arguments stay packed (``module, args, output``): where dynamo compiles this
+        hook as a frame of its own (a recompile after a forward no backward followed), it reads
+        the frame's named locals, and reading a non-leaf output's ``.grad`` warns (an error
+        under ``-W error``)."""
         if self.on:
             self.grads.seen.clear()
 
