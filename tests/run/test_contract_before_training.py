@@ -18,6 +18,7 @@ from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import CaseError
 from pytest_precalign.reports.document import report_document
 from pytest_precalign.reports.outcome import phase_outcome
+from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.text import PhaseReport
 from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.run.case import run_case
@@ -128,7 +129,7 @@ def test_a_contract_difference_fails_before_anything_trains(suite: tuple[AlignCo
     assert (first.step, first.what, first.origin, training.steps_compared) == (1, "settings", "lr", 0)
     assert "lr at step 1: 5.000e-04 vs 0.000e+00" in evidence_text(first.evidence)
     assert "baseline group 0, candidate group 0" in evidence_text(first.evidence)
-    assert first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
+    assert pattern_text(first.pattern) == "the candidate's schedule is 1 step(s) behind the baseline's"
     for phase in run.phases:
         outcome = phase_outcome(_report(run, phase))
         assert not outcome.passed

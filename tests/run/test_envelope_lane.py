@@ -17,6 +17,7 @@ import pytest
 from pytest_precalign.config.loader import load_config
 from pytest_precalign.config.specs import AlignConfig
 from pytest_precalign.errors import ConfigError
+from pytest_precalign.reports.envelope_text import envelope_text
 from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.run.case import run_case
@@ -89,8 +90,10 @@ def test_a_clean_candidate_is_within_the_envelope(config: AlignConfig) -> None:
     run = _run(config, "clean")
     assert run.training is not None and run.training.passed and run.training.lane == "envelope"
     # CPU reruns of this tiny loop are bitwise equal: the envelope is 0 and the floor decides
-    assert run.training.envelope.startswith("2 clean rerun(s), widest spread per scalar: loss 0,")
-    assert training_dict(run.training)["envelope"] == run.training.envelope
+    assert envelope_text(run.training.envelope).startswith(
+        "2 clean rerun(s), widest spread per scalar: loss 0,"
+    )
+    assert training_dict(run.training)["envelope"] == envelope_text(run.training.envelope)
 
 
 def test_the_envelope_fails_a_small_fault_the_table_passes(config: AlignConfig) -> None:
@@ -110,17 +113,17 @@ def test_the_envelope_fails_a_small_fault_the_table_passes(config: AlignConfig) 
         training.first.evidence
     )
     assert "(max of 4 x spread, floor 1e-06 x |baseline|)" in evidence_text(training.first.evidence)
-    assert "steps over it: 3 (steps_over allows 0)" in training.envelope
+    assert "steps over it: 3 (steps_over allows 0)" in envelope_text(training.envelope)
 
 
 def test_steps_over_forgives_exactly_that_many_steps(config: AlignConfig) -> None:
     over = _run(config, "two_over")
     assert over.training is not None and not over.training.passed and over.training.first is not None
     assert over.training.first.step == 3
-    assert "steps over it: 3, 4 (steps_over allows 1)" in over.training.envelope
+    assert "steps over it: 3, 4 (steps_over allows 1)" in envelope_text(over.training.envelope)
     allowed = _run(config, "two_allowed")
     assert allowed.training is not None and allowed.training.passed, allowed.training
-    assert "steps over it: 3, 4 (steps_over allows 2)" in allowed.training.envelope
+    assert "steps over it: 3, 4 (steps_over allows 2)" in envelope_text(allowed.training.envelope)
 
 
 def test_envelope_settings_are_parsed(config: AlignConfig) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack
+from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.trace.training_record import RunRecord
@@ -103,8 +104,8 @@ def test_a_decay_horizon_shortened_by_the_warmup_is_a_contract_difference(
     v = verdict(baseline, train(short))
     step, what, origin = found(v)
     assert (what, origin) == ("settings", "lr") and step == 3
-    assert (
-        v.first is not None and "the decay ends at step 8 vs after the last planned step" in v.first.pattern
+    assert v.first is not None and "the decay ends at step 8 vs after the last planned step" in pattern_text(
+        v.first.pattern
     )
 
 

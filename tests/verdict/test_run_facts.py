@@ -5,12 +5,15 @@ facts renders as the terminal and report.json have always said it."""
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from pathlib import Path
 
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.reports.contract_evidence_text import contract_evidence_text
+from pytest_precalign.reports.envelope_text import envelope_text
+from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.scalar_evidence_text import scalar_evidence_text
 from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text, warning_text
 from pytest_precalign.reports.training_json import training_dict
@@ -43,7 +46,16 @@ from pytest_precalign.verdict.run_findings import (
     StepsOneSided,
     UpdateSkippedOneSide,
 )
+from pytest_precalign.verdict.run_patterns import (
+    ClippedDifferently,
+    DecayHorizon,
+    LrScaledAtStep,
+    MicroBatchSplit,
+    OnlyOneClipped,
+    ScheduleShifted,
+)
 from pytest_precalign.verdict.scalar_evidence import BatchDiffers, GradNormDiffers, ScheduleDiffers
+from pytest_precalign.verdict.training_envelope import EnvelopeJudged
 from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
 
 from .test_training_run import judge, run
@@ -163,6 +175,77 @@ def test_no_sentence_is_made_for_the_run_verdict_in_verdict() -> None:
         or re.search(r"(findings|warnings)\.append\(\s*f[\"']", line)
     ]
     assert made == []
+
+
+# The calls that make a run verdict's first divergence and the whole-model pattern it carries.
+_MADE_BY = {"FirstDivergent", "ScalarDiff", "ContractDiff", "EnvelopeJudged"}
+_FACT_FIELDS = {"evidence", "findings", "warnings", "pattern", "envelope", "told"}
+
+
+def sentences_in_verdict(folder: Path) -> list[str]:
+    """Where a module of ``folder`` (the phase verdict's story aside) hands a run verdict a
+    sentence: a string given to a call that makes one of its facts, or assigned to a name that
+    holds its evidence, pattern or envelope."""
+    phase_story = {"story.py", "phase.py", "evidence.py"}
+    made = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name in phase_story:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            given: list[ast.expr] = []
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "replace":
+                given = [k.value for k in node.keywords if k.arg in _FACT_FIELDS]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in _MADE_BY:
+                given = [*node.args, *(k.value for k in node.keywords)]
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(getattr(t, "id", None) in _FACT_FIELDS for t in targets) and node.value is not None:
+                    given = [node.value]
+            made += [f"{path.name}:{e.lineno}" for e in given if _is_words(e)]
+    return made
+
+
+def _is_words(expr: ast.expr) -> bool:
+    """A sentence (a string literal or f-string whose text has a space: names and classes have
+    none), alone or as a branch of a conditional expression."""
+    if isinstance(expr, ast.IfExp):
+        return _is_words(expr.body) or _is_words(expr.orelse)
+    if isinstance(expr, ast.JoinedStr):
+        return any(_is_words(part) for part in expr.values)
+    return isinstance(expr, ast.Constant) and isinstance(expr.value, str) and " " in expr.value
+
+
+def test_no_pattern_or_envelope_is_said_in_verdict() -> None:
+    """The first divergence's whole-model pattern and the envelope lane's envelope are facts too:
+    no call that makes a run verdict's fact is given a sentence in verdict/."""
+    assert sentences_in_verdict(VERDICT) == []
+
+
+def test_the_pattern_and_the_envelope_hold_their_values_and_say_them_as_before() -> None:
+    warm, behind = [0.0, 5e-4, 1e-3, 1e-3], [0.0, 0.0, 5e-4, 1e-3]
+    v = judge(run(lr=lambda s: (warm[min(s, 3)],) * 2), run(lr=lambda s: (behind[min(s, 3)],) * 2))
+    assert v.first is not None and v.first.pattern == ScheduleShifted(1, behind=True)
+    assert training_dict(v)["pattern"] == "the candidate's schedule is 1 step(s) behind the baseline's"
+    said = {
+        ScheduleShifted(2, behind=False): "the candidate's schedule is 2 step(s) ahead of the baseline's",
+        DecayHorizon(None, 8): "same peak, the decay ends at step 8 vs after the last planned step: another "
+        "decay horizon",
+        MicroBatchSplit(1, 2): "the sides split the step into 1 and 2 micro-batches",
+        MicroBatchSplit(1, 2, planned=True): "the sides split each step into 1 and 2 micro-batches",
+        OnlyOneClipped("candidate", 0.5): "only the candidate clipped: every grad scaled by one factor (0.5)",
+        ClippedDifferently(): "both clipped, by different factors: another threshold or norm",
+        LrScaledAtStep(0.5): "every parameter moved by the same factor (LR x0.5): the LR differs",
+    }
+    assert {fact: pattern_text(fact) for fact in said} == said
+    assert pattern_text(None) == "" and envelope_text(None) == ""
+    judged = EnvelopeJudged(2, (("loss", 0.0), ("grad_norm", 1.5e-3)), (3, 4), 1)
+    assert envelope_text(judged) == (
+        "2 clean rerun(s), widest spread per scalar: loss 0, grad_norm 0.0015; steps over it: 3, 4 "
+        "(steps_over allows 1)"
+    )
+    assert envelope_text(EnvelopeJudged(1, (), (), 0)) == (
+        "1 clean rerun(s), widest spread per scalar: none recorded; steps over it: none (steps_over allows 0)"
+    )
 
 
 def test_a_scalar_difference_holds_its_values_and_says_them_as_before() -> None:

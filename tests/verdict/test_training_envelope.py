@@ -6,6 +6,7 @@ forgives that many steps; the evidence quotes the envelope."""
 from __future__ import annotations
 
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
+from pytest_precalign.reports.envelope_text import envelope_text
 from pytest_precalign.reports.training_evidence_text import evidence_text
 from pytest_precalign.specs.envelope import EnvelopeSpec
 from pytest_precalign.trace.step_scalars import StepScalars
@@ -59,4 +60,6 @@ def test_steps_over_forgives_that_many_steps() -> None:
     cand = [1.0 + 1e-3, 1.0, 1.0, 1.0 + 1e-3]
     assert not _verdict(cand, EnvelopeSpec(reruns=2, steps_over=1)).passed
     allowed = _verdict(cand, EnvelopeSpec(reruns=2, steps_over=2))
-    assert allowed.passed and "steps over it: 0, 3 (steps_over allows 2)" in allowed.envelope
+    assert allowed.passed and allowed.envelope is not None
+    assert (allowed.envelope.reruns, allowed.envelope.over, allowed.envelope.allowed) == (2, (0, 3), 2)
+    assert "steps over it: 0, 3 (steps_over allows 2)" in envelope_text(allowed.envelope)

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.trace.records import Trace
@@ -67,25 +68,30 @@ def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
     assert first(v) == (1, "schedule", "lr[0]")
     assert v.first is not None and "lr at step 1: 5.000e-04 vs 0.000e+00" in evidence_text(v.first.evidence)
     assert v.downstream == "steps 2-9 are downstream of it"
-    assert v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
+    assert pattern_text(v.first.pattern) == "the candidate's schedule is 1 step(s) behind the baseline's"
 
 
 def test_the_same_lr_factor_on_every_group_is_named_as_a_whole_model_pattern() -> None:
     v = judge(run(), run(lr=lambda s: (5e-4, 5e-4)))
     assert first(v) == (0, "schedule", "lr[0]")
-    assert v.first is not None and "every parameter moved by the same factor (LR x0.5)" in v.first.pattern
+    assert v.first is not None and "every parameter moved by the same factor (LR x0.5)" in pattern_text(
+        v.first.pattern
+    )
 
 
 def test_clipping_on_one_side_only_is_clipping() -> None:
     v = judge(run(), run(clip_coef=lambda s: 0.5))
     assert first(v) == (0, "clipping", "clip_coef")
-    assert v.first is not None and v.first.pattern.startswith("only the candidate clipped")
+    assert v.first is not None and pattern_text(v.first.pattern).startswith("only the candidate clipped")
 
 
 def test_a_different_micro_batch_split_is_said_as_such() -> None:
     v = judge(run(), run(micro_batches=lambda s: 2))
     assert first(v) == (0, "settings", "micro_batches")
-    assert v.first is not None and v.first.pattern == "the sides split the step into 1 and 2 micro-batches"
+    assert (
+        v.first is not None
+        and pattern_text(v.first.pattern) == "the sides split the step into 1 and 2 micro-batches"
+    )
 
 
 def test_grads_twice_as_large_are_the_grad_reduction() -> None:
@@ -169,7 +175,7 @@ def test_a_shorter_decay_horizon_fails_the_contract_at_its_first_step() -> None:
     assert v.first is not None
     assert "lr at step 1: 9.755e-04 vs 9.619e-04" in evidence_text(v.first.evidence)
     assert (
-        v.first.pattern
+        pattern_text(v.first.pattern)
         == "same peak, the decay ends at step 8 vs after the last planned step: another decay horizon"
     )
 
@@ -179,7 +185,7 @@ def test_a_warmup_one_step_behind_in_the_plans() -> None:
     assert first(v) == (1, "settings", "lr")
     assert (
         v.first is not None
-        and v.first.pattern == "the candidate's schedule is 1 step(s) behind the baseline's"
+        and pattern_text(v.first.pattern) == "the candidate's schedule is 1 step(s) behind the baseline's"
     )
 
 
@@ -271,7 +277,7 @@ def test_every_grad_scaled_by_one_factor_is_the_grad_reduction_not_a_layer() -> 
     records = records_run([grads(1.0)] * 2, [grads(1.0), grads(2.0)])
     v = judge_run(RunRecord(), RunRecord(), records, default_table())
     assert first(v) == (1, "grad_reduction", "grads")
-    assert v.first is not None and "every grad scaled by one factor (x2)" in v.first.pattern
+    assert v.first is not None and "every grad scaled by one factor (x2)" in pattern_text(v.first.pattern)
 
 
 def backward_grads(a_weight: float, b_weight: float, b_bias: float = 0.5) -> list:  # type: ignore[type-arg]
@@ -295,7 +301,7 @@ def test_param_grads_of_several_modules_off_after_a_matching_backward_are_their_
     assert v.first is not None and "every activation grad of the backward matched" in evidence_text(
         v.first.evidence
     )
-    assert "after the backward" in v.first.pattern
+    assert "after the backward" in pattern_text(v.first.pattern)
 
 
 def test_one_modules_param_grads_off_stay_that_modules_backward() -> None:
@@ -309,7 +315,9 @@ def test_grads_changed_where_only_the_baseline_clipped_is_clipping_before_accumu
     base, cand = run(clip_coef=lambda s: 0.4), run(grad_norm=lambda s: 1.5)
     v = judge_run(RunRecord(scalars=base), RunRecord(scalars=cand), records, default_table())
     assert first(v) == (0, "clipping", "clip_coef")
-    assert v.first is not None and "clipped each micro-batch's grads before accumulating" in v.first.pattern
+    assert v.first is not None and "clipped each micro-batch's grads before accumulating" in pattern_text(
+        v.first.pattern
+    )
 
 
 def test_a_grad_norm_off_while_every_recorded_grad_matched_is_clippings_norm() -> None:

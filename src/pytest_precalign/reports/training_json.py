@@ -9,8 +9,10 @@ from typing import Any
 
 from ..verdict.replay_finding import ReplayFinding
 from ..verdict.training_run import TrainingVerdict
+from .envelope_text import envelope_text
 from .not_compared_text import not_compared_text
 from .replay_text import replay_evidence_text, replay_text
+from .run_pattern_text import pattern_text
 from .training_evidence_text import evidence_text, finding_text, warning_text
 
 
@@ -23,13 +25,13 @@ def training_dict(v: TrainingVerdict) -> dict[str, Any]:
         "first_divergent": first.what if first else None,
         "origin": first.origin if first else None,
         "evidence": evidence_text(first.evidence) if first else None,
-        "pattern": first.pattern if first else None,
+        "pattern": pattern_text(first.pattern) if first else None,
         "downstream": v.downstream or None,
         "lane": v.lane,
         "findings": [finding_text(f) for f in v.findings],
         "warnings": [warning_text(w) for w in v.warnings],
         "replay": _replay(v),
-        "envelope": v.envelope or None,
+        "envelope": envelope_text(v.envelope) or None,
         "unsaid_settings": list(v.unsaid),
         "expectation": v.expected.to_text() if v.expected is not None else None,
         "passed": v.passed,

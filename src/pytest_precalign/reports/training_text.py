@@ -7,8 +7,10 @@ from __future__ import annotations
 from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.run_findings import PlanMissing
 from ..verdict.training_run import TrainingVerdict
+from .envelope_text import envelope_text
 from .not_compared_text import not_compared_text
 from .replay_text import replay_text
+from .run_pattern_text import pattern_text
 from .training_evidence_text import evidence_text, finding_text, warning_text
 
 LAYER_CLASSES = ("forward", "backward", "forward_or_backward")
@@ -35,15 +37,15 @@ def training_lines(v: TrainingVerdict) -> list[str]:
             lines += [replay_text(v), f"  the run's records at step {first.step}: {own}"]
         else:
             lines.append(f"Step {first.step} diverged first: {own}")
-        if first.pattern:
-            lines.append(f"  whole model: {first.pattern}")
+        if first.pattern is not None:
+            lines.append(f"  whole model: {pattern_text(first.pattern)}")
         if isinstance(v.replay, NotReplayed):
             lines.append(f"  {replay_text(v)}")
         if v.downstream:
             lines.append(f"  {v.downstream}")
         lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane {STEPS_ARE}")
-        if v.envelope:
-            lines.append(f"  {v.envelope}")
+        if v.envelope is not None:
+            lines.append(f"  {envelope_text(v.envelope)}")
     if v.met:
         lines.append(f"  the expected divergence: {_expected(v)}")
     lines.extend(f"Not compared: {not_compared_text(what)}" for what in v.not_compared)

@@ -14,13 +14,14 @@ Training runs: ``training_run`` (the first divergent step, what and where), ``tr
 ``training_records`` (each step's per-layer evidence), ``model_output`` (the grad arriving at
 the model's output, made by a loss computed outside it), ``grads_one_sided`` (parameter grads
 one side has and the other not), ``training_envelope`` (the noise
-envelope lane), ``training_traces`` (the verdict of two traces), ``training_settings`` (adapters and precision
+envelope lane, and the envelope a verdict judged by, as facts), ``training_traces`` (the verdict of two traces), ``training_settings`` (adapters and precision
 judged before step 0; a plan difference told in the framework's own argument names),
 ``frozen_params`` (parameters both sides freeze, checked unchanged instead of judged),
 ``replay_finding`` (what the replay of the first divergent step found, or why it did not run),
 ``not_compared`` (what the run verdict did not compare, as facts), ``run_findings`` (what the run
 could not pair and what passed only by the table's opt-in, as facts), ``run_evidence`` (why the
-run verdict names its first divergence, as facts), ``scalar_evidence`` (why a step's scalars
+run verdict names its first divergence, as facts), ``run_patterns`` (what its first divergence
+looks like over the whole model, as facts), ``scalar_evidence`` (why a step's scalars
 differ, as facts), ``contract_evidence`` (why the plans differ before step 0, as facts),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
 rank whose rows of a joined record differ), ``tp_ranks`` (the TP rank whose partial sum of a

@@ -16,11 +16,6 @@ from collections.abc import Sequence
 
 from ..compare.pairs import PairResult
 
-PATTERN = (
-    "parameters that get a grad on one side only: not trainable there, or cut from its graph "
-    "(inputs detached or not requiring grad, e.g. under reentrant gradient checkpointing)"
-)
-
 
 def one_sided_grads(pairs: Sequence[PairResult]) -> tuple[tuple[str, str], ...]:
     """One step's parameter grads recorded on one side only, as (name, the side that has

@@ -21,9 +21,7 @@ from ..trace.records import Record
 from ..vocabulary import FAILED, GATE_KINDS
 from .divergence_start import same_tensor
 from .phase import Divergence
-
-LOSS_GRAD_PATTERN = "the loss function differs: its value can coincide at a step, its gradient does not"
-
+from .run_patterns import LossFunctionDiffers, LossGradScaled
 
 # Output slots that are a KV cache (``out.past_key_values.0.1``): returned by one release and not
 # the other (``use_cache``), of another form, not data the loss is made from.
@@ -112,11 +110,6 @@ def _key(rec: Record) -> tuple[str, int, str]:
     return rec.name, rec.call, rec.slot
 
 
-def output_grad_pattern(factor: float | None) -> str:
+def output_grad_pattern(factor: float | None) -> LossFunctionDiffers | LossGradScaled:
     """What the difference looks like; ``factor``: every parameter grad of the step scaled by it."""
-    if factor is None:
-        return LOSS_GRAD_PATTERN
-    return (
-        f"every grad scaled by one factor (x{factor:.4g}) from the model's output on: the loss's gradient "
-        "is scaled (a loss scale not undone, or a factor applied in its backward only)"
-    )
+    return LossFunctionDiffers() if factor is None else LossGradScaled(factor)

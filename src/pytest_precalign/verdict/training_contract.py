@@ -24,6 +24,14 @@ from typing import Any
 from ..trace.training_record import NONE_IS_A_VALUE, PLAN_SETTINGS, TrainingPlan, split_free
 from ..untrusted import cut_text
 from .contract_evidence import ContractEvidence, DecayDiffers, Groups, LrDiffers, SettingDiffers, StepsPlanned
+from .run_patterns import (
+    DecayHorizon,
+    DecayOneSided,
+    MicroBatchSplit,
+    RunPattern,
+    ScheduleScaled,
+    ScheduleShifted,
+)
 
 Rename = Callable[[str], Sequence[str]]  # a candidate parameter name -> the baseline's names
 
@@ -40,7 +48,7 @@ class ContractDiff:
     step: int  # the first planned step that differs (0 for settings of every step)
     origin: str  # "lr", "weight_decay", or the setting's name
     evidence: ContractEvidence  # told when rendered (``reports.contract_evidence_text``)
-    pattern: str = ""  # what the whole difference looks like ("one step behind")
+    pattern: RunPattern | None = None  # what the whole difference looks like ("one step behind")
     setting: bool = False  # a training setting other than the schedule (micro-batches, clipping)
 
 
@@ -105,36 +113,32 @@ def _schedule_diff(
     return None
 
 
-def _decay_pattern(base: float, cand: float) -> str:
+def _decay_pattern(base: float, cand: float) -> DecayOneSided | None:
     if float(base) == 0.0:
-        return "weight decay on parameters the baseline does not decay"
+        return DecayOneSided(candidate=True)
     if float(cand) == 0.0:
-        return "no weight decay on parameters the baseline decays"
-    return ""
+        return DecayOneSided(candidate=False)
+    return None
 
 
-def lr_pattern(base: Sequence[float], cand: Sequence[float]) -> str:
-    """What two LR sequences' difference looks like, in words ("" when nothing simple)."""
+def lr_pattern(base: Sequence[float], cand: Sequence[float]) -> RunPattern | None:
+    """What two LR sequences' difference looks like (None when nothing simple)."""
     n = min(len(base), len(cand))
     for lag in (1, 2, 3):
         if n > lag + 1 and all(_close(cand[s], base[s - lag]) for s in range(lag, n)):
-            return f"the candidate's schedule is {lag} step(s) behind the baseline's"
+            return ScheduleShifted(lag, behind=True)
         if n > lag + 1 and all(_close(base[s], cand[s - lag]) for s in range(lag, n)):
-            return f"the candidate's schedule is {lag} step(s) ahead of the baseline's"
+            return ScheduleShifted(lag, behind=False)
     if n and all(b != 0 for b in base[:n]):
         ratios = {round(c / b, 9) for b, c in zip(base[:n], cand[:n], strict=False)}
         if len(ratios) == 1:
-            return f"every step's LR scaled by {ratios.pop():.4g}"
+            return ScheduleScaled(ratios.pop())
     peak_b, peak_c = max(base[:n], default=0.0), max(cand[:n], default=0.0)
     if _close(peak_b, peak_c):
         end_b, end_c = _reaches_floor(base), _reaches_floor(cand)
         if end_b != end_c:
-            return f"same peak, the decay ends {_at(end_c)} vs {_at(end_b)}: another decay horizon"
-    return ""
-
-
-def _at(step: int | None) -> str:
-    return "after the last planned step" if step is None else f"at step {step}"
+            return DecayHorizon(end_b, end_c)
+    return None
 
 
 def _reaches_floor(seq: Sequence[float]) -> int | None:
@@ -170,9 +174,7 @@ def _settings_diff(baseline: TrainingPlan, candidate: TrainingPlan) -> ContractD
             continue
         if key == "micro_batches" and split_free(baseline, candidate):
             continue
-        pattern = ""
-        if key == "micro_batches":
-            pattern = f"the sides split each step into {a} and {b} micro-batches"
+        pattern = MicroBatchSplit(a, b, planned=True) if key == "micro_batches" else None
         return ContractDiff(0, key, SettingDiffers(key, a, b), pattern, setting=True)
     return None
 

@@ -53,11 +53,20 @@ class Envelope:
         spec = self.spec
         return EnvelopeQuote(name, self.spread(name, step), spec.reruns, allowed, spec.factor, spec.floor)
 
-    def summary(self) -> str:
-        """The widest spread of each scalar over the run."""
-        widest = {n: max(s.values(), default=0.0) for n, s in self.spreads.items()}
-        parts = ", ".join(f"{n} {v:.3g}" for n, v in widest.items())
-        return f"{self.spec.reruns} clean rerun(s), widest spread per scalar: {parts or 'none recorded'}"
+    def widest(self) -> tuple[tuple[str, float], ...]:
+        """The widest spread of each scalar over the run, (scalar, spread) in the spreads' order."""
+        return tuple((n, max(s.values(), default=0.0)) for n, s in self.spreads.items())
+
+
+@dataclass(frozen=True)
+class EnvelopeJudged:
+    """The envelope lane's envelope and the steps over it, as facts (a verdict's ``envelope``;
+    words made when rendered: ``reports.envelope_text``)."""
+
+    reruns: int  # the clean reruns of the baseline it was measured over
+    widest: tuple[tuple[str, float], ...]  # (scalar, its widest spread over the run)
+    over: tuple[int, ...]  # the steps some scalar of which is over the envelope
+    allowed: int  # how many steps ``steps_over`` allows over it
 
 
 def measure_envelope(

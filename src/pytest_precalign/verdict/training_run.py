@@ -27,8 +27,7 @@ from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import StepScalars
 from ..trace.training_record import RunRecord, split_free
 from ..vocabulary import Lane, Phase, TrainingClass
-from .grads_one_sided import PATTERN as ONE_SIDED
-from .model_output import LOSS_GRAD_PATTERN, output_grad_pattern
+from .model_output import output_grad_pattern
 from .not_compared import NotCompared
 from .replay_finding import Replay
 from .run_evidence import (
@@ -49,6 +48,17 @@ from .run_evidence import (
     UpdateDiffers,
 )
 from .run_findings import BEFORE_TRAINING, PlanMissing, RecordedOneSide, RunFinding, RunWarning
+from .run_patterns import (
+    ClippedPerMicroBatch,
+    EveryParamUpdated,
+    GradNormOverOthers,
+    GradsChangedAfterBackward,
+    GradsOnOneSide,
+    GradsScaledBy,
+    LossFunctionDiffers,
+    MicroBatchSplit,
+    RunPattern,
+)
 from .story import origin_of
 from .training_contract import (
     ContractDiff,
@@ -57,7 +67,7 @@ from .training_contract import (
     same_names,
     unsaid_settings,
 )
-from .training_envelope import Envelope
+from .training_envelope import Envelope, EnvelopeJudged
 from .training_records import StepRecords
 from .training_scalars import (
     ScalarDiff,
@@ -79,7 +89,7 @@ class FirstDivergent:
     what: TrainingClass
     origin: str  # a module, a parameter or a scalar's name
     evidence: RunEvidence  # why: its words are made when rendered (reports.training_evidence_text)
-    pattern: str = ""  # a whole-model pattern, in words
+    pattern: RunPattern | None = None  # a whole-model pattern (words: ``reports.run_pattern_text``)
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ class TrainingVerdict:
     replay: Replay = None  # what the replay of the first divergent step found, or why it did not run
     expected: ExpectedRun | None = None  # the case's expected divergence, checked (``with_expectation``)
     met: bool | None = None  # None: no expectation
-    envelope: str = ""  # the envelope lane's envelope and the steps over it, in words
+    envelope: EnvelopeJudged | None = None  # the envelope lane's envelope and the steps over it
     unsaid: tuple[str, ...] = ()  # plan settings one side did not say: not compared (contract)
     recorded_with: tuple[str, ...] = ()  # each side's recorder (``training.trainer``), for hints
     warnings: tuple[RunWarning, ...] = ()  # what passed only because the table opted in (equal_nan)
@@ -166,7 +176,7 @@ def judge_run(
         if found is not None:
             first = found
             break
-    if first is not None and first.what == "schedule" and not first.pattern:
+    if first is not None and first.what == "schedule" and first.pattern is None:
         first = _run_pattern(first, baseline.scalars, candidate.scalars)
     if first is not None:
         first = _moved_before(first, baseline.scalars, candidate.scalars, judge)
@@ -207,16 +217,17 @@ def plan_missing(baseline: RunRecord, candidate: RunRecord) -> tuple[PlanMissing
     )
 
 
-def _judge(judge: ScalarJudge, baseline: RunRecord, candidate: RunRecord) -> tuple[ScalarJudge, str]:
+def _judge(
+    judge: ScalarJudge, baseline: RunRecord, candidate: RunRecord
+) -> tuple[ScalarJudge, EnvelopeJudged | None]:
     """In the envelope lane: the steps over the envelope forgiven when ``steps_over`` allows
-    them all, and the envelope in words."""
+    them all, and the envelope with the steps over it."""
     envelope = judge.envelope
     if envelope is None:
-        return judge, ""
+        return judge, None
     over = over_envelope(baseline.scalars, candidate.scalars, judge)
     allowed = envelope.spec.steps_over
-    steps = ", ".join(map(str, over)) or "none"
-    told = f"{envelope.summary()}; steps over it: {steps} (steps_over allows {allowed})"
+    told = EnvelopeJudged(envelope.spec.reruns, envelope.widest(), tuple(over), allowed)
     return (replace(judge, forgiven=frozenset(over)) if len(over) <= allowed else judge), told
 
 
@@ -226,8 +237,8 @@ def _run_pattern(
     """A schedule difference told by the whole run's LRs (one side lagging, another horizon)."""
     steps = sorted(set(base) & set(cand))
     seqs = [[s.lr[0] if s.lr else 0.0 for s in (side[k] for k in steps)] for side in (base, cand)]
-    pattern = lr_pattern(seqs[0], seqs[1]) if first.origin.startswith("lr") else ""
-    return replace(first, pattern=pattern) if pattern else first
+    pattern = lr_pattern(seqs[0], seqs[1]) if first.origin.startswith("lr") else None
+    return replace(first, pattern=pattern) if pattern is not None else first
 
 
 # Classes a smaller move of an earlier step can explain (not the data, settings, weights or
@@ -373,8 +384,8 @@ def _split(step: int, rec: StepRecords) -> FirstDivergent | None:
     if rec.calls is None:
         return None
     base, cand = rec.calls
-    pattern = f"the sides split the step into {base} and {cand} micro-batches"
-    return FirstDivergent(step, "settings", "micro_batches", MicroBatchesDiffer(step, base, cand), pattern)
+    evidence = MicroBatchesDiffer(step, base, cand)
+    return FirstDivergent(step, "settings", "micro_batches", evidence, MicroBatchSplit(base, cand))
 
 
 def _layer(step: int, rec: StepRecords, phase: Phase) -> FirstDivergent | None:
@@ -398,7 +409,7 @@ def _loss(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDiverg
     if rec.loss_grad is not None:
         first = rec.loss_grad
         told_grad = LossGradDiffers(rec.losses_matched, first.name, first.metric, first.value, first.allowed)
-        return FirstDivergent(step, "loss", "loss", told_grad, LOSS_GRAD_PATTERN)
+        return FirstDivergent(step, "loss", "loss", told_grad, LossFunctionDiffers())
     if scalar is not None and scalar.what == "loss":
         hint = not (rec.diverged or rec.forward)
         return FirstDivergent(step, "loss", "loss", ScalarsDiffer(scalar, hint), scalar.pattern)
@@ -419,11 +430,8 @@ def _loss_grad_only(
 def _backward(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     if rec.grad_factor is not None:
         f = rec.grad_factor
-        pattern = (
-            f"every grad scaled by one factor (x{f:.4g}): a loss scale, or grads summed instead of averaged"
-        )
         evidence = GradsScaled(step, rec.grads_compared, f)
-        return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
+        return FirstDivergent(step, "grad_reduction", "grads", evidence, GradsScaledBy(f))
     found = _layer(step, rec, "backward")
     if found is not None:
         return found
@@ -437,7 +445,7 @@ def _grads_one_sided(step: int, rec: StepRecords) -> FirstDivergent | None:
     if not rec.grads_one_sided:
         return None
     evidence = GradsOneSided(step, tuple(rec.grads_one_sided))
-    return FirstDivergent(step, "backward", rec.grads_one_sided[0][0], evidence, ONE_SIDED)
+    return FirstDivergent(step, "backward", rec.grads_one_sided[0][0], evidence, GradsOnOneSide())
 
 
 def _after_backward(
@@ -461,13 +469,8 @@ def _after_backward(
         clipped = [s.clip_coef < 1.0 for s in (base, cand) if s is not None and s.clip_coef is not None]
         if len(clipped) == 2 and clipped[0] != clipped[1]:
             late, early = ("baseline", "candidate") if clipped[0] else ("candidate", "baseline")
-            pattern = (
-                f"only the {late} clipped at the update; the {early}'s grads changed between the "
-                "backward and the update: it clipped each micro-batch's grads before accumulating them"
-            )
-            return FirstDivergent(step, "clipping", "clip_coef", evidence, pattern)
-        pattern = "the grads changed after the backward: their accumulation, reduction or precision"
-        return FirstDivergent(step, "grad_reduction", "grads", evidence, pattern)
+            return FirstDivergent(step, "clipping", "clip_coef", evidence, ClippedPerMicroBatch(late, early))
+        return FirstDivergent(step, "grad_reduction", "grads", evidence, GradsChangedAfterBackward())
     if (
         rec.backward is None
         and lane != "envelope"
@@ -476,19 +479,14 @@ def _after_backward(
         and scalar.origin == "grad_norm"
     ):
         evidence = GradNormOverOtherGrads(scalar, rec.grads_compared)
-        pattern = "the grad norm is computed over other grads or parameters than the other side's"
-        return FirstDivergent(step, "clipping", "grad_norm", evidence, pattern)
+        return FirstDivergent(step, "clipping", "grad_norm", evidence, GradNormOverOthers())
     return None
 
 
 def _update(step: int, rec: StepRecords, scalar: ScalarDiff | None) -> FirstDivergent | None:
     first = rec.update
     if first is not None:
-        pattern = ""
-        if rec.every_param:
-            pattern = (
-                f"every parameter ({rec.params_compared}) differs after the update while its grad matched"
-            )
+        pattern = EveryParamUpdated(rec.params_compared) if rec.every_param else None
         return FirstDivergent(step, "optimizer_update", first.name, UpdateDiffers(first.name), pattern)
     if scalar is not None and scalar.what == "optimizer_update":
         return FirstDivergent(step, "optimizer_update", scalar.origin, ScalarsDiffer(scalar), scalar.pattern)

@@ -24,6 +24,15 @@ from ..compare.tolerances import ToleranceTable
 from ..trace.step_scalars import JOINED_HASH, StepScalars, comparable_hashes
 from ..vocabulary import Lane, TrainingClass
 from .run_findings import BrokenAlike, RunFinding, ScalarOneSided, StepsOneSided, UpdateSkippedOneSide
+from .run_patterns import (
+    ClippedDifferently,
+    GradNormSummed,
+    LrScaledAtStep,
+    MicroBatchSplit,
+    OnlyOneClipped,
+    OtherRows,
+    RunPattern,
+)
 from .scalar_evidence import (
     BatchDiffers,
     ClipDiffers,
@@ -108,11 +117,7 @@ class ScalarDiff:
     what: TrainingClass
     origin: str
     evidence: ScalarEvidence  # told when rendered (``reports.scalar_evidence_text``)
-    pattern: str = ""
-
-
-def _num(x: float) -> str:
-    return f"{x:.6g}"
+    pattern: RunPattern | None = None  # told when rendered (``reports.run_pattern_text``)
 
 
 def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDiff | None:
@@ -132,7 +137,7 @@ def first_scalar_difference(base: StepScalars, cand: StepScalars, judge: ScalarJ
         and base.micro_batches != cand.micro_batches
         and not judge.split_free
     ):
-        pattern = f"the sides split the step into {base.micro_batches} and {cand.micro_batches} micro-batches"
+        pattern = MicroBatchSplit(base.micro_batches, cand.micro_batches)
         counted = MicroBatchesCounted(step, base.micro_batches, cand.micro_batches)
         return ScalarDiff("settings", "micro_batches", counted, pattern)
     for diff in (_loss(base, cand, judge), _grads(base, cand, judge), _clip(base, cand, judge)):
@@ -156,8 +161,7 @@ def _rows(base: StepScalars, cand: StepScalars) -> ScalarDiff | None:
         "data",
         "rows",
         RowsDiffer(base.step, joined, a, b),
-        "the sides trained other rows at this step: another sampler order (a shuffle on one side, "
-        "each DP rank shuffling its own), or other data",
+        OtherRows(),
     )
 
 
@@ -200,8 +204,8 @@ def _grads(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDi
     ratio = b / a if a > 0 and b > 0 else 0.0
     big = max(ratio, 1 / ratio) if ratio else 0.0
     if big >= 1.5 and abs(big - round(big)) < 1e-3 * big:
-        pattern = f"the grad norm is x{ratio:.4g}: grads summed instead of averaged (ranks or micro-batches)"
-        return ScalarDiff("grad_reduction", "grad_norm", GradNormDiffers(a, b, "summed"), pattern)
+        summed = GradNormDiffers(a, b, "summed")
+        return ScalarDiff("grad_reduction", "grad_norm", summed, GradNormSummed(ratio))
     if moved:
         # The loss moved too (within its tolerance): the forward may be where it starts.
         assert loss[0] is not None and loss[1] is not None
@@ -260,11 +264,9 @@ def _clip(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> ScalarDif
     if found is None:
         return None
     a, b = found
+    pattern: RunPattern = ClippedDifferently()
     if a >= 1.0 or b >= 1.0:
-        side = "candidate" if a >= 1.0 else "baseline"
-        pattern = f"only the {side} clipped: every grad scaled by one factor ({_num(min(a, b))})"
-    else:
-        pattern = "both clipped, by different factors: another threshold or norm"
+        pattern = OnlyOneClipped("candidate" if a >= 1.0 else "baseline", min(a, b))
     return ScalarDiff("clipping", "clip_coef", ClipDiffers(a, b), pattern)
 
 
@@ -288,10 +290,8 @@ def _schedule(base: StepScalars, cand: StepScalars, judge: ScalarJudge) -> Scala
         g, x, y = bad[0]
         evidence = ScheduleDiffers(name, base.step, x, y, g)
         ratios = {round(y2 / x2, 9) for x2, y2 in pairs if x2}
-        pattern = ""
         ratio = ratios.pop() if len(ratios) == 1 else 0.0
-        if name == "lr" and ratio > 0 and len(bad) == len(pairs):
-            pattern = f"every parameter moved by the same factor (LR x{ratio:.4g}): the LR differs"
+        pattern = LrScaledAtStep(ratio) if name == "lr" and ratio > 0 and len(bad) == len(pairs) else None
         return ScalarDiff("schedule", f"{name}[{g}]", evidence, pattern)
     return None
 

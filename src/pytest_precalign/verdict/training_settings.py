@@ -29,6 +29,7 @@ from .contract_evidence import (
     SchedulerItself,
     SetBy,
 )
+from .run_patterns import AdapterOneSided
 from .training_contract import ContractDiff, Rename, check_contract, same_names
 
 # An adapter's fields, in PEFT's words (``LoraConfig``).
@@ -108,11 +109,11 @@ def adapter_diff(baseline: Sequence[Adapter], candidate: Sequence[Adapter]) -> C
             side, only = ("candidate", b) if a is None else ("baseline", a)
             assert only is not None
             evidence = AdapterOnlyOn(name, side, only)
-            return ContractDiff(0, "adapters", evidence, "one side trains an adapter the other has not", True)
+            return ContractDiff(0, "adapters", evidence, AdapterOneSided(), True)
         for field, word in ADAPTER_WORDS:
             x, y = getattr(a, field), getattr(b, field)
             if x != y:
-                return ContractDiff(0, word, AdapterDiffers(word, x, y, name), "", setting=True)
+                return ContractDiff(0, word, AdapterDiffers(word, x, y, name), setting=True)
     return None
 
 
@@ -125,7 +126,7 @@ def _precision_diff(baseline: TrainingSettings, candidate: TrainingSettings) -> 
     if a.autocast is not None and b.autocast is not None and a.autocast != b.autocast:
         autocast = (a.autocast, b.autocast)
     return ContractDiff(
-        0, "precision", PrecisionDiffers(a.precision, b.precision, words, autocast), "", setting=True
+        0, "precision", PrecisionDiffers(a.precision, b.precision, words, autocast), setting=True
     )
 
 
