@@ -45,6 +45,7 @@ from pytest_precalign.compare.pairs import compare_traces  # noqa: E402
 from pytest_precalign.compare.tolerances import default_table  # noqa: E402
 from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack  # noqa: E402
 from pytest_precalign.recording import HookRecorder  # noqa: E402
+from pytest_precalign.reports.run_pattern_text import pattern_text  # noqa: E402
 from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text  # noqa: E402
 from pytest_precalign.run.update_check import judge_updates, snapshot  # noqa: E402
 from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec  # noqa: E402
@@ -338,7 +339,7 @@ def score(m: Mutation, v: TrainingVerdict) -> dict[str, Any]:
         "expected": None if m.step is None else [m.step, m.what],
         "found": None if first is None else [first.step, first.what, first.origin],
         "evidence": None if first is None else evidence_text(first.evidence),
-        "pattern": None if first is None else first.pattern,
+        "pattern": None if first is None else pattern_text(first.pattern),
         "findings": [finding_text(f) for f in v.findings],
         "passed": v.passed,
     }
