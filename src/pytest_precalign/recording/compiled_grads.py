@@ -107,22 +107,17 @@ class _GradStats(torch.autograd.Function):
         return _sink_grad(ctx, grad), None, None, grad
 
 
-class _InputGradStats(torch.autograd.Function):
+class _InputGradStats(_GradStats):
     """``_GradStats`` in place: ``x`` itself comes out, its autograd history rebased on this
-    function, so every later use of ``x`` goes through it (see the module's doc)."""
+    function, so every later use of ``x`` goes through it (see the module's doc); the same
+    backward."""
 
     @staticmethod
     def forward(
         ctx: Any, sink: torch.Tensor, serial: torch.Tensor, row: int, x: torch.Tensor
     ) -> torch.Tensor:
-        ctx.row, ctx.rows = row, sink.shape[0]
-        ctx.save_for_backward(serial)
         ctx.mark_dirty(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, torch.Tensor]:
-        return _sink_grad(ctx, grad), None, None, grad
+        return _GradStats.forward(ctx, sink, serial, row, x)
 
 
 class GradSink:
