@@ -11,7 +11,12 @@ from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.reports.text import PhaseReport, failure_message
 from pytest_precalign.reports.training_evidence_text import case_origin_text, proof_text
 from pytest_precalign.trace.records import Record, Trace
-from pytest_precalign.verdict.origin_facts import NoPartner
+from pytest_precalign.verdict.origin_facts import (
+    InputsWithinTolerance,
+    MovedOutput,
+    NoPartner,
+    SteeringInputs,
+)
 from pytest_precalign.verdict.phase import PhaseVerdict
 from pytest_precalign.verdict.story import tell_case
 
@@ -52,6 +57,9 @@ def test_inputs_that_differed_within_tolerance_are_named_with_their_size() -> No
     v = verdict(two_layers(1.0, 1.0, 1.0), two_layers(1.0, 1.0000005, 2.0))
     first = first_of(v)
     assert (first.name, first.origin, first.proven) == ("b", True, True)
+    fact = first.proof
+    assert isinstance(fact, InputsWithinTolerance) and fact.input_id.startswith("b|input|in.0|")
+    assert (round(fact.size, 9), fact.own) == (5e-7, 1.0)
     assert proof_text(first.proof).startswith(
         "its inputs differed within tolerance (up to 5.000e-07 relative, b input in.0)"
     )
@@ -145,6 +153,7 @@ def test_a_mask_that_differs_in_value_is_the_evidence_not_a_reason_to_climb_to_t
     first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0)))
     assert (first.name, first.origin, first.proven) == ("model.attn.o", False, True)
     assert first.origin_module == "model.attn"
+    assert first.proof == SteeringInputs(("attention_mask",))
     assert proof_text(first.proof).startswith("its data inputs matched, its attention_mask did not")
     told = tell_case(
         {"forward": verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0))}, ("forward",)
@@ -168,6 +177,9 @@ def test_a_failure_grown_from_a_difference_under_tolerance_names_where_the_step_
     first = first_of(verdict(base, two_layers(1.000001, 1.000001, 100.0009)))
     assert (first.name, first.origin, first.proven) == ("b", False, True)
     assert first.origin_module == "a"
+    fact = first.proof
+    assert isinstance(fact, MovedOutput) and fact.failing.startswith("b|activation|")
+    assert fact.size is not None and abs(fact.size - 1e-6) < 1e-9
     assert proof_text(first.proof).startswith(
         "the first output of the step to differ at all (by 1.000e-06 relative"
     )
