@@ -46,7 +46,7 @@ def test_a_record_whose_input_has_no_partner_is_not_an_origin() -> None:
     v = verdict(_norm_grads(False, 1.0), _norm_grads(True, 2.0), phase="backward")
     first = first_of(v)
     assert (first.name, first.origin, first.proven) == ("blk.n.weight", False, False)
-    assert first.proof == NoPartner("blk.n|grad_output|out|0|0", 0)
+    assert first.proof == NoPartner(("blk.n|grad_output|out|0|0",))
     assert proof_text(first.proof) == "origin unproven: input blk.n grad_output has no partner"
     # blk.n's own grad_output is the missing one; blk's was compared and matched.
     assert first.origin_module == "blk"

@@ -15,25 +15,8 @@ import pytest
 from pytest_precalign.reports.text import origin_headline
 from pytest_precalign.reports.training_evidence_text import case_origin_text, proof_text
 from pytest_precalign.trace.records import Record
-from pytest_precalign.verdict import origin_facts
-from pytest_precalign.verdict.origin_facts import (
-    BetweenChildren,
-    CaseOrigin,
-    GradMatched,
-    InputsMatched,
-    InputsWithinTolerance,
-    MovedInput,
-    MovedOutput,
-    NoEnclosingModule,
-    NoMatchedInputs,
-    NoPartner,
-    OneSideBefore,
-    OneSided,
-    OriginProof,
-    OtherData,
-    SteeringInputs,
-    UpdateCheck,
-)
+from pytest_precalign.verdict import origin_facts as facts
+from pytest_precalign.verdict.origin_facts import OriginProof
 from pytest_precalign.verdict.run_evidence import ScalarsDiffer
 from pytest_precalign.verdict.scalar_evidence import BatchDiffers
 from pytest_precalign.verdict.story import origin_of
@@ -44,78 +27,86 @@ from .test_run_facts import VERDICT, _is_words
 
 _NOT_AMPLIFIED = "its change not amplified over theirs"
 _SAID: list[tuple[OriginProof, str]] = [
-    (InputsMatched(), "its inputs matched, its output did not"),
-    (GradMatched(), "its grad matched, the optimizer step made it differ"),
+    (facts.Matched("inputs"), "its inputs matched, its output did not"),
+    (facts.Matched("grad"), "its grad matched, the optimizer step made it differ"),
     (
-        UpdateCheck("the candidate's optimizer step is not adamw(...)"),
+        facts.UpdateCheck("the candidate's optimizer step is not adamw(...)"),
         "the candidate's optimizer step is not adamw(...)",
     ),
     (
-        BetweenChildren("blk", "o_proj", "input", ("a", "b", "c", "d", "e", "f", "g")),
+        facts.BetweenChildren("blk", "o_proj", "input", ("a", "b", "c", "d", "e", "f", "g")),
         "its inputs and children a, b, c, d, e, f, ... matched, o_proj's input did not: the divergence "
         "enters in its own code",
     ),
     (
-        BetweenChildren("blk", "n", "output_grad", ()),
+        facts.BetweenChildren("blk", "n", "output_grad", ()),
         "its inputs matched, n's grad w.r.t. its output did not: the divergence enters in its own code",
     ),
-    (NoEnclosingModule(), "no enclosing module with matching inputs was recorded"),
-    (NoMatchedInputs(), "origin unproven: no enclosing module's inputs were compared and matched"),
-    (NoPartner("blk.n|grad_output|out|0|0", 0), "origin unproven: input blk.n grad_output has no partner"),
+    (facts.NoMatchedModule(walked=False), "no enclosing module with matching inputs was recorded"),
     (
-        NoPartner("attn.rotary|input|in.1|0|0", 2),
+        facts.NoMatchedModule(walked=True),
+        "origin unproven: no enclosing module's inputs were compared and matched",
+    ),
+    (
+        facts.NoPartner(("blk.n|grad_output|out|0|0",)),
+        "origin unproven: input blk.n grad_output has no partner",
+    ),
+    (
+        facts.NoPartner(("attn.rotary|input|in.1|0|0", "a", "b")),
         "origin unproven: input attn.rotary input in.1 has no partner (and 2 more)",
     ),
     (
-        InputsWithinTolerance("b|input|in.0|0|0", 5e-7, 1.0),
+        facts.InputsWithinTolerance("b|input|in.0|0|0", 5e-7, 1.0),
         "its inputs differed within tolerance (up to 5.000e-07 relative, b input in.0), its output by 1.000e+00 "
         "(amplified)",
     ),
     (
-        InputsWithinTolerance("b|input|in.0|0|0", 5e-7, 1e-7),
+        facts.InputsWithinTolerance("b|input|in.0|0|0", 5e-7, 1e-7),
         "its inputs differed within tolerance (up to 5.000e-07 relative, b input in.0), its output by 1.000e-07 "
         "(not amplified: the inputs' difference may explain it)",
     ),
     (
-        InputsWithinTolerance("b|input|in.0|0|0", 5e-7, None),
+        facts.InputsWithinTolerance("b|input|in.0|0|0", 5e-7, None),
         "its inputs differed within tolerance (up to 5.000e-07 relative, b input in.0), its output failed",
     ),
     (
-        SteeringInputs(("attention_mask", "position_ids")),
+        facts.SteeringInputs(("attention_mask", "position_ids")),
         "its data inputs matched, its attention_mask, position_ids did not (not data: it steers the computation, "
         "same shape and dtype on both sides, other values): the divergence enters through it",
     ),
     (
-        MovedOutput(1e-6, "b|activation|out|0|0"),
+        facts.MovedOutput(1e-6, "b|activation|out|0|0"),
         "the first output of the step to differ at all (by 1.000e-06 relative, within tolerance): every record "
         "before it and its inputs were identical on both sides; b activation failed downstream of it, its inputs "
         f"within tolerance, {_NOT_AMPLIFIED}",
     ),
     (
-        MovedInput("m.layers.0|input|in.0|0|0", None, "m", "m.head|activation|out|0|0"),
+        facts.MovedInput("m.layers.0|input|in.0|0|0", None, "m", "m.head|activation|out|0|0"),
         "the first record of the step to differ at all is m.layers.0 input in.0 (within tolerance): every record "
         "before it was identical on both sides, m's inputs too, so m's own code made it between its recorded "
         "children; m.head activation failed downstream of it, its inputs within tolerance, "
         f"{_NOT_AMPLIFIED}",
     ),
     (
-        OneSideBefore(
+        facts.OneSideBefore(
             None,
             (
-                OneSided("Functional.silu", 1, "forward", "baseline"),
-                OneSided("Functional.gelu", 0, "forward", "candidate"),
+                facts.OneSided("Functional.silu", 1, "forward", "baseline"),
+                facts.OneSided("Functional.gelu", 0, "forward", "candidate"),
             ),
         ),
         "origin unproven: no enclosing module whose inputs matched was recorded; only one side made just before "
         "it: Functional.silu.1.forward (baseline only) / Functional.gelu.0.forward (candidate only)",
     ),
     (
-        OneSideBefore(NoPartner("x|input|in.0|0|0", 0), (OneSided("Torch.add", 3, "backward", "candidate"),)),
+        facts.OneSideBefore(
+            facts.NoPartner(("x|input|in.0|0|0",)), (facts.OneSided("Torch.add", 3, "backward", "candidate"),)
+        ),
         "origin unproven: input x input in.0 has no partner; only one side made just before it: "
         "Torch.add.3.backward (candidate only)",
     ),
     (
-        OtherData(2, True, ScalarsDiffer(ScalarDiff("data", "batch", BatchDiffers(2, "aa", "bb")))),
+        facts.OtherData(2, True, ScalarsDiffer(ScalarDiff("data", "batch", BatchDiffers(2, "aa", "bb")))),
         "origin unproven: downstream of step 2's data: the batch of step 2 differs (sha256 aa vs bb); the step's "
         "inputs were other data (the run verdict says data)",
     ),
@@ -135,7 +126,7 @@ def test_every_kind_of_claim_has_its_words() -> None:
 def test_the_case_origin_holds_its_role_and_set_aside_slots_and_says_them() -> None:
     first = first_of(verdict(_children(1.0), _children(2.0)))
     origin = origin_of(first, ("q_proj", "k_proj"))
-    assert origin.evidence == BetweenChildren("attn", "o_proj", "input", ("q_proj", "k_proj"))
+    assert origin.evidence == facts.BetweenChildren("attn", "o_proj", "input", ("q_proj", "k_proj"))
     assert (origin.module, origin.role, origin.proven) == ("attn", "matched_inputs", True)
     aside = dataclasses.replace(origin, aside=("attention_mask",))
     assert case_origin_text(aside) == (
@@ -143,8 +134,8 @@ def test_the_case_origin_holds_its_role_and_set_aside_slots_and_says_them() -> N
         "own code; set aside (not data; their shape, dtype or presence changed between the sides): attention_mask"
     )
     assert aside.as_dict(case_origin_text(aside))["evidence"] == case_origin_text(aside)
-    unproven = CaseOrigin(
-        "blk.n", "backward", "param_grad", 0, "blk.n", NoPartner("blk.n|input|in.0|0|0", 0), False
+    unproven = facts.CaseOrigin(
+        "blk.n", "backward", "param_grad", 0, "blk.n", facts.NoPartner(("blk.n|input|in.0|0|0",)), False
     )
     unproven = dataclasses.replace(unproven, role="first_paired")
     v = dataclasses.replace(verdict(_children(1.0), _children(2.0)), case_origin=unproven)
@@ -171,7 +162,7 @@ def _children(o_in: float) -> list[Record]:
 
 # The calls that make an origin fact (every dataclass of ``origin_facts``) or a first divergence,
 # and the fields and names that hold one.
-_ORIGIN_MADE_BY = {n for n, o in vars(origin_facts).items() if dataclasses.is_dataclass(o)} | {"Divergence"}
+_ORIGIN_MADE_BY = {n for n, o in vars(facts).items() if dataclasses.is_dataclass(o)} | {"Divergence"}
 _ORIGIN_FIELDS = {"proof", "evidence", "role", "unproven"}
 _NO_WORDS = {"story.py", "evidence.py", "origin_facts.py"}  # no function of these returns a sentence
 _WALKS = {"_origin", "_after_unmatched", "_between_children", "moved_origin"}  # nor these

@@ -10,14 +10,12 @@ from collections.abc import Sequence
 
 from ..verdict.origin_facts import (
     BetweenChildren,
-    GradMatched,
-    InputsMatched,
     InputsWithinTolerance,
+    Matched,
     ModuleProof,
     MovedInput,
     MovedOutput,
-    NoEnclosingModule,
-    NoMatchedInputs,
+    NoMatchedModule,
     NoPartner,
     OneSideBefore,
     OriginRole,
@@ -41,19 +39,19 @@ def shown_id(record_id: str) -> str:
 def module_proof_text(proof: ModuleProof) -> str:
     """The claim in words (every kind but the data story's)."""
     match proof:
-        case InputsMatched():
+        case Matched(what):
+            if what == "grad":
+                return "its grad matched, the optimizer step made it differ"
             return "its inputs matched, its output did not"
-        case GradMatched():
-            return "its grad matched, the optimizer step made it differ"
         case UpdateCheck(note):
             return note  # the compare layer's words
-        case NoEnclosingModule():
+        case NoMatchedModule(walked):
+            if walked:
+                return "origin unproven: no enclosing module's inputs were compared and matched"
             return "no enclosing module with matching inputs was recorded"
-        case NoMatchedInputs():
-            return "origin unproven: no enclosing module's inputs were compared and matched"
-        case NoPartner(input_id, more):
-            extra = f" (and {more} more)" if more > 0 else ""
-            return f"origin unproven: input {shown_id(input_id)} has no partner{extra}"
+        case NoPartner(inputs):
+            extra = f" (and {len(inputs) - 1} more)" if len(inputs) > 1 else ""
+            return f"origin unproven: input {shown_id(inputs[0])} has no partner{extra}"
         case SteeringInputs(slots):
             return (
                 f"its data inputs matched, its {', '.join(slots)} did not (not data: it steers the computation, "

@@ -157,7 +157,7 @@ def moved_origin(
 
 def unproven(evidence: InputEvidence) -> NoPartner:
     """Why no origin can be claimed: the first input without a partner."""
-    return NoPartner(evidence.unmatched[0], len(evidence.unmatched) - 1)
+    return NoPartner(evidence.unmatched)
 
 
 def within_tolerance(evidence: InputEvidence, output: PairResult) -> InputsWithinTolerance:

@@ -13,13 +13,11 @@ from ..vocabulary import Kind, Phase
 
 
 @dataclass(frozen=True)
-class InputsMatched:
-    """The origin's inputs were compared and matched, its output did not."""
+class Matched:
+    """The origin's ``inputs`` were compared and matched, its output did not; or (a parameter
+    after the step) its ``grad`` matched and the optimizer step made it differ."""
 
-
-@dataclass(frozen=True)
-class GradMatched:
-    """A parameter after the step: its grad matched, the optimizer step made it differ."""
+    what: Literal["inputs", "grad"]
 
 
 @dataclass(frozen=True)
@@ -42,21 +40,18 @@ class BetweenChildren:
 
 
 @dataclass(frozen=True)
-class NoEnclosingModule:
-    """No enclosing module with matching inputs was recorded."""
+class NoMatchedModule:
+    """No enclosing module with matching inputs was recorded; ``walked``: the walk up from the
+    record found modules, but none whose inputs were compared and matched (unproven)."""
 
-
-@dataclass(frozen=True)
-class NoMatchedInputs:
-    """Unproven: no enclosing module's inputs were compared and matched."""
+    walked: bool
 
 
 @dataclass(frozen=True)
 class NoPartner:
-    """Unproven: the record's input ``input_id`` (and ``more`` others) has no partner."""
+    """Unproven: the record's inputs without a partner (record ids; the first is named)."""
 
-    input_id: str
-    more: int
+    inputs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -139,10 +134,10 @@ WalkProof = (
     | SteeringInputs
     | MovedOutput
     | MovedInput
-    | NoMatchedInputs
+    | NoMatchedModule
 )
 # Every claim but the data story's (``OtherData``): told without the run verdict.
-ModuleProof = WalkProof | InputsMatched | GradMatched | BetweenChildren | NoEnclosingModule | OneSideBefore
+ModuleProof = WalkProof | Matched | BetweenChildren | OneSideBefore
 OriginProof = ModuleProof | OtherData[Any]
 
 # What ``CaseOrigin.module`` is: the innermost module whose inputs all matched, or (none was

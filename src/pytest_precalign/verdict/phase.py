@@ -35,7 +35,7 @@ from .evidence import (
 from .non_data_inputs import non_data, set_aside
 from .origin_facts import (
     CaseOrigin,
-    NoMatchedInputs,
+    NoMatchedModule,
     OneSideBefore,
     OneSided,
     OriginProof,
@@ -364,7 +364,7 @@ def _origin(
                 # is the evidence, and the divergence enters through it here.
                 aside = inputs_set_aside(module, rec.step, every)
                 return False, module, SteeringInputs(steering), True, aside
-        return False, "", NoMatchedInputs() if walked else None, False, ()
+        return False, "", NoMatchedModule(walked=True) if walked else None, False, ()
     return False, owner, None, True, ()
 
 

@@ -20,9 +20,8 @@ from ..vocabulary import Phase
 from .origin_facts import (
     BetweenChildren,
     CaseOrigin,
-    GradMatched,
-    InputsMatched,
-    NoEnclosingModule,
+    Matched,
+    NoMatchedModule,
     OriginProof,
     OriginRole,
     OtherData,
@@ -40,7 +39,7 @@ def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOr
     evidence: OriginProof
     if first.origin:
         module = first.origin_module or first.name
-        evidence = first.proof or (GradMatched() if first.kind == "param" else InputsMatched())
+        evidence = first.proof or Matched("grad" if first.kind == "param" else "inputs")
         proven = first.proven
     else:
         module = first.origin_module
@@ -54,11 +53,11 @@ def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOr
     )
 
 
-def _between_children(first: Divergence, matched: Sequence[str]) -> BetweenChildren | NoEnclosingModule:
+def _between_children(first: Divergence, matched: Sequence[str]) -> BetweenChildren | NoMatchedModule:
     """``module``'s inputs and children ``matched`` matched, what the failing child received did not."""
     module = first.origin_module
     if not module:
-        return NoEnclosingModule()
+        return NoMatchedModule(walked=False)
     child = first.name[len(module) + 1 :] if first.name.startswith(module + ".") else first.name
     return BetweenChildren(
         module, child, "input" if first.phase == "forward" else "output_grad", tuple(matched)
