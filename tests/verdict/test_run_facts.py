@@ -20,12 +20,14 @@ from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.reports.training_text import training_lines, training_summary
 from pytest_precalign.trace.training_record import RunRecord
 from pytest_precalign.verdict.contract_evidence import (
+    AdapterDiffers,
     ArgumentDiffers,
     Groups,
     LrDiffers,
     LrFrom,
     PrecisionDiffers,
     SetBy,
+    SettingDiffers,
 )
 from pytest_precalign.verdict.run_evidence import (
     GradsScaled,
@@ -276,3 +278,19 @@ def test_a_plan_difference_holds_its_groups_and_arguments_and_says_them_as_befor
         contract_evidence_text(precision)
         == "bf16 autocast on vs off: the forward computes in bfloat16 vs float32"
     )
+
+
+def test_a_plan_difference_holds_typed_values_not_any() -> None:
+    """The values a plan, adapter or framework argument differs in are typed: a plan's value
+    (``PlanValue``) or a recorded JSON value (``JsonValue``), never ``Any``."""
+    held = {
+        cls.__name__: (cls.__annotations__["a"], cls.__annotations__["b"])
+        for cls in (SettingDiffers, AdapterDiffers, ArgumentDiffers)
+    }
+    assert held == {
+        "SettingDiffers": ("PlanValue", "PlanValue"),
+        "AdapterDiffers": ("PlanValue", "PlanValue"),
+        "ArgumentDiffers": ("JsonValue", "JsonValue"),
+    }
+    said = contract_evidence_text(SettingDiffers("betas", (0.9, 0.999), (0.9, 0.95)))
+    assert said == "betas: [0.9, 0.999] vs [0.9, 0.95]"

@@ -6,9 +6,14 @@ import."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 from ..trace.training_record import Adapter
+
+# A value of a side's plan (a ``TrainingPlan`` setting: ``betas`` a pair) or of its PEFT adapter.
+PlanValue: TypeAlias = "str | int | float | bool | tuple[float, ...] | tuple[str, ...] | None"
+# A framework argument as the side recorded it (``TrainingSettings.arguments``: JSON).
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,8 @@ class StepsPlanned:
 @dataclass(frozen=True)
 class SettingDiffers:
     key: str  # a ``PLAN_SETTINGS`` field
-    a: Any  # each side's value (shown cut: ``untrusted.cut_text``)
-    b: Any
+    a: PlanValue  # each side's value (shown cut: ``untrusted.cut_text``)
+    b: PlanValue
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,8 @@ class AdapterOnlyOn:
 @dataclass(frozen=True)
 class AdapterDiffers:
     word: str  # the field in PEFT's words
-    a: Any
-    b: Any
+    a: PlanValue
+    b: PlanValue
     name: str  # the adapter
 
 
@@ -71,8 +76,8 @@ class ArgumentDiffers:
     """A framework argument both sides' ``TrainingArguments`` hold and differ in."""
 
     key: str
-    a: Any
-    b: Any
+    a: JsonValue
+    b: JsonValue
 
 
 @dataclass(frozen=True)
