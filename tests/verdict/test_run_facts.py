@@ -166,12 +166,11 @@ def test_evidence_facts_render_as_the_verdict_said_them() -> None:
 
 def test_no_sentence_is_made_for_the_run_verdict_in_verdict() -> None:
     """The run verdict's evidence, findings and warnings are facts: no module of verdict/ that
-    makes them builds an f-string for them (the phase verdict's own proof is another field)."""
-    phase_story = {"story.py", "phase.py", "evidence.py"}  # the phase verdict's origin, in words
+    makes them builds an f-string for them (the phase verdict's origin claim is a fact too:
+    ``test_origin_facts``)."""
     made = [
         f"{path.name}:{n}"
         for path in sorted(VERDICT.glob("*.py"))
-        if path.name not in phase_story
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\b(evidence|findings|warnings)\s*(\+?=|=\s*\(?)\s*f[\"']", line)
         or re.search(r"(findings|warnings)\.append\(\s*f[\"']", line)
@@ -185,14 +184,10 @@ _FACT_FIELDS = {"evidence", "findings", "warnings", "pattern", "envelope", "told
 
 
 def sentences_in_verdict(folder: Path) -> list[str]:
-    """Where a module of ``folder`` (the phase verdict's story aside) hands a run verdict a
-    sentence: a string given to a call that makes one of its facts, or assigned to a name that
-    holds its evidence, pattern or envelope."""
-    phase_story = {"story.py", "phase.py", "evidence.py"}
+    """Where a module of ``folder`` hands a run verdict a sentence: a string given to a call that
+    makes one of its facts, or assigned to a name that holds its evidence, pattern or envelope."""
     made = []
     for path in sorted(folder.glob("*.py")):
-        if path.name in phase_story:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             given: list[ast.expr] = []
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "replace":
