@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from ..compare.pairs import SHARED_NONFINITE, Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
+from ..verdict.origin_facts import Matched
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
@@ -219,11 +220,7 @@ def _entry(first: Divergence) -> str:
 
 def _role(first: Divergence) -> str:
     if first.origin:
-        if first.proof:
-            return f"origin: {proof_text(first.proof)}"
-        if first.kind == "param":
-            return "origin: its grad matched, the optimizer step made it differ"
-        return "origin: its inputs matched, its output did not"
+        return f"origin: {proof_text(first.proof or Matched('grad' if first.kind == 'param' else 'inputs'))}"
     if not first.proven and first.proof:
         inner = first.origin_module or "none recorded"
         return f"{proof_text(first.proof)}; {ROLE_TEXT['matched_inputs']}: {inner}"
