@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trace.training_record import Adapter
+from .side_values import StepValues, Values
 
 
 @dataclass(frozen=True)
@@ -23,17 +24,12 @@ class Groups:
 
 
 @dataclass(frozen=True)
-class DecayDiffers:
-    a: float
-    b: float
+class DecayDiffers(Values[float]):
     groups: Groups
 
 
 @dataclass(frozen=True)
-class LrDiffers:
-    step: int
-    a: float
-    b: float
+class LrDiffers(StepValues[float]):
     groups: Groups
 
 
@@ -76,20 +72,16 @@ class ArgumentDiffers:
 
 
 @dataclass(frozen=True)
-class PrecisionDiffers:
-    a: str  # the precision the forward computes in, each side
-    b: str
+class PrecisionDiffers(Values[str]):
+    """The precision the forward computes in, each side."""
+
     arguments: tuple[ArgumentDiffers, ...] = ()  # the arguments that set it
     autocast: tuple[bool, bool] | None = None  # each side's autocast, when they differ
 
 
 @dataclass(frozen=True)
-class LrFrom:
+class LrFrom(StepValues[float]):
     """The plans' LR differs from ``step`` (the first group's values)."""
-
-    step: int
-    a: float
-    b: float
 
 
 @dataclass(frozen=True)
