@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trace.training_record import Adapter
-from .side_values import StepValues, Values
+from .side_values import NamedValues, StepValues, Values
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,9 @@ class StepsPlanned:
 
 
 @dataclass(frozen=True)
-class SettingDiffers:
-    key: str  # a ``PLAN_SETTINGS`` field
-    a: Any  # each side's value (shown cut: ``untrusted.cut_text``)
-    b: Any
+class SettingDiffers(NamedValues[Any]):
+    """The plan setting ``name`` (a ``PLAN_SETTINGS`` field), each side's value (shown cut:
+    ``untrusted.cut_text``)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +62,8 @@ class AdapterDiffers:
 
 
 @dataclass(frozen=True)
-class ArgumentDiffers:
-    """A framework argument both sides' ``TrainingArguments`` hold and differ in."""
-
-    key: str
-    a: Any
-    b: Any
+class ArgumentDiffers(NamedValues[Any]):
+    """A framework argument (``name``) both sides' ``TrainingArguments`` hold and differ in."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The sides' values a fact states, ``a`` the baseline's and ``b`` the candidate's: on their own
-(``Values``), at an optimizer step (``StepValues``) or of a named scalar or parameter
-(``NamedValues``). The facts of ``contract_evidence``, ``scalar_evidence`` and ``run_evidence``
-that state such a pair derive from these and add what else they state. No torch import."""
+(``Values``), at an optimizer step (``StepValues``) or of a named scalar, parameter, setting or
+argument (``NamedValues``). The facts of ``contract_evidence``, ``scalar_evidence`` and
+``run_evidence`` that state such a pair derive from these and add what else they state. No torch
+import."""
 
 from __future__ import annotations
 
