@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import typing
 from pathlib import Path
 
 from pytest_precalign.compare.tolerances import default_table
@@ -19,6 +20,7 @@ from pytest_precalign.reports.training_evidence_text import evidence_text, findi
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.reports.training_text import training_lines, training_summary
 from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict import contract_evidence
 from pytest_precalign.verdict.contract_evidence import (
     AdapterDiffers,
     ArgumentDiffers,
@@ -279,13 +281,16 @@ def test_a_plan_difference_holds_typed_values_not_any() -> None:
     """The values a plan, adapter or framework argument differs in are typed: a plan's value
     (``PlanValue``) or a recorded JSON value (``JsonValue``), never ``Any``."""
     held = {
-        cls.__name__: (cls.__annotations__["a"], cls.__annotations__["b"])
-        for cls in (SettingDiffers, AdapterDiffers, ArgumentDiffers)
+        cls.__name__: typing.get_args(cls.__orig_bases__[0])  # type: ignore[attr-defined]
+        for cls in (SettingDiffers, ArgumentDiffers)
     }
     assert held == {
-        "SettingDiffers": ("PlanValue", "PlanValue"),
-        "AdapterDiffers": ("PlanValue", "PlanValue"),
-        "ArgumentDiffers": ("JsonValue", "JsonValue"),
+        "SettingDiffers": (typing.ForwardRef(contract_evidence.PlanValue),),
+        "ArgumentDiffers": (typing.ForwardRef(contract_evidence.JsonValue),),
     }
+    assert (AdapterDiffers.__annotations__["a"], AdapterDiffers.__annotations__["b"]) == (
+        "PlanValue",
+        "PlanValue",
+    )
     said = contract_evidence_text(SettingDiffers("betas", (0.9, 0.999), (0.9, 0.95)))
     assert said == "betas: [0.9, 0.999] vs [0.9, 0.95]"

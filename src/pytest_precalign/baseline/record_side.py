@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.specs import AlignConfig, CaseSpec
 from ..errors import CaseError
 from ..mapping.spec import MappingSpec, to_baseline_name
+from ..trace.json_fields import field_dict
 from ..trace.records import Trace
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class WeightsDigest:
     params: Mapping[str, str]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "params": dict(self.params)}
+        return field_dict(self)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import CaseError
+from ..trace.json_fields import field_dict
 from .layer_mapping import RuleKey
 from .spec import MappingSpec, TensorRule, fill_pattern, match_pattern, to_baseline_name
 from .transforms import apply_forward, apply_inverse, transform_error
@@ -26,12 +27,7 @@ class SyncReport:
 
     def as_dict(self) -> dict[str, object]:
         """report.json's ``weights`` entry: counts, and what was left on either side."""
-        return {
-            "copied": self.copied,
-            "transformed": self.transformed,
-            "unsynced": list(self.unsynced),
-            "unused": list(self.unused),
-        }
+        return field_dict(self, omit=("applied",))
 
 
 def expand_rule(rule: TensorRule, names: Iterable[str]) -> list[tuple[list[str], list[str]]]:

@@ -24,7 +24,6 @@ not a function of the shards' CRCs): such a side is an error.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +35,7 @@ from ..trace.note_blocks import DpJoin, ReplicaMismatch
 from ..trace.records import Record, Stats, Trace
 from ..vocabulary import PHASE_INDEX
 from .data_split import merge_data_split
-from .dp_join import Replica, copies_differ, join_replicas, saw_different_data
+from .dp_join import Replica, copies_differ, join_replicas, same_record, same_stats, saw_different_data
 from .dp_scalars import loss_weights
 from .dtensor_rules import TpPlanRules, plan_rules, tp_notes, tp_plan_of
 from .layout import ParallelLayout
@@ -319,7 +318,7 @@ def _replicated(rec: Record, peers: Sequence[Record], group: Sequence[RankTrace]
     differ = [
         (rank, peer)
         for peer, rank in zip(peers[1:], group[1:], strict=True)
-        if not _same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32
+        if not same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32
     ]
     if differ:
         rank, peer = differ[0]
@@ -366,16 +365,7 @@ def _merged_stats(stats: Sequence[Stats | None], counts: Sequence[int]) -> Stats
 
 
 def _ranks_differ(rec: Record, peers: Sequence[Record]) -> bool:
-    return any(
-        p.shape != rec.shape or p.crc32 != rec.crc32 or not _same_stats(rec.stats, p.stats) for p in peers
-    )
-
-
-def _same_stats(a: Stats | None, b: Stats | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    pairs = zip(a.as_dict().values(), b.as_dict().values(), strict=True)
-    return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in pairs)
+    return not all(same_record(rec, p) for p in peers)
 
 
 def _show(rec: Record) -> str:
@@ -492,7 +482,7 @@ def _check_replica(
         raise TraceError(f"{where}: DP replicas hold different records ({b} vs {a}), e.g. {diff[0]!r}")
     for rec in first:
         peer = ids[rec.id]
-        if rec.shape != peer.shape or not _same_stats(rec.stats, peer.stats) or rec.crc32 != peer.crc32:
+        if not same_record(rec, peer):
             raise TraceError(
                 f"{where}: DP replicas differ at {rec.id} ({b}: {_show(peer)}; {a}: {_show(rec)}); "
                 "a DP replica is kept only when all replicas saw the same data: compare one replica's ranks"

@@ -41,8 +41,8 @@ def contract_evidence_text(fact: ContractEvidence) -> str:
             )
         case StepsPlanned(short, steps, other):
             return f"the {short} plans {steps} steps, the other {other}"
-        case SettingDiffers(key, a, b):
-            return f"{key}: {_show(a)} vs {_show(b)}"
+        case SettingDiffers(name, a, b):
+            return f"{name}: {_show(a)} vs {_show(b)}"
         case AdapterOnlyOn(name, side, adapter):
             held = ", ".join(
                 f"{word} {_word(getattr(adapter, field))}"
@@ -81,10 +81,10 @@ def _arguments(arguments: tuple[ArgumentDiffers, ...]) -> str:
     out = []
     for arg in arguments:
         x, y = arg.a, arg.b
-        if arg.key in ("bf16", "fp16") and isinstance(x, bool) and isinstance(y, bool):
-            out.append(f"{arg.key} autocast {_on(x)} vs {_on(y)}")
+        if arg.name in ("bf16", "fp16") and isinstance(x, bool) and isinstance(y, bool):
+            out.append(f"{arg.name} autocast {_on(x)} vs {_on(y)}")
         else:
-            out.append(f"{arg.key} {_word(x)} vs {_word(y)}")
+            out.append(f"{arg.name} {_word(x)} vs {_word(y)}")
     return ", ".join(out)
 
 

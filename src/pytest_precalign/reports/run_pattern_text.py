@@ -66,22 +66,24 @@ def _scalar_pattern_text(pattern: RunPattern) -> str:
     match pattern:
         case MicroBatchSplit(base, cand, planned):
             return f"the sides split {'each' if planned else 'the'} step into {base} and {cand} micro-batches"
-        case GradNormSummed(ratio):
-            return f"the grad norm is x{ratio:.4g}: grads summed instead of averaged (ranks or micro-batches)"
+        case GradNormSummed(factor):
+            return (
+                f"the grad norm is x{factor:.4g}: grads summed instead of averaged (ranks or micro-batches)"
+            )
         case OnlyOneClipped(side, factor):
             return f"only the {side} clipped: every grad scaled by one factor ({factor:.6g})"
         case ClippedDifferently():
             return "both clipped, by different factors: another threshold or norm"
-        case LrScaledAtStep(ratio):
-            return f"every parameter moved by the same factor (LR x{ratio:.4g}): the LR differs"
+        case LrScaledAtStep(factor):
+            return f"every parameter moved by the same factor (LR x{factor:.4g}): the LR differs"
         case DecayOneSided(candidate):
             if candidate:
                 return "weight decay on parameters the baseline does not decay"
             return "no weight decay on parameters the baseline decays"
         case ScheduleShifted(lag, behind):
             return f"the candidate's schedule is {lag} step(s) {'behind' if behind else 'ahead of'} the baseline's"
-        case ScheduleScaled(ratio):
-            return f"every step's LR scaled by {ratio:.4g}"
+        case ScheduleScaled(factor):
+            return f"every step's LR scaled by {factor:.4g}"
         case OtherRows():
             return (
                 "the sides trained other rows at this step: another sampler order (a shuffle on one side, "

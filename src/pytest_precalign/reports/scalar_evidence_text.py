@@ -4,22 +4,7 @@ the facts: ``verdict.scalar_evidence``)."""
 from __future__ import annotations
 
 from ..trace.step_scalars import JOINED_HASH
-from ..verdict.scalar_evidence import (
-    BatchDiffers,
-    ClipDiffers,
-    EnvelopeQuote,
-    GradNormDiffers,
-    GradNormPastForward,
-    LossDiffers,
-    MicroBatchesCounted,
-    OutsideEnvelope,
-    RowsDiffer,
-    ScalarEvidence,
-    ScheduleDiffers,
-    ScheduleValuesDiffer,
-    TokensDiffer,
-    UpdateScalarDiffers,
-)
+from ..verdict import scalar_evidence
 
 _GRAD_NORM_TAIL = {
     "summed": " while the loss matched",
@@ -28,24 +13,24 @@ _GRAD_NORM_TAIL = {
 _UPDATE = {"param_norm": "parameter norm after", "update_norm": "norm of"}
 
 
-def scalar_evidence_text(fact: ScalarEvidence) -> str:
+def scalar_evidence_text(fact: scalar_evidence.ScalarEvidence) -> str:
     """One step scalar's difference, in words."""
     match fact:
-        case BatchDiffers(step, a, b):
+        case scalar_evidence.BatchDiffers(step, a, b):
             return f"the batch of step {step} differs ({_hashes(a, b)})"
-        case RowsDiffer(step, joined, a, b):
+        case scalar_evidence.RowsDiffer(step, joined, a, b):
             how = f" (the {' and '.join(joined)}'s DP replicas' rows joined)" if joined else ""
             return (
                 f"the rows of step {step} differ{how}: other rows, not only another order or split "
                 f"(multiset hash {a[:12]} vs {b[:12]})"
             )
-        case TokensDiffer(step, a, b):
+        case scalar_evidence.TokensDiffer(step, a, b):
             return f"tokens in step {step}: {a} vs {b}"
-        case MicroBatchesCounted(step, a, b):
+        case scalar_evidence.MicroBatchesCounted(step, a, b):
             return f"micro_batches in step {step}: the sides split the step into {a} and {b} micro-batches"
-        case LossDiffers(a, b):
+        case scalar_evidence.LossDiffers(a, b):
             return f"loss {_num(a)} vs {_num(b)}"
-        case GradNormDiffers(a, b, how, losses):
+        case scalar_evidence.GradNormDiffers(a, b, how, losses):
             head = f"grad norm (before clipping) {_num(a)} vs {_num(b)}"
             if how == "loss_moved":
                 return (
@@ -53,21 +38,21 @@ def scalar_evidence_text(fact: ScalarEvidence) -> str:
                     "the forward or the backward; record layers to find where"
                 )
             return head + _GRAD_NORM_TAIL[how]
-        case GradNormPastForward():
+        case scalar_evidence.GradNormPastForward():
             return _past_forward(fact)
-        case ClipDiffers(a, b):
+        case scalar_evidence.ClipDiffers(a, b):
             return f"clip coefficient {_num(a)} vs {_num(b)} with the grad norm matching"
-        case ScheduleValuesDiffer(name, a, b):
+        case scalar_evidence.ScheduleValuesDiffer(name, a, b):
             return f"{name} values in use: {list(a)} vs {list(b)}"
-        case ScheduleDiffers(name, step, a, b, group):
+        case scalar_evidence.ScheduleDiffers(name, step, a, b, group):
             return f"{name} at step {step}: {a:.3e} vs {b:.3e} (group {group})"
-        case UpdateScalarDiffers(name, a, b):
+        case scalar_evidence.UpdateScalarDiffers(name, a, b):
             return f"{_UPDATE[name]} the update {_num(a)} vs {_num(b)} while its inputs matched"
-    assert isinstance(fact, OutsideEnvelope)
+    assert isinstance(fact, scalar_evidence.OutsideEnvelope)
     return f"{scalar_evidence_text(fact.evidence)}; {_quote(fact.quote)}"
 
 
-def _past_forward(fact: GradNormPastForward) -> str:
+def _past_forward(fact: scalar_evidence.GradNormPastForward) -> str:
     return (
         f"grad norm (before clipping) {_num(fact.a)} vs {_num(fact.b)} while every forward "
         f"record of step {fact.step} matched ({fact.compared} compared); the loss moved within its "
@@ -77,7 +62,7 @@ def _past_forward(fact: GradNormPastForward) -> str:
     )
 
 
-def _quote(q: EnvelopeQuote) -> str:
+def _quote(q: scalar_evidence.EnvelopeQuote) -> str:
     floor = "the table's bound" if q.floor is None else f"floor {q.floor:g} x |baseline|"
     return (
         f"noise envelope: {q.name} spread {q.spread:.3g} over {q.reruns} clean rerun(s) of the "

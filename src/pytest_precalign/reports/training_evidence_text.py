@@ -4,42 +4,9 @@ one function per field, used by the terminal, report.json, the HTML and the JUni
 
 from __future__ import annotations
 
+from ..verdict import run_evidence, run_findings
 from ..verdict.model_output import OutputGrad
 from ..verdict.origin_facts import CaseOrigin, OriginProof, OtherData
-from ..verdict.run_evidence import (
-    GradNormOverOtherGrads,
-    GradsChanged,
-    GradsOneSided,
-    GradsScaled,
-    InitialParamsDiffer,
-    LayerDiffers,
-    LossGradDiffers,
-    LossRecordDiffers,
-    MicroBatchesDiffer,
-    MovedBefore,
-    OutputGradDiffers,
-    PlansDiffer,
-    RankNote,
-    RanksTold,
-    ReplicaRows,
-    ReplicasDisagree,
-    RunEvidence,
-    ScalarsDiffer,
-    TpShares,
-    UpdateDiffers,
-)
-from ..verdict.run_findings import (
-    BrokenAlike,
-    FrozenChanged,
-    NotTrainingRun,
-    PlanMissing,
-    RecordedOneSide,
-    RunFinding,
-    RunWarning,
-    ScalarOneSided,
-    StepsOneSided,
-    UpdateSkippedOneSide,
-)
 from ..verdict.training_contract import ContractDiff
 from ..verdict.training_scalars import ScalarDiff
 from .contract_evidence_text import contract_evidence_text
@@ -53,37 +20,37 @@ _BEFORE_TRAINING = {
 }
 
 
-def finding_text(fact: RunFinding) -> str:
+def finding_text(fact: run_findings.RunFinding) -> str:
     """One thing the runs could not pair, in words."""
     match fact:
-        case StepsOneSided(side, steps):
+        case run_findings.StepsOneSided(side, steps):
             return f"steps {ranges(steps)} recorded by the {side} only: the runs' steps do not line up"
-        case ScalarOneSided(name, side, steps):
+        case run_findings.ScalarOneSided(name, side, steps):
             return f"{name} recorded by the {side} only (steps {ranges(steps)}): nothing to compare it with"
-        case UpdateSkippedOneSide(side, step):
+        case run_findings.UpdateSkippedOneSide(side, step):
             return (
                 f"the {side} skipped the update of step {step} (an overflow?), the other did not: "
                 "the steps after it do not line up"
             )
-        case BrokenAlike():
+        case run_findings.BrokenAlike():
             return _broken(fact)
-        case RecordedOneSide(what, side):
+        case run_findings.RecordedOneSide(what, side):
             words, skipped = _BEFORE_TRAINING[what]
             return f"{words} recorded by the {side} only: {skipped}"
-        case NotTrainingRun():
+        case run_findings.NotTrainingRun():
             return "the case is not a training run"
-    assert isinstance(fact, FrozenChanged)
+    assert isinstance(fact, run_findings.FrozenChanged)
     return _frozen(fact)
 
 
-def warning_text(fact: RunWarning) -> str:
+def warning_text(fact: run_findings.RunWarning) -> str:
     """One thing that passed only because the table opted in, or evidence a side lacks."""
-    if isinstance(fact, PlanMissing):
+    if isinstance(fact, run_findings.PlanMissing):
         return f"the {fact.side}'s recording has no training plan: {fact.why}"
     return _broken(fact)
 
 
-def _broken(fact: BrokenAlike) -> str:
+def _broken(fact: run_findings.BrokenAlike) -> str:
     told = (
         f"{fact.name} is {fact.value:.6g} on both sides from step {fact.since} "
         f"({fact.steps} of {fact.common} step(s))"
@@ -96,7 +63,7 @@ def _broken(fact: BrokenAlike) -> str:
     )
 
 
-def _frozen(fact: FrozenChanged) -> str:
+def _frozen(fact: run_findings.FrozenChanged) -> str:
     head = f"frozen parameter {fact.name} changed on the {fact.side}: after step {fact.step} it is not "
     if fact.before is not None:
         return head + f"what it was after step {fact.before}"
@@ -130,25 +97,25 @@ _REPLICA_HINTS = {
 }
 
 
-def evidence_text(fact: RunEvidence) -> str:
+def evidence_text(fact: run_evidence.RunEvidence) -> str:
     """Why the run verdict names its first divergent step, class and origin, in words."""
     match fact:
-        case ScalarsDiffer(scalar, hint):
+        case run_evidence.ScalarsDiffer(scalar, hint):
             return scalar_text(scalar) + ("; record layers to tell the forward from the loss" if hint else "")
-        case MovedBefore():
+        case run_evidence.MovedBefore():
             return (
                 f"{_MOVED[fact.name]} moved: {fact.a!r} vs {fact.b!r} at step {fact.step} (not past a tolerance), "
                 f"after {fact.step} step(s) whose loss, grad norm and update norm were bitwise equal; step "
                 f"{fact.then_step} then diverged past a tolerance: {fact.then_what} ({fact.then_origin})"
             )
-        case PlansDiffer(diff):
+        case run_evidence.PlansDiffer(diff):
             return f"the sides' settings differ before training: {contract_text(diff)}"
-        case InitialParamsDiffer(name, a, b, more):
+        case run_evidence.InitialParamsDiffer(name, a, b, more):
             told = f" and {more} more parameter(s)" if more else ""
             return f"the initial parameters differ: {name} norm {a:.6g} vs {b:.6g}{told}"
-        case MicroBatchesDiffer(step, base, cand):
+        case run_evidence.MicroBatchesDiffer(step, base, cand):
             return f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
-        case LayerDiffers(record, kind, origin):
+        case run_evidence.LayerDiffers(record, kind, origin):
             if not origin.proven or not origin.module:
                 return f"first failing record {record} ({kind}); origin unproven: {case_origin_text(origin)}"
             return f"{case_origin_text(origin)} ({kind} of {record})"
@@ -175,38 +142,38 @@ def case_origin_text(origin: CaseOrigin) -> str:
     return f"{told}; {aside_text(origin.aside)}" if origin.aside else told
 
 
-def _grads_text(fact: RunEvidence) -> str:
+def _grads_text(fact: run_evidence.RunEvidence) -> str:
     match fact:
-        case LossRecordDiffers(metric, value, allowed):
+        case run_evidence.LossRecordDiffers(metric, value, allowed):
             detail = f" ({metric} {value:.3g} > {allowed:.3g})" if metric is not None else ""
             return f"the loss differs{detail} while every forward record before it matched"
-        case LossGradDiffers():
+        case run_evidence.LossGradDiffers():
             return (
                 f"the loss matched ({fact.losses_matched} loss record(s) of the step), its grad w.r.t. "
                 f"{fact.record}'s output, the first of the backward, did not ({fact.metric} {fact.value:.3g} > "
                 f"{fact.allowed:.3g}) while every forward record matched: the loss code made it from "
                 "matching outputs, so the loss differs in its gradient"
             )
-        case OutputGradDiffers(found, losses):
+        case run_evidence.OutputGradDiffers(found, losses):
             return _output_grad(found, losses)
-        case GradsScaled(step, count, factor):
+        case run_evidence.GradsScaled(step, count, factor):
             return f"all {count} parameter grads of step {step} differ by the factor {factor:.6g}"
-        case GradsOneSided(step, grads):
+        case run_evidence.GradsOneSided(step, grads):
             return _one_sided_grads(step, grads)
-        case GradsChanged(step, failed, compared):
+        case run_evidence.GradsChanged(step, failed, compared):
             return (
                 f"{failed} of the {compared} recorded parameter grads of step {step} "
                 "differ, of several modules, while every activation grad of the backward matched"
             )
-        case GradNormOverOtherGrads(scalar, compared):
+        case run_evidence.GradNormOverOtherGrads(scalar, compared):
             return (
                 scalar_text(scalar).split(";")[0] + f", and all {compared} recorded parameter grads matched"
             )
-        case UpdateDiffers(name):
+        case run_evidence.UpdateDiffers(name):
             return f"{name}: its grad matched, the optimizer update made it differ"
-        case RanksTold(evidence, notes):
+        case run_evidence.RanksTold(evidence, notes):
             return "; ".join([evidence_text(evidence), *map(rank_note_text, notes)])
-    assert isinstance(fact, ReplicasDisagree)
+    assert isinstance(fact, run_evidence.ReplicasDisagree)
     return _replicas(fact)
 
 
@@ -237,7 +204,7 @@ def _one_sided_grads(step: int, one_sided: tuple[tuple[str, str], ...]) -> str:
     )
 
 
-def _replicas(fact: ReplicasDisagree) -> str:
+def _replicas(fact: run_evidence.ReplicasDisagree) -> str:
     m = fact.mismatch
     said = f"{', '.join(m.differ)} recorded other values than {m.kept} ({m.detail})"
     if fact.scalar is not None:
@@ -272,14 +239,14 @@ DP_STATS_ONLY = (
 )
 
 
-def rank_note_text(note: RankNote) -> str:
+def rank_note_text(note: run_evidence.RankNote) -> str:
     """What a parallel side's ranks say of the first divergence, in words."""
-    if isinstance(note, TpShares):
+    if isinstance(note, run_evidence.TpShares):
         return _partial_sums(note)
     return _replica_rows(note)
 
 
-def _partial_sums(fact: TpShares) -> str:
+def _partial_sums(fact: run_evidence.TpShares) -> str:
     origin = fact.origin
     if fact.differ is None:
         return (TP_CANNOT_GRAD if fact.grads else TP_CANNOT).format(origin=origin)
@@ -298,7 +265,7 @@ def _partial_sums(fact: TpShares) -> str:
     )
 
 
-def _replica_rows(fact: ReplicaRows) -> str:
+def _replica_rows(fact: run_evidence.ReplicaRows) -> str:
     if not fact.ranks:
         return DP_STATS_ONLY
     side = fact.side

@@ -16,7 +16,8 @@ manifest's note keys), ``note_blocks`` (the notes' nested blocks typed: ``Replic
 ``DpJoin``, ``TpPartials`` ...), ``checksums`` (the sha256 of every file of a recording folder, written
 last by every writer and checked by every reader), ``run_ids`` (which run and launch wrote
 each step of a recording root; a mix refused), ``run_parts`` (the pointer a run resumed into
-a new root keeps to its first part).
+a new root keeps to its first part), ``json_fields`` (a dataclass as the JSON object of its
+fields: the one ``as_dict`` of those that write themselves key per field).
 """
 
 from __future__ import annotations

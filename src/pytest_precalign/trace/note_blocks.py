@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, Self, cast
 
 from ..errors import TraceError
+from .json_fields import field_dict, plain
 
 __all__ = [
     "CompiledNote",
@@ -121,7 +122,7 @@ class _Flat:
         return cls(**{x.name: _READ[str(x.type)](f, x.name) for x in fields(cast(Any, cls))})
 
     def to_json(self) -> dict[str, Any]:
-        return {x.name: _plain(getattr(self, x.name)) for x in fields(cast(Any, self))}
+        return field_dict(self)
 
 
 _READ: dict[str, Callable[[_Fields, str], Any]] = {
@@ -129,12 +130,6 @@ _READ: dict[str, Callable[[_Fields, str], Any]] = {
     "str": _Fields.text,
     "tuple[str, ...]": _Fields.texts,
 }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return list(value)
-    return dict(value) if isinstance(value, Mapping) else value
 
 
 @dataclass(frozen=True)
@@ -197,8 +192,7 @@ class JoinedPart:
         return cls(f.text("where"), f.integer("rows"), f.integer("dim"), stats)
 
     def to_json(self) -> dict[str, Any]:
-        stats = dict(self.stats) if self.stats is not None else None
-        return {"where": self.where, "rows": self.rows, "dim": self.dim, "stats": stats}
+        return field_dict(self)
 
 
 @dataclass(frozen=True)
@@ -238,14 +232,7 @@ class DpJoin:
     def to_json(self) -> dict[str, Any]:
         if not self.joined:
             return {"replicas": self.replicas, "joined": False}
-        return {
-            "replicas": self.replicas,
-            "joined": True,
-            "weights": list(self.weights),
-            "records_joined": self.records_joined,
-            "unpaired": dict(self.unpaired),
-            "parts": {rid: [p.to_json() for p in rows] for rid, rows in self.parts.items()},
-        }
+        return field_dict(self)
 
 
 @dataclass(frozen=True)
@@ -268,10 +255,7 @@ class TpPartials:
         return self.modules.get(module) or None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            module: {rank: [None if c is None else list(c) for c in calls] for rank, calls in ranks.items()}
-            for module, ranks in self.modules.items()
-        }
+        return {module: plain(ranks) for module, ranks in self.modules.items()}
 
 
 def _calls(ranks: _Fields, rank: str) -> tuple[PartialSums, ...]:

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import TraceError
 from ..vocabulary import PHASE_OF_KIND, Kind, Phase, as_kind, as_phase
 from .arrays import as_numpy
+from .json_fields import field_dict
 from .step_scalars import StepScalars
 from .trace_notes import TraceNotes, note_json
 from .training_record import NO_RUN, RUN_RECORD_KEYS, RunRecord
@@ -45,14 +46,7 @@ class Stats:
         return self.nan == 0 and self.inf == 0
 
     def as_dict(self) -> dict[str, float | int]:
-        return {
-            "max": self.max,
-            "min": self.min,
-            "mean": self.mean,
-            "norm": self.norm,
-            "nan": self.nan,
-            "inf": self.inf,
-        }
+        return field_dict(self)
 
 
 @dataclass(frozen=True)
@@ -92,23 +86,7 @@ class Record:
         return replace(self, name=name, deps=deps)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "name": self.name,
-            "module_class": self.module_class,
-            "phase": self.phase,
-            "step": self.step,
-            "call": self.call,
-            "kind": self.kind,
-            "slot": self.slot,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "stats": self.stats.as_dict() if self.stats else None,
-            "crc32": self.crc32,
-            "tensor_key": self.tensor_key,
-            "deps": list(self.deps),
-            **({"merged": list(self.merged)} if self.merged else {}),
-        }
+        return field_dict(self, omit_empty=("merged",))
 
 
 def record_id(name: str, kind: str, slot: str, step: int, call: int) -> str:

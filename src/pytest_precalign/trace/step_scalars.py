@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import TraceError
+from .json_fields import field_dict
 
 SCALARS_KEY = "scalars"
 # A data-parallel run's step whose replicas trained on different rows (``parallel.dp_scalars``):
@@ -76,11 +77,7 @@ class StepScalars:
     rows_hash: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for key in ("lr", "weight_decay"):
-            if out[key] is not None:
-                out[key] = list(out[key])
-        return out
+        return field_dict(self)
 
 
 _FIELDS = {f.name for f in fields(StepScalars)}

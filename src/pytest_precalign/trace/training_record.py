@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TraceError
+from .json_fields import field_dict
 from .step_scalars import SCALARS_KEY, StepScalars, scalars_manifest, scalars_of
 
 TRAINING_KEY = "training"
@@ -86,21 +87,7 @@ class TrainingPlan:
         return len(self.lr)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer,
-            "lr": [list(step) for step in self.lr],
-            "weight_decay": list(self.weight_decay),
-            "groups": [list(names) for names in self.groups],
-            "betas": None if self.betas is None else list(self.betas),
-            "eps": self.eps,
-            "momentum": self.momentum,
-            "clip_grad": self.clip_grad,
-            "micro_batches": self.micro_batches,
-            "loss_normalisation": self.loss_normalisation,
-            "precision": self.precision,
-            "autocast": self.autocast,
-            "gradient_checkpointing": self.gradient_checkpointing,
-        }
+        return field_dict(self)
 
 
 # The plan's settings other than the schedule (lr, weight_decay, groups), in the order the
@@ -135,14 +122,7 @@ class Adapter:
     target_modules: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "r": self.r,
-            "alpha": self.alpha,
-            "dropout": self.dropout,
-            "target_modules": list(self.target_modules),
-        }
+        return field_dict(self)
 
 
 @dataclass(frozen=True)

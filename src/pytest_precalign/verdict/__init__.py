@@ -23,6 +23,7 @@ could not pair and what passed only by the table's opt-in, as facts), ``run_evid
 run verdict names its first divergence, as facts), ``run_patterns`` (what its first divergence
 looks like over the whole model, as facts), ``scalar_evidence`` (why a step's scalars
 differ, as facts), ``contract_evidence`` (why the plans differ before step 0, as facts),
+``side_values`` (each side's value a fact states: the bases of those facts),
 ``dp_replicas`` (data-parallel replicas that disagree: the rank named), ``dp_rows`` (the DP
 rank whose rows of a joined record differ), ``tp_ranks`` (the TP rank whose partial sum of a
 row-parallel module, or whose local shard of a sharded weight's grad, differs, or why it cannot

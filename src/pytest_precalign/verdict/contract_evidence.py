@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from ..trace.training_record import Adapter
+from .side_values import NamedValues, StepValues, Values
 
 # A value of a side's plan (a ``TrainingPlan`` setting: ``betas`` a pair) or of its PEFT adapter.
 PlanValue: TypeAlias = "str | int | float | bool | tuple[float, ...] | tuple[str, ...] | None"
@@ -28,17 +29,12 @@ class Groups:
 
 
 @dataclass(frozen=True)
-class DecayDiffers:
-    a: float
-    b: float
+class DecayDiffers(Values[float]):
     groups: Groups
 
 
 @dataclass(frozen=True)
-class LrDiffers:
-    step: int
-    a: float
-    b: float
+class LrDiffers(StepValues[float]):
     groups: Groups
 
 
@@ -50,10 +46,9 @@ class StepsPlanned:
 
 
 @dataclass(frozen=True)
-class SettingDiffers:
-    key: str  # a ``PLAN_SETTINGS`` field
-    a: PlanValue  # each side's value (shown cut: ``untrusted.cut_text``)
-    b: PlanValue
+class SettingDiffers(NamedValues[PlanValue]):
+    """The plan setting ``name`` (a ``PLAN_SETTINGS`` field), each side's value (shown cut:
+    ``untrusted.cut_text``)."""
 
 
 @dataclass(frozen=True)
@@ -72,29 +67,21 @@ class AdapterDiffers:
 
 
 @dataclass(frozen=True)
-class ArgumentDiffers:
-    """A framework argument both sides' ``TrainingArguments`` hold and differ in."""
-
-    key: str
-    a: JsonValue
-    b: JsonValue
+class ArgumentDiffers(NamedValues[JsonValue]):
+    """A framework argument (``name``) both sides' ``TrainingArguments`` hold and differ in."""
 
 
 @dataclass(frozen=True)
-class PrecisionDiffers:
-    a: str  # the precision the forward computes in, each side
-    b: str
+class PrecisionDiffers(Values[str]):
+    """The precision the forward computes in, each side."""
+
     arguments: tuple[ArgumentDiffers, ...] = ()  # the arguments that set it
     autocast: tuple[bool, bool] | None = None  # each side's autocast, when they differ
 
 
 @dataclass(frozen=True)
-class LrFrom:
+class LrFrom(StepValues[float]):
     """The plans' LR differs from ``step`` (the first group's values)."""
-
-    step: int
-    a: float
-    b: float
 
 
 @dataclass(frozen=True)

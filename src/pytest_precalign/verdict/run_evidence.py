@@ -15,6 +15,7 @@ from ..trace.note_blocks import ReplicaMismatch
 from ..vocabulary import TrainingClass
 from .model_output import OutputGrad
 from .origin_facts import CaseOrigin
+from .side_values import NamedValues
 from .training_contract import ContractDiff
 from .training_scalars import ScalarDiff
 
@@ -29,13 +30,11 @@ class ScalarsDiffer:
 
 
 @dataclass(frozen=True)
-class MovedBefore:
+class MovedBefore(NamedValues[float]):
     """A scalar moved (within its tolerance) at ``step`` after bitwise-equal steps; step
-    ``then_step`` diverged past a tolerance in ``then_what`` (``then_origin``)."""
+    ``then_step`` diverged past a tolerance in ``then_what`` (``then_origin``); ``name``: loss,
+    grad_norm or update_norm."""
 
-    name: str  # loss, grad_norm or update_norm
-    a: float
-    b: float
     step: int
     then_step: int
     then_what: TrainingClass
@@ -48,10 +47,9 @@ class PlansDiffer:
 
 
 @dataclass(frozen=True)
-class InitialParamsDiffer:
-    name: str
-    a: float  # the norm of each side
-    b: float
+class InitialParamsDiffer(NamedValues[float]):
+    """The norm of parameter ``name`` on each side."""
+
     more: int  # how many other parameters differ
 
 

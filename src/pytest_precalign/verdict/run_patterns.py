@@ -10,22 +10,25 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ByOneFactor:
+    """A pattern the sides differ in by one ``factor`` (x``factor``)."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
 class LossFunctionDiffers:
     """The grad w.r.t. the model's output differs while the loss matched: another loss function."""
 
 
 @dataclass(frozen=True)
-class LossGradScaled:
+class LossGradScaled(ByOneFactor):
     """Every grad scaled by ``factor`` from the model's output on: the loss's gradient is scaled."""
-
-    factor: float
 
 
 @dataclass(frozen=True)
-class GradsScaledBy:
+class GradsScaledBy(ByOneFactor):
     """Every parameter grad scaled by ``factor``: a loss scale, or grads summed."""
-
-    factor: float
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,8 @@ class MicroBatchSplit:
 
 
 @dataclass(frozen=True)
-class GradNormSummed:
-    """The grad norm is x``ratio`` (a whole number): grads summed instead of averaged."""
-
-    ratio: float
+class GradNormSummed(ByOneFactor):
+    """The grad norm is x``factor`` (a whole number): grads summed instead of averaged."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,8 @@ class ClippedDifferently:
 
 
 @dataclass(frozen=True)
-class LrScaledAtStep:
-    """Every parameter group's LR of the step differs by one ``ratio``."""
-
-    ratio: float
+class LrScaledAtStep(ByOneFactor):
+    """Every parameter group's LR of the step differs by one ``factor``."""
 
 
 @dataclass(frozen=True)
@@ -109,10 +108,8 @@ class ScheduleShifted:
 
 
 @dataclass(frozen=True)
-class ScheduleScaled:
-    """Every step's LR scaled by ``ratio``."""
-
-    ratio: float
+class ScheduleScaled(ByOneFactor):
+    """Every step's LR scaled by ``factor``."""
 
 
 @dataclass(frozen=True)

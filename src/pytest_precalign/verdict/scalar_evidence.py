@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .side_values import NamedValues, StepValues, Values
+
 
 @dataclass(frozen=True)
-class BatchDiffers:
-    step: int
-    a: str  # each side's batch hash (DP replicas' joined: ``JOINED_HASH``)
-    b: str
+class BatchDiffers(StepValues[str]):
+    """Each side's batch hash (DP replicas' joined: ``JOINED_HASH``)."""
 
 
 @dataclass(frozen=True)
@@ -24,23 +24,18 @@ class RowsDiffer:
 
 
 @dataclass(frozen=True)
-class TokensDiffer:
-    step: int
-    a: int
-    b: int
+class TokensDiffer(StepValues[int]):
+    """The tokens each side's step trained on."""
 
 
 @dataclass(frozen=True)
-class MicroBatchesCounted:
-    step: int
-    a: int  # the micro-batches each side's step scalars count
-    b: int
+class MicroBatchesCounted(StepValues[int]):
+    """The micro-batches each side's step scalars count."""
 
 
 @dataclass(frozen=True)
-class LossDiffers:
-    a: float
-    b: float
+class LossDiffers(Values[float]):
+    """Each side's loss."""
 
 
 # What the grad norm's difference came with: a whole factor (``summed``), a loss that moved
@@ -49,20 +44,18 @@ GradNormHow = Literal["summed", "loss_moved", "loss_matched"]
 
 
 @dataclass(frozen=True)
-class GradNormDiffers:
-    a: float
-    b: float
+class GradNormDiffers(Values[float]):
+    """Each side's grad norm (before clipping), and ``how`` it differs."""
+
     how: GradNormHow
     losses: tuple[float, float] = (0.0, 0.0)  # ``loss_moved``: each side's loss
 
 
 @dataclass(frozen=True)
-class GradNormPastForward:
+class GradNormPastForward(Values[float]):
     """The grad norm differs while every forward record of ``step`` matched (``compared``), the
     loss moved within its tolerance as it has since step ``since``: the backward."""
 
-    a: float
-    b: float
     step: int
     compared: int
     losses: tuple[float, float]
@@ -70,16 +63,14 @@ class GradNormPastForward:
 
 
 @dataclass(frozen=True)
-class ClipDiffers:
-    a: float
-    b: float
+class ClipDiffers(Values[float]):
+    """Each side's clip coefficient."""
 
 
 @dataclass(frozen=True)
-class ScheduleValuesDiffer:
-    name: str  # lr or weight_decay, in groups laid out otherwise
-    a: tuple[float, ...]  # the values in use on each side, sorted
-    b: tuple[float, ...]
+class ScheduleValuesDiffer(NamedValues[tuple[float, ...]]):
+    """The values of ``name`` (lr or weight_decay, in groups laid out otherwise) in use on each
+    side, sorted."""
 
 
 @dataclass(frozen=True)
