@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_precalign.cli import main
+from pytest_precalign.reports.training_evidence_text import proof_text
 from pytest_precalign.run.offline import compare_run_sets
 from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.verdict.phase import Divergence, PhaseVerdict
@@ -136,7 +137,7 @@ def test_api_only_dump_names_the_first_diverging_call(corpus: Path, config: Dump
     if phase == "backward":
         assert case.verdicts["forward"].aligned
     if fault == "gelu":  # the calls only one side made, just before it: a hint, not the origin
-        assert first.proof.endswith(
+        assert proof_text(first.proof).endswith(
             "only one side made just before it: "
             "Functional.silu.1.forward (baseline only) / Functional.gelu.0.forward (candidate only)"
         )

@@ -13,6 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from pytest_precalign.reports.text import PhaseReport, failure_message
+from pytest_precalign.reports.training_evidence_text import case_origin_text
 from pytest_precalign.run.case import check_modules
 from pytest_precalign.run.outcome import CaseRun
 from pytest_precalign.vocabulary import Phase
@@ -49,7 +50,7 @@ def test_a_forward_fault_is_the_case_origin_and_later_phases_are_downstream() ->
         True,
     )
     assert (
-        origin.evidence
+        case_origin_text(origin)
         == "its inputs and children norm matched, up's input did not: the divergence enters in its own code"
     )
     for phase in ("backward", "step"):
@@ -60,7 +61,7 @@ def test_a_forward_fault_is_the_case_origin_and_later_phases_are_downstream() ->
         assert text.splitlines()[0].startswith("Downstream of blocks.1 (forward, step 0)")
         assert "First divergence" not in text and "enters in" not in text
     head = _message(run, "forward").splitlines()
-    assert head[0] == f"Origin: blocks.1 (forward, step 0) \u2014 {origin.evidence}"
+    assert head[0] == f"Origin: blocks.1 (forward, step 0) \u2014 {case_origin_text(origin)}"
     first = next(line for line in head if line.startswith("First divergence"))
     assert first.startswith("First divergence: blocks.1.up (activation, out, step 0), propagated")
 
@@ -136,7 +137,7 @@ def test_a_fault_in_a_parents_own_code_is_headed_by_the_parent() -> None:
     run = check_modules(Tiny(right), Tiny(right * 2), _tokens(20), phases=("forward", "backward"))
     origin = run.verdicts["forward"].case_origin
     assert origin is not None and (origin.module, origin.record) == ("self_attn", "self_attn.o_proj")
-    assert origin.evidence.startswith(
+    assert case_origin_text(origin).startswith(
         "its inputs and children q_proj, k_proj, v_proj matched, o_proj's input did not"
     )
     assert _message(run, "forward").splitlines()[0].startswith("Origin: self_attn (forward, step 0)")

@@ -15,6 +15,7 @@ import torch
 from pytest_precalign.compare.pairs import PairResult
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable
 from pytest_precalign.config.specs import CaseSpec, Models, OptimizerSpec, RecordSpec, TrainingSpec
+from pytest_precalign.reports.training_evidence_text import case_origin_text, proof_text
 from pytest_precalign.run.case import CaseRun, check_modules, step_judge
 from pytest_precalign.run.outcome import FinishInputs, finish
 from pytest_precalign.run.side import run_side
@@ -150,8 +151,8 @@ def test_an_eps_the_table_cannot_see_is_named_at_the_optimizer_step() -> None:
     # What the table alone says of that pair: within tolerance.
     assert all(c.passed for c in first.pair.checks[1:]), first.pair.checks
     assert step.case_origin is not None
-    assert "the candidate's optimizer step is not adamw(" in step.case_origin.evidence
-    assert "eps=1e-08" in step.case_origin.evidence
+    assert "the candidate's optimizer step is not adamw(" in case_origin_text(step.case_origin)
+    assert "eps=1e-08" in case_origin_text(step.case_origin)
 
 
 def test_weight_decay_on_the_candidate_only_is_named_and_on_the_baseline_only_too() -> None:
@@ -162,7 +163,8 @@ def test_weight_decay_on_the_candidate_only_is_named_and_on_the_baseline_only_to
         sides = (base_opt, cand_opt) if side == "candidate" else (cand_opt, base_opt)
         first = _run_with(*sides, case_opt=no_decay).verdicts["step"].first
         assert first is not None and first.metric == OPTIMIZER_UPDATE, first
-        assert f"the {side}'s optimizer step is not adamw(" in first.proof, first.proof
+        told = proof_text(first.proof)
+        assert f"the {side}'s optimizer step is not adamw(" in told, told
         assert all(c.passed for c in first.pair.checks[1:]), first.pair.checks  # the table passes it
     assert _run_with(ADAMW, ADAMW).verdicts["step"].passed
 
@@ -225,7 +227,7 @@ def test_a_step_counter_ahead_under_a_warmup_and_clipping_is_named_at_its_first_
     first = run.verdicts["step"].first
     assert first is not None
     assert (first.step, first.metric, first.origin) == (1, OPTIMIZER_UPDATE, True), first
-    assert "the candidate's optimizer step" in first.proof
+    assert "the candidate's optimizer step" in proof_text(first.proof)
     assert all(p.passed for p in run.comparison.pairs if p.record.kind == "param" and p.record.step == 0)
 
 
@@ -239,7 +241,7 @@ def test_an_adam_step_counter_advanced_before_the_first_step_is_named_at_step_0(
     first = _run_with(ADAMW, ADAMW, candidate=candidate).verdicts["step"].first
     assert first is not None
     assert (first.step, first.metric, first.origin) == (0, OPTIMIZER_UPDATE, True), first
-    assert "the candidate's optimizer step" in first.proof
+    assert "the candidate's optimizer step" in proof_text(first.proof)
 
 
 def test_bfloat16_sides_are_recomputed_in_bfloat16() -> None:

@@ -13,11 +13,13 @@ from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.recording import HookRecorder
 from pytest_precalign.reports.outcome import phase_outcome
 from pytest_precalign.reports.text import PhaseReport
+from pytest_precalign.reports.training_evidence_text import case_origin_text
 from pytest_precalign.run.outcome import CaseRun, FinishInputs, finish
 from pytest_precalign.steps.step_evidence import StepEvidence, batch_hash, group_settings, token_count
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict.origin_facts import OtherData
 
 STEPS, VOCAB = 4, 32
 PHASES = ("forward", "backward", "step")
@@ -93,8 +95,13 @@ def test_a_step_whose_batch_differs_is_data_and_no_module_is_said_to_have_matchi
     assert forward.first is not None and forward.first.step == 2 and not forward.first.origin
     origin = forward.case_origin
     assert origin is not None and not origin.proven and origin.step == 2
-    assert "inputs matched" not in origin.evidence and "the batch of step 2 differs" in origin.evidence
-    assert origin.role == "first divergent paired module"
+    told = case_origin_text(origin)
+    assert isinstance(origin.evidence, OtherData) and (origin.evidence.step, origin.evidence.downstream) == (
+        2,
+        False,
+    )
+    assert "inputs matched" not in told and "the batch of step 2 differs" in told
+    assert origin.role == "first_paired"
     report = PhaseReport.of_run(run, "forward", defined_in="d", baseline="a", candidate="b", reproduce="r")
     message = phase_outcome(report).message
     assert "its inputs matched" not in message, message
@@ -113,4 +120,4 @@ def test_the_same_data_still_names_a_module_origin() -> None:
     assert (training.first.step, training.first.what, training.first.origin) == (2, "forward", "up")
     origin = run.verdicts["forward"].case_origin
     assert origin is not None and origin.proven and (origin.module, origin.step) == ("up", 2)
-    assert origin.evidence == "its inputs matched, its output did not"
+    assert case_origin_text(origin) == "its inputs matched, its output did not"

@@ -9,7 +9,14 @@ from dataclasses import replace
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.reports.text import PhaseReport, failure_message
+from pytest_precalign.reports.training_evidence_text import case_origin_text, proof_text
 from pytest_precalign.trace.records import Record, Trace
+from pytest_precalign.verdict.origin_facts import (
+    InputsWithinTolerance,
+    MovedOutput,
+    NoPartner,
+    SteeringInputs,
+)
 from pytest_precalign.verdict.phase import PhaseVerdict
 from pytest_precalign.verdict.story import tell_case
 
@@ -39,7 +46,8 @@ def test_a_record_whose_input_has_no_partner_is_not_an_origin() -> None:
     v = verdict(_norm_grads(False, 1.0), _norm_grads(True, 2.0), phase="backward")
     first = first_of(v)
     assert (first.name, first.origin, first.proven) == ("blk.n.weight", False, False)
-    assert first.proof == "origin unproven: input blk.n grad_output has no partner"
+    assert first.proof == NoPartner(("blk.n|grad_output|out|0|0",))
+    assert proof_text(first.proof) == "origin unproven: input blk.n grad_output has no partner"
     # blk.n's own grad_output is the missing one; blk's was compared and matched.
     assert first.origin_module == "blk"
 
@@ -49,15 +57,18 @@ def test_inputs_that_differed_within_tolerance_are_named_with_their_size() -> No
     v = verdict(two_layers(1.0, 1.0, 1.0), two_layers(1.0, 1.0000005, 2.0))
     first = first_of(v)
     assert (first.name, first.origin, first.proven) == ("b", True, True)
-    assert first.proof.startswith(
+    fact = first.proof
+    assert isinstance(fact, InputsWithinTolerance) and fact.input_id.startswith("b|input|in.0|")
+    assert (round(fact.size, 9), fact.own) == (5e-7, 1.0)
+    assert proof_text(first.proof).startswith(
         "its inputs differed within tolerance (up to 5.000e-07 relative, b input in.0)"
     )
-    assert "its output by 1.000e+00 (amplified)" in first.proof
+    assert "its output by 1.000e+00 (amplified)" in proof_text(first.proof)
 
 
 def test_inputs_that_matched_exactly_need_no_proof() -> None:
     first = first_of(verdict(two_layers(1.0, 1.0, 1.0), two_layers(1.0, 1.0, 2.0)))
-    assert (first.name, first.origin, first.proof) == ("b", True, "")
+    assert (first.name, first.origin, proof_text(first.proof)) == ("b", True, "")
 
 
 def _fwd_bwd(out: float, grad: float) -> list[Record]:
@@ -142,19 +153,20 @@ def test_a_mask_that_differs_in_value_is_the_evidence_not_a_reason_to_climb_to_t
     first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0)))
     assert (first.name, first.origin, first.proven) == ("model.attn.o", False, True)
     assert first.origin_module == "model.attn"
-    assert first.proof.startswith("its data inputs matched, its attention_mask did not")
+    assert first.proof == SteeringInputs(("attention_mask",))
+    assert proof_text(first.proof).startswith("its data inputs matched, its attention_mask did not")
     told = tell_case(
         {"forward": verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(2.0, 1.5, 3.0))}, ("forward",)
     )
     origin = told["forward"].case_origin
     assert origin is not None and origin.module == "model.attn"
-    assert "attention_mask did not" in origin.evidence
+    assert "attention_mask did not" in case_origin_text(origin)
 
 
 def test_a_data_input_that_differs_still_climbs_past_the_module() -> None:
     # The same block with the mask matching: attn's inputs all match, it is named as before.
     first = first_of(verdict(_masked_block(1.0, 1.0, 1.0), _masked_block(1.0, 1.5, 3.0)))
-    assert (first.origin_module, first.proof) == ("model.attn", "")
+    assert (first.origin_module, proof_text(first.proof)) == ("model.attn", "")
 
 
 def test_a_failure_grown_from_a_difference_under_tolerance_names_where_the_step_first_moved() -> None:
@@ -165,12 +177,17 @@ def test_a_failure_grown_from_a_difference_under_tolerance_names_where_the_step_
     first = first_of(verdict(base, two_layers(1.000001, 1.000001, 100.0009)))
     assert (first.name, first.origin, first.proven) == ("b", False, True)
     assert first.origin_module == "a"
-    assert first.proof.startswith("the first output of the step to differ at all (by 1.000e-06 relative")
+    fact = first.proof
+    assert isinstance(fact, MovedOutput) and fact.failing.startswith("b|activation|")
+    assert fact.size is not None and abs(fact.size - 1e-6) < 1e-9
+    assert proof_text(first.proof).startswith(
+        "the first output of the step to differ at all (by 1.000e-06 relative"
+    )
     # a's own input moved too: nothing before the failure was identical, no module is named so
     moved_input = two_layers(1.000001, 1.000001, 100.0009)
     moved_input[0] = rec(0, "a", "input", 1.000001)
     first = first_of(verdict(base, moved_input))
-    assert first.origin_module != "a" and "differ at all" not in first.proof
+    assert first.origin_module != "a" and "differ at all" not in proof_text(first.proof)
 
 
 def _rotary(release: str) -> list[Record]:
@@ -214,7 +231,7 @@ def test_an_output_that_only_gained_a_dimension_of_size_1_across_releases_is_com
     assert (first.name, first.metric.startswith("stats.")) == ("attn.rotary", True)
     # its positions, an input on one side only, leave the origin unproven, not claimed
     assert (first.origin, first.proven, first.origin_module) == (False, False, "attn")
-    assert first.proof == "origin unproven: input attn.rotary input in.1 has no partner"
+    assert proof_text(first.proof) == "origin unproven: input attn.rotary input in.1 has no partner"
 
 
 def _moved_after_mask(
@@ -247,13 +264,13 @@ def test_a_mask_set_aside_before_it_does_not_hide_where_the_step_first_moved() -
     base = _moved_after_mask((1, 4), 1.0, False)
     first = first_of(verdict(base, _moved_after_mask((2, 2), 1.000001, False, mask=5.0)))
     assert (first.name, first.origin_module, first.proven) == ("layer.b", "layer.norm", True)
-    assert first.proof.startswith("the first output of the step to differ at all")
+    assert proof_text(first.proof).startswith("the first output of the step to differ at all")
     # Fail closed: an output computed from the set-aside mask is not named by this rule (its
     # inputs were not all compared).
     fed = first_of(
         verdict(_moved_after_mask((1, 4), 1.0, True), _moved_after_mask((2, 2), 1.000001, True, mask=5.0))
     )
-    assert "differ at all" not in fed.proof
+    assert "differ at all" not in proof_text(fed.proof)
 
 
 def _scaled_embeddings(scale: float, with_model_inputs: bool = True) -> list[Record]:
@@ -276,9 +293,9 @@ def test_an_input_that_moved_after_identical_records_names_the_module_whose_code
     # layer's input moves within tolerance, a projection fails later: model's own code made it.
     first = first_of(verdict(_scaled_embeddings(1.0), _scaled_embeddings(1.000009)))
     assert (first.name, first.origin_module, first.proven) == ("model.layer.b", "model", True)
-    assert first.proof.startswith(
+    assert proof_text(first.proof).startswith(
         "the first record of the step to differ at all is model.layer input in.0 (by 9.000e-06 relative"
     )
     # Fail closed: without model's inputs recorded nothing vouches for its code: not named so.
     bare = first_of(verdict(_scaled_embeddings(1.0, False), _scaled_embeddings(1.000009, False)))
-    assert "differ at all" not in bare.proof
+    assert "differ at all" not in proof_text(bare.proof)

@@ -12,6 +12,7 @@ import pytest
 from pytest_precalign.compare.op_pairing import settle_op_pairs
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.training_evidence_text import proof_text
 from pytest_precalign.specs.coverage import DEFAULT_MIN_COVERAGE
 from pytest_precalign.trace.records import Record, Stats, Trace, record_id
 from pytest_precalign.verdict.phase import AMPLIFY, Divergence, NonFinite, PhaseVerdict, phase_verdict
@@ -313,7 +314,7 @@ def test_l1_dump_names_the_one_sided_calls_just_before_the_divergence() -> None:
     assert (first.name, first.call, first.origin, first.proven) == ("Functional.linear", 1, False, False)
     # The one-sided calls have no partner: a hint in the proof, never the origin module.
     assert first.origin_module == ""
-    assert first.proof.endswith(
+    assert proof_text(first.proof).endswith(
         "only one side made just before it: "
         "Functional.silu.0.forward (baseline only) / Functional.gelu.0.forward (candidate only)"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import typing
 from pathlib import Path
 
 from pytest_precalign.compare.tolerances import default_table
@@ -19,13 +20,16 @@ from pytest_precalign.reports.training_evidence_text import evidence_text, findi
 from pytest_precalign.reports.training_json import training_dict
 from pytest_precalign.reports.training_text import training_lines, training_summary
 from pytest_precalign.trace.training_record import RunRecord
+from pytest_precalign.verdict import contract_evidence
 from pytest_precalign.verdict.contract_evidence import (
+    AdapterDiffers,
     ArgumentDiffers,
     Groups,
     LrDiffers,
     LrFrom,
     PrecisionDiffers,
     SetBy,
+    SettingDiffers,
 )
 from pytest_precalign.verdict.run_evidence import (
     GradsScaled,
@@ -164,12 +168,11 @@ def test_evidence_facts_render_as_the_verdict_said_them() -> None:
 
 def test_no_sentence_is_made_for_the_run_verdict_in_verdict() -> None:
     """The run verdict's evidence, findings and warnings are facts: no module of verdict/ that
-    makes them builds an f-string for them (the phase verdict's own proof is another field)."""
-    phase_story = {"story.py", "phase.py", "evidence.py"}  # the phase verdict's origin, in words
+    makes them builds an f-string for them (the phase verdict's origin claim is a fact too:
+    ``test_origin_facts``)."""
     made = [
         f"{path.name}:{n}"
         for path in sorted(VERDICT.glob("*.py"))
-        if path.name not in phase_story
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\b(evidence|findings|warnings)\s*(\+?=|=\s*\(?)\s*f[\"']", line)
         or re.search(r"(findings|warnings)\.append\(\s*f[\"']", line)
@@ -183,14 +186,10 @@ _FACT_FIELDS = {"evidence", "findings", "warnings", "pattern", "envelope", "told
 
 
 def sentences_in_verdict(folder: Path) -> list[str]:
-    """Where a module of ``folder`` (the phase verdict's story aside) hands a run verdict a
-    sentence: a string given to a call that makes one of its facts, or assigned to a name that
-    holds its evidence, pattern or envelope."""
-    phase_story = {"story.py", "phase.py", "evidence.py"}
+    """Where a module of ``folder`` hands a run verdict a sentence: a string given to a call that
+    makes one of its facts, or assigned to a name that holds its evidence, pattern or envelope."""
     made = []
     for path in sorted(folder.glob("*.py")):
-        if path.name in phase_story:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             given: list[ast.expr] = []
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "replace":
@@ -276,3 +275,22 @@ def test_a_plan_difference_holds_its_groups_and_arguments_and_says_them_as_befor
         contract_evidence_text(precision)
         == "bf16 autocast on vs off: the forward computes in bfloat16 vs float32"
     )
+
+
+def test_a_plan_difference_holds_typed_values_not_any() -> None:
+    """The values a plan, adapter or framework argument differs in are typed: a plan's value
+    (``PlanValue``) or a recorded JSON value (``JsonValue``), never ``Any``."""
+    held = {
+        cls.__name__: typing.get_args(cls.__orig_bases__[0])  # type: ignore[attr-defined]
+        for cls in (SettingDiffers, ArgumentDiffers)
+    }
+    assert held == {
+        "SettingDiffers": (typing.ForwardRef(contract_evidence.PlanValue),),
+        "ArgumentDiffers": (typing.ForwardRef(contract_evidence.JsonValue),),
+    }
+    assert (AdapterDiffers.__annotations__["a"], AdapterDiffers.__annotations__["b"]) == (
+        "PlanValue",
+        "PlanValue",
+    )
+    said = contract_evidence_text(SettingDiffers("betas", (0.9, 0.999), (0.9, 0.95)))
+    assert said == "betas: [0.9, 0.999] vs [0.9, 0.95]"

@@ -9,7 +9,8 @@ report.html, JUnit properties, ``compare_result.csv``.
 curves), ``replay_text`` (the replay of its first divergent step in words), ``not_compared_text`` (what it did not compare, in words),
 ``training_evidence_text`` (its evidence, findings and warnings in words; a step's scalars in
 ``scalar_evidence_text``, the plans' difference in ``contract_evidence_text``, its whole-model
-pattern in ``run_pattern_text``, the envelope lane's envelope in ``envelope_text``), ``training_json``
+pattern in ``run_pattern_text``, the envelope lane's envelope in ``envelope_text``; a phase's origin claim, the data story's
+aside, in ``origin_text``), ``training_json``
 (its report.json block), ``outcome`` (what one test item came to: ``ItemOutcome``, its message, summary line,
 report entry and JUnit properties).
 """

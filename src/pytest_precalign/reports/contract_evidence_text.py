@@ -5,7 +5,6 @@ the framework's own."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ..untrusted import cut_text
 from ..verdict.contract_evidence import (
@@ -15,8 +14,10 @@ from ..verdict.contract_evidence import (
     ContractEvidence,
     DecayDiffers,
     Groups,
+    JsonValue,
     LrDiffers,
     LrFrom,
+    PlanValue,
     PrecisionDiffers,
     SchedulerItself,
     SetBy,
@@ -87,7 +88,7 @@ def _arguments(arguments: tuple[ArgumentDiffers, ...]) -> str:
     return ", ".join(out)
 
 
-def _show(value: Any) -> str:
+def _show(value: PlanValue | JsonValue) -> str:
     return cut_text(repr(list(value)) if isinstance(value, tuple) else repr(value))
 
 
@@ -95,7 +96,7 @@ def _on(value: bool) -> str:
     return "on" if value else "off"
 
 
-def _word(value: Any) -> str:
+def _word(value: PlanValue | JsonValue) -> str:
     if isinstance(value, float):
         return f"{int(value)}" if value.is_integer() and math.isfinite(value) else f"{value:g}"
     if isinstance(value, (list, tuple)):

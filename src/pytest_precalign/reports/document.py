@@ -17,6 +17,7 @@ from .compare_csv import CSV_FILE, compare_csv_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
 from .text import PhaseReport, verdict_label, worst_metric
+from .training_evidence_text import case_origin_text, proof_text
 from .training_json import training_dict
 
 
@@ -132,10 +133,10 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "compared": v.compared,
         "failed": v.failed_count,
         "coverage": v.coverage.as_dict() if v.coverage is not None else None,
-        "first_divergence": v.first.as_dict() if v.first else None,
+        "first_divergence": v.first.as_dict(proof_text(v.first.proof)) if v.first else None,
         # The case's story: where its divergence enters (the same object in each phase's
         # entry), and whether this phase only follows from it.
-        "origin": v.case_origin.as_dict() if v.case_origin else None,
+        "origin": v.case_origin.as_dict(case_origin_text(v.case_origin)) if v.case_origin else None,
         "downstream_of": (
             f"{v.case_origin.module or v.case_origin.record} ({v.case_origin.phase})"
             if v.downstream and v.case_origin

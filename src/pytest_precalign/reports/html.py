@@ -16,8 +16,10 @@ from typing import Any
 
 from .._atomic import write_file_atomic
 from ..compare.tolerances import BOUND_METRICS
+from ..verdict.origin_facts import Matched
 from ..vocabulary import PHASES
 from .chart import Row, chart_notes, chart_svg, esc, first_index, fmt, num, rows_from_records
+from .origin_text import module_proof_text
 from .training_chart import TRAINING_CSS, training_section
 from .tree_html import TREE_CSS, TREE_JS, tree_section
 
@@ -123,9 +125,7 @@ def _first_html(first: Mapping[str, Any] | None) -> str:
     value, allowed = num(first.get("value")), num(first.get("allowed"))
     relation = "&gt;" if BOUND_METRICS.get(str(first.get("metric")), True) else "&lt;"
     if first.get("origin"):
-        role = "<strong>origin</strong>: " + esc(
-            first.get("proof") or "its inputs matched, its output did not"
-        )
+        role = "<strong>origin</strong>: " + esc(first.get("proof") or module_proof_text(Matched("inputs")))
     elif first.get("proven") is False and first.get("proof"):
         role = esc(first.get("proof"))
     else:

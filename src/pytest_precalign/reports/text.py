@@ -10,10 +10,13 @@ from typing import Any, Protocol
 
 from ..compare.pairs import SHARED_NONFINITE, Check, PairResult
 from ..compare.tolerances import BOUND_METRICS
+from ..verdict.origin_facts import Matched
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
 from .not_compared_text import not_compared_text
+from .origin_text import ROLE_TEXT
+from .training_evidence_text import case_origin_text, proof_text
 from .training_text import blames_layer, training_lines, training_summary
 
 TABLE_ROWS = 20  # failing records listed in a message; the rest are counted
@@ -217,14 +220,10 @@ def _entry(first: Divergence) -> str:
 
 def _role(first: Divergence) -> str:
     if first.origin:
-        if first.proof:
-            return f"origin: {first.proof}"
-        if first.kind == "param":
-            return "origin: its grad matched, the optimizer step made it differ"
-        return "origin: its inputs matched, its output did not"
+        return f"origin: {proof_text(first.proof or Matched('grad' if first.kind == 'param' else 'inputs'))}"
     if not first.proven and first.proof:
         inner = first.origin_module or "none recorded"
-        return f"{first.proof}; innermost module whose inputs all matched: {inner}"
+        return f"{proof_text(first.proof)}; {ROLE_TEXT['matched_inputs']}: {inner}"
     return f"propagated: its inputs already differed; the divergence enters in {_entry(first)}"
 
 
@@ -240,10 +239,10 @@ def origin_headline(verdict: PhaseVerdict) -> list[str]:
         ]
     if not origin.proven:
         return [
-            f"Origin unproven ({where}): {origin.evidence.removeprefix('origin unproven: ')}; "
-            f"{origin.role}: {origin.module or 'none recorded'}"
+            f"Origin unproven ({where}): {case_origin_text(origin).removeprefix('origin unproven: ')}; "
+            f"{ROLE_TEXT[origin.role]}: {origin.module or 'none recorded'}"
         ]
-    return [f"Origin: {origin.module} ({where}) — {origin.evidence}"]
+    return [f"Origin: {origin.module} ({where}) — {case_origin_text(origin)}"]
 
 
 def divergence_lines(first: Divergence, downstream: bool = False) -> list[str]:

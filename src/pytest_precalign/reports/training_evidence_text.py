@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from ..verdict import run_evidence, run_findings
 from ..verdict.model_output import OutputGrad
+from ..verdict.origin_facts import CaseOrigin, OriginProof, OtherData
 from ..verdict.training_contract import ContractDiff
 from ..verdict.training_scalars import ScalarDiff
 from .contract_evidence_text import contract_evidence_text
+from .origin_text import aside_text, module_proof_text
 from .scalar_evidence_text import scalar_evidence_text
 
 # Evidence checked before step 0, and the check that needs it on both sides.
@@ -115,9 +117,29 @@ def evidence_text(fact: run_evidence.RunEvidence) -> str:
             return f"every module ran {base} time(s) in step {step} on the baseline, {cand} on the candidate"
         case run_evidence.LayerDiffers(record, kind, origin):
             if not origin.proven or not origin.module:
-                return f"first failing record {record} ({kind}); origin unproven: {origin.evidence}"
-            return f"{origin.evidence} ({kind} of {record})"
+                return f"first failing record {record} ({kind}); origin unproven: {case_origin_text(origin)}"
+            return f"{case_origin_text(origin)} ({kind} of {record})"
     return _grads_text(fact)
+
+
+def proof_text(proof: OriginProof | None) -> str:
+    """What a phase's origin claim rests on, in words (``origin_text``; nothing for no claim);
+    the data story's names the run verdict's evidence."""
+    if proof is None:
+        return ""
+    if not isinstance(proof, OtherData):
+        return module_proof_text(proof)
+    where = f"downstream of step {proof.step}'s data: " if proof.downstream else ""
+    return (
+        f"origin unproven: {where}{evidence_text(proof.data)}; the step's inputs were other data "
+        "(the run verdict says data)"
+    )
+
+
+def case_origin_text(origin: CaseOrigin) -> str:
+    """The case origin's evidence in words, with its inputs set aside."""
+    told = proof_text(origin.evidence)
+    return f"{told}; {aside_text(origin.aside)}" if origin.aside else told
 
 
 def _grads_text(fact: run_evidence.RunEvidence) -> str:

@@ -28,7 +28,6 @@ from ..mapping.peft_names import peft_aligned
 from ..mapping.spec import MappingSpec, baseline_param_names
 from ..mapping.usage import MappingUse, check_applied
 from ..parallel.dp_join import without_lone_replica_grads
-from ..reports.training_evidence_text import evidence_text
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..trace.merged_stats import with_merged
 from ..trace.records import Trace
@@ -177,7 +176,6 @@ def _judging(
         candidate,
         comparison,
         job.table,
-        evidence_text,
         job.case.expect if job.case is not None else None,
         functools.partial(baseline_param_names, job.mapping),
         job.isolated,

@@ -17,7 +17,7 @@ verdicts are ``judge_stopped``'s, from the two plans alone, nothing trained or r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..compare.pairs import Comparison
@@ -40,7 +40,6 @@ from .phase import (
     with_replica_mismatches,
 )
 from .replay_finding import Replay
-from .run_evidence import RunEvidence
 from .run_findings import NotTrainingRun
 from .story import tell_case
 from .tp_ranks import with_tp_rank
@@ -61,9 +60,6 @@ class CaseJudging:
     candidate: Trace  # in the baseline's names (its manifest its own)
     comparison: Comparison
     table: ToleranceTable
-    # The run verdict's evidence in words (``reports.training_evidence_text.evidence_text``), for
-    # the phases' story where the data differs (``story.other_data``).
-    words: Callable[[RunEvidence], str]
     expect: Expectation | None = None  # the case's known divergence (None: none)
     rename: Rename = same_names  # a candidate parameter name -> the baseline's names
     isolated: Comparison | None = None  # isolation mode's per-module compare
@@ -113,7 +109,7 @@ def judge_case(judging: CaseJudging) -> CaseVerdicts:
         verdicts[phase] = with_incomplete_steps(verdict, incomplete)
     training = with_replay(_training(judging, facts, comparison), judging.replay)
     first = training.first if training is not None else None
-    data = (first.step, judging.words(first.evidence)) if first is not None and first.what == "data" else None
+    data = (first.step, first.evidence) if first is not None and first.what == "data" else None
     told = tell_case(verdicts, phases, data)  # no module origin where the data differs
     failing = first is not None and training is not None and not training.passed
     return CaseVerdicts(told, training, comparison, to_replay=first.step if failing and first else None)

@@ -6,10 +6,15 @@ import."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 from ..trace.training_record import Adapter
 from .side_values import NamedValues, StepValues, Values
+
+# A value of a side's plan (a ``TrainingPlan`` setting: ``betas`` a pair) or of its PEFT adapter.
+PlanValue: TypeAlias = "str | int | float | bool | tuple[float, ...] | tuple[str, ...] | None"
+# A framework argument as the side recorded it (``TrainingSettings.arguments``: JSON).
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class StepsPlanned:
 
 
 @dataclass(frozen=True)
-class SettingDiffers(NamedValues[Any]):
+class SettingDiffers(NamedValues[PlanValue]):
     """The plan setting ``name`` (a ``PLAN_SETTINGS`` field), each side's value (shown cut:
     ``untrusted.cut_text``)."""
 
@@ -56,13 +61,13 @@ class AdapterOnlyOn:
 @dataclass(frozen=True)
 class AdapterDiffers:
     word: str  # the field in PEFT's words
-    a: Any
-    b: Any
+    a: PlanValue
+    b: PlanValue
     name: str  # the adapter
 
 
 @dataclass(frozen=True)
-class ArgumentDiffers(NamedValues[Any]):
+class ArgumentDiffers(NamedValues[JsonValue]):
     """A framework argument (``name``) both sides' ``TrainingArguments`` hold and differ in."""
 
 

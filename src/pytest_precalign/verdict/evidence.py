@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from ..compare.pairs import PairResult
 from ..trace.records import Record
-from ..vocabulary import FAILED, Kind, Phase
+from ..vocabulary import FAILED
 from .non_data_inputs import non_data, set_aside, shown_slot
+from .origin_facts import InputsWithinTolerance, MovedInput, MovedOutput, NoPartner
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def moved_origin(
     failing: PairResult,
     every: Mapping[str, PairResult],
     ancestors: Callable[[Record], Iterable[str]],
-) -> tuple[str, str] | None:
+) -> tuple[str, MovedOutput | MovedInput] | None:
     """The module where the sides part before ``rec`` (``first_moved``) and why, or None. An
     output moved on identical inputs: its module. A module's input moved after identical
     records: the innermost enclosing module with recorded inputs, all compared and identical,
@@ -135,7 +136,7 @@ def moved_origin(
     if start is None:
         return None
     if start.record.kind != "input":
-        return start.record.name, moved_note(start, failing)
+        return start.record.name, MovedOutput(relative_change(start), failing.record.id)
     for module in ancestors(start.record):
         found = [
             p
@@ -150,50 +151,19 @@ def moved_origin(
             continue  # a container that never runs (a ModuleList): no evidence, go past it
         if any(not p.paired or moved(p) is not False for p in found):
             return None
-        size = relative_change(start)
-        by = f" (by {size:.3e} relative, within tolerance)" if size else " (within tolerance)"
-        return module, (
-            f"the first record of the step to differ at all is {shown_id(start.record.id)}{by}: every "
-            f"record before it was identical on both sides, {module}'s inputs too, so {module}'s own code "
-            f"made it between its recorded children; {shown_id(failing.record.id)} failed downstream of "
-            "it, its inputs within tolerance, its change not amplified over theirs"
-        )
+        return module, MovedInput(start.record.id, relative_change(start), module, failing.record.id)
     return None
 
 
-def moved_note(start: PairResult, failing: PairResult) -> str:
-    """Why ``start`` is named for a failure at ``failing`` downstream of it."""
-    size = relative_change(start)
-    by = f" (by {size:.3e} relative, within tolerance)" if size else " (within tolerance)"
-    return (
-        f"the first output of the step to differ at all{by}: every record before it and its inputs "
-        f"were identical on both sides; {shown_id(failing.record.id)} failed downstream of it, its "
-        "inputs within tolerance, its change not amplified over theirs"
-    )
-
-
-def shown_id(record_id: str) -> str:
-    """``blocks.1.norm input in.0`` for the id ``blocks.1.norm|input|in.0|0|0``."""
-    name, kind, slot, *_ = [*record_id.split("|"), "", ""]
-    return " ".join(part for part in (name, kind, slot) if part and part != "out")
-
-
-def unproven_note(evidence: InputEvidence) -> str:
+def unproven(evidence: InputEvidence) -> NoPartner:
     """Why no origin can be claimed: the first input without a partner."""
-    more = len(evidence.unmatched) - 1
-    extra = f" (and {more} more)" if more > 0 else ""
-    return f"origin unproven: input {shown_id(evidence.unmatched[0])} has no partner{extra}"
+    return NoPartner(evidence.unmatched)
 
 
-def within_tolerance_note(evidence: InputEvidence, output: PairResult) -> str:
-    """Inputs that passed but differed: their size, and whether the output's change exceeds it."""
+def within_tolerance(evidence: InputEvidence, output: PairResult) -> InputsWithinTolerance:
+    """Inputs that passed but differed: the largest, and the output's own change."""
     dep, size = max(evidence.differed, key=lambda d: d[1])
-    mine = relative_change(output)
-    head = f"its inputs differed within tolerance (up to {size:.3e} relative, {shown_id(dep)})"
-    if mine is None:
-        return head + ", its output failed"
-    verdict = "amplified" if mine > size else "not amplified: the inputs' difference may explain it"
-    return head + f", its output by {mine:.3e} ({verdict})"
+    return InputsWithinTolerance(dep, size, relative_change(output))
 
 
 def module_inputs_matched(module: str, kind: str, step: int, every: Mapping[str, PairResult]) -> bool | None:
@@ -234,52 +204,6 @@ def steering_inputs_differed(module: str, step: int, every: Mapping[str, PairRes
         and p.status in FAILED
     )
     return tuple(dict.fromkeys(names))
-
-
-def steering_note(slots: Sequence[str]) -> str:
-    """``its data inputs matched, its attention_mask did not (...)``."""
-    return (
-        f"its data inputs matched, its {', '.join(slots)} did not (not data: it steers the computation, "
-        "same shape and dtype on both sides, other values): the divergence enters through it"
-    )
-
-
-def aside_note(slots: Sequence[str]) -> str:
-    """``set aside (not data, their form changed between the sides): attention_mask``."""
-    if not slots:
-        return ""
-    return "set aside (not data; their shape, dtype or presence changed between the sides): " + ", ".join(
-        slots
-    )
-
-
-@dataclass(frozen=True)
-class CaseOrigin:
-    """Where a case's divergence enters: ``module`` (the record's own module when it is the
-    origin, else the innermost enclosing module whose inputs matched), in ``phase`` at
-    ``step``; ``record`` is the first failing record there, ``kind`` its kind."""
-
-    module: str
-    phase: Phase
-    kind: Kind
-    step: int
-    record: str
-    evidence: str
-    proven: bool
-    # What ``module`` is when the origin is unproven: the innermost module whose inputs all
-    # matched, or (none was recorded) the first divergent paired module.
-    role: str = "innermost module whose inputs all matched"
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "module": self.module,
-            "phase": self.phase,
-            "kind": self.kind,
-            "step": self.step,
-            "record": self.record,
-            "evidence": self.evidence,
-            "proven": self.proven,
-        }
 
 
 def matched_children(module: str, first: Record, pairs: Sequence[PairResult]) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from ..compare.pairs import Check, Comparison, PairResult
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
@@ -22,18 +23,26 @@ from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, K
 from .coverage import Coverage, measure_coverage
 from .divergence_start import comparable, deps_ok, divergent_pair
 from .evidence import (
-    CaseOrigin,
     input_evidence,
     inputs_set_aside,
     matched_children,
     module_inputs_matched,
     moved_origin,
     steering_inputs_differed,
-    steering_note,
-    unproven_note,
-    within_tolerance_note,
+    unproven,
+    within_tolerance,
 )
 from .non_data_inputs import non_data, set_aside
+from .origin_facts import (
+    CaseOrigin,
+    NoMatchedModule,
+    OneSideBefore,
+    OneSided,
+    OriginProof,
+    SteeringInputs,
+    UpdateCheck,
+    WalkProof,
+)
 from .overflow import Overflow, overflow_levels
 
 
@@ -52,7 +61,7 @@ class Divergence:
     origin_module: str
     evidence: str
     pair: PairResult
-    proof: str = ""  # what the origin claim rests on, when not simply "its inputs matched"
+    proof: OriginProof | None = None  # what the origin claim rests on, when not simply "its inputs matched"
     proven: bool = True  # False: an input had no partner, so no origin could be established
     isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
     first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
@@ -68,7 +77,8 @@ class Divergence:
             return tol.source if tol else "no tolerance"
         return tol.rule.describe()
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self, proof: str) -> dict[str, object]:
+        """report.json's first divergence; ``proof``: the proof in words (``reports.origin_text``)."""
         return {
             "name": self.name,
             "phase": self.phase,
@@ -86,7 +96,7 @@ class Divergence:
             "isolated_passed": self.isolated.passed if self.isolated is not None else None,
             "first_op": self.first_op,
             "why": self.why,
-            "proof": self.proof,
+            "proof": proof,
             "proven": self.proven,
             "set_aside": list(self.inputs_aside),
         }
@@ -304,25 +314,25 @@ def _origin(
     all_pairs: Mapping[str, PairResult],
     parents: Mapping[str, str],
     every: Mapping[str, PairResult],
-) -> tuple[bool, str, str, bool, tuple[str, ...]]:
-    """(origin, origin module, the evidence in words, proven, the module's inputs set aside)."""
+) -> tuple[bool, str, OriginProof | None, bool, tuple[str, ...]]:
+    """(origin, origin module, what the claim rests on, proven, the module's inputs set aside)."""
     rec = pair.record
     enclosing = next(_ancestors(rec, parents), "")
     owner = enclosing if rec.kind in ("param", "param_grad") else rec.name
     failing = pair.failing
     if failing is not None and failing.metric == OPTIMIZER_UPDATE:
         # The step itself is wrong on its own inputs (its update check says so), whatever its grad did.
-        return True, owner, pair.note, True, ()
+        return True, owner, UpdateCheck(pair.note) if pair.note else None, True, ()
     if rec.kind == "grad_output":
         # The grad w.r.t. a module's output is made by its consumers' backward, i.e. by
         # the parent's code between its children.
-        return False, enclosing or ("" if rec.module_class == "api" else rec.name), "", True, ()
+        return False, enclosing or ("" if rec.module_class == "api" else rec.name), None, True, ()
     inputs = input_evidence(rec, every)
     if inputs.unmatched and not inputs.failed:
         return (
             False,
             _matched_ancestor(rec, owner, parents, every),
-            unproven_note(inputs),
+            unproven(inputs),
             False,
             inputs.aside,
         )
@@ -330,8 +340,8 @@ def _origin(
     if ok and not _amplified(pair, all_pairs):
         ok = False
     if ok is None or ok:
-        note = within_tolerance_note(inputs, pair) if inputs.differed else ""
-        return True, owner, note, True, inputs.aside
+        proof = within_tolerance(inputs, pair) if inputs.differed else None
+        return True, owner, proof, True, inputs.aside
     if rec.kind in ("activation", "logits", "loss") and not inputs.failed and inputs.differed:
         # Its inputs passed but differed, and it did not amplify that: a difference under the
         # tolerance grew to this failure. Where the step was identical up to one module output
@@ -347,15 +357,15 @@ def _origin(
         for module in _ancestors(rec, parents):
             walked = True
             if _inputs_ok(module, rec, every):
-                return False, module, "", True, inputs_set_aside(module, rec.step, every)
+                return False, module, None, True, inputs_set_aside(module, rec.step, every)
             steering = steering_inputs_differed(module, rec.step, every)
             if steering and _inputs_ok(module, rec, every, data_only=True):
                 # Its data matched and a mask or position of the same form did not: that input
                 # is the evidence, and the divergence enters through it here.
-                return False, module, steering_note(steering), True, inputs_set_aside(module, rec.step, every)
-        unproven = "origin unproven: no enclosing module's inputs were compared and matched" if walked else ""
-        return False, "", unproven, False, ()
-    return False, owner, "", True, ()
+                aside = inputs_set_aside(module, rec.step, every)
+                return False, module, SteeringInputs(steering), True, aside
+        return False, "", NoMatchedModule(walked=True) if walked else None, False, ()
+    return False, owner, None, True, ()
 
 
 def _matched_ancestor(
@@ -500,20 +510,18 @@ def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Diverg
         ]
         return max(found, key=lambda r: r.seq, default=None)
 
-    direction = "forward" if first.phase == "forward" else "backward"
+    direction: Literal["forward", "backward"] = "forward" if first.phase == "forward" else "backward"
     base = last_before("only_baseline", first.pair.record.seq)
     cand = last_before("only_candidate", own.seq) if own is not None else None
-    sides = [
-        f"{r.name}.{r.call}.{direction} ({who} only)"
-        for r, who in ((base, "baseline"), (cand, "candidate"))
-        if r
-    ]
+    made = (
+        OneSided(base.name, base.call, direction, "baseline") if base else None,
+        OneSided(cand.name, cand.call, direction, "candidate") if cand else None,
+    )
+    sides = tuple(s for s in made if s is not None)
     if not sides:
         return first
-    proof = first.proof or "origin unproven: no enclosing module whose inputs matched was recorded"
-    return replace(
-        first, proof=f"{proof}; only one side made just before it: {' / '.join(sides)}", proven=False
-    )
+    prior = first.proof if isinstance(first.proof, WalkProof) else None  # the walk's, from ``find_first``
+    return replace(first, proof=OneSideBefore(prior, sides), proven=False)
 
 
 def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, str]:

@@ -2,7 +2,7 @@
 (``FirstDivergent.evidence``), as facts: the steps, names and values each sentence states; the
 words are made when the verdict is rendered (``reports.training_evidence_text``). Evidence
 another module judges comes typed from it: a scalar's (``training_scalars.ScalarDiff``), the
-plans' (``training_contract.ContractDiff``), a layer's origin (``evidence.CaseOrigin``), the
+plans' (``training_contract.ContractDiff``), a layer's origin (``origin_facts.CaseOrigin``), the
 grad at the model's output (``model_output.OutputGrad``), a replica's mismatch
 (``ReplicaMismatch``). No torch import.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ..trace.note_blocks import ReplicaMismatch
 from ..vocabulary import TrainingClass
-from .evidence import CaseOrigin
 from .model_output import OutputGrad
+from .origin_facts import CaseOrigin
 from .side_values import NamedValues
 from .training_contract import ContractDiff
 from .training_scalars import ScalarDiff

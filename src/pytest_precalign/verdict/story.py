@@ -17,44 +17,51 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..vocabulary import Phase
-from .evidence import CaseOrigin, aside_note
+from .origin_facts import (
+    BetweenChildren,
+    CaseOrigin,
+    Matched,
+    NoMatchedModule,
+    OriginProof,
+    OriginRole,
+    OtherData,
+)
 from .phase import Divergence, PhaseVerdict
+from .run_evidence import RunEvidence
 
 P = TypeVar("P", bound=str)
 
 
 def origin_of(first: Divergence, matched_children: Sequence[str] = ()) -> CaseOrigin:
-    """The case origin a phase's first divergence names, with its evidence in words. Without
+    """The case origin a phase's first divergence names, with its evidence as a fact. Without
     a paired module to name (no enclosing module whose inputs matched), the origin is the first
     divergent paired record's module, unproven."""
+    evidence: OriginProof
     if first.origin:
         module = first.origin_module or first.name
-        evidence = first.proof or "its inputs matched, its output did not"
-        if first.kind == "param" and not first.proof:
-            evidence = "its grad matched, the optimizer step made it differ"
+        evidence = first.proof or Matched("grad" if first.kind == "param" else "inputs")
         proven = first.proven
     else:
         module = first.origin_module
         evidence = first.proof or _between_children(first, matched_children)
         proven = first.proven and bool(module)
-    role = "innermost module whose inputs all matched"
-    if first.inputs_aside:
-        evidence = f"{evidence}; {aside_note(first.inputs_aside)}"
+    role: OriginRole = "matched_inputs"
     if not module:
-        module, role, proven = first.name, "first divergent paired module", False
-    return CaseOrigin(module, first.phase, first.kind, first.step, first.name, evidence, proven, role)
+        module, role, proven = first.name, "first_paired", False
+    return CaseOrigin(
+        module, first.phase, first.kind, first.step, first.name, evidence, proven, role, first.inputs_aside
+    )
 
 
-def _between_children(first: Divergence, matched: Sequence[str]) -> str:
-    """``its inputs and children q_proj, k_proj matched, o_proj's input did not``."""
+def _between_children(first: Divergence, matched: Sequence[str]) -> BetweenChildren | NoMatchedModule:
+    """``module``'s inputs and children ``matched`` matched, what the failing child received did not."""
     module = first.origin_module
     if not module:
-        return "no enclosing module with matching inputs was recorded"
+        return NoMatchedModule(walked=False)
     child = first.name[len(module) + 1 :] if first.name.startswith(module + ".") else first.name
-    what = "input" if first.phase == "forward" else "grad w.r.t. its output"
-    shown = ", ".join(matched[:6]) + (", ..." if len(matched) > 6 else "")
-    children = f" and children {shown}" if shown else ""
-    return f"its inputs{children} matched, {child}'s {what} did not: the divergence enters in its own code"
+    return BetweenChildren(
+        module, child, "input" if first.phase == "forward" else "output_grad", tuple(matched)
+    )
 
 
 def _position(verdict: PhaseVerdict, phases: Sequence[str]) -> tuple[int, int]:
@@ -63,20 +70,17 @@ def _position(verdict: PhaseVerdict, phases: Sequence[str]) -> tuple[int, int]:
     return first.step, phases.index(verdict.phase)
 
 
-def other_data(first: Divergence, step: int, evidence: str) -> Divergence:
+def other_data(first: Divergence, step: int, evidence: RunEvidence) -> Divergence:
     """``first`` when the batch of ``step`` differs (``evidence``, the run verdict's): not an
     origin at or after that step, its inputs not said to match (no enclosing module named)."""
     if first.step < step:
         return first
-    where = "" if first.step == step else f"downstream of step {step}'s data: "
-    proof = (
-        f"origin unproven: {where}{evidence}; the step's inputs were other data (the run verdict says data)"
-    )
+    proof = OtherData(step, first.step != step, evidence)
     return replace(first, origin=False, origin_module="", proof=proof, proven=False)
 
 
 def tell_case(
-    verdicts: Mapping[P, PhaseVerdict], phases: Sequence[Phase], data: tuple[int, str] | None = None
+    verdicts: Mapping[P, PhaseVerdict], phases: Sequence[Phase], data: tuple[int, RunEvidence] | None = None
 ) -> dict[P, PhaseVerdict]:
     """Each phase's verdict with the case's origin; the phases after it are downstream.
     ``data``: the step whose batch differs and the evidence (``other_data``)."""
@@ -97,7 +101,7 @@ def tell_case(
             out[phase] = replace(verdict, case_origin=origin)
         elif verdict.first is not None:
             entry = origin.module or origin.record
-            first = replace(verdict.first, origin=False, origin_module=entry, proof="", proven=True)
+            first = replace(verdict.first, origin=False, origin_module=entry, proof=None, proven=True)
             out[phase] = replace(verdict, first=first, case_origin=origin, downstream=True)
         else:
             out[phase] = replace(verdict, case_origin=origin)
