@@ -12,9 +12,11 @@ import pytest
 from pytest_precalign.compare.op_pairing import settle_op_pairs
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.origin_text import choice_text
 from pytest_precalign.reports.training_evidence_text import proof_text
 from pytest_precalign.specs.coverage import DEFAULT_MIN_COVERAGE
 from pytest_precalign.trace.records import Record, Stats, Trace, record_id
+from pytest_precalign.verdict.origin_facts import ApiCallEarlier, LowerPrecisionFirst
 from pytest_precalign.verdict.phase import AMPLIFY, Divergence, NonFinite, PhaseVerdict, phase_verdict
 
 SLOTS = {"input": "in.0", "grad_input": "in.0"}  # every other kind: "out"
@@ -154,7 +156,8 @@ def test_lower_precision_layer_is_reported_before_the_failing_one() -> None:
     assert [p.record.name for p in v.failures] == ["b"]
     first = first_of(v)
     assert (first.name, first.origin) == ("a", True)
-    assert first.why == (
+    assert first.why == LowerPrecisionFirst("bfloat16", "float32", "bfloat16", "b", "float32")
+    assert choice_text(first.why) == (
         "dtype bfloat16 (candidate) vs float32 (baseline): within the bfloat16 tolerance, "
         "but b fails after it under the float32 tolerance"
     )
@@ -170,7 +173,7 @@ def test_a_lower_precision_layer_passing_the_failures_own_rule_is_not_the_start(
     baseline, candidate = (Trace({"record_mode": "stats"}, tuple(r)) for r in (base, cand))
     comparison = settle_op_pairs(compare_traces(baseline, candidate, table), baseline, candidate)
     first = first_of(phase_verdict(comparison, "forward", None, False))
-    assert (first.name, first.why) == ("b", "")
+    assert (first.name, first.why) == ("b", None)
 
 
 def test_run_in_lower_precision_throughout_names_the_failing_layer() -> None:
@@ -179,7 +182,7 @@ def test_run_in_lower_precision_throughout_names_the_failing_layer() -> None:
     cand[1] = rec(1, "a", "activation", 1.001, dtype="bfloat16", deps=(rid("a", "input"),))
     cand[3] = rec(3, "b", "activation", 10.5, dtype="bfloat16", deps=(rid("b", "input"),))
     first = first_of(verdict(base, cand))  # b fails even under bf16's tolerance
-    assert (first.name, first.why) == ("b", "")
+    assert (first.name, first.why) == ("b", None)
 
 
 # -- statistics: an origin only when amplified -------------------------------------------------
@@ -252,7 +255,11 @@ def test_an_op_diverging_earlier_outside_the_failing_module_is_where_it_enters()
 
     first = first_of(verdict(trace(1.0, 2.0), trace(1.5, 3.0), parents=PARENTS, level="mix"))
     assert (first.name, first.origin, first.origin_module) == ("mlp", False, "attn")
-    assert first.why == "the API call Functional.softmax.0.forward in attn diverged earlier, outside it"
+    assert first.why == ApiCallEarlier("Functional.softmax.0.forward in attn")
+    assert (
+        choice_text(first.why)
+        == "the API call Functional.softmax.0.forward in attn diverged earlier, outside it"
+    )
 
 
 # -- unmatched op calls: reasons, not failures --------------------------------------------------

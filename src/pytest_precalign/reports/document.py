@@ -16,6 +16,8 @@ from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
+from .origin_text import choice_text
+from .phase_notes_text import partial_step_text
 from .text import PhaseReport, verdict_label, worst_metric
 from .training_evidence_text import case_origin_text, proof_text
 from .training_json import training_dict
@@ -133,7 +135,9 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "compared": v.compared,
         "failed": v.failed_count,
         "coverage": v.coverage.as_dict() if v.coverage is not None else None,
-        "first_divergence": v.first.as_dict(proof_text(v.first.proof)) if v.first else None,
+        "first_divergence": v.first.as_dict(proof_text(v.first.proof), choice_text(v.first.why))
+        if v.first
+        else None,
         # The case's story: where its divergence enters (the same object in each phase's
         # entry), and whether this phase only follows from it.
         "origin": v.case_origin.as_dict(case_origin_text(v.case_origin)) if v.case_origin else None,
@@ -166,7 +170,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             "candidate": _unmatched(v.only_candidate, v.reasons),
         },
         "failures": [_failure_dict(p) for p in v.failures],
-        "incomplete_steps": list(v.incomplete_steps),
+        "incomplete_steps": [partial_step_text(p) for p in v.incomplete_steps],
         "seconds": report.seconds,
         "weights": dict(report.weights) if report.weights is not None else None,
         "reproduce": report.reproduce,

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..verdict.origin_facts import (
+    ApiCallEarlier,
     BetweenChildren,
     InputsWithinTolerance,
+    LowerPrecisionFirst,
     Matched,
     ModuleProof,
     MovedInput,
@@ -19,6 +21,7 @@ from ..verdict.origin_facts import (
     NoPartner,
     OneSideBefore,
     OriginRole,
+    RecordChoice,
     SteeringInputs,
     UpdateCheck,
 )
@@ -105,4 +108,18 @@ def aside_text(slots: Sequence[str]) -> str:
         return ""
     return "set aside (not data; their shape, dtype or presence changed between the sides): " + ", ".join(
         slots
+    )
+
+
+def choice_text(why: RecordChoice | None) -> str:
+    """How the first divergence's record was chosen, in words ("" when it is simply the first
+    failing one)."""
+    if why is None:
+        return ""
+    if isinstance(why, ApiCallEarlier):
+        return f"the API call {why.op} diverged earlier, outside it"
+    assert isinstance(why, LowerPrecisionFirst)
+    return (
+        f"dtype {why.candidate} (candidate) vs {why.baseline} (baseline): within the {why.tolerance} "
+        f"tolerance, but {why.failing} fails after it under the {why.failing_dtype} tolerance"
     )

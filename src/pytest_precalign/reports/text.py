@@ -15,7 +15,8 @@ from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
 from .not_compared_text import not_compared_text
-from .origin_text import ROLE_TEXT
+from .origin_text import ROLE_TEXT, choice_text
+from .phase_notes_text import partial_step_text, replica_mismatch_text
 from .training_evidence_text import case_origin_text, proof_text
 from .training_text import blames_layer, training_lines, training_summary
 
@@ -264,8 +265,8 @@ def divergence_lines(first: Divergence, downstream: bool = False) -> list[str]:
             "  evidence is merged statistics (max/min/mean/norm of parts merged against a fused "
             "tensor), not element-wise: which part diverged is not known"
         )
-    if first.why:
-        lines.append(f"  why this record: {first.why}")
+    if first.why is not None:
+        lines.append(f"  why this record: {choice_text(first.why)}")
     if first.first_op is not None:
         lines.append(f"  the first diverging API call is {first.first_op}")
     if pair.note and pair.note not in lines[1]:
@@ -449,10 +450,10 @@ def failure_message(report: PhaseReport) -> str:
             "Ranks disagree on replicated tensors (the first rank's copy was compared; "
             "a sharding rule is missing or one rank diverged):"
         )
-        lines.extend(f"  {line}" for line in v.replica_mismatches[:TABLE_ROWS])
+        lines.extend(f"  {replica_mismatch_text(m)}" for m in v.replica_mismatches[:TABLE_ROWS])
     if v.incomplete_steps:
         lines.append("Steps not compared (a run interrupted mid-step; the phase fails):")
-        lines.extend(f"  {line}" for line in v.incomplete_steps)
+        lines.extend(f"  {partial_step_text(p)}" for p in v.incomplete_steps)
     lines.extend(unmatched_lines(v))
     lines.extend(weights_lines(report.weights))
     lines.append(f"To reproduce: {report.reproduce}")
@@ -543,7 +544,7 @@ def summary_line(report: PhaseReport) -> str:
     if v.replica_mismatches:
         detail += f"; ranks disagree on {len(v.replica_mismatches)} replicated record(s)"
     if v.incomplete_steps:
-        detail += f"; {v.incomplete_steps[0]}" + (
+        detail += f"; {partial_step_text(v.incomplete_steps[0])}" + (
             f" (and {len(v.incomplete_steps) - 1} more)" if len(v.incomplete_steps) > 1 else ""
         )
     detail += _skipped_weights(report.weights)

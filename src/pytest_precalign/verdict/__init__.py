@@ -6,7 +6,8 @@ known divergence, the envelope, the coverage floor) is in ``specs/``.
 
 ``case_verdict`` (``judge_case``: every verdict of a case in one call, the only one ``run``
 makes), ``case_facts`` (the manifest facts a verdict needs, read once), ``phase`` (the
-verdict), ``divergence_start`` (where the sides start to differ), ``evidence`` (what an origin
+verdict), ``phase_notes`` (what a side's run notes make of it: grads missing, replicas that
+disagree, partial steps), ``divergence_start`` (where the sides start to differ), ``evidence`` (what an origin
 claim rests on), ``origin_facts`` (that claim and the case origin, as facts), ``coverage``, ``overflow``, ``story`` (the case's origin across phases).
 
 Training runs: ``training_run`` (the first divergent step, what and where), ``training_contract``

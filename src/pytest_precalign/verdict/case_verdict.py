@@ -32,13 +32,8 @@ from .dp_replicas import with_replica_findings
 from .dp_rows import with_replica_rows
 from .frozen_params import without_frozen
 from .not_compared import KindsNotRecorded
-from .phase import (
-    PhaseVerdict,
-    phase_verdict,
-    with_incomplete_steps,
-    with_missing_grads,
-    with_replica_mismatches,
-)
+from .phase import PartialStep, PhaseVerdict, phase_verdict
+from .phase_notes import with_incomplete_steps, with_missing_grads, with_replica_mismatches
 from .replay_finding import Replay
 from .run_findings import NotTrainingRun
 from .story import tell_case
@@ -189,14 +184,9 @@ def _judge_run(judging: CaseJudging, facts: CaseFacts, comparison: Comparison) -
     )
 
 
-def _incomplete_steps(facts: CaseFacts) -> list[str]:
+def _incomplete_steps(facts: CaseFacts) -> list[PartialStep]:
     """The partial steps of a side's run interrupted mid-step (both sides), with what was compared."""
-    out = []
-    for side in facts.sides:
-        steps = ", ".join(str(s) for s in side.notes.steps)
-        for m in side.notes.incomplete_steps:
-            out.append(f"{m.detail}: step {m.step} not compared (steps {steps} compared)")
-    return out
+    return [PartialStep(m, side.notes.steps) for side in facts.sides for m in side.notes.incomplete_steps]
 
 
 def with_replay(verdict: TrainingVerdict | None, replay: Replay) -> TrainingVerdict | None:

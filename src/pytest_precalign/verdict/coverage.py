@@ -37,7 +37,10 @@ class Coverage:
     floor: float  # the minimum ratio (min_coverage)
     problem: str = ""  # why the coverage fails the phase ("" when it does not)
     uncompared: int = 0  # paired by name, but their evidence kinds cannot be compared
-    uncompared_why: str = ""  # the first such record's kinds: "xor checksum vs statistics"
+    # The first such record's kinds, "xor checksum vs statistics": cut from the compare layer's
+    # note, the only place they are held (``compare.pairs.evidence_kind`` gives them as words,
+    # ``PairResult`` keeps no typed kinds); ``problem`` and ``describe`` are sentences here too.
+    uncompared_why: str = ""
     merged: int = 0  # of the paired, compared by statistics merged from several records
 
     @property

@@ -11,6 +11,7 @@ from ..compare.pairs import PairResult, lookup_dtype
 from ..trace.records import Record
 from ..vocabulary import FAILED
 from .non_data_inputs import set_aside
+from .origin_facts import LowerPrecisionFirst, RecordChoice
 
 
 def divergent_pair(
@@ -18,25 +19,24 @@ def divergent_pair(
     pairs: tuple[PairResult, ...],
     all_pairs: Mapping[str, PairResult],
     kinds: tuple[str, ...],
-) -> tuple[PairResult, str]:
+) -> tuple[PairResult, RecordChoice | None]:
     """The first failing record, moved to where the sides start to differ: a gradient to the
-    input that consumes it, a failure to an earlier lower-precision record; with why it moved."""
+    input that consumes it, a failure to an earlier lower-precision record; with why it moved
+    there (None: it is the first failing record, or its consumer input)."""
     if pair.record.kind == "grad_output":
         pair = consumer_grad_input(pair, pairs, all_pairs) or pair
     lower = lower_precision_before(pair, pairs, kinds)
     if lower is None or _one_rule(lower, pair):
-        return pair, ""
+        return pair, None
     # The first failure is held to its own dtype's tolerance, but an earlier record ran in a
     # lower precision on one side and passed only under that looser tolerance: that record
     # is where the sides start to compute differently.
     other = lower.candidate
     assert other is not None
-    why = (
-        f"dtype {other.dtype} (candidate) vs {lower.record.dtype} (baseline): within the "
-        f"{lookup_dtype(lower.record.dtype, other.dtype)} tolerance, but {pair.record.name} "
-        f"fails after it under the {pair.record.dtype} tolerance"
+    tolerance = lookup_dtype(lower.record.dtype, other.dtype)
+    return lower, LowerPrecisionFirst(
+        other.dtype, lower.record.dtype, tolerance, pair.record.name, pair.record.dtype
     )
-    return lower, why
 
 
 def _one_rule(lower: PairResult, pair: PairResult) -> bool:

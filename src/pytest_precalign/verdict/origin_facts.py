@@ -140,6 +140,32 @@ WalkProof = (
 ModuleProof = WalkProof | Matched | BetweenChildren | OneSideBefore
 OriginProof = ModuleProof | OtherData[Any]
 
+
+@dataclass(frozen=True)
+class LowerPrecisionFirst:
+    """Why the divergence is this record and not the first failing one (``failing``): it ran in
+    ``candidate`` vs ``baseline`` dtype and passed only under the ``tolerance`` dtype's looser
+    bound, before ``failing`` failed under its own ``failing_dtype``'s."""
+
+    candidate: str
+    baseline: str
+    tolerance: str
+    failing: str
+    failing_dtype: str
+
+
+@dataclass(frozen=True)
+class ApiCallEarlier:
+    """Why the divergence starts outside this record's module: the API call ``op`` (its label,
+    ``Divergence.first_op``) diverged earlier, outside it."""
+
+    op: str
+
+
+# How the first divergence's record was chosen, when it is not simply the first failing one.
+RecordChoice = LowerPrecisionFirst | ApiCallEarlier
+
+
 # What ``CaseOrigin.module`` is: the innermost module whose inputs all matched, or (none was
 # recorded) the first divergent paired module.
 OriginRole = Literal["matched_inputs", "first_paired"]

@@ -17,7 +17,7 @@ from typing import Literal
 from ..compare.pairs import Check, Comparison, PairResult
 from ..specs.coverage import DEFAULT_MIN_COVERAGE
 from ..specs.expectation import Expectation
-from ..trace.note_blocks import MissingGrads, ReplicaMismatch
+from ..trace.note_blocks import IncompleteStep, ReplicaMismatch
 from ..trace.records import Record
 from ..vocabulary import FAILED, GATE_KINDS, OPTIMIZER_UPDATE, STATS_EVIDENCE, Kind, Phase
 from .coverage import Coverage, measure_coverage
@@ -34,11 +34,13 @@ from .evidence import (
 )
 from .non_data_inputs import non_data, set_aside
 from .origin_facts import (
+    ApiCallEarlier,
     CaseOrigin,
     NoMatchedModule,
     OneSideBefore,
     OneSided,
     OriginProof,
+    RecordChoice,
     SteeringInputs,
     UpdateCheck,
     WalkProof,
@@ -65,7 +67,7 @@ class Divergence:
     proven: bool = True  # False: an input had no partner, so no origin could be established
     isolated: PairResult | None = None  # the module on the baseline's inputs (isolation mode)
     first_op: str | None = None  # the first diverging API call (mix-level dumps), "name#call"
-    why: str = ""  # how the record was chosen, when it is not simply the first failing one
+    why: RecordChoice | None = None  # how the record was chosen, when it is not simply the first failing one
     # Inputs of the origin module not taken as evidence: masks, positions, caches whose form
     # changed between the sides (``non_data_inputs``), by slot name.
     inputs_aside: tuple[str, ...] = ()
@@ -77,8 +79,9 @@ class Divergence:
             return tol.source if tol else "no tolerance"
         return tol.rule.describe()
 
-    def as_dict(self, proof: str) -> dict[str, object]:
-        """report.json's first divergence; ``proof``: the proof in words (``reports.origin_text``)."""
+    def as_dict(self, proof: str, why: str) -> dict[str, object]:
+        """report.json's first divergence; ``proof`` and ``why``: the proof and how the record was
+        chosen, in words (``reports.origin_text``)."""
         return {
             "name": self.name,
             "phase": self.phase,
@@ -95,7 +98,7 @@ class Divergence:
             "rule": self.rule,
             "isolated_passed": self.isolated.passed if self.isolated is not None else None,
             "first_op": self.first_op,
-            "why": self.why,
+            "why": why,
             "proof": proof,
             "proven": self.proven,
             "set_aside": list(self.inputs_aside),
@@ -106,6 +109,15 @@ class Divergence:
 class NonFinite:
     side: str
     record: Record
+
+
+@dataclass(frozen=True)
+class PartialStep:
+    """A step a side's interrupted run left partial (``note``: which, and what is missing), not
+    compared; ``compared``: the steps of that side that were."""
+
+    note: IncompleteStep
+    compared: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -129,11 +141,11 @@ class PhaseVerdict:
     overflow: tuple[Overflow, ...] = ()  # the candidate's NaN/Inf and norm blow-ups, by level
     # Every paired, gated record of the phase in execution order: what the HTML report charts.
     records: tuple[PairResult, ...] = ()
-    # A merged multi-rank side whose TP ranks disagreed on a replicated tensor: one line each
-    # (the phase fails: a sharding rule is missing or one rank diverged).
-    replica_mismatches: tuple[str, ...] = ()
+    # A merged multi-rank side whose TP ranks disagreed on a replicated record of this phase:
+    # the merge's notes (the phase fails: a sharding rule is missing or one rank diverged).
+    replica_mismatches: tuple[ReplicaMismatch, ...] = ()
     # A side's run interrupted mid-step: its partial steps, not compared (the phase fails).
-    incomplete_steps: tuple[str, ...] = ()
+    incomplete_steps: tuple[PartialStep, ...] = ()
     # The case's story (``story.tell_case``): where the case's divergence enters, whether this
     # phase only follows from it, and the origin module's children that matched before it.
     case_origin: CaseOrigin | None = None
@@ -211,7 +223,7 @@ def find_first(
         # still passed): the divergence starts in that call's module.
         origin = False
         origin_module = next(_ancestors(first_op, parents), "") or first_op.name
-        why = why or f"the API call {_op_label(first_op, parents)} diverged earlier, outside it"
+        why = why or ApiCallEarlier(_op_label(first_op, parents))
     check = _check_of(pair)
     return Divergence(
         name=name,
@@ -556,41 +568,3 @@ def _first_nonfinite(pairs: tuple[PairResult, ...]) -> tuple[NonFinite, ...]:
                 out.append(NonFinite(side, rec))
                 break
     return tuple(out)
-
-
-def with_missing_grads(verdict: PhaseVerdict, missing: Mapping[str, Sequence[MissingGrads]]) -> PhaseVerdict:
-    """The backward fails when a side's recorder found its parameter grads gone (``missing``:
-    side -> the manifest's ``grads_missing`` notes): what was not recorded passed nothing."""
-    if verdict.phase != "backward" or verdict.coverage is None:
-        return verdict
-    notes = [
-        f"the {side} recorded no parameter grad at step {m.step} (rank {m.rank}; "
-        f"{m.count} parameters, e.g. {', '.join(m.names)}): {m.why}"
-        for side, found in missing.items()
-        for m in found
-    ]
-    if not notes:
-        return verdict
-    problem = "param grads missing: " + "; ".join(notes)
-    return replace(verdict, passed=False, coverage=replace(verdict.coverage, problem=problem))
-
-
-def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[ReplicaMismatch]) -> PhaseVerdict:
-    """The phase fails when the ranks of a merged side disagreed on a replicated record of it."""
-    lines = tuple(
-        f"{m.name} ({m.kind}, step {m.step}): {', '.join(m.differ)} recorded other values than "
-        f"{m.kept} ({m.detail})"
-        for m in mismatches
-        if m.phase == verdict.phase
-    )
-    if not lines:
-        return verdict
-    return replace(verdict, passed=False, replica_mismatches=lines)
-
-
-def with_incomplete_steps(verdict: PhaseVerdict, notes: Sequence[str]) -> PhaseVerdict:
-    """Every phase fails when a side's run was interrupted mid-step: its complete steps were
-    compared, the partial one was not, so no verdict can say the whole run is aligned."""
-    if not notes:
-        return verdict
-    return replace(verdict, passed=False, incomplete_steps=tuple(notes))
