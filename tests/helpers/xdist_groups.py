@@ -9,7 +9,7 @@ no longer allow. So under ``-n N`` without ``--dist`` (``tests/conftest.py``) th
 ``GroupScheduling``: xdist's scope scheduling whose unit is a module of ``MODULE_GROUPS`` (the
 modules sharing runs are one unit), every other test a unit of its own as ``load`` schedules it.
 ``tests/test_xdist_groups.py`` checks that the table holds every module whose tests use such a
-fixture (``groups``: what the fixtures say)."""
+fixture (``fixture_groups``: what the fixtures say)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def make_scheduler(config: Any, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
-        """xdist's scope scheduling (the largest units first) with ``unit_of`` as the scope."""
+        """xdist's scope scheduling (units with the most tests first) with ``unit_of`` as the scope."""
 
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
