@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,26 @@ import pytest
 from tests.helpers.browser import launch
 from tests.helpers.msprobe_faults import make_corpus
 from tests.helpers.paths import EXAMPLES
+from tests.helpers.xdist_groups import make_scheduler
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``pytest -n N`` (the README's ``-n 2``) without ``--dist``: the tests sharing an expensive
+    fixture run on one worker (tests/helpers/xdist_groups.py)."""
+    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    if config.getvalue("dist") != "load" or any(arg.startswith("--dist") or arg == "-d" for arg in given):
+        return None
+    return make_scheduler(config, log)
+
+
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every collected test, selected or not: tests/test_xdist_groups.py checks their fixtures."""
+    config.stash[COLLECTED] = list(items)
 
 
 @pytest.fixture
@@ -61,8 +82,6 @@ try:
 except ImportError:  # the test extra installs it; without it only the fuzz tests are skipped
     pass
 else:
-    import os
-
     _fuzz_examples = os.environ.get("PRECALIGN_FUZZ_EXAMPLES")
     settings.register_profile(
         "precalign",

@@ -47,6 +47,20 @@ class _KeepInstalledLibraries(_pytest.pytester.SysModulesSnapshot):
 _pytest.pytester.SysModulesSnapshot = _KeepInstalledLibraries  # type: ignore[misc]
 
 
+def _forget_shadowed(folder: Path) -> None:
+    """A module of the test's folder (its ``nets.py``) imported earlier in this worker from
+    another folder -- an in-process ``precalign`` call of another test imports a suite's
+    ``nets.py`` and keeps it, as a user's process would -- is dropped from ``sys.modules``, so
+    that the in-process run imports the test's own file whichever tests ran before it."""
+    here = folder.resolve()
+    for name in [
+        p.stem for p in here.glob("*.py") if p.stem in sys.modules and not _installed_library(p.stem)
+    ]:
+        where = getattr(sys.modules[name], "__file__", None)
+        if isinstance(where, str) and not Path(where).resolve().is_relative_to(here):
+            del sys.modules[name]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``plugin_args``: serially; and ``-n 2`` too for tests marked ``xdist_twin``."""
     if "plugin_args" not in metafunc.fixturenames:
@@ -78,6 +92,7 @@ def run_pytest(pytester: pytest.Pytester, plugin_args: list[str]) -> RunPytest:
 
     def run(*args: str) -> pytest.RunResult:
         if not plugin_args:
+            _forget_shadowed(pytester.path)
             basetemp = f"--basetemp={pytester.path / 'bt'}"
             return pytester.runpytest_inprocess(*args, "-p", "no:cacheprovider", basetemp)
         return pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider", *plugin_args)
