@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..redaction import redacted
 from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
+from .coverage_text import coverage_problem_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
 from .origin_text import choice_text
@@ -48,8 +49,8 @@ def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
             ("precalign_min_coverage", cov.floor),
             ("precalign_unexplained_unmatched", cov.unexplained),
         ]
-        if cov.problem:
-            props.append(("precalign_coverage_problem", cov.problem))
+        if cov.problem is not None:
+            props.append(("precalign_coverage_problem", coverage_problem_text(cov)))
     return props
 
 
@@ -134,7 +135,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "table": report.table,
         "compared": v.compared,
         "failed": v.failed_count,
-        "coverage": v.coverage.as_dict() if v.coverage is not None else None,
+        "coverage": v.coverage.as_dict(coverage_problem_text(v.coverage)) if v.coverage is not None else None,
         "first_divergence": v.first.as_dict(proof_text(v.first.proof), choice_text(v.first.why))
         if v.first
         else None,

@@ -14,6 +14,7 @@ from ..verdict.origin_facts import Matched
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
+from .coverage_text import coverage_problem_text, coverage_text
 from .not_compared_text import not_compared_text
 from .origin_text import ROLE_TEXT, choice_text
 from .phase_notes_text import partial_step_text, replica_mismatch_text
@@ -351,7 +352,7 @@ def coverage_problem_lines(verdict: PhaseVerdict) -> list[str]:
     cov = verdict.coverage
     if cov is None or cov.ok:
         return []
-    head, _, rest = cov.problem.partition(": ")
+    head, _, rest = coverage_problem_text(cov).partition(": ")
     return [f"{head.capitalize()} in {cov.phase}: {rest}"]
 
 
@@ -360,7 +361,7 @@ def coverage_lines(verdict: PhaseVerdict) -> list[str]:
     cov = verdict.coverage
     if cov is None:
         return []
-    line = f"Coverage: {cov.describe().removeprefix('coverage ')}"
+    line = f"Coverage: {coverage_text(cov).removeprefix('coverage ')}"
     if cov.unexplained:
         line += f"; {cov.unexplained} unmatched record(s) unexplained"
     return [line]
@@ -372,7 +373,7 @@ def _summary_coverage(verdict: PhaseVerdict) -> str:
     cov = verdict.coverage
     if cov is None:
         return ""
-    text = f"; coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
+    text = f"; coverage {coverage_text(cov).removeprefix('coverage ').partition(' (')[0]}"
     notes = [f"{cov.unexplained} unexplained"] if cov.unexplained else []
     notes += [f"{cov.merged} by merged statistics"] if cov.merged else []
     return text + (f" ({', '.join(notes)})" if notes else "")
@@ -551,7 +552,8 @@ def summary_line(report: PhaseReport) -> str:
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
-        detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
+        problem = coverage_problem_text(v.coverage)
+        detail = problem if v.first is None else f"{problem}; {detail}"
     story = _run_story(report)
     if _not_trained(report):  # the contract check stopped the case before step 0
         detail, story = "nothing trained" + (training_summary(report.training) if report.training else ""), ""
