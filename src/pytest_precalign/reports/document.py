@@ -18,6 +18,7 @@ from .coverage_text import coverage_problem_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
 from .origin_text import choice_text
+from .overflow_text import overflow_why
 from .phase_notes_text import partial_step_text
 from .text import PhaseReport, verdict_label, worst_metric
 from .training_evidence_text import case_origin_text, proof_text
@@ -160,7 +161,8 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         ),
         "worst": _worst_dict(v),
         "overflow": [
-            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
+            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": overflow_why(o)}
+            for o in v.overflow
         ],
         "nonfinite": [
             {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}

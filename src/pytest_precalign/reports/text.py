@@ -17,6 +17,7 @@ from ..vocabulary import OPTIMIZER_UPDATE
 from .coverage_text import coverage_problem_text, coverage_text
 from .not_compared_text import not_compared_text
 from .origin_text import ROLE_TEXT, choice_text
+from .overflow_text import overflow_why
 from .phase_notes_text import partial_step_text, replica_mismatch_text
 from .training_evidence_text import case_origin_text, proof_text
 from .training_text import blames_layer, training_lines, training_summary
@@ -384,7 +385,7 @@ def overflow_lines(verdict: PhaseVerdict) -> list[str]:
         return []
     shown = verdict.overflow[:UNMATCHED_NAMES]
     lines = [f"Overflow in the candidate ({len(verdict.overflow)} module outputs):"]
-    lines += [f"  {o.level:8s} {o.record.name} ({o.why})" for o in shown]
+    lines += [f"  {o.level:8s} {o.record.name} ({overflow_why(o)})" for o in shown]
     return lines
 
 
