@@ -15,6 +15,7 @@ from ..redaction import redacted
 from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
 from .coverage_text import coverage_problem_text
+from .expectation_text import expectation_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
 from .origin_text import choice_text
@@ -148,7 +149,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             if v.downstream and v.case_origin
             else None
         ),
-        "expectation": v.expectation,
+        "expectation": expectation_text(v.expectation) if v.expectation is not None else None,
         # A training run's verdict over its steps (the same object in each phase's entry).
         "training": training_dict(report.training) if report.training is not None else None,
         "isolation": (

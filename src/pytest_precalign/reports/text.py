@@ -15,6 +15,7 @@ from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
 from .coverage_text import coverage_problem_text, coverage_text
+from .expectation_text import expectation_text
 from .not_compared_text import not_compared_text
 from .origin_text import ROLE_TEXT, choice_text
 from .overflow_text import overflow_why
@@ -425,7 +426,7 @@ def failure_message(report: PhaseReport) -> str:
         return "\n".join([*lines, "Nothing was trained or recorded", f"To reproduce: {report.reproduce}"])
     lines += (origin_headline(v) if not v.aligned and layer else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
-        lines.append(f"Known divergence not reproduced: {v.expectation}")
+        lines.append(f"Known divergence not reproduced: {expectation_text(v.expectation)}")
     if v.aligned:  # "aligned" only where something was compared: else the coverage line says it
         lines.append(f"{report.phase}: every compared record within tolerance ({v.compared} compared)")
     else:
@@ -529,15 +530,15 @@ def summary_line(report: PhaseReport) -> str:
         if v.isolated_count:
             iso = v.isolated_origin.record.name if v.isolated_origin else "none"
             detail += f"; isolation: true origin {iso}"
-        if v.expectation:
-            detail += f"; {v.expectation}"
+        if v.expectation is not None:
+            detail += f"; {expectation_text(v.expectation)}"
     elif v.worst is not None and v.worst.failing is None and v.worst.checks:
         worst = v.worst
         check = worst.explaining_check
         assert check is not None  # worst.checks is not empty
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
-    elif v.compared == 0 and v.coverage is None and v.expectation:  # judged by the run's scalars
-        detail = v.expectation
+    elif v.compared == 0 and v.coverage is None and v.expectation is not None:  # judged by the run's scalars
+        detail = expectation_text(v.expectation)
     else:
         detail = "aligned"
     accepted = sum(any(c.metric == SHARED_NONFINITE and c.passed for c in p.checks) for p in v.records)
