@@ -26,7 +26,7 @@ from pytest_precalign.reports.training_text import (
     training_summary,
 )
 from pytest_precalign.trace.training_record import RunRecord
-from pytest_precalign.verdict import contract_evidence
+from pytest_precalign.verdict import contract_evidence, run_evidence
 from pytest_precalign.verdict.contract_evidence import (
     AdapterDiffers,
     ArgumentDiffers,
@@ -37,6 +37,7 @@ from pytest_precalign.verdict.contract_evidence import (
     SetBy,
     SettingDiffers,
 )
+from pytest_precalign.verdict.model_output import CacheAside, OutputGrad
 from pytest_precalign.verdict.run_evidence import (
     GradsScaled,
     InitialParamsDiffer,
@@ -68,6 +69,7 @@ from pytest_precalign.verdict.scalar_evidence import BatchDiffers, GradNormDiffe
 from pytest_precalign.verdict.training_envelope import EnvelopeJudged
 from pytest_precalign.verdict.training_run import ExpectedRun, TrainingVerdict, judge_run
 
+from .test_rules import first_of, two_layers, verdict
 from .test_training_run import judge, run
 
 VERDICT = Path(__file__).parents[2] / "src" / "pytest_precalign" / "verdict"
@@ -151,6 +153,21 @@ def test_the_expectation_and_the_steps_downstream_are_said_when_rendered() -> No
         "step 1 (lr[0]) schedule",
     )
     assert downstream_text(replace(v, last_step=1)) == ""
+
+
+def test_the_cache_outputs_set_aside_are_facts_said_as_before() -> None:
+    assert typing.get_type_hints(OutputGrad)["aside"] == tuple[CacheAside, ...]
+    first = first_of(verdict(two_layers(1.0, 1.0, 2.0), two_layers(1.0, 1.0, 3.0)))
+    slot = "out.past_key_values.0.1"
+    aside = (
+        CacheAside("m", slot, "baseline"),
+        *(CacheAside(f"layers.{i}", slot, "candidate") for i in range(4)),
+    )
+    told = evidence_text(run_evidence.OutputGradDiffers(OutputGrad(first, "b", 4, aside), (2.5, 2.5)))
+    assert told.endswith(
+        f"; set aside: m {slot} (baseline only), layers.0 {slot} (candidate only), layers.1 {slot} (candidate "
+        f"only), layers.2 {slot} (candidate only), ..."
+    )
 
 
 def test_the_first_divergence_holds_its_evidence_as_facts() -> None:
