@@ -11,6 +11,7 @@ import re
 import pytest
 
 from pytest_precalign.config.loader import load_config_file
+from pytest_precalign.reports.coverage_text import coverage_text
 from pytest_precalign.reports.text import PhaseReport, divergence_lines, summary_line
 from pytest_precalign.run.case import run_case
 from tests.helpers.paths import REPO
@@ -25,7 +26,9 @@ def test_the_headline_stats_case_pairs_85_percent_of_every_phase() -> None:
     config = load_config_file(SUITE)
     run = run_case(config, config.case("fp32_train_stats"))
     coverage = {phase: v.coverage for phase, v in run.verdicts.items()}
-    assert all(v.passed for v in run.verdicts.values()), {p: c.describe() for p, c in coverage.items() if c}
+    assert all(v.passed for v in run.verdicts.values()), {
+        p: coverage_text(c) for p, c in coverage.items() if c
+    }
     for phase, cov in coverage.items():
         assert cov is not None and cov.ratio >= 0.85, (phase, cov)
         assert cov.merged > 0, (phase, cov)  # q/k/v and gate/up records of this phase, merged

@@ -13,6 +13,7 @@ from pytest_precalign.mapping.apply import map_trace
 from pytest_precalign.mapping.spec import read_mapping_file, reverse
 from pytest_precalign.mapping.transforms import apply_forward
 from pytest_precalign.recording.tensor_summary import tensor_stats
+from pytest_precalign.reports.coverage_text import coverage_text
 from pytest_precalign.trace.merged_stats import with_merged
 from pytest_precalign.trace.records import Record, Trace
 from pytest_precalign.verdict.coverage import measure_coverage
@@ -63,7 +64,7 @@ def test_q_k_v_statistics_merged_meet_the_fused_qkv_record_and_count_as_three_ou
     assert "statistical evidence" in pair.note and "not element-wise" in pair.note
     coverage = measure_coverage(comparison.pairs, "forward", 0.5)
     assert (coverage.outputs, coverage.paired, coverage.merged) == (3, 3, 3)
-    assert coverage.describe().endswith("; 3 by merged statistics")
+    assert coverage_text(coverage).endswith("; 3 by merged statistics")
 
 
 def test_a_fault_in_k_alone_fails_the_merged_group_naming_k_proj():

@@ -15,6 +15,7 @@ from pytest_precalign.compare.tolerances import default_table
 from pytest_precalign.megatron_core.megatron_stack import build_megatron_stack
 from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.training_evidence_text import evidence_text
+from pytest_precalign.reports.training_text import downstream_text
 from pytest_precalign.steps.spec import OptimizerSpec, ScheduleSpec
 from pytest_precalign.trace.training_record import RunRecord
 from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
@@ -76,7 +77,7 @@ def test_a_planted_adamw_eps_is_the_optimizer_update_at_the_first_update(
     v = verdict(baseline, train(plant=eps))
     # step 0 has LR 0 (warmup): the first update that moves anything is step 1
     assert found(v) == (1, "optimizer_update", "param_norm")
-    assert v.downstream == "steps 2-9 are downstream of it"
+    assert downstream_text(v) == "steps 2-9 are downstream of it"
 
 
 def test_a_warmup_one_step_behind_is_the_schedule_at_step_1(

@@ -12,10 +12,12 @@ import pytest
 from pytest_precalign.compare.op_pairing import settle_op_pairs
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.coverage_text import coverage_problem_text, coverage_text
 from pytest_precalign.reports.origin_text import choice_text
 from pytest_precalign.reports.training_evidence_text import proof_text
 from pytest_precalign.specs.coverage import DEFAULT_MIN_COVERAGE
 from pytest_precalign.trace.records import Record, Stats, Trace, record_id
+from pytest_precalign.verdict.coverage import NothingPaired, NothingRecorded, PairingHint, TooLittle
 from pytest_precalign.verdict.origin_facts import ApiCallEarlier, LowerPrecisionFirst
 from pytest_precalign.verdict.phase import AMPLIFY, Divergence, NonFinite, PhaseVerdict, phase_verdict
 
@@ -376,8 +378,11 @@ def test_a_phase_in_which_nothing_was_compared_fails() -> None:
     assert not v.passed
     assert v.aligned  # nothing failed: it is the coverage that fails the phase
     assert v.coverage is not None and v.coverage.ratio == 0.0
-    assert v.coverage.problem.startswith("nothing compared: all 1 baseline forward output records found no")
-    assert "the names differ between the sides" in v.coverage.problem
+    assert coverage_problem_text(v.coverage).startswith(
+        "nothing compared: all 1 baseline forward output records found no"
+    )
+    assert v.coverage.problem == NothingPaired(PairingHint("names_differ", "modules", "modules"))
+    assert "the names differ between the sides" in coverage_problem_text(v.coverage)
     assert (v.coverage.unexplained_baseline, v.coverage.unexplained_candidate) == (1, 1)
 
 
@@ -390,7 +395,11 @@ def test_nothing_compared_fails_even_with_a_floor_of_zero() -> None:
 def test_a_phase_no_side_recorded_fails() -> None:
     v = verdict([rec(1, "a", "activation", 1.0)], [rec(1, "a", "activation", 1.0)], phase="backward")
     assert not v.passed and v.coverage is not None
-    assert v.coverage.problem == "nothing compared: neither side recorded a backward output record"
+    assert v.coverage.problem == NothingRecorded()
+    assert (
+        coverage_problem_text(v.coverage)
+        == "nothing compared: neither side recorded a backward output record"
+    )
 
 
 def test_modules_against_api_calls_are_named_an_l0_and_an_l1_dump() -> None:
@@ -398,7 +407,8 @@ def test_modules_against_api_calls_are_named_an_l0_and_an_l1_dump() -> None:
     cand = [rec(i, "Functional.linear", "activation", 1.0, module_class="api", call=i) for i in range(4)]
     v = verdict(base, cand)
     assert v.coverage is not None and not v.passed
-    assert v.coverage.problem == (
+    assert v.coverage.problem == NothingPaired(PairingHint("levels_differ", "modules", "APIs"))
+    assert coverage_problem_text(v.coverage) == (
         "nothing compared: all 3 baseline forward output records found no partner (4 candidate-only); "
         "the sides look like an L0 and an L1 dump (baseline: modules only, candidate: APIs only): "
         "record both at the same level"
@@ -413,12 +423,13 @@ def test_coverage_under_the_floor_fails(paired: int, floor: float, passed: bool)
     assert v.aligned and v.passed is passed and v.coverage is not None
     assert v.coverage.ratio == paired / 4
     assert (v.coverage.only_baseline, v.coverage.unexplained_baseline) == (4 - paired, 4 - paired)
-    assert v.coverage.problem.startswith("too little compared: ") is not passed
-    assert v.coverage.describe() == (
+    assert coverage_problem_text(v.coverage).startswith("too little compared: ") is not passed
+    assert v.coverage.problem == (None if passed else TooLittle(PairingHint("candidate_none", "modules")))
+    assert coverage_text(v.coverage) == (
         f"coverage {paired * 25}% ({paired} of 4 baseline forward output records paired; floor {floor:.0%})"
     )
     if not passed:
-        assert "the candidate recorded none of them" in v.coverage.problem
+        assert "the candidate recorded none of them" in coverage_problem_text(v.coverage)
 
 
 def test_a_divergence_fails_whatever_the_coverage() -> None:

@@ -9,6 +9,7 @@ import ast
 import math
 import re
 import typing
+from dataclasses import replace
 from pathlib import Path
 
 from pytest_precalign.compare.tolerances import default_table
@@ -18,9 +19,14 @@ from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.scalar_evidence_text import scalar_evidence_text
 from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text, warning_text
 from pytest_precalign.reports.training_json import training_dict
-from pytest_precalign.reports.training_text import training_lines, training_summary
+from pytest_precalign.reports.training_text import (
+    downstream_text,
+    expected_text,
+    training_lines,
+    training_summary,
+)
 from pytest_precalign.trace.training_record import RunRecord
-from pytest_precalign.verdict import contract_evidence
+from pytest_precalign.verdict import contract_evidence, run_evidence
 from pytest_precalign.verdict.contract_evidence import (
     AdapterDiffers,
     ArgumentDiffers,
@@ -31,6 +37,7 @@ from pytest_precalign.verdict.contract_evidence import (
     SetBy,
     SettingDiffers,
 )
+from pytest_precalign.verdict.model_output import CacheAside, OutputGrad
 from pytest_precalign.verdict.run_evidence import (
     GradsScaled,
     InitialParamsDiffer,
@@ -60,8 +67,9 @@ from pytest_precalign.verdict.run_patterns import (
 )
 from pytest_precalign.verdict.scalar_evidence import BatchDiffers, GradNormDiffers, ScheduleDiffers
 from pytest_precalign.verdict.training_envelope import EnvelopeJudged
-from pytest_precalign.verdict.training_run import TrainingVerdict, judge_run
+from pytest_precalign.verdict.training_run import ExpectedRun, TrainingVerdict, judge_run
 
+from .test_rules import first_of, two_layers, verdict
 from .test_training_run import judge, run
 
 VERDICT = Path(__file__).parents[2] / "src" / "pytest_precalign" / "verdict"
@@ -124,6 +132,42 @@ def test_a_verdict_built_from_facts_renders_as_before() -> None:
     told = training_dict(v)
     assert told["findings"] == [finding_text(v.findings[0])]
     assert told["warnings"] == [warning_text(w) for w in v.warnings]
+
+
+def test_the_expectation_and_the_steps_downstream_are_said_when_rendered() -> None:
+    assert not hasattr(ExpectedRun, "to_text") and not hasattr(TrainingVerdict, "downstream")
+    assert expected_text(ExpectedRun(3, "schedule")) == "step 3 schedule"
+    warm, behind = [0.0, 5e-4, 1e-3, 1e-3], [0.0, 0.0, 5e-4, 1e-3]
+    v = judge(run(lr=lambda s: (warm[min(s, 3)],) * 2), run(lr=lambda s: (behind[min(s, 3)],) * 2))
+    v = replace(v, expected=ExpectedRun(1, "schedule", "lr[0]"), met=True)
+    assert (downstream_text(v), expected_text(v.expected)) == (
+        "steps 2-9 are downstream of it",
+        "step 1 (lr[0]) schedule",
+    )
+    lines = training_lines(v)
+    assert "  steps 2-9 are downstream of it" in lines
+    assert "  the expected divergence: step 1 (lr[0]) schedule" in lines
+    told = training_dict(v)
+    assert (told["downstream"], told["expectation"]) == (
+        "steps 2-9 are downstream of it",
+        "step 1 (lr[0]) schedule",
+    )
+    assert downstream_text(replace(v, last_step=1)) == ""
+
+
+def test_the_cache_outputs_set_aside_are_facts_said_as_before() -> None:
+    assert typing.get_type_hints(OutputGrad)["aside"] == tuple[CacheAside, ...]
+    first = first_of(verdict(two_layers(1.0, 1.0, 2.0), two_layers(1.0, 1.0, 3.0)))
+    slot = "out.past_key_values.0.1"
+    aside = (
+        CacheAside("m", slot, "baseline"),
+        *(CacheAside(f"layers.{i}", slot, "candidate") for i in range(4)),
+    )
+    told = evidence_text(run_evidence.OutputGradDiffers(OutputGrad(first, "b", 4, aside), (2.5, 2.5)))
+    assert told.endswith(
+        f"; set aside: m {slot} (baseline only), layers.0 {slot} (candidate only), layers.1 {slot} (candidate "
+        f"only), layers.2 {slot} (candidate only), ..."
+    )
 
 
 def test_the_first_divergence_holds_its_evidence_as_facts() -> None:

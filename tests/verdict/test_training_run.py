@@ -13,6 +13,7 @@ from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, d
 from pytest_precalign.reports.run_pattern_text import pattern_text
 from pytest_precalign.reports.training_evidence_text import evidence_text, finding_text
 from pytest_precalign.reports.training_json import training_dict
+from pytest_precalign.reports.training_text import downstream_text
 from pytest_precalign.trace.records import Trace
 from pytest_precalign.trace.step_scalars import StepScalars
 from pytest_precalign.trace.training_record import RunRecord, TrainingPlan
@@ -67,7 +68,7 @@ def test_a_warmup_one_step_behind_is_the_schedule_not_a_layer() -> None:
     v = judge(run(lr=lambda s: (warm[min(s, 3)],) * 2), run(lr=lambda s: (behind[min(s, 3)],) * 2))
     assert first(v) == (1, "schedule", "lr[0]")
     assert v.first is not None and "lr at step 1: 5.000e-04 vs 0.000e+00" in evidence_text(v.first.evidence)
-    assert v.downstream == "steps 2-9 are downstream of it"
+    assert downstream_text(v) == "steps 2-9 are downstream of it"
     assert pattern_text(v.first.pattern) == "the candidate's schedule is 1 step(s) behind the baseline's"
 
 

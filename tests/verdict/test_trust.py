@@ -12,9 +12,12 @@ import pytest
 
 from pytest_precalign.compare.pairs import compare_traces
 from pytest_precalign.compare.tolerances import ToleranceRule, ToleranceTable, default_table
+from pytest_precalign.reports.coverage_text import coverage_problem_text
 from pytest_precalign.reports.text import PhaseReport, failure_message, summary_line
 from pytest_precalign.trace.records import Record, Stats, Trace
+from pytest_precalign.verdict.coverage import NothingComparable
 from pytest_precalign.verdict.phase import PhaseVerdict, phase_verdict
+from pytest_precalign.verdict.run_findings import StepsOneSided
 from pytest_precalign.verdict.story import tell_case
 
 from .test_rules import rec, rid, verdict
@@ -81,7 +84,7 @@ def test_a_checksum_against_statistics_is_not_compared(
     assert v.compared == 0
     assert v.coverage is not None and not v.coverage.ok
     assert v.coverage.uncompared == 3
-    assert f"cannot be compared ({words})" in v.coverage.problem
+    assert f"cannot be compared ({words})" in coverage_problem_text(v.coverage)
     line = summary_line(_report(v))
     assert line.startswith("FAILED") and "aligned" not in line
     assert f"({words})" in failure_message(_report(v))
@@ -106,7 +109,8 @@ def test_two_kinds_of_checksum_are_not_compared() -> None:
         Trace({"format": "msprobe", "summary_mode": "md5"}, tuple(cand)),
     )
     assert not v.passed and v.failures == ()
-    assert v.coverage is not None and "(xor checksum vs md5 checksum)" in v.coverage.problem
+    assert v.coverage is not None and v.coverage.problem == NothingComparable()
+    assert "(xor checksum vs md5 checksum)" in coverage_problem_text(v.coverage)
 
 
 # -- 7: atol .inf means "not gated" in stats mode as in tensor mode -------------------------------
@@ -153,9 +157,11 @@ def test_a_step_recorded_on_one_side_only_fails_naming_it() -> None:
     v = verdict(base, cand)
     assert v.coverage is not None and v.coverage.ratio == 0.5  # at the floor: it used to pass
     assert not v.passed
-    assert "step 1 was recorded by the baseline only" in v.coverage.problem
+    assert v.coverage.problem == StepsOneSided("baseline", (1,))
+    assert "step 1 was recorded by the baseline only" in coverage_problem_text(v.coverage)
     v = verdict(cand, base)
-    assert not v.passed and "step 1 was recorded by the candidate only" in v.coverage.problem
+    assert not v.passed and v.coverage is not None
+    assert "step 1 was recorded by the candidate only" in coverage_problem_text(v.coverage)
 
 
 def test_the_failing_records_table_has_a_step_column_over_several_steps() -> None:

@@ -14,9 +14,12 @@ from ..errors import ConfigError
 from ..redaction import redacted
 from ..verdict.phase import PhaseVerdict
 from .compare_csv import CSV_FILE, compare_csv_text
+from .coverage_text import coverage_problem_text
+from .expectation_text import expectation_text
 from .folder import check_report_folder, publish_report
 from .html import render_html
 from .origin_text import choice_text
+from .overflow_text import overflow_why
 from .phase_notes_text import partial_step_text
 from .text import PhaseReport, verdict_label, worst_metric
 from .training_evidence_text import case_origin_text, proof_text
@@ -48,8 +51,8 @@ def junit_properties(verdict: PhaseVerdict) -> list[tuple[str, object]]:
             ("precalign_min_coverage", cov.floor),
             ("precalign_unexplained_unmatched", cov.unexplained),
         ]
-        if cov.problem:
-            props.append(("precalign_coverage_problem", cov.problem))
+        if cov.problem is not None:
+            props.append(("precalign_coverage_problem", coverage_problem_text(cov)))
     return props
 
 
@@ -134,7 +137,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         "table": report.table,
         "compared": v.compared,
         "failed": v.failed_count,
-        "coverage": v.coverage.as_dict() if v.coverage is not None else None,
+        "coverage": v.coverage.as_dict(coverage_problem_text(v.coverage)) if v.coverage is not None else None,
         "first_divergence": v.first.as_dict(proof_text(v.first.proof), choice_text(v.first.why))
         if v.first
         else None,
@@ -146,7 +149,7 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
             if v.downstream and v.case_origin
             else None
         ),
-        "expectation": v.expectation,
+        "expectation": expectation_text(v.expectation) if v.expectation is not None else None,
         # A training run's verdict over its steps (the same object in each phase's entry).
         "training": training_dict(report.training) if report.training is not None else None,
         "isolation": (
@@ -159,7 +162,8 @@ def phase_dict(report: PhaseReport) -> dict[str, Any]:
         ),
         "worst": _worst_dict(v),
         "overflow": [
-            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": o.why} for o in v.overflow
+            {"name": o.record.name, "call": o.record.call, "level": o.level, "why": overflow_why(o)}
+            for o in v.overflow
         ],
         "nonfinite": [
             {"side": nf.side, "name": nf.record.name, "kind": nf.record.kind, "step": nf.record.step}

@@ -14,8 +14,11 @@ from ..verdict.origin_facts import Matched
 from ..verdict.phase import Divergence, PhaseVerdict
 from ..verdict.training_run import TrainingVerdict, owning_phase
 from ..vocabulary import OPTIMIZER_UPDATE
+from .coverage_text import coverage_problem_text, coverage_text
+from .expectation_text import expectation_text
 from .not_compared_text import not_compared_text
 from .origin_text import ROLE_TEXT, choice_text
+from .overflow_text import overflow_why
 from .phase_notes_text import partial_step_text, replica_mismatch_text
 from .training_evidence_text import case_origin_text, proof_text
 from .training_text import blames_layer, training_lines, training_summary
@@ -351,7 +354,7 @@ def coverage_problem_lines(verdict: PhaseVerdict) -> list[str]:
     cov = verdict.coverage
     if cov is None or cov.ok:
         return []
-    head, _, rest = cov.problem.partition(": ")
+    head, _, rest = coverage_problem_text(cov).partition(": ")
     return [f"{head.capitalize()} in {cov.phase}: {rest}"]
 
 
@@ -360,7 +363,7 @@ def coverage_lines(verdict: PhaseVerdict) -> list[str]:
     cov = verdict.coverage
     if cov is None:
         return []
-    line = f"Coverage: {cov.describe().removeprefix('coverage ')}"
+    line = f"Coverage: {coverage_text(cov).removeprefix('coverage ')}"
     if cov.unexplained:
         line += f"; {cov.unexplained} unmatched record(s) unexplained"
     return [line]
@@ -372,7 +375,7 @@ def _summary_coverage(verdict: PhaseVerdict) -> str:
     cov = verdict.coverage
     if cov is None:
         return ""
-    text = f"; coverage {cov.describe().removeprefix('coverage ').partition(' (')[0]}"
+    text = f"; coverage {coverage_text(cov).removeprefix('coverage ').partition(' (')[0]}"
     notes = [f"{cov.unexplained} unexplained"] if cov.unexplained else []
     notes += [f"{cov.merged} by merged statistics"] if cov.merged else []
     return text + (f" ({', '.join(notes)})" if notes else "")
@@ -383,7 +386,7 @@ def overflow_lines(verdict: PhaseVerdict) -> list[str]:
         return []
     shown = verdict.overflow[:UNMATCHED_NAMES]
     lines = [f"Overflow in the candidate ({len(verdict.overflow)} module outputs):"]
-    lines += [f"  {o.level:8s} {o.record.name} ({o.why})" for o in shown]
+    lines += [f"  {o.level:8s} {o.record.name} ({overflow_why(o)})" for o in shown]
     return lines
 
 
@@ -423,7 +426,7 @@ def failure_message(report: PhaseReport) -> str:
         return "\n".join([*lines, "Nothing was trained or recorded", f"To reproduce: {report.reproduce}"])
     lines += (origin_headline(v) if not v.aligned and layer else []) + coverage_problem_lines(v)
     if v.expectation is not None and not v.passed:
-        lines.append(f"Known divergence not reproduced: {v.expectation}")
+        lines.append(f"Known divergence not reproduced: {expectation_text(v.expectation)}")
     if v.aligned:  # "aligned" only where something was compared: else the coverage line says it
         lines.append(f"{report.phase}: every compared record within tolerance ({v.compared} compared)")
     else:
@@ -527,15 +530,15 @@ def summary_line(report: PhaseReport) -> str:
         if v.isolated_count:
             iso = v.isolated_origin.record.name if v.isolated_origin else "none"
             detail += f"; isolation: true origin {iso}"
-        if v.expectation:
-            detail += f"; {v.expectation}"
+        if v.expectation is not None:
+            detail += f"; {expectation_text(v.expectation)}"
     elif v.worst is not None and v.worst.failing is None and v.worst.checks:
         worst = v.worst
         check = worst.explaining_check
         assert check is not None  # worst.checks is not empty
         detail = f"aligned; tightest {worst.record.name} {worst.record.kind} at {worst.severity:.0%} of its bound ({check.metric})"
-    elif v.compared == 0 and v.coverage is None and v.expectation:  # judged by the run's scalars
-        detail = v.expectation
+    elif v.compared == 0 and v.coverage is None and v.expectation is not None:  # judged by the run's scalars
+        detail = expectation_text(v.expectation)
     else:
         detail = "aligned"
     accepted = sum(any(c.metric == SHARED_NONFINITE and c.passed for c in p.checks) for p in v.records)
@@ -551,7 +554,8 @@ def summary_line(report: PhaseReport) -> str:
     unmatched = len(v.only_baseline) + len(v.only_candidate)
     extra = f", {unmatched} unmatched" if unmatched else ""
     if v.coverage is not None and not v.coverage.ok:  # "aligned" would say more than was seen
-        detail = v.coverage.problem if v.first is None else f"{v.coverage.problem}; {detail}"
+        problem = coverage_problem_text(v.coverage)
+        detail = problem if v.first is None else f"{problem}; {detail}"
     story = _run_story(report)
     if _not_trained(report):  # the contract check stopped the case before step 0
         detail, story = "nothing trained" + (training_summary(report.training) if report.training else ""), ""

@@ -180,11 +180,8 @@ def _grads_text(fact: run_evidence.RunEvidence) -> str:
 def _output_grad(found: OutputGrad, losses: tuple[float, float]) -> str:
     first = found.first
     where = f"; recorded at {first.name}, which returns that tensor" if first.name != found.module else ""
-    aside = (
-        f"; set aside: {', '.join(found.aside[:4])}{', ...' if len(found.aside) > 4 else ''}"
-        if found.aside
-        else ""
-    )
+    shown = [f"{a.name} {a.slot} ({a.side} only)" for a in found.aside[:4]]
+    aside = f"; set aside: {', '.join(shown)}{', ...' if len(found.aside) > 4 else ''}" if shown else ""
     return (
         f"the grad arriving at {found.module}'s output (the model's output{where}) differs ({first.metric} "
         f"{first.value:.3g} > {first.allowed:.3g}) while every forward record ({found.compared} compared) "

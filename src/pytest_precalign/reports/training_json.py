@@ -14,6 +14,7 @@ from .not_compared_text import not_compared_text
 from .replay_text import replay_evidence_text, replay_text
 from .run_pattern_text import pattern_text
 from .training_evidence_text import evidence_text, finding_text, warning_text
+from .training_text import downstream_text, expected_text
 
 
 def training_dict(v: TrainingVerdict) -> dict[str, Any]:
@@ -26,14 +27,14 @@ def training_dict(v: TrainingVerdict) -> dict[str, Any]:
         "origin": first.origin if first else None,
         "evidence": evidence_text(first.evidence) if first else None,
         "pattern": pattern_text(first.pattern) if first else None,
-        "downstream": v.downstream or None,
+        "downstream": downstream_text(v) or None,
         "lane": v.lane,
         "findings": [finding_text(f) for f in v.findings],
         "warnings": [warning_text(w) for w in v.warnings],
         "replay": _replay(v),
         "envelope": envelope_text(v.envelope) or None,
         "unsaid_settings": list(v.unsaid),
-        "expectation": v.expected.to_text() if v.expected is not None else None,
+        "expectation": expected_text(v.expected) if v.expected is not None else None,
         "passed": v.passed,
         "not_compared": [not_compared_text(n) for n in v.not_compared],
         "one_side_only": dict(v.one_side_only),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..verdict.replay_finding import NotReplayed, ReplayFinding
 from ..verdict.run_findings import PlanMissing
-from ..verdict.training_run import TrainingVerdict
+from ..verdict.training_run import ExpectedRun, TrainingVerdict
 from .envelope_text import envelope_text
 from .not_compared_text import not_compared_text
 from .replay_text import replay_text
@@ -41,8 +41,8 @@ def training_lines(v: TrainingVerdict) -> list[str]:
             lines.append(f"  whole model: {pattern_text(first.pattern)}")
         if isinstance(v.replay, NotReplayed):
             lines.append(f"  {replay_text(v)}")
-        if v.downstream:
-            lines.append(f"  {v.downstream}")
+        if downstream_text(v):
+            lines.append(f"  {downstream_text(v)}")
         lines.append(f"  judged over {v.steps_compared} step(s) in the {v.lane} lane {STEPS_ARE}")
         if v.envelope is not None:
             lines.append(f"  {envelope_text(v.envelope)}")
@@ -53,7 +53,20 @@ def training_lines(v: TrainingVerdict) -> list[str]:
 
 
 def _expected(v: TrainingVerdict) -> str:
-    return v.expected.to_text() if v.expected is not None else ""
+    return expected_text(v.expected) if v.expected is not None else ""
+
+
+def expected_text(e: ExpectedRun) -> str:
+    """``step 3 (lr[0]) schedule``: the case's expected run divergence."""
+    return f"step {e.step} " + (f"({e.origin}) " if e.origin else "") + e.what
+
+
+def downstream_text(v: TrainingVerdict) -> str:
+    """``steps 4-9 are downstream of it`` ("" when the first divergent step is the last, or none)."""
+    first = v.first
+    if first is None or first.step >= v.last_step:
+        return ""
+    return f"steps {first.step + 1}-{v.last_step} are downstream of it"
 
 
 def training_summary(v: TrainingVerdict) -> str:

@@ -8,7 +8,7 @@ known divergence, the envelope, the coverage floor) is in ``specs/``.
 makes), ``case_facts`` (the manifest facts a verdict needs, read once), ``phase`` (the
 verdict), ``phase_notes`` (what a side's run notes make of it: grads missing, replicas that
 disagree, partial steps), ``divergence_start`` (where the sides start to differ), ``evidence`` (what an origin
-claim rests on), ``origin_facts`` (that claim and the case origin, as facts), ``coverage``, ``overflow``, ``story`` (the case's origin across phases).
+claim rests on), ``origin_facts`` (that claim and the case origin, as facts), ``coverage``, ``overflow``, ``phase_checks`` (what a phase was checked against instead of alignment), ``story`` (the case's origin across phases).
 
 Training runs: ``training_run`` (the first divergent step, what and where), ``training_contract``
 (the two sides' plans compared before step 0), ``training_scalars`` (one step's scalars),

@@ -11,16 +11,75 @@ A step that one side recorded and the other did not fails the phase, naming the 
 A baseline record standing for several (``trace/merged_stats``: q/k/v outputs merged to meet
 a fused qkv record) counts as the records it stands for, and the coverage says how many were
 compared only by merged statistics.
+
+What fails the phase is a fact (``CoverageProblem``: a small dataclass per kind, the numbers are
+the coverage's own); its words are made when rendered (``reports.coverage_text``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ..compare.pairs import PairResult
+from ..trace.note_blocks import MissingGrads
 from ..trace.records import Record
 from ..vocabulary import GATE_KINDS, Phase
+from .run_findings import StepsOneSided
+
+RecordLevel = Literal["modules", "APIs", ""]  # one side's unmatched records: all modules, all APIs, mixed
+
+
+@dataclass(frozen=True)
+class PairingHint:
+    """Why the sides may not pair: an L0 (modules) dump against an L1 (APIs) dump
+    (``levels_differ``), a candidate that recorded none of the baseline's records
+    (``candidate_none``; all API calls when ``baseline`` is "APIs"), names that differ
+    (``names_differ``). ``baseline``/``candidate``: the level of each side's unmatched records."""
+
+    why: Literal["levels_differ", "candidate_none", "names_differ"]
+    baseline: RecordLevel = ""
+    candidate: RecordLevel = ""
+
+
+@dataclass(frozen=True)
+class NothingComparable:
+    """Nothing compared: every paired baseline output record has evidence of kinds that cannot
+    be compared (``Coverage.uncompared`` of them, the first one's kinds in ``uncompared_why``)."""
+
+
+@dataclass(frozen=True)
+class NothingRecorded:
+    """Nothing compared: neither side recorded an output record of the phase."""
+
+
+@dataclass(frozen=True)
+class NothingPaired:
+    """Nothing compared: no baseline output record found a partner (or the baseline recorded
+    none while the candidate did)."""
+
+    hint: PairingHint | None = None
+
+
+@dataclass(frozen=True)
+class TooLittle:
+    """Some compared, but the share paired is under the floor (``min_coverage``)."""
+
+    hint: PairingHint | None = None
+
+
+@dataclass(frozen=True)
+class GradsMissing:
+    """A side's recorder found its parameter grads gone (the manifest's ``grads_missing``)."""
+
+    missing: tuple[tuple[str, MissingGrads], ...]  # (side, note)
+
+
+# A step one side only recorded records of: the run verdict's fact (``StepsOneSided``), of a phase.
+CoverageProblem = (
+    StepsOneSided | NothingComparable | NothingRecorded | NothingPaired | TooLittle | GradsMissing
+)
 
 
 @dataclass(frozen=True)
@@ -35,11 +94,11 @@ class Coverage:
     unexplained_baseline: int  # unmatched, and no mapping rule or reason says why
     unexplained_candidate: int
     floor: float  # the minimum ratio (min_coverage)
-    problem: str = ""  # why the coverage fails the phase ("" when it does not)
+    problem: CoverageProblem | None = None  # what fails the phase (None when nothing does)
     uncompared: int = 0  # paired by name, but their evidence kinds cannot be compared
     # The first such record's kinds, "xor checksum vs statistics": cut from the compare layer's
     # note, the only place they are held (``compare.pairs.evidence_kind`` gives them as words,
-    # ``PairResult`` keeps no typed kinds); ``problem`` and ``describe`` are sentences here too.
+    # ``PairResult`` keeps no typed kinds); the renderer says them as they are.
     uncompared_why: str = ""
     merged: int = 0  # of the paired, compared by statistics merged from several records
 
@@ -54,18 +113,11 @@ class Coverage:
 
     @property
     def ok(self) -> bool:
-        return not self.problem
+        return self.problem is None
 
-    def describe(self) -> str:
-        """``coverage 75% (3 of 4 baseline forward output records paired; floor 50%)``."""
-        text = (
-            f"coverage {_pct(self.ratio)} ({self.paired} of {self.outputs} baseline {self.phase} "
-            f"output records paired; floor {_pct(self.floor)})"
-        )
-        text += f"; {self.merged} by merged statistics" if self.merged else ""
-        return text + (f"; {self.uncompared} not compared ({self.uncompared_why})" if self.uncompared else "")
-
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self, problem: str) -> dict[str, object]:
+        """The coverage for report.json; ``problem``: the problem in words
+        (``reports.coverage_text.coverage_problem_text``)."""
         return {
             "ratio": self.ratio,
             "floor": self.floor,
@@ -79,18 +131,8 @@ class Coverage:
             "not_compared_why": self.uncompared_why,
             "merged_statistics": self.merged,
             "passed": self.ok,
-            "problem": self.problem,
+            "problem": problem,
         }
-
-
-def _pct(x: float) -> str:
-    """A share as a percentage; never rounds a share below 1 up to 100%, or above 0 down to 0%."""
-    text = f"{100 * x:.0f}%"
-    if text == "100%" and x < 1:
-        return "99%"
-    if text == "0%" and x > 0:
-        return "<1%"
-    return text
 
 
 def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) -> Coverage:
@@ -118,7 +160,7 @@ def measure_coverage(pairs: Sequence[PairResult], phase: Phase, floor: float) ->
         if uncompared
         else "",
     )
-    return replace(cov, problem=_one_sided_step(pairs, phase) or _problem(cov, only_b, only_c))
+    return replace(cov, problem=_one_sided_step(pairs) or _problem(cov, only_b, only_c))
 
 
 def _stands_for(pair: PairResult) -> int:
@@ -126,54 +168,30 @@ def _stands_for(pair: PairResult) -> int:
     return max(1, len(pair.record.merged))
 
 
-def _one_sided_step(pairs: Sequence[PairResult], phase: Phase) -> str:
+def _one_sided_step(pairs: Sequence[PairResult]) -> StepsOneSided | None:
     """A step that one side recorded records of and the other did not."""
     base = {p.record.step for p in pairs if p.status != "only_candidate"}
     cand = {(p.candidate or p.record).step for p in pairs if p.status != "only_baseline"}
     for side, mine, other in (("baseline", base, cand), ("candidate", cand, base)):
         missing = sorted(mine - other)
         if missing and other:
-            steps = ", ".join(map(str, missing))
-            which = "step" if len(missing) == 1 else "steps"
-            return (
-                f"a step missing: {which} {steps} {'was' if len(missing) == 1 else 'were'} recorded by the "
-                f"{side} only (the other side has no {phase} record of {'it' if len(missing) == 1 else 'them'})"
-            )
-    return ""
+            return StepsOneSided(side, tuple(missing))
+    return None
 
 
-def _problem(cov: Coverage, only_b: Sequence[Record], only_c: Sequence[Record]) -> str:
+def _problem(cov: Coverage, only_b: Sequence[Record], only_c: Sequence[Record]) -> CoverageProblem | None:
     if cov.paired == 0 and cov.uncompared:
-        return (
-            f"nothing compared: {cov.uncompared} of {cov.outputs} baseline {cov.phase} output records "
-            f"have evidence that cannot be compared ({cov.uncompared_why})"
-        )
+        return NothingComparable()
     if cov.paired == 0:
         if cov.outputs == 0 and cov.only_candidate == 0:
-            return f"nothing compared: neither side recorded a {cov.phase} output record"
-        found = (
-            f"all {cov.outputs} baseline {cov.phase} output records found no partner"
-            if cov.outputs
-            else f"the baseline recorded no {cov.phase} output record"
-        )
-        found += f" ({cov.only_candidate} candidate-only)" if cov.only_candidate else ""
-        return f"nothing compared: {found}{_hint(only_b, only_c)}"
+            return NothingRecorded()
+        return NothingPaired(_hint(only_b, only_c))
     if cov.ratio < cov.floor:
-        return (
-            f"too little compared: {cov.paired} of {cov.outputs} baseline {cov.phase} output records "
-            f"paired ({_pct(cov.ratio)}, under the floor of {_pct(cov.floor)}); {cov.only_baseline} "
-            f"found no partner{_hint(only_b, only_c)}{_not_compared(cov)} (min_coverage sets the floor)"
-        )
-    return ""
+        return TooLittle(_hint(only_b, only_c))
+    return None
 
 
-def _not_compared(cov: Coverage) -> str:
-    if not cov.uncompared:
-        return ""
-    return f"; {cov.uncompared} cannot be compared ({cov.uncompared_why})"
-
-
-def _level(records: Sequence[Record]) -> str:
+def _level(records: Sequence[Record]) -> RecordLevel:
     """ "modules", "APIs" or "" (mixed, or none) for one side's unmatched records."""
     api = {r.module_class == "api" for r in records}
     if api == {False}:
@@ -183,22 +201,14 @@ def _level(records: Sequence[Record]) -> str:
     return ""
 
 
-def _hint(only_b: Sequence[Record], only_c: Sequence[Record]) -> str:
+def _hint(only_b: Sequence[Record], only_c: Sequence[Record]) -> PairingHint | None:
     """Why the sides may not pair: an L0 (modules) dump against an L1 (APIs) dump, or a
     candidate that recorded nothing."""
-    levels = (_level(only_b), _level(only_c))
-    if set(levels) == {"modules", "APIs"}:
-        return (
-            f"; the sides look like an L0 and an L1 dump (baseline: {levels[0]} only, "
-            f"candidate: {levels[1]} only): record both at the same level"
-        )
+    base, cand = _level(only_b), _level(only_c)
+    if {base, cand} == {"modules", "APIs"}:
+        return PairingHint("levels_differ", base, cand)
     if only_b and not only_c:
-        if levels[0] == "APIs":
-            return (
-                "; the candidate recorded none of them, all API calls: a mix or L1 dump against an "
-                "L0 one? (record both at the same level)"
-            )
-        return "; the candidate recorded none of them"
+        return PairingHint("candidate_none", base, cand)
     if only_b and only_c:
-        return "; the names differ between the sides (a mapping rule missing or not applied?)"
-    return ""
+        return PairingHint("names_differ", base, cand)
+    return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ..compare.pairs import PairResult
 from ..trace.records import Record
@@ -29,11 +30,20 @@ CACHE_WORDS = ("past_key_value", "present_key_value", "cache")
 
 
 @dataclass(frozen=True)
+class CacheAside:
+    """A cache output one side alone returned (``side``), set aside: the record and its slot."""
+
+    name: str
+    slot: str
+    side: Literal["baseline", "candidate"]
+
+
+@dataclass(frozen=True)
 class OutputGrad:
     first: Divergence  # the grad w.r.t. the model's output, the step's first divergent backward record
     module: str  # the top-level module whose output is the model's output
     compared: int  # forward output records paired, all within tolerance
-    aside: tuple[str, ...] = ()  # one-sided cache outputs set aside, "name slot (side only)"
+    aside: tuple[CacheAside, ...] = ()  # one-sided cache outputs set aside
 
 
 def output_grad(
@@ -54,8 +64,12 @@ def output_grad(
     out = _output_of_the_pass(rec.call, rest, parents)
     if out is None or not _at_the_output(rec, out, rest, pairs):
         return None
-    shown = tuple(f"{p.record.name} {p.record.slot} ({p.status.removeprefix('only_')} only)" for p in aside)
+    shown = (CacheAside(p.record.name, p.record.slot, _side(p)) for p in aside)
     return OutputGrad(first, out.name, len(rest), tuple(dict.fromkeys(shown)))
+
+
+def _side(pair: PairResult) -> Literal["baseline", "candidate"]:
+    return "baseline" if pair.status == "only_baseline" else "candidate"
 
 
 def _cache(rec: Record) -> bool:

@@ -5,12 +5,16 @@ norm blows up, and whether the module made it or received it.
 * ``high``: inputs and output both non-finite, or a finite output whose norm is more than
   ``BLOWUP`` times its largest input norm and whose values exceed ``LARGE``;
 * ``medium``: an input was non-finite, the output is finite again (e.g. masked away).
+
+Each holds what was seen as a fact (``Overflow.seen``); the words are made when rendered
+(``reports.overflow_text``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from ..trace.records import Record
 
@@ -19,11 +23,18 @@ LARGE = 1e4  # and an output magnitude this large: rsqrt of a small variance is 
 LEVELS = ("critical", "high", "medium")
 
 
+OverflowLevel = Literal["critical", "high", "medium"]
+# What was seen: finite inputs and a non-finite output (``made``), non-finite inputs and output
+# (``passed_on``), a non-finite input and a finite output (``masked``), an output norm over
+# ``BLOWUP`` times the largest input norm (``blown_up``: the record's norm).
+OverflowSeen = Literal["made", "passed_on", "masked", "blown_up"]
+
+
 @dataclass(frozen=True)
 class Overflow:
     record: Record
-    level: str
-    why: str
+    level: OverflowLevel
+    seen: OverflowSeen
 
 
 def _bad(record: Record) -> bool:
@@ -39,16 +50,14 @@ def overflow_levels(records: Iterable[Record], by_id: Mapping[str, Record]) -> t
         inputs = [by_id[d] for d in rec.deps if d in by_id and by_id[d].stats is not None]
         inputs_bad = any(_bad(i) for i in inputs)
         if _bad(rec):
-            level = "high" if inputs_bad else "critical"
-            why = "inputs and output non-finite" if inputs_bad else "finite inputs, non-finite output"
-            out.append(Overflow(rec, level, why))
+            out.append(
+                Overflow(rec, "high", "passed_on") if inputs_bad else Overflow(rec, "critical", "made")
+            )
         elif inputs_bad:
-            out.append(Overflow(rec, "medium", "a non-finite input, finite output"))
+            out.append(Overflow(rec, "medium", "masked"))
         else:
             norms = [i.stats.norm for i in inputs if i.stats is not None and i.stats.norm == i.stats.norm]
             peak = max(abs(rec.stats.max), abs(rec.stats.min))
             if norms and peak > LARGE and rec.stats.norm > BLOWUP * max(max(norms), 1e-30):
-                out.append(
-                    Overflow(rec, "high", f"output norm {rec.stats.norm:.3g} > {BLOWUP:g} x input norm")
-                )
+                out.append(Overflow(rec, "high", "blown_up"))
     return tuple(out)

@@ -46,6 +46,7 @@ from .origin_facts import (
     WalkProof,
 )
 from .overflow import Overflow, overflow_levels
+from .phase_checks import ExpectationChecked, NotGated, PhaseCheck
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class PhaseVerdict:
     only_baseline: tuple[Record, ...]
     only_candidate: tuple[Record, ...]
     worst: PairResult | None
-    expectation: str | None  # None: no expectation; else what was checked against it
+    expectation: PhaseCheck | None  # None: no expectation; else what was checked against it
     passed: bool
     # Isolation mode: the first module (execution order) that diverges on the baseline's own
     # inputs -- the true origin -- and how many module outputs were isolated.
@@ -462,15 +463,15 @@ def with_coverage(verdict: PhaseVerdict, pairs: Sequence[PairResult], floor: flo
 
 def _gate(
     aligned: bool, phase: Phase, first: Divergence | None, expectation: Expectation | None, earlier: bool
-) -> tuple[bool, str | None]:
+) -> tuple[bool, PhaseCheck | None]:
     """Passed, and what was checked instead of alignment: an ``expect:`` in this phase, or
     this phase being downstream of one in an earlier phase (reported, not gated)."""
     if expectation is not None and expectation.of_run:
-        return True, "judged by the run's expected divergence (records not gated)"
+        return True, NotGated("by_run", phase)
     if expectation is not None and expectation.phase == phase:
         return _meets(expectation, first)
     if earlier:
-        return True, "downstream of the expected divergence (not gated)"
+        return True, NotGated("downstream", phase)
     return aligned, None
 
 
@@ -536,23 +537,15 @@ def _after_unmatched(first: Divergence, pairs: tuple[PairResult, ...]) -> Diverg
     return replace(first, proof=OneSideBefore(prior, sides), proven=False)
 
 
-def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, str]:
-    wanted = f"first divergence {expect.first_divergence!r}"
-    if expect.origin is not None:
-        wanted += f" (origin: {str(expect.origin).lower()})"
-    if expect.kind is not None:
-        wanted += f" of kind {expect.kind}"
+def _meets(expect: Expectation, first: Divergence | None) -> tuple[bool, ExpectationChecked]:
     if first is None:
-        return False, f"expected {wanted} ({expect.where}), but the phase is aligned"
-    found = f"{first.name!r} (origin: {str(first.origin).lower()}, kind {first.kind})"
+        return False, ExpectationChecked(expect, False, None)
     ok = first.name == expect.first_divergence
     if expect.origin is not None:
         ok = ok and first.origin == expect.origin
     if expect.kind is not None:
         ok = ok and first.kind == expect.kind
-    if ok:
-        return True, f"found the expected {wanted}"
-    return False, f"expected {wanted} ({expect.where}), found {found}"
+    return ok, ExpectationChecked(expect, ok, (first.name, first.origin, first.kind))
 
 
 def _first_nonfinite(pairs: tuple[PairResult, ...]) -> tuple[NonFinite, ...]:

@@ -2,7 +2,7 @@
 (``grads_missing``), the ranks of a merged side disagreed on a replicated record
 (``replica_mismatches``), the run was interrupted mid-step (``incomplete_steps``). Each fails
 the phase; the verdict holds the notes, their words are made when rendered
-(``reports.phase_notes_text``)."""
+(``reports.phase_notes_text``, ``reports.coverage_text`` for the grads gone)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ..trace.note_blocks import MissingGrads, ReplicaMismatch
+from .coverage import GradsMissing
 from .phase import PartialStep, PhaseVerdict
 
 
@@ -18,16 +19,10 @@ def with_missing_grads(verdict: PhaseVerdict, missing: Mapping[str, Sequence[Mis
     side -> the manifest's ``grads_missing`` notes): what was not recorded passed nothing."""
     if verdict.phase != "backward" or verdict.coverage is None:
         return verdict
-    notes = [
-        f"the {side} recorded no parameter grad at step {m.step} (rank {m.rank}; "
-        f"{m.count} parameters, e.g. {', '.join(m.names)}): {m.why}"
-        for side, found in missing.items()
-        for m in found
-    ]
+    notes = tuple((side, m) for side, found in missing.items() for m in found)
     if not notes:
         return verdict
-    problem = "param grads missing: " + "; ".join(notes)
-    return replace(verdict, passed=False, coverage=replace(verdict.coverage, problem=problem))
+    return replace(verdict, passed=False, coverage=replace(verdict.coverage, problem=GradsMissing(notes)))
 
 
 def with_replica_mismatches(verdict: PhaseVerdict, mismatches: Sequence[ReplicaMismatch]) -> PhaseVerdict:

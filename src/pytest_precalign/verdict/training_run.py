@@ -100,10 +100,6 @@ class ExpectedRun:
     what: TrainingClass
     origin: str | None = None  # None: any origin
 
-    def to_text(self) -> str:
-        """``step 3 (lr[0]) schedule``, for the report (made when rendered)."""
-        return f"step {self.step} " + (f"({self.origin}) " if self.origin else "") + self.what
-
 
 @dataclass(frozen=True)
 class TrainingVerdict:
@@ -129,13 +125,6 @@ class TrainingVerdict:
     def passed(self) -> bool:
         found_right = self.first is None if self.met is None else self.met
         return found_right and not self.findings
-
-    @property
-    def downstream(self) -> str:
-        first = self.first
-        if first is None or first.step >= self.last_step:
-            return ""
-        return f"steps {first.step + 1}-{self.last_step} are downstream of it"
 
 
 def lane_of(table: ToleranceTable) -> Lane:

@@ -24,6 +24,7 @@ from .case_facts import CaseFacts, SideFacts
 from .frozen_params import frozen_changes
 from .not_compared import KindsNotRecorded, not_compared
 from .phase import PhaseVerdict
+from .phase_checks import NotGated
 from .training_contract import Rename, same_names
 from .training_envelope import Envelope
 from .training_records import losses_from_records, step_records
@@ -38,7 +39,7 @@ def judged_by_scalars(verdict: PhaseVerdict, phase: Phase) -> PhaseVerdict:
         verdict,
         passed=True,
         coverage=None,
-        expectation=f"no {phase} records on either side: judged by the run's per-step scalars",
+        expectation=NotGated("by_scalars", phase),
     )
 
 
