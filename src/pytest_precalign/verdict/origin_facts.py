@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+from ..trace.json_fields import field_dict
 from ..vocabulary import Kind, Phase
 
 
@@ -191,12 +192,6 @@ class CaseOrigin:
     def as_dict(self, evidence: str) -> dict[str, object]:
         """report.json's origin; ``evidence``: this origin's evidence in words
         (``reports.origin_text.case_origin_text``)."""
-        return {
-            "module": self.module,
-            "phase": self.phase,
-            "kind": self.kind,
-            "step": self.step,
-            "record": self.record,
-            "evidence": evidence,
-            "proven": self.proven,
-        }
+        out = field_dict(self, omit=("role", "aside"))
+        out["evidence"] = evidence  # in the fact's place
+        return out
